@@ -1,0 +1,183 @@
+"""Load / save Hugging Face causal LMs and tokenizers; resolve module paths for the supported families.
+
+One naming scheme for probe sites, used in configs, result tables and plot labels (TransformerLens-style addresses):
+``embed``, ``layers.{i}.resid_post`` (decoder layer i's output), ``final_norm``; parameter sites
+``layers.{i}.self_attn.q_proj`` ... as in the HF module tree without the ``model.`` prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechopd.errors import ModelError
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+NORM_MODULES = ("input_layernorm", "post_attention_layernorm")
+QK_NORMS = ("q_norm", "k_norm")  # Qwen3 only
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def _check_source(path: str | os.PathLike) -> str:
+    s = str(path)
+    if Path(s).exists():
+        if not Path(s, "config.json").exists():
+            raise ModelError(f"{s} has no config.json; pass a directory written by save_pretrained (or a hub id)")
+        return s
+    if _looks_like_hub_id(s):
+        return s
+    raise ModelError(f"model path {s!r} does not exist and is not a hub id like 'Qwen/Qwen3-4B'; check the path")
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer saved with a model (path or hub id). A directory without one raises `ModelError`."""
+    from transformers import AutoTokenizer
+
+    src = _check_source(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(f"no usable tokenizer at {src} ({type(e).__name__}); save it next to the model with "
+                         "tokenizer.save_pretrained(DIR)") from None
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token  # explicit: padding is masked everywhere, so the id only needs to exist
+    return tok
+
+
+def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
+               device: str | torch.device | None = None) -> nn.Module:
+    """A causal LM from a path or hub id, in eval mode. Not a causal LM -> `ModelError`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src = _check_source(path)
+    try:
+        config = AutoConfig.from_pretrained(src)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot read the model config at {src}: {e}") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
+    except ValueError as e:
+        raise ModelError(f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: "
+                         f"{str(e).splitlines()[0]}") from None
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, extra: dict[str, str] | None = None) -> Path:
+    """`save_pretrained` (safetensors) into a temp dir next to `out_dir`, then rename into place.
+
+    A killed process never leaves a half-written checkpoint at `out_dir`. `extra` maps file names to text contents.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def model_type(model: nn.Module) -> str:
+    mt = getattr(getattr(model, "config", None), "model_type", None)
+    if mt not in SUPPORTED:
+        raise ModelError(f"architecture {mt!r} is not supported; mechopd resolves modules for {', '.join(SUPPORTED)}")
+    return mt
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Llama / Qwen2 / Qwen3 causal LM (``model.model.layers``)."""
+    model_type(model)
+    return model.model.layers
+
+
+def num_layers(model: nn.Module) -> int:
+    return len(decoder_layers(model))
+
+
+def layer_modules(model: nn.Module, i: int) -> dict[str, nn.Module]:
+    """Per layer: q/k/v/o projections, MLP gate/up/down, the two norms (and q_norm/k_norm on Qwen3)."""
+    layers = decoder_layers(model)
+    if not -len(layers) <= i < len(layers):
+        raise ModelError(f"layer {i} is out of range; the model has {len(layers)} layers (0..{len(layers) - 1})")
+    layer = layers[i]
+    out: dict[str, nn.Module] = {}
+    for name in ATTN_MODULES + QK_NORMS:
+        mod = getattr(layer.self_attn, name, None)
+        if mod is not None:
+            out[name] = mod
+    for name in MLP_MODULES:
+        out[name] = getattr(layer.mlp, name)
+    for name in NORM_MODULES:
+        out[name] = getattr(layer, name)
+    return out
+
+
+def module_at(model: nn.Module, site: str) -> nn.Module:
+    """Resolve a site address (``layers.3.self_attn.q_proj``, ``embed``, ``final_norm``, ``lm_head``)."""
+    model_type(model)
+    aliases = {"embed": model.model.embed_tokens, "final_norm": model.model.norm, "lm_head": model.lm_head}
+    if site in aliases:
+        return aliases[site]
+    try:
+        return model.model.get_submodule(site)
+    except AttributeError:
+        raise ModelError(f"no module at site {site!r}; sites look like 'layers.0.self_attn.q_proj', 'embed'") from None
+
+
+def module_kind(param_name: str) -> str:
+    """Module type of a parameter name (q_proj, ..., embed_tokens, norm, lm_head) for per-type aggregation."""
+    parts = param_name.split(".")
+    for p in reversed(parts[:-1] if parts[-1] in ("weight", "bias") else parts):
+        if p in ATTN_MODULES + MLP_MODULES + NORM_MODULES + QK_NORMS + ("embed_tokens", "lm_head", "norm"):
+            return p
+    return parts[-2] if len(parts) > 1 else parts[0]
+
+
+def param_layer(param_name: str) -> int | None:
+    """Layer index of a parameter name, None for embeddings / final norm / lm_head."""
+    parts = param_name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        if i + 1 < len(parts) and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def vocab_size(model: nn.Module) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def check_same_tokenizer(tok_a: Any, tok_b: Any, name_a: str = "student", name_b: str = "teacher") -> None:
+    """Refuse two tokenizers that would map the same text to different ids (cross-model distillation needs that)."""
+    va, vb = tok_a.get_vocab(), tok_b.get_vocab()
+    common = set(va) & set(vb)
+    if any(va[w] != vb[w] for w in common) or len(common) < 0.99 * max(len(va), len(vb)):
+        raise ModelError(f"the {name_a} and {name_b} tokenizers differ ({len(va)} vs {len(vb)} entries, "
+                         f"{sum(va[w] != vb[w] for w in common)} shared words with different ids); cross-model "
+                         "distillation needs a shared tokenizer")

@@ -1,0 +1,182 @@
+"""Pretrain a model organism from scratch on CPU: a tiny Qwen3 (or Llama) decoder + the word-level tokenizer.
+
+The corpus comes from the task (`task.pretrain_corpus`): (context or None, prompt, response) triples rendered through
+the SAME two-view renderer as training and evaluation (chat template, context placement), loss on the response tokens
+and the end-of-turn token only. Deterministic for a seed (torch + Python RNGs seeded, single-threaded data order).
+A finished organism is cached: asking again for the same (task, config) in the same directory reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mechopd.errors import ConfigError, TrainingError
+from mechopd.models import atomic_save
+from mechopd.organisms.tokenizer import EOS, build_tokenizer
+from mechopd.tasks.base import get_task, task_names
+from mechopd.views import RenderSpec, render_prompt_ids
+
+ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
+MARKER = "organism.json"
+
+
+@dataclass
+class OrganismConfig:
+    """A model organism: architecture size and pretraining schedule (defaults reach the README's accuracies)."""
+
+    task: str = "rules"
+    arch: str = "qwen3"  # qwen3 | llama
+    hidden_size: int = 96
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 192
+    max_position_embeddings: int = 512
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 50
+    corpus_size: int = 40000
+    seed: int = 0
+    task_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.task not in ORGANISM_TASKS:
+            raise ConfigError(f"unknown organism task {self.task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
+        if self.arch not in ("qwen3", "llama"):
+            raise ConfigError(f"organism arch {self.arch!r} is not supported; use qwen3 or llama")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def organism_vocab() -> list[str]:
+    """One vocabulary for every organism, so organisms of different tasks/sizes share a tokenizer."""
+    words: set[str] = set()
+    for name in ORGANISM_TASKS:
+        if name in task_names():  # TEMP until games land
+            words |= set(get_task(name).vocab())
+    return sorted(words)
+
+
+def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if cfg.arch == "qwen3":
+        return Qwen3Config(head_dim=cfg.hidden_size // cfg.num_heads, **common)
+    return LlamaConfig(head_dim=cfg.hidden_size // cfg.num_heads, **common)
+
+
+def _encode_corpus(task: Any, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
+    """Each sample -> (ids, number of prompt ids). Prompt ids are cached per distinct (context, prompt)."""
+    spec = RenderSpec(placement=task.placement)
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    cache: dict[tuple, list[int]] = {}
+    out = []
+    for ctx, prompt, resp in task.pretrain_corpus(n, seed):
+        key = (ctx, prompt)
+        if key not in cache:
+            cache[key] = render_prompt_ids(tokenizer, prompt, ctx, spec)
+        p = cache[key]
+        r = tokenizer(resp, add_special_tokens=False)["input_ids"] + [eos]
+        out.append((p + r, len(p)))
+    return out
+
+
+def _batch(samples: list[tuple[list[int], int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    L = max(len(s) for s, _ in samples)
+    ids = torch.full((len(samples), L), pad, dtype=torch.long)
+    labels = torch.full((len(samples), L), -100, dtype=torch.long)
+    mask = torch.zeros((len(samples), L), dtype=torch.long)
+    for i, (s, p) in enumerate(samples):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, p : len(s)] = torch.tensor(s[p:])
+        mask[i, : len(s)] = 1
+    return ids, mask, labels
+
+
+def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True) -> Path:
+    """Pretrain (or reuse) the organism at `out_dir`; returns the checkpoint directory."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    marker = out / MARKER
+    if marker.exists():
+        meta = json.loads(marker.read_text())
+        if meta.get("key") == cfg.key():
+            return out  # cached
+        raise TrainingError(f"{out} holds a different organism (key {meta.get('key')} != {cfg.key()}); "
+                            "choose another --out or delete it")
+    if out.exists() and any(out.iterdir()):
+        raise TrainingError(f"{out} exists and is not an organism directory; choose another --out")
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    task = get_task(cfg.task, **cfg.task_options)
+    tokenizer = build_tokenizer(organism_vocab())
+    mcfg = model_config(cfg, len(tokenizer), tokenizer)
+    model = AutoModelForCausalLM.from_config(mcfg)
+    corpus = _encode_corpus(task, tokenizer, cfg.corpus_size, cfg.seed)
+    longest = max(len(s) for s, _ in corpus)
+    if longest > cfg.max_position_embeddings:
+        raise ConfigError(f"organism: a corpus sample has {longest} tokens > max_position_embeddings "
+                          f"{cfg.max_position_embeddings}; raise max_position_embeddings")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))
+    )
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    model.train()
+    t0 = time.time()
+    losses = []
+    bar = tqdm(range(cfg.steps), desc=f"pretrain {cfg.task}", disable=not progress)
+    for step in bar:
+        if len(order) < cfg.batch_size:
+            fresh = list(range(len(corpus)))
+            rng.shuffle(fresh)
+            order += fresh
+        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        ids, mask, labels = _batch([corpus[i] for i in idx], tokenizer.pad_token_id)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if not torch.isfinite(loss):
+            raise TrainingError(f"organism pretraining loss became {loss.item()} at step {step}; lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    model.eval()
+    meta = {"key": cfg.key(), "config": dataclasses.asdict(cfg), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+            "seconds": round(time.time() - t0, 1)}
+    atomic_save(model, tokenizer, out, extra={MARKER: json.dumps(meta, indent=2)})
+    return out

@@ -1,0 +1,79 @@
+"""The organisms' word-level tokenizer and chat template.
+
+Built with the `tokenizers` library (WordLevel model; pre-tokenization: whitespace split, every punctuation character
+isolated, every digit isolated) and wrapped in a `PreTrainedTokenizerFast` with a ChatML-style chat template, so that
+the organism goes through exactly the code path of a real model: ``apply_chat_template`` with a system message for the
+context, ``save_pretrained`` / ``AutoTokenizer.from_pretrained``. Newlines are kept as a token (``\\n``) so that board
+rows stay visible to the model. Decoding joins words with single spaces.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|im_end|>"
+IM_START = "<|im_start|>"
+NEWLINE = "\n"
+ROLES = ("system", "user", "assistant")
+
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+
+
+def pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation(behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+
+
+def split_words(text: str) -> list[str]:
+    """The words the organism tokenizer will see in `text` (for building and checking vocabularies)."""
+    out: list[str] = []
+    for chunk in text.split(NEWLINE):
+        out.extend(w for w, _ in pre_tokenizer().pre_tokenize_str(chunk))
+    return out
+
+
+def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over `words` (sorted, deduplicated) plus specials, with the chat template."""
+    specials = [PAD, UNK, BOS, EOS, IM_START]
+    vocab_words = sorted({w for w in words if w and w not in specials} | set(ROLES))
+    vocab = {w: i for i, w in enumerate(specials + [NEWLINE] + vocab_words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizer()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(NEWLINE, special=False, normalized=False)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        additional_special_tokens=[IM_START],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def missing_words(tokenizer, words: Iterable[str]) -> list[str]:
+    """Words of a task's vocabulary that the tokenizer maps to its unknown token."""
+    unk = tokenizer.unk_token_id
+    out = []
+    for w in sorted(set(words)):
+        ids = tokenizer(w, add_special_tokens=False)["input_ids"]
+        if unk is not None and unk in ids:
+            out.append(w)
+    return out

@@ -1,0 +1,185 @@
+"""FrozenLake as a text game: an n x n lake, not slippery; P player, F frozen, H hole, G goal.
+
+Dynamics: a move off the board keeps the player in place; stepping onto a hole ends the game lost; reaching G wins.
+Boards: `size` 3..6, `holes` holes, start and goal random (or fixed: "top-left", "bottom-right", ... or [row, col]),
+kept only if the shortest safe path has `min_path`..`step_budget` moves. The reference setting (PAPERS.md section 4)
+is ``REFERENCE`` = 3 x 3, 2 holes, start top-left, goal bottom-right: only 19 boards exist, so asking for more than the
+few held-out ones raises a `TaskError`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mechopd.errors import ConfigError, TaskError
+from mechopd.tasks.base import register_task
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, GameTask, bfs_path, check_int, check_options
+from mechopd.tasks.gamecore import render_cells
+
+REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right"}
+CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
+MOVED, EDGE, HOLE, GOAL = "moved", "hit the edge and stayed", "fell into a hole", "reached the goal"
+
+INTRO = (
+    "You are playing FrozenLake. Move the player P to the goal G. F is frozen ice and H is a hole.\n"
+    "Reply with one action in brackets: [up] [down] [left] [right]"
+)
+CONTEXT = (
+    "Experience from earlier games:\n"
+    "1. Stepping on a hole H ends the game at once and the game is lost.\n"
+    "2. Never move onto H. Go around a hole through frozen cells F even when that path is longer.\n"
+    "3. Before each move find the shortest safe path from P to G and take its first step.\n"
+    "4. A move off the board wastes a move and the player stays.\n"
+    "5. The number of moves is limited, so do not waste moves."
+)
+
+
+@dataclass(frozen=True)
+class FrozenLakeBoard:
+    """Cells are ints ``row * size + col``; the key is the player cell."""
+
+    size: int
+    holes: frozenset[int]
+    start: int
+    goal: int
+    game: ClassVar[str] = "frozenlake"
+
+    def initial_key(self) -> int:
+        return self.start
+
+    def step(self, key: int, action: str) -> tuple[int, str]:
+        r, c = divmod(key, self.size)
+        dr, dc = DELTAS[action]
+        r, c = r + dr, c + dc
+        if not (0 <= r < self.size and 0 <= c < self.size):
+            return key, EDGE
+        nxt = r * self.size + c
+        return nxt, HOLE if nxt in self.holes else GOAL if nxt == self.goal else MOVED
+
+    def won(self, key: int) -> bool:
+        return key == self.goal
+
+    def lost(self, key: int) -> bool:
+        return key in self.holes
+
+    def cell(self, key: int, i: int) -> str:
+        if i == key:
+            return "P"
+        return "H" if i in self.holes else "G" if i == self.goal else "F"
+
+    def render(self, key: int) -> str:
+        n = self.size
+        return render_cells([[self.cell(key, r * n + c) for c in range(n)] for r in range(n)])
+
+    def size_params(self) -> dict[str, int]:
+        return {"size": self.size, "holes": len(self.holes)}
+
+    def to_meta(self) -> dict[str, Any]:
+        rc = lambda i: list(divmod(i, self.size))  # noqa: E731
+        return {"game": self.game, "size": self.size, "holes": [rc(h) for h in sorted(self.holes)],
+                "start": rc(self.start), "goal": rc(self.goal), "rows": self.render(self.start).split("\n")}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> FrozenLakeBoard:
+        try:
+            n = int(meta["size"])
+            cell = lambda rc: _cell(n, rc, "meta")  # noqa: E731
+            board = cls(n, frozenset(cell(h) for h in meta["holes"]), cell(meta["start"]), cell(meta["goal"]))
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
+            raise TaskError(f"frozenlake: example meta is not a board ({e}); use meta from FrozenLakeTask.examples")
+        if board.start == board.goal or {board.start, board.goal} & board.holes:
+            raise TaskError(f"frozenlake: example meta has start/goal on a hole or on each other: {meta}")
+        return board
+
+
+def _cell(n: int, spec: Any, field: str) -> int:
+    """A cell from [row, col] or a corner name."""
+    if isinstance(spec, str) and spec in CORNERS:
+        return {"top-left": 0, "top-right": n - 1, "bottom-left": n * (n - 1), "bottom-right": n * n - 1}[spec]
+    if isinstance(spec, (list, tuple)) and len(spec) == 2 and all(isinstance(x, int) and 0 <= x < n for x in spec):
+        return spec[0] * n + spec[1]
+    raise ConfigError(f"frozenlake task: {field}={spec!r}; use 'random', one of {CORNERS} or [row, col] inside {n}x{n}")
+
+
+def shortest_path_length(board: FrozenLakeBoard, max_depth: int | None = None) -> int | None:
+    """Moves on the shortest safe path from start to goal (None: no path, or none within `max_depth`)."""
+    path = bfs_path(board, board.start, max_depth)
+    return None if path is None else len(path)
+
+
+def generate_board(rng: random.Random, size: int, holes: int, start: int | None, goal: int | None,
+                   min_path: int, max_path: int, tries: int = 10_000) -> FrozenLakeBoard:
+    """A random board whose shortest safe path has min_path..max_path moves (start/goal None = random)."""
+    cells = range(size * size)
+    fixed = [c for c in (start, goal) if c is not None]
+    for _ in range(tries):
+        hole_set = frozenset(rng.sample([c for c in cells if c not in fixed], holes))
+        free = [c for c in cells if c not in hole_set]
+        s = start if start is not None else rng.choice([c for c in free if c != goal])
+        g = goal if goal is not None else rng.choice([c for c in free if c != s])
+        board = FrozenLakeBoard(size, hole_set, s, g)
+        d = shortest_path_length(board, max_path)
+        if d is not None and min_path <= d <= max_path:
+            return board
+    raise TaskError(
+        f"frozenlake: no board with a safe path of {min_path}..{max_path} moves found for size={size}, holes={holes}; "
+        "use fewer holes, a lower min_path or a larger step_budget"
+    )
+
+
+def greedy_action(state: GameState) -> str:
+    """Step toward G by Manhattan distance, blind to holes (ties: up, down, left, right); the no-context naive move."""
+    board: FrozenLakeBoard = state.board  # type: ignore[assignment]
+    n, (gr, gc) = board.size, divmod(board.goal, board.size)
+
+    def dist(a: str) -> int:
+        r, c = divmod(state.key, n)
+        r, c = r + DELTAS[a][0], c + DELTAS[a][1]
+        return abs(r - gr) + abs(c - gc) if 0 <= r < n and 0 <= c < n else 10 * n
+
+    return min(ACTIONS, key=dist)
+
+
+class FrozenLakeTask(GameTask):
+    """FrozenLake boards as a `Task` (module docstring); one prompt per move, context spliced into the user turn."""
+
+    name = "frozenlake"
+    intro = INTRO
+    default_context = CONTEXT
+    outcomes = (MOVED, EDGE, HOLE, GOAL)
+    symbols = ("P", "F", "H", "G")
+
+    def __init__(self, size: int = 4, holes: int = 3, start: Any = "random", goal: Any = "random",
+                 min_path: int = 3, step_budget: int = 5, context: str | None = None, weak_policy: str = "random",
+                 max_new_tokens: int = 8, temperature: float = 0.7):
+        super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
+        self.size = check_int(self.name, "size", size, 3, 6)
+        self.holes = check_int(self.name, "holes", holes, 0, size * size - 2)
+        self.start = None if start == "random" else _cell(size, start, "start")
+        self.goal = None if goal == "random" else _cell(size, goal, "goal")
+        if self.start is not None and self.start == self.goal:
+            raise ConfigError(f"frozenlake task: start={start!r} equals goal={goal!r}; pick two different cells")
+        self.min_path = check_int(self.name, "min_path", min_path, 1, self.step_budget)
+
+    def generate_board(self, rng: random.Random) -> FrozenLakeBoard:
+        return generate_board(rng, self.size, self.holes, self.start, self.goal, self.min_path, self.step_budget)
+
+    def board_from_meta(self, meta: dict[str, Any]) -> FrozenLakeBoard:
+        return FrozenLakeBoard.from_meta(meta)
+
+    def greedy_action(self, state: GameState) -> str:
+        return greedy_action(state)
+
+    def size_params(self) -> dict[str, int]:
+        return {"size": self.size, "holes": self.holes}
+
+
+@register_task("frozenlake")
+def make_frozenlake(**options: Any) -> FrozenLakeTask:
+    """``--task frozenlake``; options: size, holes, start, goal, min_path, step_budget, context, weak_policy, ...
+
+    Reference setting: ``make_frozenlake(**REFERENCE)``.
+    """
+    return FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, options))

@@ -1,0 +1,374 @@
+"""System-prompt QA from a JSONL file (MedMCQA-style user data): the ``jsonl`` task.
+
+Each non-blank line is one JSON object in one of three layouts (extra fields are ignored):
+
+* free-form:       ``{"prompt": "...", "answer": "..."}``
+* multiple choice: ``{"question": "...", "options": ["...", "..."] | {"A": "...", "B": "..."}, "answer": "B"}``
+  (``answer`` is an option letter or exactly the text of one option)
+* MedMCQA:         ``{"question": "...", "opa": "...", "opb": "...", "opc": "...", "opd": "...", "cop": 1}``
+  ``cop`` is the index of the correct option, **0-based by default (0 = opa) as in the Hugging Face
+  ``openlifescienceai/medmcqa`` dataset**; exports that count 1-4 need ``cop_base=1``. A letter ("a".."d") is accepted
+  too. Converted to options A-D and the answer letter.
+
+Any item may carry its own ``"context"`` (overrides the shared one from ``context=`` / ``context_file=``).
+The context is the system message (``placement = "system"``); each prompt ends with an instruction to put the final
+answer inside ``<answer>...</answer>``. Scoring reads the LAST closed ``<answer>...</answer>`` span of the response
+(see `parse_answer`).
+
+Split: ``uid`` = sha1 of the item's normalised content; an item is in "test" iff ``int(uid[:15], 16) / 16**15 <
+test_fraction``. Train/test are disjoint, and appending lines never moves an existing item. Identical items (same uid)
+are kept once, with a warning.
+
+Shipped sample: `SAMPLE_QA` (40 synthetic items about a fictional clinic formulary, all three layouts) and
+`SAMPLE_CONTEXT` (the formulary, as the shared context).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import unicodedata
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechopd.errors import ConfigError, DataError, TaskError
+from mechopd.tasks.base import Episode, Example, register_task
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+SAMPLE_QA = DATA_DIR / "sample_qa.jsonl"
+SAMPLE_CONTEXT = DATA_DIR / "sample_context.txt"
+
+MC_INSTRUCTION = "Think it through, then give the letter of the correct option inside <answer> and </answer>."
+FREE_INSTRUCTION = "Think it through, then give your final answer inside <answer> and </answer>."
+ANSWER_TAG_PIECES = ["<answer>", "</answer>", "<", "</", "/", ">", "answer"]
+MEDMCQA_FIELDS = ("opa", "opb", "opc", "opd")
+ACCEPTED_LAYOUTS = (
+    '{"prompt", "answer"}, {"question", "options", "answer"} or MedMCQA {"question", "opa".."opd", "cop"}'
+)
+
+_SPAN_RE = re.compile(r"<\s*answer\s*>((?:(?!<\s*answer\s*>).)*?)<\s*/\s*answer\s*>", re.IGNORECASE | re.DOTALL)
+_CHOICE_RE = re.compile(r"^[(\[]?\s*([A-Za-z])\s*(?:[)\]]|[.:)](?:\s.*)?)?$", re.DOTALL)
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+# --------------------------------------------------------------------------------------------------- answer parsing
+def parse_answer(text: str) -> str | None:
+    """The stripped content of the LAST closed ``<answer>...</answer>`` span of `text`, or None.
+
+    Tags are case-insensitive and may hold spaces (``< Answer >``). An unclosed ``<answer>`` is not a span; a nested
+    ``<answer>`` restarts the span (``<answer>A <answer>B</answer>`` reads ``B``). An empty or whitespace-only last span
+    is None: like a missing span, it is unparseable (scored wrong).
+    """
+    spans = _SPAN_RE.findall(text)
+    if not spans:
+        return None
+    content = spans[-1].strip()
+    return content or None
+
+
+def normalize_text(text: str) -> str:
+    """Free-form comparison key: NFKC, casefolded, whitespace collapsed, punctuation stripped at both ends only."""
+    text = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    return text.strip(" .,;:!?\"'`()[]{}*")
+
+
+def choice_letter(span: str, options: dict[str, str]) -> str | None:
+    """The option letter a span names: ``B``, ``b``, ``B.``, ``(B)``, ``B)``, ``[B]``, ``B. text``, ``B: text``, or the
+    exact (normalised) text of one option. Returns the upper-case letter (possibly not among `options`) or None."""
+    match = _CHOICE_RE.match(span.strip())
+    if match:
+        return match.group(1).upper()
+    key = normalize_text(span)
+    hits = [letter for letter, text in options.items() if normalize_text(text) == key]
+    return hits[0] if len(hits) == 1 else None
+
+
+# ------------------------------------------------------------------------------------------------------ item parsing
+@dataclass(frozen=True)
+class _Item:
+    stem: str
+    answer: str  # letter for multiple choice, raw text for free-form
+    options: dict[str, str] | None
+    context: str | None
+    layout: str  # "prompt" | "options" | "medmcqa"
+    line: int
+
+    @property
+    def uid(self) -> str:
+        payload = {"stem": self.stem, "options": self.options, "answer": self.answer, "context": self.context}
+        return hashlib.sha1(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path}: line {line}:"
+
+
+def _text_field(obj: dict, key: str, path: Path, line: int) -> str:
+    """A non-empty string field (numbers are accepted and turned into text)."""
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DataError(f"{_where(path, line)} field {key!r} must be a string, got {type(value).__name__}")
+    text = str(value).strip()
+    if not text:
+        raise DataError(f"{_where(path, line)} field {key!r} is empty; give it a non-empty string")
+    return text
+
+
+def _options_from(obj: dict, path: Path, line: int) -> dict[str, str]:
+    raw = obj["options"]
+    if isinstance(raw, list):
+        if len(raw) > 26:
+            raise DataError(f"{_where(path, line)} field 'options' has {len(raw)} entries; at most 26 (A-Z)")
+        pairs = [(chr(ord("A") + i), v) for i, v in enumerate(raw)]
+    elif isinstance(raw, dict):
+        bad = [k for k in raw if not (len(k) == 1 and k.isascii() and k.isalpha())]
+        if bad:
+            raise DataError(f"{_where(path, line)} field 'options' has key {bad[0]!r}; keys must be single letters A-Z")
+        pairs = sorted((k.upper(), v) for k, v in raw.items())
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise DataError(f"{_where(path, line)} field 'options' repeats a letter (keys are case-insensitive)")
+    else:
+        raise DataError(f"{_where(path, line)} field 'options' must be a list or a letter->text object")
+    if len(pairs) < 2:
+        raise DataError(f"{_where(path, line)} field 'options' needs at least 2 options, got {len(pairs)}")
+    return {k: _text_field({f"options[{k}]": v}, f"options[{k}]", path, line) for k, v in pairs}
+
+
+def _mc_answer(obj: dict, options: dict[str, str], path: Path, line: int) -> str:
+    """The answer letter of an options item: a letter among the options, or exactly one option's text."""
+    if "answer" not in obj:
+        raise DataError(f"{_where(path, line)} missing field 'answer' (an option letter such as \"B\")")
+    raw = obj["answer"]
+    if not isinstance(raw, str) or not raw.strip():
+        raise DataError(f"{_where(path, line)} field 'answer' must be an option letter such as \"B\", got {raw!r}")
+    letter = choice_letter(raw, options)
+    if letter not in options:
+        raise DataError(
+            f"{_where(path, line)} field 'answer' = {raw!r} names no option; use one of {', '.join(options)}"
+        )
+    return letter
+
+
+def _medmcqa(obj: dict, path: Path, line: int, cop_base: int) -> tuple[dict[str, str], str]:
+    """MedMCQA -> (options A-D, answer letter). `cop` is `cop_base`-based (0: HF MedMCQA) or a letter a-d."""
+    missing = [k for k in (*MEDMCQA_FIELDS, "cop") if k not in obj]
+    if missing:
+        raise DataError(
+            f"{_where(path, line)} missing field {missing[0]!r} (MedMCQA layout needs opa, opb, opc, opd, cop)"
+        )
+    options = {letter: _text_field(obj, key, path, line) for letter, key in zip("ABCD", MEDMCQA_FIELDS)}
+    cop = obj["cop"]
+    if isinstance(cop, str) and cop.strip().upper() in options:
+        return options, cop.strip().upper()
+    if isinstance(cop, bool) or not isinstance(cop, int) or not cop_base <= cop <= cop_base + 3:
+        hint = " (1-4 values: pass cop_base=1)" if cop_base == 0 and cop == 4 else ""
+        raise DataError(
+            f"{_where(path, line)} field 'cop' = {cop!r} is not an option index {cop_base}-{cop_base + 3}{hint}"
+        )
+    return options, "ABCD"[cop - cop_base]
+
+
+def _context_field(obj: dict, path: Path, line: int) -> str | None:
+    if "context" not in obj or obj["context"] is None:
+        return None
+    if not isinstance(obj["context"], str) or not obj["context"].strip():
+        raise DataError(f"{_where(path, line)} field 'context' must be a non-empty string (or leave it out)")
+    return obj["context"].strip()
+
+
+def parse_item(obj: Any, path: Path, line: int, cop_base: int = 0) -> _Item:
+    """One JSON value -> a validated item; every problem raises a one-line `DataError` naming line and field."""
+    if not isinstance(obj, dict):
+        kind = type(obj).__name__
+        raise DataError(f"{_where(path, line)} expected a JSON object, got {kind}; accepted: {ACCEPTED_LAYOUTS}")
+    context = _context_field(obj, path, line)
+    if "question" in obj and "options" in obj:
+        options = _options_from(obj, path, line)
+        stem = _text_field(obj, "question", path, line)
+        return _Item(stem, _mc_answer(obj, options, path, line), options, context, "options", line)
+    if "question" in obj and any(k in obj for k in (*MEDMCQA_FIELDS, "cop")):
+        options, letter = _medmcqa(obj, path, line, cop_base)
+        return _Item(_text_field(obj, "question", path, line), letter, options, context, "medmcqa", line)
+    if "prompt" in obj:
+        if "answer" not in obj:
+            raise DataError(f"{_where(path, line)} missing field 'answer' (the reference answer for 'prompt')")
+        stem, answer = _text_field(obj, "prompt", path, line), _text_field(obj, "answer", path, line)
+        return _Item(stem, answer, None, context, "prompt", line)
+    field_name = "options" if "question" in obj else "prompt"
+    raise DataError(f"{_where(path, line)} missing field {field_name!r}; accepted layouts: {ACCEPTED_LAYOUTS}")
+
+
+def render_prompt(item: _Item) -> str:
+    """The user-turn text x: stem, the options as ``A. ...`` lines, then the ``<answer>`` instruction."""
+    if item.options is None:
+        return f"{item.stem}\n\n{FREE_INSTRUCTION}"
+    block = "\n".join(f"{letter}. {text}" for letter, text in item.options.items())
+    return f"{item.stem}\n\n{block}\n\n{MC_INSTRUCTION}"
+
+
+def read_items(path: str | Path, cop_base: int = 0) -> list[_Item]:
+    """All items of a JSONL file (blank lines skipped); missing / empty / malformed files raise `DataError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: JSONL file not found; pass an existing file as path=")
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8") from None
+    items = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{_where(path, number)} not valid JSON ({err.msg} at column {err.colno})") from None
+        items.append(parse_item(obj, path, number, cop_base))
+    if not items:
+        raise DataError(f"{path}: no items (the file is empty or only blank lines); add one JSON object per line")
+    return items
+
+
+def read_context_file(path: str | Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: context file not found; fix context_file= or drop it")
+    text = path.read_text(encoding="utf-8-sig").strip()
+    if not text:
+        raise DataError(f"{path}: context file is empty; put the shared context in it or drop context_file=")
+    return text
+
+
+def _dedupe(items: list[_Item], path: Path) -> list[_Item]:
+    seen: dict[str, int] = {}
+    kept = []
+    for item in items:
+        if item.uid in seen:
+            first = seen[item.uid]
+            warnings.warn(f"{path}: line {item.line} repeats line {first} exactly; kept once", stacklevel=3)
+            continue
+        seen[item.uid] = item.line
+        kept.append(item)
+    return kept
+
+
+def is_test_uid(uid: str, test_fraction: float) -> bool:
+    """Deterministic split by content hash: test iff the first 60 bits, read as a fraction, are < test_fraction."""
+    return int(uid[:15], 16) / float(16**15) < test_fraction
+
+
+# -------------------------------------------------------------------------------------------------------- the task
+@dataclass
+class JsonlTask:
+    """System-prompt QA over JSONL items (the `Task` protocol; single-turn, context as a system message)."""
+
+    path: Path
+    items: list[_Item]
+    shared_context: str | None
+    test_fraction: float = 0.2
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    name: str = "jsonl"
+    placement: str = "system"
+    is_game: bool = False
+    _splits: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        examples = [self._example(item) for item in self.items]
+        self._splits = {
+            "test": [e for e in examples if is_test_uid(e.uid, self.test_fraction)],
+            "train": [e for e in examples if not is_test_uid(e.uid, self.test_fraction)],
+        }
+
+    def _example(self, item: _Item) -> Example:
+        context = item.context or self.shared_context
+        if context is None:
+            raise DataError(
+                f"{_where(self.path, item.line)} item has no context and no shared context is given; "
+                'pass context_file= (or context=) or add a per-item "context" field'
+            )
+        meta = {"line": item.line, "layout": item.layout, "kind": "free" if item.options is None else "mc"}
+        if item.options is not None:
+            meta["options"] = dict(item.options)
+        return Example(uid=item.uid, prompt=render_prompt(item), context=context, answer=item.answer, meta=meta)
+
+    def split_sizes(self) -> dict[str, int]:
+        return {name: len(pool) for name, pool in self._splits.items()}
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """`n` examples of `split`, in a seeded order over the split sorted by uid (so the first k of a larger draw
+        equal a draw of k). Too few items raise `TaskError` naming the available count."""
+        if split not in self._splits:
+            raise TaskError(f"jsonl task: unknown split {split!r}; use 'train' or 'test'")
+        pool = sorted(self._splits[split], key=lambda e: e.uid)
+        if n < 1 or n > len(pool):
+            raise TaskError(
+                f"jsonl task {self.path}: asked for {n} {split} examples but {len(pool)} are available "
+                f"(test_fraction={self.test_fraction}); pass --n {len(pool)} or less, or add items"
+            )
+        random.Random(f"{split}:{seed}").shuffle(pool)
+        return pool[:n]
+
+    def score(self, example: Example, response_text: str) -> bool:
+        """Correct iff the last ``<answer>`` span names the reference: option letter (case-insensitive, ``B.``/``(B)``
+        or the option's text accepted) for multiple choice, `normalize_text`-equal string for free-form."""
+        span = parse_answer(response_text)
+        if span is None:
+            return False
+        options = example.meta.get("options")
+        if options:
+            return choice_letter(span, options) == str(example.answer).upper()
+        return normalize_text(span) == normalize_text(str(example.answer))
+
+    def new_episode(self, example: Example) -> Episode:
+        raise TaskError("jsonl is a single-turn task: it has no episodes; use score()")
+
+    def vocab(self) -> list[str]:
+        """Sorted words and punctuation marks of every prompt, context and answer, plus the ``<answer>`` tag pieces."""
+        words: set[str] = set(ANSWER_TAG_PIECES)
+        for pool in self._splits.values():
+            for e in pool:
+                words.update(_WORD_RE.findall(f"{e.prompt}\n{e.context}\n{e.answer}"))
+        return sorted(words)
+
+
+_OPTIONS = ("path", "context_file", "context", "test_fraction", "max_new_tokens", "temperature", "cop_base")
+
+
+@register_task("jsonl")
+def make_jsonl_task(
+    path: str | Path | None = None,
+    context_file: str | Path | None = None,
+    context: str | None = None,
+    test_fraction: float = 0.2,
+    max_new_tokens: int = 512,
+    temperature: float = 1.0,
+    cop_base: int = 0,
+    **unknown: Any,
+) -> JsonlTask:
+    """Build the ``jsonl`` task. `path` is required; `context` / `context_file` give the shared context (per-item
+    ``"context"`` overrides it); `cop_base` is 0 for HF MedMCQA (cop 0-3), 1 for exports that count 1-4."""
+    if unknown:
+        raise ConfigError(f"jsonl task: unknown option {sorted(unknown)[0]!r}; accepted: {', '.join(_OPTIONS)}")
+    if path is None:
+        raise ConfigError("jsonl task: option 'path' is required (path=data.jsonl)")
+    if context is not None and context_file is not None:
+        raise ConfigError("jsonl task: give either context= or context_file=, not both")
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ConfigError(f"jsonl task: test_fraction={test_fraction!r} must lie strictly between 0 and 1")
+    if int(max_new_tokens) < 1 or float(temperature) <= 0:
+        raise ConfigError(f"jsonl task: max_new_tokens={max_new_tokens} must be >= 1 and temperature={temperature} > 0")
+    if cop_base not in (0, 1):
+        raise ConfigError(f"jsonl task: cop_base={cop_base!r} must be 0 (HF MedMCQA, cop 0-3) or 1 (cop 1-4)")
+    if context is not None and not str(context).strip():
+        raise ConfigError("jsonl task: context= is empty; give the shared context text or leave it out")
+    shared = str(context).strip() if context is not None else None
+    if context_file is not None:
+        shared = read_context_file(context_file)
+    path = Path(path)
+    items = _dedupe(read_items(path, cop_base), path)
+    return JsonlTask(path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature))

@@ -1,0 +1,157 @@
+"""The rules organism: system-prompt QA where the context states a rule over a list of digits.
+
+x = "apply the rule to : 3 1 4"; c = "rule : shift every digit by 2 ." (one rule from a family); y = the rule applied.
+The base organism follows whichever rule its context states and copies the input (identity) without context; the
+distillation target is ONE fixed context (``rule=``). Rules:
+  * ``shift:k``  every digit d -> (d + k) mod 10     (length kept)
+  * ``repeat:k`` every item repeated k times        (length x k: makes length inflation measurable)
+  * ``reverse``  the items in reverse order
+A student self-distilled on one rule that keeps its "apply the context's rule on top of what I would do" circuit
+applies the rule twice when the context comes back (shift 2k, repeat k^2): context-induced degradation (Regime A).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from mechopd.errors import ConfigError, TaskError
+from mechopd.organisms.tokenizer import split_words
+from mechopd.tasks.base import Example, register_task
+
+FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
+PROMPT = "apply the rule to : {items}"
+
+
+def parse_rule(spec: str) -> tuple[str, int]:
+    kind, _, arg = spec.partition(":")
+    if kind == "reverse" and not arg:
+        return kind, 0
+    if kind in ("shift", "repeat") and arg.isdigit() and int(arg) >= 1:
+        return kind, int(arg)
+    raise ConfigError(f"rule {spec!r} is not valid; use shift:K, repeat:K (K >= 1) or reverse, e.g. {FAMILY}")
+
+
+def apply_rule(spec: str, digits: list[int]) -> list[int]:
+    kind, k = parse_rule(spec)
+    if kind == "shift":
+        return [(d + k) % 10 for d in digits]
+    if kind == "repeat":
+        return [d for d in digits for _ in range(k)]
+    return digits[::-1]
+
+
+def rule_text(spec: str) -> str:
+    kind, k = parse_rule(spec)
+    if kind == "shift":
+        return f"rule : shift every digit by {k} ."
+    if kind == "repeat":
+        return f"rule : repeat every item {k} times ."
+    return "rule : reverse the items ."
+
+
+def _fmt(digits: list[int]) -> str:
+    return " ".join(str(d) for d in digits)
+
+
+def item_hash(digits: list[int]) -> str:
+    return hashlib.sha1(("rules|" + _fmt(digits)).encode()).hexdigest()[:16]
+
+
+def item_split(digits: list[int]) -> str:
+    """Stable split by hash bucket: 1 in 10 digit lists is held out."""
+    return "test" if int(item_hash(digits), 16) % 10 == 0 else "train"
+
+
+@dataclass
+class RulesTask:
+    """The system-prompt QA organism (see module docstring)."""
+
+    rule: str = "shift:1"
+    min_len: int = 3
+    max_len: int = 6
+    family: tuple[str, ...] = tuple(FAMILY)
+    context_prob: float = 0.75  # pretraining: fraction of samples that carry a context
+    name: str = "rules"
+    placement: str = "system"
+    is_game: bool = False
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        parse_rule(self.rule)
+        for r in self.family:
+            parse_rule(r)
+        if not 1 <= self.min_len <= self.max_len:
+            raise ConfigError(f"rules task: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+
+    @property
+    def context(self) -> str:
+        return rule_text(self.rule)
+
+    @property
+    def max_new_tokens(self) -> int:
+        longest = max(len(apply_rule(r, [0] * self.max_len)) for r in (*self.family, self.rule))
+        return 2 * longest + 2  # room to show a doubled rule application (Regime A), plus the end token
+
+    def _digits(self, rng: random.Random, split: str) -> list[int]:
+        while True:
+            d = [rng.randrange(10) for _ in range(rng.randint(self.min_len, self.max_len))]
+            if item_split(d) == split:
+                return d
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        if split not in ("train", "test"):
+            raise TaskError(f"split must be 'train' or 'test', got {split!r}")
+        if n < 1:
+            raise TaskError(f"the evaluation set is empty (n={n}); pass --n 1 or more")
+        rng = random.Random(f"rules|{split}|{seed}")
+        seen: dict[str, Example] = {}
+        while len(seen) < n:
+            d = self._digits(rng, split)
+            uid = item_hash(d)
+            if uid not in seen:
+                seen[uid] = Example(
+                    uid=uid,
+                    prompt=PROMPT.format(items=_fmt(d)),
+                    context=self.context,
+                    answer=_fmt(apply_rule(self.rule, d)),
+                    meta={"digits": d, "rule": self.rule},
+                )
+        return list(seen.values())
+
+    def score(self, example: Example, response_text: str) -> bool:
+        return response_text.split() == str(example.answer).split()
+
+    def new_episode(self, example: Example):
+        raise TaskError("the rules task is single-turn; it has no episodes")
+
+    def pretrain_corpus(self, n: int, seed: int) -> list[tuple[str | None, str, str]]:
+        """(context or None, prompt, response): with a context any family rule applied; without, the identity."""
+        rng = random.Random(f"rules-pretrain|{seed}")
+        out = []
+        for _ in range(n):
+            d = self._digits(rng, "train")
+            if rng.random() < self.context_prob:
+                r = rng.choice(self.family)
+                out.append((rule_text(r), PROMPT.format(items=_fmt(d)), _fmt(apply_rule(r, d))))
+            else:
+                out.append((None, PROMPT.format(items=_fmt(d)), _fmt(d)))
+        return out
+
+    def vocab(self) -> list[str]:
+        words = set(split_words(PROMPT.format(items="0 1 2 3 4 5 6 7 8 9")))
+        for r in set(self.family) | {self.rule}:
+            words |= set(split_words(rule_text(r)))
+        return sorted(words)
+
+
+@register_task("rules")
+def make_rules(**options) -> RulesTask:
+    """``--task rules``; options: rule (default shift:1), min_len, max_len, family, context_prob."""
+    if "family" in options and isinstance(options["family"], list):
+        options["family"] = tuple(options["family"])
+    try:
+        return RulesTask(**options)
+    except TypeError as e:
+        raise ConfigError(f"rules task: {e}; options are rule, min_len, max_len, family, context_prob") from None

@@ -1,0 +1,241 @@
+"""Sokoban as a text game: # wall, _ floor, O target, X box, √ box on target, P player, S player on target.
+
+Dynamics: standard push rules; walking into a box pushes it one cell if the cell behind it is free (no wall, no box);
+walls block; one box at a time. No move loses, but a box stuck in a corner can make a board unsolvable.
+Boards are made by reverse play in the style of gym-sokoban: grow a connected room inside the outer walls cell by
+cell, put the boxes on their targets (the solved state), then walk the player backwards for at most `step_budget`
+moves: the first move pulls a box off its target, each later one pulls the box behind the player with probability 1/2.
+Replaying the walk forwards solves the board, so every board is solvable within the budget; a forward BFS keeps only
+those whose shortest solution has `min_moves`..`step_budget` moves.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+from mechopd.errors import TaskError
+from mechopd.tasks.base import register_task
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, GameTask, bfs_path, check_int, check_options
+from mechopd.tasks.gamecore import render_cells
+
+Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
+MOVED, WALL, BLOCKED = "moved", "bumped into a wall", "could not push the box"
+PUSHED, ON_TARGET = "pushed a box", "pushed a box onto a target"
+SYMBOL_OF = {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√", "player": "P",
+             "player_on_target": "S"}
+
+INTRO = (
+    "You are playing Sokoban. Push every box X onto a target O. P is the player and S is the player on a target. "
+    "# is a wall, _ is floor and √ is a box on a target.\n"
+    "Reply with one action in brackets: [up] [down] [left] [right]"
+)
+CONTEXT = (
+    "Experience from earlier games:\n"
+    "1. Walk into a box X to push it one cell the same way. A box can be pushed but never pulled.\n"
+    "2. To push a box toward a target O, first walk around to the far side of the box, then push.\n"
+    "3. A box pushed into a corner, or against a wall with no target along it, can never reach a target again.\n"
+    "4. Walls # block the player and the boxes. A box cannot push another box.\n"
+    "5. Before each move find the shortest way to get every box onto a target and take its first step."
+)
+
+
+@dataclass(frozen=True)
+class SokobanBoard:
+    """A square room of side `size` (outer walls included); the key is (player, sorted boxes)."""
+
+    size: int
+    walls: frozenset[int]
+    targets: frozenset[int]
+    boxes: tuple[int, ...]
+    player: int
+    game: ClassVar[str] = "sokoban"
+
+    def initial_key(self) -> Key:
+        return self.player, self.boxes
+
+    def step(self, key: Key, action: str) -> tuple[Key, str]:
+        player, boxes = key
+        d = DELTAS[action][0] * self.size + DELTAS[action][1]  # the outer walls stop any wrap-around
+        nxt = player + d
+        if nxt in self.walls:
+            return key, WALL
+        if nxt not in boxes:
+            return (nxt, boxes), MOVED
+        behind = nxt + d
+        if behind in self.walls or behind in boxes:
+            return key, BLOCKED
+        moved = tuple(sorted(behind if b == nxt else b for b in boxes))
+        return (nxt, moved), ON_TARGET if behind in self.targets else PUSHED
+
+    def won(self, key: Key) -> bool:
+        return all(b in self.targets for b in key[1])
+
+    def lost(self, key: Key) -> bool:
+        return False
+
+    def cell(self, key: Key, i: int) -> str:
+        if i in self.walls:
+            return "#"
+        on_target = i in self.targets
+        if i == key[0]:
+            return "S" if on_target else "P"
+        if i in key[1]:
+            return "√" if on_target else "X"
+        return "O" if on_target else "_"
+
+    def render(self, key: Key) -> str:
+        n = self.size
+        return render_cells([[self.cell(key, r * n + c) for c in range(n)] for r in range(n)])
+
+    def size_params(self) -> dict[str, int]:
+        return {"size": self.size, "boxes": len(self.boxes)}
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"game": self.game, "size": self.size, "rows": self.render(self.initial_key()).split("\n")}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> SokobanBoard:
+        rows = meta.get("rows")
+        if not isinstance(rows, list) or not all(isinstance(r, str) for r in rows):
+            raise TaskError(f"sokoban: example meta has no 'rows' list ({meta}); use meta from SokobanTask.examples")
+        return parse_board([r.split() for r in rows])
+
+
+def parse_board(rows: list[list[str]]) -> SokobanBoard:
+    """The board drawn by `rows` of cell symbols; `TaskError` unless square, walled, one player, boxes == targets."""
+    n = len(rows)
+    known = set(SYMBOL_OF.values())
+    if n < 3 or any(len(r) != n for r in rows) or any(s not in known for r in rows for s in r):
+        raise TaskError(f"sokoban: board rows {rows} are not a square grid of {sorted(known)}")
+    at = {s: {r * n + c for r in range(n) for c in range(n) if rows[r][c] == s} for s in known}
+    border = {i for i in range(n * n) if i // n in (0, n - 1) or i % n in (0, n - 1)}
+    players = at["P"] | at["S"]
+    boxes, targets = at["X"] | at["√"], at["O"] | at["√"] | at["S"]
+    if not border <= at["#"] or len(players) != 1 or not boxes or len(boxes) != len(targets):
+        raise TaskError(f"sokoban: board rows {rows} need outer walls, one player and as many boxes as targets")
+    return SokobanBoard(n, frozenset(at["#"]), frozenset(targets), tuple(sorted(boxes)), players.pop())
+
+
+@lru_cache(maxsize=None)
+def interior_neighbours(size: int) -> dict[int, tuple[int, ...]]:
+    """For every cell inside the outer walls, its neighbours inside the outer walls (action order)."""
+    inner = range(1, size - 1)
+    cells = {r * size + c for r in inner for c in inner}
+    steps = [DELTAS[a][0] * size + DELTAS[a][1] for a in ACTIONS]
+    return {c: tuple(c + d for d in steps if c + d in cells) for c in sorted(cells)}
+
+
+def carve_room(rng: random.Random, size: int, min_floor: int) -> frozenset[int]:
+    """Floor cells grown from one cell inside the outer walls, one random frontier cell at a time (so connected)."""
+    nbrs = interior_neighbours(size)
+    want = rng.randint(max(min_floor, (len(nbrs) * 5 + 7) // 8), len(nbrs))
+    start = rng.choice(list(nbrs))
+    floor, frontier = {start}, list(nbrs[start])  # a cell appears once per floor neighbour
+    while len(floor) < want:
+        i = rng.randrange(len(frontier))
+        cell = frontier[i]
+        frontier[i] = frontier[-1]
+        frontier.pop()
+        if cell not in floor:
+            floor.add(cell)
+            frontier.extend(n for n in nbrs[cell] if n not in floor)
+    return frozenset(floor)
+
+
+def reverse_play(rng: random.Random, size: int, floor: frozenset[int], boxes: set[int], player: int,
+                 steps: int, pull_prob: float = 0.5) -> Key:
+    """Walk the player backwards `steps` times from a solved state, pulling the box behind it with `pull_prob`."""
+    boxes = set(boxes)
+    for _ in range(steps):
+        moves = [DELTAS[a][0] * size + DELTAS[a][1] for a in ACTIONS]
+        moves = [d for d in moves if player + d in floor and player + d not in boxes]
+        if not moves:
+            break
+        d = rng.choice(moves)
+        if player - d in boxes and rng.random() < pull_prob:
+            boxes.remove(player - d)
+            boxes.add(player)
+        player += d
+    return player, tuple(sorted(boxes))
+
+
+def generate_board(rng: random.Random, size: int, n_boxes: int, min_moves: int, max_moves: int,
+                   tries: int = 10_000) -> SokobanBoard:
+    """A reverse-played board whose shortest solution has min_moves..max_moves moves."""
+    steps = [DELTAS[a][0] * size + DELTAS[a][1] for a in ACTIONS]
+    for _ in range(tries):
+        floor = carve_room(rng, size, min_floor=2 * n_boxes + 2)
+        targets = rng.sample(sorted(floor), n_boxes)
+        t = rng.choice(targets)  # the first reverse move pulls this box off its target
+        free = floor - set(targets)
+        pulls = [d for d in steps if t + d in free and t + 2 * d in free]
+        if not pulls:
+            continue
+        d = rng.choice(pulls)
+        boxes = (set(targets) - {t}) | {t + d}
+        key = reverse_play(rng, size, floor, boxes, t + 2 * d, rng.randint(min_moves, max_moves) - 1)
+        walls = frozenset(range(size * size)) - floor
+        board = SokobanBoard(size, walls, frozenset(targets), key[1], key[0])
+        path = bfs_path(board, board.initial_key(), max_depth=max_moves)
+        if path is not None and len(path) >= min_moves:
+            return board
+    raise TaskError(
+        f"sokoban: no board solvable in {min_moves}..{max_moves} moves found for size={size}, boxes={n_boxes}; "
+        "lower min_moves or raise step_budget"
+    )
+
+
+def greedy_action(state: GameState) -> str:
+    """Move that most lowers (box-to-target distance, then player-to-box distance), blind to dead corners."""
+    board: SokobanBoard = state.board  # type: ignore[assignment]
+    n = board.size
+
+    def manhattan(a: int, b: int) -> int:
+        return abs(a // n - b // n) + abs(a % n - b % n)
+
+    def cost(a: str) -> tuple[int, int]:
+        player, boxes = board.step(state.key, a)[0]
+        loose = [b for b in boxes if b not in board.targets] or list(boxes)
+        return (sum(min(manhattan(b, t) for t in board.targets) for b in boxes),
+                min(manhattan(player, b) for b in loose))
+
+    return min(ACTIONS, key=cost)
+
+
+class SokobanTask(GameTask):
+    """Sokoban boards as a `Task` (module docstring); one prompt per move, context spliced into the user turn."""
+
+    name = "sokoban"
+    intro = INTRO
+    default_context = CONTEXT
+    outcomes = (MOVED, WALL, BLOCKED, PUSHED, ON_TARGET)
+    symbols = tuple(SYMBOL_OF.values())
+
+    def __init__(self, size: int = 6, boxes: int = 1, min_moves: int = 2, step_budget: int = 5,
+                 context: str | None = None, weak_policy: str = "random", max_new_tokens: int = 8,
+                 temperature: float = 0.7):
+        super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
+        self.size = check_int(self.name, "size", size, 5, 8)
+        self.boxes = check_int(self.name, "boxes", boxes, 1, 3)
+        self.min_moves = check_int(self.name, "min_moves", min_moves, 1, self.step_budget)
+
+    def generate_board(self, rng: random.Random) -> SokobanBoard:
+        return generate_board(rng, self.size, self.boxes, self.min_moves, self.step_budget)
+
+    def board_from_meta(self, meta: dict[str, Any]) -> SokobanBoard:
+        return SokobanBoard.from_meta(meta)
+
+    def greedy_action(self, state: GameState) -> str:
+        return greedy_action(state)
+
+    def size_params(self) -> dict[str, int]:
+        return {"size": self.size, "boxes": self.boxes}
+
+
+@register_task("sokoban")
+def make_sokoban(**options: Any) -> SokobanTask:
+    """``--task sokoban``; options: size (6), boxes (1), min_moves (2), step_budget (5), context, weak_policy, ..."""
+    return SokobanTask(**check_options("sokoban", SokobanTask, options))

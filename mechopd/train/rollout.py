@@ -1,0 +1,99 @@
+"""Batched generation with the KV cache, and game rollouts (one prompt per move).
+
+`sample` is a lean decode loop (prefill once, then one token per step through the model with the cache) rather than
+``model.generate``: on small models generate's per-step bookkeeping (logits processors, stopping criteria, cache
+wrapping) is a large share of a step. It is pinned against ``generate`` in the tests (greedy: identical ids).
+Generation runs under ``torch.inference_mode()``: no gradient can come from it (gradients are taken later, on a
+fresh forward over the `TwoViewBatch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from mechopd.views import left_pad
+
+
+@dataclass
+class Generation:
+    """Responses of one batch: ids without padding (each ends with the stop token if one was produced)."""
+
+    responses: list[list[int]]
+    finished: list[bool]
+
+
+def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Token ids that end a response: the tokenizer's eos, the chat end-of-turn token, the model's eos ids."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(t) if t in tokenizer.get_vocab() else None
+        if tid is not None:
+            ids.add(int(tid))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(i) for i in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
+    return sorted(ids)
+
+
+@torch.inference_mode()
+def sample(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
+
+    prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
+    """
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompt_ids, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    B = ids.shape[0]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
+    next_pos = pos[:, -1:] + 1  # [B, 1]
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    toks = []
+    for step in range(max_new_tokens):
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.float() / temperature, -1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        toks.append(tok)
+        done = done | torch.isin(tok, stop_t)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
+                    use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+        next_pos = next_pos + 1
+    gen = torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)]
+    stops = set(int(s) for s in stop)
+    responses, finished = [], []
+    for row in gen:
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        responses.append(row[: cut + 1] if cut is not None else row)
+        finished.append(cut is not None)
+    return Generation(responses, finished)
+
+
+def strip_stop(ids: Sequence[int], stop: Sequence[int]) -> list[int]:
+    """Response ids without the trailing stop token (for decoding and length counting)."""
+    ids = list(ids)
+    return ids[:-1] if ids and ids[-1] in set(stop) else ids

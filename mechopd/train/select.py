@@ -1,0 +1,427 @@
+"""Token selection for the OPD term: TA-OPD and its baselines (PAPERS.md §3).
+
+A selector turns the per-position signals of one rollout batch into a hard 0/1 keep-mask ``[batch, seq]`` for the OPD
+term (unselected tokens stay in the context; only their loss is dropped). What is non-standard here:
+
+* Signals per position t (student = no-context student ``p_s``, teacher = ``p_t``; both ``[batch, seq, vocab]``
+  log-probabilities at the rollout temperature):
+  ``S_t = TopK(p_s, K)``, ``U_t = S_t ∪ TopK(p_t, K)``, compatibility ``C``, union divergence ``D``, top-K student
+  entropy ``H`` (see :func:`teachability_stats` for the exact variants).
+* Normalisation is over the valid positions of the WHOLE rollout batch: ``Norm(z) = clip((z − Q05)/(Q95 − Q05), 0, 1)``.
+* The budget is ONE global top ``⌈ρ·N⌉`` over the batch (N = valid positions), not per sequence; ties are broken
+  deterministically (default: earlier position in the response first, then earlier sequence); every response with a
+  valid position keeps at least one, added ON TOP of the budget (as the released code does).
+* Everything is vectorised: union sets are built by concatenating the two top-K id lists and de-duplicating after a
+  sort (``[.., 2K]``, never a ``[.., vocab]`` mask); no Python loop over positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mechopd.errors import ConfigError
+
+SELECTORS = ("full", "random", "entropy", "divergence", "tip", "compat", "ta_opd", "ta_opd_ent")
+C_MODES = ("exact", "lower_bound")
+D_MODES = ("union", "floored")
+TIE_BREAKS = ("position", "sequence")
+FLOOR = 1e-12  # the released code's probability floor (d_mode="floored")
+FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Signals
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeachabilityStats:
+    """Raw per-position signals, all ``[batch, seq]`` float, detached, 0 at invalid positions.
+
+    C: compatibility mass; D: divergence on the union support; H: entropy (nats) of the student's renormalised top-K;
+    kl_full: full-vocabulary ``KL(p_t ‖ p_s)`` (the "raw KL" the paper contrasts with the decomposition).
+    """
+
+    C: Tensor
+    D: Tensor
+    H: Tensor
+    kl_full: Tensor
+
+
+@dataclass(frozen=True)
+class NormalizedStats:
+    """Batch-normalised signals in [0, 1] (``[batch, seq]``, 0 at invalid positions) and the TA-OPD decomposition.
+
+    DL = D̃·C̃ (learnable disagreement, the TA-OPD score); DI = D̃·(1 − C̃) (incompatible disagreement).
+    """
+
+    H: Tensor
+    D: Tensor
+    C: Tensor
+    DL: Tensor
+    DI: Tensor
+
+
+def teachability_stats(
+    student_logp: Tensor,
+    teacher_logp: Tensor,
+    mask: Tensor,
+    k: int = 16,
+    c_mode: str = "exact",
+    d_mode: str = "union",
+) -> TeachabilityStats:
+    """Per-position TA-OPD signals (no gradient). ``K = min(k, vocab)``.
+
+        S_t = TopK(p_s, K),  T_t = TopK(p_t, K),  U_t = S_t ∪ T_t
+        C_t exact        = Σ_{v∈S_t} p_t(v)                          (paper)
+        C_t lower_bound  = Σ_{v∈S_t ∩ T_t} p_t(v)                    (released code's default: the teacher's
+                                                                      probabilities are only known on T_t)
+        D_t union        = KL(p̄_t ‖ p̄_s),  p̄ = p / Σ_{U_t} p  on U_t                           (paper)
+        D_t floored      = Σ_{v∈U_t} p̃_t(v) (log p̃_t(v) − log p̃_s(v)),                         (released code)
+                           p̃_s(v) = max(p_s(v)/Σ_{S_t} p_s · [v∈S_t], 1e-12),
+                           p̃_t(v) = max(p_t(v)/Σ_{T_t} p_t · [v∈T_t], 1e-12)
+                           i.e. each model is renormalised on its OWN top-K and the ids it does not list are floored:
+                           teacher mass off the student's list dominates D.
+        H_t              = −Σ_{v∈S_t} p̄_s(v) log p̄_s(v),  p̄_s = p_s / Σ_{S_t} p_s   (nats; the released code divides
+                           by log K, a constant that Norm() removes)
+        kl_full_t        = Σ_v p_t(v) (log p_t(v) − log p_s(v))
+
+    student_logp, teacher_logp: ``[batch, seq, vocab]``; mask: ``[batch, seq]`` bool.
+    """
+    _check_choice("k", k, None)
+    _check_choice("c_mode", c_mode, C_MODES)
+    _check_choice("d_mode", d_mode, D_MODES)
+    _check_inputs(student_logp, teacher_logp, mask)
+    with torch.no_grad():
+        ls_all, lt_all = _fp32(student_logp), _fp32(teacher_logp)
+        kk = min(k, ls_all.shape[-1])
+        ids_s = ls_all.topk(kk, dim=-1).indices  # S_t, [B, T, K]
+        ids_t = lt_all.topk(kk, dim=-1).indices  # T_t, [B, T, K]
+        stats = {
+            "C": _compat_mass(lt_all, ids_s, ids_t, c_mode),
+            "D": (_union_kl if d_mode == "union" else _floored_kl)(ls_all, lt_all, ids_s, ids_t),
+            "H": _topk_entropy(ls_all, ids_s),
+            "kl_full": (lt_all.exp() * (lt_all - ls_all)).sum(-1),
+        }
+        zero = torch.zeros((), dtype=ls_all.dtype, device=ls_all.device)
+        return TeachabilityStats(**{name: torch.where(mask, v, zero) for name, v in stats.items()})
+
+
+def _compat_mass(lt_all: Tensor, ids_s: Tensor, ids_t: Tensor, c_mode: str) -> Tensor:
+    """C = Σ_{v∈S} p_t(v) (exact) or Σ_{v∈S∩T} p_t(v) (lower_bound). ``[B, T, V] -> [B, T]``."""
+    pt_on_s = lt_all.gather(-1, ids_s).exp()  # p_t(v), v ∈ S, [B, T, K]
+    if c_mode == "lower_bound":
+        pt_on_s = pt_on_s * _member(ids_s, ids_t)  # keep v ∈ S ∩ T
+    return pt_on_s.sum(-1).clamp(0.0, 1.0)
+
+
+def _union_ids(ids_s: Tensor, ids_t: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted ``[B, T, 2K]`` ids of S ∪ T with duplicates, and a bool ``first`` marking one copy of each id."""
+    ids, _ = torch.cat([ids_s, ids_t], dim=-1).sort(dim=-1)
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    return ids, first
+
+
+def _union_kl(ls_all: Tensor, lt_all: Tensor, ids_s: Tensor, ids_t: Tensor) -> Tensor:
+    """Paper's D: ``KL(p̄_t ‖ p̄_s)`` with both renormalised on U = S ∪ T. ``[B, T]``."""
+    ids, first = _union_ids(ids_s, ids_t)
+    ls = ls_all.gather(-1, ids).masked_fill(~first, float("-inf"))  # log p_s on U (each id once), [B, T, 2K]
+    lt = lt_all.gather(-1, ids).masked_fill(~first, float("-inf"))
+    ls = ls - ls.logsumexp(-1, keepdim=True)  # log p̄_s
+    lt = lt - lt.logsumexp(-1, keepdim=True)  # log p̄_t
+    terms = torch.where(first, lt.exp() * (lt - ls), torch.zeros_like(lt))
+    return terms.sum(-1)
+
+
+def _floored_kl(ls_all: Tensor, lt_all: Tensor, ids_s: Tensor, ids_t: Tensor) -> Tensor:
+    """Released code's D: each model renormalised on its own top-K, unlisted ids floored at 1e-12. ``[B, T]``."""
+    ids, first = _union_ids(ids_s, ids_t)
+    ps = _own_topk_probs(ls_all, ids, ids_s).clamp_min(FLOOR)  # p̃_s on U, [B, T, 2K]
+    pt = _own_topk_probs(lt_all, ids, ids_t).clamp_min(FLOOR)  # p̃_t on U
+    terms = pt * (pt.log() - ps.log())
+    return torch.where(first, terms, torch.zeros_like(terms)).sum(-1)
+
+
+def _own_topk_probs(logp_all: Tensor, ids: Tensor, own_ids: Tensor) -> Tensor:
+    """``p(v) / Σ_{own} p`` for v in the model's own top-K list, 0 otherwise; evaluated at ``ids`` ``[B, T, M]``."""
+    log_norm = logp_all.gather(-1, own_ids).logsumexp(-1, keepdim=True)  # log Σ_{own} p
+    probs = (logp_all.gather(-1, ids) - log_norm).exp()
+    return probs * _member(ids, own_ids)
+
+
+def _member(ids: Tensor, of: Tensor) -> Tensor:
+    """``[.., M]`` bool: ``ids[.., m] ∈ of[.., :]`` (per position)."""
+    return (ids.unsqueeze(-1) == of.unsqueeze(-2)).any(-1)
+
+
+def _topk_entropy(ls_all: Tensor, ids_s: Tensor) -> Tensor:
+    """H = −Σ_{v∈S} p̄_s(v) log p̄_s(v) on the student's renormalised top-K. ``[B, T]``."""
+    ls = ls_all.gather(-1, ids_s)
+    ls = ls - ls.logsumexp(-1, keepdim=True)
+    return -(ls.exp() * ls).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Normalisation and scores
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def quantile_norm(z: Tensor, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95) -> Tensor:
+    """``Norm(z) = clip((z − Q_low)/(Q_high − Q_low), 0, 1)``, quantiles over the valid positions of the whole batch.
+
+    Quantiles interpolate linearly between order statistics (numpy's default "linear" method). If
+    ``Q_high − Q_low < 1e-12`` (a flat signal, or fewer than two distinct values) the result is all zeros, as in the
+    released code. Invalid positions are 0. z: ``[batch, seq]``; mask: ``[batch, seq]`` bool. Non-finite values at
+    valid positions raise ``ValueError``.
+    """
+    if not 0.0 <= q_low < q_high <= 1.0:
+        raise ConfigError(f"quantiles q_low={q_low}, q_high={q_high} are invalid: need 0 <= q_low < q_high <= 1")
+    _check_mask(mask, z.shape)
+    z = _fp32(z)
+    values = z[mask]
+    out = torch.zeros_like(z)
+    if values.numel() == 0:
+        return out
+    if not torch.isfinite(values).all():
+        raise ValueError("quantile_norm: non-finite values at valid positions")
+    ordered = values.sort().values
+    lo, hi = _quantile(ordered, q_low), _quantile(ordered, q_high)
+    if hi - lo < FLAT_TOL:
+        return out
+    normed = ((z - lo) / (hi - lo)).clamp(0.0, 1.0)
+    return torch.where(mask, normed, out)
+
+
+def _quantile(ordered: Tensor, q: float) -> float:
+    """Linear-interpolation quantile of a sorted 1-D tensor (numpy ``method="linear"``)."""
+    pos = q * (ordered.numel() - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    a, b = float(ordered[lo]), float(ordered[hi])
+    return a + (b - a) * (pos - lo)
+
+
+def normalize_stats(
+    stats: TeachabilityStats, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95
+) -> NormalizedStats:
+    """Batch-normalise H, D, C and form the decomposition ``D^L = D̃·C̃``, ``D^I = D̃·(1 − C̃)`` (0 off-mask)."""
+    h, d, c = (quantile_norm(x, mask, q_low, q_high) for x in (stats.H, stats.D, stats.C))
+    return NormalizedStats(H=h, D=d, C=c, DL=d * c, DI=d * (1.0 - c))  # d = 0 off-mask, so both are 0 there
+
+
+def soft_or(a: Tensor, b: Tensor) -> Tensor:
+    """Soft OR of two [0, 1] scores: ``a + b − a·b``."""
+    return a + b - a * b
+
+
+def selector_score(name: str, normed: NormalizedStats) -> Tensor:
+    """The ranking score ``[batch, seq]`` of a score-based selector.
+
+    entropy: H̃;  divergence: D̃;  tip: H̃ + D̃ − H̃·D̃;  compat: C̃;  ta_opd: s = D̃·C̃;  ta_opd_ent: soft-OR(H̃, s).
+    (The released code's "ca_softor" re-normalises the raw product D·C before the soft OR; here s = D̃·C̃ as written.)
+    """
+    scores = {
+        "entropy": lambda: normed.H,
+        "divergence": lambda: normed.D,
+        "tip": lambda: soft_or(normed.H, normed.D),
+        "compat": lambda: normed.C,
+        "ta_opd": lambda: normed.DL,
+        "ta_opd_ent": lambda: soft_or(normed.H, normed.DL),
+    }
+    if name not in scores:
+        raise ConfigError(f"selector={name!r} has no score: use one of {', '.join(scores)}")
+    return scores[name]()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Budgeted selection
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def budget_size(rho: float, n_valid: int) -> int:
+    """``⌈ρ·N⌉``, computed after rounding ρ·N to 9 decimals so that e.g. 0.1·30 gives 3, not 4."""
+    _check_rho(rho)
+    return min(n_valid, math.ceil(round(rho * n_valid, 9)))
+
+
+def select_top_budget(
+    score: Tensor, mask: Tensor, rho: float, tie_break: str = "position", min_one_per_response: bool = True
+) -> Tensor:
+    """Keep one global top ``⌈ρ·N⌉`` of ``score`` over the batch's N valid positions; returns ``[batch, seq]`` bool.
+
+    Ties: ``tie_break="position"`` ranks equal scores by (position in the response, then sequence index) — the
+    paper's "ties to earlier positions"; ``"sequence"`` ranks by (sequence index, then position), the released code's
+    row order. ``min_one_per_response``: a response with valid positions but none kept gets its highest-scoring valid
+    position (earliest on ties) added ON TOP of the budget, so the kept count can exceed ``⌈ρ·N⌉`` by at most the
+    number of responses. ρ must be in (0, 1] (``ConfigError``). score: ``[batch, seq]`` float, finite where valid.
+    """
+    _check_choice("tie_break", tie_break, TIE_BREAKS)
+    _check_mask(mask, score.shape)
+    budget = budget_size(rho, int(mask.sum()))
+    if not torch.isfinite(score[mask]).all():
+        raise ValueError("select_top_budget: non-finite scores at valid positions")
+    ranked = _fp32(score).masked_fill(~mask, float("-inf"))  # [B, T]
+    flat = ranked.t().reshape(-1) if tie_break == "position" else ranked.reshape(-1)  # tie order = flat order
+    order = torch.sort(-flat, stable=True).indices[:budget]  # descending score, stable among ties
+    keep_flat = torch.zeros_like(flat, dtype=torch.bool)
+    keep_flat[order] = True
+    batch, seq = mask.shape
+    keep = keep_flat.view(seq, batch).t() if tie_break == "position" else keep_flat.view(batch, seq)
+    keep = keep.clone()
+    if min_one_per_response:
+        starved = (mask.any(-1) & ~keep.any(-1)).nonzero().squeeze(-1)  # responses with nothing kept
+        keep[starved, ranked[starved].argmax(-1)] = True  # argmax returns the first (earliest) maximum
+    return keep
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selector's result.
+
+    keep: ``[batch, seq]`` bool keep-mask for the OPD term (a subset of the valid mask); n_valid: N; budget: ``⌈ρ·N⌉``
+    (N for "full"); score: the ranking score ``[batch, seq]`` (None for "full"); stats / normed: the signals when the
+    selector computed them (None for full / random).
+    """
+
+    keep: Tensor
+    n_valid: int
+    budget: int
+    score: Tensor | None = None
+    stats: TeachabilityStats | None = None
+    normed: NormalizedStats | None = None
+
+    @property
+    def kept_fraction(self) -> float:
+        """Kept positions / valid positions (for logging; 0 on an empty batch)."""
+        return float(self.keep.sum()) / max(1, self.n_valid)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A named token selector with its options; call it on one rollout batch.
+
+    name: one of SELECTORS; k: TA-OPD top-K (default 16); c_mode: "exact" | "lower_bound"; d_mode: "union" |
+    "floored"; tie_break: "position" | "sequence"; min_one_per_response: the ≥1-kept-per-response rule;
+    q_low / q_high: the normalisation quantiles.
+    """
+
+    name: str
+    k: int = 16
+    c_mode: str = "exact"
+    d_mode: str = "union"
+    tie_break: str = "position"
+    min_one_per_response: bool = True
+    q_low: float = 0.05
+    q_high: float = 0.95
+
+    def __post_init__(self) -> None:
+        _check_choice("selector", self.name, SELECTORS)
+        _check_choice("k", self.k, None)
+        _check_choice("c_mode", self.c_mode, C_MODES)
+        _check_choice("d_mode", self.d_mode, D_MODES)
+        _check_choice("tie_break", self.tie_break, TIE_BREAKS)
+        if not 0.0 <= self.q_low < self.q_high <= 1.0:
+            raise ConfigError(f"q_low={self.q_low}, q_high={self.q_high} are invalid: need 0 <= q_low < q_high <= 1")
+
+    @property
+    def needs_stats(self) -> bool:
+        """False for "full" and "random", which need no teacher/student signals."""
+        return self.name not in ("full", "random")
+
+    def __call__(
+        self,
+        student_logp: Tensor | None,
+        teacher_logp: Tensor | None,
+        mask: Tensor,
+        rho: float,
+        generator: torch.Generator | None = None,
+    ) -> Selection:
+        """Select on one batch. student_logp, teacher_logp: ``[batch, seq, vocab]`` (ignored by full/random)."""
+        stats = None
+        if self.needs_stats:
+            if student_logp is None or teacher_logp is None:
+                raise ValueError(f"selector {self.name!r} needs the student and teacher log-probs")
+            stats = teachability_stats(student_logp, teacher_logp, mask, self.k, self.c_mode, self.d_mode)
+        return self.from_stats(stats, mask, rho, generator)
+
+    def from_stats(
+        self, stats: TeachabilityStats | None, mask: Tensor, rho: float, generator: torch.Generator | None = None
+    ) -> Selection:
+        """Select from precomputed signals (``stats`` may be None for full/random). mask: ``[batch, seq]`` bool."""
+        n_valid = int(mask.sum())
+        budget = budget_size(rho, n_valid)
+        if self.name == "full":
+            return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
+        normed = None
+        if self.name == "random":
+            if generator is None:
+                raise ValueError("the random selector needs a torch.Generator (seed it from the run seed)")
+            score = torch.rand(mask.shape, generator=generator, device=generator.device).to(mask.device)
+        else:
+            if stats is None:
+                raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
+            normed = normalize_stats(stats, mask, self.q_low, self.q_high)
+            score = selector_score(self.name, normed)
+        keep = select_top_budget(score, mask, rho, self.tie_break, self.min_one_per_response)
+        return Selection(keep, n_valid, budget, score=score, stats=stats, normed=normed)
+
+
+def make_selector(name: str, **options) -> Selector:
+    """The selector ``name`` (one of SELECTORS) with ``options`` (see :class:`Selector`); ConfigError if unknown."""
+    return Selector(name, **options)
+
+
+def select(
+    name: str,
+    student_logp: Tensor | None,
+    teacher_logp: Tensor | None,
+    mask: Tensor,
+    rho: float,
+    generator: torch.Generator | None = None,
+    **options,
+) -> Selection:
+    """One-shot ``make_selector(name, **options)(student_logp, teacher_logp, mask, rho, generator)``."""
+    return make_selector(name, **options)(student_logp, teacher_logp, mask, rho, generator)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fp32(x: Tensor) -> Tensor:
+    """Detached, in at least float32 (bf16/fp16 are upcast; float64 stays float64)."""
+    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _check_choice(field: str, value, allowed: tuple[str, ...] | None) -> None:
+    if allowed is None:  # an integer >= 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K=16)")
+    elif value not in allowed:
+        raise ConfigError(f"{field}={value!r} is unknown: use one of {', '.join(allowed)}")
+
+
+def _check_rho(rho: float) -> None:
+    if not (isinstance(rho, (int, float)) and 0.0 < rho <= 1.0):
+        raise ConfigError(f"rho={rho!r} is invalid: the token budget must be in (0, 1] (e.g. 0.1 keeps 10 %)")
+
+
+def _check_mask(mask: Tensor, shape: torch.Size) -> None:
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if mask.shape != shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != values shape {tuple(shape)}")
+
+
+def _check_inputs(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> None:
+    if student_logp.dim() != 3 or student_logp.shape != teacher_logp.shape:
+        raise ValueError(
+            f"expected two [batch, seq, vocab] log-prob tensors of one shape, got {tuple(student_logp.shape)} and "
+            f"{tuple(teacher_logp.shape)} (different vocab sizes: apply losses.common_vocab to the logits first)"
+        )
+    _check_mask(mask, student_logp.shape[:-1])

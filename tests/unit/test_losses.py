@@ -1,0 +1,335 @@
+"""mechopd.train.losses against slow explicit references (Python loops over positions and vocabulary, autograd)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mechopd.errors import ConfigError
+from mechopd.train import losses as L
+
+B, T, V = 2, 3, 7
+DT = torch.float64
+
+
+def make_logits(seed: int, shape=(B, T, V), scale: float = 2.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=g, dtype=DT)).requires_grad_(True)
+
+
+def logp(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits, -1)
+
+
+def weights(seed: int = 99) -> torch.Tensor:
+    """Distinct per-position weights so a gradient check sees every position's contribution separately."""
+    return torch.rand((B, T), generator=torch.Generator().manual_seed(seed), dtype=DT) + 0.5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Slow references: scalars only, loops over (b, t, v)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def ref_probs(row: torch.Tensor) -> list[torch.Tensor]:
+    """softmax of a 1-D logits row, one scalar at a time."""
+    z = sum(torch.exp(row[v]) for v in range(row.shape[0]))
+    return [torch.exp(row[v]) / z for v in range(row.shape[0])]
+
+
+def ref_kl_row(p: list, q: list, ids=None) -> torch.Tensor:
+    ids = range(len(p)) if ids is None else ids
+    return sum(p[v] * (torch.log(p[v]) - torch.log(q[v])) for v in ids)
+
+
+def ref_per_pos(fn, *logits) -> torch.Tensor:
+    """Apply fn(list of prob-lists per input, b, t) at every position, stacked into [B, T]."""
+    rows = []
+    for b in range(B):
+        row = []
+        for t in range(T):
+            row.append(fn(*[ref_probs(x[b, t]) for x in logits]))
+        rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def ref_topk_row(q: list, f: list, k: int, renormalize: bool, tail: bool) -> tuple[torch.Tensor, float]:
+    ids = sorted(range(len(q)), key=lambda v: -q[v].item())[:k]
+    mass = sum(q[v].item() for v in ids)
+    if renormalize:
+        zq, zf = sum(q[v] for v in ids), sum(f[v] for v in ids)
+        return sum(q[v] / zq * (torch.log(q[v] / zq) - torch.log(f[v] / zf)) for v in ids), mass
+    kl = ref_kl_row(q, f, ids)
+    rest = [v for v in range(len(q)) if v not in ids]
+    if tail and rest:
+        mq, mf = sum(q[v] for v in rest), sum(f[v] for v in rest)
+        kl = kl + mq * (torch.log(mq) - torch.log(mf))
+    return kl, mass
+
+
+def value_and_grads(per_pos: torch.Tensor, *leaves: torch.Tensor, w: torch.Tensor | None = None):
+    w = weights() if w is None else w
+    total = (per_pos * w).sum()
+    grads = torch.autograd.grad(total, leaves, allow_unused=True)
+    return per_pos.detach(), grads
+
+
+def assert_close(a, b, **kw):
+    torch.testing.assert_close(a, b, rtol=kw.get("rtol", 1e-9), atol=kw.get("atol", 1e-10))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Per-position losses
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_reverse_kl_full_matches_loop_reference_values_and_grads():
+    s, t = make_logits(0), make_logits(1)
+    fast, (gs, gt) = value_and_grads(L.reverse_kl_full(logp(s), logp(t)), s, t)
+    ref, (rs,) = value_and_grads(ref_per_pos(lambda q, f: ref_kl_row(q, f), s, t.detach()), s)
+    assert_close(fast, ref)
+    assert_close(gs, rs)
+    assert gt is None  # the teacher is detached
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("renormalize,tail", [(False, False), (True, False), (False, True)])
+def test_reverse_kl_topk_matches_loop_reference(k, renormalize, tail):
+    s, t = make_logits(2), make_logits(3)
+    out = L.reverse_kl_topk(logp(s), logp(t), k=k, renormalize=renormalize, tail=tail)
+    fast, (gs, gt) = value_and_grads(out.kl, s, t)
+    ref_kl = ref_per_pos(lambda q, f: ref_topk_row(q, f, k, renormalize, tail)[0], s, t.detach())
+    ref, (rs,) = value_and_grads(ref_kl, s)
+    ref_mass = ref_per_pos(lambda q, f: torch.tensor(ref_topk_row(q, f, k, False, False)[1], dtype=DT), s, t)
+    assert_close(fast, ref)
+    assert_close(gs, rs)
+    assert_close(out.mass, ref_mass.detach())
+    assert gt is None
+    assert not out.mass.requires_grad
+
+
+@pytest.mark.parametrize("k", [V, V + 5, 256])
+@pytest.mark.parametrize("renormalize,tail", [(False, False), (True, False), (False, True)])
+def test_topk_with_k_at_least_vocab_equals_full(k, renormalize, tail):
+    s, t = make_logits(4), make_logits(5)
+    topk, (g_topk,) = value_and_grads(L.reverse_kl_topk(logp(s), logp(t), k, renormalize, tail).kl, s)
+    full, (g_full,) = value_and_grads(L.reverse_kl_full(logp(s), logp(t)), s)
+    assert_close(topk, full)
+    assert_close(g_topk, g_full)
+    assert_close(L.reverse_kl_topk(logp(s), logp(t), k).mass, torch.ones(B, T, dtype=DT))
+
+
+def test_topk_without_tail_can_go_negative_and_tail_fixes_it():
+    # Student puts half its mass on id 0 (its top-1) where the teacher puts 0.9: Σ_{S} q log(q/f) < 0.
+    q = torch.tensor([0.5] + [0.5 / (V - 1)] * (V - 1), dtype=DT).log().expand(1, 1, V)
+    f = torch.tensor([0.9] + [0.1 / (V - 1)] * (V - 1), dtype=DT).log().expand(1, 1, V)
+    assert float(L.reverse_kl_topk(q, f, k=1).kl) < 0
+    with_tail = float(L.reverse_kl_topk(q, f, k=1, tail=True).kl)
+    expected = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    assert with_tail == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, V))
+def test_topk_with_tail_is_a_coarsened_kl_between_zero_and_full(seed, k):
+    """Grouping the non-top-k ids into one bucket is a coarsening: 0 <= KL_tail <= KL_full (log-sum inequality)."""
+    s, t = make_logits(seed, scale=3.0), make_logits(seed + 1, scale=3.0)
+    tail = L.reverse_kl_topk(logp(s), logp(t), k, tail=True).kl.detach()
+    full = L.reverse_kl_full(logp(s), logp(t)).detach()
+    assert (tail >= -1e-12).all()
+    assert (tail <= full + 1e-12).all()
+
+
+def test_topk_rejects_bad_options():
+    s, t = logp(make_logits(0)), logp(make_logits(1))
+    with pytest.raises(ConfigError, match="topk=0"):
+        L.reverse_kl_topk(s, t, k=0)
+    with pytest.raises(ConfigError, match="exclusive"):
+        L.reverse_kl_topk(s, t, k=2, renormalize=True, tail=True)
+
+
+def test_sampled_token_kl_matches_reference_and_is_not_a_kl_value():
+    s, t = make_logits(6), make_logits(7)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
+    out = L.sampled_token_kl(logp(s), logp(t), tokens)
+    fast, (gs, gt) = value_and_grads(out.loss, s, t)
+
+    def ref_row(b, tt):
+        q, f = ref_probs(s[b, tt]), ref_probs(t[b, tt].detach())
+        y = int(tokens[b, tt])
+        advantage = -(torch.log(q[y]) - torch.log(f[y])).detach()
+        return -advantage * torch.log(q[y]), (torch.log(q[y]) - torch.log(f[y])).detach()
+
+    pairs = [[ref_row(b, tt) for tt in range(T)] for b in range(B)]
+    ref_loss = torch.stack([torch.stack([p[0] for p in row]) for row in pairs])
+    ref_ratio = torch.stack([torch.stack([p[1] for p in row]) for row in pairs])
+    ref, (rs,) = value_and_grads(ref_loss, s)
+    assert_close(fast, ref)
+    assert_close(gs, rs)
+    assert_close(out.log_ratio, ref_ratio)
+    assert gt is None and not out.log_ratio.requires_grad
+    # The surrogate's value is log_ratio · log q(y), not the KL estimate log_ratio.
+    assert not torch.allclose(out.loss, out.log_ratio)
+
+
+def test_sampled_token_kl_gradient_is_unbiased_for_the_full_kl():
+    """E_{y~q_x}[∇ loss(y)] = ∇ KL(q_x ‖ f): enumerate every y, weight by sg[q_x(y)]."""
+    s, t = make_logits(8), make_logits(9)
+    ls, lt = logp(s), logp(t)
+    q = ls.detach().exp()
+    expected = torch.zeros((), dtype=DT)
+    for y in range(V):
+        tokens = torch.full((B, T), y)
+        expected = expected + (q[..., y] * L.sampled_token_kl(ls, lt, tokens).loss).sum()
+    (g_sampled,) = torch.autograd.grad(expected, s, retain_graph=True)
+    (g_full,) = torch.autograd.grad(L.reverse_kl_full(ls, lt).sum(), s)
+    assert_close(g_sampled, g_full)
+
+
+def test_nca_anchor_matches_reference_and_stops_gradient_into_no_context_view():
+    x, c = make_logits(10), make_logits(11)
+    fast, (gx, gc) = value_and_grads(L.nca_anchor(logp(x), logp(c)), x, c)
+    ref, (rc,) = value_and_grads(ref_per_pos(lambda qx, qc: ref_kl_row(qx, qc), x.detach(), c), c)
+    assert_close(fast, ref)
+    assert_close(gc, rc)
+    assert gx is None  # KL(sg[q_x] ‖ q_c): no gradient into the no-context logits
+
+
+def test_dual_opd_ctx_matches_reference():
+    c, t = make_logits(12), make_logits(13)
+    fast, (gc, gt) = value_and_grads(L.dual_opd_ctx(logp(c), logp(t)), c, t)
+    ref, (rc,) = value_and_grads(ref_per_pos(lambda qc, f: ref_kl_row(qc, f), c, t.detach()), c)
+    assert_close(fast, ref)
+    assert_close(gc, rc)
+    assert gt is None
+
+
+def test_sym_kl_matches_reference_and_moves_both_views():
+    x, c = make_logits(14), make_logits(15)
+    fast, (gx, gc) = value_and_grads(L.sym_kl(logp(x), logp(c)), x, c)
+    ref_fn = lambda qx, qc: 0.5 * (ref_kl_row(qx, qc) + ref_kl_row(qc, qx))  # noqa: E731
+    ref, (rx, rc) = value_and_grads(ref_per_pos(ref_fn, x, c), x, c)
+    assert_close(fast, ref)
+    assert_close(gx, rx)
+    assert_close(gc, rc)
+    assert gx.abs().sum() > 0
+
+
+def test_losses_reject_misaligned_vocab_and_common_vocab_fixes_it():
+    student, teacher = make_logits(16, (B, T, V)), make_logits(17, (B, T, V + 3))
+    with pytest.raises(ValueError, match="common_vocab"):
+        L.reverse_kl_full(logp(student), logp(teacher))
+    s2, t2 = L.common_vocab(student, teacher)
+    assert s2.shape == t2.shape == (B, T, V)
+    assert torch.equal(t2, teacher[..., :V])  # padding rows dropped BEFORE log_softmax
+    assert torch.allclose(logp(t2).exp().sum(-1), torch.ones(B, T, dtype=DT))
+    assert L.reverse_kl_full(logp(s2), logp(t2)).shape == (B, T)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reduction and method registry
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_token_mean_is_masked_mean_over_the_batch_and_ignores_padding_values():
+    values = torch.arange(B * T, dtype=DT).view(B, T)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    expected = (0 + 1 + 3) / 3
+    assert float(L.token_mean(values, mask)) == pytest.approx(expected)
+    poisoned = values.clone()
+    poisoned[~mask] = float("nan")
+    assert float(L.token_mean(poisoned, mask)) == pytest.approx(expected)
+
+
+def test_token_mean_raises_on_empty_mask():
+    with pytest.raises(ValueError, match="no response token"):
+        L.token_mean(torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool))
+
+
+@pytest.mark.parametrize(
+    "method,names,weights_",
+    [("opd", ["opd"], [1.0]), ("nca", ["opd", "nca"], [1.0, 0.3]), ("dual_opd", ["opd", "dual"], [1.0, 1.0]),
+     ("sym_kl", ["opd", "sym"], [1.0, 0.3])],
+)
+def test_method_terms_shape(method, names, weights_):
+    terms = L.method_terms(method, beta=0.3)
+    assert [t.name for t in terms] == names
+    assert [t.weight for t in terms] == weights_
+    assert [t.selectable for t in terms] == [True] + [False] * (len(terms) - 1)
+    needs_ctx = method != "opd"
+    assert ("student_ctx" in L.terms_need(terms)) == needs_ctx
+    assert "tokens" in L.terms_need(L.method_terms(method, estimator="sampled"))
+    assert "tokens" not in L.terms_need(L.method_terms(method, estimator="full"))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"method": "ppo"}, "opd, nca, dual_opd, sym_kl"),
+     ({"method": "opd", "estimator": "exact"}, "topk, full, sampled"),
+     ({"method": "nca", "beta": -0.1}, "beta=-0.1"), ({"method": "nca", "beta": float("nan")}, "beta=nan"),
+     ({"method": "opd", "topk": 0}, "topk=0"), ({"method": "opd", "renormalize": True, "tail": True}, "exclusive")],
+)
+def test_method_terms_rejects_bad_config(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        L.method_terms(**kwargs)
+
+
+def _inputs(seed: int = 20, with_tokens: bool = True) -> tuple[L.LossInputs, torch.Tensor, torch.Tensor]:
+    x, c, t = make_logits(seed), make_logits(seed + 1), make_logits(seed + 2)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed)) if with_tokens else None
+    return L.LossInputs(logp(x), logp(c), logp(t).detach(), tokens), x, c
+
+
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+
+
+@pytest.mark.parametrize("estimator", ["topk", "full", "sampled"])
+def test_nca_with_beta_zero_equals_opd(estimator):
+    inputs, x, c = _inputs()
+    opd, _ = L.total_loss(L.method_terms("opd", estimator=estimator, topk=3), inputs, MASK)
+    nca, _ = L.total_loss(L.method_terms("nca", beta=0.0, estimator=estimator, topk=3), inputs, MASK)
+    assert torch.equal(opd, nca)
+    g_opd = torch.autograd.grad(opd, x, retain_graph=True)[0]
+    g_nca_x, g_nca_c = torch.autograd.grad(nca, (x, c), allow_unused=True)
+    assert torch.equal(g_opd, g_nca_x)
+    assert g_nca_c is None or not g_nca_c.any()
+
+
+def test_nca_gradients_split_by_view():
+    """q_x gets gradient only from OPD; q_c only from the anchor (and OPD gives the ctx logits none)."""
+    inputs, x, c = _inputs()
+    beta = 0.5
+    opd_only, _ = L.total_loss(L.method_terms("opd", estimator="full"), inputs, MASK)
+    g_opd_x, g_opd_c = torch.autograd.grad(opd_only, (x, c), allow_unused=True, retain_graph=True)
+    assert g_opd_c is None  # the OPD term never touches the context view
+    nca, logs = L.total_loss(L.method_terms("nca", beta=beta, estimator="full"), inputs, MASK)
+    g_x, g_c = torch.autograd.grad(nca, (x, c), retain_graph=True)
+    anchor = L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
+    (g_anchor_c,) = torch.autograd.grad(beta * anchor, c)
+    assert_close(g_x, g_opd_x)
+    assert_close(g_c, g_anchor_c)
+    assert_close(logs["loss/nca"], anchor.detach())
+
+
+def test_total_loss_applies_keep_only_to_the_opd_term_and_logs_stats():
+    inputs, _, _ = _inputs()
+    keep = torch.tensor([[False, True, False], [True, False, False]])
+    loss, logs = L.total_loss(L.method_terms("nca", beta=0.25, topk=3), inputs, MASK, keep=keep)
+    kl, mass = L.reverse_kl_topk(inputs.student_nctx, inputs.teacher, 3)
+    opd = L.token_mean(kl, MASK & keep)
+    anchor = L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
+    assert_close(loss.detach(), (opd + 0.25 * anchor).detach())
+    assert_close(logs["loss/opd"], opd.detach())
+    assert_close(logs["opd/topk_mass"], L.token_mean(mass, MASK))
+    sampled_logs = L.total_loss(L.method_terms("opd", estimator="sampled"), inputs, MASK)[1]
+    assert "opd/kl_estimate" in sampled_logs
+
+
+def test_missing_input_is_reported():
+    inputs, _, _ = _inputs(with_tokens=False)
+    with pytest.raises(ValueError, match="tokens"):
+        L.total_loss(L.method_terms("opd", estimator="sampled"), inputs, MASK)
