@@ -76,10 +76,12 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = Non
     return model.eval()
 
 
-def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, extra: dict[str, str] | None = None) -> Path:
+def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, extra: dict[str, str] | None = None,
+                writer: Any = None) -> Path:
     """`save_pretrained` (safetensors) into a temp dir next to `out_dir`, then rename into place.
 
-    A killed process never leaves a half-written checkpoint at `out_dir`. `extra` maps file names to text contents.
+    A killed process never leaves a half-written checkpoint at `out_dir`. `extra` maps file names to text contents;
+    `writer(tmp_dir)` may write more files before the rename.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +92,8 @@ def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, ex
             tokenizer.save_pretrained(tmp)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
+        if writer is not None:
+            writer(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

@@ -180,3 +180,21 @@ def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True)
             "seconds": round(time.time() - t0, 1)}
     atomic_save(model, tokenizer, out, extra={MARKER: json.dumps(meta, indent=2)})
     return out
+
+
+# Per-task organism defaults (sizes and schedules measured to reach the README's accuracies on 2 CPU cores).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "rules": {},
+    "frozenlake": {},
+    "sokoban": {},
+}
+
+
+def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None) -> OrganismConfig:
+    """The organism for `task` with its measured defaults; `steps` overrides the schedule length."""
+    if task not in ORGANISM_TASKS:
+        raise ConfigError(f"unknown organism task {task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
+    kw = dict(TASK_DEFAULTS[task], task=task, seed=seed, arch=arch)
+    if steps is not None:
+        kw["steps"] = steps
+    return OrganismConfig(**kw)

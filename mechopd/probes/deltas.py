@@ -38,7 +38,8 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -202,28 +203,31 @@ def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b:
 
 
 class _Reader:
-    """Rows of one checkpoint's tensors through ``safe_open``: one file mapped at a time, re-opened once ``budget``
-    bytes went through it, so that the pages it touched leave the process's RSS."""
+    """One checkpoint, read window by window through ``safe_open`` into two reused staging buffers (one being computed
+    on while the other fills). One file is mapped at a time and re-opened once ``budget`` bytes went through it, so
+    that the pages it touched leave this process's RSS."""
 
-    def __init__(self, ckpt: Checkpoint, budget: int):
-        self.ckpt, self.budget = ckpt, budget
+    def __init__(self, ckpt: Checkpoint, window_numel: int):
+        self.ckpt, self.budget = ckpt, 4 * window_numel
+        self._staging = [torch.empty(4 * window_numel, dtype=torch.uint8) for _ in range(2)]  # <= 4-byte dtypes
         self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
 
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d)."""
+    def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
+        """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d),
+        in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into again."""
         file = self.ckpt.files[name]
         if file != self._file:
             self.close()
             self._handle, self._file = self._stack.enter_context(_open(file)), file
         piece = self._handle.get_slice(name)
-        t = self._handle.get_tensor(name) if not piece.get_shape() else piece[start:stop]
-        self._read += t.numel() * t.element_size()
-        return t.reshape(-1)
-
-    def release(self) -> None:
-        """Call once the tensors ``rows`` returned are gone."""
+        view = (piece[start:stop] if piece.get_shape() else self._handle.get_tensor(name)).reshape(-1)  # lazy
+        nbytes, stage = view.numel() * view.element_size(), self._staging[slot]
+        out = stage[:nbytes].view(view.dtype).copy_(view) if nbytes <= stage.numel() else view.clone()
+        del view, piece
+        self._read += nbytes
         if self._read >= self.budget:
             self.close()
+        return out
 
     def close(self) -> None:
         self._stack.close()
@@ -240,68 +244,92 @@ class _Sums:
     sq: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, vs) -> ||theta_model - theta_vs||^2
     dot: dict[tuple[str, str], float] = field(default_factory=dict)  # (b, a) -> <Delta_b, Delta_a>
 
-    def add(self, other: _Sums) -> None:
-        self.numel += other.numel
-        self.w0 += other.w0
-        for mine, theirs in ((self.sq, other.sq), (self.dot, other.dot)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0.0) + v
 
-
-def _accumulate(gram: torch.Tensor, views: list[torch.Tensor], pair: tuple[int, int] | None,
+def _accumulate(acc: torch.Tensor, views: list[torch.Tensor], pair: tuple[int, int] | None,
                 buf: torch.Tensor) -> None:
-    """gram += X X^T over one window, X = [W0, Delta_1 .. Delta_M, (Delta_b - Delta_a)] in chunks of buf.
+    """acc += [||W0||^2, ||Delta_1||^2 .. ||Delta_M||^2, (||theta_b - theta_a||^2)] over one window.
 
-    gram: [R, R] float64; views: M + 1 tensors [n] (base first, stored dtype); buf: [R, chunk] compute dtype.
+    acc: [R] float64; views: M + 1 tensors [n] (base first, stored dtype); buf: [R, chunk] compute dtype, R = M + 1
+    (+ 1 with a pair). Chunk by chunk, so that the rows of X = buf stay in cache: upcast, subtract, one norm per row.
     """
-    m, n, chunk = len(views) - 1, views[0].numel(), buf.shape[1]
-    for s in range(0, n, chunk):
-        e = min(n, s + chunk)
-        x = buf[:, : e - s]  # [R, k]
-        for j, v in enumerate(views):
-            x[j].copy_(v[s:e])  # upcast the stored dtype
+    m, chunk = len(views) - 1, buf.shape[1]
+    for pieces in zip(*(v.split(chunk) for v in views)):
+        x = buf[:, : pieces[0].numel()]  # [R, k]
+        for j, p in enumerate(pieces):
+            x[j].copy_(p)  # upcast the stored dtype
         x[1 : m + 1].sub_(x[0])  # Delta_i = theta_i - W0
         if pair is not None:
             torch.sub(x[pair[1]], x[pair[0]], out=x[m + 1])  # theta_b - theta_a
-        gram.add_(x @ x.T)  # [R, R]
+        norms = torch.linalg.vector_norm(x, dim=1)  # [R]
+        acc.addcmul_(norms, norms)
 
 
-def _tensor_gram(readers: list[_Reader], name: str, shape: tuple[int, ...], pair: tuple[int, int] | None,
-                 buf: torch.Tensor, window_numel: int) -> torch.Tensor:
-    """Gram matrix [R, R] (float64) of one tensor, read window by window (rows of dim 0) from every checkpoint."""
-    n_rows = shape[0] if shape else 1
-    row_numel = math.prod(shape[1:]) if shape else 1
-    step = max(1, window_numel // max(1, row_numel))
-    gram = torch.zeros(buf.shape[0], buf.shape[0], dtype=torch.float64)
-    for start in range(0, n_rows, step):
-        views = [r.rows(name, start, min(n_rows, start + step)) for r in readers]
-        _accumulate(gram, views, pair, buf)
-        del views
-        for r in readers:
-            r.release()
-    return gram
+def _windows(names: list[str], shapes: Mapping[str, tuple[int, ...]], window_numel: int) -> list[tuple[str, int, int]]:
+    """(name, start, stop): row ranges along dim 0 of at most window_numel elements (or one row; 0-d: one row)."""
+    out = []
+    for name in names:
+        shape = shapes[name]
+        n_rows, row_numel = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
+        step = max(1, window_numel // max(1, row_numel))
+        out += [(name, start, min(n_rows, start + step - 1)) for start in range(0, n_rows, step)]
+    return out
 
 
-def _gram_sums(gram: torch.Tensor, numel: int, labels: list[str], pair: tuple[str, str] | None) -> _Sums:
-    g = gram.tolist()
-    sums = _Sums(numel, g[0][0], {(label, BASE): g[i][i] for i, label in enumerate(labels, start=1)})
+@contextmanager
+def _threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair: tuple[int, int] | None,
+                 dtype: torch.dtype, window_numel: int, chunk_numel: int, bar) -> dict[str, torch.Tensor]:
+    """Per tensor name, the accumulator of ``_accumulate``. A helper thread reads window i + 1 (page faults, copy)
+    while this one computes on window i, single-threaded: elementwise work on cache-sized chunks gains nothing
+    from intra-op threads and stalls badly when the cores are shared."""
+    n_rows = len(readers) + (pair is not None)
+    buf = torch.empty(n_rows, max(1, chunk_numel), dtype=dtype)
+    acc = {name: torch.zeros(n_rows, dtype=torch.float64) for name in names}
+    windows = _windows(names, shapes, window_numel)
+
+    def load(i: int) -> list[torch.Tensor]:
+        return [r.read(*windows[i], slot=i % 2) for r in readers]
+
+    with _threads(1), ThreadPoolExecutor(1, thread_name_prefix="mechopd-deltas-read") as pool:
+        nxt = pool.submit(load, 0) if windows else None
+        for i, (name, _, _) in enumerate(windows):
+            views = nxt.result()
+            nxt = pool.submit(load, i + 1) if i + 1 < len(windows) else None  # fills the other staging slot
+            _accumulate(acc[name], views, pair, buf)
+            bar.update(views[0].numel())
+            del views
+    return acc
+
+
+def _acc_sums(acc: torch.Tensor, numel: int, labels: list[str], pair: tuple[str, str] | None) -> _Sums:
+    """Sums of one tensor; <Delta_a, Delta_b> = (||Delta_a||^2 + ||Delta_b||^2 - ||Delta_b - Delta_a||^2) / 2."""
+    v = acc.tolist()
+    sums = _Sums(numel, v[0], {(label, BASE): v[i] for i, label in enumerate(labels, start=1)})
     if pair is not None:
         a, b = (1 + labels.index(p) for p in pair)
-        sums.sq[(pair[1], pair[0])] = g[-1][-1]
-        sums.dot[(pair[1], pair[0])] = g[b][a]
+        sums.sq[(pair[1], pair[0])] = v[-1]
+        sums.dot[(pair[1], pair[0])] = (v[a] + v[b] - v[-1]) / 2
     return sums
 
 
 def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.PathLike],
                      pair: tuple[str, str] | None = None, *, dtype: torch.dtype = torch.float64,
-                     window_numel: int = 1 << 24, chunk_numel: int = 1 << 16,
+                     window_numel: int = 1 << 23, chunk_numel: int = 1 << 17,
                      progress: bool = True) -> list[DeltaRow]:
     """Per-tensor update norms of each model in ``models`` (label -> checkpoint dir) against ``base_dir``.
 
-    Returns tidy rows (see the module docstring), one tensor at a time in forward order. ``pair=(a, b)`` adds the rows
-    model=b, vs=a: ||theta_b - theta_a||_F, its ratio to ||W0||_F, and cos(Delta_a, Delta_b). ``dtype`` is the
-    elementwise dtype (float64: exact differences; float32: faster, ~1e-6 relative); sums are float64 either way.
-    Memory: about (M + 1) x 8 x window_numel bytes of mapped pages plus a [M + 2, chunk_numel] buffer.
+    Returns tidy rows (see the module docstring), tensors in forward order. ``pair=(a, b)`` adds the rows model=b,
+    vs=a: ||theta_b - theta_a||_F, its ratio to ||W0||_F, and cos(Delta_a, Delta_b). ``dtype`` is the elementwise
+    dtype (float64: exact differences; float32: faster, ~1e-7 relative); sums are float64 either way.
+    Memory: about (M + 1) x window_numel x (2 x stored itemsize + 4) bytes plus a [M + 2, chunk_numel] buffer.
     """
     labels = _check_labels(models, pair)
     if dtype not in (torch.float64, torch.float32):
@@ -311,23 +339,19 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
     shapes = tensor_shapes(base)
     for ckpt in ckpts:
         check_same_layout(base, ckpt, shapes, tensor_shapes(ckpt))
-    readers = [_Reader(c, 4 * window_numel) for c in (base, *ckpts)]
+    readers = [_Reader(c, window_numel) for c in (base, *ckpts)]
     pair_rows = None if pair is None else (1 + labels.index(pair[0]), 1 + labels.index(pair[1]))
-    buf = torch.empty(len(readers) + (pair is not None), max(1, chunk_numel), dtype=dtype)
     names = sorted(base.files, key=lambda n: (str(base.files[n]), n))  # file by file
-    sums: dict[str, _Sums] = {}
-    bar = tqdm(total=sum(math.prod(shapes[n]) for n in names), unit="param", unit_scale=True,
-               desc="parameter deltas", disable=not progress)
+    numel = {n: math.prod(shapes[n]) for n in names}
+    bar = tqdm(total=sum(numel.values()), unit="param", unit_scale=True, desc="parameter deltas",
+               disable=not progress)
     try:
-        for name in names:
-            gram = _tensor_gram(readers, name, shapes[name], pair_rows, buf, window_numel)
-            sums[name] = _gram_sums(gram, math.prod(shapes[name]), labels, pair)
-            bar.update(math.prod(shapes[name]))
+        acc = _stream_sums(readers, names, shapes, pair_rows, dtype, window_numel, chunk_numel, bar)
     finally:
         bar.close()
         for r in readers:
             r.close()
-    return _tensor_rows(sums, base)
+    return _tensor_rows({n: _acc_sums(acc[n], numel[n], labels, pair) for n in names}, base)
 
 
 def _check_labels(models: Mapping[str, object], pair: tuple[str, str] | None) -> list[str]:

@@ -51,10 +51,14 @@ def sample(
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    row_seeds: Sequence[int] | None = None,
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
+    row_seeds: one seed per row -> inverse-CDF sampling with per-row uniforms ``u[row, step]``, so a row's response
+    does not depend on which other rows share its batch or process (batch- and world-size invariant rollouts).
+    Otherwise ``torch.multinomial`` with `generator`.
     """
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)
@@ -66,10 +70,22 @@ def sample(
     past, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    uniforms = None
+    if row_seeds is not None and not greedy:
+        if len(row_seeds) != B:
+            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
+        uniforms = torch.stack(
+            [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
+             for s in row_seeds]
+        ).to(device)  # [B, max_new_tokens]
     toks = []
     for step in range(max_new_tokens):
         if greedy:
             tok = logits.argmax(-1)
+        elif uniforms is not None:
+            cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
+            tok = torch.searchsorted(cdf, uniforms[:, step : step + 1] * cdf[:, -1:]).squeeze(-1)
+            tok = tok.clamp(max=logits.shape[-1] - 1)
         else:
             probs = torch.softmax(logits.float() / temperature, -1)
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -97,3 +113,51 @@ def strip_stop(ids: Sequence[int], stop: Sequence[int]) -> list[int]:
     """Response ids without the trailing stop token (for decoding and length counting)."""
     ids = list(ids)
     return ids[:-1] if ids and ids[-1] in set(stop) else ids
+
+
+@dataclass
+class Turn:
+    """One move of one game: the user prompt text at that move and the model's response ids."""
+
+    game: int
+    move: int
+    prompt: str
+    response: list[int]
+
+
+def play_games(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    examples: Sequence[Any],
+    render: Any,
+    *,
+    with_context: bool,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    seeds: Sequence[int] | None = None,
+) -> tuple[list[Any], list[Turn]]:
+    """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
+
+    render(prompt_text, context_or_None) -> prompt ids. seeds: one per game; move m of game g samples with row seed
+    ``seeds[g] * 1000 + m`` (batch invariant). Returns the finished episodes and every (turn prompt, response).
+    """
+    stop = stop_ids(tokenizer, model)
+    episodes = [task.new_episode(ex) for ex in examples]
+    turns: list[Turn] = []
+    move = 0
+    while True:
+        active = [g for g, ep in enumerate(episodes) if not ep.done]
+        if not active:
+            break
+        texts = [episodes[g].prompt() for g in active]
+        ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
+        row_seeds = None if (greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
+        gen = sample(model, ids, max_new_tokens=max_new_tokens, stop=stop, pad_id=tokenizer.pad_token_id,
+                     temperature=temperature, greedy=greedy, row_seeds=row_seeds)
+        for g, text, resp in zip(active, texts, gen.responses):
+            turns.append(Turn(g, move, text, resp))
+            episodes[g].step(tokenizer.decode(strip_stop(resp, stop), skip_special_tokens=True))
+        move += 1
+    return episodes, turns

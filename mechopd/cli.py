@@ -1,0 +1,181 @@
+"""`mechopd` command: thin parsing around library calls. Bad input -> one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from mechopd.errors import ConfigError, MechopdError
+
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str):
+    def deco(fn):
+        COMMANDS[name] = (help, fn)
+        return fn
+
+    return deco
+
+
+def _kv(pairs: list[str] | None, flag: str) -> dict[str, Any]:
+    from mechopd.config import parse_overrides
+
+    try:
+        return parse_overrides(pairs or [])
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--set", flag)) from None
+
+
+def _named(pairs: list[str] | None, flag: str) -> dict[str, str]:
+    """``["base=DIR", "opd=DIR"]`` -> ordered dict; refuses malformed items."""
+    out: dict[str, str] = {}
+    for p in pairs or []:
+        name, sep, path = p.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"{flag} {p!r} is not NAME=DIR; e.g. {flag} base=runs/organisms/rules opd=runs/opd/final")
+        out[name] = path
+    return out
+
+
+# --- pretrain -----------------------------------------------------------------------------------------------------------
+def _pretrain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", required=True, help="rules | frozenlake | sokoban")
+    p.add_argument("--out", default=None, help="output directory (default runs/organisms/<task>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", default="qwen3", help="qwen3 (default) | llama")
+    p.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the organism's)")
+    p.add_argument("--n", type=int, default=200, help="held-out items for the with/without-context check")
+
+
+@command("pretrain", "pretrain (or reuse) an embedded model organism and report its accuracy with/without context")
+def _pretrain(a: argparse.Namespace) -> int:
+    import time
+
+    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.models import load_model, load_tokenizer
+    from mechopd.organisms.pretrain import OrganismConfig, default_config, pretrain
+    from mechopd.tasks.base import get_task
+
+    cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps)
+    out = Path(a.out or f"runs/organisms/{a.task}")
+    t0 = time.time()
+    path = pretrain(cfg, out)
+    print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
+    rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(a.task, **cfg.task_options),
+                         EvalConfig(n=a.n, seed=a.seed, n_boot=0))
+    s = rep["summary"]
+    print(f"accuracy with context {s['acc_xc']['value']:.3f}, without context {s['acc_x']['value']:.3f} "
+          f"(n={s['n']} held-out items, greedy)")
+    (path / "accuracy.json").write_text(json.dumps({"acc_xc": s["acc_xc"]["value"], "acc_x": s["acc_x"]["value"],
+                                                    "n": s["n"]}, indent=1))
+    return 0
+
+
+# --- train --------------------------------------------------------------------------------------------------------------
+SHORTHANDS = ("task", "method", "student", "teacher", "steps", "beta", "budget", "selector", "lr", "batch_size",
+              "seed", "eval_every")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None, help="YAML config (see training/*.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    p.add_argument("--out", default=None, help="run directory (default runs/<config name or task-method>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true")
+    for name in SHORTHANDS:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None)
+
+
+@command("train", "train one OPD / NCA / TA-OPD / ablation run")
+def _train(a: argparse.Namespace) -> int:
+    from mechopd.config import load_train_config, merge, parse_overrides
+    from mechopd.train.trainer import train
+
+    short = {k: getattr(a, f"short_{k}") for k in SHORTHANDS if getattr(a, f"short_{k}") is not None}
+    over = parse_overrides([f"{k}={v}" for k, v in short.items()])
+    over = merge(over, _kv(a.set, "--set"))
+    cfg = load_train_config(a.config, over)
+    name = Path(a.config).stem if a.config else f"{cfg.task}-{cfg.method}-{cfg.selector}"
+    out = Path(a.out or f"runs/{name}")
+    final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
+    print(f"final checkpoint: {final}")
+    return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------------------------------
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint dir (or organism:<task>)")
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side")
+    p.add_argument("--task", required=True)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (e.g. rule=shift:1)")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=1, help="k sampled responses per item and view (default greedy)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
+    p.add_argument("--out", default=None, help="report path (.json; a .csv of the records is written next to it)")
+
+
+@command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
+def _eval(a: argparse.Namespace) -> int:
+    from mechopd.evaluate import EvalConfig, compare, evaluate_model, format_summary, write_report
+    from mechopd.models import load_model, load_tokenizer
+    from mechopd.tasks.base import get_task
+    from mechopd.train.trainer import resolve_student
+    from mechopd.views import RenderSpec
+
+    if bool(a.model) == bool(a.compare):
+        raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
+    task = get_task(a.task, **_kv(a.option, "--option"))
+    models = {"model": a.model} if a.model else _named(a.compare, "--compare")
+    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature)
+    spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system)
+    reports = {}
+    for name, path in models.items():
+        path = resolve_student(path, "runs/organisms")
+        reports[name] = evaluate_model(load_model(path), load_tokenizer(path), task, cfg, spec)
+        reports[name]["settings"]["model"] = str(path)
+        print(format_summary(name, reports[name]["summary"]))
+    if a.model:
+        out = Path(a.out or f"{a.model.rstrip('/')}/eval/{a.task}.json") if ":" not in a.model else \
+            Path(a.out or f"runs/eval/{a.task}.json")
+        j, c = write_report(reports["model"], out)
+        print(f"report: {j} (records: {c})")
+    else:
+        out_dir = Path(a.out or f"runs/compare/{a.task}")
+        for name, rep in reports.items():
+            write_report(rep, out_dir / f"{name}.json")
+        md, mdp, csvp = compare(reports, out_dir)
+        print(md)
+        print(f"table: {mdp} and {csvp}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args}
+    registry.update(EXTRA_ARGS)
+    for name, (help_text, _) in COMMANDS.items():
+        registry[name](sub.add_parser(name, help=help_text))
+    a = parser.parse_args(argv)
+    try:
+        return COMMANDS[a.cmd][1](a)
+    except MechopdError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+EXTRA_ARGS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Context-removability evaluation: run the trained student on held-out items in BOTH views, pair the outcomes.
+
+Per item (game board): correct without context, correct with context, response lengths (tokens, stop token
+excluded; games: mean tokens per move), the responses, and whether each answer could be parsed. The summary
+(`removability.summarize`) carries acc_x, acc_xc, harm, help, both_correct, delta_len with paired bootstrap intervals
+and the regime. Greedy by default; ``samples > 1`` (with a temperature) evaluates k sampled responses per item and
+view, each sample j paired across views (records are (item, j); the bootstrap then resamples those records).
+
+Both views of a single-turn task go through ONE batched generation call (2n prompts); games play all boards of both
+views move by move in one batch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechopd.errors import TaskError
+from mechopd.organisms.tokenizer import split_words
+from mechopd.removability import RegimeThresholds, compare_table, summarize
+from mechopd.tasks.base import Example
+from mechopd.train.rollout import play_games, sample, stop_ids, strip_stop
+from mechopd.views import RenderSpec, render_prompt_ids
+
+
+@dataclass
+class EvalConfig:
+    """n held-out items (split "test"), seed, greedy unless samples > 1, batch_size prompts per generation call."""
+
+    n: int = 200
+    seed: int = 0
+    samples: int = 1
+    temperature: float | None = None
+    batch_size: int = 256
+    max_new_tokens: int | None = None
+    n_boot: int = 1000
+    thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise TaskError(f"the evaluation set is empty (n={self.n}); pass --n 1 or more")
+        if self.samples < 1:
+            raise TaskError(f"samples={self.samples} must be >= 1")
+
+
+def _check_vocab(tokenizer: Any, task: Any) -> None:
+    """A task whose words the tokenizer cannot represent would be scored on <unk> soup: refuse it."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not hasattr(task, "vocab"):
+        return
+    words = task.vocab()
+    text = " ".join(words)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if unk in ids:
+        bad = [w for w in words if unk in tokenizer(w, add_special_tokens=False)["input_ids"]][:8]
+        raise TaskError(f"the model's tokenizer lacks tokens of task {task.name!r} (e.g. {bad}); "
+                        "evaluate a model trained with this task's vocabulary")
+
+
+def _renderer(tokenizer: Any, spec: RenderSpec):
+    cache: dict[tuple, list[int]] = {}
+
+    def render(prompt: str, context: str | None) -> list[int]:
+        key = (prompt, context)
+        if key not in cache:
+            cache[key] = render_prompt_ids(tokenizer, prompt, context, spec)
+        return cache[key]
+
+    return render
+
+
+def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, T: float, greedy: bool):
+    render = _renderer(tokenizer, spec)
+    stop = stop_ids(tokenizer, model)
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    jobs = [(i, j, ctx) for j in range(cfg.samples) for i in range(len(items)) for ctx in (False, True)]
+    out: dict[tuple, list[int]] = {}
+    for s in range(0, len(jobs), cfg.batch_size):
+        chunk = jobs[s : s + cfg.batch_size]
+        ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in chunk]
+        seeds = [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in chunk]
+        gen = sample(model, ids, max_new_tokens=max_new, stop=stop, pad_id=tokenizer.pad_token_id, temperature=T,
+                     greedy=greedy, row_seeds=None if greedy else seeds)
+        for key, resp in zip(chunk, gen.responses):
+            out[key] = strip_stop(resp, stop)
+    records = []
+    for j in range(cfg.samples):
+        for i, ex in enumerate(items):
+            rec: dict[str, Any] = {"uid": ex.uid, "sample": j}
+            for c, tag in ((False, "x"), (True, "xc")):
+                resp = out[(i, j, c)]
+                text = tokenizer.decode(resp, skip_special_tokens=True)
+                rec[f"correct_{tag}"] = bool(task.score(ex, text))
+                rec[f"len_{tag}"] = len(resp)
+                rec[f"response_{tag}"] = text
+                rec[f"unparseable_{tag}"] = _unparseable(task, text)
+            records.append(rec)
+    return records
+
+
+def _unparseable(task: Any, text: str) -> bool:
+    parse = getattr(task, "parse_answer", None)
+    if callable(parse):
+        return parse(text) is None
+    return len(split_words(text)) == 0
+
+
+def hash_seed(seed: int, uid: str, j: int, ctx: bool) -> int:
+    import hashlib
+
+    return int(hashlib.sha1(f"{seed}|{uid}|{j}|{int(ctx)}".encode()).hexdigest()[:12], 16)
+
+
+def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, T: float, greedy: bool):
+    render = _renderer(tokenizer, spec)
+    stop = stop_ids(tokenizer, model)
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    records = []
+    for j in range(cfg.samples):
+        res = {}
+        for c, tag in ((False, "x"), (True, "xc")):
+            seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
+            eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
+                                    temperature=T, greedy=greedy, seeds=None if greedy else seeds)
+            lens = {g: [] for g in range(len(items))}
+            texts = {g: [] for g in range(len(items))}
+            for t in turns:
+                r = strip_stop(t.response, stop)
+                lens[t.game].append(len(r))
+                texts[t.game].append(tokenizer.decode(r, skip_special_tokens=True))
+            res[tag] = (eps, lens, texts)
+        for g, ex in enumerate(items):
+            rec: dict[str, Any] = {"uid": ex.uid, "sample": j}
+            for tag in ("x", "xc"):
+                eps, lens, texts = res[tag]
+                rec[f"correct_{tag}"] = bool(eps[g].won)
+                rec[f"len_{tag}"] = sum(lens[g]) / max(1, len(lens[g]))
+                rec[f"response_{tag}"] = " || ".join(texts[g])
+                rec[f"unparseable_{tag}"] = int(eps[g].invalid_moves)
+                rec[f"moves_{tag}"] = len(lens[g])
+            records.append(rec)
+    return records
+
+
+@torch.inference_mode()
+def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None = None,
+                   spec: RenderSpec | None = None, train_uids: set[str] | None = None) -> dict[str, Any]:
+    """Both-view evaluation of one model on `cfg.n` held-out items; returns {"summary", "records", "settings"}.
+
+    train_uids: if given, the held-out items are checked to be disjoint from them (games: board hashes).
+    """
+    cfg = cfg or EvalConfig()
+    spec = spec or RenderSpec(placement=task.placement)
+    _check_vocab(tokenizer, task)
+    items = task.examples("test", cfg.n, cfg.seed)
+    if not items:
+        raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
+    if train_uids is not None:
+        overlap = {ex.uid for ex in items} & set(train_uids)
+        if overlap:
+            raise TaskError(f"{len(overlap)} held-out items of task {task.name!r} also appear in training "
+                            f"(e.g. {sorted(overlap)[0]}); the split is broken")
+    greedy = cfg.samples == 1 and cfg.temperature is None
+    T = cfg.temperature or task.temperature
+    was_training = model.training
+    model.eval()
+    run = _games if task.is_game else _single_turn
+    records = run(model, tokenizer, task, items, cfg, spec, T, greedy)
+    if was_training:
+        model.train()
+    summary = summarize(records, n_boot=cfg.n_boot, seed=cfg.seed, thresholds=cfg.thresholds)
+    key = "invalid_moves" if task.is_game else "unparseable"
+    summary[f"{key}_x"] = int(sum(int(r["unparseable_x"]) for r in records))
+    summary[f"{key}_xc"] = int(sum(int(r["unparseable_xc"]) for r in records))
+    settings = {"task": task.name, "n": cfg.n, "seed": cfg.seed, "samples": cfg.samples, "greedy": greedy,
+                "temperature": None if greedy else T, "placement": spec.placement,
+                "no_context_system": spec.no_context_system}
+    return {"summary": summary, "records": records, "settings": settings}
+
+
+def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
+    """JSON report (records + summary) at `out` (``.json``) and the records as CSV next to it."""
+    out = Path(out)
+    if out.suffix != ".json":
+        out = out.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(out)
+    csv_path = out.with_suffix(".csv")
+    rows = report["records"]
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    return out, csv_path
+
+
+def format_summary(name: str, s: dict[str, Any]) -> str:
+    """One screen: the six metrics with intervals, n, regime and its reason."""
+
+    def cell(k: str) -> str:
+        e = s[k]
+        if e["value"] is None:
+            return f"{k:>13}: n/a"
+        ci = "" if e.get("low") is None else f"  [{e['low']:.3f}, {e['high']:.3f}]"
+        return f"{k:>13}: {e['value']:.3f}{ci}"
+
+    lines = [f"== {name}: n={s['n']}"] + [cell(k) for k in ("acc_x", "acc_xc", "harm", "help", "both_correct",
+                                                            "delta_len")]
+    lines.append(f"{'regime':>13}: {s['regime']} — {s['regime_reason']}")
+    return "\n".join(lines)
+
+
+def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[str, Path, Path]:
+    """Side-by-side table of several models' summaries (same items): Markdown + CSV in `out_dir`."""
+    md, csv_text = compare_table({k: r["summary"] for k, r in reports.items()})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(md)
+    (out / "compare.csv").write_text(csv_text)
+    return md, out / "compare.md", out / "compare.csv"

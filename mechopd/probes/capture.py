@@ -1,0 +1,211 @@
+"""Forward hooks that capture the residual stream at probe sites, at the response positions only.
+
+Sites (models.py naming, forward order):
+  ``embed``                output of ``model.model.embed_tokens``          depth 0
+  ``layers.{i}.resid_post``  output of decoder layer i                      depth i + 1
+  ``final_norm``           output of ``model.model.norm``                 depth n_layers + 1
+``depth`` is the site's position in that order (a numeric axis for tables and plots); ``layer`` is the decoder index i
+(None for ``embed`` / ``final_norm``). HF's ``output_hidden_states`` has no entry for the LAST decoder layer's output
+(its last entry is the final norm's output); these hooks capture it.
+
+What is non-standard here:
+  * The hook gathers the response columns of the view (``TwoViewBatch.response_hidden``) and copies them, so nothing
+    ``[batch, seq, d]`` outlives the module call: a capture holds ``[batch, R, d]`` per requested site.
+  * The forward runs through the decoder stack (``model.model``), never ``lm_head`` (logits are ``[batch, seq, V]``,
+    the largest tensor of a forward), with ``use_cache=False``, under ``torch.inference_mode()``.
+  * It stops after the last requested site: that site's hook raises a private exception which `run_view` catches
+    (transformers' output recorders reset in ``finally``, so an interrupted forward leaves no state behind).
+  * transformers 5 decoder layers return a tensor, older ones a tuple whose first element is the hidden state; both
+    are handled (``_hidden``), and `patch_response` writes back in the same form.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from mechopd.errors import ConfigError, ModelError
+from mechopd.models import decoder_layers
+from mechopd.views import TwoViewBatch
+
+SITE_RE = re.compile(r"^layers\.(-?\d+)\.resid_post$")
+OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook: nothing after that site is computed."""
+
+
+def all_sites(model: nn.Module) -> list[str]:
+    """Every probe site of the model in forward order: embed, layers.0.resid_post, ..., final_norm."""
+    return sites_for(len(decoder_layers(model)))
+
+
+def site_depth(site: str, n_layers: int) -> int:
+    """0 for embed, i + 1 for layers.{i}.resid_post, n_layers + 1 for final_norm."""
+    if site == "embed":
+        return 0
+    if site == "final_norm":
+        return n_layers + 1
+    return int(SITE_RE.match(site).group(1)) + 1
+
+
+def site_layer(site: str) -> int | None:
+    """Decoder layer index of a site (None for embed / final_norm)."""
+    m = SITE_RE.match(site)
+    return int(m.group(1)) if m else None
+
+
+def resolve_sites(model: nn.Module, layers: Sequence[int | str] | None = None) -> list[str]:
+    """Requested sites in forward order, deduplicated.
+
+    layers: None (every site), or items that are decoder layer indices (``3``, ``-1``: negative counts from the end)
+    or site names (``"embed"``, ``"layers.3.resid_post"``, ``"final_norm"``). Out of range -> `ConfigError`.
+    """
+    return sites_for(len(decoder_layers(model)), layers)
+
+
+def sites_for(n_layers: int, layers: Sequence[int | str] | None = None) -> list[str]:
+    """`resolve_sites` from the number of decoder layers alone (validate a request before loading a model)."""
+    every = ["embed"] + [f"layers.{i}.resid_post" for i in range(n_layers)] + ["final_norm"]
+    if layers is None:
+        return every
+    if isinstance(layers, (int, str)):
+        layers = [layers]
+    wanted = {_one_site(item, n_layers) for item in layers}
+    if not wanted:
+        raise ConfigError("layers is empty; pass None for every site or e.g. [0, -1, 'final_norm']")
+    return [s for s in every if s in wanted]
+
+
+def _one_site(item: int | str, n: int) -> str:
+    if isinstance(item, str) and item in ("embed", "final_norm"):
+        return item
+    idx: int | None = None
+    if isinstance(item, int) and not isinstance(item, bool):
+        idx = item
+    elif isinstance(item, str):
+        m = SITE_RE.match(item)
+        if m:
+            idx = int(m.group(1))
+        elif item.lstrip("-").isdigit():
+            idx = int(item)
+    if idx is None:
+        raise ConfigError(f"layers: {item!r} is not a site; use a decoder layer index, 'embed', "
+                          "'layers.{i}.resid_post' or 'final_norm'")
+    if not -n <= idx < n:
+        raise ConfigError(f"layers: layer {idx} is out of range; the model has {n} decoder layers "
+                          f"(0..{n - 1}, or -{n}..-1 from the end)")
+    return f"layers.{idx % n}.resid_post"
+
+
+def site_module(model: nn.Module, site: str) -> nn.Module:
+    """The module whose output is the site's residual stream."""
+    if site == "embed":
+        return model.model.embed_tokens
+    if site == "final_norm":
+        return model.model.norm
+    layer = site_layer(site)
+    if layer is None:
+        raise ConfigError(f"{site!r} is not a residual-stream site (embed, layers.{{i}}.resid_post, final_norm)")
+    return decoder_layers(model)[layer]
+
+
+def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
+    """A module's hidden-state output: the tensor itself (transformers 5) or the first tuple element (older)."""
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+@contextmanager
+def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
+                  on_capture: OnCapture, *, stop_after_last: bool = True) -> Iterator[None]:
+    """Install hooks that pass ``[batch, R, d]`` response-position hidden states of each site to `on_capture`.
+
+    ``which`` is the view ("x" or "c"): its response columns are gathered. The tensor handed over is a fresh copy
+    (it does not keep the ``[batch, seq, d]`` output alive). With `stop_after_last`, the last site raises
+    `_StopForward` (run the forward through `run_view`, which catches it).
+    """
+    last = sites[-1] if sites else None
+    handles = []
+
+    def make_hook(site: str):
+        def hook(_module: nn.Module, _inputs: tuple, output) -> None:
+            h = batch.response_hidden(_hidden(output), which)  # [B, R, d], a view for the left layout
+            on_capture(site, h.clone())
+            if stop_after_last and site == last:
+                raise _StopForward
+
+        return hook
+
+    try:
+        for s in sites:
+            handles.append(site_module(model, s).register_forward_hook(make_hook(s)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture) -> None:
+    """One view through the decoder stack (no lm_head), stopping after the last requested site."""
+    if not sites:
+        return
+    with torch.inference_mode(), capture_hooks(model, batch, which, sites, on_capture):
+        try:
+            model.model(**batch.view(which), use_cache=False)
+        except _StopForward:
+            pass
+
+
+def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | str] | None = None,
+                  *, device: str | torch.device | None = "cpu") -> dict[str, dict[str, torch.Tensor]]:
+    """Both views' residual streams at the response positions, for interactive work.
+
+    Returns ``{"x": {site: [batch, R, d]}, "c": {site: [batch, R, d]}}`` (moved to `device`; None keeps them where
+    the model is). Index t of both views is the same response token; ``batch.response_mask`` marks the real ones.
+    """
+    sites = resolve_sites(model, layers)
+    batch = batch.to(next(model.parameters()).device)
+    out: dict[str, dict[str, torch.Tensor]] = {"x": {}, "c": {}}
+    for which in ("x", "c"):
+        store = out[which]
+
+        def keep(site: str, h: torch.Tensor, store: dict = store) -> None:
+            store[site] = h if device is None else h.to(device)
+
+        run_view(model, batch, which, sites, keep)
+    return out
+
+
+@contextmanager
+def patch_response(model: nn.Module, batch: TwoViewBatch, which: str, site: str,
+                   values: torch.Tensor) -> Iterator[None]:
+    """Replace the site's output at the view's response positions with `values` while the context is open.
+
+    values: ``[batch, R, d]`` (e.g. the OTHER view's capture at the same site: response index t is the same token in
+    both views). Only real response tokens (``batch.response_mask``) are overwritten; everything else is untouched.
+    """
+    if site not in all_sites(model):
+        raise ConfigError(f"cannot patch {site!r}; sites are {', '.join(all_sites(model))}")
+    cols = batch.cols_x if which == "x" else batch.cols_c  # [B, R]
+
+    def hook(_module: nn.Module, _inputs: tuple, output):
+        h = _hidden(output)  # [B, L, d]
+        if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
+            raise ModelError(f"patch values have shape {tuple(values.shape)}; expected "
+                             f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)")
+        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(cols)  # [B, R]
+        keep = batch.response_mask.to(h.device)  # [B, R]
+        patched = h.clone()
+        patched[rows[keep], cols.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
+        return patched if isinstance(output, torch.Tensor) else (patched, *output[1:])
+
+    handle = site_module(model, site).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()

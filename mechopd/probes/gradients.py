@@ -1,0 +1,354 @@
+"""Gradient alignment between two loss terms on the same batch (PAPERS.md §2: "at an OPD-converged checkpoint the OPD
+gradient and the NCA gradient are nearly orthogonal").
+
+For two named terms a, b (token means over the response tokens of one `TwoViewBatch`, UNWEIGHTED: β is not applied),
+with gradients g_a = ∇θ L_a, g_b = ∇θ L_b restricted to a parameter group P:
+
+    dot        = Σ_{θ∈P} <g_a, g_b>
+    norm_a     = sqrt(Σ_{θ∈P} ‖g_a‖²),   norm_b likewise
+    cos        = dot / (norm_a · norm_b)          (NaN when a norm is 0)
+    norm_ratio = norm_a / norm_b                  (NaN when norm_b is 0; multiply by w_a/w_b for weighted terms)
+
+Groups (``scope``): "global" (all selected parameters), "layer" (one decoder layer), "module" (one module type over
+all layers: q_proj ... down_proj, the norms, embed_tokens, lm_head, the final norm ``norm``), "layer_module" (one
+module of one layer; layer None for embeddings / final norm / lm_head). Aggregates sum squares and inner products over
+parameters, never norms, so Σ norm_a² over the "module" rows equals the "global" norm_a².
+
+Term names (each reuses losses.py; none is reimplemented here):
+  opd   L_OPD = KL(q_x ‖ f) with the chosen estimator ("topk", "full", "sampled")
+  nca   KL(sg[q_x] ‖ q_c)                 (gradient only through the context view)
+  dual  KL(q_c ‖ f)                        (DualOPD's with-context distillation term)
+  sym   ½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]   (SymKL, no stop-gradient)
+
+Non-standard things here:
+  * One forward per view: the student on the no-context view (grad), on the context view only when a term needs it
+    (grad), the teacher on the context view under ``torch.inference_mode`` (only when a term needs it).
+  * Memory: term a's gradient is copied tensor by tensor into ONE preallocated flat buffer (the autograd tuple is
+    released as it is copied); term b's gradient stays in autograd's tuple and is compared slice by slice with the
+    buffer. At most two parameter-sized gradient copies exist at once. Sums are accumulated in float64.
+  * Tied embeddings (the organisms, many small HF models): ``lm_head.weight`` IS ``embed_tokens.weight``; it is
+    listed once, as ``embed_tokens``, and its gradient includes the output-head contribution. No ``lm_head`` row then.
+  * Layer restriction (``layers=[i, ...]``): only those decoder layers' parameters are differentiated; embeddings,
+    the final norm and lm_head join only with ``include_non_layer=True``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from mechopd.errors import ConfigError, ModelError
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
+from mechopd.train.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
+from mechopd.views import RenderSpec, TwoViewBatch
+
+TERMS = ("opd", "nca", "dual", "sym")
+SCOPES = ("global", "layer", "module", "layer_module")
+CSV_NAME = "gradients.csv"
+JSON_NAME = "gradients.json"
+
+
+@dataclass(frozen=True)
+class GradRow:
+    """One parameter group's alignment between terms a and b (see the module docstring for the formulas).
+
+    value_a / value_b: the terms' scalar values on the batch (the same on every row, for reference).
+    """
+
+    term_a: str
+    term_b: str
+    scope: str
+    layer: int | None
+    module: str
+    numel: int
+    dot: float
+    norm_a: float
+    norm_b: float
+    cos: float
+    norm_ratio: float
+    value_a: float
+    value_b: float
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Terms and parameters
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def loss_term(name: str, estimator: str = "topk", topk: int = 256) -> LossTerm:
+    """The ``LossTerm`` called ``name`` (one of TERMS), taken from ``losses.method_terms``; weight ignored here."""
+    if name not in TERMS:
+        raise ConfigError(f"gradient term {name!r} is unknown: use one of {', '.join(TERMS)} (e.g. --terms opd,nca)")
+    if estimator not in ESTIMATORS:
+        raise ConfigError(f"estimator={estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
+    method = {"opd": "opd", "nca": "nca", "dual": "dual_opd", "sym": "sym_kl"}[name]
+    terms = method_terms(method, beta=1.0, estimator=estimator, topk=topk)
+    return next(t for t in terms if t.name == name)
+
+
+def select_parameters(
+    model: nn.Module, layers: Sequence[int] | None = None, include_non_layer: bool = False
+) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` pairs to differentiate: all of them, or only ``layers`` (+ non-layer ones if asked).
+
+    Tied weights appear once (``named_parameters`` de-duplicates; see the module docstring). Layers out of range raise
+    ``ConfigError`` naming the valid range.
+    """
+    named = list(model.named_parameters())
+    if layers is None:
+        return named
+    n = num_layers(model)
+    bad = [i for i in layers if not (isinstance(i, int) and 0 <= i < n)]
+    if bad or not layers:
+        raise ConfigError(f"layers={list(layers)} is invalid: the model has {n} decoder layers (0..{n - 1}); "
+                          "pass --layers with indices in that range")
+    wanted = set(layers)
+    return [(k, p) for k, p in named if (param_layer(k) in wanted) or (include_non_layer and param_layer(k) is None)]
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[batch, R, vocab]`` logits -> log-probabilities at the rollout temperature (float32 or wider)."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def _score_inputs(student: nn.Module, teacher: nn.Module | None, batch: TwoViewBatch, needs: frozenset[str],
+                  temperature: float) -> LossInputs:
+    """The log-probabilities the terms need, aligned ``[batch, R, vocab]`` (common vocab), student ones with grad."""
+    logits: dict[str, torch.Tensor] = {}
+    if "teacher" in needs:
+        if teacher is None:
+            raise ConfigError("a gradient term needs the teacher (opd, dual) but no teacher was given")
+        with torch.inference_mode():
+            t_logits = batch.response_logits(teacher(**batch.view("c")).logits, "c")
+        logits["teacher"] = t_logits.clone()  # a normal tensor: usable next to autograd tensors
+    if "student_nctx" in needs:
+        logits["student_nctx"] = batch.response_logits(student(**batch.view("x")).logits, "x")
+    if "student_ctx" in needs:
+        logits["student_ctx"] = batch.response_logits(student(**batch.view("c")).logits, "c")
+    names = list(logits)
+    common = common_vocab(*(logits[k] for k in names))
+    logp = {k: _log_probs(v, temperature) for k, v in zip(names, common)}
+    tokens = batch.response_ids if "tokens" in needs else None
+    return LossInputs(student_nctx=logp.get("student_nctx"), student_ctx=logp.get("student_ctx"),
+                      teacher=logp.get("teacher"), tokens=tokens)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gradients and their inner products
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _grads(value: torch.Tensor, params: list[nn.Parameter], retain: bool) -> list[torch.Tensor | None]:
+    return list(torch.autograd.grad(value, params, retain_graph=retain, allow_unused=True))
+
+
+def _flatten_into(grads: list[torch.Tensor | None], sizes: list[int], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """Copy gradients into one preallocated flat buffer, releasing each autograd tensor as it goes. ``[Σ numel]``."""
+    flat = torch.zeros(sum(sizes), dtype=dtype, device=device)
+    offset = 0
+    for i, size in enumerate(sizes):
+        g = grads[i]
+        if g is not None:
+            flat[offset : offset + size].copy_(g.reshape(-1))
+        grads[i] = None  # drop autograd's copy now
+        offset += size
+    return flat
+
+
+def _param_sums(flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], sizes: list[int]) -> list[tuple[float, ...]]:
+    """Per parameter: ``(<g_a, g_b>, ‖g_a‖², ‖g_b‖²)`` in float64."""
+    out, offset = [], 0
+    for g_b, size in zip(grads_b, sizes):
+        a = flat_a[offset : offset + size].double()
+        b = torch.zeros_like(a) if g_b is None else g_b.reshape(-1).double()
+        out.append((float(a @ b), float(a @ a), float(b @ b)))
+        offset += size
+    return out
+
+
+def _row(term_a: str, term_b: str, scope: str, layer: int | None, module: str, sums: list[float],
+         values: tuple[float, float]) -> GradRow:
+    numel, dot, sq_a, sq_b = sums
+    na, nb = math.sqrt(sq_a), math.sqrt(sq_b)
+    cos = dot / (na * nb) if na > 0 and nb > 0 else float("nan")
+    ratio = na / nb if nb > 0 else float("nan")
+    return GradRow(term_a, term_b, scope, layer, module, int(numel), dot, na, nb, cos, ratio, *values)
+
+
+def aggregate(names: list[str], sums: list[tuple[float, ...]], sizes: list[int], term_a: str, term_b: str,
+              values: tuple[float, float]) -> list[GradRow]:
+    """Per-parameter sums -> rows for every scope (global, layer, module, layer_module), in a stable order."""
+    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for name, (dot, sq_a, sq_b), size in zip(names, sums, sizes):
+        layer, module = param_layer(name), module_kind(name)
+        keys = [("global", None, ""), ("module", None, module), ("layer_module", layer, module)]
+        if layer is not None:
+            keys.append(("layer", layer, ""))
+        for key in keys:
+            acc = groups[key]
+            acc[0] += size
+            acc[1] += dot
+            acc[2] += sq_a
+            acc[3] += sq_b
+
+    def order(key: tuple) -> tuple:
+        scope, layer, module = key
+        return (SCOPES.index(scope), -1 if layer is None else layer, module)
+
+    return [_row(term_a, term_b, *key, groups[key], values) for key in sorted(groups, key=order)]
+
+
+def term_gradients(
+    student: nn.Module,
+    teacher: nn.Module | None,
+    batch: TwoViewBatch,
+    terms: Sequence[str] = ("opd", "nca"),
+    *,
+    estimator: str = "topk",
+    topk: int = 256,
+    temperature: float = 1.0,
+    layers: Sequence[int] | None = None,
+    include_non_layer: bool = False,
+) -> list[GradRow]:
+    """Cosine and norm ratio of ∇θ of two loss terms on one batch, globally, per layer, per module type.
+
+    student: the model whose gradients are taken (its parameters get ``requires_grad`` for the call, then restored);
+    teacher: scores the context view (None is fine when neither term needs it: nca, sym);
+    batch: a `TwoViewBatch` on the student's device; terms: two names from TERMS (the same name twice is allowed:
+    cosine 1 by construction); estimator / topk: L_OPD's form (losses.method_terms); temperature: divides all logits;
+    layers / include_non_layer: see `select_parameters`.
+    """
+    if len(terms) != 2:
+        raise ConfigError(f"terms={list(terms)} is invalid: gradient alignment compares exactly two terms, e.g. opd,nca")
+    if not temperature > 0:
+        raise ConfigError(f"temperature={temperature} is invalid: it must be > 0 (PAPERS.md: 1.0 QA, 0.7 games)")
+    loss_terms = [loss_term(t, estimator, topk) for t in terms]
+    named = select_parameters(student, layers, include_non_layer)
+    names, params = [k for k, _ in named], [p for _, p in named]
+    sizes = [p.numel() for p in params]
+    was = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        inputs = _score_inputs(student, teacher, batch, terms_need(loss_terms), temperature)
+        mask = batch.response_mask
+        value_a = token_mean(loss_terms[0].fn(inputs).per_pos, mask)
+        value_b = token_mean(loss_terms[1].fn(inputs).per_pos, mask)
+        buf_dtype = torch.promote_types(params[0].dtype, torch.float32)
+        flat_a = _flatten_into(_grads(value_a, params, retain=True), sizes, buf_dtype, params[0].device)
+        sums = _param_sums(flat_a, _grads(value_b, params, retain=False), sizes)
+    finally:
+        for p, w in zip(params, was):
+            p.requires_grad_(w)
+    values = (float(value_a.detach()), float(value_b.detach()))
+    return aggregate(names, sums, sizes, terms[0], terms[1], values)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end: sample a batch, measure, write
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The padding id used for generation (pad, else eos); a tokenizer with neither raises ``ModelError``."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ModelError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token and save it")
+    return int(pad)
+
+
+def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,
+                 temperature: float, max_new_tokens: int, seed: int) -> TwoViewBatch:
+    """Responses sampled from the student on the no-context view (``rollout.sample``), batched in both views."""
+    from mechopd.train.rollout import sample, stop_ids
+    from mechopd.views import build_two_view_batch, render_prompt_ids
+
+    device = next(student.parameters()).device
+    prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = sample(student, prompt_ids, max_new_tokens=max_new_tokens, stop=stop_ids(tokenizer, student),
+                 pad_id=pad_id(tokenizer), temperature=temperature, generator=gen)
+    max_len = getattr(student.config, "max_position_embeddings", None)
+    batch = build_two_view_batch(tokenizer, [ex.prompt for ex in examples], [ex.context for ex in examples],
+                                 out.responses, spec, max_length=max_len)
+    return batch.to(device)
+
+
+def run_gradients(
+    model_dir: str | os.PathLike,
+    teacher_dir: str | os.PathLike,
+    task: Any,
+    n: int,
+    seed: int,
+    terms: Sequence[str],
+    out_dir: str | os.PathLike,
+    *,
+    estimator: str = "topk",
+    topk: int = 256,
+    temperature: float | None = None,
+    layers: Sequence[int] | None = None,
+    include_non_layer: bool = False,
+    split: str = "train",
+    spec: RenderSpec | None = None,
+    device: str | None = None,
+) -> list[GradRow]:
+    """Sample ``n`` responses of the student at ``model_dir`` on task examples, measure the alignment of ``terms``,
+    write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (settings + rows). ``task``: a name or a Task.
+
+    temperature: None = the task's rollout temperature (used for sampling and for the terms). A teacher whose
+    tokenizer differs from the student's raises ``ModelError``.
+    """
+    from mechopd.tasks.base import get_task
+
+    task_obj = get_task(task) if isinstance(task, str) else task
+    for name in terms:
+        loss_term(name, estimator, topk)  # validate before loading anything
+    tok = load_tokenizer(model_dir)
+    check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
+    student = load_model(model_dir, device=device)
+    teacher = load_model(teacher_dir, device=device)
+    temp = float(task_obj.temperature if temperature is None else temperature)
+    spec = spec or RenderSpec(placement=task_obj.placement)
+    examples = task_obj.examples(split, n, seed)
+    batch = sample_batch(student, tok, examples, spec, temperature=temp, max_new_tokens=task_obj.max_new_tokens,
+                         seed=seed)
+    rows = term_gradients(student, teacher, batch, terms, estimator=estimator, topk=topk, temperature=temp,
+                          layers=layers, include_non_layer=include_non_layer)
+    settings = {"model": str(model_dir), "teacher": str(teacher_dir), "task": getattr(task_obj, "name", str(task)),
+                "n": n, "seed": seed, "split": split, "terms": list(terms), "estimator": estimator, "topk": topk,
+                "temperature": temp, "layers": None if layers is None else list(layers),
+                "include_non_layer": include_non_layer, "placement": spec.placement,
+                "response_tokens": int(batch.response_mask.sum())}
+    write_gradients(rows, out_dir, settings)
+    return rows
+
+
+def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, settings: dict[str, Any]) -> Path:
+    """Write ``gradients.csv`` (one row per group) and ``gradients.json`` (settings + rows); returns the CSV path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
+    cols = [f.name for f in fields(GradRow)]
+    tmp = out / (CSV_NAME + ".tmp")
+    with tmp.open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
+    tmp.replace(out / CSV_NAME)
+    records = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(r).items()}
+               for r in rows]
+    tmp = out / (JSON_NAME + ".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "rows": records}, indent=1))
+    tmp.replace(out / JSON_NAME)
+    return out / CSV_NAME

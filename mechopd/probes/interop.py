@@ -1,0 +1,147 @@
+"""The same two-view cosine through TransformerLens and nnsight, on any checkpoint the trainer writes.
+
+* TransformerLens 4.x: `to_transformer_lens` boots a ``TransformerBridge`` from the local checkpoint directory
+  (``TransformerBridge.boot_transformers(DIR, tokenizer=...)``; no hub access for a local path) and calls
+  ``enable_compatibility_mode(no_processing=True)``: HookedTransformer hook names (``blocks.{i}.hook_resid_post``),
+  raw HF weights (no LayerNorm folding, no centring), so activations equal the HF model's. The bridge forces eager
+  attention; against HF's default sdpa kernels the activations differ by float rounding only (~1e-7 in float32).
+* nnsight 0.8: `to_nnsight` wraps the checkpoint in ``nnsight.TransformersModel(DIR, task="text-generation")``
+  (``LanguageModel`` is the same class under a deprecated name in 0.8) and `two_view_cosine_nnsight` saves the
+  modules' outputs inside ``.trace()``.
+
+Site mapping (models.py names -> backend addresses):
+  ``embed``                 TL ``hook_embed``                    nnsight ``model.embed_tokens.output``
+  ``layers.{i}.resid_post`` TL ``blocks.{i}.hook_resid_post``    nnsight ``model.layers[i].output``
+  ``final_norm``            TL ``ln_final.hook_out``             nnsight ``model.norm.output``
+Both functions feed each view's full ``[batch, seq, d]`` activations (the backends cache whole sequences) through
+``TwoViewBatch.response_hidden`` into the accumulator `similarity.two_view_cosine` uses, so the tables are identical
+in form and, up to float rounding, in value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from mechopd.errors import ModelError
+from mechopd.models import load_tokenizer
+from mechopd.probes.capture import site_layer, sites_for
+from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
+from mechopd.views import TwoViewBatch
+
+
+def _checkpoint(path: str | os.PathLike) -> str:
+    p = str(path)
+    if not os.path.isfile(os.path.join(p, "config.json")):
+        raise ModelError(f"{p} is not a checkpoint directory (no config.json); pass a directory the trainer wrote, "
+                         "e.g. runs/NAME/final")
+    return p
+
+
+def tl_hook_name(site: str) -> str:
+    """TransformerLens (compatibility names) address of a probe site."""
+    if site == "embed":
+        return "hook_embed"
+    if site == "final_norm":
+        return "ln_final.hook_out"
+    return f"blocks.{site_layer(site)}.hook_resid_post"
+
+
+def to_transformer_lens(checkpoint_dir: str | os.PathLike, *, device: str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> Any:
+    """A TransformerLens ``TransformerBridge`` on a local checkpoint, compatibility names, no weight processing."""
+    path = _checkpoint(checkpoint_dir)
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        raise ModelError("transformer-lens is not installed; pip install 'transformer-lens>=4'") from None
+    try:
+        bridge = TransformerBridge.boot_transformers(path, device=device, dtype=dtype, tokenizer=load_tokenizer(path))
+    except (ValueError, OSError, KeyError, NotImplementedError) as e:
+        raise ModelError(f"TransformerLens cannot load {path}: {str(e).splitlines()[0]}") from None
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    return bridge.eval()
+
+
+def to_nnsight(checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+    """An ``nnsight.TransformersModel`` (text generation) on a local checkpoint, weights loaded (dispatched)."""
+    path = _checkpoint(checkpoint_dir)
+    try:
+        from nnsight import TransformersModel
+    except ImportError:
+        raise ModelError("nnsight is not installed (or older than 0.8); pip install 'nnsight>=0.8'") from None
+    try:
+        lm = TransformersModel(path, task="text-generation", tokenizer=load_tokenizer(path), dispatch=True,
+                               device_map=device, dtype=dtype)
+    except (ValueError, OSError, KeyError) as e:
+        raise ModelError(f"nnsight cannot load {path}: {str(e).splitlines()[0]}") from None
+    lm.eval()
+    return lm
+
+
+def _views(batch: TwoViewBatch):
+    for which in ("x", "c"):
+        yield which, batch.view(which)
+
+
+def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
+                       *, label: str = "transformer_lens") -> SimilarityResult:
+    """`similarity.two_view_cosine` through ``bridge.run_with_cache`` (view's attention mask and position ids)."""
+    n = int(bridge.cfg.n_layers)
+    sites = sites_for(n, layers)
+    names = [tl_hook_name(s) for s in sites]
+    missing = [h for h in names if h not in bridge.hook_dict]
+    if missing:
+        raise ModelError(f"the TransformerLens bridge has no hook {missing[0]!r}; was compatibility mode enabled?")
+    acc = CosineAccumulator(sites, n)
+    device = bridge.cfg.device
+    for batch in batches:
+        batch = batch.to(device)
+        got = {}
+        for which, kw in _views(batch):
+            with torch.inference_mode():
+                _, cache = bridge.run_with_cache(kw["input_ids"], attention_mask=kw["attention_mask"],
+                                                 position_ids=kw["position_ids"], names_filter=names)
+            got[which] = {s: batch.response_hidden(cache[h], which) for s, h in zip(sites, names)}  # [B, R, d]
+            del cache
+        for s in sites:
+            acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label))
+
+
+def _envoy(lm: Any, site: str) -> Any:
+    if site == "embed":
+        return lm.model.embed_tokens
+    if site == "final_norm":
+        return lm.model.norm
+    return lm.model.layers[site_layer(site)]
+
+
+def _trace_outputs(lm: Any, inputs: dict, sites: Sequence[str]) -> list:
+    """One nnsight trace saving the sites' outputs (in forward order: nnsight requires that order)."""
+    with torch.inference_mode():
+        with lm.trace(dict(inputs)):  # nnsight runs this body itself: keep it a plain, single `with`
+            saved = [_envoy(lm, s).output.save() for s in sites]
+    return saved
+
+
+def two_view_cosine_nnsight(lm: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
+                            *, label: str = "nnsight") -> SimilarityResult:
+    """`similarity.two_view_cosine` through ``lm.trace(...)``, saving each site's module output."""
+    n = len(lm.model.layers)
+    sites = sites_for(n, layers)
+    acc = CosineAccumulator(sites, n)
+    device = next(lm.parameters()).device
+    for batch in batches:
+        batch = batch.to(device)
+        got = {}
+        for which, kw in _views(batch):
+            saved = _trace_outputs(lm, kw, sites)
+            outs = [o if isinstance(o, torch.Tensor) else o[0] for o in saved]  # transformers <5 layers: tuples
+            got[which] = {s: batch.response_hidden(o, which) for s, o in zip(sites, outs)}  # [B, R, d]
+        for s in sites:
+            acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label))

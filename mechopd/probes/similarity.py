@@ -1,0 +1,443 @@
+"""Two-view hidden-state similarity per layer (PAPERS.md section 2, mechanistic study).
+
+Which positions are compared, and why: the RESPONSE tokens, at the same response index t in both views. The two
+views share the response ids y and differ only in the prompt (x vs c, x), so index t is the same token with the same
+left context inside y; the prompt positions have no counterpart (different lengths, different words). The hidden state
+OF token t (not the one predicting it) is compared: ``TwoViewBatch.response_hidden``. Padded response slots are
+excluded (``response_mask``).
+
+Per site s (``embed``, ``layers.{i}.resid_post``, ``final_norm``; see capture.py) and response token t:
+
+    cos_t(s) = <h_x(s, t), h_c(s, t)> / (||h_x(s, t)|| ||h_c(s, t)||)         (float32)
+
+aggregated as the per-token mean over all response tokens (``cos_mean``, the default the paper's numbers are read
+against), the median over tokens (``cos_median``), the mean of per-example means (``cos_example_mean``), and one value
+per example (the per-example table). Optional linear CKA over tokens (Kornblith et al. 2019), tokens as samples:
+
+    CKA(X, Y) = ||X~^T Y~||_F^2 / (||X~^T X~||_F ||Y~^T Y~||_F),   X~ = X - mean over tokens   (X, Y: [tokens, d])
+
+Memory model (streaming): the hidden states live for one batch only (the no-context view's captures, ``[batch, R, d]``
+per site, until the context view's hook of the same site consumes them). Kept across batches, per site: the per-token
+cosines (4 bytes per response token, needed for the exact median) and one float per example; with ``cka=True`` three
+``[d, d]`` float64 sums and two ``[d]`` sums (8 * (3 d^2 + 2 d) bytes per site, independent of the number of tokens).
+Nothing ``[tokens, d]`` accumulates.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mechopd.errors import ConfigError, DataError, ModelError, TaskError
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
+from mechopd.probes.capture import resolve_sites, run_view, site_depth, site_layer, sites_for
+from mechopd.tasks.base import get_task
+from mechopd.train.rollout import sample, stop_ids
+from mechopd.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
+
+ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size")
+
+
+def token_cosine(hx: torch.Tensor, hc: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``[..., d]`` x ``[..., d]`` -> ``[...]`` cosine per token, computed in float32.
+
+    Two zero vectors (e.g. the embedding of a pad id that a sampled response contains) count as identical: 1; a zero
+    vector against a non-zero one gives 0.
+    """
+    hx, hc = hx.float(), hc.float()
+    nx, nc = hx.norm(dim=-1), hc.norm(dim=-1)
+    cos = (hx * hc).sum(-1) / (nx * nc).clamp_min(eps)
+    return torch.where((nx == 0) & (nc == 0), torch.ones_like(cos), cos)
+
+
+class StreamingCKA:
+    """Linear CKA over tokens from running sums (module docstring). Feed ``[n, d]`` chunks of both views.
+
+    Sums are taken of shifted values (shift = the first chunk's mean), which leaves the centred cross-products
+    unchanged and keeps float32 chunk products accurate; the sums themselves are float64.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """x, y: ``[n, d]`` the same tokens in the two views."""
+        if x.shape[0] == 0:
+            return
+        x, y = x.float(), y.float()
+        if self.n == 0:
+            d = x.shape[1]
+            self.mx, self.my = x.mean(0), y.mean(0)
+            kw = dict(dtype=torch.float64, device=x.device)
+            self.sxx, self.syy, self.sxy = (torch.zeros(d, d, **kw) for _ in range(3))
+            self.sx, self.sy = torch.zeros(d, **kw), torch.zeros(d, **kw)
+        xs, ys = x - self.mx, y - self.my  # [n, d]
+        self.sxx += (xs.T @ xs).double()
+        self.syy += (ys.T @ ys).double()
+        self.sxy += (xs.T @ ys).double()
+        self.sx += xs.sum(0).double()
+        self.sy += ys.sum(0).double()
+        self.n += x.shape[0]
+
+    def value(self) -> float:
+        if self.n < 2:
+            return float("nan")
+        cxx = self.sxx - torch.outer(self.sx, self.sx) / self.n  # X~^T X~
+        cyy = self.syy - torch.outer(self.sy, self.sy) / self.n
+        cxy = self.sxy - torch.outer(self.sx, self.sy) / self.n  # X~^T Y~
+        den = math.sqrt(float((cxx**2).sum()) * float((cyy**2).sum()))
+        return float((cxy**2).sum()) / den if den > 0 else float("nan")
+
+
+@dataclass
+class _SiteStats:
+    tokens: list[torch.Tensor] = field(default_factory=list)  # per batch: [n_valid] float32 cosines, CPU
+    example_means: list[torch.Tensor] = field(default_factory=list)  # per batch: [B] float64, CPU
+    example_tokens: list[torch.Tensor] = field(default_factory=list)  # per batch: [B] int64
+    cka: StreamingCKA | None = None
+
+
+class CosineAccumulator:
+    """Running per-site aggregates of the two-view cosine for one model (see the module docstring's memory model)."""
+
+    def __init__(self, sites: Sequence[str], n_layers: int, cka: bool = False) -> None:
+        self.sites, self.n_layers = list(sites), n_layers
+        self.stats = {s: _SiteStats(cka=StreamingCKA() if cka else None) for s in sites}
+
+    def add(self, site: str, hx: torch.Tensor, hc: torch.Tensor, mask: torch.Tensor) -> None:
+        """hx, hc: ``[batch, R, d]`` response hidden states of both views; mask: ``[batch, R]`` real tokens."""
+        st = self.stats[site]
+        mask = mask.to(hx.device)
+        cos = token_cosine(hx, hc)  # [B, R]
+        counts = mask.sum(1)  # [B]
+        means = (cos * mask).sum(1).double() / counts.clamp_min(1)  # [B]
+        st.tokens.append(cos[mask].cpu())
+        st.example_means.append(torch.where(counts > 0, means, torch.nan).cpu())
+        st.example_tokens.append(counts.cpu())
+        if st.cka is not None:
+            st.cka.add(hx[mask], hc[mask])  # [n_valid, d] each
+
+    def site_rows(self, label: str) -> list[dict]:
+        """One row per site: model, site, depth, layer, n_examples, n_tokens, cos_mean, cos_median, ..."""
+        rows = []
+        for s in self.sites:
+            st = self.stats[s]
+            vals = torch.cat(st.tokens).double().numpy() if st.tokens else np.zeros(0)
+            ex = torch.cat(st.example_means).numpy() if st.example_means else np.zeros(0)
+            ex = ex[~np.isnan(ex)]
+            row = {"model": label, "site": s, "depth": site_depth(s, self.n_layers), "layer": site_layer(s),
+                   "n_examples": int(ex.size), "n_tokens": int(vals.size),
+                   "cos_mean": float(vals.mean()) if vals.size else float("nan"),
+                   "cos_median": float(np.median(vals)) if vals.size else float("nan"),
+                   "cos_example_mean": float(ex.mean()) if ex.size else float("nan")}
+            if st.cka is not None:
+                row["cka"] = st.cka.value()
+            rows.append(row)
+        return rows
+
+    def example_rows(self, label: str, uids: Sequence[str] | None = None) -> list[dict]:
+        """One row per (example, site): model, example, uid, site, depth, layer, n_tokens, cos_mean."""
+        rows = []
+        for s in self.sites:
+            st = self.stats[s]
+            means = torch.cat(st.example_means).tolist() if st.example_means else []
+            counts = torch.cat(st.example_tokens).tolist() if st.example_tokens else []
+            for i, (m, c) in enumerate(zip(means, counts)):
+                rows.append({"model": label, "example": i, "uid": uids[i] if uids is not None else str(i), "site": s,
+                             "depth": site_depth(s, self.n_layers), "layer": site_layer(s), "n_tokens": int(c),
+                             "cos_mean": float(m)})
+        return rows
+
+
+@dataclass
+class SimilarityResult:
+    """``rows``: one per (model, site); ``example_rows``: one per (model, example, site). Tidy, CSV-ready."""
+
+    rows: list[dict]
+    example_rows: list[dict]
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) -> None:
+    """Both views of one batch through the model; cosines per site computed as the context view's hooks fire."""
+    batch = batch.to(_device(model))
+    xs: dict[str, torch.Tensor] = {}
+    run_view(model, batch, "x", acc.sites, xs.__setitem__)
+
+    def on_c(site: str, hc: torch.Tensor) -> None:
+        acc.add(site, xs.pop(site), hc, batch.response_mask)
+
+    run_view(model, batch, "c", acc.sites, on_c)
+
+
+def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
+                    cka: bool = False, *, label: str = "model", uids: Sequence[str] | None = None,
+                    progress: bool = False) -> SimilarityResult:
+    """Per-site two-view cosine (and optional CKA) of one model over a stream of batches (module docstring).
+
+    layers: None = every site; else decoder indices and/or site names (`capture.resolve_sites`).
+    uids: one per example in iteration order (for the per-example table); default: the example's index.
+    """
+    model.eval()
+    acc = CosineAccumulator(resolve_sites(model, layers), num_layers(model), cka)
+    for batch in tqdm(batches, desc=f"similarity {label}", disable=not progress, leave=False):
+        _add_batch(model, acc, batch)
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
+
+
+def check_same_architecture(configs: Mapping[str, object]) -> None:
+    """Refuse models of different architectures or shapes in one comparison (`ModelError` naming the field)."""
+    items = list(configs.items())
+    (ref_label, ref), rest = items[0], items[1:]
+    for label, cfg in rest:
+        for f in ARCH_FIELDS:
+            a, b = getattr(ref, f, None), getattr(cfg, f, None)
+            if a != b:
+                raise ModelError(f"models {ref_label!r} and {label!r} differ in {f} ({a} vs {b}); a similarity "
+                                 "comparison needs checkpoints of one architecture and shape")
+
+
+def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBatch],
+                   layers: Sequence[int | str] | None = None, cka: bool = False, *,
+                   uids: Sequence[str] | None = None, progress: bool = False) -> SimilarityResult:
+    """`two_view_cosine` for several models on the same batches (same items, same responses).
+
+    Iterates the batches once (batch-outer, model-inner), so a one-shot generator works; every model is resident.
+    To hold one model at a time, call `two_view_cosine` per model on a re-iterable batch source (`ProbeItems`).
+    """
+    if not models:
+        raise ModelError("compare_models got no models; pass e.g. {'base': model_a, 'opd': model_b}")
+    check_same_architecture({k: m.config for k, m in models.items()})
+    for m in models.values():
+        m.eval()
+    first = next(iter(models.values()))
+    sites, n = resolve_sites(first, layers), num_layers(first)
+    accs = {label: CosineAccumulator(sites, n, cka) for label in models}
+    for batch in tqdm(batches, desc="similarity", disable=not progress, leave=False):
+        for label, model in models.items():
+            _add_batch(model, accs[label], batch)
+    rows = [r for label, a in accs.items() for r in a.site_rows(label)]
+    ex_rows = [r for label, a in accs.items() for r in a.example_rows(label, uids)]
+    return SimilarityResult(rows, ex_rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Items and responses: the same items and the same response ids for every model of a comparison.
+
+
+@dataclass
+class ProbeItems:
+    """Examples with one response (token ids) each; iterating yields `TwoViewBatch`es built on the fly.
+
+    Re-iterable, so several models can be run one after the other on identical batches; only the examples and the
+    response ids are held (the batches are rebuilt per pass, rendering is cheap next to a forward).
+    """
+
+    tokenizer: object
+    examples: list
+    responses: list[list[int]]
+    spec: RenderSpec
+    batch_size: int = 8
+    layout: str = "left"
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.examples) != len(self.responses):
+            raise DataError(f"{len(self.examples)} examples but {len(self.responses)} responses; give one per example")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        for ex, r in zip(self.examples, self.responses):
+            if not r:
+                raise DataError(f"the response of example {ex.uid!r} is empty; every example needs a response token")
+
+    @property
+    def uids(self) -> list[str]:
+        return [ex.uid for ex in self.examples]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.examples) / self.batch_size)
+
+    def __iter__(self) -> Iterator[TwoViewBatch]:
+        for i in range(0, len(self.examples), self.batch_size):
+            exs = self.examples[i : i + self.batch_size]
+            yield build_two_view_batch(self.tokenizer, [e.prompt for e in exs], [e.context for e in exs],
+                                       self.responses[i : i + self.batch_size], self.spec, layout=self.layout,
+                                       max_length=self.max_length)
+
+
+def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
+    """The task's reference answers as response ids: the answer's tokens plus the end-of-turn (eos) token."""
+    out = []
+    for ex in examples:
+        if ex.answer is None:
+            raise TaskError(f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
+                            "from a model instead (responses_from=LABEL)")
+        ids = tokenizer(str(ex.answer), add_special_tokens=False)["input_ids"]
+        out.append(list(ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
+    return out
+
+
+def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: RenderSpec, *, max_new_tokens: int,
+                     temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
+    """One response per example sampled from `model` on the NO-context view (as the student samples in OPD)."""
+    device = _device(model)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    stop = stop_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    out: list[list[int]] = []
+    for i in range(0, len(examples), batch_size):
+        prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples[i : i + batch_size]]
+        g = sample(model, prompts, max_new_tokens=max_new_tokens, stop=stop, pad_id=pad, temperature=temperature,
+                   greedy=greedy, generator=gen)
+        out.extend(g.responses)
+    return out
+
+
+def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
+                 responses_from: nn.Module | str | Sequence[Sequence[int]], spec: RenderSpec | None = None, *,
+                 split: str = "test", greedy: bool = False, layout: str = "left") -> ProbeItems:
+    """`n` items of `task` with one response each, as a re-iterable source of `TwoViewBatch`es.
+
+    responses_from: a model (responses sampled from it on the no-context view with `rollout.sample`, the task's
+    temperature and max_new_tokens; ``greedy`` for argmax), ``"answers"`` (the task's reference answers + eos), or the
+    response ids themselves (one list per item). Games (``task.is_game``): the first move's prompt only.
+    spec: default ``RenderSpec(placement=task.placement)``.
+    """
+    spec = spec or RenderSpec(placement=task.placement)
+    examples = task.examples(split, n, seed)
+    if isinstance(responses_from, nn.Module):
+        responses = sample_responses(responses_from, tokenizer, examples, spec, max_new_tokens=task.max_new_tokens,
+                                     temperature=task.temperature, seed=seed, batch_size=batch_size, greedy=greedy)
+        max_length = getattr(responses_from.config, "max_position_embeddings", None)
+    elif isinstance(responses_from, str):
+        if responses_from != "answers":
+            raise ConfigError(f"responses_from={responses_from!r}: pass a model, 'answers' or response ids")
+        responses, max_length = answer_responses(tokenizer, examples), None
+    else:
+        responses, max_length = [list(r) for r in responses_from], None
+    return ProbeItems(tokenizer, examples, responses, spec, batch_size, layout, max_length)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Files.
+
+
+def write_rows(rows: Sequence[dict], path: str | os.PathLike) -> Path:
+    """Rows to ``.csv`` (columns in first-seen order, None as empty) or ``.json`` (a list; NaN as null)."""
+    path = Path(path)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".csv":
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols, restval="")
+            w.writeheader()
+            w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    elif path.suffix == ".json":
+        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
+        tmp.write_text(json.dumps(clean, indent=1))
+    else:
+        raise ConfigError(f"cannot write rows to {path}: use a .csv or .json file name")
+    tmp.replace(path)
+    return path
+
+
+def _read_config(label: str, path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"model {label!r}: cannot read the config at {path} ({type(e).__name__}); pass a directory "
+                         "written by save_pretrained") from None
+
+
+def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int]]:
+    """Given responses: a JSONL file with one ``{"uid": ..., "response_ids": [...]}`` per line (the
+    ``similarity_responses.jsonl`` a previous run wrote), matched to the examples by uid."""
+    by_uid: dict[str, list[int]] = {}
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            by_uid[str(rec["uid"])] = [int(t) for t in rec["response_ids"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise DataError(f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)") \
+                from None
+    missing = [ex.uid for ex in examples if ex.uid not in by_uid]
+    if missing:
+        raise DataError(f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
+                        "task, n and seed as the run that wrote it")
+    return [by_uid[ex.uid] for ex in examples]
+
+
+def run_similarity(models: Mapping[str, str], task: str, n: int, seed: int, out_dir: str | os.PathLike,
+                   responses_from: str | None = None, batch_size: int = 8, layers: Sequence[int | str] | None = None,
+                   cka: bool = False, *, split: str = "test", greedy: bool = False, device: str | None = None,
+                   dtype: torch.dtype | None = None, progress: bool = True) -> Path:
+    """`mechopd probe similarity`: every model on the same `n` items of `task` and the same responses.
+
+    models: label -> checkpoint dir (or hub id), loaded one at a time. responses_from: a label of `models` (sampled
+    from it on the no-context view), ``"answers"`` (reference answers), a ``.jsonl`` file of response ids, or None
+    (the first model). Writes ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x
+    site), ``similarity_responses.jsonl`` (the response ids used) and ``similarity.json`` (settings). Returns the
+    path of ``similarity.csv``.
+    """
+    if not models:
+        raise ConfigError("--models is empty; pass LABEL=DIR pairs, e.g. base=runs/base/final opd=runs/opd/final")
+    labels = list(models)
+    configs = {label: _read_config(label, path) for label, path in models.items()}
+    check_same_architecture(configs)
+    sites = sites_for(configs[labels[0]].num_hidden_layers, layers)
+    tok = load_tokenizer(models[labels[0]])
+    for label in labels[1:]:
+        check_same_tokenizer(tok, load_tokenizer(models[label]), labels[0], label)
+    t = get_task(task)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    src = responses_from or labels[0]
+    loaded: dict[str, nn.Module] = {}
+    if src in models:
+        loaded[src] = load_model(models[src], dtype=dtype, device=device)
+        items = make_batches(tok, t, n, seed, batch_size, loaded[src], split=split, greedy=greedy)
+    elif src == "answers":
+        items = make_batches(tok, t, n, seed, batch_size, "answers", split=split)
+    elif src.endswith(".jsonl") and Path(src).is_file():
+        given = read_responses(src, t.examples(split, n, seed))
+        items = make_batches(tok, t, n, seed, batch_size, given, split=split)
+    else:
+        raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(labels)}), 'answers' or an "
+                          "existing .jsonl file of response ids")
+    rows, ex_rows = [], []
+    for label in labels:
+        model = loaded.pop(label, None) or load_model(models[label], dtype=dtype, device=device)
+        res = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
+        rows += res.rows
+        ex_rows += res.example_rows
+        del model
+    out = Path(out_dir)
+    write_rows(rows, out / "similarity.csv")
+    write_rows(ex_rows, out / "similarity_examples.csv")
+    with (out / "similarity_responses.jsonl").open("w") as f:
+        for ex, r in zip(items.examples, items.responses):
+            f.write(json.dumps({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}) + "\n")
+    settings = {"models": dict(models), "task": task, "n": n, "seed": seed, "split": split, "responses_from": src,
+                "greedy": greedy, "batch_size": batch_size, "sites": sites, "cka": cka, "device": str(device),
+                "dtype": str(dtype or torch.float32), "aggregate": "cos_mean: per-token mean over response tokens",
+                "files": ["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl"]}
+    (out / "similarity.json").write_text(json.dumps(settings, indent=1))
+    return out / "similarity.csv"

@@ -1,0 +1,421 @@
+"""Token teachability: the fixed-context diagnostic of TA-OPD (PAPERS.md §3, "Not All Disagreement Is Learnable").
+
+A BANK freezes student rollouts: (prompt x, context c, response ids y) per sequence; every response position t with
+its prefix (x, y<t) is one fixed context. The initial student θ0 and the trained student θ1 are rescored on the
+no-context view, the teacher on the context view, on IDENTICAL ids (the bank stores response ids, the tokenizer's
+fingerprint and the render spec; prompts are re-rendered deterministically). Per response token (all at the bank's
+temperature, distributions of θ0 unless said otherwise):
+
+    H        top-K entropy of p_θ0 (nats)                       D        KL(p̄_T ‖ p̄_θ0) on U = S ∪ T (union KL)
+    kl_full  KL(p_T ‖ p_θ0), full vocabulary (= kl0)            C_exact  Σ_{v∈S} p_T(v);   C_lower  Σ_{v∈S∩T} p_T(v)
+    H_norm, D_norm, C_norm   quantile_norm over the WHOLE bank (Q05/Q95; C_norm from C_exact or C_lower, `c_mode`)
+    DL = D_norm · C_norm (learnable),  DI = D_norm · (1 − C_norm) (incompatible)
+    kl0 = KL(p_T ‖ p_θ0),  kl1 = KL(p_T ‖ p_θ1)
+    gain_abs = kl0 − kl1 (the paper's G_t),  gain_rel = (kl0 − kl1) / max(kl0, 1e-8) (the released code's)
+
+The signals come from ``select.teachability_stats`` (θ0 vs teacher) and ``select.normalize_stats``; nothing is
+recomputed here. Rescoring streams over the bank in batches: only per-token scalars are kept, never ``[N, R, V]``.
+
+Analyses (``summarize``):
+  * ``quartile_buckets``: quartiles of a signal (C_norm, DL, DI, kl_full) by value: Q1 = x ≤ q25, Q2 = q25 < x ≤ q50,
+    Q3 = q50 < x ≤ q75, Q4 = x > q75 (numpy "linear" quantiles; ties never straddle a boundary, so a signal with a
+    heavy point mass, e.g. C_norm clipped at 1, can leave a bucket empty: n = 0, mean NaN).
+  * ``high_support_gap``: inside the "Q3" cell of the entropy × divergence median split (H ≤ median(H), D > median(D)),
+    mean gain of the high-C tercile (C > q⅔) minus the low-C tercile (C ≤ q⅓), C = raw C_exact; a 95 % CI from a
+    bootstrap over WHOLE sequences (sequences resampled with replacement, medians and terciles recomputed each time).
+  * ``standardized_regression``: OLS of z(G) on z(H), z(DL), z(DI) with an intercept; a constant predictor gets
+    coefficient NaN and is left out of the fit.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from mechopd.errors import ConfigError, DataError
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
+from mechopd.removability import resample_blocks
+from mechopd.train.losses import common_vocab, reverse_kl_full
+from mechopd.train.select import TeachabilityStats, normalize_stats, teachability_stats
+from mechopd.probes.gradients import pad_id
+from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+
+BANK_NAME = "bank.json"
+TOKENS_NAME = "teachability_tokens.csv"
+SUMMARY_NAME = "teachability_summary.json"
+COLUMNS = ("seq", "pos", "token", "H", "D", "kl_full", "C_exact", "C_lower", "H_norm", "D_norm", "C_norm", "DL", "DI",
+           "kl0", "kl1", "gain_abs", "gain_rel")
+BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
+GAINS = ("gain_abs", "gain_rel")
+REL_EPS = 1e-8
+Table = dict[str, np.ndarray]  # column -> [n_tokens]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The bank
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bank:
+    """Frozen student rollouts. prompts / contexts / uids: ``[n]``; responses: ``[n]`` lists of token ids.
+
+    tokenizer_sha: fingerprint of the vocabulary the ids belong to; spec: how prompts are rendered; meta: provenance.
+    """
+
+    prompts: list[str]
+    contexts: list[str]
+    responses: list[list[int]]
+    uids: list[str]
+    tokenizer_sha: str
+    spec: RenderSpec = field(default_factory=RenderSpec)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(r) for r in self.responses)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of the token -> id map (a bank is only valid for the vocabulary it was sampled with)."""
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha1(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int, spec: RenderSpec | None = None,
+               temperature: float | None = None, *, split: str = "train", batch_size: int = 16) -> Bank:
+    """Sample one response per task example from the student on the no-context view (``rollout.sample``).
+
+    temperature: None = the task's rollout temperature. Deterministic for (student, task, n, seed, batch_size).
+    """
+    from mechopd.train.rollout import sample, stop_ids
+
+    spec = spec or RenderSpec(placement=task.placement)
+    temp = float(task.temperature if temperature is None else temperature)
+    examples = task.examples(split, n, seed)
+    device = next(student.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pad = pad_id(tokenizer)
+    responses: list[list[int]] = []
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in chunk]
+        out = sample(student, prompt_ids, max_new_tokens=task.max_new_tokens, stop=stop_ids(tokenizer, student),
+                     pad_id=pad, temperature=temp, generator=gen)
+        responses.extend(out.responses)
+    meta = {"task": getattr(task, "name", ""), "split": split, "n": n, "seed": seed, "temperature": temp}
+    return Bank([ex.prompt for ex in examples], [ex.context for ex in examples], responses,
+                [ex.uid for ex in examples], tokenizer_fingerprint(tokenizer), spec, meta)
+
+
+def save_bank(bank: Bank, path: str | os.PathLike) -> Path:
+    """Write the bank as JSON (no pickle), atomically."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    items = [{"uid": u, "prompt": x, "context": c, "response_ids": list(map(int, y))}
+             for u, x, c, y in zip(bank.uids, bank.prompts, bank.contexts, bank.responses)]
+    doc = {"version": 1, "tokenizer_sha": bank.tokenizer_sha, "spec": asdict(bank.spec), "meta": bank.meta,
+           "items": items}
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(p)
+    return p
+
+
+def load_bank(path: str | os.PathLike) -> Bank:
+    """Read a bank written by ``save_bank``. Missing, malformed or empty (no response token) -> ``DataError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"bank file {p} does not exist; build one with run_teachability (it writes {BANK_NAME})")
+    try:
+        doc = json.loads(p.read_text())
+        items = doc["items"]
+        prompts = [str(it["prompt"]) for it in items]
+        contexts = [str(it["context"]) for it in items]
+        responses = [[int(t) for t in it["response_ids"]] for it in items]
+        uids = [str(it.get("uid", i)) for i, it in enumerate(items)]
+        bank = Bank(prompts, contexts, responses, uids, str(doc["tokenizer_sha"]), RenderSpec(**doc.get("spec", {})),
+                    dict(doc.get("meta", {})))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise DataError(f"bank file {p} is malformed ({type(e).__name__}: {e}); it needs 'tokenizer_sha' and 'items' "
+                        "with prompt, context and response_ids; rebuild it") from None
+    _check_nonempty(bank, str(p))
+    return bank
+
+
+def _check_nonempty(bank: Bank, where: str) -> None:
+    if not bank.responses or bank.n_tokens == 0:
+        raise DataError(f"the bank {where} is empty ({len(bank.responses)} sequences, 0 response tokens); "
+                        "build it with n >= 1 and a max_new_tokens >= 1")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rescoring
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _response_logprobs(models: Sequence[nn.Module], views: Sequence[str], batch: Any,
+                       temperature: float) -> list[torch.Tensor]:
+    """Each model on its view -> aligned ``[batch, R, V]`` log-probabilities over the common vocabulary."""
+    with torch.inference_mode():
+        logits = [batch.response_logits(m(**batch.view(v)).logits, v) for m, v in zip(models, views)]
+        return [torch.log_softmax(x.float() / temperature, -1) for x in common_vocab(*logits)]
+
+
+def _score_chunk(batch: Any, student0: nn.Module, student1: nn.Module, teacher: nn.Module, k: int, d_mode: str,
+                 temperature: float) -> dict[str, torch.Tensor]:
+    """Raw per-position signals of one batch, flattened to the valid positions ``[n_valid]`` (row-major)."""
+    l0, l1, lt = _response_logprobs((student0, student1, teacher), ("x", "x", "c"), batch, temperature)
+    mask = batch.response_mask
+    exact = teachability_stats(l0, lt, mask, k, "exact", d_mode)
+    lower = teachability_stats(l0, lt, mask, k, "lower_bound", d_mode)
+    with torch.inference_mode():
+        kl1 = reverse_kl_full(lt, l1)  # KL(p_T ‖ p_θ1) = Σ p_T (log p_T − log p_θ1)
+    cols = {"H": exact.H, "D": exact.D, "kl_full": exact.kl_full, "C_exact": exact.C, "C_lower": lower.C,
+            "kl1": kl1, "pos": torch.arange(mask.shape[1], device=mask.device).expand_as(mask),
+            "token": batch.response_ids}
+    return {name: v[mask].detach().cpu() for name, v in cols.items()}
+
+
+def _check_bank_ids(bank: Bank, tokenizer: Any) -> None:
+    sha = tokenizer_fingerprint(tokenizer)
+    if sha != bank.tokenizer_sha:
+        raise DataError(f"the bank was sampled with another tokenizer (fingerprint {bank.tokenizer_sha} != {sha}); "
+                        "rebuild the bank with the student's tokenizer")
+
+
+def rescore(bank: Bank, student0: nn.Module, student1: nn.Module, teacher: nn.Module, tokenizer: Any, *,
+            k: int = 16, d_mode: str = "union", c_mode: str = "exact", temperature: float | None = None,
+            batch_size: int = 8, q_low: float = 0.05, q_high: float = 0.95) -> Table:
+    """Per-token table (COLUMNS, one entry per response token of the bank, sequence-major) — see the module docstring.
+
+    student0 / student1: initial / trained student (no-context view); teacher: context view. temperature: None = the
+    bank's sampling temperature. c_mode picks which C is normalised into C_norm ("exact" or "lower_bound").
+    """
+    from tqdm.auto import tqdm
+
+    _check_nonempty(bank, "given to rescore")
+    _check_bank_ids(bank, tokenizer)
+    if c_mode not in ("exact", "lower_bound"):
+        raise ConfigError(f"c_mode={c_mode!r} is unknown: use exact or lower_bound")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} is invalid: it must be >= 1")
+    temp = float(bank.meta.get("temperature", 1.0) if temperature is None else temperature)
+    device = next(student0.parameters()).device
+    max_len = getattr(getattr(teacher, "config", None), "max_position_embeddings", None)
+    parts: list[dict[str, torch.Tensor]] = []
+    keep = [i for i, r in enumerate(bank.responses) if r]  # sequences with at least one token
+    for s in tqdm(range(0, len(keep), batch_size), desc="rescore", leave=False, disable=len(keep) <= batch_size):
+        idx = keep[s : s + batch_size]
+        batch = build_two_view_batch(tokenizer, [bank.prompts[i] for i in idx], [bank.contexts[i] for i in idx],
+                                     [bank.responses[i] for i in idx], bank.spec, max_length=max_len).to(device)
+        chunk = _score_chunk(batch, student0, student1, teacher, k, d_mode, temp)
+        chunk["seq"] = torch.tensor(idx).repeat_interleave(batch.response_mask.sum(-1).cpu())
+        parts.append(chunk)
+    raw = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+    return _finish_table(raw, c_mode, q_low, q_high)
+
+
+def _finish_table(raw: dict[str, torch.Tensor], c_mode: str, q_low: float, q_high: float) -> Table:
+    """Normalise over the whole bank, form D^L / D^I and the gains; -> numpy columns in COLUMNS order."""
+    C = raw["C_exact"] if c_mode == "exact" else raw["C_lower"]
+    stats = TeachabilityStats(C=C[None], D=raw["D"][None], H=raw["H"][None], kl_full=raw["kl_full"][None])
+    normed = normalize_stats(stats, torch.ones_like(C[None], dtype=torch.bool), q_low, q_high)
+    kl0, kl1 = raw["kl_full"].double(), raw["kl1"].double()
+    gain = kl0 - kl1
+    cols = {**raw, "H_norm": normed.H[0], "D_norm": normed.D[0], "C_norm": normed.C[0], "DL": normed.DL[0],
+            "DI": normed.DI[0], "kl0": raw["kl_full"], "gain_abs": gain, "gain_rel": gain / kl0.clamp_min(REL_EPS)}
+    return {name: cols[name].numpy() for name in COLUMNS}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Analyses
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_column(table: Table, name: str) -> np.ndarray:
+    if name not in table:
+        raise ConfigError(f"column {name!r} is not in the token table; columns: {', '.join(table)}")
+    values = np.asarray(table[name], dtype=float)
+    if values.size == 0:
+        raise DataError("the token table is empty; the bank has no response tokens")
+    return values
+
+
+def quartile_buckets(table: Table, signal: str, gains: Sequence[str] = GAINS) -> list[dict[str, Any]]:
+    """Mean gain per value-quartile of ``signal`` (Q1 = x ≤ q25, ..., Q4 = x > q75). One dict per quartile."""
+    x = _check_column(table, signal)
+    edges = np.quantile(x, [0.25, 0.5, 0.75])
+    bucket = np.searchsorted(edges, x, side="left")  # number of edges strictly below x: 0..3
+    bounds = [-math.inf, *edges.tolist(), math.inf]
+    out = []
+    for q in range(4):
+        sel = bucket == q
+        row: dict[str, Any] = {"signal": signal, "quartile": q + 1, "lo": bounds[q], "hi": bounds[q + 1],
+                               "n": int(sel.sum())}
+        for g in gains:
+            values = _check_column(table, g)[sel]
+            row[f"mean_{g}"] = float(values.mean()) if values.size else float("nan")
+        out.append(row)
+    return out
+
+
+def _gap(H: np.ndarray, D: np.ndarray, C: np.ndarray, G: np.ndarray) -> tuple[float, int, int, int, float, float]:
+    """(gap, n_q3, n_high, n_low, mean_high, mean_low) for one token set (NaN gap when a tercile is empty)."""
+    q3 = (H <= np.median(H)) & (D > np.median(D))
+    n_q3 = int(q3.sum())
+    if n_q3 == 0:
+        return float("nan"), 0, 0, 0, float("nan"), float("nan")
+    c, g = C[q3], G[q3]
+    lo, hi = np.quantile(c, [1 / 3, 2 / 3])
+    high, low = g[c > hi], g[c <= lo]
+    m_high = float(high.mean()) if high.size else float("nan")
+    m_low = float(low.mean()) if low.size else float("nan")
+    return m_high - m_low, n_q3, int(high.size), int(low.size), m_high, m_low
+
+
+def _sequence_index(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens grouped by sequence: (order, starts, lengths) with ``order[starts[s] : starts[s]+lengths[s]]``."""
+    order = np.argsort(seq, kind="stable")
+    _, starts, lengths = np.unique(seq[order], return_index=True, return_counts=True)
+    return order, starts, lengths
+
+
+def _resampled_tokens(order: np.ndarray, starts: np.ndarray, lengths: np.ndarray, picks: np.ndarray) -> np.ndarray:
+    """Token indices of the sequences ``picks`` (with repeats), concatenated."""
+    lens = lengths[picks]
+    offsets = np.repeat(starts[picks] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return order[offsets + np.arange(lens.sum())]
+
+
+def high_support_gap(table: Table, n_boot: int = 1000, seed: int = 0, gain: str = "gain_abs", c_col: str = "C_exact",
+                     ci: float = 0.95) -> dict[str, Any]:
+    """Q3 (low H, high D) high-C minus low-C tercile mean gain, with a sequence bootstrap CI (see module docstring)."""
+    if n_boot < 0:
+        raise ConfigError(f"n_boot={n_boot} is invalid: it must be >= 0")
+    H, D, C, G = (_check_column(table, c) for c in ("H", "D", c_col, gain))
+    seq = np.asarray(table["seq"])
+    est, n_q3, n_high, n_low, m_high, m_low = _gap(H, D, C, G)
+    order, starts, lengths = _sequence_index(seq)
+    boots = []
+    for picks in resample_blocks(len(starts), n_boot, seed):  # [block, n_seq] sequence indices
+        for row in picks:
+            idx = _resampled_tokens(order, starts, lengths, row)
+            boots.append(_gap(H[idx], D[idx], C[idx], G[idx])[0])
+    valid = np.asarray([b for b in boots if math.isfinite(b)])
+    lo, hi = (np.quantile(valid, [(1 - ci) / 2, 1 - (1 - ci) / 2]).tolist() if valid.size else (math.nan, math.nan))
+    return {"estimate": est, "ci_low": lo, "ci_high": hi, "ci": ci, "n_boot": n_boot, "n_boot_valid": int(valid.size),
+            "seed": seed, "gain": gain, "c_col": c_col, "n_tokens": int(H.size), "n_sequences": int(len(starts)),
+            "n_q3": n_q3, "n_high": n_high, "n_low": n_low, "mean_high": m_high, "mean_low": m_low}
+
+
+def _z(x: np.ndarray) -> np.ndarray | None:
+    sd = x.std()
+    return None if not sd > 1e-12 else (x - x.mean()) / sd
+
+
+def standardized_regression(table: Table, gain: str = "gain_abs",
+                            predictors: Sequence[str] = ("H", "DL", "DI")) -> dict[str, Any]:
+    """OLS ``z(G) = b0 + Σ_j b_j z(X_j)`` (numpy lstsq): standardized coefficients, intercept, R², n."""
+    zg = _z(_check_column(table, gain))
+    zs = {p: _z(_check_column(table, p)) for p in predictors}
+    used = [p for p in predictors if zs[p] is not None]
+    coef = {p: float("nan") for p in predictors}
+    n = int(len(table[gain]))
+    if zg is None:  # constant gain: nothing to explain
+        return {"gain": gain, "coef": coef, "intercept": float("nan"), "r2": float("nan"), "n": n}
+    X = np.column_stack([np.ones(n)] + [zs[p] for p in used])
+    beta, *_ = np.linalg.lstsq(X, zg, rcond=None)
+    resid = zg - X @ beta
+    r2 = 1.0 - float(resid @ resid) / float(zg @ zg)  # zg has mean 0
+    coef.update({p: float(b) for p, b in zip(used, beta[1:])})
+    return {"gain": gain, "coef": coef, "intercept": float(beta[0]), "r2": r2, "n": n}
+
+
+def summarize(table: Table, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """All analyses: quartile buckets per signal, the high-support gap and the regression, for both gains."""
+    return {
+        "n_tokens": int(len(table["seq"])),
+        "n_sequences": int(len(np.unique(table["seq"]))),
+        "means": {c: float(np.mean(table[c])) for c in ("H", "D", "kl0", "kl1", "gain_abs", "gain_rel")},
+        "buckets": {s: quartile_buckets(table, s) for s in BUCKET_SIGNALS},
+        "gap": {g: high_support_gap(table, n_boot, seed, gain=g) for g in GAINS},
+        "regression": {g: standardized_regression(table, gain=g) for g in GAINS},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def write_table(table: Table, path: str | os.PathLike) -> Path:
+    """The per-token table as CSV (COLUMNS order), atomically."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    with tmp.open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(COLUMNS)
+        w.writerows(zip(*(table[c].tolist() for c in COLUMNS)))
+    tmp.replace(p)
+    return p
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def run_teachability(student_dir: str | os.PathLike, trained_dir: str | os.PathLike, teacher_dir: str | os.PathLike,
+                     task: Any, n: int, seed: int, out_dir: str | os.PathLike, bank: Bank | str | os.PathLike | None
+                     = None, *, k: int = 16, d_mode: str = "union", c_mode: str = "exact", batch_size: int = 8,
+                     n_boot: int = 1000, temperature: float | None = None, device: str | None = None
+                     ) -> dict[str, Any]:
+    """Build (or load) the bank from the initial student, rescore, analyse; write ``bank.json`` (when built),
+    ``teachability_tokens.csv`` and ``teachability_summary.json`` into ``out_dir``. Returns the summary.
+
+    bank: None = sample ``n`` examples of ``task`` (name or Task) with ``seed``; a path or a `Bank` = reuse it.
+    Tokenizers of trained / teacher differing from the student's -> ``ModelError``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(student_dir)
+    check_same_tokenizer(tok, load_tokenizer(trained_dir), "student", "trained student")
+    check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
+    if isinstance(bank, (str, os.PathLike)):
+        bank = load_bank(bank)
+    student0 = load_model(student_dir, device=device)
+    if bank is None:
+        from mechopd.tasks.base import get_task
+
+        task_obj = get_task(task) if isinstance(task, str) else task
+        bank = build_bank(student0, tok, task_obj, n, seed, temperature=temperature)
+        _check_nonempty(bank, "just sampled")
+        save_bank(bank, out / BANK_NAME)
+    student1, teacher = load_model(trained_dir, device=device), load_model(teacher_dir, device=device)
+    table = rescore(bank, student0, student1, teacher, tok, k=k, d_mode=d_mode, c_mode=c_mode,
+                    temperature=temperature, batch_size=batch_size)
+    write_table(table, out / TOKENS_NAME)
+    summary = summarize(table, n_boot, seed)
+    summary["settings"] = {"student": str(student_dir), "trained": str(trained_dir), "teacher": str(teacher_dir),
+                           "k": k, "d_mode": d_mode, "c_mode": c_mode, "n_boot": n_boot, "seed": seed,
+                           "bank": bank.meta, "temperature": temperature}
+    tmp = out / (SUMMARY_NAME + ".tmp")
+    tmp.write_text(json.dumps(_json_safe(summary), indent=1))
+    tmp.replace(out / SUMMARY_NAME)
+    return summary

@@ -1,0 +1,100 @@
+"""Checkpoints: HF ``save_pretrained`` (safetensors) + ``trainer_state.json`` + ``optimizer.safetensors``.
+
+No pickle anywhere: the optimizer's tensors go to safetensors (keys ``{param_index}.{state_name}``), its scalars, the
+scheduler, the step, the data position and the Python RNG state to JSON, torch RNG states to safetensors as uint8.
+Each checkpoint is written to a temp dir and renamed into place (`models.atomic_save`), so a killed run never leaves
+a half checkpoint; the latest complete one is what ``--resume`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mechopd.errors import TrainingError
+from mechopd.models import atomic_save
+
+STATE = "trainer_state.json"
+OPTIM = "optimizer.safetensors"
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"{pid}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{k}"] = v
+    return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
+
+
+def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: torch.optim.Optimizer, sched: Any,
+                    state: dict[str, Any]) -> Path:
+    """Write ``out`` atomically: weights, tokenizer, trainer_state.json (incl. `state`), optimizer.safetensors."""
+    tensors, optim_meta = _optimizer_tensors(opt)
+    rng = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["torch_cuda"] = torch.cuda.get_rng_state()
+    full_state = dict(state, optimizer=optim_meta, scheduler=sched.state_dict(), python_rng=_py_rng())
+    model_to_save = getattr(model, "module", model)  # DDP-wrapped
+
+    def extra_files(tmp: Path) -> None:
+        save_file(tensors, str(tmp / OPTIM))
+        save_file({f"rng.{k}": v for k, v in rng.items()}, str(tmp / "rng.safetensors"))
+
+    return atomic_save(model_to_save, tokenizer, out, extra={STATE: json.dumps(full_state, indent=1, default=str)},
+                       writer=extra_files)
+
+
+def _py_rng() -> list:
+    v, internal, gauss = random.getstate()
+    return [v, list(internal), gauss]
+
+
+def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer, sched: Any) -> dict[str, Any]:
+    """Restore optimizer, scheduler and RNG states from `ckpt` (weights are loaded by the caller)."""
+    state = json.loads((ckpt / STATE).read_text())
+    tensors = load_file(str(ckpt / OPTIM))
+    meta = state["optimizer"]
+    per: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        pid, name = key.split(".", 1)
+        per.setdefault(int(pid), {})[name] = v
+    for key, v in meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        per.setdefault(int(pid), {})[name] = v
+    opt.load_state_dict({"state": per, "param_groups": meta["param_groups"]})
+    sched.load_state_dict(state["scheduler"])
+    rng = load_file(str(ckpt / "rng.safetensors"))
+    torch.set_rng_state(rng["rng.torch_cpu"])
+    if "rng.torch_cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["rng.torch_cuda"])
+    v, internal, gauss = state["python_rng"]
+    random.setstate((v, tuple(internal), gauss))
+    return state
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The highest complete ``checkpoints/step-N`` (temp dirs are dot-prefixed and ignored)."""
+    root = run_dir / "checkpoints"
+    if not root.exists():
+        return None
+    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := re.fullmatch(r"step-(\d+)", p.name))
+             and (p / STATE).exists()]
+    return max(steps)[1] if steps else None
+
+
+def require_resumable(run_dir: Path) -> Path:
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise TrainingError(f"--resume: {run_dir} has no complete checkpoint (checkpoints/step-N); "
+                            "start a new run or set save_every")
+    return ckpt

@@ -1,0 +1,86 @@
+"""Multi-process helpers (torchrun: gloo on CPU, nccl on GPU). One process = a no-op world of size 1.
+
+The trainer does not wrap the student in DDP: it all-reduces gradients itself after the backward pass, with every
+loss term normalised by the GLOBAL token count, so N processes at global batch B compute exactly the gradient of one
+process at batch B (the two-process test checks this). Selection (TA-OPD's global top ⌈ρN⌉) runs on the gathered
+per-position signals of the whole rollout batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init() -> tuple[int, int]:
+    """(rank, world_size); initialises the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over processes (returns a new tensor; identity for one process)."""
+    if not active():
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y
+
+
+def all_gather_rows(x: torch.Tensor, fill: float = 0.0) -> tuple[torch.Tensor, int]:
+    """Gather ``[b_i, R_i, ...]`` from every process into ``[Σ b_i, max R, ...]`` (padded with `fill`).
+
+    Returns the gathered tensor and this process's first row in it.
+    """
+    if not active():
+        return x, 0
+    world = dist.get_world_size()
+    shape = torch.tensor([x.shape[0], x.shape[1]], dtype=torch.long)
+    shapes = [torch.zeros_like(shape) for _ in range(world)]
+    dist.all_gather(shapes, shape)
+    bmax, rmax = int(max(s[0] for s in shapes)), int(max(s[1] for s in shapes))
+    padded = torch.full((bmax, rmax, *x.shape[2:]), fill, dtype=x.dtype)
+    padded[: x.shape[0], : x.shape[1]] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    rows = [p[: int(s[0])] for p, s in zip(parts, shapes)]
+    start = sum(int(s[0]) for s in shapes[: dist.get_rank()])
+    return torch.cat(rows, 0), start
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
+    """Sum gradients over processes, coalesced into one flat buffer."""
+    if not active():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def shard(n: int, rank: int, world: int) -> range:
+    """Contiguous shard of ``range(n)`` for `rank` (sizes differ by at most one)."""
+    per, extra = divmod(n, world)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (1 if rank < extra else 0))

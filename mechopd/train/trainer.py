@@ -1,0 +1,325 @@
+"""The one training loop: OPD, NCA, DualOPD, SymKL, TA-OPD and the selector baselines.
+
+A method is a list of loss terms (`losses.method_terms`) plus a token selector (`select.make_selector`); nothing else
+differs between methods. One step:
+  1. the student samples one response per prompt on the NO-context view (KV cache, batched; games: one prompt per
+     move, every (turn prompt, response) a sample);
+  2. `views` builds the two-view batch (same response ids, prompts left-padded);
+  3. the teacher scores the context view (no grad); the student scores the no-context view (grad) and, when a term
+     needs it (NCA, DualOPD, SymKL), the context view (grad);
+  4. the selector picks the OPD term's tokens (global top ⌈ρN⌉ over the whole rollout batch, all processes);
+  5. loss = Σ_terms w · Σ(per-token loss · mask) / (global token count); backward; gradients summed over processes;
+     clip; one AdamW step.
+Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
+position (a 2N-step run equals an N-step run resumed for N more).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mechopd.config import TrainConfig, dump_yaml
+from mechopd.errors import ConfigError, TrainingError
+from mechopd.evaluate import EvalConfig, evaluate_model
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, vocab_size
+from mechopd.tasks.base import get_task
+from mechopd.train import dist
+from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from mechopd.train.losses import LossInputs, method_terms, terms_need, token_mean
+from mechopd.train.rollout import play_games, sample, stop_ids
+from mechopd.train.scoring import response_logits, to_logp
+from mechopd.train.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
+
+
+@dataclass
+class RunDir:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+
+def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool = True) -> str:
+    """``organism:<task>`` -> the pretrained organism's directory (pretrained now if not cached); else unchanged."""
+    if not spec.startswith("organism:"):
+        return spec
+    from mechopd.organisms.pretrain import default_config, pretrain
+
+    task = spec.split(":", 1)[1]
+    out = Path(organism_dir) / task
+    rank, _ = dist.init()
+    if rank == 0:
+        pretrain(default_config(task, seed=0), out, progress=progress)
+    dist.barrier()
+    return str(out)
+
+
+def _row_seed(seed: int, step: int, row: int) -> int:
+    return int(hashlib.sha1(f"{seed}|{step}|{row}".encode()).hexdigest()[:12], 16)
+
+
+class Logger:
+    """metrics.jsonl always; TensorBoard only when asked. Same signature either way (the loop never branches)."""
+
+    def __init__(self, path: Path, enabled: bool, tensorboard: bool):
+        self.path, self.enabled, self.tb = path, enabled, None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("log_tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, record["step"])
+
+
+class Trainer:
+    """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
+
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+        self.rank, self.world = dist.init()
+        self.run_dir = RunDir(Path(out_dir))
+        self._check_out_dir(resume)
+        self.device = torch.device("cuda" if (cfg.device == "auto" and torch.cuda.is_available()) else
+                                   ("cpu" if cfg.device == "auto" else cfg.device))
+        dtype = getattr(torch, cfg.dtype)
+        student_path = resolve_student(cfg.student, cfg.organism_dir, cfg.seed, progress)
+        self.tokenizer = load_tokenizer(student_path)
+        teacher_path = cfg.teacher or student_path
+        if cfg.teacher:
+            check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
+        self.resume_from = latest_checkpoint(self.run_dir.root) if resume else None
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.student = load_model(self.resume_from or student_path, dtype=dtype, device=self.device).train()
+        self.teacher = load_model(teacher_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
+        self.vocab = min(vocab_size(self.student), vocab_size(self.teacher))  # padding rows dropped
+        self.task = get_task(cfg.task, **cfg.task_options)
+        self.T = cfg.temperature or self.task.temperature
+        self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
+        self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
+        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
+        self.needs = terms_need(self.terms)
+        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode)
+        self.params = [p for p in self.student.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warm = max(1, cfg.warmup)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
+        self.stop = stop_ids(self.tokenizer, self.student)
+        self.max_len = getattr(self.student.config, "max_position_embeddings", None)
+        self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
+        self._prompt_cache: dict[tuple, list[int]] = {}
+        self.step, self.position = 0, 0
+        if self.resume_from is not None:
+            state = load_checkpoint(self.resume_from, self.opt, self.sched)
+            self.step, self.position = state["step"], state["position"]
+        self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
+        if self.rank == 0:
+            self.run_dir.root.mkdir(parents=True, exist_ok=True)
+            dump_yaml(cfg, self.run_dir.config)
+            self._truncate_metrics()
+
+    # -- setup helpers -------------------------------------------------------------------------------------------------
+    def _check_out_dir(self, resume: bool) -> None:
+        root = self.run_dir.root
+        has_run = root.exists() and any(root.iterdir())
+        if has_run and not resume:
+            raise TrainingError(f"--out {root} already holds a run; pass --resume to continue it or choose another "
+                                "--out (nothing was overwritten)")
+        if resume and latest_checkpoint(root) is None:
+            raise TrainingError(f"--resume: {root} has no complete checkpoint (checkpoints/step-N); start a new run "
+                                "or set save_every")
+
+    def _truncate_metrics(self) -> None:
+        """On resume, drop metric lines written after the checkpoint we resume from."""
+        p = self.run_dir.metrics
+        if not p.exists():
+            return
+        keep = [ln for ln in p.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
+        p.write_text("".join(ln + "\n" for ln in keep))
+
+    def _render(self, prompt: str, context: str | None) -> list[int]:
+        key = (prompt, context)
+        if key not in self._prompt_cache:
+            self._prompt_cache[key] = render_prompt_ids(self.tokenizer, prompt, context, self.spec)
+        return self._prompt_cache[key]
+
+    def _examples(self) -> list:
+        """The global batch at the current data position (deterministic epochs over the training pool)."""
+        out = []
+        for i in range(self.position, self.position + self.cfg.batch_size):
+            epoch, offset = divmod(i, len(self.pool))
+            order = list(range(len(self.pool)))
+            random.Random(f"{self.cfg.seed}|epoch{epoch}").shuffle(order)
+            out.append(self.pool[order[offset]])
+        return out
+
+    # -- one step ------------------------------------------------------------------------------------------------------
+    def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
+        """This process's samples: (prompts, contexts, response ids) and rollout stats."""
+        cfg, model = self.cfg, self.student
+        mine = [examples[i] for i in rows]
+        seeds = [_row_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
+        if self.task.is_game:
+            eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
+                                    max_new_tokens=self.max_new, temperature=self.T, seeds=seeds)
+            prompts = [t.prompt for t in turns]
+            contexts = [mine[t.game].context for t in turns]
+            responses = [t.response for t in turns]
+            return prompts, contexts, responses, {"train_win_rate": sum(e.won for e in eps) / max(1, len(eps))}
+        ids = [self._render(ex.prompt, None) for ex in mine]
+        gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
+                     temperature=self.T, row_seeds=seeds)
+        stats = {"train_acc_x": sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
+                                    for ex, r in zip(mine, gen.responses)) / max(1, len(mine))}
+        return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats
+
+    def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
+        sel = self.selector
+        gen = torch.Generator().manual_seed(_row_seed(self.cfg.seed, self.step, -1) % (2**31))
+        if not dist.active():
+            out = sel(s_logp, t_logp, mask, self.cfg.budget, gen)
+            return out.keep, out.kept_fraction
+        stats = teachability_stats(s_logp, t_logp, mask, sel.k, sel.c_mode, sel.d_mode) if sel.needs_stats else None
+        packed = torch.stack([mask.float()] + ([stats.C, stats.D, stats.H, stats.kl_full] if stats else []), -1)
+        full, start = dist.all_gather_rows(packed.cpu())
+        gmask = full[..., 0] > 0.5
+        gstats = TeachabilityStats(*(full[..., i] for i in range(1, 5))) if stats else None
+        out = sel.from_stats(gstats, gmask, self.cfg.budget, gen)
+        B, R = mask.shape
+        return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        examples = self._examples()
+        rows = dist.shard(len(examples), self.rank, self.world)
+        prompts, contexts, responses, roll_stats = self.rollout(examples, rows)
+        t_roll = time.perf_counter() - t0
+        batch = assemble_two_views([self._render(p, None) for p in prompts],
+                                   [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
+                                   self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
+        mask = batch.response_mask
+        with torch.inference_mode():
+            t_logp = to_logp(response_logits(self.teacher, batch, "c"), self.T, self.vocab)
+        t_logp = t_logp.clone()  # a normal tensor: usable in autograd graphs
+        s_x = to_logp(response_logits(self.student, batch, "x"), self.T, self.vocab)
+        s_c = to_logp(response_logits(self.student, batch, "c"), self.T, self.vocab) if "student_ctx" in self.needs \
+            else None
+        keep, kept = self._selection(s_x.detach(), t_logp, mask)
+        inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
+        loss = torch.zeros((), device=self.device)
+        logs: dict[str, Any] = {}
+        for term in self.terms:
+            out = term.fn(inputs)
+            use_keep = term.selectable or (cfg.nca_positions == "selected" and term.name == "nca")
+            tmask = mask & keep if use_keep else mask
+            num = (out.per_pos * tmask).sum()
+            den = dist.all_sum(tmask.sum().float()).clamp(min=1.0)
+            value = num / den
+            total = float(dist.all_sum(num.detach()) / den)
+            if not math.isfinite(total):
+                raise TrainingError(f"loss term {term.name!r} became {total} at step {self.step + 1}; the last good "
+                                    "checkpoint is intact — lower lr or check the teacher")
+            loss = loss + term.weight * value
+            logs[f"loss/{term.name}"] = total
+            for k, v in out.stats.items():
+                logs[f"{term.name}/{k}"] = float(token_mean(v.detach(), mask))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        dist.all_reduce_grads(self.params)
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        with torch.no_grad():
+            kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
+            logs["kl/teacher_student"] = float(token_mean(kl, mask))
+        n_tok = float(dist.all_sum(mask.sum().float()))
+        dt = time.perf_counter() - t0
+        self.step += 1
+        self.position += cfg.batch_size
+        n_samples = float(dist.all_sum(torch.tensor(float(len(prompts)))))
+        return {"step": self.step, "loss": float(dist.all_sum(loss.detach())),
+                **logs, "kept_fraction": kept, "grad_norm": float(gnorm), "lr": self.sched.get_last_lr()[0],
+                "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples),
+                "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll, **roll_stats}
+
+    # -- the loop ------------------------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        cfg = self.cfg
+        rep = evaluate_model(self.student, self.tokenizer, self.task, EvalConfig(n=cfg.eval_n, seed=cfg.seed,
+                             n_boot=200), self.spec)
+        s = rep["summary"]
+        return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
+
+    def save(self, path: Path) -> None:
+        if self.rank == 0:
+            save_checkpoint(path, self.student, self.tokenizer, self.opt, self.sched,
+                            {"step": self.step, "position": self.position, "config": self.cfg.to_dict()})
+        dist.barrier()
+
+    def run(self) -> Path:
+        cfg = self.cfg
+        if self.step == 0 and cfg.eval_every and self.rank == 0:
+            self.logger.log({"step": 0, **self.evaluate()})
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}/{cfg.selector}",
+                   disable=not self.progress or self.rank != 0)
+        while self.step < cfg.steps:
+            rec = self.train_step()
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                if self.rank == 0:
+                    rec.update(self.evaluate())
+                dist.barrier()
+            self.logger.log(rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl/teacher_student']:.4f}")
+            if cfg.save_every and self.step % cfg.save_every == 0:
+                self.save(self.run_dir.checkpoints / f"step-{self.step}")
+        bar.close()
+        if self.rank == 0:
+            from mechopd.models import atomic_save
+
+            atomic_save(self.student, self.tokenizer, self.run_dir.final,
+                        extra={"training.json": json.dumps({"step": self.step, "config": cfg.to_dict()}, indent=1)})
+        dist.barrier()
+        return self.run_dir.final
+
+
+def train(config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True) -> Path:
+    """Train one run into `out_dir` (see the module docstring); returns the final checkpoint directory."""
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig(**config)
+    return Trainer(cfg, out_dir, resume=resume, progress=progress).run()

@@ -1,0 +1,76 @@
+"""Shared fixtures: offline tokenizers and tiny models built from configs (no network, no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else -%}{{ '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}{%- if m['role'] != 'system' -%}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{{- 'Cutting Knowledge Date : December 2023\nToday Date : ' + date_string + '\n\n' }}"
+    "{{- system_message + '<|im_end|>\n' }}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def organism_tokenizer():
+    from mechopd.organisms.pretrain import organism_vocab
+    from mechopd.organisms.tokenizer import build_tokenizer
+
+    return build_tokenizer(organism_vocab() + ["You", "are", "Qwen", "created", "Alibaba", "Cloud", "a", "helpful",
+                                               "assistant", "Cutting", "Knowledge", "Date", "December", "Today",
+                                               "Jul", "2024", "2023"])
+
+
+def tiny_model(tokenizer, arch: str = "qwen3", layers: int = 2, seed: int = 0):
+    """A tiny decoder built from a config (hidden 32), eval mode, deterministic for `seed`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
+    cfg = cls(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+              tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(organism_tokenizer):
+    return tiny_model(organism_tokenizer)
+
+
+TINY_ORGANISM = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, steps=60,
+                     batch_size=32, corpus_size=2000, lr=3e-3)
+
+
+@pytest.fixture(scope="session")
+def tiny_rules_organism(tmp_path_factory):
+    """A rules organism pretrained for a few steps (seconds): a real checkpoint written by `pretrain`."""
+    from mechopd.organisms.pretrain import OrganismConfig, pretrain
+
+    out = tmp_path_factory.mktemp("organism") / "rules"
+    return pretrain(OrganismConfig(task="rules", **TINY_ORGANISM), out, progress=False)
