@@ -10,7 +10,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(1)  # tiny models: one thread avoids OpenMP spin-wait contention on 2 cores
 
 QWEN25_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' -%}"

@@ -43,7 +43,7 @@ class OrganismConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 192
     max_position_embeddings: int = 512
-    steps: int = 1000
+    steps: int = 600
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 50

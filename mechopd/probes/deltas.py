@@ -1,33 +1,33 @@
 """Parameter deltas per layer x module, streamed tensor by tensor (PAPERS.md section 2: parameter updates).
 
-Per tensor W, with base weights W0, trained weights theta_m of model m and its update Delta_m = theta_m - W0:
+Per tensor W, with base weights W0, trained weights θ_m of model m and its update Δ_m = θ_m - W0:
 
-    w0_norm    = ||W0||_F                                       row model="base", vs=""
-    delta_norm = ||theta_m - theta_vs||_F                       row model=m, vs="base" (= ||Delta_m||_F)
-    rel_delta  = delta_norm / ||W0||_F                          same rows (the paper's normalisation, made explicit)
-    cos        = <Delta_a, Delta_b> / (||Delta_a||_F ||Delta_b||_F)   row model=b, vs=a (only with pair=(a, b))
+    w0_norm    = ‖W0‖_F                                  rows model="base", vs=""
+    delta_norm = ‖θ_m - θ_vs‖_F                          rows model=m, vs="base" (= ‖Δ_m‖_F)
+    rel_delta  = delta_norm / ‖W0‖_F                     same rows (the paper's normalisation, made explicit)
+    cos        = ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖_F ‖Δ_b‖_F)          rows model=b, vs=a, only with pair=(a, b)
 
-With ``pair=("opd", "nca")`` the rows model="nca", vs="opd" hold the NCA-specific part theta_NCA - theta_OPD
-(delta_norm, rel_delta) and the cosine between the two updates (both measured from W0).
+With ``pair=("opd", "nca")`` the rows model="nca", vs="opd" hold the NCA-specific part θ_NCA - θ_OPD (delta_norm,
+rel_delta) and the cosine between the two updates, both measured from W0.
 
 The table is long ("tidy"), one value per row: model, vs, site, layer, module, param, numel, tied_to, metric, value.
 A layer x module heatmap is ``aggregate_deltas(rows, "site")`` filtered on (model, vs, metric) and pivoted on
-(layer, module). Aggregates sum squares and inner products over tensors (weight + bias of a module, all modules of a
-layer, one module type over all layers, everything), never norms.
+(layer, module). Aggregates sum squares and inner products over tensors, never norms.
 
 Non-standard things here:
-  * Streaming: every checkpoint is read through ``safe_open`` one window of rows at a time; never two whole models.
-    A reader keeps one file of a checkpoint mapped and re-opens it once ~4 x window_numel bytes went through it, so the
-    pages a window touched leave this process's RSS. Elementwise work runs in cache-sized chunks of a buffer
-    X = [W0, Delta_1 .. Delta_M, (theta_b - theta_a)] of shape [R, chunk]; one Gram matrix X X^T per chunk gives every
-    squared norm and inner product at once, accumulated in float64.
+  * Streaming: every checkpoint is read through ``safe_open`` one window of rows at a time, never two whole models.
+    A helper thread copies window i + 1 of every checkpoint out of the file mappings into reused staging buffers
+    while the caller's thread computes on window i; a checkpoint's file is re-opened once 4 x window_numel bytes went
+    through it, so that the pages it touched leave this process's RSS. The arithmetic runs in cache-sized chunks of
+    X = [W0, Δ_1 .. Δ_M, (θ_b - θ_a)] ([R, chunk], float64 by default), one norm per row, summed in float64;
+    ⟨Δ_a, Δ_b⟩ comes from ‖Δ_a‖², ‖Δ_b‖², ‖Δ_b - Δ_a‖² (absolute error of cos ~ machine epsilon).
   * Tied embeddings: a checkpoint is tied when config.json says ``tie_word_embeddings`` (else: when it has no
-    lm_head tensor). Tied heads are not read again: the table repeats the embedding's values on ``lm_head`` rows with
-    ``tied_to="embed_tokens"``, and aggregates skip those rows. A tied and an untied checkpoint in one comparison is an
-    error naming ``lm_head.weight``.
-  * Sites follow models.py: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``, ``final_norm``,
-    ``lm_head`` (layer None, module ``embed_tokens`` / ``norm`` / ``lm_head``). Biases share their module's site with
-    ``param="bias"``; site-level aggregates combine weight and bias.
+    lm_head tensor). A tied head is not read (a copy stored next to the embedding is dropped, as transformers ties it
+    on load); the table repeats the embedding's values on ``lm_head`` rows with ``tied_to="embed_tokens"``, and
+    aggregates skip those rows. A tied and an untied checkpoint in one comparison is an error naming lm_head.weight.
+  * Sites follow mechopd.models: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``,
+    ``final_norm``, ``lm_head`` (layer None; modules ``embed_tokens``, ``norm``, ``lm_head``). A bias shares its
+    module's site with ``param="bias"``; site aggregates combine weight and bias.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -271,18 +271,8 @@ def _windows(names: list[str], shapes: Mapping[str, tuple[int, ...]], window_num
         shape = shapes[name]
         n_rows, row_numel = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
         step = max(1, window_numel // max(1, row_numel))
-        out += [(name, start, min(n_rows, start + step - 1)) for start in range(0, n_rows, step)]
+        out += [(name, start, min(n_rows, start + step)) for start in range(0, n_rows, step)]
     return out
-
-
-@contextmanager
-def _threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair: tuple[int, int] | None,
@@ -298,14 +288,19 @@ def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair
     def load(i: int) -> list[torch.Tensor]:
         return [r.read(*windows[i], slot=i % 2) for r in readers]
 
-    with _threads(1), ThreadPoolExecutor(1, thread_name_prefix="mechopd-deltas-read") as pool:
-        nxt = pool.submit(load, 0) if windows else None
-        for i, (name, _, _) in enumerate(windows):
-            views = nxt.result()
-            nxt = pool.submit(load, i + 1) if i + 1 < len(windows) else None  # fills the other staging slot
-            _accumulate(acc[name], views, pair, buf)
-            bar.update(views[0].numel())
-            del views
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="mechopd-deltas-read") as pool:
+            nxt = pool.submit(load, 0) if windows else None
+            for i, (name, _, _) in enumerate(windows):
+                views = nxt.result()
+                nxt = pool.submit(load, i + 1) if i + 1 < len(windows) else None  # fills the other staging slot
+                _accumulate(acc[name], views, pair, buf)
+                bar.update(views[0].numel())
+                del views
+    finally:
+        torch.set_num_threads(threads)
     return acc
 
 
@@ -368,15 +363,12 @@ def _check_labels(models: Mapping[str, object], pair: tuple[str, str] | None) ->
 # ------------------------------------------------------------------------------------------------------------ rows
 @dataclass(frozen=True)
 class DeltaRow:
-    """One value of the parameter-delta table.
-
-    model:   a model label, or "base" for w0_norm rows.      vs: "base" (update from W0), a label (pair), "" (w0_norm).
-    site:    probe address (``layers.3.self_attn.q_proj``, ``embed``; aggregates: ``layers.3``, ``layers.*.q_proj``, ``*``).
-    layer:   decoder layer index, None outside layers.         module: ``q_proj``, ``embed_tokens``, ... ("*": many).
-    param:   ``weight`` / ``bias`` ("*": aggregated).          numel: parameters covered.
-    tied_to: "embed_tokens" on lm_head rows of tied checkpoints (values repeat the embedding's), else "".
-    metric:  one of METRICS.                                   value: the number (NaN where undefined, e.g. cos of 0).
-    """
+    """One value of the parameter-delta table. ``model``: a label, "base" on w0_norm rows; ``vs``: "base" (update
+    from W0), a label (pair rows), "" (w0_norm); ``site``: a probe address, in aggregates also ``layers.3``,
+    ``layers.*.self_attn.q_proj``, ``*``; ``layer``: None outside decoder layers; ``module``: ``q_proj``,
+    ``embed_tokens``, ... ("*" for many); ``param``: ``weight`` / ``bias`` ("*" aggregated); ``numel``: parameters
+    covered; ``tied_to``: "embed_tokens" on lm_head rows of tied checkpoints, else ""; ``metric``: one of METRICS;
+    ``value``: NaN where undefined (cos of a zero update, ratio 0/0)."""
 
     model: str
     vs: str
@@ -463,35 +455,25 @@ def aggregate_deltas(rows: Iterable[DeltaRow], by: str = "site") -> list[DeltaRo
 
 # -------------------------------------------------------------------------------------------------------------- io
 def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]:
-    """Write ``<path>.csv`` and ``<path>.json`` (a suffix on ``path`` is replaced), atomically.
+    """Write ``<path>.csv`` and ``<path>.json`` atomically (a suffix on ``path`` is replaced); returns both paths.
 
-    CSV: one header line, layer empty when None, floats as repr (nan/inf as such). JSON: a list of objects, NaN/inf as
-    null / strings so that strict JSON readers accept it.
+    CSV: a header line, layer empty when None, floats as repr (nan, inf). JSON: a list of objects, NaN as null and
+    ±inf as the strings "inf" / "-inf", so that strict JSON readers accept it.
     """
-    rows = list(rows)
-    stem = Path(path).with_suffix("")
-    names = [f.name for f in fields(DeltaRow)]
+    rows, stem = list(rows), Path(path).with_suffix("")
+    cols = [f.name for f in fields(DeltaRow)]
+
+    def cell(v: object) -> object:
+        return "" if v is None else repr(v) if isinstance(v, float) else v
 
     def write_csv(fh) -> None:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(names)
-        w.writerows(["" if v is None else repr(v) if isinstance(v, float) else v for v in _values(r)] for r in rows)
+        csv.writer(fh, lineterminator="\n").writerows([cols] + [[cell(getattr(r, c)) for c in cols] for r in rows])
 
     def write_json(fh) -> None:
-        json.dump([{**asdict(r), "value": _json_float(r.value)} for r in rows], fh, indent=0)
+        v = lambda x: None if math.isnan(x) else repr(x) if math.isinf(x) else x  # noqa: E731
+        json.dump([{**asdict(r), "value": v(r.value)} for r in rows], fh, indent=0)
 
-    out = []
-    for suffix, writer in ((".csv", write_csv), (".json", write_json)):
-        out.append(_atomic_write(stem.with_name(stem.name + suffix), writer))
-    return out
-
-
-def _values(row: DeltaRow) -> tuple:
-    return tuple(getattr(row, f.name) for f in fields(DeltaRow))
-
-
-def _json_float(v: float) -> float | str | None:
-    return None if math.isnan(v) else repr(v) if math.isinf(v) else v
+    return [_atomic_write(stem.with_name(stem.name + sfx), w) for sfx, w in ((".csv", write_csv), (".json", write_json))]
 
 
 def _atomic_write(target: Path, writer) -> Path:
@@ -516,17 +498,11 @@ def read_table(path: str | os.PathLike) -> list[DeltaRow]:
         else:
             with p.open(newline="") as fh:
                 records = list(csv.DictReader(fh))
-        return [_parse_row(rec) for rec in records]
+        return [DeltaRow(**{**{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
+                            "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
+                            "numel": int(rec["numel"]),
+                            "value": math.nan if rec["value"] is None else float(rec["value"])}) for rec in records]
     except FileNotFoundError:
         raise DataError(f"table {p} does not exist; write it with mechopd probe deltas") from None
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         raise DataError(f"{p} is not a parameter-delta table ({err!r}); rewrite it with write_table") from None
-
-
-def _parse_row(rec: dict) -> DeltaRow:
-    layer, value = rec["layer"], rec["value"]
-    return DeltaRow(
-        model=str(rec["model"]), vs=str(rec["vs"]), site=str(rec["site"]),
-        layer=None if layer in (None, "") else int(layer), module=str(rec["module"]), param=str(rec["param"]),
-        numel=int(rec["numel"]), tied_to=str(rec["tied_to"]), metric=str(rec["metric"]),
-        value=math.nan if value is None else float(value))

@@ -229,7 +229,8 @@ def term_gradients(
     layers / include_non_layer: see `select_parameters`.
     """
     if len(terms) != 2:
-        raise ConfigError(f"terms={list(terms)} is invalid: gradient alignment compares exactly two terms, e.g. opd,nca")
+        raise ConfigError(f"terms={list(terms)} is invalid: gradient alignment compares exactly two terms "
+                          "(e.g. --terms opd,nca)")
     if not temperature > 0:
         raise ConfigError(f"temperature={temperature} is invalid: it must be > 0 (PAPERS.md: 1.0 QA, 0.7 games)")
     loss_terms = [loss_term(t, estimator, topk) for t in terms]
@@ -316,6 +317,7 @@ def run_gradients(
     tok = load_tokenizer(model_dir)
     check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
     student = load_model(model_dir, device=device)
+    select_parameters(student, layers, include_non_layer)  # layers out of range: fail before sampling
     teacher = load_model(teacher_dir, device=device)
     temp = float(task_obj.temperature if temperature is None else temperature)
     spec = spec or RenderSpec(placement=task_obj.placement)

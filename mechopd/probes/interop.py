@@ -122,9 +122,11 @@ def _envoy(lm: Any, site: str) -> Any:
 
 def _trace_outputs(lm: Any, inputs: dict, sites: Sequence[str]) -> list:
     """One nnsight trace saving the sites' outputs (in forward order: nnsight requires that order)."""
+    saved: list = []  # nnsight runs the body itself: a name bound in a comprehension inside it is lost, so append
     with torch.inference_mode():
-        with lm.trace(dict(inputs)):  # nnsight runs this body itself: keep it a plain, single `with`
-            saved = [_envoy(lm, s).output.save() for s in sites]
+        with lm.trace(dict(inputs)):  # and keep the trace a plain, single `with`
+            for s in sites:
+                saved.append(_envoy(lm, s).output.save())
     return saved
 
 

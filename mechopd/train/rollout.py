@@ -67,7 +67,7 @@ def sample(
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
+    past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     uniforms = None
@@ -95,9 +95,9 @@ def sample(
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=past,
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=past,
                     use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        past, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
     gen = torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)]
     stops = set(int(s) for s in stop)

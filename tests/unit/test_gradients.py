@@ -205,3 +205,10 @@ def test_teacher_with_other_tokenizer(tmp_path):
     t = _save(tiny(1, tok=other), other, tmp_path / "teacher")
     with pytest.raises(ModelError, match="tokenizers differ"):
         run_gradients(s, t, "rules", 2, 0, ("opd", "nca"), tmp_path / "out")
+
+
+def test_run_gradients_layers_out_of_range(tmp_path):
+    s = _save(tiny(0), TOK, tmp_path / "student")
+    with pytest.raises(ConfigError, match=r"2 decoder layers \(0..1\)"):
+        run_gradients(s, s, "rules", 2, 0, ("opd", "nca"), tmp_path / "out", layers=[2])
+    assert not (tmp_path / "out").exists()
