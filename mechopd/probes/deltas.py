@@ -63,7 +63,7 @@ AGGREGATE_BY = ("site", "layer", "module", "all")
 
 # ----------------------------------------------------------------------------------------------------- site naming
 class Site(NamedTuple):
-    """Where a parameter lives: ``site`` (probe address), ``layer`` (None outside decoder layers), ``module``, ``param``."""
+    """Where a parameter lives: ``site`` (probe address), ``layer`` (None outside layers), ``module``, ``param``."""
 
     site: str
     layer: int | None
@@ -119,7 +119,7 @@ def _open(file: Path) -> safe_open:
     try:
         return safe_open(file, framework="pt")
     except (SafetensorError, OSError) as err:
-        raise ModelError(f"cannot read {file} as safetensors ({err}); re-save the checkpoint with save_pretrained")
+        raise ModelError(f"cannot read {file} as safetensors ({err}); re-save it with save_pretrained") from None
 
 
 def _sharded_index(index: Path) -> dict[str, Path]:
@@ -127,7 +127,7 @@ def _sharded_index(index: Path) -> dict[str, Path]:
         weight_map = json.loads(index.read_text())["weight_map"]
         items = list(weight_map.items())
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise ModelError(f"{index} is not a safetensors index (no 'weight_map'); re-save with save_pretrained") from None
+        raise ModelError(f"{index} is not a safetensors index (no 'weight_map'); re-save the checkpoint") from None
     files = {}
     for name, shard in items:
         file = index.parent / shard
@@ -160,28 +160,21 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def _config_tied(d: Path) -> bool | None:
-    cfg_file = d / "config.json"
-    if not cfg_file.is_file():
-        return None
+    """config.json's tie_word_embeddings (top level, else text_config); None without config.json or the key."""
     try:
-        cfg = json.loads(cfg_file.read_text())
+        cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
     except json.JSONDecodeError as err:
-        raise ModelError(f"{cfg_file} is not valid JSON ({err}); fix or re-save the checkpoint") from None
-    for scope in (cfg, cfg.get("text_config") or {}):
-        if "tie_word_embeddings" in scope:
-            return bool(scope["tie_word_embeddings"])
-    return None
+        raise ModelError(f"{d / 'config.json'} is not valid JSON ({err}); fix or re-save the checkpoint") from None
+    scopes = [c for c in (cfg, cfg.get("text_config") or {}) if "tie_word_embeddings" in c]
+    return bool(scopes[0]["tie_word_embeddings"]) if scopes else None
 
 
 def tensor_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
     """Shapes from the safetensors headers only (no data read)."""
-    by_file: dict[Path, list[str]] = {}
-    for name, file in ckpt.files.items():
-        by_file.setdefault(file, []).append(name)
     shapes = {}
-    for file, names in by_file.items():
+    for file in sorted(set(ckpt.files.values())):
         with _open(file) as f:
-            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in names})
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if ckpt.files.get(n) == file})
     return shapes
 
 
@@ -207,7 +200,7 @@ class _Reader:
     on while the other fills). One file is mapped at a time and re-opened once ``budget`` bytes went through it, so
     that the pages it touched leave this process's RSS."""
 
-    def __init__(self, ckpt: Checkpoint, window_numel: int):
+    def __init__(self, ckpt: Checkpoint, window_numel: int):  # staging pages are only touched as used
         self.ckpt, self.budget = ckpt, 4 * window_numel
         self._staging = [torch.empty(4 * window_numel, dtype=torch.uint8) for _ in range(2)]  # <= 4-byte dtypes
         self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
@@ -240,14 +233,14 @@ class _Sums:
     """Squared Frobenius norms and inner products of one tensor or a group of tensors (float64)."""
 
     numel: int = 0
-    w0: float = 0.0  # ||W0||^2
-    sq: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, vs) -> ||theta_model - theta_vs||^2
-    dot: dict[tuple[str, str], float] = field(default_factory=dict)  # (b, a) -> <Delta_b, Delta_a>
+    w0: float = 0.0  # ‖W0‖²
+    sq: dict[tuple[str, str], float] = field(default_factory=dict)  # (model, vs) -> ‖θ_model - θ_vs‖²
+    dot: dict[tuple[str, str], float] = field(default_factory=dict)  # (b, a) -> ⟨Δ_b, Δ_a⟩
 
 
 def _accumulate(acc: torch.Tensor, views: list[torch.Tensor], pair: tuple[int, int] | None,
                 buf: torch.Tensor) -> None:
-    """acc += [||W0||^2, ||Delta_1||^2 .. ||Delta_M||^2, (||theta_b - theta_a||^2)] over one window.
+    """acc += [‖W0‖², ‖Δ_1‖² .. ‖Δ_M‖², (‖θ_b - θ_a‖²)] over one window.
 
     acc: [R] float64; views: M + 1 tensors [n] (base first, stored dtype); buf: [R, chunk] compute dtype, R = M + 1
     (+ 1 with a pair). Chunk by chunk, so that the rows of X = buf stay in cache: upcast, subtract, one norm per row.
@@ -257,22 +250,11 @@ def _accumulate(acc: torch.Tensor, views: list[torch.Tensor], pair: tuple[int, i
         x = buf[:, : pieces[0].numel()]  # [R, k]
         for j, p in enumerate(pieces):
             x[j].copy_(p)  # upcast the stored dtype
-        x[1 : m + 1].sub_(x[0])  # Delta_i = theta_i - W0
+        x[1 : m + 1].sub_(x[0])  # Δ_i = θ_i - W0
         if pair is not None:
-            torch.sub(x[pair[1]], x[pair[0]], out=x[m + 1])  # theta_b - theta_a
+            torch.sub(x[pair[1]], x[pair[0]], out=x[m + 1])  # θ_b - θ_a
         norms = torch.linalg.vector_norm(x, dim=1)  # [R]
         acc.addcmul_(norms, norms)
-
-
-def _windows(names: list[str], shapes: Mapping[str, tuple[int, ...]], window_numel: int) -> list[tuple[str, int, int]]:
-    """(name, start, stop): row ranges along dim 0 of at most window_numel elements (or one row; 0-d: one row)."""
-    out = []
-    for name in names:
-        shape = shapes[name]
-        n_rows, row_numel = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
-        step = max(1, window_numel // max(1, row_numel))
-        out += [(name, start, min(n_rows, start + step)) for start in range(0, n_rows, step)]
-    return out
 
 
 def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair: tuple[int, int] | None,
@@ -283,7 +265,11 @@ def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair
     n_rows = len(readers) + (pair is not None)
     buf = torch.empty(n_rows, max(1, chunk_numel), dtype=dtype)
     acc = {name: torch.zeros(n_rows, dtype=torch.float64) for name in names}
-    windows = _windows(names, shapes, window_numel)
+    windows = []  # (name, start, stop): rows along dim 0, at most window_numel elements or one row (0-d: one row)
+    for name in names:
+        n, row = (shapes[name][0], math.prod(shapes[name][1:])) if shapes[name] else (1, 1)
+        step = max(1, window_numel // max(1, row))
+        windows += [(name, start, min(n, start + step)) for start in range(0, n, step)]
 
     def load(i: int) -> list[torch.Tensor]:
         return [r.read(*windows[i], slot=i % 2) for r in readers]
@@ -305,7 +291,7 @@ def _stream_sums(readers: list[_Reader], names: list[str], shapes: Mapping, pair
 
 
 def _acc_sums(acc: torch.Tensor, numel: int, labels: list[str], pair: tuple[str, str] | None) -> _Sums:
-    """Sums of one tensor; <Delta_a, Delta_b> = (||Delta_a||^2 + ||Delta_b||^2 - ||Delta_b - Delta_a||^2) / 2."""
+    """Sums of one tensor; ⟨Δ_a, Δ_b⟩ = (‖Δ_a‖² + ‖Δ_b‖² - ‖Δ_b - Δ_a‖²) / 2."""
     v = acc.tolist()
     sums = _Sums(numel, v[0], {(label, BASE): v[i] for i, label in enumerate(labels, start=1)})
     if pair is not None:
@@ -322,9 +308,9 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
     """Per-tensor update norms of each model in ``models`` (label -> checkpoint dir) against ``base_dir``.
 
     Returns tidy rows (see the module docstring), tensors in forward order. ``pair=(a, b)`` adds the rows model=b,
-    vs=a: ||theta_b - theta_a||_F, its ratio to ||W0||_F, and cos(Delta_a, Delta_b). ``dtype`` is the elementwise
-    dtype (float64: exact differences; float32: faster, ~1e-7 relative); sums are float64 either way.
-    Memory: about (M + 1) x window_numel x (2 x stored itemsize + 4) bytes plus a [M + 2, chunk_numel] buffer.
+    vs=a: ‖θ_b - θ_a‖_F, its ratio to ‖W0‖_F, and cos(Δ_a, Δ_b). ``dtype`` is the elementwise dtype (float64: exact
+    differences of float32/bf16 weights; float32: faster, ~1e-5 relative); sums are float64 either way.
+    Memory: at most ~16 x window_numel bytes per checkpoint (staging + mapped pages), whatever the model size.
     """
     labels = _check_labels(models, pair)
     if dtype not in (torch.float64, torch.float32):
@@ -338,8 +324,7 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
     pair_rows = None if pair is None else (1 + labels.index(pair[0]), 1 + labels.index(pair[1]))
     names = sorted(base.files, key=lambda n: (str(base.files[n]), n))  # file by file
     numel = {n: math.prod(shapes[n]) for n in names}
-    bar = tqdm(total=sum(numel.values()), unit="param", unit_scale=True, desc="parameter deltas",
-               disable=not progress)
+    bar = tqdm(total=sum(numel.values()), unit="param", unit_scale=True, desc="deltas", disable=not progress)
     try:
         acc = _stream_sums(readers, names, shapes, pair_rows, dtype, window_numel, chunk_numel, bar)
     finally:
@@ -443,8 +428,11 @@ def aggregate_deltas(rows: Iterable[DeltaRow], by: str = "site") -> list[DeltaRo
             s.w0 += r.value**2
         elif r.metric == "delta_norm":
             s.sq[(r.model, r.vs)] = s.sq.get((r.model, r.vs), 0.0) + r.value**2
-        elif r.metric == "cos":  # <Delta_b, Delta_a> = cos ||Delta_b|| ||Delta_a|| (0 where a delta is 0)
-            na, nb = norm[(r.site, r.param, r.model)], norm[(r.site, r.param, r.vs)]
+        elif r.metric == "cos":  # ⟨Δ_b, Δ_a⟩ = cos ‖Δ_b‖ ‖Δ_a‖ (0 where an update is 0)
+            na, nb = norm.get((r.site, r.param, r.model)), norm.get((r.site, r.param, r.vs))
+            if na is None or nb is None:
+                raise ConfigError(f"cos rows at {r.site} need the delta_norm rows of {r.model} and {r.vs} vs base; "
+                                  f"aggregate the whole table")
             dot = r.value * na * nb if na > 0 and nb > 0 else 0.0
             s.dot[(r.model, r.vs)] = s.dot.get((r.model, r.vs), 0.0) + dot
     out = []
@@ -470,10 +458,14 @@ def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]
         csv.writer(fh, lineterminator="\n").writerows([cols] + [[cell(getattr(r, c)) for c in cols] for r in rows])
 
     def write_json(fh) -> None:
-        v = lambda x: None if math.isnan(x) else repr(x) if math.isinf(x) else x  # noqa: E731
-        json.dump([{**asdict(r), "value": v(r.value)} for r in rows], fh, indent=0)
+        json.dump([{**asdict(r), "value": _json_number(r.value)} for r in rows], fh, indent=0)
 
-    return [_atomic_write(stem.with_name(stem.name + sfx), w) for sfx, w in ((".csv", write_csv), (".json", write_json))]
+    targets = ((".csv", write_csv), (".json", write_json))
+    return [_atomic_write(stem.with_name(stem.name + sfx), writer) for sfx, writer in targets]
+
+
+def _json_number(x: float) -> float | str | None:
+    return None if math.isnan(x) else repr(x) if math.isinf(x) else x
 
 
 def _atomic_write(target: Path, writer) -> Path:

@@ -315,6 +315,8 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
     responses_from: a model (responses sampled from it on the no-context view with `rollout.sample`, the task's
     temperature and max_new_tokens; ``greedy`` for argmax), ``"answers"`` (the task's reference answers + eos), or the
     response ids themselves (one list per item). Games (``task.is_game``): the first move's prompt only.
+    Sampled responses are a function of (seed, batch_size): the sampler draws for a whole batch at once (keep the
+    ids: `run_similarity` writes them to ``similarity_responses.jsonl``, which ``responses_from`` accepts).
     spec: default ``RenderSpec(placement=task.placement)``.
     """
     spec = spec or RenderSpec(placement=task.placement)

@@ -222,9 +222,9 @@ def test_bad_input_names_the_problem(tok, model, items):
 
 
 def test_sampled_responses_are_deterministic_per_seed(tok, task, model, items):
-    again = make_batches(tok, task, 6, 0, 4, model)
+    again = make_batches(tok, task, 6, 0, 6, model)
     assert again.responses == items.responses and again.uids == items.uids
-    assert make_batches(tok, task, 6, 1, 4, model).responses != items.responses
+    assert make_batches(tok, task, 6, 1, 6, model).responses != items.responses
 
 
 def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, model):

@@ -1,0 +1,338 @@
+"""Benchmark: one optimizer step of OPD / NCA / TA-OPD (mechopd `Trainer.train_step`) against two references, in ONE run.
+
+Variants, all on the rules organism's architecture (Qwen3, hidden 96, 3 layers, 4 heads, 2 kv heads, intermediate 192,
+the word-level organism tokenizer), same prompts, same batch B and the same 24 new tokens per response:
+
+  bare     a minimal loop written here: lean KV-cache decode of the student on the no-context view, frozen-teacher
+           forward on the context view (no grad), student forward + backward, full-vocab reverse KL KL(q_x || f),
+           grad clip 1.0, AdamW step (torch.optim.AdamW, the optimizer mechopd uses).
+  opd      Trainer(method="opd", selector="full", estimator="full").train_step()
+  nca      Trainer(method="nca", ...)        (one extra student forward/backward on the context view)
+  ta_opd   Trainer(method="opd", selector="ta_opd", budget 0.10, K 16)
+  trl      trl.experimental.sdft.SDFTTrainer (TRL 1.16; `pip install -e .[bench]`) configured to the same work:
+           frozen base teacher, context before the prompt in the user turn, full-vocab reverse KL
+           (distillation_mode="full_logits", distillation_alpha=1), one generation per prompt, per-device batch B,
+           gradient accumulation 1, max_completion_length 24, fp32, no activation checkpointing, AdamW (non-fused,
+           as mechopd), constant lr, grad clip 1.0, logging/saving/eval/reporting off.
+
+Targets (PASS/FAIL printed): opd <= 1.15 x bare; nca <= 1.30 x opd; ta_opd <= 1.05 x opd; opd steps/s >= 1.3 x trl.
+
+Method. The model is random-init (timings do not depend on the weights) with one edit so that no response ever ends
+early: embedding column 0 (tied with the LM head) is +2 for ordinary tokens and -2 for the special tokens, so the
+final-norm'd hidden state (dominated by that column) scores every special token (stop, pad) ~40 logits below the
+rest; every response is exactly --new-tokens long (the mean length of each variant is printed and checked).
+Context placement is "user" (c + "\\n\\n" + x in the user turn) for every variant so that mechopd's context view and
+TRL's `teacher_prompt_template="{privileged_context}\\n\\n{prompt}"` are the same token ids (checked at start-up).
+Variants run interleaved in blocks (bare opd nca ta_opd trl, bare opd ...); round 0 is warm-up and dropped. The
+verdict uses the median over rounds of each round's ratio of block medians (robust to load drifting across the run);
+the ratio of overall medians is printed next to it. mechopd steps are timed around `train_step()`; TRL steps as the
+interval between consecutive `on_step_end` callbacks inside one `train()` call (data fetch, generation, loss,
+optimizer and the Trainer's own bookkeeping: a full loop iteration); each TRL block therefore runs one extra step.
+
+    python bench/train_step.py [--steps 200] [--block 10] [--batch 32] [--new-tokens 24] [--threads auto] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+TARGETS = [  # (label, numerator, denominator, bound, "<=" | ">=")
+    ("OPD / bare loop", "opd", "bare", 1.15, "<="),
+    ("NCA / OPD", "nca", "opd", 1.30, "<="),
+    ("TA-OPD / OPD", "ta_opd", "opd", 1.05, "<="),
+    ("TRL / OPD (= OPD steps/s over TRL's)", "trl", "opd", 1.30, ">="),
+]
+
+
+def pick_threads(arg: str) -> int:
+    """--threads auto: 2 only when the machine is otherwise idle (1-min load < 0.5), else 1 (no OpenMP spin fights)."""
+    if arg != "auto":
+        return int(arg)
+    return 2 if os.getloadavg()[0] < 0.5 else 1
+
+
+def build_organism(out: Path, seed: int = 0) -> Path:
+    """Random-init rules organism (model_config + build_tokenizer) whose special tokens are never sampled."""
+    from transformers import AutoModelForCausalLM
+
+    from mechopd.organisms.pretrain import OrganismConfig, model_config, organism_vocab
+    from mechopd.organisms.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(organism_vocab())
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(model_config(OrganismConfig(), len(tok), tok))
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight  # [V, d], tied with lm_head
+        emb[:, 0] = 2.0
+        emb[tok.all_special_ids, 0] = -2.0
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Variants: each is a callable `step() -> (seconds, mean response length)` or a block runner (TRL)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class BareLoop:
+    """The minimal reference loop (see module docstring). Prompts of both views are tokenized once, up front."""
+
+    def __init__(self, path: Path, batch: int, new_tokens: int, lr: float, seed: int, pool: int):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from mechopd.tasks.base import get_task
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.student = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
+        self.teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.student.parameters(), lr=lr, weight_decay=0.0)
+        items = get_task("rules").examples("train", pool, seed)
+        chat = lambda text: self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,  # noqa
+                                                        add_generation_prompt=True)
+        enc = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        self.px = [enc(chat(ex.prompt)) for ex in items]
+        self.pc = [enc(chat(ex.context + "\n\n" + ex.prompt)) for ex in items]
+        self.B, self.R, self.pos, self.pad = batch, new_tokens, 0, self.tok.pad_token_id
+        self.stop = torch.tensor([self.tok.eos_token_id])
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        P = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), P), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), P), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, P - len(s):] = torch.tensor(s)
+            mask[i, P - len(s):] = 1
+        return ids, mask
+
+    @torch.no_grad()
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, P] left-padded prompts -> [B, R] sampled ids (temperature 1, KV cache)."""
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.student(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        nxt, done, toks = pos[:, -1:] + 1, torch.zeros(ids.shape[0], dtype=torch.bool), []
+        for t in range(self.R):
+            tok = torch.multinomial(torch.softmax(out.logits[:, -1], -1), 1, generator=self.gen).squeeze(-1)
+            toks.append(torch.where(done, self.pad, tok))
+            done |= torch.isin(tok, self.stop)
+            if t == self.R - 1 or bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            out = self.student(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt, cache=out.cache,
+                               use_cache=True)
+            nxt = nxt + 1
+        return torch.stack(toks, 1)
+
+    def _logits(self, model: Any, prompts: list[list[int]], resp: torch.Tensor) -> torch.Tensor:
+        """[B, R, V]: the logits predicting each response token, prompt left-padded."""
+        ids, mask = self._left_pad(prompts)
+        ids, mask = torch.cat([ids, resp], 1), torch.cat([mask, torch.ones_like(resp)], 1)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=resp.shape[1] + 1,
+                     use_cache=False).logits[:, :-1]
+
+    def step(self) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        rows = [(self.pos + i) % len(self.px) for i in range(self.B)]
+        self.pos += self.B
+        resp = self._decode(*self._left_pad([self.px[r] for r in rows]))  # [B, R]
+        with torch.no_grad():
+            t_logp = torch.log_softmax(self._logits(self.teacher, [self.pc[r] for r in rows], resp), -1)
+        s_logp = torch.log_softmax(self._logits(self.student, [self.px[r] for r in rows], resp), -1)
+        loss = (s_logp.exp() * (s_logp - t_logp)).sum(-1).mean()  # KL(q_x || f), token mean (all rows length R)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
+        self.opt.step()
+        return time.perf_counter() - t0, float(resp.shape[1])
+
+
+def make_trainer_step(path: Path, out_root: Path, name: str, method: str, selector: str, args) -> Callable:
+    from mechopd.config import TrainConfig
+    from mechopd.train.trainer import Trainer
+
+    cfg = TrainConfig(student=str(path), task="rules", task_options={"placement": "user"}, method=method,
+                      selector=selector, estimator="full", batch_size=args.batch, max_new_tokens=args.new_tokens,
+                      steps=10**6, lr=1e-5, seed=args.seed, pool_size=args.pool)
+    trainer = Trainer(cfg, out_dir=out_root / name, progress=False)
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        rec = trainer.train_step()
+        return time.perf_counter() - t0, rec["response_len"]
+
+    step.trainer = trainer  # type: ignore[attr-defined]
+    return step
+
+
+class TRLRunner:
+    """SDFTTrainer on the same work; `block(n)` runs n+1 steps in one `train()` call and returns n step intervals."""
+
+    def __init__(self, path: Path, out_root: Path, args):
+        from datasets import Dataset
+        from transformers import AutoTokenizer, TrainerCallback
+        from trl.experimental.sdft import SDFTConfig, SDFTTrainer
+
+        from mechopd.tasks.base import get_task
+
+        items = get_task("rules").examples("train", args.pool, args.seed)
+        data = Dataset.from_list([{"prompt": [{"role": "user", "content": ex.prompt}],
+                                   "privileged_context": ex.context} for ex in items])
+        self.ends: list[float] = []
+        self.lens: list[float] = []
+        runner = self
+
+        class Clock(TrainerCallback):
+            def on_step_end(self, a, state, control, **kw):
+                runner.ends.append(time.perf_counter())
+                lens = runner.trainer._metrics["train"]["completions/mean_length"]
+                runner.lens.append(lens[-1] if lens else float("nan"))
+
+        self.config = SDFTConfig(
+            output_dir=str(out_root / "trl"), per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
+            num_generations=1, max_completion_length=args.new_tokens, temperature=1.0,
+            distillation_mode="full_logits", distillation_alpha=1.0, teacher_model_kind="base",
+            teacher_prompt_template="{privileged_context}\n\n{prompt}", generate_from_teacher=False,
+            learning_rate=1e-5, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
+            optim="adamw_torch", gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
+            logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+            dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed, max_steps=args.block + 1,
+        )
+        tok = AutoTokenizer.from_pretrained(path)
+        self.trainer = SDFTTrainer(model=str(path), args=self.config, train_dataset=data, processing_class=tok,
+                                   callbacks=[Clock()])
+        self._check_same_views(items[:4], tok)
+
+    def _check_same_views(self, items: list, tok: Any) -> None:
+        """TRL's teacher prompt must tokenize exactly as mechopd's context view ("user" placement)."""
+        from mechopd.views import RenderSpec, render_prompt_ids
+
+        b = self.trainer.teacher_context_builder
+        trl_ids = self.trainer._tokenize_prompts([b._compose_teacher_prompt([{"role": "user", "content": ex.prompt}],
+                                                                            ex.context) for ex in items])
+        ours = [render_prompt_ids(tok, ex.prompt, ex.context, RenderSpec("user")) for ex in items]
+        if [list(x) for x in trl_ids] != ours:
+            raise SystemExit("TRL's teacher prompt ids differ from mechopd's context view; the comparison is off")
+
+    def block(self, n: int) -> tuple[list[float], list[float]]:
+        self.ends, self.lens = [], []
+        self.trainer.args.max_steps = n + 1
+        self.trainer.train()
+        return [b - a for a, b in zip(self.ends, self.ends[1:])], self.lens[1:]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Interleaved measurement and report
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_rounds(variants: dict[str, Any], rounds: int, block: int) -> tuple[dict, dict]:
+    """times[name][round] = step seconds of that block; lens[name] = every measured step's mean response length."""
+    times: dict[str, list[list[float]]] = {k: [] for k in variants}
+    lens: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds + 1):  # round 0: warm-up, dropped
+        for name, v in variants.items():
+            if isinstance(v, TRLRunner):
+                ts, ls = v.block(block)
+            else:
+                ts, ls = [], []
+                for _ in range(block):
+                    t, n = v()
+                    ts.append(t)
+                    ls.append(n)
+            if r > 0:
+                times[name].append(ts)
+                lens[name].extend(ls)
+        if r > 0:
+            print(f"  round {r}/{rounds}: " + "  ".join(f"{k} {statistics.median(times[k][-1]) * 1e3:.0f}ms"
+                                                        for k in variants), flush=True)
+    return times, lens
+
+
+def report(times: dict, lens: dict, steps_done: int) -> bool:
+    print(f"\n{'variant':>8} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'steps/s':>8} {'resp len':>9}  (steps)")
+    for k, rounds in times.items():
+        flat = sorted(t for blk in rounds for t in blk)
+        med = statistics.median(flat)
+        p10, p90 = flat[len(flat) // 10], flat[(9 * len(flat)) // 10]
+        print(f"{k:>8} {med * 1e3:10.1f} {p10 * 1e3:8.1f} {p90 * 1e3:8.1f} {1 / med:8.2f} "
+              f"{statistics.fmean(lens[k]):9.2f}  ({len(flat)})")
+    all_lens = {round(statistics.fmean(v), 6) for v in lens.values()}
+    same_len = len(all_lens) == 1
+    print(f"mean response length equal across variants: {same_len} {sorted(all_lens)}")
+    ok = same_len
+    print(f"\n{'ratio':<40} {'paired':>7} {'overall':>8}  target     verdict")
+    for label, num, den, bound, op in TARGETS:
+        if num not in times or den not in times:
+            continue
+        per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(times[num], times[den])]
+        paired = statistics.median(per_round)
+        overall = statistics.median([t for blk in times[num] for t in blk]) / \
+            statistics.median([t for blk in times[den] for t in blk])
+        good = paired <= bound if op == "<=" else paired >= bound
+        ok &= good
+        lo, hi = min(per_round), max(per_round)
+        print(f"{label:<40} {paired:7.3f} {overall:8.3f}  {op} {bound:<6}  {'PASS' if good else 'FAIL'}"
+              f"   (per-round range {lo:.3f}..{hi:.3f})")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="measured steps per variant (after one warm-up block)")
+    ap.add_argument("--block", type=int, default=10, help="steps per variant per round")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--pool", type=int, default=2048, help="training prompts cycled through")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", default="auto", help="torch threads: an integer or auto (2 if idle, else 1)")
+    ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl")
+    ap.add_argument("--quick", action="store_true", help="--steps 40 --block 5")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.block = 40, 5
+    threads = pick_threads(args.threads)
+    torch.set_num_threads(threads)
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant in blocks of {args.block}")
+    names = args.variants.split(",")
+    with tempfile.TemporaryDirectory(prefix="mechopd-bench-train-") as tmp:
+        root = Path(tmp)
+        path = build_organism(root / "organism", args.seed)
+        v: dict[str, Any] = {}
+        builders = {
+            "bare": lambda: BareLoop(path, args.batch, args.new_tokens, 1e-5, args.seed, args.pool).step,
+            "opd": lambda: make_trainer_step(path, root, "opd", "opd", "full", args),
+            "nca": lambda: make_trainer_step(path, root, "nca", "nca", "full", args),
+            "ta_opd": lambda: make_trainer_step(path, root, "ta_opd", "opd", "ta_opd", args),
+            "trl": lambda: TRLRunner(path, root, args),
+        }
+        for n in names:
+            v[n] = builders[n]()
+        if torch.get_num_threads() != threads:
+            print(f"warning: something changed torch threads to {torch.get_num_threads()}; resetting to {threads}")
+            torch.set_num_threads(threads)
+        rounds = max(1, args.steps // args.block)
+        times, lens = run_rounds(v, rounds, args.block)
+    ok = report(times, lens, rounds * args.block)
+    load = os.getloadavg()
+    print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The two-view cosine through mechopd's hooks, TransformerLens and nnsight agree on an organism checkpoint; the
+interactive notebook runs as a script and its .ipynb twin holds the same cells."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local checkpoints only (effective when hub modules load after this)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
+
+from mechopd.errors import ModelError  # noqa: E402
+from mechopd.models import atomic_save, load_model  # noqa: E402
+from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
+from mechopd.probes.interop import (to_nnsight, to_transformer_lens, two_view_cosine_nnsight,  # noqa: E402
+                                    two_view_cosine_tl)
+from mechopd.probes.similarity import make_batches, two_view_cosine  # noqa: E402
+from mechopd.tasks.base import get_task  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "probes" / "interactive.py"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """An organism checkpoint as the trainer writes it (atomic_save: safetensors + tokenizer)."""
+    task = get_task("rules")
+    tok = build_tokenizer(task.vocab())
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, vocab_size=len(tok), max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    return atomic_save(AutoModelForCausalLM.from_config(cfg), tok, tmp_path_factory.mktemp("run") / "final")
+
+
+@pytest.fixture(scope="module")
+def items(checkpoint):
+    from mechopd.models import load_tokenizer
+
+    return make_batches(load_tokenizer(checkpoint), get_task("rules"), 5, 0, 3, load_model(checkpoint))
+
+
+def assert_rows_agree(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
+    assert [r["site"] for r in a] == [r["site"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in keys:
+            assert abs(ra[k] - rb[k]) <= TOL, (ra["site"], k, ra[k], rb[k])
+
+
+def test_three_backends_agree_on_an_organism_checkpoint(checkpoint, items):
+    assert len({len(r) for r in items.responses}) > 1  # padded batches
+    ours = two_view_cosine(load_model(checkpoint), items)
+    tl = two_view_cosine_tl(to_transformer_lens(checkpoint), items)
+    nn = two_view_cosine_nnsight(to_nnsight(checkpoint), items)
+    assert [r["site"] for r in ours.rows] == ["embed", "layers.0.resid_post", "layers.1.resid_post", "final_norm"]
+    assert min(r["cos_mean"] for r in ours.rows) < 0.999  # the views differ: agreement is not trivial
+    for other in (tl, nn):
+        assert_rows_agree(ours.rows, other.rows, ("cos_mean", "cos_median", "cos_example_mean"))
+        assert_rows_agree(ours.example_rows, other.example_rows, ("cos_mean",))
+
+
+def test_backends_take_the_same_layer_selection(checkpoint, items):
+    layers = [-1, "embed"]
+    ours = two_view_cosine(load_model(checkpoint), items, layers)
+    nn = two_view_cosine_nnsight(to_nnsight(checkpoint), items, layers)
+    assert [r["site"] for r in nn.rows] == ["embed", "layers.1.resid_post"]
+    assert_rows_agree(ours.rows, nn.rows, ("cos_mean",))
+
+
+def test_loaders_refuse_a_directory_without_a_checkpoint(tmp_path):
+    for load in (to_transformer_lens, to_nnsight):
+        with pytest.raises(ModelError, match="no config.json"):
+            load(tmp_path)
+
+
+def test_notebook_runs_as_a_script(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("MECHOPD_CHECKPOINT", None)
+    proc = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "cos_mean" in out and "KL(q_c || q_x) without patching" in out and out.rstrip().endswith("done")
+    kls = [float(m) for m in re.findall(r"-> (\d+\.\d+)", out)]
+    assert len(kls) == 4 and kls[-1] < 1e-4
+
+
+def _percent_code_cells(text: str) -> list[str]:
+    cells, cur, kind = [], [], None
+    for line in text.splitlines() + ["# %%"]:
+        if re.match(r"^# %%( \[markdown\])?\s*$", line):
+            if kind == "code":
+                cells.append("\n".join(cur).strip())
+            kind, cur = ("markdown" if "markdown" in line else "code"), []
+        else:
+            cur.append(line)
+    return cells[:-1] if cells and not cells[-1] else cells
+
+
+def test_ipynb_holds_the_same_code_cells_as_the_script():
+    nb = json.loads(NOTEBOOK.with_suffix(".ipynb").read_text())
+    code = ["".join(c["source"]).strip() for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code == _percent_code_cells(NOTEBOOK.read_text())
+    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
