@@ -8,10 +8,11 @@ each) to --dir without building a model in memory, then measures in fresh subpro
   deltas     mechopd.probes.deltas.parameter_deltas on the same checkpoints
 
 for (a) one model against the base (two files) and (b) two models against the base with pair=("opd", "nca") (three
-files). Prints time ratios deltas / reference (target <= 1.5) and the peak RSS (VmHWM) of the deltas process (target
-<= 1.5 GB). Files are removed at the end unless --keep.
+files). Prints time ratios deltas / reference (target <= 1.5; best and median of alternating runs, and CPU time,
+which shared cores disturb less) and the peak RSS (VmHWM) of the deltas process (target <= 1.5 GB). Files are
+removed at the end unless --keep.
 
-    python bench/probe_deltas.py [--dir /tmp/mechopd-bench-deltas] [--repeats 2] [--keep] [--layers 28]
+    python bench/probe_deltas.py [--dir /tmp/mechopd-bench-deltas] [--repeats 3] [--keep] [--layers 28]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -108,7 +110,7 @@ def child_read(dirs: list[str]) -> dict:
     from mechopd.probes.deltas import checkpoint_tensors
 
     files = sorted({f for d in dirs for f in checkpoint_tensors(d).values()})
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     nbytes = 0
     for file in files:
         with safe_open(file, framework="pt") as f:
@@ -116,7 +118,8 @@ def child_read(dirs: list[str]) -> dict:
                 t = f.get_tensor(name).clone()
                 nbytes += t.numel() * t.element_size()
                 del t
-    return {"seconds": time.perf_counter() - t0, "gb": nbytes / GB, "vmhwm_gb": _vmhwm_gb()}
+    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "gb": nbytes / GB,
+            "vmhwm_gb": _vmhwm_gb()}
 
 
 def child_deltas(base: str, models: list[str], pair: bool, dtype: str) -> dict:
@@ -124,10 +127,11 @@ def child_deltas(base: str, models: list[str], pair: bool, dtype: str) -> dict:
 
     labelled = dict(m.split("=", 1) for m in models)
     start_gb = _vmhwm_gb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = parameter_deltas(base, labelled, ("opd", "nca") if pair else None, dtype=getattr(torch, dtype),
                             progress=False)
-    return {"seconds": time.perf_counter() - t0, "rows": len(rows), "vmhwm_gb": _vmhwm_gb(), "start_gb": start_gb}
+    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "rows": len(rows),
+            "vmhwm_gb": _vmhwm_gb(), "start_gb": start_gb}
 
 
 def _run_child(args: list[str]) -> dict:
@@ -136,6 +140,7 @@ def _run_child(args: list[str]) -> dict:
 
 
 def measure(dirs: dict[str, Path], repeats: int, dtype: str) -> None:
+    """Reference and deltas alternate, each in a fresh process; best and median wall time, CPU time of all threads."""
     cases = {
         "opd vs base (2 files)": (["base", "opd"], False),
         "opd, nca vs base, pair (3 files)": (["base", "opd", "nca"], True),
@@ -148,23 +153,29 @@ def measure(dirs: dict[str, Path], repeats: int, dtype: str) -> None:
             models = [f"{k}={dirs[k]}" for k in keys[1:]]
             deltas.append(_run_child(["deltas", str(dirs["base"]), *models, *(["--pair"] if pair else []),
                                       "--dtype", dtype]))
-        t_read = min(r["seconds"] for r in reads)
-        t_delta = min(r["seconds"] for r in deltas)
+        t_read, t_delta = (sorted(r["seconds"] for r in runs) for runs in (reads, deltas))
+        c_read, c_delta = (statistics.median(r["cpu"] for r in runs) for runs in (reads, deltas))
         peak = max(r["vmhwm_gb"] for r in deltas)
-        print(f"{title}: reference read {t_read:.2f} s ({reads[0]['gb']:.2f} GB), parameter_deltas {t_delta:.2f} s, "
-              f"time ratio {t_delta / t_read:.2f} (target <= 1.5); peak RSS {peak:.2f} GB (target <= 1.5; "
-              f"{deltas[0]['start_gb']:.2f} GB after imports; reference read {max(r['vmhwm_gb'] for r in reads):.2f})")
-        print(f"    all reads (s): {[round(r['seconds'], 2) for r in reads]}, "
-              f"all deltas (s): {[round(r['seconds'], 2) for r in deltas]}")
+        print(f"{title}: reference read of {reads[0]['gb']:.2f} GB {t_read[0]:.2f} s best / "
+              f"{statistics.median(t_read):.2f} s median; parameter_deltas {t_delta[0]:.2f} s / "
+              f"{statistics.median(t_delta):.2f} s")
+        print(f"    time ratio (target <= 1.5): {t_delta[0] / t_read[0]:.2f} best, "
+              f"{statistics.median(t_delta) / statistics.median(t_read):.2f} median; CPU time ratio (median) "
+              f"{c_delta / c_read:.2f}")
+        print(f"    peak RSS of parameter_deltas (target <= 1.5 GB): {peak:.2f} GB ({deltas[0]['start_gb']:.2f} GB "
+              f"after imports; the reference read peaks at {max(r['vmhwm_gb'] for r in reads):.2f} GB)")
+        print(f"    wall times (s): reads {[round(r['seconds'], 2) for r in reads]}, "
+              f"deltas {[round(r['seconds'], 2) for r in deltas]}")
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/mechopd-bench-deltas"))
     p.add_argument("--layers", type=int, default=28, help="decoder layers (28 = Qwen3-0.6B)")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per case; the best is reported")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case (alternating reference and deltas)")
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     p.add_argument("--keep", action="store_true", help="keep the checkpoints in --dir")
+    p.add_argument("--reuse", action="store_true", help="measure the checkpoints a --keep run left in --dir")
     return p
 
 
@@ -188,9 +199,11 @@ def main() -> None:
         sys.exit(f"error: {args.dir} has {free / GB:.1f} GB free, the checkpoints need {need / GB:.1f} GB; pass --dir")
     try:
         t0 = time.perf_counter()
-        dirs = write_checkpoints(args.dir, cfg)
-        print(f"wrote 3 checkpoints ({need / 3 / GB:.2f} GB each, bf16) to {args.dir} "
-              f"in {time.perf_counter() - t0:.0f} s")
+        dirs = {k: args.dir / k for k in ("base", "opd", "nca")}
+        if not (args.reuse and all((d / "model.safetensors.index.json").is_file() for d in dirs.values())):
+            dirs = write_checkpoints(args.dir, cfg)
+            print(f"wrote 3 checkpoints ({need / 3 / GB:.2f} GB each, bf16) to {args.dir} "
+                  f"in {time.perf_counter() - t0:.0f} s")
         measure(dirs, args.repeats, args.dtype)
     finally:
         if not args.keep:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -41,19 +42,26 @@ import torch
 TARGETS = {"tl/mechopd": (">=", 3.0), "nnsight/mechopd": (">=", 1.5), "mechopd/hf": ("<=", 1.2)}
 
 
-def build_checkpoint(out_dir: Path) -> Path:
+SIZES = {  # name: (hidden, layers, heads, kv heads, head_dim, intermediate)
+    "organism": (64, 2, 4, 2, 16, 128),  # the notebook's organism: per-call overhead dominates on a CPU
+    "small": (256, 4, 8, 4, 32, 768),  # matmuls dominate on a CPU
+}
+
+
+def build_checkpoint(out_dir: Path, size: str = "small") -> Path:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from mechopd.models import atomic_save
     from mechopd.organisms.tokenizer import build_tokenizer
     from mechopd.tasks.base import get_task
 
+    hidden, layers, heads, kv, head_dim, inter = SIZES[size]
     tok = build_tokenizer(get_task("rules").vocab())
-    cfg = Qwen3Config(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                      num_key_value_heads=4, head_dim=32, vocab_size=len(tok), max_position_embeddings=1024,
+    cfg = Qwen3Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, head_dim=head_dim, vocab_size=len(tok), max_position_embeddings=1024,
                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)
-    return atomic_save(AutoModelForCausalLM.from_config(cfg), tok, out_dir / "final")
+    return atomic_save(AutoModelForCausalLM.from_config(cfg), tok, out_dir / size)
 
 
 def make_items(ckpt: Path, n: int, batch_size: int):
@@ -110,16 +118,17 @@ def timing(ckpt: Path, n: int, batch_size: int, repeats: int) -> dict:
     return {"median_s": {k: statistics.median(v) for k, v in times.items()}, "max_abs_diff_vs_mechopd": agree}
 
 
-def memory_child(ckpt: Path, n: int, batch_size: int) -> None:
-    """Run the probe once over n items; print peak RSS (VmHWM) and the RSS before the probe, in MiB, as JSON."""
+def memory_child(ckpt: Path, n: int, batch_size: int, method: str) -> None:
+    """Run one probe over n items (batches built lazily); print the RSS before it and the peak RSS (VmHWM), MiB."""
     from mechopd.models import load_model
     from mechopd.probes.similarity import two_view_cosine
 
     model, items = load_model(ckpt), make_items(ckpt, n, batch_size)
-    two_view_cosine(model, make_items(ckpt, batch_size, batch_size))  # warm-up: one batch
+    run = (lambda b: two_view_cosine(model, b)) if method == "mechopd" else (lambda b: hf_cosine(model, b))
+    run(make_items(ckpt, batch_size, batch_size))  # warm-up: one batch
     before = _status_mib("VmRSS")
-    res = two_view_cosine(model, items)
-    print(json.dumps({"n": n, "tokens": res.rows[0]["n_tokens"], "rss_before_mib": before,
+    res = run(items)
+    print(json.dumps({"method": method, "n": n, "tokens": res.rows[0]["n_tokens"], "rss_before_mib": before,
                       "peak_mib": _status_mib("VmHWM")}))
 
 
@@ -130,33 +139,46 @@ def _status_mib(key: str) -> float:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def memory(ckpt: Path, n: int, batch_size: int, threads: int) -> list[dict]:
+MEMORY_RUNS = (  # (label, method, extra environment)
+    ("mechopd", "mechopd", {}),
+    ("hf (control)", "hf", {}),
+    ("mechopd, mmap threshold pinned", "mechopd", {"MALLOC_MMAP_THRESHOLD_": "131072"}),
+)
+
+
+def memory(ckpt: Path, n: int, batch_size: int, threads: int) -> list[tuple[str, dict, dict]]:
+    """Each (label, N) and (label, 10 N) in a fresh process: [(label, result at N, result at 10 N)]."""
     out = []
-    for k in (n, 10 * n):
-        cmd = [sys.executable, __file__, "--memory-child", str(k), "--ckpt", str(ckpt), "--batch-size",
-               str(batch_size), "--threads", str(threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for label, method, extra in MEMORY_RUNS:
+        got = []
+        for k in (n, 10 * n):
+            cmd = [sys.executable, __file__, "--memory-child", str(k), "--method", method, "--ckpt", str(ckpt),
+                   "--batch-size", str(batch_size), "--threads", str(threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **extra})
+            got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        out.append((label, *got))
     return out
 
 
-def report(t: dict, mem: list[dict] | None) -> None:
+def report_timing(size: str, t: dict) -> None:
     med = t["median_s"]
-    print("median seconds per full probe:", {k: round(v, 4) for k, v in med.items()})
-    print("max |cos_mean - mechopd| per method:", {k: f"{v:.1e}" for k, v in t["max_abs_diff_vs_mechopd"].items()})
+    print(f"[{size}] median seconds per full probe:", {k: round(v, 4) for k, v in med.items()})
+    print(f"[{size}] max |cos_mean - mechopd|:", {k: f"{v:.1e}" for k, v in t["max_abs_diff_vs_mechopd"].items()})
     ratios = {"tl/mechopd": med["tl"] / med["mechopd"], "nnsight/mechopd": med["nnsight"] / med["mechopd"],
               "mechopd/hf": med["mechopd"] / med["hf"]}
     for name, value in ratios.items():
         op, target = TARGETS[name]
         ok = value >= target if op == ">=" else value <= target
-        print(f"  {name:>16} = {value:6.2f}   target {op} {target}   {'met' if ok else 'MISSED'}")
-    if mem:
-        a, b = mem
-        grow_a, grow_b = a["peak_mib"] - a["rss_before_mib"], b["peak_mib"] - b["rss_before_mib"]
+        print(f"  [{size}] {name:>16} = {value:6.2f}   target {op} {target}   {'met' if ok else 'MISSED'}")
+
+
+def report_memory(mem: list[tuple[str, dict, dict]]) -> None:
+    for label, a, b in mem:
         ratio = b["peak_mib"] / a["peak_mib"]
-        print(f"memory: N={a['n']} ({a['tokens']} tokens) peak {a['peak_mib']:.0f} MiB (probe +{grow_a:.1f} MiB); "
-              f"10N={b['n']} ({b['tokens']} tokens) peak {b['peak_mib']:.0f} MiB (probe +{grow_b:.1f} MiB)")
-        print(f"  peak(10N)/peak(N) = {ratio:.3f}   target <= 1.1   {'met' if ratio <= 1.1 else 'MISSED'}")
+        grow_a, grow_b = a["peak_mib"] - a["rss_before_mib"], b["peak_mib"] - b["rss_before_mib"]
+        print(f"memory [{label}]: N={a['n']} ({a['tokens']} tokens) peak {a['peak_mib']:.0f} MiB (+{grow_a:.1f} over "
+              f"the RSS before the probe); 10N={b['n']} ({b['tokens']} tokens) peak {b['peak_mib']:.0f} MiB "
+              f"(+{grow_b:.1f})   peak(10N)/peak(N) = {ratio:.3f}  target <= 1.1  {'met' if ratio <= 1.1 else 'MISSED'}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,20 +187,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sizes", default="organism,small", help=f"comma-separated, of {', '.join(SIZES)}")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--method", default="mechopd", help=argparse.SUPPRESS)
     p.add_argument("--ckpt", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.memory_child is not None:
-        memory_child(args.ckpt, args.memory_child, args.batch_size)
+        memory_child(args.ckpt, args.memory_child, args.batch_size, args.method)
         return
+    sizes = args.sizes.split(",")
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-probes-") as tmp:
-        ckpt = build_checkpoint(Path(tmp))
-        t = timing(ckpt, args.n, args.batch_size, args.repeats)
+        results = {}
+        for size in sizes:
+            ckpt = build_checkpoint(Path(tmp), size)
+            results[size] = timing(ckpt, args.n, args.batch_size, args.repeats)
         mem = None if args.skip_memory else memory(ckpt, args.n, args.batch_size, args.threads)
-    print(f"N={args.n} items, batch {args.batch_size}, {args.repeats} rounds, {args.threads} thread(s)")
-    report(t, mem)
+    print(f"N={args.n} items, batch {args.batch_size}, {args.repeats} rounds, {args.threads} thread(s); "
+          f"sizes {SIZES}")
+    for size, t in results.items():
+        report_timing(size, t)
+    if mem:
+        print(f"memory on the {sizes[-1]!r} model:")
+        report_memory(mem)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ class TRLRunner:
     def __init__(self, path: Path, out_root: Path, args):
         from datasets import Dataset
         from transformers import AutoTokenizer, TrainerCallback
+        from transformers.trainer_callback import PrinterCallback
         from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
         from mechopd.tasks.base import get_task
@@ -207,13 +208,14 @@ class TRLRunner:
             distillation_mode="full_logits", distillation_alpha=1.0, teacher_model_kind="base",
             teacher_prompt_template="{privileged_context}\n\n{prompt}", generate_from_teacher=False,
             learning_rate=1e-5, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-            optim="adamw_torch", gradient_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
+            optim="adamw_torch", activation_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
             logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
             dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed, max_steps=args.block + 1,
         )
         tok = AutoTokenizer.from_pretrained(path)
         self.trainer = SDFTTrainer(model=str(path), args=self.config, train_dataset=data, processing_class=tok,
                                    callbacks=[Clock()])
+        self.trainer.remove_callback(PrinterCallback)  # disable_tqdm=True would print the end-of-train() summary
         self._check_same_views(items[:4], tok)
 
     def _check_same_views(self, items: list, tok: Any) -> None:

@@ -143,13 +143,45 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
+    """YAML reads ``1e-3`` as a string and CLI values arrive as strings: convert to the field's declared type."""
+    text = str(hint)
+    if value is None:
+        if "None" in text:
+            return None
+        raise ConfigError(f"{source}: {name} must not be null")
+    try:
+        if hint is float or text.startswith("float"):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if hint is int or text.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if hint is bool or text.startswith("bool"):
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if text.startswith("dict") and not isinstance(value, dict):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name}={value!r} is not a valid {text.split(' |')[0]}") from None
+    return value
+
+
 def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any:
-    """Instantiate a config dataclass, naming unknown keys and the known ones."""
+    """Instantiate a config dataclass, naming unknown keys and the known ones; values coerced to the field types."""
+    import typing
+
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
-    return cls(**data)
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(k, v, hints[k], source) for k, v in data.items()})
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,96 @@
+"""The figure set: one function per figure, each reading the saved artifacts of a run directory only.
+
+Every figure has ``plot_<name>(run_dir, out_dir) -> list[Path]`` (writes ``<out_dir>/<name>.png`` and ``.pdf``;
+returns [] and logs why when its artifact is absent) and ``figure_<name>(run_dir) -> Figure | None`` (the same figure
+as a matplotlib Figure, for notebooks and tests; no file written). `draw_all` draws every figure whose artifacts exist;
+`figure_index` lists (name, title, caption) for ``report.md``.
+
+    from mechopd.plots import draw_all, figure_index
+    written = draw_all("runs/demo")                     # -> runs/demo/figures/*.png|pdf
+    for fig in figure_index():
+        if written[fig.name]:
+            print(f"![{fig.title}](figures/{fig.name}.png)\\n\\n*{fig.caption}*")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from mechopd.plots.layers import (figure_gradient_alignment, figure_layer_cosine, figure_parameter_deltas,
+                                  plot_gradient_alignment, plot_layer_cosine, plot_parameter_deltas)
+from mechopd.plots.removability import (figure_regime_map, figure_removability, plot_regime_map,
+                                        plot_removability)
+from mechopd.plots.teachability import figure_teachability, plot_teachability
+from mechopd.plots.training import figure_budget_curve, figure_training_curves, plot_budget_curve, plot_training_curves
+
+
+class FigureInfo(NamedTuple):
+    """One figure of the set: ``name`` (file stem: ``figures/<name>.png``), ``title``, ``caption`` (what is drawn)."""
+
+    name: str
+    title: str
+    caption: str
+
+
+_FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
+    (FigureInfo("training_curves", "Accuracy without and with the context during training",
+                "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
+                "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
+                "the model before training."), plot_training_curves),
+    (FigureInfo("removability", "Context removability per model",
+                "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
+                "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "
+                "paired bootstrap intervals over items; none where a metric or its interval is undefined."),
+     plot_removability),
+    (FigureInfo("regime_map", "Removability regimes",
+                "Each point is one (task, model): accuracy drop with the context (Acc_x − Acc_xc) against Harm, "
+                "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
+                "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
+                "demo.json."), plot_regime_map),
+    (FigureInfo("layer_cosine", "Two-view hidden-state cosine per layer",
+                "Cosine between the hidden states of the same response token with and without the context, per-token "
+                "mean over the response tokens, at the embedding, after each decoder layer and after the final norm; "
+                "one line per model."), plot_layer_cosine),
+    (FigureInfo("gradient_alignment", "Gradient alignment of the OPD and NCA terms",
+                "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module "
+                "(blue negative, red positive); the panel title gives the global cosine over all parameters and the "
+                "ratio of the gradient norms."), plot_gradient_alignment),
+    (FigureInfo("parameter_deltas", "Parameter updates per layer and module",
+                "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained "
+                "model, and of the difference between two trained models (e.g. NCA − OPD, with the cosine between "
+                "their updates), on one colour scale."), plot_parameter_deltas),
+    (FigureInfo("teachability", "Teachability of teacher–student disagreement",
+                "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of "
+                "the pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain "
+                "gap inside the low-entropy / high-divergence cell with its sequence-bootstrap interval; the "
+                "standardized regression coefficients of the gain."), plot_teachability),
+    (FigureInfo("budget_curve", "TA-OPD budget sweep",
+                "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
+                "loss) for each token selector."), plot_budget_curve),
+)
+
+
+def figure_index() -> list[FigureInfo]:
+    """(name, title, caption) of every figure, in report order."""
+    return [info for info, _ in _FIGURES]
+
+
+def draw_all(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
+    """Draw every figure whose artifacts exist into ``out_dir`` (default ``run_dir/figures``).
+
+    Returns figure name -> written files, for every figure of `figure_index` ([] where the artifact is absent).
+    """
+    run_dir = Path(run_dir)
+    out = Path(out_dir) if out_dir is not None else run_dir / "figures"
+    return {info.name: plot(run_dir, out) for info, plot in _FIGURES}
+
+
+__all__ = [
+    "FigureInfo", "draw_all", "figure_index",
+    "figure_budget_curve", "figure_gradient_alignment", "figure_layer_cosine", "figure_parameter_deltas",
+    "figure_regime_map", "figure_removability", "figure_teachability", "figure_training_curves",
+    "plot_budget_curve", "plot_gradient_alignment", "plot_layer_cosine", "plot_parameter_deltas", "plot_regime_map",
+    "plot_removability", "plot_teachability", "plot_training_curves",
+]

@@ -1,0 +1,215 @@
+"""Shared plumbing of the figure set: style, deterministic saving, run metadata, colours and artifact readers.
+
+Non-standard things here:
+  * No pyplot. Every figure is a ``matplotlib.figure.Figure`` with an Agg canvas attached explicitly, so importing
+    mechopd.plots never switches the user's backend (a notebook keeps its inline backend) and no global figure
+    registry grows when many figures are drawn.
+  * The seaborn theme (``sns.set_theme(style="whitegrid", palette="colorblind")``) is applied inside
+    ``matplotlib.rc_context``: the user's rcParams are restored when a figure is done.
+  * Deterministic files: PNG without the "Software" (version) chunk and no timestamp, PDF with ``CreationDate=None``,
+    SVG with a fixed ``svg.hashsalt``. Redrawing the same artifacts gives byte-identical PNG and PDF files.
+  * Units: proportions (accuracy, harm, ...) are drawn in percent.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from mechopd.errors import DataError
+
+log = logging.getLogger("mechopd.plots")
+
+FORMATS = ("png", "pdf")
+DPI = 150
+HASHSALT = "mechopd"
+BASE = "base"
+GREY = 7  # index of the grey in seaborn's "colorblind" palette: reserved for the base model
+PNG_METADATA: dict[str, Any] = {"Software": None}  # drops the version chunk; Agg writes no timestamp
+PDF_METADATA: dict[str, Any] = {"CreationDate": None, "Creator": "mechopd", "Producer": None}
+
+
+# ----------------------------------------------------------------------------------------------------------- style
+@contextmanager
+def style() -> Iterator[None]:
+    """Seaborn whitegrid theme, colour-blind palette, fixed SVG hash salt; the caller's rcParams come back after."""
+    with mpl.rc_context():
+        sns.set_theme(style="whitegrid", palette="colorblind")
+        mpl.rcParams["svg.hashsalt"] = HASHSALT
+        mpl.rcParams["pdf.compression"] = 6
+        yield
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """An Agg-backed figure with constrained layout (no pyplot). Call inside `style()`."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
+    """Write ``<out_dir>/<name>.png`` and ``.pdf`` deterministically; returns both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in FORMATS:
+        path = out_dir / f"{name}.{fmt}"
+        meta = PNG_METADATA if fmt == "png" else PDF_METADATA
+        fig.savefig(path, format=fmt, dpi=DPI, metadata=dict(meta))
+        paths.append(path)
+    return paths
+
+
+def percent(value: float | None) -> float:
+    """Proportion -> percent; None (undefined) -> NaN, which matplotlib leaves undrawn."""
+    return math.nan if value is None else 100.0 * float(value)
+
+
+# ---------------------------------------------------------------------------------------------------------- colours
+def palette(names: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+    """One colour per model name, stable for a given order: ``base`` is grey, the others take the colour-blind
+    palette in order (grey skipped). Use the same list of names in every figure so a method keeps its colour."""
+    colours = sns.color_palette("colorblind")
+    others = [c for i, c in enumerate(colours) if i != GREY]
+    out, k = {}, 0
+    for name in names:
+        if name in out:
+            continue
+        if name == BASE:
+            out[name] = colours[GREY]
+        else:
+            out[name] = others[k % len(others)]
+            k += 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- run info
+@dataclass
+class RunInfo:
+    """What ``demo.json`` says about a run (or what the directory implies when it is absent).
+
+    methods: trained methods in order (the base model excluded); labels: display names (``opd`` -> ``OPD``);
+    thresholds: the regime thresholds (proportions) or None.
+    """
+
+    root: Path
+    task: str
+    methods: list[str]
+    labels: dict[str, str] = field(default_factory=dict)
+    thresholds: dict[str, float] | None = None
+
+    def label(self, name: str) -> str:
+        return self.labels.get(name, "Base" if name == BASE else name)
+
+    @property
+    def models(self) -> list[str]:
+        """``base`` followed by the methods."""
+        return [BASE] + [m for m in self.methods if m != BASE]
+
+
+def read_json(path: Path) -> Any:
+    """Parsed JSON, or DataError naming the file."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); rewrite it with mechopd") from None
+
+
+def run_info(run_dir: Path) -> RunInfo:
+    """Read ``RUN/demo.json``; without it, methods are the ``train/*`` folders (or ``eval/*.json`` names)."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "demo.json"
+    if meta_path.is_file():
+        meta = read_json(meta_path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("methods", []), list):
+            raise DataError(f"{meta_path}: expected an object with a 'methods' list, e.g. {{\"methods\": [\"opd\"]}}")
+        labels = meta.get("labels") or {}
+        thresholds = meta.get("thresholds")
+        if thresholds is not None and not isinstance(thresholds, dict):
+            raise DataError(f"{meta_path}: 'thresholds' must be an object (drop_min, harm_high, gain_min)")
+        return RunInfo(run_dir, str(meta.get("task", run_dir.name)), [str(m) for m in meta.get("methods", [])],
+                       {str(k): str(v) for k, v in labels.items()}, thresholds)
+    methods = sorted(p.name for p in (run_dir / "train").glob("*") if p.is_dir())
+    if not methods:
+        methods = sorted(p.stem for p in (run_dir / "eval").glob("*.json") if p.stem != BASE)
+    return RunInfo(run_dir, run_dir.name, methods)
+
+
+def missing(figure: str, path: Path) -> None:
+    """Log why a figure is skipped (the artifact it needs is absent)."""
+    log.info("figure %s skipped: %s not found", figure, path)
+
+
+# ---------------------------------------------------------------------------------------------------------- readers
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One object per non-empty line; DataError naming the file and line otherwise."""
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path} line {i}: not valid JSON ({err.msg}); each line must be one JSON object") \
+                from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path} line {i}: expected a JSON object, got {type(rec).__name__}")
+        out.append(rec)
+    return out
+
+
+def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
+    """Rows of a CSV with a header; DataError naming the first missing column."""
+    with Path(path).open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        absent = [c for c in required if c not in header]
+        if absent:
+            raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
+                            "rewrite it with the mechopd probe that owns it")
+        return list(reader)
+
+
+def to_float(text: str | None) -> float:
+    """CSV cell -> float; empty / 'None' / unparsable -> NaN."""
+    if text in (None, "", "None"):
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def summary_of(path: Path) -> dict[str, Any]:
+    """The ``summary`` object of a removability report (``eval/<name>.json``), checked for the fields drawn."""
+    report = read_json(path)
+    summary = report.get("summary") if isinstance(report, dict) else None
+    if not isinstance(summary, dict):
+        raise DataError(f"{path} has no 'summary' object; write it with mechopd eval")
+    for key in ("acc_x", "acc_xc", "harm", "both_correct", "delta_len"):
+        entry = summary.get(key)
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise DataError(f"{path}: summary.{key} must be an object with 'value', 'low', 'high'")
+    return summary
+
+
+def eval_summaries(info: RunInfo) -> dict[str, dict[str, Any]]:
+    """Model name -> removability summary, in `RunInfo.models` order, for the reports that exist."""
+    out = {}
+    for name in info.models:
+        path = info.root / "eval" / f"{name}.json"
+        if path.is_file():
+            out[name] = summary_of(path)
+    return out

@@ -1,0 +1,243 @@
+"""Per-layer figures from the probe tables: two-view cosine (fig. 4), gradient alignment (fig. 5), parameter
+deltas (fig. 6).
+
+Artifacts read (the probe modules own the formats; nothing is recomputed here):
+  ``RUN/probes/similarity.csv``  ``mechopd.probes.similarity`` rows: model, site, depth, layer, ..., cos_mean,
+                                 cos_median. x = depth: embed (0), decoder layers 0..L-1, final norm (L + 1).
+  ``RUN/probes/gradients.csv``   ``mechopd.probes.gradients.GradRow`` rows; the heatmap uses scope "layer_module",
+                                 the title the "global" row. One panel per (term_a, term_b) pair in the file.
+  ``RUN/probes/deltas.csv``      ``mechopd.probes.deltas.write_table``'s tidy table. Per-tensor rows are combined per
+                                 site with ``aggregate_deltas`` (sums of squares: weight + bias of a module), which is
+                                 the aggregation that module defines, not a recomputation from weights. Panels: each
+                                 model's ‖Δ‖_F/‖W0‖_F (vs "base"), then each pair's ‖θ_b − θ_a‖_F/‖W0‖_F (vs a label),
+                                 all on one colour scale.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from mechopd.plots._common import RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, style, to_float
+from mechopd.probes.deltas import BASE, MODULE_ORDER, DeltaRow, aggregate_deltas, read_table
+from mechopd.probes.gradients import GradRow
+
+COSINE_NAME = "layer_cosine"
+GRADIENT_NAME = "gradient_alignment"
+DELTAS_NAME = "parameter_deltas"
+SITE_RE = re.compile(r"^layers\.(\d+)\.resid_post$")
+TERM_LABELS = {"opd": "OPD", "nca": "NCA", "dual": "DualOPD", "sym": "SymKL"}
+MAX_ANNOTATED_CELLS = 160  # write the value into each cell up to this grid size
+
+
+# --------------------------------------------------------------------------------------------------------- helpers
+def module_order(modules: Iterable[str]) -> list[str]:
+    """Modules in forward order (``deltas.MODULE_ORDER``), unknown ones after, alphabetically."""
+    mods = set(modules)
+    return [m for m in MODULE_ORDER if m in mods] + sorted(mods - set(MODULE_ORDER))
+
+
+def layer_grid(cells: dict[tuple[int, str], float]) -> tuple[list[int], list[str], np.ndarray]:
+    """(layer, module) -> value  to  (layers ascending, modules in forward order, [layers, modules] with NaN holes)."""
+    layers = sorted({layer for layer, _ in cells})
+    modules = module_order(m for _, m in cells)
+    grid = np.full((len(layers), len(modules)), np.nan)
+    for (layer, module), value in cells.items():
+        grid[layers.index(layer), modules.index(module)] = value if math.isfinite(value) else np.nan
+    return layers, modules, grid
+
+
+def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap, vmin: float, vmax: float,
+            center: float | None, label: str) -> None:
+    """Layer × module heatmap (rows = layers, top = layer 0) with a colour bar; NaN cells blank."""
+    annotate = grid.size <= MAX_ANNOTATED_CELLS
+    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, annot=annotate,
+                fmt=".2f" if annotate else "", annot_kws={"fontsize": 6}, xticklabels=modules, yticklabels=layers,
+                cbar_kws={"label": label}, linewidths=0.3, linecolor="white")
+    ax.set_xlabel("module")
+    ax.set_ylabel("decoder layer")
+    ax.tick_params(axis="x", labelrotation=60)
+    ax.tick_params(axis="y", labelrotation=0)
+
+
+def _model_order(info: RunInfo, names: Iterable[str]) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return [m for m in info.models if m in names] + [m for m in names if m not in info.models]
+
+
+# ------------------------------------------------------------------------------------------- fig. 4 layer cosine
+def site_depth(site: str, depth_cell: str | None, n_layers: int) -> float:
+    """Depth of a probe site: the table's ``depth`` when present, else embed 0, layers.i -> i + 1, final_norm L + 1."""
+    if depth_cell not in (None, ""):
+        return float(depth_cell)
+    if site == "embed":
+        return 0.0
+    m = SITE_RE.match(site)
+    return float(int(m.group(1)) + 1) if m else float(n_layers + 1)
+
+
+def site_label(site: str) -> str:
+    m = SITE_RE.match(site)
+    return m.group(1) if m else {"embed": "embed", "final_norm": "final norm"}.get(site, site)
+
+
+def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
+    """Two-view cosine per site for each model in similarity.csv (one line per model). None without the table.
+
+    stat: the column drawn: "cos_mean" (per-token mean, default), "cos_median" or "cos_example_mean".
+    """
+    info = run_info(run_dir)
+    path = info.root / "probes" / "similarity.csv"
+    if not path.is_file():
+        missing(COSINE_NAME, path)
+        return None
+    rows = read_csv(path, ["model", "site", stat])
+    n_layers = sum(1 for s in {r["site"] for r in rows} if SITE_RE.match(s))
+    by_model: dict[str, dict[float, float]] = {}
+    ticks: dict[float, str] = {}
+    for r in rows:
+        depth = site_depth(r["site"], r.get("depth"), n_layers)
+        by_model.setdefault(r["model"], {})[depth] = to_float(r[stat])
+        ticks[depth] = site_label(r["site"])
+    if not by_model:
+        log.info("figure %s skipped: %s has no rows", COSINE_NAME, path)
+        return None
+    models = _model_order(info, by_model)
+    colours = palette(models)
+    fig = new_figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    for model in models:
+        depths = sorted(by_model[model])
+        ax.plot(depths, [by_model[model][d] for d in depths], marker="o", markersize=3.5, color=colours[model],
+                label=info.label(model))
+    positions = sorted(ticks)
+    every = max(1, math.ceil(len(positions) / 16))
+    shown = [d for i, d in enumerate(positions) if i % every == 0 or i == len(positions) - 1]
+    ax.set_xticks(shown, [ticks[d] for d in shown])
+    ax.set_xlabel("site (embedding, decoder layer index, final norm)")
+    ax.set_ylabel(f"cosine between views, {stat.replace('cos_', '')} over response tokens")
+    ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
+    ax.legend(title="model", fontsize="small")
+    return fig
+
+
+def plot_layer_cosine(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Fig. 4 to ``out_dir/layer_cosine.{png,pdf}``; [] without ``RUN/probes/similarity.csv``."""
+    with style():
+        fig = figure_layer_cosine(run_dir)
+        return [] if fig is None else save(fig, out_dir, COSINE_NAME)
+
+
+# ------------------------------------------------------------------------------------- fig. 5 gradient alignment
+def _term(name: str) -> str:
+    return TERM_LABELS.get(name, name)
+
+
+def figure_gradient_alignment(run_dir: Path) -> Figure | None:
+    """cos(∇a, ∇b) per layer × module, one heatmap per term pair, the global cosine in the panel title."""
+    info = run_info(run_dir)
+    path = info.root / "probes" / "gradients.csv"
+    if not path.is_file():
+        missing(GRADIENT_NAME, path)
+        return None
+    rows = read_csv(path, list(GradRow.__dataclass_fields__))
+    pairs = list(dict.fromkeys((r["term_a"], r["term_b"]) for r in rows))
+    cells = {p: {(int(r["layer"]), r["module"]): to_float(r["cos"]) for r in rows
+                 if (r["term_a"], r["term_b"]) == p and r["scope"] == "layer_module" and r["layer"] not in ("", "None")}
+             for p in pairs}
+    pairs = [p for p in pairs if cells[p]]
+    if not pairs:
+        log.info("figure %s skipped: %s has no layer_module rows", GRADIENT_NAME, path)
+        return None
+    layers0, modules0, _ = layer_grid(cells[pairs[0]])
+    fig = new_figure(1.2 + 0.7 * len(modules0) * len(pairs) + 1.2 * len(pairs), 1.8 + 0.32 * len(layers0))
+    axes = fig.subplots(1, len(pairs), squeeze=False)[0]
+    cmap = sns.color_palette("vlag", as_cmap=True)
+    for ax, (a, b) in zip(axes, pairs):
+        layers, modules, grid = layer_grid(cells[(a, b)])
+        heatmap(ax, layers, modules, grid, cmap=cmap, vmin=-1.0, vmax=1.0, center=0.0,
+                label=f"cos(∇{_term(a)}, ∇{_term(b)}) (unitless)")
+        glob = next((r for r in rows if (r["term_a"], r["term_b"]) == (a, b) and r["scope"] == "global"), None)
+        head = f"cos(∇L_{_term(a)}, ∇L_{_term(b)})"
+        if glob is not None:
+            head += (f"\nglobal cos = {to_float(glob['cos']):+.3f}, "
+                     f"‖∇{_term(a)}‖/‖∇{_term(b)}‖ = {to_float(glob['norm_ratio']):.3g}")
+        ax.set_title(head, fontsize="medium")
+    fig.suptitle(f"Gradient alignment per layer × module — {info.task}")
+    return fig
+
+
+def plot_gradient_alignment(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Fig. 5 to ``out_dir/gradient_alignment.{png,pdf}``; [] without ``RUN/probes/gradients.csv``."""
+    with style():
+        fig = figure_gradient_alignment(run_dir)
+        return [] if fig is None else save(fig, out_dir, GRADIENT_NAME)
+
+
+# ---------------------------------------------------------------------------------------- fig. 6 parameter deltas
+def site_and_overall(rows: list[DeltaRow]) -> tuple[list[DeltaRow], list[DeltaRow]]:
+    """(per-site rows, one-row-per-model overall rows) from a per-tensor or an already aggregated table."""
+    if all(r.param != "*" for r in rows):
+        return aggregate_deltas(rows, "site"), aggregate_deltas(rows, "all")
+    return ([r for r in rows if r.param == "*" and r.layer is not None and "*" not in r.site],
+            [r for r in rows if r.site == "*"])
+
+
+def delta_panels(rows: list[DeltaRow], info: RunInfo) -> list[tuple[str, str, dict[tuple[int, str], float]]]:
+    """[(model, vs, {(layer, module): rel_delta})]: each model vs base (in run order), then each pair (b vs a)."""
+    panels: dict[tuple[str, str], dict[tuple[int, str], float]] = {}
+    for r in rows:
+        if r.metric == "rel_delta" and r.layer is not None and r.vs:
+            panels.setdefault((r.model, r.vs), {})[(r.layer, r.module)] = r.value
+    solo = [k for k in panels if k[1] == BASE]
+    solo = sorted(solo, key=lambda k: _model_order(info, [m for m, _ in solo]).index(k[0]))
+    pairs = [k for k in panels if k[1] != BASE]
+    return [(m, vs, panels[(m, vs)]) for m, vs in solo + pairs]
+
+
+def figure_parameter_deltas(run_dir: Path) -> Figure | None:
+    """Relative update norm per layer × module for each model and for each pair's difference, one colour scale."""
+    info = run_info(run_dir)
+    path = info.root / "probes" / "deltas.csv"
+    if not path.is_file():
+        missing(DELTAS_NAME, path)
+        return None
+    sites, overall = site_and_overall(read_table(path))
+    panels = delta_panels(sites, info)
+    if not panels:
+        log.info("figure %s skipped: %s has no rel_delta rows inside decoder layers", DELTAS_NAME, path)
+        return None
+    grids = [layer_grid(cells) for _, _, cells in panels]
+    finite = np.concatenate([g[np.isfinite(g)] for _, _, g in grids])
+    vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    n_layers, n_mods = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
+    fig = new_figure(len(panels) * (1.6 + 0.55 * n_mods), 1.9 + 0.32 * n_layers)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (model, vs, _), (layers, modules, grid) in zip(axes, panels, grids):
+        heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, center=None,
+                label="‖ΔW‖_F / ‖W0‖_F (unitless)")
+        if vs == BASE:
+            head = f"{info.label(model)}: ‖θ − W0‖ / ‖W0‖"
+            total = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "rel_delta")), None)
+            head += "" if total is None else f"\nall tensors: {total:.3g}"
+        else:
+            head = f"{info.label(model)} − {info.label(vs)}: ‖θ_{model} − θ_{vs}‖ / ‖W0‖"
+            cos = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "cos")), None)
+            head += "" if cos is None else f"\ncos(Δ_{vs}, Δ_{model}) over all tensors = {cos:+.3f}"
+        ax.set_title(head, fontsize="medium")
+    fig.suptitle(f"Parameter updates per layer × module (relative Frobenius norm) — {info.task}")
+    return fig
+
+
+def plot_parameter_deltas(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Fig. 6 to ``out_dir/parameter_deltas.{png,pdf}``; [] without ``RUN/probes/deltas.csv``."""
+    with style():
+        fig = figure_parameter_deltas(run_dir)
+        return [] if fig is None else save(fig, out_dir, DELTAS_NAME)

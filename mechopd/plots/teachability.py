@@ -1,0 +1,113 @@
+"""Teachability figure (fig. 7): fixed-context gain by quartile of each pre-update signal, the high-support gain gap
+with its bootstrap interval, and the standardized regression of the gain.
+
+Artifact read: ``RUN/probes/teachability_summary.json`` as ``mechopd.probes.teachability.run_teachability`` writes it
+(``summarize``'s dict, NaN / ±inf as null): ``buckets[signal]`` = four quartile rows with ``n`` and ``mean_<gain>``;
+``gap[gain]`` = estimate, ci_low, ci_high, ci, mean_high, mean_low, n_q3; ``regression[gain]`` = coef {H, DL, DI}, r2.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from mechopd.errors import ConfigError, DataError
+from mechopd.plots._common import missing, new_figure, read_json, run_info, save, style
+from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, SUMMARY_NAME
+
+NAME = "teachability"
+SIGNAL_LABELS = {"C_norm": "compatibility C̃", "DL": "learnable D^L = D̃·C̃", "DI": "incompatible D^I = D̃·(1 − C̃)",
+                 "kl_full": "raw KL(p_T ‖ p_θ0)"}
+GAIN_UNITS = {"gain_abs": "mean gain KL₀ − KL₁ (nats)", "gain_rel": "mean relative gain (KL₀ − KL₁)/KL₀"}
+PREDICTORS = ("H", "DL", "DI")
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _check(summary: Any, path: Path, gain: str) -> dict[str, Any]:
+    if not isinstance(summary, dict):
+        raise DataError(f"{path}: expected the object written by mechopd probe teachability")
+    for key in ("buckets", "gap", "regression"):
+        if not isinstance(summary.get(key), dict):
+            raise DataError(f"{path} lacks {key!r}; rewrite it with mechopd probe teachability")
+    if gain not in summary["gap"] or gain not in summary["regression"]:
+        raise DataError(f"{path} has no {gain!r} analysis (gains: {', '.join(summary['gap'])}); use one of them")
+    return summary
+
+
+def _bars(ax: Axes, labels: list[str], heights: list[float], colour, errors: dict[int, tuple[float, float]]) -> None:
+    """One bar container; NaN heights drawn as 0 with 'n/a'; asymmetric error bars at the given indices."""
+    xs = np.arange(len(labels))
+    ax.bar(xs, [0.0 if math.isnan(h) else h for h in heights], 0.65, color=colour)
+    for x, h in zip(xs, heights):
+        if math.isnan(h):
+            ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize="x-small")
+    for i, (lo, hi) in errors.items():
+        if not (math.isnan(lo) or math.isnan(hi) or math.isnan(heights[i])):
+            ax.errorbar([xs[i]], [heights[i]], yerr=[[max(0.0, heights[i] - lo)], [max(0.0, hi - heights[i])]],
+                        fmt="none", ecolor="0.15", capsize=3)
+    ax.set_xticks(xs, labels)
+    ax.axhline(0.0, color="0.3", linewidth=0.8)
+
+
+def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
+    """2 × 3 panels: gain by quartile of C̃, D^L, D^I, raw KL; the Q3 high-support gap; the regression coefficients.
+
+    gain: "gain_abs" (the paper's G_t, default) or "gain_rel" (the released code's). None without the summary.
+    """
+    if gain not in GAINS:
+        raise ConfigError(f"gain={gain!r} is unknown: use one of {', '.join(GAINS)}")
+    info = run_info(run_dir)
+    path = info.root / "probes" / SUMMARY_NAME
+    if not path.is_file():
+        missing(NAME, path)
+        return None
+    s = _check(read_json(path), path, gain)
+    cb = sns.color_palette("colorblind")
+    fig = new_figure(11.0, 6.4)
+    axes = fig.subplots(2, 3).ravel()
+    for ax, signal, colour in zip(axes, BUCKET_SIGNALS, cb):
+        rows = sorted(s["buckets"].get(signal) or [], key=lambda r: r["quartile"])
+        if len(rows) != 4:
+            raise DataError(f"{path}: buckets.{signal} must hold 4 quartile rows, found {len(rows)}")
+        _bars(ax, [f"Q{r['quartile']}\nn={r['n']}" for r in rows], [_num(r.get(f"mean_{gain}")) for r in rows],
+              colour, {})
+        ax.set_title(f"by quartile of {SIGNAL_LABELS.get(signal, signal)}", fontsize="medium")
+        ax.set_xlabel("quartile of the signal before the update (Q1 lowest)")
+        ax.set_ylabel(GAIN_UNITS.get(gain, gain))
+    gap = s["gap"][gain]
+    est, lo, hi = (_num(gap.get(k)) for k in ("estimate", "ci_low", "ci_high"))
+    ax = axes[len(BUCKET_SIGNALS)]
+    _bars(ax, ["low-C\ntercile", "high-C\ntercile", "gap"], [_num(gap.get("mean_low")), _num(gap.get("mean_high")), est],
+          cb[4], {2: (lo, hi)})
+    ci = gap.get("ci")
+    ax.set_title(f"high-support gain gap in Q3 (n = {gap.get('n_q3')} tokens)\n"
+                 f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}] ({'' if ci is None else f'{ci:.0%} '}sequence bootstrap)",
+                 fontsize="medium")
+    ax.set_ylabel(GAIN_UNITS.get(gain, gain))
+    reg = s["regression"][gain]
+    ax = axes[len(BUCKET_SIGNALS) + 1]
+    coef = reg.get("coef") or {}
+    _bars(ax, ["H", "D^L", "D^I"], [_num(coef.get(p)) for p in PREDICTORS], cb[5], {})
+    ax.set_title(f"standardized regression of the gain (R² = {_num(reg.get('r2')):.3f})", fontsize="medium")
+    ax.set_xlabel("predictor (z-scored)")
+    ax.set_ylabel("coefficient (SD of gain per SD of predictor)")
+    fig.suptitle(f"Teachability: which disagreement the update removes — {info.task} "
+                 f"({s.get('n_tokens', '?')} tokens, {s.get('n_sequences', '?')} sequences)")
+    return fig
+
+
+def plot_teachability(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Fig. 7 to ``out_dir/teachability.{png,pdf}``; [] without ``RUN/probes/teachability_summary.json``."""
+    with style():
+        fig = figure_teachability(run_dir)
+        return [] if fig is None else save(fig, out_dir, NAME)
+
