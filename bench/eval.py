@@ -100,7 +100,8 @@ class GenerateLoop:
         self.model.eval()
         n_new, decoded = 0, []
         for s in range(0, len(ids), self.batch):
-            enc = self.tok.pad({"input_ids": ids[s: s + self.batch]}, padding=True, return_tensors="pt")
+            enc = self.tok.pad({"input_ids": ids[s: s + self.batch]}, padding=True, padding_side="left",
+                               return_tensors="pt")
             out = self.model.generate(**enc, max_new_tokens=self.max_new, do_sample=False, eos_token_id=self.stop,
                                       pad_token_id=self.tok.pad_token_id)
             new = out[:, enc["input_ids"].shape[1]:]

@@ -48,6 +48,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+INFO = [  # ratios printed without a verdict: what the targets are up against
+    ("NCA floor: bare_nca / bare", "bare_nca", "bare"),
+    ("NCA / bare_nca", "nca", "bare_nca"),
+    ("TA-OPD / bare", "ta_opd", "bare"),
+]
 TARGETS = [  # (label, numerator, denominator, bound, "<=" | ">=")
     ("OPD / bare loop", "opd", "bare", 1.15, "<="),
     ("NCA / OPD", "nca", "opd", 1.30, "<="),
@@ -90,7 +95,7 @@ def build_organism(out: Path, seed: int = 0) -> Path:
 class BareLoop:
     """The minimal reference loop (see module docstring). Prompts of both views are tokenized once, up front."""
 
-    def __init__(self, path: Path, batch: int, new_tokens: int, lr: float, seed: int, pool: int):
+    def __init__(self, path: Path, batch: int, new_tokens: int, lr: float, seed: int, pool: int, nca: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from mechopd.tasks.base import get_task
@@ -105,7 +110,7 @@ class BareLoop:
         enc = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         self.px = [enc(chat(ex.prompt)) for ex in items]
         self.pc = [enc(chat(ex.context + "\n\n" + ex.prompt)) for ex in items]
-        self.B, self.R, self.pos, self.pad = batch, new_tokens, 0, self.tok.pad_token_id
+        self.B, self.R, self.pos, self.pad, self.nca = batch, new_tokens, 0, self.tok.pad_token_id, nca
         self.stop = torch.tensor([self.tok.eos_token_id])
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -153,6 +158,10 @@ class BareLoop:
             t_logp = torch.log_softmax(self._logits(self.teacher, [self.pc[r] for r in rows], resp), -1)
         s_logp = torch.log_softmax(self._logits(self.student, [self.px[r] for r in rows], resp), -1)
         loss = (s_logp.exp() * (s_logp - t_logp)).sum(-1).mean()  # KL(q_x || f), token mean (all rows length R)
+        if self.nca:  # + 0.5 KL(sg[q_x] || q_c): one extra student forward/backward on the context view
+            c_logp = torch.log_softmax(self._logits(self.student, [self.pc[r] for r in rows], resp), -1)
+            anchor = s_logp.detach()
+            loss = loss + 0.5 * (anchor.exp() * (anchor - c_logp)).sum(-1).mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
@@ -229,6 +238,17 @@ class TRLRunner:
         if [list(x) for x in trl_ids] != ours:
             raise SystemExit("TRL's teacher prompt ids differ from mechopd's context view; the comparison is off")
 
+    def settings(self) -> str:
+        """What TRL actually ran with (read back from the trainer after a block)."""
+        t, opt = self.trainer, self.trainer.optimizer
+        inner = getattr(opt, "optimizer", opt)
+        return (f"TRL {__import__('trl').__version__}: student {t.model.dtype}, teacher {t.teacher_model.dtype}, "
+                f"activation_checkpointing {t.args.activation_checkpointing}, bf16 {t.args.bf16}, "
+                f"optimizer {type(inner).__name__}(fused={inner.defaults.get('fused')}, "
+                f"foreach={inner.defaults.get('foreach')}), generation {t.generation_config.do_sample=}, "
+                f"max_new_tokens {t.generation_config.max_new_tokens}, num_generations {t.num_generations}, "
+                f"old-logp forward {t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) != 0}")
+
     def block(self, n: int) -> tuple[list[float], list[float]]:
         self.ends, self.lens = [], []
         self.trainer.args.max_steps = n + 1
@@ -278,18 +298,24 @@ def report(times: dict, lens: dict, steps_done: int) -> bool:
     ok = same_len
     print(f"\n{'ratio':<40} {'paired':>7} {'overall':>8}  target     verdict")
     for label, num, den, bound, op in TARGETS:
-        if num not in times or den not in times:
-            continue
-        per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(times[num], times[den])]
-        paired = statistics.median(per_round)
-        overall = statistics.median([t for blk in times[num] for t in blk]) / \
-            statistics.median([t for blk in times[den] for t in blk])
-        good = paired <= bound if op == "<=" else paired >= bound
-        ok &= good
-        lo, hi = min(per_round), max(per_round)
-        print(f"{label:<40} {paired:7.3f} {overall:8.3f}  {op} {bound:<6}  {'PASS' if good else 'FAIL'}"
-              f"   (per-round range {lo:.3f}..{hi:.3f})")
+        if num in times and den in times:
+            paired, line = _ratio_line(label, times[num], times[den])
+            good = paired <= bound if op == "<=" else paired >= bound
+            ok &= good
+            print(line.format(f"{op} {bound:<6}  {'PASS' if good else 'FAIL'}"))
+    for label, num, den in INFO:
+        if num in times and den in times:
+            print(_ratio_line(label, times[num], times[den])[1].format(f"{'(info)':<14}"))
     return ok
+
+
+def _ratio_line(label: str, num: list[list[float]], den: list[list[float]]) -> tuple[float, str]:
+    """Median over rounds of (block median num / block median den), the ratio of overall medians, a format line."""
+    per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(num, den)]
+    paired = statistics.median(per_round)
+    overall = statistics.median([t for b in num for t in b]) / statistics.median([t for b in den for t in b])
+    line = f"{label:<40} {paired:7.3f} {overall:8.3f}  {{}}   (per-round {min(per_round):.3f}..{max(per_round):.3f})"
+    return paired, line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=2048, help="training prompts cycled through")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", default="auto", help="torch threads: an integer or auto (2 if idle, else 1)")
-    ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl")
+    ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl,bare_nca")
     ap.add_argument("--quick", action="store_true", help="--steps 40 --block 5")
     args = ap.parse_args(argv)
     if args.quick:
@@ -318,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         v: dict[str, Any] = {}
         builders = {
             "bare": lambda: BareLoop(path, args.batch, args.new_tokens, 1e-5, args.seed, args.pool).step,
+            "bare_nca": lambda: BareLoop(path, args.batch, args.new_tokens, 1e-5, args.seed, args.pool, nca=True).step,
             "opd": lambda: make_trainer_step(path, root, "opd", "opd", "full", args),
             "nca": lambda: make_trainer_step(path, root, "nca", "nca", "full", args),
             "ta_opd": lambda: make_trainer_step(path, root, "ta_opd", "opd", "ta_opd", args),
@@ -330,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads)
         rounds = max(1, args.steps // args.block)
         times, lens = run_rounds(v, rounds, args.block)
-    ok = report(times, lens, rounds * args.block)
+        if "trl" in v:
+            print(v["trl"].settings())
+        ok = report(times, lens, rounds * args.block)
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

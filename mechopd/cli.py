@@ -156,12 +156,131 @@ def _eval(a: argparse.Namespace) -> int:
     return 0
 
 
+# --- probe --------------------------------------------------------------------------------------------------------------
+def _probe_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="probe", required=True)
+    s = sub.add_parser("similarity", help="layerwise two-view hidden-state cosine (several models, same items)")
+    s.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR")
+    s.add_argument("--task", required=True)
+    s.add_argument("--responses-from", default=None, help="label of the model that samples the responses")
+    s.add_argument("--layers", default=None, help="comma-separated decoder layers (default: all sites)")
+    s.add_argument("--cka", action="store_true", help="also linear CKA over tokens")
+    g = sub.add_parser("gradients", help="alignment of two loss terms' gradients (global, per layer, per module)")
+    g.add_argument("--model", required=True)
+    g.add_argument("--teacher", default=None, help="teacher checkpoint (default: the model itself)")
+    g.add_argument("--task", required=True)
+    g.add_argument("--terms", default="opd,nca", help="two of opd,nca,dual,sym")
+    g.add_argument("--layers", default=None)
+    g.add_argument("--estimator", default="full", help="full | topk | sampled")
+    d = sub.add_parser("deltas", help="parameter-delta attribution per layer x module (streamed safetensors)")
+    d.add_argument("--base", required=True)
+    d.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR")
+    d.add_argument("--pair", default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")
+    t = sub.add_parser("teachability", help="fixed-context token teachability diagnostic")
+    t.add_argument("--student", required=True, help="the initial student")
+    t.add_argument("--trained", required=True)
+    t.add_argument("--teacher", required=True)
+    t.add_argument("--task", required=True)
+    t.add_argument("--bank", default=None, help="an existing bank.json (default: build one)")
+    for q in (s, g, d, t):
+        q.add_argument("--out", default=None, help="output directory (default runs/probes/<probe>)")
+        if q is not d:
+            q.add_argument("--n", type=int, default=64)
+            q.add_argument("--seed", type=int, default=0)
+
+
+def _layers(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--layers {text!r} must be comma-separated integers, e.g. --layers 0,1,2") from None
+
+
+@command("probe", "mechanistic probes: similarity | gradients | deltas | teachability")
+def _probe(a: argparse.Namespace) -> int:
+    out = Path(a.out or f"runs/probes/{a.probe}")
+    if a.probe == "similarity":
+        from mechopd.probes.similarity import run_similarity
+
+        path = run_similarity(_named(a.models, "--models"), a.task, a.n, a.seed, out, responses_from=a.responses_from,
+                              layers=_layers(a.layers), cka=a.cka)
+        print(f"similarity table: {path}")
+    elif a.probe == "gradients":
+        from mechopd.probes.gradients import run_gradients
+
+        terms = tuple(t.strip() for t in a.terms.split(","))
+        if len(terms) != 2:
+            raise ConfigError(f"--terms {a.terms!r} must name two terms, e.g. --terms opd,nca")
+        rows = run_gradients(a.model, a.teacher or a.model, a.task, a.n, a.seed, terms, out, estimator=a.estimator,
+                             layers=_layers(a.layers))
+        glob = [r for r in rows if r.scope == "global"][0]
+        print(f"cos(grad {terms[0]}, grad {terms[1]}) = {glob.cos:.4f}, norm ratio {glob.norm_ratio:.4f}; "
+              f"table: {out / 'gradients.csv'}")
+    elif a.probe == "deltas":
+        from mechopd.probes.deltas import parameter_deltas, write_table
+
+        models = _named(a.models, "--models")
+        pair = tuple(a.pair.split(",")) if a.pair else (tuple(list(models)[:2]) if len(models) >= 2 else None)
+        rows = parameter_deltas(a.base, models, pair=pair)
+        paths = write_table(rows, out / "deltas.csv")
+        print(f"delta table: {', '.join(str(p) for p in paths)}")
+    else:
+        from mechopd.probes.teachability import run_teachability
+
+        summary = run_teachability(a.student, a.trained, a.teacher, a.task, a.n, a.seed, out, bank=a.bank)
+        print(f"teachability: {out / 'teachability_summary.json'}")
+        print(json.dumps(summary.get("gap", {}), indent=1, default=str)[:2000])
+    return 0
+
+
+# --- figures / demo -----------------------------------------------------------------------------------------------------
+def _figures_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory written by `mechopd demo`")
+
+
+@command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
+def _figures(a: argparse.Namespace) -> int:
+    from mechopd.plots import draw_all
+    from mechopd.report import write_report_md
+
+    run = Path(a.run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"run directory {run} does not exist; run `mechopd demo --out {run}` first")
+    drawn = draw_all(run)
+    n = sum(len(v) for v in drawn.values())
+    if n == 0:
+        raise ConfigError(f"{run} holds no artifacts to draw (eval/, probes/, train/*/metrics.jsonl)")
+    write_report_md(run)
+    print(f"{n} files in {run / 'figures'}; report: {run / 'report.md'}")
+    return 0
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--task", default="rules", help="rules (default) | frozenlake | sokoban")
+    p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
+    p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None)
+
+
+@command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report")
+def _demo(a: argparse.Namespace) -> int:
+    from mechopd.demo import DemoConfig, demo
+
+    kw = {"steps": a.steps} if a.steps else {}
+    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, **kw))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args}
-    registry.update(EXTRA_ARGS)
+    registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
+                "figures": _figures_args, "demo": _demo_args}
     for name, (help_text, _) in COMMANDS.items():
         registry[name](sub.add_parser(name, help=help_text))
     a = parser.parse_args(argv)
@@ -174,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
 
-
-EXTRA_ARGS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -198,3 +198,7 @@ def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int 
     if steps is not None:
         kw["steps"] = steps
     return OrganismConfig(**kw)
+
+# `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the README accuracies.
+FAST_ORGANISM: dict[str, Any] = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
+                                     steps=150, batch_size=32, corpus_size=4000)
