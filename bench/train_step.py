@@ -245,7 +245,7 @@ class TRLRunner:
         return (f"TRL {__import__('trl').__version__}: student {t.model.dtype}, teacher {t.teacher_model.dtype}, "
                 f"activation_checkpointing {t.args.activation_checkpointing}, bf16 {t.args.bf16}, "
                 f"optimizer {type(inner).__name__}(fused={inner.defaults.get('fused')}, "
-                f"foreach={inner.defaults.get('foreach')}), generation {t.generation_config.do_sample=}, "
+                f"foreach={inner.defaults.get('foreach')}), do_sample {t.generation_config.do_sample}, "
                 f"max_new_tokens {t.generation_config.max_new_tokens}, num_generations {t.num_generations}, "
                 f"old-logp forward {t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) != 0}")
 

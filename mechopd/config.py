@@ -168,7 +168,8 @@ def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
         if text.startswith("dict") and not isinstance(value, dict):
             raise ValueError
     except (TypeError, ValueError):
-        raise ConfigError(f"{source}: {name}={value!r} is not a valid {text.split(' |')[0]}") from None
+        kind = getattr(hint, "__name__", text.split(" |")[0])
+        raise ConfigError(f"{source}: {name}={value!r} is not a valid {kind}") from None
     return value
 
 

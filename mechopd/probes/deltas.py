@@ -309,7 +309,7 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
 
     Returns tidy rows (see the module docstring), tensors in forward order. ``pair=(a, b)`` adds the rows model=b,
     vs=a: ‖θ_b - θ_a‖_F, its ratio to ‖W0‖_F, and cos(Δ_a, Δ_b). ``dtype`` is the elementwise dtype (float64: exact
-    differences of float32/bf16 weights; float32: faster, ~1e-5 relative); sums are float64 either way.
+    differences of float32/bf16 weights; float32: faster, ~1e-5 relative); per-chunk norms are summed in float64.
     Memory: at most ~16 x window_numel bytes per checkpoint (staging + mapped pages), whatever the model size.
     """
     labels = _check_labels(models, pair)

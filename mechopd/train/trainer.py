@@ -113,6 +113,7 @@ class Trainer:
         self.rank, self.world = dist.init()
         self.run_dir = RunDir(Path(out_dir))
         self._check_out_dir(resume)
+        self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before loading any model
         self.device = torch.device("cuda" if (cfg.device == "auto" and torch.cuda.is_available()) else
                                    ("cpu" if cfg.device == "auto" else cfg.device))
         dtype = getattr(torch, cfg.dtype)
@@ -127,7 +128,6 @@ class Trainer:
         self.student = load_model(self.resume_from or student_path, dtype=dtype, device=self.device).train()
         self.teacher = load_model(teacher_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
         self.vocab = min(vocab_size(self.student), vocab_size(self.teacher))  # padding rows dropped
-        self.task = get_task(cfg.task, **cfg.task_options)
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))

@@ -216,7 +216,9 @@ def test_sharded_checkpoints_give_the_same_table(trio, tmp_path):
 
 
 def test_windows_chunks_and_float32_do_not_change_the_result(trio):
+    threads = torch.get_num_threads()
     want = by_key(run(trio))
+    assert torch.get_num_threads() == threads  # computed single-threaded, the caller's setting restored
     assert_close(by_key(run(trio, window_numel=100, chunk_numel=7)), want, rel=1e-12)
     assert_close(by_key(run(trio, dtype=torch.float32)), want, rel=1e-5, abs_=1e-5)
 

@@ -314,7 +314,7 @@ def _rel(ckpts: dict[str, Path], a: str, b: str, site: str) -> float:
 
     w = {k: load_file(str(p / "model.safetensors")) for k, p in ckpts.items()}
     name = next(n for n in w["base"] if n.startswith(f"model.{site}."))
-    return float((w[b][name] - w[a][name]).norm() / w["base"][name].norm())
+    return float((w[b][name].double() - w[a][name].double()).norm() / w["base"][name].double().norm())
 
 
 def test_parameter_delta_panels_match_norms_from_the_weights(run_dir: Path) -> None:
