@@ -20,9 +20,11 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import matplotlib as mpl
 import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
 from mechopd.plots._common import RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, style, to_float
@@ -54,17 +56,34 @@ def layer_grid(cells: dict[tuple[int, str], float]) -> tuple[list[int], list[str
     return layers, modules, grid
 
 
-def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap, vmin: float, vmax: float,
-            center: float | None, label: str) -> None:
-    """Layer × module heatmap (rows = layers, top = layer 0) with a colour bar; NaN cells blank."""
-    annotate = grid.size <= MAX_ANNOTATED_CELLS
-    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, annot=annotate,
-                fmt=".2f" if annotate else "", annot_kws={"fontsize": 6}, xticklabels=modules, yticklabels=layers,
-                cbar_kws={"label": label}, linewidths=0.3, linecolor="white")
+def _text_colour(rgba: tuple[float, ...]) -> str:
+    """Black on light cells, white on dark ones (relative luminance of the cell colour, as seaborn decides it)."""
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3])
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.408 else "white"
+
+
+def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap: str | Colormap, vmin: float,
+            vmax: float, label: str) -> None:
+    """Layer × module heatmap (rows = layers, layer 0 on top) as one QuadMesh with a colour bar; NaN cells blank.
+
+    grid: ``[len(layers), len(modules)]``. Cells carry their value as text up to MAX_ANNOTATED_CELLS cells.
+    """
+    cmap = (mpl.colormaps[cmap] if isinstance(cmap, str) else cmap).with_extremes(bad="white")
+    norm = Normalize(vmin, vmax)
+    mesh = ax.pcolormesh(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, edgecolors="white", linewidth=0.3)
+    ax.figure.colorbar(mesh, ax=ax, label=label)
+    if grid.size <= MAX_ANNOTATED_CELLS:
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(j + 0.5, i + 0.5, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                        color=_text_colour(cmap(norm(v))))
+    ax.set_xticks(np.arange(len(modules)) + 0.5, modules, rotation=60, ha="right", rotation_mode="anchor")
+    ax.set_yticks(np.arange(len(layers)) + 0.5, [str(layer) for layer in layers])
+    ax.set_xlim(0, len(modules))
+    ax.set_ylim(len(layers), 0)
+    ax.grid(False)
     ax.set_xlabel("module")
     ax.set_ylabel("decoder layer")
-    ax.tick_params(axis="x", labelrotation=60)
-    ax.tick_params(axis="y", labelrotation=0)
 
 
 def _model_order(info: RunInfo, names: Iterable[str]) -> list[str]:
@@ -162,7 +181,7 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
     cmap = sns.color_palette("vlag", as_cmap=True)
     for ax, (a, b) in zip(axes, pairs):
         layers, modules, grid = layer_grid(cells[(a, b)])
-        heatmap(ax, layers, modules, grid, cmap=cmap, vmin=-1.0, vmax=1.0, center=0.0,
+        heatmap(ax, layers, modules, grid, cmap=cmap, vmin=-1.0, vmax=1.0,
                 label=f"cos(∇{_term(a)}, ∇{_term(b)}) (unitless)")
         glob = next((r for r in rows if (r["term_a"], r["term_b"]) == (a, b) and r["scope"] == "global"), None)
         head = f"cos(∇L_{_term(a)}, ∇L_{_term(b)})"
@@ -221,7 +240,7 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     fig = new_figure(len(panels) * (1.6 + 0.55 * n_mods), 1.9 + 0.32 * n_layers)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, vs, _), (layers, modules, grid) in zip(axes, panels, grids):
-        heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, center=None,
+        heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax,
                 label="‖ΔW‖_F / ‖W0‖_F (unitless)")
         if vs == BASE:
             head = f"{info.label(model)}: ‖θ − W0‖ / ‖W0‖"
