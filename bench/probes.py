@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sizes", default="organism,small", help=f"comma-separated, of {', '.join(SIZES)}")
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--method", default="mechopd", help=argparse.SUPPRESS)
     p.add_argument("--ckpt", type=Path, default=None, help=argparse.SUPPRESS)
@@ -202,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         results = {}
         for size in sizes:
             ckpt = build_checkpoint(Path(tmp), size)
-            results[size] = timing(ckpt, args.n, args.batch_size, args.repeats)
+            if not args.skip_timing:
+                results[size] = timing(ckpt, args.n, args.batch_size, args.repeats)
         mem = None if args.skip_memory else memory(ckpt, args.n, args.batch_size, args.threads)
     print(f"N={args.n} items, batch {args.batch_size}, {args.repeats} rounds, {args.threads} thread(s); "
           f"sizes {SIZES}")
