@@ -154,7 +154,9 @@ def memory(ckpt: Path, n: int, batch_size: int, threads: int) -> list[tuple[str,
         for k in (n, 10 * n):
             cmd = [sys.executable, __file__, "--memory-child", str(k), "--method", method, "--ckpt", str(ckpt),
                    "--batch-size", str(batch_size), "--threads", str(threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **extra})
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
+            if proc.returncode != 0:
+                raise RuntimeError(f"memory child {label} n={k} failed:\n{proc.stderr[-3000:]}")
             got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         out.append((label, *got))
     return out

@@ -23,19 +23,24 @@ final-norm'd hidden state (dominated by that column) scores every special token 
 rest; every response is exactly --new-tokens long (the mean length of each variant is printed and checked).
 Context placement is "user" (c + "\\n\\n" + x in the user turn) for every variant so that mechopd's context view and
 TRL's `teacher_prompt_template="{privileged_context}\\n\\n{prompt}"` are the same token ids (checked at start-up).
-Variants run interleaved in blocks (bare opd nca ta_opd trl, bare opd ...); round 0 is warm-up and dropped. The
-verdict uses the median over rounds of each round's ratio of block medians (robust to load drifting across the run);
-the ratio of overall medians is printed next to it. mechopd steps are timed around `train_step()`; TRL steps as the
-interval between consecutive `on_step_end` callbacks inside one `train()` call (data fetch, generation, loss,
-optimizer and the Trainer's own bookkeeping: a full loop iteration); each TRL block therefore runs one extra step.
+Variants run interleaved STEP BY STEP (bare opd nca ta_opd bare_nca trl, bare opd ...): TRL's `train()` runs once
+and the other variants' steps run inside its `on_step_end` callback, so every step of every variant sees the same
+machine load within about one cycle. The first --warmup steps of each variant are dropped. The verdict uses the paired
+ratio: the median over cycles of (step time of A / step time of B in the same cycle), with a bootstrap 95% interval;
+the ratio of overall medians is printed next to it. mechopd and bare steps are timed around the call; a TRL step is
+timed from the callback's exit to the next callback's entry (data fetch, generation, loss, backward, clip, optimizer,
+scheduler and the Trainer's own bookkeeping: one full loop iteration, nothing of the other variants).
+bare_nca (the bare loop plus NCA's extra student forward/backward on the context view and the anchor KL) is printed as
+the floor for the NCA target: what "one extra forward" costs on this model with no library around it.
 
-    python bench/train_step.py [--steps 200] [--block 10] [--batch 32] [--new-tokens 24] [--threads auto] [--quick]
+    python bench/train_step.py [--steps 200] [--warmup 10] [--batch 32] [--new-tokens 24] [--threads auto] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -88,7 +93,7 @@ def build_organism(out: Path, seed: int = 0) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Variants: each is a callable `step() -> (seconds, mean response length)` or a block runner (TRL)
+# Variants: each is a callable `step() -> (seconds, mean response length)` or the TRL runner
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -188,7 +193,10 @@ def make_trainer_step(path: Path, out_root: Path, name: str, method: str, select
 
 
 class TRLRunner:
-    """SDFTTrainer on the same work; `block(n)` runs n+1 steps in one `train()` call and returns n step intervals."""
+    """SDFTTrainer on the same work. `run(n, between)` runs n+1 TRL steps in ONE `train()` call and calls
+    `between(j)` from the `on_step_end` callback after TRL step j (the other variants' steps run there, so every
+    variant is interleaved step by step); TRL step j+1 is timed from the callback's exit to the next callback's entry
+    (data fetch, generation, loss, backward, clip, optimizer, scheduler and the Trainer's own bookkeeping)."""
 
     def __init__(self, path: Path, out_root: Path, args):
         from datasets import Dataset
@@ -201,15 +209,21 @@ class TRLRunner:
         items = get_task("rules").examples("train", args.pool, args.seed)
         data = Dataset.from_list([{"prompt": [{"role": "user", "content": ex.prompt}],
                                    "privileged_context": ex.context} for ex in items])
-        self.ends: list[float] = []
+        self.times: list[float] = []
         self.lens: list[float] = []
+        self.between: Callable[[int], None] = lambda j: None
+        self.resumed: float | None = None
         runner = self
 
         class Clock(TrainerCallback):
             def on_step_end(self, a, state, control, **kw):
-                runner.ends.append(time.perf_counter())
-                lens = runner.trainer._metrics["train"]["completions/mean_length"]
-                runner.lens.append(lens[-1] if lens else float("nan"))
+                now = time.perf_counter()
+                if runner.resumed is not None:
+                    runner.times.append(now - runner.resumed)
+                    lens = runner.trainer._metrics["train"]["completions/mean_length"]
+                    runner.lens.append(lens[-1] if lens else float("nan"))
+                runner.between(state.global_step - 1)
+                runner.resumed = time.perf_counter()
 
         self.config = SDFTConfig(
             output_dir=str(out_root / "trl"), per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
@@ -219,7 +233,7 @@ class TRLRunner:
             learning_rate=1e-5, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
             optim="adamw_torch", activation_checkpointing=False, bf16=False, fp16=False, use_cpu=True,
             logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
-            dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed, max_steps=args.block + 1,
+            dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed, max_steps=1,
         )
         tok = AutoTokenizer.from_pretrained(path)
         self.trainer = SDFTTrainer(model=str(path), args=self.config, train_dataset=data, processing_class=tok,
@@ -239,7 +253,7 @@ class TRLRunner:
             raise SystemExit("TRL's teacher prompt ids differ from mechopd's context view; the comparison is off")
 
     def settings(self) -> str:
-        """What TRL actually ran with (read back from the trainer after a block)."""
+        """What TRL actually ran with (read back from the trainer after the run)."""
         t, opt = self.trainer, self.trainer.optimizer
         inner = getattr(opt, "optimizer", opt)
         return (f"TRL {__import__('trl').__version__}: student {t.model.dtype}, teacher {t.teacher_model.dtype}, "
@@ -249,11 +263,11 @@ class TRLRunner:
                 f"max_new_tokens {t.generation_config.max_new_tokens}, num_generations {t.num_generations}, "
                 f"old-logp forward {t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) != 0}")
 
-    def block(self, n: int) -> tuple[list[float], list[float]]:
-        self.ends, self.lens = [], []
+    def run(self, n: int, between: Callable[[int], None]) -> tuple[list[float], list[float]]:
+        self.times, self.lens, self.between, self.resumed = [], [], between, None
         self.trainer.args.max_steps = n + 1
         self.trainer.train()
-        return [b - a for a, b in zip(self.ends, self.ends[1:])], self.lens[1:]
+        return self.times, self.lens
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -261,33 +275,42 @@ class TRLRunner:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run_rounds(variants: dict[str, Any], rounds: int, block: int) -> tuple[dict, dict]:
-    """times[name][round] = step seconds of that block; lens[name] = every measured step's mean response length."""
-    times: dict[str, list[list[float]]] = {k: [] for k in variants}
+def run_interleaved(variants: dict[str, Any], steps: int, warmup: int) -> tuple[dict, dict]:
+    """Step by step: trl, bare, opd, nca, ... , trl, bare, ...; the first `warmup` steps of each variant are dropped.
+
+    Returns times[name] (seconds per measured step, in order) and lens[name] (mean response length per step).
+    """
+    times: dict[str, list[float]] = {k: [] for k in variants}
     lens: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(rounds + 1):  # round 0: warm-up, dropped
-        for name, v in variants.items():
-            if isinstance(v, TRLRunner):
-                ts, ls = v.block(block)
-            else:
-                ts, ls = [], []
-                for _ in range(block):
-                    t, n = v()
-                    ts.append(t)
-                    ls.append(n)
-            if r > 0:
-                times[name].append(ts)
-                lens[name].extend(ls)
-        if r > 0:
-            print(f"  round {r}/{rounds}: " + "  ".join(f"{k} {statistics.median(times[k][-1]) * 1e3:.0f}ms"
-                                                        for k in variants), flush=True)
+    local = [k for k, v in variants.items() if not isinstance(v, TRLRunner)]
+
+    def cycle(j: int) -> None:
+        for name in local:
+            t, n = variants[name]()
+            if j >= warmup:
+                times[name].append(t)
+                lens[name].append(n)
+        if j >= warmup and (j + 1 - warmup) % 20 == 0:
+            print(f"  step {j + 1 - warmup}/{steps}: " + "  ".join(
+                f"{k} {statistics.median(times[k][-20:]) * 1e3:.0f}ms" for k in local if times[k]), flush=True)
+
+    trl = next((v for v in variants.values() if isinstance(v, TRLRunner)), None)
+    if trl is None:
+        for j in range(warmup + steps):
+            cycle(j)
+    else:
+        ts, ls = trl.run(warmup + steps, cycle)
+        times["trl"], lens["trl"] = ts[warmup:], ls[warmup:]
+        n = min(len(v) for v in times.values())
+        times = {k: v[:n] for k, v in times.items()}
+        lens = {k: v[:n] for k, v in lens.items()}
     return times, lens
 
 
-def report(times: dict, lens: dict, steps_done: int) -> bool:
+def report(times: dict, lens: dict) -> bool:
     print(f"\n{'variant':>8} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'steps/s':>8} {'resp len':>9}  (steps)")
-    for k, rounds in times.items():
-        flat = sorted(t for blk in rounds for t in blk)
+    for k, ts in times.items():
+        flat = sorted(ts)
         med = statistics.median(flat)
         p10, p90 = flat[len(flat) // 10], flat[(9 * len(flat)) // 10]
         print(f"{k:>8} {med * 1e3:10.1f} {p10 * 1e3:8.1f} {p90 * 1e3:8.1f} {1 / med:8.2f} "
@@ -296,47 +319,52 @@ def report(times: dict, lens: dict, steps_done: int) -> bool:
     same_len = len(all_lens) == 1
     print(f"mean response length equal across variants: {same_len} {sorted(all_lens)}")
     ok = same_len
-    print(f"\n{'ratio':<40} {'paired':>7} {'overall':>8}  target     verdict")
+    print(f"\n{'ratio':<38} {'paired':>7} {'95% CI':>13} {'overall':>8}  target     verdict")
     for label, num, den, bound, op in TARGETS:
         if num in times and den in times:
-            paired, line = _ratio_line(label, times[num], times[den])
+            (paired, lo, hi), line = _ratio_line(label, times[num], times[den])
             good = paired <= bound if op == "<=" else paired >= bound
             ok &= good
-            print(line.format(f"{op} {bound:<6}  {'PASS' if good else 'FAIL'}"))
+            unsure = " (CI straddles the bound)" if lo <= bound <= hi else ""
+            print(line.format(f"{op} {bound:<6}  {'PASS' if good else 'FAIL'}{unsure}"))
     for label, num, den in INFO:
         if num in times and den in times:
-            print(_ratio_line(label, times[num], times[den])[1].format(f"{'(info)':<14}"))
+            print(_ratio_line(label, times[num], times[den])[1].format("(info)"))
     return ok
 
 
-def _ratio_line(label: str, num: list[list[float]], den: list[list[float]]) -> tuple[float, str]:
-    """Median over rounds of (block median num / block median den), the ratio of overall medians, a format line."""
-    per_round = [statistics.median(a) / statistics.median(b) for a, b in zip(num, den)]
-    paired = statistics.median(per_round)
-    overall = statistics.median([t for b in num for t in b]) / statistics.median([t for b in den for t in b])
-    line = f"{label:<40} {paired:7.3f} {overall:8.3f}  {{}}   (per-round {min(per_round):.3f}..{max(per_round):.3f})"
-    return paired, line
+def _ratio_line(label: str, num: list[float], den: list[float]) -> tuple[tuple[float, float, float], str]:
+    """Paired ratio = median over steps of num[i] / den[i] (same interleaved cycle), its bootstrap 95% interval, and
+    the ratio of overall medians; returns ((paired, lo, hi), a line with one {} slot for the verdict)."""
+    per_step = [a / b for a, b in zip(num, den)]
+    paired = statistics.median(per_step)
+    rng = random.Random(0)
+    boots = sorted(statistics.median(rng.choices(per_step, k=len(per_step))) for _ in range(1000))
+    lo, hi = boots[25], boots[974]
+    overall = statistics.median(num) / statistics.median(den)
+    line = f"{label:<38} {paired:7.3f} {f'[{lo:.3f}, {hi:.3f}]':>13} {overall:8.3f}  {{}}"
+    return (paired, lo, hi), line
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=200, help="measured steps per variant (after one warm-up block)")
-    ap.add_argument("--block", type=int, default=10, help="steps per variant per round")
+    ap.add_argument("--steps", type=int, default=200, help="measured steps per variant")
+    ap.add_argument("--warmup", type=int, default=10, help="steps per variant run first and dropped")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--pool", type=int, default=2048, help="training prompts cycled through")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", default="auto", help="torch threads: an integer or auto (2 if idle, else 1)")
     ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl,bare_nca")
-    ap.add_argument("--quick", action="store_true", help="--steps 40 --block 5")
+    ap.add_argument("--quick", action="store_true", help="--steps 40 --warmup 5")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.block = 40, 5
+        args.steps, args.warmup = 40, 5
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     load = os.getloadavg()
     print(f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant in blocks of {args.block}")
+          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant after {args.warmup} warm-up steps")
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-train-") as tmp:
         root = Path(tmp)
@@ -355,11 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         if torch.get_num_threads() != threads:
             print(f"warning: something changed torch threads to {torch.get_num_threads()}; resetting to {threads}")
             torch.set_num_threads(threads)
-        rounds = max(1, args.steps // args.block)
-        times, lens = run_rounds(v, rounds, args.block)
+        times, lens = run_interleaved(v, args.steps, args.warmup)
         if "trl" in v:
             print(v["trl"].settings())
-        ok = report(times, lens, rounds * args.block)
+        ok = report(times, lens)
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -24,11 +24,12 @@ from tqdm.auto import tqdm
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
-from mechopd.tasks.base import get_task, task_names
+from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec, render_prompt_ids
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"
+CORPUS_VERSION = 1  # bump when a task's pretraining corpus changes meaning
 
 
 @dataclass
@@ -60,15 +61,16 @@ class OrganismConfig:
             raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """Cache key: the config plus the organism vocabulary and corpus format (a changed task text retrains)."""
+        blob = json.dumps([dataclasses.asdict(self), organism_vocab(), CORPUS_VERSION], sort_keys=True)
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 def organism_vocab() -> list[str]:
     """One vocabulary for every organism, so organisms of different tasks/sizes share a tokenizer."""
     words: set[str] = set()
     for name in ORGANISM_TASKS:
-        if name in task_names():  # TEMP until games land
-            words |= set(get_task(name).vocab())
+        words |= set(get_task(name).vocab())
     return sorted(words)
 
 

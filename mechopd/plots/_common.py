@@ -4,7 +4,7 @@ Non-standard things here:
   * No pyplot. Every figure is a ``matplotlib.figure.Figure`` with an Agg canvas attached explicitly, so importing
     mechopd.plots never switches the user's backend (a notebook keeps its inline backend) and no global figure
     registry grows when many figures are drawn.
-  * The seaborn theme (``sns.set_theme(style="whitegrid", palette="colorblind")``) is applied inside
+  * The seaborn theme (``sns.set_theme(context="paper", style="whitegrid", palette="colorblind")``) is applied inside
     ``matplotlib.rc_context``: the user's rcParams are restored when a figure is done.
   * Deterministic files: PNG without the "Software" (version) chunk and no timestamp, PDF with ``CreationDate=None``,
     SVG with a fixed ``svg.hashsalt``. Redrawing the same artifacts gives byte-identical PNG and PDF files.
@@ -46,7 +46,7 @@ PDF_METADATA: dict[str, Any] = {"CreationDate": None, "Creator": "mechopd", "Pro
 def style() -> Iterator[None]:
     """Seaborn whitegrid theme, colour-blind palette, fixed SVG hash salt; the caller's rcParams come back after."""
     with mpl.rc_context():
-        sns.set_theme(style="whitegrid", palette="colorblind")
+        sns.set_theme(context="paper", style="whitegrid", palette="colorblind")
         mpl.rcParams["svg.hashsalt"] = HASHSALT
         mpl.rcParams["pdf.compression"] = 6
         yield
@@ -63,6 +63,10 @@ def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     """Write ``<out_dir>/<name>.png`` and ``.pdf`` deterministically; returns both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    engine = fig.get_layout_engine()
+    if engine is not None:  # constrained layout runs once (Agg text metrics) and both formats reuse its positions
+        engine.execute(fig)
+        fig.set_layout_engine("none")
     paths = []
     for fmt in FORMATS:
         path = out_dir / f"{name}.{fmt}"

@@ -19,17 +19,21 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib as mpl
 import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, style, to_float
-from mechopd.probes.deltas import BASE, MODULE_ORDER, DeltaRow, aggregate_deltas, read_table
-from mechopd.probes.gradients import GradRow
+from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, style,
+                                   to_float)
+
+if TYPE_CHECKING:
+    from mechopd.probes.deltas import DeltaRow
 
 COSINE_NAME = "layer_cosine"
 GRADIENT_NAME = "gradient_alignment"
@@ -37,11 +41,16 @@ DELTAS_NAME = "parameter_deltas"
 SITE_RE = re.compile(r"^layers\.(\d+)\.resid_post$")
 TERM_LABELS = {"opd": "OPD", "nca": "NCA", "dual": "DualOPD", "sym": "SymKL"}
 MAX_ANNOTATED_CELLS = 160  # write the value into each cell up to this grid size
+# gradients.csv columns (mechopd.probes.gradients.GradRow; not imported: that module pulls in the model stack)
+GRAD_COLUMNS = ("term_a", "term_b", "scope", "layer", "module", "numel", "dot", "norm_a", "norm_b", "cos",
+                "norm_ratio", "value_a", "value_b")
 
 
 # --------------------------------------------------------------------------------------------------------- helpers
 def module_order(modules: Iterable[str]) -> list[str]:
     """Modules in forward order (``deltas.MODULE_ORDER``), unknown ones after, alphabetically."""
+    from mechopd.probes.deltas import MODULE_ORDER  # lazy: torch is imported only when a heatmap is drawn
+
     mods = set(modules)
     return [m for m in MODULE_ORDER if m in mods] + sorted(mods - set(MODULE_ORDER))
 
@@ -63,15 +72,17 @@ def _text_colour(rgba: tuple[float, ...]) -> str:
 
 
 def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap: str | Colormap, vmin: float,
-            vmax: float, label: str) -> None:
+            vmax: float, label: str | None) -> QuadMesh:
     """Layer × module heatmap (rows = layers, layer 0 on top) as one QuadMesh with a colour bar; NaN cells blank.
 
     grid: ``[len(layers), len(modules)]``. Cells carry their value as text up to MAX_ANNOTATED_CELLS cells.
+    label: the colour bar's label; None = no colour bar here (the caller draws a shared one).
     """
     cmap = (mpl.colormaps[cmap] if isinstance(cmap, str) else cmap).with_extremes(bad="white")
     norm = Normalize(vmin, vmax)
     mesh = ax.pcolormesh(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, edgecolors="white", linewidth=0.3)
-    ax.figure.colorbar(mesh, ax=ax, label=label)
+    if label is not None:
+        ax.figure.colorbar(mesh, ax=ax, label=label)
     if grid.size <= MAX_ANNOTATED_CELLS:
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
@@ -84,6 +95,7 @@ def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *
     ax.grid(False)
     ax.set_xlabel("module")
     ax.set_ylabel("decoder layer")
+    return mesh
 
 
 def _model_order(info: RunInfo, names: Iterable[str]) -> list[str]:
@@ -166,7 +178,7 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
     if not path.is_file():
         missing(GRADIENT_NAME, path)
         return None
-    rows = read_csv(path, list(GradRow.__dataclass_fields__))
+    rows = read_csv(path, GRAD_COLUMNS)
     pairs = list(dict.fromkeys((r["term_a"], r["term_b"]) for r in rows))
     cells = {p: {(int(r["layer"]), r["module"]): to_float(r["cos"]) for r in rows
                  if (r["term_a"], r["term_b"]) == p and r["scope"] == "layer_module" and r["layer"] not in ("", "None")}
@@ -176,7 +188,7 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
         log.info("figure %s skipped: %s has no layer_module rows", GRADIENT_NAME, path)
         return None
     layers0, modules0, _ = layer_grid(cells[pairs[0]])
-    fig = new_figure(1.2 + 0.7 * len(modules0) * len(pairs) + 1.2 * len(pairs), 1.8 + 0.32 * len(layers0))
+    fig = new_figure(len(pairs) * (2.2 + 0.42 * len(modules0)), 2.2 + 0.3 * len(layers0))
     axes = fig.subplots(1, len(pairs), squeeze=False)[0]
     cmap = sns.color_palette("vlag", as_cmap=True)
     for ax, (a, b) in zip(axes, pairs):
@@ -203,6 +215,8 @@ def plot_gradient_alignment(run_dir: Path, out_dir: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------- fig. 6 parameter deltas
 def site_and_overall(rows: list[DeltaRow]) -> tuple[list[DeltaRow], list[DeltaRow]]:
     """(per-site rows, one-row-per-model overall rows) from a per-tensor or an already aggregated table."""
+    from mechopd.probes.deltas import aggregate_deltas
+
     if all(r.param != "*" for r in rows):
         return aggregate_deltas(rows, "site"), aggregate_deltas(rows, "all")
     return ([r for r in rows if r.param == "*" and r.layer is not None and "*" not in r.site],
@@ -228,6 +242,8 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     if not path.is_file():
         missing(DELTAS_NAME, path)
         return None
+    from mechopd.probes.deltas import read_table
+
     sites, overall = site_and_overall(read_table(path))
     panels = delta_panels(sites, info)
     if not panels:
@@ -251,6 +267,7 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
             cos = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "cos")), None)
             head += "" if cos is None else f"\ncos(Δ_{vs}, Δ_{model}) over all tensors = {cos:+.3f}"
         ax.set_title(head, fontsize="medium")
+    fig.colorbar(mesh, ax=list(axes), label="‖ΔW‖_F / ‖W0‖_F (unitless)")
     fig.suptitle(f"Parameter updates per layer × module (relative Frobenius norm) — {info.task}")
     return fig
 

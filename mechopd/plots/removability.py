@@ -81,17 +81,19 @@ def figure_removability(run_dir: Path) -> Figure | None:
     for k, name in enumerate(names):
         s = summaries[name]
         offset = (k - (len(names) - 1) / 2) * width
-        label = f"{info.label(name)} (regime {s['regime']})" if "regime" in s else info.label(name)
+        label = f"{info.label(name)} ({s['regime']})" if "regime" in s else info.label(name)
         _bars(left, np.arange(len(BAR_METRICS)) + offset, [s[m] for m, _ in BAR_METRICS], width, colours[name], label)
         _bars(right, np.array([k]), [s["delta_len"]], 0.7, colours[name], None)
+    for ax in (left, right):
+        ax.grid(axis="x", visible=False)
     left.set_xticks(np.arange(len(BAR_METRICS)), [t for _, t in BAR_METRICS])
     left.set_ylabel("% of held-out items")
     left.set_xlabel("metric (Harm: % of items right without c that turn wrong with c)")
-    left.legend(fontsize="small")
+    fig.legend(loc="outside lower center", ncols=min(4, len(names)), title="model (regime)")
     right.axhline(0.0, color="0.3", linewidth=0.8)
     right.set_xticks(np.arange(len(names)), [info.label(n) for n in names], rotation=45, ha="right")
     right.set_ylabel("Δlen (% of the no-context length)")
-    right.set_title("response length change with c", fontsize="medium")
+    right.set_title("Δlen with c")
     n_items = sorted({s.get("n") for s in summaries.values()} - {None})
     fig.suptitle(f"Context removability — {info.task} (n = {'/'.join(map(str, n_items))} items, "
                  f"{_ci_text(summaries)})")
@@ -133,17 +135,18 @@ def _regions(ax: Axes, t: RegimeThresholds, xlim: tuple[float, float], ylim: tup
     for regime, rects in boxes.items():
         for x, y, w, h in rects:
             ax.add_patch(Rectangle((x, y), w, h, facecolor=tint[regime], alpha=0.12, edgecolor="none", zorder=0))
-    anchors = {"A": ((drop + x1) / 2, (harm + y1) / 2), "B": ((x0 - gain) / 2, y0 + 0.05 * (y1 - y0)),
-               "C": ((drop - gain) / 2, y0 + 0.05 * (y1 - y0))}
-    for regime, (x, y) in anchors.items():
-        ax.text(x, y, f"{regime}: {REGIME_NAMES[regime]}", ha="center", va="center", fontsize="small",
-                color="0.25", zorder=1)
+    low = y0 + 0.04 * (y1 - y0)
+    anchors = {"A": (x1 - 0.02 * (x1 - x0), y1 - 0.04 * (y1 - y0), "right", "top"),
+               "B": ((x0 - gain) / 2, low, "center", "bottom"), "C": ((drop - gain) / 2, low, "center", "bottom")}
+    for regime, (x, y, ha, va) in anchors.items():
+        ax.text(x, y, f"{regime}: {REGIME_NAMES[regime]}", ha=ha, va=va, fontsize="small", color="0.25", zorder=1)
 
 
-def _limits(values: list[float], must: list[float], floor: float | None = None) -> tuple[float, float]:
+def _limits(values: list[float], must: list[float]) -> tuple[float, float]:
+    """Axis limits covering the values and the thresholds, with a margin (units: %)."""
     lo, hi = min(values + must), max(values + must)
     pad = max(2.0, 0.12 * (hi - lo))
-    return (lo - pad if floor is None else min(floor, lo) - pad), hi + pad
+    return lo - pad, hi + pad
 
 
 def _points(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[RunInfo], list[dict[str, dict]]]:
@@ -184,7 +187,8 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     fig = new_figure(7.0, 5.0)
     ax = fig.add_subplot()
     xlim = _limits([p["x"] for p in points], [-100 * t.gain_min, 100 * t.drop_min])
-    ylim = _limits([p["y"] + (p["interval"][2] if p["interval"] else 0) for p in points], [100 * t.harm_high], 0.0)
+    ytop = _limits([p["y"] + (p["interval"][2] if p["interval"] else 0) for p in points], [100 * t.harm_high])[1]
+    ylim = (-0.02 * ytop, ytop)  # Harm is a proportion: nothing below 0
     _regions(ax, t, xlim, ylim)
     for p in points:
         if p["interval"] is not None:

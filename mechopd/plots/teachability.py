@@ -19,12 +19,17 @@ from matplotlib.figure import Figure
 
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, style
-from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, SUMMARY_NAME
-
 NAME = "teachability"
-SIGNAL_LABELS = {"C_norm": "compatibility C̃", "DL": "learnable D^L = D̃·C̃", "DI": "incompatible D^I = D̃·(1 − C̃)",
-                 "kl_full": "raw KL(p_T ‖ p_θ0)"}
-GAIN_UNITS = {"gain_abs": "mean gain KL₀ − KL₁ (nats)", "gain_rel": "mean relative gain (KL₀ − KL₁)/KL₀"}
+# The names mechopd.probes.teachability writes (kept here so that drawing does not import the model stack; the tests
+# check that they match):
+SUMMARY_NAME = "teachability_summary.json"
+BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
+GAINS = ("gain_abs", "gain_rel")
+SIGNAL_LABELS = {"C_norm": r"compatibility $\tilde{C}$", "DL": r"learnable $D^L = \tilde{D}\,\tilde{C}$",
+                 "DI": r"incompatible $D^I = \tilde{D}\,(1 - \tilde{C})$",
+                 "kl_full": r"raw $\mathrm{KL}(p_T \,\|\, p_{\theta_0})$"}
+GAIN_UNITS = {"gain_abs": r"mean gain $\mathrm{KL}_0 - \mathrm{KL}_1$ (nats)",
+              "gain_rel": r"mean relative gain $(\mathrm{KL}_0 - \mathrm{KL}_1)/\mathrm{KL}_0$"}
 PREDICTORS = ("H", "DL", "DI")
 
 
@@ -80,8 +85,8 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
             raise DataError(f"{path}: buckets.{signal} must hold 4 quartile rows, found {len(rows)}")
         _bars(ax, [f"Q{r['quartile']}\nn={r['n']}" for r in rows], [_num(r.get(f"mean_{gain}")) for r in rows],
               colour, {})
-        ax.set_title(f"by quartile of {SIGNAL_LABELS.get(signal, signal)}", fontsize="medium")
-        ax.set_xlabel("quartile of the signal before the update (Q1 lowest)")
+        ax.set_title(f"by quartile of {SIGNAL_LABELS.get(signal, signal)}")
+        ax.set_xlabel("quartile before the update (Q1 = lowest)")
         ax.set_ylabel(GAIN_UNITS.get(gain, gain))
     gap = s["gap"][gain]
     est, lo, hi = (_num(gap.get(k)) for k in ("estimate", "ci_low", "ci_high"))
@@ -89,18 +94,18 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     _bars(ax, ["low-C\ntercile", "high-C\ntercile", "gap"], [_num(gap.get("mean_low")), _num(gap.get("mean_high")), est],
           cb[4], {2: (lo, hi)})
     ci = gap.get("ci")
-    ax.set_title(f"high-support gain gap in Q3 (n = {gap.get('n_q3')} tokens)\n"
-                 f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}] ({'' if ci is None else f'{ci:.0%} '}sequence bootstrap)",
-                 fontsize="medium")
+    ax.set_title(f"high-support gain gap (Q3 cell, n = {gap.get('n_q3')} tokens)\n"
+                 f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}], {'' if ci is None else f'{ci:.0%} '}CI over sequences")
+    ax.set_xlabel("C tercile inside Q3 (low entropy, high divergence)")
     ax.set_ylabel(GAIN_UNITS.get(gain, gain))
     reg = s["regression"][gain]
     ax = axes[len(BUCKET_SIGNALS) + 1]
     coef = reg.get("coef") or {}
-    _bars(ax, ["H", "D^L", "D^I"], [_num(coef.get(p)) for p in PREDICTORS], cb[5], {})
-    ax.set_title(f"standardized regression of the gain (R² = {_num(reg.get('r2')):.3f})", fontsize="medium")
-    ax.set_xlabel("predictor (z-scored)")
-    ax.set_ylabel("coefficient (SD of gain per SD of predictor)")
-    fig.suptitle(f"Teachability: which disagreement the update removes — {info.task} "
+    _bars(ax, ["$H$", "$D^L$", "$D^I$"], [_num(coef.get(p)) for p in PREDICTORS], cb[5], {})
+    ax.set_title(f"regression of the gain, R² = {_num(reg.get('r2')):.3f}")
+    ax.set_xlabel("predictor (z-scored, before the update)")
+    ax.set_ylabel("standardized coefficient (SD / SD)")
+    fig.suptitle(f"Teachability: gain on fixed contexts by pre-update signal — {info.task} "
                  f"({s.get('n_tokens', '?')} tokens, {s.get('n_sequences', '?')} sequences)")
     return fig
 

@@ -22,17 +22,12 @@ REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal":
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
 MOVED, EDGE, HOLE, GOAL = "moved", "hit the edge and stayed", "fell into a hole", "reached the goal"
 
-INTRO = (
-    "You are playing FrozenLake. Move the player P to the goal G. F is frozen ice and H is a hole.\n"
-    "Reply with one action in brackets: [up] [down] [left] [right]"
-)
-CONTEXT = (
-    "Experience from earlier games:\n"
-    "1. Stepping on a hole H ends the game at once and the game is lost.\n"
-    "2. Never move onto H. Go around a hole through frozen cells F even when that path is longer.\n"
-    "3. Before each move find the shortest safe path from P to G and take its first step.\n"
-    "4. A move off the board wastes a move and the player stays.\n"
-    "5. The number of moves is limited, so do not waste moves."
+INTRO = "FrozenLake. Move P to the goal G. F is ice, H is a hole. Reply [up] [down] [left] or [right]"
+CONTEXT = (  # short on purpose: the organisms pay for every prompt token on a CPU
+    "Experience:\n"
+    "1. A hole H ends the game.\n"
+    "2. Go around H through F.\n"
+    "3. Take the first step of the shortest safe path to G."
 )
 
 

@@ -171,7 +171,7 @@ def log_line(i: int, action: str | None, outcome: str) -> str:
 
 
 def board_header(step: int, budget: int) -> str:
-    return f"Current board, move {step} of {budget}:"
+    return f"Board, move {step} of {budget}:"
 
 
 class GameEpisode:
@@ -195,7 +195,7 @@ class GameEpisode:
         if self.done:
             raise RuntimeError("the episode is over; check `done` before asking for a prompt")
         log = [log_line(i, a, o) for i, (a, o) in enumerate(self.history, 1)] or ["no moves yet."]
-        parts = [self.intro, "Game log:", *log, board_header(self.steps + 1, self.step_budget)]
+        parts = [self.intro, "Log:", *log, board_header(self.steps + 1, self.step_budget)]
         return "\n".join(parts + [self.board.render(self.key)])
 
     def step(self, response_text: str) -> str | None:
@@ -352,7 +352,7 @@ class GameTask(ABC):
 
     # vocabulary and pretraining corpus ------------------------------------
     def vocab(self) -> list[str]:
-        texts = [self.intro, self.context, "Game log:", "no moves yet.", *self.symbols]
+        texts = [self.intro, self.context, "Log:", "no moves yet.", *self.symbols]
         texts += [action_text(a) for a in (*ACTIONS, *ALIASES)]
         for i in range(1, self.step_budget + 1):
             texts.append(board_header(i, self.step_budget))

@@ -27,18 +27,13 @@ PUSHED, ON_TARGET = "pushed a box", "pushed a box onto a target"
 SYMBOL_OF = {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√", "player": "P",
              "player_on_target": "S"}
 
-INTRO = (
-    "You are playing Sokoban. Push every box X onto a target O. P is the player and S is the player on a target. "
-    "# is a wall, _ is floor and √ is a box on a target.\n"
-    "Reply with one action in brackets: [up] [down] [left] [right]"
-)
-CONTEXT = (
-    "Experience from earlier games:\n"
-    "1. Walk into a box X to push it one cell the same way. A box can be pushed but never pulled.\n"
-    "2. To push a box toward a target O, first walk around to the far side of the box, then push.\n"
-    "3. A box pushed into a corner, or against a wall with no target along it, can never reach a target again.\n"
-    "4. Walls # block the player and the boxes. A box cannot push another box.\n"
-    "5. Before each move find the shortest way to get every box onto a target and take its first step."
+INTRO = ("Sokoban. Push the box X onto the target O. P is you, S is you on O, # is a wall, _ is floor, "
+         "√ is a box on O. Reply [up] [down] [left] or [right]")
+CONTEXT = (  # short on purpose: the organisms pay for every prompt token on a CPU
+    "Experience:\n"
+    "1. Walking into X pushes it. A box is never pulled.\n"
+    "2. Stand on the far side of X, then push it toward O.\n"
+    "3. Take the first step of the shortest solution."
 )
 
 

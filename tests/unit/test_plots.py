@@ -373,10 +373,11 @@ def test_missing_artifacts_yield_empty_lists_without_raising(tmp_path: Path, cap
 def test_one_missing_artifact_skips_only_its_figure(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     (run / "sweep" / "sweep.json").unlink()
-    (run / "probes" / "gradients.csv").unlink()
-    result = plots.draw_all(run)
-    assert result["budget_curve"] == [] and result["gradient_alignment"] == []
-    assert all(result[name] for name in result if name not in ("budget_curve", "gradient_alignment"))
+    assert plots.plot_budget_curve(run, tmp_path / "out") == []
+    assert plots.figure_budget_curve(run) is None
+    assert [p.name for p in plots.plot_training_curves(run, tmp_path / "out")] == ["training_curves.png",
+                                                                                    "training_curves.pdf"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["training_curves.pdf", "training_curves.png"]
 
 
 def test_malformed_artifacts_raise_data_errors_naming_the_file(tmp_path: Path) -> None:
