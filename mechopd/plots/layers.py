@@ -153,7 +153,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     shown = [d for i, d in enumerate(positions) if i % every == 0 or i == len(positions) - 1]
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
-    ax.set_ylabel(f"cosine between views, {stat.replace('cos_', '')} over response tokens")
+    ax.set_ylabel(f"cosine between views (unitless), {stat.replace('cos_', '')} over response tokens")
     ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
     ax.legend(title="model", fontsize="small")
     return fig
@@ -253,11 +253,10 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     finite = np.concatenate([g[np.isfinite(g)] for _, _, g in grids])
     vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     n_layers, n_mods = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
-    fig = new_figure(len(panels) * (1.6 + 0.55 * n_mods), 1.9 + 0.32 * n_layers)
+    fig = new_figure(1.2 + len(panels) * (1.2 + 0.38 * n_mods), 2.2 + 0.3 * n_layers)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, vs, _), (layers, modules, grid) in zip(axes, panels, grids):
-        heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax,
-                label="‖ΔW‖_F / ‖W0‖_F (unitless)")
+        mesh = heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, label=None)
         if vs == BASE:
             head = f"{info.label(model)}: ‖θ − W0‖ / ‖W0‖"
             total = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "rel_delta")), None)

@@ -25,11 +25,10 @@ NAME = "teachability"
 SUMMARY_NAME = "teachability_summary.json"
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
 GAINS = ("gain_abs", "gain_rel")
-SIGNAL_LABELS = {"C_norm": r"compatibility $\tilde{C}$", "DL": r"learnable $D^L = \tilde{D}\,\tilde{C}$",
-                 "DI": r"incompatible $D^I = \tilde{D}\,(1 - \tilde{C})$",
-                 "kl_full": r"raw $\mathrm{KL}(p_T \,\|\, p_{\theta_0})$"}
-GAIN_UNITS = {"gain_abs": r"mean gain $\mathrm{KL}_0 - \mathrm{KL}_1$ (nats)",
-              "gain_rel": r"mean relative gain $(\mathrm{KL}_0 - \mathrm{KL}_1)/\mathrm{KL}_0$"}
+# Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.
+SIGNAL_LABELS = {"C_norm": "compatibility C̃", "DL": "learnable Dᴸ = D̃·C̃", "DI": "incompatible Dᴵ = D̃·(1 − C̃)",
+                 "kl_full": "raw KL(p_teacher ‖ p_θ₀)"}
+GAIN_UNITS = {"gain_abs": "mean gain KL₀ − KL₁ (nats)", "gain_rel": "mean relative gain (KL₀ − KL₁)/KL₀"}
 PREDICTORS = ("H", "DL", "DI")
 
 
@@ -101,7 +100,7 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     reg = s["regression"][gain]
     ax = axes[len(BUCKET_SIGNALS) + 1]
     coef = reg.get("coef") or {}
-    _bars(ax, ["$H$", "$D^L$", "$D^I$"], [_num(coef.get(p)) for p in PREDICTORS], cb[5], {})
+    _bars(ax, ["H", "Dᴸ", "Dᴵ"], [_num(coef.get(p)) for p in PREDICTORS], cb[5], {})
     ax.set_title(f"regression of the gain, R² = {_num(reg.get('r2')):.3f}")
     ax.set_xlabel("predictor (z-scored, before the update)")
     ax.set_ylabel("standardized coefficient (SD / SD)")

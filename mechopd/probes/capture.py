@@ -122,11 +122,12 @@ def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
 
 @contextmanager
 def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
-                  on_capture: OnCapture, *, stop_after_last: bool = True) -> Iterator[None]:
+                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True) -> Iterator[None]:
     """Install hooks that pass ``[batch, R, d]`` response-position hidden states of each site to `on_capture`.
 
-    ``which`` is the view ("x" or "c"): its response columns are gathered. The tensor handed over is a fresh copy
-    (it does not keep the ``[batch, seq, d]`` output alive). With `stop_after_last`, the last site raises
+    ``which`` is the view ("x" or "c"): its response columns are gathered. With `copy` the tensor handed over is a
+    fresh copy (it does not keep the ``[batch, seq, d]`` output alive); without, it may be a view of the output, for a
+    consumer that is done with it when `on_capture` returns. With `stop_after_last`, the last site raises
     `_StopForward` (run the forward through `run_view`, which catches it).
     """
     last = sites[-1] if sites else None
@@ -135,7 +136,7 @@ def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequ
     def make_hook(site: str):
         def hook(_module: nn.Module, _inputs: tuple, output) -> None:
             h = batch.response_hidden(_hidden(output), which)  # [B, R, d], a view for the left layout
-            on_capture(site, h.clone())
+            on_capture(site, h.clone() if copy else h)
             if stop_after_last and site == last:
                 raise _StopForward
 
@@ -150,11 +151,14 @@ def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequ
             h.remove()
 
 
-def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture) -> None:
-    """One view through the decoder stack (no lm_head), stopping after the last requested site."""
+def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture, *,
+             copy: bool = True) -> None:
+    """One view through the decoder stack (no lm_head), stopping after the last requested site.
+
+    copy=False hands `on_capture` views of the module outputs (valid only during the call: consume, don't keep)."""
     if not sites:
         return
-    with torch.inference_mode(), capture_hooks(model, batch, which, sites, on_capture):
+    with torch.inference_mode(), capture_hooks(model, batch, which, sites, on_capture, copy=copy):
         try:
             model.model(**batch.view(which), use_cache=False)
         except _StopForward:

@@ -181,7 +181,7 @@ def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) ->
     def on_c(site: str, hc: torch.Tensor) -> None:
         acc.add(site, xs.pop(site), hc, batch.response_mask)
 
-    run_view(model, batch, "c", acc.sites, on_c)
+    run_view(model, batch, "c", acc.sites, on_c, copy=False)  # consumed inside the hook: no copy needed
 
 
 def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,

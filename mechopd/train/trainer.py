@@ -182,10 +182,15 @@ class Trainer:
         out = []
         for i in range(self.position, self.position + self.cfg.batch_size):
             epoch, offset = divmod(i, len(self.pool))
+            out.append(self.pool[self._epoch_order(epoch)[offset]])
+        return out
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if getattr(self, "_order_epoch", None) != epoch:
             order = list(range(len(self.pool)))
             random.Random(f"{self.cfg.seed}|epoch{epoch}").shuffle(order)
-            out.append(self.pool[order[offset]])
-        return out
+            self._order_epoch, self._order = epoch, order
+        return self._order
 
     # -- one step ------------------------------------------------------------------------------------------------------
     def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
@@ -282,7 +287,7 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
         rep = evaluate_model(self.student, self.tokenizer, self.task, EvalConfig(n=cfg.eval_n, seed=cfg.seed,
-                             n_boot=200), self.spec)
+                             n_boot=200), self.spec, train_uids={ex.uid for ex in self.pool})
         s = rep["summary"]
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 
