@@ -1,27 +1,34 @@
 """Benchmark: the two-view cosine probe against the same computation through TransformerLens, nnsight and bare HF.
 
-Builds a Qwen3 from a config (hidden 256, 4 layers, 8 heads / 4 kv heads, head_dim 32, MLP 768; the rules organism's
-word-level tokenizer), saves it like a trainer checkpoint, and renders N rules items with random response ids
-(lengths 16..48) in both views. Every method computes the per-site per-token-mean two-view cosine over the same
-pre-built batches (rendering is excluded), feeding the same accumulator:
+For each model size (``SIZES``: "organism", hidden 64 x 2 layers, where per-call overhead matters on a CPU; "small",
+hidden 256 x 4 layers, where the matmuls dominate) it builds a Qwen3 from a config with the rules organism's word-level
+tokenizer, saves it like a trainer checkpoint, and renders N rules items with random response ids (lengths 16..48) in
+both views. Every method computes the per-site per-token-mean two-view cosine over the same pre-built batches
+(rendering excluded), feeding the same accumulator:
 
   mechopd    mechopd.probes.similarity.two_view_cosine: hooks gather the response columns, no lm_head, stops early
-  tl         TransformerBridge (compatibility names, no processing): run_with_cache(names_filter=sites)
+  tl         TransformerBridge (compatibility names, no processing): run_with_cache(names_filter=sites), its
+             most economical caching call (the bridge forces eager attention)
   nnsight    TransformersModel.trace() saving the sites' module outputs
   hf         model.model(**view, output_hidden_states=True, use_cache=False): the bare decoder, no lm_head. HF's
              hidden_states hold n+1 of the n+2 sites (no entry for the last decoder layer's output), so this
              reference does slightly LESS work than the others
 
 Timing: `--repeats` rounds, the order of the methods rotated every round, median per method; ratios against
-mechopd's median: tl/mechopd (target >= 3), nnsight/mechopd (target >= 1.5), mechopd/hf (target <= 1.2).
+mechopd's median: tl/mechopd (target >= 3), nnsight/mechopd (target >= 1.5), mechopd/hf (target <= 1.2). All four
+run the same forward arithmetic, so the ratios measure per-call overhead: they shrink toward 1 as the matmuls grow.
 
-Memory: mechopd's probe over N and over 10 N items, each in a fresh subprocess; reported are the process's peak RSS
-(VmHWM, whole process: interpreter, torch, model, data) and the growth of the peak over the RSS just before the probe
-starts (the probe's own footprint). Target: peak at 10 N within 1.1x of the peak at N.
+Memory (on the last size): the probe over N and over 10 N items, each in a fresh subprocess, batches built lazily.
+Reported: the process's peak RSS (VmHWM: interpreter, torch, model, data) and the peak's growth over the RSS just
+before the probe. Target: peak at 10 N within 1.1x of the peak at N. Three runs: mechopd; the bare-HF loop as a
+control; mechopd with glibc's mmap threshold pinned (MALLOC_MMAP_THRESHOLD_=131072). glibc raises its mmap threshold
+each time a large block is freed, after which tensors of varying shapes are carved from a fragmenting heap and RSS
+creeps for a few dozen batches before it plateaus; pinning the threshold shows what the program itself holds.
 
 Threads default to 1 (a shared CPU: two threads contending with other work make small matmuls erratic).
 
-    python bench/probes.py [--n 64] [--batch-size 16] [--repeats 5] [--threads 1] [--skip-memory]
+    python bench/probes.py [--n 64] [--batch-size 16] [--repeats 5] [--threads 1] [--sizes organism,small]
+                           [--skip-memory] [--skip-timing]
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,17 @@ def style() -> Iterator[None]:
         yield
 
 
+def styled(build: Callable[..., Figure | None]) -> Callable[..., Figure | None]:
+    """Decorator: build a figure inside `style()`, so a ``figure_*`` call looks the same in a notebook as on disk."""
+
+    @functools.wraps(build)
+    def wrapper(*args: Any, **kwargs: Any) -> Figure | None:
+        with style():
+            return build(*args, **kwargs)
+
+    return wrapper
+
+
 def new_figure(width: float, height: float) -> Figure:
     """An Agg-backed figure with constrained layout (no pyplot). Call inside `style()`."""
     fig = Figure(figsize=(width, height), layout="constrained")
@@ -59,9 +71,16 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
-    """Write ``<out_dir>/<name>.png`` and ``.pdf`` deterministically; returns both paths."""
-    out_dir = Path(out_dir)
+def save(fig: Figure | None, out_dir: Path, name: str) -> list[Path]:
+    """Write ``<out_dir>/<name>.png`` and ``.pdf`` deterministically; returns both paths ([] when ``fig`` is None:
+    its builder found no artifact and logged why)."""
+    if fig is None:
+        return []
+    with style():
+        return _save(fig, Path(out_dir), name)
+
+
+def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     engine = fig.get_layout_engine()
     if engine is not None:  # constrained layout runs once (Agg text metrics) and both formats reuse its positions

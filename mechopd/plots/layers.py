@@ -29,7 +29,7 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, style,
+from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled,
                                    to_float)
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ def site_label(site: str) -> str:
     return m.group(1) if m else {"embed": "embed", "final_norm": "final norm"}.get(site, site)
 
 
+@styled
 def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     """Two-view cosine per site for each model in similarity.csv (one line per model). None without the table.
 
@@ -155,15 +156,13 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
     ax.set_ylabel(f"cosine between views (unitless), {stat.replace('cos_', '')} over response tokens")
     ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
-    ax.legend(title="model", fontsize="small")
+    fig.legend(loc="outside right upper", title="model")
     return fig
 
 
 def plot_layer_cosine(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 4 to ``out_dir/layer_cosine.{png,pdf}``; [] without ``RUN/probes/similarity.csv``."""
-    with style():
-        fig = figure_layer_cosine(run_dir)
-        return [] if fig is None else save(fig, out_dir, COSINE_NAME)
+    return save(figure_layer_cosine(run_dir), out_dir, COSINE_NAME)
 
 
 # ------------------------------------------------------------------------------------- fig. 5 gradient alignment
@@ -171,6 +170,7 @@ def _term(name: str) -> str:
     return TERM_LABELS.get(name, name)
 
 
+@styled
 def figure_gradient_alignment(run_dir: Path) -> Figure | None:
     """cos(∇a, ∇b) per layer × module, one heatmap per term pair, the global cosine in the panel title."""
     info = run_info(run_dir)
@@ -207,9 +207,7 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
 
 def plot_gradient_alignment(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 5 to ``out_dir/gradient_alignment.{png,pdf}``; [] without ``RUN/probes/gradients.csv``."""
-    with style():
-        fig = figure_gradient_alignment(run_dir)
-        return [] if fig is None else save(fig, out_dir, GRADIENT_NAME)
+    return save(figure_gradient_alignment(run_dir), out_dir, GRADIENT_NAME)
 
 
 # ---------------------------------------------------------------------------------------- fig. 6 parameter deltas
@@ -235,6 +233,7 @@ def delta_panels(rows: list[DeltaRow], info: RunInfo) -> list[tuple[str, str, di
     return [(m, vs, panels[(m, vs)]) for m, vs in solo + pairs]
 
 
+@styled
 def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     """Relative update norm per layer × module for each model and for each pair's difference, one colour scale."""
     info = run_info(run_dir)
@@ -273,6 +272,4 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
 
 def plot_parameter_deltas(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 6 to ``out_dir/parameter_deltas.{png,pdf}``; [] without ``RUN/probes/deltas.csv``."""
-    with style():
-        fig = figure_parameter_deltas(run_dir)
-        return [] if fig is None else save(fig, out_dir, DELTAS_NAME)
+    return save(figure_parameter_deltas(run_dir), out_dir, DELTAS_NAME)

@@ -24,9 +24,9 @@ from matplotlib.patches import Rectangle
 
 import seaborn as sns
 
-from mechopd.errors import DataError
+from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import (RunInfo, eval_summaries, log, missing, new_figure, palette, percent, run_info,
-                                   save, style)
+                                   save, styled)
 from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 
 BARS_NAME = "removability"
@@ -63,6 +63,7 @@ def _ci_text(summaries: dict[str, dict[str, Any]]) -> str:
     return f"{'/'.join(f'{c:.0%}' for c in sorted(levels))} paired bootstrap intervals" if levels else "no intervals"
 
 
+@styled
 def figure_removability(run_dir: Path) -> Figure | None:
     """Acc_x, Acc_xc, Harm, BothCorrect (left, %) and Δlen (right, own axis) per model with their intervals.
 
@@ -102,9 +103,7 @@ def figure_removability(run_dir: Path) -> Figure | None:
 
 def plot_removability(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 2 to ``out_dir/removability.{png,pdf}``; [] without any ``RUN/eval/<name>.json``."""
-    with style():
-        fig = figure_removability(run_dir)
-        return [] if fig is None else save(fig, out_dir, BARS_NAME)
+    return save(figure_removability(run_dir), out_dir, BARS_NAME)
 
 
 # ------------------------------------------------------------------------------------------------ fig. 3 regime map
@@ -112,13 +111,13 @@ def thresholds_of(info: RunInfo, summaries: dict[str, dict[str, Any]]) -> Regime
     """demo.json's thresholds, else the first report's, else the defaults; DataError when a value is malformed."""
     source, raw = info.root / "demo.json", info.thresholds
     if raw is None:
-        first = next((s for s in summaries.values() if isinstance(s.get("thresholds"), dict)), None)
+        first = next((s["thresholds"] for s in summaries.values() if isinstance(s.get("thresholds"), dict)), None)
         source, raw = info.root / "eval", first
     if raw is None:
         return RegimeThresholds()
     try:
         return RegimeThresholds(**{k: float(raw[k]) for k in THRESHOLD_KEYS if k in raw})
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ConfigError) as err:
         raise DataError(f"{source}: regime thresholds {raw!r} are invalid ({err}); use proportions in [0, 1]") \
             from None
 
@@ -164,6 +163,7 @@ def _points(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[RunInf
     return points, infos, all_summaries
 
 
+@styled
 def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     """Accuracy drop against Harm, one point per (task, model) over all runs; regions A/B/C shaded.
 
@@ -205,17 +205,14 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.set_title(f"Removability regimes (drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g})")
     labels = {p["model"]: p["label"] for p in points}
     handles = [Line2D([], [], linestyle="none", marker="o", color=colours[m], label=lab) for m, lab in labels.items()]
-    legend = ax.legend(handles=handles, title="model", fontsize="small", loc="upper left")
+    fig.legend(handles=handles, title="model", loc="outside right upper")
     if len(tasks) > 1:
-        ax.add_artist(legend)
-        ax.legend(handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task)
-                           for task in tasks], title="task", fontsize="small", loc="upper center")
+        fig.legend(handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task)
+                            for task in tasks], title="task", loc="outside right lower")
     return fig
 
 
 def plot_regime_map(run_dirs: Path | Sequence[Path], out_dir: Path) -> list[Path]:
     """Fig. 3 to ``out_dir/regime_map.{png,pdf}`` from one run dir or several; [] when no point can be placed."""
-    with style():
-        fig = figure_regime_map(run_dirs)
-        return [] if fig is None else save(fig, out_dir, REGIME_NAME)
+    return save(figure_regime_map(run_dirs), out_dir, REGIME_NAME)
 

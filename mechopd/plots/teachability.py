@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from mechopd.errors import ConfigError, DataError
-from mechopd.plots._common import missing, new_figure, read_json, run_info, save, style
+from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
 NAME = "teachability"
 # The names mechopd.probes.teachability writes (kept here so that drawing does not import the model stack; the tests
 # check that they match):
@@ -62,6 +62,7 @@ def _bars(ax: Axes, labels: list[str], heights: list[float], colour, errors: dic
     ax.axhline(0.0, color="0.3", linewidth=0.8)
 
 
+@styled
 def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     """2 × 3 panels: gain by quartile of C̃, D^L, D^I, raw KL; the Q3 high-support gap; the regression coefficients.
 
@@ -90,8 +91,8 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     gap = s["gap"][gain]
     est, lo, hi = (_num(gap.get(k)) for k in ("estimate", "ci_low", "ci_high"))
     ax = axes[len(BUCKET_SIGNALS)]
-    _bars(ax, ["low-C\ntercile", "high-C\ntercile", "gap"], [_num(gap.get("mean_low")), _num(gap.get("mean_high")), est],
-          cb[4], {2: (lo, hi)})
+    means = [_num(gap.get("mean_low")), _num(gap.get("mean_high")), est]
+    _bars(ax, ["low-C\ntercile", "high-C\ntercile", "gap"], means, cb[4], {2: (lo, hi)})
     ci = gap.get("ci")
     ax.set_title(f"high-support gain gap (Q3 cell, n = {gap.get('n_q3')} tokens)\n"
                  f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}], {'' if ci is None else f'{ci:.0%} '}CI over sequences")
@@ -111,7 +112,5 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
 
 def plot_teachability(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 7 to ``out_dir/teachability.{png,pdf}``; [] without ``RUN/probes/teachability_summary.json``."""
-    with style():
-        fig = figure_teachability(run_dir)
-        return [] if fig is None else save(fig, out_dir, NAME)
+    return save(figure_teachability(run_dir), out_dir, NAME)
 

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from mechopd.errors import DataError
 from mechopd.plots._common import (log, missing, new_figure, palette, percent, read_json, read_jsonl, run_info, save,
-                                   style)
+                                   styled)
 
 TRAINING_NAME = "training_curves"
 BUDGET_NAME = "budget_curve"
@@ -42,6 +42,7 @@ def eval_points(path: Path) -> dict[str, tuple[list[int], list[float]]]:
     return {key: (sorted(d), [d[s] for s in sorted(d)]) for key, d in by_step.items()}
 
 
+@styled
 def figure_training_curves(run_dir: Path) -> Figure | None:
     """Accuracy over training steps, one colour per method; solid = without context, dashed = with it.
 
@@ -52,7 +53,7 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
     for method in info.methods:
         path = info.root / "train" / method / "metrics.jsonl"
         if not path.is_file():
-            missing(TRAINING_NAME, path)
+            log.info("figure %s: %s not found; method %s left out", TRAINING_NAME, path, method)
             continue
         points = eval_points(path)
         if any(steps for steps, _ in points.values()):
@@ -74,16 +75,14 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
                         label=f"{info.label(method)}, {view}")
     ax.set_xlabel("training step (optimizer steps)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(f"Accuracy without (solid) and with (dashed) the context during training — {info.task}")
-    ax.legend(fontsize="small", ncols=2 if len(curves) > 2 else 1)
+    ax.set_title(f"Accuracy without (solid) and with (dashed) the context — {info.task}")
+    fig.legend(loc="outside right upper", title="method, view")
     return fig
 
 
 def plot_training_curves(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 1 to ``out_dir/training_curves.{png,pdf}``; [] when no metrics.jsonl has evaluation points."""
-    with style():
-        fig = figure_training_curves(run_dir)
-        return [] if fig is None else save(fig, out_dir, TRAINING_NAME)
+    return save(figure_training_curves(run_dir), out_dir, TRAINING_NAME)
 
 
 # ------------------------------------------------------------------------------------------------- budget sweep
@@ -103,6 +102,7 @@ def sweep_curves(path: Path) -> dict[str, tuple[list[float], list[float]]]:
     return {sel: (sorted(d), [d[b] for b in sorted(d)]) for sel, d in curves.items()}
 
 
+@styled
 def figure_budget_curve(run_dir: Path) -> Figure | None:
     """Final no-context accuracy against the TA-OPD budget ρ, one line per selector. None without sweep.json."""
     info = run_info(run_dir)
@@ -124,12 +124,10 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
     ax.set_xlabel("token budget ρ (% of response positions trained on)")
     ax.set_ylabel("final accuracy without context (%)")
     ax.set_title(f"TA-OPD budget sweep — {info.task}")
-    ax.legend(title="selector", fontsize="small")
+    fig.legend(loc="outside right upper", title="selector")
     return fig
 
 
 def plot_budget_curve(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 8 to ``out_dir/budget_curve.{png,pdf}``; [] without ``RUN/sweep/sweep.json``."""
-    with style():
-        fig = figure_budget_curve(run_dir)
-        return [] if fig is None else save(fig, out_dir, BUDGET_NAME)
+    return save(figure_budget_curve(run_dir), out_dir, BUDGET_NAME)

@@ -88,8 +88,9 @@ def _views(batch: TwoViewBatch):
 
 
 def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
-                       *, label: str = "transformer_lens") -> SimilarityResult:
-    """`similarity.two_view_cosine` through ``bridge.run_with_cache`` (view's attention mask and position ids)."""
+                       *, label: str = "transformer_lens", uids: Sequence[str] | None = None) -> SimilarityResult:
+    """`similarity.two_view_cosine` (no CKA) through ``bridge.run_with_cache`` with the view's attention mask and
+    position ids."""
     n = int(bridge.cfg.n_layers)
     sites = sites_for(n, layers)
     names = [tl_hook_name(s) for s in sites]
@@ -109,7 +110,7 @@ def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Seq
             del cache
         for s in sites:
             acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
-    return SimilarityResult(acc.site_rows(label), acc.example_rows(label))
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
 
 
 def _envoy(lm: Any, site: str) -> Any:
@@ -131,8 +132,8 @@ def _trace_outputs(lm: Any, inputs: dict, sites: Sequence[str]) -> list:
 
 
 def two_view_cosine_nnsight(lm: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
-                            *, label: str = "nnsight") -> SimilarityResult:
-    """`similarity.two_view_cosine` through ``lm.trace(...)``, saving each site's module output."""
+                            *, label: str = "nnsight", uids: Sequence[str] | None = None) -> SimilarityResult:
+    """`similarity.two_view_cosine` (no CKA) through ``lm.trace(...)``, saving each site's module output."""
     n = len(lm.model.layers)
     sites = sites_for(n, layers)
     acc = CosineAccumulator(sites, n)
@@ -146,4 +147,4 @@ def two_view_cosine_nnsight(lm: Any, batches: Iterable[TwoViewBatch], layers: Se
             got[which] = {s: batch.response_hidden(o, which) for s, o in zip(sites, outs)}  # [B, R, d]
         for s in sites:
             acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
-    return SimilarityResult(acc.site_rows(label), acc.example_rows(label))
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))

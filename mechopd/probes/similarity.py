@@ -16,11 +16,14 @@ per example (the per-example table). Optional linear CKA over tokens (Kornblith 
 
     CKA(X, Y) = ||X~^T Y~||_F^2 / (||X~^T X~||_F ||Y~^T Y~||_F),   X~ = X - mean over tokens   (X, Y: [tokens, d])
 
-Memory model (streaming): the hidden states live for one batch only (the no-context view's captures, ``[batch, R, d]``
-per site, until the context view's hook of the same site consumes them). Kept across batches, per site: the per-token
-cosines (4 bytes per response token, needed for the exact median) and one float per example; with ``cka=True`` three
+Memory model (streaming): hidden states live for one batch only. Per batch: the no-context view's captures,
+``[batch, R, d]`` per requested site in the model's dtype, held until the context view's hook of the same site consumes
+them (e.g. 38 sites x 4096 response slots x d 2560 x 2 bytes = 0.8 GB for Qwen3-4B in bf16: choose the batch size, or
+fewer layers, accordingly), on top of one forward's activations. Kept across batches, per site: the per-token cosines
+(4 bytes per response token, needed for the exact median) and one float per example; with ``cka=True`` three
 ``[d, d]`` float64 sums and two ``[d]`` sums (8 * (3 d^2 + 2 d) bytes per site, independent of the number of tokens).
-Nothing ``[tokens, d]`` accumulates.
+`ProbeItems` keeps the items and their response ids. Nothing ``[tokens, d]`` accumulates. The forward stops after the
+last requested site (capture.py), so a request without ``final_norm`` skips the layers above it.
 """
 
 from __future__ import annotations
@@ -424,16 +427,14 @@ def run_similarity(models: Mapping[str, str], task: str, n: int, seed: int, out_
     else:
         raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(labels)}), 'answers' or an "
                           "existing .jsonl file of response ids")
-    rows, ex_rows = [], []
-    for label in labels:
-        model = loaded.pop(label, None) or load_model(models[label], dtype=dtype, device=device)
-        res = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
-        rows += res.rows
-        ex_rows += res.example_rows
+    results: dict[str, SimilarityResult] = {}
+    for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
+        model = loaded.pop(label) if label in loaded else load_model(models[label], dtype=dtype, device=device)
+        results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model
     out = Path(out_dir)
-    write_rows(rows, out / "similarity.csv")
-    write_rows(ex_rows, out / "similarity_examples.csv")
+    write_rows([r for label in labels for r in results[label].rows], out / "similarity.csv")
+    write_rows([r for label in labels for r in results[label].example_rows], out / "similarity_examples.csv")
     with (out / "similarity_responses.jsonl").open("w") as f:
         for ex, r in zip(items.examples, items.responses):
             f.write(json.dumps({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}) + "\n")

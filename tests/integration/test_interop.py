@@ -94,20 +94,41 @@ def test_notebook_runs_as_a_script(tmp_path):
     assert len(kls) == 4 and kls[-1] < 1e-4
 
 
-def _percent_code_cells(text: str) -> list[str]:
-    cells, cur, kind = [], [], None
-    for line in text.splitlines() + ["# %%"]:
-        if re.match(r"^# %%( \[markdown\])?\s*$", line):
-            if kind == "code":
-                cells.append("\n".join(cur).strip())
-            kind, cur = ("markdown" if "markdown" in line else "code"), []
-        else:
-            cur.append(line)
-    return cells[:-1] if cells and not cells[-1] else cells
+def percent_cells(text: str) -> list[tuple[str, str]]:
+    """A percent-format script as (cell_type, source) pairs; markdown cells lose their leading '# '."""
+    cells: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        m = re.match(r"^# %%( \[markdown\])?\s*$", line)
+        if m:
+            cells.append(("markdown" if m.group(1) else "code", []))
+        elif cells:
+            kind, body = cells[-1]
+            body.append(line[2:] if kind == "markdown" and line.startswith("# ") else
+                        "" if kind == "markdown" and line == "#" else line)
+    return [(kind, "\n".join(body).strip("\n")) for kind, body in cells]
 
 
-def test_ipynb_holds_the_same_code_cells_as_the_script():
-    nb = json.loads(NOTEBOOK.with_suffix(".ipynb").read_text())
-    code = ["".join(c["source"]).strip() for c in nb["cells"] if c["cell_type"] == "code"]
-    assert code == _percent_code_cells(NOTEBOOK.read_text())
-    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+def percent_to_ipynb(text: str) -> dict:
+    """The .ipynb (nbformat 4, no outputs) holding a percent-format script's cells."""
+    cells = []
+    for kind, src in percent_cells(text):
+        lines = src.split("\n")
+        cell = {"cell_type": kind, "metadata": {}, "source": [ln + "\n" for ln in lines[:-1]] + lines[-1:]}
+        if kind == "code":
+            cell.update(execution_count=None, outputs=[])
+        cells.append(cell)
+    meta = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"}}
+    return {"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_ipynb_holds_the_same_cells_as_the_script():
+    got = json.loads(NOTEBOOK.with_suffix(".ipynb").read_text())
+    want = percent_to_ipynb(NOTEBOOK.read_text())
+    assert [c["cell_type"] for c in got["cells"]] == [c["cell_type"] for c in want["cells"]]
+    assert got == want, "probes/interactive.ipynb is stale: python tests/integration/test_interop.py --write-ipynb"
+    assert sum(c["cell_type"] == "code" for c in got["cells"]) >= 5
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-ipynb"]:
+    NOTEBOOK.with_suffix(".ipynb").write_text(json.dumps(percent_to_ipynb(NOTEBOOK.read_text()), indent=1) + "\n")

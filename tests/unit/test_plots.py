@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.collections import PathCollection, QuadMesh
+from matplotlib.colors import to_rgb
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 from PIL import Image
@@ -24,7 +25,7 @@ from mechopd import plots
 from mechopd.errors import DataError
 from mechopd.probes import deltas, gradients, similarity, teachability
 from mechopd.probes.capture import sites_for
-from mechopd.removability import summarize
+from mechopd.removability import RegimeThresholds, summarize
 
 METHODS = ("opd", "nca", "ta_opd")
 LABELS = {"base": "Base", "opd": "OPD", "nca": "NCA", "ta_opd": "TA-OPD"}
@@ -269,14 +270,39 @@ def test_regime_map_one_point_per_model_with_defined_harm(run_dir: Path) -> None
 
 def test_regime_map_over_several_runs_marks_tasks(tmp_path: Path, run_dir: Path) -> None:
     other = make_run(tmp_path, task="frozenlake", seed=1)
-    ax = panels(plots.figure_regime_map([run_dir, other]))[0]
+    fig = plots.figure_regime_map([run_dir, other])
+    ax = panels(fig)[0]
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert len(points) == 6
     markers = {tuple(np.round(c.get_paths()[0].vertices, 6).ravel()) for c in points}
     assert len(markers) == 2  # one marker per task
-    assert len(ax.get_legend().get_texts()) == 2  # the task legend (the model legend is kept as an artist)
+    model_legend, task_legend = fig.legends
+    assert [t.get_text() for t in task_legend.get_texts()] == ["rules", "frozenlake"]
+    assert [t.get_text() for t in model_legend.get_texts()] == ["Base", "OPD", "NCA"]
     paths = plots.plot_regime_map([run_dir, other], tmp_path / "figs")
     assert [p.suffix for p in paths] == [".png", ".pdf"]
+
+
+def test_regime_thresholds_come_from_demo_json_else_from_the_reports(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "demo.json").write_text(json.dumps({"task": "rules", "methods": ["opd"],
+                                               "thresholds": {"drop_min": 0.07, "harm_high": 0.3, "gain_min": 0.04}}))
+    recs = _records(rng, 0.8, 0.6)
+    own = RegimeThresholds(drop_min=0.05, harm_high=0.2, gain_min=0.01)
+    (run / "eval" / "opd.json").write_text(json.dumps({"summary": summarize(recs, n_boot=0, thresholds=own)}))
+    ax = panels(plots.figure_regime_map(run))[0]
+    assert "drop_min 0.07, harm_high 0.3, gain_min 0.04" in ax.get_title()
+    (run / "demo.json").write_text(json.dumps({"task": "rules", "methods": ["opd"]}))
+    ax = panels(plots.figure_regime_map(run))[0]
+    assert "drop_min 0.05, harm_high 0.2, gain_min 0.01" in ax.get_title()
+    boxes = {(round(p.get_x() + p.get_width(), 9), round(p.get_y() + p.get_height(), 9)) for p in ax.patches}
+    assert (-1.0, 20.0) in boxes  # region B ends at −gain_min and Harm = harm_high (in %)
+    assert (5.0, 20.0) in boxes  # region C ends at drop_min
+    (run / "demo.json").write_text(json.dumps({"methods": ["opd"], "thresholds": {"drop_min": 2.0}}))
+    with pytest.raises(DataError, match="demo.json"):
+        plots.figure_regime_map(run)
 
 
 def test_layer_cosine_one_line_per_model_over_every_site(run_dir: Path) -> None:
@@ -357,6 +383,46 @@ def test_budget_curve_one_line_per_selector(run_dir: Path) -> None:
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["TA-OPD", "random", "entropy"]
     assert all(list(line.get_xdata()) == [100 * b for b in BUDGETS] for line in lines)  # null at ρ=1 left out
+
+
+def test_parameter_deltas_from_an_already_aggregated_table(run_dir: Path, tmp_path: Path) -> None:
+    per_tensor = deltas.read_table(run_dir / "probes" / "deltas.csv")
+    run = tmp_path / "agg"
+    (run / "probes").mkdir(parents=True)
+    (run / "demo.json").write_text((run_dir / "demo.json").read_text())
+    deltas.write_table(deltas.aggregate_deltas(per_tensor, "site") + deltas.aggregate_deltas(per_tensor, "all"),
+                       run / "probes" / "deltas")
+    grids = [[np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
+             for ax in panels(plots.figure_parameter_deltas(run))]
+    expected = [[np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
+                for ax in panels(plots.figure_parameter_deltas(run_dir))]
+    assert len(grids) == 3
+    for got, want in zip(grids, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_method_keeps_its_colour_across_figures(run_dir: Path) -> None:
+    curves = {line.get_label(): line.get_color() for line in panels(plots.figure_training_curves(run_dir))[0].lines}
+    bars = bar_containers(panels(plots.figure_removability(run_dir))[0])
+    budget = {line.get_label(): line.get_color() for line in panels(plots.figure_budget_curve(run_dir))[0].lines}
+    for k, method in enumerate(METHODS):
+        colour = to_rgb(curves[f"{LABELS[method]}, without context"])
+        assert to_rgb(bars[k + 1].patches[0].get_facecolor()) == pytest.approx(colour)
+    assert to_rgb(budget["TA-OPD"]) == pytest.approx(to_rgb(curves["TA-OPD, without context"]))
+    assert to_rgb(bars[0].patches[0].get_facecolor()) == pytest.approx(to_rgb("#949494"))  # base: the palette's grey
+    assert len({to_rgb(c) for c in curves.values()} | {to_rgb(bars[0].patches[0].get_facecolor())}) == 4
+
+
+def test_column_names_kept_in_plots_match_the_probe_writers() -> None:
+    from dataclasses import fields
+
+    from mechopd.plots import layers as plot_layers
+    from mechopd.plots import teachability as plot_teach
+
+    assert plot_layers.GRAD_COLUMNS == tuple(f.name for f in fields(gradients.GradRow))
+    assert (plot_teach.SUMMARY_NAME, plot_teach.BUCKET_SIGNALS, plot_teach.GAINS) == \
+        (teachability.SUMMARY_NAME, teachability.BUCKET_SIGNALS, teachability.GAINS)
+    assert plot_layers.BASE == deltas.BASE
 
 
 # ------------------------------------------------------------------------------------------------ absent / broken

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
@@ -213,6 +213,11 @@ def test_bad_input_names_the_problem(tok, model, items):
         compare_models({"a": model, "b": tiny(tok, hidden=48)}, items)
     with pytest.raises(ModelError, match="num_hidden_layers"):
         compare_models({"a": model, "b": tiny(tok, layers=3)}, items)
+    llama = LlamaConfig(**{k: getattr(model.config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                                  "num_attention_heads", "num_key_value_heads",
+                                                                  "head_dim", "vocab_size")})
+    with pytest.raises(ModelError, match="model_type"):
+        compare_models({"a": model, "b": AutoModelForCausalLM.from_config(llama)}, items)
     for bad in ([2], [-3], ["layers.7.resid_post"]):
         with pytest.raises(ConfigError, match="out of range"):
             two_view_cosine(model, items, layers=bad)
