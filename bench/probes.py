@@ -187,7 +187,8 @@ def report_memory(mem: list[tuple[str, dict, dict]]) -> None:
         grow_a, grow_b = a["peak_mib"] - a["rss_before_mib"], b["peak_mib"] - b["rss_before_mib"]
         print(f"memory [{label}]: N={a['n']} ({a['tokens']} tokens) peak {a['peak_mib']:.0f} MiB (+{grow_a:.1f} over "
               f"the RSS before the probe); 10N={b['n']} ({b['tokens']} tokens) peak {b['peak_mib']:.0f} MiB "
-              f"(+{grow_b:.1f})   peak(10N)/peak(N) = {ratio:.3f}  target <= 1.1  {'met' if ratio <= 1.1 else 'MISSED'}")
+              f"(+{grow_b:.1f})   peak(10N)/peak(N) = {ratio:.3f}  target <= 1.1  "
+              f"{'met' if ratio <= 1.1 else 'MISSED'}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,10 +42,10 @@ class DemoConfig:
     fast: bool = False
     sweep: bool = False
     seed: int = 0
-    steps: int = 120
+    steps: int = 150
     batch_size: int = 32
     lr: float = 1e-3
-    eval_every: int = 20
+    eval_every: int = 25
     eval_n: int = 200
     probe_n: int = 64
     organism_dir: str = "runs/organisms"

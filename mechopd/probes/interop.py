@@ -41,6 +41,11 @@ def _checkpoint(path: str | os.PathLike) -> str:
     return p
 
 
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def tl_hook_name(site: str) -> str:
     """TransformerLens (compatibility names) address of a probe site."""
     if site == "embed":
@@ -61,7 +66,7 @@ def to_transformer_lens(checkpoint_dir: str | os.PathLike, *, device: str = "cpu
     try:
         bridge = TransformerBridge.boot_transformers(path, device=device, dtype=dtype, tokenizer=load_tokenizer(path))
     except (ValueError, OSError, KeyError, NotImplementedError) as e:
-        raise ModelError(f"TransformerLens cannot load {path}: {str(e).splitlines()[0]}") from None
+        raise ModelError(f"TransformerLens cannot load {path}: {_first_line(e)}") from None
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     return bridge.eval()
 
@@ -77,7 +82,7 @@ def to_nnsight(checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype:
         lm = TransformersModel(path, task="text-generation", tokenizer=load_tokenizer(path), dispatch=True,
                                device_map=device, dtype=dtype)
     except (ValueError, OSError, KeyError) as e:
-        raise ModelError(f"nnsight cannot load {path}: {str(e).splitlines()[0]}") from None
+        raise ModelError(f"nnsight cannot load {path}: {_first_line(e)}") from None
     lm.eval()
     return lm
 

@@ -103,11 +103,34 @@ class StreamingCKA:
         return float((cxy**2).sum()) / den if den > 0 else float("nan")
 
 
+class _Buffer:
+    """An append-only 1-D CPU tensor that doubles its capacity: O(log n) long-lived allocations.
+
+    (Appending one small tensor per batch instead interleaves long-lived small blocks with a forward's large transient
+    ones; the heap fragments and the process's RSS creeps with the number of batches.)
+    """
+
+    def __init__(self, dtype: torch.dtype, capacity: int = 4096) -> None:
+        self.data, self.n = torch.empty(capacity, dtype=dtype), 0
+
+    def append(self, values: torch.Tensor) -> None:
+        k = values.numel()
+        if self.n + k > self.data.numel():
+            grown = torch.empty(max(2 * self.data.numel(), self.n + k), dtype=self.data.dtype)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+        self.data[self.n : self.n + k] = values.reshape(-1)  # copies off the device
+        self.n += k
+
+    def values(self) -> torch.Tensor:
+        return self.data[: self.n]
+
+
 @dataclass
 class _SiteStats:
-    tokens: list[torch.Tensor] = field(default_factory=list)  # per batch: [n_valid] float32 cosines, CPU
-    example_means: list[torch.Tensor] = field(default_factory=list)  # per batch: [B] float64, CPU
-    example_tokens: list[torch.Tensor] = field(default_factory=list)  # per batch: [B] int64
+    tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.float32))  # per-token cosines
+    example_means: _Buffer = field(default_factory=lambda: _Buffer(torch.float64, 256))  # per example (NaN: empty)
+    example_tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.int64, 256))  # response tokens per example
     cka: StreamingCKA | None = None
 
 
@@ -125,9 +148,9 @@ class CosineAccumulator:
         cos = token_cosine(hx, hc)  # [B, R]
         counts = mask.sum(1)  # [B]
         means = (cos * mask).sum(1).double() / counts.clamp_min(1)  # [B]
-        st.tokens.append(cos[mask].cpu())
-        st.example_means.append(torch.where(counts > 0, means, torch.nan).cpu())
-        st.example_tokens.append(counts.cpu())
+        st.tokens.append(cos[mask])
+        st.example_means.append(torch.where(counts > 0, means, torch.nan))
+        st.example_tokens.append(counts)
         if st.cka is not None:
             st.cka.add(hx[mask], hc[mask])  # [n_valid, d] each
 
@@ -136,8 +159,8 @@ class CosineAccumulator:
         rows = []
         for s in self.sites:
             st = self.stats[s]
-            vals = torch.cat(st.tokens).double().numpy() if st.tokens else np.zeros(0)
-            ex = torch.cat(st.example_means).numpy() if st.example_means else np.zeros(0)
+            vals = st.tokens.values().double().numpy()
+            ex = st.example_means.values().numpy()
             ex = ex[~np.isnan(ex)]
             row = {"model": label, "site": s, "depth": site_depth(s, self.n_layers), "layer": site_layer(s),
                    "n_examples": int(ex.size), "n_tokens": int(vals.size),
@@ -154,8 +177,7 @@ class CosineAccumulator:
         rows = []
         for s in self.sites:
             st = self.stats[s]
-            means = torch.cat(st.example_means).tolist() if st.example_means else []
-            counts = torch.cat(st.example_tokens).tolist() if st.example_tokens else []
+            means, counts = st.example_means.values().tolist(), st.example_tokens.values().tolist()
             for i, (m, c) in enumerate(zip(means, counts)):
                 rows.append({"model": label, "example": i, "uid": uids[i] if uids is not None else str(i), "site": s,
                              "depth": site_depth(s, self.n_layers), "layer": site_layer(s), "n_tokens": int(c),

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
-from mechopd.probes.similarity import (StreamingCKA, compare_models, make_batches, run_similarity, token_cosine,
-                                       two_view_cosine, write_rows)
+from mechopd.probes.similarity import (StreamingCKA, _Buffer, compare_models, make_batches, run_similarity,
+                                       token_cosine, two_view_cosine, write_rows)
 from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
 
@@ -213,9 +213,9 @@ def test_bad_input_names_the_problem(tok, model, items):
         compare_models({"a": model, "b": tiny(tok, hidden=48)}, items)
     with pytest.raises(ModelError, match="num_hidden_layers"):
         compare_models({"a": model, "b": tiny(tok, layers=3)}, items)
-    llama = LlamaConfig(**{k: getattr(model.config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                                  "num_attention_heads", "num_key_value_heads",
-                                                                  "head_dim", "vocab_size")})
+    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size")
+    llama = LlamaConfig(**{k: getattr(model.config, k) for k in shape})
     with pytest.raises(ModelError, match="model_type"):
         compare_models({"a": model, "b": AutoModelForCausalLM.from_config(llama)}, items)
     for bad in ([2], [-3], ["layers.7.resid_post"]):
@@ -255,6 +255,15 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
         run_similarity(dirs, "rules", 4, 0, tmp_path / "bad", responses_from="nca", progress=False)
     with pytest.raises(ConfigError, match="out of range"):
         run_similarity(dirs, "rules", 4, 0, tmp_path / "bad", layers=[9], progress=False)
+
+
+def test_growing_buffer_keeps_every_value_in_order():
+    buf = _Buffer(torch.float32, capacity=2)
+    chunks = [torch.arange(k, dtype=torch.float32) + 10 * k for k in (1, 0, 3, 5, 2)]
+    for c in chunks:
+        buf.append(c)
+    torch.testing.assert_close(buf.values(), torch.cat(chunks))
+    assert buf.data.numel() >= 11 and buf.n == 11
 
 
 def test_write_rows_formats(tmp_path):
