@@ -31,15 +31,18 @@ def _probe_lines(run: Path) -> list[str]:
         g = [r for r in csv.DictReader(open(grad)) if r["scope"] == "global"]
         if g:
             lines.append(f"- **Gradient alignment** cos(∇{g[0]['term_a']}, ∇{g[0]['term_b']}) at the OPD checkpoint: "
-                         f"{float(g[0]['cos']):.3f} (norm ratio {float(g[0]['norm_ratio']):.3f}).")
+                         f"{float(g[0]['cos']):.3f} (gradient norm ratio ‖∇{g[0]['term_a']}‖/‖∇{g[0]['term_b']}‖ = "
+                         f"{float(g[0]['norm_ratio']):.3g}).")
     teach = _load(run / "probes" / "teachability_summary.json")
     if teach:
         gap = teach.get("gap", teach.get("high_support_gap", {}))
         if isinstance(gap, dict) and "gain_abs" in gap:
             gap = gap["gain_abs"]
         if isinstance(gap, dict) and gap.get("estimate") is not None:
+            ci = (f"[{gap['low']:.4f}, {gap['high']:.4f}]" if gap.get("low") is not None
+                  else "(interval undefined: too few tokens in the cell for the sequence bootstrap)")
             lines.append(f"- **High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): "
-                         f"{gap['estimate']:.4f} [{gap.get('low')}, {gap.get('high')}].")
+                         f"{gap['estimate']:.4f} {ci}.")
     return lines
 
 
@@ -69,15 +72,12 @@ def write_report_md(run: str | Path) -> Path:
             out.append(f"- **{labels.get(k, k)}** — regime {s['regime']}: {s['regime_reason']}")
     out += ["", "## Mechanistic probes", ""] + (_probe_lines(run) or ["(no probe output found)"]) + [""]
     out += ["## Figures", ""]
-    try:
-        from mechopd.plots import figure_index
-    except ImportError:  # pragma: no cover - plots package always present in a full install
-        figure_index = None
-    if figure_index is not None:
-        for name, title, caption in figure_index():
-            png = run / "figures" / f"{name}.png"
-            if png.exists():
-                out += [f"### {title}", "", f"![{title}](figures/{name}.png)", "", caption, ""]
+    from mechopd.plots import figure_index
+
+    for name, title, caption in figure_index():
+        png = run / "figures" / f"{name}.png"
+        if png.exists():
+            out += [f"### {title}", "", f"![{title}](figures/{name}.png)", "", caption, ""]
     out += ["## Reproduce", "", "```bash"]
     fast = " --fast" if cfg.get("fast") else ""
     out.append(f"mechopd demo --task {task} --out {run}{fast}{' --sweep' if cfg.get('sweep') else ''}")
