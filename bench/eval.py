@@ -36,11 +36,12 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import build_organism, pick_threads  # noqa: E402
+from train_step import build_organism, pick_threads, quiet  # noqa: E402
 
 TARGET = 1.2
 PHASES: dict[str, float] = collections.defaultdict(float)
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="auto", help="torch threads: an integer or auto (2 if idle, else 1)")
     ap.add_argument("--quick", action="store_true", help="--n 100 --rounds 6")
     args = ap.parse_args(argv)
+    quiet()
     if args.quick:
         args.n, args.rounds = 100, 6
     threads = pick_threads(args.threads)

@@ -1,4 +1,4 @@
-"""Benchmark: one optimizer step of OPD / NCA / TA-OPD (mechopd `Trainer.train_step`) against two references, in ONE run.
+"""Benchmark: one optimizer step of OPD / NCA / TA-OPD (`Trainer.train_step`) against two references, in ONE run.
 
 Variants, all on the rules organism's architecture (Qwen3, hidden 96, 3 layers, 4 heads, 2 kv heads, intermediate 192,
 the word-level organism tokenizer), same prompts, same batch B and the same 24 new tokens per response:
@@ -50,6 +50,7 @@ from typing import Any, Callable
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
@@ -64,6 +65,16 @@ TARGETS = [  # (label, numerator, denominator, bound, "<=" | ">=")
     ("TA-OPD / OPD", "ta_opd", "opd", 1.05, "<="),
     ("TRL / OPD (= OPD steps/s over TRL's)", "trl", "opd", 1.30, ">="),
 ]
+
+
+def quiet() -> None:
+    """No weight-loading progress bars or deprecation chatter from inside transformers / TRL in the bench output."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def pick_threads(arg: str) -> int:
@@ -110,14 +121,16 @@ class BareLoop:
         self.teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
         self.opt = torch.optim.AdamW(self.student.parameters(), lr=lr, weight_decay=0.0)
         items = get_task("rules").examples("train", pool, seed)
-        chat = lambda text: self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,  # noqa
-                                                        add_generation_prompt=True)
-        enc = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        self.px = [enc(chat(ex.prompt)) for ex in items]
-        self.pc = [enc(chat(ex.context + "\n\n" + ex.prompt)) for ex in items]
+        self.px = self._encode([ex.prompt for ex in items])  # no-context view
+        self.pc = self._encode([ex.context + "\n\n" + ex.prompt for ex in items])  # context view ("user" placement)
         self.B, self.R, self.pos, self.pad, self.nca = batch, new_tokens, 0, self.tok.pad_token_id, nca
         self.stop = torch.tensor([self.tok.eos_token_id])
         self.gen = torch.Generator().manual_seed(seed)
+
+    def _encode(self, user_texts: list[str]) -> list[list[int]]:
+        convs = [[{"role": "user", "content": t}] for t in user_texts]
+        texts = self.tok.apply_chat_template(convs, tokenize=False, add_generation_prompt=True)
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         P = max(len(s) for s in seqs)
@@ -171,7 +184,7 @@ class BareLoop:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
         self.opt.step()
-        return time.perf_counter() - t0, float(resp.shape[1])
+        return time.perf_counter() - t0, float((resp != self.pad).sum(1).float().mean())  # pad is never sampled
 
 
 def make_trainer_step(path: Path, out_root: Path, name: str, method: str, selector: str, args) -> Callable:
@@ -256,12 +269,13 @@ class TRLRunner:
         """What TRL actually ran with (read back from the trainer after the run)."""
         t, opt = self.trainer, self.trainer.optimizer
         inner = getattr(opt, "optimizer", opt)
+        old_logp = t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) != 0
         return (f"TRL {__import__('trl').__version__}: student {t.model.dtype}, teacher {t.teacher_model.dtype}, "
                 f"activation_checkpointing {t.args.activation_checkpointing}, bf16 {t.args.bf16}, "
                 f"optimizer {type(inner).__name__}(fused={inner.defaults.get('fused')}, "
                 f"foreach={inner.defaults.get('foreach')}), do_sample {t.generation_config.do_sample}, "
                 f"max_new_tokens {t.generation_config.max_new_tokens}, num_generations {t.num_generations}, "
-                f"old-logp forward {t.args.gradient_accumulation_steps % (t.args.steps_per_generation * t.num_iterations) != 0}")
+                f"old-logp forward {old_logp}")
 
     def run(self, n: int, between: Callable[[int], None]) -> tuple[list[float], list[float]]:
         self.times, self.lens, self.between, self.resumed = [], [], between, None
@@ -358,13 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl,bare_nca")
     ap.add_argument("--quick", action="store_true", help="--steps 40 --warmup 5")
     args = ap.parse_args(argv)
+    quiet()
     if args.quick:
         args.steps, args.warmup = 40, 5
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     load = os.getloadavg()
     print(f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant after {args.warmup} warm-up steps")
+          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant after {args.warmup} warm-up")
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-train-") as tmp:
         root = Path(tmp)

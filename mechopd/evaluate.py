@@ -160,6 +160,13 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     items = task.examples("test", cfg.n, cfg.seed)
     if not items:
         raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
+    if task.is_game:  # held-out boards: checked, not assumed (the hash split puts 1 board in 10 in "test")
+        from mechopd.tasks.gamecore import split_of
+
+        leaked = [ex.uid for ex in items if split_of(ex.uid) != "test"]
+        if leaked:
+            raise TaskError(f"{len(leaked)} evaluation boards of {task.name!r} hash into the training split "
+                            f"(e.g. {leaked[0]}); the task's split is broken")
     if train_uids is not None:
         overlap = {ex.uid for ex in items} & set(train_uids)
         if overlap:

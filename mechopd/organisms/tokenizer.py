@@ -62,9 +62,9 @@ def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
         bos_token=BOS,
         eos_token=EOS,
         additional_special_tokens=[IM_START],
+        padding_side="left",  # a constructor argument, so that save_pretrained / from_pretrained keep it
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
     return fast
 
 
