@@ -64,6 +64,18 @@ class FrozenLakeBoard:
             return "P"
         return "H" if i in self.holes else "G" if i == self.goal else "F"
 
+    def readout(self, key: int) -> str:
+        """One line: where G is from P and what lies next to P, e.g. ``G : 2 up 3 left , P : up F , down H , left
+        F , right edge``. Words already in the prompt's vocabulary only."""
+        n = self.size
+        (pr, pc), (gr, gc) = divmod(key, n), divmod(self.goal, n)
+        near = []
+        for a in ACTIONS:
+            r, c = pr + DELTAS[a][0], pc + DELTAS[a][1]
+            near.append(f"{a} {self.cell(key, r * n + c) if 0 <= r < n and 0 <= c < n else 'edge'}")
+        return (f"G : {abs(gr - pr)} {'up' if gr < pr else 'down'} {abs(gc - pc)} {'left' if gc < pc else 'right'} , "
+                f"P : {' , '.join(near)}")
+
     def render(self, key: int) -> str:
         n = self.size
         return render_cells([[self.cell(key, r * n + c) for c in range(n)] for r in range(n)])
@@ -148,8 +160,9 @@ class FrozenLakeTask(GameTask):
 
     def __init__(self, size: int = 4, holes: int = 3, start: Any = "random", goal: Any = "random",
                  min_path: int = 3, step_budget: int = 5, context: str | None = None, weak_policy: str = "random",
-                 max_new_tokens: int = 8, temperature: float = 0.7):
+                 max_new_tokens: int = 8, temperature: float = 0.7, readout: bool = True):
         super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
+        self.readout = bool(readout)  # position read-out under the board: lets a 3-layer organism learn the policy
         self.size = check_int(self.name, "size", size, 3, 6)
         self.holes = check_int(self.name, "holes", holes, 0, size * size - 2)
         self.start = None if start == "random" else _cell(size, start, "start")
@@ -169,6 +182,11 @@ class FrozenLakeTask(GameTask):
 
     def size_params(self) -> dict[str, int]:
         return {"size": self.size, "holes": self.holes}
+
+    def readout_words(self) -> list[str]:
+        if not self.readout:
+            return []
+        return ["G : P , edge up down left right F H", " ".join(str(i) for i in range(self.size))]
 
 
 @register_task("frozenlake")

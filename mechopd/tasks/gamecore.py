@@ -177,8 +177,8 @@ def board_header(step: int, budget: int) -> str:
 class GameEpisode:
     """One game (implements `mechopd.tasks.base.Episode`). A move is spent per reply, valid or not."""
 
-    def __init__(self, board: Board, intro: str, step_budget: int):
-        self.board, self.intro, self.step_budget = board, intro, step_budget
+    def __init__(self, board: Board, intro: str, step_budget: int, readout: bool = False):
+        self.board, self.intro, self.step_budget, self.readout = board, intro, step_budget, readout
         self.key = board.initial_key()
         self.steps = 0
         self.invalid_moves = 0
@@ -196,7 +196,10 @@ class GameEpisode:
             raise RuntimeError("the episode is over; check `done` before asking for a prompt")
         log = [log_line(i, a, o) for i, (a, o) in enumerate(self.history, 1)] or ["no moves yet."]
         parts = [self.intro, "Log:", *log, board_header(self.steps + 1, self.step_budget)]
-        return "\n".join(parts + [self.board.render(self.key)])
+        board = [self.board.render(self.key)]
+        if self.readout:  # a one-line position read-out under the board (organism option; see FrozenLakeTask)
+            board.append(self.board.readout(self.key))
+        return "\n".join(parts + board)
 
     def step(self, response_text: str) -> str | None:
         """Play the last bracketed action of the reply (None: invalid move). Returns the parsed action."""
@@ -255,6 +258,11 @@ class GameTask(ABC):
     default_context = ""  # the experience items
     outcomes: tuple[str, ...] = ()  # every outcome phrase `Board.step` can return
     symbols: tuple[str, ...] = ()  # every board cell symbol
+    readout: bool = False  # a position read-out line under the board (subclasses that support it expose an option)
+
+    def readout_words(self) -> list[str]:
+        """Texts the read-out line can contain (for the vocabulary); none when the task has no read-out."""
+        return []
 
     def __init__(self, step_budget: int, context: str | None, weak_policy: str, max_new_tokens: int,
                  temperature: float):
@@ -310,7 +318,7 @@ class GameTask(ABC):
         path = bfs_path(board, board.initial_key())
         meta = {**board.to_meta(), "optimal_moves": len(path or []), "solution": path,
                 "step_budget": self.step_budget}
-        prompt = GameEpisode(board, self.intro, self.step_budget).prompt()
+        prompt = GameEpisode(board, self.intro, self.step_budget, self.readout).prompt()
         return Example(uid=uid, prompt=prompt, context=self.context, answer=None, meta=meta)
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
@@ -330,7 +338,7 @@ class GameTask(ABC):
     def new_episode(self, example: Example) -> GameEpisode:
         if example.meta.get("game") != self.name:
             raise TaskError(f"{self.name}: example {example.uid} holds a {example.meta.get('game')!r} board")
-        return GameEpisode(self.board_from_meta(example.meta), self.intro, self.step_budget)
+        return GameEpisode(self.board_from_meta(example.meta), self.intro, self.step_budget, self.readout)
 
     def score(self, example: Example, response_text: str) -> bool:
         """Single-turn view of a game: is the reply's action an optimal first move on the example's board?"""
@@ -352,7 +360,7 @@ class GameTask(ABC):
 
     # vocabulary and pretraining corpus ------------------------------------
     def vocab(self) -> list[str]:
-        texts = [self.intro, self.context, "Log:", "no moves yet.", *self.symbols]
+        texts = [self.intro, self.context, "Log:", "no moves yet.", *self.symbols, *self.readout_words()]
         texts += [action_text(a) for a in (*ACTIONS, *ALIASES)]
         for i in range(1, self.step_budget + 1):
             texts.append(board_header(i, self.step_budget))
@@ -371,7 +379,7 @@ class GameTask(ABC):
         boards = _cycle(self.board_stream("train", seed))
         out: list[tuple[str | None, str, str]] = []
         while len(out) < n:
-            episode = GameEpisode(next(boards)[1], self.intro, self.step_budget)
+            episode = GameEpisode(next(boards)[1], self.intro, self.step_budget, self.readout)
             p_expert = rng.choice((0.0, 0.25, 0.5, 0.75, 1.0))
             while not episode.done and len(out) < n:
                 prompt, expert = episode.prompt(), expert_action(episode.state)
