@@ -232,3 +232,35 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[st
     (out / "compare.md").write_text(md)
     (out / "compare.csv").write_text(csv_text)
     return md, out / "compare.md", out / "compare.csv"
+
+
+def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int = 1,
+             temperature: float | None = None, spec: RenderSpec | None = None, tokenizer: Any = None,
+             task_options: dict[str, Any] | None = None, out: str | Path | None = None) -> dict[str, Any]:
+    """``mechopd.evaluate(model, task, n=..., seed=...)``: `model` a checkpoint dir (or a loaded model with
+    `tokenizer`), `task` a name (with `task_options`) or a task object. Writes the report to `out` when given."""
+    from mechopd.models import load_model, load_tokenizer
+    from mechopd.tasks.base import get_task
+
+    if isinstance(model, (str, Path)):
+        tokenizer = tokenizer or load_tokenizer(model)
+        model = load_model(model)
+    if tokenizer is None:
+        raise TaskError("evaluate: pass tokenizer= with a loaded model (or pass a checkpoint directory)")
+    if isinstance(task, str):
+        task = get_task(task, **(task_options or {}))
+    rep = evaluate_model(model, tokenizer, task, EvalConfig(n=n, seed=seed, samples=samples,
+                                                            temperature=temperature), spec)
+    if out is not None:
+        write_report(rep, out)
+    return rep
+
+
+class _CallableEvaluateModule(__import__("types").ModuleType):
+    """Lets ``mechopd.evaluate(...)`` call `evaluate` (issue API) while ``mechopd.evaluate.X`` stays a module."""
+
+    def __call__(self, *args, **kwargs):
+        return evaluate(*args, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableEvaluateModule

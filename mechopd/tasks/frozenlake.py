@@ -160,9 +160,9 @@ class FrozenLakeTask(GameTask):
 
     def __init__(self, size: int = 4, holes: int = 3, start: Any = "random", goal: Any = "random",
                  min_path: int = 3, step_budget: int = 5, context: str | None = None, weak_policy: str = "random",
-                 max_new_tokens: int = 8, temperature: float = 0.7, readout: bool = True):
+                 max_new_tokens: int = 8, temperature: float = 0.7, readout: bool = False):
         super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
-        self.readout = bool(readout)  # position read-out under the board: lets a 3-layer organism learn the policy
+        self.readout = bool(readout)  # position read-out line under the board (an experiment; off by default)
         self.size = check_int(self.name, "size", size, 3, 6)
         self.holes = check_int(self.name, "holes", holes, 0, size * size - 2)
         self.start = None if start == "random" else _cell(size, start, "start")
