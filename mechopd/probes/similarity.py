@@ -318,16 +318,21 @@ def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
 
 def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: RenderSpec, *, max_new_tokens: int,
                      temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
-    """One response per example sampled from `model` on the NO-context view (as the student samples in OPD)."""
-    device = _device(model)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """One response per example sampled from `model` on the NO-context view (as the student samples in OPD).
+
+    Per-example seeds (``rollout.sample(row_seeds=...)``): a response depends on (seed, example), not on batch_size.
+    """
+    import hashlib
+
     stop = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
     out: list[list[int]] = []
     for i in range(0, len(examples), batch_size):
-        prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples[i : i + batch_size]]
+        chunk = examples[i : i + batch_size]
+        prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in chunk]
+        seeds = [int(hashlib.sha1(f"{seed}|{e.uid}".encode()).hexdigest()[:12], 16) for e in chunk]
         g = sample(model, prompts, max_new_tokens=max_new_tokens, stop=stop, pad_id=pad, temperature=temperature,
-                   greedy=greedy, generator=gen)
+                   greedy=greedy, row_seeds=None if greedy else seeds)
         out.extend(g.responses)
     return out
 
@@ -340,8 +345,8 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
     responses_from: a model (responses sampled from it on the no-context view with `rollout.sample`, the task's
     temperature and max_new_tokens; ``greedy`` for argmax), ``"answers"`` (the task's reference answers + eos), or the
     response ids themselves (one list per item). Games (``task.is_game``): the first move's prompt only.
-    Sampled responses are a function of (seed, batch_size): the sampler draws for a whole batch at once (keep the
-    ids: `run_similarity` writes them to ``similarity_responses.jsonl``, which ``responses_from`` accepts).
+    Sampled responses are a function of (seed, item): per-row seeds make them independent of batch_size (the ids are
+    also written by `run_similarity` to ``similarity_responses.jsonl``, which ``responses_from`` accepts).
     spec: default ``RenderSpec(placement=task.placement)``.
     """
     spec = spec or RenderSpec(placement=task.placement)

@@ -274,3 +274,17 @@ def test_write_rows_formats(tmp_path):
     assert (tmp_path / "r.csv").read_text().splitlines()[0] == "site,layer,cos_mean,cka"
     with pytest.raises(ConfigError, match=".csv or .json"):
         write_rows(rows, tmp_path / "r.txt")
+
+
+def test_sampled_responses_do_not_depend_on_batch_size(organism_tokenizer, tiny_qwen3):
+    from mechopd.probes.similarity import sample_responses
+    from mechopd.tasks.base import get_task
+    from mechopd.views import RenderSpec
+
+    ex = get_task("rules").examples("test", 5, 0)
+    kw = dict(max_new_tokens=6, temperature=1.0, seed=4)
+    a = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=2, **kw)
+    b = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **kw)
+    c = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5,
+                         **{**kw, "seed": 5})
+    assert a == b and a != c
