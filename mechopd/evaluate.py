@@ -24,7 +24,7 @@ from mechopd.errors import TaskError
 from mechopd.organisms.tokenizer import split_words
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example
-from mechopd.train.rollout import play_games, sample, stop_ids, strip_stop
+from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
 
@@ -111,9 +111,7 @@ def _unparseable(task: Any, text: str) -> bool:
 
 
 def hash_seed(seed: int, uid: str, j: int, ctx: bool) -> int:
-    import hashlib
-
-    return int(hashlib.sha1(f"{seed}|{uid}|{j}|{int(ctx)}".encode()).hexdigest()[:12], 16)
+    return stable_seed(seed, uid, j, int(ctx))
 
 
 def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, T: float, greedy: bool):

@@ -161,7 +161,8 @@ class TwoViewBatch:
         return TwoViewBatch(**moved)
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id(tokenizer: Any) -> int:
+    """The padding id (pad, else eos); a tokenizer with neither raises `TaskError`."""
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id
@@ -213,7 +214,7 @@ def build_two_view_batch(
         raise ValueError(f"layout must be 'left' or 'right', got {layout!r}")
     px = [render_prompt_ids(tokenizer, p, None, spec) for p in prompts]
     pc = [render_prompt_ids(tokenizer, p, c, spec) for p, c in zip(prompts, contexts)]
-    return assemble_two_views(px, pc, responses, _pad_id(tokenizer), layout=layout, max_length=max_length)
+    return assemble_two_views(px, pc, responses, pad_id(tokenizer), layout=layout, max_length=max_length)
 
 
 def assemble_two_views(

@@ -46,10 +46,10 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
 from mechopd.train.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
-from mechopd.views import RenderSpec, TwoViewBatch
+from mechopd.views import RenderSpec, TwoViewBatch, pad_id
 
 TERMS = ("opd", "nca", "dual", "sym")
 SCOPES = ("global", "layer", "module", "layer_module")
@@ -258,14 +258,6 @@ def term_gradients(
 # ---------------------------------------------------------------------------------------------------------------------
 # End to end: sample a batch, measure, write
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def pad_id(tokenizer: Any) -> int:
-    """The padding id used for generation (pad, else eos); a tokenizer with neither raises ``ModelError``."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ModelError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token and save it")
-    return int(pad)
 
 
 def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,

@@ -45,7 +45,7 @@ from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_view, site_depth, site_layer, sites_for
 from mechopd.tasks.base import get_task
-from mechopd.train.rollout import sample, stop_ids
+from mechopd.train.rollout import sample, stable_seed, stop_ids
 from mechopd.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
 
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -322,15 +322,13 @@ def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: Rend
 
     Per-example seeds (``rollout.sample(row_seeds=...)``): a response depends on (seed, example), not on batch_size.
     """
-    import hashlib
-
     stop = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
     out: list[list[int]] = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
         prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in chunk]
-        seeds = [int(hashlib.sha1(f"{seed}|{e.uid}".encode()).hexdigest()[:12], 16) for e in chunk]
+        seeds = [stable_seed(seed, e.uid) for e in chunk]
         g = sample(model, prompts, max_new_tokens=max_new_tokens, stop=stop, pad_id=pad, temperature=temperature,
                    greedy=greedy, row_seeds=None if greedy else seeds)
         out.extend(g.responses)

@@ -44,7 +44,7 @@ from torch import nn
 
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.probes.gradients import pad_id
+from mechopd.views import pad_id
 from mechopd.removability import resample_blocks
 from mechopd.train.losses import common_vocab, reverse_kl_full
 from mechopd.train.select import TeachabilityStats, normalize_stats, teachability_stats

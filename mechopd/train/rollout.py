@@ -17,6 +17,13 @@ import torch
 from mechopd.views import left_pad
 
 
+def stable_seed(*parts: object) -> int:
+    """A seed from `parts` that is the same in every process and Python run (sha1, not ``hash()``)."""
+    import hashlib
+
+    return int(hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:12], 16)
+
+
 @dataclass
 class Generation:
     """Responses of one batch: ids without padding (each ends with the stop token if one was produced)."""

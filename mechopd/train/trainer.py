@@ -16,7 +16,6 @@ position (a 2N-step run equals an N-step run resumed for N more).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -36,7 +35,7 @@ from mechopd.tasks.base import get_task
 from mechopd.train import dist
 from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mechopd.train.losses import LossInputs, method_terms, terms_need, token_mean
-from mechopd.train.rollout import play_games, sample, stop_ids
+from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids
 from mechopd.train.scoring import response_logits, to_logp
 from mechopd.train.select import TeachabilityStats, make_selector, teachability_stats
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
@@ -79,7 +78,7 @@ def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool 
 
 
 def _row_seed(seed: int, step: int, row: int) -> int:
-    return int(hashlib.sha1(f"{seed}|{step}|{row}".encode()).hexdigest()[:12], 16)
+    return stable_seed(seed, step, row)
 
 
 class Logger:
