@@ -165,6 +165,48 @@ def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[
             pass
 
 
+PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None
+
+
+def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture, *,
+              fuse: bool = True) -> None:
+    """Both views through the decoder stack; `on_pair(site, h_x, h_c)` gets each site's response states (views of
+    the module output, valid during the call only).
+
+    fuse=True (left layout): ONE forward of the two views stacked (`TwoViewBatch.stacked`), 2B rows: half the
+    per-call overhead, no no-context capture held across forwards. fuse=False, or a right-padded batch: two forwards,
+    the no-context captures copied and held until the context view's hook of the same site consumes them.
+    """
+    if not sites:
+        return
+    if not fuse or batch.layout != "left":
+        xs: dict[str, torch.Tensor] = {}
+        run_view(model, batch, "x", sites, xs.__setitem__)
+        run_view(model, batch, "c", sites, lambda s, hc: on_pair(s, xs.pop(s), hc), copy=False)
+        return
+    last, handles = sites[-1], []
+
+    def make_hook(site: str):
+        def hook(_module: nn.Module, _inputs: tuple, output) -> None:
+            on_pair(site, *batch.split_response(_hidden(output)))
+            if site == last:
+                raise _StopForward
+
+        return hook
+
+    try:
+        for s in sites:
+            handles.append(site_module(model, s).register_forward_hook(make_hook(s)))
+        with torch.inference_mode():
+            try:
+                model.model(**batch.stacked(), use_cache=False)
+            except _StopForward:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | str] | None = None,
                   *, device: str | torch.device | None = "cpu") -> dict[str, dict[str, torch.Tensor]]:
     """Both views' residual streams at the response positions, for interactive work.

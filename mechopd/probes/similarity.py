@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
-from mechopd.probes.capture import resolve_sites, run_view, site_depth, site_layer, sites_for
+from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
 from mechopd.tasks.base import get_task
 from mechopd.train.rollout import sample, stable_seed, stop_ids
 from mechopd.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
@@ -197,21 +197,16 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) -> None:
-    """Both views of one batch through the model; cosines per site computed as the context view's hooks fire."""
+def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch, fuse: bool = True) -> None:
+    """Both views of one batch through the model (one stacked forward unless fuse=False); cosines per site computed
+    inside the hooks (`capture.run_views`)."""
     batch = batch.to(_device(model))
-    xs: dict[str, torch.Tensor] = {}
-    run_view(model, batch, "x", acc.sites, xs.__setitem__)
-
-    def on_c(site: str, hc: torch.Tensor) -> None:
-        acc.add(site, xs.pop(site), hc, batch.response_mask)
-
-    run_view(model, batch, "c", acc.sites, on_c, copy=False)  # consumed inside the hook: no copy needed
+    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask), fuse=fuse)
 
 
 def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
                     cka: bool = False, *, label: str = "model", uids: Sequence[str] | None = None,
-                    progress: bool = False) -> SimilarityResult:
+                    progress: bool = False, fuse: bool = True) -> SimilarityResult:
     """Per-site two-view cosine (and optional CKA) of one model over a stream of batches (module docstring).
 
     layers: None = every site; else decoder indices and/or site names (`capture.resolve_sites`).
@@ -220,7 +215,7 @@ def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: S
     model.eval()
     acc = CosineAccumulator(resolve_sites(model, layers), num_layers(model), cka)
     for batch in tqdm(batches, desc=f"similarity {label}", disable=not progress, leave=False):
-        _add_batch(model, acc, batch)
+        _add_batch(model, acc, batch, fuse)
     return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
 
 
@@ -238,7 +233,7 @@ def check_same_architecture(configs: Mapping[str, object]) -> None:
 
 def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBatch],
                    layers: Sequence[int | str] | None = None, cka: bool = False, *,
-                   uids: Sequence[str] | None = None, progress: bool = False) -> SimilarityResult:
+                   uids: Sequence[str] | None = None, progress: bool = False, fuse: bool = True) -> SimilarityResult:
     """`two_view_cosine` for several models on the same batches (same items, same responses).
 
     Iterates the batches once (batch-outer, model-inner), so a one-shot generator works; every model is resident.
@@ -254,7 +249,7 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
     accs = {label: CosineAccumulator(sites, n, cka) for label in models}
     for batch in tqdm(batches, desc="similarity", disable=not progress, leave=False):
         for label, model in models.items():
-            _add_batch(model, accs[label], batch)
+            _add_batch(model, accs[label], batch, fuse)
     rows = [r for label, a in accs.items() for r in a.site_rows(label)]
     ex_rows = [r for label, a in accs.items() for r in a.example_rows(label, uids)]
     return SimilarityResult(rows, ex_rows)
