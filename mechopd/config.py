@@ -41,6 +41,10 @@ class TrainConfig:
     Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
     Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard.
     Rendering: no_context_system, chat_template_kwargs (see views.RenderSpec).
+    Scale-out: sharding (none: every process holds full student and teacher, gradients all-reduced; fsdp: PyTorch
+               FSDP2, student and frozen teacher sharded per decoder layer over all processes, full weights
+               gathered only while generating). Same update either way; one process has nothing to shard.
+    Hardware:  dtype (float32 | bfloat16 | float16), device (auto | cpu | cuda | ...), organism_dir.
     """
 
     task: str = "rules"
@@ -78,6 +82,7 @@ class TrainConfig:
     dtype: str = "float32"
     device: str = "auto"
     organism_dir: str = "runs/organisms"
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -86,6 +91,7 @@ class TrainConfig:
                 self.selector = sel
         from mechopd.train.losses import ESTIMATORS, METHODS
         from mechopd.train.select import C_MODES, D_MODES, SELECTORS
+        from mechopd.train.sharding import SHARDINGS
 
         _choice("method", self.method, METHODS + tuple(METHOD_ALIASES))
         _choice("selector", self.selector, SELECTORS)
@@ -94,6 +100,7 @@ class TrainConfig:
         _choice("d_mode", self.d_mode, D_MODES)
         _choice("nca_positions", self.nca_positions, ("all", "selected"))
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _choice("sharding", self.sharding, SHARDINGS)
         if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")
         if not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):

@@ -2,8 +2,10 @@
 
 No pickle anywhere: the optimizer's tensors go to safetensors (keys ``{param_index}.{state_name}``), its scalars, the
 scheduler, the step, the data position and the Python RNG state to JSON, torch RNG states to safetensors as uint8.
-Each checkpoint is written to a temp dir and renamed into place (`models.atomic_save`), so a killed run never leaves
-a half checkpoint; the latest complete one is what ``--resume`` loads.
+The weights and the optimizer state are always FULL (a sharded run gathers them to rank 0 first), so a checkpoint is
+loadable by ``from_pretrained`` and resumable under either ``sharding`` layout. Each checkpoint is written to a temp
+dir and renamed into place (`models.atomic_save`), so a killed run never leaves a half checkpoint; the latest
+complete one is what ``--resume`` loads.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ STATE = "trainer_state.json"
 OPTIM = "optimizer.safetensors"
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = opt.state_dict()
+def _optimizer_tensors(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors, scalars = {}, {}
     for pid, st in sd["state"].items():
         for k, v in st.items():
@@ -36,10 +37,14 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
 
 
-def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: torch.optim.Optimizer, sched: Any,
+def save_checkpoint(out: Path, model: Any, tokenizer: Any, optim_state: dict[str, Any], sched: Any,
                     state: dict[str, Any]) -> Path:
-    """Write ``out`` atomically: weights, tokenizer, trainer_state.json (incl. `state`), optimizer.safetensors."""
-    tensors, optim_meta = _optimizer_tensors(opt)
+    """Write ``out`` atomically: weights, tokenizer, trainer_state.json (incl. `state`), optimizer.safetensors.
+
+    optim_state: the optimizer's full state in ``opt.state_dict()`` layout (state keyed by parameter index; a sharded
+    run gathers it first, see `sharding`).
+    """
+    tensors, optim_meta = _optimizer_tensors(optim_state)
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["torch_cuda"] = torch.cuda.get_rng_state()
@@ -59,19 +64,32 @@ def _py_rng() -> list:
     return [v, list(internal), gauss]
 
 
-def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer, sched: Any) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG states from `ckpt` (weights are loaded by the caller)."""
-    state = json.loads((ckpt / STATE).read_text())
-    tensors = load_file(str(ckpt / OPTIM))
-    meta = state["optimizer"]
+def read_optimizer_state(ckpt: Path, tensors: bool = True) -> dict[str, Any]:
+    """The optimizer state saved in `ckpt`, in ``opt.state_dict()`` layout (full tensors, on CPU).
+
+    ``tensors=False``: the param groups only (hyperparameters; "state" empty), without reading the tensor file.
+    """
+    meta = json.loads((ckpt / STATE).read_text())["optimizer"]
+    if not tensors:
+        return {"state": {}, "param_groups": meta["param_groups"]}
     per: dict[int, dict[str, Any]] = {}
-    for key, v in tensors.items():
+    for key, v in load_file(str(ckpt / OPTIM)).items():
         pid, name = key.split(".", 1)
         per.setdefault(int(pid), {})[name] = v
     for key, v in meta["scalars"].items():
         pid, name = key.split(".", 1)
         per.setdefault(int(pid), {})[name] = v
-    opt.load_state_dict({"state": per, "param_groups": meta["param_groups"]})
+    return {"state": per, "param_groups": meta["param_groups"]}
+
+
+def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer | None, sched: Any) -> dict[str, Any]:
+    """Restore optimizer (unless `opt` is None: a sharded run restores it itself), scheduler and RNG states.
+
+    Weights are loaded by the caller.
+    """
+    state = json.loads((ckpt / STATE).read_text())
+    if opt is not None:
+        opt.load_state_dict(read_optimizer_state(ckpt))
     sched.load_state_dict(state["scheduler"])
     rng = load_file(str(ckpt / "rng.safetensors"))
     torch.set_rng_state(rng["rng.torch_cpu"])

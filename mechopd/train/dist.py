@@ -2,7 +2,8 @@
 
 The trainer does not wrap the student in DDP: it all-reduces gradients itself after the backward pass, with every
 loss term normalised by the GLOBAL token count, so N processes at global batch B compute exactly the gradient of one
-process at batch B (the two-process test checks this). Selection (TA-OPD's global top ⌈ρN⌉) runs on the gathered
+process at batch B (the two-process test checks this). With ``sharding: fsdp`` FSDP's reduce-scatter does the same
+sum instead (`sharding.FSDP`). Selection (TA-OPD's global top ⌈ρN⌉) runs on the gathered
 per-position signals of the whole rollout batch.
 """
 
@@ -84,3 +85,11 @@ def shard(n: int, rank: int, world: int) -> range:
     per, extra = divmod(n, world)
     start = rank * per + min(rank, extra)
     return range(start, start + per + (1 if rank < extra else 0))
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1

@@ -10,6 +10,8 @@ differs between methods. One step:
   4. the selector picks the OPD term's tokens (global top ⌈ρN⌉ over the whole rollout batch, all processes);
   5. loss = Σ_terms w · Σ(per-token loss · mask) / (global token count); backward; gradients summed over processes;
      clip; one AdamW step.
+Processes hold full replicas (``sharding: none``) or FSDP shards (``sharding: fsdp``); `sharding` says how each layout
+sums gradients, generates and saves, so the loop never branches on it.
 Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
 position (a 2N-step run equals an N-step run resumed for N more).
 """
@@ -38,6 +40,7 @@ from mechopd.train.losses import LossInputs, method_terms, terms_need, token_mea
 from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids
 from mechopd.train.scoring import response_logits, to_logp
 from mechopd.train.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
 
 
@@ -124,8 +127,9 @@ class Trainer:
         self.resume_from = latest_checkpoint(self.run_dir.root) if resume else None
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.student = load_model(self.resume_from or student_path, dtype=dtype, device=self.device).train()
-        self.teacher = load_model(teacher_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
+        self.shard = make_sharding(cfg.sharding, self.device)
+        self.student = self.shard.wrap(load_model(self.resume_from or student_path, dtype=dtype).train(), self.device)
+        self.teacher = self.shard.wrap(load_model(teacher_path, dtype=dtype).eval().requires_grad_(False), self.device)
         self.vocab = min(vocab_size(self.student), vocab_size(self.teacher))  # padding rows dropped
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
@@ -143,7 +147,8 @@ class Trainer:
         self._prompt_cache: dict[tuple, list[int]] = {}
         self.step, self.position = 0, 0
         if self.resume_from is not None:
-            state = load_checkpoint(self.resume_from, self.opt, self.sched)
+            state = load_checkpoint(self.resume_from, None, self.sched)
+            self.shard.load_optimizer_state(self.student, self.opt, self.resume_from)
             self.step, self.position = state["step"], state["position"]
         self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
         if self.rank == 0:
@@ -232,7 +237,8 @@ class Trainer:
         t0 = time.perf_counter()
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
-        prompts, contexts, responses, roll_stats = self.rollout(examples, rows)
+        with self.shard.gathered(self.student):  # FSDP: one all-gather per rollout, not one per decode step
+            prompts, contexts, responses, roll_stats = self.rollout(examples, rows)
         t_roll = time.perf_counter() - t0
         batch = assemble_two_views([self._render(p, None) for p in prompts],
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
@@ -265,8 +271,8 @@ class Trainer:
                 logs[f"{term.name}/{k}"] = float(token_mean(v.detach(), mask))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        dist.all_reduce_grads(self.params)
-        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.shard.reduce_grads(self.params)
+        gnorm = self.shard.clip_grads(self.params, cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         with torch.no_grad():
@@ -278,12 +284,19 @@ class Trainer:
         self.position += cfg.batch_size
         n_samples = float(dist.all_sum(torch.tensor(float(len(prompts)))))
         return {"step": self.step, "loss": float(dist.all_sum(loss.detach())),
-                **logs, "kept_fraction": kept, "grad_norm": float(gnorm), "lr": self.sched.get_last_lr()[0],
+                **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll, **roll_stats}
 
     # -- the loop ------------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
+        """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
+        with self.shard.gathered(self.student):
+            rec = self._evaluate() if self.rank == 0 else {}
+            dist.barrier()
+        return rec
+
+    def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
         rep = evaluate_model(self.student, self.tokenizer, self.task, EvalConfig(n=cfg.eval_n, seed=cfg.seed,
                              n_boot=200), self.spec, train_uids={ex.uid for ex in self.pool})
@@ -291,33 +304,34 @@ class Trainer:
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 
     def save(self, path: Path) -> None:
+        model = self.shard.full_model(self.student)  # collectives: every process takes part, rank 0 writes
+        optim = self.shard.optimizer_state(self.student, self.opt)
         if self.rank == 0:
-            save_checkpoint(path, self.student, self.tokenizer, self.opt, self.sched,
+            save_checkpoint(path, model, self.tokenizer, optim, self.sched,
                             {"step": self.step, "position": self.position, "config": self.cfg.to_dict()})
         dist.barrier()
 
     def run(self) -> Path:
         cfg = self.cfg
-        if self.step == 0 and cfg.eval_every and self.rank == 0:
+        if self.step == 0 and cfg.eval_every:
             self.logger.log({"step": 0, **self.evaluate()})
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}/{cfg.selector}",
                    disable=not self.progress or self.rank != 0)
         while self.step < cfg.steps:
             rec = self.train_step()
             if cfg.eval_every and self.step % cfg.eval_every == 0:
-                if self.rank == 0:
-                    rec.update(self.evaluate())
-                dist.barrier()
+                rec.update(self.evaluate())
             self.logger.log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl/teacher_student']:.4f}")
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
+        model = self.shard.full_model(self.student)
         if self.rank == 0:
             from mechopd.models import atomic_save
 
-            atomic_save(self.student, self.tokenizer, self.run_dir.final,
+            atomic_save(model, self.tokenizer, self.run_dir.final,
                         extra={"training.json": json.dumps({"step": self.step, "config": cfg.to_dict()}, indent=1)})
         dist.barrier()
         return self.run_dir.final
