@@ -1,8 +1,15 @@
-"""Two processes (torchrun, gloo on CPU) at the same global batch give the same weights as one process."""
+"""Two processes (torchrun, gloo on CPU) at the same global batch give the same weights as one process.
+
+Both layouts: full replicas with all-reduced gradients (``sharding=none``) and FSDP2 shards (``sharding=fsdp``). The
+FSDP run is also interrupted and resumed (sharded optimizer state restored from a full checkpoint), and the same
+checkpoint resumed by one unsharded process: the checkpoint format does not depend on the layout.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,27 +17,88 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ARGS = ["--set", "batch_size=8", "--set", "steps=3", "--set", "lr=1e-3", "--set", "max_new_tokens=8",
-        "--set", "seed=2", "--set", "pool_size=64", "--set", "method=nca", "--set", "selector=ta_opd",
-        "--set", "budget=0.3", "--no-progress"]
+ARGS = ["--set", "batch_size=8", "--set", "lr=1e-3", "--set", "max_new_tokens=8", "--set", "seed=2",
+        "--set", "pool_size=64", "--set", "method=nca", "--set", "selector=ta_opd", "--set", "budget=0.3",
+        "--set", "grad_clip=0.02", "--no-progress"]  # below the largest global gradient norm: clipping is exercised
+STEPS = ["--set", "steps=3"]
 
 
-def _run(cmd, tmp_path):
+def _run(cmd, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HF_HUB_OFFLINE="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+def _torchrun(port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+            "-m", "mechopd.cli"]
+
+
+def _weights(run_dir):
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def _metrics(run_dir):
+    """Per step: (loss, grad_norm); both global sums, so they must not depend on the layout."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return torch.tensor([[r["loss"], r["grad_norm"]] for r in rows], dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_rules_organism, tmp_path_factory):
+    """The reference: one process, 3 steps at global batch 8."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    _run([sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *ARGS, *STEPS,
+          "--out", str(out)], out.parent)
+    one, init = _weights(out), load_file(str(tiny_rules_organism / "model.safetensors"))
+    assert max(float((one[k] - init[k]).abs().max()) for k in one) > 1e-4  # training changed the weights
+    assert float(_metrics(out)[:, 1].max()) > 0.02  # ... and was clipped at least once
+    return out
+
+
+def _assert_same(one_dir, other_dir):
+    """Same weights, and the same logged loss and gradient norm (AdamW hides a gradient scale error in the weights:
+    a mean instead of a sum over processes halves the gradient norm but barely moves the update)."""
+    one, other = _weights(one_dir), _weights(other_dir)
+    assert sorted(one) == sorted(other)
+    for k in one:
+        torch.testing.assert_close(other[k], one[k], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(_metrics(other_dir), _metrics(one_dir), atol=1e-9, rtol=1e-4)
+
+
 @pytest.mark.slow
-def test_two_processes_equal_one(tiny_rules_organism, tmp_path):
-    base = ["train", "--student", str(tiny_rules_organism), *ARGS]
-    _run([sys.executable, "-m", "mechopd.cli", *base, "--out", str(tmp_path / "one")], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-          "-m", "mechopd.cli", *base, "--out", str(tmp_path / "two")], tmp_path)
-    one = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
-    two = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
-    init = load_file(str(tiny_rules_organism / "model.safetensors"))
-    moved = max(float((one[k] - init[k]).abs().max()) for k in one)
-    assert moved > 1e-4  # training changed the weights ...
-    for k in one:  # ... identically in both layouts
-        torch.testing.assert_close(one[k], two[k], atol=2e-5, rtol=1e-4)
+def test_two_processes_equal_one(tiny_rules_organism, one_process, tmp_path):
+    _run([*_torchrun(29533), "train", "--student", str(tiny_rules_organism), *ARGS, *STEPS,
+          "--out", str(tmp_path / "two")], tmp_path)
+    _assert_same(one_process, tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_equal_one_and_resume(tiny_rules_organism, one_process, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = ["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "save_every=2"]
+    fsdp = [*_torchrun(29534), *base, "--set", "sharding=fsdp"]
+    run = tmp_path / "fsdp"
+    _run([*fsdp, "--set", "steps=2", "--out", str(run)], tmp_path)  # stops after the step-2 checkpoint
+    shutil.copytree(run, tmp_path / "cross")
+    _run([*fsdp, *STEPS, "--out", str(run), "--resume"], tmp_path)
+    _assert_same(one_process, run)
+    # the FSDP checkpoint resumed by ONE unsharded process: same format, same result
+    _run([sys.executable, "-m", "mechopd.cli", *base, *STEPS, "--out", str(tmp_path / "cross"), "--resume"],
+         tmp_path)
+    _assert_same(one_process, tmp_path / "cross")
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    # full HF weights, not shards: from_pretrained loads them with every tensor at its full shape
+    arch = json.loads((tiny_rules_organism / "config.json").read_text())["architectures"]
+    for ckpt in (run / "checkpoints" / "step-2", run / "final"):
+        assert json.loads((ckpt / "config.json").read_text())["architectures"] == arch
+        model = AutoModelForCausalLM.from_pretrained(ckpt)
+        saved = load_file(str(ckpt / "model.safetensors"))
+        for name, t in model.state_dict().items():
+            if name in saved:
+                assert torch.equal(t, saved[name]), name
+    final = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
+    for k, v in _weights(one_process).items():
+        torch.testing.assert_close(final[k], v, atol=2e-5, rtol=1e-4)
