@@ -36,7 +36,7 @@ from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, voc
 from mechopd.tasks.base import get_task
 from mechopd.train import dist
 from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mechopd.train.losses import LossInputs, method_terms, terms_need, token_mean
+from mechopd.train.losses import LossInputs, method_terms, terms_need
 from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids
 from mechopd.train.scoring import response_logits, to_logp
 from mechopd.train.select import TeachabilityStats, make_selector, teachability_stats
@@ -78,6 +78,15 @@ def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool 
         pretrain(default_config(task, seed=0), out, progress=progress)
     dist.barrier()
     return str(out)
+
+
+def _global_mean(per_pos: torch.Tensor, mask: torch.Tensor) -> float:
+    """Token mean over the response tokens of ALL processes (a logged value must not depend on the layout).
+
+    per_pos, mask: ``[batch, R]`` (this process's rows).
+    """
+    num = dist.all_sum(torch.where(mask, per_pos.float(), 0.0).sum())  # padded positions may hold inf/nan
+    return float(num / dist.all_sum(mask.sum().float()).clamp(min=1.0))
 
 
 def _row_seed(seed: int, step: int, row: int) -> int:
@@ -198,7 +207,7 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------------------------------
     def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
-        """This process's samples: (prompts, contexts, response ids) and rollout stats."""
+        """This process's samples: (prompts, contexts, response ids) and rollout stats as SUMS over its rows."""
         cfg, model = self.cfg, self.student
         mine = [examples[i] for i in rows]
         seeds = [_row_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
@@ -208,12 +217,12 @@ class Trainer:
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
-            return prompts, contexts, responses, {"train_win_rate": sum(e.won for e in eps) / max(1, len(eps))}
+            return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
         gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
                      temperature=self.T, row_seeds=seeds)
-        stats = {"train_acc_x": sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
-                                    for ex, r in zip(mine, gen.responses)) / max(1, len(mine))}
+        stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
+                                          for ex, r in zip(mine, gen.responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats
 
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -268,7 +277,7 @@ class Trainer:
             loss = loss + term.weight * value
             logs[f"loss/{term.name}"] = total
             for k, v in out.stats.items():
-                logs[f"{term.name}/{k}"] = float(token_mean(v.detach(), mask))
+                logs[f"{term.name}/{k}"] = _global_mean(v.detach(), mask)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.shard.reduce_grads(self.params)
@@ -277,7 +286,7 @@ class Trainer:
         self.sched.step()
         with torch.no_grad():
             kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
-            logs["kl/teacher_student"] = float(token_mean(kl, mask))
+            logs["kl/teacher_student"] = _global_mean(kl, mask)
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
         self.step += 1
@@ -286,7 +295,9 @@ class Trainer:
         return {"step": self.step, "loss": float(dist.all_sum(loss.detach())),
                 **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples),
-                "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll, **roll_stats}
+                "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
+                **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
+                   for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
     # -- the loop ------------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
