@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mechopd.train.leandecode import LeanDecoder
 from mechopd.views import left_pad
 
 
@@ -59,6 +60,7 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     row_seeds: Sequence[int] | None = None,
+    decoder: str = "lean",
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
@@ -66,15 +68,23 @@ def sample(
     row_seeds: one seed per row -> inverse-CDF sampling with per-row uniforms ``u[row, step]``, so a row's response
     does not depend on which other rows share its batch or process (batch- and world-size invariant rollouts).
     Otherwise ``torch.multinomial`` with `generator`.
+    decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
+    Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
     """
+    if decoder not in ("lean", "hf"):
+        raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    past, logits = out.cache, out.logits[:, -1]  # [B, V]
+    lean = LeanDecoder(model) if decoder == "lean" else None
+    if lean is not None:
+        logits = lean.prefill(ids, mask, pos, max_new_tokens)  # [B, V]
+    else:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     uniforms = None
@@ -101,10 +111,13 @@ def sample(
         done = done | torch.isin(tok, stop_t)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=past,
-                    use_cache=True)
-        past, logits = out.cache, out.logits[:, -1]
+        if lean is not None:
+            logits = lean.step(tok, next_pos)
+        else:
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=past,
+                        use_cache=True)
+            past, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
     gen = torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)]
     stops = set(int(s) for s in stop)

@@ -58,3 +58,57 @@ def test_inverse_cdf_sampling_follows_the_distribution(organism_tokenizer, tiny_
         p = torch.softmax(tiny_qwen3(input_ids=x, attention_mask=m).logits[0, -1] / 0.7, -1)
     freq = torch.bincount(first, minlength=p.numel()).float() / len(first)
     assert (freq - p).abs().max() < 0.015
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_lean_decoder_matches_the_model_step_by_step(organism_tokenizer, arch):
+    """Every decode step's logits equal ``model(...)`` over the whole prefix (biases and q/k norms exercised)."""
+    from mechopd.train.leandecode import LeanDecoder
+
+    tok = organism_tokenizer
+    model = tiny_model(tok, arch, seed=5)
+    if arch == "llama":
+        model.config.attention_bias = model.config.mlp_bias = True  # rebuild with every bias present
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(5)
+        model = AutoModelForCausalLM.from_config(model.config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))  # non-trivial biases and norm weights
+    ids = _ids(tok)
+    x, m = left_pad(ids, tok.pad_token_id)
+    pos = (m.cumsum(-1) - 1).clamp(min=0)
+    dec = LeanDecoder(model)
+    with torch.inference_mode():
+        logits = dec.prefill(x, m, pos, max_new_tokens=6)
+        for _ in range(6):
+            tok_ids = logits.argmax(-1)
+            x = torch.cat([x, tok_ids[:, None]], 1)
+            m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
+            pos = (m.cumsum(-1) - 1).clamp(min=0)
+            logits = dec.step(tok_ids, pos[:, -1:])
+            want = model(input_ids=x, attention_mask=m, position_ids=pos).logits[:, -1]
+            assert torch.allclose(logits, want, atol=1e-5), (logits - want).abs().max()
+
+
+def test_lean_and_hf_decoders_sample_the_same_ids(organism_tokenizer, tiny_qwen3):
+    tok = organism_tokenizer
+    kw = dict(max_new_tokens=12, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0,
+              row_seeds=[1, 2, 3, 4])
+    assert sample(tiny_qwen3, _ids(tok), decoder="lean", **kw).responses == \
+        sample(tiny_qwen3, _ids(tok), decoder="hf", **kw).responses
+
+
+def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from mechopd.errors import ModelError
+    from mechopd.train.leandecode import LeanDecoder
+
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    with pytest.raises(ModelError, match="model_type 'gpt2'.*decoder='hf'"):
+        LeanDecoder(gpt2)
+    with pytest.raises(ValueError, match="decoder must be"):
+        sample(gpt2, [[1, 2]], max_new_tokens=2, stop=[0], pad_id=0, decoder="fast")

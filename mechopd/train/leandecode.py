@@ -1,0 +1,163 @@
+"""A lean KV-cache decode step for the papers' families (Llama, Qwen2, Qwen3): the rollout path of `sample`.
+
+Why: on small models a decode step through ``model(...)`` is bound by per-call overhead, not arithmetic (module
+calls, mask construction, the cache object's bookkeeping, output dataclasses: several hundred small operator calls
+per token). This module runs the SAME arithmetic as the transformers modules, read from the model's own parameters
+(no copies, so an optimizer step is seen at once), with the per-step overhead stripped:
+
+  prefill   one ordinary ``model(...)`` forward over the left-padded prompts (use_cache=True); its keys/values are
+            copied into preallocated buffers ``[batch, kv_heads, prompt_len + max_new_tokens, head_dim]``;
+  step      per layer, for the one new token per row (h: ``[B, 1, d]``):
+                x = RMSNorm(h);  q, k, v = x W_q (+b), x W_k (+b), x W_v (+b)    (Qwen3: RMSNorm on q, k per head)
+                q, k = RoPE(q, pos), RoPE(k, pos)        (cos/sin from the model's own rotary module)
+                K[:, :, t], V[:, :, t] = k, v
+                h = h + softmax(q K[:, :, :t+1]^T / sqrt(head_dim) + mask) V[:, :, :t+1] W_o (+b)
+                                               (query head j reads kv head j // (heads / kv_heads), as repeat_kv)
+                h = h + W_down(act(W_gate x') * W_up x'),   x' = RMSNorm(h)
+            logits = RMSNorm(h) W_lm_head^T.
+RMSNorm follows transformers' formula (float32 statistics, cast back, then the weight). Greedy ids equal
+``model.generate`` and logits match ``model(...)`` within float tolerance on Llama, Qwen2 and Qwen3 (tests).
+Not supported (refused with `ModelError`, use ``decoder="hf"``): sliding-window attention, dynamic RoPE scaling,
+other architectures. RoPE cos/sin are tabulated once per call for every reachable position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mechopd.errors import ModelError
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def lean_supported(model: Any) -> str | None:
+    """None if the lean decoder can run `model`, else the reason it cannot."""
+    cfg = model.config
+    if cfg.model_type not in FAMILIES:
+        return f"model_type {cfg.model_type!r} (lean decoding supports {', '.join(FAMILIES)})"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    rope = str(getattr(getattr(getattr(model, "model", None), "rotary_emb", None), "rope_type", "default"))
+    if "dynamic" in rope:
+        return f"rope_type {rope!r} (its frequencies depend on the sequence length seen so far)"
+    return None
+
+
+def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = h.dtype
+    if dtype == torch.float32 and weight.dtype == torch.float32:  # one fused call, same arithmetic in float32
+        return F.rms_norm(h, (h.shape[-1],), weight, eps)
+    h = h.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _eps(norm: Any) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+class LeanDecoder:
+    """Prefill once (`prefill`), then `step` one token per row; holds the KV buffers of one `sample` call."""
+
+    def __init__(self, model: Any):
+        reason = lean_supported(model)
+        if reason is not None:
+            raise ModelError(f"lean decoding cannot run this model: {reason}; pass decoder='hf'")
+        self.model = model
+        inner = model.model
+        cfg = model.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.norm = (inner.norm.weight, _eps(inner.norm))
+        self.lm_head = model.lm_head
+        self.layers = []
+        for layer in inner.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            qk_norm = None
+            if hasattr(at, "q_norm"):
+                qk_norm = (at.q_norm.weight, _eps(at.q_norm), at.k_norm.weight, _eps(at.k_norm))
+            self.layers.append((
+                layer.input_layernorm.weight, _eps(layer.input_layernorm),
+                at.q_proj, at.k_proj, at.v_proj, at.o_proj, qk_norm,
+                layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
+                mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn,
+            ))
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.bias = torch.empty(0)
+        self.t = 0
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """One ordinary forward over the prompts; returns the last position's logits ``[B, V]``."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        B, P = ids.shape
+        total = P + max_new_tokens
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            k, v = layer.keys, layer.values  # [B, kv_heads, P, head_dim]
+            kb = k.new_zeros(B, k.shape[1], total, k.shape[3])
+            vb = v.new_zeros(B, v.shape[1], total, v.shape[3])
+            kb[:, :, :P], vb[:, :, :P] = k, v
+            self.keys.append(kb)
+            self.values.append(vb)
+        keep = torch.zeros(B, total, dtype=torch.bool, device=ids.device)
+        keep[:, :P] = mask.bool()  # generated slots open one per step (`step`)
+        self.bias = torch.zeros(B, 1, 1, total, dtype=kb.dtype, device=ids.device)  # additive attention mask
+        self.bias.masked_fill_(~keep[:, None, None, :], torch.finfo(kb.dtype).min)
+        # cos/sin of every position a row can reach, from the model's own rotary module (any rope scaling)
+        reach = torch.arange(int(pos.max()) + max_new_tokens + 1, device=ids.device)[None]
+        cos, sin = self.rotary(out.logits[:1, :1, :1].to(kb.dtype), reach)  # [1, positions, head_dim]
+        self.cos, self.sin = cos[0], sin[0]
+        self.t = P
+        return out.logits[:, -1]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Append token `tok` ``[B]`` at positions `pos` ``[B, 1]``; returns the next-token logits ``[B, V]``."""
+        B, t = tok.shape[0], self.t
+        h = F.embedding(tok[:, None], self.embed)  # [B, 1, d]
+        cos = self.cos[pos][:, None]  # [B, 1, 1, head_dim]
+        sin = self.sin[pos][:, None]
+        self.bias[:, :, :, t] = 0.0
+        bias = self.bias[..., : t + 1]  # [B, 1, 1, t + 1]
+        groups = self.n_heads // self.n_kv
+        for (w1, e1, q_proj, k_proj, v_proj, o_proj, qk_norm, w2, e2, gate, up, down, act), K, V in zip(
+            self.layers, self.keys, self.values
+        ):
+            x = _rms(h, w1, e1)
+            q = F.linear(x, q_proj.weight, q_proj.bias).view(B, 1, self.n_heads, self.head_dim)
+            k = F.linear(x, k_proj.weight, k_proj.bias).view(B, 1, self.n_kv, self.head_dim)
+            v = F.linear(x, v_proj.weight, v_proj.bias).view(B, 1, self.n_kv, self.head_dim)
+            if qk_norm is not None:
+                q, k = _rms(q, qk_norm[0], qk_norm[1]), _rms(k, qk_norm[2], qk_norm[3])
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, 1, head_dim]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            K[:, :, t : t + 1] = k
+            V[:, :, t : t + 1] = v
+            # one query per row: plain matmuls beat the fused kernel here; the query heads of a kv group share it
+            qg = q.reshape(B, self.n_kv, groups, self.head_dim)
+            w = torch.softmax(torch.matmul(qg, K[:, :, : t + 1].transpose(-1, -2)) * self.scale + bias, dim=-1,
+                              dtype=torch.float32).to(q.dtype)  # [B, kv, groups, t + 1]
+            a = torch.matmul(w, V[:, :, : t + 1])  # [B, kv, groups, head_dim] = heads in order
+            h = h + F.linear(a.reshape(B, 1, -1), o_proj.weight, o_proj.bias)
+            x = _rms(h, w2, e2)
+            h = h + F.linear(act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
+                             down.weight, down.bias)
+        h = _rms(h[:, 0], *self.norm)
+        self.t = t + 1
+        return F.linear(h, self.lm_head.weight, self.lm_head.bias)
