@@ -1,6 +1,13 @@
 """FrozenLake as a text game: an n x n lake, not slippery; P player, F frozen, H hole, G goal.
 
 Dynamics: a move off the board keeps the player in place; stepping onto a hole ends the game lost; reaching G wins.
+Read-out (``readout=True``, the default; the organisms need it): a line under the board saying, per move, what it
+would step onto and whether it brings P closer to G, e.g. ``up H far , down F toward , left F far , right edge``.
+With it the organism's context reply is a short worked check (`GameTask.expert_reply`). Without the worked reply the
+3-layer organism did not learn to play within its CPU budget (measured: the loss stayed at chance through ~450 steps,
+grid alone or grid + read-out with a one-move reply). Real-model recipes that reproduce the reference game set
+``readout: false`` (and a longer ``max_new_tokens``), as does ``REFERENCE``.
+
 Boards: `size` 3..6, `holes` holes, start and goal random (or fixed: "top-left", "bottom-right", ... or [row, col]),
 kept only if the shortest safe path has `min_path`..`step_budget` moves. The reference setting (PAPERS.md section 4)
 is ``REFERENCE`` = 3 x 3, 2 holes, start top-left, goal bottom-right: only 19 boards exist, so asking for more than the
@@ -18,7 +25,7 @@ from mechopd.tasks.base import register_task
 from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, GameTask, bfs_path, check_int, check_options
 from mechopd.tasks.gamecore import render_cells
 
-REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right"}
+REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right", "readout": False}
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
 MOVED, EDGE, HOLE, GOAL = "moved", "hit the edge and stayed", "fell into a hole", "reached the goal"
 
@@ -64,17 +71,24 @@ class FrozenLakeBoard:
             return "P"
         return "H" if i in self.holes else "G" if i == self.goal else "F"
 
-    def readout(self, key: int) -> str:
-        """One line: where G is from P and what lies next to P, e.g. ``G : 2 up 3 left , P : up F , down H , left
-        F , right edge``. Words already in the prompt's vocabulary only."""
+    def readout_entries(self, key: int) -> list[str]:
+        """Per action (ACTIONS order): what the move would step onto and whether it brings P closer to G (Manhattan
+        distance), e.g. ``up H toward``, ``down F far``, ``left G toward``, ``right edge``."""
         n = self.size
         (pr, pc), (gr, gc) = divmod(key, n), divmod(self.goal, n)
-        near = []
+        out = []
         for a in ACTIONS:
             r, c = pr + DELTAS[a][0], pc + DELTAS[a][1]
-            near.append(f"{a} {self.cell(key, r * n + c) if 0 <= r < n and 0 <= c < n else 'edge'}")
-        return (f"G : {abs(gr - pr)} {'up' if gr < pr else 'down'} {abs(gc - pc)} {'left' if gc < pc else 'right'} , "
-                f"P : {' , '.join(near)}")
+            if not (0 <= r < n and 0 <= c < n):
+                out.append(f"{a} edge")
+                continue
+            closer = abs(r - gr) + abs(c - gc) < abs(pr - gr) + abs(pc - gc)
+            out.append(f"{a} {self.cell(key, r * n + c)} {'toward' if closer else 'far'}")
+        return out
+
+    def readout(self, key: int) -> str:
+        """The read-out line under the board: `readout_entries` joined by commas."""
+        return " , ".join(self.readout_entries(key))
 
     def render(self, key: int) -> str:
         n = self.size
@@ -160,9 +174,9 @@ class FrozenLakeTask(GameTask):
 
     def __init__(self, size: int = 4, holes: int = 3, start: Any = "random", goal: Any = "random",
                  min_path: int = 3, step_budget: int = 5, context: str | None = None, weak_policy: str = "random",
-                 max_new_tokens: int = 8, temperature: float = 0.7, readout: bool = False):
+                 max_new_tokens: int = 24, temperature: float = 0.7, readout: bool = True):
         super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
-        self.readout = bool(readout)  # position read-out line under the board (an experiment; off by default)
+        self.readout = bool(readout)  # the per-move read-out line under the board (module docstring)
         self.size = check_int(self.name, "size", size, 3, 6)
         self.holes = check_int(self.name, "holes", holes, 0, size * size - 2)
         self.start = None if start == "random" else _cell(size, start, "start")
@@ -186,7 +200,7 @@ class FrozenLakeTask(GameTask):
     def readout_words(self) -> list[str]:
         if not self.readout:
             return []
-        return ["G : P , edge up down left right F H", " ".join(str(i) for i in range(self.size))]
+        return ["up down left right F H G edge toward far ,"]
 
 
 @register_task("frozenlake")

@@ -352,8 +352,18 @@ class GameTask(ABC):
             return self.greedy_action(state)
         return rng.choice(ACTIONS)
 
+    def expert_reply(self, state: GameState, action: str) -> str:
+        """The organism's reply with the context when it plays `action`. Without the read-out: the bracketed action.
+        With it: the read-out entries checked in order up to the chosen move, then the move, e.g.
+        ``up H toward , down F far , left F toward [left]`` (a short worked check: the organism learns the strategy
+        through copy-like steps, and the context view's replies are longer, so length inflation is measurable)."""
+        if not self.readout:
+            return action_text(action)
+        entries = state.board.readout_entries(state.key)  # type: ignore[attr-defined]
+        return " , ".join(entries[: ACTIONS.index(action) + 1]) + " " + action_text(action)
+
     def expert_policy(self) -> Policy:
-        return lambda ep, rng: action_text(expert_action(ep.state) or ACTIONS[0])
+        return lambda ep, rng: self.expert_reply(ep.state, expert_action(ep.state) or ACTIONS[0])
 
     def weak_policy(self) -> Policy:
         return lambda ep, rng: action_text(self.weak_action(ep.state, rng))
@@ -385,7 +395,7 @@ class GameTask(ABC):
                 prompt, expert = episode.prompt(), expert_action(episode.state)
                 weak = self.weak_action(episode.state, rng)
                 if expert is not None:
-                    out.append((self.context, prompt, action_text(expert)))
+                    out.append((self.context, prompt, self.expert_reply(episode.state, expert)))
                 out.append((None, prompt, action_text(weak)))
                 if rng.random() < invalid_rate:
                     episode.play(None)

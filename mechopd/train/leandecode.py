@@ -73,6 +73,11 @@ class LeanDecoder:
         reason = lean_supported(model)
         if reason is not None:
             raise ModelError(f"lean decoding cannot run this model: {reason}; pass decoder='hf'")
+        sharded = next((n for n, p in model.named_parameters() if type(p).__name__ == "DTensor"
+                        or type(getattr(p, "data", None)).__name__ == "DTensor"), None)
+        if sharded is not None:
+            raise ModelError(f"lean decoding got a sharded parameter ({sharded}); sample inside "
+                             "`sharding.gathered(model)` (the trainer does) so that every weight is whole")
         self.model = model
         inner = model.model
         cfg = model.config

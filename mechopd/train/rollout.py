@@ -157,6 +157,7 @@ def play_games(
     temperature: float = 1.0,
     greedy: bool = False,
     seeds: Sequence[int] | None = None,
+    decoder: str = "lean",
 ) -> tuple[list[Any], list[Turn]]:
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
@@ -175,7 +176,7 @@ def play_games(
         ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
         row_seeds = None if (greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
         gen = sample(model, ids, max_new_tokens=max_new_tokens, stop=stop, pad_id=tokenizer.pad_token_id,
-                     temperature=temperature, greedy=greedy, row_seeds=row_seeds)
+                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder)
         for g, text, resp in zip(active, texts, gen.responses):
             turns.append(Turn(g, move, text, resp))
             episodes[g].step(tokenizer.decode(strip_stop(resp, stop), skip_special_tokens=True))

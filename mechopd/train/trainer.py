@@ -213,14 +213,15 @@ class Trainer:
         seeds = [_row_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
         if self.task.is_game:
             eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
-                                    max_new_tokens=self.max_new, temperature=self.T, seeds=seeds)
+                                    max_new_tokens=self.max_new, temperature=self.T, seeds=seeds,
+                                    decoder=cfg.rollout_decoder)
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
         gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
-                     temperature=self.T, row_seeds=seeds)
+                     temperature=self.T, row_seeds=seeds, decoder=cfg.rollout_decoder)
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, gen.responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats

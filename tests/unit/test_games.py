@@ -297,7 +297,9 @@ def test_pretrain_corpus(make):
     assert firsts and all(p in train and p not in test_prompts for _, p, _ in firsts)
     for c, p, r in firsts:
         if c is not None:
-            assert c == task.context and r == f"[{train[p].meta['solution'][0]}]"
+            assert c == task.context and r.endswith(f"[{train[p].meta['solution'][0]}]")
+            assert r == task.expert_reply(task.new_episode(train[p]).state, train[p].meta["solution"][0])
+            assert r.startswith("up ")  # the worked check starts with the first move's read-out entry
     weak = [r for c, _, r in corpus if c is None]
     assert {r for r in weak} == {f"[{a}]" for a in ACTIONS}  # the random policy uses every move
     assert any("invalid reply" in p for _, p, _ in corpus) and any("move 3 of" in p for _, p, _ in corpus)
@@ -314,3 +316,38 @@ def test_expert_wins_all_and_weak_policy_mostly_loses(make):
     greedy = policy_win_rate(greedy_task, greedy_task.weak_policy(), test)
     print(f"{task.name}: expert 1.00, random weak {weak:.2f}, greedy {greedy:.2f}")
     assert weak <= 0.4
+
+
+def test_frozenlake_readout_entries_and_worked_reply():
+    board = fl.FrozenLakeBoard(4, frozenset({1, 6}), start=5, goal=15)  # P at (1, 1), holes (0, 1) and (1, 2)
+    assert board.readout_entries(5) == ["up H far", "down F toward", "left F far", "right H toward"]
+    assert board.readout(5) == "up H far , down F toward , left F far , right H toward"
+    corner = fl.FrozenLakeBoard(4, frozenset(), start=0, goal=1)
+    assert corner.readout_entries(0) == ["up edge", "down F far", "left edge", "right G toward"]
+    task = fl.make_frozenlake(readout=True)
+    state = GameState(board, 5)
+    assert task.expert_reply(state, "down") == "up H far , down F toward [down]"
+    assert task.expert_reply(state, "up") == "up H far [up]"
+    assert fl.make_frozenlake(readout=False).expert_reply(state, "down") == "[down]"
+    prompt = task.new_episode(task.examples("test", 1, 0)[0]).prompt()
+    assert prompt.split("\n")[-1].startswith("up ") and " , right " in prompt.split("\n")[-1]
+
+
+def test_sokoban_readout_follows_the_push_spot_strategy():
+    rows = ["# # # # # #", "# _ _ _ _ #", "# _ P X O #", "# _ _ _ _ #", "# _ _ _ _ #", "# # # # # #"]
+    board = sk.parse_board([r.split() for r in rows])
+    key = board.initial_key()
+    # the box is right of P and the target right of the box: pushing right is the strategy
+    assert board.readout_entries(key) == ["up _ far", "down _ far", "left _ far", "right X toward"]
+    rows = ["# # # # # #", "# _ _ _ _ #", "# _ X P _ #", "# _ O _ _ #", "# _ _ # _ #", "# # # # # #"]
+    board = sk.parse_board([r.split() for r in rows])
+    # box must go down: the push spot is above it, reached via up then left (walking around the box)
+    assert board.readout_entries(board.initial_key()) == ["up _ toward", "down _ far", "left X far", "right _ far"]
+    task = sk.make_sokoban(readout=True)
+    test = task.examples("test", 100, 0)
+
+    def first_toward(ep, rng):
+        entries = ep.board.readout_entries(ep.key)
+        return next((f"[{a}]" for a, e in zip(ACTIONS, entries) if e.endswith("toward")), "[up]")
+
+    assert policy_win_rate(task, first_toward, test) >= 0.95  # a strong heuristic, not the solver
