@@ -6,10 +6,10 @@ tokenizer, saves it like a trainer checkpoint, and renders N rules items with ra
 both views. Every method computes the per-site per-token-mean two-view cosine over the same pre-built batches
 (rendering excluded), feeding the same accumulator:
 
-  mechopd    mechopd.probes.similarity.two_view_cosine: BOTH views stacked in one forward (the default,
-             `TwoViewBatch.stacked`), hooks gather the response columns, no lm_head, stops early
-  mechopd_2pass  the same with fuse=False: one forward per view, like the three references below (printed, so the
-             share of the speed-up that comes from stacking is visible)
+  mechopd    mechopd.probes.similarity.two_view_cosine (default: one forward per view): hooks gather the response
+             columns, no lm_head, stops early
+  mechopd_stacked  the same with fuse=True: both views stacked in ONE forward (`TwoViewBatch.stacked`); printed,
+             not a target (on a CPU the padding costs more than the saved per-call overhead)
   tl         TransformerBridge (compatibility names, no processing): run_with_cache(names_filter=sites), its
              most economical caching call (the bridge forces eager attention)
   nnsight    TransformersModel.trace() saving the sites' module outputs
@@ -114,7 +114,7 @@ def timing(ckpt: Path, n: int, batch_size: int, repeats: int) -> dict:
     batches = list(make_items(ckpt, n, batch_size))  # rendered once, shared by every method
     model, bridge, lm = load_model(ckpt), to_transformer_lens(ckpt), to_nnsight(ckpt)
     methods = {"mechopd": lambda: two_view_cosine(model, batches),
-               "mechopd_2pass": lambda: two_view_cosine(model, batches, fuse=False),
+               "mechopd_stacked": lambda: two_view_cosine(model, batches, fuse=True),
                "tl": lambda: two_view_cosine_tl(bridge, batches),
                "nnsight": lambda: two_view_cosine_nnsight(lm, batches), "hf": lambda: hf_cosine(model, batches)}
     rows = {k: f() for k, f in methods.items()}  # warm-up, and the values to cross-check
@@ -180,9 +180,8 @@ def report_timing(size: str, t: dict) -> None:
     print(f"[{size}] max |cos_mean - mechopd|:", {k: f"{v:.1e}" for k, v in t["max_abs_diff_vs_mechopd"].items()})
     ratios = {"tl/mechopd": med["tl"] / med["mechopd"], "nnsight/mechopd": med["nnsight"] / med["mechopd"],
               "mechopd/hf": med["mechopd"] / med["hf"]}
-    print(f"  [{size}] without stacking (mechopd_2pass, one forward per view like tl/nnsight/hf): "
-          f"tl/2pass {med['tl'] / med['mechopd_2pass']:.2f}, nnsight/2pass {med['nnsight'] / med['mechopd_2pass']:.2f},"
-          f" 2pass/hf {med['mechopd_2pass'] / med['hf']:.2f}, 2pass/mechopd {med['mechopd_2pass'] / med['mechopd']:.2f}")
+    print(f"  [{size}] stacked views (fuse=True): stacked/mechopd {med['mechopd_stacked'] / med['mechopd']:.2f}; "
+          f"floor of the nnsight target: nnsight/hf {med['nnsight'] / med['hf']:.2f}")
     for name, value in ratios.items():
         op, target = TARGETS[name]
         ok = value >= target if op == ">=" else value <= target

@@ -169,13 +169,14 @@ PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B
 
 
 def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture, *,
-              fuse: bool = True) -> None:
+              fuse: bool = False) -> None:
     """Both views through the decoder stack; `on_pair(site, h_x, h_c)` gets each site's response states (views of
     the module output, valid during the call only).
 
-    fuse=True (left layout): ONE forward of the two views stacked (`TwoViewBatch.stacked`), 2B rows: half the
-    per-call overhead, no no-context capture held across forwards. fuse=False, or a right-padded batch: two forwards,
-    the no-context captures copied and held until the context view's hook of the same site consumes them.
+    fuse=False (default), or a right-padded batch: two forwards, the no-context captures copied and held until the
+    context view's hook of the same site consumes them. fuse=True (left layout): ONE forward of the two views stacked
+    (`TwoViewBatch.stacked`), 2B rows, no capture held across forwards; half the per-call overhead but the shorter
+    view padded to the longer (measured slower on a CPU; see `similarity.two_view_cosine`).
     """
     if not sites:
         return

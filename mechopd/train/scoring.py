@@ -26,16 +26,6 @@ def response_logits(model: Any, batch: TwoViewBatch, which: str) -> torch.Tensor
     return batch.response_logits(out.logits, which)
 
 
-def response_logits_both(model: Any, batch: TwoViewBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both views' ``[batch, R, V]`` response logits from ONE forward over the stacked views
-    (`TwoViewBatch.stacked`, left layout): half the per-call overhead of two forwards, at the price of padding the
-    shorter view to the longer one's length. Same values as two `response_logits` calls (float tolerance)."""
-    R = batch.response_ids.shape[1]
-    logits = model(**batch.stacked(), logits_to_keep=R + 1, use_cache=False).logits[:, :R]
-    B = batch.batch_size
-    return logits[:B], logits[B:]
-
-
 def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) -> torch.Tensor:
     """log_softmax(logits[..., :vocab] / T) in float32. `vocab` restricts to the common ids (padding rows dropped)."""
     if vocab is not None:

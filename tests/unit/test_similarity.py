@@ -133,7 +133,7 @@ def test_left_and_right_padding_agree(tok, task, model, items):
 
 
 def test_stacked_forward_equals_one_forward_per_view(tok, task, model, items):
-    """One forward over both views stacked (the default) gives each view's response states of its own forward."""
+    """One forward over both views stacked (fuse=True) gives each view's response states of its own forward."""
     batch = next(iter(items))
     assert batch.input_ids_x.shape[1] != batch.input_ids_c.shape[1]  # the shorter view really gets extra padding
     with torch.inference_mode():
@@ -143,7 +143,7 @@ def test_stacked_forward_equals_one_forward_per_view(tok, task, model, items):
             alone = model.model(**batch.view(which), use_cache=False).last_hidden_state
             m = batch.response_mask
             assert torch.allclose(got[m], batch.response_hidden(alone, which)[m], atol=ATOL)
-    fused, apart = two_view_cosine(model, items, cka=True), two_view_cosine(model, items, cka=True, fuse=False)
+    fused, apart = two_view_cosine(model, items, cka=True, fuse=True), two_view_cosine(model, items, cka=True)
     for a, b in zip(fused.rows, apart.rows):
         for k in ("cos_mean", "cos_median", "cka"):
             assert a[k] == pytest.approx(b[k], abs=ATOL), (a["site"], k)
