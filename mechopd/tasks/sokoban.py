@@ -7,7 +7,8 @@ cell, put the boxes on their targets (the solved state), then walk the player ba
 moves: the first move pulls a box off its target, each later one pulls the box behind the player with probability 1/2.
 Read-out (``readout=True``, the default; the organisms need it): a line under the board saying, per move, the
 neighbouring cell and whether the move follows the push-spot strategy (`SokobanBoard.readout_entries`), e.g.
-``up # , down X toward , left _ far , right _ far``; real-model recipes reproducing the reference set ``readout: false``.
+``up # , down X toward , left _ far , right _ far``; real-model recipes reproducing the reference set
+``readout: false``.
 Replaying the walk forwards solves the board, so every board is solvable within the budget; a forward BFS keeps only
 those whose shortest solution has `min_moves`..`step_budget` moves.
 """

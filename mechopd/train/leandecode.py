@@ -5,7 +5,8 @@ calls, mask construction, the cache object's bookkeeping, output dataclasses: se
 per token). This module runs the SAME arithmetic as the transformers modules, read from the model's own parameters
 (no copies, so an optimizer step is seen at once), with the per-step overhead stripped:
 
-  prefill   one ordinary ``model(...)`` forward over the left-padded prompts (use_cache=True); its keys/values are
+  prefill   one ordinary ``model(...)`` forward over the left-padded prompts (use_cache=True, logits of the last
+            column only); its keys/values are
             copied into preallocated buffers ``[batch, kv_heads, prompt_len + max_new_tokens, head_dim]``;
   step      per layer, for the one new token per row (h: ``[B, 1, d]``):
                 x = RMSNorm(h);  q, k, v = x W_q (+b), x W_k (+b), x W_v (+b)    (Qwen3: RMSNorm on q, k per head)
@@ -108,7 +109,8 @@ class LeanDecoder:
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """One ordinary forward over the prompts; returns the last position's logits ``[B, V]``."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)  # the LM head on the last column only: [B, P, V] would be GBs on real models
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
         B, P = ids.shape
         total = P + max_new_tokens
