@@ -5,12 +5,13 @@ walls block; one box at a time. No move loses, but a box stuck in a corner can m
 Boards are made by reverse play in the style of gym-sokoban: grow a connected room inside the outer walls cell by
 cell, put the boxes on their targets (the solved state), then walk the player backwards for at most `step_budget`
 moves: the first move pulls a box off its target, each later one pulls the box behind the player with probability 1/2.
+Replaying the walk forwards solves the board, so every board is solvable within the budget; a forward BFS keeps only
+those whose shortest solution has `min_moves`..`step_budget` moves.
+
 Read-out (``readout=True``, the default; the organisms need it): a line under the board saying, per move, the
 neighbouring cell and whether the move follows the push-spot strategy (`SokobanBoard.readout_entries`), e.g.
 ``up # , down X toward , left _ far , right _ far``; real-model recipes reproducing the reference set
 ``readout: false``.
-Replaying the walk forwards solves the board, so every board is solvable within the budget; a forward BFS keeps only
-those whose shortest solution has `min_moves`..`step_budget` moves.
 """
 
 from __future__ import annotations
