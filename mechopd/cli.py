@@ -118,7 +118,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=1, help="k sampled responses per item and view (default greedy)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
-    p.add_argument("--out", default=None, help="report path (.json; a .csv of the records is written next to it)")
+    p.add_argument("--out", default=None, help="--model: report path (.json; a .csv of the records is written next to "
+                   "it); --compare: a directory (one report per model + compare.md/.csv)")
 
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
@@ -131,6 +132,9 @@ def _eval(a: argparse.Namespace) -> int:
 
     if bool(a.model) == bool(a.compare):
         raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
+    if a.compare and a.out and Path(a.out).suffix in (".json", ".csv", ".md"):
+        raise ConfigError(f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
+                          "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
     cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature)

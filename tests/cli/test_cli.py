@@ -35,6 +35,7 @@ def _err(capsys, argv):
         (["pretrain", "--task", "chess"], "unknown organism task 'chess'"),
         (["probe", "gradients", "--model", "/nope", "--task", "rules", "--terms", "opd"], "must name two terms"),
         (["figures", "/nonexistent/run"], "does not exist"),
+        (["eval", "--task", "rules", "--compare", "a=x", "b=y", "--out", "cmp.json"], "--compare writes a directory"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch, argv, needle):
