@@ -118,6 +118,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=1, help="k sampled responses per item and view (default greedy)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
+    p.add_argument("--decoder", default="lean", help="lean (default; Llama/Qwen2/Qwen3) | hf (model(...) per step)")
     p.add_argument("--out", default=None, help="--model: report path (.json; a .csv of the records is written next to "
                    "it); --compare: a directory (one report per model + compare.md/.csv)")
 
@@ -137,7 +138,7 @@ def _eval(a: argparse.Namespace) -> int:
                           "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
-    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature)
+    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature, decoder=a.decoder)
     spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system)
     reports = {}
     for name, path in models.items():

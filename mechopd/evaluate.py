@@ -39,6 +39,7 @@ class EvalConfig:
     batch_size: int = 256
     max_new_tokens: int | None = None
     n_boot: int = 1000
+    decoder: str = "lean"  # rollout.sample's decode path: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step)
     thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
 
     def __post_init__(self) -> None:
@@ -46,6 +47,8 @@ class EvalConfig:
             raise TaskError(f"the evaluation set is empty (n={self.n}); pass --n 1 or more")
         if self.samples < 1:
             raise TaskError(f"samples={self.samples} must be >= 1")
+        if self.decoder not in ("lean", "hf"):
+            raise TaskError(f"decoder={self.decoder!r} is unknown; choose lean or hf")
 
 
 def _check_vocab(tokenizer: Any, task: Any) -> None:
@@ -85,7 +88,7 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
         ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in chunk]
         seeds = [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in chunk]
         gen = sample(model, ids, max_new_tokens=max_new, stop=stop, pad_id=tokenizer.pad_token_id, temperature=T,
-                     greedy=greedy, row_seeds=None if greedy else seeds)
+                     greedy=greedy, row_seeds=None if greedy else seeds, decoder=cfg.decoder)
         for key, resp in zip(chunk, gen.responses):
             out[key] = strip_stop(resp, stop)
     records = []
@@ -124,7 +127,8 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
         for c, tag in ((False, "x"), (True, "xc")):
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
             eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
-                                    temperature=T, greedy=greedy, seeds=None if greedy else seeds)
+                                    temperature=T, greedy=greedy, seeds=None if greedy else seeds,
+                                    decoder=cfg.decoder)
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:

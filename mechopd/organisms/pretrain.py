@@ -29,7 +29,7 @@ from mechopd.views import RenderSpec, render_prompt_ids
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"
-CORPUS_VERSION = 2  # bump when a task's pretraining corpus changes meaning (2: game read-out + worked replies)
+CORPUS_VERSION = 3  # bump when a task's pretraining corpus changes meaning (2: game read-out + worked replies; 3: multi-box Sokoban read-out)
 
 
 @dataclass

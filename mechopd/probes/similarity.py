@@ -212,7 +212,7 @@ def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: S
     layers: None = every site; else decoder indices and/or site names (`capture.resolve_sites`).
     uids: one per example in iteration order (for the per-example table); default: the example's index.
     fuse: run both views as ONE stacked forward (`TwoViewBatch.stacked`). Off by default: on a CPU it was measured
-    slower (bench/probes.py: 1.27x on the organism, 1.33x on the small model), the padding costing more than the
+    slower (bench/probes.py: 1.26x on the organism, 1.28x on the small model), the padding costing more than the
     saved per-call overhead.
     """
     model.eval()

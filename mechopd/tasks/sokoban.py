@@ -117,7 +117,8 @@ class SokobanBoard:
             if nxt in self.walls:
                 out.append(f"{a} {sym}")
                 continue
-            good = a in pushes if nxt in boxes else to_spot(nxt) < here
+            # a push is "toward" only when the box pushed is the loose box (the player stands on its push spot)
+            good = pushes.get(a) == player if nxt in boxes else to_spot(nxt) < here
             out.append(f"{a} {sym} {'toward' if good else 'far'}")
         return out
 

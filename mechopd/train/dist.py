@@ -19,7 +19,9 @@ def init() -> tuple[int, int]:
     """(rank, world_size); initialises the process group when launched by torchrun."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # GPU runs: NCCL for CUDA tensors AND gloo for the CPU tensors some collectives carry (token counts,
+        # gathered selection signals, metrics); NCCL alone refuses CPU tensors.
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

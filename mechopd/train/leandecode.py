@@ -18,8 +18,11 @@ per token). This module runs the SAME arithmetic as the transformers modules, re
             logits = RMSNorm(h) W_lm_head^T.
 RMSNorm follows transformers' formula (float32 statistics, cast back, then the weight). Greedy ids equal
 ``model.generate`` and logits match ``model(...)`` within float tolerance on Llama, Qwen2 and Qwen3 (tests).
-Not supported (refused with `ModelError`, use ``decoder="hf"``): sliding-window attention, dynamic RoPE scaling,
-other architectures. RoPE cos/sin are tabulated once per call for every reachable position.
+Not supported (refused with `ModelError`, use ``decoder="hf"``): sliding-window attention, dynamic and longrope RoPE
+scaling, other architectures. RoPE cos/sin are tabulated once per call for every reachable position.
+Differences from ``model(...)`` to know about: decode steps bypass module forward hooks (only the prefill runs through
+``model(...)``); the KV buffers hold the worst case (prompt + max_new_tokens) from the start; in bf16 the attention
+here is plain matmul + softmax, so logits can differ from sdpa's by one bf16 step (fp32: ~1e-7; bf16 eager: exact).
 """
 
 from __future__ import annotations
@@ -39,13 +42,16 @@ def lean_supported(model: Any) -> str | None:
     cfg = model.config
     if cfg.model_type not in FAMILIES:
         return f"model_type {cfg.model_type!r} (lean decoding supports {', '.join(FAMILIES)})"
-    if getattr(cfg, "use_sliding_window", False):
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and any(t == "sliding_attention" for t in layer_types):
+        return "sliding-window attention"
+    if layer_types is None and getattr(cfg, "use_sliding_window", False):
         return "sliding-window attention"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     rope = str(getattr(getattr(getattr(model, "model", None), "rotary_emb", None), "rope_type", "default"))
-    if "dynamic" in rope:
-        return f"rope_type {rope!r} (its frequencies depend on the sequence length seen so far)"
+    if "dynamic" in rope or "longrope" in rope:
+        return f"rope_type {rope!r} (its frequencies depend on the longest position seen so far)"
     return None
 
 

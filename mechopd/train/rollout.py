@@ -9,6 +9,7 @@ fresh forward over the `TwoViewBatch`).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -83,7 +84,8 @@ def sample(
     if lean is not None:
         logits = lean.prefill(ids, mask, pos, max_new_tokens)  # [B, V]
     else:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
         past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)

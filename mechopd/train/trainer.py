@@ -310,8 +310,9 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
-        rep = evaluate_model(self.student, self.tokenizer, self.task, EvalConfig(n=cfg.eval_n, seed=cfg.seed,
-                             n_boot=200), self.spec, train_uids={ex.uid for ex in self.pool})
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, decoder=cfg.rollout_decoder)
+        rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
+                             train_uids={ex.uid for ex in self.pool})
         s = rep["summary"]
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 

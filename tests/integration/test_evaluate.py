@@ -61,3 +61,13 @@ def test_package_level_entry_points(tiny_rules_organism, tmp_path):
     final = mechopd.train({"student": str(tiny_rules_organism), "steps": 1, "batch_size": 4, "max_new_tokens": 6,
                            "pool_size": 16}, tmp_path / "run", progress=False)
     assert (final / "model.safetensors").exists()
+
+
+def test_lean_and_hf_decoders_evaluate_alike(tiny_rules_organism):
+    m, tok = load_model(tiny_rules_organism), load_tokenizer(tiny_rules_organism)
+    task = get_task("rules")
+    lean = evaluate_model(m, tok, task, EvalConfig(n=6, seed=0, n_boot=0))
+    hf = evaluate_model(m, tok, task, EvalConfig(n=6, seed=0, n_boot=0, decoder="hf"))
+    assert lean["records"] == hf["records"]  # fp32 greedy: the same responses
+    with pytest.raises(TaskError, match="decoder='vllm' is unknown"):
+        EvalConfig(decoder="vllm")

@@ -112,3 +112,19 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
         LeanDecoder(gpt2)
     with pytest.raises(ValueError, match="decoder must be"):
         sample(gpt2, [[1, 2]], max_new_tokens=2, stop=[0], pad_id=0, decoder="fast")
+
+
+def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organism_tokenizer):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    from mechopd.errors import ModelError
+    from mechopd.train.leandecode import LeanDecoder, lean_supported
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256)
+    longrope = LlamaConfig(**base, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4,
+                                                 "long_factor": [2.0] * 4, "original_max_position_embeddings": 64})
+    with pytest.raises(ModelError, match="longrope"):
+        LeanDecoder(AutoModelForCausalLM.from_config(longrope))
+    sliding = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(sliding))

@@ -351,3 +351,10 @@ def test_sokoban_readout_follows_the_push_spot_strategy():
         return next((f"[{a}]" for a, e in zip(ACTIONS, entries) if e.endswith("toward")), "[up]")
 
     assert policy_win_rate(task, first_toward, test) >= 0.95  # a strong heuristic, not the solver
+
+
+def test_sokoban_readout_never_calls_pushing_another_box_toward():
+    """Two boxes: the loose one must go right; pushing the box already on its target right is 'far'."""
+    rows = ["# # # # # #", "# P √ _ _ #", "# _ _ _ _ #", "# _ X _ O #", "# _ _ _ _ #", "# # # # # #"]
+    board = sk.parse_board([r.split() for r in rows])
+    assert board.readout_entries(board.initial_key()) == ["up #", "down _ toward", "left #", "right √ far"]
