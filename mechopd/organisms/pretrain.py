@@ -29,7 +29,9 @@ from mechopd.views import RenderSpec, render_prompt_ids
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"
-CORPUS_VERSION = 3  # bump when a task's pretraining corpus changes meaning (2: game read-out + worked replies; 3: multi-box Sokoban read-out)
+# Per task: bump when that task's pretraining corpus changes meaning (the organism cache key includes it, so only that
+# task's cached organisms are retrained). Games 2: read-out line + worked replies; 3: multi-box Sokoban read-out.
+CORPUS_VERSION: dict[str, int] = {"rules": 1, "frozenlake": 3, "sokoban": 3}
 
 
 @dataclass
@@ -62,7 +64,7 @@ class OrganismConfig:
 
     def key(self) -> str:
         """Cache key: the config plus the organism vocabulary and corpus format (a changed task text retrains)."""
-        blob = json.dumps([dataclasses.asdict(self), organism_vocab(), CORPUS_VERSION], sort_keys=True)
+        blob = json.dumps([dataclasses.asdict(self), organism_vocab(), CORPUS_VERSION[self.task]], sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
