@@ -93,6 +93,7 @@ class TrainConfig:
                 self.selector = sel
         from mechopd.train.losses import ESTIMATORS, METHODS
         from mechopd.train.select import C_MODES, D_MODES, SELECTORS
+        from mechopd.train.leandecode import DECODERS
         from mechopd.train.sharding import SHARDINGS
 
         _choice("method", self.method, METHODS + tuple(METHOD_ALIASES))
@@ -103,7 +104,7 @@ class TrainConfig:
         _choice("nca_positions", self.nca_positions, ("all", "selected"))
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _choice("sharding", self.sharding, SHARDINGS)
-        _choice("rollout_decoder", self.rollout_decoder, ("lean", "hf"))
+        _choice("rollout_decoder", self.rollout_decoder, DECODERS)
         if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")
         if not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):

@@ -24,6 +24,7 @@ from mechopd.errors import TaskError
 from mechopd.organisms.tokenizer import split_words
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example
+from mechopd.train.leandecode import DECODERS
 from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
@@ -47,7 +48,7 @@ class EvalConfig:
             raise TaskError(f"the evaluation set is empty (n={self.n}); pass --n 1 or more")
         if self.samples < 1:
             raise TaskError(f"samples={self.samples} must be >= 1")
-        if self.decoder not in ("lean", "hf"):
+        if self.decoder not in DECODERS:
             raise TaskError(f"decoder={self.decoder!r} is unknown; choose lean or hf")
 
 

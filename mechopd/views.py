@@ -156,35 +156,6 @@ class TwoViewBatch:
         """``[batch, L, d]`` -> ``[batch, R, d]``: index t holds the hidden state at response token t."""
         return self._take(hidden, which, 0)
 
-    def stacked(self) -> dict[str, torch.Tensor]:
-        """Model kwargs of BOTH views as one ``[2 * batch, L]`` batch: rows ``[:batch]`` the no-context view, rows
-        ``[batch:]`` the context view, the shorter view left-padded further to ``L = max(Lx, Lc)``.
-
-        Left layout only (there the response occupies the last R columns of every row in both views, so
-        `split_response` is a slice). Positions come from the mask, so the extra left padding changes no value.
-        One forward over 2B rows instead of two over B: half the per-call overhead on small models.
-        """
-        if self.layout != "left":
-            raise ValueError("stacked() needs the left layout (responses in the last R columns); run the views "
-                             "one at a time for a right-padded batch")
-        L = max(self.input_ids_x.shape[1], self.input_ids_c.shape[1])
-
-        def grow(t: torch.Tensor, fill: int) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (L - t.shape[1], 0), value=fill)
-
-        return {  # the extra columns are masked out: id 0 stands in for padding
-            "input_ids": torch.cat([grow(self.input_ids_x, 0), grow(self.input_ids_c, 0)]),
-            "attention_mask": torch.cat([grow(self.attention_mask_x, 0), grow(self.attention_mask_c, 0)]),
-            "position_ids": torch.cat([grow(self.position_ids_x, 0), grow(self.position_ids_c, 0)]),
-        }
-
-    def split_response(self, tensor: torch.Tensor, shift: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[2 * batch, L, ...]`` output of a `stacked` forward -> the two views' ``[batch, R, ...]`` response
-        slices (shift 0: hidden state of token t; shift -1: the logits that predict it)."""
-        B, R, L = self.batch_size, self.response_ids.shape[1], tensor.shape[1]
-        sl = slice(L - R + shift, L + shift)
-        return tensor[:B, sl], tensor[B:, sl]
-
     def to(self, device: torch.device | str) -> "TwoViewBatch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TwoViewBatch(**moved)

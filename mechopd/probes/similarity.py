@@ -197,28 +197,24 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch, fuse: bool = False) -> None:
-    """Both views of one batch through the model (one forward per view, or one stacked forward with fuse=True);
-    cosines per site computed inside the hooks (`capture.run_views`)."""
+def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) -> None:
+    """Both views of one batch through the model; cosines per site computed as the context view's hooks fire."""
     batch = batch.to(_device(model))
-    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask), fuse=fuse)
+    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask))
 
 
 def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
                     cka: bool = False, *, label: str = "model", uids: Sequence[str] | None = None,
-                    progress: bool = False, fuse: bool = False) -> SimilarityResult:
+                    progress: bool = False) -> SimilarityResult:
     """Per-site two-view cosine (and optional CKA) of one model over a stream of batches (module docstring).
 
     layers: None = every site; else decoder indices and/or site names (`capture.resolve_sites`).
     uids: one per example in iteration order (for the per-example table); default: the example's index.
-    fuse: run both views as ONE stacked forward (`TwoViewBatch.stacked`). Off by default: on a CPU it was measured
-    slower (bench/probes.py: 1.26x on the organism, 1.28x on the small model), the padding costing more than the
-    saved per-call overhead.
     """
     model.eval()
     acc = CosineAccumulator(resolve_sites(model, layers), num_layers(model), cka)
     for batch in tqdm(batches, desc=f"similarity {label}", disable=not progress, leave=False):
-        _add_batch(model, acc, batch, fuse)
+        _add_batch(model, acc, batch)
     return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
 
 
@@ -236,7 +232,7 @@ def check_same_architecture(configs: Mapping[str, object]) -> None:
 
 def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBatch],
                    layers: Sequence[int | str] | None = None, cka: bool = False, *,
-                   uids: Sequence[str] | None = None, progress: bool = False, fuse: bool = False) -> SimilarityResult:
+                   uids: Sequence[str] | None = None, progress: bool = False) -> SimilarityResult:
     """`two_view_cosine` for several models on the same batches (same items, same responses).
 
     Iterates the batches once (batch-outer, model-inner), so a one-shot generator works; every model is resident.
@@ -252,7 +248,7 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
     accs = {label: CosineAccumulator(sites, n, cka) for label in models}
     for batch in tqdm(batches, desc="similarity", disable=not progress, leave=False):
         for label, model in models.items():
-            _add_batch(model, accs[label], batch, fuse)
+            _add_batch(model, accs[label], batch)
     rows = [r for label, a in accs.items() for r in a.site_rows(label)]
     ex_rows = [r for label, a in accs.items() for r in a.example_rows(label, uids)]
     return SimilarityResult(rows, ex_rows)

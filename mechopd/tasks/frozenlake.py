@@ -86,10 +86,6 @@ class FrozenLakeBoard:
             out.append(f"{a} {self.cell(key, r * n + c)} {'toward' if closer else 'far'}")
         return out
 
-    def readout(self, key: int) -> str:
-        """The read-out line under the board: `readout_entries` joined by commas."""
-        return " , ".join(self.readout_entries(key))
-
     def render(self, key: int) -> str:
         n = self.size
         return render_cells([[self.cell(key, r * n + c) for c in range(n)] for r in range(n)])

@@ -174,6 +174,11 @@ def board_header(step: int, budget: int) -> str:
     return f"Board, move {step} of {budget}:"
 
 
+def readout_line(board: Board, key: Hashable) -> str:
+    """The read-out line under the board: the board's per-move `readout_entries` joined by commas."""
+    return " , ".join(board.readout_entries(key))  # type: ignore[attr-defined]
+
+
 class GameEpisode:
     """One game (implements `mechopd.tasks.base.Episode`). A move is spent per reply, valid or not."""
 
@@ -197,8 +202,8 @@ class GameEpisode:
         log = [log_line(i, a, o) for i, (a, o) in enumerate(self.history, 1)] or ["no moves yet."]
         parts = [self.intro, "Log:", *log, board_header(self.steps + 1, self.step_budget)]
         board = [self.board.render(self.key)]
-        if self.readout:  # a one-line position read-out under the board (organism option; see FrozenLakeTask)
-            board.append(self.board.readout(self.key))
+        if self.readout:  # the per-move read-out line under the board (organism option; see FrozenLakeTask)
+            board.append(readout_line(self.board, self.key))
         return "\n".join(parts + board)
 
     def step(self, response_text: str) -> str | None:
@@ -258,7 +263,7 @@ class GameTask(ABC):
     default_context = ""  # the experience items
     outcomes: tuple[str, ...] = ()  # every outcome phrase `Board.step` can return
     symbols: tuple[str, ...] = ()  # every board cell symbol
-    readout: bool = False  # a position read-out line under the board (subclasses that support it expose an option)
+    readout: bool = False  # the per-move read-out line under the board (subclasses that support it expose an option)
 
     def readout_words(self) -> list[str]:
         """Texts the read-out line can contain (for the vocabulary); none when the task has no read-out."""

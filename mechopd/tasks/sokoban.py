@@ -104,11 +104,12 @@ class SokobanBoard:
                         and box + d not in self.walls and box + d not in boxes \
                         and box - d not in self.walls and box - d not in boxes:
                     pushes[a] = box - d
-        blocked = self.walls | set(boxes)
+        # walking distance to the nearest push spot, for every cell at once (one BFS from all spots; the grid is
+        # undirected, so distance from a spot equals distance to it)
+        spot_dist = _walk(n, set(pushes.values()), self.walls | set(boxes))
 
         def to_spot(cell: int) -> int:
-            dist = _walk(n, cell, blocked)
-            return min((dist.get(s, 10 ** 6) for s in pushes.values()), default=10 ** 6)
+            return spot_dist.get(cell, 10 ** 6)
 
         here, out = to_spot(player), []
         for a in ACTIONS:
@@ -121,10 +122,6 @@ class SokobanBoard:
             good = pushes.get(a) == player if nxt in boxes else to_spot(nxt) < here
             out.append(f"{a} {sym} {'toward' if good else 'far'}")
         return out
-
-    def readout(self, key: Key) -> str:
-        """The read-out line under the board: `readout_entries` joined by commas."""
-        return " , ".join(self.readout_entries(key))
 
     def render(self, key: Key) -> str:
         n = self.size
@@ -163,10 +160,10 @@ def _manhattan(n: int, a: int, b: int) -> int:
     return abs(a // n - b // n) + abs(a % n - b % n)
 
 
-def _walk(n: int, start: int, blocked: set[int] | frozenset[int]) -> dict[int, int]:
-    """Walking distance from `start` to every cell reachable without entering `blocked` (BFS)."""
+def _walk(n: int, starts: set[int], blocked: set[int] | frozenset[int]) -> dict[int, int]:
+    """Walking distance from the nearest of `starts` to every cell reachable without entering `blocked` (BFS)."""
     steps = [DELTAS[a][0] * n + DELTAS[a][1] for a in ACTIONS]
-    dist, frontier = {start: 0}, [start]
+    dist, frontier = {s: 0 for s in starts}, list(starts)
     while frontier:
         nxt = []
         for c in frontier:
@@ -252,14 +249,11 @@ def greedy_action(state: GameState) -> str:
     board: SokobanBoard = state.board  # type: ignore[assignment]
     n = board.size
 
-    def manhattan(a: int, b: int) -> int:
-        return abs(a // n - b // n) + abs(a % n - b % n)
-
     def cost(a: str) -> tuple[int, int]:
         player, boxes = board.step(state.key, a)[0]
         loose = [b for b in boxes if b not in board.targets] or list(boxes)
-        return (sum(min(manhattan(b, t) for t in board.targets) for b in boxes),
-                min(manhattan(player, b) for b in loose))
+        return (sum(min(_manhattan(n, b, t) for t in board.targets) for b in boxes),
+                min(_manhattan(n, player, b) for b in loose))
 
     return min(ACTIONS, key=cost)
 

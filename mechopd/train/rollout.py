@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mechopd.train.leandecode import LeanDecoder
+from mechopd.train.leandecode import DECODERS, LeanDecoder
 from mechopd.views import left_pad
 
 
@@ -72,7 +72,7 @@ def sample(
     decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
     Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
     """
-    if decoder not in ("lean", "hf"):
+    if decoder not in DECODERS:
         raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)

@@ -21,7 +21,7 @@ from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk
 from mechopd.tasks.base import Episode, Example, get_task
 from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, check_disjoint, expert_action,
-                                    optimal_actions, parse_action, policy_win_rate, split_of)
+                                    optimal_actions, parse_action, policy_win_rate, readout_line, split_of)
 
 
 def brute_force(board, key, max_len: int) -> list[str] | None:
@@ -321,7 +321,7 @@ def test_expert_wins_all_and_weak_policy_mostly_loses(make):
 def test_frozenlake_readout_entries_and_worked_reply():
     board = fl.FrozenLakeBoard(4, frozenset({1, 6}), start=5, goal=15)  # P at (1, 1), holes (0, 1) and (1, 2)
     assert board.readout_entries(5) == ["up H far", "down F toward", "left F far", "right H toward"]
-    assert board.readout(5) == "up H far , down F toward , left F far , right H toward"
+    assert readout_line(board, 5) == "up H far , down F toward , left F far , right H toward"
     corner = fl.FrozenLakeBoard(4, frozenset(), start=0, goal=1)
     assert corner.readout_entries(0) == ["up edge", "down F far", "left edge", "right G toward"]
     task = fl.make_frozenlake(readout=True)

@@ -132,26 +132,6 @@ def test_left_and_right_padding_agree(tok, task, model, items):
     assert by_site(a.rows, "cos_median") == pytest.approx(by_site(b.rows, "cos_median"), abs=ATOL)
 
 
-def test_stacked_forward_equals_one_forward_per_view(tok, task, model, items):
-    """One forward over both views stacked (fuse=True) gives each view's response states of its own forward."""
-    batch = next(iter(items))
-    assert batch.input_ids_x.shape[1] != batch.input_ids_c.shape[1]  # the shorter view really gets extra padding
-    with torch.inference_mode():
-        both = model.model(**batch.stacked(), use_cache=False).last_hidden_state
-        hx, hc = batch.split_response(both)
-        for which, got in (("x", hx), ("c", hc)):
-            alone = model.model(**batch.view(which), use_cache=False).last_hidden_state
-            m = batch.response_mask
-            assert torch.allclose(got[m], batch.response_hidden(alone, which)[m], atol=ATOL)
-    fused, apart = two_view_cosine(model, items, cka=True, fuse=True), two_view_cosine(model, items, cka=True)
-    for a, b in zip(fused.rows, apart.rows):
-        for k in ("cos_mean", "cos_median", "cka"):
-            assert a[k] == pytest.approx(b[k], abs=ATOL), (a["site"], k)
-    right = make_batches(tok, task, 6, 0, 6, items.responses, layout="right")
-    with pytest.raises(ValueError, match="left layout"):
-        next(iter(right)).stacked()
-
-
 def test_model_against_itself_on_identical_views_is_one_everywhere(tok, model):
     spec = RenderSpec()
     prompts = [render_prompt_ids(tok, p, None, spec) for p in ["apply the rule to : 1 2 3", "apply the rule to : 4"]]
