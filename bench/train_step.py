@@ -4,7 +4,7 @@ Variants, all on the rules organism's architecture (Qwen3, hidden 96, 3 layers, 
 the word-level organism tokenizer), same prompts, same batch B and the same 24 new tokens per response:
 
   bare     a minimal loop written here: KV-cache decode of the student through ``model(...)`` on the no-context view
-           (mechopd's own rollouts use `train/leandecode.py`), frozen-teacher
+           (mechopd's own rollouts use `generate/lean.py`), frozen-teacher
            forward on the context view (no grad), student forward + backward, full-vocab reverse KL KL(q_x || f),
            grad clip 1.0, AdamW step (torch.optim.AdamW, the optimizer mechopd uses).
   opd      Trainer(method="opd", selector="full", estimator="full").train_step()

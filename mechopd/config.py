@@ -1,6 +1,6 @@
 """Configs as dataclasses: YAML keys, CLI flags (``--set key=value``) and field names are the same words.
 
-Defaults are the papers' (PAPERS.md): lr 5e-6, β = 0.5, ρ = 0.10, K = 16, top-k 256, one rollout per prompt.
+Defaults are the papers' (docs/method.md): lr 5e-6, β = 0.5, ρ = 0.10, K = 16, top-k 256, one rollout per prompt.
 Organism recipes in ``training/`` override what a tiny model needs (higher lr, fewer steps).
 """
 
@@ -16,8 +16,10 @@ import yaml
 
 from mechopd.errors import ConfigError
 
+SHARDINGS = ("none", "fsdp")  # train.sharding implements them
+
 METHOD_ALIASES = {
-    # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (PAPERS.md §3)
+    # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
     "ta_opd": ("opd", "ta_opd"),
     "ta_opd_ent": ("opd", "ta_opd_ent"),
 }
@@ -36,7 +38,7 @@ class TrainConfig:
                every response token, "selected": only the selector's kept tokens).
     Estimator: estimator (topk | full | sampled), topk (k for the student-top-k reverse KL), renormalize, tail.
     Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_decoder
-               (lean: `train.leandecode`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM), batch_size
+               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM), batch_size
                (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
     Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
@@ -91,10 +93,9 @@ class TrainConfig:
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
-        from mechopd.train.losses import ESTIMATORS, METHODS
-        from mechopd.train.select import C_MODES, D_MODES, SELECTORS
-        from mechopd.train.leandecode import DECODERS
-        from mechopd.train.sharding import SHARDINGS
+        from mechopd.objectives.losses import ESTIMATORS, METHODS
+        from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS
+        from mechopd.generate.lean import DECODERS
 
         _choice("method", self.method, METHODS + tuple(METHOD_ALIASES))
         _choice("selector", self.selector, SELECTORS)

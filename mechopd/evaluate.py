@@ -24,8 +24,8 @@ from mechopd.errors import TaskError
 from mechopd.organisms.tokenizer import split_words
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example
-from mechopd.train.leandecode import DECODERS
-from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids, strip_stop
+from mechopd.generate.lean import DECODERS
+from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
 

@@ -1,4 +1,4 @@
-"""Context removability over PAIRED per-item outcomes (PAPERS.md section 2, "When Context Returns").
+"""Context removability over PAIRED per-item outcomes (docs/method.md section 2, "When Context Returns").
 
 Each record is one held-out item (or game seed) answered by the same trained student twice: without the context
 (view x) and with it re-inserted (view x,c). Fields: ``correct_x``, ``correct_xc`` (bool), ``len_x``, ``len_xc``

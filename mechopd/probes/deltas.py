@@ -1,4 +1,4 @@
-"""Parameter deltas per layer x module, streamed tensor by tensor (PAPERS.md section 2: parameter updates).
+"""Parameter deltas per layer x module, streamed tensor by tensor (docs/method.md section 2: parameter updates).
 
 Per tensor W, with base weights W0, trained weights θ_m of model m and its update Δ_m = θ_m - W0:
 

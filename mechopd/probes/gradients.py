@@ -1,4 +1,4 @@
-"""Gradient alignment between two loss terms on the same batch (PAPERS.md §2: "at an OPD-converged checkpoint the OPD
+"""Gradient alignment between two loss terms on the same batch (docs/method.md §2: "at an OPD-converged checkpoint the OPD
 gradient and the NCA gradient are nearly orthogonal").
 
 For two named terms a, b (token means over the response tokens of one `TwoViewBatch`, UNWEIGHTED: β is not applied),
@@ -48,7 +48,7 @@ from torch import nn
 
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
-from mechopd.train.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
+from mechopd.objectives.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
 from mechopd.views import RenderSpec, TwoViewBatch, pad_id
 
 TERMS = ("opd", "nca", "dual", "sym")
@@ -232,7 +232,7 @@ def term_gradients(
         raise ConfigError(f"terms={list(terms)} is invalid: gradient alignment compares exactly two terms "
                           "(e.g. --terms opd,nca)")
     if not temperature > 0:
-        raise ConfigError(f"temperature={temperature} is invalid: it must be > 0 (PAPERS.md: 1.0 QA, 0.7 games)")
+        raise ConfigError(f"temperature={temperature} is invalid: it must be > 0 (docs/method.md: 1.0 QA, 0.7 games)")
     loss_terms = [loss_term(t, estimator, topk) for t in terms]
     named = select_parameters(student, layers, include_non_layer)
     names, params = [k for k, _ in named], [p for _, p in named]
@@ -263,7 +263,7 @@ def term_gradients(
 def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,
                  temperature: float, max_new_tokens: int, seed: int) -> TwoViewBatch:
     """Responses sampled from the student on the no-context view (``rollout.sample``), batched in both views."""
-    from mechopd.train.rollout import sample, stop_ids
+    from mechopd.generate.sampler import sample, stop_ids
     from mechopd.views import build_two_view_batch, render_prompt_ids
 
     device = next(student.parameters()).device

@@ -1,4 +1,4 @@
-"""Two-view hidden-state similarity per layer (PAPERS.md section 2, mechanistic study).
+"""Two-view hidden-state similarity per layer (docs/method.md section 2, mechanistic study).
 
 Which positions are compared, and why: the RESPONSE tokens, at the same response index t in both views. The two
 views share the response ids y and differ only in the prompt (x vs c, x), so index t is the same token with the same
@@ -45,7 +45,7 @@ from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
 from mechopd.tasks.base import get_task
-from mechopd.train.rollout import sample, stable_seed, stop_ids
+from mechopd.generate.sampler import sample, stable_seed, stop_ids
 from mechopd.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
 
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -1,4 +1,4 @@
-"""Token teachability: the fixed-context diagnostic of TA-OPD (PAPERS.md §3, "Not All Disagreement Is Learnable").
+"""Token teachability: the fixed-context diagnostic of TA-OPD (docs/method.md §3, "Not All Disagreement Is Learnable").
 
 A BANK freezes student rollouts: (prompt x, context c, response ids y) per sequence; every response position t with
 its prefix (x, y<t) is one fixed context. The initial student θ0 and the trained student θ1 are rescored on the
@@ -46,8 +46,8 @@ from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.views import pad_id
 from mechopd.removability import resample_blocks
-from mechopd.train.losses import common_vocab, reverse_kl_full
-from mechopd.train.select import TeachabilityStats, normalize_stats, teachability_stats
+from mechopd.objectives.losses import common_vocab, reverse_kl_full
+from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 BANK_NAME = "bank.json"
@@ -98,7 +98,7 @@ def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int,
 
     temperature: None = the task's rollout temperature. Deterministic for (student, task, n, seed, batch_size).
     """
-    from mechopd.train.rollout import sample, stop_ids
+    from mechopd.generate.sampler import sample, stop_ids
 
     spec = spec or RenderSpec(placement=task.placement)
     temp = float(task.temperature if temperature is None else temperature)

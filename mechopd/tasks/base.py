@@ -59,7 +59,7 @@ class Task(Protocol):
     placement: str  # "system" | "user"
     is_game: bool
     max_new_tokens: int  # response cap per prompt (per move for games)
-    temperature: float  # rollout temperature (PAPERS.md: 1.0 QA, 0.7 games)
+    temperature: float  # rollout temperature (docs/method.md: 1.0 QA, 0.7 games)
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """`n` examples of `split` ("train" | "test"); deterministic for (split, n, seed); train/test disjoint."""

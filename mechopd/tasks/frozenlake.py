@@ -9,7 +9,7 @@ grid alone or grid + read-out with a one-move reply). Real-model recipes that re
 ``readout: false`` (and a longer ``max_new_tokens``), as does ``REFERENCE``.
 
 Boards: `size` 3..6, `holes` holes, start and goal random (or fixed: "top-left", "bottom-right", ... or [row, col]),
-kept only if the shortest safe path has `min_path`..`step_budget` moves. The reference setting (PAPERS.md section 4)
+kept only if the shortest safe path has `min_path`..`step_budget` moves. The reference setting (docs/method.md section 4)
 is ``REFERENCE`` = 3 x 3, 2 holes, start top-left, goal bottom-right: only 19 boards exist, so asking for more than the
 few held-out ones raises a `TaskError`.
 """

@@ -1,4 +1,4 @@
-"""Training: losses, selectors, rollouts, the one loop. ``mechopd.train(config, out_dir)`` runs a training run."""
+"""Training: the one loop, checkpoints, process groups and sharding (losses and selectors: `mechopd.objectives`; rollouts: `mechopd.generate`). ``mechopd.train(config, out_dir)`` runs a training run."""
 
 import sys
 import types

@@ -30,7 +30,7 @@ from mechopd.models import decoder_layers
 from mechopd.train import dist
 from mechopd.train.checkpoint import read_optimizer_state
 
-SHARDINGS = ("none", "fsdp")
+from mechopd.config import SHARDINGS  # noqa: E402  (one list of layouts, validated in the config)
 
 
 class Replicated:

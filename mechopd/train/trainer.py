@@ -36,10 +36,10 @@ from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, voc
 from mechopd.tasks.base import get_task
 from mechopd.train import dist
 from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mechopd.train.losses import LossInputs, method_terms, terms_need
-from mechopd.train.rollout import play_games, sample, stable_seed, stop_ids
-from mechopd.train.scoring import response_logits, to_logp
-from mechopd.train.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.objectives.losses import LossInputs, method_terms, terms_need
+from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids
+from mechopd.generate.scorer import response_logits, to_logp
+from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
 

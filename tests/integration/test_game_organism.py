@@ -9,7 +9,7 @@ import pytest
 from mechopd.models import load_model, load_tokenizer
 from mechopd.organisms.pretrain import OrganismConfig, pretrain
 from mechopd.tasks.base import get_task
-from mechopd.train.rollout import play_games
+from mechopd.generate.sampler import play_games
 from mechopd.views import RenderSpec, render_prompt_ids
 from tests.conftest import TINY_ORGANISM
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.train.rollout import sample, stop_ids
+from mechopd.generate.sampler import sample, stop_ids
 from mechopd.views import RenderSpec, left_pad, render_prompt_ids
 from tests.conftest import tiny_model
 
@@ -63,7 +63,7 @@ def test_inverse_cdf_sampling_follows_the_distribution(organism_tokenizer, tiny_
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_lean_decoder_matches_the_model_step_by_step(organism_tokenizer, arch):
     """Every decode step's logits equal ``model(...)`` over the whole prefix (biases and q/k norms exercised)."""
-    from mechopd.train.leandecode import LeanDecoder
+    from mechopd.generate.lean import LeanDecoder
 
     tok = organism_tokenizer
     model = tiny_model(tok, arch, seed=5)
@@ -105,7 +105,7 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
     from transformers import AutoModelForCausalLM, GPT2Config
 
     from mechopd.errors import ModelError
-    from mechopd.train.leandecode import LeanDecoder
+    from mechopd.generate.lean import LeanDecoder
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     with pytest.raises(ModelError, match="model_type 'gpt2'.*decoder='hf'"):
@@ -118,7 +118,7 @@ def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organi
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     from mechopd.errors import ModelError
-    from mechopd.train.leandecode import LeanDecoder, lean_supported
+    from mechopd.generate.lean import LeanDecoder, lean_supported
 
     base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=256)

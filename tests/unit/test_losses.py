@@ -1,4 +1,4 @@
-"""mechopd.train.losses against slow explicit references (Python loops over positions and vocabulary, autograd)."""
+"""mechopd.objectives.losses against slow explicit references (Python loops over positions and vocabulary, autograd)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechopd.errors import ConfigError
-from mechopd.train import losses as L
+from mechopd.objectives import losses as L
 
 B, T, V = 2, 3, 7
 DT = torch.float64

@@ -1,4 +1,4 @@
-"""mechopd.train.select (TA-OPD and baselines) against slow explicit references."""
+"""mechopd.objectives.select (TA-OPD and baselines) against slow explicit references."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechopd.errors import ConfigError
-from mechopd.train import select as S
+from mechopd.objectives import select as S
 
 B, T, V = 3, 5, 11
 DT = torch.float64

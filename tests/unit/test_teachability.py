@@ -15,7 +15,7 @@ from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
 from mechopd.removability import resample_blocks
 from mechopd.tasks.base import get_task
-from mechopd.train.select import normalize_stats, teachability_stats
+from mechopd.objectives.select import normalize_stats, teachability_stats
 from mechopd.views import RenderSpec, build_two_view_batch
 
 TASK = get_task("rules")

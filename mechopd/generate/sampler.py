@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mechopd.train.leandecode import DECODERS, LeanDecoder
+from mechopd.generate.lean import DECODERS, LeanDecoder
 from mechopd.views import left_pad
 
 

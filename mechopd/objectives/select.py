@@ -1,4 +1,4 @@
-"""Token selection for the OPD term: TA-OPD and its baselines (PAPERS.md §3).
+"""Token selection for the OPD term: TA-OPD and its baselines (docs/method.md §3).
 
 A selector turns the per-position signals of one rollout batch into a hard 0/1 keep-mask ``[batch, seq]`` for the OPD
 term (unselected tokens stay in the context; only their loss is dropped). What is non-standard here:

@@ -1,4 +1,4 @@
-"""Loss terms for on-policy distillation of privileged context: OPD, NCA and the ablations (PAPERS.md §1–2).
+"""Loss terms for on-policy distillation of privileged context: OPD, NCA and the ablations (docs/method.md §1–2).
 
 What is non-standard here:
 
@@ -289,7 +289,7 @@ def method_terms(
     renormalize: bool = False,
     tail: bool = False,
 ) -> list[LossTerm]:
-    """The loss terms of a method (PAPERS.md §1–2); total loss = Σ weight · token_mean(term).
+    """The loss terms of a method (docs/method.md §1–2); total loss = Σ weight · token_mean(term).
 
     opd:      L_OPD
     nca:      L_OPD + β · KL(sg[q_x] ‖ q_c)

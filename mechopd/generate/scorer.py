@@ -2,7 +2,7 @@
 
 Only the response positions go through the LM head (``logits_to_keep``) in the left layout: for a real model's
 150k-row head that is most of a forward's memory. One log-softmax per logits tensor, in float32, reused by every loss
-term and selector. Logits are divided by the rollout temperature (PAPERS.md: all distributions are computed from
+term and selector. Logits are divided by the rollout temperature (docs/method.md: all distributions are computed from
 logits / T).
 """
 
