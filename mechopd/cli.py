@@ -163,80 +163,17 @@ def _eval(a: argparse.Namespace) -> int:
 
 # --- probe --------------------------------------------------------------------------------------------------------------
 def _probe_args(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="probe", required=True)
-    s = sub.add_parser("similarity", help="layerwise two-view hidden-state cosine (several models, same items)")
-    s.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR")
-    s.add_argument("--task", required=True)
-    s.add_argument("--responses-from", default=None, help="label of the model that samples the responses")
-    s.add_argument("--layers", default=None, help="comma-separated decoder layers (default: all sites)")
-    s.add_argument("--cka", action="store_true", help="also linear CKA over tokens")
-    g = sub.add_parser("gradients", help="alignment of two loss terms' gradients (global, per layer, per module)")
-    g.add_argument("--model", required=True)
-    g.add_argument("--teacher", default=None, help="teacher checkpoint (default: the model itself)")
-    g.add_argument("--task", required=True)
-    g.add_argument("--terms", default="opd,nca", help="two of opd,nca,dual,sym")
-    g.add_argument("--layers", default=None)
-    g.add_argument("--estimator", default="full", help="full | topk | sampled")
-    d = sub.add_parser("deltas", help="parameter-delta attribution per layer x module (streamed safetensors)")
-    d.add_argument("--base", required=True)
-    d.add_argument("--models", nargs="+", required=True, metavar="NAME=DIR")
-    d.add_argument("--pair", default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")
-    t = sub.add_parser("teachability", help="fixed-context token teachability diagnostic")
-    t.add_argument("--student", required=True, help="the initial student")
-    t.add_argument("--trained", required=True)
-    t.add_argument("--teacher", required=True)
-    t.add_argument("--task", required=True)
-    t.add_argument("--bank", default=None, help="an existing bank.json (default: build one)")
-    for q in (s, g, d, t):
-        q.add_argument("--out", default=None, help="output directory (default runs/probes/<probe>)")
-        if q is not d:
-            q.add_argument("--n", type=int, default=64)
-            q.add_argument("--seed", type=int, default=0)
+    from mechopd.probes.registry import add_probe_parsers
+
+    add_probe_parsers(p)  # one verb per registered probe (mechopd.probes.registry)
 
 
-def _layers(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--layers {text!r} must be comma-separated integers, e.g. --layers 0,1,2") from None
-
-
-@command("probe", "mechanistic probes: similarity | gradients | deltas | teachability")
+@command("probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)")
 def _probe(a: argparse.Namespace) -> int:
-    out = Path(a.out or f"runs/probes/{a.probe}")
-    if a.probe == "similarity":
-        from mechopd.probes.similarity import run_similarity
+    from mechopd.probes.registry import run_from_args
 
-        path = run_similarity(_named(a.models, "--models"), a.task, a.n, a.seed, out, responses_from=a.responses_from,
-                              layers=_layers(a.layers), cka=a.cka)
-        print(f"similarity table: {path}")
-    elif a.probe == "gradients":
-        from mechopd.probes.gradients import run_gradients
-
-        terms = tuple(t.strip() for t in a.terms.split(","))
-        if len(terms) != 2:
-            raise ConfigError(f"--terms {a.terms!r} must name two terms, e.g. --terms opd,nca")
-        rows = run_gradients(a.model, a.teacher or a.model, a.task, a.n, a.seed, terms, out, estimator=a.estimator,
-                             layers=_layers(a.layers))
-        glob = [r for r in rows if r.scope == "global"][0]
-        print(f"cos(grad {terms[0]}, grad {terms[1]}) = {glob.cos:.4f}, norm ratio {glob.norm_ratio:.4f}; "
-              f"table: {out / 'gradients.csv'}")
-    elif a.probe == "deltas":
-        from mechopd.probes.deltas import parameter_deltas, write_table
-
-        models = _named(a.models, "--models")
-        pair = tuple(a.pair.split(",")) if a.pair else (tuple(list(models)[:2]) if len(models) >= 2 else None)
-        rows = parameter_deltas(a.base, models, pair=pair)
-        paths = write_table(rows, out / "deltas.csv")
-        print(f"delta table: {', '.join(str(p) for p in paths)}")
-    else:
-        from mechopd.probes.teachability import run_teachability
-
-        summary = run_teachability(a.student, a.trained, a.teacher, a.task, a.n, a.seed, out, bank=a.bank)
-        print(f"teachability: {out / 'teachability_summary.json'}")
-        print(json.dumps(summary.get("gap", {}), indent=1, default=str)[:2000])
+    for line in run_from_args(a):
+        print(line)
     return 0
 
 

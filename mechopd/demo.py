@@ -121,29 +121,19 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
 
 
 def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
-    from mechopd.probes.deltas import parameter_deltas, write_table
-    from mechopd.probes.gradients import run_gradients
-    from mechopd.probes.similarity import run_similarity
-    from mechopd.probes.teachability import run_teachability
+    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, i.e. which models), on
+    the demo's setup (task, probe_n items, seed; models base + methods); a probe whose first output exists is skipped."""
+    from mechopd.probes.registry import probes as registered
+    from mechopd.probes.setup import ProbeSetup
 
-    probes = run / "probes"
-    probes.mkdir(parents=True, exist_ok=True)
-    base = str(models["base"])
-    if not (probes / "similarity.csv").exists():
-        _log("probe similarity (base, OPD, NCA; responses sampled from OPD)")
-        run_similarity({k: str(models[k]) for k in ("base", "opd", "nca")}, cfg.task, cfg.probe_n, cfg.seed, probes,
-                       responses_from="opd")
-    if not (probes / "gradients.csv").exists():
-        _log("probe gradients (cos ∇OPD, ∇NCA at the OPD checkpoint)")
-        run_gradients(str(models["opd"]), base, cfg.task, cfg.probe_n, cfg.seed, ("opd", "nca"), probes,
-                      estimator="full")
-    if not (probes / "deltas.csv").exists():
-        _log("probe parameter deltas (OPD, NCA vs base)")
-        rows = parameter_deltas(base, {"opd": str(models["opd"]), "nca": str(models["nca"])}, pair=("opd", "nca"))
-        write_table(rows, probes / "deltas.csv")
-    if not (probes / "teachability_summary.json").exists():
-        _log("probe teachability (fixed bank: base → TA-OPD, teacher = base with context)")
-        run_teachability(base, str(models["ta_opd"]), base, cfg.task, cfg.probe_n, cfg.seed, probes)
+    out = run / "probes"
+    setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
+                       run=str(run))
+    for spec in registered():
+        if spec.demo is None or (spec.outputs and (out / spec.outputs[0]).exists()):
+            continue
+        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in spec.demo.items())})")
+        spec(setup, out, **spec.demo)
 
 
 def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:

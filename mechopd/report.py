@@ -15,35 +15,10 @@ def _load(p: Path) -> Any:
 
 
 def _probe_lines(run: Path) -> list[str]:
-    import csv
+    """Every registered probe's report lines, read from its typed summary under ``run/probes``."""
+    from mechopd.probes.registry import report_lines
 
-    lines = []
-    sim = run / "probes" / "similarity.csv"
-    if sim.exists():
-        rows = list(csv.DictReader(open(sim)))
-        by: dict[str, list[float]] = {}
-        for r in rows:
-            by.setdefault(r["model"], []).append(float(r["cos_mean"]))
-        means = ", ".join(f"{m} {sum(v) / len(v):.4f}" for m, v in by.items())
-        lines.append(f"- **Two-view hidden-state cosine** (mean over sites, per-token mean): {means}.")
-    grad = run / "probes" / "gradients.csv"
-    if grad.exists():
-        g = [r for r in csv.DictReader(open(grad)) if r["scope"] == "global"]
-        if g:
-            lines.append(f"- **Gradient alignment** cos(∇{g[0]['term_a']}, ∇{g[0]['term_b']}) at the OPD checkpoint: "
-                         f"{float(g[0]['cos']):.3f} (gradient norm ratio ‖∇{g[0]['term_a']}‖/‖∇{g[0]['term_b']}‖ = "
-                         f"{float(g[0]['norm_ratio']):.3g}).")
-    teach = _load(run / "probes" / "teachability_summary.json")
-    if teach:
-        gap = teach.get("gap", teach.get("high_support_gap", {}))
-        if isinstance(gap, dict) and "gain_abs" in gap:
-            gap = gap["gain_abs"]
-        if isinstance(gap, dict) and gap.get("estimate") is not None:
-            ci = (f"[{gap['low']:.4f}, {gap['high']:.4f}]" if gap.get("low") is not None
-                  else "(interval undefined: too few tokens in the cell for the sequence bootstrap)")
-            lines.append(f"- **High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): "
-                         f"{gap['estimate']:.4f} {ci}.")
-    return lines
+    return report_lines(run / "probes")
 
 
 def write_report_md(run: str | Path) -> Path:

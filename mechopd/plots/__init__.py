@@ -34,7 +34,9 @@ class FigureInfo(NamedTuple):
     caption: str
 
 
-_FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
+# Figures of the run itself; the probes' figures come from their registrations (mechopd.probes.registry), drawn
+# between these and the budget curve.
+_RUN_FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
     (FigureInfo("training_curves", "Accuracy without and with the context during training",
                 "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
                 "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
@@ -49,32 +51,26 @@ _FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
                 "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
                 "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
                 "demo.json."), plot_regime_map),
-    (FigureInfo("layer_cosine", "Two-view hidden-state cosine per layer",
-                "Cosine between the hidden states of the same response token with and without the context, per-token "
-                "mean over the response tokens, at the embedding, after each decoder layer and after the final norm; "
-                "one line per model."), plot_layer_cosine),
-    (FigureInfo("gradient_alignment", "Gradient alignment of the OPD and NCA terms",
-                "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module "
-                "(blue negative, red positive); the panel title gives the global cosine over all parameters and the "
-                "ratio of the gradient norms."), plot_gradient_alignment),
-    (FigureInfo("parameter_deltas", "Parameter updates per layer and module",
-                "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained "
-                "model, and of the difference between two trained models (e.g. NCA − OPD, with the cosine between "
-                "their updates), on one colour scale."), plot_parameter_deltas),
-    (FigureInfo("teachability", "Teachability of teacher–student disagreement",
-                "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of "
-                "the pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain "
-                "gap inside the low-entropy / high-divergence cell with its sequence-bootstrap interval; the "
-                "standardized regression coefficients of the gain."), plot_teachability),
+)
+
+_TAIL_FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
     (FigureInfo("budget_curve", "TA-OPD budget sweep",
                 "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
                 "loss) for each token selector."), plot_budget_curve),
 )
 
 
+def _figures() -> list[tuple[FigureInfo, Callable[[Path, Path], list[Path]]]]:
+    """The run's figures, then every registered probe's, then the budget curve (report order)."""
+    from mechopd.probes.registry import figures, resolve
+
+    probe_figs = [(FigureInfo(f.name, f.title, f.caption), resolve(f.plot)) for f in figures()]
+    return [*_RUN_FIGURES, *probe_figs, *_TAIL_FIGURES]
+
+
 def figure_index() -> list[FigureInfo]:
     """(name, title, caption) of every figure, in report order."""
-    return [info for info, _ in _FIGURES]
+    return [info for info, _ in _figures()]
 
 
 def draw_all(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
@@ -84,7 +80,7 @@ def draw_all(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str
     """
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "figures"
-    return {info.name: plot(run_dir, out) for info, plot in _FIGURES}
+    return {info.name: plot(run_dir, out) for info, plot in _figures()}
 
 
 __all__ = [

@@ -32,27 +32,24 @@ Non-standard things here:
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from mechopd.errors import ConfigError, DataError, ModelError
+from mechopd.artifacts import DeltaSummary, read_csv, read_float, read_json, write_csv, write_json
+from mechopd.errors import ConfigError, DataError
+from mechopd.probes.setup import BASE, ProbeSetup
+from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
+                                    tensor_shapes)
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-BASE = "base"
+
 WRAPPERS = ("model", "language_model", "base_model", "transformer")  # leading path parts dropped from sites
 SITE_ALIASES = {"embed_tokens": "embed", "norm": "final_norm", "lm_head": "lm_head"}  # as models.module_at
 MODULE_ORDER = ("input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
@@ -98,55 +95,6 @@ def _natural_key(site: Site) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------------------ checkpoints
-def checkpoint_tensors(path: str | os.PathLike) -> dict[str, Path]:
-    """Tensor name -> safetensors file of a HF checkpoint dir: ``model.safetensors`` or a sharded
-    ``model.safetensors.index.json`` (its ``weight_map``)."""
-    d = Path(path)
-    if not d.is_dir():
-        raise ModelError(f"checkpoint directory {d} does not exist; pass a directory written by save_pretrained")
-    if (d / SINGLE_FILE).is_file():
-        with _open(d / SINGLE_FILE) as f:
-            return {name: d / SINGLE_FILE for name in f.keys()}
-    if (d / INDEX_FILE).is_file():
-        return _sharded_index(d / INDEX_FILE)
-    if any(d.glob("*.bin")) or any(d.glob("*.pt")):
-        raise ModelError(f"{d} holds PyTorch .bin/.pt weights but no safetensors; load it and re-save it with "
-                         f"save_pretrained(dir, safe_serialization=True)")
-    raise ModelError(f"{d} has no {SINGLE_FILE} or {INDEX_FILE}; pass a checkpoint saved with save_pretrained")
-
-
-def _open(file: Path) -> safe_open:
-    try:
-        return safe_open(file, framework="pt")
-    except (SafetensorError, OSError) as err:
-        raise ModelError(f"cannot read {file} as safetensors ({err}); re-save it with save_pretrained") from None
-
-
-def _sharded_index(index: Path) -> dict[str, Path]:
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        items = list(weight_map.items())
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise ModelError(f"{index} is not a safetensors index (no 'weight_map'); re-save the checkpoint") from None
-    files = {}
-    for name, shard in items:
-        file = index.parent / shard
-        if not file.is_file():
-            raise ModelError(f"shard {file} (tensor {name!r} in {index}) is missing; copy the whole checkpoint dir")
-        files[name] = file
-    return files
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint's tensor index. ``files`` omits the head of a tied checkpoint (``embed`` names the shared one)."""
-
-    path: Path
-    files: dict[str, Path]
-    tied: bool
-    embed: str | None
-
-
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Index a checkpoint dir and resolve tied embeddings (config.json ``tie_word_embeddings``, else no lm_head)."""
     files = checkpoint_tensors(path)
@@ -157,74 +105,6 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if tied and embed is not None:  # a head stored next to tied embeddings duplicates them: transformers ties on load
         files = {n: f for n, f in files.items() if site_of(n).site != "lm_head"}
     return Checkpoint(Path(path), files, bool(tied and embed is not None), embed)
-
-
-def _config_tied(d: Path) -> bool | None:
-    """config.json's tie_word_embeddings (top level, else text_config); None without config.json or the key."""
-    try:
-        cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-    except json.JSONDecodeError as err:
-        raise ModelError(f"{d / 'config.json'} is not valid JSON ({err}); fix or re-save the checkpoint") from None
-    scopes = [c for c in (cfg, cfg.get("text_config") or {}) if "tie_word_embeddings" in c]
-    return bool(scopes[0]["tie_word_embeddings"]) if scopes else None
-
-
-def tensor_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
-    """Shapes from the safetensors headers only (no data read)."""
-    shapes = {}
-    for file in sorted(set(ckpt.files.values())):
-        with _open(file) as f:
-            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if ckpt.files.get(n) == file})
-    return shapes
-
-
-def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b: Mapping) -> None:
-    """Same tensor names, shapes and embedding tying, or a ModelError naming the first offending tensor."""
-    if a.tied != b.tied:
-        tied, untied = (a, b) if a.tied else (b, a)
-        raise ModelError(f"tensor 'lm_head.weight': {tied.path} ties it to the embeddings but {untied.path} does not; "
-                         f"compare checkpoints with the same tie_word_embeddings")
-    for x, y in ((a, b), (b, a)):
-        missing = sorted(set(x.files) - set(y.files))
-        if missing:
-            raise ModelError(f"tensor {missing[0]!r} is in {x.path} but not in {y.path}; "
-                             f"compare checkpoints of one architecture")
-    for name in sorted(a.files):
-        if shapes_a[name] != shapes_b[name]:
-            raise ModelError(f"tensor {name!r} has shape {list(shapes_a[name])} in {a.path} but "
-                             f"{list(shapes_b[name])} in {b.path}; compare checkpoints of one architecture and size")
-
-
-class _Reader:
-    """One checkpoint, read window by window through ``safe_open`` into two reused staging buffers (one being computed
-    on while the other fills). One file is mapped at a time and re-opened once ``budget`` bytes went through it, so
-    that the pages it touched leave this process's RSS."""
-
-    def __init__(self, ckpt: Checkpoint, window_numel: int):  # staging pages are only touched as used
-        self.ckpt, self.budget = ckpt, 4 * window_numel
-        self._staging = [torch.empty(4 * window_numel, dtype=torch.uint8) for _ in range(2)]  # <= 4-byte dtypes
-        self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
-
-    def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
-        """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d),
-        in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into again."""
-        file = self.ckpt.files[name]
-        if file != self._file:
-            self.close()
-            self._handle, self._file = self._stack.enter_context(_open(file)), file
-        piece = self._handle.get_slice(name)
-        view = (piece[start:stop] if piece.get_shape() else self._handle.get_tensor(name)).reshape(-1)  # lazy
-        nbytes, stage = view.numel() * view.element_size(), self._staging[slot]
-        out = stage[:nbytes].view(view.dtype).copy_(view) if nbytes <= stage.numel() else view.clone()
-        del view, piece
-        self._read += nbytes
-        if self._read >= self.budget:
-            self.close()
-        return out
-
-    def close(self) -> None:
-        self._stack.close()
-        self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
 
 
 # ------------------------------------------------------------------------------------------------------- streaming
@@ -445,56 +325,51 @@ def aggregate_deltas(rows: Iterable[DeltaRow], by: str = "site") -> list[DeltaRo
 def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]:
     """Write ``<path>.csv`` and ``<path>.json`` atomically (a suffix on ``path`` is replaced); returns both paths.
 
-    CSV: a header line, layer empty when None, floats as repr (nan, inf). JSON: a list of objects, NaN as null and
-    ±inf as the strings "inf" / "-inf", so that strict JSON readers accept it.
+    The `mechopd.artifacts` policy: CSV floats as repr (``nan``, ``inf``), layer empty when None; JSON a list of
+    objects with every non-finite value as null (read back as NaN).
     """
     rows, stem = list(rows), Path(path).with_suffix("")
     cols = [f.name for f in fields(DeltaRow)]
-
-    def cell(v: object) -> object:
-        return "" if v is None else repr(v) if isinstance(v, float) else v
-
-    def write_csv(fh) -> None:
-        csv.writer(fh, lineterminator="\n").writerows([cols] + [[cell(getattr(r, c)) for c in cols] for r in rows])
-
-    def write_json(fh) -> None:
-        json.dump([{**asdict(r), "value": _json_number(r.value)} for r in rows], fh, indent=0)
-
-    targets = ((".csv", write_csv), (".json", write_json))
-    return [_atomic_write(stem.with_name(stem.name + sfx), writer) for sfx, writer in targets]
-
-
-def _json_number(x: float) -> float | str | None:
-    return None if math.isnan(x) else repr(x) if math.isinf(x) else x
-
-
-def _atomic_write(target: Path, writer) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            writer(fh)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return [write_csv(stem.with_name(stem.name + ".csv"), rows, cols),
+            write_json(stem.with_name(stem.name + ".json"), rows, indent=0)]
 
 
 def read_table(path: str | os.PathLike) -> list[DeltaRow]:
     """Read a table written by ``write_table`` (``.csv`` or ``.json``)."""
     p = Path(path)
+    if not p.is_file():
+        raise DataError(f"table {p} does not exist; write it with mechopd probe deltas")
+    records = read_json(p) if p.suffix == ".json" else read_csv(p)
     try:
-        if p.suffix == ".json":
-            records = json.loads(p.read_text())
-        else:
-            with p.open(newline="") as fh:
-                records = list(csv.DictReader(fh))
         return [DeltaRow(**{**{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
                             "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
-                            "numel": int(rec["numel"]),
-                            "value": math.nan if rec["value"] is None else float(rec["value"])}) for rec in records]
-    except FileNotFoundError:
-        raise DataError(f"table {p} does not exist; write it with mechopd probe deltas") from None
-    except (KeyError, ValueError, TypeError, AttributeError) as err:
+                            "numel": int(rec["numel"]), "value": read_float(rec["value"])}) for rec in records]
+    except (KeyError, ValueError, TypeError, AttributeError, DataError) as err:
         raise DataError(f"{p} is not a parameter-delta table ({err!r}); rewrite it with write_table") from None
+
+
+def summarize_deltas(rows: Sequence[DeltaRow], pair: tuple[str, str] | None, settings: dict) -> DeltaSummary:
+    """Whole-model values (``aggregate_deltas(rows, "all")``) as a `DeltaSummary`."""
+    overall = aggregate_deltas(rows, "all")
+    rel = {r.model: r.value for r in overall if r.metric == "rel_delta" and r.vs == BASE}
+    pick = {r.metric: r.value for r in overall if pair is not None and (r.vs, r.model) == tuple(pair)}
+    return DeltaSummary(list(rel), rel, list(pair) if pair else None, pick.get("rel_delta", math.nan),
+                        pick.get("cos", math.nan), settings)
+
+
+def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | None = None,
+               models: Sequence[str] | Mapping[str, str] | None = None, pair: Sequence[str] | None = None,
+               progress: bool = True) -> list[Path]:
+    """`mechopd probe deltas`: every model's update from ``base`` (a setup label or a dir; default the setup's base);
+    models: a mapping label -> dir, labels / dirs / ``NAME=DIR`` items, or None = the setup's trained models; pair:
+    two labels (default the first two models, when there are two). Writes ``deltas.csv``, ``deltas.json`` and
+    ``deltas_summary.json`` (`DeltaSummary`); returns their paths."""
+    _, base_dir = setup.model(base, BASE)
+    chosen = setup.pick(models, setup.trained)
+    pair = tuple(pair) if pair else (tuple(list(chosen)[:2]) if len(chosen) >= 2 else None)
+    rows = parameter_deltas(base_dir, chosen, pair=pair, progress=progress)
+    out = Path(out_dir)
+    paths = write_table(rows, out / "deltas.csv")
+    settings = {"base": base_dir, "models": chosen, "pair": list(pair) if pair else None}
+    return paths + [summarize_deltas(rows, pair, settings).save(out)]
+

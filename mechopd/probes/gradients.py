@@ -34,8 +34,6 @@ Non-standard things here:
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 from collections import defaultdict
@@ -46,9 +44,11 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
+from mechopd.artifacts import GradientSummary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
 from mechopd.objectives.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
+from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch, pad_id
 
 TERMS = ("opd", "nca", "dual", "sym")
@@ -277,72 +277,52 @@ def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], sp
     return batch.to(device)
 
 
-def run_gradients(
-    model_dir: str | os.PathLike,
-    teacher_dir: str | os.PathLike,
-    task: Any,
-    n: int,
-    seed: int,
-    terms: Sequence[str],
-    out_dir: str | os.PathLike,
-    *,
-    estimator: str = "topk",
-    topk: int = 256,
-    temperature: float | None = None,
-    layers: Sequence[int] | None = None,
-    include_non_layer: bool = False,
-    split: str = "train",
-    spec: RenderSpec | None = None,
-    device: str | None = None,
-) -> list[GradRow]:
-    """Sample ``n`` responses of the student at ``model_dir`` on task examples, measure the alignment of ``terms``,
-    write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (settings + rows). ``task``: a name or a Task.
+def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,
+                  teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"), estimator: str = "topk",
+                  topk: int = 256, layers: Sequence[int] | None = None, include_non_layer: bool = False,
+                  device: str | None = None) -> list[GradRow]:
+    """Sample ``setup.n`` responses of the student on the setup's items (split default "train"), measure the alignment
+    of ``terms``, write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (`GradientSummary` + rows).
 
-    temperature: None = the task's rollout temperature (used for sampling and for the terms). A teacher whose
+    model / teacher: labels of the setup or checkpoint dirs; None = the first trained model / the setup's teacher
+    (else base). The setup's temperature (None: the task's) is used for sampling and for the terms. A teacher whose
     tokenizer differs from the student's raises ``ModelError``.
     """
-    from mechopd.tasks.base import get_task
-
-    task_obj = get_task(task) if isinstance(task, str) else task
     for name in terms:
         loss_term(name, estimator, topk)  # validate before loading anything
+    label, model_dir = setup.model(model, "trained")
+    _, teacher_dir = setup.model(teacher, TEACHER)
+    task = setup.make_task()
     tok = load_tokenizer(model_dir)
     check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
     student = load_model(model_dir, device=device)
     select_parameters(student, layers, include_non_layer)  # layers out of range: fail before sampling
-    teacher = load_model(teacher_dir, device=device)
-    temp = float(task_obj.temperature if temperature is None else temperature)
-    spec = spec or RenderSpec(placement=task_obj.placement)
-    examples = task_obj.examples(split, n, seed)
-    batch = sample_batch(student, tok, examples, spec, temperature=temp, max_new_tokens=task_obj.max_new_tokens,
-                         seed=seed)
-    rows = term_gradients(student, teacher, batch, terms, estimator=estimator, topk=topk, temperature=temp,
-                          layers=layers, include_non_layer=include_non_layer)
-    settings = {"model": str(model_dir), "teacher": str(teacher_dir), "task": getattr(task_obj, "name", str(task)),
-                "n": n, "seed": seed, "split": split, "terms": list(terms), "estimator": estimator, "topk": topk,
-                "temperature": temp, "layers": None if layers is None else list(layers),
-                "include_non_layer": include_non_layer, "placement": spec.placement,
-                "response_tokens": int(batch.response_mask.sum())}
-    write_gradients(rows, out_dir, settings)
+    teacher_model = load_model(teacher_dir, device=device)
+    spec = setup.spec(task)
+    examples = setup.examples(task, default_split="train")
+    batch = sample_batch(student, tok, examples, spec, temperature=task.temperature,
+                         max_new_tokens=task.max_new_tokens, seed=setup.seed)
+    rows = term_gradients(student, teacher_model, batch, terms, estimator=estimator, topk=topk,
+                          temperature=task.temperature, layers=layers, include_non_layer=include_non_layer)
+    settings = {"model": str(model_dir), "teacher": str(teacher_dir), "task": setup.task,
+                "task_options": setup.task_options, "n": setup.n, "seed": setup.seed,
+                "split": setup.split or "train", "terms": list(terms), "estimator": estimator, "topk": topk,
+                "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
+                "layers": None if layers is None else list(layers), "include_non_layer": include_non_layer,
+                "spec": asdict(spec), "response_tokens": int(batch.response_mask.sum())}
+    write_gradients(rows, out_dir, settings, model=label)
     return rows
 
 
-def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, settings: dict[str, Any]) -> Path:
-    """Write ``gradients.csv`` (one row per group) and ``gradients.json`` (settings + rows); returns the CSV path."""
+def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, settings: dict[str, Any],
+                    model: str = "model") -> Path:
+    """Write ``gradients.csv`` (one row per group) and ``gradients.json`` (`GradientSummary` of the global row, with
+    the settings and every row); returns the CSV path. ``model``: the label of the differentiated checkpoint."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    cols = [f.name for f in fields(GradRow)]
-    tmp = out / (CSV_NAME + ".tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(cols)
-        for r in rows:
-            w.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in cols])
-    tmp.replace(out / CSV_NAME)
-    records = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(r).items()}
-               for r in rows]
-    tmp = out / (JSON_NAME + ".tmp")
-    tmp.write_text(json.dumps({"settings": settings, "rows": records}, indent=1))
-    tmp.replace(out / JSON_NAME)
+    write_csv(out / CSV_NAME, rows, [f.name for f in fields(GradRow)])
+    g = next(r for r in rows if r.scope == "global")
+    summary = GradientSummary(g.term_a, g.term_b, model, g.cos, g.norm_ratio, g.value_a, g.value_b,
+                              int(settings.get("response_tokens", 0)), settings)
+    summary.save(out, rows=rows)
     return out / CSV_NAME

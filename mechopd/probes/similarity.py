@@ -28,12 +28,10 @@ last requested site (capture.py), so a request without ``final_norm`` skips the 
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +39,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mechopd.errors import ConfigError, DataError, ModelError, TaskError
+from mechopd.artifacts import SimilaritySummary, write_jsonl, write_rows
+from mechopd.errors import ConfigError, ModelError
+from mechopd.generate.sampler import sample, stable_seed, stop_ids
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
-from mechopd.tasks.base import get_task
-from mechopd.generate.sampler import sample, stable_seed, stop_ids
-from mechopd.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
+from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, answer_responses, read_responses
+from mechopd.views import RenderSpec, TwoViewBatch, render_prompt_ids
 
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size")
@@ -258,58 +257,6 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
 # Items and responses: the same items and the same response ids for every model of a comparison.
 
 
-@dataclass
-class ProbeItems:
-    """Examples with one response (token ids) each; iterating yields `TwoViewBatch`es built on the fly.
-
-    Re-iterable, so several models can be run one after the other on identical batches; only the examples and the
-    response ids are held (the batches are rebuilt per pass, rendering is cheap next to a forward).
-    """
-
-    tokenizer: object
-    examples: list
-    responses: list[list[int]]
-    spec: RenderSpec
-    batch_size: int = 8
-    layout: str = "left"
-    max_length: int | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.examples) != len(self.responses):
-            raise DataError(f"{len(self.examples)} examples but {len(self.responses)} responses; give one per example")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        for ex, r in zip(self.examples, self.responses):
-            if not r:
-                raise DataError(f"the response of example {ex.uid!r} is empty; every example needs a response token")
-
-    @property
-    def uids(self) -> list[str]:
-        return [ex.uid for ex in self.examples]
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.examples) / self.batch_size)
-
-    def __iter__(self) -> Iterator[TwoViewBatch]:
-        for i in range(0, len(self.examples), self.batch_size):
-            exs = self.examples[i : i + self.batch_size]
-            yield build_two_view_batch(self.tokenizer, [e.prompt for e in exs], [e.context for e in exs],
-                                       self.responses[i : i + self.batch_size], self.spec, layout=self.layout,
-                                       max_length=self.max_length)
-
-
-def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
-    """The task's reference answers as response ids: the answer's tokens plus the end-of-turn (eos) token."""
-    out = []
-    for ex in examples:
-        if ex.answer is None:
-            raise TaskError(f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
-                            "from a model instead (responses_from=LABEL)")
-        ids = tokenizer(str(ex.answer), add_special_tokens=False)["input_ids"]
-        out.append(list(ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
-    return out
-
-
 def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: RenderSpec, *, max_new_tokens: int,
                      temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
     """One response per example sampled from `model` on the NO-context view (as the student samples in OPD).
@@ -356,28 +303,10 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
     return ProbeItems(tokenizer, examples, responses, spec, batch_size, layout, max_length)
 
 
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# Files.
-
-
-def write_rows(rows: Sequence[dict], path: str | os.PathLike) -> Path:
-    """Rows to ``.csv`` (columns in first-seen order, None as empty) or ``.json`` (a list; NaN as null)."""
-    path = Path(path)
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".csv":
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols, restval="")
-            w.writeheader()
-            w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
-    elif path.suffix == ".json":
-        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows]
-        tmp.write_text(json.dumps(clean, indent=1))
-    else:
-        raise ConfigError(f"cannot write rows to {path}: use a .csv or .json file name")
-    tmp.replace(path)
-    return path
+# End to end: `mechopd probe similarity`.
 
 
 def _read_config(label: str, path: str):
@@ -390,40 +319,35 @@ def _read_config(label: str, path: str):
                          "written by save_pretrained") from None
 
 
-def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int]]:
-    """Given responses: a JSONL file with one ``{"uid": ..., "response_ids": [...]}`` per line (the
-    ``similarity_responses.jsonl`` a previous run wrote), matched to the examples by uid."""
-    by_uid: dict[str, list[int]] = {}
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            by_uid[str(rec["uid"])] = [int(t) for t in rec["response_ids"]]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise DataError(f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)") \
-                from None
-    missing = [ex.uid for ex in examples if ex.uid not in by_uid]
-    if missing:
-        raise DataError(f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
-                        "task, n and seed as the run that wrote it")
-    return [by_uid[ex.uid] for ex in examples]
+def _items(setup: ProbeSetup, tok, task, models: Mapping[str, str], src: str, loaded: dict, *, greedy: bool,
+           device: str, dtype: torch.dtype | None) -> ProbeItems:
+    """The items with the responses of ``src``: a compared label (sampled from it; kept in ``loaded``), ``answers``,
+    or a ``.jsonl`` of response ids."""
+    if src in models:
+        loaded[src] = load_model(models[src], dtype=dtype, device=device)
+        return setup.items(tok, loaded[src], task, greedy=greedy)
+    if src == "answers":
+        return setup.items(tok, "answers", task)
+    if src.endswith(".jsonl") and Path(src).is_file():
+        return setup.items(tok, read_responses(src, setup.examples(task)), task)
+    raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(models)}), 'answers' or an "
+                      "existing .jsonl file of response ids")
 
 
-def run_similarity(models: Mapping[str, str], task: str, n: int, seed: int, out_dir: str | os.PathLike,
-                   responses_from: str | None = None, batch_size: int = 8, layers: Sequence[int | str] | None = None,
-                   cka: bool = False, *, split: str = "test", greedy: bool = False, device: str | None = None,
+def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
+                   models: Sequence[str] | Mapping[str, str] | None = None, layers: Sequence[int | str] | None = None,
+                   cka: bool = False, greedy: bool = False, device: str | None = None,
                    dtype: torch.dtype | None = None, progress: bool = True) -> Path:
-    """`mechopd probe similarity`: every model on the same `n` items of `task` and the same responses.
+    """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
-    models: label -> checkpoint dir (or hub id), loaded one at a time. responses_from: a label of `models` (sampled
-    from it on the no-context view), ``"answers"`` (reference answers), a ``.jsonl`` file of response ids, or None
-    (the first model). Writes ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x
-    site), ``similarity_responses.jsonl`` (the response ids used) and ``similarity.json`` (settings). Returns the
+    models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
+    the teacher), loaded one at a time. Responses: ``setup.responses_from`` (a compared label,
+    ``"answers"``, a ``.jsonl`` of response ids), default the first trained model, else the first model. Writes
+    ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
+    ``similarity_responses.jsonl`` (the response ids used) and ``similarity.json`` (`SimilaritySummary`). Returns the
     path of ``similarity.csv``.
     """
-    if not models:
-        raise ConfigError("--models is empty; pass LABEL=DIR pairs, e.g. base=runs/base/final opd=runs/opd/final")
+    models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
     check_same_architecture(configs)
@@ -431,35 +355,28 @@ def run_similarity(models: Mapping[str, str], task: str, n: int, seed: int, out_
     tok = load_tokenizer(models[labels[0]])
     for label in labels[1:]:
         check_same_tokenizer(tok, load_tokenizer(models[label]), labels[0], label)
-    t = get_task(task)
+    task = setup.make_task()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    src = responses_from or labels[0]
+    src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     loaded: dict[str, nn.Module] = {}
-    if src in models:
-        loaded[src] = load_model(models[src], dtype=dtype, device=device)
-        items = make_batches(tok, t, n, seed, batch_size, loaded[src], split=split, greedy=greedy)
-    elif src == "answers":
-        items = make_batches(tok, t, n, seed, batch_size, "answers", split=split)
-    elif src.endswith(".jsonl") and Path(src).is_file():
-        given = read_responses(src, t.examples(split, n, seed))
-        items = make_batches(tok, t, n, seed, batch_size, given, split=split)
-    else:
-        raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(labels)}), 'answers' or an "
-                          "existing .jsonl file of response ids")
+    items = _items(setup, tok, task, models, src, loaded, greedy=greedy, device=device, dtype=dtype)
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
         model = loaded.pop(label) if label in loaded else load_model(models[label], dtype=dtype, device=device)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model
     out = Path(out_dir)
-    write_rows([r for label in labels for r in results[label].rows], out / "similarity.csv")
+    rows = [r for label in labels for r in results[label].rows]
+    write_rows(rows, out / "similarity.csv")
     write_rows([r for label in labels for r in results[label].example_rows], out / "similarity_examples.csv")
-    with (out / "similarity_responses.jsonl").open("w") as f:
-        for ex, r in zip(items.examples, items.responses):
-            f.write(json.dumps({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}) + "\n")
-    settings = {"models": dict(models), "task": task, "n": n, "seed": seed, "split": split, "responses_from": src,
-                "greedy": greedy, "batch_size": batch_size, "sites": sites, "cka": cka, "device": str(device),
-                "dtype": str(dtype or torch.float32), "aggregate": "cos_mean: per-token mean over response tokens",
+    write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}
+                                                     for ex, r in zip(items.examples, items.responses)))
+    mean_cos = {label: float(np.mean([r["cos_mean"] for r in results[label].rows])) for label in labels}
+    settings = {"models": dict(models), "task": setup.task, "task_options": setup.task_options, "n": setup.n,
+                "seed": setup.seed, "split": setup.split or "test", "greedy": greedy, "batch_size": setup.batch_size,
+                "spec": asdict(items.spec), "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
+                "cka": cka, "device": str(device), "dtype": str(dtype or torch.float32),
+                "aggregate": "cos_mean: per-token mean over response tokens",
                 "files": ["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl"]}
-    (out / "similarity.json").write_text(json.dumps(settings, indent=1))
+    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings).save(out)
     return out / "similarity.csv"

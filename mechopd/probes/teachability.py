@@ -29,7 +29,6 @@ Analyses (``summarize``):
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -42,13 +41,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from mechopd.artifacts import TeachabilitySummary, write_csv, write_json
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.views import pad_id
 from mechopd.removability import resample_blocks
 from mechopd.objectives.losses import common_vocab, reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
+from mechopd.views import RenderSpec, build_two_view_batch, pad_id, render_prompt_ids
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
@@ -121,15 +121,11 @@ def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int,
 def save_bank(bank: Bank, path: str | os.PathLike) -> Path:
     """Write the bank as JSON (no pickle), atomically."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     items = [{"uid": u, "prompt": x, "context": c, "response_ids": list(map(int, y))}
              for u, x, c, y in zip(bank.uids, bank.prompts, bank.contexts, bank.responses)]
     doc = {"version": 1, "tokenizer_sha": bank.tokenizer_sha, "spec": asdict(bank.spec), "meta": bank.meta,
            "items": items}
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(p)
-    return p
+    return write_json(p, doc, indent=None)
 
 
 def load_bank(path: str | os.PathLike) -> Bank:
@@ -360,62 +356,43 @@ def summarize(table: Table, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]
 
 
 def write_table(table: Table, path: str | os.PathLike) -> Path:
-    """The per-token table as CSV (COLUMNS order), atomically."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
-        w.writerows(zip(*(table[c].tolist() for c in COLUMNS)))
-    tmp.replace(p)
-    return p
+    """The per-token table as CSV (COLUMNS order), atomically (`artifacts.write_csv`)."""
+    return write_csv(path, (dict(zip(COLUMNS, row)) for row in zip(*(table[c].tolist() for c in COLUMNS))), COLUMNS)
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
+def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: str | None = None,
+                     trained: str | None = None, teacher: str | None = None,
+                     bank: Bank | str | os.PathLike | None = None, k: int = 16, d_mode: str = "union",
+                     c_mode: str = "exact", n_boot: int = 1000, device: str | None = None) -> dict[str, Any]:
+    """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table and
+    ``teachability_summary.json`` (`TeachabilitySummary`) into ``out_dir``; returns the summary dict.
 
-
-def run_teachability(student_dir: str | os.PathLike, trained_dir: str | os.PathLike, teacher_dir: str | os.PathLike,
-                     task: Any, n: int, seed: int, out_dir: str | os.PathLike, bank: Bank | str | os.PathLike | None
-                     = None, *, k: int = 16, d_mode: str = "union", c_mode: str = "exact", batch_size: int = 8,
-                     n_boot: int = 1000, temperature: float | None = None, device: str | None = None
-                     ) -> dict[str, Any]:
-    """Build (or load) the bank from the initial student, rescore, analyse; write ``bank.json`` (when built),
-    ``teachability_tokens.csv`` and ``teachability_summary.json`` into ``out_dir``. Returns the summary.
-
-    bank: None = sample ``n`` examples of ``task`` (name or Task) with ``seed``; a path or a `Bank` = reuse it.
-    Tokenizers of trained / teacher differing from the student's -> ``ModelError``.
+    student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
+    teacher (else base). bank: None = sample ``setup.n`` items (split default "train") with the setup's seed,
+    temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    student_dir, trained_dir, teacher_dir = (setup.model(student, BASE)[1], setup.model(trained, "trained")[1],
+                                             setup.model(teacher, TEACHER)[1])
     tok = load_tokenizer(student_dir)
     check_same_tokenizer(tok, load_tokenizer(trained_dir), "student", "trained student")
     check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
     if isinstance(bank, (str, os.PathLike)):
-        bank = load_bank(bank)
+        bank = load_bank(bank)  # a bad path fails before any model is loaded
     student0 = load_model(student_dir, device=device)
     if bank is None:
-        from mechopd.tasks.base import get_task
-
-        task_obj = get_task(task) if isinstance(task, str) else task
-        bank = build_bank(student0, tok, task_obj, n, seed, temperature=temperature)
+        task = setup.make_task()
+        bank = build_bank(student0, tok, task, setup.n, setup.seed, setup.spec(task), task.temperature,
+                          split=setup.split or "train")
         _check_nonempty(bank, "just sampled")
         save_bank(bank, out / BANK_NAME)
-    student1, teacher = load_model(trained_dir, device=device), load_model(teacher_dir, device=device)
-    table = rescore(bank, student0, student1, teacher, tok, k=k, d_mode=d_mode, c_mode=c_mode,
-                    temperature=temperature, batch_size=batch_size)
+    student1, teacher_model = load_model(trained_dir, device=device), load_model(teacher_dir, device=device)
+    table = rescore(bank, student0, student1, teacher_model, tok, k=k, d_mode=d_mode, c_mode=c_mode,
+                    temperature=setup.temperature, batch_size=setup.batch_size)
     write_table(table, out / TOKENS_NAME)
-    summary = summarize(table, n_boot, seed)
+    summary = summarize(table, n_boot, setup.seed)
     summary["settings"] = {"student": str(student_dir), "trained": str(trained_dir), "teacher": str(teacher_dir),
-                           "k": k, "d_mode": d_mode, "c_mode": c_mode, "n_boot": n_boot, "seed": seed,
-                           "bank": bank.meta, "temperature": temperature}
-    tmp = out / (SUMMARY_NAME + ".tmp")
-    tmp.write_text(json.dumps(_json_safe(summary), indent=1))
-    tmp.replace(out / SUMMARY_NAME)
+                           "k": k, "d_mode": d_mode, "c_mode": c_mode, "n_boot": n_boot, "seed": setup.seed,
+                           "bank": bank.meta, "spec": asdict(bank.spec), "temperature": setup.temperature}
+    TeachabilitySummary.from_dict(summary).save(out)
     return summary

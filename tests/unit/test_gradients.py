@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.gradients import GradRow, run_gradients, select_parameters, term_gradients
+from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
@@ -187,7 +188,8 @@ def _save(model, tok, path):
 def test_run_gradients_writes_tables(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     t = _save(tiny(1), TOK, tmp_path / "teacher")
-    rows = run_gradients(s, t, "rules", 3, 0, ("opd", "nca"), tmp_path / "out", estimator="sampled")
+    setup = ProbeSetup(task="rules", n=3, seed=0, models={"base": str(t), "student": str(s)})
+    rows = run_gradients(setup, tmp_path / "out", model="student", teacher="base", estimator="sampled")
     with (tmp_path / "out" / "gradients.csv").open() as fh:
         recs = list(csv.DictReader(fh))
     assert len(recs) == len(rows)
@@ -195,7 +197,7 @@ def test_run_gradients_writes_tables(tmp_path):
     assert math.isclose(float(g["cos"]), next(r.cos for r in rows if r.scope == "global"), rel_tol=1e-9)
     doc = json.loads((tmp_path / "out" / "gradients.json").read_text())
     assert doc["settings"]["terms"] == ["opd", "nca"] and doc["settings"]["response_tokens"] > 0
-    again = run_gradients(s, t, "rules", 3, 0, ("opd", "nca"), tmp_path / "out2", estimator="sampled")
+    again = run_gradients(setup, tmp_path / "out2", model=str(s), teacher=str(t), estimator="sampled")
     assert [r.dot for r in again] == [r.dot for r in rows]  # deterministic per seed
 
 
@@ -204,11 +206,11 @@ def test_teacher_with_other_tokenizer(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     t = _save(tiny(1, tok=other), other, tmp_path / "teacher")
     with pytest.raises(ModelError, match="tokenizers differ"):
-        run_gradients(s, t, "rules", 2, 0, ("opd", "nca"), tmp_path / "out")
+        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", model=str(s), teacher=str(t))
 
 
 def test_run_gradients_layers_out_of_range(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     with pytest.raises(ConfigError, match=r"2 decoder layers \(0..1\)"):
-        run_gradients(s, s, "rules", 2, 0, ("opd", "nca"), tmp_path / "out", layers=[2])
+        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", model=str(s), teacher=str(s), layers=[2])
     assert not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from mechopd import plots
+from mechopd.artifacts import json_safe
 from mechopd.errors import DataError
 from mechopd.probes import deltas, gradients, similarity, teachability
 from mechopd.probes.capture import sites_for
@@ -125,7 +126,7 @@ def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
     table["seq"] = np.repeat(np.arange(12), 20)
     table["pos"] = np.tile(np.arange(20), 12)
     summary = teachability.summarize(table, n_boot=20, seed=0)
-    (probes / teachability.SUMMARY_NAME).write_text(json.dumps(teachability._json_safe(summary)))
+    (probes / teachability.SUMMARY_NAME).write_text(json.dumps(json_safe(summary)))
 
 
 def _write_sweep(run: Path, rng: np.random.Generator) -> None:

@@ -15,6 +15,7 @@ from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
 from mechopd.probes.similarity import (StreamingCKA, _Buffer, compare_models, make_batches, run_similarity,
                                        token_cosine, two_view_cosine, write_rows)
+from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
 
@@ -237,8 +238,8 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
         m.save_pretrained(tmp_path / name)
         tok.save_pretrained(tmp_path / name)
     dirs = {"base": str(tmp_path / "base"), "opd": str(tmp_path / "opd")}
-    out = run_similarity(dirs, "rules", 4, 0, tmp_path / "sim", responses_from="opd", batch_size=3, cka=True,
-                         progress=False)
+    setup = ProbeSetup(task="rules", n=4, seed=0, batch_size=3, responses_from="opd", models=dirs)
+    out = run_similarity(setup, tmp_path / "sim", cka=True, progress=False)
     rows = list(csv.DictReader(out.open()))
     assert [(r["model"], r["site"]) for r in rows][:2] == [("base", "embed"), ("base", "layers.0.resid_post")]
     assert len(rows) == 2 * 4 and {"cos_mean", "cos_median", "cka", "depth", "layer", "n_tokens"} <= set(rows[0])
@@ -246,15 +247,14 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
     assert len(examples) == 2 * 4 * 4
     settings = json.loads((tmp_path / "sim" / "similarity.json").read_text())
     assert settings["responses_from"] == "opd" and settings["sites"][-1] == "final_norm"
-    again = run_similarity(dirs, "rules", 4, 0, tmp_path / "sim2",
-                           responses_from=str(tmp_path / "sim" / "similarity_responses.jsonl"), batch_size=4,
-                           cka=True, progress=False)
+    again = run_similarity(setup.replace(responses_from=str(tmp_path / "sim" / "similarity_responses.jsonl"),
+                                         batch_size=4), tmp_path / "sim2", cka=True, progress=False)
     rows2 = list(csv.DictReader(again.open()))
     assert [float(r["cos_mean"]) for r in rows2] == pytest.approx([float(r["cos_mean"]) for r in rows], abs=ATOL)
     with pytest.raises(ConfigError, match="not a model label"):
-        run_similarity(dirs, "rules", 4, 0, tmp_path / "bad", responses_from="nca", progress=False)
+        run_similarity(setup.replace(responses_from="nca"), tmp_path / "bad", progress=False)
     with pytest.raises(ConfigError, match="out of range"):
-        run_similarity(dirs, "rules", 4, 0, tmp_path / "bad", layers=[9], progress=False)
+        run_similarity(setup, tmp_path / "bad", layers=[9], progress=False)
 
 
 def test_growing_buffer_keeps_every_value_in_order():

@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from mechopd.errors import DataError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
+from mechopd.probes.setup import ProbeSetup
 from mechopd.removability import resample_blocks
 from mechopd.tasks.base import get_task
 from mechopd.objectives.select import normalize_stats, teachability_stats
@@ -197,14 +198,15 @@ def _save(model, tok, path):
 
 def test_run_teachability_end_to_end(models, tmp_path):
     dirs = [_save(m, TOK, tmp_path / name) for m, name in zip(models, ("s0", "s1", "teacher"))]
-    summary = T.run_teachability(*dirs, "rules", 4, 0, tmp_path / "out", n_boot=20)
+    setup = ProbeSetup(task="rules", n=4, seed=0, models=dict(zip(("base", "ta_opd", "teacher"), map(str, dirs))))
+    summary = T.run_teachability(setup, tmp_path / "out", n_boot=20)
     out = tmp_path / "out"
     with (out / T.TOKENS_NAME).open() as fh:
         rows = list(csv.DictReader(fh))
     assert tuple(rows[0]) == T.COLUMNS and len(rows) == summary["n_tokens"] > 0
     saved = json.loads((out / T.SUMMARY_NAME).read_text())
     assert set(saved["buckets"]) == set(T.BUCKET_SIGNALS) and saved["gap"]["gain_abs"]["n_boot"] == 20
-    again = T.run_teachability(*dirs, "rules", 4, 0, tmp_path / "out2", bank=out / T.BANK_NAME, n_boot=20)
+    again = T.run_teachability(setup, tmp_path / "out2", bank=out / T.BANK_NAME, n_boot=20)
     assert again["means"] == summary["means"]  # the same bank rescored: identical numbers
 
 
@@ -213,4 +215,5 @@ def test_run_teachability_refuses_other_teacher_tokenizer(models, tmp_path):
     s0 = _save(models[0], TOK, tmp_path / "s0")
     t = _save(tiny(1, tok=other), other, tmp_path / "t")
     with pytest.raises(ModelError, match="tokenizers differ"):
-        T.run_teachability(s0, s0, t, "rules", 2, 0, tmp_path / "out")
+        T.run_teachability(ProbeSetup(task="rules", n=2), tmp_path / "out", student=str(s0), trained=str(s0),
+                           teacher=str(t))

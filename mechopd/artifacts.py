@@ -1,0 +1,281 @@
+"""Probe artifacts: atomic CSV / JSON writing with ONE non-finite policy, and a typed summary per probe.
+
+Non-finite policy (every writer here, hence every probe table and summary):
+  * JSON: a float that is not finite (NaN, +inf, -inf) is written as ``null`` (strict JSON; every reader accepts it).
+    Reading a summary back (`read_float`), ``null`` in a numeric field is NaN.
+  * CSV: ``None`` is an empty cell; floats are written as Python's ``repr`` (``nan``, ``inf``, ``-inf`` for the
+    non-finite ones), which ``float()``, numpy and pandas read back exactly. An empty cell reads back as NaN.
+So a CSV keeps the difference between NaN and inf (e.g. ``rel_delta`` of an update of a zero tensor), a JSON file says
+"undefined" for both.
+Writes are atomic: a temporary file next to the target, then ``os.replace``; a killed run never leaves half a file.
+
+Typed summaries (`SimilaritySummary`, `GradientSummary`, `DeltaSummary`, `TeachabilitySummary`): what each probe writes
+as its JSON summary, and what ``report.md`` reads (``Summary.load``; ``lines()`` are the report's bullets). No model
+code is imported here.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from mechopd.errors import ConfigError, DataError
+
+S = TypeVar("S", bound="Summary")
+
+
+# ------------------------------------------------------------------------------------------------------------ write
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float as None, dataclasses as dicts, tuples as lists, paths as strings, numpy
+    scalars and arrays as Python values (the JSON side of the module's policy)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalar / array, 0-d tensor
+        obj = obj.tolist()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return str(obj)
+    return obj
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
+    """Call ``write(fh)`` on a temporary text file next to ``path``, then rename it into place. Returns ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            write(fh)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
+    """``obj`` as strict JSON (`json_safe`), atomically."""
+    text = json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+    return atomic_write(path, lambda fh: fh.write(text))
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> Path:
+    """One strict-JSON object per line, atomically."""
+    lines = [json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records]
+    return atomic_write(path, lambda fh: fh.writelines(lines))
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else repr(value) if isinstance(value, float) else value
+
+
+def _records(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in rows]
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[Any], columns: Sequence[str] | None = None) -> Path:
+    """Rows (dicts or dataclasses) as CSV with a header: ``columns`` or the keys in first-seen order; a key a row
+    lacks is an empty cell. Floats as ``repr`` (``nan``, ``inf``), None empty (the module's policy)."""
+    records = _records(rows)
+    cols = list(columns) if columns is not None else list(dict.fromkeys(k for r in records for k in r))
+
+    def write(fh) -> None:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(cols)
+        w.writerows([_cell(r.get(c)) for c in cols] for r in records)
+
+    return atomic_write(path, write)
+
+
+def write_rows(rows: Iterable[Any], path: str | os.PathLike) -> Path:
+    """Rows to ``.csv`` (`write_csv`) or ``.json`` (a list of objects, `write_json`), chosen by the suffix."""
+    p = Path(path)
+    if p.suffix == ".csv":
+        return write_csv(p, rows)
+    if p.suffix == ".json":
+        return write_json(p, _records(rows))
+    raise ConfigError(f"cannot write rows to {p}: use a .csv or .json file name")
+
+
+# ------------------------------------------------------------------------------------------------------------- read
+def read_float(value: Any) -> float:
+    """A JSON number / null or a CSV cell -> float; null, empty and 'None' are NaN (the module's policy)."""
+    if value is None or value == "" or value == "None":
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{value!r} is not a number; rewrite the artifact with the mechopd probe that owns it") \
+            from None
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parsed JSON; DataError naming the file when it is absent or malformed."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{p} is not valid JSON ({err.msg}, line {err.lineno}); rewrite it with mechopd") from None
+
+
+def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
+    """Rows of a CSV written by `write_csv` (cells as text; `read_float` for numbers)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)")
+    with p.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+# -------------------------------------------------------------------------------------------------------- summaries
+@dataclass
+class Summary:
+    """Base of the typed probe summaries: ``FILE`` is the JSON file name under ``RUN/probes``."""
+
+    FILE: ClassVar[str] = ""
+    FLOATS: ClassVar[tuple[str, ...]] = ()  # top-level numeric fields (null -> NaN when read)
+
+    def save(self, probes_dir: str | os.PathLike, **extra: Any) -> Path:
+        """Write ``probes_dir/FILE`` (the summary's fields, plus ``extra`` top-level keys such as a table's rows)."""
+        return write_json(Path(probes_dir) / self.FILE, {**dataclasses.asdict(self), **extra})
+
+    @classmethod
+    def from_dict(cls: type[S], doc: Mapping[str, Any], where: str = "summary") -> S:
+        if not isinstance(doc, Mapping):
+            raise DataError(f"{where}: expected a JSON object written by mechopd probe")
+        names = {f.name for f in dataclasses.fields(cls)}
+        absent = [f.name for f in dataclasses.fields(cls)
+                  if f.name not in doc and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if absent:
+            raise DataError(f"{where} lacks {absent[0]!r}; rewrite it with the mechopd probe that owns it")
+        values = {k: doc[k] for k in names if k in doc}
+        values.update({k: read_float(values[k]) for k in cls.FLOATS if k in values})
+        return cls(**values)
+
+    @classmethod
+    def load(cls: type[S], probes_dir: str | os.PathLike) -> S | None:
+        """The summary in ``probes_dir``, or None when the probe has not run there."""
+        path = Path(probes_dir) / cls.FILE
+        return cls.from_dict(read_json(path), str(path)) if path.is_file() else None
+
+
+@dataclass
+class SimilaritySummary(Summary):
+    """Two-view cosine: ``mean_cos[label]`` = mean over sites of the per-token mean cosine (``similarity.csv``)."""
+
+    FILE: ClassVar[str] = "similarity.json"
+
+    models: list[str]
+    mean_cos: dict[str, float]
+    sites: list[str]
+    responses_from: str
+    n_items: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.mean_cos = {k: read_float(v) for k, v in self.mean_cos.items()}
+
+    def lines(self) -> list[str]:
+        means = ", ".join(f"{m} {self.mean_cos[m]:.4f}" for m in self.models if m in self.mean_cos)
+        return [f"- **Two-view hidden-state cosine** (mean over sites, per-token mean; {self.n_items} items, "
+                f"responses from {self.responses_from}): {means}."]
+
+
+@dataclass
+class GradientSummary(Summary):
+    """Gradient alignment: the "global" row of ``gradients.csv`` (cos, norm ratio, the terms' values)."""
+
+    FILE: ClassVar[str] = "gradients.json"
+    FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b")
+
+    term_a: str
+    term_b: str
+    model: str
+    cos: float
+    norm_ratio: float
+    value_a: float
+    value_b: float
+    response_tokens: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        a, b = self.term_a, self.term_b
+        return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
+                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; {self.response_tokens} response tokens)."]
+
+
+@dataclass
+class DeltaSummary(Summary):
+    """Parameter deltas, whole model: ``rel_delta[label]`` = ‖θ − W0‖/‖W0‖ over all tensors; with a pair (a, b),
+    ``pair_rel_delta`` = ‖θ_b − θ_a‖/‖W0‖ and ``pair_cos`` = cos(Δ_a, Δ_b)."""
+
+    FILE: ClassVar[str] = "deltas_summary.json"
+    FLOATS: ClassVar[tuple[str, ...]] = ("pair_rel_delta", "pair_cos")
+
+    models: list[str]
+    rel_delta: dict[str, float]
+    pair: list[str] | None = None
+    pair_rel_delta: float = math.nan
+    pair_cos: float = math.nan
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rel_delta = {k: read_float(v) for k, v in self.rel_delta.items()}
+
+    def lines(self) -> list[str]:
+        rel = ", ".join(f"{m} {self.rel_delta[m]:.3g}" for m in self.models if m in self.rel_delta)
+        out = f"- **Parameter updates** ‖θ − W0‖/‖W0‖ over all tensors: {rel}"
+        if self.pair:
+            a, b = self.pair
+            out += (f"; {b} − {a}: {self.pair_rel_delta:.3g}, cos(Δ{a}, Δ{b}) = {self.pair_cos:.3f}")
+        return [out + "."]
+
+
+@dataclass
+class TeachabilitySummary(Summary):
+    """Token teachability (``teachability_summary.json``): means, quartile buckets, the high-support gap per gain
+    (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability.high_support_gap`), the regression."""
+
+    FILE: ClassVar[str] = "teachability_summary.json"
+
+    n_tokens: int
+    n_sequences: int
+    means: dict[str, float]
+    buckets: dict[str, list[dict[str, Any]]]
+    gap: dict[str, dict[str, Any]]
+    regression: dict[str, dict[str, Any]]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def gap_interval(self, gain: str = "gain_abs") -> tuple[float, float, float]:
+        """(estimate, ci_low, ci_high) of the high-support gap for ``gain``; NaN where undefined."""
+        g = self.gap.get(gain) or {}
+        return read_float(g.get("estimate")), read_float(g.get("ci_low")), read_float(g.get("ci_high"))
+
+    def lines(self) -> list[str]:
+        est, lo, hi = self.gap_interval("gain_abs")
+        if math.isnan(est):
+            return ["- **High-support gain gap**: undefined (the low-entropy / high-divergence cell has an empty "
+                    "tercile)."]
+        ci = self.gap["gain_abs"].get("ci") or 0.95
+        interval = (f"[{lo:.4f}, {hi:.4f}] ({ci:.0%} sequence bootstrap)" if math.isfinite(lo) and math.isfinite(hi)
+                    else "(interval undefined: too few tokens in the cell for the sequence bootstrap)")
+        return [f"- **High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): "
+                f"{est:.4f} {interval}."]
+
+
+SUMMARIES: tuple[type[Summary], ...] = (SimilaritySummary, GradientSummary, DeltaSummary, TeachabilitySummary)

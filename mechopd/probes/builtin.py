@@ -1,0 +1,156 @@
+"""The four built-in probes' registrations (`mechopd.probes.registry`): CLI flags, the run adapters that print, the
+demo's choice of models, the figures and the report lines. Each adapter imports its probe module when it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mechopd.artifacts import DeltaSummary, GradientSummary, SimilaritySummary, Summary, TeachabilitySummary
+from mechopd.errors import ConfigError
+from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, register_probe
+
+MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
+
+
+def _layers(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--layers {text!r} must be comma-separated integers, e.g. --layers 0,1,2") from None
+
+
+def _pair(text: str | None, flag: str) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    parts = tuple(t.strip() for t in text.split(","))
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"{flag} {text!r} must name two items, e.g. {flag} opd,nca")
+    return parts  # type: ignore[return-value]
+
+
+def _summary_lines(cls: type[Summary]):
+    def lines(probes_dir: Path) -> list[str]:
+        summary = cls.load(probes_dir)
+        return summary.lines() if summary is not None else []
+
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------------- adapters
+def similarity(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, cka: bool,
+               greedy: bool) -> list[str]:
+    from mechopd.probes.similarity import run_similarity
+
+    path = run_similarity(setup, out, models=models, layers=_layers(layers), cka=cka, greedy=greedy)
+    return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
+
+
+def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, terms: str, layers: str | None,
+              estimator: str) -> list[str]:
+    from mechopd.probes.gradients import run_gradients
+
+    try:
+        pair = _pair(terms, "--terms")
+    except ConfigError:
+        raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
+    run_gradients(setup, out, model=model, teacher=teacher, terms=pair, estimator=estimator, layers=_layers(layers))
+    s = GradientSummary.load(out)
+    return [f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
+            f"table: {out / 'gradients.csv'}"]
+
+
+def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None, pair: str | None) -> list[str]:
+    from mechopd.probes.deltas import run_deltas
+
+    paths = run_deltas(setup, out, base=base, models=models, pair=_pair(pair, "--pair"))
+    return [f"delta table: {', '.join(str(p) for p in paths)}"] + DeltaSummary.load(out).lines()
+
+
+def teachability(setup: Any, out: Path, *, student: str | None, trained: str | None, teacher: str | None,
+                 bank: str | None, n_boot: int) -> list[str]:
+    from mechopd.probes.teachability import run_teachability
+
+    run_teachability(setup, out, student=student, trained=trained, teacher=teacher, bank=bank, n_boot=n_boot)
+    return [f"teachability: {out / TeachabilitySummary.FILE}"] + TeachabilitySummary.load(out).lines()
+
+
+# -------------------------------------------------------------------------------------------------- registrations
+register_probe(ProbeSpec(
+    "similarity", "layerwise two-view hidden-state cosine (several models, same items, same responses)", similarity,
+    arguments=(
+        Arg(("--models",), dict(nargs="+", default=None, metavar="LABEL|NAME=DIR",
+                                help="models to compare (default: every model of the run but the teacher)")),
+        Arg(("--layers",), dict(default=None, help="comma-separated decoder layers (default: all sites)")),
+        Arg(("--cka",), dict(action="store_true", help="also linear CKA over tokens")),
+        Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones")),
+    ),
+    outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", SimilaritySummary.FILE),
+    demo={"models": ["base", "opd", "nca"]},
+    figures=(FigureSpec(
+        "layer_cosine", "Two-view hidden-state cosine per layer",
+        "Cosine between the hidden states of the same response token with and without the context, per-token mean "
+        "over the response tokens, at the embedding, after each decoder layer and after the final norm; one line "
+        "per model.", "mechopd.plots.layers:plot_layer_cosine"),),
+    report=_summary_lines(SimilaritySummary),
+))
+
+register_probe(ProbeSpec(
+    "gradients", "alignment of two loss terms' gradients (global, per layer, per module)", gradients,
+    arguments=(
+        Arg(("--model",), dict(default=None, help=f"model to differentiate: {MODEL_HELP} (default: first trained)")),
+        Arg(("--teacher",), dict(default=None, help=f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")),
+        Arg(("--terms",), dict(default="opd,nca", help="two of opd,nca,dual,sym")),
+        Arg(("--layers",), dict(default=None, help="comma-separated decoder layers (default: every parameter)")),
+        Arg(("--estimator",), dict(default="full", help="full | topk | sampled (the OPD term's estimator)")),
+    ),
+    outputs=("gradients.csv", GradientSummary.FILE),
+    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"},
+    figures=(FigureSpec(
+        "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
+        "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
+        "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
+        "gradient norms.", "mechopd.plots.layers:plot_gradient_alignment"),),
+    report=_summary_lines(GradientSummary),
+))
+
+register_probe(ProbeSpec(
+    "deltas", "parameter-delta attribution per layer x module (streamed safetensors)", deltas,
+    arguments=(
+        Arg(("--base",), dict(default=None, help=f"W0: {MODEL_HELP} (default: the run's base)")),
+        Arg(("--models",), dict(nargs="+", default=None, metavar="LABEL|NAME=DIR",
+                                help="trained models (default: every trained model of the run)")),
+        Arg(("--pair",), dict(default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")),
+    ),
+    outputs=("deltas.csv", "deltas.json", DeltaSummary.FILE),
+    demo={"models": ["opd", "nca"], "pair": "opd,nca"},
+    figures=(FigureSpec(
+        "parameter_deltas", "Parameter updates per layer and module",
+        "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
+        "and of the difference between two trained models (e.g. NCA − OPD, with the cosine between their updates), "
+        "on one colour scale.", "mechopd.plots.layers:plot_parameter_deltas"),),
+    report=_summary_lines(DeltaSummary),
+))
+
+register_probe(ProbeSpec(
+    "teachability", "fixed-context token teachability diagnostic (TA-OPD)", teachability,
+    arguments=(
+        Arg(("--student",), dict(default=None, help=f"the initial student θ0: {MODEL_HELP} (default: base)")),
+        Arg(("--trained",), dict(default=None, help=f"the trained student θ1: {MODEL_HELP} (default: first trained)")),
+        Arg(("--teacher",), dict(default=None, help=f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")),
+        Arg(("--bank",), dict(default=None, help="an existing bank.json (default: sample one from θ0)")),
+        Arg(("--n-boot",), dict(dest="n_boot", type=int, default=1000, help="sequence-bootstrap resamples")),
+    ),
+    outputs=(TeachabilitySummary.FILE, "teachability_tokens.csv", "bank.json"),
+    demo={"trained": "ta_opd"},
+    figures=(FigureSpec(
+        "teachability", "Teachability of teacher–student disagreement",
+        "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of the "
+        "pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain gap inside "
+        "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
+        "coefficients of the gain.", "mechopd.plots.teachability:plot_teachability"),),
+    report=_summary_lines(TeachabilitySummary),
+))

@@ -1,0 +1,197 @@
+"""The probe protocol and registry: a new probe is one file plus one `register_probe` call.
+
+A registration (`ProbeSpec`) says everything the rest of mechopd needs, and nothing else lists probes:
+  * ``mechopd probe <name>``: the verb, its help, its own flags (``arguments``; the setup flags -- --run, --task,
+    --option, --placement, --no-context-system, --chat-template-kwarg, ... -- are added to every verb);
+  * the run function ``run(setup: ProbeSetup, out_dir: Path, **options) -> list[str]`` (writes the artifacts, returns
+    the lines the CLI prints); ``options`` are the probe's own flags by ``dest``, defaults from ``arguments``;
+  * its place in ``mechopd demo``: ``demo`` = the options it runs with there (which models: labels of the demo run),
+    None = not in the demo; the demo skips it when ``outputs[0]`` exists;
+  * its figures (``FigureSpec``: name, title, caption, ``plot(run_dir, out_dir) -> list[Path]``), drawn by
+    `mechopd.plots.draw_all` and shown in ``report.md``;
+  * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`.
+
+Callables may be given as ``"module:attribute"`` strings, imported when first called: the registry and the built-in
+registrations (`mechopd.probes.builtin`) import no probe or plotting module, so building the CLI parser, drawing and
+reporting load only what they use (and no import cycle arises between plots and probes).
+Third-party probes: register in your module and expose it under the ``mechopd.probes`` entry-point group (or import
+it before calling mechopd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechopd.errors import ConfigError
+
+Ref = Callable[..., Any] | str
+ENTRY_POINT_GROUP = "mechopd.probes"
+
+
+def resolve(ref: Ref) -> Callable[..., Any]:
+    """A callable, or ``"package.module:name"`` imported now."""
+    if callable(ref):
+        return ref
+    module, _, name = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One probe-specific CLI flag: ``argparse.add_argument(*flags, **kwargs)`` (give a ``dest`` = run keyword)."""
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(*self.flags, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure: ``name`` (file stem ``figures/<name>.png``), ``title``, ``caption``, ``plot(run_dir, out_dir)``."""
+
+    name: str
+    title: str
+    caption: str
+    plot: Ref
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe's registration (see the module docstring)."""
+
+    name: str
+    help: str
+    run: Ref
+    arguments: tuple[Arg, ...] = ()
+    outputs: tuple[str, ...] = ()
+    demo: dict[str, Any] | None = None
+    figures: tuple[FigureSpec, ...] = ()
+    report: Ref | None = None
+
+    def parser(self) -> argparse.ArgumentParser:
+        """A parser of this probe's own flags (for defaults; the CLI adds them to its subparser)."""
+        p = argparse.ArgumentParser(prog=f"mechopd probe {self.name}", add_help=False)
+        for arg in self.arguments:
+            arg.add_to(p)
+        return p
+
+    def options(self, **given: Any) -> dict[str, Any]:
+        """The probe's options: flag defaults, then ``given`` (unknown keys refused, naming the known ones)."""
+        defaults = vars(self.parser().parse_args([]))
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise ConfigError(f"probe {self.name}: unknown option(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(defaults)) or 'none'}")
+        return {**defaults, **given}
+
+    def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:
+        """Run the probe on ``setup`` into ``out_dir``; returns the lines to print."""
+        return list(resolve(self.run)(setup, Path(out_dir), **self.options(**options)))
+
+    def report_lines(self, probes_dir: str | Path) -> list[str]:
+        return list(resolve(self.report)(Path(probes_dir))) if self.report is not None else []
+
+
+_REGISTRY: dict[str, ProbeSpec] = {}
+_loaded = False
+
+
+def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
+    """Add a probe to `mechopd probe`, the demo, the figures and the report. A taken name raises unless ``replace``."""
+    if not replace and spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
+        raise ConfigError(f"probe {spec.name!r} is already registered; pick another name or pass replace=True")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister_probe(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module("mechopd.probes.builtin")
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+
+
+def probes() -> list[ProbeSpec]:
+    """Every registered probe, in registration order (the built-ins first)."""
+    _load_builtin()
+    return list(_REGISTRY.values())
+
+
+def get_probe(name: str) -> ProbeSpec:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown probe {name!r}; known probes: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def figures() -> list[FigureSpec]:
+    """The figures of every registered probe, in registration order."""
+    return [f for spec in probes() for f in spec.figures]
+
+
+def report_lines(probes_dir: str | Path) -> list[str]:
+    """Every registered probe's report lines for the artifacts in ``probes_dir`` (probes that did not run: none)."""
+    return [line for spec in probes() for line in spec.report_lines(probes_dir)]
+
+
+# -- the CLI: `mechopd probe <name>` for every registered probe ------------------------------------------------------
+def add_setup_arguments(p: argparse.ArgumentParser) -> None:
+    """The setup flags of every `mechopd probe` verb (all optional; they override what --run says)."""
+    p.add_argument("--run", default=None, metavar="RUN_DIR",
+                   help="a training run or demo dir: task, options, render spec and models come from it")
+    p.add_argument("--task", default=None, help="task name (default: the run's; rules without --run)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="task option, e.g. --option path=qa.jsonl --option rule=shift:2")
+    p.add_argument("--placement", default=None, help="system | user: where the context goes (default: the task's)")
+    p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
+    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="chat-template variable, e.g. --chat-template-kwarg enable_thinking=false")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's/task's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the run's / task's)")
+    p.add_argument("--n", type=int, default=None, help="items (default 64, or the demo's)")
+    p.add_argument("--seed", type=int, default=None, help="item and sampling seed (default 0, or the run's)")
+    p.add_argument("--batch-size", type=int, default=None, help="items per forward (default 8)")
+    p.add_argument("--split", default=None, help="train | test: item split (default: the probe's)")
+    p.add_argument("--responses-from", default=None,
+                   help="model label, 'answers' or a responses .jsonl (probes that score given responses)")
+    p.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
+
+
+def add_probe_parsers(p: argparse.ArgumentParser) -> None:
+    """One subparser per registered probe: the setup flags plus the probe's own."""
+    sub = p.add_subparsers(dest="probe", required=True)
+    for spec in probes():
+        q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
+        add_setup_arguments(q)
+        for arg in spec.arguments:
+            arg.add_to(q)
+
+
+def run_from_args(a: argparse.Namespace) -> list[str]:
+    """`mechopd probe <name> ...`: the setup from the flags, the probe's options from its own flags; run it."""
+    from mechopd.probes.setup import setup_from_args
+
+    spec = get_probe(a.probe)
+    options = {k: getattr(a, k) for k in spec.options()}
+    setup = setup_from_args(a)
+    out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
+    return spec(setup, out, **options)

@@ -1,0 +1,341 @@
+"""One probe setup: task, task options, render spec, sampling settings, items and the models, for every probe.
+
+Build it three ways; all give the same object:
+
+    ProbeSetup(task="jsonl", task_options={"path": "qa.jsonl"}, n=32, models={"base": "runs/o", "opd": "runs/x/final"})
+    ProbeSetup.from_run("runs/x")         # a training run dir (config.yaml, else final/training.json) or a demo dir
+    setup_from_args(namespace)            # the `mechopd probe` flags (--run, --task, --option, --placement, ...)
+
+Models are named: ``base`` is the initial student (W0; the teacher too unless ``teacher`` is given), every other label
+is a trained model. A training run dir gives ``base`` (its ``student``; ``organism:<task>`` resolved to
+``<organism_dir>/<task>``), ``teacher`` (when the run had one) and one trained label (the method, or the selector
+when it is not ``full``: ``opd``, ``nca``, ``ta_opd``) -> ``RUN/final``; a demo dir gives ``base`` (the organism) and
+one label per ``train/<m>/final``. A probe names the models it reads by label (or by checkpoint dir).
+
+Defaults left as None mean "the task's" (placement, temperature, max_new_tokens) or "the probe's" (split: the
+on-policy probes sample training prompts, similarity held-out ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechopd.errors import ConfigError, DataError, ModelError, TaskError
+from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
+
+BASE, TEACHER = "base", "teacher"
+DEMO_FILE = "demo.json"
+
+
+class TaskView:
+    """A task with the setup's temperature / max_new_tokens in place of its own (every other attribute forwarded)."""
+
+    def __init__(self, task: Any, temperature: float | None, max_new_tokens: int | None) -> None:
+        self._task = task
+        self.temperature = float(task.temperature if temperature is None else temperature)
+        self.max_new_tokens = int(task.max_new_tokens if max_new_tokens is None else max_new_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+
+@dataclass
+class ProbeSetup:
+    """What every probe reads. Fields = CLI flags = keys of a run's config (see the module docstring).
+
+    models: label -> checkpoint dir; responses_from: a model label, ``"answers"`` (the task's reference answers) or a
+    ``.jsonl`` of response ids (probes that score given responses: similarity; the on-policy probes sample from the
+    model their quantity is defined on). run: the run dir it was read from (outputs default to ``run/probes``).
+    """
+
+    task: str = "rules"
+    task_options: dict[str, Any] = field(default_factory=dict)
+    placement: str | None = None
+    no_context_system: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    n: int = 64
+    seed: int = 0
+    batch_size: int = 8
+    split: str | None = None
+    responses_from: str | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    run: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.placement is not None and self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement={self.placement!r} is unknown; choose one of {', '.join(PLACEMENTS)}")
+        for name in ("n", "batch_size"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ConfigError(f"temperature={self.temperature} is invalid: must be > 0")
+        if self.max_new_tokens is not None and not self.max_new_tokens >= 1:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
+        if self.split not in (None, "train", "test"):
+            raise ConfigError(f"split={self.split!r} is invalid: use train or test")
+        self.models = {str(k): str(v) for k, v in self.models.items()}
+
+    # -- what the probes read ------------------------------------------------------------------------------------------
+    def make_task(self) -> TaskView:
+        """The task with its options, the setup's temperature and max_new_tokens."""
+        from mechopd.tasks.base import get_task
+
+        return TaskView(get_task(self.task, **self.task_options), self.temperature, self.max_new_tokens)
+
+    def spec(self, task: Any | None = None) -> RenderSpec:
+        """The render spec: ``placement`` (default: the task's), ``no_context_system``, ``chat_template_kwargs``."""
+        placement = self.placement or (task or self.make_task()).placement
+        return RenderSpec(placement, self.no_context_system, dict(self.chat_template_kwargs))
+
+    def examples(self, task: Any | None = None, default_split: str = "test") -> list:
+        """``n`` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
+        return (task or self.make_task()).examples(self.split or default_split, self.n, self.seed)
+
+    def items(self, tokenizer: Any, source: Any, task: Any | None = None, *, greedy: bool = False) -> ProbeItems:
+        """The examples with one response each, as a re-iterable source of `TwoViewBatch`es.
+
+        source: a model (responses sampled on the no-context view with the setup's temperature, max_new_tokens and
+        seed; ``greedy`` for argmax), ``"answers"`` (the reference answers + eos), or the response ids themselves.
+        """
+        from mechopd.probes.similarity import make_batches
+
+        task = task or self.make_task()
+        return make_batches(tokenizer, task, self.n, self.seed, self.batch_size, source, self.spec(task),
+                            split=self.split or "test", greedy=greedy)
+
+    # -- models ------------------------------------------------------------------------------------------------------
+    @property
+    def trained(self) -> list[str]:
+        """Labels of the trained models (every label but base and teacher), in order."""
+        return [k for k in self.models if k not in (BASE, TEACHER)]
+
+    def model(self, ref: str | None, role: str) -> tuple[str, str]:
+        """(label, checkpoint dir) of a model named by label or by dir; None = the role's default: ``base``;
+        ``teacher`` (the teacher, else base); ``trained`` (the first trained model)."""
+        if ref is None:
+            ref = self._default(role)
+        if ref in self.models:
+            return ref, self.models[ref]
+        if ref.startswith("organism:") or os.sep in ref or Path(ref).exists():
+            return Path(ref).name or ref, _resolve_organism(ref, "runs/organisms")
+        known = ", ".join(self.models) or "none"
+        raise ConfigError(f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
+                          "pass --run RUN_DIR or a path")
+
+    def pick(self, refs: Sequence[str] | Mapping[str, str] | None, default: Sequence[str]) -> dict[str, str]:
+        """label -> dir of several models: a mapping as given; else labels, dirs or ``NAME=DIR`` items resolved with
+        `model` (None or empty: the labels ``default``)."""
+        if isinstance(refs, Mapping):
+            return {str(k): str(v) for k, v in refs.items()}
+        out: dict[str, str] = {}
+        for ref in refs or default:
+            name, sep, path = ref.partition("=")
+            label, path = (name, path) if sep and name and path else self.model(ref, "trained")
+            out[label] = path
+        if not out:
+            raise ConfigError("no models given: pass --run RUN_DIR or the probe's model flags, e.g. --models "
+                              "base=runs/organisms/rules opd=runs/opd/final")
+        return out
+
+    def _default(self, role: str) -> str:
+        if role == TEACHER and TEACHER in self.models:
+            return TEACHER
+        if role in (BASE, TEACHER) and BASE in self.models:
+            return BASE
+        if role == "trained" and self.trained:
+            return self.trained[0]
+        raise ConfigError(f"no {role} model: pass --run RUN_DIR (a training or demo run) or the probe's model flags "
+                          "(see mechopd probe NAME --help)")
+
+    def replace(self, **changes: Any) -> ProbeSetup:
+        """A copy with ``changes`` (None values are ignored; task_options / chat_template_kwargs / models merged)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        for key in ("task_options", "chat_template_kwargs", "models"):
+            if key in changes:
+                changes[key] = {**getattr(self, key), **changes[key]}
+        return dataclasses.replace(self, **changes)
+
+    # -- from a run directory ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_run(cls, run_dir: str | os.PathLike) -> ProbeSetup:
+        """Read a training run dir (``config.yaml``, else ``final/training.json``) or a demo dir (``demo.json``)."""
+        run = Path(run_dir)
+        if not run.is_dir():
+            raise ConfigError(f"--run {run} is not a directory; pass a run dir written by mechopd train or demo")
+        if (run / DEMO_FILE).is_file():
+            return _from_demo(run)
+        return _from_training(run)
+
+
+# -- items and responses: the same items and response ids for every model of a comparison ---------------------
+@dataclass
+class ProbeItems:
+    """Examples with one response (token ids) each; iterating yields `TwoViewBatch`es built on the fly.
+
+    Re-iterable, so several models can be run one after the other on identical batches; only the examples and the
+    response ids are held (the batches are rebuilt per pass, rendering is cheap next to a forward).
+    """
+
+    tokenizer: object
+    examples: list
+    responses: list[list[int]]
+    spec: RenderSpec
+    batch_size: int = 8
+    layout: str = "left"
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.examples) != len(self.responses):
+            raise DataError(f"{len(self.examples)} examples but {len(self.responses)} responses; give one per example")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        for ex, r in zip(self.examples, self.responses):
+            if not r:
+                raise DataError(f"the response of example {ex.uid!r} is empty; every example needs a response token")
+
+    @property
+    def uids(self) -> list[str]:
+        return [ex.uid for ex in self.examples]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.examples) / self.batch_size)
+
+    def __iter__(self) -> Iterator[TwoViewBatch]:
+        for i in range(0, len(self.examples), self.batch_size):
+            exs = self.examples[i : i + self.batch_size]
+            yield build_two_view_batch(self.tokenizer, [e.prompt for e in exs], [e.context for e in exs],
+                                       self.responses[i : i + self.batch_size], self.spec, layout=self.layout,
+                                       max_length=self.max_length)
+
+
+def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
+    """The task's reference answers as response ids: the answer's tokens plus the end-of-turn (eos) token."""
+    out = []
+    for ex in examples:
+        if ex.answer is None:
+            raise TaskError(f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
+                            "from a model instead (responses_from=LABEL)")
+        ids = tokenizer(str(ex.answer), add_special_tokens=False)["input_ids"]
+        out.append(list(ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
+    return out
+
+
+def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int]]:
+    """Given responses: a JSONL file with one ``{"uid": ..., "response_ids": [...]}`` per line (the
+    ``similarity_responses.jsonl`` a previous run wrote), matched to the examples by uid."""
+    by_uid: dict[str, list[int]] = {}
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            by_uid[str(rec["uid"])] = [int(t) for t in rec["response_ids"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise DataError(f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)") \
+                from None
+    missing = [ex.uid for ex in examples if ex.uid not in by_uid]
+    if missing:
+        raise DataError(f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
+                        "task, n and seed as the run that wrote it")
+    return [by_uid[ex.uid] for ex in examples]
+
+
+def method_label(cfg: Any) -> str:
+    """The label of a trained model: its selector when it is not ``full`` (``ta_opd``), else its method."""
+    return cfg.method if cfg.selector == "full" else cfg.selector
+
+
+def _train_config(run: Path):
+    from mechopd.config import build_config, load_train_config, TrainConfig
+    from mechopd.artifacts import read_json
+
+    if (run / "config.yaml").is_file():
+        return load_train_config(run / "config.yaml")
+    if (run / "final" / "training.json").is_file():
+        doc = read_json(run / "final" / "training.json")
+        if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+            raise ConfigError(f"{run / 'final' / 'training.json'} has no 'config' object; pass a run written by "
+                              "mechopd train")
+        return build_config(TrainConfig, doc["config"], source=str(run / "final" / "training.json"))
+    raise ConfigError(f"--run {run} holds neither config.yaml, final/training.json nor demo.json; pass a run dir "
+                      "written by mechopd train or mechopd demo")
+
+
+def _resolve_organism(spec: str, organism_dir: str) -> str:
+    """``organism:<task>`` -> ``<organism_dir>/<task>`` (it must exist: `mechopd pretrain --task <task>`)."""
+    if not spec.startswith("organism:"):
+        return spec
+    task = spec.split(":", 1)[1]
+    path = Path(organism_dir) / task
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{spec}: no pretrained organism at {path}; run `mechopd pretrain --task {task}` first")
+    return str(path)
+
+
+def _final(run: Path) -> str:
+    if not (run / "final" / "config.json").is_file():
+        raise ModelError(f"{run / 'final'} holds no checkpoint; finish the run (mechopd train ... --resume) first")
+    return str(run / "final")
+
+
+def _setup_of_config(cfg: Any, models: dict[str, str], run: Path, **extra: Any) -> ProbeSetup:
+    return ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options), no_context_system=cfg.no_context_system,
+                      chat_template_kwargs=dict(cfg.chat_template_kwargs), temperature=cfg.temperature,
+                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, models=models, run=str(run), **extra)
+
+
+def _from_training(run: Path) -> ProbeSetup:
+    cfg = _train_config(run)
+    models = {BASE: _resolve_organism(cfg.student, cfg.organism_dir)}
+    if cfg.teacher:
+        models[TEACHER] = _resolve_organism(cfg.teacher, cfg.organism_dir)
+    models[method_label(cfg)] = _final(run)
+    return _setup_of_config(cfg, models, run)
+
+
+def _from_demo(run: Path) -> ProbeSetup:
+    from mechopd.artifacts import read_json
+
+    demo = read_json(run / DEMO_FILE)
+    methods: Sequence[str] = demo.get("methods") or sorted(p.name for p in (run / "train").glob("*") if p.is_dir())
+    if not methods:
+        raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
+    cfg = _train_config(run / "train" / methods[0])
+    organism = demo.get("organism") or cfg.student
+    models = {BASE: _resolve_organism(str(organism), cfg.organism_dir)}
+    models.update({m: _final(run / "train" / m) for m in methods})
+    demo_cfg = demo.get("config") or {}
+    extra = {"n": int(demo_cfg["probe_n"])} if demo_cfg.get("probe_n") else {}
+    return _setup_of_config(cfg, models, run, **extra)
+
+
+# -- CLI -----------------------------------------------------------------------------------------------------------
+def _kv(pairs: list[str], flag: str) -> dict[str, Any]:
+    from mechopd.config import parse_overrides
+
+    try:
+        return parse_overrides(pairs or [])
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--set", flag)) from None
+
+
+def setup_from_args(a: Any) -> ProbeSetup:
+    """The setup the flags describe: ``--run`` first (if given), then every flag that is set on top of it."""
+    base = ProbeSetup.from_run(a.run) if a.run else ProbeSetup()
+    task_changed = a.task is not None and a.task != base.task
+    if task_changed:  # another task: the run's options belong to its own task
+        base = dataclasses.replace(base, task_options={})
+    return base.replace(task=a.task, task_options=_kv(a.option, "--option"), placement=a.placement,
+                        no_context_system=a.no_context_system,
+                        chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"),
+                        temperature=a.temperature, max_new_tokens=a.max_new_tokens, n=a.n, seed=a.seed,
+                        batch_size=a.batch_size, split=a.split, responses_from=a.responses_from)

@@ -1,0 +1,138 @@
+"""Streamed safetensors reading for probes over weights (parameter deltas): a checkpoint's tensor index (single file
+or sharded ``model.safetensors.index.json``), its embedding tying, a layout check between checkpoints, and a reader
+that copies one window of rows at a time out of the file mapping (never a whole model in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from mechopd.errors import ModelError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_tensors(path: str | os.PathLike) -> dict[str, Path]:
+    """Tensor name -> safetensors file of a HF checkpoint dir: ``model.safetensors`` or a sharded
+    ``model.safetensors.index.json`` (its ``weight_map``)."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ModelError(f"checkpoint directory {d} does not exist; pass a directory written by save_pretrained")
+    if (d / SINGLE_FILE).is_file():
+        with _open(d / SINGLE_FILE) as f:
+            return {name: d / SINGLE_FILE for name in f.keys()}
+    if (d / INDEX_FILE).is_file():
+        return _sharded_index(d / INDEX_FILE)
+    if any(d.glob("*.bin")) or any(d.glob("*.pt")):
+        raise ModelError(f"{d} holds PyTorch .bin/.pt weights but no safetensors; load it and re-save it with "
+                         f"save_pretrained(dir, safe_serialization=True)")
+    raise ModelError(f"{d} has no {SINGLE_FILE} or {INDEX_FILE}; pass a checkpoint saved with save_pretrained")
+
+
+def _open(file: Path) -> safe_open:
+    try:
+        return safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise ModelError(f"cannot read {file} as safetensors ({err}); re-save it with save_pretrained") from None
+
+
+def _sharded_index(index: Path) -> dict[str, Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        items = list(weight_map.items())
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise ModelError(f"{index} is not a safetensors index (no 'weight_map'); re-save the checkpoint") from None
+    files = {}
+    for name, shard in items:
+        file = index.parent / shard
+        if not file.is_file():
+            raise ModelError(f"shard {file} (tensor {name!r} in {index}) is missing; copy the whole checkpoint dir")
+        files[name] = file
+    return files
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint's tensor index. ``files`` omits the head of a tied checkpoint (``embed`` names the shared one)."""
+
+    path: Path
+    files: dict[str, Path]
+    tied: bool
+    embed: str | None
+
+
+def _config_tied(d: Path) -> bool | None:
+    """config.json's tie_word_embeddings (top level, else text_config); None without config.json or the key."""
+    try:
+        cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+    except json.JSONDecodeError as err:
+        raise ModelError(f"{d / 'config.json'} is not valid JSON ({err}); fix or re-save the checkpoint") from None
+    scopes = [c for c in (cfg, cfg.get("text_config") or {}) if "tie_word_embeddings" in c]
+    return bool(scopes[0]["tie_word_embeddings"]) if scopes else None
+
+
+def tensor_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
+    """Shapes from the safetensors headers only (no data read)."""
+    shapes = {}
+    for file in sorted(set(ckpt.files.values())):
+        with _open(file) as f:
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if ckpt.files.get(n) == file})
+    return shapes
+
+
+def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b: Mapping) -> None:
+    """Same tensor names, shapes and embedding tying, or a ModelError naming the first offending tensor."""
+    if a.tied != b.tied:
+        tied, untied = (a, b) if a.tied else (b, a)
+        raise ModelError(f"tensor 'lm_head.weight': {tied.path} ties it to the embeddings but {untied.path} does not; "
+                         f"compare checkpoints with the same tie_word_embeddings")
+    for x, y in ((a, b), (b, a)):
+        missing = sorted(set(x.files) - set(y.files))
+        if missing:
+            raise ModelError(f"tensor {missing[0]!r} is in {x.path} but not in {y.path}; "
+                             f"compare checkpoints of one architecture")
+    for name in sorted(a.files):
+        if shapes_a[name] != shapes_b[name]:
+            raise ModelError(f"tensor {name!r} has shape {list(shapes_a[name])} in {a.path} but "
+                             f"{list(shapes_b[name])} in {b.path}; compare checkpoints of one architecture and size")
+
+
+class _Reader:
+    """One checkpoint, read window by window through ``safe_open`` into two reused staging buffers (one being computed
+    on while the other fills). One file is mapped at a time and re-opened once ``budget`` bytes went through it, so
+    that the pages it touched leave this process's RSS."""
+
+    def __init__(self, ckpt: Checkpoint, window_numel: int):  # staging pages are only touched as used
+        self.ckpt, self.budget = ckpt, 4 * window_numel
+        self._staging = [torch.empty(4 * window_numel, dtype=torch.uint8) for _ in range(2)]  # <= 4-byte dtypes
+        self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
+
+    def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
+        """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d),
+        in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into again."""
+        file = self.ckpt.files[name]
+        if file != self._file:
+            self.close()
+            self._handle, self._file = self._stack.enter_context(_open(file)), file
+        piece = self._handle.get_slice(name)
+        view = (piece[start:stop] if piece.get_shape() else self._handle.get_tensor(name)).reshape(-1)  # lazy
+        nbytes, stage = view.numel() * view.element_size(), self._staging[slot]
+        out = stage[:nbytes].view(view.dtype).copy_(view) if nbytes <= stage.numel() else view.clone()
+        del view, piece
+        self._read += nbytes
+        if self._read >= self.budget:
+            self.close()
+        return out
+
+    def close(self) -> None:
+        self._stack.close()
+        self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
