@@ -159,8 +159,9 @@ class Summary:
         if not isinstance(doc, Mapping):
             raise DataError(f"{where}: expected a JSON object written by mechopd probe")
         names = {f.name for f in dataclasses.fields(cls)}
-        absent = [f.name for f in dataclasses.fields(cls)
-                  if f.name not in doc and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        absent = [k for k in required if k not in doc]
         if absent:
             raise DataError(f"{where} lacks {absent[0]!r}; rewrite it with the mechopd probe that owns it")
         values = {k: doc[k] for k in names if k in doc}
@@ -216,7 +217,8 @@ class GradientSummary(Summary):
     def lines(self) -> list[str]:
         a, b = self.term_a, self.term_b
         return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
-                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; {self.response_tokens} response tokens)."]
+                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; "
+                f"{self.response_tokens} response tokens)."]
 
 
 @dataclass

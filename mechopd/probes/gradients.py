@@ -281,8 +281,7 @@ def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str |
                   teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"), estimator: str = "topk",
                   topk: int = 256, layers: Sequence[int] | None = None, include_non_layer: bool = False,
                   device: str | None = None) -> list[GradRow]:
-    """Sample ``setup.n`` responses of the student on the setup's items (split default "train"), measure the alignment
-    of ``terms``, write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (`GradientSummary` + rows).
+    """Sample one response of the student per setup item (split default "train"), measure the alignment of ``terms``, write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (`GradientSummary` + rows).
 
     model / teacher: labels of the setup or checkpoint dirs; None = the first trained model / the setup's teacher
     (else base). The setup's temperature (None: the task's) is used for sampling and for the terms. A teacher whose
@@ -305,7 +304,7 @@ def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str |
     rows = term_gradients(student, teacher_model, batch, terms, estimator=estimator, topk=topk,
                           temperature=task.temperature, layers=layers, include_non_layer=include_non_layer)
     settings = {"model": str(model_dir), "teacher": str(teacher_dir), "task": setup.task,
-                "task_options": setup.task_options, "n": setup.n, "seed": setup.seed,
+                "task_options": setup.task_options, "n": len(examples), "seed": setup.seed,
                 "split": setup.split or "train", "terms": list(terms), "estimator": estimator, "topk": topk,
                 "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
                 "layers": None if layers is None else list(layers), "include_non_layer": include_non_layer,

@@ -31,6 +31,7 @@ from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
 
 BASE, TEACHER = "base", "teacher"
+DEFAULT_N = 64
 DEMO_FILE = "demo.json"
 
 
@@ -62,7 +63,7 @@ class ProbeSetup:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     temperature: float | None = None
     max_new_tokens: int | None = None
-    n: int = 64
+    n: int | None = None
     seed: int = 0
     batch_size: int = 8
     split: str | None = None
@@ -74,6 +75,8 @@ class ProbeSetup:
         if self.placement is not None and self.placement not in PLACEMENTS:
             raise ConfigError(f"placement={self.placement!r} is unknown; choose one of {', '.join(PLACEMENTS)}")
         for name in ("n", "batch_size"):
+            if name == "n" and self.n is None:
+                continue
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
         if self.temperature is not None and not self.temperature > 0:
@@ -96,9 +99,19 @@ class ProbeSetup:
         placement = self.placement or (task or self.make_task()).placement
         return RenderSpec(placement, self.no_context_system, dict(self.chat_template_kwargs))
 
+    def count(self, task: Any, split: str) -> int:
+        """Items to use: ``n``; None = DEFAULT_N, or the whole split when the task reports fewer (``split_sizes``,
+        e.g. a small JSONL file). An explicit ``n`` above the split's size is the task's error."""
+        if self.n is not None:
+            return self.n
+        sizes = task.split_sizes() if hasattr(task, "split_sizes") else {}
+        return min(DEFAULT_N, sizes[split]) if sizes.get(split) else DEFAULT_N
+
     def examples(self, task: Any | None = None, default_split: str = "test") -> list:
-        """``n`` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
-        return (task or self.make_task()).examples(self.split or default_split, self.n, self.seed)
+        """`count` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
+        task = task or self.make_task()
+        split = self.split or default_split
+        return task.examples(split, self.count(task, split), self.seed)
 
     def items(self, tokenizer: Any, source: Any, task: Any | None = None, *, greedy: bool = False) -> ProbeItems:
         """The examples with one response each, as a re-iterable source of `TwoViewBatch`es.
@@ -109,8 +122,9 @@ class ProbeSetup:
         from mechopd.probes.similarity import make_batches
 
         task = task or self.make_task()
-        return make_batches(tokenizer, task, self.n, self.seed, self.batch_size, source, self.spec(task),
-                            split=self.split or "test", greedy=greedy)
+        split = self.split or "test"
+        return make_batches(tokenizer, task, self.count(task, split), self.seed, self.batch_size, source,
+                            self.spec(task), split=split, greedy=greedy)
 
     # -- models ------------------------------------------------------------------------------------------------------
     @property

@@ -372,8 +372,8 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}
                                                      for ex, r in zip(items.examples, items.responses)))
     mean_cos = {label: float(np.mean([r["cos_mean"] for r in results[label].rows])) for label in labels}
-    settings = {"models": dict(models), "task": setup.task, "task_options": setup.task_options, "n": setup.n,
-                "seed": setup.seed, "split": setup.split or "test", "greedy": greedy, "batch_size": setup.batch_size,
+    settings = {"models": dict(models), "task": setup.task, "task_options": setup.task_options,
+                "n": len(items.examples), "seed": setup.seed, "split": setup.split or "test", "greedy": greedy, "batch_size": setup.batch_size,
                 "spec": asdict(items.spec), "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
                 "cka": cka, "device": str(device), "dtype": str(dtype or torch.float32),
                 "aggregate": "cos_mean: per-token mean over response tokens",

@@ -368,7 +368,7 @@ def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: 
     ``teachability_summary.json`` (`TeachabilitySummary`) into ``out_dir``; returns the summary dict.
 
     student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
-    teacher (else base). bank: None = sample ``setup.n`` items (split default "train") with the setup's seed,
+    teacher (else base). bank: None = sample ``setup.count`` items (split default "train") with the setup's seed,
     temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
     """
     out = Path(out_dir)
@@ -382,8 +382,9 @@ def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: 
     student0 = load_model(student_dir, device=device)
     if bank is None:
         task = setup.make_task()
-        bank = build_bank(student0, tok, task, setup.n, setup.seed, setup.spec(task), task.temperature,
-                          split=setup.split or "train")
+        split = setup.split or "train"
+        bank = build_bank(student0, tok, task, setup.count(task, split), setup.seed, setup.spec(task),
+                          task.temperature, split=split)
         _check_nonempty(bank, "just sampled")
         save_bank(bank, out / BANK_NAME)
     student1, teacher_model = load_model(trained_dir, device=device), load_model(teacher_dir, device=device)
