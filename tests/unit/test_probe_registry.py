@@ -1,0 +1,123 @@
+"""A new probe is one registration: the CLI verb, its flags (plus every setup flag), the demo, the figure table and the
+report all come from `register_probe`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from mechopd.artifacts import read_json, write_json
+from mechopd.errors import ConfigError
+from mechopd.probes.registry import (Arg, FigureSpec, ProbeSpec, add_probe_parsers, get_probe, probes,
+                                     register_probe, unregister_probe)
+
+SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
+               "--temperature", "--max-new-tokens", "--n", "--seed", "--batch-size", "--responses-from", "--out")
+
+
+def run_toy(setup, out: Path, *, scale: float, model: str | None) -> list[str]:
+    label, path = setup.model(model, "trained")
+    task = setup.make_task()
+    value = scale * len(setup.examples(task))
+    write_json(out / "toy.json", {"value": value, "model": label, "path": path, "task": setup.task,
+                                  "options": setup.task_options, "placement": setup.spec(task).placement,
+                                  "kwargs": setup.chat_template_kwargs})
+    return [f"toy value {value}"]
+
+
+def toy_lines(probes_dir: Path) -> list[str]:
+    p = probes_dir / "toy.json"
+    return [f"- **Toy probe**: {read_json(p)['value']:g}."] if p.is_file() else []
+
+
+def plot_toy(run_dir: Path, out_dir: Path) -> list[Path]:
+    src = run_dir / "probes" / "toy.json"
+    if not src.is_file():
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "toy.png").write_bytes(b"not really a png")
+    return [out_dir / "toy.png"]
+
+
+TOY = ProbeSpec("toy", "a toy probe", run_toy,
+                arguments=(Arg(("--scale",), dict(type=float, default=2.0)), Arg(("--model",), dict(default=None))),
+                outputs=("toy.json",), demo={"model": "nca", "scale": 0.5},
+                figures=(FigureSpec("toy", "Toy figure", "The toy probe's value.", plot_toy),), report=toy_lines)
+
+
+@pytest.fixture
+def toy():
+    register_probe(TOY)
+    yield TOY
+    unregister_probe("toy")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_probe_parsers(p)
+    return p
+
+
+def test_builtin_probes_are_registered_with_figures_and_report():
+    names = [p.name for p in probes()]
+    assert names[:4] == ["similarity", "gradients", "deltas", "teachability"]
+    for spec in probes()[:4]:
+        assert spec.figures and spec.report is not None and spec.demo is not None and spec.outputs
+
+
+def test_every_verb_has_every_setup_flag(toy):
+    parser = _parser()
+    for spec in probes():
+        sub = parser._subparsers._group_actions[0].choices[spec.name]  # the verb's own parser
+        flags = {s for a in sub._actions for s in a.option_strings}
+        assert set(SETUP_FLAGS) <= flags, spec.name
+
+
+def test_a_registered_probe_is_a_cli_verb_with_its_flags(toy, tmp_path, capsys):
+    from mechopd.cli import main
+
+    a = _parser().parse_args(["toy", "--scale", "3", "--option", "rule=reverse"])
+    assert (a.probe, a.scale, a.option) == ("toy", 3.0, ["rule=reverse"])
+    opd = tmp_path / "o"
+    code = main(["probe", "toy", "--task", "rules", "--n", "4", "--scale", "3", "--option", "rule=reverse",
+                 "--placement", "user", "--chat-template-kwarg", "enable_thinking=false", "--out", str(tmp_path / "p"),
+                 "--model", str(opd)])
+    assert code == 0 and "toy value 12.0" in capsys.readouterr().out
+    doc = read_json(tmp_path / "p" / "toy.json")
+    assert doc["options"] == {"rule": "reverse"} and doc["placement"] == "user"
+    assert doc["kwargs"] == {"enable_thinking": False} and doc["path"] == str(opd)
+
+
+def test_options_are_checked_against_the_registration(toy):
+    assert toy.options() == {"scale": 2.0, "model": None}
+    with pytest.raises(ConfigError, match="unknown option"):
+        toy.options(sclae=1.0)
+    with pytest.raises(ConfigError, match="already registered"):
+        register_probe(ProbeSpec("toy", "another", run_toy))
+    with pytest.raises(ConfigError, match="unknown probe"):
+        get_probe("no-such-probe")
+
+
+def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatch):
+    """demo.run_probes runs the toy with its demo options; draw_all draws its figure; report.md has its line."""
+    from mechopd import demo, plots
+    from mechopd.report import write_report_md
+
+    probes()  # built-ins loaded; then keep only the toy (the built-ins need real checkpoints)
+    monkeypatch.setattr("mechopd.probes.registry._REGISTRY", {"toy": TOY})
+    run = tmp_path / "run"
+    models = {"base": tmp_path / "base", "opd": tmp_path / "opd", "nca": tmp_path / "nca"}
+    demo.run_probes(demo.DemoConfig(fast=True), models, run)
+    doc = read_json(run / "probes" / "toy.json")
+    assert doc["model"] == "nca" and doc["value"] == 0.5 * 8  # demo options; DemoConfig(fast) has probe_n 8
+    assert [f.name for f in plots.figure_index()] == ["training_curves", "removability", "regime_map", "toy",
+                                                     "budget_curve"]
+    assert plots.draw_all(run)["toy"] == [run / "figures" / "toy.png"]
+    text = write_report_md(run).read_text()
+    assert "- **Toy probe**: 4." in text and "### Toy figure" in text
+    (run / "probes" / "toy.json").write_text(json.dumps({"value": 1}))
+    demo.run_probes(demo.DemoConfig(fast=True), models, run)  # its output exists: skipped
+    assert read_json(run / "probes" / "toy.json") == {"value": 1}
