@@ -15,7 +15,8 @@ A layer x module heatmap is ``aggregate_deltas(rows, "site")`` filtered on (mode
 (layer, module). Aggregates sum squares and inner products over tensors, never norms.
 
 Non-standard things here:
-  * Streaming: every checkpoint is read through ``safe_open`` one window of rows at a time, never two whole models.
+  * Streaming (the reader is `mechopd.probes.weights`): every checkpoint is read through ``safe_open`` one window of
+    rows at a time, never two whole models.
     A helper thread copies window i + 1 of every checkpoint out of the file mappings into reused staging buffers
     while the caller's thread computes on window i; a checkpoint's file is re-opened once 4 x window_numel bytes went
     through it, so that the pages it touched leave this process's RSS. The arithmetic runs in cache-sized chunks of
