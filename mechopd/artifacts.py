@@ -148,6 +148,7 @@ class Summary:
     """Base of the typed probe summaries: ``FILE`` is the JSON file name under ``RUN/probes``."""
 
     FILE: ClassVar[str] = ""
+    PROBE: ClassVar[str] = ""
     FLOATS: ClassVar[tuple[str, ...]] = ()  # top-level numeric fields (null -> NaN when read)
 
     def save(self, probes_dir: str | os.PathLike, **extra: Any) -> Path:
@@ -163,7 +164,8 @@ class Summary:
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         absent = [k for k in required if k not in doc]
         if absent:
-            raise DataError(f"{where} lacks {absent[0]!r}; rewrite it with the mechopd probe that owns it")
+            raise DataError(f"{where} lacks {absent[0]!r} (written by an older mechopd?); rerun "
+                            f"mechopd probe {cls.PROBE} --run RUN_DIR")
         values = {k: doc[k] for k in names if k in doc}
         values.update({k: read_float(values[k]) for k in cls.FLOATS if k in values})
         return cls(**values)
@@ -180,6 +182,7 @@ class SimilaritySummary(Summary):
     """Two-view cosine: ``mean_cos[label]`` = mean over sites of the per-token mean cosine (``similarity.csv``)."""
 
     FILE: ClassVar[str] = "similarity.json"
+    PROBE: ClassVar[str] = "similarity"
 
     models: list[str]
     mean_cos: dict[str, float]
@@ -202,6 +205,7 @@ class GradientSummary(Summary):
     """Gradient alignment: the "global" row of ``gradients.csv`` (cos, norm ratio, the terms' values)."""
 
     FILE: ClassVar[str] = "gradients.json"
+    PROBE: ClassVar[str] = "gradients"
     FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b")
 
     term_a: str
@@ -227,6 +231,7 @@ class DeltaSummary(Summary):
     ``pair_rel_delta`` = ‖θ_b − θ_a‖/‖W0‖ and ``pair_cos`` = cos(Δ_a, Δ_b)."""
 
     FILE: ClassVar[str] = "deltas_summary.json"
+    PROBE: ClassVar[str] = "deltas"
     FLOATS: ClassVar[tuple[str, ...]] = ("pair_rel_delta", "pair_cos")
 
     models: list[str]
@@ -254,6 +259,7 @@ class TeachabilitySummary(Summary):
     (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability.high_support_gap`), the regression."""
 
     FILE: ClassVar[str] = "teachability_summary.json"
+    PROBE: ClassVar[str] = "teachability"
 
     n_tokens: int
     n_sequences: int
