@@ -2,13 +2,14 @@
 with its bootstrap interval, and the standardized regression of the gain.
 
 Artifact read: ``RUN/probes/teachability_summary.json`` as ``mechopd.probes.teachability.run_teachability`` writes it
-(``summarize``'s dict, NaN / ±inf as null): ``buckets[signal]`` = four quartile rows with ``n`` and ``mean_<gain>``;
+(`mechopd.artifacts.TeachabilitySummary`, NaN / ±inf as null): ``buckets[signal]`` = four quartile rows with ``n`` and ``mean_<gain>``;
 ``gap[gain]`` = estimate, ci_low, ci_high, ci, mean_high, mean_low, n_q3; ``regression[gain]`` = coef {H, DL, DI}, r2.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,13 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from mechopd.artifacts import TeachabilitySummary
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
 NAME = "teachability"
 # The names mechopd.probes.teachability writes (kept here so that drawing does not import the model stack; the tests
 # check that they match):
-SUMMARY_NAME = "teachability_summary.json"
+SUMMARY_NAME = TeachabilitySummary.FILE
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
 GAINS = ("gain_abs", "gain_rel")
 # Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.
@@ -75,7 +77,7 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     if not path.is_file():
         missing(NAME, path)
         return None
-    s = _check(read_json(path), path, gain)
+    s = _check(asdict(TeachabilitySummary.from_dict(read_json(path), str(path))), path, gain)  # the typed schema
     cb = sns.color_palette("colorblind")
     fig = new_figure(11.0, 6.4)
     axes = fig.subplots(2, 3).ravel()

@@ -52,7 +52,7 @@ from mechopd.views import RenderSpec, build_two_view_batch, pad_id, render_promp
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
-SUMMARY_NAME = "teachability_summary.json"
+SUMMARY_NAME = TeachabilitySummary.FILE
 COLUMNS = ("seq", "pos", "token", "H", "D", "kl_full", "C_exact", "C_lower", "H_norm", "D_norm", "C_norm", "DL", "DI",
            "kl0", "kl1", "gain_abs", "gain_rel")
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")

@@ -145,3 +145,32 @@ def test_bad_run_dir_and_option_are_one_line_errors(tmp_path, capsys):
     assert "placement" in capsys.readouterr().err
     assert main(["probe", "similarity", "--task", "rules"]) == 2  # no models at all
     assert "--run" in capsys.readouterr().err
+
+
+def _fake_final(d: Path) -> Path:
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    return d
+
+
+def test_setup_from_a_demo_dir_and_organism_students(tmp_path):
+    from mechopd.config import TrainConfig, dump_yaml
+    from mechopd.errors import ModelError
+
+    organisms = tmp_path / "organisms"
+    _fake_final(organisms / "rules")
+    run = tmp_path / "demo"
+    for m, kw in (("opd", {}), ("ta_opd", {"selector": "ta_opd"})):
+        _fake_final(run / "train" / m / "final")
+        dump_yaml(TrainConfig(student="organism:rules", organism_dir=str(organisms), seed=5, **kw),
+                  run / "train" / m / "config.yaml")
+    (run / "demo.json").write_text(json.dumps({"task": "rules", "methods": ["opd", "ta_opd"],
+                                               "organism": str(organisms / "rules"), "config": {"probe_n": 7}}))
+    s = ProbeSetup.from_run(run)
+    assert list(s.models) == ["base", "opd", "ta_opd"] and s.models["base"] == str(organisms / "rules")
+    assert (s.n, s.seed, s.trained) == (7, 5, ["opd", "ta_opd"])
+    single = ProbeSetup.from_run(run / "train" / "ta_opd")  # a training run: organism:rules resolved, label = selector
+    assert single.models == {"base": str(organisms / "rules"), "ta_opd": str(run / "train" / "ta_opd" / "final")}
+    (organisms / "rules" / "config.json").unlink()
+    with pytest.raises(ModelError, match="mechopd pretrain --task rules"):
+        ProbeSetup.from_run(run / "train" / "opd")
