@@ -110,6 +110,14 @@ def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
     """Add a probe to `mechopd probe`, the demo, the figures and the report. A taken name raises unless ``replace``."""
     if not replace and spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
         raise ConfigError(f"probe {spec.name!r} is already registered; pick another name or pass replace=True")
+    check = argparse.ArgumentParser(add_help=False)
+    add_setup_arguments(check)
+    try:
+        for arg in spec.arguments:
+            arg.add_to(check)
+    except argparse.ArgumentError as err:
+        raise ConfigError(f"probe {spec.name!r}: flag {err.argument_name} is a setup flag every probe has (or is "
+                          "given twice); read it from the setup instead, or rename it") from None
     _REGISTRY[spec.name] = spec
     return spec
 

@@ -44,6 +44,8 @@ class TaskView:
         self.max_new_tokens = int(task.max_new_tokens if max_new_tokens is None else max_new_tokens)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_task":  # not set yet (copy / unpickle): no recursion
+            raise AttributeError(name)
         return getattr(self._task, name)
 
 

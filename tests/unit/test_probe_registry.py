@@ -97,6 +97,8 @@ def test_options_are_checked_against_the_registration(toy):
         toy.options(sclae=1.0)
     with pytest.raises(ConfigError, match="already registered"):
         register_probe(ProbeSpec("toy", "another", run_toy))
+    with pytest.raises(ConfigError, match="--n is a setup flag"):
+        register_probe(ProbeSpec("toy2", "clashes", run_toy, arguments=(Arg(("--n",), dict(type=int)),)))
     with pytest.raises(ConfigError, match="unknown probe"):
         get_probe("no-such-probe")
 
