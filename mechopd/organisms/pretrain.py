@@ -194,14 +194,25 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None) -> OrganismConfig:
-    """The organism for `task` with its measured defaults; `steps` overrides the schedule length."""
+def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None,
+                   layers: int | None = None) -> OrganismConfig:
+    """The organism for `task` with its measured defaults; `steps` overrides the schedule length, `layers` the depth
+    (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""
     if task not in ORGANISM_TASKS:
         raise ConfigError(f"unknown organism task {task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
     kw = dict(TASK_DEFAULTS[task], task=task, seed=seed, arch=arch)
     if steps is not None:
         kw["steps"] = steps
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 48:
+            raise ConfigError(f"organism: layers={layers!r}; pass an integer in 1..48 (default organisms: 3)")
+        kw["num_layers"] = layers
     return OrganismConfig(**kw)
+
+
+def organism_dir_name(task: str, layers: int | None = None) -> str:
+    """``<task>`` for the default organism, ``<task>-L<layers>`` for another depth (its own cache directory)."""
+    return task if layers in (None, OrganismConfig.num_layers) else f"{task}-L{layers}"
 
 # `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the README accuracies.
 FAST_ORGANISM: dict[str, Any] = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
