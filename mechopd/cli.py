@@ -101,7 +101,9 @@ def _train(a: argparse.Namespace) -> int:
     over = parse_overrides([f"{k}={v}" for k, v in short.items()])
     over = merge(over, _kv(a.set, "--set"))
     cfg = load_train_config(a.config, over)
-    name = Path(a.config).stem if a.config else f"{cfg.task}-{cfg.method}-{cfg.selector}"
+    stem = Path(a.config).stem if a.config else None
+    # a per-task recipe (training/organisms/<task>.yaml) takes the method as a flag: its runs are named by the method
+    name = stem if stem not in (None, cfg.task) else f"{cfg.task}-{cfg.method}-{cfg.selector}"
     out = Path(a.out or f"runs/{name}")
     final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
     print(f"final checkpoint: {final}")
