@@ -22,11 +22,14 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple, Protocol
 
+from mechopd.tasks.base import SPLITS  # noqa: F401  (the split names, used by the game tasks)
+
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 DELTAS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ALIASES: dict[str, str] = {"w": "up", "s": "down", "a": "left", "d": "right"}
 _ACTION_RE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE)
 TEST_BUCKETS = 10  # 1 board in TEST_BUCKETS is held out
+MAX_MISSES = 2000  # consecutive duplicate / other-split boards before a board space counts as exhausted
 INVALID = "invalid reply, no move"
 
 
@@ -85,7 +88,7 @@ def board_hash(board: Board) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
-def board_split(uid: str) -> str:
+def split_of(uid: str) -> str:
     """The split a board hash belongs to: bucket 0 of `TEST_BUCKETS` is "test", the rest "train"."""
     return "test" if int(uid[:8], 16) % TEST_BUCKETS == 0 else "train"
 

@@ -1,7 +1,7 @@
 """The `Task` of a board game (`GameTask`): examples by board hash, policies, vocabulary, the pretraining corpus.
 
 Boards, parsing, search and episodes are `mechopd.tasks.gamecore`; a game (FrozenLake, Sokoban) subclasses `GameTask`
-with its board generator and texts. Split rule: `gamecore.board_split` on the board hash (the uid).
+with its board generator and texts. Split rule: `gamecore.split_of` on the board hash (the uid).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import Any
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.organisms.tokenizer import split_words
-from mechopd.tasks.base import SPLITS, BaseTask, Corpus, Example
-from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, Board, GameEpisode, GameState, Policy, action_text,
-                                    bfs_path, board_header, board_hash, board_split, expert_action, log_line,
-                                    optimal_actions, parse_action, play)
+from mechopd.tasks.base import BaseTask, Corpus, Example
+from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, MAX_MISSES, SPLITS, Board, GameEpisode, GameState,
+                                    Policy, action_text, bfs_path, board_hash, board_header, expert_action, log_line,
+                                    optimal_actions, parse_action, play, split_of)
 
-MAX_MISSES = 2000  # consecutive duplicate / other-split boards before a board space counts as exhausted
 WEAK_POLICIES = ("random", "greedy")
 
 
@@ -97,7 +96,7 @@ class GameTask(BaseTask):
         while misses < MAX_MISSES:
             board = self.generate_board(rng)
             uid = board_hash(board)
-            if uid in seen or board_split(uid) != split:
+            if uid in seen or split_of(uid) != split:
                 misses += 1
                 continue
             seen.add(uid)
@@ -140,8 +139,8 @@ class GameTask(BaseTask):
         return parse_action(response_text)
 
     def split_of(self, example: Example) -> str:
-        """By board hash (`gamecore.board_split`): 1 board in 10 is held out."""
-        return board_split(example.uid)
+        """By board hash (`gamecore.split_of`): 1 board in 10 is held out."""
+        return split_of(example.uid)
 
     # policies -------------------------------------------------------------
     def weak_action(self, state: GameState, rng: random.Random) -> str:

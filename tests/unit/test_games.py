@@ -21,7 +21,7 @@ from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk
 from mechopd.tasks.base import Episode, Example, get_task
 from mechopd.tasks.base import check_disjoint
-from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, board_split, expert_action,
+from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, split_of, expert_action,
                                     optimal_actions, parse_action, readout_line)
 from mechopd.tasks.gametask import policy_win_rate
 
@@ -178,7 +178,7 @@ def test_generated_boards_satisfy_their_options():
 def test_board_hash_is_sha1_of_params_and_render():
     b = fl.FrozenLakeBoard(3, frozenset({1, 5}), 0, 8)
     want = hashlib.sha1("frozenlake|holes=2,size=3\nP H F\nF F H\nF F G".encode()).hexdigest()
-    assert board_hash(b) == want and board_split(want) == ("test" if int(want[:8], 16) % 10 == 0 else "train")
+    assert board_hash(b) == want and split_of(want) == ("test" if int(want[:8], 16) % 10 == 0 else "train")
 
 
 def test_hashes_stable_across_processes():
@@ -196,7 +196,7 @@ def test_hashes_stable_across_processes():
 def test_splits_disjoint_by_construction(make):
     task = make()
     train, test = task.examples("train", 300, 0), task.examples("test", 30, 0)
-    assert all(board_split(e.uid) == "train" for e in train) and all(board_split(e.uid) == "test" for e in test)
+    assert all(split_of(e.uid) == "train" for e in train) and all(split_of(e.uid) == "test" for e in test)
     check_disjoint(train, test)
     with pytest.raises(TaskError):
         check_disjoint(train, test + train[:1])
