@@ -92,6 +92,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None)
 
 
+def run_name(config: str | None, task: str, method: str, selector: str) -> str:
+    """Default run directory name: the config's stem, except for a per-task organism recipe
+    (``training/organisms/<task>.yaml``, method as a flag) or no config: ``<task>-<method>-<selector>``."""
+    stem = Path(config).stem if config else None
+    return stem if stem not in (None, task) else f"{task}-{method}-{selector}"
+
+
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
     from mechopd.config import load_train_config, merge, parse_overrides
@@ -101,10 +108,7 @@ def _train(a: argparse.Namespace) -> int:
     over = parse_overrides([f"{k}={v}" for k, v in short.items()])
     over = merge(over, _kv(a.set, "--set"))
     cfg = load_train_config(a.config, over)
-    stem = Path(a.config).stem if a.config else None
-    # a per-task recipe (training/organisms/<task>.yaml) takes the method as a flag: its runs are named by the method
-    name = stem if stem not in (None, cfg.task) else f"{cfg.task}-{cfg.method}-{cfg.selector}"
-    out = Path(a.out or f"runs/{name}")
+    out = Path(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
     final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
     print(f"final checkpoint: {final}")
     return 0

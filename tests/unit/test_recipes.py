@@ -102,3 +102,12 @@ def test_probe_recipe_builds_a_setup_and_valid_probe_options(path):
     assert setup.task == data["task"] and setup.models == data["models"]
     for name, options in probes.items():
         registry.get_probe(name).options(**options)  # unknown options raise ConfigError
+
+
+def test_runs_of_a_task_recipe_are_named_by_their_method():
+    from mechopd.cli import run_name
+
+    assert run_name("training/organisms/rules.yaml", "rules", "nca", "full") == "rules-nca-full"
+    assert run_name("training/organisms/rules.yaml", "rules", "opd", "ta_opd") == "rules-opd-ta_opd"
+    assert run_name(None, "sokoban", "opd", "full") == "sokoban-opd-full"
+    assert run_name("training/paper/qwen3-4b-sokoban-nca.yaml", "sokoban", "nca", "full") == "qwen3-4b-sokoban-nca"
