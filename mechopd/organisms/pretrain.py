@@ -1,9 +1,9 @@
 """Pretrain a model organism from scratch on CPU: a tiny Qwen3 (or Llama) decoder + the word-level tokenizer.
 
-The corpus comes from the task (`task.pretrain_corpus`): (context or None, prompt, response) triples rendered through
-the SAME two-view renderer as training and evaluation (chat template, context placement), loss on the response tokens
-and the end-of-turn token only. Deterministic for a seed (torch + Python RNGs seeded, single-threaded data order).
-A finished organism is cached: asking again for the same (task, config) in the same directory reuses it.
+The corpus comes from the task (`Task.pretrain_corpus`, part of the task protocol): (context or None, prompt,
+response) triples on train items, rendered through the SAME two-view renderer as training and evaluation (chat
+template, context placement), loss on the response tokens and the end-of-turn token only. Deterministic for a seed
+(torch + Python RNGs seeded, single-threaded data order). A finished organism is cached: asking again for the same (task, config) in the same directory reuses it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
-from mechopd.tasks.base import get_task
+from mechopd.tasks.base import Task, get_task
 from mechopd.views import RenderSpec, render_prompt_ids
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
@@ -97,7 +97,7 @@ def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
     return LlamaConfig(head_dim=cfg.hidden_size // cfg.num_heads, **common)
 
 
-def _encode_corpus(task: Any, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
+def _encode_corpus(task: Task, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
     """Each sample -> (ids, number of prompt ids). Prompt ids are cached per distinct (context, prompt)."""
     spec = RenderSpec(placement=task.placement)
     eos = tokenizer.convert_tokens_to_ids(EOS)
