@@ -3,7 +3,8 @@
 The corpus comes from the task (`Task.pretrain_corpus`, part of the task protocol): (context or None, prompt,
 response) triples on train items, rendered through the SAME two-view renderer as training and evaluation (chat
 template, context placement), loss on the response tokens and the end-of-turn token only. Deterministic for a seed
-(torch + Python RNGs seeded, single-threaded data order). A finished organism is cached: asking again for the same (task, config) in the same directory reuses it.
+(torch + Python RNGs seeded, single-threaded data order). A finished organism is cached: asking again for the same
+(task, config) in the same directory reuses it.
 """
 
 from __future__ import annotations
