@@ -49,6 +49,7 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arch", default="qwen3", help="qwen3 (default) | llama")
     p.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the organism's)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 3; e.g. 8 for layer studies)")
     p.add_argument("--n", type=int, default=200, help="held-out items for the with/without-context check")
 
 
@@ -58,11 +59,11 @@ def _pretrain(a: argparse.Namespace) -> int:
 
     from mechopd.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.organisms.pretrain import OrganismConfig, default_config, pretrain
+    from mechopd.organisms.pretrain import OrganismConfig, default_config, organism_dir_name, pretrain
     from mechopd.tasks.base import get_task
 
-    cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps)
-    out = Path(a.out or f"runs/organisms/{a.task}")
+    cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps, layers=a.layers)
+    out = Path(a.out or f"runs/organisms/{organism_dir_name(a.task, a.layers)}")
     t0 = time.time()
     path = pretrain(cfg, out)
     print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
@@ -91,6 +92,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None)
 
 
+def run_name(config: str | None, task: str, method: str, selector: str) -> str:
+    """Default run directory name: the config's stem, except for a per-task organism recipe
+    (``training/organisms/<task>.yaml``, method as a flag) or no config: ``<task>-<method>-<selector>``."""
+    stem = Path(config).stem if config else None
+    return stem if stem not in (None, task) else f"{task}-{method}-{selector}"
+
+
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
     from mechopd.config import load_train_config, merge, parse_overrides
@@ -100,8 +108,7 @@ def _train(a: argparse.Namespace) -> int:
     over = parse_overrides([f"{k}={v}" for k, v in short.items()])
     over = merge(over, _kv(a.set, "--set"))
     cfg = load_train_config(a.config, over)
-    name = Path(a.config).stem if a.config else f"{cfg.task}-{cfg.method}-{cfg.selector}"
-    out = Path(a.out or f"runs/{name}")
+    out = Path(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
     final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
     print(f"final checkpoint: {final}")
     return 0

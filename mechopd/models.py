@@ -1,8 +1,7 @@
 """Load / save Hugging Face causal LMs and tokenizers; resolve module paths for the supported families.
 
-One naming scheme for probe sites, used in configs, result tables and plot labels (TransformerLens-style addresses):
-``embed``, ``layers.{i}.resid_post`` (decoder layer i's output), ``final_norm``; parameter sites
-``layers.{i}.self_attn.q_proj`` ... as in the HF module tree without the ``model.`` prefix.
+Probe sites are named in `mechopd.sites` (the one naming table); this file resolves them to modules of a loaded model
+(`module_at`, `layer_modules`).
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ import torch
 from torch import nn
 
 from mechopd.errors import ModelError
+from mechopd.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_path
+from mechopd.sites import module_kind, param_layer  # noqa: F401  (parameter naming lives in mechopd.sites)
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
-ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-NORM_MODULES = ("input_layernorm", "post_attention_layernorm")
-QK_NORMS = ("q_norm", "k_norm")  # Qwen3 only
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -143,34 +140,13 @@ def layer_modules(model: nn.Module, i: int) -> dict[str, nn.Module]:
 
 
 def module_at(model: nn.Module, site: str) -> nn.Module:
-    """Resolve a site address (``layers.3.self_attn.q_proj``, ``embed``, ``final_norm``, ``lm_head``)."""
+    """Resolve a site address (``layers.3.self_attn.q_proj``, ``layers.3.resid_post``, ``embed``, ``final_norm``,
+    ``lm_head``) through `mechopd.sites.module_path`."""
     model_type(model)
-    aliases = {"embed": model.model.embed_tokens, "final_norm": model.model.norm, "lm_head": model.lm_head}
-    if site in aliases:
-        return aliases[site]
     try:
-        return model.model.get_submodule(site)
+        return model.get_submodule(module_path(site))
     except AttributeError:
         raise ModelError(f"no module at site {site!r}; sites look like 'layers.0.self_attn.q_proj', 'embed'") from None
-
-
-def module_kind(param_name: str) -> str:
-    """Module type of a parameter name (q_proj, ..., embed_tokens, norm, lm_head) for per-type aggregation."""
-    parts = param_name.split(".")
-    for p in reversed(parts[:-1] if parts[-1] in ("weight", "bias") else parts):
-        if p in ATTN_MODULES + MLP_MODULES + NORM_MODULES + QK_NORMS + ("embed_tokens", "lm_head", "norm"):
-            return p
-    return parts[-2] if len(parts) > 1 else parts[0]
-
-
-def param_layer(param_name: str) -> int | None:
-    """Layer index of a parameter name, None for embeddings / final norm / lm_head."""
-    parts = param_name.split(".")
-    if "layers" in parts:
-        i = parts.index("layers")
-        if i + 1 < len(parts) and parts[i + 1].isdigit():
-            return int(parts[i + 1])
-    return None
 
 
 def vocab_size(model: nn.Module) -> int:

@@ -1,9 +1,10 @@
 """Pretrain a model organism from scratch on CPU: a tiny Qwen3 (or Llama) decoder + the word-level tokenizer.
 
-The corpus comes from the task (`task.pretrain_corpus`): (context or None, prompt, response) triples rendered through
-the SAME two-view renderer as training and evaluation (chat template, context placement), loss on the response tokens
-and the end-of-turn token only. Deterministic for a seed (torch + Python RNGs seeded, single-threaded data order).
-A finished organism is cached: asking again for the same (task, config) in the same directory reuses it.
+The corpus comes from the task (`Task.pretrain_corpus`, part of the task protocol): (context or None, prompt,
+response) triples on train items, rendered through the SAME two-view renderer as training and evaluation (chat
+template, context placement), loss on the response tokens and the end-of-turn token only. Deterministic for a seed
+(torch + Python RNGs seeded, single-threaded data order). A finished organism is cached: asking again for the same
+(task, config) in the same directory reuses it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tqdm.auto import tqdm
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
-from mechopd.tasks.base import get_task
+from mechopd.tasks.base import Task, get_task
 from mechopd.views import RenderSpec, render_prompt_ids
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
@@ -97,7 +98,7 @@ def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
     return LlamaConfig(head_dim=cfg.hidden_size // cfg.num_heads, **common)
 
 
-def _encode_corpus(task: Any, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
+def _encode_corpus(task: Task, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
     """Each sample -> (ids, number of prompt ids). Prompt ids are cached per distinct (context, prompt)."""
     spec = RenderSpec(placement=task.placement)
     eos = tokenizer.convert_tokens_to_ids(EOS)
@@ -194,14 +195,25 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None) -> OrganismConfig:
-    """The organism for `task` with its measured defaults; `steps` overrides the schedule length."""
+def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None,
+                   layers: int | None = None) -> OrganismConfig:
+    """The organism for `task` with its measured defaults; `steps` overrides the schedule length, `layers` the depth
+    (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""
     if task not in ORGANISM_TASKS:
         raise ConfigError(f"unknown organism task {task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
     kw = dict(TASK_DEFAULTS[task], task=task, seed=seed, arch=arch)
     if steps is not None:
         kw["steps"] = steps
+    if layers is not None:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 48:
+            raise ConfigError(f"organism: layers={layers!r}; pass an integer in 1..48 (default organisms: 3)")
+        kw["num_layers"] = layers
     return OrganismConfig(**kw)
+
+
+def organism_dir_name(task: str, layers: int | None = None) -> str:
+    """``<task>`` for the default organism, ``<task>-L<layers>`` for another depth (its own cache directory)."""
+    return task if layers in (None, OrganismConfig.num_layers) else f"{task}-L{layers}"
 
 # `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the README accuracies.
 FAST_ORGANISM: dict[str, Any] = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,

@@ -16,7 +16,6 @@ Artifacts read (the probe modules own the formats; nothing is recomputed here):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from mechopd.sites import MODULE_ORDER, site_layer
 from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled,
                                    to_float)
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 COSINE_NAME = "layer_cosine"
 GRADIENT_NAME = "gradient_alignment"
 DELTAS_NAME = "parameter_deltas"
-SITE_RE = re.compile(r"^layers\.(\d+)\.resid_post$")
 TERM_LABELS = {"opd": "OPD", "nca": "NCA", "dual": "DualOPD", "sym": "SymKL"}
 MAX_ANNOTATED_CELLS = 160  # write the value into each cell up to this grid size
 # gradients.csv columns (mechopd.probes.gradients.GradRow; not imported: that module pulls in the model stack)
@@ -48,9 +47,7 @@ GRAD_COLUMNS = ("term_a", "term_b", "scope", "layer", "module", "numel", "dot", 
 
 # --------------------------------------------------------------------------------------------------------- helpers
 def module_order(modules: Iterable[str]) -> list[str]:
-    """Modules in forward order (``deltas.MODULE_ORDER``), unknown ones after, alphabetically."""
-    from mechopd.probes.deltas import MODULE_ORDER  # lazy: torch is imported only when a heatmap is drawn
-
+    """Modules in forward order (``sites.MODULE_ORDER``), unknown ones after, alphabetically."""
     mods = set(modules)
     return [m for m in MODULE_ORDER if m in mods] + sorted(mods - set(MODULE_ORDER))
 
@@ -110,13 +107,13 @@ def site_depth(site: str, depth_cell: str | None, n_layers: int) -> float:
         return float(depth_cell)
     if site == "embed":
         return 0.0
-    m = SITE_RE.match(site)
-    return float(int(m.group(1)) + 1) if m else float(n_layers + 1)
+    layer = site_layer(site)
+    return float(layer + 1) if layer is not None else float(n_layers + 1)
 
 
 def site_label(site: str) -> str:
-    m = SITE_RE.match(site)
-    return m.group(1) if m else {"embed": "embed", "final_norm": "final norm"}.get(site, site)
+    layer = site_layer(site)
+    return str(layer) if layer is not None else {"embed": "embed", "final_norm": "final norm"}.get(site, site)
 
 
 @styled
@@ -131,7 +128,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
         missing(COSINE_NAME, path)
         return None
     rows = read_csv(path, ["model", "site", stat])
-    n_layers = sum(1 for s in {r["site"] for r in rows} if SITE_RE.match(s))
+    n_layers = sum(1 for s in {r["site"] for r in rows} if site_layer(s) is not None)
     by_model: dict[str, dict[float, float]] = {}
     ticks: dict[float, str] = {}
     for r in rows:

@@ -1,6 +1,6 @@
 """Forward hooks that capture the residual stream at probe sites, at the response positions only.
 
-Sites (models.py naming, forward order):
+Sites (named in mechopd.sites, forward order):
   ``embed``                output of ``model.model.embed_tokens``          depth 0
   ``layers.{i}.resid_post``  output of decoder layer i                      depth i + 1
   ``final_norm``           output of ``model.model.norm``                 depth n_layers + 1
@@ -21,7 +21,6 @@ What is non-standard here:
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
@@ -29,10 +28,10 @@ import torch
 from torch import nn
 
 from mechopd.errors import ConfigError, ModelError
-from mechopd.models import decoder_layers
+from mechopd.models import decoder_layers, module_at
+from mechopd.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
 from mechopd.views import TwoViewBatch
 
-SITE_RE = re.compile(r"^layers\.(-?\d+)\.resid_post$")
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 
 
@@ -45,21 +44,6 @@ def all_sites(model: nn.Module) -> list[str]:
     return sites_for(len(decoder_layers(model)))
 
 
-def site_depth(site: str, n_layers: int) -> int:
-    """0 for embed, i + 1 for layers.{i}.resid_post, n_layers + 1 for final_norm."""
-    if site == "embed":
-        return 0
-    if site == "final_norm":
-        return n_layers + 1
-    return int(SITE_RE.match(site).group(1)) + 1
-
-
-def site_layer(site: str) -> int | None:
-    """Decoder layer index of a site (None for embed / final_norm)."""
-    m = SITE_RE.match(site)
-    return int(m.group(1)) if m else None
-
-
 def resolve_sites(model: nn.Module, layers: Sequence[int | str] | None = None) -> list[str]:
     """Requested sites in forward order, deduplicated.
 
@@ -69,46 +53,10 @@ def resolve_sites(model: nn.Module, layers: Sequence[int | str] | None = None) -
     return sites_for(len(decoder_layers(model)), layers)
 
 
-def sites_for(n_layers: int, layers: Sequence[int | str] | None = None) -> list[str]:
-    """`resolve_sites` from the number of decoder layers alone (validate a request before loading a model)."""
-    every = ["embed"] + [f"layers.{i}.resid_post" for i in range(n_layers)] + ["final_norm"]
-    if layers is None:
-        return every
-    if isinstance(layers, (int, str)):
-        layers = [layers]
-    wanted = {_one_site(item, n_layers) for item in layers}
-    if not wanted:
-        raise ConfigError("layers is empty; pass None for every site or e.g. [0, -1, 'final_norm']")
-    return [s for s in every if s in wanted]
-
-
-def _one_site(item: int | str, n: int) -> str:
-    if isinstance(item, str) and item in ("embed", "final_norm"):
-        return item
-    idx: int | None = None
-    if isinstance(item, int) and not isinstance(item, bool):
-        idx = item
-    elif isinstance(item, str):
-        m = SITE_RE.match(item)
-        if m:
-            idx = int(m.group(1))
-        elif item.lstrip("-").isdigit():
-            idx = int(item)
-    if idx is None:
-        raise ConfigError(f"layers: {item!r} is not a site; use a decoder layer index, 'embed', "
-                          "'layers.{i}.resid_post' or 'final_norm'")
-    if not -n <= idx < n:
-        raise ConfigError(f"layers: layer {idx} is out of range; the model has {n} decoder layers "
-                          f"(0..{n - 1}, or -{n}..-1 from the end)")
-    return f"layers.{idx % n}.resid_post"
-
-
 def site_module(model: nn.Module, site: str) -> nn.Module:
     """The module whose output is the site's residual stream."""
-    if site == "embed":
-        return model.model.embed_tokens
-    if site == "final_norm":
-        return model.model.norm
+    if site in ("embed", "final_norm"):
+        return module_at(model, site)
     layer = site_layer(site)
     if layer is None:
         raise ConfigError(f"{site!r} is not a residual-stream site (embed, layers.{{i}}.resid_post, final_norm)")

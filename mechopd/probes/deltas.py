@@ -26,7 +26,7 @@ Non-standard things here:
     lm_head tensor). A tied head is not read (a copy stored next to the embedding is dropped, as transformers ties it
     on load); the table repeats the embedding's values on ``lm_head`` rows with ``tied_to="embed_tokens"``, and
     aggregates skip those rows. A tied and an untied checkpoint in one comparison is an error naming lm_head.weight.
-  * Sites follow mechopd.models: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``,
+  * Sites follow mechopd.sites: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``,
     ``final_norm``, ``lm_head`` (layer None; modules ``embed_tokens``, ``norm``, ``lm_head``). A bias shares its
     module's site with ``param="bias"``; site aggregates combine weight and bias.
 """
@@ -39,7 +39,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -49,50 +48,10 @@ from mechopd.errors import ConfigError, DataError
 from mechopd.probes.setup import BASE, ProbeSetup
 from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
                                     tensor_shapes)
-
-
-WRAPPERS = ("model", "language_model", "base_model", "transformer")  # leading path parts dropped from sites
-SITE_ALIASES = {"embed_tokens": "embed", "norm": "final_norm", "lm_head": "lm_head"}  # as models.module_at
-MODULE_ORDER = ("input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
-                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")  # forward order, for tables/plots
+from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
+from mechopd.sites import natural_key as _natural_key
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
 AGGREGATE_BY = ("site", "layer", "module", "all")
-
-
-# ----------------------------------------------------------------------------------------------------- site naming
-class Site(NamedTuple):
-    """Where a parameter lives: ``site`` (probe address), ``layer`` (None outside layers), ``module``, ``param``."""
-
-    site: str
-    layer: int | None
-    module: str
-    param: str
-
-
-def site_of(param_name: str) -> Site:
-    """``model.layers.3.self_attn.q_proj.bias`` -> Site("layers.3.self_attn.q_proj", 3, "q_proj", "bias").
-
-    Leading wrappers (``model.``, ``language_model.``, ``base_model.``, ``transformer.``) are dropped; the last part is
-    the parameter (``weight`` / ``bias``); ``embed_tokens`` / final ``norm`` / ``lm_head`` map to the sites ``embed`` /
-    ``final_norm`` / ``lm_head``. Other names keep their path as site, with layer None.
-    """
-    parts = param_name.split(".")
-    param = parts.pop() if len(parts) > 1 else ""
-    while len(parts) > 1 and parts[0] in WRAPPERS:
-        parts.pop(0)
-    path = ".".join(parts)
-    if len(parts) >= 3 and parts[0] == "layers" and parts[1].isdigit():
-        return Site(path, int(parts[1]), parts[-1], param)
-    if path in SITE_ALIASES:
-        return Site(SITE_ALIASES[path], None, path, param)
-    return Site(path, None, parts[-1], param)
-
-
-def _natural_key(site: Site) -> tuple:
-    """Embedding, decoder layers in forward order, other tensors, final norm, lm_head."""
-    group = {"embed": 0, "final_norm": 3, "lm_head": 4}.get(site.site, 1 if site.layer is not None else 2)
-    rank = MODULE_ORDER.index(site.module) if site.module in MODULE_ORDER else len(MODULE_ORDER)
-    return (group, site.layer if site.layer is not None else -1, rank, site.site, site.param)
 
 
 # ------------------------------------------------------------------------------------------------------ checkpoints

@@ -5,18 +5,32 @@ tasks are scored by `Task.score(example, response_text)`. Game tasks additionall
 returning an `Episode` that renders one user prompt per move (the game log so far plus the current board) and consumes
 the model's reply for that move.
 
+`Task` lists EVERY member a caller uses (trainer, evaluation, probes, organism pretraining): nothing is duck-typed.
+`BaseTask` gives the defaults, so a custom task is a name, `examples` and `score` (README, "Your own data and tasks");
+`get_task` checks that what a factory returns satisfies `Task` and names any missing member.
+
 Context placement (`Task.placement`):
   * ``"system"``: c is a system message (system-prompt QA);
   * ``"user"``: c is spliced in front of the user turn, ``c + "\\n\\n" + x`` (games, as the reference code does).
 For tokenizers without a chat template, views.py renders raw text (see views.py).
+
+Split rule (`Task.split_of`): every task says which split an example belongs to, from the example alone, so that the
+evaluation can CHECK that its held-out items are held out (`check_split`) instead of assuming it. `BaseTask`'s default
+is a content hash of the uid (sha1, the first 60 bits read as a fraction, test iff < `test_fraction`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from mechopd.errors import TaskError
+from mechopd.errors import ConfigError, TaskError
+
+SPLITS = ("train", "test")
+Corpus = list[tuple[str | None, str, str]]  # (context or None, prompt, response) triples for organism pretraining
 
 
 @dataclass
@@ -52,33 +66,117 @@ class Episode(Protocol):
         """Parse the last bracketed action in `response_text`, play it (unparseable = invalid move, counts a step)."""
 
 
+@runtime_checkable
 class Task(Protocol):
-    """What the trainer, evaluator and probes need from a task."""
+    """What the trainer, the evaluation, the probes and the organism pretraining need from a task."""
 
     name: str
     placement: str  # "system" | "user"
     is_game: bool
     max_new_tokens: int  # response cap per prompt (per move for games)
-    temperature: float  # rollout temperature (docs/method.md: 1.0 QA, 0.7 games)
+    temperature: float  # rollout temperature (docs/method.md §1: 1.0 QA, 0.7 games)
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """`n` examples of `split` ("train" | "test"); deterministic for (split, n, seed); train/test disjoint."""
 
     def score(self, example: Example, response_text: str) -> bool:
-        """Single-turn: is the response correct? (games: unused; use episodes)."""
+        """Single-turn: is the response correct? (games: is the reply's move an optimal first move?)"""
+
+    def parse_answer(self, response_text: str) -> str | None:
+        """What `score` reads from a response (an answer span, a move); None = unparseable (counted by evaluation)."""
+
+    def split_of(self, example: Example) -> str:
+        """The split ("train" | "test") `example` belongs to, from the example alone (checked at evaluation)."""
 
     def new_episode(self, example: Example) -> Episode:
-        """Games only: a fresh episode on the example's board."""
+        """Games only: a fresh episode on the example's board (single-turn tasks raise `TaskError`)."""
 
     def vocab(self) -> list[str]:
         """Every word the task's prompts, contexts and ideal responses use (for the organism's word-level tokenizer)."""
+
+    def pretrain_corpus(self, n: int, seed: int) -> Corpus:
+        """`n` (context or None, prompt, response) triples on train items for organism pretraining (organism tasks
+        only; others raise `TaskError`): with the context the ideal response, without it the weak one."""
+
+
+def uid_fraction(uid: str) -> float:
+    """A uid's position in [0, 1): sha1 of the uid, its first 60 bits read as a fraction."""
+    return int(hashlib.sha1(uid.encode("utf-8")).hexdigest()[:15], 16) / float(16**15)
+
+
+class BaseTask(ABC):
+    """Defaults for every `Task` member but `examples` and `score`: a single-turn system-prompt task.
+
+    Override the class attributes as needed (``name``, ``placement``, ``max_new_tokens``, ``temperature``,
+    ``test_fraction``), and any method whose default does not fit.
+    """
+
+    name: str = "task"
+    placement: str = "system"
+    is_game: bool = False
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    test_fraction: float = 0.2  # the default split rule's share of held-out items
+
+    @abstractmethod
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """`n` examples of `split`; keep them consistent with `split_of` (e.g. filter on ``self.split_of(e)``)."""
+
+    @abstractmethod
+    def score(self, example: Example, response_text: str) -> bool:
+        """Is the response correct?"""
+
+    def parse_answer(self, response_text: str) -> str | None:
+        """Default: the whole stripped response; None when it is empty (nothing to score)."""
+        return response_text.strip() or None
+
+    def split_of(self, example: Example) -> str:
+        """Default: "test" iff `uid_fraction(example.uid)` < `test_fraction` (stable; adding items moves none)."""
+        return "test" if uid_fraction(example.uid) < self.test_fraction else "train"
+
+    def new_episode(self, example: Example) -> Episode:
+        raise TaskError(f"task {self.name!r} is single-turn: it has no episodes; use score()")
+
+    def vocab(self) -> list[str]:
+        """Default: no words (only an organism's word-level tokenizer needs them; real tokenizers cover any text)."""
+        return []
+
+    def pretrain_corpus(self, n: int, seed: int) -> Corpus:
+        raise TaskError(f"task {self.name!r} has no organism pretraining corpus; organisms exist for rules, "
+                        "frozenlake and sokoban: pass a real model as --student")
+
+
+def check_split(task: Task, examples: list[Example], split: str) -> None:
+    """Raise `TaskError` if any of `examples` belongs to another split by the task's own rule (`Task.split_of`)."""
+    leaked = [ex.uid for ex in examples if task.split_of(ex) != split]
+    if leaked:
+        raise TaskError(f"{len(leaked)} {split} items of task {task.name!r} belong to another split by the task's "
+                        f"split_of (e.g. uid {leaked[0]}); the task's examples() and split_of() disagree")
+
+
+def check_disjoint(a: list[Example], b: list[Example]) -> None:
+    """Raise `TaskError` if two example lists share an item (same uid; for games: the same board)."""
+    shared = sorted({e.uid for e in a} & {e.uid for e in b})
+    if shared:
+        raise TaskError(
+            f"{len(shared)} items appear in both example lists (e.g. uid {shared[0]}); "
+            "draw train and test with examples('train', ...) and examples('test', ...), which split by hash"
+        )
+
+
+def missing_members(obj: Any) -> list[str]:
+    """The `Task` members `obj` lacks (attributes, or methods that are not callable)."""
+    methods = [n for n, v in vars(Task).items() if inspect.isfunction(v) and not n.startswith("_")]
+    attrs = list(Task.__annotations__)
+    gaps = [n for n in attrs if not hasattr(obj, n)]
+    return gaps + [n for n in methods if not callable(getattr(obj, n, None))]
 
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
 
 
 def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
-    """Decorator: make a task factory available as ``--task NAME`` / ``task: NAME``.
+    """Decorator: make a task factory (a function or a `BaseTask` subclass) available as ``--task NAME``.
 
     >>> @register_task("my_qa")
     ... def make_my_qa(**options) -> Task: ...
@@ -92,13 +190,26 @@ def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Ta
 
 
 def get_task(name: str, **options: Any) -> Task:
-    """Build a registered task by name; unknown names raise a `TaskError` listing the known ones."""
+    """Build a registered task by name; unknown names raise a `TaskError` listing the known ones, options the
+    factory does not take a `ConfigError`, and a result that does not satisfy `Task` a `TaskError` naming the gaps."""
     import mechopd.tasks  # noqa: F401  (registers the built-in tasks)
 
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise TaskError(f"unknown task {name!r}; known tasks: {known} (register a custom one with @register_task)")
-    return _REGISTRY[name](**options)
+    factory = _REGISTRY[name]
+    try:
+        inspect.signature(factory).bind(**options)
+    except ValueError:  # no signature to check (a builtin): the factory checks its options itself
+        pass
+    except TypeError as e:
+        raise ConfigError(f"task {name!r}: {e} (options given: {sorted(options)})") from None
+    task = factory(**options)
+    gaps = missing_members(task)
+    if gaps:
+        raise TaskError(f"task {name!r} lacks {', '.join(gaps)} of the Task protocol; subclass "
+                        "mechopd.tasks.base.BaseTask for the defaults")
+    return task
 
 
 def task_names() -> list[str]:

@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, GameTask, bfs_path, check_int, check_options
-from mechopd.tasks.gamecore import render_cells
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gametask import GameTask, check_int, check_options
 
 REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right", "readout": False}
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")

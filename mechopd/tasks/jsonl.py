@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.base import Episode, Example, register_task
+from mechopd.tasks.base import BaseTask, Example, register_task
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SAMPLE_QA = DATA_DIR / "sample_qa.jsonl"
@@ -263,8 +263,9 @@ def is_test_uid(uid: str, test_fraction: float) -> bool:
 
 # -------------------------------------------------------------------------------------------------------- the task
 @dataclass
-class JsonlTask:
-    """System-prompt QA over JSONL items (the `Task` protocol; single-turn, context as a system message)."""
+class JsonlTask(BaseTask):
+    """System-prompt QA over JSONL items (the `Task` protocol; single-turn, context as a system message; no organism
+    pretraining corpus: `BaseTask.pretrain_corpus` refuses)."""
 
     path: Path
     items: list[_Item]
@@ -324,8 +325,13 @@ class JsonlTask:
             return choice_letter(span, options) == str(example.answer).upper()
         return normalize_text(span) == normalize_text(str(example.answer))
 
-    def new_episode(self, example: Example) -> Episode:
-        raise TaskError("jsonl is a single-turn task: it has no episodes; use score()")
+    def parse_answer(self, response_text: str) -> str | None:
+        """The last closed ``<answer>`` span (module function `parse_answer`); None = unparseable."""
+        return parse_answer(response_text)
+
+    def split_of(self, example: Example) -> str:
+        """The module's split rule (`is_test_uid` on the content hash)."""
+        return "test" if is_test_uid(example.uid, self.test_fraction) else "train"
 
     def vocab(self) -> list[str]:
         """Sorted words and punctuation marks of every prompt, context and answer, plus the ``<answer>`` tag pieces."""

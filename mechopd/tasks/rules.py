@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.organisms.tokenizer import split_words
-from mechopd.tasks.base import Example, register_task
+from mechopd.tasks.base import BaseTask, Corpus, Example, register_task
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
 PROMPT = "apply the rule to : {items}"
@@ -59,14 +59,18 @@ def item_hash(digits: list[int]) -> str:
     return hashlib.sha1(("rules|" + _fmt(digits)).encode()).hexdigest()[:16]
 
 
+def uid_split(uid: str) -> str:
+    """Stable split by hash bucket of an item's uid (`item_hash`): 1 in 10 digit lists is held out."""
+    return "test" if int(uid, 16) % 10 == 0 else "train"
+
+
 def item_split(digits: list[int]) -> str:
-    """Stable split by hash bucket: 1 in 10 digit lists is held out."""
-    return "test" if int(item_hash(digits), 16) % 10 == 0 else "train"
+    return uid_split(item_hash(digits))
 
 
 @dataclass
-class RulesTask:
-    """The system-prompt QA organism (see module docstring)."""
+class RulesTask(BaseTask):
+    """The system-prompt QA organism (see module docstring); `parse_answer` is `BaseTask`'s (the stripped reply)."""
 
     rule: str = "shift:1"
     min_len: int = 3
@@ -123,10 +127,10 @@ class RulesTask:
     def score(self, example: Example, response_text: str) -> bool:
         return response_text.split() == str(example.answer).split()
 
-    def new_episode(self, example: Example):
-        raise TaskError("the rules task is single-turn; it has no episodes")
+    def split_of(self, example: Example) -> str:
+        return uid_split(example.uid)
 
-    def pretrain_corpus(self, n: int, seed: int) -> list[tuple[str | None, str, str]]:
+    def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         """(context or None, prompt, response): with a context any family rule applied; without, the identity."""
         rng = random.Random(f"rules-pretrain|{seed}")
         out = []

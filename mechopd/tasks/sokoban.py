@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 from mechopd.errors import TaskError
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, GameTask, bfs_path, check_int, check_options
-from mechopd.tasks.gamecore import render_cells
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gametask import GameTask, check_int, check_options
 
 Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
 MOVED, WALL, BLOCKED = "moved", "bumped into a wall", "could not push the box"

@@ -20,8 +20,10 @@ from mechopd.organisms.tokenizer import split_words
 from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk
 from mechopd.tasks.base import Episode, Example, get_task
-from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, check_disjoint, expert_action,
-                                    optimal_actions, parse_action, policy_win_rate, readout_line, split_of)
+from mechopd.tasks.base import check_disjoint
+from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, split_of, expert_action,
+                                    optimal_actions, parse_action, readout_line)
+from mechopd.tasks.gametask import policy_win_rate
 
 
 def brute_force(board, key, max_len: int) -> list[str] | None:
