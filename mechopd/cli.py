@@ -333,15 +333,20 @@ def _demo(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def make_parser() -> argparse.ArgumentParser:
+    """The `mechopd` parser: one subcommand per registered command."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
                 "figures": _figures_args, "demo": _demo_args}
     for name, (help_text, _) in COMMANDS.items():
-        registry[name](sub.add_parser(name, help=help_text))
-    a = parser.parse_args(argv)
+        registry[name](sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    a = make_parser().parse_args(argv)
     try:
         return COMMANDS[a.cmd][1](a)
     except MechopdError as e:

@@ -290,8 +290,12 @@ def test_bad_input_exit_2_one_line_nothing_written(case, tiny_rules_organism, tm
     monkeypatch.chdir(ws)
     argv = case.argv(Path(tiny_rules_organism), ws)
     before = snapshot(ws, Path(tiny_rules_organism))
-    code, err = _run(case, argv, ws, capsys)
-    after = snapshot(ws, Path(tiny_rules_organism))
+    try:
+        code, err = _run(case, argv, ws, capsys)
+        after = snapshot(ws, Path(tiny_rules_organism))
+    finally:
+        if (ws / "ro").exists():
+            (ws / "ro").chmod(0o755)  # let pytest clean up
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, (code, err[-2000:])
     assert "Traceback" not in err, err[-2000:]
@@ -301,9 +305,6 @@ def test_bad_input_exit_2_one_line_nothing_written(case, tiny_rules_organism, tm
     assert case.needle in lines[-1], lines[-1]
     changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
     assert not changed, changed
-    for p in ws.rglob("*"):
-        if p.is_dir() and p.name == "ro":
-            p.chmod(0o755)
 
 
 EXPECTED = {"corrupt": 7, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 12, "labels": 9,
@@ -335,3 +336,20 @@ def test_controls_the_pickle_trap_fires_when_unpickled(tiny_rules_organism, tmp_
     with open(d / "pytorch_model.bin", "rb") as fh:
         pickle.load(fh)  # noqa: S301 - the point of the test
     assert (tmp_path / "UNPICKLED").exists()
+
+
+@pytest.mark.parametrize("command", ["pretrain", "train", "eval", "figures", "demo"])
+def test_every_flag_has_a_help_line_and_a_metavar(command):
+    """`mechopd COMMAND --help` explains every flag: a help text, and a named placeholder for each value."""
+    import argparse
+
+    from mechopd.cli import make_parser
+
+    sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+    assert flags
+    for action in flags:
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help and len(action.help) > 10, name
+        if action.nargs != 0:  # takes a value: a placeholder that says what kind (not the SHORT_TASK dest)
+            assert action.metavar and not str(action.metavar).startswith("SHORT_"), name
