@@ -288,18 +288,20 @@ def _probe(a: argparse.Namespace) -> int:
 
 # --- figures / demo -----------------------------------------------------------------------------------------------------
 def _figures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `mechopd demo` (read only; figures/ "
-                   "and report.md are rewritten)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `mechopd demo`; its figures/ and "
+                   "report.md are redrawn from its saved artifacts")
 
 
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
 def _figures(a: argparse.Namespace) -> int:
+    from mechopd.checks import check_out_dir
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
 
     run = Path(a.run_dir)
     if not run.is_dir():
         raise ConfigError(f"run directory {run} does not exist; run `mechopd demo --out {run}` first")
+    check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     drawn = draw_all(run)
     n = sum(len(v) for v in drawn.values())
     if n == 0:

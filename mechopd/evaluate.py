@@ -65,9 +65,10 @@ class EvalConfig:
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
     """A context view that leaves no room for max_new_tokens within the model's maximum would decode past the
-    positions the model knows (silently wrong): refuse it, as training does (single-turn tasks; the longer view)."""
+    positions the model knows (silently wrong): refuse it, as training does (the longer view; games: the first
+    move's prompt, a lower bound of the later ones)."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not limit or task.is_game:
+    if not limit:
         return
     max_new = cfg.max_new_tokens or task.max_new_tokens
     longest = max(len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)) for ex in items)

@@ -1,5 +1,5 @@
-"""The README's promise as a test: every class of bad input of the reliability issue, typed at the CLI, exits with code 2
-and exactly one ``error:`` line (no traceback), and the directory tree is the same afterwards: nothing written and
+"""The README's promise as a test: every class of bad input of the reliability issue, typed at the CLI, exits with code
+2 and exactly one ``error:`` line (no traceback), and the directory tree is the same afterwards: nothing written and
 nothing removed, inside or outside ``--out`` (names, sizes and mtimes of every file and directory, recursively).
 
 Cases run in-process (``mechopd.cli.main``; any exception that is not a `MechopdError` propagates and fails the case),
@@ -194,6 +194,8 @@ CASES = [
          "cannot be created"),
     Case("out", "pretrain-out-file", lambda o, w: ["pretrain", "--task", "rules", "--out", str(_file(w))],
          "is a file"),
+    Case("out", "figures-dir-is-file", lambda o, w: ["figures", str(_file(w / "run", "figures").parent)],
+         "is a file"),
     Case("out", "eval-out-readonly", lambda o, w: _eval(str(o), "--out", str(_readonly(w) / "r.json")),
          "not writable", skip="root writes to read-only directories" if ROOT else None),
     Case("out", "train-out-readonly", lambda o, w: _train(str(o), w, "--out", str(_readonly(w) / "run")),
@@ -239,6 +241,7 @@ def _compare(ws: Path, *pairs: str) -> list[str]:
 
 
 def _file(ws: Path, name: str = "afile") -> Path:
+    ws.mkdir(parents=True, exist_ok=True)
     p = ws / name
     p.write_text("precious\n")
     return p
@@ -307,7 +310,7 @@ def test_bad_input_exit_2_one_line_nothing_written(case, tiny_rules_organism, tm
     assert not changed, changed
 
 
-EXPECTED = {"corrupt": 7, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 12, "labels": 9,
+EXPECTED = {"corrupt": 7, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 13, "labels": 9,
             "numeric": 12, "vocab": 2}
 
 
