@@ -153,8 +153,11 @@ def check_finite(model: torch.nn.Module, src: str, files: dict[str, Path] | None
     """Every floating-point weight and buffer of a loaded model is finite, else `ModelError` naming file and tensor."""
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                bad = int((~torch.isfinite(t)).sum())
+            if not t.is_floating_point():
+                continue
+            chunks = t.reshape(-1).split(1 << 24)  # bounded temporaries on a large embedding
+            if not all(bool(torch.isfinite(c).all()) for c in chunks):
+                bad = sum(int((~torch.isfinite(c)).sum()) for c in chunks)
                 where = (files or {}).get(name, src)
                 raise ModelError(f"{where}: tensor {name!r} holds {bad} NaN/inf value(s) of {t.numel()}; the weights "
                                  "are corrupted (a diverged run or a damaged copy); use an earlier checkpoint")

@@ -356,3 +356,22 @@ def test_every_flag_has_a_help_line_and_a_metavar(command):
         assert action.help and len(action.help) > 10, name
         if action.nargs != 0:  # takes a value: a placeholder that says what kind (not the SHORT_TASK dest)
             assert action.metavar and not str(action.metavar).startswith("SHORT_"), name
+
+
+@pytest.mark.parametrize("arch,tied", [("qwen3", True), ("llama", False), ("qwen2", False)])
+def test_controls_sharded_and_untied_checkpoints_pass(organism_tokenizer, tmp_path, arch, tied):
+    """Real checkpoints are sharded and often untied: the load checks accept them and load the same weights."""
+    from tests.conftest import tiny_model
+
+    from mechopd.models import check_model, load_model
+
+    model = tiny_model(organism_tokenizer, arch=arch)
+    if not tied:
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() + 1.0)
+    model.save_pretrained(tmp_path / "m", max_shard_size="20KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").exists()
+    check_model(tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
