@@ -152,6 +152,10 @@ CASES = [
     Case("corrupt", "nan-deltas", lambda o, w: ["probe", "deltas", "--base", str(o), "--models",
                                                 f"bad={poison(copy_org(o, w), float('nan'))}", "--out",
                                                 str(w / "deltas")], "NaN/inf"),
+    Case("corrupt", "second-of-compare", lambda o, w: _compare(w, f"a={o}", f"b={truncate(copy_org(o, w), 0.5)}"),
+         "truncated or not a safetensors"),  # every model is checked before the first is loaded and evaluated
+    Case("corrupt", "tokenizer-truncated", lambda o, w: _eval(str(_cut(copy_org(o, w), "tokenizer.json"))),
+         "no usable tokenizer"),
     # missing weights or files
     Case("missing", "no-weights-eval", lambda o, w: _eval(str(_rm(copy_org(o, w), "model.safetensors"))),
          "holds no weights"),
@@ -247,6 +251,11 @@ def _file(ws: Path, name: str = "afile") -> Path:
     return p
 
 
+def _cut(d: Path, name: str) -> Path:
+    (d / name).write_text((d / name).read_text()[:100])
+    return d
+
+
 def _rm(d: Path, name: str) -> Path:
     (d / name).unlink()
     return d
@@ -310,7 +319,7 @@ def test_bad_input_exit_2_one_line_nothing_written(case, tiny_rules_organism, tm
     assert not changed, changed
 
 
-EXPECTED = {"corrupt": 7, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 13, "labels": 9,
+EXPECTED = {"corrupt": 9, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 13, "labels": 9,
             "numeric": 12, "vocab": 2}
 
 
