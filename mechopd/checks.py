@@ -150,9 +150,10 @@ def check_loading_info(src: str, info: dict[str, Any]) -> None:
 
 
 def check_finite(model: torch.nn.Module, src: str, files: dict[str, Path] | None = None) -> None:
-    """Every floating-point weight and buffer of a loaded model is finite, else `ModelError` naming file and tensor."""
+    """Every floating-point weight of a loaded model is finite, else `ModelError` naming file and tensor (parameters
+    only: a buffer such as an attention mask may hold -inf by design)."""
     with torch.no_grad():
-        for name, t in model.state_dict().items():
+        for name, t in model.named_parameters():
             if not t.is_floating_point():
                 continue
             chunks = t.reshape(-1).split(1 << 24)  # bounded temporaries on a large embedding
