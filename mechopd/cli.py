@@ -32,43 +32,45 @@ def _kv(pairs: list[str] | None, flag: str) -> dict[str, Any]:
 
 
 def _named(pairs: list[str] | None, flag: str) -> dict[str, str]:
-    """``["base=DIR", "opd=DIR"]`` -> ordered dict; refuses malformed items."""
-    out: dict[str, str] = {}
-    for p in pairs or []:
-        name, sep, path = p.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"{flag} {p!r} is not NAME=DIR; e.g. {flag} base=runs/organisms/rules opd=runs/opd/final")
-        out[name] = path
-    return out
+    """``["base=DIR", "opd=DIR"]`` -> ordered dict; malformed items, non-plain labels and duplicates refused."""
+    from mechopd.checks import parse_labels
+
+    return parse_labels(pairs, flag)
 
 
 # --- pretrain -----------------------------------------------------------------------------------------------------------
 def _pretrain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", required=True, help="rules | frozenlake | sokoban")
-    p.add_argument("--out", default=None, help="output directory (default runs/organisms/<task>)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arch", default="qwen3", help="qwen3 (default) | llama")
-    p.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the organism's)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 3; e.g. 8 for layer studies)")
-    p.add_argument("--n", type=int, default=200, help="held-out items for the with/without-context check")
+    p.add_argument("--task", required=True, metavar="TASK", help="organism task: rules | frozenlake | sokoban")
+    p.add_argument("--out", default=None, metavar="DIR", help="organism directory (default runs/organisms/<task>); "
+                   "an organism already there with the same config is reused")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of the corpus, the initial weights and "
+                   "the held-out check (default 0)")
+    p.add_argument("--arch", default="qwen3", metavar="ARCH", help="decoder architecture: qwen3 (default) | llama")
+    p.add_argument("--steps", type=int, default=None, metavar="INT", help="pretraining steps, >= 1 (default: the "
+                   "organism's measured schedule)")
+    p.add_argument("--n", type=int, default=200, metavar="INT", help="held-out items of the with/without-context "
+                   "accuracy check, >= 1 (default 200)")
+    p.add_argument("--layers", type=int, default=None, metavar="INT", help="decoder layers (default 3; e.g. 8 for "
+                   "layer studies; cached as runs/organisms/<task>-L<n>)")
 
 
 @command("pretrain", "pretrain (or reuse) an embedded model organism and report its accuracy with/without context")
 def _pretrain(a: argparse.Namespace) -> int:
     import time
 
+    from mechopd.checks import check_out_dir
     from mechopd.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.organisms.pretrain import OrganismConfig, default_config, organism_dir_name, pretrain
+    from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
     from mechopd.tasks.base import get_task
 
+    ecfg = EvalConfig(n=a.n, seed=a.seed, n_boot=0)  # every setting validated before any work
     cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps, layers=a.layers)
-    out = Path(a.out or f"runs/organisms/{organism_dir_name(a.task, a.layers)}")
+    out = check_out_dir(a.out or f"runs/organisms/{organism_dir_name(a.task, a.layers)}")
     t0 = time.time()
     path = pretrain(cfg, out)
     print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
-    rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(a.task, **cfg.task_options),
-                         EvalConfig(n=a.n, seed=a.seed, n_boot=0))
+    rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(a.task, **cfg.task_options), ecfg)
     s = rep["summary"]
     print(f"accuracy with context {s['acc_xc']['value']:.3f}, without context {s['acc_x']['value']:.3f} "
           f"(n={s['n']} held-out items, greedy)")
@@ -78,18 +80,35 @@ def _pretrain(a: argparse.Namespace) -> int:
 
 
 # --- train --------------------------------------------------------------------------------------------------------------
-SHORTHANDS = ("task", "method", "student", "teacher", "steps", "beta", "budget", "selector", "lr", "batch_size",
-              "seed", "eval_every")
+# Shorthand flags: --NAME VALUE is --set NAME=VALUE (metavar, help); the TrainConfig docstring has the full story.
+SHORTHANDS: dict[str, tuple[str, str]] = {
+    "task": ("TASK", "task: rules | frozenlake | sokoban | jsonl | a registered name"),
+    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd)"),
+    "student": ("MODEL", "student checkpoint dir, hub id, or organism:<task> (default organism:rules)"),
+    "teacher": ("MODEL", "teacher checkpoint (default: the frozen initial student, i.e. self-distillation)"),
+    "steps": ("INT", "optimizer steps, >= 1"),
+    "beta": ("FLOAT", "NCA / SymKL weight, finite and >= 0 (default 0.5)"),
+    "budget": ("FLOAT", "TA-OPD token budget rho in (0, 1] (default 0.10)"),
+    "selector": ("NAME", "token selector: full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent"),
+    "lr": ("FLOAT", "AdamW learning rate, > 0"),
+    "batch_size": ("INT", "prompts (games) per optimizer step, global across processes, >= 1"),
+    "seed": ("INT", "seed of data order, rollouts and selection (default 0)"),
+    "eval_every": ("INT", "evaluate both views every N steps (default 0 = never)"),
+}
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", default=None, help="YAML config (see training/*.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
-    p.add_argument("--out", default=None, help="run directory (default runs/<config name or task-method>)")
+    p.add_argument("config", nargs="?", default=None, metavar="CONFIG.yaml", help="YAML config (see training/*.yaml); "
+                   "flags override its keys")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key, "
+                   "repeatable (e.g. --set lr=1e-4 --set task_options.rule=shift:2)")
+    p.add_argument("--out", default=None, metavar="DIR", help="run directory, new or empty unless --resume (default "
+                   "runs/<config name or task-method-selector>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--no-progress", action="store_true")
-    for name in SHORTHANDS:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
+    for name, (metavar, text) in SHORTHANDS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None, metavar=metavar,
+                       help=f"{text}; same as --set {name}=...")
 
 
 def run_name(config: str | None, task: str, method: str, selector: str) -> str:
@@ -101,6 +120,7 @@ def run_name(config: str | None, task: str, method: str, selector: str) -> str:
 
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
+    from mechopd.checks import check_out_dir
     from mechopd.config import load_train_config, merge, parse_overrides
     from mechopd.train.trainer import train
 
@@ -108,7 +128,7 @@ def _train(a: argparse.Namespace) -> int:
     over = parse_overrides([f"{k}={v}" for k, v in short.items()])
     over = merge(over, _kv(a.set, "--set"))
     cfg = load_train_config(a.config, over)
-    out = Path(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
+    out = check_out_dir(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
     final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
     print(f"final checkpoint: {final}")
     return 0
@@ -116,52 +136,79 @@ def _train(a: argparse.Namespace) -> int:
 
 # --- eval ---------------------------------------------------------------------------------------------------------------
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint dir (or organism:<task>)")
-    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side")
-    p.add_argument("--task", required=True)
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option (e.g. rule=shift:1)")
-    p.add_argument("--n", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--samples", type=int, default=1, help="k sampled responses per item and view (default greedy)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
-    p.add_argument("--decoder", default="lean", help="lean (default; Llama/Qwen2/Qwen3) | hf (model(...) per step)")
-    p.add_argument("--out", default=None, help="--model: report path (.json; a .csv of the records is written next to "
-                   "it); --compare: a directory (one report per model + compare.md/.csv)")
+    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir, hub id or organism:<task>")
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side on "
+                   "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name")
+    p.add_argument("--task", required=True, metavar="TASK", help="rules | frozenlake | sokoban | jsonl | a registered "
+                   "name")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
+                   "rule=shift:1, path=data.jsonl)")
+    p.add_argument("--n", type=int, default=200, metavar="INT", help="held-out items, >= 1 (default 200)")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of item choice and sampling (default 0)")
+    p.add_argument("--samples", type=int, default=1, metavar="INT", help="k sampled responses per item and view, >= 1 "
+                   "(default 1 = greedy)")
+    p.add_argument("--temperature", type=float, default=None, metavar="FLOAT", help="sampling temperature, finite and "
+                   "> 0 (default: greedy with --samples 1, else the task's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="INT", help="response cap per prompt (per "
+                   "move for games), >= 1 (default: the task's)")
+    p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
+                   "no-context view (for chat templates that insert a default one)")
+    p.add_argument("--decoder", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
+                   "(model(...) per step, any causal LM)")
+    p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
+                   "records is written next to it) or an existing directory; --compare: a directory (one report per "
+                   "model + compare.md/.csv)")
+
+
+def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
+    """Report path per label (and the --compare directory), checked writable and clobber-free before any load."""
+    from mechopd.checks import INDEX, WEIGHTS, check_out_dir, check_report_target
+
+    if a.model:
+        out = Path(a.out) if a.out else (Path(f"{a.model.rstrip('/')}/eval/{a.task}.json") if ":" not in a.model
+                                         else Path(f"runs/eval/{a.task}.json"))
+        if out.is_dir():
+            out = out / f"{a.task}.json"
+        elif out.suffix != ".json":
+            raise ConfigError(f"--out {a.out}: pass a report path ending in .json (a .csv of the records is written "
+                              "next to it) or an existing directory")
+        return {"model": check_report_target(out)}, None
+    if a.out and Path(a.out).suffix in (".json", ".csv", ".md"):
+        raise ConfigError(f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
+                          "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
+    out_dir = check_out_dir(a.out or f"runs/compare/{a.task}")
+    if any((out_dir / f).exists() for f in ("config.json", WEIGHTS, INDEX)):
+        raise ConfigError(f"--out {out_dir} is a checkpoint directory; --compare writes its reports into a directory "
+                          f"of their own, e.g. --out runs/compare/{a.task}")
+    return {name: check_report_target(out_dir / f"{name}.json") for name in labels}, out_dir
 
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
     from mechopd.evaluate import EvalConfig, compare, evaluate_model, format_summary, write_report
-    from mechopd.models import load_model, load_tokenizer
+    from mechopd.models import check_model, load_model, load_tokenizer
     from mechopd.tasks.base import get_task
     from mechopd.train.trainer import resolve_student
     from mechopd.views import RenderSpec
 
     if bool(a.model) == bool(a.compare):
         raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
-    if a.compare and a.out and Path(a.out).suffix in (".json", ".csv", ".md"):
-        raise ConfigError(f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
-                          "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
+    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
+                     max_new_tokens=a.max_new_tokens, decoder=a.decoder)
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
-    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature, decoder=a.decoder)
+    targets, out_dir = _eval_targets(a, list(models))
     spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system)
+    paths = {name: check_model(resolve_student(path, "runs/organisms")) for name, path in models.items()}
     reports = {}
-    for name, path in models.items():
-        path = resolve_student(path, "runs/organisms")
+    for name, path in paths.items():
         reports[name] = evaluate_model(load_model(path), load_tokenizer(path), task, cfg, spec)
         reports[name]["settings"]["model"] = str(path)
         print(format_summary(name, reports[name]["summary"]))
-    if a.model:
-        out = Path(a.out or f"{a.model.rstrip('/')}/eval/{a.task}.json") if ":" not in a.model else \
-            Path(a.out or f"runs/eval/{a.task}.json")
-        j, c = write_report(reports["model"], out)
-        print(f"report: {j} (records: {c})")
+    written = {name: write_report(rep, targets[name]) for name, rep in reports.items()}
+    if out_dir is None:
+        print(f"report: {written['model'][0]} (records: {written['model'][1]})")
     else:
-        out_dir = Path(a.out or f"runs/compare/{a.task}")
-        for name, rep in reports.items():
-            write_report(rep, out_dir / f"{name}.json")
         md, mdp, csvp = compare(reports, out_dir)
         print(md)
         print(f"table: {mdp} and {csvp}")
@@ -186,17 +233,20 @@ def _probe(a: argparse.Namespace) -> int:
 
 # --- figures / demo -----------------------------------------------------------------------------------------------------
 def _figures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="a run directory written by `mechopd demo`")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `mechopd demo`; its figures/ and "
+                   "report.md are redrawn from its saved artifacts")
 
 
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
 def _figures(a: argparse.Namespace) -> int:
+    from mechopd.checks import check_out_dir
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
 
     run = Path(a.run_dir)
     if not run.is_dir():
         raise ConfigError(f"run directory {run} does not exist; run `mechopd demo --out {run}` first")
+    check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     drawn = draw_all(run)
     n = sum(len(v) for v in drawn.values())
     if n == 0:
@@ -207,32 +257,43 @@ def _figures(a: argparse.Namespace) -> int:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--task", default="rules", help="rules (default) | frozenlake | sokoban")
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="demo directory (default runs/demo)")
+    p.add_argument("--task", default="rules", metavar="TASK", help="rules (default) | frozenlake | sokoban")
     p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
     p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of every stage (default 0)")
+    p.add_argument("--steps", type=int, default=None, metavar="INT", help="training steps per method, >= 1 (default: "
+                   "the organism recipe's)")
 
 
 @command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report")
 def _demo(a: argparse.Namespace) -> int:
     from mechopd.demo import DemoConfig, demo
 
+    from mechopd.checks import check_out_dir
+
+    if a.steps is not None and a.steps < 1:
+        raise ConfigError(f"--steps {a.steps} is invalid: pass 1 or more (omit --steps for the recipe's)")
+    check_out_dir(a.out)
     kw = {"steps": a.steps} if a.steps else {}
     demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, **kw))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def make_parser() -> argparse.ArgumentParser:
+    """The `mechopd` parser: one subcommand per registered command."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
                 "figures": _figures_args, "demo": _demo_args}
     for name, (help_text, _) in COMMANDS.items():
-        registry[name](sub.add_parser(name, help=help_text))
-    a = parser.parse_args(argv)
+        registry[name](sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    a = make_parser().parse_args(argv)
     try:
         return COMMANDS[a.cmd][1](a)
     except MechopdError as e:

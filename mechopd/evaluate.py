@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mechopd.errors import TaskError
+from mechopd.checks import check_task_vocab as _check_vocab
+from mechopd.errors import ConfigError, TaskError
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example, check_split
 from mechopd.generate.lean import DECODERS
@@ -49,20 +51,30 @@ class EvalConfig:
             raise TaskError(f"samples={self.samples} must be >= 1")
         if self.decoder not in DECODERS:
             raise TaskError(f"decoder={self.decoder!r} is unknown; choose lean or hf")
+        if self.temperature is not None and not (isinstance(self.temperature, (int, float))
+                                                 and math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature={self.temperature} is invalid: must be a finite number > 0 (omit it "
+                              "for greedy decoding)")
+        for name, low in (("max_new_tokens", 1), ("batch_size", 1), ("n_boot", 0)):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= low):
+                raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= {low}"
+                                  + (" (omit it for the task's)" if name == "max_new_tokens" else ""))
 
 
-def _check_vocab(tokenizer: Any, task: Any) -> None:
-    """A task whose words the tokenizer cannot represent would be scored on <unk> soup: refuse it."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not hasattr(task, "vocab"):
+def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
+    """A context view that leaves no room for max_new_tokens within the model's maximum would decode past the
+    positions the model knows (silently wrong): refuse it, as training does (the longer view; games: the first
+    move's prompt, a lower bound of the later ones)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not limit:
         return
-    words = task.vocab()
-    text = " ".join(words)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if unk in ids:
-        bad = [w for w in words if unk in tokenizer(w, add_special_tokens=False)["input_ids"]][:8]
-        raise TaskError(f"the model's tokenizer lacks tokens of task {task.name!r} (e.g. {bad}); "
-                        "evaluate a model trained with this task's vocabulary")
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    longest = max(len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)) for ex in items)
+    if longest + max_new > limit:
+        raise TaskError(f"context + prompt ({longest} tokens) plus max_new_tokens {max_new} exceeds the model's "
+                        f"maximum length {limit}; shorten the context or prompt, or lower max_new_tokens (the context "
+                        "is never truncated silently)")
 
 
 def _renderer(tokenizer: Any, spec: RenderSpec):
@@ -159,6 +171,7 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     items = task.examples("test", cfg.n, cfg.seed)
     if not items:
         raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
+    _check_length(model, tokenizer, task, items, cfg, spec)
     check_split(task, items, "test")  # held-out items: checked by the task's own split rule, not assumed
     if train_uids is not None:
         overlap = {ex.uid for ex in items} & set(train_uids)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mechopd.checks import check_checkpoint, check_finite, check_loading_info, read_config, resolve_device
 from mechopd.errors import ModelError
 from mechopd.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_path
 from mechopd.sites import module_kind, param_layer  # noqa: F401  (parameter naming lives in mechopd.sites)
@@ -45,7 +46,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     src = _check_source(path)
     try:
         tok = AutoTokenizer.from_pretrained(src)
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - tokenizers / transformers raise many types for a damaged file
         raise ModelError(f"no usable tokenizer at {src} ({type(e).__name__}); save it next to the model with "
                          "tokenizer.save_pretrained(DIR)") from None
     if tok.pad_token_id is None and tok.eos_token_id is not None:
@@ -53,23 +54,36 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     return tok
 
 
+def check_model(path: str | os.PathLike) -> str:
+    """`path` names a loadable checkpoint (a local dir passes `checks.check_checkpoint`; headers only, cheap) or a hub
+    id; returns it as a string. Commands call it for every model before loading the first one."""
+    src = _check_source(path)
+    check_checkpoint(src)
+    return src
+
+
 def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None) -> nn.Module:
-    """A causal LM from a path or hub id, in eval mode. Not a causal LM -> `ModelError`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A causal LM from a path or hub id, in eval mode, after `checks.check_checkpoint` (weights readable and as
+    config.json describes; pickles refused) and `checks.check_finite` (no NaN/inf weight). Failures -> `ModelError`."""
+    from transformers import AutoModelForCausalLM
 
     src = _check_source(path)
+    dev = resolve_device(device) if device is not None else None  # a missing device fails before any loading
+    config = read_config(src)
+    files = check_checkpoint(src, config)
     try:
-        config = AutoConfig.from_pretrained(src)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot read the model config at {src}: {e}") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
+        model, info = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=dtype or torch.float32,
+                                                           use_safetensors=True, output_loading_info=True)
     except ValueError as e:
         raise ModelError(f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: "
                          f"{str(e).splitlines()[0]}") from None
-    if device is not None:
-        model = model.to(device)
+    except OSError as e:  # a hub id without safetensors / not cached
+        raise ModelError(f"cannot load weights for {src}: {str(e).splitlines()[0]}") from None
+    check_loading_info(src, info)
+    check_finite(model, src, files)
+    if dev is not None:
+        model = model.to(dev)
     return model.eval()
 
 

@@ -62,6 +62,10 @@ class OrganismConfig:
             raise ConfigError(f"organism arch {self.arch!r} is not supported; use qwen3 or llama")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
+        for name in ("steps", "batch_size", "corpus_size", "warmup"):  # the schedule divides by each of them
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ConfigError(f"organism {name}={getattr(self, name)!r} is invalid: must be an integer >= 1"
+                                  + (" (e.g. pretrain --steps 100)" if name == "steps" else ""))
 
     def key(self) -> str:
         """Cache key: the config plus the organism vocabulary and corpus format (a changed task text retrains)."""

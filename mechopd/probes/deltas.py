@@ -171,7 +171,19 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
         bar.close()
         for r in readers:
             r.close()
+    _check_finite(acc, [base, *ckpts])
     return _tensor_rows({n: _acc_sums(acc[n], numel[n], labels, pair) for n in names}, base)
+
+
+def _check_finite(acc: Mapping[str, torch.Tensor], ckpts: list[Checkpoint]) -> None:
+    """Sums of squares are finite iff the streamed values were: a NaN/inf weight names its checkpoint and tensor
+    (acc rows: [‖W0‖², ‖Δ_1‖², ...]; a bad base spoils every row, so row 0 is looked at first)."""
+    for name, row in acc.items():
+        bad = [i for i in range(len(ckpts)) if not math.isfinite(float(row[i]))]
+        if bad:
+            ckpt = ckpts[bad[0]]
+            raise ModelError(f"{ckpt.files.get(name, ckpt.path)}: tensor {name!r} holds NaN/inf values; the weights "
+                             "are corrupted (a diverged run or a damaged copy); use an earlier checkpoint")
 
 
 def _check_labels(models: Mapping[str, object], pair: tuple[str, str] | None) -> list[str]:

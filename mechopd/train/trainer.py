@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mechopd.checks import check_task_vocab, resolve_device
 from mechopd.config import TrainConfig, dump_yaml
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
@@ -125,11 +126,11 @@ class Trainer:
         self.run_dir = RunDir(Path(out_dir))
         self._check_out_dir(resume)
         self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before loading any model
-        self.device = torch.device("cuda" if (cfg.device == "auto" and torch.cuda.is_available()) else
-                                   ("cpu" if cfg.device == "auto" else cfg.device))
+        self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
         dtype = getattr(torch, cfg.dtype)
         student_path = resolve_student(cfg.student, cfg.organism_dir, cfg.seed, progress)
         self.tokenizer = load_tokenizer(student_path)
+        check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
         teacher_path = cfg.teacher or student_path
         if cfg.teacher:
             check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))

@@ -68,13 +68,24 @@ def test_existing_run_is_refused_without_resume(tiny_rules_organism, tmp_path):
 
 
 def test_nan_loss_stops_and_names_step_and_term(tiny_rules_organism, tmp_path):
+    from mechopd.train.trainer import Trainer
+
+    trainer = Trainer(_cfg(tiny_rules_organism, save_every=1), tmp_path / "r", progress=False)
+    with torch.no_grad():  # NaN teacher in memory (a NaN checkpoint is refused at load time, see below)
+        trainer.teacher.model.norm.weight.fill_(float("nan"))
+    with pytest.raises(TrainingError, match=r"loss term 'opd' became nan at step 1"):
+        trainer.run()
+    assert not (tmp_path / "r" / "checkpoints").exists() and not (tmp_path / "r" / "final").exists()
+
+
+def test_nan_teacher_checkpoint_is_refused_at_load(tiny_rules_organism, tmp_path):
+    from mechopd.errors import ModelError
     from mechopd.models import atomic_save, load_model, load_tokenizer
 
     bad = load_model(tiny_rules_organism)
     with torch.no_grad():
         bad.model.norm.weight.fill_(float("nan"))
     atomic_save(bad, load_tokenizer(tiny_rules_organism), tmp_path / "nan_teacher")
-    with pytest.raises(TrainingError, match=r"loss term 'opd' became nan at step 1"):
-        train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "nan_teacher"), save_every=1), tmp_path / "r",
-              progress=False)
-    assert not (tmp_path / "r" / "checkpoints").exists() and not (tmp_path / "r" / "final").exists()
+    with pytest.raises(ModelError, match=r"nan_teacher/model.safetensors: tensor 'model.norm.weight' holds 32 NaN"):
+        train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "nan_teacher")), tmp_path / "r", progress=False)
+    assert not (tmp_path / "r").exists()
