@@ -162,12 +162,16 @@ class TextArenaGameTask:
 
 def make_textarena_task(game: str, *, engine: str = "textarena", size: int | None = None, holes: int = 3,
                         boxes: int = 1, step_budget: int = 5, context: str | None = None, max_new_tokens: int = 1024,
-                        temperature: float = 0.7, **unknown: Any) -> TextArenaGameTask:
+                        temperature: float = 0.7, readout: bool = False, **unknown: Any) -> TextArenaGameTask:
     """The ``engine: textarena`` variant of ``frozenlake`` / ``sokoban``. Options: size (FrozenLake 4, Sokoban 6, as
     FrozenLake-v0 / Sokoban-v0), holes (FrozenLake), boxes (Sokoban), step_budget, context, max_new_tokens,
-    temperature. The embedded-only options (readout, start, goal, min_path, weak_policy ...) are refused."""
+    temperature; ``readout: false`` is accepted (TextArena has no read-out line). The embedded-only options
+    (readout: true, start, goal, min_path, weak_policy ...) are refused."""
     if engine != "textarena":
         raise ConfigError(f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or 'textarena'")
+    if readout:
+        raise ConfigError(f"{game} task: readout=true is an embedded-organism option; TextArena's boards have no "
+                          "read-out line (set readout: false or drop it with engine: textarena)")
     if unknown:
         raise ConfigError(f"{game} task: option(s) {sorted(unknown)} do not apply to engine: textarena; its options "
                           "are size, holes (frozenlake), boxes (sokoban), step_budget, context, max_new_tokens, "

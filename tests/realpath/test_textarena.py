@@ -145,3 +145,22 @@ def test_engine_textarena_solves_with_the_embedded_solution():
             for a in path:
                 ep.step(f"[{a}]")
             assert ep.won, (game, seed, path)
+
+
+@pytest.mark.slow
+def test_paper_sokoban_recipe_on_the_textarena_engine(zoo, tmp_path):
+    """The paper's Sokoban recipe, as shipped, on TextArena's environment (engine: textarena) with the qwen3 fixture."""
+    import json
+    from pathlib import Path
+
+    from .conftest import cli
+
+    recipe = Path(__file__).resolve().parents[2] / "training" / "paper" / "qwen3-4b-sokoban-nca.yaml"
+    sets = {"student": zoo.student("qwen3"), "task_options.engine": "textarena", "task_options.max_new_tokens": 4,
+            "steps": 1, "batch_size": 2, "max_new_tokens": 4, "eval_every": 1, "eval_n": 2, "save_every": 0,
+            "pool_size": 4}
+    out = tmp_path / "ta"
+    cli("train", recipe, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")], "--out", out, "--no-progress")
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in recs if "loss" in r][0]
+    assert step["samples"] >= 2 and "train_win_rate" in step and any("eval/acc_x" in r for r in recs)
