@@ -107,7 +107,7 @@ FAMILY = {
 
 @dataclass(frozen=True)
 class Zoo:
-    """Paths of one built zoo. ``student[f]`` / ``teacher[f]`` are save_pretrained directories (model + tokenizer)."""
+    """Paths of one built zoo. ``student(f)`` / ``teacher(f)`` are save_pretrained directories (model + tokenizer)."""
 
     root: Path
     data: Path  # MedMCQA-layout JSONL
@@ -232,7 +232,7 @@ def _build_family(family: Family, texts: list[str], out: Path) -> None:
         tok.save_pretrained(out / role)
 
 
-def _context_for_target(texts_without_context: list[str], items: list[dict]) -> tuple[str, int]:
+def _context_for_target(items: list[dict]) -> tuple[str, int]:
     """A context whose length under the trained qwen3 BPE is close to CONTEXT_TOKENS (grown sentence by sentence)."""
     fam = FAMILY["qwen3"]
     probe = train_bpe(training_text(context_text(40), items), list(fam.specials))
@@ -268,7 +268,7 @@ def build_zoo(root: str | os.PathLike | None = None) -> Zoo:
     tmp = Path(tempfile.mkdtemp(prefix=".zoo-", dir=root.parent))
     try:
         items = medmcqa_items()
-        ctx, n_ctx = _context_for_target([], items)
+        ctx, n_ctx = _context_for_target(items)
         (tmp / "data").mkdir()
         (tmp / "data" / "medmcqa.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         (tmp / "data" / "context.txt").write_text(ctx + "\n")
