@@ -11,6 +11,7 @@ check, on the hardware and at the scale the papers use:
   real checkpoint eval   a real 1-4B checkpoint evaluated in both views (Acc_x, Acc_xc, Harm) on the JSONL task
 
     python bench/gpu_check.py CHECKPOINT_DIR [--teacher DIR] [--data data.jsonl --context ctx.txt] [--n 32]
+    python bench/gpu_check.py --device cpu --n 4      # smoke-test the script itself on the zoo fixture (no GPU)
 
 CHECKPOINT_DIR: a local Hugging Face checkpoint (Qwen3 / Qwen2.5 / Llama-3, 1-4B). Without it, the zoo's tiny qwen3
 fixture stands in (the mechanics run, the real-checkpoint row says so). Data: defaults to the zoo's MedMCQA-layout
@@ -56,9 +57,12 @@ def no_context_system(path: str) -> str | None:
 
 
 def train_cfg(args, method: str, steps: int = 2) -> dict:
+    from mechopd.tasks.base import get_task
+
+    pool = min(64, get_task("jsonl", path=args.data, context_file=args.context).split_sizes()["train"])
     return {"task": "jsonl", "task_options": {"path": args.data, "context_file": args.context, "max_new_tokens": 64},
             "student": args.model, "teacher": args.teacher, "method": method, "steps": steps, "batch_size": 8,
-            "pool_size": 64, "lr": 5e-6, "dtype": "bfloat16", "device": "cuda", "seed": 0,
+            "pool_size": pool, "lr": 5e-6, "dtype": "bfloat16", "device": args.device, "seed": 0,
             "no_context_system": no_context_system(args.model)}
 
 
@@ -84,29 +88,30 @@ def check_lean_vs_generate(args) -> None:
     from mechopd.views import RenderSpec, render_prompt_ids
 
     t0 = time.time()
-    tok, model = load_tokenizer(args.model), load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    tok, model = load_tokenizer(args.model), load_model(args.model, dtype=torch.bfloat16, device=args.device)
     task = get_task("jsonl", path=args.data, context_file=args.context)
     spec = RenderSpec("system", no_context_system(args.model))
     exs = task.examples("test", min(16, args.n), 0)
     ids = [render_prompt_ids(tok, e.prompt, e.context if i % 2 else None, spec) for i, e in enumerate(exs)]
     stop = stop_ids(tok, model)
     lean = sample(model, ids, max_new_tokens=64, stop=stop, pad_id=tok.pad_token_id, greedy=True).responses
-    same, first = 0, []
+    same, first = 0, []  # first: index of the first differing token, per diverging response
     for p, r in zip(ids, lean):
-        out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=64, do_sample=False,
+        out = model.generate(torch.tensor([p], device=args.device), max_new_tokens=64, do_sample=False,
                              eos_token_id=stop, pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
         ref = out[: next((i + 1 for i, t in enumerate(out) if t in stop), len(out))]
         mine = r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))]
         same += int(ref == mine)
-        first.append(next((i for i, (x, y) in enumerate(zip(ref, mine)) if x != y), min(len(ref), len(mine))))
-    row("lean vs generate (bf16)", same >= 0.75 * len(ids),
-        f"{same}/{len(ids)} identical; first divergence at token {min(first)} (median {sorted(first)[len(first) // 2]})",
-        time.time() - t0)
+        if ref != mine:
+            first.append(next((i for i, (x, y) in enumerate(zip(ref, mine)) if x != y), min(len(ref), len(mine))))
+    where = f"; earliest divergence at token {min(first)}" if first else ""
+    row("lean vs generate (bf16)", same >= 0.75 * len(ids), f"{same}/{len(ids)} identical{where}", time.time() - t0)
 
 
 def check_nccl(args, out: Path) -> None:
-    if torch.cuda.device_count() < 2:
-        row("NCCL two-process", None, f"{torch.cuda.device_count()} GPU visible (needs 2)", 0.0)
+    label = "NCCL two-process" if args.device == "cuda" else "two-process (gloo smoke)"
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        row(label, None, f"{torch.cuda.device_count()} GPU visible (needs 2)", 0.0)
         return
     from mechopd.models import load_model
     from mechopd.train.trainer import train
@@ -117,16 +122,17 @@ def check_nccl(args, out: Path) -> None:
     yaml_path = out / "two.yaml"
     import yaml
 
-    yaml_path.write_text(yaml.safe_dump({**cfg, "device": "auto"}))
+    yaml_path.write_text(yaml.safe_dump({**cfg, "device": "auto" if args.device == "cuda" else args.device}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mechopd.cli",
                          "train", str(yaml_path), "--out", str(out / "two"), "--no-progress"], env=env).returncode
     if rc != 0:
-        row("NCCL two-process", False, f"torchrun exited {rc}", time.time() - t0)
+        row(label, False, f"torchrun exited {rc}", time.time() - t0)
         return
     a, b = load_model(one), load_model(out / "two" / "final")
-    diff = max(float((p.float() - q.float()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
-    row("NCCL two-process", diff < 1e-2, f"max |θ_1proc − θ_2proc| = {diff:.2e} (bf16)", time.time() - t0)
+    with torch.no_grad():
+        diff = max(float((p.float() - q.float()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+    row(label, diff < 1e-2, f"max |θ_1proc − θ_2proc| = {diff:.2e} (bf16)", time.time() - t0)
 
 
 def check_eval(args, real: bool) -> None:
@@ -137,7 +143,7 @@ def check_eval(args, real: bool) -> None:
 
     t0 = time.time()
     task = get_task("jsonl", path=args.data, context_file=args.context, max_new_tokens=256)
-    model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    model = load_model(args.model, dtype=torch.bfloat16, device=args.device)
     rep = evaluate_model(model, load_tokenizer(args.model), task, EvalConfig(n=args.n, n_boot=200),
                          RenderSpec("system", no_context_system(args.model)))
     s = rep["summary"]
@@ -154,8 +160,9 @@ def main() -> int:
     p.add_argument("--data", default=None, help="MedMCQA-layout JSONL (default: the zoo's)")
     p.add_argument("--context", default=None, help="context file (default: the zoo's ~512-token context)")
     p.add_argument("--n", type=int, default=32, help="held-out items for the eval check")
+    p.add_argument("--device", default="cuda", help="cuda (default); 'cpu' smoke-tests this script itself")
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible; nothing to check here (the CPU suite, tests/realpath, covers the rest)")
         return 0
     from mechopd.testing.zoo import build_zoo
@@ -167,7 +174,8 @@ def main() -> int:
         return 2
     args.model = args.model or str(zoo.student("qwen3"))
     args.data, args.context = args.data or str(zoo.data), args.context or str(zoo.context_file)
-    print(f"gpu_check on {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}: model {args.model}")
+    where = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if args.device == "cuda" else args.device
+    print(f"gpu_check on {where}: model {args.model}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         for name, fn in (("bf16 train opd", lambda: check_train(args, "opd", out)),
