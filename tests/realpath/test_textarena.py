@@ -75,8 +75,10 @@ def play_both(game: str, env, seed: int, moves: int = 10) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("game,size,count,n", [("frozenlake", 4, 3, 300), ("frozenlake", 3, 2, 100),
-                                                ("sokoban", 6, 1, 200), ("sokoban", 6, 2, 50)])
+                                                ("sokoban", 6, 1, 200), ("sokoban", 6, 2, 50), ("sokoban", 6, 3, 20)])
 def test_embedded_game_follows_textarena_rules(game, size, count, n):
+    """FrozenLake-v0 (4x4, 3 holes), the papers' 3x3 / 2 holes; Sokoban 6x6 with the papers' 1 box, 2, and
+    Sokoban-v0's 3 boxes."""
     env = make_env(game, size, count, step_budget=100)
     total: dict[str, int] = {}
     for seed in range(n):
@@ -84,7 +86,9 @@ def test_embedded_game_follows_textarena_rules(game, size, count, n):
         for k, v in play_both(game, env, seed).items():
             total[k] = total.get(k, 0) + v
     # the boards exercised every rule: wins, invalid moves, the double-invalid loss (and holes on FrozenLake)
-    assert total["won"] > 0 and total["invalid"] > 0 and total["double_invalid"] > 0, total
+    assert total["invalid"] > 0 and total["double_invalid"] > 0, total
+    if count < 3:  # random replies rarely solve three boxes
+        assert total["won"] > 0, total
     if game == "frozenlake":
         assert total["lost"] > 0, total
 
