@@ -18,6 +18,7 @@ Boards: seed ``s`` of a split's stream resets the environment with ``seed=s``; t
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -119,9 +120,11 @@ class TextArenaGameTask:
         self.context, self.max_new_tokens, self.temperature = context, max_new_tokens, temperature
         self.env_id = {"frozenlake": "FrozenLake-v0", "sokoban": "Sokoban-v0"}[game]
         self._env = make_env(game, size, count, step_budget)
+        self._fresh: dict[int, Any] = {}  # seed -> a just-reset environment (Sokoban's generator is slow: reuse it)
 
     def _board_example(self, seed: int) -> Example:
         reset(self._env, seed)
+        self._fresh[seed] = copy.deepcopy(self._env)  # before the episode below consumes its first observations
         board = board_of(self.name, self._env)
         prompt = TextArenaEpisode(self._env, self.step_budget).prompt()
         meta = {**board.to_meta(), "engine": "textarena", "env_id": self.env_id, "ta_seed": seed}
@@ -149,9 +152,11 @@ class TextArenaGameTask:
     def new_episode(self, example: Example) -> TextArenaEpisode:
         if example.meta.get("engine") != "textarena":
             raise TaskError(f"{self.name} (textarena): example {example.uid} was not drawn from TextArena")
-        env = make_env(self.name, self.size, self.count, self.step_budget)
-        reset(env, int(example.meta["ta_seed"]))
-        return TextArenaEpisode(env, self.step_budget)
+        seed = int(example.meta["ta_seed"])
+        if seed not in self._fresh:
+            self._fresh[seed] = make_env(self.name, self.size, self.count, self.step_budget)
+            reset(self._fresh[seed], seed)
+        return TextArenaEpisode(copy.deepcopy(self._fresh[seed]), self.step_budget)
 
     def score(self, example: Example, response_text: str) -> bool:
         raise TaskError(f"{self.name} is a game: play it with new_episode(), not score()")

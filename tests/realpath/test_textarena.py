@@ -168,3 +168,22 @@ def test_paper_sokoban_recipe_on_the_textarena_engine(zoo, tmp_path):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in recs if "loss" in r][0]
     assert step["samples"] >= 2 and "train_win_rate" in step and any("eval/acc_x" in r for r in recs)
+
+
+def test_engine_episodes_equal_a_fresh_reset():
+    """new_episode reuses a copy of the just-reset environment; it plays exactly like a fresh ``reset(seed)``."""
+    from mechopd.tasks.base import get_task
+    from mechopd.tasks.textarena_engine import TextArenaEpisode
+
+    task = get_task("sokoban", engine="textarena", step_budget=5)
+    for ex in task.examples("train", 8, 1):
+        ep, env = task.new_episode(ex), make_env("sokoban", 6, 1, 5)
+        reset(env, ex.meta["ta_seed"])
+        ref = TextArenaEpisode(env, 5)
+        for reply in ("[up]", "[left]", "x", "[down]"):
+            assert ep.prompt() == ref.prompt()
+            ep.step(reply)
+            ref.step(reply)
+            assert (ep.done, ep.won, ep.invalid_moves) == (ref.done, ref.won, ref.invalid_moves)
+            if ep.done:
+                break
