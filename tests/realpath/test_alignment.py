@@ -19,7 +19,7 @@ from mechopd.tasks.base import get_task
 from mechopd.testing.zoo import FAMILY, tiny_model, train_bpe, wrap_tokenizer
 from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
-from .conftest import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
+from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
 
 ANSWER = "<answer>B</answer>"
 

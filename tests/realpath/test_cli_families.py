@@ -18,18 +18,11 @@ from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec
 
-from .conftest import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, render_sets
+from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 
 TRAIN = ["--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=6",
          "--set", "pool_size=8", "--set", "eval_every=2", "--set", "eval_n=2"]
 METHODS = {"opd": ["--method", "opd"], "nca": ["--method", "nca"], "ta_opd": ["--method", "ta_opd"]}
-
-
-def jsonl_sets(zoo, **extra) -> list[str]:
-    out = []
-    for k, v in zoo.jsonl_options(max_new_tokens=6, **extra).items():
-        out += ["--set", f"task_options.{k}={v}"]
-    return out
 
 
 def spec_of(family: str, placement: str = "system") -> RenderSpec:

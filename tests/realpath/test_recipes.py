@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import cli
+from .helpers import cli
 
 PAPER = Path(__file__).resolve().parents[2] / "training" / "paper"
 RECIPES = sorted(PAPER.glob("*.yaml"))

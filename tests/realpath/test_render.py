@@ -12,8 +12,7 @@ from mechopd.models import load_tokenizer
 from mechopd.testing.zoo import QWEN_DEFAULT_SYSTEM
 from mechopd.views import RenderSpec, render_prompt_text
 
-from .conftest import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, render_sets
-from .test_cli_families import jsonl_sets
+from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 
 ONE_STEP = ["--steps", "1", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=4",
             "--set", "pool_size=4"]

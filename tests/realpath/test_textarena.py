@@ -157,7 +157,7 @@ def test_paper_sokoban_recipe_on_the_textarena_engine(zoo, tmp_path):
     import json
     from pathlib import Path
 
-    from .conftest import cli
+    from .helpers import cli
 
     recipe = Path(__file__).resolve().parents[2] / "training" / "paper" / "qwen3-4b-sokoban-nca.yaml"
     sets = {"student": zoo.student("qwen3"), "task_options.engine": "textarena", "task_options.max_new_tokens": 4,
