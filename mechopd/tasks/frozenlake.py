@@ -205,4 +205,9 @@ def make_frozenlake(**options: Any) -> FrozenLakeTask:
 
     Reference setting: ``make_frozenlake(**REFERENCE)``.
     """
+    if options.get("engine", "embedded") != "embedded":  # TextArena's own environment (optional extra)
+        from mechopd.tasks.textarena_engine import make_textarena_task
+
+        return make_textarena_task("frozenlake", **options)
+    options = {k: v for k, v in options.items() if k != "engine"}
     return FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, options))

@@ -342,7 +342,8 @@ class JsonlTask(BaseTask):
         return sorted(words)
 
 
-_OPTIONS = ("path", "context_file", "context", "test_fraction", "max_new_tokens", "temperature", "cop_base")
+_OPTIONS = ("path", "context_file", "context", "test_fraction", "max_new_tokens", "temperature", "cop_base",
+            "placement")
 
 
 @register_task("jsonl")
@@ -354,10 +355,12 @@ def make_jsonl_task(
     max_new_tokens: int = 512,
     temperature: float = 1.0,
     cop_base: int = 0,
+    placement: str = "system",
     **unknown: Any,
 ) -> JsonlTask:
     """Build the ``jsonl`` task. `path` is required; `context` / `context_file` give the shared context (per-item
-    ``"context"`` overrides it); `cop_base` is 0 for HF MedMCQA (cop 0-3), 1 for exports that count 1-4."""
+    ``"context"`` overrides it); `cop_base` is 0 for HF MedMCQA (cop 0-3), 1 for exports that count 1-4;
+    `placement` is "system" (the context as the system message) or "user" (spliced before the question)."""
     if unknown:
         raise ConfigError(f"jsonl task: unknown option {sorted(unknown)[0]!r}; accepted: {', '.join(_OPTIONS)}")
     if path is None:
@@ -375,6 +378,10 @@ def make_jsonl_task(
     shared = str(context).strip() if context is not None else None
     if context_file is not None:
         shared = read_context_file(context_file)
+    if placement not in ("system", "user"):
+        raise ConfigError(f"jsonl task: placement={placement!r} must be 'system' or 'user'")
     path = Path(path)
     items = _dedupe(read_items(path, cop_base), path)
-    return JsonlTask(path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature))
+    task = JsonlTask(path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature))
+    task.placement = placement
+    return task

@@ -296,4 +296,9 @@ class SokobanTask(GameTask):
 def make_sokoban(**options: Any) -> SokobanTask:
     """``--task sokoban``; options: size (6), boxes (1), min_moves (2), step_budget (5), context, weak_policy,
     max_new_tokens (24), temperature (0.7), readout (True)."""
+    if options.get("engine", "embedded") != "embedded":  # TextArena's own environment (optional extra)
+        from mechopd.tasks.textarena_engine import make_textarena_task
+
+        return make_textarena_task("sokoban", **options)
+    options = {k: v for k, v in options.items() if k != "engine"}
     return SokobanTask(**check_options("sokoban", SokobanTask, options))
