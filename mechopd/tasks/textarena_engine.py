@@ -24,7 +24,9 @@ from typing import Any
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.tasks import frozenlake, sokoban
-from mechopd.tasks.base import Example
+import re
+
+from mechopd.tasks.base import BaseTask, Example
 from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, split_of
 
 INSTALL = "pip install mechopd[textarena]"
@@ -109,7 +111,7 @@ class TextArenaEpisode:
         self.done = bool(ended) or self.steps >= self.step_budget
 
 
-class TextArenaGameTask:
+class TextArenaGameTask(BaseTask):
     """A game task on TextArena's environment (the `Task` protocol); see the module docstring."""
 
     placement, is_game = "user", True
@@ -163,6 +165,14 @@ class TextArenaGameTask:
 
     def vocab(self) -> list[str]:
         return []  # TextArena's texts are open; the real-model tokenizers are byte-level
+
+    def parse_answer(self, response_text: str) -> str | None:
+        """The FIRST bracketed action, as TextArena's own parser plays it (the embedded games play the last)."""
+        m = re.search(r"\[\s*([A-Za-z]+)\s*\]", response_text)
+        return m.group(1).lower() if m else None
+
+    def split_of(self, example: Example) -> str:
+        return split_of(example.uid)  # boards split by hash, as the embedded games
 
 
 def make_textarena_task(game: str, *, engine: str = "textarena", size: int | None = None, holes: int = 3,
