@@ -34,8 +34,9 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "beta_warmup": (True, 0, True, None, False), "grad_stats_every": (True, 0, True, None, False),
     "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
 }
-# keys `--resume` accepts changed (everything else must equal the run's config.yaml)
-RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard")
+# keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
+# logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
+RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "grad_stats_every", "sharding")
 
 METHOD_ALIASES = {
     # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
