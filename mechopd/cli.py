@@ -174,7 +174,9 @@ def _probe_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", required=True)
     g.add_argument("--teacher", default=None, help="teacher checkpoint (default: the model itself)")
     g.add_argument("--task", required=True)
-    g.add_argument("--terms", default="opd,nca", help="two of opd,nca,dual,sym")
+    from mechopd.objectives.losses import TERMS
+
+    g.add_argument("--terms", default="opd,nca", help=f"two registered loss terms, of {','.join(TERMS)}")
     g.add_argument("--layers", default=None)
     g.add_argument("--estimator", default="full", help="full | topk | sampled")
     d = sub.add_parser("deltas", help="parameter-delta attribution per layer x module (streamed safetensors)")

@@ -5,6 +5,12 @@ organism (100 steps at those values leave Acc_x at 0.000). When the student is `
 starts from ``ORGANISM_RECIPES[task]`` and every key set explicitly (YAML, ``--set``, a flag) wins over it; any other
 student keeps the papers' defaults. These are the values `mechopd demo` and ``training/organisms/<task>.yaml`` use
 (CPU, minutes per run). Method, β and selector are not part of a recipe: they are the experiment.
+
+``nca_start`` (rules): the anchor starts after 20 OPD steps. From step 0 the anchor's gradient is ~500x OPD's on this
+organism (its two views start maximally apart) and erases the context's effect before OPD moves the no-context view
+(issue 12.1). Measured (seed 0, 150 steps, in-loop eval on 200 held-out items): NCA β = 0.5 with ``nca_start: 20``
+reaches Acc_x 1.000, Acc_xc 1.000, harm 0.000. It changes only anchor terms (NCA, SymKL); OPD runs are unaffected.
+The game recipes keep the constant β until measured.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 
 ORGANISM_RECIPES: dict[str, dict[str, Any]] = {
     "rules": {"estimator": "full", "batch_size": 32, "lr": 1e-3, "steps": 150, "eval_every": 25, "eval_n": 200,
-              "save_every": 75},
+              "save_every": 75, "nca_start": 20},
     "frozenlake": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,
                    "save_every": 60},
     "sokoban": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,
