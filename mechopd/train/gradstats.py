@@ -88,6 +88,6 @@ def _dominance(names: list[str], flats: dict[str, Tensor]) -> dict[str, float | 
 
 
 def term_norms(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) -> dict[str, float]:
-    """Each weighted term's gradient norm over all processes (failure diagnosis; consumes the retained graph)."""
+    """Each weighted term's gradient norm over all processes (failure diagnosis: pass freshly computed terms)."""
     grads = term_grads(weighted, params)
     return {t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()}

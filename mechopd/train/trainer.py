@@ -8,12 +8,14 @@ differs between methods. One step:
   3. the teacher scores the context view (no grad); the student scores the no-context view (grad) and, when a term
      needs it (NCA, DualOPD, SymKL), the context view (grad);
   4. the selector picks the OPD term's tokens (global top ⌈ρN⌉ over the whole rollout batch, all processes);
-  5. loss = Σ_terms w · Σ(per-token loss · mask) / (global token count); backward; gradients summed over processes;
-     clip; one AdamW step.
+  5. `losses.total_loss` (the tested loss): Σ_terms w(step) · Σ(per-token loss · mask) / (global token count);
+     backward (on a ``grad_stats_every`` step: one backward per term and their statistics, `gradstats`); gradients
+     summed over processes; clip; the step guard (`guard`: finite losses, gradient norm and weights — a non-finite
+     step is never applied nor saved); one AdamW step.
 Processes hold full replicas (``sharding: none``) or FSDP shards (``sharding: fsdp``); `sharding` says how each layout
 sums gradients, generates and saves, so the loop never branches on it.
 Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
-position (a 2N-step run equals an N-step run resumed for N more).
+position (a 2N-step run equals an N-step run resumed for N more); what ``--out`` may hold is decided in `rundir`.
 """
 
 from __future__ import annotations
@@ -221,20 +223,12 @@ class Trainer:
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
         mask = batch.response_mask
-        with torch.inference_mode():
-            t_logp = to_logp(response_logits(self.teacher, batch, "c"), self.T, self.vocab)
-        t_logp = t_logp.clone()  # a normal tensor: usable in autograd graphs
-        s_x = to_logp(response_logits(self.student, batch, "x"), self.T, self.vocab)
-        s_c = to_logp(response_logits(self.student, batch, "c"), self.T, self.vocab) if "student_ctx" in self.needs \
-            else None
-        keep, kept = self._selection(s_x.detach(), t_logp, mask)
-        inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
-        res = total_loss(self.terms, inputs, mask, keep, step=self.step, count=_global_count)
+        res, s_x, t_logp, kept = self._score(batch)
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
         guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
         logs.update({"beta_eff": res.weights[t.name] for t in self.terms if t.schedule is not None})
         logs.update(self._backward(res.weighted))
-        gnorm = self._apply_step(res.weighted)
+        gnorm = self._apply_step(batch)
         with torch.no_grad():
             kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
             logs["kl/teacher_student"] = _global_mean(kl, mask)
@@ -250,9 +244,18 @@ class Trainer:
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
-    def _diagnosable(self) -> bool:
-        """Keep the graph after backward so that a non-finite gradient can be traced to its term (replicas only)."""
-        return len(self.terms) > 1 and self.cfg.sharding == "none"
+    def _score(self, batch) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
+        """Forward passes, selection and `losses.total_loss` on one two-view batch: (LossResult, s_x, t_logp, kept)."""
+        mask = batch.response_mask
+        with torch.inference_mode():
+            t_logp = to_logp(response_logits(self.teacher, batch, "c"), self.T, self.vocab)
+        t_logp = t_logp.clone()  # a normal tensor: usable in autograd graphs
+        s_x = to_logp(response_logits(self.student, batch, "x"), self.T, self.vocab)
+        s_c = to_logp(response_logits(self.student, batch, "c"), self.T, self.vocab) if "student_ctx" in self.needs \
+            else None
+        keep, kept = self._selection(s_x.detach(), t_logp, mask)
+        inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
+        return total_loss(self.terms, inputs, mask, keep, step=self.step, count=_global_count), s_x, t_logp, kept
 
     def _backward(self, weighted: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Gradients of the total into ``.grad``; on a ``grad_stats_every`` step one backward per term + their stats."""
@@ -265,19 +268,22 @@ class Trainer:
             self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in grads}
             return stats
         self._last_term_norms = None
-        sum(weighted.values()).backward(retain_graph=self._diagnosable())
+        sum(weighted.values()).backward()
         return {}
 
-    def _apply_step(self, weighted: dict[str, torch.Tensor]) -> float:
-        """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step."""
+    def _apply_step(self, batch) -> float:
+        """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step; the terms'
+        own gradient norms then name the culprit (from this step's stats, or by scoring the batch again: replicas)."""
         self.shard.reduce_grads(self.params)
         gnorm = self.shard.clip_grads(self.params, self.cfg.grad_clip)
         if self._last_term_norms is not None:
             diagnose = lambda: self._last_term_norms  # noqa: E731
         elif len(self.terms) == 1:
             diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
+        elif self.cfg.sharding == "none":
+            diagnose = lambda: gradstats.term_norms(self._score(batch)[0].weighted, self.params)  # noqa: E731
         else:
-            diagnose = (lambda: gradstats.term_norms(weighted, self.params)) if self._diagnosable() else None
+            diagnose = None
         guard.check_grad_norm(gnorm, self.step + 1, diagnose)
         self.opt.step()
         self.sched.step()
