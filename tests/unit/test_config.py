@@ -110,3 +110,15 @@ def test_config_diff_names_changed_keys_except_the_mutable_ones():
     assert config_diff(old, TrainConfig(steps=9, eval_every=3, save_every=2, eval_n=4).to_dict()) == []
     diff = config_diff(old, TrainConfig(steps=9, seed=3, batch_size=64).to_dict())
     assert diff == ["batch_size: 128 -> 64", "seed: 0 -> 3"]
+
+
+def test_every_numeric_field_is_in_the_range_table():
+    import dataclasses
+    import typing
+
+    from mechopd.config import FIELD_RANGES
+
+    hints = typing.get_type_hints(TrainConfig)
+    numeric = {f.name for f in dataclasses.fields(TrainConfig)
+               if any(t in (int, float) for t in typing.get_args(hints[f.name]) or (hints[f.name],))}
+    assert numeric == set(FIELD_RANGES)
