@@ -71,6 +71,8 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
     """Check ``--out`` against ``resume``; returns ``(resume_from_checkpoint, note for the log)``.
 
     Raises ``TrainingError`` for a run that must not be touched and ``ConfigError`` for a resume with a changed config.
+    Only stale temp directories are removed here; an unfinished run's files are cleared by `clear_unfinished` once
+    the new run has loaded its models (a run refused on the way loses nothing).
     """
     root = run.root
     if is_writer:
@@ -81,10 +83,6 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
             raise TrainingError(f"--resume: {root} holds no run; start a new run without --resume")
         return False, None
     if unfinished(run):
-        if is_writer:
-            for name in ("metrics.jsonl", "checkpoints", "tensorboard"):
-                p = root / name
-                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         return False, (f"{root} holds a run that stopped before its first complete checkpoint; restarting it from "
                        "step 0 (its metrics were dropped)")
     if not resume:
@@ -95,6 +93,14 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
                             "or set save_every")
     check_same_config(run, cfg)
     return True, None
+
+
+def clear_unfinished(run: RunDir) -> None:
+    """Drop the files of a run that stopped before its first checkpoint (its config.yaml is rewritten next)."""
+    if unfinished(run):
+        for name in ("metrics.jsonl", "checkpoints", "tensorboard"):
+            p = run.root / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def check_same_config(run: RunDir, cfg: TrainConfig) -> None:

@@ -141,6 +141,8 @@ class Trainer:
             self.shard.load_optimizer_state(self.student, self.opt, self.resume_from)
             self.step, self.position = state["step"], state["position"]
         self.fresh = self.resume_from is None
+        if self.rank == 0 and self.fresh:
+            rundir.clear_unfinished(self.run_dir)
         self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
         if self.rank == 0:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)

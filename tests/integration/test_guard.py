@@ -109,6 +109,9 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_restarted(tiny_rules_or
     (run / "config.yaml").write_text("task: rules\n")
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     (run / "checkpoints" / ".step-1.tmp-x").mkdir(parents=True)  # killed during its first save
+    with pytest.raises(MechopdError):  # a restart refused on the way loses nothing
+        train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "missing")), run, resume=resume, progress=False)
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
     final = train(_cfg(tiny_rules_organism, steps=1), run, resume=resume, progress=False)
     assert final.exists() and _steps(run) == [1]
     assert "stopped before its first complete checkpoint; restarting it from step 0" in capsys.readouterr().out
