@@ -89,8 +89,8 @@ class TrainConfig:
     k: int = 16
     c_mode: str = "exact"
     d_mode: str = "union"
-    tie_break: str = "position"
     min_one_per_response: bool = False
+    tie_break: str = "position"
     q_low: float = 0.05
     q_high: float = 0.95
     nca_positions: str = "all"

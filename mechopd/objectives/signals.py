@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from mechopd.errors import ConfigError
+from mechopd.objectives.divergences import _check_mask
 
 C_MODES = ("exact", "lower_bound")
 D_MODES = ("union", "floored")
@@ -153,13 +154,6 @@ def _check_choice(field: str, value, allowed: tuple[str, ...] | None) -> None:
             raise ConfigError(f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K=16)")
     elif value not in allowed:
         raise ConfigError(f"{field}={value!r} is unknown: use one of {', '.join(allowed)}")
-
-
-def _check_mask(mask: Tensor, shape: torch.Size) -> None:
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
-    if mask.shape != shape:
-        raise ValueError(f"mask shape {tuple(mask.shape)} != values shape {tuple(shape)}")
 
 
 def _check_inputs(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> None:
