@@ -42,7 +42,7 @@ TERM_LABELS = {"opd": "OPD", "nca": "NCA", "dual": "DualOPD", "sym": "SymKL"}
 MAX_ANNOTATED_CELLS = 160  # write the value into each cell up to this grid size
 # gradients.csv columns (mechopd.probes.gradients.GradRow; not imported: that module pulls in the model stack)
 GRAD_COLUMNS = ("term_a", "term_b", "scope", "layer", "module", "numel", "dot", "norm_a", "norm_b", "cos",
-                "norm_ratio", "value_a", "value_b")
+                "norm_ratio", "value_a", "value_b", "warning")
 
 
 # --------------------------------------------------------------------------------------------------------- helpers

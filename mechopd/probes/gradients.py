@@ -47,11 +47,14 @@ from torch import nn
 from mechopd.artifacts import GradientSummary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
-from mechopd.objectives.losses import ESTIMATORS, LossInputs, LossTerm, common_vocab, method_terms, terms_need, token_mean
+from mechopd.objectives.losses import TERMS as TERM_REGISTRY
+from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
+                                       terms_need, token_mean)
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch, pad_id
 
-TERMS = ("opd", "nca", "dual", "sym")
+TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
+WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
 SCOPES = ("global", "layer", "module", "layer_module")
 CSV_NAME = "gradients.csv"
 JSON_NAME = "gradients.json"
@@ -61,7 +64,8 @@ JSON_NAME = "gradients.json"
 class GradRow:
     """One parameter group's alignment between terms a and b (see the module docstring for the formulas).
 
-    value_a / value_b: the terms' scalar values on the batch (the same on every row, for reference).
+    value_a / value_b: the terms' scalar values on the batch (the same on every row, for reference);
+    warning: "" or e.g. "norm_a < 1e-3 x norm_b" when one norm is below ``WARN_RATIO`` of the other.
     """
 
     term_a: str
@@ -77,6 +81,7 @@ class GradRow:
     norm_ratio: float
     value_a: float
     value_b: float
+    warning: str = ""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -85,14 +90,12 @@ class GradRow:
 
 
 def loss_term(name: str, estimator: str = "topk", topk: int = 256) -> LossTerm:
-    """The ``LossTerm`` called ``name`` (one of TERMS), taken from ``losses.method_terms``; weight ignored here."""
+    """The registered ``LossTerm`` called ``name`` (one of TERMS, `losses.register_term`), unweighted."""
     if name not in TERMS:
         raise ConfigError(f"gradient term {name!r} is unknown: use one of {', '.join(TERMS)} (e.g. --terms opd,nca)")
     if estimator not in ESTIMATORS:
         raise ConfigError(f"estimator={estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
-    method = {"opd": "opd", "nca": "nca", "dual": "dual_opd", "sym": "sym_kl"}[name]
-    terms = method_terms(method, beta=1.0, estimator=estimator, topk=topk)
-    return next(t for t in terms if t.name == name)
+    return make_term(name, TermOptions(estimator=estimator, topk=topk))
 
 
 def select_parameters(
@@ -182,7 +185,9 @@ def _row(term_a: str, term_b: str, scope: str, layer: int | None, module: str, s
     na, nb = math.sqrt(sq_a), math.sqrt(sq_b)
     cos = dot / (na * nb) if na > 0 and nb > 0 else float("nan")
     ratio = na / nb if nb > 0 else float("nan")
-    return GradRow(term_a, term_b, scope, layer, module, int(numel), dot, na, nb, cos, ratio, *values)
+    warning = f"norm_a < {WARN_RATIO:g} x norm_b" if na < WARN_RATIO * nb else \
+        (f"norm_b < {WARN_RATIO:g} x norm_a" if nb < WARN_RATIO * na else "")
+    return GradRow(term_a, term_b, scope, layer, module, int(numel), dot, na, nb, cos, ratio, *values, warning)
 
 
 def aggregate(names: list[str], sums: list[tuple[float, ...]], sizes: list[int], term_a: str, term_b: str,

@@ -89,3 +89,53 @@ def test_nan_teacher_checkpoint_is_refused_at_load(tiny_rules_organism, tmp_path
     with pytest.raises(ModelError, match=r"nan_teacher/model.safetensors: tensor 'model.norm.weight' holds 32 NaN"):
         train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "nan_teacher")), tmp_path / "r", progress=False)
     assert not (tmp_path / "r").exists()
+
+
+def _records(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_anchor_schedule_beta_zero_equals_opd_and_ramps_with_a_selector(tiny_rules_organism, tmp_path):
+    """nca_start >= steps: β_eff = 0 on every step, so NCA's update is OPD's; with a ramp the logged β_eff follows
+    m(s) = min(1, (s − start + 1)/warmup) after start, and works with TA-OPD and nca_positions=selected."""
+    opd = train(_cfg(tiny_rules_organism, steps=2), tmp_path / "opd", progress=False)
+    late = train(_cfg(tiny_rules_organism, steps=2, method="nca", nca_start=2), tmp_path / "late", progress=False)
+    wa, wb = _weights(opd), _weights(late)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=0, rtol=0)
+    assert [r["beta_eff"] for r in _records(tmp_path / "late")] == [0.0, 0.0]
+    train(_cfg(tiny_rules_organism, steps=4, method="nca", beta=0.5, nca_start=1, beta_warmup=2, selector="ta_opd",
+               nca_positions="selected"), tmp_path / "ramp", progress=False)
+    recs = _records(tmp_path / "ramp")
+    assert [r["beta_eff"] for r in recs] == [0.0, 0.25, 0.5, 0.5]
+    assert all(r["kept_fraction"] < 0.5 for r in recs)
+
+
+def test_ta_opd_kept_fraction_is_the_true_fraction_of_response_tokens(tiny_rules_organism, tmp_path):
+    import math
+
+    train(_cfg(tiny_rules_organism, steps=2, selector="ta_opd", budget=0.1), tmp_path / "r", progress=False)
+    for r in _records(tmp_path / "r"):
+        n = r["response_tokens"]
+        assert round(r["kept_fraction"] * n) == math.ceil(0.1 * n)  # exactly ⌈ρN⌉ (the paper's text) by default
+    train(_cfg(tiny_rules_organism, steps=1, selector="ta_opd", budget=0.1, min_one_per_response=True),
+          tmp_path / "m", progress=False)
+    r = _records(tmp_path / "m")[0]
+    assert round(r["kept_fraction"] * r["response_tokens"]) >= r["samples"]  # the released code's ≥ 1 per response
+
+
+def test_grad_stats_steps_log_the_stats_and_apply_the_same_update(tiny_rules_organism, tmp_path):
+    plain = train(_cfg(tiny_rules_organism, steps=2, method="nca"), tmp_path / "a", progress=False)
+    stats = train(_cfg(tiny_rules_organism, steps=2, method="nca", grad_stats_every=2), tmp_path / "b",
+                  progress=False)
+    wa, wb = _weights(plain), _weights(stats)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)  # Σ of per-term grads = the total's grad
+    first, second = _records(tmp_path / "b")
+    assert not any(k.startswith("grad/") for k in first)
+    keys = {k for k in second if k.startswith("grad/")}
+    assert {"grad/norm/opd", "grad/norm/nca", "grad/cos/opd__nca", "grad/dominance/opd", "grad/dominance/nca",
+            "grad/cos_group/opd__nca/0.q_proj", "grad/cos_group/opd__nca/none.embed_tokens"} <= keys
+    assert all(k.startswith(("grad/norm/", "grad/cos/", "grad/cos_group/opd__nca/", "grad/dominance/")) for k in keys)
+    assert abs(second["grad/dominance/opd"] + second["grad/dominance/nca"] - 1) < 1e-9
+    assert -1 <= second["grad/cos/opd__nca"] <= 1 and second["grad/norm/nca"] > 0

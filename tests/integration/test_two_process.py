@@ -111,3 +111,24 @@ def test_fsdp_two_processes_equal_one_and_resume(tiny_rules_organism, one_proces
     final = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
     for k, v in _weights(one_process).items():
         torch.testing.assert_close(final[k], v, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_grad_stats_are_summed_over_processes(tiny_rules_organism, tmp_path):
+    """Per-term gradient norms, cosines (global and per group) and dominance of two processes equal one process's:
+    the statistics are taken on the gradients summed over processes. One step (later steps sit at float-noise
+    gradients, where AdamW turns rounding differences of the two summation orders into visible weight changes)."""
+    args = ["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "steps=1", "--set", "grad_stats_every=1"]
+    _run([sys.executable, "-m", "mechopd.cli", *args, "--out", str(tmp_path / "one")], tmp_path)
+    _run([*_torchrun(29535), *args, "--out", str(tmp_path / "two")], tmp_path)
+    one, two = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()][0]
+                for d in ("one", "two"))
+    stats = sorted(k for k in one if k.startswith("grad/"))
+    assert "grad/cos/opd__nca" in stats and "grad/cos_group/opd__nca/0.q_proj" in stats
+    assert stats == sorted(k for k in two if k.startswith("grad/"))
+    for k in stats:
+        if one[k] is None:
+            assert two[k] is None, k
+        else:
+            assert abs(one[k] - two[k]) <= 1e-6 + 1e-4 * abs(one[k]), (k, one[k], two[k])
+    _assert_same(tmp_path / "one", tmp_path / "two")

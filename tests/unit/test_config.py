@@ -38,3 +38,80 @@ def test_method_alias_sets_selector():
 def test_bad_values_name_the_field(over, needle):
     with pytest.raises(ConfigError, match=needle):
         load_train_config(None, over)
+
+
+@pytest.mark.parametrize("key,value", [("weight_decay", -0.1), ("max_new_tokens", 0), ("save_every", -1),
+                                       ("warmup", -1), ("eval_every", -1), ("eval_n", -1), ("grad_clip", 0.0),
+                                       ("grad_clip", float("inf")), ("temperature", float("nan")),
+                                       ("temperature", -1.0), ("temperature", 0.0), ("topk", 0), ("k", 0),
+                                       ("beta", -0.1), ("beta", float("inf")), ("budget", 0.0), ("budget", 1.5),
+                                       ("lr", 0.0), ("lr", float("nan")), ("seed", -1), ("nca_start", -1),
+                                       ("beta_warmup", -2), ("grad_stats_every", -1), ("q_low", -0.1),
+                                       ("q_high", 1.1), ("batch_size", 0), ("pool_size", 0), ("steps", 0)])
+def test_every_numeric_field_has_a_range(key, value):
+    assert key in __import__("mechopd.config", fromlist=["FIELD_RANGES"]).FIELD_RANGES
+    with pytest.raises(ConfigError, match=rf"^{key}=.* is invalid: it must be"):
+        TrainConfig(**{key: value})
+
+
+def test_range_edges_are_accepted_and_cross_field_rules_hold():
+    cfg = TrainConfig(weight_decay=0.0, warmup=0, save_every=0, eval_n=0, max_new_tokens=1, budget=1.0, seed=0)
+    assert cfg.max_new_tokens == 1 and cfg.budget == 1.0 and TrainConfig(temperature=None).temperature is None
+    with pytest.raises(ConfigError, match="q_low=0.5, q_high=0.5"):
+        TrainConfig(q_low=0.5, q_high=0.5)
+    with pytest.raises(ConfigError, match="exclusive"):
+        TrainConfig(renormalize=True, tail=True)
+    with pytest.raises(ConfigError, match="grad_stats_every=5 needs sharding: none"):
+        TrainConfig(grad_stats_every=5, sharding="fsdp")
+    with pytest.raises(ConfigError, match="tie_break='middle' is unknown"):
+        TrainConfig(tie_break="middle")
+
+
+def test_the_objectives_do_not_revalidate_config_values():
+    """One place: the config. The loss builders take valid values as given (no second ConfigError path)."""
+    import inspect
+
+    from mechopd.objectives import divergences, losses
+
+    assert "ConfigError" not in inspect.getsource(losses) and "ConfigError" not in inspect.getsource(divergences)
+
+
+def test_organism_student_starts_from_its_recipe_unless_a_key_is_set(tmp_path):
+    from mechopd.organisms.recipes import ORGANISM_RECIPES
+
+    paper = TrainConfig()
+    cfg = load_train_config(None, {"student": "organism:rules", "method": "nca"})
+    for key, value in ORGANISM_RECIPES["rules"].items():
+        assert getattr(cfg, key) == value
+    assert (cfg.lr, cfg.batch_size, cfg.steps) == (1e-3, 32, 150) and cfg.method == "nca"
+    assert cfg.beta == paper.beta  # not in the recipe: the paper's value
+    explicit = load_train_config(None, {"student": "organism:rules", "lr": 5e-6, "steps": 7})
+    assert (explicit.lr, explicit.steps, explicit.batch_size) == (5e-6, 7, 32)
+    path = tmp_path / "r.yaml"
+    path.write_text("student: organism:sokoban\nbatch_size: 4\n")
+    from_yaml = load_train_config(path)
+    assert (from_yaml.batch_size, from_yaml.lr, from_yaml.steps) == (4, 5e-4, 120)
+    assert load_train_config(None, {}).lr == 1e-3  # the default student is organism:rules
+    other = load_train_config(None, {"student": str(tmp_path)})  # any other model: the paper defaults
+    assert (other.lr, other.batch_size, other.steps) == (paper.lr, paper.batch_size, paper.steps) == (5e-6, 128, 100)
+
+
+def test_config_diff_names_changed_keys_except_the_mutable_ones():
+    from mechopd.config import config_diff
+
+    old = TrainConfig(steps=5).to_dict()
+    assert config_diff(old, TrainConfig(steps=9, eval_every=3, save_every=2, eval_n=4).to_dict()) == []
+    diff = config_diff(old, TrainConfig(steps=9, seed=3, batch_size=64).to_dict())
+    assert diff == ["batch_size: 128 -> 64", "seed: 0 -> 3"]
+
+
+def test_every_numeric_field_is_in_the_range_table():
+    import dataclasses
+    import typing
+
+    from mechopd.config import FIELD_RANGES
+
+    hints = typing.get_type_hints(TrainConfig)
+    numeric = {f.name for f in dataclasses.fields(TrainConfig)
+               if any(t in (int, float) for t in typing.get_args(hints[f.name]) or (hints[f.name],))}
+    assert numeric == set(FIELD_RANGES)

@@ -214,3 +214,15 @@ def test_run_gradients_layers_out_of_range(tmp_path):
     with pytest.raises(ConfigError, match=r"2 decoder layers \(0..1\)"):
         run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", model=str(s), teacher=str(s), layers=[2])
     assert not (tmp_path / "out").exists()
+
+
+def test_rows_warn_when_one_norm_is_below_a_thousandth_of_the_other():
+    from mechopd.probes.gradients import aggregate
+
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    sums = [(1e-9, 1.0, 1e-8), (0.5, 1.0, 1.0)]  # q_proj: ‖g_b‖ = 1e-4 ≪ ‖g_a‖ = 1; up_proj: equal norms
+    rows = {(r.scope, r.module): r for r in aggregate(names, sums, [4, 4], "opd", "nca", (0.1, 0.2))}
+    assert rows[("layer_module", "q_proj")].warning == "norm_b < 0.001 x norm_a"
+    assert rows[("layer_module", "up_proj")].warning == ""
+    flipped = aggregate(names[:1], [(1e-9, 1e-8, 1.0)], [4], "opd", "nca", (0.1, 0.2))
+    assert flipped[0].warning == "norm_a < 0.001 x norm_b"

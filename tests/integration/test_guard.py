@@ -1,0 +1,142 @@
+"""Reliability of the loop: the step guard, checkpoints that are really good, run-directory states, disk full."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mechopd.config import TrainConfig
+from mechopd.errors import ConfigError, MechopdError, TaskError, TrainingError
+from mechopd.train import checkpoint
+from mechopd.train.trainer import Trainer, train
+
+BASE = dict(task="rules", batch_size=4, steps=3, lr=1e-3, max_new_tokens=6, seed=3, pool_size=32)
+
+
+def _cfg(student, **kw):
+    return TrainConfig(student=str(student), **{**BASE, **kw})
+
+
+def _finite(ckpt) -> bool:
+    return all(torch.isfinite(t).all() for t in load_file(str(ckpt / "model.safetensors")).values())
+
+
+def _steps(run) -> list[int]:
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nan_gradient_is_never_applied_nor_saved_and_the_run_resumes(tiny_rules_organism, tmp_path):
+    """NaN injected into ONE parameter's gradient at step 3 (the loss stays finite): the run stops naming step 3 and
+    the term, no checkpoint holds a NaN, and resuming from what is left finishes the run."""
+    run = tmp_path / "r"
+    cfg = _cfg(tiny_rules_organism, method="nca", save_every=1, steps=4)
+    trainer = Trainer(cfg, run, progress=False)
+    p = dict(trainer.student.named_parameters())["model.layers.0.self_attn.q_proj.weight"]
+    p.register_hook(lambda g: g * float("nan") if trainer.step == 2 else g)
+    with pytest.raises(TrainingError, match=r"gradient norm became nan at step 3, from term 'opd' and 'nca'") as e:
+        trainer.run()
+    assert "not applied" in str(e.value) and "\n" not in str(e.value)
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["step-1", "step-2"] and not (run / "final").exists()
+    assert all(_finite(run / "checkpoints" / c) for c in ckpts)
+    assert checkpoint.latest_checkpoint(run).name == "step-2"
+    final = train(cfg, run, resume=True, progress=False)
+    assert _finite(final) and _steps(run) == [1, 2, 3, 4]
+
+
+def test_non_finite_weights_are_refused_before_a_save(tiny_rules_organism, tmp_path):
+    trainer = Trainer(_cfg(tiny_rules_organism, steps=1), tmp_path / "r", progress=False)
+    with torch.no_grad():
+        trainer.params[1].view(-1)[0] = float("inf")
+    with pytest.raises(TrainingError, match="1 weight tensor.* non-finite before saving"):
+        trainer.save(tmp_path / "r" / "checkpoints" / "step-0")
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_disk_full_during_a_checkpoint_keeps_the_older_ones(tiny_rules_organism, tmp_path, monkeypatch):
+    real, calls = checkpoint.save_file, []
+
+    def full_disk(tensors, path, *a, **k):
+        calls.append(path)
+        if "step-2" in path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, path, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    run = tmp_path / "r"
+    with pytest.raises(TrainingError, match=r"writing checkpoint .*step-2 failed: No space left on device; the older") \
+            as e:
+        train(_cfg(tiny_rules_organism, save_every=1), run, progress=False)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]  # no temp dir left either
+    monkeypatch.setattr(checkpoint, "save_file", real)
+    assert _finite(train(_cfg(tiny_rules_organism, save_every=1), run, resume=True, progress=False))
+
+
+def test_resume_refuses_a_changed_config_and_names_the_keys(tiny_rules_organism, tmp_path):
+    run = tmp_path / "r"
+    train(_cfg(tiny_rules_organism, steps=2, save_every=1), run, progress=False)
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"batch_size: 4 -> 8; seed: 3 -> 4; only steps, eval_every"):
+        train(_cfg(tiny_rules_organism, steps=3, save_every=1, seed=4, batch_size=8), run, resume=True, progress=False)
+    assert (run / "config.yaml").read_text() == before
+    train(_cfg(tiny_rules_organism, steps=3, save_every=1, eval_n=5), run, resume=True, progress=False)  # allowed
+    assert _steps(run) == [1, 2, 3]
+
+
+def test_stale_temps_removed_and_truncated_metrics_line_handled_on_resume(tiny_rules_organism, tmp_path, capsys):
+    run = tmp_path / "r"
+    train(_cfg(tiny_rules_organism, steps=2, save_every=2), run, progress=False)
+    stale = run / "checkpoints" / ".step-3.tmp-abc123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 0.')  # a write killed mid-line
+    train(_cfg(tiny_rules_organism, steps=3, save_every=2), run, resume=True, progress=False)
+    assert not stale.exists() and _steps(run) == [1, 2, 3]
+    assert "dropped a truncated last line" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_killed_before_its_first_checkpoint_can_be_restarted(tiny_rules_organism, tmp_path, resume, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: rules\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (run / "checkpoints" / ".step-1.tmp-x").mkdir(parents=True)  # killed during its first save
+    with pytest.raises(MechopdError):  # a restart refused on the way loses nothing
+        train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "missing")), run, resume=resume, progress=False)
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
+    final = train(_cfg(tiny_rules_organism, steps=1), run, resume=resume, progress=False)
+    assert final.exists() and _steps(run) == [1]
+    assert "stopped before its first complete checkpoint; restarting it from step 0" in capsys.readouterr().out
+    with pytest.raises(TrainingError, match="already holds a run"):  # a finished run is never restarted
+        train(_cfg(tiny_rules_organism, steps=1), run, progress=False)
+
+
+def test_a_refused_run_leaves_no_file_and_the_corrected_rerun_works(tiny_rules_organism, tmp_path):
+    short = tmp_path / "short"
+    shutil.copytree(tiny_rules_organism, short)
+    conf = json.loads((short / "config.json").read_text())
+    conf["max_position_embeddings"] = 12  # every context view is longer: refused at the first step
+    (short / "config.json").write_text(json.dumps(conf))
+    run = tmp_path / "r"
+    with pytest.raises(TaskError):
+        train(_cfg(short), run, progress=False)
+    assert not run.exists()
+    with pytest.raises(MechopdError):
+        train(_cfg(tiny_rules_organism, teacher=str(tmp_path / "missing")), run, progress=False)
+    assert not run.exists()
+    assert train(_cfg(tiny_rules_organism, steps=1), run, progress=False).exists()
+
+
+def test_resolved_config_is_printed_once_at_the_start(tiny_rules_organism, tmp_path, capsys):
+    train(_cfg(tiny_rules_organism, steps=1), tmp_path / "r", progress=False)
+    out = capsys.readouterr().out
+    assert out.count("resolved config (new run; paper defaults unless set):") == 1
+    assert "  batch_size: 4\n" in out and "  lr: 0.001\n" in out
