@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -49,6 +50,9 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arch", default="qwen3", help="qwen3 (default) | llama")
     p.add_argument("--steps", type=int, default=None, help="pretraining steps (default: the organism's)")
+    p.add_argument("--num-heads", type=int, default=None, help="attention heads (default 4: head_dim 24; 3 gives "
+                   "head_dim 32, a size vLLM's CPU attention accepts)")
+    p.add_argument("--num-kv-heads", type=int, default=None, help="key/value heads (default 2; must divide --num-heads)")
     p.add_argument("--n", type=int, default=200, help="held-out items for the with/without-context check")
 
 
@@ -62,6 +66,9 @@ def _pretrain(a: argparse.Namespace) -> int:
     from mechopd.tasks.base import get_task
 
     cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps)
+    heads = {k: v for k, v in (("num_heads", a.num_heads), ("num_kv_heads", a.num_kv_heads)) if v is not None}
+    if heads:
+        cfg = dataclasses.replace(cfg, **heads)
     out = Path(a.out or f"runs/organisms/{a.task}")
     t0 = time.time()
     path = pretrain(cfg, out)
@@ -118,7 +125,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=1, help="k sampled responses per item and view (default greedy)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
-    p.add_argument("--decoder", default="lean", help="lean (default; Llama/Qwen2/Qwen3) | hf (model(...) per step)")
+    p.add_argument("--engine", default="lean", help="lean (default; Llama/Qwen2/Qwen3) | hf (model(...) per step) | "
+                   "vllm (the extra mechopd[vllm])")
     p.add_argument("--out", default=None, help="--model: report path (.json; a .csv of the records is written next to "
                    "it); --compare: a directory (one report per model + compare.md/.csv)")
 
@@ -138,12 +146,17 @@ def _eval(a: argparse.Namespace) -> int:
                           "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
-    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature, decoder=a.decoder)
+    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature, engine=a.engine)
     spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system)
     reports = {}
     for name, path in models.items():
         path = resolve_student(path, "runs/organisms")
-        reports[name] = evaluate_model(load_model(path), load_tokenizer(path), task, cfg, spec)
+        model = load_model(path)
+        if cfg.engine == "vllm":
+            from mechopd.generate.vllm_engine import VllmEngine, attach
+
+            attach(model, VllmEngine(path))
+        reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec)
         reports[name]["settings"]["model"] = str(path)
         print(format_summary(name, reports[name]["summary"]))
     if a.model:

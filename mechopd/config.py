@@ -37,8 +37,10 @@ class TrainConfig:
                ta_opd_ent), budget (ρ), k (TA-OPD top-K), c_mode, d_mode, nca_positions ("all": the NCA term covers
                every response token, "selected": only the selector's kept tokens).
     Estimator: estimator (topk | full | sampled), topk (k for the student-top-k reverse KL), renormalize, tail.
-    Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_decoder
-               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM), batch_size
+    Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_engine
+               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM; vllm:
+               `generate.vllm_engine`, colocated vLLM synced after every step, extra ``mechopd[vllm]``), vllm_options
+               (`VllmEngine` keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs), batch_size
                (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
     Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
@@ -86,7 +88,8 @@ class TrainConfig:
     device: str = "auto"
     organism_dir: str = "runs/organisms"
     sharding: str = "none"
-    rollout_decoder: str = "lean"
+    rollout_engine: str = "lean"
+    vllm_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -105,7 +108,12 @@ class TrainConfig:
         _choice("nca_positions", self.nca_positions, ("all", "selected"))
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _choice("sharding", self.sharding, SHARDINGS)
-        _choice("rollout_decoder", self.rollout_decoder, DECODERS)
+        _choice("rollout_engine", self.rollout_engine, DECODERS)
+        if self.rollout_engine == "vllm":
+            from mechopd.generate.vllm_engine import check_options, require_vllm
+
+            require_vllm("rollout_engine")
+            check_options(self.vllm_options)
         if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")
         if not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):
