@@ -72,8 +72,8 @@ class VllmEngine:
     """One colocated ``vllm.LLM`` over the checkpoint at `model_dir`; `sample` and `load_weights` (see the module)."""
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", seed: int = 0, device: str = "cpu",
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.3, enforce_eager: bool = True,
-                 max_num_seqs: int = 256, world: int = 1):
+                 max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
+                 enforce_eager: bool = True, max_num_seqs: int = 256, world: int = 1):
         require_vllm()
         from transformers import AutoConfig
 
@@ -87,6 +87,8 @@ class VllmEngine:
         self.budget = max(4096, int(max_model_len or getattr(hf_config, "max_position_embeddings", 4096)))
         self.max_num_seqs = max_num_seqs
         kw: dict[str, Any] = {"max_num_batched_tokens": self.budget}
+        if gpu_memory_utilization is None:  # the fraction of the device's memory (CPU: of the RAM) held for weights + KV
+            gpu_memory_utilization = 0.05 if device == "cpu" else 0.3  # GPU: TRL's colocate default
         if world > 1:  # one engine per training process, in the trainer's own process group (TRL's colocate mode)
             kw["distributed_executor_backend"] = "external_launcher"
         self.llm = LLM(model=str(model_dir), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
@@ -134,6 +136,14 @@ class VllmEngine:
                                                          "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached keys/values belong to the old weights
         self.loads += 1
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (a second engine in the same process needs it; tests)."""
+        import gc
+
+        self.llm.llm_engine.engine_core.shutdown()  # also tears down vLLM's (and torch's) process group
+        del self.llm
+        gc.collect()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """vLLM's own parameters (fused names: ``qkv_proj``, ``gate_up_proj``), copied to the CPU (tests)."""

@@ -151,7 +151,7 @@ class Trainer:
         warm = max(1, cfg.warmup)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.stop = stop_ids(self.tokenizer, self.student)
-        self.engine = self._rollout_engine(self.resume_from or student_path)
+        self.engine = self._rollout_engine(student_path)  # not a checkpoint dir: vLLM would read its optimizer files
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -168,7 +168,7 @@ class Trainer:
 
     # -- setup helpers -------------------------------------------------------------------------------------------------
     def _rollout_engine(self, path: str | Path) -> Any:
-        """``rollout_engine: vllm``: one colocated vLLM engine, synced now (a resumed run samples its own weights)."""
+        """``rollout_engine: vllm``: one colocated vLLM engine over `path`, synced now (a resumed run: its own weights)."""
         if self.cfg.rollout_engine != "vllm":
             return None
         from mechopd.generate.vllm_engine import VllmEngine, attach
