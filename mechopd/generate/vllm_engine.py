@@ -32,7 +32,7 @@ from mechopd.errors import ConfigError, ModelError
 from mechopd.generate.sampler import Generation
 
 INSTALL = "pip install mechopd[vllm]"
-# head sizes vLLM 0.32's CPU attention backend accepts (vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes)
+# head sizes vLLM 0.32's CPU attention accepts (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _ENGINES: "weakref.WeakKeyDictionary[Any, VllmEngine]" = weakref.WeakKeyDictionary()
 
@@ -87,7 +87,7 @@ class VllmEngine:
         self.budget = max(4096, int(max_model_len or getattr(hf_config, "max_position_embeddings", 4096)))
         self.max_num_seqs = max_num_seqs
         kw: dict[str, Any] = {"max_num_batched_tokens": self.budget}
-        if gpu_memory_utilization is None:  # the fraction of the device's memory (CPU: of the RAM) held for weights + KV
+        if gpu_memory_utilization is None:  # share of the device memory (CPU: of the RAM) for weights + KV cache
             gpu_memory_utilization = 0.05 if device == "cpu" else 0.3  # GPU: TRL's colocate default
         if world > 1:  # one engine per training process, in the trainer's own process group (TRL's colocate mode)
             kw["distributed_executor_backend"] = "external_launcher"

@@ -168,7 +168,7 @@ class Trainer:
 
     # -- setup helpers -------------------------------------------------------------------------------------------------
     def _rollout_engine(self, path: str | Path) -> Any:
-        """``rollout_engine: vllm``: one colocated vLLM engine over `path`, synced now (a resumed run: its own weights)."""
+        """``rollout_engine: vllm``: one colocated vLLM engine over `path`, synced now (resumed run: its own weights)."""
         if self.cfg.rollout_engine != "vllm":
             return None
         from mechopd.generate.vllm_engine import VllmEngine, attach
