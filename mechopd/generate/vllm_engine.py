@@ -134,6 +134,7 @@ class VllmEngine:
         # post-load processing as at start-up (the CPU backend repacks linear weights after loading)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named),
                                                          "is_checkpoint_format": True})
+        self.llm.apply_model(_refresh_embeddings)
         self.llm.reset_prefix_cache()  # cached keys/values belong to the old weights
         self.loads += 1
 
@@ -149,6 +150,20 @@ class VllmEngine:
         """vLLM's own parameters (fused names: ``qkv_proj``, ``gate_up_proj``), copied to the CPU (tests)."""
         return self.llm.apply_model(lambda m: {n: p.detach().float().cpu().clone()
                                                for n, p in m.named_parameters()})[0]
+
+
+def _refresh_embeddings(vmodel: torch.nn.Module) -> None:
+    """Redo the embeddings' post-load processing (CPU: the LM head's oneDNN copy of its weight).
+
+    vLLM 0.32's layerwise reload skips a TIED LM head ("ParallelLMHead: Failed to load weights"): its weight is the
+    embedding's, already updated, but on CPU its matmul runs on a packed copy made at start-up, so without this the
+    logits would keep the initial embedding (caught by tests/vllm/test_default_kernels.py).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in vmodel.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "quant_method"):
+            module.quant_method.process_weights_after_loading(module)
 
 
 def _chunks(lengths: list[int], budget: int, max_rows: int) -> Iterator[range]:

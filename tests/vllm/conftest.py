@@ -18,7 +18,7 @@ HD32_ORGANISM = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, 
                      batch_size=32, corpus_size=2000, lr=3e-3)  # head_dim 32
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def readable_weights():
     import vllm._custom_ops as ops
 
