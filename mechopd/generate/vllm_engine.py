@@ -10,8 +10,9 @@ DISTRIBUTION, not the same ids; greedy ids are the same ids (tests/vllm).
 Weights: after every optimizer step the trainer calls `load_weights(student)`: the student's full parameters (under
 FSDP inside ``sharding.gathered``, one all-gather per step) go to vLLM's in-place reload
 (``collective_rpc("reload_weights", weights_iterator=...)``: the model's own ``load_weights``, which fuses q/k/v and
-gate/up, then start-up's post-load processing), in the same process: no checkpoint round trip, no copy on disk. The
-prefix cache is reset after each load (its keys/values were computed with the old weights).
+gate/up, then start-up's post-load processing; then `_refresh_embeddings` for the tied LM head that reload skips), in
+the same process: no checkpoint round trip, no copy on disk. The prefix cache is reset after each load (its
+keys/values were computed with the old weights).
 
 Not the same as TRL: vLLM's ``generation_config.json`` defaults are ignored (``generation_config="vllm"``), so the
 sampling settings are exactly the config's; prompts go in as token ids (the trainer's own rendering), never text.
@@ -64,7 +65,7 @@ def check_shape(config: Any, device: str) -> None:
         raise ModelError(f"rollout_engine=vllm: vLLM's CPU attention does not support head_dim {hd} (this model: "
                          f"hidden_size {config.hidden_size} / {config.num_attention_heads} heads); supported head "
                          f"sizes: {', '.join(map(str, CPU_HEAD_SIZES))}. Use a model whose head_dim is one of them "
-                         "(organism: `mechopd pretrain --task rules --num-heads 3` gives head_dim 32) or "
+                         "(organism: `mechopd pretrain --task rules --num-heads 3 --num-kv-heads 1`: head_dim 32) or "
                          "rollout_engine=lean")
 
 
