@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,6 +53,10 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
                    "accuracy check, >= 1 (default 200)")
     p.add_argument("--layers", type=int, default=None, metavar="INT", help="decoder layers (default 3; e.g. 8 for "
                    "layer studies; cached as runs/organisms/<task>-L<n>)")
+    p.add_argument("--num-heads", type=int, default=None, metavar="INT", help="attention heads (default 4: head_dim "
+                   "24; 3 gives head_dim 32, a size vLLM's CPU attention accepts)")
+    p.add_argument("--num-kv-heads", type=int, default=None, metavar="INT", help="key/value heads (default 2; must "
+                   "divide --num-heads)")
 
 
 @command("pretrain", "pretrain (or reuse) an embedded model organism and report its accuracy with/without context")
@@ -67,6 +72,9 @@ def _pretrain(a: argparse.Namespace) -> int:
     ecfg = EvalConfig(n=a.n, seed=a.seed, n_boot=0)  # every setting validated before any work
     cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps, layers=a.layers)
     out = check_out_dir(a.out or f"runs/organisms/{organism_dir_name(a.task, a.layers)}")
+    heads = {k: v for k, v in (("num_heads", a.num_heads), ("num_kv_heads", a.num_kv_heads)) if v is not None}
+    if heads:
+        cfg = dataclasses.replace(cfg, **heads)
     t0 = time.time()
     path = pretrain(cfg, out)
     print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
@@ -153,8 +161,10 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    "move for games), >= 1 (default: the task's)")
     p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
                    "no-context view (for chat templates that insert a default one)")
-    p.add_argument("--decoder", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
-                   "(model(...) per step, any causal LM)")
+    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE", help="chat template "
+                   "variable, repeatable; use the training run's (e.g. date_string=26 Jul 2024, enable_thinking=false)")
+    p.add_argument("--engine", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
+                   "(model(...) per step, any causal LM) | vllm (the extra mechopd[vllm])")
     p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
                    "records is written next to it) or an existing directory; --compare: a directory (one report per "
                    "model + compare.md/.csv)")
@@ -194,15 +204,21 @@ def _eval(a: argparse.Namespace) -> int:
     if bool(a.model) == bool(a.compare):
         raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
     cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
-                     max_new_tokens=a.max_new_tokens, decoder=a.decoder)
+                     max_new_tokens=a.max_new_tokens, engine=a.engine)
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
     targets, out_dir = _eval_targets(a, list(models))
-    spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system)
+    spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system,
+                      chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"))
     paths = {name: check_model(resolve_student(path, "runs/organisms")) for name, path in models.items()}
     reports = {}
     for name, path in paths.items():
-        reports[name] = evaluate_model(load_model(path), load_tokenizer(path), task, cfg, spec)
+        model = load_model(path)
+        if cfg.engine == "vllm":
+            from mechopd.generate.vllm_engine import VllmEngine, attach
+
+            attach(model, VllmEngine(path))
+        reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec)
         reports[name]["settings"]["model"] = str(path)
         print(format_summary(name, reports[name]["summary"]))
     written = {name: write_report(rep, targets[name]) for name, rep in reports.items()}

@@ -61,8 +61,10 @@ class TrainConfig:
                the top ⌈ρN⌉, the paper's text; True: the released code's "≥ 1 token per response", added on top),
                q_low / q_high (the normalisation quantiles).
     Estimator: estimator (topk | full | sampled), topk (k for the student-top-k reverse KL), renormalize, tail.
-    Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_decoder
-               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM), batch_size
+    Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_engine
+               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM; vllm:
+               `generate.vllm_engine`, colocated vLLM synced after every step, extra ``mechopd[vllm]``), vllm_options
+               (`VllmEngine` keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs), batch_size
                (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
     Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
@@ -119,7 +121,8 @@ class TrainConfig:
     device: str = "auto"
     organism_dir: str = "runs/organisms"
     sharding: str = "none"
-    rollout_decoder: str = "lean"
+    rollout_engine: str = "lean"
+    vllm_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -133,7 +136,7 @@ class TrainConfig:
         for name, allowed in (("method", tuple(METHODS)), ("selector", SELECTORS), ("estimator", ESTIMATORS),
                               ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
                               ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
-                              ("sharding", SHARDINGS), ("rollout_decoder", DECODERS)):
+                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS)):
             _choice(name, getattr(self, name), allowed)
         for name, spec in FIELD_RANGES.items():
             _in_range(name, getattr(self, name), *spec)
@@ -146,6 +149,11 @@ class TrainConfig:
         if self.grad_stats_every and self.sharding != "none":
             raise ConfigError(f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
                               "are taken on full replicas); set grad_stats_every=0 or sharding=none")
+        if self.rollout_engine == "vllm":
+            from mechopd.generate.vllm_engine import check_options, require_vllm
+
+            require_vllm("rollout_engine")
+            check_options(self.vllm_options)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

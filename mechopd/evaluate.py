@@ -41,7 +41,7 @@ class EvalConfig:
     batch_size: int = 256
     max_new_tokens: int | None = None
     n_boot: int = 1000
-    decoder: str = "lean"  # rollout.sample's decode path: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step)
+    engine: str = "lean"  # sampler.sample's engine: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step) | vllm
     thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
 
     def __post_init__(self) -> None:
@@ -49,8 +49,12 @@ class EvalConfig:
             raise TaskError(f"the evaluation set is empty (n={self.n}); pass --n 1 or more")
         if self.samples < 1:
             raise TaskError(f"samples={self.samples} must be >= 1")
-        if self.decoder not in DECODERS:
-            raise TaskError(f"decoder={self.decoder!r} is unknown; choose lean or hf")
+        if self.engine not in DECODERS:
+            raise TaskError(f"engine={self.engine!r} is unknown; choose one of {', '.join(DECODERS)}")
+        if self.engine == "vllm":
+            from mechopd.generate.vllm_engine import require_vllm
+
+            require_vllm("engine")
         if self.temperature is not None and not (isinstance(self.temperature, (int, float))
                                                  and math.isfinite(self.temperature) and self.temperature > 0):
             raise ConfigError(f"temperature={self.temperature} is invalid: must be a finite number > 0 (omit it "
@@ -100,7 +104,7 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
         ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in chunk]
         seeds = [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in chunk]
         gen = sample(model, ids, max_new_tokens=max_new, stop=stop, pad_id=tokenizer.pad_token_id, temperature=T,
-                     greedy=greedy, row_seeds=None if greedy else seeds, decoder=cfg.decoder)
+                     greedy=greedy, row_seeds=None if greedy else seeds, decoder=cfg.engine)
         for key, resp in zip(chunk, gen.responses):
             out[key] = strip_stop(resp, stop)
     records = []
@@ -137,7 +141,7 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
             eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
                                     temperature=T, greedy=greedy, seeds=None if greedy else seeds,
-                                    decoder=cfg.decoder)
+                                    decoder=cfg.engine)
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from mechopd.errors import ModelError
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-DECODERS = ("lean", "hf")  # `rollout.sample`'s decode paths: this module, or ``model(...)`` per step
+DECODERS = ("lean", "hf", "vllm")  # `sampler.sample`'s engines: this module, ``model(...)`` per step, vLLM (extra)
 
 
 def lean_supported(model: Any) -> str | None:

@@ -70,10 +70,16 @@ def sample(
     does not depend on which other rows share its batch or process (batch- and world-size invariant rollouts).
     Otherwise ``torch.multinomial`` with `generator`.
     decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
-    Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
+    Qwen3), "hf" (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine
+    `vllm_engine.attach`-ed to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
     """
     if decoder not in DECODERS:
-        raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    if decoder == "vllm":
+        from mechopd.generate.vllm_engine import engine_of
+
+        return engine_of(model).sample(prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+                                       greedy=greedy, row_seeds=row_seeds)
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)

@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechopd.artifacts import DeltaSummary, read_csv, read_float, read_json, write_csv, write_json
-from mechopd.errors import ConfigError, DataError
+from mechopd.errors import ConfigError, DataError, ModelError
 from mechopd.probes.setup import BASE, ProbeSetup
 from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
                                     tensor_shapes)

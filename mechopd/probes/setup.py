@@ -152,10 +152,17 @@ class ProbeSetup:
         `model` (None or empty: the labels ``default``)."""
         if isinstance(refs, Mapping):
             return {str(k): str(v) for k, v in refs.items()}
+        from mechopd.checks import check_label
+
         out: dict[str, str] = {}
         for ref in refs or default:
             name, sep, path = ref.partition("=")
             label, path = (name, path) if sep and name and path else self.model(ref, "trained")
+            check_label(label, "--models")
+            dup = next((k for k in out if k.lower() == label.lower()), None)
+            if dup is not None:
+                raise ConfigError(f"--models names {label!r} twice ({dup}={out[dup]} and {ref}); give each model its "
+                                  "own label")
             out[label] = path
         if not out:
             raise ConfigError("no models given: pass --run RUN_DIR or the probe's model flags, e.g. --models "

@@ -133,6 +133,7 @@ class Trainer:
         warm = max(1, cfg.warmup)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.stop = stop_ids(self.tokenizer, self.student)
+        self.engine = self._rollout_engine(student_path)  # not a checkpoint dir: vLLM would read its optimizer files
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -155,6 +156,24 @@ class Trainer:
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
             print(text, flush=True)
+
+    def _rollout_engine(self, path: str | Path) -> Any:
+        """``rollout_engine: vllm``: one colocated vLLM engine over `path`, synced now (resumed run: its own weights)."""
+        if self.cfg.rollout_engine != "vllm":
+            return None
+        from mechopd.generate.vllm_engine import VllmEngine, attach
+
+        engine = VllmEngine(path, dtype=self.cfg.dtype, seed=self.cfg.seed, device=self.device.type,
+                            world=self.world, **self.cfg.vllm_options)
+        attach(self.student, engine)
+        self._sync_engine(engine)
+        return engine
+
+    def _sync_engine(self, engine: Any) -> None:
+        """The student's weights into the rollout engine, in place (FSDP: one gather of the full parameters)."""
+        if engine is not None:
+            with self.shard.gathered(self.student):
+                engine.load_weights(self.student)
 
     def _render(self, prompt: str, context: str | None) -> list[int]:
         key = (prompt, context)
@@ -186,14 +205,14 @@ class Trainer:
         if self.task.is_game:
             eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
                                     max_new_tokens=self.max_new, temperature=self.T, seeds=seeds,
-                                    decoder=cfg.rollout_decoder)
+                                    decoder=cfg.rollout_engine)
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
         gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
-                     temperature=self.T, row_seeds=seeds, decoder=cfg.rollout_decoder)
+                     temperature=self.T, row_seeds=seeds, decoder=cfg.rollout_engine)
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, gen.responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats
@@ -291,6 +310,7 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         guard.check_weights(self.params, self.step + 1)
+        self._sync_engine(self.engine)  # vLLM samples the next rollout from these weights
         return gnorm
 
     # -- the loop ------------------------------------------------------------------------------------------------------
@@ -303,7 +323,7 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, decoder=cfg.rollout_decoder)
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine)
         rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
                              train_uids={ex.uid for ex in self.pool})
         s = rep["summary"]

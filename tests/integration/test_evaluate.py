@@ -67,7 +67,7 @@ def test_lean_and_hf_decoders_evaluate_alike(tiny_rules_organism):
     m, tok = load_model(tiny_rules_organism), load_tokenizer(tiny_rules_organism)
     task = get_task("rules")
     lean = evaluate_model(m, tok, task, EvalConfig(n=6, seed=0, n_boot=0))
-    hf = evaluate_model(m, tok, task, EvalConfig(n=6, seed=0, n_boot=0, decoder="hf"))
+    hf = evaluate_model(m, tok, task, EvalConfig(n=6, seed=0, n_boot=0, engine="hf"))
     assert lean["records"] == hf["records"]  # fp32 greedy: the same responses
-    with pytest.raises(TaskError, match="decoder='vllm' is unknown"):
-        EvalConfig(decoder="vllm")
+    with pytest.raises(TaskError, match="engine='sglang' is unknown"):
+        EvalConfig(engine="sglang")

@@ -33,8 +33,8 @@ def test_method_alias_sets_selector():
 @pytest.mark.parametrize("over,needle", [({"steps": 2.5}, "steps"), ({"beta": float("nan")}, "beta"),
                                          ({"estimator": "exact"}, "estimator"), ({"nca_positions": "x"}, "nca_pos"),
                                          ({"sharding": "zero3"}, "sharding='zero3' is unknown; choose one of none, fsdp"),
-                                         ({"rollout_decoder": "vllm"},
-                                          "rollout_decoder='vllm' is unknown; choose one of lean, hf")])
+                                         ({"rollout_engine": "sglang"},
+                                          "rollout_engine='sglang' is unknown; choose one of lean, hf, vllm")])
 def test_bad_values_name_the_field(over, needle):
     with pytest.raises(ConfigError, match=needle):
         load_train_config(None, over)
