@@ -25,7 +25,7 @@ from mechopd.organisms.tokenizer import split_words
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example
 from mechopd.generate.lean import DECODERS
-from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids, strip_stop
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
 
@@ -83,15 +83,11 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
     stop = stop_ids(tokenizer, model)
     max_new = cfg.max_new_tokens or task.max_new_tokens
     jobs = [(i, j, ctx) for j in range(cfg.samples) for i in range(len(items)) for ctx in (False, True)]
-    out: dict[tuple, list[int]] = {}
-    for s in range(0, len(jobs), cfg.batch_size):
-        chunk = jobs[s : s + cfg.batch_size]
-        ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in chunk]
-        seeds = [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in chunk]
-        gen = sample(model, ids, max_new_tokens=max_new, stop=stop, pad_id=tokenizer.pad_token_id, temperature=T,
-                     greedy=greedy, row_seeds=None if greedy else seeds, decoder=cfg.decoder)
-        for key, resp in zip(chunk, gen.responses):
-            out[key] = strip_stop(resp, stop)
+    ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in jobs]
+    seeds = None if greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
+    responses = sample_rows(model, ids, seeds, batch_size=cfg.batch_size, max_new_tokens=max_new, stop=stop,
+                            pad_id=tokenizer.pad_token_id, temperature=T, greedy=greedy, decoder=cfg.decoder)
+    out = {key: strip_stop(resp, stop) for key, resp in zip(jobs, responses)}
     records = []
     for j in range(cfg.samples):
         for i, ex in enumerate(items):

@@ -59,16 +59,16 @@ def sample(
     pad_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
-    generator: torch.Generator | None = None,
     row_seeds: Sequence[int] | None = None,
     decoder: str = "lean",
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
-    row_seeds: one seed per row -> inverse-CDF sampling with per-row uniforms ``u[row, step]``, so a row's response
-    does not depend on which other rows share its batch or process (batch- and world-size invariant rollouts).
-    Otherwise ``torch.multinomial`` with `generator`.
+    row_seeds: one seed per row (required unless greedy) -> inverse-CDF sampling with per-row uniforms
+    ``u[row, step]``, so a row's response does not depend on which other rows share its batch or process (batch- and
+    world-size invariant rollouts). There is deliberately no shared-generator path: it would make a row depend on
+    its batch.
     decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
     Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
     """
@@ -90,7 +90,9 @@ def sample(
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     uniforms = None
-    if row_seeds is not None and not greedy:
+    if not greedy:
+        if row_seeds is None:
+            raise ValueError("sample needs row_seeds (one per prompt) unless greedy=True")
         if len(row_seeds) != B:
             raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
         uniforms = torch.stack(
@@ -101,13 +103,10 @@ def sample(
     for step in range(max_new_tokens):
         if greedy:
             tok = logits.argmax(-1)
-        elif uniforms is not None:
+        else:
             cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
             tok = torch.searchsorted(cdf, uniforms[:, step : step + 1] * cdf[:, -1:]).squeeze(-1)
             tok = tok.clamp(max=logits.shape[-1] - 1)
-        else:
-            probs = torch.softmax(logits.float() / temperature, -1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         toks.append(tok)
         done = done | torch.isin(tok, stop_t)
@@ -129,6 +128,45 @@ def sample(
         responses.append(row[: cut + 1] if cut is not None else row)
         finished.append(cut is not None)
     return Generation(responses, finished)
+
+
+def item_seed(seed: int, uid: object) -> int:
+    """The row seed of one item: a function of (seed, item identity) only, never of its batch or process."""
+    return stable_seed(seed, uid)
+
+
+def sample_rows(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int] | None,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    stop: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    decoder: str = "lean",
+) -> list[list[int]]:
+    """One response per prompt, `batch_size` prompts per `sample` call; row i samples with ``seeds[i]``.
+
+    The one entry point every caller (trainer, evaluation, probes) samples through: per-row seeds make a row's
+    response a function of (model, prompt, seed) only, so any `batch_size` gives the same ids (tests, per caller).
+    seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
+    """
+    if seeds is None and not greedy:
+        raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
+    if seeds is not None and len(seeds) != len(prompt_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out: list[list[int]] = []
+    for s in range(0, len(prompt_ids), batch_size):
+        rows = None if greedy else [int(x) for x in seeds[s : s + batch_size]]  # type: ignore[index]
+        gen = sample(model, prompt_ids[s : s + batch_size], max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
+                     temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder)
+        out.extend(gen.responses)
+    return out
 
 
 def strip_stop(ids: Sequence[int], stop: Sequence[int]) -> list[int]:

@@ -37,8 +37,8 @@ from mechopd.tasks.base import get_task
 from mechopd.train import dist
 from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mechopd.objectives.losses import LossInputs, method_terms, terms_need
-from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids
-from mechopd.generate.scorer import response_logits, to_logp
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
+from mechopd.generate.scorer import score_roles
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
@@ -220,11 +220,12 @@ class Trainer:
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
-        gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
-                     temperature=self.T, row_seeds=seeds, decoder=cfg.rollout_decoder)
+        responses = sample_rows(model, ids, seeds, batch_size=max(1, len(ids)), max_new_tokens=self.max_new,
+                                stop=self.stop, pad_id=self.tokenizer.pad_token_id, temperature=self.T,
+                                decoder=cfg.rollout_decoder)  # row seeds: (seed, step, global row), any chunking
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
-                                          for ex, r in zip(mine, gen.responses)))}
-        return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats
+                                          for ex, r in zip(mine, responses)))}
+        return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
@@ -254,12 +255,9 @@ class Trainer:
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
         mask = batch.response_mask
-        with torch.inference_mode():
-            t_logp = to_logp(response_logits(self.teacher, batch, "c"), self.T, self.vocab)
-        t_logp = t_logp.clone()  # a normal tensor: usable in autograd graphs
-        s_x = to_logp(response_logits(self.student, batch, "x"), self.T, self.vocab)
-        s_c = to_logp(response_logits(self.student, batch, "c"), self.T, self.vocab) if "student_ctx" in self.needs \
-            else None
+        roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
+        scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab)
+        t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
         keep, kept = self._selection(s_x.detach(), t_logp, mask)
         inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
         loss = torch.zeros((), device=self.device)
