@@ -47,6 +47,8 @@ class TrainConfig:
     Scale-out: sharding (none: every process holds full student and teacher, gradients all-reduced; fsdp: PyTorch
                FSDP2, student and frozen teacher sharded per decoder layer over all processes, full weights
                gathered only while generating). Same update either way; one process has nothing to shard.
+    Sharing:   shared_prefix (auto: a context-view token prefix common to every row is computed once per batch at
+               batch size 1, exact, logged per step as ``shared_prefix`` = tokens shared; off: every row in full).
     Hardware:  dtype (float32 | bfloat16 | float16), device (auto | cpu | cuda | ...), organism_dir.
     """
 
@@ -87,6 +89,7 @@ class TrainConfig:
     organism_dir: str = "runs/organisms"
     sharding: str = "none"
     rollout_decoder: str = "lean"
+    shared_prefix: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -96,6 +99,7 @@ class TrainConfig:
         from mechopd.objectives.losses import ESTIMATORS, METHODS
         from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS
         from mechopd.generate.lean import DECODERS
+        from mechopd.generate.prefix import MODES as PREFIX_MODES
 
         _choice("method", self.method, METHODS + tuple(METHOD_ALIASES))
         _choice("selector", self.selector, SELECTORS)
@@ -106,6 +110,7 @@ class TrainConfig:
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("rollout_decoder", self.rollout_decoder, DECODERS)
+        _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
         if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")
         if not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):

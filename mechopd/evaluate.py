@@ -25,6 +25,7 @@ from mechopd.organisms.tokenizer import split_words
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example
 from mechopd.generate.lean import DECODERS
+from mechopd.generate.prefix import MODES as PREFIX_MODES
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
@@ -41,6 +42,7 @@ class EvalConfig:
     max_new_tokens: int | None = None
     n_boot: int = 1000
     decoder: str = "lean"  # rollout.sample's decode path: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step)
+    shared_prefix: str = "auto"  # auto: a prompt prefix common to a batch is prefilled once (exact) | off
     thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
 
     def __post_init__(self) -> None:
@@ -50,6 +52,8 @@ class EvalConfig:
             raise TaskError(f"samples={self.samples} must be >= 1")
         if self.decoder not in DECODERS:
             raise TaskError(f"decoder={self.decoder!r} is unknown; choose lean or hf")
+        if self.shared_prefix not in PREFIX_MODES:
+            raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
 
 
 def _check_vocab(tokenizer: Any, task: Any) -> None:
@@ -86,7 +90,8 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
     ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in jobs]
     seeds = None if greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
     responses = sample_rows(model, ids, seeds, batch_size=cfg.batch_size, max_new_tokens=max_new, stop=stop,
-                            pad_id=tokenizer.pad_token_id, temperature=T, greedy=greedy, decoder=cfg.decoder)
+                            pad_id=tokenizer.pad_token_id, temperature=T, greedy=greedy, decoder=cfg.decoder,
+                            shared_prefix=cfg.shared_prefix)
     out = {key: strip_stop(resp, stop) for key, resp in zip(jobs, responses)}
     records = []
     for j in range(cfg.samples):
@@ -125,7 +130,7 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
             eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
                                     temperature=T, greedy=greedy, seeds=None if greedy else seeds,
-                                    decoder=cfg.decoder)
+                                    decoder=cfg.decoder, shared_prefix=cfg.shared_prefix)
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:
@@ -185,7 +190,7 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     summary[f"{key}_xc"] = int(sum(int(r["unparseable_xc"]) for r in records))
     settings = {"task": task.name, "n": cfg.n, "seed": cfg.seed, "samples": cfg.samples, "greedy": greedy,
                 "temperature": None if greedy else T, "placement": spec.placement,
-                "no_context_system": spec.no_context_system}
+                "no_context_system": spec.no_context_system, "shared_prefix": cfg.shared_prefix}
     return {"summary": summary, "records": records, "settings": settings}
 
 

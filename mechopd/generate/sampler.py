@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.lean import DECODERS, LeanDecoder
+from mechopd.generate.prefix import common_prefix_len, decide, expanded_cache, prefix_kv
 from mechopd.views import left_pad
 
 
@@ -32,6 +33,7 @@ class Generation:
 
     responses: list[list[int]]
     finished: list[bool]
+    shared_prefix: int = 0  # prompt tokens prefilled once for all rows (0: the unshared prefill ran)
 
 
 def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -61,6 +63,7 @@ def sample(
     greedy: bool = False,
     row_seeds: Sequence[int] | None = None,
     decoder: str = "lean",
+    shared_prefix: str = "auto",
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
@@ -71,21 +74,29 @@ def sample(
     its batch.
     decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
     Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
+    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch size 1 and the rows'
+    suffixes on top of it (generate/prefix.py: same positions, exact); "off" prefills every row in full.
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
     device = next(model.parameters()).device
-    ids, mask = left_pad(prompt_ids, pad_id)
+    B = len(prompt_ids)
+    n = decide(B, common_prefix_len(prompt_ids), shared_prefix)
+    ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    B = ids.shape[0]
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token
+    cache = None
+    if n:
+        cache = expanded_cache(model, prefix_kv(model, torch.tensor([list(prompt_ids[0][:n])], device=device)), B)
+        mask = torch.cat([mask.new_ones(B, n), mask], 1)  # [B, n + S]: the prefix, then the row's own columns
     stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
     lean = LeanDecoder(model) if decoder == "lean" else None
     if lean is not None:
-        logits = lean.prefill(ids, mask, pos, max_new_tokens)  # [B, V]
+        logits = lean.prefill(ids, mask, pos, max_new_tokens, cache=cache)  # [B, V]
     else:
         keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+        extra = {} if cache is None else {"cache": cache}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep, **extra)
         past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -127,7 +138,7 @@ def sample(
         cut = next((i for i, t in enumerate(row) if t in stops), None)
         responses.append(row[: cut + 1] if cut is not None else row)
         finished.append(cut is not None)
-    return Generation(responses, finished)
+    return Generation(responses, finished, n)
 
 
 def item_seed(seed: int, uid: object) -> int:
@@ -147,12 +158,15 @@ def sample_rows(
     temperature: float = 1.0,
     greedy: bool = False,
     decoder: str = "lean",
+    shared_prefix: str = "auto",
+    paths: list[int] | None = None,
 ) -> list[list[int]]:
     """One response per prompt, `batch_size` prompts per `sample` call; row i samples with ``seeds[i]``.
 
     The one entry point every caller (trainer, evaluation, probes) samples through: per-row seeds make a row's
     response a function of (model, prompt, seed) only, so any `batch_size` gives the same ids (tests, per caller).
     seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
+    paths: if given, gets each call's shared prefix length (0: unshared prefill), for the caller's logs.
     """
     if seeds is None and not greedy:
         raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
@@ -164,8 +178,11 @@ def sample_rows(
     for s in range(0, len(prompt_ids), batch_size):
         rows = None if greedy else [int(x) for x in seeds[s : s + batch_size]]  # type: ignore[index]
         gen = sample(model, prompt_ids[s : s + batch_size], max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
-                     temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder)
+                     temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder,
+                     shared_prefix=shared_prefix)
         out.extend(gen.responses)
+        if paths is not None:
+            paths.append(gen.shared_prefix)
     return out
 
 
@@ -198,6 +215,7 @@ def play_games(
     greedy: bool = False,
     seeds: Sequence[int] | None = None,
     decoder: str = "lean",
+    shared_prefix: str = "auto",
 ) -> tuple[list[Any], list[Turn]]:
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
@@ -216,7 +234,8 @@ def play_games(
         ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
         row_seeds = None if (greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
         gen = sample(model, ids, max_new_tokens=max_new_tokens, stop=stop, pad_id=tokenizer.pad_token_id,
-                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder)
+                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder,
+                     shared_prefix=shared_prefix)
         for g, text, resp in zip(active, texts, gen.responses):
             turns.append(Turn(g, move, text, resp))
             episodes[g].step(tokenizer.decode(strip_stop(resp, stop), skip_special_tokens=True))

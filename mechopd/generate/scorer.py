@@ -16,21 +16,30 @@ from typing import Any, Sequence
 
 import torch
 
+from mechopd.generate.prefix import Agree, PrefixStore, view_inputs
 from mechopd.views import TwoViewBatch
 
 # A role is (which model, which view): the three distributions the objectives read (objectives.losses.LossInputs).
 ROLES = {"teacher": ("teacher", "c"), "student_nctx": ("student", "x"), "student_ctx": ("student", "c")}
 
 
-def response_logits(model: Any, batch: TwoViewBatch, which: str) -> torch.Tensor:
-    """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c")."""
-    kw = batch.view(which)
-    R = batch.response_ids.shape[1]
-    if batch.layout == "left":
-        out = model(**kw, logits_to_keep=R + 1, use_cache=False)
-        return out.logits[:, :R]  # columns P-1 .. P+R-2 of the view
-    out = model(**kw, use_cache=False)
-    return batch.response_logits(out.logits, which)
+def response_logits(model: Any, batch: TwoViewBatch, which: str, *, shared_prefix: str = "off",
+                    agree: Agree | None = None, store: PrefixStore | None = None,
+                    info: dict[str, int] | None = None) -> torch.Tensor:
+    """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c").
+
+    shared_prefix "auto": a token prefix common to every row is computed once at batch size 1 (generate/prefix.py,
+    exact); `info[which]` records the shared length (0 = the unshared forward ran). `store`: reuse a frozen model's
+    prefix keys/values across calls (call under no grad only). `agree`: make every process take the same path.
+    """
+    b, extra, n = view_inputs(model, batch, which, mode=shared_prefix, agree=agree, store=store)
+    if info is not None:
+        info[which] = n
+    kw = {**b.view(which), "use_cache": False, **extra}
+    R = b.response_ids.shape[1]
+    if b.layout == "left":
+        return model(**kw, logits_to_keep=R + 1).logits[:, :R]  # columns P-1 .. P+R-2 of the view
+    return b.response_logits(model(**kw).logits, which)
 
 
 def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) -> torch.Tensor:
@@ -46,25 +55,31 @@ def common_vocab_size(*models: Any) -> int:
 
 
 def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c"), *, temperature: float,
-                vocab: int | None = None, grad: bool = True) -> dict[str, torch.Tensor]:
+                vocab: int | None = None, grad: bool = True, shared_prefix: str = "auto", agree: Agree | None = None,
+                store: PrefixStore | None = None, info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``{view: [batch, R, vocab] log-probs}`` of `model` on each requested view ("x" no context, "c" context).
 
     grad=False: the forwards run under ``torch.inference_mode()`` (no graph, no saved activations) and the results are
     returned as ordinary tensors, usable next to autograd tensors (a frozen teacher's targets).
+    shared_prefix / agree / store / info: see `response_logits` (the store is used only when grad=False).
     """
     out: dict[str, torch.Tensor] = {}
     with (contextlib.nullcontext() if grad else torch.inference_mode()):
         for v in views:
-            out[v] = to_logp(response_logits(model, batch, v), temperature, vocab)
+            logits = response_logits(model, batch, v, shared_prefix=shared_prefix, agree=agree,
+                                     store=None if grad else store, info=info)
+            out[v] = to_logp(logits, temperature, vocab)
     return out if grad else {v: t.clone() for v, t in out.items()}
 
 
 def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: Sequence[str], *, temperature: float,
-                vocab: int | None = None) -> dict[str, torch.Tensor]:
+                vocab: int | None = None, shared_prefix: str = "auto", agree: Agree | None = None,
+                teacher_store: PrefixStore | None = None, info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``{role: [batch, R, vocab] log-probs}`` for the requested roles of `ROLES` (the objectives' inputs).
 
-    The teacher scores the context view without grad; the student scores its views with grad. `vocab` None = the
-    common vocabulary of the models involved.
+    The teacher scores the context view without grad (its shared prefix reused from `teacher_store` if given); the
+    student scores its views with grad (its context-view prefix at batch 1 in the graph, expanded to the rows).
+    `vocab` None = the common vocabulary of the models involved. `info` gets ``{role: shared prefix length}``.
     """
     unknown = [r for r in roles if r not in ROLES]
     if unknown:
@@ -74,11 +89,18 @@ def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: S
     if vocab is None:
         vocab = common_vocab_size(*([student] + ([teacher] if "teacher" in roles else [])))
     out: dict[str, torch.Tensor] = {}
+    kw = dict(temperature=temperature, vocab=vocab, shared_prefix=shared_prefix, agree=agree)
+    paths: dict[str, int] = {}
     if "teacher" in roles:
-        out["teacher"] = score_views(teacher, batch, ("c",), temperature=temperature, vocab=vocab, grad=False)["c"]
+        t_info: dict[str, int] = {}
+        out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info, **kw)["c"]
+        paths["teacher"] = t_info["c"]
     student_views = [ROLES[r][1] for r in ("student_nctx", "student_ctx") if r in roles]
-    s = score_views(student, batch, student_views, temperature=temperature, vocab=vocab, grad=True)
+    s_info: dict[str, int] = {}
+    s = score_views(student, batch, student_views, grad=True, info=s_info, **kw)
     for r in ("student_nctx", "student_ctx"):
         if r in roles:
-            out[r] = s[ROLES[r][1]]
+            out[r], paths[r] = s[ROLES[r][1]], s_info[ROLES[r][1]]
+    if info is not None:
+        info.update(paths)
     return out

@@ -38,6 +38,7 @@ from mechopd.train import dist
 from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mechopd.objectives.losses import LossInputs, method_terms, terms_need
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
+from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.scorer import score_roles
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
 from mechopd.train.sharding import make_sharding
@@ -151,6 +152,8 @@ class Trainer:
         warm = max(1, cfg.warmup)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.stop = stop_ids(self.tokenizer, self.student)
+        # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
+        self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -227,6 +230,12 @@ class Trainer:
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
+    def _agree(self, n: int) -> int:
+        """A shared-prefix length every process agrees on: all share (each its own prefix) or none does."""
+        if not dist.active():
+            return n
+        return n if float(dist.all_sum(torch.tensor(float(n == 0), device=self.device))) == 0 else 0
+
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
         sel = self.selector
@@ -256,7 +265,10 @@ class Trainer:
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
         mask = batch.response_mask
         roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
-        scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab)
+        paths: dict[str, int] = {}
+        scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
+                             shared_prefix=cfg.shared_prefix, agree=self._agree, teacher_store=self.teacher_store,
+                             info=paths)
         t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
         keep, kept = self._selection(s_x.detach(), t_logp, mask)
         inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
@@ -295,6 +307,7 @@ class Trainer:
                 **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
+                "shared_prefix": paths.get("teacher", 0),  # context-view tokens computed once (0: unshared path)
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
@@ -308,7 +321,8 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, decoder=cfg.rollout_decoder)
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, decoder=cfg.rollout_decoder,
+                          shared_prefix=cfg.shared_prefix)
         rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
                              train_uids={ex.uid for ex in self.pool})
         s = rep["summary"]
