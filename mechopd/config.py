@@ -110,6 +110,8 @@ class TrainConfig:
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("rollout_decoder", self.rollout_decoder, DECODERS)
+        if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
+            self.shared_prefix = "auto" if self.shared_prefix else "off"
         _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
         if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
             raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")

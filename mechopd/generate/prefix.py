@@ -45,7 +45,7 @@ MODES = ("auto", "off")
 MIN_PREFIX_TOKENS = 8
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, Lp, head_dim]
-Agree = Callable[[int], int]  # this process's prefix length -> the length every process uses (0 = unshared)
+Agree = Callable[[list[int]], int]  # this process's candidate prefix ids -> the length every process shares
 
 
 def check_mode(mode: str) -> str:
@@ -66,11 +66,16 @@ def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def decide(n_rows: int, prefix_len: int, mode: str, agree: Agree | None = None) -> int:
-    """The prefix length to share (0 = run the unshared forward); `agree` makes every process take the same path."""
+def decide(n_rows: int, prefix: Sequence[int], mode: str, agree: Agree | None = None) -> int:
+    """The prefix length to share (0 = run the unshared forward), from the candidate `prefix` ids of this batch.
+
+    agree: several processes -> the common prefix of every process's candidate (``[]`` when a process does not
+    share), so that all processes run the same forwards (FSDP) and the same arithmetic as one process would."""
     check_mode(mode)
-    n = prefix_len if (mode == "auto" and n_rows >= 2 and prefix_len >= MIN_PREFIX_TOKENS) else 0
-    return agree(n) if agree is not None else n
+    n = len(prefix) if (mode == "auto" and n_rows >= 2 and len(prefix) >= MIN_PREFIX_TOKENS) else 0
+    if agree is not None:
+        n = agree(list(prefix[:n]))
+    return n if n >= MIN_PREFIX_TOKENS else 0
 
 
 class _Stop(Exception):
@@ -188,7 +193,10 @@ def view_inputs(model: Any, batch: TwoViewBatch, which: str, *, mode: str = "aut
     ``model(**batch'.view(which), **extra)`` gives outputs that ``batch'.response_logits/response_hidden(..., which)``
     index exactly as the unshared forward's (hook-friendly: the prefix forward, if any, has already run here).
     stop_at: see `prefix_kv` (not with a `store`: stored keys/values must cover every layer)."""
-    n = decide(batch.batch_size, view_prefix_len(batch, which), mode, agree)
+    kw = batch.view(which)
+    first = int(kw["attention_mask"][0].argmax())  # row 0's first real column
+    n = view_prefix_len(batch, which) if mode == "auto" else 0
+    n = decide(batch.batch_size, kw["input_ids"][0, first : first + n].tolist(), mode, agree)
     if n == 0:
         return batch, {}, 0
     plan = plan_view(batch, which, n)

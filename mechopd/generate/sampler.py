@@ -81,7 +81,8 @@ def sample(
         raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
     device = next(model.parameters()).device
     B = len(prompt_ids)
-    n = decide(B, common_prefix_len(prompt_ids), shared_prefix)
+    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
+    n = decide(B, candidate, shared_prefix)
     ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
     ids, mask = ids.to(device), mask.to(device)
     pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token

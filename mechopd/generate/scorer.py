@@ -74,12 +74,15 @@ def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c
 
 def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: Sequence[str], *, temperature: float,
                 vocab: int | None = None, shared_prefix: str = "auto", agree: Agree | None = None,
-                teacher_store: PrefixStore | None = None, info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+                teacher_store: PrefixStore | None = None, student_shared_prefix: str | None = None,
+                info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``{role: [batch, R, vocab] log-probs}`` for the requested roles of `ROLES` (the objectives' inputs).
 
     The teacher scores the context view without grad (its shared prefix reused from `teacher_store` if given); the
     student scores its views with grad (its context-view prefix at batch 1 in the graph, expanded to the rows).
     `vocab` None = the common vocabulary of the models involved. `info` gets ``{role: shared prefix length}``.
+    student_shared_prefix: the student's own switch (None = `shared_prefix`; FSDP2 cannot backward through two
+    forwards of one sharded module, so the trainer turns it off there).
     """
     unknown = [r for r in roles if r not in ROLES]
     if unknown:
@@ -89,15 +92,17 @@ def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: S
     if vocab is None:
         vocab = common_vocab_size(*([student] + ([teacher] if "teacher" in roles else [])))
     out: dict[str, torch.Tensor] = {}
-    kw = dict(temperature=temperature, vocab=vocab, shared_prefix=shared_prefix, agree=agree)
+    kw = dict(temperature=temperature, vocab=vocab, agree=agree)
     paths: dict[str, int] = {}
     if "teacher" in roles:
         t_info: dict[str, int] = {}
-        out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info, **kw)["c"]
+        out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info,
+                                     shared_prefix=shared_prefix, **kw)["c"]
         paths["teacher"] = t_info["c"]
     student_views = [ROLES[r][1] for r in ("student_nctx", "student_ctx") if r in roles]
     s_info: dict[str, int] = {}
-    s = score_views(student, batch, student_views, grad=True, info=s_info, **kw)
+    s_mode = shared_prefix if student_shared_prefix is None else student_shared_prefix
+    s = score_views(student, batch, student_views, grad=True, info=s_info, shared_prefix=s_mode, **kw)
     for r in ("student_nctx", "student_ctx"):
         if r in roles:
             out[r], paths[r] = s[ROLES[r][1]], s_info[ROLES[r][1]]

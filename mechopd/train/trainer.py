@@ -230,11 +230,15 @@ class Trainer:
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
-    def _agree(self, n: int) -> int:
-        """A shared-prefix length every process agrees on: all share (each its own prefix) or none does."""
+    def _agree(self, ids: list[int]) -> int:
+        """The shared prefix of the GLOBAL batch: the common prefix of every process's candidate `ids`, so that each
+        process runs the forwards (FSDP) and the arithmetic one process would (a near-tie of TA-OPD's selection must
+        not flip with the layout)."""
         if not dist.active():
-            return n
-        return n if float(dist.all_sum(torch.tensor(float(n == 0), device=self.device))) == 0 else 0
+            return len(ids)
+        rows, _ = dist.all_gather_rows(torch.tensor([list(ids) + [-1]], dtype=torch.long), fill=-1)  # -1 ends each
+        same = (rows == rows[:1]).all(0) & (rows[0] >= 0)
+        return int(same.long().cumprod(0).sum())
 
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
@@ -268,7 +272,7 @@ class Trainer:
         paths: dict[str, int] = {}
         scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
                              shared_prefix=cfg.shared_prefix, agree=self._agree, teacher_store=self.teacher_store,
-                             info=paths)
+                             student_shared_prefix="off" if cfg.sharding == "fsdp" else None, info=paths)
         t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
         keep, kept = self._selection(s_x.detach(), t_logp, mask)
         inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
