@@ -68,28 +68,17 @@ def sample(
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
-    row_seeds: one seed per row (required unless greedy) -> inverse-CDF sampling with per-row uniforms
-    ``u[row, step]``, so a row's response does not depend on which other rows share its batch or process (batch- and
-    world-size invariant rollouts). There is deliberately no shared-generator path: it would make a row depend on
-    its batch.
-    decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
-    Qwen3) or "hf" (``model(...)`` with transformers' cache every step: any causal LM).
-    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch size 1 and the rows'
-    suffixes on top of it (generate/prefix.py: same positions, exact); "off" prefills every row in full.
+    row_seeds: one per row (required unless greedy): inverse-CDF sampling with per-row uniforms ``u[row, step]``, so
+    a row's response does not depend on the rows sharing its batch or process (no shared-generator path exists).
+    decoder: "lean" (`lean.LeanDecoder`, same arithmetic, per-step overhead stripped; Llama, Qwen2, Qwen3) or "hf"
+    (``model(...)`` with transformers' cache every step: any causal LM). shared_prefix: "auto" prefills a token
+    prefix common to every prompt once at batch 1, the suffixes on top (generate/prefix.py, exact); "off": in full.
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be 'lean' or 'hf', got {decoder!r}")
-    device = next(model.parameters()).device
-    B = len(prompt_ids)
-    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
-    n = decide(B, candidate, shared_prefix)
-    ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token
-    cache = None
-    if n:
-        cache = expanded_cache(model, prefix_kv(model, torch.tensor([list(prompt_ids[0][:n])], device=device)), B)
-        mask = torch.cat([mask.new_ones(B, n), mask], 1)  # [B, n + S]: the prefix, then the row's own columns
+    device, B = next(model.parameters()).device, len(prompt_ids)
+    uniforms = None if greedy else _row_uniforms(row_seeds, B, max_new_tokens, device)  # [B, max_new_tokens]
+    ids, mask, pos, cache, n = _prefill_inputs(model, prompt_ids, pad_id, shared_prefix, device)
     stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
     lean = LeanDecoder(model) if decoder == "lean" else None
     if lean is not None:
@@ -101,16 +90,6 @@ def sample(
         past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    uniforms = None
-    if not greedy:
-        if row_seeds is None:
-            raise ValueError("sample needs row_seeds (one per prompt) unless greedy=True")
-        if len(row_seeds) != B:
-            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
-        uniforms = torch.stack(
-            [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
-             for s in row_seeds]
-        ).to(device)  # [B, max_new_tokens]
     toks = []
     for step in range(max_new_tokens):
         if greedy:
@@ -132,14 +111,44 @@ def sample(
                         use_cache=True)
             past, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
-    gen = torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)]
+    return _cut(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], stop, n)
+
+
+def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: torch.device) -> torch.Tensor:
+    """``[B, steps]`` float64 uniforms, row i from its own generator seeded with ``row_seeds[i]``."""
+    if row_seeds is None:
+        raise ValueError("sample needs row_seeds (one per prompt) unless greedy=True")
+    if len(row_seeds) != B:
+        raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
+                        for s in row_seeds]).to(device)
+
+
+def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
+    """The prefill's ids/positions ``[B, S]``, mask ``[B, n + S]``, the shared prefix's cache (None) and length n."""
+    B = len(prompt_ids)
+    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
+    n = decide(B, candidate, shared_prefix)
+    ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token
+    cache = None
+    if n:
+        cache = expanded_cache(model, prefix_kv(model, torch.tensor([list(prompt_ids[0][:n])], device=device)), B)
+        mask = torch.cat([mask.new_ones(B, n), mask], 1)  # [B, n + S]: the prefix, then the row's own columns
+    return ids, mask, pos, cache, n
+
+
+def _cut(gen: list[list[int]], stop: Sequence[int], shared: int) -> Generation:
+    """Each row cut after its first stop token."""
     stops = set(int(s) for s in stop)
     responses, finished = [], []
     for row in gen:
         cut = next((i for i, t in enumerate(row) if t in stops), None)
         responses.append(row[: cut + 1] if cut is not None else row)
         finished.append(cut is not None)
-    return Generation(responses, finished, n)
+    return Generation(responses, finished, shared)
 
 
 def item_seed(seed: int, uid: object) -> int:
