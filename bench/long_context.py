@@ -214,7 +214,8 @@ def cview_step(path: Path, opts: dict, args) -> Callable:
 
     model, tok = load_model(path).train(), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
-    resp = [(tok(ex.answer, add_special_tokens=False)["input_ids"] * args.new_tokens)[: args.new_tokens] for ex in items]
+    resp = [(tok(ex.answer, add_special_tokens=False)["input_ids"] * args.new_tokens)[: args.new_tokens]
+            for ex in items]
     batch = build_two_view_batch(tok, [e.prompt for e in items], [e.context for e in items], resp, RenderSpec("system"))
 
     def step() -> tuple[float, float]:
@@ -241,17 +242,19 @@ def peak_memory(path: Path, opts: dict, args, mode: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def report(times: dict, lens: dict) -> None:
+def report(times: dict, lens: dict) -> bool:
     import statistics
 
     print(f"\n{'variant':>9} {'median ms':>10} {'resp len':>9}  (steps)")
     for k, t in times.items():
         print(f"{k:>9} {statistics.median(t) * 1e3:10.1f} {statistics.fmean(lens[k]):9.2f}  ({len(t)})")
     print(f"\n{'ratio':<38} {'paired':>7} {'95% CI':>13} {'overall':>8}  target / bare floor")
+    ok = len({round(statistics.fmean(v), 6) for v in lens.values()}) == 1  # same response length everywhere
     for label, num, den, bound, op, fn, fd in TARGETS:
         if num in times and den in times:
             (paired, _, _), line = ts._ratio_line(label, times[num], times[den])
             good = paired >= bound if op == ">=" else paired <= bound
+            ok &= good
             floor = ""
             if fn in times and fd in times:
                 floor = f"; floor {fn}/{fd} = {ts._ratio_line('', times[fn], times[fd])[0][0]:.3f}"
@@ -259,6 +262,7 @@ def report(times: dict, lens: dict) -> None:
     for label, num, den in INFO:
         if num in times and den in times:
             print(ts._ratio_line(label, times[num], times[den])[1].format("(info)"))
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         variants = {n: build[n]() for n in args.variants.split(",")}
         times, lens = ts.run_interleaved(variants, args.steps, args.warmup)
-        report(times, lens)
+        ok = report(times, lens)
         if args.memory:
             on, off = peak_memory(path, opts, args, "auto"), peak_memory(path, opts, args, "off")
             ratio = on / off if off > 0 else float("nan")
             print(f"peak memory of an OPD step: shared {on:.1f} MiB, unshared {off:.1f} MiB, ratio {ratio:.3f} "
                   f"(target <= 0.6 {'PASS' if ratio <= 0.6 else 'FAIL'})")
-    return 0
+            ok &= ratio <= 0.6
+    print(f"overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -122,8 +122,8 @@ def test_shared_prefix_two_processes_equal_one(tiny_rules_organism, tmp_path):
     pins shared == unshared per step)."""
     args = [*ARGS, "--set", "selector=full", "--set", "shared_prefix=auto", "--set", "steps=2"]
     one = tmp_path / "one"
-    _run([sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *args, "--out", str(one)],
-         tmp_path)
+    _run([sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *args,
+          "--out", str(one)], tmp_path)
     keys, values = _metrics(one)
     assert float(values[:, keys.index("shared_prefix")].min()) > 0  # the shared path ran at every step
     for port, layout in ((29535, "none"), (29536, "fsdp")):
