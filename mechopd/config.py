@@ -75,6 +75,8 @@ class TrainConfig:
     Scale-out: sharding (none: every process holds full student and teacher, gradients all-reduced; fsdp: PyTorch
                FSDP2, student and frozen teacher sharded per decoder layer over all processes, full weights
                gathered only while generating). Same update either way; one process has nothing to shard.
+    Sharing:   shared_prefix (auto: a context-view token prefix common to every row is computed once per batch at
+               batch size 1, exact, logged per step as ``shared_prefix`` = tokens shared; off: every row in full).
     Hardware:  dtype (float32 | bfloat16 | float16), device (auto | cpu | cuda | ...), organism_dir.
     """
 
@@ -123,6 +125,7 @@ class TrainConfig:
     sharding: str = "none"
     rollout_engine: str = "lean"
     vllm_options: dict[str, Any] = field(default_factory=dict)
+    shared_prefix: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -130,6 +133,7 @@ class TrainConfig:
             if self.selector == "full":
                 self.selector = sel
         from mechopd.generate.lean import DECODERS
+        from mechopd.generate.prefix import MODES as PREFIX_MODES
         from mechopd.objectives.losses import ESTIMATORS, METHODS
         from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS, TIE_BREAKS
 
@@ -154,6 +158,9 @@ class TrainConfig:
 
             require_vllm("rollout_engine")
             check_options(self.vllm_options)
+        if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
+            self.shared_prefix = "auto" if self.shared_prefix else "off"
+        _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

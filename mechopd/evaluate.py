@@ -26,7 +26,8 @@ from mechopd.errors import ConfigError, TaskError
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example, check_split
 from mechopd.generate.lean import DECODERS
-from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids, strip_stop
+from mechopd.generate.prefix import MODES as PREFIX_MODES
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
 
@@ -42,6 +43,7 @@ class EvalConfig:
     max_new_tokens: int | None = None
     n_boot: int = 1000
     engine: str = "lean"  # sampler.sample's engine: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step) | vllm
+    shared_prefix: str = "auto"  # auto: a prompt prefix common to a batch is prefilled once (exact) | off
     thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
 
     def __post_init__(self) -> None:
@@ -64,6 +66,8 @@ class EvalConfig:
             if value is not None and not (isinstance(value, int) and value >= low):
                 raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= {low}"
                                   + (" (omit it for the task's)" if name == "max_new_tokens" else ""))
+        if self.shared_prefix not in PREFIX_MODES:
+            raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
@@ -98,15 +102,12 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
     stop = stop_ids(tokenizer, model)
     max_new = cfg.max_new_tokens or task.max_new_tokens
     jobs = [(i, j, ctx) for j in range(cfg.samples) for i in range(len(items)) for ctx in (False, True)]
-    out: dict[tuple, list[int]] = {}
-    for s in range(0, len(jobs), cfg.batch_size):
-        chunk = jobs[s : s + cfg.batch_size]
-        ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in chunk]
-        seeds = [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in chunk]
-        gen = sample(model, ids, max_new_tokens=max_new, stop=stop, pad_id=tokenizer.pad_token_id, temperature=T,
-                     greedy=greedy, row_seeds=None if greedy else seeds, decoder=cfg.engine)
-        for key, resp in zip(chunk, gen.responses):
-            out[key] = strip_stop(resp, stop)
+    ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in jobs]
+    seeds = None if greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
+    responses = sample_rows(model, ids, seeds, batch_size=cfg.batch_size, max_new_tokens=max_new, stop=stop,
+                            pad_id=tokenizer.pad_token_id, temperature=T, greedy=greedy, decoder=cfg.engine,
+                            shared_prefix=cfg.shared_prefix)
+    out = {key: strip_stop(resp, stop) for key, resp in zip(jobs, responses)}
     records = []
     for j in range(cfg.samples):
         for i, ex in enumerate(items):
@@ -141,7 +142,7 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
             eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
                                     temperature=T, greedy=greedy, seeds=None if greedy else seeds,
-                                    decoder=cfg.engine)
+                                    decoder=cfg.engine, shared_prefix=cfg.shared_prefix)
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:
@@ -196,7 +197,7 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     summary[f"{key}_xc"] = int(sum(int(r["unparseable_xc"]) for r in records))
     settings = {"task": task.name, "n": cfg.n, "seed": cfg.seed, "samples": cfg.samples, "greedy": greedy,
                 "temperature": None if greedy else T, "placement": spec.placement,
-                "no_context_system": spec.no_context_system}
+                "no_context_system": spec.no_context_system, "shared_prefix": cfg.shared_prefix}
     return {"summary": summary, "records": records, "settings": settings}
 
 

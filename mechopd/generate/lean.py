@@ -114,12 +114,17 @@ class LeanDecoder:
         self.bias = torch.empty(0)
         self.t = 0
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """One ordinary forward over the prompts; returns the last position's logits ``[B, V]``."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)  # the LM head on the last column only: [B, P, V] would be GBs on real models
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
+                cache: Any = None) -> torch.Tensor:
+        """One ordinary forward over the prompts; returns the last position's logits ``[B, V]``.
+
+        cache: a shared prefix's keys/values (generate/prefix.py); then `ids`/`pos` are the suffixes ``[B, S]`` and
+        `mask` covers prefix + suffix ``[B, Lp + S]``."""
+        extra = {} if cache is None else {"cache": cache}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **extra)  # the LM head on the last column only: [B, P, V] would be GBs on real models
         cache = out.cache if hasattr(out, "cache") else out.past_key_values
-        B, P = ids.shape
+        B, P = mask.shape
         total = P + max_new_tokens
         self.keys, self.values = [], []
         for layer in cache.layers:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.lean import DECODERS, LeanDecoder
+from mechopd.generate.prefix import common_prefix_len, decide, expanded_cache, prefix_kv
 from mechopd.views import left_pad
 
 
@@ -32,6 +33,7 @@ class Generation:
 
     responses: list[list[int]]
     finished: list[bool]
+    shared_prefix: int = 0  # prompt tokens prefilled once for all rows (0: the unshared prefill ran)
 
 
 def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -59,19 +61,20 @@ def sample(
     pad_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
-    generator: torch.Generator | None = None,
     row_seeds: Sequence[int] | None = None,
     decoder: str = "lean",
+    shared_prefix: str = "auto",
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
-    row_seeds: one seed per row -> inverse-CDF sampling with per-row uniforms ``u[row, step]``, so a row's response
-    does not depend on which other rows share its batch or process (batch- and world-size invariant rollouts).
-    Otherwise ``torch.multinomial`` with `generator`.
-    decoder: "lean" (`leandecode.LeanDecoder`: the same arithmetic with the per-step overhead stripped; Llama, Qwen2,
-    Qwen3), "hf" (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine
-    `vllm_engine.attach`-ed to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
+    row_seeds: one per row (required unless greedy): inverse-CDF sampling with per-row uniforms ``u[row, step]``, so
+    a row's response does not depend on the rows sharing its batch or process (no shared-generator path exists).
+    decoder: "lean" (`lean.LeanDecoder`, same arithmetic, per-step overhead stripped; Llama, Qwen2, Qwen3), "hf"
+    (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine `vllm_engine.attach`-ed
+    to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
+    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top
+    (generate/prefix.py, exact); "off": in full.
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
@@ -80,40 +83,28 @@ def sample(
 
         return engine_of(model).sample(prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
                                        greedy=greedy, row_seeds=row_seeds)
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompt_ids, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    B = ids.shape[0]
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    device, B = next(model.parameters()).device, len(prompt_ids)
+    uniforms = None if greedy else _row_uniforms(row_seeds, B, max_new_tokens, device)  # [B, max_new_tokens]
+    ids, mask, pos, cache, n = _prefill_inputs(model, prompt_ids, pad_id, shared_prefix, device)
     stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
     lean = LeanDecoder(model) if decoder == "lean" else None
     if lean is not None:
-        logits = lean.prefill(ids, mask, pos, max_new_tokens)  # [B, V]
+        logits = lean.prefill(ids, mask, pos, max_new_tokens, cache=cache)  # [B, V]
     else:
         keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+        extra = {} if cache is None else {"cache": cache}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep, **extra)
         past, logits = out.cache, out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    uniforms = None
-    if row_seeds is not None and not greedy:
-        if len(row_seeds) != B:
-            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
-        uniforms = torch.stack(
-            [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
-             for s in row_seeds]
-        ).to(device)  # [B, max_new_tokens]
     toks = []
     for step in range(max_new_tokens):
         if greedy:
             tok = logits.argmax(-1)
-        elif uniforms is not None:
+        else:
             cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
             tok = torch.searchsorted(cdf, uniforms[:, step : step + 1] * cdf[:, -1:]).squeeze(-1)
             tok = tok.clamp(max=logits.shape[-1] - 1)
-        else:
-            probs = torch.softmax(logits.float() / temperature, -1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         toks.append(tok)
         done = done | torch.isin(tok, stop_t)
@@ -127,14 +118,89 @@ def sample(
                         use_cache=True)
             past, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
-    gen = torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)]
+    return _cut(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], stop, n)
+
+
+def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: torch.device) -> torch.Tensor:
+    """``[B, steps]`` float64 uniforms, row i from its own generator seeded with ``row_seeds[i]``."""
+    if row_seeds is None:
+        raise ValueError("sample needs row_seeds (one per prompt) unless greedy=True")
+    if len(row_seeds) != B:
+        raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
+                        for s in row_seeds]).to(device)
+
+
+def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
+    """The prefill's ids/positions ``[B, S]``, mask ``[B, n + S]``, the shared prefix's cache (None) and length n."""
+    B = len(prompt_ids)
+    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
+    n = decide(B, candidate, shared_prefix)
+    ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token
+    cache = None
+    if n:
+        cache = expanded_cache(model, prefix_kv(model, torch.tensor([list(prompt_ids[0][:n])], device=device)), B)
+        mask = torch.cat([mask.new_ones(B, n), mask], 1)  # [B, n + S]: the prefix, then the row's own columns
+    return ids, mask, pos, cache, n
+
+
+def _cut(gen: list[list[int]], stop: Sequence[int], shared: int) -> Generation:
+    """Each row cut after its first stop token."""
     stops = set(int(s) for s in stop)
     responses, finished = [], []
     for row in gen:
         cut = next((i for i, t in enumerate(row) if t in stops), None)
         responses.append(row[: cut + 1] if cut is not None else row)
         finished.append(cut is not None)
-    return Generation(responses, finished)
+    return Generation(responses, finished, shared)
+
+
+def item_seed(seed: int, uid: object) -> int:
+    """The row seed of one item: a function of (seed, item identity) only, never of its batch or process."""
+    return stable_seed(seed, uid)
+
+
+def sample_rows(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int] | None,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    stop: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    decoder: str = "lean",
+    shared_prefix: str = "auto",
+    paths: list[int] | None = None,
+) -> list[list[int]]:
+    """One response per prompt, `batch_size` prompts per `sample` call; row i samples with ``seeds[i]``.
+
+    The one entry point every caller (trainer, evaluation, probes) samples through: per-row seeds make a row's
+    response a function of (model, prompt, seed) only, so any `batch_size` gives the same ids (tests, per caller).
+    seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
+    paths: if given, gets each call's shared prefix length (0: unshared prefill), for the caller's logs.
+    """
+    if seeds is None and not greedy:
+        raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
+    if seeds is not None and len(seeds) != len(prompt_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out: list[list[int]] = []
+    for s in range(0, len(prompt_ids), batch_size):
+        rows = None if greedy else [int(x) for x in seeds[s : s + batch_size]]  # type: ignore[index]
+        gen = sample(model, prompt_ids[s : s + batch_size], max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
+                     temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder,
+                     shared_prefix=shared_prefix)
+        out.extend(gen.responses)
+        if paths is not None:
+            paths.append(gen.shared_prefix)
+    return out
 
 
 def strip_stop(ids: Sequence[int], stop: Sequence[int]) -> list[int]:
@@ -166,6 +232,7 @@ def play_games(
     greedy: bool = False,
     seeds: Sequence[int] | None = None,
     decoder: str = "lean",
+    shared_prefix: str = "auto",
 ) -> tuple[list[Any], list[Turn]]:
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
@@ -184,7 +251,8 @@ def play_games(
         ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
         row_seeds = None if (greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
         gen = sample(model, ids, max_new_tokens=max_new_tokens, stop=stop, pad_id=tokenizer.pad_token_id,
-                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder)
+                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder,
+                     shared_prefix=shared_prefix)
         for g, text, resp in zip(active, texts, gen.responses):
             turns.append(Turn(g, move, text, resp))
             episodes[g].step(tokenizer.decode(strip_stop(resp, stop), skip_special_tokens=True))

@@ -1,29 +1,45 @@
-"""Score a `TwoViewBatch`: response-position logits / log-probs of one view.
+"""The one scorer: a `TwoViewBatch` -> aligned response log-probabilities per requested view (and model role).
 
 Only the response positions go through the LM head (``logits_to_keep``) in the left layout: for a real model's
 150k-row head that is most of a forward's memory. One log-softmax per logits tensor, in float32, reused by every loss
 term and selector. Logits are divided by the rollout temperature (docs/method.md: all distributions are computed from
-logits / T).
+logits / T) and cut to the common vocabulary ``vocab`` (teacher and student may differ by padding rows) BEFORE the
+log-softmax, so padding rows carry no mass. Index t of every returned ``[batch, R, vocab]`` tensor is the distribution
+that predicts response token t, in every view: teacher (context view), student (no-context view) and student (context
+view) line up index for index. The trainer, the gradients probe and the teachability probe all score through here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Sequence
 
 import torch
 
+from mechopd.generate.prefix import Agree, PrefixStore, view_inputs
 from mechopd.views import TwoViewBatch
 
+# A role is (which model, which view): the three distributions the objectives read (objectives.losses.LossInputs).
+ROLES = {"teacher": ("teacher", "c"), "student_nctx": ("student", "x"), "student_ctx": ("student", "c")}
 
-def response_logits(model: Any, batch: TwoViewBatch, which: str) -> torch.Tensor:
-    """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c")."""
-    kw = batch.view(which)
-    R = batch.response_ids.shape[1]
-    if batch.layout == "left":
-        out = model(**kw, logits_to_keep=R + 1, use_cache=False)
-        return out.logits[:, :R]  # columns P-1 .. P+R-2 of the view
-    out = model(**kw, use_cache=False)
-    return batch.response_logits(out.logits, which)
+
+def response_logits(model: Any, batch: TwoViewBatch, which: str, *, shared_prefix: str = "off",
+                    agree: Agree | None = None, store: PrefixStore | None = None,
+                    info: dict[str, int] | None = None) -> torch.Tensor:
+    """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c").
+
+    shared_prefix "auto": a token prefix common to every row is computed once at batch size 1 (generate/prefix.py,
+    exact); `info[which]` records the shared length (0 = the unshared forward ran). `store`: reuse a frozen model's
+    prefix keys/values across calls (call under no grad only). `agree`: make every process take the same path.
+    """
+    b, extra, n = view_inputs(model, batch, which, mode=shared_prefix, agree=agree, store=store)
+    if info is not None:
+        info[which] = n
+    kw = {**b.view(which), "use_cache": False, **extra}
+    R = b.response_ids.shape[1]
+    if b.layout == "left":
+        return model(**kw, logits_to_keep=R + 1).logits[:, :R]  # columns P-1 .. P+R-2 of the view
+    return b.response_logits(model(**kw).logits, which)
 
 
 def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) -> torch.Tensor:
@@ -31,3 +47,65 @@ def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) 
     if vocab is not None:
         logits = logits[..., :vocab]
     return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def common_vocab_size(*models: Any) -> int:
+    """The vocabulary every model's LM head covers: ``min_i rows(lm_head_i)`` (padding rows beyond it dropped)."""
+    return min(int(m.get_output_embeddings().weight.shape[0]) for m in models)
+
+
+def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c"), *, temperature: float,
+                vocab: int | None = None, grad: bool = True, shared_prefix: str = "auto", agree: Agree | None = None,
+                store: PrefixStore | None = None, info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """``{view: [batch, R, vocab] log-probs}`` of `model` on each requested view ("x" no context, "c" context).
+
+    grad=False: the forwards run under ``torch.inference_mode()`` (no graph, no saved activations) and the results are
+    returned as ordinary tensors, usable next to autograd tensors (a frozen teacher's targets).
+    shared_prefix / agree / store / info: see `response_logits` (the store is used only when grad=False).
+    """
+    out: dict[str, torch.Tensor] = {}
+    with (contextlib.nullcontext() if grad else torch.inference_mode()):
+        for v in views:
+            logits = response_logits(model, batch, v, shared_prefix=shared_prefix, agree=agree,
+                                     store=None if grad else store, info=info)
+            out[v] = to_logp(logits, temperature, vocab)
+    return out if grad else {v: t.clone() for v, t in out.items()}
+
+
+def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: Sequence[str], *, temperature: float,
+                vocab: int | None = None, shared_prefix: str = "auto", agree: Agree | None = None,
+                teacher_store: PrefixStore | None = None, student_shared_prefix: str | None = None,
+                info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """``{role: [batch, R, vocab] log-probs}`` for the requested roles of `ROLES` (the objectives' inputs).
+
+    The teacher scores the context view without grad (its shared prefix reused from `teacher_store` if given); the
+    student scores its views with grad (its context-view prefix at batch 1 in the graph, expanded to the rows).
+    `vocab` None = the common vocabulary of the models involved. `info` gets ``{role: shared prefix length}``.
+    student_shared_prefix: the student's own switch (None = `shared_prefix`; FSDP2 cannot backward through two
+    forwards of one sharded module, so the trainer turns it off there).
+    """
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise ValueError(f"unknown scoring roles {unknown}; known: {sorted(ROLES)}")
+    if "teacher" in roles and teacher is None:
+        raise ValueError("scoring role 'teacher' needs a teacher model")
+    if vocab is None:
+        vocab = common_vocab_size(*([student] + ([teacher] if "teacher" in roles else [])))
+    out: dict[str, torch.Tensor] = {}
+    kw = dict(temperature=temperature, vocab=vocab, agree=agree)
+    paths: dict[str, int] = {}
+    if "teacher" in roles:
+        t_info: dict[str, int] = {}
+        out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info,
+                                     shared_prefix=shared_prefix, **kw)["c"]
+        paths["teacher"] = t_info["c"]
+    student_views = [ROLES[r][1] for r in ("student_nctx", "student_ctx") if r in roles]
+    s_info: dict[str, int] = {}
+    s_mode = shared_prefix if student_shared_prefix is None else student_shared_prefix
+    s = score_views(student, batch, student_views, grad=True, info=s_info, shared_prefix=s_mode, **kw)
+    for r in ("student_nctx", "student_ctx"):
+        if r in roles:
+            out[r], paths[r] = s[ROLES[r][1]], s_info[ROLES[r][1]]
+    if info is not None:
+        info.update(paths)
+    return out

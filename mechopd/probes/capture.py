@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mechopd.errors import ConfigError, ModelError
+from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
 from mechopd.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
 from mechopd.views import TwoViewBatch
@@ -100,17 +101,22 @@ def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequ
 
 
 def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture, *,
-             copy: bool = True) -> None:
+             copy: bool = True, shared_prefix: str = "auto") -> None:
     """One view through the decoder stack (no lm_head), stopping after the last requested site.
 
-    copy=False hands `on_capture` views of the module outputs (valid only during the call: consume, don't keep)."""
+    copy=False hands `on_capture` views of the module outputs (valid only during the call: consume, don't keep).
+    shared_prefix "auto": a token prefix common to every row runs once at batch 1 BEFORE the hooks are installed
+    (generate/prefix.py, exact); the hooks then see the suffix forward, whose response columns they gather."""
     if not sites:
         return
-    with torch.inference_mode(), capture_hooks(model, batch, which, sites, on_capture, copy=copy):
-        try:
-            model.model(**batch.view(which), use_cache=False)
-        except _StopForward:
-            pass
+    with torch.inference_mode():
+        view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix,
+                                           stop_at=site_module(model, sites[-1]))
+        with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy):
+            try:
+                model.model(**{**view_batch.view(which), "use_cache": False, **extra})
+            except _StopForward:
+                pass
 
 
 PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None
@@ -157,16 +163,20 @@ def patch_response(model: nn.Module, batch: TwoViewBatch, which: str, site: str,
     if site not in all_sites(model):
         raise ConfigError(f"cannot patch {site!r}; sites are {', '.join(all_sites(model))}")
     cols = batch.cols_x if which == "x" else batch.cols_c  # [B, R]
+    width = batch.view(which)["input_ids"].shape[1]
 
     def hook(_module: nn.Module, _inputs: tuple, output):
         h = _hidden(output)  # [B, L, d]
+        if h.shape[0] == 1 < cols.shape[0]:  # a shared prefix's batch-1 forward (generate/prefix.py): no response in it
+            return None
+        cols_here = cols - (width - h.shape[1])  # the suffix forward of the shared layout starts Lp columns later
         if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
             raise ModelError(f"patch values have shape {tuple(values.shape)}; expected "
                              f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)")
         rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(cols)  # [B, R]
         keep = batch.response_mask.to(h.device)  # [B, R]
         patched = h.clone()
-        patched[rows[keep], cols.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
+        patched[rows[keep], cols_here.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
         return patched if isinstance(output, torch.Tensor) else (patched, *output[1:])
 
     handle = site_module(model, site).register_forward_hook(hook)

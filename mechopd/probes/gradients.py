@@ -47,6 +47,8 @@ from torch import nn
 from mechopd.artifacts import GradientSummary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
+from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
+from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
 from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
                                        terms_need, token_mean)
@@ -118,28 +120,14 @@ def select_parameters(
     return [(k, p) for k, p in named if (param_layer(k) in wanted) or (include_non_layer and param_layer(k) is None)]
 
 
-def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``[batch, R, vocab]`` logits -> log-probabilities at the rollout temperature (float32 or wider)."""
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
-
-
 def _score_inputs(student: nn.Module, teacher: nn.Module | None, batch: TwoViewBatch, needs: frozenset[str],
                   temperature: float) -> LossInputs:
-    """The log-probabilities the terms need, aligned ``[batch, R, vocab]`` (common vocab), student ones with grad."""
-    logits: dict[str, torch.Tensor] = {}
-    if "teacher" in needs:
-        if teacher is None:
-            raise ConfigError("a gradient term needs the teacher (opd, dual) but no teacher was given")
-        with torch.inference_mode():
-            t_logits = batch.response_logits(teacher(**batch.view("c")).logits, "c")
-        logits["teacher"] = t_logits.clone()  # a normal tensor: usable next to autograd tensors
-    if "student_nctx" in needs:
-        logits["student_nctx"] = batch.response_logits(student(**batch.view("x")).logits, "x")
-    if "student_ctx" in needs:
-        logits["student_ctx"] = batch.response_logits(student(**batch.view("c")).logits, "c")
-    names = list(logits)
-    common = common_vocab(*(logits[k] for k in names))
-    logp = {k: _log_probs(v, temperature) for k, v in zip(names, common)}
+    """The log-probabilities the terms need, aligned ``[batch, R, vocab]`` (common vocab), student ones with grad:
+    the one scorer (``generate.scorer.score_roles``), as the trainer scores."""
+    if "teacher" in needs and teacher is None:
+        raise ConfigError("a gradient term needs the teacher (opd, dual) but no teacher was given")
+    roles = [r for r in ROLES if r in needs]
+    logp = score_roles(student, teacher, batch, roles, temperature=temperature)
     tokens = batch.response_ids if "tokens" in needs else None
     return LossInputs(student_nctx=logp.get("student_nctx"), student_ctx=logp.get("student_ctx"),
                       teacher=logp.get("teacher"), tokens=tokens)
@@ -266,19 +254,20 @@ def term_gradients(
 
 
 def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,
-                 temperature: float, max_new_tokens: int, seed: int) -> TwoViewBatch:
-    """Responses sampled from the student on the no-context view (``rollout.sample``), batched in both views."""
-    from mechopd.generate.sampler import sample, stop_ids
+                 temperature: float, max_new_tokens: int, seed: int, batch_size: int | None = None) -> TwoViewBatch:
+    """Responses sampled from the student on the no-context view (``generate.sampler.sample_rows``, row seed
+    ``item_seed(seed, uid)``: a response depends on (seed, example), not on `batch_size`), batched in both views."""
     from mechopd.views import build_two_view_batch, render_prompt_ids
 
     device = next(student.parameters()).device
     prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = sample(student, prompt_ids, max_new_tokens=max_new_tokens, stop=stop_ids(tokenizer, student),
-                 pad_id=pad_id(tokenizer), temperature=temperature, generator=gen)
+    seeds = [item_seed(seed, ex.uid) for ex in examples]
+    responses = sample_rows(student, prompt_ids, seeds, batch_size=batch_size or max(1, len(examples)),
+                            max_new_tokens=max_new_tokens, stop=stop_ids(tokenizer, student), pad_id=pad_id(tokenizer),
+                            temperature=temperature)
     max_len = getattr(student.config, "max_position_embeddings", None)
     batch = build_two_view_batch(tokenizer, [ex.prompt for ex in examples], [ex.context for ex in examples],
-                                 out.responses, spec, max_length=max_len)
+                                 responses, spec, max_length=max_len)
     return batch.to(device)
 
 

@@ -44,6 +44,7 @@ from mechopd.errors import ConfigError, ModelError
 from mechopd.generate.sampler import sample, stable_seed, stop_ids
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
+from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
 from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, answer_responses, read_responses
 from mechopd.views import RenderSpec, TwoViewBatch, render_prompt_ids
 
@@ -261,19 +262,15 @@ def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: Rend
                      temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
     """One response per example sampled from `model` on the NO-context view (as the student samples in OPD).
 
-    Per-example seeds (``rollout.sample(row_seeds=...)``): a response depends on (seed, example), not on batch_size.
+    Per-example seeds (``generate.sampler.sample_rows``, ``item_seed(seed, uid)``): a response depends on
+    (seed, example), not on batch_size.
     """
     stop = stop_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
-    out: list[list[int]] = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in chunk]
-        seeds = [stable_seed(seed, e.uid) for e in chunk]
-        g = sample(model, prompts, max_new_tokens=max_new_tokens, stop=stop, pad_id=pad, temperature=temperature,
-                   greedy=greedy, row_seeds=None if greedy else seeds)
-        out.extend(g.responses)
-    return out
+    prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples]
+    seeds = [item_seed(seed, e.uid) for e in examples]
+    return sample_rows(model, prompts, seeds, batch_size=batch_size, max_new_tokens=max_new_tokens, stop=stop,
+                       pad_id=pad, temperature=temperature, greedy=greedy)
 
 
 def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,

@@ -45,7 +45,9 @@ from mechopd.artifacts import TeachabilitySummary, write_csv, write_json
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.removability import resample_blocks
-from mechopd.objectives.losses import common_vocab, reverse_kl_full
+from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
+from mechopd.generate.scorer import common_vocab_size, score_views
+from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, build_two_view_batch, pad_id, render_prompt_ids
@@ -96,23 +98,16 @@ def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int,
                temperature: float | None = None, *, split: str = "train", batch_size: int = 16) -> Bank:
     """Sample one response per task example from the student on the no-context view (``rollout.sample``).
 
-    temperature: None = the task's rollout temperature. Deterministic for (student, task, n, seed, batch_size).
+    temperature: None = the task's rollout temperature. Row seed ``item_seed(seed, uid)``
+    (``generate.sampler.sample_rows``): deterministic for (student, task, n, seed), whatever `batch_size`.
     """
-    from mechopd.generate.sampler import sample, stop_ids
-
     spec = spec or RenderSpec(placement=task.placement)
     temp = float(task.temperature if temperature is None else temperature)
     examples = task.examples(split, n, seed)
-    device = next(student.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    pad = pad_id(tokenizer)
-    responses: list[list[int]] = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in chunk]
-        out = sample(student, prompt_ids, max_new_tokens=task.max_new_tokens, stop=stop_ids(tokenizer, student),
-                     pad_id=pad, temperature=temp, generator=gen)
-        responses.extend(out.responses)
+    prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
+    responses = sample_rows(student, prompt_ids, [item_seed(seed, ex.uid) for ex in examples], batch_size=batch_size,
+                            max_new_tokens=task.max_new_tokens, stop=stop_ids(tokenizer, student),
+                            pad_id=pad_id(tokenizer), temperature=temp)
     meta = {"task": getattr(task, "name", ""), "split": split, "n": n, "seed": seed, "temperature": temp}
     return Bank([ex.prompt for ex in examples], [ex.context for ex in examples], responses,
                 [ex.uid for ex in examples], tokenizer_fingerprint(tokenizer), spec, meta)
@@ -162,10 +157,11 @@ def _check_nonempty(bank: Bank, where: str) -> None:
 
 def _response_logprobs(models: Sequence[nn.Module], views: Sequence[str], batch: Any,
                        temperature: float) -> list[torch.Tensor]:
-    """Each model on its view -> aligned ``[batch, R, V]`` log-probabilities over the common vocabulary."""
-    with torch.inference_mode():
-        logits = [batch.response_logits(m(**batch.view(v)).logits, v) for m, v in zip(models, views)]
-        return [torch.log_softmax(x.float() / temperature, -1) for x in common_vocab(*logits)]
+    """Each model on its view -> aligned ``[batch, R, V]`` log-probabilities over the common vocabulary (the one
+    scorer, ``generate.scorer.score_views``, without grad)."""
+    vocab = common_vocab_size(*models)
+    return [score_views(m, batch, (v,), temperature=temperature, vocab=vocab, grad=False)[v]
+            for m, v in zip(models, views)]
 
 
 def _score_chunk(batch: Any, student0: nn.Module, student1: nn.Module, teacher: nn.Module, k: int, d_mode: str,

@@ -35,8 +35,9 @@ from mechopd.checks import check_task_vocab, resolve_device
 from mechopd.config import TrainConfig, dump_yaml, resolve_train_data
 from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
-from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids
-from mechopd.generate.scorer import response_logits, to_logp
+from mechopd.generate.prefix import PrefixStore
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
+from mechopd.generate.scorer import score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, vocab_size
 from mechopd.objectives.losses import BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
@@ -134,6 +135,8 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.stop = stop_ids(self.tokenizer, self.student)
         self.engine = self._rollout_engine(student_path)  # not a checkpoint dir: vLLM would read its optimizer files
+        # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
+        self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -211,11 +214,22 @@ class Trainer:
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
-        gen = sample(model, ids, max_new_tokens=self.max_new, stop=self.stop, pad_id=self.tokenizer.pad_token_id,
-                     temperature=self.T, row_seeds=seeds, decoder=cfg.rollout_engine)
+        responses = sample_rows(model, ids, seeds, batch_size=max(1, len(ids)), max_new_tokens=self.max_new,
+                                stop=self.stop, pad_id=self.tokenizer.pad_token_id, temperature=self.T,
+                                decoder=cfg.rollout_engine)  # row seeds: (seed, step, global row), any chunking
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
-                                          for ex, r in zip(mine, gen.responses)))}
-        return [ex.prompt for ex in mine], [ex.context for ex in mine], gen.responses, stats
+                                          for ex, r in zip(mine, responses)))}
+        return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
+
+    def _agree(self, ids: list[int]) -> int:
+        """The shared prefix of the GLOBAL batch: the common prefix of every process's candidate `ids`, so that each
+        process runs the forwards (FSDP) and the arithmetic one process would (a near-tie of TA-OPD's selection must
+        not flip with the layout)."""
+        if not dist.active():
+            return len(ids)
+        rows, _ = dist.all_gather_rows(torch.tensor([list(ids) + [-1]], dtype=torch.long), fill=-1)  # -1 ends each
+        same = (rows == rows[:1]).all(0) & (rows[0] >= 0)
+        return int(same.long().cumprod(0).sum())
 
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
@@ -263,18 +277,20 @@ class Trainer:
                 **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
+                "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
     def _score(self, batch) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
         """Forward passes, selection and `losses.total_loss` on one two-view batch: (LossResult, s_x, t_logp, kept)."""
         mask = batch.response_mask
-        with torch.inference_mode():
-            t_logp = to_logp(response_logits(self.teacher, batch, "c"), self.T, self.vocab)
-        t_logp = t_logp.clone()  # a normal tensor: usable in autograd graphs
-        s_x = to_logp(response_logits(self.student, batch, "x"), self.T, self.vocab)
-        s_c = to_logp(response_logits(self.student, batch, "c"), self.T, self.vocab) if "student_ctx" in self.needs \
-            else None
+        roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
+        self._prefix_paths: dict[str, int] = {}
+        scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
+                             shared_prefix=self.cfg.shared_prefix, agree=self._agree, teacher_store=self.teacher_store,
+                             student_shared_prefix="off" if self.cfg.sharding == "fsdp" else None,
+                             info=self._prefix_paths)
+        t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
         keep, kept = self._selection(s_x.detach(), t_logp, mask)
         inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
         return total_loss(self.terms, inputs, mask, keep, step=self.step, count=_global_count), s_x, t_logp, kept
@@ -323,7 +339,8 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine)
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine,
+                          shared_prefix=cfg.shared_prefix)
         rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
                              train_uids={ex.uid for ex in self.pool})
         s = rep["summary"]
