@@ -95,3 +95,14 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if active() else 1
+
+
+def agree_prefix(ids: list[int]) -> int:
+    """Length of the shared prefix of the GLOBAL batch: the common prefix of every process's candidate `ids`, so that
+    each process runs the forwards (FSDP) and the arithmetic one process would (a near-tie of TA-OPD's selection
+    must not flip with the layout)."""
+    if not active():
+        return len(ids)
+    rows, _ = all_gather_rows(torch.tensor([list(ids) + [-1]], dtype=torch.long), fill=-1)  # -1 ends each row
+    same = (rows == rows[:1]).all(0) & (rows[0] >= 0)
+    return int(same.long().cumprod(0).sum())

@@ -134,7 +134,7 @@ class Trainer:
         warm = max(1, cfg.warmup)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.stop = stop_ids(self.tokenizer, self.student)
-        self.engine = self._rollout_engine(student_path)  # not a checkpoint dir: vLLM would read its optimizer files
+        self.engine = rollout_engine(cfg, self.student, self.shard, student_path, self.device, self.world)
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
         self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
@@ -159,24 +159,6 @@ class Trainer:
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
             print(text, flush=True)
-
-    def _rollout_engine(self, path: str | Path) -> Any:
-        """``rollout_engine: vllm``: one colocated vLLM engine over `path`, synced now (resumed run: its own weights)."""
-        if self.cfg.rollout_engine != "vllm":
-            return None
-        from mechopd.generate.vllm_engine import VllmEngine, attach
-
-        engine = VllmEngine(path, dtype=self.cfg.dtype, seed=self.cfg.seed, device=self.device.type,
-                            world=self.world, **self.cfg.vllm_options)
-        attach(self.student, engine)
-        self._sync_engine(engine)
-        return engine
-
-    def _sync_engine(self, engine: Any) -> None:
-        """The student's weights into the rollout engine, in place (FSDP: one gather of the full parameters)."""
-        if engine is not None:
-            with self.shard.gathered(self.student):
-                engine.load_weights(self.student)
 
     def _render(self, prompt: str, context: str | None) -> list[int]:
         key = (prompt, context)
@@ -220,16 +202,6 @@ class Trainer:
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
-
-    def _agree(self, ids: list[int]) -> int:
-        """The shared prefix of the GLOBAL batch: the common prefix of every process's candidate `ids`, so that each
-        process runs the forwards (FSDP) and the arithmetic one process would (a near-tie of TA-OPD's selection must
-        not flip with the layout)."""
-        if not dist.active():
-            return len(ids)
-        rows, _ = dist.all_gather_rows(torch.tensor([list(ids) + [-1]], dtype=torch.long), fill=-1)  # -1 ends each
-        same = (rows == rows[:1]).all(0) & (rows[0] >= 0)
-        return int(same.long().cumprod(0).sum())
 
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
@@ -287,7 +259,7 @@ class Trainer:
         roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
         self._prefix_paths: dict[str, int] = {}
         scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
-                             shared_prefix=self.cfg.shared_prefix, agree=self._agree, teacher_store=self.teacher_store,
+                             shared_prefix=self.cfg.shared_prefix, agree=dist.agree_prefix, teacher_store=self.teacher_store,
                              student_shared_prefix="off" if self.cfg.sharding == "fsdp" else None,
                              info=self._prefix_paths)
         t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
@@ -326,7 +298,7 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         guard.check_weights(self.params, self.step + 1)
-        self._sync_engine(self.engine)  # vLLM samples the next rollout from these weights
+        sync_engine(self.engine, self.student, self.shard)  # vLLM samples the next rollout from these weights
         return gnorm
 
     # -- the loop ------------------------------------------------------------------------------------------------------
