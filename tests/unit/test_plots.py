@@ -35,6 +35,8 @@ MODULES = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj
 SELECTORS = ("ta_opd", "random", "entropy")
 BUDGETS = (0.05, 0.1, 0.3, 0.5)
 EVAL_STEPS = (0, 3, 6)
+GRAD_METHODS = ("opd", "nca")
+GRAD_STEPS = (1, 4)
 
 
 # --------------------------------------------------------------------------------------------- synthetic run dir
@@ -73,6 +75,9 @@ def _write_metrics(run: Path, rng: np.random.Generator) -> None:
                 rec.update({"eval/acc_x": float(rng.random()), "eval/acc_xc": float(rng.random()), "eval/harm": None})
             if method == "ta_opd" and step == 3:
                 rec["eval/acc_xc"] = None  # undefined: dropped from the dashed curve
+            if method in GRAD_METHODS and step in GRAD_STEPS:
+                rec.update({"grad/norm/opd": float(rng.random()) + 0.1, "grad/norm/nca": float(rng.random()) + 0.1,
+                            "grad/cos/opd__nca": float(rng.random() * 2 - 1)})
             lines.append(json.dumps(rec))
         (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
