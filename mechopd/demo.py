@@ -44,6 +44,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
 }
 GRAD_STAT_METHODS = ("opd", "nca", "nca_const")
+# Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
+# 10 minutes of this 2-core CPU with a pretrained organism (measured: see the README's demo section).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "eval_every": 25, "eval_n": 200, "probe_n": 64},
+    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
+    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
+}
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
 
@@ -59,12 +66,12 @@ class DemoConfig:
     seed: int = 0
     seeds: int = 1
     organism_seed: int = 0
-    steps: int = 150
-    batch_size: int = 32
-    lr: float = 1e-3
-    eval_every: int = 25
-    eval_n: int = 200
-    probe_n: int = 64
+    steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
+    batch_size: int | None = None
+    lr: float | None = None
+    eval_every: int | None = None
+    eval_n: int | None = None
+    probe_n: int | None = None
     nca_start: int = NCA_START
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
@@ -77,6 +84,9 @@ class DemoConfig:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
         if not isinstance(self.seeds, int) or self.seeds < 1:
             raise ConfigError(f"demo --seeds {self.seeds!r}: must be an integer >= 1 (training seeds 0..N-1)")
+        for key, value in TASK_DEFAULTS[self.task].items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
         if self.fast:
             self.steps, self.eval_every, self.eval_n, self.probe_n, self.batch_size = 6, 3, 24, 8, 8
             self.nca_start, self.grad_stats_every = 2, 3

@@ -71,22 +71,30 @@ def _first_eval_after_start(run: Path, method: str) -> dict[str, Any] | None:
     return evals[0] if evals else None
 
 
-def _nca_lines(run: Path, labels: dict[str, str]) -> list[str]:
-    """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs."""
-    g = _first_grad_line(run, "nca_const")
-    if g is None:
+def _nca_lines(runs: list[Path], labels: dict[str, str]) -> list[str]:
+    """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
+    and interval with several runs)."""
+    from mechopd.aggregate import seed_stat
+
+    grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
+    if not grads:
         return []
-    n_opd, n_nca = float(g["grad/norm/opd"]), float(g["grad/norm/nca"])
-    ratio = n_nca / n_opd if n_opd else float("inf")
+    n_opd = seed_stat([float(g["grad/norm/opd"]) for g in grads])
+    n_nca = seed_stat([float(g["grad/norm/nca"]) for g in grads])
+    ratio = seed_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads
+                       if float(g["grad/norm/opd"]) > 0])
+    steps = sorted({int(g["step"]) for g in grads})
     text = (f"- **Why the two NCA runs differ.** In {labels.get('nca_const', 'nca_const')} the anchor is on from step "
-            f"0, when the two views start maximally apart: at step {g['step']} its gradient norm is {n_nca:.3g} "
-            f"against the OPD term's {n_opd:.3g} ({ratio:.3g}×, `grad/norm/*` in "
-            "`train/nca_const/metrics.jsonl`), so the anchor's update dominates")
-    e = _first_eval_after_start(run, "nca_const")
-    if e is not None:
-        text += (f" and pulls the context view onto the untrained no-context view (Acc_xc {e['eval/acc_xc']:.3f}, "
-                 f"Acc_x {e['eval/acc_x']:.3f} at step {e['step']})")
-    start = (_load(run / "demo.json") or {}).get("runs", {}).get("nca", {}).get("nca_start")
+            f"0, when the two views start maximally apart: at step {'/'.join(map(str, steps))} its gradient norm is "
+            f"{fmt_stat(n_nca, 3)} against the OPD term's {fmt_stat(n_opd, 4)} (ratio {fmt_stat(ratio, 1)}; "
+            "`grad/norm/*` in `train/nca_const/metrics.jsonl`), so the anchor's update dominates")
+    evals = [e for e in (_first_eval_after_start(r, "nca_const") for r in runs) if e is not None]
+    if evals:
+        xc = seed_stat([e["eval/acc_xc"] for e in evals])
+        x = seed_stat([e["eval/acc_x"] for e in evals])
+        text += (f" and pulls the context view onto the untrained no-context view (Acc_xc {fmt_stat(xc)}, Acc_x "
+                 f"{fmt_stat(x)} at step {evals[0]['step']})")
+    start = (_load(runs[0] / "demo.json") or {}).get("runs", {}).get("nca", {}).get("nca_start")
     if start:
         text += (f"; in {labels.get('nca', 'nca')} β = 0 for the first {start} steps, so OPD moves the no-context "
                  "view first and the anchor then keeps the context view on it")
@@ -135,7 +143,7 @@ def write_report_md(run: str | Path) -> Path:
         if k in evals:
             s = evals[k]["summary"]
             out.append(f"- **{labels.get(k, k)}** — regime {s['regime']}: {s['regime_reason']}")
-    out += _kept_lines(run, labels) + _nca_lines(run, labels)
+    out += _kept_lines(run, labels) + _nca_lines([run], labels)
     out += ["", "## Mechanistic probes", ""] + (_probe_lines(run) or ["(no probe output found)"]) + [""]
     out += _claims_lines([run])
     out += _figure_lines(run)
@@ -178,7 +186,7 @@ def write_aggregate_report(out: str | Path) -> Path:
              f"prompts, lr {cfg.get('lr')}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
              "(item-bootstrap intervals, probes) is in its directory.", "",
              "## Context removability over seeds", "", *_seed_table(summary, labels), ""]
-    lines += _kept_lines(runs[0], labels) if runs else []
+    lines += (_kept_lines(runs[0], labels) + _nca_lines(runs, labels)) if runs else []
     lines += ["", *_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
               f"mechopd demo --task {manifest.get('task')} --seeds {len(runs)} --out {out}",
               f"mechopd aggregate {' '.join(str(r) for r in runs)} --out {out}", "```", ""]
