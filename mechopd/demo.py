@@ -156,6 +156,7 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
         if out.exists() and not resume:
             shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
         tc = TrainConfig(task=cfg.task, student=str(student), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                         estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
                          save_every=max(1, cfg.steps // 2), **{**over, **cfg.train_overrides})
         _log(f"train {name}: {over} ({'resuming' if resume else 'new'})")
