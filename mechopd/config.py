@@ -1,7 +1,10 @@
 """Configs as dataclasses: YAML keys, CLI flags (``--set key=value``) and field names are the same words.
 
 Defaults are the papers' (docs/method.md): lr 5e-6, β = 0.5, ρ = 0.10, K = 16, top-k 256, one rollout per prompt.
-Organism recipes in ``training/`` override what a tiny model needs (higher lr, fewer steps).
+A student ``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key,
+unless the key is set explicitly (`resolve_train_data`). Every value is validated once, here, in
+``TrainConfig.__post_init__`` (the objectives and the trainer assume valid values); ``FIELD_RANGES`` states the range
+of every numeric field.
 """
 
 from __future__ import annotations
@@ -18,6 +21,22 @@ from mechopd.errors import ConfigError
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 
+# every numeric field's range: (integer?, lower bound, lower bound inclusive?, upper bound or None, None allowed?)
+FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
+    "beta": (False, 0, True, None, False), "budget": (False, 0, False, 1, False), "k": (True, 1, True, None, False),
+    "topk": (True, 1, True, None, False), "temperature": (False, 0, False, None, True),
+    "max_new_tokens": (True, 1, True, None, True), "batch_size": (True, 1, True, None, False),
+    "pool_size": (True, 1, True, None, False), "lr": (False, 0, False, None, False), "steps": (True, 1, True, None, False),
+    "warmup": (True, 0, True, None, False), "weight_decay": (False, 0, True, None, False),
+    "grad_clip": (False, 0, False, None, False), "seed": (True, 0, True, None, False),
+    "eval_every": (True, 0, True, None, False), "eval_n": (True, 0, True, None, False),
+    "save_every": (True, 0, True, None, False), "nca_start": (True, 0, True, None, False),
+    "beta_warmup": (True, 0, True, None, False), "grad_stats_every": (True, 0, True, None, False),
+    "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
+}
+# keys `--resume` accepts changed (everything else must equal the run's config.yaml)
+RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard")
+
 METHOD_ALIASES = {
     # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
     "ta_opd": ("opd", "ta_opd"),
@@ -33,16 +52,22 @@ class TrainConfig:
     Models:    student (checkpoint dir, hub id, or ``organism:<task>`` = pretrain/reuse the embedded organism),
                teacher (None = the frozen initial student, i.e. self-distillation; else a checkpoint: cross-model).
     Method:    method (opd | nca | dual_opd | sym_kl; shorthand ta_opd / ta_opd_ent = opd + that selector),
-               beta (NCA / SymKL weight), selector (full | random | entropy | divergence | tip | compat | ta_opd |
-               ta_opd_ent), budget (ρ), k (TA-OPD top-K), c_mode, d_mode, nca_positions ("all": the NCA term covers
-               every response token, "selected": only the selector's kept tokens).
+               beta (NCA / SymKL weight), nca_start (steps with β = 0 before the anchor starts), beta_warmup (steps
+               of a linear ramp 0 → β after nca_start; both 0 = the papers' constant β), nca_positions ("all": the
+               NCA term covers every response token, "selected": only the selector's kept tokens).
+    Selector:  selector (full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent), budget (ρ),
+               k (TA-OPD top-K), c_mode, d_mode, tie_break (position | sequence), min_one_per_response (False: exactly
+               the top ⌈ρN⌉, the paper's text; True: the released code's "≥ 1 token per response", added on top),
+               q_low / q_high (the normalisation quantiles).
     Estimator: estimator (topk | full | sampled), topk (k for the student-top-k reverse KL), renormalize, tail.
     Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_decoder
                (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM), batch_size
                (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
     Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
-    Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard.
+    Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard,
+               grad_stats_every (every N steps: per-term gradient norms, cosines, dominance; 0 = off; one extra
+               backward per term on those steps; needs sharding: none).
     Rendering: no_context_system, chat_template_kwargs (see views.RenderSpec).
     Scale-out: sharding (none: every process holds full student and teacher, gradients all-reduced; fsdp: PyTorch
                FSDP2, student and frozen teacher sharded per decoder layer over all processes, full weights
@@ -56,11 +81,17 @@ class TrainConfig:
     teacher: str | None = None
     method: str = "opd"
     beta: float = 0.5
+    nca_start: int = 0
+    beta_warmup: int = 0
     selector: str = "full"
     budget: float = 0.10
     k: int = 16
     c_mode: str = "exact"
     d_mode: str = "union"
+    tie_break: str = "position"
+    min_one_per_response: bool = False
+    q_low: float = 0.05
+    q_high: float = 0.95
     nca_positions: str = "all"
     estimator: str = "topk"
     topk: int = 256
@@ -80,6 +111,7 @@ class TrainConfig:
     eval_n: int = 200
     save_every: int = 0
     log_tensorboard: bool = False
+    grad_stats_every: int = 0
     no_context_system: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
@@ -93,32 +125,26 @@ class TrainConfig:
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
-        from mechopd.objectives.losses import ESTIMATORS, METHODS
-        from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS
         from mechopd.generate.lean import DECODERS
+        from mechopd.objectives.losses import ESTIMATORS, METHODS
+        from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS, TIE_BREAKS
 
-        _choice("method", self.method, METHODS + tuple(METHOD_ALIASES))
-        _choice("selector", self.selector, SELECTORS)
-        _choice("estimator", self.estimator, ESTIMATORS)
-        _choice("c_mode", self.c_mode, C_MODES)
-        _choice("d_mode", self.d_mode, D_MODES)
-        _choice("nca_positions", self.nca_positions, ("all", "selected"))
-        _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        _choice("sharding", self.sharding, SHARDINGS)
-        _choice("rollout_decoder", self.rollout_decoder, DECODERS)
-        if not (isinstance(self.beta, (int, float)) and self.beta >= 0 and math.isfinite(self.beta)):
-            raise ConfigError(f"beta={self.beta} is invalid: the NCA weight must be a finite number >= 0 (default 0.5)")
-        if not (isinstance(self.budget, (int, float)) and 0 < self.budget <= 1):
-            raise ConfigError(f"budget={self.budget} is invalid: the token budget ρ must be in (0, 1] (default 0.10)")
-        if not (isinstance(self.k, int) and self.k >= 1):
-            raise ConfigError(f"k={self.k} is invalid: the TA-OPD top-K must be an integer >= 1 (default 16)")
-        for name in ("batch_size", "steps", "topk", "pool_size"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr} is invalid: must be > 0")
-        if self.temperature is not None and not self.temperature > 0:
-            raise ConfigError(f"temperature={self.temperature} is invalid: must be > 0")
+        for name, allowed in (("method", tuple(METHODS)), ("selector", SELECTORS), ("estimator", ESTIMATORS),
+                              ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
+                              ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
+                              ("sharding", SHARDINGS), ("rollout_decoder", DECODERS)):
+            _choice(name, getattr(self, name), allowed)
+        for name, spec in FIELD_RANGES.items():
+            _in_range(name, getattr(self, name), *spec)
+        if self.q_low >= self.q_high:
+            raise ConfigError(f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
+                              "(defaults 0.05, 0.95)")
+        if self.renormalize and self.tail:
+            raise ConfigError("renormalize and tail are exclusive: a renormalised top-k distribution has no tail; "
+                              "set one of them to false")
+        if self.grad_stats_every and self.sharding != "none":
+            raise ConfigError(f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
+                              "are taken on full replicas); set grad_stats_every=0 or sharding=none")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,6 +153,26 @@ class TrainConfig:
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
+
+
+def _in_range(name: str, value: Any, integer: bool, lo: float, lo_closed: bool, hi: float | None,
+              optional: bool) -> None:
+    """Refuse a value outside its stated range (see ``FIELD_RANGES``), naming the field and the range."""
+    if value is None and optional:
+        return
+    kind = "an integer" if integer else "a finite number"
+    rng = f"{'>=' if lo_closed else '>'} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+    bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
+    if bad_type or not math.isfinite(value) or (value < lo if lo_closed else value <= lo) or \
+            (hi is not None and value > hi):
+        none = " (or null)" if optional else ""
+        raise ConfigError(f"{name}={value!r} is invalid: it must be {kind} {rng}{none}")
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ...] = RESUME_MUTABLE) -> list[str]:
+    """``"key: old -> new"`` for every key that differs between two config dicts, except the ``allowed`` ones."""
+    keys = sorted((set(old) | set(new)) - set(allowed))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -210,9 +256,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
+    """Explicit keys over the student's organism recipe (``organism:<task>``; none for other students)."""
+    from mechopd.organisms.recipes import recipe_for
+
+    student = data.get("student", TrainConfig.student)
+    return merge(recipe_for(student), data)
+
+
 def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """YAML file, then overrides, then the organism recipe for every key neither sets (see the module docstring)."""
     data = load_yaml(path) if path else {}
-    data = merge(data, overrides or {})
+    data = resolve_train_data(merge(data, overrides or {}))
     return build_config(TrainConfig, data, source=str(path or "train config"))
 
 

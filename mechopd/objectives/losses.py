@@ -12,7 +12,11 @@ What is non-standard here:
 * Every per-position function returns ``[batch, seq]``; :func:`token_mean` reduces over the real response tokens
   of the whole batch. Gradients are analytic through the student's distribution (no REINFORCE term) except for the
   sampled-token estimator, which is a per-token policy gradient by design.
-* A method is a list of :class:`LossTerm` (``method_terms``): OPD and NCA differ by one term, nothing else.
+* A method is a list of :class:`LossTerm` (``method_terms``): OPD and NCA differ by one term, nothing else. Terms
+  are registered by name (``@register_term``, ``TERMS``) and ``METHODS`` maps a method to its term names; the config,
+  the CLI, the gradients probe and the trainer read these two tables.
+* Option values (β, top-k, estimator) are validated once, by ``mechopd.config.TrainConfig``; the functions here
+  assume valid options (``k >= 1``; ``renormalize`` and ``tail`` exclusive).
 """
 
 from __future__ import annotations
@@ -23,176 +27,26 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.errors import ConfigError
+from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
+    SampledKL,
+    TopKKL,
+    _check_mask,
+    common_vocab,
+    dual_opd_ctx,
+    nca_anchor,
+    reverse_kl_full,
+    reverse_kl_topk,
+    sampled_token_kl,
+    sym_kl,
+    token_mean,
+)
 
-METHODS = ("opd", "nca", "dual_opd", "sym_kl")
 ESTIMATORS = ("topk", "full", "sampled")
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens"})
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Vocabulary alignment and reduction
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def common_vocab(*logits: Tensor) -> tuple[Tensor, ...]:
-    """Slice every ``[..., vocab_i]`` tensor to the smallest vocabulary ``min_i vocab_i`` (a view, no copy).
-
-    Teacher and student of one tokenizer family can differ only by padding rows (Qwen2.5-3B: 151936 ids, 7B: 152064).
-    Apply this to the LOGITS, before ``log_softmax``: the distributions are then normalised over the common ids only,
-    so the padding rows carry no mass in either model.
-    """
-    if not logits:
-        raise ValueError("common_vocab needs at least one tensor")
-    vocab = min(x.shape[-1] for x in logits)
-    return tuple(x[..., :vocab] for x in logits)
-
-
-def token_mean(per_pos: Tensor, mask: Tensor) -> Tensor:
-    """Token mean over the real response tokens of the batch: ``Σ_{b,t} per_pos·mask / Σ_{b,t} mask``.
-
-    per_pos: ``[batch, seq]``; mask: ``[batch, seq]`` bool. Raises ``ValueError`` on an empty mask (a silent NaN or 0
-    would hide a rollout with no response tokens).
-    """
-    _check_mask(mask, per_pos.shape)
-    count = int(mask.sum())
-    if count == 0:
-        raise ValueError("token_mean: the mask selects no response token (all responses empty or fully masked)")
-    return torch.where(mask, per_pos, torch.zeros_like(per_pos)).sum() / count
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Per-position divergences
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _kl(p_logp: Tensor, q_logp: Tensor) -> Tensor:
-    """``KL(p ‖ q) = Σ_v p(v) (log p(v) − log q(v))`` over the last axis. ``[..., V] -> [...]``."""
-    return (p_logp.exp() * (p_logp - q_logp)).sum(-1)
-
-
-def reverse_kl_full(student_logp: Tensor, teacher_logp: Tensor) -> Tensor:
-    """OPD loss per position over the full vocabulary (teacher detached).
-
-        KL(q_x ‖ f) = Σ_v q_x(v) (log q_x(v) − log f(v))
-
-    student_logp, teacher_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``. The gradient is analytic through ``q_x``.
-    """
-    _check_pair(student_logp, teacher_logp)
-    return _kl(student_logp, teacher_logp.detach())
-
-
-class TopKKL(NamedTuple):
-    """Per-position top-k reverse KL ``kl [batch, seq]`` and the student's captured top-k mass ``mass`` (detached)."""
-
-    kl: Tensor
-    mass: Tensor
-
-
-def reverse_kl_topk(
-    student_logp: Tensor, teacher_logp: Tensor, k: int = 256, renormalize: bool = False, tail: bool = False
-) -> TopKKL:
-    """OPD loss per position summed over the student's top-k ids ``S = TopK(q_x, k)`` (ids picked without gradient).
-
-        KL_k(q_x ‖ f)      = Σ_{v∈S} q_x(v) (log q_x(v) − log f(v))
-        renormalize=True:   Σ_{v∈S} q̄(v) (log q̄(v) − log f̄(v)),   q̄ = q_x / Σ_{S} q_x,   f̄ = f / Σ_{S} f
-        tail=True:          KL_k + m_q (log m_q − log m_f),   m_q = 1 − Σ_{S} q_x,   m_f = 1 − Σ_{S} f
-
-    Without the tail bucket the sum can be lowered by pushing student mass out of ``S``; the tail term penalises it.
-    The tail masses are computed as log-sum-exp over the complement of ``S`` (no ``1 − Σ`` cancellation).
-    With ``k ≥ vocab`` this is exactly :func:`reverse_kl_full` (the tail is empty).
-
-    student_logp, teacher_logp: ``[batch, seq, vocab]``. Returns ``TopKKL(kl [batch, seq], mass [batch, seq])`` where
-    ``mass = Σ_{v∈S} q_x(v)`` (detached, before renormalisation) is for logging.
-    """
-    _check_pair(student_logp, teacher_logp)
-    if k < 1:
-        raise ConfigError(f"topk={k} is invalid: the top-k support size must be >= 1 (reference: 256)")
-    if renormalize and tail:
-        raise ConfigError("renormalize and tail are exclusive: a renormalised top-k distribution has no tail")
-    teacher_logp = teacher_logp.detach()
-    vocab = student_logp.shape[-1]
-    ids = student_logp.detach().topk(min(k, vocab), dim=-1).indices  # [B, T, k]
-    ls = student_logp.gather(-1, ids)  # log q_x on S, [B, T, k]
-    lt = teacher_logp.gather(-1, ids)  # log f on S
-    mass = ls.detach().logsumexp(-1).exp()
-    if renormalize:
-        ls = ls - ls.logsumexp(-1, keepdim=True)
-        lt = lt - lt.logsumexp(-1, keepdim=True)
-    kl = _kl(ls, lt)
-    if tail and k < vocab:
-        outside = torch.ones_like(student_logp, dtype=torch.bool).scatter(-1, ids, False)  # complement of S
-        log_mq = student_logp.masked_fill(~outside, float("-inf")).logsumexp(-1)  # log(1 − Σ_S q_x)
-        log_mf = teacher_logp.masked_fill(~outside, float("-inf")).logsumexp(-1)  # log(1 − Σ_S f)
-        kl = kl + log_mq.exp() * (log_mq - log_mf)
-    return TopKKL(kl, mass)
-
-
-class SampledKL(NamedTuple):
-    """Surrogate per-token ``loss [batch, seq]`` and the detached ``log_ratio = log q_x(y_t) − log f(y_t)``."""
-
-    loss: Tensor
-    log_ratio: Tensor
-
-
-def sampled_token_kl(student_logp: Tensor, teacher_logp: Tensor, tokens: Tensor) -> SampledKL:
-    """Sampled-token OPD estimator (Thinking-Machines style; TA-OPD's code uses it), on the sampled ids ``y_t``.
-
-        A_t    = −sg[log q_x(y_t) − log f(y_t)]          (per-token advantage, detached)
-        loss_t = −A_t · log q_x(y_t)                     ∇ loss_t = sg[log q_x(y_t) − log f(y_t)] · ∇ log q_x(y_t)
-
-    Because ``y_t ~ q_x``, ``E[∇ loss_t] = ∇ KL(q_x ‖ f)`` per position. The VALUE of ``loss_t`` is NOT a KL; log
-    ``log_ratio`` instead, the unbiased single-sample estimate of ``KL(q_x ‖ f)``.
-
-    student_logp, teacher_logp: ``[batch, seq, vocab]``; tokens: ``[batch, seq]`` long (the sampled response ids; any
-    valid id at padded positions). Returns ``SampledKL(loss [batch, seq], log_ratio [batch, seq] detached)``.
-    """
-    _check_pair(student_logp, teacher_logp)
-    if tokens.shape != student_logp.shape[:-1]:
-        raise ValueError(f"tokens shape {tuple(tokens.shape)} != logp shape[:-1] {tuple(student_logp.shape[:-1])}")
-    idx = tokens.long().unsqueeze(-1)
-    logq = student_logp.gather(-1, idx).squeeze(-1)  # log q_x(y_t), [B, T]
-    logf = teacher_logp.detach().gather(-1, idx).squeeze(-1)  # log f(y_t)
-    log_ratio = (logq - logf).detach()
-    advantage = -log_ratio
-    return SampledKL(-advantage * logq, log_ratio)
-
-
-def nca_anchor(student_nctx_logp: Tensor, student_ctx_logp: Tensor) -> Tensor:
-    """No-Context Anchoring term per position: forward KL to the stop-gradient no-context view.
-
-        KL(sg[q_x] ‖ q_c) = Σ_v sg[q_x](v) (log sg[q_x](v) − log q_c(v))
-
-    ``q_x`` gets NO gradient from this term (it moves only through OPD); ``q_c`` is pulled to ``q_x``.
-    student_nctx_logp, student_ctx_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``.
-    """
-    _check_pair(student_nctx_logp, student_ctx_logp)
-    return _kl(student_nctx_logp.detach(), student_ctx_logp)
-
-
-def dual_opd_ctx(student_ctx_logp: Tensor, teacher_logp: Tensor) -> Tensor:
-    """DualOPD ablation's extra term: also distil the with-context student to the teacher (teacher detached).
-
-        KL(q_c ‖ f) = Σ_v q_c(v) (log q_c(v) − log f(v))
-
-    student_ctx_logp, teacher_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``.
-    """
-    return reverse_kl_full(student_ctx_logp, teacher_logp)
-
-
-def sym_kl(student_nctx_logp: Tensor, student_ctx_logp: Tensor) -> Tensor:
-    """SymKL ablation: symmetric KL between the two student views, NO stop-gradient (it pulls ``q_x`` too).
-
-        ½ [KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]
-
-    student_nctx_logp, student_ctx_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``.
-    """
-    _check_pair(student_nctx_logp, student_ctx_logp)
-    return 0.5 * (_kl(student_nctx_logp, student_ctx_logp) + _kl(student_ctx_logp, student_nctx_logp))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# A method is a set of loss terms
+# A method is a set of loss terms; the terms are registered by name
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -225,13 +79,33 @@ class TermOutput:
 
 
 @dataclass(frozen=True)
+class BetaSchedule:
+    """The anchor's weight multiplier at optimizer step ``s`` (0-based; docs/method.md §2, "anchor schedule").
+
+        m(s) = 0                                   s < start
+        m(s) = min(1, (s − start + 1) / warmup)    s ≥ start, warmup > 0
+        m(s) = 1                                   otherwise
+
+    ``start = warmup = 0`` is the papers' constant β from the first step.
+    """
+
+    start: int = 0
+    warmup: int = 0
+
+    def __call__(self, step: int) -> float:
+        if step < self.start:
+            return 0.0
+        return min(1.0, (step - self.start + 1) / self.warmup) if self.warmup > 0 else 1.0
+
+
+@dataclass(frozen=True)
 class LossTerm:
     """One weighted term of a method's loss.
 
     name: log key ("opd", "nca", "dual", "sym"); weight: its coefficient in the total; fn: ``LossInputs -> TermOutput``;
     needs: which ``LossInputs`` fields it reads ({"student_nctx", "student_ctx", "teacher", "tokens"});
-    selectable: True when a token selector's keep-mask applies to it (only the OPD term; NCA-style terms always use
-    every response token).
+    selectable: True when a token selector's keep-mask applies to it (the OPD term; the NCA term with
+    ``nca_positions="selected"``); schedule: optional multiplier of ``weight`` per step (the anchor schedule).
     """
 
     name: str
@@ -239,46 +113,111 @@ class LossTerm:
     fn: Callable[[LossInputs], TermOutput]
     needs: frozenset[str]
     selectable: bool = False
+    schedule: Callable[[int], float] | None = None
+
+    def weight_at(self, step: int) -> float:
+        return self.weight * (self.schedule(step) if self.schedule is not None else 1.0)
 
 
-def _opd_term(estimator: str, topk: int, renormalize: bool, tail: bool) -> LossTerm:
-    if estimator == "topk":
+@dataclass(frozen=True)
+class TermOptions:
+    """What a registered term may read from the config: L_OPD's estimator and its top-k options."""
+
+    estimator: str = "topk"
+    topk: int = 256
+    renormalize: bool = False
+    tail: bool = False
+
+
+@dataclass(frozen=True)
+class TermSpec:
+    """A registered term: ``build(options) -> (fn, needs)``; ``anchor``: weighted by β and the anchor schedule."""
+
+    name: str
+    build: Callable[[TermOptions], tuple[Callable[[LossInputs], TermOutput], frozenset[str]]]
+    anchor: bool = False
+    selectable: bool = False
+
+
+TERMS: dict[str, TermSpec] = {}
+
+
+def register_term(name: str, anchor: bool = False, selectable: bool = False):
+    """Register a term builder under ``name`` (one file + this decorator + a ``METHODS`` entry adds a method)."""
+
+    def deco(build):
+        TERMS[name] = TermSpec(name, build, anchor, selectable)
+        return build
+
+    return deco
+
+
+@register_term("opd", selectable=True)
+def _opd_term(o: TermOptions):
+    """L_OPD = KL(q_x ‖ f) in the chosen estimator's form."""
+    if o.estimator == "topk":
 
         def fn(x: LossInputs) -> TermOutput:
-            kl, mass = reverse_kl_topk(x.get("student_nctx"), x.get("teacher"), topk, renormalize, tail)
+            kl, mass = reverse_kl_topk(x.get("student_nctx"), x.get("teacher"), o.topk, o.renormalize, o.tail)
             return TermOutput(kl, {"topk_mass": mass})
 
-        needs = {"student_nctx", "teacher"}
-    elif estimator == "full":
+        return fn, frozenset({"student_nctx", "teacher"})
+    if o.estimator == "full":
+        return (lambda x: TermOutput(reverse_kl_full(x.get("student_nctx"), x.get("teacher")))), \
+            frozenset({"student_nctx", "teacher"})
+
+    def sampled(x: LossInputs) -> TermOutput:
+        loss, log_ratio = sampled_token_kl(x.get("student_nctx"), x.get("teacher"), x.get("tokens"))
+        return TermOutput(loss, {"kl_estimate": log_ratio})
+
+    return sampled, frozenset({"student_nctx", "teacher", "tokens"})
+
+
+@register_term("nca", anchor=True)
+def _nca_term(o: TermOptions):
+    """KL(sg[q_x] ‖ q_c)."""
+    return (lambda x: TermOutput(nca_anchor(x.get("student_nctx"), x.get("student_ctx")))), \
+        frozenset({"student_nctx", "student_ctx"})
+
+
+@register_term("dual")
+def _dual_term(o: TermOptions):
+    """KL(q_c ‖ f) with the OPD term's support; "sampled" uses the full sum (y was drawn from q_x, not q_c)."""
+    if o.estimator == "topk":
 
         def fn(x: LossInputs) -> TermOutput:
-            return TermOutput(reverse_kl_full(x.get("student_nctx"), x.get("teacher")))
-
-        needs = {"student_nctx", "teacher"}
-    else:
-
-        def fn(x: LossInputs) -> TermOutput:
-            loss, log_ratio = sampled_token_kl(x.get("student_nctx"), x.get("teacher"), x.get("tokens"))
-            return TermOutput(loss, {"kl_estimate": log_ratio})
-
-        needs = {"student_nctx", "teacher", "tokens"}
-    return LossTerm("opd", 1.0, fn, frozenset(needs), selectable=True)
-
-
-def _dual_term(estimator: str, topk: int, renormalize: bool, tail: bool) -> LossTerm:
-    """KL(q_c ‖ f) with the OPD term's support; "sampled" falls back to the full sum (y was drawn from q_x, not q_c)."""
-    if estimator == "topk":
-
-        def fn(x: LossInputs) -> TermOutput:
-            kl, mass = reverse_kl_topk(x.get("student_ctx"), x.get("teacher"), topk, renormalize, tail)
+            kl, mass = reverse_kl_topk(x.get("student_ctx"), x.get("teacher"), o.topk, o.renormalize, o.tail)
             return TermOutput(kl, {"topk_mass": mass})
 
-    else:
+        return fn, frozenset({"student_ctx", "teacher"})
+    return (lambda x: TermOutput(dual_opd_ctx(x.get("student_ctx"), x.get("teacher")))), \
+        frozenset({"student_ctx", "teacher"})
 
-        def fn(x: LossInputs) -> TermOutput:
-            return TermOutput(dual_opd_ctx(x.get("student_ctx"), x.get("teacher")))
 
-    return LossTerm("dual", 1.0, fn, frozenset({"student_ctx", "teacher"}))
+@register_term("sym", anchor=True)
+def _sym_term(o: TermOptions):
+    """½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]."""
+    return (lambda x: TermOutput(sym_kl(x.get("student_nctx"), x.get("student_ctx")))), \
+        frozenset({"student_nctx", "student_ctx"})
+
+
+METHODS: dict[str, tuple[str, ...]] = {
+    "opd": ("opd",),
+    "nca": ("opd", "nca"),
+    "dual_opd": ("opd", "dual"),
+    "sym_kl": ("opd", "sym"),
+}
+
+
+def make_term(name: str, options: TermOptions = TermOptions(), weight: float = 1.0,
+              schedule: Callable[[int], float] | None = None, selectable: bool | None = None) -> LossTerm:
+    """The registered term ``name`` as a ``LossTerm`` (``selectable`` None = the registration's default)."""
+    if name not in TERMS:
+        raise ValueError(f"loss term {name!r} is not registered (registered: {', '.join(TERMS)})")
+    spec = TERMS[name]
+    fn, needs = spec.build(options)
+    sel = spec.selectable if selectable is None else selectable
+    return LossTerm(name, float(weight), fn, needs, sel, schedule)
 
 
 def method_terms(
@@ -288,6 +227,9 @@ def method_terms(
     topk: int = 256,
     renormalize: bool = False,
     tail: bool = False,
+    *,
+    nca_positions: str = "all",
+    schedule: BetaSchedule | None = None,
 ) -> list[LossTerm]:
     """The loss terms of a method (docs/method.md §1–2); total loss = Σ weight · token_mean(term).
 
@@ -297,27 +239,19 @@ def method_terms(
     sym_kl:   L_OPD + β · ½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]
 
     estimator picks L_OPD's form: "topk" (sum over the student's top-``topk`` ids, optionally renormalised or with a
-    tail bucket), "full" (whole vocabulary) or "sampled" (per-token advantage on ``y_t``).
+    tail bucket), "full" (whole vocabulary) or "sampled" (per-token advantage on ``y_t``). Anchor terms (nca, sym) are
+    weighted by β times ``schedule(step)``; ``nca_positions="selected"`` makes the NCA term selectable (the selector's
+    keep-mask applies to it). Values are validated by ``TrainConfig`` (the one place); this builds.
     """
     if method not in METHODS:
-        raise ConfigError(f"method={method!r} is unknown: use one of {', '.join(METHODS)}")
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"estimator={estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
-    if not beta >= 0:  # also rejects NaN
-        raise ConfigError(f"beta={beta} is invalid: the anchor weight must be >= 0 (paper default 0.5)")
-    if estimator == "topk" and topk < 1:
-        raise ConfigError(f"topk={topk} is invalid: the top-k support size must be >= 1 (reference: 256)")
-    if estimator == "topk" and renormalize and tail:
-        raise ConfigError("renormalize and tail are exclusive: a renormalised top-k distribution has no tail")
-    terms = [_opd_term(estimator, topk, renormalize, tail)]
-    if method == "nca":
-        fn = lambda x: TermOutput(nca_anchor(x.get("student_nctx"), x.get("student_ctx")))  # noqa: E731
-        terms.append(LossTerm("nca", float(beta), fn, frozenset({"student_nctx", "student_ctx"})))
-    elif method == "dual_opd":
-        terms.append(_dual_term(estimator, topk, renormalize, tail))
-    elif method == "sym_kl":
-        fn = lambda x: TermOutput(sym_kl(x.get("student_nctx"), x.get("student_ctx")))  # noqa: E731
-        terms.append(LossTerm("sym", float(beta), fn, frozenset({"student_nctx", "student_ctx"})))
+        raise ValueError(f"method {method!r} has no terms (methods: {', '.join(METHODS)})")
+    opts = TermOptions(estimator, topk, renormalize, tail)
+    terms = []
+    for name in METHODS[method]:
+        spec = TERMS[name]
+        selectable = True if (name == "nca" and nca_positions == "selected") else None
+        terms.append(make_term(name, opts, beta if spec.anchor else 1.0, schedule if spec.anchor else None,
+                               selectable))
     return terms
 
 
@@ -326,45 +260,63 @@ def terms_need(terms: list[LossTerm]) -> frozenset[str]:
     return frozenset().union(*(t.needs for t in terms))
 
 
+class LossResult(NamedTuple):
+    """loss: the scalar to differentiate; logs: detached scalars; weighted: ``{name: w · term value}`` (with grad);
+    weights: ``{name: w}``, each term's effective weight at the step (β·schedule for an anchor: its ``beta_eff``)."""
+
+    loss: Tensor
+    logs: dict[str, Tensor]
+    weighted: dict[str, Tensor]
+    weights: dict[str, float]
+
+
+def _local_count(mask: Tensor) -> Tensor:
+    return mask.sum()
+
+
 def total_loss(
-    terms: list[LossTerm], inputs: LossInputs, mask: Tensor, keep: Tensor | None = None
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Σ_term weight · token_mean(term, mask_term); returns ``(loss, logs)`` with detached scalar logs.
+    terms: list[LossTerm],
+    inputs: LossInputs,
+    mask: Tensor,
+    keep: Tensor | None = None,
+    *,
+    step: int = 0,
+    count: Callable[[Tensor], Tensor] = _local_count,
+) -> LossResult:
+    """Σ_term w_term(step) · Σ_{b,t} per_pos · mask_term / count(mask_term); returns ``LossResult``.
 
     mask: ``[batch, seq]`` bool, the real response tokens. keep: optional ``[batch, seq]`` bool selector mask; it
-    applies only to ``selectable`` terms (OPD), whose token mean is then over the kept tokens (a hard 0/1 loss mask).
-    Logged: ``loss/<name>`` (the term's token mean, unweighted) and ``<name>/<stat>`` (stat's mean over ``mask``).
+    applies only to ``selectable`` terms, whose mean is then over the kept tokens (a hard 0/1 loss mask).
+    count: the denominator of a mask; the default counts this batch's tokens (a token mean); a multi-process trainer
+    passes the count over ALL processes, so every value here is this process's share and the shares SUM to the
+    global mean (the caller sums logs over processes). A zero count raises ``ValueError``.
+    Logged: ``loss/<name>`` (the term's mean, unweighted) and ``<name>/<stat>`` (stat's mean over ``mask``).
+    ``step`` (0-based) sets each term's weight through its schedule (``LossResult.weights``).
     """
-    loss: Tensor | None = None
+    if not terms:
+        raise ValueError("total_loss needs at least one term")
     logs: dict[str, Tensor] = {}
+    weighted: dict[str, Tensor] = {}
+    weights: dict[str, float] = {}
     for term in terms:
         out = term.fn(inputs)
         term_mask = mask & keep if (term.selectable and keep is not None) else mask
-        value = token_mean(out.per_pos, term_mask)
-        loss = term.weight * value if loss is None else loss + term.weight * value
+        value = _masked_share(out.per_pos, term_mask, count)
+        w = weights[term.name] = term.weight_at(step)
+        weighted[term.name] = w * value
         logs[f"loss/{term.name}"] = value.detach()
         for key, stat in out.stats.items():
-            logs[f"{term.name}/{key}"] = token_mean(stat.detach(), mask)
-    if loss is None:
-        raise ValueError("total_loss needs at least one term")
-    return loss, logs
+            logs[f"{term.name}/{key}"] = _masked_share(stat.detach(), mask, count)
+    loss = sum(weighted.values())
+    return LossResult(loss, logs, weighted, weights)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Shape checks (programming errors, not user errors)
-# ---------------------------------------------------------------------------------------------------------------------
+def _masked_share(per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tensor]) -> Tensor:
+    """``Σ per_pos·mask / count(mask)`` (padded positions may hold inf/nan: selected out, never multiplied)."""
+    _check_mask(mask, per_pos.shape)
+    den = count(mask)
+    if float(den) == 0:
+        raise ValueError("total_loss: the mask selects no response token (all responses empty or fully masked)")
+    return torch.where(mask, per_pos, torch.zeros_like(per_pos)).sum() / den
 
 
-def _check_pair(a: Tensor, b: Tensor) -> None:
-    if a.dim() != 3 or a.shape != b.shape:
-        raise ValueError(
-            f"expected two [batch, seq, vocab] log-prob tensors of one shape, got {tuple(a.shape)} and "
-            f"{tuple(b.shape)} (different vocab sizes: apply common_vocab to the logits first)"
-        )
-
-
-def _check_mask(mask: Tensor, shape: torch.Size) -> None:
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
-    if mask.shape != shape:
-        raise ValueError(f"mask shape {tuple(mask.shape)} != values shape {tuple(shape)}")

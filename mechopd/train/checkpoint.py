@@ -55,8 +55,12 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, optim_state: dict[str
         save_file(tensors, str(tmp / OPTIM))
         save_file({f"rng.{k}": v for k, v in rng.items()}, str(tmp / "rng.safetensors"))
 
-    return atomic_save(model_to_save, tokenizer, out, extra={STATE: json.dumps(full_state, indent=1, default=str)},
-                       writer=extra_files)
+    try:
+        return atomic_save(model_to_save, tokenizer, out, extra={STATE: json.dumps(full_state, indent=1, default=str)},
+                           writer=extra_files)
+    except OSError as e:  # disk full, quota, permissions: the temp dir is gone, older checkpoints untouched
+        raise TrainingError(f"writing checkpoint {out} failed: {e.strerror or e}; the older checkpoints are kept — "
+                            "free disk space, then --resume") from None
 
 
 def _py_rng() -> list:

@@ -19,50 +19,30 @@ position (a 2N-step run equals an N-step run resumed for N more).
 from __future__ import annotations
 
 import json
-import math
 import random
+import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
-from mechopd.config import TrainConfig, dump_yaml
-from mechopd.errors import ConfigError, TrainingError
+from mechopd.config import TrainConfig, dump_yaml, resolve_train_data
+from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, vocab_size
-from mechopd.tasks.base import get_task
-from mechopd.train import dist
-from mechopd.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mechopd.objectives.losses import LossInputs, method_terms, terms_need
 from mechopd.generate.sampler import play_games, sample, stable_seed, stop_ids
 from mechopd.generate.scorer import response_logits, to_logp
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, vocab_size
+from mechopd.objectives.losses import BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.tasks.base import get_task
+from mechopd.train import dist, gradstats, guard, rundir
+from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
+from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
-
-
-@dataclass
-class RunDir:
-    root: Path
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def final(self) -> Path:
-        return self.root / "final"
 
 
 def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool = True) -> str:
@@ -80,6 +60,11 @@ def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool 
     return str(out)
 
 
+def _global_count(mask: torch.Tensor) -> torch.Tensor:
+    """The number of masked tokens over ALL processes (the loss denominator; `losses.total_loss`'s ``count``)."""
+    return dist.all_sum(mask.sum().float())
+
+
 def _global_mean(per_pos: torch.Tensor, mask: torch.Tensor) -> float:
     """Token mean over the response tokens of ALL processes (a logged value must not depend on the layout).
 
@@ -89,31 +74,19 @@ def _global_mean(per_pos: torch.Tensor, mask: torch.Tensor) -> float:
     return float(num / dist.all_sum(mask.sum().float()).clamp(min=1.0))
 
 
+def resolved_config_block(cfg: TrainConfig, resume_from: Path | None) -> str:
+    """The resolved config as one YAML block (printed at the start of every run), naming the recipe it started from."""
+    from mechopd.organisms.recipes import recipe_for
+
+    recipe = recipe_for(cfg.student)
+    from_recipe = sorted(k for k, v in recipe.items() if getattr(cfg, k) == v)
+    head = f"resolved config ({'resuming from ' + str(resume_from) if resume_from else 'new run'}"
+    head += f"; organism recipe for {', '.join(from_recipe)} unless set)" if recipe else "; paper defaults unless set)"
+    return head + ":\n" + "".join(f"  {ln}\n" for ln in yaml.safe_dump(cfg.to_dict(), sort_keys=False).splitlines())
+
+
 def _row_seed(seed: int, step: int, row: int) -> int:
     return stable_seed(seed, step, row)
-
-
-class Logger:
-    """metrics.jsonl always; TensorBoard only when asked. Same signature either way (the loop never branches)."""
-
-    def __init__(self, path: Path, enabled: bool, tensorboard: bool):
-        self.path, self.enabled, self.tb = path, enabled, None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("log_tensorboard=true needs the tensorboard package: pip install tensorboard") from None
-            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
-
-    def log(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(k, v, record["step"])
 
 
 class Trainer:
@@ -123,8 +96,10 @@ class Trainer:
         self.cfg, self.progress = cfg, progress
         self.rank, self.world = dist.init()
         self.run_dir = RunDir(Path(out_dir))
-        self._check_out_dir(resume)
-        self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before loading any model
+        self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before touching --out
+        resume, note = rundir.prepare(self.run_dir, cfg, resume, self.rank == 0)
+        dist.barrier()
+        self._say(note)
         self.device = torch.device("cuda" if (cfg.device == "auto" and torch.cuda.is_available()) else
                                    ("cpu" if cfg.device == "auto" else cfg.device))
         dtype = getattr(torch, cfg.dtype)
@@ -133,7 +108,7 @@ class Trainer:
         teacher_path = cfg.teacher or student_path
         if cfg.teacher:
             check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
-        self.resume_from = latest_checkpoint(self.run_dir.root) if resume else None
+        self.resume_from = rundir.latest_checkpoint(self.run_dir.root) if resume else None
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.shard = make_sharding(cfg.sharding, self.device)
@@ -143,10 +118,14 @@ class Trainer:
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
-        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
+        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
+                                  nca_positions=cfg.nca_positions, schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup))
         self.needs = terms_need(self.terms)
-        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode)
-        self.params = [p for p in self.student.parameters() if p.requires_grad]
+        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
+                                      tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
+                                      q_low=cfg.q_low, q_high=cfg.q_high)
+        named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
+        self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warm = max(1, cfg.warmup)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
@@ -159,30 +138,18 @@ class Trainer:
             state = load_checkpoint(self.resume_from, None, self.sched)
             self.shard.load_optimizer_state(self.student, self.opt, self.resume_from)
             self.step, self.position = state["step"], state["position"]
+        self.fresh = self.resume_from is None
         self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
         if self.rank == 0:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)
             dump_yaml(cfg, self.run_dir.config)
-            self._truncate_metrics()
+            self._say(rundir.truncate_metrics(self.run_dir.metrics, self.step))
+        self._say(resolved_config_block(cfg, self.resume_from))
 
     # -- setup helpers -------------------------------------------------------------------------------------------------
-    def _check_out_dir(self, resume: bool) -> None:
-        root = self.run_dir.root
-        has_run = root.exists() and any(root.iterdir())
-        if has_run and not resume:
-            raise TrainingError(f"--out {root} already holds a run; pass --resume to continue it or choose another "
-                                "--out (nothing was overwritten)")
-        if resume and latest_checkpoint(root) is None:
-            raise TrainingError(f"--resume: {root} has no complete checkpoint (checkpoints/step-N); start a new run "
-                                "or set save_every")
-
-    def _truncate_metrics(self) -> None:
-        """On resume, drop metric lines written after the checkpoint we resume from."""
-        p = self.run_dir.metrics
-        if not p.exists():
-            return
-        keep = [ln for ln in p.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
-        p.write_text("".join(ln + "\n" for ln in keep))
+    def _say(self, text: str | None) -> None:
+        if text and self.rank == 0:
+            print(text, flush=True)
 
     def _render(self, prompt: str, context: str | None) -> list[int]:
         key = (prompt, context)
@@ -262,29 +229,12 @@ class Trainer:
             else None
         keep, kept = self._selection(s_x.detach(), t_logp, mask)
         inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
-        loss = torch.zeros((), device=self.device)
-        logs: dict[str, Any] = {}
-        for term in self.terms:
-            out = term.fn(inputs)
-            use_keep = term.selectable or (cfg.nca_positions == "selected" and term.name == "nca")
-            tmask = mask & keep if use_keep else mask
-            num = (out.per_pos * tmask).sum()
-            den = dist.all_sum(tmask.sum().float()).clamp(min=1.0)
-            value = num / den
-            total = float(dist.all_sum(num.detach()) / den)
-            if not math.isfinite(total):
-                raise TrainingError(f"loss term {term.name!r} became {total} at step {self.step + 1}; the last good "
-                                    "checkpoint is intact — lower lr or check the teacher")
-            loss = loss + term.weight * value
-            logs[f"loss/{term.name}"] = total
-            for k, v in out.stats.items():
-                logs[f"{term.name}/{k}"] = _global_mean(v.detach(), mask)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.shard.reduce_grads(self.params)
-        gnorm = self.shard.clip_grads(self.params, cfg.grad_clip)
-        self.opt.step()
-        self.sched.step()
+        res = total_loss(self.terms, inputs, mask, keep, step=self.step, count=_global_count)
+        logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
+        guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
+        logs.update({"beta_eff": res.weights[t.name] for t in self.terms if t.schedule is not None})
+        logs.update(self._backward(res.weighted))
+        gnorm = self._apply_step(res.weighted)
         with torch.no_grad():
             kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
             logs["kl/teacher_student"] = _global_mean(kl, mask)
@@ -293,12 +243,46 @@ class Trainer:
         self.step += 1
         self.position += cfg.batch_size
         n_samples = float(dist.all_sum(torch.tensor(float(len(prompts)))))
-        return {"step": self.step, "loss": float(dist.all_sum(loss.detach())),
+        return {"step": self.step, "loss": float(dist.all_sum(res.loss.detach())),
                 **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
-                "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples),
+                "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
+
+    def _diagnosable(self) -> bool:
+        """Keep the graph after backward so that a non-finite gradient can be traced to its term (replicas only)."""
+        return len(self.terms) > 1 and self.cfg.sharding == "none"
+
+    def _backward(self, weighted: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Gradients of the total into ``.grad``; on a ``grad_stats_every`` step one backward per term + their stats."""
+        self.opt.zero_grad(set_to_none=True)
+        every = self.cfg.grad_stats_every
+        if every and (self.step + 1) % every == 0:
+            grads = gradstats.term_grads(weighted, self.params)
+            gradstats.set_summed_grads(self.params, grads)
+            stats = gradstats.grad_stats(grads, self.param_names)
+            self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in grads}
+            return stats
+        self._last_term_norms = None
+        sum(weighted.values()).backward(retain_graph=self._diagnosable())
+        return {}
+
+    def _apply_step(self, weighted: dict[str, torch.Tensor]) -> float:
+        """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step."""
+        self.shard.reduce_grads(self.params)
+        gnorm = self.shard.clip_grads(self.params, self.cfg.grad_clip)
+        if self._last_term_norms is not None:
+            diagnose = lambda: self._last_term_norms  # noqa: E731
+        elif len(self.terms) == 1:
+            diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
+        else:
+            diagnose = (lambda: gradstats.term_norms(weighted, self.params)) if self._diagnosable() else None
+        guard.check_grad_norm(gnorm, self.step + 1, diagnose)
+        self.opt.step()
+        self.sched.step()
+        guard.check_weights(self.params, self.step + 1)
+        return gnorm
 
     # -- the loop ------------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -317,6 +301,7 @@ class Trainer:
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 
     def save(self, path: Path) -> None:
+        guard.check_weights(self.params, self.step, "before saving")
         model = self.shard.full_model(self.student)  # collectives: every process takes part, rank 0 writes
         optim = self.shard.optimizer_state(self.student, self.opt)
         if self.rank == 0:
@@ -324,7 +309,39 @@ class Trainer:
                             {"step": self.step, "position": self.position, "config": self.cfg.to_dict()})
         dist.barrier()
 
+    def save_final(self) -> Path:
+        from mechopd.models import atomic_save
+
+        guard.check_weights(self.params, self.step, "before saving the final model")
+        model = self.shard.full_model(self.student)
+        if self.rank == 0:
+            extra = {"training.json": json.dumps({"step": self.step, "config": self.cfg.to_dict()}, indent=1)}
+            try:
+                atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra)
+            except OSError as e:
+                raise TrainingError(f"writing {self.run_dir.final} failed: {e.strerror or e}; the checkpoints are "
+                                    "kept — free disk space, then --resume") from None
+        dist.barrier()
+        return self.run_dir.final
+
     def run(self) -> Path:
+        try:
+            return self._run()
+        except MechopdError as e:
+            if not isinstance(e, TrainingError):
+                self._forget_refused_run()
+            raise
+
+    def _forget_refused_run(self) -> None:
+        """A new run refused for bad input before its first checkpoint leaves no file behind."""
+        if self.rank == 0 and self.fresh and rundir.latest_checkpoint(self.run_dir.root) is None:
+            for name in rundir.RUN_FILES:
+                p = self.run_dir.root / name
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if self.run_dir.root.is_dir() and not any(self.run_dir.root.iterdir()):
+                self.run_dir.root.rmdir()
+
+    def _run(self) -> Path:
         cfg = self.cfg
         if self.step == 0 and cfg.eval_every:
             self.logger.log({"step": 0, **self.evaluate()})
@@ -340,17 +357,10 @@ class Trainer:
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
-        model = self.shard.full_model(self.student)
-        if self.rank == 0:
-            from mechopd.models import atomic_save
-
-            atomic_save(model, self.tokenizer, self.run_dir.final,
-                        extra={"training.json": json.dumps({"step": self.step, "config": cfg.to_dict()}, indent=1)})
-        dist.barrier()
-        return self.run_dir.final
+        return self.save_final()
 
 
 def train(config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True) -> Path:
     """Train one run into `out_dir` (see the module docstring); returns the final checkpoint directory."""
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig(**config)
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig(**resolve_train_data(config))
     return Trainer(cfg, out_dir, resume=resume, progress=progress).run()

@@ -246,16 +246,28 @@ def test_budget_is_exact_ceil_without_float_drift():
 def test_at_least_one_per_response_is_added_on_top_of_the_budget():
     mask = make_mask([5, 2, 1])
     score = torch.tensor([[9.0, 8, 7, 6, 5], [1, 3, 0, 0, 0], [2, 0, 0, 0, 0]])
-    keep = S.select_top_budget(score, mask, rho=0.2)  # ⌈0.2·8⌉ = 2: both from sequence 0
+    keep = S.select_top_budget(score, mask, rho=0.2, min_one_per_response=True)  # ⌈0.2·8⌉ = 2: both from seq 0
     assert keep[0].tolist() == [True, True, False, False, False]
     assert keep[1].tolist() == [False, True, False, False, False]  # its best position, not its first
     assert keep[2].tolist() == [True, False, False, False, False]
     assert int(keep.sum()) == 4
 
 
+def test_default_keeps_exactly_the_budget_as_the_paper_says():
+    mask = make_mask([5, 2, 1])
+    score = torch.tensor([[9.0, 8, 7, 6, 5], [1, 3, 0, 0, 0], [2, 0, 0, 0, 0]])
+    keep = S.select_top_budget(score, mask, rho=0.2)  # the paper's text: exactly ⌈0.2·8⌉ = 2, nothing added
+    assert keep[0].tolist() == [True, True, False, False, False] and not keep[1:].any()
+    sel = S.make_selector("ta_opd")
+    assert sel.min_one_per_response is False
+    out = S.make_selector("random").from_stats(None, mask, 0.2, torch.Generator().manual_seed(0))
+    assert int(out.keep.sum()) == 2 and out.kept_fraction == 2 / 8
+
+
 def test_one_token_responses_and_batch_of_one():
     single = make_mask([1, 1, 1])
-    keep = S.select_top_budget(torch.tensor([[0.1] * T, [0.9] * T, [0.5] * T]), single, rho=0.1)
+    keep = S.select_top_budget(torch.tensor([[0.1] * T, [0.9] * T, [0.5] * T]), single, rho=0.1,
+                               min_one_per_response=True)
     assert torch.equal(keep, single)  # budget 1 plus one per response
     one = make_mask([4], seq=4)
     keep = S.select_top_budget(torch.tensor([[0.2, 0.7, 0.7, 0.1]]), one, rho=0.5)
@@ -287,19 +299,23 @@ def test_rho_one_keeps_every_valid_position(name):
     assert torch.equal(sel.keep, S.select("full", None, None, MASK, rho=1.0).keep)
 
 
+@pytest.mark.parametrize("min_one", [False, True])
 @pytest.mark.parametrize("d_mode", S.D_MODES)
 @pytest.mark.parametrize("name", ["entropy", "divergence", "tip", "compat", "ta_opd", "ta_opd_ent"])
-def test_score_selectors_end_to_end_match_reference(name, d_mode):
+def test_score_selectors_end_to_end_match_reference(name, d_mode, min_one):
     student, teacher = make_logp(8, (4, 6, V)), make_logp(9, (4, 6, V))
     mask = make_mask([6, 4, 1, 3], seq=6)
-    sel = S.select(name, student, teacher, mask, rho=0.3, d_mode=d_mode, c_mode="lower_bound", k=4)
+    sel = S.select(name, student, teacher, mask, rho=0.3, d_mode=d_mode, c_mode="lower_bound", k=4,
+                   min_one_per_response=min_one)
     ref = ref_stats(student, teacher, mask, 4)
     m = mask.numpy()
     h, d, c = (ref_norm(ref[key], m) for key in ("H", f"D_{d_mode}", "C_lower_bound"))
     score = {"entropy": h, "divergence": d, "tip": h + d - h * d, "compat": c, "ta_opd": d * c,
              "ta_opd_ent": h + d * c - h * d * c}[name]
     np.testing.assert_allclose(sel.score.numpy(), score, atol=1e-9)
-    np.testing.assert_array_equal(sel.keep.numpy(), ref_select(sel.score.numpy(), m, 0.3, "position", True))
+    np.testing.assert_array_equal(sel.keep.numpy(), ref_select(sel.score.numpy(), m, 0.3, "position", min_one))
+    if not min_one:
+        assert int(sel.keep.sum()) == sel.budget and sel.kept_fraction == sel.budget / 14
     assert sel.budget == math.ceil(0.3 * 14) and sel.normed is not None
 
 

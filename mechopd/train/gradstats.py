@@ -1,0 +1,93 @@
+"""Per-term gradient statistics during training (``grad_stats_every``; docs/method.md §6, "gradient alignment").
+
+On a stats step each WEIGHTED term w_i·L_i gets its own backward (``autograd.grad``, graph retained between terms);
+their sum is the step's gradient (linearity), so it is written into ``.grad`` and no further backward runs: a stats
+step costs one backward per term instead of one. Gradients are summed over processes before any statistic.
+With g_i the flat gradient of term i over the student's parameters (tied weights once):
+
+    grad/norm/<i>                          ‖g_i‖
+    grad/cos/<i>__<j>                      <g_i, g_j> / (‖g_i‖ ‖g_j‖)             (None when a norm is 0)
+    grad/cos_group/<i>__<j>/<layer>.<m>    the same over one layer × module group (layer = decoder layer index, or
+                                           "none" for parameters outside the decoder layers: embeddings, final norm)
+    grad/dominance/<i>                     share of coordinates where |g_i| is the largest of all terms (ties to the
+                                           earlier term; coordinates where every term is 0 are not counted)
+Pairs (i, j) follow the method's term order (i before j).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from mechopd.models import module_kind, param_layer
+from mechopd.train import dist
+
+
+def term_grads(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) -> dict[str, list[Tensor]]:
+    """One backward per weighted term: ``{term: [grad per parameter]}`` (zeros where a term does not reach)."""
+    out: dict[str, list[Tensor]] = {}
+    names = list(weighted)
+    for i, name in enumerate(names):
+        grads = torch.autograd.grad(weighted[name], params, retain_graph=i < len(names) - 1, allow_unused=True)
+        out[name] = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+    return out
+
+
+def set_summed_grads(params: list[torch.nn.Parameter], grads: dict[str, list[Tensor]]) -> None:
+    """``p.grad = Σ_terms g_term`` (this process's gradient of the total loss)."""
+    for k, p in enumerate(params):
+        p.grad = sum(g[k] for g in grads.values()).detach()
+
+
+def _flat(grads: list[Tensor]) -> Tensor:
+    """This process's gradients as one float32 vector, summed over processes. ``[Σ numel]``."""
+    return dist.all_sum(torch.cat([g.detach().reshape(-1).float() for g in grads]))
+
+
+def _cos(dot: float, sq_a: float, sq_b: float) -> float | None:
+    return dot / math.sqrt(sq_a * sq_b) if sq_a > 0 and sq_b > 0 else None
+
+
+def grad_stats(grads: dict[str, list[Tensor]], param_names: list[str]) -> dict[str, float | None]:
+    """The metrics listed in the module docstring; ``param_names`` align with each term's list of gradients."""
+    names = list(grads)
+    flats = {t: _flat(g) for t, g in grads.items()}
+    sizes = [g.numel() for g in next(iter(grads.values()))]
+    groups = [f"{'none' if param_layer(n) is None else param_layer(n)}.{module_kind(n)}" for n in param_names]
+    rec: dict[str, float | None] = {}
+    for t in names:
+        rec[f"grad/norm/{t}"] = float(flats[t].double().norm())
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            fa, fb = flats[a].double(), flats[b].double()
+            rec[f"grad/cos/{a}__{b}"] = _cos(float(fa @ fb), float(fa @ fa), float(fb @ fb))
+            acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+            offset = 0
+            for group, size in zip(groups, sizes):
+                sa, sb = fa[offset:offset + size], fb[offset:offset + size]
+                s = acc[group]
+                s[0] += float(sa @ sb)
+                s[1] += float(sa @ sa)
+                s[2] += float(sb @ sb)
+                offset += size
+            for group, (dot, qa, qb) in acc.items():
+                rec[f"grad/cos_group/{a}__{b}/{group}"] = _cos(dot, qa, qb)
+    rec.update(_dominance(names, flats))
+    return rec
+
+
+def _dominance(names: list[str], flats: dict[str, Tensor]) -> dict[str, float | None]:
+    mags = torch.stack([flats[t].abs() for t in names])  # [terms, Σ numel]
+    top, arg = mags.max(0)  # max returns the first index on ties
+    counted = top > 0
+    n = int(counted.sum())
+    return {f"grad/dominance/{t}": (float((arg[counted] == i).sum()) / n if n else None) for i, t in enumerate(names)}
+
+
+def term_norms(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) -> dict[str, float]:
+    """Each weighted term's gradient norm over all processes (failure diagnosis; consumes the retained graph)."""
+    grads = term_grads(weighted, params)
+    return {t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()}

@@ -1,0 +1,60 @@
+"""The step guard: a non-finite step is never applied, and non-finite weights are never saved.
+
+Checked on every step, in this order:
+  1. each loss term's value (summed over processes) is finite — before the backward pass;
+  2. the global gradient norm (after the reduce over processes, before clipping) is finite — before ``opt.step()``;
+     when it is not, the per-term gradient norms name the term(s) responsible;
+  3. the weights after the update are finite (one norm per parameter tensor; cheap next to a forward pass) — before
+     any later save. Steps 1–2 keep a NaN gradient out of the weights; step 3 catches an update that overflows
+     (e.g. a huge lr in half precision): the run stops and the in-memory weights are never written.
+Every failure is a ``TrainingError`` naming the step; the newest checkpoint on disk is then the last good one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from mechopd.errors import TrainingError
+from mechopd.train import dist
+
+ADVICE = "the step was not applied and nothing was saved; the newest checkpoint is the last good one — lower lr or " \
+         "check the teacher, then --resume"
+
+
+def check_losses(values: dict[str, float], step: int) -> None:
+    """``values``: ``{term name: global term value}``; ``step``: the 1-based step being computed."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise TrainingError(f"loss term {name!r} became {value} at step {step}; {ADVICE}")
+
+
+def check_grad_norm(norm: float, step: int, term_norms: Callable[[], dict[str, float]] | None) -> None:
+    """``norm``: the global gradient norm; ``term_norms``: called only on failure, ``{term: its gradient norm}``."""
+    if math.isfinite(norm):
+        return
+    culprit = "the summed gradient (per-term norms unavailable)"
+    if term_norms is not None:
+        norms = term_norms()
+        bad = [t for t, v in norms.items() if not math.isfinite(v)]
+        shown = ", ".join(f"{t}={v:.3g}" for t, v in norms.items())
+        culprit = f"term {' and '.join(repr(t) for t in bad)} (gradient norms {shown})" if bad else \
+            f"the summed gradient (every term's own norm is finite: {shown})"
+    raise TrainingError(f"gradient norm became {norm} at step {step}, from {culprit}; {ADVICE}")
+
+
+def nonfinite_weights(params: list[torch.nn.Parameter]) -> int:
+    """Number of parameter tensors (over all processes) holding a NaN or inf; a sharded tensor counts its shard."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    bad = sum(int(not torch.isfinite(torch.linalg.vector_norm(t.detach().float()))) for t in local)
+    return int(dist.all_sum(torch.tensor(float(bad))))
+
+
+def check_weights(params: list[torch.nn.Parameter], step: int, what: str = "after the update") -> None:
+    """Refuse non-finite weights (called after every update and before every save)."""
+    n = nonfinite_weights(params)
+    if n:
+        raise TrainingError(f"{n} weight tensor(s) are non-finite {what} at step {step}; they were not saved, the "
+                            "newest checkpoint is the last good one — lower lr, then --resume")
