@@ -40,10 +40,10 @@ GRAD_STATS_EVERY = 10
 METHODS: dict[str, dict[str, Any]] = {
     "opd": {"method": "opd", "selector": "full"},
     "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": NCA_START},
-    "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0},
+    "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0, "grad_stats_every": 1},
     "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
 }
-GRAD_STAT_METHODS = ("opd", "nca", "nca_const")
+GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
 # Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
 # 10 minutes of this 2-core CPU with a pretrained organism (measured: see the README's demo section).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -98,7 +98,7 @@ class DemoConfig:
             over = dict(over)
             if name == "nca":
                 over["nca_start"] = self.nca_start
-            if name in GRAD_STAT_METHODS:
+            if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
                 over["grad_stats_every"] = self.grad_stats_every
             out[name] = over
         return out
