@@ -61,7 +61,8 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 
 def layer_cosines(run: Path, model: str) -> list[float]:
-    """Per-token mean two-view cosine after each decoder layer (``layers.{i}.resid_post``), layer order; [] if absent."""
+    """Per-token mean two-view cosine after each decoder layer (``layers.{i}.resid_post``), in layer order;
+    [] without ``probes/similarity.csv``."""
     path = Path(run) / "probes" / "similarity.csv"
     if not path.is_file():
         return []
@@ -70,7 +71,8 @@ def layer_cosines(run: Path, model: str) -> list[float]:
 
 
 def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
-    """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of ``train/<method>/metrics.jsonl``."""
+    """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of
+    ``train/<method>/metrics.jsonl`` (steps where the cosine is undefined — a term with zero weight — are left out)."""
     out = []
     for r in metric_lines(Path(run) / "train" / method / "metrics.jsonl"):
         cos = r.get(f"grad/cos/{a}__{b}", r.get(f"grad/cos/{b}__{a}"))
@@ -82,8 +84,8 @@ def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[t
 
 
 def update_norms(run: Path, model: str) -> tuple[dict[int, float], dict[str, float]] | None:
-    """Relative update ‖ΔW‖/‖W0‖ of `model` vs base, pooled per decoder layer and per module name (Frobenius norms
-    summed in square over the parameters of the group); None without ``probes/deltas.csv``."""
+    """Relative update ‖ΔW‖/‖W0‖ of `model` vs base, pooled per decoder layer and per module name
+    (Frobenius norms summed in square over the parameters of the group); None without ``probes/deltas.csv``."""
     path = Path(run) / "probes" / "deltas.csv"
     if not path.is_file():
         return None
