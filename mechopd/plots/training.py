@@ -198,9 +198,19 @@ def sweep_curves(path: Path) -> dict[str, tuple[list[float], list[float]]]:
     return {sel: (sorted(d), [d[b] for b in sorted(d)]) for sel, d in curves.items()}
 
 
+def sweep_kept(path: Path) -> dict[str, dict[float, float]]:
+    """selector -> {budget in %: measured kept fraction} for the rows that carry ``kept`` (written by the demo)."""
+    out: dict[str, dict[float, float]] = {}
+    for row in read_json(path).get("rows", []):
+        if isinstance(row, dict) and row.get("kept") is not None and row.get("acc_x") is not None:
+            out.setdefault(str(row["selector"]), {})[percent(row["budget"])] = float(row["kept"])
+    return out
+
+
 @styled
 def figure_budget_curve(run_dir: Path) -> Figure | None:
-    """Final no-context accuracy against the TA-OPD budget ρ, one line per selector. None without sweep.json."""
+    """Final no-context accuracy against the TA-OPD budget ρ, one line per selector, each point annotated with the
+    kept fraction it measured (rows with ``kept``). None without sweep.json."""
     info = run_info(run_dir)
     path = info.root / "sweep" / "sweep.json"
     if not path.is_file():
@@ -213,8 +223,13 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
     colours = palette(info.models + list(curves))
     fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot()
+    kept = sweep_kept(path)
     for selector, (budgets, acc) in curves.items():
         ax.plot(budgets, acc, marker="o", color=colours[selector], label=info.label(selector))
+        for b, a in zip(budgets, acc):
+            if b in kept.get(selector, {}):  # the share of positions the run actually trained on
+                ax.annotate(f"kept {kept[selector][b]:.2f}", (b, a), textcoords="offset points", xytext=(3, 3),
+                            fontsize=6, color=colours[selector])
     ticks = sorted({b for budgets, _ in curves.values() for b in budgets})
     ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
     ax.set_xlabel("token budget ρ (% of response positions trained on)")

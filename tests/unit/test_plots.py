@@ -134,8 +134,8 @@ def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
 
 
 def _write_sweep(run: Path, rng: np.random.Generator) -> None:
-    rows = [{"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random())}
-            for s in SELECTORS for b in BUDGETS]
+    rows = [{"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random()),
+             "kept": b + 0.01} for s in SELECTORS for b in BUDGETS]
     rows.append({"selector": "random", "budget": 1.0, "acc_x": None, "acc_xc": None})  # null: left out
     (run / "sweep").mkdir()
     (run / "sweep" / "sweep.json").write_text(json.dumps({"rows": rows}))
@@ -421,6 +421,8 @@ def test_budget_curve_one_line_per_selector(run_dir: Path) -> None:
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["TA-OPD", "random", "entropy"]
     assert all(list(line.get_xdata()) == [100 * b for b in BUDGETS] for line in lines)  # null at ρ=1 left out
+    notes = sorted(t.get_text() for t in ax.texts)  # every point says the kept fraction it measured
+    assert notes == sorted(f"kept {b + 0.01:.2f}" for _ in SELECTORS for b in BUDGETS)
 
 
 def test_parameter_deltas_from_an_already_aggregated_table(run_dir: Path, tmp_path: Path) -> None:
