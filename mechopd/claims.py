@@ -121,6 +121,11 @@ def quartile_spread(run: Path, signal: str) -> float | None:
     return _diff(by_q.get(4), by_q.get(1))
 
 
+def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
+    """`` (per seed 0.215, 0.615, 0.665)`` with two or more seeds, else empty."""
+    return f" (per seed {', '.join(f'{v:.{digits}f}' for v in stat['values'])})" if stat["n"] >= 2 else ""
+
+
 def _stat(runs: Sequence[Path], fn: Callable[[Path], float | None]) -> dict[str, Any]:
     return seed_stat([fn(r) for r in runs])
 
@@ -136,7 +141,8 @@ def claim_degradation(runs: Sequence[Path]) -> Claim:
     drop = _stat(runs, lambda r: _diff(_summary_value(r, "opd", "acc_x"), _summary_value(r, "opd", "acc_xc")))
     crit = (f"OPD in regime A on the seed means (Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}), "
             "and Harm's interval above 0 when there are ≥ 2 seeds")
-    measured = f"OPD Harm {fmt_stat(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} ({_seeds(runs)})"
+    measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
+                f"({_seeds(runs)})")
     if harm["mean"] is None or drop["mean"] is None:
         return Claim("degradation", "", "", measured, NA, crit)
     regime_a = drop["mean"] >= th["drop_min"] - 1e-9 or harm["mean"] >= th["harm_high"] - 1e-9
@@ -153,7 +159,7 @@ def claim_nca_removes(runs: Sequence[Path]) -> Claim:
     opd = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
     nca = _stat(runs, lambda r: _summary_value(r, "nca", "harm"))
     crit = f"NCA's mean Harm ≤ {HARM_REDUCTION} × OPD's; not measurable when OPD's Harm is 0 or undefined"
-    measured = f"Harm NCA {fmt_stat(nca)} vs OPD {fmt_stat(opd)}{_const_note(runs, 'harm')}"
+    measured = f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)} vs OPD {fmt_stat(opd)}{_const_note(runs, 'harm')}"
     if opd["mean"] is None or nca["mean"] is None or opd["mean"] == 0:
         return Claim("nca_removes", "", "", measured, NA, crit)
     return Claim("nca_removes", "", "", measured, HOLDS if nca["mean"] <= HARM_REDUCTION * opd["mean"] else FAILS,
@@ -164,7 +170,7 @@ def claim_nca_keeps(runs: Sequence[Path]) -> Claim:
     diff = _stat(runs, lambda r: _diff(_summary_value(r, "nca", "acc_x"), _summary_value(r, "opd", "acc_x")))
     nca = _stat(runs, lambda r: _summary_value(r, "nca", "acc_x"))
     crit = f"mean (NCA Acc_x − OPD Acc_x) ≥ −{NCA_MAX_ACC_LOSS}"
-    measured = (f"NCA Acc_x {fmt_stat(nca)}; NCA − OPD {fmt_stat(diff, signed=True)}"
+    measured = (f"NCA Acc_x {fmt_stat(nca)}{_per_seed(nca)}; NCA − OPD {fmt_stat(diff, signed=True)}"
                 f"{_const_note(runs, 'acc_x')}")
     if diff["mean"] is None:
         return Claim("nca_keeps", "", "", measured, NA, crit)
@@ -262,7 +268,8 @@ def claim_ta_opd(runs: Sequence[Path]) -> Claim:
     diff = _stat(runs, lambda r: _diff(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")))
     kept = _stat(runs, lambda r: mean_kept_fraction(r, "ta_opd"))
     crit = "mean (TA-OPD Acc_x − OPD Acc_x) ≥ 0; not measurable when both are 1.000 in every seed (ceiling)"
-    measured = f"TA-OPD − OPD Acc_x {fmt_stat(diff, signed=True)} (kept fraction {fmt_stat(kept, 3)})"
+    measured = (f"TA-OPD − OPD Acc_x {fmt_stat(diff, signed=True)}{_per_seed(diff)} (kept fraction "
+                f"{fmt_stat(kept, 3)})")
     both = [(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")) for r in runs]
     if diff["mean"] is None or all(a == 1.0 and b == 1.0 for a, b in both):
         return Claim("ta_opd", "", "", measured, NA, crit)

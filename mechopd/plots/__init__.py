@@ -39,12 +39,15 @@ _FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] = (
     (FigureInfo("training_curves", "Accuracy without and with the context during training",
                 "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
                 "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
-                "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band."),
+                "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band "
+                "(clipped to 0–100 %)."),
      plot_training_curves),
     (FigureInfo("gradient_training", "Gradient alignment over training",
                 "On the gradient-statistics steps of each run: the cosine between the two loss terms' gradients "
                 "(left) and the ratio of their norms (right, log scale) against the training step; one line per run "
-                "and term pair (with several seeds: the mean, shaded 95 % Student-t band)."), plot_gradient_training),
+                "and term pair (with several seeds: the mean — geometric for the ratio — with a shaded 95 % Student-t "
+                "band). Only runs with two weighted terms have a cosine: NCA's term is 0 before its start step and "
+                "an OPD run has one term."), plot_gradient_training),
     (FigureInfo("removability", "Context removability per model",
                 "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
                 "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "

@@ -57,16 +57,20 @@ def seed_runs(run_dir: Path) -> list[Path]:
 Band = tuple[list[int], list[float], list[float], list[float]]  # steps, mean, low, high (low/high NaN: no band)
 
 
-def seed_band(series: list[tuple[list[int], list[float]]]) -> Band:
-    """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band)."""
+def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf, hi: float = math.inf,
+              log_scale: bool = False) -> Band:
+    """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band). The band is clipped
+    to the quantity's range [lo, hi] (a t-interval of a proportion over 3 seeds can leave it); ``log_scale``: mean and
+    interval of log10(value), i.e. the geometric mean (for positive ratios)."""
     from mechopd.aggregate import seed_stat
 
     common = sorted(set.intersection(*(set(steps) for steps, _ in series))) if series else []
     maps = [dict(zip(steps, vals)) for steps, vals in series]
-    stats = [seed_stat([m[s] for m in maps]) for s in common]
-    nan = math.nan
-    return (common, [st["mean"] for st in stats], [nan if st["low"] is None else st["low"] for st in stats],
-            [nan if st["high"] is None else st["high"] for st in stats])
+    f, inv = (math.log10, lambda v: 10.0 ** v) if log_scale else (float, float)
+    stats = [seed_stat([f(m[s]) if not log_scale or m[s] > 0 else None for m in maps]) for s in common]
+    clip = lambda v: math.nan if v is None else min(hi, max(lo, inv(v)))  # noqa: E731
+    return (common, [clip(st["mean"]) for st in stats], [clip(st["low"]) for st in stats],
+            [clip(st["high"]) for st in stats])
 
 
 def _draw_band(ax, band: Band, colour, label: str, dash: str = "-") -> None:
@@ -84,7 +88,7 @@ def _method_curves(runs: list[Path], method: str) -> dict[str, Band] | None:
             log.info("figure %s: %s not found; method %s left out", TRAINING_NAME, path, method)
             return None
         per_run.append(eval_points(path))
-    bands = {key: seed_band([p[key] for p in per_run]) for key, _, _ in VIEWS}
+    bands = {key: seed_band([p[key] for p in per_run], 0.0, 100.0) for key, _, _ in VIEWS}
     if not any(b[0] for b in bands.values()):
         log.info("figure %s: no eval/acc_x or eval/acc_xc values for method %s; left out", TRAINING_NAME, method)
         return None
@@ -113,8 +117,8 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
                 _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash)
     ax.set_xlabel("training step (optimizer steps)")
     ax.set_ylabel("held-out accuracy (%)")
-    seeds = f", mean of {len(runs)} seeds (band: 95 % t)" if len(runs) > 1 else ""
-    ax.set_title(f"Accuracy without (solid) and with (dashed) the context — {info.task}{seeds}")
+    seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
+    fig.suptitle(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
     fig.legend(loc="outside right upper", title="method, view")
     return fig
 
@@ -138,7 +142,8 @@ def grad_series(path: Path) -> dict[str, tuple[list[int], list[float], list[floa
 @styled
 def figure_gradient_training(run_dir: Path) -> Figure | None:
     """cos(∇a, ∇b) (left) and ‖∇a‖/‖∇b‖ (right, log scale) against the training step, one line per run and term
-    pair; an aggregate directory draws the seed mean with a 95 % t band. None without gradient statistics."""
+    pair; an aggregate directory draws the seed mean (the ratio: geometric mean) with a 95 % t band. A step where a
+    term's weight is 0 (NCA before ``nca_start``) has no cosine and is not drawn. None without gradient statistics."""
     info = run_info(run_dir)
     runs = seed_runs(info.root)
     lines: dict[tuple[str, str], list[tuple[list[int], list[float], list[float]]]] = {}
@@ -158,8 +163,8 @@ def figure_gradient_training(run_dir: Path) -> Figure | None:
     ax_cos, ax_ratio = fig.subplots(1, 2)
     for (method, pair), series in lines.items():
         label = f"{info.label(method)}: {pair.replace('__', ' vs ')}"
-        _draw_band(ax_cos, seed_band([(s, c) for s, c, _ in series]), colours[method], label)
-        _draw_band(ax_ratio, seed_band([(s, r) for s, _, r in series]), colours[method], label)
+        _draw_band(ax_cos, seed_band([(s, c) for s, c, _ in series], -1.0, 1.0), colours[method], label)
+        _draw_band(ax_ratio, seed_band([(s, r) for s, _, r in series], log_scale=True), colours[method], label)
     ax_cos.axhline(0.0, color="0.5", linewidth=0.8)
     ax_cos.set_ylabel("cosine of the two terms' gradients")
     ax_ratio.set_yscale("log")

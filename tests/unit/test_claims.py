@@ -176,6 +176,7 @@ def test_verdicts_use_the_seed_mean_and_the_interval(tmp_path: Path) -> None:
     got = {c.key: c for c in claims.evaluate_claims([a, b])}
     assert got["nca_removes"].verdict == claims.FAILS
     assert "0.180 [" in got["nca_removes"].measured  # two seeds: an interval
+    assert "(per seed 0.010, 0.350)" in got["nca_removes"].measured
     md = claims.claims_markdown(list(got.values()))
     assert md.count("\n| ") == len(claims.CLAIMS) and md.startswith("| claim |") and "Student-t" in md
 
