@@ -277,9 +277,13 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="rules", metavar="TASK", help="rules (default) | frozenlake | sokoban")
     p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
     p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of every stage (default 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="training seed (default 0; the organism always uses seed 0)")
     p.add_argument("--steps", type=int, default=None, metavar="INT", help="training steps per method, >= 1 (default: "
                    "the organism recipe's)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="N training seeds 0..N-1 into OUT/seed-k, then "
+                   "aggregated (mean and 95%% t-interval over seeds)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="INT", help="prompts (games) per step (default: the "
+                   "task's demo budget)")
 
 
 @command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report")
@@ -292,7 +296,21 @@ def _demo(a: argparse.Namespace) -> int:
         raise ConfigError(f"--steps {a.steps} is invalid: pass 1 or more (omit --steps for the recipe's)")
     check_out_dir(a.out)
     kw = {"steps": a.steps} if a.steps else {}
-    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, **kw))
+    kw.update({"batch_size": a.batch_size} if a.batch_size else {})
+    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds, **kw))
+    return 0
+
+
+def _aggregate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="demo run directories of one study (one per seed)")
+    p.add_argument("--out", required=True, help="directory for aggregate.json, the seed-band figures and report.md")
+
+
+@command("aggregate", "mean and 95% t-interval over seed runs: tables, bands, claims, report")
+def _aggregate(a: argparse.Namespace) -> int:
+    from mechopd.aggregate import aggregate
+
+    print(f"report: {aggregate(a.run_dirs, a.out)}")
     return 0
 
 
@@ -301,7 +319,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
-                "figures": _figures_args, "demo": _demo_args}
+                "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args}
     for name, (help_text, _) in COMMANDS.items():
         registry[name](sub.add_parser(name, help=help_text, description=help_text))
     return parser

@@ -3,12 +3,28 @@
 Stages (each stage's outputs are its checkpoint: a re-run skips what is finished, resumes a killed training run from
 its last checkpoint):
   1. organism   pretrain (or reuse) the task's model organism                      runs/organisms/<task>[-fast]
-  2. train      OPD (full tokens), NCA (β = 0.5), TA-OPD (ρ = 0.10): same seed, data, steps      RUN/train/<m>/
+  2. train      OPD (full tokens); NCA (β = 0.5, anchor from step `nca_start`); NCA with constant β from step 0
+                (`nca_const`, the paper's schedule); TA-OPD (ρ = 0.10, the paper's top ⌈ρN⌉, no extra token per
+                response): same seed, data, steps; per-term gradient statistics every `grad_stats_every` steps
+                for OPD and both NCA runs                                            RUN/train/<m>/
   3. eval       base + every method in both views (paired, bootstrap, regime)      RUN/eval/<m>.json
   4. probes     similarity (base/OPD/NCA), gradient alignment (OPD vs NCA at the OPD checkpoint), parameter deltas
                 (OPD, NCA vs base), teachability (base → TA-OPD, fixed bank)         RUN/probes/
   5. figures    every figure from the saved artifacts                               RUN/figures/
   6. report     RUN/report.md
+
+With ``seeds = N > 1`` every stage runs once per training seed k = 0..N-1 into ``RUN/seed-k/`` (the organism is the
+same, pretrained with `organism_seed`), and `mechopd.aggregate` writes the seed tables, bands and report into RUN.
+
+Why the anchor starts late (`NCA_START`): on an organism the two views start maximally apart, so at step 1 the
+forward-KL anchor's gradient is hundreds of times the OPD term's (measured: ‖β∇NCA‖ 17.4 vs ‖∇OPD‖ 0.029, ratio
+598 [538, 657] over 3 seeds, in the `nca_const` run's ``grad/norm/*`` lines) and erases the context's effect
+(Acc_xc 0.000 at step 25 in every seed) before OPD has moved the no-context view. With β = 0 for the first
+`NCA_START` steps OPD moves q_x first, then the anchor keeps q_c on it. Measured on rules, seed 0, the shipped recipe
+(eval at step 25 / final at 150, Acc_x, Acc_xc, Harm): start 10: 0.00 / 0.00 then 1.000, 1.000, 0.000;
+start 20: 0.81 / 0.885 then 1.000, 1.000, 0.000; start 30: 0.90 / 0.47 (OPD's degradation already there) then
+1.000, 1.000, 0.000. 20 is the middle of the issue's 10–30 and the only start without an early collapse of either
+view; the same value is in training/organisms/*-nca*.yaml.
 """
 
 from __future__ import annotations
@@ -23,12 +39,24 @@ from typing import Any
 
 from mechopd.errors import ConfigError
 
+NCA_START = 20  # steps with β = 0 before the anchor (the organism recipes use the same value)
+GRAD_STATS_EVERY = 10
 METHODS: dict[str, dict[str, Any]] = {
     "opd": {"method": "opd", "selector": "full"},
-    "nca": {"method": "nca", "selector": "full", "beta": 0.5},
-    "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10},
+    "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": NCA_START},
+    "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0, "grad_stats_every": 1},
+    "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
 }
-LABELS = {"base": "base", "opd": "OPD", "nca": "NCA (β=0.5)", "ta_opd": "TA-OPD (ρ=0.10)"}
+GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
+# Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
+# 10 minutes of a 2-core CPU: measured 326 s with the organism reused (load average 2-3, 2026-12-01); pretraining the
+# organism adds 339 s idle (README) / 2022 s measured under load 10-20. At this budget OPD's degradation on Sokoban is
+# transient (seed 0: Harm 0.19 at step 20, 0.00 at steps 40 and 60; 0.000 at the end in 3 of 3 seeds).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "eval_every": 25, "eval_n": 200, "probe_n": 64},
+    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
+    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
+}
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
 
@@ -42,12 +70,16 @@ class DemoConfig:
     fast: bool = False
     sweep: bool = False
     seed: int = 0
-    steps: int = 150
-    batch_size: int = 32
-    lr: float = 1e-3
-    eval_every: int = 25
-    eval_n: int = 200
-    probe_n: int = 64
+    seeds: int = 1
+    organism_seed: int = 0
+    steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
+    batch_size: int | None = None
+    lr: float | None = None
+    eval_every: int | None = None
+    eval_n: int | None = None
+    probe_n: int | None = None
+    nca_start: int = NCA_START
+    grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
     train_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -56,8 +88,45 @@ class DemoConfig:
 
         if self.task not in ORGANISM_TASKS:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
+        if not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ConfigError(f"demo --seeds {self.seeds!r}: must be an integer >= 1 (training seeds 0..N-1)")
+        for key, value in TASK_DEFAULTS[self.task].items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
         if self.fast:
             self.steps, self.eval_every, self.eval_n, self.probe_n, self.batch_size = 6, 3, 24, 8, 8
+            self.nca_start, self.grad_stats_every = 2, 3
+
+    def methods(self) -> dict[str, dict[str, Any]]:
+        """The demo's runs with this config's anchor start and gradient-statistics period filled in."""
+        out = {}
+        for name, over in METHODS.items():
+            over = dict(over)
+            if name == "nca":
+                over["nca_start"] = self.nca_start
+            if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
+                over["grad_stats_every"] = self.grad_stats_every
+            out[name] = over
+        return out
+
+
+def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
+    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
+    if over.get("method") == "nca":
+        start = over.get("nca_start", 0)
+        when = f"from step {start}" if start else "constant"
+        return f"NCA (β={over.get('beta', 0.5):g}, {when})"
+    if over.get("selector", "full") != "full":
+        kept_text = "n/a" if kept is None else f"{kept:.2f}"
+        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}, kept {kept_text})"
+    return "OPD" if name == "opd" else name
+
+
+def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
+    from mechopd.aggregate import mean_kept_fraction
+
+    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run, m)) for m, over in methods.items()}}
 
 
 def _log(msg: str) -> None:
@@ -68,10 +137,10 @@ def organism(cfg: DemoConfig) -> Path:
     from mechopd.organisms.pretrain import FAST_ORGANISM, OrganismConfig, default_config, pretrain
 
     if cfg.fast:
-        oc = OrganismConfig(task=cfg.task, seed=cfg.seed, **FAST_ORGANISM)
+        oc = OrganismConfig(task=cfg.task, seed=cfg.organism_seed, **FAST_ORGANISM)
         out = Path(cfg.organism_dir) / f"{cfg.task}-fast"
     else:
-        oc = default_config(cfg.task, seed=cfg.seed)
+        oc = default_config(cfg.task, seed=cfg.organism_seed)
         out = Path(cfg.organism_dir) / cfg.task
     _log(f"organism: {out} ({'reused' if (out / 'organism.json').exists() else 'pretraining'})")
     return pretrain(oc, out)
@@ -93,6 +162,7 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
         if out.exists() and not resume:
             shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
         tc = TrainConfig(task=cfg.task, student=str(student), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                         estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
                          save_every=max(1, cfg.steps // 2), **{**over, **cfg.train_overrides})
         _log(f"train {name}: {over} ({'resuming' if resume else 'new'})")
@@ -116,7 +186,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
         rep["settings"]["model"] = str(path)
         write_report(rep, target)
         out[name] = rep
-        print(format_summary(LABELS.get(name, name), rep["summary"]), flush=True)
+        print(format_summary(name, rep["summary"]), flush=True)
     return out
 
 
@@ -137,7 +207,8 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
 
 
 def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
-    """TA-OPD budget curve: final no-context accuracy against ρ for each selector."""
+    """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction)."""
+    from mechopd.aggregate import mean_kept_fraction
     from mechopd.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
@@ -156,13 +227,30 @@ def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
             s = evaluate_model(load_model(final), load_tokenizer(final), get_task(cfg.task),
                                EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0))["summary"]
             rows.append({"selector": sel, "budget": rho, "acc_x": s["acc_x"]["value"], "acc_xc": s["acc_xc"]["value"],
-                         "harm": s["harm"]["value"]})
+                         "harm": s["harm"]["value"], "kept": mean_kept_fraction(run / "sweep", name)})
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps({"rows": rows}, indent=1))
 
 
 def demo(cfg: DemoConfig) -> Path:
-    """Run every stage; returns the report path."""
+    """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
+    from dataclasses import replace
+
+    if cfg.seeds > 1:
+        from mechopd.aggregate import aggregate
+
+        runs = [Path(cfg.out) / f"seed-{k}" for k in range(cfg.seeds)]
+        for k, run in enumerate(runs):
+            _log(f"seed {k} of 0..{cfg.seeds - 1}: {run}")
+            demo_one(replace(cfg, out=str(run), seed=k, seeds=1))
+        report = aggregate(runs, cfg.out)
+        _log(f"aggregate over {cfg.seeds} seeds: {report}")
+        return report
+    return demo_one(cfg)
+
+
+def demo_one(cfg: DemoConfig) -> Path:
+    """Every stage for one training seed; returns the report path."""
     from mechopd.plots import draw_all
     from mechopd.removability import RegimeThresholds
     from mechopd.report import write_report_md
@@ -170,12 +258,17 @@ def demo(cfg: DemoConfig) -> Path:
     t0 = time.time()
     run = Path(cfg.out)
     run.mkdir(parents=True, exist_ok=True)
+    methods = cfg.methods()
     student = organism(cfg)
-    manifest = {"task": cfg.task, "methods": list(METHODS), "labels": LABELS, "organism": str(student),
-                "thresholds": asdict(RegimeThresholds()), "config": asdict(cfg),
+    t_organism = time.time() - t0
+    manifest = {"task": cfg.task, "methods": list(methods), "labels": labels_for(run, methods),
+                "runs": methods, "organism": str(student), "thresholds": asdict(RegimeThresholds()),
+                "config": asdict(cfg),
                 "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
     (run / "demo.json").write_text(json.dumps(manifest, indent=1))
-    finals = train_methods(cfg, student, run, METHODS)
+    finals = train_methods(cfg, student, run, methods)
+    manifest["labels"] = labels_for(run, methods)  # the kept fractions are measured now
+    (run / "demo.json").write_text(json.dumps(manifest, indent=1))
     models = {"base": student, **finals}
     evaluate_all(cfg, models, run)
     run_probes(cfg, models, run)
@@ -183,8 +276,9 @@ def demo(cfg: DemoConfig) -> Path:
         sweep(cfg, student, run)
     _log("figures")
     draw_all(run)
-    report = write_report_md(run)
     manifest["wall_s"] = round(time.time() - t0, 1)
+    manifest["organism_s"] = round(t_organism, 1)
     (run / "demo.json").write_text(json.dumps(manifest, indent=1))
-    _log(f"report: {report} ({manifest['wall_s']:.0f} s)")
+    report = write_report_md(run)
+    _log(f"report: {report} ({manifest['wall_s']:.0f} s, organism stage {t_organism:.0f} s)")
     return report

@@ -23,7 +23,8 @@ from mechopd.plots.layers import (figure_gradient_alignment, figure_layer_cosine
 from mechopd.plots.removability import (figure_regime_map, figure_removability, plot_regime_map,
                                         plot_removability)
 from mechopd.plots.teachability import figure_teachability, plot_teachability
-from mechopd.plots.training import figure_budget_curve, figure_training_curves, plot_budget_curve, plot_training_curves
+from mechopd.plots.training import (figure_budget_curve, figure_gradient_training, figure_training_curves,
+                                    plot_budget_curve, plot_gradient_training, plot_training_curves)
 
 
 class FigureInfo(NamedTuple):
@@ -40,7 +41,15 @@ _RUN_FIGURES: tuple[tuple[FigureInfo, Callable[[Path, Path], list[Path]]], ...] 
     (FigureInfo("training_curves", "Accuracy without and with the context during training",
                 "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
                 "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
-                "the model before training."), plot_training_curves),
+                "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band "
+                "(clipped to 0–100 %)."),
+     plot_training_curves),
+    (FigureInfo("gradient_training", "Gradient alignment over training",
+                "On the gradient-statistics steps of each run: the cosine between the two loss terms' gradients "
+                "(left) and the ratio of their norms (right, log scale) against the training step; one line per run "
+                "and term pair (with several seeds: the mean — geometric for the ratio — with a shaded 95 % Student-t "
+                "band). Only runs with two weighted terms have a cosine: NCA's term is 0 before its start step and "
+                "an OPD run has one term."), plot_gradient_training),
     (FigureInfo("removability", "Context removability per model",
                 "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
                 "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "
@@ -85,8 +94,8 @@ def draw_all(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str
 
 __all__ = [
     "FigureInfo", "draw_all", "figure_index",
-    "figure_budget_curve", "figure_gradient_alignment", "figure_layer_cosine", "figure_parameter_deltas",
-    "figure_regime_map", "figure_removability", "figure_teachability", "figure_training_curves",
-    "plot_budget_curve", "plot_gradient_alignment", "plot_layer_cosine", "plot_parameter_deltas", "plot_regime_map",
-    "plot_removability", "plot_teachability", "plot_training_curves",
+    "figure_budget_curve", "figure_gradient_alignment", "figure_gradient_training", "figure_layer_cosine",
+    "figure_parameter_deltas", "figure_regime_map", "figure_removability", "figure_teachability", "figure_training_curves",
+    "plot_budget_curve", "plot_gradient_alignment", "plot_gradient_training", "plot_layer_cosine",
+    "plot_parameter_deltas", "plot_regime_map", "plot_removability", "plot_teachability", "plot_training_curves",
 ]

@@ -1,9 +1,13 @@
-"""Figures over training: accuracy curves without / with the context (fig. 1), and the TA-OPD budget sweep (fig. 8).
+"""Figures over training: accuracy curves without / with the context (fig. 1), gradient alignment of the loss terms
+over training, and the TA-OPD budget sweep (fig. 8).
 
 Artifacts read:
   ``RUN/train/<method>/metrics.jsonl``  evaluation lines carry ``eval/acc_x`` and ``eval/acc_xc`` (null when
                                         undefined; step 0 = before training). A step logged twice (a resumed run)
-                                        keeps its last value.
+                                        keeps its last value. Gradient-statistics steps carry ``grad/cos/<a>__<b>``
+                                        (global cosine of the two terms' gradients) and ``grad/norm/<term>``.
+  ``RUN/demo.json`` ``seed_runs``       an aggregate directory: the curves are the mean over these seed runs at the
+                                        steps every run logged, with a 95 % Student-t band over seeds.
   ``RUN/sweep/sweep.json``              ``{"rows": [{"selector", "budget", "acc_x", ...}, ...]}``; budget ρ in (0, 1].
 """
 
@@ -19,6 +23,7 @@ from mechopd.plots._common import (log, missing, new_figure, palette, percent, r
                                    styled)
 
 TRAINING_NAME = "training_curves"
+GRAD_TRAINING_NAME = "gradient_training"
 BUDGET_NAME = "budget_curve"
 VIEWS = (("eval/acc_x", "without context", "-"), ("eval/acc_xc", "with context", "--"))
 
@@ -42,42 +47,138 @@ def eval_points(path: Path) -> dict[str, tuple[list[int], list[float]]]:
     return {key: (sorted(d), [d[s] for s in sorted(d)]) for key, d in by_step.items()}
 
 
+def seed_runs(run_dir: Path) -> list[Path]:
+    """The seed runs an aggregate directory's demo.json lists (``seed_runs``), else ``[run_dir]``."""
+    meta = Path(run_dir) / "demo.json"
+    runs = (read_json(meta) or {}).get("seed_runs") if meta.is_file() else None
+    return [Path(r) for r in runs] if runs else [Path(run_dir)]
+
+
+Band = tuple[list[int], list[float], list[float], list[float]]  # steps, mean, low, high (low/high NaN: no band)
+
+
+def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf, hi: float = math.inf,
+              log_scale: bool = False) -> Band:
+    """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band). The band is clipped
+    to the quantity's range [lo, hi] (a t-interval of a proportion over 3 seeds can leave it); ``log_scale``: mean and
+    interval of log10(value), i.e. the geometric mean (for positive ratios)."""
+    from mechopd.aggregate import seed_stat
+
+    common = sorted(set.intersection(*(set(steps) for steps, _ in series))) if series else []
+    maps = [dict(zip(steps, vals)) for steps, vals in series]
+    f, inv = (math.log10, lambda v: 10.0 ** v) if log_scale else (float, float)
+    stats = [seed_stat([f(m[s]) if not log_scale or m[s] > 0 else None for m in maps]) for s in common]
+    clip = lambda v: math.nan if v is None else min(hi, max(lo, inv(v)))  # noqa: E731
+    return (common, [clip(st["mean"]) for st in stats], [clip(st["low"]) for st in stats],
+            [clip(st["high"]) for st in stats])
+
+
+def _draw_band(ax, band: Band, colour, label: str, dash: str = "-") -> None:
+    steps, mean, low, high = band
+    ax.plot(steps, mean, linestyle=dash, marker="o", markersize=3.5, color=colour, label=label)
+    if any(math.isfinite(v) for v in low):
+        ax.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
+
+
+def _method_curves(runs: list[Path], method: str) -> dict[str, Band] | None:
+    per_run = []
+    for run in runs:
+        path = run / "train" / method / "metrics.jsonl"
+        if not path.is_file():
+            log.info("figure %s: %s not found; method %s left out", TRAINING_NAME, path, method)
+            return None
+        per_run.append(eval_points(path))
+    bands = {key: seed_band([p[key] for p in per_run], 0.0, 100.0) for key, _, _ in VIEWS}
+    if not any(b[0] for b in bands.values()):
+        log.info("figure %s: no eval/acc_x or eval/acc_xc values for method %s; left out", TRAINING_NAME, method)
+        return None
+    return bands
+
+
 @styled
 def figure_training_curves(run_dir: Path) -> Figure | None:
-    """Accuracy over training steps, one colour per method; solid = without context, dashed = with it.
+    """Accuracy over training steps, one colour per method; solid = without context, dashed = with it. An aggregate
+    directory draws the mean over its seed runs with a 95 % t band.
 
     Returns None (and logs why) when no method has evaluation points.
     """
     info = run_info(run_dir)
-    curves = {}
-    for method in info.methods:
-        path = info.root / "train" / method / "metrics.jsonl"
-        if not path.is_file():
-            log.info("figure %s: %s not found; method %s left out", TRAINING_NAME, path, method)
-            continue
-        points = eval_points(path)
-        if any(steps for steps, _ in points.values()):
-            curves[method] = points
-        else:
-            log.info("figure %s: %s has no eval/acc_x or eval/acc_xc values; method %s left out",
-                     TRAINING_NAME, path, method)
+    runs = seed_runs(info.root)
+    curves = {m: c for m in info.methods if (c := _method_curves(runs, m)) is not None}
     if not curves:
         missing(TRAINING_NAME, info.root / "train" / "<method>" / "metrics.jsonl (with eval/acc_x)")
         return None
     colours = palette(info.models)
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
-    for method, points in curves.items():
+    for method, bands in curves.items():
         for key, view, dash in VIEWS:
-            steps, values = points[key]
-            if steps:
-                ax.plot(steps, values, linestyle=dash, marker="o", markersize=3.5, color=colours[method],
-                        label=f"{info.label(method)}, {view}")
+            if bands[key][0]:
+                _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash)
     ax.set_xlabel("training step (optimizer steps)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(f"Accuracy without (solid) and with (dashed) the context — {info.task}")
+    seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
+    fig.suptitle(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
     fig.legend(loc="outside right upper", title="method, view")
     return fig
+
+
+# ------------------------------------------------------------------------------------ gradient alignment over steps
+def grad_series(path: Path) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """``"<a>__<b>"`` -> (steps, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) from the gradient-statistics lines of a metrics.jsonl."""
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for rec in read_jsonl(path):
+        for key, cos in rec.items():
+            if not key.startswith("grad/cos/") or cos is None:
+                continue
+            pair = key[len("grad/cos/"):]
+            a, _, b = pair.partition("__")
+            na, nb = rec.get(f"grad/norm/{a}"), rec.get(f"grad/norm/{b}")
+            ratio = float(na) / float(nb) if na is not None and nb else math.nan
+            out.setdefault(pair, {})[int(rec["step"])] = (float(cos), ratio)
+    return {p: (sorted(d), [d[s][0] for s in sorted(d)], [d[s][1] for s in sorted(d)]) for p, d in out.items()}
+
+
+@styled
+def figure_gradient_training(run_dir: Path) -> Figure | None:
+    """cos(∇a, ∇b) (left) and ‖∇a‖/‖∇b‖ (right, log scale) against the training step, one line per run and term
+    pair; an aggregate directory draws the seed mean (the ratio: geometric mean) with a 95 % t band. A step where a
+    term's weight is 0 (NCA before ``nca_start``) has no cosine and is not drawn. None without gradient statistics."""
+    info = run_info(run_dir)
+    runs = seed_runs(info.root)
+    lines: dict[tuple[str, str], list[tuple[list[int], list[float], list[float]]]] = {}
+    for method in info.methods:
+        paths = [r / "train" / method / "metrics.jsonl" for r in runs]
+        if not all(p.is_file() for p in paths):
+            continue
+        for path in paths:
+            for pair, series in grad_series(path).items():
+                lines.setdefault((method, pair), []).append(series)
+    lines = {k: v for k, v in lines.items() if len(v) == len(runs)}
+    if not lines:
+        missing(GRAD_TRAINING_NAME, info.root / "train" / "<method>" / "metrics.jsonl (with grad/cos/<a>__<b>)")
+        return None
+    colours = palette(info.models)
+    fig = new_figure(9.0, 3.8)
+    ax_cos, ax_ratio = fig.subplots(1, 2)
+    for (method, pair), series in lines.items():
+        label = f"{info.label(method)}: {pair.replace('__', ' vs ')}"
+        _draw_band(ax_cos, seed_band([(s, c) for s, c, _ in series], -1.0, 1.0), colours[method], label)
+        _draw_band(ax_ratio, seed_band([(s, r) for s, _, r in series], log_scale=True), colours[method], label)
+    ax_cos.axhline(0.0, color="0.5", linewidth=0.8)
+    ax_cos.set_ylabel("cosine of the two terms' gradients")
+    ax_ratio.set_yscale("log")
+    ax_ratio.set_ylabel("gradient norm ratio ‖∇a‖ / ‖∇b‖")
+    for ax in (ax_cos, ax_ratio):
+        ax.set_xlabel("training step")
+    fig.suptitle(f"Gradient alignment over training — {info.task}")
+    fig.legend(*ax_cos.get_legend_handles_labels(), loc="outside right upper", title="run: a vs b")
+    return fig
+
+
+def plot_gradient_training(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Gradient alignment over training to ``out_dir/gradient_training.{png,pdf}``; [] without gradient statistics."""
+    return save(figure_gradient_training(run_dir), out_dir, GRAD_TRAINING_NAME)
 
 
 def plot_training_curves(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -102,9 +203,19 @@ def sweep_curves(path: Path) -> dict[str, tuple[list[float], list[float]]]:
     return {sel: (sorted(d), [d[b] for b in sorted(d)]) for sel, d in curves.items()}
 
 
+def sweep_kept(path: Path) -> dict[str, dict[float, float]]:
+    """selector -> {budget in %: measured kept fraction} for the rows that carry ``kept`` (written by the demo)."""
+    out: dict[str, dict[float, float]] = {}
+    for row in read_json(path).get("rows", []):
+        if isinstance(row, dict) and row.get("kept") is not None and row.get("acc_x") is not None:
+            out.setdefault(str(row["selector"]), {})[percent(row["budget"])] = float(row["kept"])
+    return out
+
+
 @styled
 def figure_budget_curve(run_dir: Path) -> Figure | None:
-    """Final no-context accuracy against the TA-OPD budget ρ, one line per selector. None without sweep.json."""
+    """Final no-context accuracy against the TA-OPD budget ρ, one line per selector, each point annotated with the
+    kept fraction it measured (rows with ``kept``). None without sweep.json."""
     info = run_info(run_dir)
     path = info.root / "sweep" / "sweep.json"
     if not path.is_file():
@@ -117,8 +228,13 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
     colours = palette(info.models + list(curves))
     fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot()
+    kept = sweep_kept(path)
     for selector, (budgets, acc) in curves.items():
         ax.plot(budgets, acc, marker="o", color=colours[selector], label=info.label(selector))
+        for b, a in zip(budgets, acc):
+            if b in kept.get(selector, {}):  # the share of positions the run actually trained on
+                ax.annotate(f"kept {kept[selector][b]:.2f}", (b, a), textcoords="offset points", xytext=(3, 3),
+                            fontsize=6, color=colours[selector])
     ticks = sorted({b for budgets, _ in curves.values() for b in budgets})
     ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
     ax.set_xlabel("token budget ρ (% of response positions trained on)")

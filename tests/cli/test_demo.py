@@ -19,7 +19,7 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
     run = tmp_path / "runs" / "demo"
-    for m in ("opd", "nca", "ta_opd"):
+    for m in ("opd", "nca", "nca_const", "ta_opd"):
         assert (run / "train" / m / "final" / "model.safetensors").exists()
         rep = json.loads((run / "eval" / f"{m}.json").read_text())
         assert set(rep["summary"]) >= {"acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len", "regime"}
@@ -27,8 +27,14 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
         assert (run / "probes" / f).exists(), f
     report = (run / "report.md").read_text()
     assert "Context removability" in report and "regime" in report and "figures/" in report
+    labels = json.loads((run / "demo.json").read_text())["labels"]
+    kept = [json.loads(line)["kept_fraction"] for line in (run / "train" / "ta_opd" / "metrics.jsonl").open()
+            if "kept_fraction" in json.loads(line)]
+    assert labels["ta_opd"] == f"TA-OPD (ρ=0.10, kept {sum(kept) / len(kept):.2f})" and labels["ta_opd"] in report
+    assert labels["nca"] == "NCA (β=0.5, from step 2)" and labels["nca_const"] == "NCA (β=0.5, constant)"
+    assert "## The papers' claims" in report and "Why the two NCA runs differ" in report
     before = _digests(run / "figures")
-    expected = {"training_curves", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",
+    expected = {"training_curves", "gradient_training", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",
                 "teachability"}  # the regime map needs a defined Harm (an item right without the context)
     assert expected <= {n[:-4] for n in before}
     # a second demo skips every finished stage
@@ -39,3 +45,18 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
         p.unlink()
     assert main(["figures", "runs/demo"]) == 0
     assert _digests(run / "figures") == before
+
+
+@pytest.mark.slow
+def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--fast", "--seeds", "2", "--out", "runs/study"]) == 0
+    run = tmp_path / "runs" / "study"
+    for k in (0, 1):
+        cfg = json.loads((run / f"seed-{k}" / "demo.json").read_text())["config"]
+        assert cfg["seed"] == k and cfg["organism_seed"] == 0
+    agg = json.loads((run / "aggregate.json").read_text())
+    assert agg["models"]["opd"]["acc_x"]["n"] == 2 and "Student-t" in agg["interval"]
+    report = (run / "report.md").read_text()
+    assert "2 training seeds" in report and "## The papers' claims" in report
+    assert (run / "figures" / "training_curves.png").exists()

@@ -36,6 +36,8 @@ MODULES = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj
 SELECTORS = ("ta_opd", "random", "entropy")
 BUDGETS = (0.05, 0.1, 0.3, 0.5)
 EVAL_STEPS = (0, 3, 6)
+GRAD_METHODS = ("opd", "nca")
+GRAD_STEPS = (1, 4)
 
 
 # --------------------------------------------------------------------------------------------- synthetic run dir
@@ -74,6 +76,9 @@ def _write_metrics(run: Path, rng: np.random.Generator) -> None:
                 rec.update({"eval/acc_x": float(rng.random()), "eval/acc_xc": float(rng.random()), "eval/harm": None})
             if method == "ta_opd" and step == 3:
                 rec["eval/acc_xc"] = None  # undefined: dropped from the dashed curve
+            if method in GRAD_METHODS and step in GRAD_STEPS:
+                rec.update({"grad/norm/opd": float(rng.random()) + 0.1, "grad/norm/nca": float(rng.random()) + 0.1,
+                            "grad/cos/opd__nca": float(rng.random() * 2 - 1)})
             lines.append(json.dumps(rec))
         (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -130,8 +135,8 @@ def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
 
 
 def _write_sweep(run: Path, rng: np.random.Generator) -> None:
-    rows = [{"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random())}
-            for s in SELECTORS for b in BUDGETS]
+    rows = [{"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random()),
+             "kept": b + 0.01} for s in SELECTORS for b in BUDGETS]
     rows.append({"selector": "random", "budget": 1.0, "acc_x": None, "acc_xc": None})  # null: left out
     (run / "sweep").mkdir()
     (run / "sweep" / "sweep.json").write_text(json.dumps({"rows": rows}))
@@ -211,7 +216,7 @@ def test_png_has_no_timestamp_or_version_metadata(drawn: dict[str, list[Path]]) 
 
 def test_figure_index_names_title_and_caption_for_each_figure() -> None:
     index = plots.figure_index()
-    assert len(index) == 8 and len({f.name for f in index}) == 8
+    assert len(index) == 9 and len({f.name for f in index}) == 9
     for f in index:
         name, title, caption = f
         assert hasattr(plots, f"plot_{name}") and hasattr(plots, f"figure_{name}")
@@ -232,6 +237,40 @@ def test_training_curves_two_lines_per_method_with_the_logged_values(run_dir: Pa
     assert dashed.get_linestyle() == "--" and dashed.get_color() == solid.get_color()
     assert list(by_label["TA-OPD, with context"].get_xdata()) == [0, 6]  # the null at step 3 is dropped
     assert len({line.get_color() for line in lines}) == len(METHODS)
+
+
+def test_gradient_training_cosine_and_norm_ratio_per_run(run_dir: Path) -> None:
+    ax_cos, ax_ratio = panels(plots.figure_gradient_training(run_dir))
+    recs = [json.loads(s) for s in (run_dir / "train" / "nca" / "metrics.jsonl").read_text().splitlines()]
+    grad = [r for r in recs if "grad/cos/opd__nca" in r]
+    cos = {ln.get_label(): ln for ln in ax_cos.get_lines() if ln.get_label().startswith("NCA")}["NCA: opd vs nca"]
+    assert list(cos.get_xdata()) == list(GRAD_STEPS)
+    np.testing.assert_allclose(cos.get_ydata(), [r["grad/cos/opd__nca"] for r in grad])
+    ratio = [ln for ln in ax_ratio.get_lines() if ln.get_label() == "NCA: opd vs nca"][0]
+    np.testing.assert_allclose(ratio.get_ydata(), [r["grad/norm/opd"] / r["grad/norm/nca"] for r in grad])
+    assert ax_ratio.get_yscale() == "log"
+    assert {ln.get_label() for ln in ax_cos.get_lines()} >= {"OPD: opd vs nca", "NCA: opd vs nca"}
+
+
+def test_training_curves_over_seeds_draw_the_mean_and_a_t_band(run_dir: Path, tmp_path: Path) -> None:
+    from matplotlib.collections import PolyCollection
+
+    other = make_run(tmp_path / "seed1", seed=1)
+    agg = tmp_path / "agg"
+    agg.mkdir()
+    meta = json.loads((run_dir / "demo.json").read_text())
+    (agg / "demo.json").write_text(json.dumps({**meta, "seed_runs": [str(run_dir), str(other)]}))
+    ax = panels(plots.figure_training_curves(agg))[0]
+    solid = {ln.get_label(): ln for ln in ax.get_lines()}["OPD, without context"]
+    vals = [[json.loads(s)["eval/acc_x"] for s in (r / "train" / "opd" / "metrics.jsonl").read_text().splitlines()
+             if "eval/acc_x" in json.loads(s)] for r in (run_dir, other)]
+    np.testing.assert_allclose(solid.get_ydata(), 50 * (np.array(vals[0]) + np.array(vals[1])))
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) >= len(METHODS)  # one band per method and view with a defined interval
+    half = 12.7062 * np.abs(100 * np.array(vals[0]) - 100 * np.array(vals[1])) / 2  # t(1) * sd / sqrt(2)
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert ys.max() == pytest.approx(np.minimum(solid.get_ydata() + half, 100.0).max(), rel=1e-4)  # clipped
+    assert ys.min() >= 0.0
 
 
 def test_removability_bars_heights_and_skipped_error_bars(run_dir: Path) -> None:
@@ -384,6 +423,8 @@ def test_budget_curve_one_line_per_selector(run_dir: Path) -> None:
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["TA-OPD", "random", "entropy"]
     assert all(list(line.get_xdata()) == [100 * b for b in BUDGETS] for line in lines)  # null at ρ=1 left out
+    notes = sorted(t.get_text() for t in ax.texts)  # every point says the kept fraction it measured
+    assert notes == sorted(f"kept {b + 0.01:.2f}" for _ in SELECTORS for b in BUDGETS)
 
 
 def test_parameter_deltas_from_an_already_aggregated_table(run_dir: Path, tmp_path: Path) -> None:

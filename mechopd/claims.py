@@ -1,0 +1,335 @@
+"""The claims table: one row per claim of the two papers, the paper's figure, the value measured on this study's runs
+(mean and 95 % Student-t interval over seed runs; one run: no interval) and a verdict by a criterion stated in the row.
+
+Verdicts: ``holds``, ``does not hold``, ``not measurable here`` (the artifact is absent, the quantity is undefined, or
+the organism cannot answer the question — e.g. "shallow layers" needs at least `MIN_LAYERS_FOR_DEPTH` decoder layers).
+Every criterion is fixed here, in advance, from the papers' wording or the issue's bar; none is fitted to the runs.
+Verdicts are taken on the seed means; where a criterion also needs the interval it says so.
+
+Artifacts read (per run): ``eval/<model>.json`` (removability summaries), ``probes/similarity.csv`` (per-site two-view
+cosine), ``train/<method>/metrics.jsonl`` (``grad/cos/<a>__<b>``, ``grad/norm/<term>`` on gradient-statistics steps),
+``probes/deltas.csv`` (``delta_norm`` per parameter vs base, ``w0_norm``), ``probes/teachability_summary.json``
+(quartile buckets of the fixed-context gain).
+
+    from mechopd.claims import evaluate_claims, claims_markdown
+    print(claims_markdown(evaluate_claims(["runs/demo/seed-0", "runs/demo/seed-1"])))
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mechopd.aggregate import eval_summary, fmt_stat, metric_lines, read_manifest, seed_stat
+
+HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
+NCA_MAX_ACC_LOSS = 0.05       # the issue's bar: NCA's Acc_x ≥ OPD's − 0.05
+HARM_REDUCTION = 0.5          # the issue's bar: NCA's harm ≤ half of OPD's
+NCA_COSINE_FLOOR = 0.997      # the paper: NCA ≥ 0.997 at every layer
+ORTHOGONAL_ABS_COS = 0.1      # "nearly orthogonal": |cos| ≤ 0.1 (a stated convention; the paper gives no number)
+NOISE_NORM_RATIO = 1e-3       # a gradient below 1e-3 of the other's norm is noise: that step is left out
+MIN_LAYERS_FOR_DEPTH = 6      # "shallow vs deep" needs at least two layers in each third of the depth
+QK = ("q_proj", "k_proj")
+OTHER_PROJ = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class Claim:
+    """One row: ``key``, the claim, the paper's figure, the measured value (text), the verdict, the criterion."""
+
+    key: str
+    claim: str
+    paper: str
+    measured: str
+    verdict: str
+    criterion: str
+
+
+# ------------------------------------------------------------------------------------------------ per-run values
+def _summary_value(run: Path, model: str, metric: str) -> float | None:
+    s = eval_summary(run, model)
+    return None if s is None else s[metric]["value"]
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def layer_cosines(run: Path, model: str) -> list[float]:
+    """Per-token mean two-view cosine after each decoder layer (``layers.{i}.resid_post``), in layer order;
+    [] without ``probes/similarity.csv``."""
+    path = Path(run) / "probes" / "similarity.csv"
+    if not path.is_file():
+        return []
+    rows = [r for r in csv.DictReader(path.open()) if r["model"] == model and r["site"].endswith("resid_post")]
+    return [float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
+
+
+def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
+    """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of
+    ``train/<method>/metrics.jsonl`` (steps where the cosine is undefined — a term with zero weight — are left out)."""
+    out = []
+    for r in metric_lines(Path(run) / "train" / method / "metrics.jsonl"):
+        cos = r.get(f"grad/cos/{a}__{b}", r.get(f"grad/cos/{b}__{a}"))
+        na, nb = r.get(f"grad/norm/{a}"), r.get(f"grad/norm/{b}")
+        if cos is None or na is None or nb is None:
+            continue
+        out.append((int(r["step"]), float(cos), float(na) / float(nb) if nb else math.inf))
+    return out
+
+
+def update_norms(run: Path, model: str) -> tuple[dict[int, float], dict[str, float]] | None:
+    """Relative update ‖ΔW‖/‖W0‖ of `model` vs base, pooled per decoder layer and per module name
+    (Frobenius norms summed in square over the parameters of the group); None without ``probes/deltas.csv``."""
+    path = Path(run) / "probes" / "deltas.csv"
+    if not path.is_file():
+        return None
+    rows = list(csv.DictReader(path.open()))
+    w0 = {r["param"] + r["site"]: float(r["value"]) for r in rows if r["metric"] == "w0_norm"}
+    layer: dict[int, list[float]] = {}
+    module: dict[str, list[float]] = {}
+    for r in rows:
+        if r["model"] != model or r["vs"] != "base" or r["metric"] != "delta_norm" or not r["layer"]:
+            continue
+        d, w = float(r["value"]) ** 2, w0.get(r["param"] + r["site"], math.nan) ** 2
+        for key, table in ((int(r["layer"]), layer), (r["module"], module)):
+            acc = table.setdefault(key, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + d, acc[1] + w
+    rel = lambda acc: math.sqrt(acc[0] / acc[1]) if acc[1] > 0 else math.nan  # noqa: E731
+    return {k: rel(v) for k, v in sorted(layer.items())}, {k: rel(v) for k, v in module.items()}
+
+
+def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
+    vals = [norms[n] for n in names if n in norms and math.isfinite(norms[n])]
+    return sum(vals) / len(vals) if vals else None
+
+
+def quartile_spread(run: Path, signal: str) -> float | None:
+    """Mean absolute gain in the top quartile of `signal` minus the bottom quartile (teachability buckets)."""
+    path = Path(run) / "probes" / "teachability_summary.json"
+    if not path.is_file():
+        return None
+    buckets = json.loads(path.read_text()).get("buckets", {}).get(signal)
+    if not buckets:
+        return None
+    by_q = {b["quartile"]: b.get("mean_gain_abs") for b in buckets}
+    return _diff(by_q.get(4), by_q.get(1))
+
+
+def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
+    """`` (per seed 0.215, 0.615, 0.665)`` with two or more seeds, else empty."""
+    return f" (per seed {', '.join(f'{v:.{digits}f}' for v in stat['values'])})" if stat["n"] >= 2 else ""
+
+
+def _stat(runs: Sequence[Path], fn: Callable[[Path], float | None]) -> dict[str, Any]:
+    return seed_stat([fn(r) for r in runs])
+
+
+def _seeds(runs: Sequence[Path]) -> str:
+    return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+
+
+# ------------------------------------------------------------------------------------------------------ claims
+def claim_degradation(runs: Sequence[Path]) -> Claim:
+    th = read_manifest(runs[0]).get("thresholds") or {"drop_min": 0.02, "harm_high": 0.10}
+    harm = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
+    drop = _stat(runs, lambda r: _diff(_summary_value(r, "opd", "acc_x"), _summary_value(r, "opd", "acc_xc")))
+    crit = (f"OPD in regime A on the seed means (Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}), "
+            "and Harm's interval above 0 when there are ≥ 2 seeds")
+    measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
+                f"({_seeds(runs)})")
+    if harm["mean"] is None or drop["mean"] is None:
+        return Claim("degradation", "", "", measured, NA, crit)
+    regime_a = drop["mean"] >= th["drop_min"] - 1e-9 or harm["mean"] >= th["harm_high"] - 1e-9
+    above = harm["low"] is None or harm["low"] > 0
+    return Claim("degradation", "", "", measured, HOLDS if regime_a and above else FAILS, crit)
+
+
+def _const_note(runs: Sequence[Path], metric: str, signed: bool = False) -> str:
+    const = _stat(runs, lambda r: _summary_value(r, "nca_const", metric))
+    return f"; constant-β NCA {fmt_stat(const, signed=signed)}" if const["mean"] is not None else ""
+
+
+def claim_nca_removes(runs: Sequence[Path]) -> Claim:
+    opd = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
+    nca = _stat(runs, lambda r: _summary_value(r, "nca", "harm"))
+    crit = f"NCA's mean Harm ≤ {HARM_REDUCTION} × OPD's; not measurable when OPD's Harm is 0 or undefined"
+    measured = f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)} vs OPD {fmt_stat(opd)}{_const_note(runs, 'harm')}"
+    if opd["mean"] is None or nca["mean"] is None or opd["mean"] == 0:
+        return Claim("nca_removes", "", "", measured, NA, crit)
+    return Claim("nca_removes", "", "", measured, HOLDS if nca["mean"] <= HARM_REDUCTION * opd["mean"] else FAILS,
+                 crit)
+
+
+def claim_nca_keeps(runs: Sequence[Path]) -> Claim:
+    diff = _stat(runs, lambda r: _diff(_summary_value(r, "nca", "acc_x"), _summary_value(r, "opd", "acc_x")))
+    nca = _stat(runs, lambda r: _summary_value(r, "nca", "acc_x"))
+    crit = f"mean (NCA Acc_x − OPD Acc_x) ≥ −{NCA_MAX_ACC_LOSS}"
+    measured = (f"NCA Acc_x {fmt_stat(nca)}{_per_seed(nca)}; NCA − OPD {fmt_stat(diff, signed=True)}"
+                f"{_const_note(runs, 'acc_x')}")
+    if diff["mean"] is None:
+        return Claim("nca_keeps", "", "", measured, NA, crit)
+    return Claim("nca_keeps", "", "", measured, HOLDS if diff["mean"] >= -NCA_MAX_ACC_LOSS - 1e-9 else FAILS, crit)
+
+
+def _mean_cos(run: Path, model: str) -> float | None:
+    vals = layer_cosines(run, model)
+    return sum(vals) / len(vals) if vals else None
+
+
+def claim_cosine_order(runs: Sequence[Path]) -> Claim:
+    stats = {m: _stat(runs, lambda r, m=m: _mean_cos(r, m)) for m in ("base", "opd", "nca")}
+    crit = "seed means of the cosine averaged over decoder layers: base < OPD < NCA"
+    measured = ", ".join(f"{m} {fmt_stat(s, 4)}" for m, s in stats.items())
+    if any(s["mean"] is None for s in stats.values()):
+        return Claim("cosine_order", "", "", measured, NA, crit)
+    b, o, n = (stats[m]["mean"] for m in ("base", "opd", "nca"))
+    return Claim("cosine_order", "", "", measured, HOLDS if b < o < n else FAILS, crit)
+
+
+def claim_nca_cosine(runs: Sequence[Path]) -> Claim:
+    low = _stat(runs, lambda r: min(layer_cosines(r, "nca"), default=None))
+    crit = f"seed mean of NCA's lowest decoder-layer cosine ≥ {NCA_COSINE_FLOOR}"
+    measured = f"NCA min over layers {fmt_stat(low, 4)}"
+    if low["mean"] is None:
+        return Claim("nca_cosine", "", "", measured, NA, crit)
+    return Claim("nca_cosine", "", "", measured, HOLDS if low["mean"] >= NCA_COSINE_FLOOR else FAILS, crit)
+
+
+def _orthogonality(run: Path) -> tuple[float | None, str, int, int]:
+    """Mean |cos(∇OPD, ∇NCA)| over the informative gradient-statistics steps of the OPD run (else the NCA run)."""
+    for method in ("opd", "nca"):
+        steps = grad_steps(run, method)
+        if steps:
+            kept = [abs(c) for _, c, ratio in steps if NOISE_NORM_RATIO <= ratio <= 1 / NOISE_NORM_RATIO]
+            return (sum(kept) / len(kept) if kept else None), method, len(kept), len(steps)
+    return None, "", 0, 0
+
+
+def claim_orthogonal(runs: Sequence[Path]) -> Claim:
+    per = [_orthogonality(r) for r in runs]
+    stat = seed_stat([p[0] for p in per])
+    crit = (f"seed mean of mean |cos| over the logged steps ≤ {ORTHOGONAL_ABS_COS}; steps where one norm is below "
+            f"{NOISE_NORM_RATIO:g} of the other are left out")
+    used = {p[1] for p in per if p[1]}
+    measured = (f"mean |cos| {fmt_stat(stat)} in the {'/'.join(sorted(used)) or '—'} run "
+                f"({sum(p[2] for p in per)} of {sum(p[3] for p in per)} logged steps informative)")
+    if stat["mean"] is None:
+        return Claim("orthogonal", "", "", measured, NA, crit)
+    return Claim("orthogonal", "", "", measured, HOLDS if stat["mean"] <= ORTHOGONAL_ABS_COS else FAILS, crit)
+
+
+def _depth_ratio(run: Path, model: str) -> float | None:
+    norms = update_norms(run, model)
+    if norms is None or len(norms[0]) < MIN_LAYERS_FOR_DEPTH:
+        return None
+    vals = list(norms[0].values())
+    third = len(vals) // 3
+    return (sum(vals[:third]) / third) / (sum(vals[-third:]) / third)
+
+
+def claim_shallow(runs: Sequence[Path]) -> Claim:
+    stats = {m: _stat(runs, lambda r, m=m: _depth_ratio(r, m)) for m in ("opd", "nca")}
+    norms = update_norms(runs[0], "opd")
+    depth = len(norms[0]) if norms else 0
+    crit = (f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third > 1 for OPD and NCA; needs ≥ "
+            f"{MIN_LAYERS_FOR_DEPTH} decoder layers")
+    measured = f"{depth} decoder layers; " + ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items())
+    if any(s["mean"] is None for s in stats.values()):
+        return Claim("shallow", "", "", measured, NA, crit)
+    return Claim("shallow", "", "", measured, HOLDS if all(s["mean"] > 1 for s in stats.values()) else FAILS, crit)
+
+
+def _qk_ratio(run: Path, model: str) -> float | None:
+    norms = update_norms(run, model)
+    if norms is None:
+        return None
+    qk, other = _pooled(norms[1], QK), _pooled(norms[1], OTHER_PROJ)
+    return None if qk is None or not other else qk / other
+
+
+def claim_qk(runs: Sequence[Path]) -> Claim:
+    stats = {m: _stat(runs, lambda r, m=m: _qk_ratio(r, m)) for m in ("opd", "nca")}
+    crit = "mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj > 1 for OPD and NCA"
+    measured = ", ".join(f"{m} q,k / other {fmt_stat(s, 2)}" for m, s in stats.items())
+    if any(s["mean"] is None for s in stats.values()):
+        return Claim("qk", "", "", measured, NA, crit)
+    return Claim("qk", "", "", measured, HOLDS if all(s["mean"] > 1 for s in stats.values()) else FAILS, crit)
+
+
+def claim_ta_opd(runs: Sequence[Path]) -> Claim:
+    from mechopd.aggregate import mean_kept_fraction
+
+    diff = _stat(runs, lambda r: _diff(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")))
+    kept = _stat(runs, lambda r: mean_kept_fraction(r, "ta_opd"))
+    crit = "mean (TA-OPD Acc_x − OPD Acc_x) ≥ 0; not measurable when both are 1.000 in every seed (ceiling)"
+    measured = (f"TA-OPD − OPD Acc_x {fmt_stat(diff, signed=True)}{_per_seed(diff)} (kept fraction "
+                f"{fmt_stat(kept, 3)})")
+    both = [(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")) for r in runs]
+    if diff["mean"] is None or all(a == 1.0 and b == 1.0 for a, b in both):
+        return Claim("ta_opd", "", "", measured, NA, crit)
+    return Claim("ta_opd", "", "", measured, HOLDS if diff["mean"] >= -1e-9 else FAILS, crit)
+
+
+def claim_teachability(runs: Sequence[Path]) -> Claim:
+    dl = _stat(runs, lambda r: quartile_spread(r, "DL"))
+    kl = _stat(runs, lambda r: quartile_spread(r, "kl_full"))
+    diff = _stat(runs, lambda r: _diff(quartile_spread(r, "DL"), quartile_spread(r, "kl_full")))
+    crit = "mean gain of the top minus the bottom quartile, D^L's spread > raw KL's (seed mean of the difference > 0)"
+    measured = f"spread D^L {fmt_stat(dl, 3)} vs raw KL {fmt_stat(kl, 3)}; difference {fmt_stat(diff, 3, True)}"
+    if diff["mean"] is None:
+        return Claim("teachability", "", "", measured, NA, crit)
+    return Claim("teachability", "", "", measured, HOLDS if diff["mean"] > 0 else FAILS, crit)
+
+
+# (key, claim, paper's figure, evaluator)
+CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Path]], Claim]], ...] = (
+    ("degradation", "OPD causes context-induced degradation", "games: Harm 22–41 %; regime A in 7 of 12 settings",
+     claim_degradation),
+    ("nca_removes", "NCA removes the degradation", "Harm 15.7 % → 1.6 % (Llama-3.2-3B MedMCQA); lower in 11 of 12",
+     claim_nca_removes),
+    ("nca_keeps", "NCA keeps or improves no-context accuracy", "12-setting mean Acc_x: NCA 70 vs OPD 68",
+     claim_nca_keeps),
+    ("cosine_order", "two-view hidden-state cosine: base < OPD < NCA", "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
+     claim_cosine_order),
+    ("nca_cosine", "NCA's two-view cosine ≥ 0.997 at every layer", "NCA ≥ 0.997 at every layer", claim_nca_cosine),
+    ("orthogonal", "OPD and NCA gradients nearly orthogonal during training", "“nearly orthogonal” (no number)",
+     claim_orthogonal),
+    ("shallow", "updates concentrated in shallow layers", "shallow layers (36-layer Qwen3-4B; no number)",
+     claim_shallow),
+    ("qk", "updates concentrated in q_proj / k_proj", "q_proj, k_proj (no number)", claim_qk),
+    ("ta_opd", "TA-OPD at ρ = 10 % ≥ full OPD", "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs", claim_ta_opd),
+    ("teachability", "D^L predicts the fixed-context gain better than raw KL",
+     "gain rises with D^L; high-support gap ≈ +0.08", claim_teachability),
+)
+
+
+def evaluate_claims(runs: Sequence[str | Path]) -> list[Claim]:
+    """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, no interval)."""
+    paths = [Path(r) for r in runs]
+    out = []
+    for key, claim, paper, fn in CLAIMS:
+        row = fn(paths)
+        row.key, row.claim, row.paper = key, claim, paper
+        out.append(row)
+    return out
+
+
+def claims_markdown(claims: Sequence[Claim]) -> str:
+    """The claims table (markdown) with a line on how the intervals are made."""
+    lines = ["| claim | paper | measured here | verdict | criterion |", "|---|---|---|:---:|---|"]
+    for c in claims:
+        cells = [c.claim, c.paper, c.measured, f"**{c.verdict}**", c.criterion]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    lines += ["", "Measured values: mean over seed runs with a 95 % Student-t interval over seeds (none with one "
+              "seed). Verdicts on the seed means by the stated criterion, fixed in `mechopd/claims.py` before any run."]
+    return "\n".join(lines) + "\n"
+
+
+def claims_json(claims: Sequence[Claim]) -> list[dict[str, str]]:
+    return [asdict(c) for c in claims]

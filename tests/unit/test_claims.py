@@ -1,0 +1,211 @@
+"""Claims table (mechopd.claims) and seed aggregation (mechopd.aggregate) on synthetic run directories: every verdict
+of every claim is reachable, the values come from the artifacts, the t-interval matches a hand computation."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mechopd import claims
+from mechopd.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
+from mechopd.errors import DataError
+from mechopd.removability import METRICS
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# A study where every claim holds; each test perturbs one field.
+GOOD: dict = {
+    "acc_x": {"base": 0.0, "opd": 0.95, "nca": 0.96, "nca_const": 0.4, "ta_opd": 0.97},
+    "acc_xc": {"base": 1.0, "opd": 0.7, "nca": 0.98, "nca_const": 0.4, "ta_opd": 0.8},
+    "harm": {"base": None, "opd": 0.3, "nca": 0.01, "nca_const": 0.0, "ta_opd": 0.1},
+    "cos": {"base": [0.9, 0.8, 0.7], "opd": [0.99, 0.97, 0.95], "nca": [0.999, 0.998, 0.9975]},
+    "grad": [(1, 0.02, 0.5, 1.0), (11, -0.05, 0.3, 0.6)],  # (step, cos, |∇opd|, |∇nca|) in the OPD run
+    "layers": 3,
+    "update": {"opd": 0.1, "nca": 0.2},  # relative update of every parameter; q/k get twice that
+    "qk_factor": 2.0,
+    "shallow_factor": 1.0,  # relative update of layer i scaled by shallow_factor ** -i
+    "spread": {"DL": 5.0, "kl_full": 2.0},
+    "kept": 0.1,
+}
+METHODS = ["opd", "nca", "nca_const", "ta_opd"]
+
+
+def _summary(spec: dict, model: str) -> dict:
+    s = {m: {"value": None, "low": None, "high": None} for m in METRICS}
+    for m in ("acc_x", "acc_xc", "harm"):
+        s[m]["value"] = spec[m][model]
+    s.update({"n": 200, "regime": "A", "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02}})
+    return {"summary": s, "settings": {"model": model}}
+
+
+def _write_deltas(path: Path, spec: dict) -> None:
+    rows = []
+    for i in range(spec["layers"]):
+        for mod in MODULES:
+            site, w0 = f"layers.{i}.{mod}", 2.0
+            rows.append({"model": "base", "vs": "", "site": site, "layer": i, "module": mod, "param": "weight",
+                         "metric": "w0_norm", "value": w0})
+            for model, rel in spec["update"].items():
+                rel *= (spec["qk_factor"] if mod in ("q_proj", "k_proj") else 1.0) * spec["shallow_factor"] ** -i
+                rows.append({"model": model, "vs": "base", "site": site, "layer": i, "module": mod,
+                             "param": "weight", "metric": "delta_norm", "value": rel * w0})
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def make_run(root: Path, spec: dict, name: str = "run") -> Path:
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    (run / "probes").mkdir()
+    (run / "demo.json").write_text(json.dumps({
+        "task": "rules", "methods": METHODS, "labels": {"ta_opd": "TA-OPD (ρ=0.10, kept 0.50)"},
+        "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02},
+        "runs": {"ta_opd": {"selector": "ta_opd", "budget": 0.1}}}))
+    for model in ["base", *METHODS]:
+        (run / "eval" / f"{model}.json").write_text(json.dumps(_summary(spec, model)))
+    with (run / "probes" / "similarity.csv").open("w") as fh:
+        fh.write("model,site,layer,cos_mean\n")
+        for model, vals in spec["cos"].items():
+            fh.write(f"{model},embed,,1.0\n")
+            fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
+    for method in METHODS:
+        d = run / "train" / method
+        d.mkdir(parents=True)
+        lines = [{"step": s, "kept_fraction": spec["kept"] if method == "ta_opd" else 1.0} for s in range(1, 4)]
+        if method == "opd":
+            lines += [{"step": s, "grad/cos/opd__nca": c, "grad/norm/opd": a, "grad/norm/nca": b}
+                      for s, c, a, b in spec["grad"]]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _write_deltas(run / "probes" / "deltas.csv", spec)
+    buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
+               for sig, spread in spec["spread"].items()}
+    (run / "probes" / "teachability_summary.json").write_text(json.dumps({"buckets": buckets}))
+    return run
+
+
+def verdicts(tmp_path: Path, replace: tuple[str, ...] = (), **changes) -> dict[str, claims.Claim]:
+    """Claims on GOOD with `changes` merged into its dicts (keys in `replace`: swapped whole)."""
+    spec = copy.deepcopy(GOOD)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict) and key not in replace:
+            spec[key].update(value)
+        else:
+            spec[key] = value
+    return {c.key: c for c in claims.evaluate_claims([make_run(tmp_path, spec)])}
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_t_quantile_matches_the_tables() -> None:
+    for df, ref in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
+        assert t_quantile(0.975, df) == pytest.approx(ref, abs=2e-3)
+    assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=2e-3)
+
+
+def test_seed_stat_is_mean_plus_minus_t_sd_over_root_n_and_skips_undefined() -> None:
+    st = seed_stat([0.2, None, 0.4, 0.9])
+    sd = math.sqrt(((0.2 - 0.5) ** 2 + (0.4 - 0.5) ** 2 + 0.4 ** 2) / 2)
+    assert st["n"] == 3 and st["mean"] == pytest.approx(0.5)
+    assert st["high"] - st["mean"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    one = seed_stat([0.7])
+    assert one["low"] is None and fmt_stat(one) == "0.700"
+    assert seed_stat([None])["mean"] is None and fmt_stat(seed_stat([])) == "n/a"
+
+
+def test_relabel_kept_replaces_the_kept_fraction_only() -> None:
+    assert relabel_kept("TA-OPD (ρ=0.10, kept 0.50)", 0.104) == "TA-OPD (ρ=0.10, kept 0.10)"
+    assert relabel_kept("OPD", 0.3) == "OPD"
+
+
+# ------------------------------------------------------------------------------------------------------ claims
+def test_every_claim_holds_on_the_good_study(tmp_path: Path) -> None:
+    v = verdicts(tmp_path, layers=6, shallow_factor=2.0)
+    assert {k: c.verdict for k, c in v.items()} == {k: claims.HOLDS for k, *_ in claims.CLAIMS}
+    assert "0.300" in v["degradation"].measured and "constant-β NCA" in v["nca_removes"].measured
+    assert "kept fraction 0.100" in v["ta_opd"].measured
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"acc_xc": {"opd": 1.0}, "harm": {"opd": 0.05}}, "degradation"),
+    ({"harm": {"nca": 0.2}}, "nca_removes"),
+    ({"acc_x": {"nca": 0.85}}, "nca_keeps"),
+    ({"cos": {"opd": [0.999, 0.9995, 0.9999]}}, "cosine_order"),
+    ({"cos": {"nca": [0.999, 0.998, 0.99]}}, "nca_cosine"),
+    ({"grad": [(1, 0.5, 1.0, 1.0), (11, 0.3, 1.0, 1.0)]}, "orthogonal"),
+    ({"layers": 6, "shallow_factor": 0.5}, "shallow"),
+    ({"qk_factor": 0.5}, "qk"),
+    ({"acc_x": {"ta_opd": 0.9}}, "ta_opd"),
+    ({"spread": {"DL": 1.0, "kl_full": 3.0}}, "teachability"),
+])
+def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
+    assert verdicts(tmp_path, **changes)[key].verdict == claims.FAILS
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"harm": {"opd": None}}, "degradation"),
+    ({"harm": {"opd": 0.0}}, "nca_removes"),
+    ({"acc_x": {"nca": None}}, "nca_keeps"),
+    ({"cos": {"base": [0.9], "opd": [0.95]}}, "cosine_order"),  # NCA's similarity rows absent
+    ({"cos": {"base": [0.9], "opd": [0.95]}}, "nca_cosine"),
+    ({"grad": [(1, 0.0, 1e-5, 1.0)]}, "orthogonal"),  # one gradient is noise: the only step is left out
+    ({"layers": 3}, "shallow"),  # too shallow to ask
+    ({"acc_x": {"ta_opd": 1.0, "opd": 1.0}}, "ta_opd"),  # ceiling
+    ({"spread": {"DL": 1.0}}, "teachability"),  # raw-KL buckets absent
+])
+def test_each_claim_can_be_not_measurable(tmp_path: Path, changes: dict, key: str) -> None:
+    assert verdicts(tmp_path, replace=("cos", "spread"), **changes)[key].verdict == claims.NA
+
+
+def test_qk_not_measurable_without_deltas(tmp_path: Path) -> None:
+    run = make_run(tmp_path, copy.deepcopy(GOOD))
+    (run / "probes" / "deltas.csv").unlink()
+    assert {c.key: c for c in claims.evaluate_claims([run])}["qk"].verdict == claims.NA
+
+
+def test_verdicts_use_the_seed_mean_and_the_interval(tmp_path: Path) -> None:
+    a = make_run(tmp_path, copy.deepcopy(GOOD), "seed-0")
+    spec = copy.deepcopy(GOOD)
+    spec["harm"]["nca"] = 0.35  # mean NCA harm (0.01 + 0.35) / 2 = 0.18 > 0.5 * 0.3
+    b = make_run(tmp_path, spec, "seed-1")
+    got = {c.key: c for c in claims.evaluate_claims([a, b])}
+    assert got["nca_removes"].verdict == claims.FAILS
+    assert "0.180 [" in got["nca_removes"].measured  # two seeds: an interval
+    assert "(per seed 0.010, 0.350)" in got["nca_removes"].measured
+    md = claims.claims_markdown(list(got.values()))
+    assert md.count("\n| ") == len(claims.CLAIMS) and md.startswith("| claim |") and "Student-t" in md
+
+
+# -------------------------------------------------------------------------------------------------- aggregate
+def test_aggregate_tables_labels_and_report(tmp_path: Path) -> None:
+    runs = []
+    for k, harm in enumerate((0.2, 0.3, 0.4)):
+        spec = copy.deepcopy(GOOD)
+        spec["harm"]["opd"], spec["kept"] = harm, 0.1 + 0.01 * k
+        runs.append(make_run(tmp_path, spec, f"seed-{k}"))
+    summary = summarise_runs(runs)
+    harm = summary["models"]["opd"]["harm"]
+    assert harm["mean"] == pytest.approx(0.3) and harm["n"] == 3
+    assert harm["high"] - 0.3 == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+    assert summary["models"]["base"]["harm"]["mean"] is None
+    report = aggregate(runs, tmp_path / "agg").read_text()
+    meta = json.loads((tmp_path / "agg" / "demo.json").read_text())
+    assert meta["labels"]["ta_opd"] == "TA-OPD (ρ=0.10, kept 0.11)" and len(meta["seed_runs"]) == 3
+    assert "0.300 [" in report and "## The papers' claims" in report and "3 training seeds" in report
+
+
+def test_aggregate_refuses_runs_of_different_studies(tmp_path: Path) -> None:
+    a = make_run(tmp_path, copy.deepcopy(GOOD), "a")
+    b = make_run(tmp_path, copy.deepcopy(GOOD), "b")
+    meta = json.loads((b / "demo.json").read_text())
+    meta["task"] = "sokoban"
+    (b / "demo.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="aggregate runs of one study"):
+        summarise_runs([a, b])
+    with pytest.raises(DataError, match="no demo.json"):
+        summarise_runs([tmp_path / "missing"])
