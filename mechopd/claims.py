@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mechopd.removability import RegimeThresholds
 from mechopd.aggregate import eval_summary, fmt_stat, metric_lines, read_manifest, seed_stat
 
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
@@ -136,7 +137,8 @@ def _seeds(runs: Sequence[Path]) -> str:
 
 # ------------------------------------------------------------------------------------------------------ claims
 def claim_degradation(runs: Sequence[Path]) -> Claim:
-    th = read_manifest(runs[0]).get("thresholds") or {"drop_min": 0.02, "harm_high": 0.10}
+    manifest = read_manifest(runs[0]) if (Path(runs[0]) / "demo.json").is_file() else {}  # a plain run dir too
+    th = manifest.get("thresholds") or asdict(RegimeThresholds())
     harm = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
     drop = _stat(runs, lambda r: _diff(_summary_value(r, "opd", "acc_x"), _summary_value(r, "opd", "acc_xc")))
     crit = (f"OPD in regime A on the seed means (Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}), "

@@ -133,8 +133,9 @@ def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pa
 
 
 def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | str] | None = None,
-                  *, device: str | torch.device | None = "cpu") -> dict[str, dict[str, torch.Tensor]]:
-    """Both views' residual streams at the response positions, for interactive work.
+                  *, device: str | torch.device | None = "cpu",
+                  shared_prefix: str = "auto") -> dict[str, dict[str, torch.Tensor]]:
+    """Both views' residual streams at the response positions, for interactive work (shared_prefix: `run_view`).
 
     Returns ``{"x": {site: [batch, R, d]}, "c": {site: [batch, R, d]}}`` (moved to `device`; None keeps them where
     the model is). Index t of both views is the same response token; ``batch.response_mask`` marks the real ones.
@@ -148,7 +149,7 @@ def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | 
         def keep(site: str, h: torch.Tensor, store: dict = store) -> None:
             store[site] = h if device is None else h.to(device)
 
-        run_view(model, batch, which, sites, keep)
+        run_view(model, batch, which, sites, keep, shared_prefix=shared_prefix)
     return out
 
 

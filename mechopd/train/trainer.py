@@ -44,6 +44,7 @@ from mechopd.objectives.select import TeachabilityStats, make_selector, teachabi
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
+from mechopd.train.engine import rollout_engine, sync_engine
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids

@@ -78,8 +78,8 @@ def test_the_trainer_never_retokenises_responses(boundary_checkpoint, zoo, tmp_p
     from mechopd.config import TrainConfig
 
     sampled, scored, texts = [], [], []
-    real_sample, real_assemble = tr.sample, tr.assemble_two_views
-    monkeypatch.setattr(tr, "sample", lambda *a, **k: sampled.append(real_sample(*a, **k)) or sampled[-1])
+    real_sample, real_assemble = tr.sample_rows, tr.assemble_two_views
+    monkeypatch.setattr(tr, "sample_rows", lambda *a, **k: sampled.append(real_sample(*a, **k)) or sampled[-1])
     monkeypatch.setattr(tr, "assemble_two_views", lambda *a, **k: scored.append(real_assemble(*a, **k)) or scored[-1])
     cfg = TrainConfig(task="jsonl", task_options=zoo.jsonl_options(max_new_tokens=6), student=str(boundary_checkpoint),
                       method="nca", batch_size=3, steps=1, lr=1e-3, pool_size=6)
@@ -88,7 +88,7 @@ def test_the_trainer_never_retokenises_responses(boundary_checkpoint, zoo, tmp_p
     monkeypatch.setattr(type(trainer.tokenizer), "__call__",
                         lambda self, text, *a, **k: texts.append(text) or real_call(self, text, *a, **k))
     trainer.train_step()
-    batch, responses = scored[0], sampled[0].responses
+    batch, responses = scored[0], sampled[0]
     assert len(responses) == 3 and any(responses)
     for i, r in enumerate(responses):
         assert batch.response_ids[i, : len(r)].tolist() == list(r)
@@ -120,10 +120,13 @@ def test_probe_batches_hold_the_sampled_ids_and_compare_the_same_token(zoo, fami
     seen = []
     handle = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
     try:
-        states = capture_views(model, batch, ["embed"])
+        states = capture_views(model, batch, ["embed"], shared_prefix="off")
     finally:
         handle.remove()
     assert len(seen) == 2  # one forward per view
+    shared = capture_views(model, batch, ["embed"])  # the shared-prefix path captures the same states
+    for which in ("x", "c"):
+        torch.testing.assert_close(shared[which]["embed"], states[which]["embed"], atol=1e-6, rtol=0)
     emb = model.get_input_embeddings()(batch.response_ids)
     m = batch.response_mask
     for which, ids in zip(("x", "c"), seen):

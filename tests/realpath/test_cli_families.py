@@ -1,9 +1,8 @@
 """Every verb end to end on each family of the zoo, from the CLI: train (OPD, NCA cross-model, TA-OPD), eval in both
 views, the four probes, figures, TransformerLens and nnsight, on the JSONL task with the ~512-token context file.
 
-The similarity / gradients / teachability probes cannot take task options or a render spec from the CLI today (the
-`--run RUN_DIR` flag is coming); on the JSONL task they run through the same Python entry points the CLI calls, with
-the run's render spec. Their CLI form runs on the qwen3 fixture with the option-less `rules` task."""
+On the JSONL task the probes run from `--run RUN_DIR` alone (task options and render spec read from the run); their
+flag form also runs on the qwen3 fixture with the option-less `rules` task."""
 
 from __future__ import annotations
 
@@ -86,24 +85,18 @@ def test_eval_both_views_and_probes_then_figures(run, zoo, capsys):
 
 
 def _probes_on_jsonl(family: str, root: Path, zoo, models: dict) -> None:
-    """similarity, gradients and teachability on the JSONL task with the run's render spec (Python entry points)."""
-    from mechopd.probes.gradients import run_gradients
-    from mechopd.probes.similarity import make_batches, two_view_cosine, write_rows
-    from mechopd.probes.teachability import build_bank, run_teachability
-
-    task, spec = get_task("jsonl", **zoo.jsonl_options(max_new_tokens=6)), spec_of(family)
-    tok = load_tokenizer(models["base"])
-    items = make_batches(tok, task, 4, 0, 2, load_model(models["base"]), spec)
-    rows = [r for label in ("base", "opd", "nca") for r in two_view_cosine(load_model(models[label]), items,
-                                                                             label=label).rows]
-    write_rows(rows, root / "probes" / "similarity.csv")
-    assert all(-1.0 - 1e-5 <= r["cos_mean"] <= 1.0 + 1e-5 for r in rows)
-    grows = run_gradients(models["opd"], models["base"], task, 2, 0, ("opd", "nca"), root / "probes", spec=spec)
-    assert [r for r in grows if r.scope == "global"]
-    bank = build_bank(load_model(models["base"]), tok, task, 4, 0, spec)
-    summary = run_teachability(models["base"], models["ta_opd"], models["base"], task, 4, 0, root / "probes",
-                               bank=bank, n_boot=20)
-    assert "gap" in summary
+    """similarity, gradients and teachability on the JSONL task from `--run RUN_DIR` alone: the task options and the
+    render spec (no_context_system, chat_template_kwargs) come from the run's config.yaml."""
+    out = root / "probes"
+    cli("probe", "similarity", "--run", root / "train" / "opd", "--n", "4", "--out", out)
+    with open(out / "similarity.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["model"] for r in rows} >= {"base", "opd"}
+    assert all(-1.0 - 1e-5 <= float(r["cos_mean"]) <= 1.0 + 1e-5 for r in rows)
+    cli("probe", "gradients", "--run", root / "train" / "nca", "--n", "2", "--out", out)
+    assert (out / "gradients.csv").exists()
+    cli("probe", "teachability", "--run", root / "train" / "ta_opd", "--n", "4", "--out", out)
+    assert "gap" in json.loads((out / "teachability_summary.json").read_text())
 
 
 @pytest.mark.parametrize("family", ["qwen3"])
