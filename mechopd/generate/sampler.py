@@ -63,7 +63,7 @@ def sample(
     greedy: bool = False,
     row_seeds: Sequence[int] | None = None,
     decoder: str = "lean",
-    shared_prefix: str = "auto",
+    shared_prefix: str | int = "auto",
 ) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
 
@@ -73,7 +73,8 @@ def sample(
     decoder: "lean" (`lean.LeanDecoder`, same arithmetic, per-step overhead stripped; Llama, Qwen2, Qwen3), "hf"
     (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine `vllm_engine.attach`-ed
     to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
-    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top
+    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top; an int
+    shares exactly that many leading tokens (`sample_rows` decides once for all its chunks);
     (generate/prefix.py, exact); "off": in full.
     """
     if decoder not in DECODERS:
@@ -131,12 +132,22 @@ def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: t
                         for s in row_seeds]).to(device)
 
 
-def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str,
+def shared_len(prompt_ids: Sequence[Sequence[int]], shared_prefix: str | int, agree: Any = None) -> int:
+    """How many leading tokens the prefill shares: the caller's explicit length (an int), else the decision of
+    `prefix.decide` for these prompts ("auto" | "off"; `agree`: the processes' common prefix)."""
+    if isinstance(shared_prefix, int):
+        if not 0 <= shared_prefix <= common_prefix_len(prompt_ids):
+            raise ValueError(f"shared prefix of {shared_prefix} tokens is not common to every prompt")
+        return shared_prefix
+    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
+    return decide(len(prompt_ids), candidate, shared_prefix, agree)
+
+
+def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str | int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
     """The prefill's ids/positions ``[B, S]``, mask ``[B, n + S]``, the shared prefix's cache (None) and length n."""
     B = len(prompt_ids)
-    candidate = list(prompt_ids[0][: common_prefix_len(prompt_ids)]) if shared_prefix == "auto" else []
-    n = decide(B, candidate, shared_prefix)
+    n = shared_len(prompt_ids, shared_prefix)
     ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
     ids, mask = ids.to(device), mask.to(device)
     pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token
@@ -177,6 +188,7 @@ def sample_rows(
     decoder: str = "lean",
     shared_prefix: str = "auto",
     paths: list[int] | None = None,
+    agree: Any = None,
 ) -> list[list[int]]:
     """One response per prompt, `batch_size` prompts per `sample` call; row i samples with ``seeds[i]``.
 
@@ -184,6 +196,9 @@ def sample_rows(
     response a function of (model, prompt, seed) only, so any `batch_size` gives the same ids (tests, per caller).
     seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
     paths: if given, gets each call's shared prefix length (0: unshared prefill), for the caller's logs.
+    shared_prefix is decided ONCE over all the prompts (and over the processes with `agree`, e.g.
+    `train.dist.agree_prefix`) and applied to every chunk, a chunk of one row included, so the arithmetic a row sees
+    does not depend on `batch_size` or on the other rows.
     """
     if seeds is None and not greedy:
         raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
@@ -191,12 +206,13 @@ def sample_rows(
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n_shared = shared_len(prompt_ids, shared_prefix, agree)
     out: list[list[int]] = []
     for s in range(0, len(prompt_ids), batch_size):
         rows = None if greedy else [int(x) for x in seeds[s : s + batch_size]]  # type: ignore[index]
         gen = sample(model, prompt_ids[s : s + batch_size], max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
                      temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder,
-                     shared_prefix=shared_prefix)
+                     shared_prefix=n_shared)
         out.extend(gen.responses)
         if paths is not None:
             paths.append(gen.shared_prefix)

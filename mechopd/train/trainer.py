@@ -191,7 +191,9 @@ class Trainer:
         if self.task.is_game:
             eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
                                     max_new_tokens=self.max_new, temperature=self.T, seeds=seeds,
-                                    decoder=cfg.rollout_engine)
+                                    decoder=cfg.rollout_engine,  # per move, one call; processes may differ in moves:
+                                    shared_prefix="off" if dist.active() else cfg.shared_prefix)  # no collective
+
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
@@ -199,7 +201,8 @@ class Trainer:
         ids = [self._render(ex.prompt, None) for ex in mine]
         responses = sample_rows(model, ids, seeds, batch_size=max(1, len(ids)), max_new_tokens=self.max_new,
                                 stop=self.stop, pad_id=self.tokenizer.pad_token_id, temperature=self.T,
-                                decoder=cfg.rollout_engine)  # row seeds: (seed, step, global row), any chunking
+                                decoder=cfg.rollout_engine, shared_prefix=cfg.shared_prefix,
+                                agree=dist.agree_prefix)  # row seeds (seed, step, global row); the global prefix
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats

@@ -36,6 +36,38 @@ def test_sample_rows_is_batch_size_invariant_and_needs_seeds(organism_tokenizer,
         sample(tiny_qwen3, ids, **kw)  # no shared-generator path left to fall into
 
 
+def test_sample_rows_shares_one_prefix_for_every_chunk(organism_tokenizer, tiny_qwen3):
+    """shared_prefix "auto" is decided once over all prompts: a chunk of one row prefills the same shared prefix as a
+    chunk of six, so a row's arithmetic does not depend on batch_size (a per-chunk decision flipped a sampled token
+    where a uniform fell within 1e-6 of a CDF step: found by comparing the redesign to the old code step by step)."""
+    tok = organism_tokenizer
+    _, ids = _prompts(tok, get_task("rules"), 6)
+    kw = dict(max_new_tokens=4, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
+    for batch_size in (1, 4, 6):
+        paths: list[int] = []
+        sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=batch_size, shared_prefix="auto", paths=paths, **kw)
+        assert len(set(paths)) == 1 and paths[0] >= 8, (batch_size, paths)  # one decision, the prefix really shared
+        off: list[int] = []
+        sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=batch_size, shared_prefix="off", paths=off, **kw)
+        assert set(off) == {0}
+
+
+def test_trainer_rollout_honours_shared_prefix_off(tiny_rules_organism, tmp_path, monkeypatch):
+    """`shared_prefix: off` reaches the rollout too (it was passed to scoring and evaluation only)."""
+    import mechopd.train.trainer as T
+    from mechopd.config import TrainConfig
+
+    seen = []
+    real = T.sample_rows
+    monkeypatch.setattr(T, "sample_rows", lambda *a, **k: seen.append(k.get("shared_prefix")) or real(*a, **k))
+    for mode in ("off", "auto"):
+        cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), steps=1, batch_size=4, lr=1e-3,
+                          shared_prefix=mode, pool_size=8)
+        tr = T.Trainer(cfg, tmp_path / mode, progress=False)
+        tr.rollout(tr._examples(), range(4))
+    assert seen == ["off", "auto"]
+
+
 def test_trainer_rollout_batch_one_equals_batch_n(tiny_rules_organism, tmp_path):
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer

@@ -115,8 +115,8 @@ def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatc
     demo.run_probes(demo.DemoConfig(fast=True), models, run)
     doc = read_json(run / "probes" / "toy.json")
     assert doc["model"] == "nca" and doc["value"] == 0.5 * 8  # demo options; DemoConfig(fast) has probe_n 8
-    assert [f.name for f in plots.figure_index()] == ["training_curves", "removability", "regime_map", "toy",
-                                                     "budget_curve"]
+    assert [f.name for f in plots.figure_index()] == ["training_curves", "gradient_training", "removability",
+                                                     "regime_map", "toy", "budget_curve"]
     assert plots.draw_all(run)["toy"] == [run / "figures" / "toy.png"]
     text = write_report_md(run).read_text()
     assert "- **Toy probe**: 4." in text and "### Toy figure" in text
