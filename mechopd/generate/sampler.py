@@ -73,9 +73,9 @@ def sample(
     decoder: "lean" (`lean.LeanDecoder`, same arithmetic, per-step overhead stripped; Llama, Qwen2, Qwen3), "hf"
     (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine `vllm_engine.attach`-ed
     to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
-    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top; an int
-    shares exactly that many leading tokens (`sample_rows` decides once for all its chunks);
-    (generate/prefix.py, exact); "off": in full.
+    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top
+    (generate/prefix.py, exact); "off": in full; an int: exactly that many leading tokens (`sample_rows` decides
+    once for all its chunks).
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
@@ -100,13 +100,8 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks = []
     for step in range(max_new_tokens):
-        if greedy:
-            tok = logits.argmax(-1)
-        else:
-            cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
-            tok = torch.searchsorted(cdf, uniforms[:, step : step + 1] * cdf[:, -1:]).squeeze(-1)
-            tok = tok.clamp(max=logits.shape[-1] - 1)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        tok = torch.where(done, torch.full_like(done, pad_id, dtype=torch.long),
+                          _next_token(logits, None if greedy else uniforms[:, step : step + 1], temperature))
         toks.append(tok)
         done = done | torch.isin(tok, stop_t)
         if bool(done.all()) or step == max_new_tokens - 1:
@@ -120,6 +115,14 @@ def sample(
             past, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
     return _cut(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], stop, n)
+
+
+def _next_token(logits: torch.Tensor, u: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """``[B]`` ids from ``[B, V]`` logits: argmax (u None), else inverse-CDF with the rows' uniforms ``u [B, 1]``."""
+    if u is None:
+        return logits.argmax(-1)
+    cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
 def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: torch.device) -> torch.Tensor:
