@@ -118,7 +118,7 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
     ax.set_xlabel("training step (optimizer steps)")
     ax.set_ylabel("held-out accuracy (%)")
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
-    fig.suptitle(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
+    ax.set_title(f"Accuracy without (solid) / with (dashed) the context\n{info.task}{seeds}")  # clear of the legend
     fig.legend(loc="outside right upper", title="method, view")
     return fig
 
