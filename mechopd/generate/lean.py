@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mechopd.errors import ModelError
+from mechopd.generate.prefix import cache_kwargs, output_cache
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 DECODERS = ("lean", "hf", "vllm")  # `sampler.sample`'s engines: this module, ``model(...)`` per step, vLLM (extra)
@@ -120,10 +121,10 @@ class LeanDecoder:
 
         cache: a shared prefix's keys/values (generate/prefix.py); then `ids`/`pos` are the suffixes ``[B, S]`` and
         `mask` covers prefix + suffix ``[B, Lp + S]``."""
-        extra = {} if cache is None else {"cache": cache}
+        extra = {} if cache is None else cache_kwargs(self.model, cache)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **extra)  # the LM head on the last column only: [B, P, V] would be GBs on real models
-        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache = output_cache(out)
         B, P = mask.shape
         total = P + max_new_tokens
         self.keys, self.values = [], []

@@ -35,6 +35,7 @@ transformers 5.24 names the cache argument ``cache`` (``past_key_values`` is its
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Sequence
 
 import torch
@@ -46,6 +47,25 @@ MIN_PREFIX_TOKENS = 8
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, Lp, head_dim]
 Agree = Callable[[list[int]], int]  # this process's candidate prefix ids -> the length every process shares
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` under the name this transformers version's ``forward`` takes: ``cache`` (5.24 on) or
+    ``past_key_values`` (before). The other name would land in ``**kwargs`` and be ignored SILENTLY (a prefill
+    without its prefix), so the name is read from the signature, never assumed."""
+    params = inspect.signature(type(model).forward).parameters
+    if "cache" in params:
+        return {"cache": cache}
+    if "past_key_values" in params:
+        return {"past_key_values": cache}
+    raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`; it cannot reuse a "
+                    "shared prefix (set shared_prefix: off)")
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned (``out.cache`` from transformers 5.24 on, ``out.past_key_values`` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def check_mode(mode: str) -> str:
@@ -97,8 +117,9 @@ def prefix_kv(model: Any, prefix_ids: torch.Tensor, stop_at: Any = None) -> KV:
     cache = DynamicCache(config=model.config)
     handle = stop_at.register_forward_hook(_raise_stop) if stop_at is not None else None
     try:
-        model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), cache=cache, use_cache=True,
-              position_ids=torch.arange(L, device=prefix_ids.device)[None], logits_to_keep=1)
+        model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
+              position_ids=torch.arange(L, device=prefix_ids.device)[None], logits_to_keep=1,
+              **cache_kwargs(model, cache))
     except _Stop:
         pass
     finally:
@@ -201,4 +222,4 @@ def view_inputs(model: Any, batch: TwoViewBatch, which: str, *, mode: str = "aut
         return batch, {}, 0
     plan = plan_view(batch, which, n)
     kv = store.get(model, plan.prefix_ids) if store is not None else prefix_kv(model, plan.prefix_ids, stop_at)
-    return plan.batch, {"cache": expanded_cache(model, kv, batch.batch_size), "use_cache": True}, n
+    return plan.batch, {**cache_kwargs(model, expanded_cache(model, kv, batch.batch_size)), "use_cache": True}, n

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.lean import DECODERS, LeanDecoder
-from mechopd.generate.prefix import common_prefix_len, decide, expanded_cache, prefix_kv
+from mechopd.generate.prefix import (cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache,
+                                     prefix_kv)
 from mechopd.views import left_pad
 
 
@@ -93,9 +94,9 @@ def sample(
         logits = lean.prefill(ids, mask, pos, max_new_tokens, cache=cache)  # [B, V]
     else:
         keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        extra = {} if cache is None else {"cache": cache}
+        extra = {} if cache is None else cache_kwargs(model, cache)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep, **extra)
-        past, logits = out.cache, out.logits[:, -1]  # [B, V]
+        past, logits = output_cache(out), out.logits[:, -1]  # [B, V]
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks = []
@@ -110,9 +111,9 @@ def sample(
             logits = lean.step(tok, next_pos)
         else:
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=past,
-                        use_cache=True)
-            past, logits = out.cache, out.logits[:, -1]
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True,
+                        **cache_kwargs(model, past))
+            past, logits = output_cache(out), out.logits[:, -1]
         next_pos = next_pos + 1
     return _cut(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], stop, n)
 
