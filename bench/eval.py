@@ -14,7 +14,7 @@ The model is the random-init rules organism of `bench/train_step.py` (special to
 response runs to the task's max_new_tokens in both variants (mean generated lengths are printed and checked).
 Rounds alternate (evaluate, generate, evaluate, ...); round 0 is warm-up and dropped. The verdict is the median of the
 per-round ratios; the ratio of overall medians is printed next to it. The evaluate variant also reports where its
-time goes (generation via `sample`, scoring + summary) from timers wrapped around those functions.
+time goes (generation via `sample_rows`, scoring + summary) from timers wrapped around those functions.
 
     python bench/eval.py [--n 200] [--rounds 20] [--threads auto] [--quick]
 """
@@ -63,7 +63,7 @@ def instrument() -> None:
     """Accumulate evaluate_model's generation and summary time in PHASES (wrappers cost microseconds)."""
     import mechopd.evaluate as ev
 
-    ev.sample = _timed(ev.sample, "sample")
+    ev.sample_rows = _timed(ev.sample_rows, "sample")
     ev.summarize = _timed(ev.summarize, "summarize")
     ev.render_prompt_ids = _timed(ev.render_prompt_ids, "render")
     ev._check_vocab = _timed(ev._check_vocab, "check_vocab")

@@ -66,13 +66,17 @@ def write_task(root: Path, n: int, seed: int, context_words: int = 512, stem_wor
     return {"path": str(root / "items.jsonl"), "context_file": str(root / "context.txt"), "test_fraction": 0.02}
 
 
-def build_model(out: Path, hidden: int, seed: int) -> Path:
+def build_model(out: Path, hidden: int, seed: int, opts: dict) -> Path:
+    """The organism-shaped model; its word-level vocabulary also covers the JSONL task's own words (the answer
+    template), which the trainer checks (`checks.check_task_vocab`)."""
     from transformers import AutoModelForCausalLM
 
     from mechopd.organisms.pretrain import OrganismConfig, model_config, organism_vocab
     from mechopd.organisms.tokenizer import build_tokenizer
+    from mechopd.tasks.base import get_task
 
-    tok = build_tokenizer(organism_vocab())
+    words = organism_vocab()
+    tok = build_tokenizer(words + [w for w in get_task("jsonl", **opts).vocab() if w not in set(words)])
     cfg = OrganismConfig(hidden_size=hidden, intermediate_size=2 * hidden, max_position_embeddings=1024)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(model_config(cfg, len(tok), tok))
@@ -86,21 +90,9 @@ def build_model(out: Path, hidden: int, seed: int) -> Path:
 
 
 def trainer_step(path: Path, root: Path, name: str, method: str, mode: str, opts: dict, args) -> Callable:
-    from mechopd.config import TrainConfig
-    from mechopd.train.trainer import Trainer
-
-    cfg = TrainConfig(student=str(path), task="jsonl", task_options=opts, method=method, selector="full",
-                      estimator="full", batch_size=args.batch, max_new_tokens=args.new_tokens, steps=10**6, lr=1e-5,
-                      seed=args.seed, pool_size=args.pool, shared_prefix=mode)
-    trainer = Trainer(cfg, out_dir=root / name, progress=False)
-
-    def step() -> tuple[float, float]:
-        t0 = time.perf_counter()
-        rec = trainer.train_step()
-        return time.perf_counter() - t0, rec["response_len"]
-
-    step.trainer = trainer  # type: ignore[attr-defined]
-    return step
+    """bench/train_step.py's timed `Trainer.train_step()` on the long-context JSONL task."""
+    return ts.make_trainer_step(path, root, name, args, task="jsonl", task_options=opts, method=method,
+                                selector="full", shared_prefix=mode)
 
 
 def _items(opts: dict, args) -> list:
@@ -283,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-long-") as tmp:
         root = Path(tmp)
         opts = write_task(root, args.pool + 32, args.seed)
-        path = build_model(root / "model", args.hidden, args.seed)
+        path = build_model(root / "model", args.hidden, args.seed, opts)
         ex = _items(opts, args)[0]
         from mechopd.models import load_tokenizer
         from mechopd.views import RenderSpec, render_prompt_ids
