@@ -35,6 +35,7 @@ transformers 5.24 names the cache argument ``cache`` (``past_key_values`` is its
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -52,13 +53,17 @@ Agree = Callable[[list[int]], int]  # this process's candidate prefix ids -> the
 def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` under the name this transformers version's ``forward`` takes: ``cache`` (5.24 on) or
     ``past_key_values`` (before). The other name would land in ``**kwargs`` and be ignored SILENTLY (a prefill
-    without its prefix), so the name is read from the signature, never assumed."""
-    params = inspect.signature(type(model).forward).parameters
-    if "cache" in params:
-        return {"cache": cache}
-    if "past_key_values" in params:
-        return {"past_key_values": cache}
-    raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`; it cannot reuse a "
+    without its prefix), so the name is read from the signature, never assumed (once per model class)."""
+    return {_cache_arg(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_arg(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`; it cannot reuse a "
                     "shared prefix (set shared_prefix: off)")
 
 
