@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.prefix import Agree, PrefixStore, view_inputs
+from mechopd.models import vocab_size
 from mechopd.views import TwoViewBatch
 
 # A role is (which model, which view): the three distributions the objectives read (objectives.losses.LossInputs).
@@ -51,7 +52,7 @@ def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) 
 
 def common_vocab_size(*models: Any) -> int:
     """The vocabulary every model's LM head covers: ``min_i rows(lm_head_i)`` (padding rows beyond it dropped)."""
-    return min(int(m.get_output_embeddings().weight.shape[0]) for m in models)
+    return min(vocab_size(m) for m in models)
 
 
 def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c"), *, temperature: float,

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from mechopd.errors import ConfigError, ModelError
-from mechopd.generate.sampler import Generation
+from mechopd.generate.sampler import Generation, _cut
 
 INSTALL = "pip install mechopd[vllm]"
 # head sizes vLLM 0.32's CPU attention accepts (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
@@ -118,14 +118,7 @@ class VllmEngine:
         for rows in _chunks([len(p) for p in prompt_ids], self.budget, self.max_num_seqs):
             prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids[i]]) for i in rows]
             outs += self.llm.generate(prompts, [params(i) for i in rows], use_tqdm=False)
-        stops = set(stop)
-        responses, finished = [], []
-        for out in outs:
-            ids = list(out.outputs[0].token_ids)
-            cut = next((i for i, t in enumerate(ids) if t in stops), None)
-            responses.append(ids[: cut + 1] if cut is not None else ids)
-            finished.append(cut is not None)
-        return Generation(responses, finished)
+        return _cut([list(o.outputs[0].token_ids) for o in outs], stop, 0)
 
     # -- weights -------------------------------------------------------------------------------------------------------
     def load_weights(self, model: torch.nn.Module) -> None:

@@ -48,8 +48,8 @@ def check_grad_norm(norm: float, step: int, term_norms: Callable[[], dict[str, f
 def nonfinite_weights(params: list[torch.nn.Parameter]) -> int:
     """Number of parameter tensors (over all processes) holding a NaN or inf; a sharded tensor counts its shard."""
     local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-    bad = sum(int(not torch.isfinite(torch.linalg.vector_norm(t.detach().float()))) for t in local)
-    return int(dist.all_sum(torch.tensor(float(bad))))
+    norms = torch.stack([torch.linalg.vector_norm(t.detach().float()) for t in local])  # one host sync in all
+    return int(dist.all_sum((~norms.isfinite()).sum().float().cpu()))
 
 
 def check_weights(params: list[torch.nn.Parameter], step: int, what: str = "after the update") -> None:

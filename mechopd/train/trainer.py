@@ -20,6 +20,7 @@ position (a 2N-step run equals an N-step run resumed for N more); what ``--out``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -37,8 +38,8 @@ from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
-from mechopd.generate.scorer import score_roles
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, vocab_size
+from mechopd.generate.scorer import common_vocab_size, score_roles
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.objectives.losses import BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
 from mechopd.tasks.base import get_task
@@ -119,12 +120,13 @@ class Trainer:
         self.shard = make_sharding(cfg.sharding, self.device)
         self.student = self.shard.wrap(load_model(self.resume_from or student_path, dtype=dtype).train(), self.device)
         self.teacher = self.shard.wrap(load_model(teacher_path, dtype=dtype).eval().requires_grad_(False), self.device)
-        self.vocab = min(vocab_size(self.student), vocab_size(self.teacher))  # padding rows dropped
+        self.vocab = common_vocab_size(self.student, self.teacher)  # padding rows dropped
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
         self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
-                                  nca_positions=cfg.nca_positions, schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup))
+                                  nca_positions=cfg.nca_positions,
+                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup))
         self.needs = terms_need(self.terms)
         self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
                                       tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
@@ -164,6 +166,8 @@ class Trainer:
     def _render(self, prompt: str, context: str | None) -> list[int]:
         key = (prompt, context)
         if key not in self._prompt_cache:
+            if len(self._prompt_cache) >= 65536:  # games: every move's prompt is new; keep the cache bounded
+                self._prompt_cache.clear()
             self._prompt_cache[key] = render_prompt_ids(self.tokenizer, prompt, context, self.spec)
         return self._prompt_cache[key]
 
@@ -228,7 +232,8 @@ class Trainer:
         t0 = time.perf_counter()
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
-        with self.shard.gathered(self.student):  # FSDP: one all-gather per rollout, not one per decode step
+        gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
+        with gather:  # FSDP: one all-gather per rollout, not one per decode step (vLLM samples its own copy)
             prompts, contexts, responses, roll_stats = self.rollout(examples, rows)
         t_roll = time.perf_counter() - t0
         batch = assemble_two_views([self._render(p, None) for p in prompts],
@@ -263,7 +268,8 @@ class Trainer:
         roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
         self._prefix_paths: dict[str, int] = {}
         scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
-                             shared_prefix=self.cfg.shared_prefix, agree=dist.agree_prefix, teacher_store=self.teacher_store,
+                             shared_prefix=self.cfg.shared_prefix, agree=dist.agree_prefix,
+                             teacher_store=self.teacher_store,
                              student_shared_prefix="off" if self.cfg.sharding == "fsdp" else None,
                              info=self._prefix_paths)
         t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
