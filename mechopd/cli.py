@@ -198,7 +198,7 @@ def _eval(a: argparse.Namespace) -> int:
     from mechopd.evaluate import EvalConfig, compare, evaluate_model, format_summary, write_report
     from mechopd.models import check_model, load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-    from mechopd.train.trainer import resolve_student
+    from mechopd.organisms.recipes import resolve_organism
     from mechopd.views import RenderSpec
 
     if bool(a.model) == bool(a.compare):
@@ -210,7 +210,7 @@ def _eval(a: argparse.Namespace) -> int:
     targets, out_dir = _eval_targets(a, list(models))
     spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system,
                       chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"))
-    paths = {name: check_model(resolve_student(path, "runs/organisms")) for name, path in models.items()}
+    paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in models.items()}
     reports = {}
     for name, path in paths.items():
         model = load_model(path)

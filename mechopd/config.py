@@ -31,7 +31,8 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "grad_clip": (False, 0, False, None, False), "seed": (True, 0, True, None, False),
     "eval_every": (True, 0, True, None, False), "eval_n": (True, 0, True, None, False),
     "save_every": (True, 0, True, None, False), "nca_start": (True, 0, True, None, False),
-    "beta_warmup": (True, 0, True, None, False), "grad_stats_every": (True, 0, True, None, False),
+    "beta_warmup": (True, 0, True, None, False), "nca_gate": (False, 0, False, None, True),
+    "nca_gate_window": (True, 1, True, None, False), "grad_stats_every": (True, 0, True, None, False),
     "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
 }
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
@@ -54,7 +55,9 @@ class TrainConfig:
                teacher (None = the frozen initial student, i.e. self-distillation; else a checkpoint: cross-model).
     Method:    method (opd | nca | dual_opd | sym_kl; shorthand ta_opd / ta_opd_ent = opd + that selector),
                beta (NCA / SymKL weight), nca_start (steps with β = 0 before the anchor starts), beta_warmup (steps
-               of a linear ramp 0 → β after nca_start; both 0 = the papers' constant β), nca_positions ("all": the
+               of a linear ramp 0 → β after nca_start; both 0 = the papers' constant β), nca_gate (None = no gate;
+               a level in nats: the anchor starts no earlier than the step after the mean KL(q_x ‖ f) of the last
+               nca_gate_window steps falls to it, `objectives.schedule.AnchorGate`), nca_positions ("all": the
                NCA term covers every response token, "selected": only the selector's kept tokens).
     Selector:  selector (full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent), budget (ρ),
                k (TA-OPD top-K), c_mode, d_mode, tie_break (position | sequence), min_one_per_response (False: exactly
@@ -88,6 +91,8 @@ class TrainConfig:
     beta: float = 0.5
     nca_start: int = 0
     beta_warmup: int = 0
+    nca_gate: float | None = None
+    nca_gate_window: int = 5
     selector: str = "full"
     budget: float = 0.10
     k: int = 16

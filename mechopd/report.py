@@ -72,11 +72,31 @@ def _nca_lines(runs: list[Path], labels: dict[str, str]) -> list[str]:
         x = seed_stat([e["eval/acc_x"] for e in evals])
         text += (f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {fmt_stat(xc)} and Acc_x "
                  f"{fmt_stat(x)}")
-    start = (_load(runs[0] / "demo.json") or {}).get("runs", {}).get("nca", {}).get("nca_start")
-    if start:
-        text += (f"; in {labels.get('nca', 'nca')} β = 0 for the first {start} steps, so OPD moves the no-context "
-                 "view before the anchor pulls the context view toward it")
-    return [text + "."]
+    return [text + _anchor_wait_text(runs, labels.get("nca", "nca")) + "."]
+
+
+def _gate_opened(run: Path) -> int | None:
+    """The step count after which the `nca` run's anchor gate opened (β = 0 before), None if it never did."""
+    for rec in metric_lines(run / "train" / "nca" / "metrics.jsonl"):
+        if rec.get("nca_gate/open_step") is not None:
+            return int(rec["nca_gate/open_step"])
+    return None
+
+
+def _anchor_wait_text(runs: list[Path], label: str) -> str:
+    """How long the `nca` run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
+    over = (_load(runs[0] / "demo.json") or {}).get("runs", {}).get("nca", {})
+    if over.get("nca_gate") is not None:
+        opened = [_gate_opened(r) for r in runs]
+        steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
+        return (f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', 5)} steps "
+                f"is at most {over['nca_gate']:g} nats per token (the anchor gate; it opened after step "
+                f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
+                "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it")
+    if over.get("nca_start"):
+        return (f"; in {label} β = 0 for the first {over['nca_start']} steps, so OPD moves the no-context view "
+                "before the anchor pulls the context view toward it")
+    return ""
 
 
 def _kept_lines(run: Path, labels: dict[str, str]) -> list[str]:

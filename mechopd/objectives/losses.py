@@ -40,6 +40,7 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     sym_kl,
     token_mean,
 )
+from mechopd.objectives.schedule import AnchorGate, BetaSchedule  # noqa: F401  (re-exported)
 
 ESTIMATORS = ("topk", "full", "sampled")
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens"})
@@ -76,26 +77,6 @@ class TermOutput:
 
     per_pos: Tensor
     stats: dict[str, Tensor] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BetaSchedule:
-    """The anchor's weight multiplier at optimizer step ``s`` (0-based; docs/method.md §2, "anchor schedule").
-
-        m(s) = 0                                   s < start
-        m(s) = min(1, (s − start + 1) / warmup)    s ≥ start, warmup > 0
-        m(s) = 1                                   otherwise
-
-    ``start = warmup = 0`` is the papers' constant β from the first step.
-    """
-
-    start: int = 0
-    warmup: int = 0
-
-    def __call__(self, step: int) -> float:
-        if step < self.start:
-            return 0.0
-        return min(1.0, (step - self.start + 1) / self.warmup) if self.warmup > 0 else 1.0
 
 
 @dataclass(frozen=True)

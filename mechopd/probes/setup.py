@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError, DataError, ModelError, TaskError
+from mechopd.organisms.recipes import resolve_organism
 from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
 
 BASE, TEACHER = "base", "teacher"
@@ -142,7 +143,7 @@ class ProbeSetup:
         if ref in self.models:
             return ref, self.models[ref]
         if ref.startswith("organism:") or os.sep in ref or Path(ref).exists():
-            return Path(ref).name or ref, _resolve_organism(ref, "runs/organisms")
+            return Path(ref).name or ref, resolve_organism(ref)
         known = ", ".join(self.models) or "none"
         raise ConfigError(f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
                           "pass --run RUN_DIR or a path")
@@ -293,17 +294,6 @@ def _train_config(run: Path):
                       "written by mechopd train or mechopd demo")
 
 
-def _resolve_organism(spec: str, organism_dir: str) -> str:
-    """``organism:<task>`` -> ``<organism_dir>/<task>`` (it must exist: `mechopd pretrain --task <task>`)."""
-    if not spec.startswith("organism:"):
-        return spec
-    task = spec.split(":", 1)[1]
-    path = Path(organism_dir) / task
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{spec}: no pretrained organism at {path}; run `mechopd pretrain --task {task}` first")
-    return str(path)
-
-
 def _final(run: Path) -> str:
     if not (run / "final" / "config.json").is_file():
         raise ModelError(f"{run / 'final'} holds no checkpoint; finish the run (mechopd train ... --resume) first")
@@ -318,9 +308,9 @@ def _setup_of_config(cfg: Any, models: dict[str, str], run: Path, **extra: Any) 
 
 def _from_training(run: Path) -> ProbeSetup:
     cfg = _train_config(run)
-    models = {BASE: _resolve_organism(cfg.student, cfg.organism_dir)}
+    models = {BASE: resolve_organism(cfg.student, cfg.organism_dir)}
     if cfg.teacher:
-        models[TEACHER] = _resolve_organism(cfg.teacher, cfg.organism_dir)
+        models[TEACHER] = resolve_organism(cfg.teacher, cfg.organism_dir)
     models[method_label(cfg)] = _final(run)
     return _setup_of_config(cfg, models, run)
 
@@ -334,7 +324,7 @@ def _from_demo(run: Path) -> ProbeSetup:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
     cfg = _train_config(run / "train" / methods[0])
     organism = demo.get("organism") or cfg.student
-    models = {BASE: _resolve_organism(str(organism), cfg.organism_dir)}
+    models = {BASE: resolve_organism(str(organism), cfg.organism_dir)}
     models.update({m: _final(run / "train" / m) for m in methods})
     demo_cfg = demo.get("config") or {}
     extra = {"n": int(demo_cfg["probe_n"])} if demo_cfg.get("probe_n") else {}

@@ -40,8 +40,9 @@ from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
 from mechopd.generate.scorer import common_vocab_size, score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.objectives.losses import BetaSchedule, LossInputs, method_terms, terms_need, total_loss
+from mechopd.objectives.losses import AnchorGate, BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.organisms.recipes import resolve_organism
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
@@ -49,21 +50,6 @@ from mechopd.train.engine import rollout_engine, sync_engine
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
-
-
-def resolve_student(spec: str, organism_dir: str, seed: int = 0, progress: bool = True) -> str:
-    """``organism:<task>`` -> the pretrained organism's directory (pretrained now if not cached); else unchanged."""
-    if not spec.startswith("organism:"):
-        return spec
-    from mechopd.organisms.pretrain import default_config, pretrain
-
-    task = spec.split(":", 1)[1]
-    out = Path(organism_dir) / task
-    rank, _ = dist.init()
-    if rank == 0:
-        pretrain(default_config(task, seed=0), out, progress=progress)
-    dist.barrier()
-    return str(out)
 
 
 def _global_count(mask: torch.Tensor) -> torch.Tensor:
@@ -108,7 +94,8 @@ class Trainer:
         self._say(note)
         self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
         dtype = getattr(torch, cfg.dtype)
-        student_path = resolve_student(cfg.student, cfg.organism_dir, cfg.seed, progress)
+        student_path = resolve_organism(cfg.student, cfg.organism_dir, pretrain=True, progress=progress,
+                                        main=self.rank == 0, barrier=dist.barrier)
         self.tokenizer = load_tokenizer(student_path)
         check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
         teacher_path = cfg.teacher or student_path
@@ -124,9 +111,11 @@ class Trainer:
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
+        gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
         self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
                                   nca_positions=cfg.nca_positions,
-                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup))
+                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
+        self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
         self.needs = terms_need(self.terms)
         self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
                                       tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
@@ -148,6 +137,8 @@ class Trainer:
             state = load_checkpoint(self.resume_from, None, self.sched)
             self.shard.load_optimizer_state(self.student, self.opt, self.resume_from)
             self.step, self.position = state["step"], state["position"]
+            if self.gate is not None:
+                self.gate.load(state.get("nca_gate"))
         self.fresh = self.resume_from is None
         if self.rank == 0 and self.fresh:
             rundir.clear_unfinished(self.run_dir)
@@ -249,6 +240,7 @@ class Trainer:
         with torch.no_grad():
             kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
             logs["kl/teacher_student"] = _global_mean(kl, mask)
+        logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
         self.step += 1
@@ -334,7 +326,8 @@ class Trainer:
         optim = self.shard.optimizer_state(self.student, self.opt)
         if self.rank == 0:
             save_checkpoint(path, model, self.tokenizer, optim, self.sched,
-                            {"step": self.step, "position": self.position, "config": self.cfg.to_dict()})
+                            {"step": self.step, "position": self.position, "config": self.cfg.to_dict(),
+                             **({"nca_gate": self.gate.state()} if self.gate else {})})
         dist.barrier()
 
     def save_final(self) -> Path:
@@ -343,7 +336,9 @@ class Trainer:
         guard.check_weights(self.params, self.step, "before saving the final model")
         model = self.shard.full_model(self.student)
         if self.rank == 0:
-            extra = {"training.json": json.dumps({"step": self.step, "config": self.cfg.to_dict()}, indent=1)}
+            info = {"step": self.step, "config": self.cfg.to_dict(), **({"nca_gate": self.gate.state()} if self.gate
+                                                                        else {})}
+            extra = {"training.json": json.dumps(info, indent=1)}
             try:
                 atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra)
             except OSError as e:
@@ -385,6 +380,10 @@ class Trainer:
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
+        if self.gate is not None and self.gate.open_step is None:
+            self._say(f"warning: the anchor gate never opened (mean KL(q_x‖f) over {self.gate.window} steps stayed "
+                      f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
+                      "run trained as OPD; raise nca_gate or train longer")
         return self.save_final()
 
 

@@ -31,7 +31,7 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     kept = [json.loads(line)["kept_fraction"] for line in (run / "train" / "ta_opd" / "metrics.jsonl").open()
             if "kept_fraction" in json.loads(line)]
     assert labels["ta_opd"] == f"TA-OPD (ρ=0.10, kept {sum(kept) / len(kept):.2f})" and labels["ta_opd"] in report
-    assert labels["nca"] == "NCA (β=0.5, from step 2)" and labels["nca_const"] == "NCA (β=0.5, constant)"
+    assert labels["nca"] == "NCA (β=0.5, KL gate 1e+06)" and labels["nca_const"] == "NCA (β=0.5, constant)"
     assert "## The papers' claims" in report and "Why the two NCA runs differ" in report
     before = _digests(run / "figures")
     expected = {"training_curves", "gradient_training", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",

@@ -139,3 +139,34 @@ def test_grad_stats_steps_log_the_stats_and_apply_the_same_update(tiny_rules_org
     assert all(k.startswith(("grad/norm/", "grad/cos/", "grad/cos_group/opd__nca/", "grad/dominance/")) for k in keys)
     assert abs(second["grad/dominance/opd"] + second["grad/dominance/nca"] - 1) < 1e-9
     assert -1 <= second["grad/cos/opd__nca"] <= 1 and second["grad/norm/nca"] > 0
+
+
+def test_anchor_gate_opens_from_the_logged_kl_and_resumes(tiny_rules_organism, tmp_path):
+    """nca_gate: β_eff = 0 until the mean logged kl/teacher_student of the window reaches the level, then β; the
+    opening is logged once, saved in training.json and in checkpoints (a resumed run equals an uninterrupted one)."""
+    cfg = dict(steps=4, method="nca", beta=0.5, nca_gate=1e6, nca_gate_window=2, save_every=2)
+    full = train(_cfg(tiny_rules_organism, **cfg), tmp_path / "a", progress=False)
+    recs = _records(tmp_path / "a")
+    assert [r["beta_eff"] for r in recs] == [0.0, 0.0, 0.5, 0.5]  # open after step 2 (a window of 2)
+    assert [r.get("nca_gate/open_step") for r in recs] == [None, 2, None, None]
+    assert recs[1]["nca_gate/kl_mean"] == pytest.approx((recs[0]["kl/teacher_student"] + recs[1]["kl/teacher_student"]) / 2)
+    assert json.loads((full / "training.json").read_text())["nca_gate"]["open_step"] == 2
+    train(_cfg(tiny_rules_organism, **{**cfg, "steps": 2}), tmp_path / "b", progress=False)  # stops with the gate open
+    resumed = train(_cfg(tiny_rules_organism, **cfg), tmp_path / "b", resume=True, progress=False)
+    assert [r["beta_eff"] for r in _records(tmp_path / "b")] == [0.0, 0.0, 0.5, 0.5]
+    wa, wb = _weights(full), _weights(resumed)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=1e-5)
+
+
+def test_anchor_gate_that_never_opens_warns_and_trains_as_opd(tiny_rules_organism, tmp_path, capsys):
+    opd = train(_cfg(tiny_rules_organism, steps=2, nca_gate=1e-9), tmp_path / "opd", progress=False)
+    assert "anchor gate" not in capsys.readouterr().out  # an OPD run has no anchor to gate
+    shut = train(_cfg(tiny_rules_organism, steps=2, method="nca", nca_gate=1e-9), tmp_path / "shut", progress=False)
+    assert "warning: the anchor gate never opened" in capsys.readouterr().out
+    assert [r["beta_eff"] for r in _records(tmp_path / "shut")] == [0.0, 0.0]
+    assert json.loads((shut / "training.json").read_text())["nca_gate"]["open_step"] is None
+    wa, wb = _weights(opd), _weights(shut)
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=0, rtol=0)
+    assert all("nca_gate/kl_mean" not in r for r in _records(tmp_path / "opd"))
