@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mechopd.artifacts import read_json, write_json
 from mechopd.errors import DataError
 
 CI = 0.95
@@ -123,7 +124,7 @@ def mean_kept_fraction(run: Path, method: str) -> float | None:
 
 def eval_summary(run: Path, name: str) -> dict[str, Any] | None:
     path = Path(run) / "eval" / f"{name}.json"
-    return json.loads(path.read_text())["summary"] if path.is_file() else None
+    return read_json(path)["summary"] if path.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------------- aggregation
@@ -177,8 +178,8 @@ def aggregate(runs: Sequence[str | Path], out: str | Path) -> Path:
         labels[m] = relabel_kept(labels.get(m, m), stat["mean"])
     manifest = {k: v for k, v in first.items() if k not in ("wall_s",)}
     manifest.update({"labels": labels, "seed_runs": [str(r.resolve()) for r in runs], "aggregate": True})
-    (out / AGGREGATE_NAME).write_text(json.dumps(summary, indent=1))
-    (out / "demo.json").write_text(json.dumps(manifest, indent=1))
+    write_json(out / AGGREGATE_NAME, summary)  # atomic, strict JSON (non-finite -> null)
+    write_json(out / "demo.json", manifest)
     draw_all(out)
     return write_aggregate_report(out)
 

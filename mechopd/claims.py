@@ -17,16 +17,15 @@ cosine), ``train/<method>/metrics.jsonl`` (``grad/cos/<a>__<b>``, ``grad/norm/<t
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.removability import RegimeThresholds
 from mechopd.aggregate import eval_summary, fmt_stat, metric_lines, read_manifest, seed_stat
+from mechopd.artifacts import read_csv, read_float, read_json
+from mechopd.removability import RegimeThresholds
 
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
 NCA_MAX_ACC_LOSS = 0.05       # the issue's bar: NCA's Acc_x ≥ OPD's − 0.05
@@ -67,8 +66,8 @@ def layer_cosines(run: Path, model: str) -> list[float]:
     path = Path(run) / "probes" / "similarity.csv"
     if not path.is_file():
         return []
-    rows = [r for r in csv.DictReader(path.open()) if r["model"] == model and r["site"].endswith("resid_post")]
-    return [float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
+    rows = [r for r in read_csv(path) if r["model"] == model and r["site"].endswith("resid_post")]
+    return [read_float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
 
 
 def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
@@ -86,23 +85,17 @@ def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[t
 
 def update_norms(run: Path, model: str) -> tuple[dict[int, float], dict[str, float]] | None:
     """Relative update ‖ΔW‖/‖W0‖ of `model` vs base, pooled per decoder layer and per module name
-    (Frobenius norms summed in square over the parameters of the group); None without ``probes/deltas.csv``."""
+    (`deltas.aggregate_deltas`: squares summed over the group's tensors, weight and bias); None without
+    ``probes/deltas.csv``. Parameters outside the decoder layers (embeddings, final norm, lm_head) are not pooled."""
+    from mechopd.probes.deltas import aggregate_deltas, read_table
+
     path = Path(run) / "probes" / "deltas.csv"
     if not path.is_file():
         return None
-    rows = list(csv.DictReader(path.open()))
-    w0 = {r["param"] + r["site"]: float(r["value"]) for r in rows if r["metric"] == "w0_norm"}
-    layer: dict[int, list[float]] = {}
-    module: dict[str, list[float]] = {}
-    for r in rows:
-        if r["model"] != model or r["vs"] != "base" or r["metric"] != "delta_norm" or not r["layer"]:
-            continue
-        d, w = float(r["value"]) ** 2, w0.get(r["param"] + r["site"], math.nan) ** 2
-        for key, table in ((int(r["layer"]), layer), (r["module"], module)):
-            acc = table.setdefault(key, [0.0, 0.0])
-            acc[0], acc[1] = acc[0] + d, acc[1] + w
-    rel = lambda acc: math.sqrt(acc[0] / acc[1]) if acc[1] > 0 else math.nan  # noqa: E731
-    return {k: rel(v) for k, v in sorted(layer.items())}, {k: rel(v) for k, v in module.items()}
+    rows = [r for r in read_table(path) if r.layer is not None]
+    pick = lambda by: [r for r in aggregate_deltas(rows, by)  # noqa: E731
+                       if r.model == model and r.vs == "base" and r.metric == "rel_delta"]
+    return {r.layer: r.value for r in pick("layer")}, {r.module: r.value for r in pick("module")}
 
 
 def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
@@ -115,7 +108,7 @@ def quartile_spread(run: Path, signal: str) -> float | None:
     path = Path(run) / "probes" / "teachability_summary.json"
     if not path.is_file():
         return None
-    buckets = json.loads(path.read_text()).get("buckets", {}).get(signal)
+    buckets = read_json(path).get("buckets", {}).get(signal)
     if not buckets:
         return None
     by_q = {b["quartile"]: b.get("mean_gain_abs") for b in buckets}

@@ -37,6 +37,7 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
 }
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
+LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "grad_stats_every", "sharding")
 
 METHOD_ALIASES = {
@@ -70,7 +71,8 @@ class TrainConfig:
                (`VllmEngine` keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs), batch_size
                (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
-    Optim:     lr, steps, warmup, weight_decay, grad_clip, seed.
+    Optim:     lr, steps, warmup (linear warm-up steps), lr_schedule (constant: the papers'; linear | cosine: decay to 0
+               at the last step, `train.lr`), weight_decay, grad_clip, seed.
     Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard,
                grad_stats_every (every N steps: per-term gradient norms, cosines, dominance; 0 = off; one extra
                backward per term on those steps; needs sharding: none).
@@ -114,6 +116,7 @@ class TrainConfig:
     lr: float = 5e-6
     steps: int = 100
     warmup: int = 0
+    lr_schedule: str = "constant"
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
@@ -145,7 +148,7 @@ class TrainConfig:
         for name, allowed in (("method", tuple(METHODS)), ("selector", SELECTORS), ("estimator", ESTIMATORS),
                               ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
                               ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
-                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS)):
+                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES)):
             _choice(name, getattr(self, name), allowed)
         for name, spec in FIELD_RANGES.items():
             _in_range(name, getattr(self, name), *spec)

@@ -24,11 +24,14 @@ forward-KL anchor's gradient is hundreds of times the OPD term's (measured: ‖�
 opens the step after the mean KL(q_x ‖ f) of the last `NCA_GATE_WINDOW` steps falls to `NCA_GATE` nats per token,
 the organism recipes' value; no label is read. It replaced a fixed start (`nca_start: 20`, chosen on seed 0), which
 was too early on a seed where OPD is slow: seed 2, NCA Acc_x 0.915 at the end (OPD 1.000).
+
+Why the lr decays (`lr_schedule: linear` in `TASK_DEFAULTS`, as the rules recipe): at a constant lr 1e-3 AdamW near
+convergence takes rare large steps (gradient norm 0.01 -> 17.5 at step 149 of NCA seed 0, its Acc_x 1.000 at step
+125 and 0.680 at 150); a decay to 0 at the last step keeps the final checkpoints off such spikes, for every method.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -36,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
 
@@ -54,9 +58,12 @@ GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: it
 # organism adds 339 s idle (README) / 2022 s measured under load 10-20. At this budget OPD's degradation on Sokoban is
 # transient (seed 0: Harm 0.19 at step 20, 0.00 at steps 40 and 60; 0.000 at the end in 3 of 3 seeds).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "eval_every": 25, "eval_n": 200, "probe_n": 64},
-    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
-    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "eval_every": 20, "eval_n": 100, "probe_n": 32},
+    "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
+              "probe_n": 64},
+    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
+                   "probe_n": 32},
+    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
+                "probe_n": 32},
 }
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
@@ -76,6 +83,7 @@ class DemoConfig:
     steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
     batch_size: int | None = None
     lr: float | None = None
+    lr_schedule: str | None = None
     eval_every: int | None = None
     eval_n: int | None = None
     probe_n: int | None = None
@@ -165,6 +173,7 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
         if out.exists() and not resume:
             shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
         tc = TrainConfig(task=cfg.task, student=str(student), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                         lr_schedule=cfg.lr_schedule,
                          estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
                          save_every=max(1, cfg.steps // 2), **{**over, **cfg.train_overrides})
@@ -183,7 +192,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
     for name, path in models.items():
         target = run / "eval" / f"{name}.json"
         if target.exists():
-            out[name] = json.loads(target.read_text())
+            out[name] = read_json(target)
             continue
         rep = evaluate_model(load_model(path), load_tokenizer(path), task, EvalConfig(n=cfg.eval_n, seed=cfg.seed))
         rep["settings"]["model"] = str(path)
@@ -217,7 +226,7 @@ def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
     from mechopd.tasks.base import get_task
 
     target = run / "sweep" / "sweep.json"
-    rows = json.loads(target.read_text())["rows"] if target.exists() else []
+    rows = read_json(target)["rows"] if target.exists() else []
     done = {(r["selector"], r["budget"]) for r in rows}
     sub = DemoConfig(**{**asdict(cfg), "out": str(run / "sweep"), "eval_every": 0})
     for sel in SWEEP_SELECTORS:
@@ -231,8 +240,7 @@ def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
                                EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0))["summary"]
             rows.append({"selector": sel, "budget": rho, "acc_x": s["acc_x"]["value"], "acc_xc": s["acc_xc"]["value"],
                          "harm": s["harm"]["value"], "kept": mean_kept_fraction(run / "sweep", name)})
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps({"rows": rows}, indent=1))
+            write_json(target, {"rows": rows})
 
 
 def demo(cfg: DemoConfig) -> Path:
@@ -268,10 +276,10 @@ def demo_one(cfg: DemoConfig) -> Path:
                 "runs": methods, "organism": str(student), "thresholds": asdict(RegimeThresholds()),
                 "config": asdict(cfg),
                 "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
-    (run / "demo.json").write_text(json.dumps(manifest, indent=1))
+    write_json(run / "demo.json", manifest)
     finals = train_methods(cfg, student, run, methods)
     manifest["labels"] = labels_for(run, methods)  # the kept fractions are measured now
-    (run / "demo.json").write_text(json.dumps(manifest, indent=1))
+    write_json(run / "demo.json", manifest)
     models = {"base": student, **finals}
     evaluate_all(cfg, models, run)
     run_probes(cfg, models, run)
@@ -281,7 +289,7 @@ def demo_one(cfg: DemoConfig) -> Path:
     draw_all(run)
     manifest["wall_s"] = round(time.time() - t0, 1)
     manifest["organism_s"] = round(t_organism, 1)
-    (run / "demo.json").write_text(json.dumps(manifest, indent=1))
+    write_json(run / "demo.json", manifest)
     report = write_report_md(run)
     _log(f"report: {report} ({manifest['wall_s']:.0f} s, organism stage {t_organism:.0f} s)")
     return report

@@ -33,6 +33,11 @@ def _figure_lines(run: Path) -> list[str]:
     return out
 
 
+def _lr_text(cfg: dict[str, Any]) -> str:
+    schedule = cfg.get("lr_schedule") or "constant"
+    return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
+
+
 def _first_grad_line(run: Path, method: str) -> dict[str, Any] | None:
     for rec in metric_lines(run / "train" / method / "metrics.jsonl"):
         if rec.get("grad/norm/opd") is not None and rec.get("grad/norm/nca") is not None:
@@ -131,7 +136,7 @@ def write_report_md(run: str | Path) -> Path:
     out = [f"# mechopd report — {task}", ""]
     out += [f"Organism: `{manifest.get('organism')}`. Every method trained from it with the same seed "
             f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
-            f"lr {cfg.get('lr')}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
+            f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
             "(without the context, and with it re-inserted).", ""]
     if manifest.get("wall_s"):
         out += [f"Wall time of the last `mechopd demo` invocation: {manifest['wall_s']:.0f} s.", ""]
@@ -181,7 +186,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     lines = [f"# mechopd report — {manifest.get('task')}, {len(runs)} training seeds", "",
              f"Organism: `{manifest.get('organism')}` (one organism; the training seed varies: "
              f"{', '.join(r.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
-             f"prompts, lr {cfg.get('lr')}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
+             f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
              "(item-bootstrap intervals, probes) is in its directory.", "",
              "## Context removability over seeds", "", *_seed_table(summary, labels), ""]
     lines += (_kept_lines(runs[0], labels) + _nca_lines(runs, labels)) if runs else []

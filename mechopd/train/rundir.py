@@ -108,10 +108,11 @@ def check_same_config(run: RunDir, cfg: TrainConfig) -> None:
     if not run.config.exists():
         return
     old = {**TrainConfig(student=cfg.student).to_dict(), **(yaml.safe_load(run.config.read_text()) or {})}
-    diff = config_diff(old, cfg.to_dict())
+    mutable = RESUME_MUTABLE if cfg.lr_schedule == "constant" else tuple(k for k in RESUME_MUTABLE if k != "steps")
+    diff = config_diff(old, cfg.to_dict(), mutable)  # a decaying lr is laid out over `steps`: it cannot grow
     if diff:
         raise ConfigError(f"--resume {run.root}: the config differs from the run's config.yaml in {'; '.join(diff)}; "
-                          f"only {', '.join(RESUME_MUTABLE)} may change on resume — start a new --out instead")
+                          f"only {', '.join(mutable)} may change on resume — start a new --out instead")
 
 
 def truncate_metrics(path: Path, step: int) -> str | None:

@@ -47,6 +47,7 @@ from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
 from mechopd.train.engine import rollout_engine, sync_engine
+from mechopd.train.lr import lr_multiplier
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
@@ -123,8 +124,8 @@ class Trainer:
         named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
         self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warm = max(1, cfg.warmup)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
         self.stop = stop_ids(self.tokenizer, self.student)
         self.engine = rollout_engine(cfg, self.student, self.shard, student_path, self.device, self.world)
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)

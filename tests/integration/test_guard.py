@@ -89,6 +89,16 @@ def test_resume_refuses_a_changed_config_and_names_the_keys(tiny_rules_organism,
     assert _steps(run) == [1, 2, 3]
 
 
+def test_resume_with_a_decaying_lr_refuses_a_new_length(tiny_rules_organism, tmp_path):
+    """A linear/cosine lr is laid out over `steps`: extending the run would change the rate of steps already taken."""
+    run = tmp_path / "r"
+    train(_cfg(tiny_rules_organism, steps=2, save_every=1, lr_schedule="linear"), run, progress=False)
+    with pytest.raises(ConfigError, match=r"steps: 2 -> 3; only eval_every"):
+        train(_cfg(tiny_rules_organism, steps=3, save_every=1, lr_schedule="linear"), run, resume=True, progress=False)
+    lrs = [r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert lrs == pytest.approx([_cfg(tiny_rules_organism).lr * 0.5, 0.0])  # logged after each step: m(1), m(2)
+
+
 def test_stale_temps_removed_and_truncated_metrics_line_handled_on_resume(tiny_rules_organism, tmp_path, capsys):
     run = tmp_path / "r"
     train(_cfg(tiny_rules_organism, steps=2, save_every=2), run, progress=False)

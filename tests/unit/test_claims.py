@@ -4,7 +4,6 @@ of every claim is reachable, the values come from the artifacts, the t-interval 
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import math
 from pathlib import Path
@@ -44,20 +43,18 @@ def _summary(spec: dict, model: str) -> dict:
 
 
 def _write_deltas(path: Path, spec: dict) -> None:
+    """Per-tensor rows (weight only) through the probe's own writer, as `mechopd probe deltas` writes them."""
+    from mechopd.probes.deltas import DeltaRow, write_table
+
     rows = []
     for i in range(spec["layers"]):
         for mod in MODULES:
             site, w0 = f"layers.{i}.{mod}", 2.0
-            rows.append({"model": "base", "vs": "", "site": site, "layer": i, "module": mod, "param": "weight",
-                         "metric": "w0_norm", "value": w0})
+            rows.append(DeltaRow("base", "", site, i, mod, "weight", 4, "", "w0_norm", w0))
             for model, rel in spec["update"].items():
                 rel *= (spec["qk_factor"] if mod in ("q_proj", "k_proj") else 1.0) * spec["shallow_factor"] ** -i
-                rows.append({"model": model, "vs": "base", "site": site, "layer": i, "module": mod,
-                             "param": "weight", "metric": "delta_norm", "value": rel * w0})
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+                rows.append(DeltaRow(model, "base", site, i, mod, "weight", 4, "", "delta_norm", rel * w0))
+    write_table(rows, path)
 
 
 def make_run(root: Path, spec: dict, name: str = "run") -> Path:
@@ -209,3 +206,17 @@ def test_aggregate_refuses_runs_of_different_studies(tmp_path: Path) -> None:
         summarise_runs([a, b])
     with pytest.raises(DataError, match="no demo.json"):
         summarise_runs([tmp_path / "missing"])
+
+
+def test_claim_readers_follow_the_artifact_policy(tmp_path: Path) -> None:
+    """An empty or null cell is NaN (mechopd.artifacts), not a crash; a missing artifact is 'not measurable'."""
+    run = make_run(tmp_path, copy.deepcopy(GOOD))
+    path = run / "probes" / "similarity.csv"
+    lines = path.read_text().splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("nca,layers.0.resid_post"))
+    lines[i] = "nca,layers.0.resid_post,0,"
+    path.write_text("\n".join(lines) + "\n")
+    cos = claims.layer_cosines(run, "nca")
+    assert math.isnan(cos[0]) and all(math.isfinite(c) for c in cos[1:])
+    (run / "probes" / "similarity.csv").unlink()
+    assert claims.layer_cosines(run, "nca") == []
