@@ -112,15 +112,7 @@ class Trainer:
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
-        gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
-        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
-                                  nca_positions=cfg.nca_positions,
-                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
-        self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
-        self.needs = terms_need(self.terms)
-        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
-                                      tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
-                                      q_low=cfg.q_low, q_high=cfg.q_high)
+        self._build_objective(cfg)
         named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
         self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -151,6 +143,18 @@ class Trainer:
         self._say(resolved_config_block(cfg, self.resume_from))
 
     # -- setup helpers -------------------------------------------------------------------------------------------------
+    def _build_objective(self, cfg: TrainConfig) -> None:
+        """The method's loss terms (with the anchor schedule and its gate) and the token selector."""
+        gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
+        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
+                                  nca_positions=cfg.nca_positions,
+                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
+        self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
+        self.needs = terms_need(self.terms)
+        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
+                                      tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
+                                      q_low=cfg.q_low, q_high=cfg.q_high)
+
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
             print(text, flush=True)
