@@ -170,3 +170,12 @@ def test_anchor_gate_that_never_opens_warns_and_trains_as_opd(tiny_rules_organis
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=0, rtol=0)
     assert all("nca_gate/kl_mean" not in r for r in _records(tmp_path / "opd"))
+
+
+def test_anchor_gate_with_a_selector(tiny_rules_organism, tmp_path):
+    """NCA + TA-OPD with the gate: the gate reads the all-token KL (not the selected tokens'), the anchor follows."""
+    train(_cfg(tiny_rules_organism, steps=3, method="nca", selector="ta_opd", nca_gate=1e6, nca_gate_window=1,
+               nca_positions="selected"), tmp_path / "r", progress=False)
+    recs = _records(tmp_path / "r")
+    assert [r["beta_eff"] for r in recs] == [0.0, 0.5, 0.5] and all(r["kept_fraction"] < 0.5 for r in recs)
+    assert recs[0]["nca_gate/kl_mean"] == recs[0]["kl/teacher_student"]
