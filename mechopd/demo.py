@@ -54,9 +54,9 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
 # Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
-# 10 minutes of a 2-core CPU: measured 326 s with the organism reused (load average 2-3, 2026-12-01); pretraining the
-# organism adds 339 s idle (README) / 2022 s measured under load 10-20. At this budget OPD's degradation on Sokoban is
-# transient (seed 0: Harm 0.19 at step 20, 0.00 at steps 40 and 60; 0.000 at the end in 3 of 3 seeds).
+# 10 minutes of a 2-core CPU: 138-162 s per seed with the organism reused (7 min 39 s for `--seeds 3`, 2026-12-01);
+# pretraining the organism adds 339 s idle (README). At this budget with the linear decay OPD ends in regime A on all
+# three seeds (Harm 0.67, 0.81, 0.53) but stalls on seed 2 (Acc_x 0.15, KL(q_x‖f) ~2 nats: the anchor gate stays shut).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
               "probe_n": 64},
