@@ -284,6 +284,8 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    "aggregated (mean and 95%% t-interval over seeds)")
     p.add_argument("--batch-size", type=int, default=None, metavar="INT", help="prompts (games) per step (default: the "
                    "task's demo budget)")
+    p.add_argument("--layers", type=int, default=None, metavar="INT", help="decoder layers of the organism (default 3; "
+                   "e.g. 8 for the shallow-vs-deep claim; pretrained once into runs/organisms/<task>-L<n>)")
 
 
 @command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report")
@@ -297,6 +299,7 @@ def _demo(a: argparse.Namespace) -> int:
     check_out_dir(a.out)
     kw = {"steps": a.steps} if a.steps else {}
     kw.update({"batch_size": a.batch_size} if a.batch_size else {})
+    kw.update({"layers": a.layers} if a.layers is not None else {})
     demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds, **kw))
     return 0
 

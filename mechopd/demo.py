@@ -80,6 +80,7 @@ class DemoConfig:
     seed: int = 0
     seeds: int = 1
     organism_seed: int = 0
+    layers: int | None = None       # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
     steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
     batch_size: int | None = None
     lr: float | None = None
@@ -100,6 +101,10 @@ class DemoConfig:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
         if not isinstance(self.seeds, int) or self.seeds < 1:
             raise ConfigError(f"demo --seeds {self.seeds!r}: must be an integer >= 1 (training seeds 0..N-1)")
+        if self.layers is not None and (self.fast or isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                        or not 1 <= self.layers <= 48):
+            raise ConfigError(f"demo --layers {self.layers!r}: pass an integer in 1..48, without --fast (whose "
+                              "organism has its own 2 layers)")
         for key, value in TASK_DEFAULTS[self.task].items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
@@ -145,14 +150,14 @@ def _log(msg: str) -> None:
 
 
 def organism(cfg: DemoConfig) -> Path:
-    from mechopd.organisms.pretrain import FAST_ORGANISM, OrganismConfig, default_config, pretrain
+    from mechopd.organisms.pretrain import FAST_ORGANISM, OrganismConfig, default_config, organism_dir_name, pretrain
 
     if cfg.fast:
         oc = OrganismConfig(task=cfg.task, seed=cfg.organism_seed, **FAST_ORGANISM)
         out = Path(cfg.organism_dir) / f"{cfg.task}-fast"
     else:
-        oc = default_config(cfg.task, seed=cfg.organism_seed)
-        out = Path(cfg.organism_dir) / cfg.task
+        oc = default_config(cfg.task, seed=cfg.organism_seed, layers=cfg.layers)
+        out = Path(cfg.organism_dir) / organism_dir_name(cfg.task, cfg.layers)
     _log(f"organism: {out} ({'reused' if (out / 'organism.json').exists() else 'pretraining'})")
     return pretrain(oc, out)
 

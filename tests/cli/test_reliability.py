@@ -230,6 +230,8 @@ CASES = [
     Case("numeric", "pretrain-n-zero", lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"), "--n",
                                                      "0"], "evaluation set is empty"),
     Case("numeric", "demo-steps-zero", lambda o, w: ["demo", "--out", str(w / "demo"), "--steps", "0"], "--steps 0"),
+    Case("numeric", "demo-layers-zero", lambda o, w: ["demo", "--out", str(w / "demo"), "--layers", "0"],
+         "--layers 0"),
     Case("numeric", "eval-context-too-long", lambda o, w: _eval(
         str(edit_config(copy_org(o, w), max_position_embeddings=16))), "exceeds the model's maximum length"),
     # a task whose words the organism's vocabulary lacks
@@ -320,7 +322,7 @@ def test_bad_input_exit_2_one_line_nothing_written(case, tiny_rules_organism, tm
 
 
 EXPECTED = {"corrupt": 9, "missing": 5, "shape": 5, "pickle": 2, "device": 2, "out": 13, "labels": 9,
-            "numeric": 12, "vocab": 2}
+            "numeric": 13, "vocab": 2}
 
 
 def test_case_counts_by_class():
