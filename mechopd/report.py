@@ -33,6 +33,12 @@ def _figure_lines(run: Path) -> list[str]:
     return out
 
 
+def _demo_flags(cfg: dict[str, Any]) -> str:
+    """The `mechopd demo` flags that reproduce a run's organism and stages (beyond --task, --out, --seed)."""
+    return ((" --fast" if cfg.get("fast") else "") + (" --sweep" if cfg.get("sweep") else "")
+            + (f" --layers {cfg['layers']}" if cfg.get("layers") else ""))
+
+
 def _lr_text(cfg: dict[str, Any]) -> str:
     schedule = cfg.get("lr_schedule") or "constant"
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
@@ -151,8 +157,8 @@ def write_report_md(run: str | Path) -> Path:
     out += _claims_lines([run])
     out += _figure_lines(run)
     out += ["## Reproduce", "", "```bash"]
-    fast = " --fast" if cfg.get("fast") else ""
-    out.append(f"mechopd demo --task {task} --out {run}{fast}{' --sweep' if cfg.get('sweep') else ''}")
+    seed = f" --seed {cfg['seed']}" if cfg.get("seed") else ""
+    out.append(f"mechopd demo --task {task} --out {run}{seed}{_demo_flags(cfg)}")
     out.append(f"mechopd figures {run}                 # redraw every figure from the saved artifacts")
     names = " ".join(f"{k}={evals[k]['settings'].get('model')}" for k in order if k in evals)
     out.append(f"mechopd eval --task {task} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} --compare {names}")
@@ -191,7 +197,7 @@ def write_aggregate_report(out: str | Path) -> Path:
              "## Context removability over seeds", "", *_seed_table(summary, labels), ""]
     lines += (_kept_lines(runs[0], labels) + _nca_lines(runs, labels)) if runs else []
     lines += ["", *_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
-              f"mechopd demo --task {manifest.get('task')} --seeds {len(runs)} --out {out}",
+              f"mechopd demo --task {manifest.get('task')} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
               f"mechopd aggregate {' '.join(str(r) for r in runs)} --out {out}", "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
