@@ -78,10 +78,6 @@ def resolved_config_block(cfg: TrainConfig, resume_from: Path | None) -> str:
     return head + ":\n" + "".join(f"  {ln}\n" for ln in yaml.safe_dump(cfg.to_dict(), sort_keys=False).splitlines())
 
 
-def _row_seed(seed: int, step: int, row: int) -> int:
-    return stable_seed(seed, step, row)
-
-
 class Trainer:
     """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
 
@@ -187,7 +183,7 @@ class Trainer:
         """This process's samples: (prompts, contexts, response ids) and rollout stats as SUMS over its rows."""
         cfg, model = self.cfg, self.student
         mine = [examples[i] for i in rows]
-        seeds = [_row_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
+        seeds = [stable_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
         if self.task.is_game:
             eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
                                     max_new_tokens=self.max_new, temperature=self.T, seeds=seeds,
@@ -210,7 +206,7 @@ class Trainer:
     def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
         sel = self.selector
-        gen = torch.Generator().manual_seed(_row_seed(self.cfg.seed, self.step, -1) % (2**31))
+        gen = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.step, -1) % (2**31))
         if not dist.active():
             out = sel(s_logp, t_logp, mask, self.cfg.budget, gen)
             return out.keep, out.kept_fraction
@@ -325,6 +321,10 @@ class Trainer:
         s = rep["summary"]
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 
+    def _gate_state(self) -> dict[str, Any]:
+        """What a checkpoint and training.json record of the anchor gate (nothing without one)."""
+        return {"nca_gate": self.gate.state()} if self.gate is not None else {}
+
     def save(self, path: Path) -> None:
         guard.check_weights(self.params, self.step, "before saving")
         model = self.shard.full_model(self.student)  # collectives: every process takes part, rank 0 writes
@@ -332,7 +332,7 @@ class Trainer:
         if self.rank == 0:
             save_checkpoint(path, model, self.tokenizer, optim, self.sched,
                             {"step": self.step, "position": self.position, "config": self.cfg.to_dict(),
-                             **({"nca_gate": self.gate.state()} if self.gate else {})})
+                             **self._gate_state()})
         dist.barrier()
 
     def save_final(self) -> Path:
@@ -341,8 +341,7 @@ class Trainer:
         guard.check_weights(self.params, self.step, "before saving the final model")
         model = self.shard.full_model(self.student)
         if self.rank == 0:
-            info = {"step": self.step, "config": self.cfg.to_dict(), **({"nca_gate": self.gate.state()} if self.gate
-                                                                        else {})}
+            info = {"step": self.step, "config": self.cfg.to_dict(), **self._gate_state()}
             extra = {"training.json": json.dumps(info, indent=1)}
             try:
                 atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra)
