@@ -324,7 +324,7 @@ def make_parser() -> argparse.ArgumentParser:
     registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
                 "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args}
     for name, (help_text, _) in COMMANDS.items():
-        registry[name](sub.add_parser(name, help=help_text, description=help_text))
+        registry[name](sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text))  # help is %-formatted
     return parser
 
 
