@@ -6,9 +6,11 @@ Probe sites are named in `mechopd.sites` (the one naming table); this file resol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,27 @@ def _check_source(path: str | os.PathLike) -> str:
     raise ModelError(f"model path {s!r} does not exist and is not a hub id like 'Qwen/Qwen3-4B'; check the path")
 
 
+@contextlib.contextmanager
+def quiet_progress(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, transformers' progress bars ("Loading weights", "Writing model shards") are off; the previous
+    state (transformers' and huggingface_hub's) is restored after. ``enabled=False`` leaves them as they are."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    if not enabled:
+        yield
+        return
+    was_on, hub_was_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+        if hub_was_off:
+            disable_progress_bars()
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """The tokenizer saved with a model (path or hub id). A directory without one raises `ModelError`."""
     from transformers import AutoTokenizer
@@ -65,7 +88,10 @@ def check_model(path: str | os.PathLike) -> str:
 def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
                device: str | torch.device | None = None) -> nn.Module:
     """A causal LM from a path or hub id, in eval mode, after `checks.check_checkpoint` (weights readable and as
-    config.json describes; pickles refused) and `checks.check_finite` (no NaN/inf weight). Failures -> `ModelError`."""
+    config.json describes; pickles refused) and `checks.check_finite` (no NaN/inf weight). Failures -> `ModelError`.
+
+    A local directory loads without transformers' per-load progress bar (`quiet_progress`); a hub id keeps the bars,
+    which then also show the download."""
     from transformers import AutoModelForCausalLM
 
     src = _check_source(path)
@@ -73,8 +99,9 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = Non
     config = read_config(src)
     files = check_checkpoint(src, config)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=dtype or torch.float32,
-                                                           use_safetensors=True, output_loading_info=True)
+        with quiet_progress(Path(src).exists()):
+            model, info = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=dtype or torch.float32,
+                                                               use_safetensors=True, output_loading_info=True)
     except ValueError as e:
         raise ModelError(f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: "
                          f"{str(e).splitlines()[0]}") from None
@@ -98,7 +125,8 @@ def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, ex
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with quiet_progress():
+            model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, text in (extra or {}).items():
