@@ -62,6 +62,12 @@ def layer_grid(cells: dict[tuple[int, str], float]) -> tuple[list[int], list[str
     return layers, modules, grid
 
 
+def heatmap_height(n_layers: int) -> float:
+    """Figure height (inches) of a layer × module heatmap row: titles and rotated module names take about 2.4 in,
+    each layer 0.3 in, and the panel at least 1.4 in so that its colour bar label fits (a 2-layer model too)."""
+    return 2.4 + max(1.4, 0.3 * n_layers)
+
+
 def _text_colour(rgba: tuple[float, ...]) -> str:
     """Black on light cells, white on dark ones (relative luminance of the cell colour, as seaborn decides it)."""
     r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3])
@@ -151,7 +157,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     shown = [d for i, d in enumerate(positions) if i % every == 0 or i == len(positions) - 1]
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
-    ax.set_ylabel(f"cosine between views (unitless), {stat.replace('cos_', '')} over response tokens")
+    ax.set_ylabel(f"cosine between views (unitless)\n{stat.replace('cos_', '')} over response tokens")
     ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
     fig.legend(loc="outside right upper", title="model")
     return fig
@@ -185,13 +191,13 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
         log.info("figure %s skipped: %s has no layer_module rows", GRADIENT_NAME, path)
         return None
     layers0, modules0, _ = layer_grid(cells[pairs[0]])
-    fig = new_figure(len(pairs) * (2.2 + 0.42 * len(modules0)), 2.2 + 0.3 * len(layers0))
+    fig = new_figure(len(pairs) * (2.2 + 0.42 * len(modules0)), heatmap_height(len(layers0)))
     axes = fig.subplots(1, len(pairs), squeeze=False)[0]
     cmap = sns.color_palette("vlag", as_cmap=True)
     for ax, (a, b) in zip(axes, pairs):
         layers, modules, grid = layer_grid(cells[(a, b)])
         heatmap(ax, layers, modules, grid, cmap=cmap, vmin=-1.0, vmax=1.0,
-                label=f"cos(∇{_term(a)}, ∇{_term(b)}) (unitless)")
+                label=f"cos(∇{_term(a)}, ∇{_term(b)})\n(unitless)")
         glob = next((r for r in rows if (r["term_a"], r["term_b"]) == (a, b) and r["scope"] == "global"), None)
         head = f"cos(∇L_{_term(a)}, ∇L_{_term(b)})"
         if glob is not None:
@@ -249,7 +255,7 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     finite = np.concatenate([g[np.isfinite(g)] for _, _, g in grids])
     vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     n_layers, n_mods = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
-    fig = new_figure(1.2 + len(panels) * (1.2 + 0.38 * n_mods), 2.2 + 0.3 * n_layers)
+    fig = new_figure(1.2 + len(panels) * (1.2 + 0.38 * n_mods), heatmap_height(n_layers))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (model, vs, _), (layers, modules, grid) in zip(axes, panels, grids):
         mesh = heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, label=None)
@@ -262,7 +268,7 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
             cos = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "cos")), None)
             head += "" if cos is None else f"\ncos(Δ_{vs}, Δ_{model}) over all tensors = {cos:+.3f}"
         ax.set_title(head, fontsize="medium")
-    fig.colorbar(mesh, ax=list(axes), label="‖ΔW‖_F / ‖W0‖_F (unitless)")
+    fig.colorbar(mesh, ax=list(axes), label="‖ΔW‖_F / ‖W0‖_F\n(unitless)")
     fig.suptitle(f"Parameter updates per layer × module (relative Frobenius norm) — {info.task}")
     return fig
 

@@ -89,11 +89,13 @@ def figure_removability(run_dir: Path) -> Figure | None:
         ax.grid(axis="x", visible=False)
     left.set_xticks(np.arange(len(BAR_METRICS)), [t for _, t in BAR_METRICS])
     left.set_ylabel("% of held-out items")
+    left.set_ylim(0.0, 105.0)  # shares: the whole range (error bars stay inside [0, 100])
     left.set_xlabel("metric (Harm: % of items right without c that turn wrong with c)")
     fig.legend(loc="outside lower center", ncols=min(4, len(names)), title="model (regime)")
     right.axhline(0.0, color="0.3", linewidth=0.8)
-    right.set_xticks(np.arange(len(names)), [info.label(n) for n in names], rotation=45, ha="right")
-    right.set_ylabel("Δlen (% of the no-context length)")
+    right.set_xticks(np.arange(len(names)), [""] * len(names))  # long labels would crowd the panel: the legend
+    right.set_xlabel("model (colours and order\nas in the legend)")  # names the bars
+    right.set_ylabel("Δlen (% of the\nno-context length)")
     right.set_title("Δlen with c")
     n_items = sorted({s.get("n") for s in summaries.values()} - {None})
     fig.suptitle(f"Context removability — {info.task} (n = {'/'.join(map(str, n_items))} items, "
@@ -137,8 +139,8 @@ def _regions(ax: Axes, t: RegimeThresholds, xlim: tuple[float, float], ylim: tup
     low = y0 + 0.04 * (y1 - y0)
     anchors = {"A": (x1 - 0.02 * (x1 - x0), y1 - 0.04 * (y1 - y0), "right", "top"),
                "B": ((x0 - gain) / 2, low, "center", "bottom"), "C": ((drop - gain) / 2, low, "center", "bottom")}
-    for regime, (x, y, ha, va) in anchors.items():
-        ax.text(x, y, f"{regime}: {REGIME_NAMES[regime]}", ha=ha, va=va, fontsize="small", color="0.25", zorder=1)
+    for regime, (x, y, ha, va) in anchors.items():  # the letter only (B and C can be narrow); the title names them
+        ax.text(x, y, regime, ha=ha, va=va, fontsize="small", fontweight="bold", color="0.25", zorder=1)
 
 
 def _limits(values: list[float], must: list[float]) -> tuple[float, float]:
@@ -202,7 +204,9 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.axvline(0.0, color="0.4", linewidth=0.7, linestyle=":")
     ax.set_xlabel("accuracy drop with context, Acc_x − Acc_xc (percentage points)")
     ax.set_ylabel("Harm = P(wrong with c | right without c) (%)")
-    ax.set_title(f"Removability regimes (drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g})")
+    key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in ("A", "B", "C"))
+    ax.set_title(f"Removability regimes (drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g})"
+                 f"\n{key}")
     labels = {p["model"]: p["label"] for p in points}
     handles = [Line2D([], [], linestyle="none", marker="o", color=colours[m], label=lab) for m, lab in labels.items()]
     fig.legend(handles=handles, title="model", loc="outside right upper")

@@ -117,9 +117,10 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
                 _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash)
     ax.set_xlabel("training step (optimizer steps)")
     ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylim(-3.0, 103.0)  # accuracy is a share: the whole range, so runs and figures compare at a glance
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
-    ax.set_title(f"Accuracy without (solid) / with (dashed) the context\n{info.task}{seeds}")  # clear of the legend
-    fig.legend(loc="outside right upper", title="method, view")
+    ax.set_title(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
+    fig.legend(loc="outside lower center", ncols=2, title="method, view")  # below: the panel keeps the full width
     return fig
 
 
@@ -159,7 +160,7 @@ def figure_gradient_training(run_dir: Path) -> Figure | None:
         missing(GRAD_TRAINING_NAME, info.root / "train" / "<method>" / "metrics.jsonl (with grad/cos/<a>__<b>)")
         return None
     colours = palette(info.models)
-    fig = new_figure(9.0, 3.8)
+    fig = new_figure(9.0, 4.4)
     ax_cos, ax_ratio = fig.subplots(1, 2)
     for (method, pair), series in lines.items():
         label = f"{info.label(method)}: {pair.replace('__', ' vs ')}"
@@ -172,7 +173,7 @@ def figure_gradient_training(run_dir: Path) -> Figure | None:
     for ax in (ax_cos, ax_ratio):
         ax.set_xlabel("training step")
     fig.suptitle(f"Gradient alignment over training — {info.task}")
-    fig.legend(*ax_cos.get_legend_handles_labels(), loc="outside right upper", title="run: a vs b")
+    fig.legend(*ax_cos.get_legend_handles_labels(), loc="outside lower center", ncols=2, title="run: a vs b")
     return fig
 
 
@@ -237,6 +238,7 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
                             fontsize=6, color=colours[selector])
     ticks = sorted({b for budgets, _ in curves.values() for b in budgets})
     ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
+    ax.margins(x=0.12)  # room for the "kept" notes of the last budget inside the panel
     ax.set_xlabel("token budget ρ (% of response positions trained on)")
     ax.set_ylabel("final accuracy without context (%)")
     ax.set_title(f"TA-OPD budget sweep — {info.task}")

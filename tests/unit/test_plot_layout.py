@@ -1,0 +1,107 @@
+"""Figure layout: no title, axis label, tick label or legend of any drawn figure is clipped, and no figure legend or
+title sits on top of another panel's data area.
+
+Every figure `draw_all` writes is checked as it is saved (Figure.savefig is wrapped), so a figure a new probe
+registers is checked without touching this file. Drawn from the synthetic run of plotting_run.py, once for one run and
+once for a three-seed aggregate with labels as long as the demo's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+
+from mechopd import plots
+
+from .plotting_run import make_run
+
+TOL = 0.5  # pixels
+
+
+def _tick_label_ids(fig: Figure) -> set[int]:
+    return {id(lab) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks() for lab in (tick.label1, tick.label2)}
+
+
+def _inside(bb: Bbox, outer: Bbox) -> bool:
+    return (bb.x0 >= outer.x0 - TOL and bb.y0 >= outer.y0 - TOL and bb.x1 <= outer.x1 + TOL
+            and bb.y1 <= outer.y1 + TOL)
+
+
+def _overlap(a: Bbox, b: Bbox) -> bool:
+    return a.x0 < b.x1 - TOL and b.x0 < a.x1 - TOL and a.y0 < b.y1 - TOL and b.y0 < a.y1 - TOL
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """What is clipped or covered in ``fig`` as it will be saved (its layout already executed)."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    frame, problems = fig.bbox, []
+    ticks = _tick_label_ids(fig)
+    for t in fig.findobj(Text):  # titles, axis labels, legend entries, annotations (tick labels: below)
+        if id(t) not in ticks and t.get_visible() and t.get_text().strip() and t.get_figure(root=True) is fig:
+            if not _inside(t.get_window_extent(r), frame):
+                problems.append(f"text {t.get_text()[:40]!r} is clipped")
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):  # only the tick labels actually drawn (inside the view limits)
+            bb = axis.get_tightbbox(r)
+            if bb is not None and not _inside(bb, frame):
+                problems.append(f"{axis.axis_name}-axis of the panel {ax.get_title()[:30]!r} is clipped")
+    data_areas = [ax.get_window_extent(r) for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    titles = [t for t in [fig._suptitle] + [ax.title for ax in fig.axes] if t is not None and t.get_text().strip()]
+    for legend in fig.legends:
+        bb = legend.get_window_extent(r)
+        if any(_overlap(bb, area) for area in data_areas):
+            problems.append("a figure legend covers a panel")
+        if any(_overlap(bb, t.get_window_extent(r)) for t in titles):
+            problems.append("a figure legend covers a title")
+    return problems
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    """Wrap Figure.savefig: every figure saved as PNG is checked; returns {file name: problems}."""
+    found: dict[str, list[str]] = {}
+    original = Figure.savefig
+
+    def savefig(self, fname, *args, **kwargs):
+        if str(fname).endswith(".png"):
+            found[Path(fname).name] = layout_problems(self)
+        return original(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return found
+
+
+def test_no_figure_of_a_run_is_clipped(run_dir: Path, tmp_path: Path, checked) -> None:
+    written = plots.draw_all(run_dir, tmp_path / "figs")
+    names = {p.name for paths in written.values() for p in paths if p.suffix == ".png"}
+    assert names and set(checked) == names
+    assert {k: v for k, v in checked.items() if v} == {}
+
+
+def test_no_figure_of_a_seed_aggregate_is_clipped(tmp_path: Path, checked) -> None:
+    runs = [make_run(tmp_path / f"seed-{k}", seed=k) for k in range(3)]  # three seeds, as `mechopd demo --seeds 3`
+    meta = json.loads((runs[0] / "demo.json").read_text())
+    meta["labels"].update({"opd": "OPD", "nca": "NCA (β=0.5, KL gate 0.1)", "ta_opd": "TA-OPD (ρ=0.10, kept 0.11)"})
+    agg = runs[0]  # the seed-0 run directory doubles as the aggregate: its demo.json lists the three runs
+    (agg / "demo.json").write_text(json.dumps({**meta, "seed_runs": [str(r) for r in runs]}))
+    written = plots.draw_all(agg, tmp_path / "figs")
+    assert written["training_curves"] and written["gradient_training"]
+    assert {k: v for k, v in checked.items() if v} == {}
+
+
+def test_the_check_finds_a_clipped_label(checked) -> None:
+    """The check itself: a y-label longer than the figure is reported."""
+    from mechopd.plots._common import new_figure
+
+    fig = new_figure(3.0, 2.0)
+    ax = fig.add_subplot()
+    ax.set_ylabel("a y-label far too long for a figure two inches tall, which is clipped at both ends")
+    fig.get_layout_engine().execute(fig)
+    assert any("clipped" in p for p in layout_problems(fig))
