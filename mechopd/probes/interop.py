@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mechopd.errors import ModelError
-from mechopd.models import load_tokenizer
+from mechopd.models import load_tokenizer, quiet_progress
 from mechopd.probes.capture import site_layer, sites_for
 from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
 from mechopd.views import TwoViewBatch
@@ -64,7 +64,9 @@ def to_transformer_lens(checkpoint_dir: str | os.PathLike, *, device: str = "cpu
     except ImportError:
         raise ModelError("transformer-lens is not installed; pip install 'transformer-lens>=4'") from None
     try:
-        bridge = TransformerBridge.boot_transformers(path, device=device, dtype=dtype, tokenizer=load_tokenizer(path))
+        with quiet_progress():  # no per-load progress bar (as mechopd.models.load_model)
+            bridge = TransformerBridge.boot_transformers(path, device=device, dtype=dtype,
+                                                         tokenizer=load_tokenizer(path))
     except (ValueError, OSError, KeyError, NotImplementedError) as e:
         raise ModelError(f"TransformerLens cannot load {path}: {_first_line(e)}") from None
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
@@ -79,8 +81,9 @@ def to_nnsight(checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype:
     except ImportError:
         raise ModelError("nnsight is not installed (or older than 0.8); pip install 'nnsight>=0.8'") from None
     try:
-        lm = TransformersModel(path, task="text-generation", tokenizer=load_tokenizer(path), dispatch=True,
-                               device_map=device, dtype=dtype)
+        with quiet_progress():
+            lm = TransformersModel(path, task="text-generation", tokenizer=load_tokenizer(path), dispatch=True,
+                                   device_map=device, dtype=dtype)
     except (ValueError, OSError, KeyError) as e:
         raise ModelError(f"nnsight cannot load {path}: {_first_line(e)}") from None
     lm.eval()
