@@ -44,7 +44,7 @@ def layout_problems(fig: Figure) -> list[str]:
     frame, problems = fig.bbox, []
     ticks = _tick_label_ids(fig)
     for t in fig.findobj(Text):  # titles, axis labels, legend entries, annotations (tick labels: below)
-        if id(t) not in ticks and t.get_visible() and t.get_text().strip() and t.get_figure(root=True) is fig:
+        if id(t) not in ticks and t.get_visible() and t.get_text().strip():
             if not _inside(t.get_window_extent(r), frame):
                 problems.append(f"text {t.get_text()[:40]!r} is clipped")
     for ax in fig.axes:
