@@ -17,17 +17,16 @@ With ``seeds = N > 1`` every stage runs once per training seed k = 0..N-1 into `
 same, pretrained with `organism_seed`), and `mechopd.aggregate` writes the seed tables, bands and report into RUN.
 
 Why the anchor waits (`NCA_GATE`): on an organism the two views start maximally apart, so at step 1 the
-forward-KL anchor's gradient is hundreds of times the OPD term's (measured: ‖β∇NCA‖ 17.4 vs ‖∇OPD‖ 0.029, ratio
-598 [538, 657] over 3 seeds, in the `nca_const` run's ``grad/norm/*`` lines) and erases the context's effect
-(Acc_xc 0.000 at step 25 in every seed) before OPD has moved the no-context view. The `nca` run therefore keeps
-β = 0 until OPD has brought the no-context view onto the teacher: the anchor gate (`objectives.schedule.AnchorGate`)
-opens the step after the mean KL(q_x ‖ f) of the last `NCA_GATE_WINDOW` steps falls to `NCA_GATE` nats per token,
-the organism recipes' value; no label is read. It replaced a fixed start (`nca_start: 20`, chosen on seed 0), which
-was too early on a seed where OPD is slow: seed 2, NCA Acc_x 0.915 at the end (OPD 1.000).
+forward-KL anchor's gradient can dwarf the OPD term's (the `nca_const` run logs both norms in its ``grad/norm/*``
+lines, and the report states their ratio) and erase the context's effect before OPD has moved the no-context view.
+The `nca` run therefore keeps β = 0 until OPD has brought the no-context view onto the teacher: the anchor gate
+(`objectives.schedule.AnchorGate`) opens the step after the mean KL(q_x ‖ f) of the last `NCA_GATE_WINDOW` steps falls
+to `NCA_GATE` nats per token, the organism recipes' value; no label is read. It replaced a fixed start
+(`nca_start: 20`), which can be too early on a seed where OPD is slow.
 
 Why the lr decays (`lr_schedule: linear` in `TASK_DEFAULTS`, as the rules recipe): at a constant lr 1e-3 AdamW near
-convergence takes rare large steps (gradient norm 0.01 -> 17.5 at step 149 of NCA seed 0, its Acc_x 1.000 at step
-125 and 0.680 at 150); a decay to 0 at the last step keeps the final checkpoints off such spikes, for every method.
+convergence can take rare large steps, and a final checkpoint can be caught in one; a decay to 0 at the last step keeps
+the final checkpoints off such spikes, for every method. What was measured: docs/results.md.
 """
 
 from __future__ import annotations
@@ -54,9 +53,7 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
 # Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
-# 10 minutes of a 2-core CPU: 138-162 s per seed with the organism reused (7 min 39 s for `--seeds 3`, 2026-12-01);
-# pretraining the organism adds 339 s idle (README). At this budget with the linear decay OPD ends in regime A on all
-# three seeds (Harm 0.67, 0.81, 0.53) but stalls on seed 2 (Acc_x 0.15, KL(q_x‖f) ~2 nats: the anchor gate stays shut).
+# 10 minutes of a 2-core CPU; its wall times and outcomes per seed are in docs/results.md (the Sokoban case study).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "rules": {"steps": 150, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
               "probe_n": 64},

@@ -1,9 +1,9 @@
 """The anchor's schedule: a fixed start, a linear ramp, and an optional gate on OPD's progress (docs/method.md §2).
 
 NCA's anchor ``β · KL(sg[q_x] ‖ q_c)`` pulls the context view toward the no-context view. The papers use a constant β
-from the first step. On a student whose two views start far apart (the organisms: Acc_x 0, Acc_xc 1) the anchor then
-pulls the context view toward a no-context view that has learned nothing yet, and its gradient is hundreds of times
-OPD's. The gate starts the anchor once the no-context view has reached the teacher, measured without labels.
+from the first step. On a student whose two views start far apart (the organisms: wrong without the context, right
+with it) the anchor then pulls the context view toward a no-context view that has learned nothing yet, and its
+gradient can dwarf OPD's (docs/results.md). The gate starts the anchor once the no-context view has reached the teacher, measured without labels.
 ``AnchorGate(level)`` holds the gate's state (the trainer feeds it, the checkpoint saves it); ``BetaSchedule`` turns a
 step into the anchor's weight multiplier.
 """

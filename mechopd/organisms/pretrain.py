@@ -37,7 +37,7 @@ CORPUS_VERSION: dict[str, int] = {"rules": 1, "frozenlake": 3, "sokoban": 3}
 
 @dataclass
 class OrganismConfig:
-    """A model organism: architecture size and pretraining schedule (defaults reach the README's accuracies)."""
+    """A model organism: architecture size and pretraining schedule (defaults: the organisms of docs/organisms.md)."""
 
     task: str = "rules"
     arch: str = "qwen3"  # qwen3 | llama
@@ -191,17 +191,18 @@ def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True)
     return out
 
 
-# Per-task organism defaults (sizes and schedules measured to reach the README's accuracies on 2 CPU cores).
+# Per-task organism defaults: sizes and schedules chosen to reach the accuracy targets of docs/organisms.md on 2 CPU
+# cores (what they reach: docs/organisms.md; why frozenlake's is longer: docs/results.md).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "rules": {},
-    "frozenlake": {"steps": 900},  # 600 steps reached 0.83 with context (n = 100): 900 for a margin
+    "frozenlake": {"steps": 900},  # longer than the others, for a margin over the with-context target
     "sokoban": {},
 }
 
 
 def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None,
                    layers: int | None = None) -> OrganismConfig:
-    """The organism for `task` with its measured defaults; `steps` overrides the schedule length, `layers` the depth
+    """The organism for `task` with its defaults (`TASK_DEFAULTS`); `steps` overrides the schedule length, `layers` the depth
     (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""
     if task not in ORGANISM_TASKS:
         raise ConfigError(f"unknown organism task {task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
@@ -219,6 +220,6 @@ def organism_dir_name(task: str, layers: int | None = None) -> str:
     """``<task>`` for the default organism, ``<task>-L<layers>`` for another depth (its own cache directory)."""
     return task if layers in (None, OrganismConfig.num_layers) else f"{task}-L{layers}"
 
-# `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the README accuracies.
+# `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the accuracy targets.
 FAST_ORGANISM: dict[str, Any] = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
                                      steps=150, batch_size=32, corpus_size=4000)

@@ -1,29 +1,25 @@
 """The training recipe of each embedded organism: what `mechopd train --student organism:<task>` starts from.
 
 The library's defaults are the papers' (lr 5e-6, batch 128): right for a 1–8B model, far too timid for a 3-layer
-organism (100 steps at those values leave Acc_x at 0.000). When the student is ``organism:<task>``, the config
+organism (see docs/results.md, "Numbers the code's docstrings used to carry"). When the student is ``organism:<task>``, the config
 starts from ``ORGANISM_RECIPES[task]`` and every key set explicitly (YAML, ``--set``, a flag) wins over it; any other
 student keeps the papers' defaults. These are the values `mechopd demo` and ``training/organisms/<task>.yaml`` use
 (CPU, minutes per run). Method, β and selector are not part of a recipe: they are the experiment.
 
 ``nca_gate`` (rules): the anchor starts once OPD has brought the no-context view onto the teacher, the mean
 KL(q_x ‖ f) of the last 5 steps at most 0.1 nats per token (`objectives.schedule.AnchorGate`; labels are not read).
-From step 0 the anchor's gradient is ~600x OPD's on this organism (its two views start maximally apart) and erases
-the context's effect before OPD moves the no-context view (issue 12.1); a fixed start (``nca_start: 20``, the
-previous recipe) is too early on a seed where OPD is slow (seed 2: OPD Acc_x 0.105 at step 25; NCA ended at Acc_x
-0.915). The level is chosen on its meaning, not tuned: with q_c still at the teacher the anchor's own value is this
+From step 0 the anchor's gradient can be hundreds of times OPD's on this organism (its two views start maximally
+apart) and erase the context's effect before OPD moves the no-context view (issue 12.1); a fixed start
+(``nca_start: 20``, the previous recipe) can be too early on a seed where OPD is slow (docs/results.md). The level is chosen on its meaning, not tuned: with q_c still at the teacher the anchor's own value is this
 KL, so at 0.1 nats the anchor pulls the context view toward a target within about 0.1 nats of the teacher. It changes
 only anchor terms (NCA, SymKL); OPD runs are unaffected.
 
 ``lr_schedule: linear`` (rules): the rate decays linearly to 0 at the last step (the Hugging Face Trainer's default).
-At a constant lr 1e-3 (200x the papers') AdamW near convergence takes rare large steps: the largest gradient norm in
-steps 101-150 is 17.8-34.8 for OPD on every seed (3 seeds; a converged step's ~0.01), the no-context loss jumps from
-0.001 to 0.6, and a final checkpoint can be caught in one (NCA seed 0 of the demo: Acc_x 0.68 at step 150 after 1.000 at step 125). With the decay the late gradient
-norms of OPD and gated NCA are 0.3-3.7 and no late step has loss/opd > 0.1. It applies to every method alike.
-``nca_gate`` (sokoban), measured on seed 0 (120 steps × 32 games, 200 games): the gate opened after step 25 and NCA
-kept Acc_x = Acc_xc = 1.000 at every evaluation, while OPD's context view dipped (Harm 0.12 at step 40, 0.00 at 120);
-constant-β NCA erased the context's effect in the demo (Acc_x 0.037 on 3 seeds) and reached 0.365 in the previous
-release's recipe run. FrozenLake keeps the constant β; both games keep the constant lr until measured.
+At a constant lr 1e-3 (200 times the papers') AdamW near convergence can take rare large steps, and a final checkpoint
+can be caught in one; the decay keeps the late steps small. It applies to every method alike.
+``nca_gate`` (sokoban): the same gate, so that NCA does not erase the context's effect before OPD has moved the
+no-context view. FrozenLake keeps the constant β; both games keep the constant lr. What these choices were measured
+to do: docs/results.md.
 """
 
 from __future__ import annotations

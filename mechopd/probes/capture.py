@@ -125,8 +125,9 @@ PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B
 def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture) -> None:
     """Both views through the decoder stack, one forward each; `on_pair(site, h_x, h_c)` gets each site's response
     states. The no-context captures are copied and held until the context view's hook of the same site consumes them;
-    `h_c` is a view of the module output, valid during the call only. (Stacking both views into one forward was
-    measured 1.26-1.28x slower on a CPU: the padding costs more than the saved per-call overhead.)"""
+    `h_c` is a view of the module output, valid during the call only. (Two forwards, not one over both views stacked:
+    stacking pads the shorter view, and on a CPU that padding costs more than the per-call overhead it saves; see
+    docs/results.md.)"""
     xs: dict[str, torch.Tensor] = {}
     run_view(model, batch, "x", sites, xs.__setitem__)
     run_view(model, batch, "c", sites, lambda s, hc: on_pair(s, xs.pop(s), hc), copy=False)

@@ -4,8 +4,8 @@ Dynamics: a move off the board keeps the player in place; stepping onto a hole e
 Read-out (``readout=True``, the default; the organisms need it): a line under the board saying, per move, what it
 would step onto and whether it brings P closer to G, e.g. ``up H far , down F toward , left F far , right edge``.
 With it the organism's context reply is a short worked check (`GameTask.expert_reply`). Without the worked reply the
-3-layer organism did not learn to play within its CPU budget (measured: the loss stayed at chance through ~450 steps,
-grid alone or grid + read-out with a one-move reply). Real-model recipes that reproduce the reference game set
+3-layer organism did not learn to play within its CPU budget (grid alone or grid + read-out with a one-move reply;
+docs/gotchas.md, docs/results.md). Real-model recipes that reproduce the reference game set
 ``readout: false`` (and a longer ``max_new_tokens``), as does ``REFERENCE``.
 
 Boards: `size` 3..6, `holes` holes, start and goal random (or fixed: "top-left", "bottom-right", ... or [row, col]),

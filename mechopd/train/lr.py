@@ -6,8 +6,8 @@
     m(s) = ½ (1 + cos(π p))                     cosine
 
 at 0-based step ``s`` of ``S = steps``. ``constant`` is the papers' (lr 5e-6, 50–100 steps). The decays exist for
-students trained far above that rate (the organisms: lr 1e-3), where AdamW near convergence takes rare large steps
-(a gradient norm of 0.01 jumping to 17, the loss from 0.001 to 0.6) and the final checkpoint may be caught in one.
+students trained far above that rate (the organisms: lr 1e-3), where AdamW near convergence can take rare large
+steps and the final checkpoint may be caught in one (docs/results.md).
 """
 
 from __future__ import annotations
