@@ -170,6 +170,7 @@ def aggregate(runs: Sequence[str | Path], out: str | Path) -> Path:
 
     runs = [Path(r) for r in runs]
     out = Path(out)
+    __import__("mechopd.runcheck").runcheck.check_seed_runs(runs, out)  # distinct seeds of one study; out no input
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise_runs(runs)
     first = read_manifest(runs[0])

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from mechopd.artifacts import FileSet, write_json
 from mechopd.errors import ConfigError, MechopdError
+from mechopd.runlock import hold
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -82,8 +84,7 @@ def _pretrain(a: argparse.Namespace) -> int:
     s = rep["summary"]
     print(f"accuracy with context {s['acc_xc']['value']:.3f}, without context {s['acc_x']['value']:.3f} "
           f"(n={s['n']} held-out items, greedy)")
-    (path / "accuracy.json").write_text(json.dumps({"acc_xc": s["acc_xc"]["value"], "acc_x": s["acc_x"]["value"],
-                                                    "n": s["n"]}, indent=1))
+    write_json(path / "accuracy.json", {"acc_xc": s["acc_xc"]["value"], "acc_x": s["acc_x"]["value"], "n": s["n"]})
     return 0
 
 
@@ -173,10 +174,10 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
     """Report path per label (and the --compare directory), checked writable and clobber-free before any load."""
     from mechopd.checks import INDEX, WEIGHTS, check_out_dir, check_report_target
+    from mechopd.runcheck import default_eval_report
 
     if a.model:
-        out = Path(a.out) if a.out else (Path(f"{a.model.rstrip('/')}/eval/{a.task}.json") if ":" not in a.model
-                                         else Path(f"runs/eval/{a.task}.json"))
+        out = Path(a.out) if a.out else default_eval_report(a.model, a.task)  # never inside the checkpoint
         if out.is_dir():
             out = out / f"{a.task}.json"
         elif out.suffix != ".json":
@@ -195,11 +196,8 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
-    from mechopd.evaluate import EvalConfig, compare, evaluate_model, format_summary, write_report
-    from mechopd.models import check_model, load_model, load_tokenizer
+    from mechopd.evaluate import EvalConfig
     from mechopd.tasks.base import get_task
-    from mechopd.organisms.recipes import resolve_organism
-    from mechopd.views import RenderSpec
 
     if bool(a.model) == bool(a.compare):
         raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
@@ -208,6 +206,17 @@ def _eval(a: argparse.Namespace) -> int:
     task = get_task(a.task, **_kv(a.option, "--option"))
     models = {"model": a.model} if a.model else _named(a.compare, "--compare")
     targets, out_dir = _eval_targets(a, list(models))
+    with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
+        return _eval_locked(a, cfg, task, models, targets, out_dir)
+
+
+def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, str], targets: dict[str, Path],
+                 out_dir: Path | None) -> int:
+    from mechopd.evaluate import compare, evaluate_model, format_summary, write_report
+    from mechopd.models import check_model, load_model, load_tokenizer
+    from mechopd.organisms.recipes import resolve_organism
+    from mechopd.views import RenderSpec
+
     spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system,
                       chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"))
     paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in models.items()}
@@ -219,15 +228,18 @@ def _eval(a: argparse.Namespace) -> int:
 
             attach(model, VllmEngine(path))
         reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec)
-        reports[name]["settings"]["model"] = str(path)
+        reports[name]["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)
         print(format_summary(name, reports[name]["summary"]))
-    written = {name: write_report(rep, targets[name]) for name, rep in reports.items()}
     if out_dir is None:
-        print(f"report: {written['model'][0]} (records: {written['model'][1]})")
-    else:
-        md, mdp, csvp = compare(reports, out_dir)
-        print(md)
-        print(f"table: {mdp} and {csvp}")
+        written = write_report(reports["model"], targets["model"])  # r.json + r.csv as one set (FileSet)
+        print(f"report: {written[0]} (records: {written[1]})")
+        return 0
+    with FileSet(out_dir, "compare") as stage:  # every report + compare.md/.csv: one set, never mixed runs
+        for name, rep in reports.items():
+            write_report(rep, stage.dir / targets[name].name)
+        md, _, _ = compare(reports, stage.dir)
+    print(md)
+    print(f"table: {out_dir / 'compare.md'} and {out_dir / 'compare.csv'}")
     return 0
 
 
@@ -263,11 +275,13 @@ def _figures(a: argparse.Namespace) -> int:
     if not run.is_dir():
         raise ConfigError(f"run directory {run} does not exist; run `mechopd demo --out {run}` first")
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
-    drawn = draw_all(run)
+    with hold(run, "figures"):  # not while a demo or another redraw writes into the run
+        drawn = draw_all(run)
+        if sum(len(v) for v in drawn.values()):
+            write_report_md(run)
     n = sum(len(v) for v in drawn.values())
     if n == 0:
         raise ConfigError(f"{run} holds no artifacts to draw (eval/, probes/, train/*/metrics.jsonl)")
-    write_report_md(run)
     print(f"{n} files in {run / 'figures'}; report: {run / 'report.md'}")
     return 0
 
@@ -313,7 +327,8 @@ def _aggregate_args(p: argparse.ArgumentParser) -> None:
 def _aggregate(a: argparse.Namespace) -> int:
     from mechopd.aggregate import aggregate
 
-    print(f"report: {aggregate(a.run_dirs, a.out)}")
+    with hold(a.out, "aggregate"):  # (the inputs are checked before anything is written; a refusal leaves no --out)
+        print(f"report: {aggregate(a.run_dirs, a.out)}")
     return 0
 
 
@@ -335,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[a.cmd][1](a)
     except MechopdError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk / quota in any verb: one line (every writer is atomic: nothing older is lost)
+        from mechopd.runcheck import disk_error
+
+        if disk_error(e) is None:
+            raise
+        print(f"error: {disk_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

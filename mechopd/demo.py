@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.artifacts import read_json, write_json
+from mechopd.artifacts import FileSet, read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
 
@@ -167,7 +167,7 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
     finals = {}
     for name, over in methods.items():
         out = run / "train" / name
-        if (out / "final" / "config.json").exists():
+        if (out / "final" / "config.json").exists() and (out / "final" / "training.json").exists():
             _log(f"train {name}: done, skipped")
             finals[name] = out / "final"
             continue
@@ -193,7 +193,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
     out = {}
     for name, path in models.items():
         target = run / "eval" / f"{name}.json"
-        if target.exists():
+        if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
             out[name] = read_json(target)
             continue
         rep = evaluate_model(load_model(path), load_tokenizer(path), task, EvalConfig(n=cfg.eval_n, seed=cfg.seed))
@@ -214,7 +214,7 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
                        run=str(run))
     for spec in registered():
-        if spec.demo is None or (spec.outputs and (out / spec.outputs[0]).exists()):
+        if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
             continue
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in spec.demo.items())})")
         spec(setup, out, **spec.demo)
@@ -249,6 +249,15 @@ def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
     from dataclasses import replace
 
+    from mechopd.runcheck import check_demo_out
+    from mechopd.runlock import hold
+
+    check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
+    with hold(cfg.out, "demo"):
+        return _demo(cfg, replace)
+
+
+def _demo(cfg: DemoConfig, replace) -> Path:
     if cfg.seeds > 1:
         from mechopd.aggregate import aggregate
 
@@ -275,7 +284,7 @@ def demo_one(cfg: DemoConfig) -> Path:
     student = organism(cfg)
     t_organism = time.time() - t0
     manifest = {"task": cfg.task, "methods": list(methods), "labels": labels_for(run, methods),
-                "runs": methods, "organism": str(student), "thresholds": asdict(RegimeThresholds()),
+                "runs": methods, "organism": str(Path(student).resolve()), "thresholds": asdict(RegimeThresholds()),
                 "config": asdict(cfg),
                 "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
     write_json(run / "demo.json", manifest)

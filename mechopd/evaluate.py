@@ -203,20 +203,19 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
 
 def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """JSON report (records + summary) at `out` (``.json``) and the records as CSV next to it."""
+    from mechopd.artifacts import FileSet
+
     out = Path(out)
     if out.suffix != ".json":
         out = out.with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(out)
-    csv_path = out.with_suffix(".csv")
     rows = report["records"]
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    return out, csv_path
+    with FileSet(out.parent, out.stem) as stage:  # the JSON and the CSV land as one set (`FileSet.complete`)
+        (stage.dir / out.name).write_text(json.dumps(report, indent=1))
+        with open(stage.dir / f"{out.stem}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+    return out, out.with_suffix(".csv")
 
 
 def format_summary(name: str, s: dict[str, Any]) -> str:
@@ -238,10 +237,11 @@ def format_summary(name: str, s: dict[str, Any]) -> str:
 def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[str, Path, Path]:
     """Side-by-side table of several models' summaries (same items): Markdown + CSV in `out_dir`."""
     md, csv_text = compare_table({k: r["summary"] for k, r in reports.items()})
+    from mechopd.artifacts import atomic_write
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(md)
-    (out / "compare.csv").write_text(csv_text)
+    atomic_write(out / "compare.md", lambda fh: fh.write(md))
+    atomic_write(out / "compare.csv", lambda fh: fh.write(csv_text))
     return md, out / "compare.md", out / "compare.csv"
 
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
+from mechopd.runlock import hold
 from mechopd.tasks.base import Task, get_task
 from mechopd.views import RenderSpec, render_prompt_ids
 
@@ -132,12 +133,17 @@ def _batch(samples: list[tuple[list[int], int]], pad: int) -> tuple[torch.Tensor
 
 def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True) -> Path:
     """Pretrain (or reuse) the organism at `out_dir`; returns the checkpoint directory."""
+    out = Path(out_dir)
+    with hold(out.parent, "pretrain", wait=True):  # a shared cache: a second pretrain waits, then reuses it
+        return _pretrain(cfg, out, progress)
+
+
+def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
     from transformers import AutoModelForCausalLM
 
-    out = Path(out_dir)
     marker = out / MARKER
     if marker.exists():
-        meta = json.loads(marker.read_text())
+        meta = read_marker(marker)
         if meta.get("key") == cfg.key():
             return out  # cached
         raise TrainingError(f"{out} holds a different organism (key {meta.get('key')} != {cfg.key()}); "
@@ -198,6 +204,18 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "frozenlake": {"steps": 900},  # longer than the others, for a margin over the with-context target
     "sokoban": {},
 }
+
+
+def read_marker(marker: Path) -> dict[str, Any]:
+    """organism.json as a mapping; a garbled one is one `TrainingError` (delete the organism to pretrain it again)."""
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise TrainingError(f"{marker} is not an organism record (garbled or edited); delete {marker.parent} to "
+                            "pretrain it again, or restore the file")
+    return meta
 
 
 def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None,

@@ -72,3 +72,31 @@ def resolve_organism(spec: str, organism_dir: str = ORGANISM_DIR, *, pretrain: b
     elif not (path / "config.json").is_file():
         raise ModelError(f"{spec}: no pretrained organism at {path}; run `mechopd pretrain --task {task}` first")
     return str(path)
+
+
+# -- paths a run records: absolute, or relative to the RUN directory (never to the current directory) ------------------
+def run_path(value: str, run_dir: str | Path, key: str = "organism_dir") -> str:
+    """A local directory a run recorded (``organism_dir``, demo.json's ``organism``): absolute as written; relative ->
+    against `run_dir`. A relative value that exists only against the current directory (a run written by an older
+    mechopd, which recorded paths as typed) is refused, not silently read from wherever the command runs."""
+    p = Path(value)
+    if p.is_absolute():
+        return str(p)
+    here = Path(run_dir) / p
+    if not here.exists() and p.exists():
+        raise ModelError(f"{run_dir} records {key} {value!r} relative to the directory it was started from (an older "
+                         f"mechopd); write the absolute path {p.resolve()} into the run's file, then rerun")
+    return str(here.resolve())
+
+
+def recorded_model(spec: str, organism_dir: str, run_dir: str | Path) -> str:
+    """A model spec recorded in a run (``student``, ``teacher``): ``organism:<task>`` under the run's organism_dir,
+    an absolute or run-relative local checkpoint, else a hub id unchanged."""
+    if organism_task(spec) is not None:
+        return resolve_organism(spec, run_path(organism_dir, run_dir))
+    p = Path(spec)
+    if p.is_absolute() or (Path(run_dir) / p).exists():
+        return run_path(spec, run_dir, "the model")
+    if p.exists():
+        return run_path(spec, run_dir, "the model")  # refused: a cwd-relative local path
+    return spec  # a hub id

@@ -95,8 +95,13 @@ class ProbeSpec:
         return {**defaults, **given}
 
     def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:
-        """Run the probe on ``setup`` into ``out_dir``; returns the lines to print."""
-        return list(resolve(self.run)(setup, Path(out_dir), **self.options(**options)))
+        """Run the probe on ``setup`` into ``out_dir``; returns the lines to print. Its files land as one set
+        (`artifacts.FileSet`, named after the probe): all of them or none."""
+        from mechopd.artifacts import FileSet
+
+        with FileSet(out_dir, self.name) as stage:
+            lines = list(resolve(self.run)(setup, stage.dir, **self.options(**options)))
+        return stage.relocate(lines)
 
     def report_lines(self, probes_dir: str | Path) -> list[str]:
         return list(resolve(self.report)(Path(probes_dir))) if self.report is not None else []
@@ -202,4 +207,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     options = {k: getattr(a, k) for k in spec.options()}
     setup = setup_from_args(a)
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
-    return spec(setup, out, **options)
+    from mechopd.runlock import hold
+
+    with hold(out, f"probe {spec.name}"):  # one writer per output directory
+        return spec(setup, out, **options)

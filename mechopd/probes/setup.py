@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError, DataError, ModelError, TaskError
-from mechopd.organisms.recipes import resolve_organism
+from mechopd.organisms.recipes import recorded_model, resolve_organism
 from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
 
 BASE, TEACHER = "base", "teacher"
@@ -88,7 +88,8 @@ class ProbeSetup:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
         if self.split not in (None, "train", "test"):
             raise ConfigError(f"split={self.split!r} is invalid: use train or test")
-        self.models = {str(k): str(v) for k, v in self.models.items()}
+        self.models = {str(k): str(Path(v).resolve()) if Path(str(v)).exists() else str(v)  # recorded absolute
+                       for k, v in self.models.items()}
 
     # -- what the probes read ------------------------------------------------------------------------------------------
     def make_task(self) -> TaskView:
@@ -308,9 +309,9 @@ def _setup_of_config(cfg: Any, models: dict[str, str], run: Path, **extra: Any) 
 
 def _from_training(run: Path) -> ProbeSetup:
     cfg = _train_config(run)
-    models = {BASE: resolve_organism(cfg.student, cfg.organism_dir)}
+    models = {BASE: recorded_model(cfg.student, cfg.organism_dir, run)}  # the run's paths: relative to the run
     if cfg.teacher:
-        models[TEACHER] = resolve_organism(cfg.teacher, cfg.organism_dir)
+        models[TEACHER] = recorded_model(cfg.teacher, cfg.organism_dir, run)
     models[method_label(cfg)] = _final(run)
     return _setup_of_config(cfg, models, run)
 
@@ -324,7 +325,7 @@ def _from_demo(run: Path) -> ProbeSetup:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
     cfg = _train_config(run / "train" / methods[0])
     organism = demo.get("organism") or cfg.student
-    models = {BASE: resolve_organism(str(organism), cfg.organism_dir)}
+    models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
     models.update({m: _final(run / "train" / m) for m in methods})
     demo_cfg = demo.get("config") or {}
     extra = {"n": int(demo_cfg["probe_n"])} if demo_cfg.get("probe_n") else {}

@@ -98,6 +98,11 @@ class Task(Protocol):
         """`n` (context or None, prompt, response) triples on train items for organism pretraining (organism tasks
         only; others raise `TaskError`): with the context the ideal response, without it the weak one."""
 
+    def max_items(self, split: str, need: int = 0) -> int | None:
+        """How many distinct items `split` holds (its item space), or None: unknown, too large to count, or certainly
+        at least `need` (a cheap answer for a small request). A request for more is refused with this number
+        (`runcheck.check_item_count`, `examples`) instead of searching for items that do not exist."""
+
 
 def uid_fraction(uid: str) -> float:
     """A uid's position in [0, 1): sha1 of the uid, its first 60 bits read as a fraction."""
@@ -140,6 +145,10 @@ class BaseTask(ABC):
     def vocab(self) -> list[str]:
         """Default: no words (only an organism's word-level tokenizer needs them; real tokenizers cover any text)."""
         return []
+
+    def max_items(self, split: str, need: int = 0) -> int | None:
+        """Default: unknown (None)."""
+        return None
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         raise TaskError(f"task {self.name!r} has no organism pretraining corpus; organisms exist for rules, "

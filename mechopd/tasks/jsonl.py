@@ -300,6 +300,10 @@ class JsonlTask(BaseTask):
     def split_sizes(self) -> dict[str, int]:
         return {name: len(pool) for name, pool in self._splits.items()}
 
+    def max_items(self, split: str, need: int = 0) -> int | None:
+        """The file's item count in `split`."""
+        return len(self._splits.get(split, []))
+
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """`n` examples of `split`, in a seeded order over the split sorted by uid (so the first k of a larger draw
         equal a draw of k). Too few items raise `TaskError` naming the available count."""

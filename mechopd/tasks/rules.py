@@ -12,7 +12,9 @@ applies the rule twice when the context comes back (shift 2k, repeat k^2): conte
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -68,6 +70,23 @@ def item_split(digits: list[int]) -> str:
     return uid_split(item_hash(digits))
 
 
+def _expected_items(min_len: int, max_len: int, split: str) -> int:
+    total = sum(10**k for k in range(min_len, max_len + 1))
+    return total // 10 if split == "test" else total - total // 10
+
+
+def _count_items(min_len: int, max_len: int, split: str) -> int | None:
+    total = sum(10**k for k in range(min_len, max_len + 1))
+    test = _count_test(min_len, max_len) if total <= 2_000_000 else None
+    return None if test is None else test if split == "test" else total - test
+
+
+@functools.lru_cache(maxsize=None)
+def _count_test(min_len: int, max_len: int) -> int:
+    return sum(item_split(list(d)) == "test" for k in range(min_len, max_len + 1)
+               for d in itertools.product(range(10), repeat=k))
+
+
 @dataclass
 class RulesTask(BaseTask):
     """The system-prompt QA organism (see module docstring); `parse_answer` is `BaseTask`'s (the stripped reply)."""
@@ -109,6 +128,11 @@ class RulesTask(BaseTask):
             raise TaskError(f"split must be 'train' or 'test', got {split!r}")
         if n < 1:
             raise TaskError(f"the evaluation set is empty (n={n}); pass --n 1 or more")
+        size = self.max_items(split, n)
+        if size is not None and n > size:
+            raise TaskError(f"task 'rules' has only {size} {split} items (digit lists of length {self.min_len}.."
+                            f"{self.max_len}, 1 in 10 held out), asked for {n}; ask for at most {size} (eval/probe "
+                            "--n, train pool_size / eval_n) or widen the space (--option max_len=...)")
         rng = random.Random(f"rules|{split}|{seed}")
         seen: dict[str, Example] = {}
         while len(seen) < n:
@@ -126,6 +150,13 @@ class RulesTask(BaseTask):
 
     def score(self, example: Example, response_text: str) -> bool:
         return response_text.split() == str(example.answer).split()
+
+    def max_items(self, split: str, need: int = 0) -> int | None:
+        """Digit lists of length min_len..max_len in `split`, counted exactly by hash (a few seconds, once per process)
+        when `need` exceeds half the expected count; None below that, or beyond 2·10^6 lists."""
+        if need <= _expected_items(self.min_len, self.max_len, split) // 2:
+            return None
+        return _count_items(self.min_len, self.max_len, split)
 
     def split_of(self, example: Example) -> str:
         return uid_split(example.uid)

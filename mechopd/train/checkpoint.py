@@ -73,11 +73,11 @@ def read_optimizer_state(ckpt: Path, tensors: bool = True) -> dict[str, Any]:
 
     ``tensors=False``: the param groups only (hyperparameters; "state" empty), without reading the tensor file.
     """
-    meta = json.loads((ckpt / STATE).read_text())["optimizer"]
+    meta = read_state(ckpt)["optimizer"]
     if not tensors:
         return {"state": {}, "param_groups": meta["param_groups"]}
     per: dict[int, dict[str, Any]] = {}
-    for key, v in load_file(str(ckpt / OPTIM)).items():
+    for key, v in _load_tensors(ckpt / OPTIM).items():
         pid, name = key.split(".", 1)
         per.setdefault(int(pid), {})[name] = v
     for key, v in meta["scalars"].items():
@@ -86,21 +86,58 @@ def read_optimizer_state(ckpt: Path, tensors: bool = True) -> dict[str, Any]:
     return {"state": per, "param_groups": meta["param_groups"]}
 
 
+def _damaged(path: Path, why: str) -> TrainingError:
+    ckpt = path.parent
+    return TrainingError(f"{path} {why}: checkpoint {ckpt} is damaged; delete {ckpt} to resume from the previous "
+                         "checkpoint (or start a new --out)")
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """trainer_state.json with the keys a resume reads; a missing, garbled or incomplete file is one TrainingError."""
+    try:
+        state = json.loads((ckpt / STATE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise _damaged(ckpt / STATE, f"is unreadable ({type(e).__name__})") from None
+    need = ("step", "position", "scheduler", "python_rng", "optimizer")
+    if not isinstance(state, dict) or any(k not in state for k in need) \
+            or not isinstance(state["optimizer"], dict) or not {"scalars", "param_groups"} <= set(state["optimizer"]):
+        raise _damaged(ckpt / STATE, f"lacks the resume state ({', '.join(need)})")
+    return state
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+
+    if not path.is_file():
+        raise _damaged(path, "is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise _damaged(path, f"is truncated or not safetensors ({str(e).splitlines()[0][:80] if str(e) else ''})") \
+            from None
+
+
 def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer | None, sched: Any) -> dict[str, Any]:
     """Restore optimizer (unless `opt` is None: a sharded run restores it itself), scheduler and RNG states.
 
     Weights are loaded by the caller.
     """
-    state = json.loads((ckpt / STATE).read_text())
-    if opt is not None:
-        opt.load_state_dict(read_optimizer_state(ckpt))
-    sched.load_state_dict(state["scheduler"])
-    rng = load_file(str(ckpt / "rng.safetensors"))
-    torch.set_rng_state(rng["rng.torch_cpu"])
-    if "rng.torch_cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["rng.torch_cuda"])
-    v, internal, gauss = state["python_rng"]
-    random.setstate((v, tuple(internal), gauss))
+    state = read_state(ckpt)
+    rng = _load_tensors(ckpt / "rng.safetensors")  # every file is read before any state is restored
+    if "rng.torch_cpu" not in rng:
+        raise _damaged(ckpt / "rng.safetensors", "lacks rng.torch_cpu")
+    optim = read_optimizer_state(ckpt) if opt is not None else None
+    try:
+        if opt is not None:
+            opt.load_state_dict(optim)
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(rng["rng.torch_cpu"])
+        if "rng.torch_cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["rng.torch_cuda"])
+        v, internal, gauss = state["python_rng"]
+        random.setstate((v, tuple(internal), gauss))
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise _damaged(ckpt / STATE, f"does not fit this run ({type(e).__name__}: {str(e)[:80]})") from None
     return state
 
 

@@ -8,20 +8,32 @@ States of ``--out`` at start (decided by `prepare`, rank 0 writes, every rank re
                                         ``config.RESUME_MUTABLE``); refused without it
   anything else                         refused (nothing is overwritten)
 Interrupted checkpoint writes leave dot-prefixed temp directories (``.step-N.tmp-*``); they are removed at start.
+The run's lock file (`runlock.LOCK_NAME`) is not a run file: it never makes a directory "hold a run".
+
+Paths (`record_paths`): config.yaml records ``organism_dir``, a local ``student`` / ``teacher`` and a task's data
+file absolute; on ``--resume`` a RELATIVE value on the command line that names another place than the run recorded
+is read as the run's (the run's paths are relative to the run, never to the current directory; a note says so), so
+a resume from any directory trains on the same models. A different absolute value is a config change (refused).
+A resume replaces ``final/`` but keeps every file in it that the save did not write (an evaluation report, notes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mechopd.artifacts import atomic_write
 from mechopd.config import RESUME_MUTABLE, TrainConfig, config_diff
 from mechopd.errors import ConfigError, TrainingError
+from mechopd.runcheck import check_item_count, check_out_place
+from mechopd.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard")
@@ -64,7 +76,12 @@ def unfinished(run: RunDir) -> bool:
     root = run.root
     if not run.config.exists() or run.final.exists() or latest_checkpoint(root) is not None:
         return False
-    return all(p.name in RUN_FILES for p in root.iterdir())
+    return all(p.name in RUN_FILES for p in _entries(root))
+
+
+def _entries(root: Path) -> list[Path]:
+    """What `root` holds, without the lock file."""
+    return [p for p in root.iterdir() if p.name != LOCK_NAME] if root.is_dir() else []
 
 
 def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tuple[bool, str | None]:
@@ -77,7 +94,7 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
     root = run.root
     if is_writer:
         remove_stale_temps(root)
-    has_files = root.is_dir() and any(root.iterdir())
+    has_files = bool(_entries(root))
     if not has_files:
         if resume:
             raise TrainingError(f"--resume: {root} holds no run; start a new run without --resume")
@@ -107,7 +124,7 @@ def check_same_config(run: RunDir, cfg: TrainConfig) -> None:
     """Refuse a resume whose config differs from the run's config.yaml outside ``RESUME_MUTABLE``."""
     if not run.config.exists():
         return
-    old = {**TrainConfig(student=cfg.student).to_dict(), **(yaml.safe_load(run.config.read_text()) or {})}
+    old = {**TrainConfig(student=cfg.student).to_dict(), **read_run_config(run)}
     mutable = RESUME_MUTABLE if cfg.lr_schedule == "constant" else tuple(k for k in RESUME_MUTABLE if k != "steps")
     diff = config_diff(old, cfg.to_dict(), mutable)  # a decaying lr is laid out over `steps`: it cannot grow
     if diff:
@@ -132,9 +149,13 @@ def truncate_metrics(path: Path, step: int) -> str | None:
                 note = f"{path}: dropped a truncated last line (an interrupted write)"
                 continue
             raise TrainingError(f"{path} line {i + 1} is not JSON; repair or delete the line, then --resume") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step", 0), int):
+            raise TrainingError(f"{path} line {i + 1} is not a metrics record ({ln[:40]!r}); repair or delete the "
+                                "line, then --resume")
         if rec.get("step", 0) <= step:
             keep.append(ln)
-    path.write_text("".join(ln + "\n" for ln in keep))
+    text = "".join(ln + "\n" for ln in keep)
+    atomic_write(path, lambda fh: fh.write(text))  # a kill or a full disk mid-rewrite loses no line
     return note
 
 
@@ -159,3 +180,105 @@ class Logger:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(k, v, record["step"])
+
+
+def read_run_config(run: RunDir) -> dict[str, Any]:
+    """The run's config.yaml as a mapping; an unreadable or non-mapping file is one `TrainingError`."""
+    try:
+        data = yaml.safe_load(run.config.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise TrainingError(f"{run.config} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                            "restore it (checkpoints/step-N/trainer_state.json holds the run's config) or start a "
+                            "new --out") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TrainingError(f"{run.config} holds a {type(data).__name__}, not the run's config mapping; restore it "
+                            "(checkpoints/step-N/trainer_state.json holds the run's config) or start a new --out")
+    return data
+
+
+PATH_KEYS = ("organism_dir", "student", "teacher")
+DATA_OPTIONS = ("path", "context_file", "file")  # task_options that name a file
+
+
+def _local(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not value.startswith("organism:") and Path(value).exists()
+
+
+def record_paths(cfg: TrainConfig, run: RunDir, resume: bool) -> tuple[TrainConfig, str | None]:
+    """`cfg` with its local paths absolute (see the module docstring); on resume, relative values read as the run's."""
+    import dataclasses
+
+    changes: dict[str, Any] = {"organism_dir": str(Path(cfg.organism_dir).resolve())}
+    changes.update({k: str(Path(getattr(cfg, k)).resolve()) for k in ("student", "teacher") if _local(getattr(cfg, k))})
+    opts = dict(cfg.task_options)
+    opts.update({k: str(Path(v).resolve()) for k, v in opts.items() if k in DATA_OPTIONS and _local(v)})
+    changes["task_options"] = opts
+    notes = []
+    if resume and run.config.is_file():
+        old = read_run_config(run)
+        old_opts = old.get("task_options") if isinstance(old.get("task_options"), dict) else {}
+        pairs = [(k, getattr(cfg, k), old.get(k)) for k in PATH_KEYS] + \
+                [(f"task_options.{k}", v, old_opts.get(k)) for k, v in cfg.task_options.items() if k in DATA_OPTIONS]
+        for key, typed, recorded in pairs:
+            if not isinstance(typed, str) or not isinstance(recorded, str) or Path(typed).is_absolute() \
+                    or typed.startswith("organism:") or typed == recorded:
+                continue
+            mine = str(Path(typed).resolve()) if _local(typed) or key == "organism_dir" else typed
+            if mine != recorded:
+                notes.append(f"{key} {typed!r} read as the run's {recorded}")
+                (opts if key.startswith("task_options.") else changes)[key.split(".")[-1]] = recorded
+    note = ("paths are the run's, not the current directory's: " + "; ".join(notes)) if notes else None
+    return dataclasses.replace(cfg, **changes), note
+
+
+def keep_foreign(final: Path):
+    """A `models.atomic_save` writer that copies into the new ``final/`` every file of the old one the save did not
+    write (an evaluation report, a user's notes): a resume never deletes what it did not write."""
+
+    def writer(tmp: Path) -> None:
+        if not final.is_dir():
+            return
+        for p in final.iterdir():
+            if not (tmp / p.name).exists():
+                (shutil.copytree if p.is_dir() else shutil.copy2)(p, tmp / p.name)
+
+    return writer
+
+
+def acquire(run: RunDir, is_writer: bool) -> contextlib.ExitStack:
+    """Hold ``run``'s lock (`runlock.hold`; rank 0 only) after checking it is not inside a checkpoint or another
+    run; `release` it when the run ends."""
+    check_out_place(run.root, "train")
+    stack = contextlib.ExitStack()
+    if is_writer:
+        stack.enter_context(hold(run.root, "train"))
+    return stack
+
+
+def release(stack: contextlib.ExitStack) -> None:
+    """Release `acquire`'s lock (inside an ``except`` / ``finally``: a failed run's refusal leaves the dir as it was)."""
+    stack.__exit__(*sys.exc_info())
+
+
+def releasing_on_error(stack: contextlib.ExitStack, fn, *args: Any) -> None:
+    """``fn(*args)``; the lock is released if it raises (a refused run holds nothing)."""
+    try:
+        fn(*args)
+    except BaseException:
+        release(stack)
+        raise
+
+
+def write_config(cfg: TrainConfig, run: RunDir) -> None:
+    """config.yaml, atomically (a full disk leaves the previous one)."""
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    atomic_write(run.config, lambda fh: fh.write(text))
+
+
+def check_items(task: Any, cfg: TrainConfig) -> None:
+    """The training pool and the periodic evaluation fit the task's item space (`Task.max_items`)."""
+    check_item_count(task, "train", cfg.pool_size)
+    if cfg.eval_every:
+        check_item_count(task, "test", cfg.eval_n)

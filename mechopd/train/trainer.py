@@ -33,7 +33,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from mechopd.checks import check_task_vocab, resolve_device
-from mechopd.config import TrainConfig, dump_yaml, resolve_train_data
+from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
@@ -82,11 +82,17 @@ class Trainer:
     """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
 
     def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True):
-        self.cfg, self.progress = cfg, progress
         self.rank, self.world = dist.init()
         self.run_dir = RunDir(Path(out_dir))
+        self._lock = rundir.acquire(self.run_dir, self.rank == 0)  # one writer per run dir, until run() ends
+        rundir.releasing_on_error(self._lock, self._setup, cfg, resume, progress)
+
+    def _setup(self, cfg: TrainConfig, resume: bool, progress: bool) -> None:
+        cfg, path_note = rundir.record_paths(cfg, self.run_dir, resume)  # absolute; a resume reads the run's
+        self.cfg, self.progress = cfg, progress
         self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before touching --out
         resume, note = rundir.prepare(self.run_dir, cfg, resume, self.rank == 0)
+        self._say(path_note)
         dist.barrier()
         self._say(note)
         self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
@@ -95,6 +101,7 @@ class Trainer:
                                         main=self.rank == 0, barrier=dist.barrier)
         self.tokenizer = load_tokenizer(student_path)
         check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
+        rundir.check_items(self.task, cfg)  # pool_size / eval_n within the task's item space, before any model
         teacher_path = cfg.teacher or student_path
         if cfg.teacher:
             check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
@@ -134,7 +141,7 @@ class Trainer:
         self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
         if self.rank == 0:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)
-            dump_yaml(cfg, self.run_dir.config)
+            rundir.write_config(cfg, self.run_dir)
             self._say(rundir.truncate_metrics(self.run_dir.metrics, self.step))
         self._say(resolved_config_block(cfg, self.resume_from))
 
@@ -344,7 +351,8 @@ class Trainer:
             info = {"step": self.step, "config": self.cfg.to_dict(), **self._gate_state()}
             extra = {"training.json": json.dumps(info, indent=1)}
             try:
-                atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra)
+                atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra,
+                            writer=rundir.keep_foreign(self.run_dir.final))
             except OSError as e:
                 raise TrainingError(f"writing {self.run_dir.final} failed: {e.strerror or e}; the checkpoints are "
                                     "kept — free disk space, then --resume") from None
@@ -358,6 +366,8 @@ class Trainer:
             if not isinstance(e, TrainingError):
                 self._forget_refused_run()
             raise
+        finally:
+            rundir.release(self._lock)
 
     def _forget_refused_run(self) -> None:
         """A new run refused for bad input before its first checkpoint leaves no file behind."""

@@ -1,0 +1,176 @@
+"""One writer per run directory: an exclusive ``fcntl.flock`` on ``DIR/.mechopd.lock`` for the life of a command.
+
+Every verb that writes into a directory holds that directory's lock while it writes (`hold`): ``train`` its ``--out``,
+``eval`` the directory of its report(s), ``probe`` its output directory, ``demo`` / ``aggregate`` their ``--out``,
+``figures`` the run it redraws, ``pretrain`` the organism directory. A second process on the same directory refuses at
+once with one line naming the holder (pid, host, command, start time, read from the lock file) and the fix.
+
+- Stale locks: ``flock`` belongs to the open file, and the kernel drops it when the holder dies (``kill -9``
+  included), so a lock file left by a dead run is simply taken over; nothing has to be deleted by hand. A lock that is
+  still held although its recorded pid is gone (same host) is held by a child process that inherited it; the error
+  says so.
+- Re-entrant within one process (the demo holds RUN and its trainer RUN/train/opd; `aggregate` inside the demo takes
+  RUN again): a nested `hold` of a directory this process already holds is a no-op.
+- What a refusal leaves: nothing. The lock file (and the directory, if `hold` created it) is removed when the holder
+  exits, and when the command failed without writing a top-level entry, the directory's mtime is restored.
+- Shared file systems: on NFS (v4, or v3 with lockd) Linux maps ``flock`` onto byte-range locks that the server
+  arbitrates between hosts; on a file system without lock support (some FUSE / old NFS mounts) acquiring fails with an
+  error that names ``MECHOPD_NO_LOCK=1``, which turns locking off (then two jobs on one ``--out`` are on you).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mechopd.errors import MechopdError
+
+LOCK_NAME = ".mechopd.lock"
+_HELD: dict[str, int] = {}  # resolved dir -> nesting depth, for this process
+
+
+class RunLockedError(MechopdError):
+    """Another process is writing into this directory."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(path: Path) -> str:
+    """The holder's record as text, e.g. ``mechopd train (pid 12, host h, since 2026-12-01 22:01:02 UTC)``."""
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    pid, host = info.get("pid"), info.get("host")
+    text = (f"mechopd {info.get('verb', '?')} (pid {pid}, host {host}, since {info.get('since', '?')})" if pid
+            else "another process (it has not written its record yet)")
+    if pid and host == socket.gethostname() and not _alive(int(pid)):
+        text += f"; pid {pid} is gone, so a process it started (a worker) still holds the lock: end that process"
+    return text
+
+
+def _open_locked(lock: Path, wait: bool) -> int:
+    """An fd of `lock` holding the exclusive flock (retrying when the file was replaced under us)."""
+    import fcntl
+
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if not (wait and e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)):
+                    raise
+                print(f"waiting for {_holder(lock)} to release {lock.parent}", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(f"{lock.parent} is in use by {_holder(lock)}; wait for it to finish or pass "
+                                     "another --out") from None
+            raise MechopdError(f"cannot lock {lock} ({e.strerror}): this file system has no lock support; set "
+                               "MECHOPD_NO_LOCK=1 to run without the run-directory lock") from None
+        try:  # the holder before us may have unlinked the file after we opened it: lock the file at the path
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _created_dirs(root: Path) -> list[Path]:
+    """The directories `root.mkdir(parents=True)` will create, deepest first."""
+    out, p = [], root
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+@contextlib.contextmanager
+def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterator[Path]:
+    """Hold the lock of `directory` (created if missing) while the body runs; see the module docstring.
+
+    wait: block until the holder releases it instead of refusing (a shared cache such as an organism directory)."""
+    root = Path(directory)
+    key = str(root.resolve())
+    if key in _HELD or os.environ.get("MECHOPD_NO_LOCK") == "1":
+        _HELD[key] = _HELD.get(key, 0) + 1
+        try:
+            yield root
+        finally:
+            _HELD[key] -= 1
+            if not _HELD[key]:
+                del _HELD[key]
+        return
+    created = _created_dirs(root)
+    parent_times = {p.parent: p.parent.stat() for p in created[-1:]}
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK_NAME
+    had_lock_file = lock.exists()
+    before = (root.stat(), sorted(os.listdir(root)))
+    fd = _open_locked(lock, wait)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "verb": verb,
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}).encode())
+    except OSError:  # a full disk: the lock is held all the same, the record is only for the error message
+        pass
+    _HELD[key] = 1
+    failed = False
+    try:
+        yield root
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        del _HELD[key]
+        _release(fd, lock, root, created, parent_times, had_lock_file, before, failed)
+
+
+def _release(fd, lock, root, created, parent_times, had_lock_file, before, failed) -> None:
+    """Unlink the lock file we made (while still holding it), close, and undo what a failed command left."""
+    if not had_lock_file:
+        with contextlib.suppress(OSError):  # only our own file: the dir may have been replaced by a rename since
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                lock.unlink()
+    os.close(fd)
+    if created and not any(root.iterdir()):
+        for d in created:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        for parent, st in parent_times.items():
+            with contextlib.suppress(OSError):
+                os.utime(parent, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return
+    st, names = before
+    if failed and root.exists() and sorted(os.listdir(root)) == names:
+        with contextlib.suppress(OSError):
+            os.utime(root, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def held(directory: str | os.PathLike) -> bool:
+    """True when this process holds `directory`'s lock."""
+    return str(Path(directory).resolve()) in _HELD
+
+
+if sys.platform == "win32":  # pragma: no cover - no fcntl: locking is a POSIX feature here
+    @contextlib.contextmanager
+    def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterator[Path]:  # noqa: F811
+        yield Path(directory)
