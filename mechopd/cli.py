@@ -129,6 +129,13 @@ def run_name(config: str | None, task: str, method: str, selector: str) -> str:
 
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
+    if a.out and not os.path.isfile(a.out):  # lock first: a second job on this --out refuses before torch loads
+        with hold(a.out, "train"):
+            return _train_locked(a)
+    return _train_locked(a)
+
+
+def _train_locked(a: argparse.Namespace) -> int:
     from mechopd.checks import check_out_dir
     from mechopd.config import load_train_config, merge, parse_overrides
     from mechopd.train.trainer import train

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from typing import Any
 
 import yaml
 
-from mechopd.artifacts import atomic_write
 from mechopd.config import RESUME_MUTABLE, TrainConfig, config_diff
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.runcheck import check_item_count, check_out_place
@@ -67,7 +67,7 @@ def remove_stale_temps(root: Path) -> list[Path]:
         if parent.is_dir():
             stale += [p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)]
     for p in stale:
-        shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return stale
 
 
@@ -154,8 +154,7 @@ def truncate_metrics(path: Path, step: int) -> str | None:
                                 "line, then --resume")
         if rec.get("step", 0) <= step:
             keep.append(ln)
-    text = "".join(ln + "\n" for ln in keep)
-    atomic_write(path, lambda fh: fh.write(text))  # a kill or a full disk mid-rewrite loses no line
+    atomic_text(path, "".join(ln + "\n" for ln in keep))  # a kill or a full disk mid-rewrite loses no line
     return note
 
 
@@ -273,8 +272,17 @@ def releasing_on_error(stack: contextlib.ExitStack, fn, *args: Any) -> None:
 
 def write_config(cfg: TrainConfig, run: RunDir) -> None:
     """config.yaml, atomically (a full disk leaves the previous one)."""
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    atomic_write(run.config, lambda fh: fh.write(text))
+    atomic_text(run.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def atomic_text(path: Path, text: str) -> None:
+    """`text` into `path` through a temp file and a rename (permissions from the umask, as a plain write)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def check_items(task: Any, cfg: TrainConfig) -> None:
