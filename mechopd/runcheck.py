@@ -8,7 +8,8 @@ disk as one line, item counts within a task's item space. A leaf: it imports onl
   seeds. ``--sweep`` may be added to a finished demo (it adds a stage).
 - `check_seed_runs` (``aggregate``): the inputs are distinct demo runs of ONE config and task that differ only in
   their training seed (no directory twice, no two copies of one seed, no fast demo next to a full one, no aggregate as
-  an input) and ``--out`` is none of them and inside none of them. It runs before ``--out`` is created.
+  an input) and ``--out`` is none of them and inside none of them. It runs before ``--out`` is created. A run whose
+  demo.json records no config (made by hand) is checked by path only.
 - `disk_error`: ENOSPC / EDQUOT as a `DiskFullError` (one line: what was being written and the fix); every writer is
   atomic (temp file or dir, then rename), so the older artifacts are intact and the same command completes once there
   is space again.
@@ -142,6 +143,8 @@ def _check_same_study(paths: list[Path], docs: list[dict[str, Any]]) -> None:
             raise ConfigError(f"aggregate: {paths[0]} and {p} are not seeds of one study ({'; '.join(diff)}); "
                               "aggregate runs that differ only in --seed")
         seed = cfg.get("seed")
+        if seed is None:  # a run dir not written by `mechopd demo` (hand-made, synthetic): no seed to compare
+            continue
         if seed in seeds:
             raise ConfigError(f"aggregate: {seeds[seed]} and {p} are both seed {seed} (a copy of one run?); "
                               "aggregate distinct seeds")
