@@ -109,6 +109,7 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
         raise TrainingError(f"--resume: {root} has no complete checkpoint (checkpoints/step-N); start a new run "
                             "or set save_every")
     check_same_config(run, cfg)
+    read_metrics(run.metrics)  # an edited metrics.jsonl is refused before any model loads
     return True, None
 
 
@@ -139,8 +140,17 @@ def truncate_metrics(path: Path, step: int) -> str | None:
     """
     if not path.exists():
         return None
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    keep, note = [], None
+    records, note = read_metrics(path)
+    keep = [ln for ln, rec in records if rec.get("step", 0) <= step]
+    atomic_text(path, "".join(ln + "\n" for ln in keep))  # a kill or a full disk mid-rewrite loses no line
+    return note
+
+
+def read_metrics(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    """(line, record) of every metrics line and a note for a dropped truncated last line; `TrainingError` for a
+    malformed line before the last or a line that is not a metrics record (read before anything is loaded)."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    records, note = [], None
     for i, ln in enumerate(lines):
         try:
             rec = json.loads(ln)
@@ -152,10 +162,8 @@ def truncate_metrics(path: Path, step: int) -> str | None:
         if not isinstance(rec, dict) or not isinstance(rec.get("step", 0), int):
             raise TrainingError(f"{path} line {i + 1} is not a metrics record ({ln[:40]!r}); repair or delete the "
                                 "line, then --resume")
-        if rec.get("step", 0) <= step:
-            keep.append(ln)
-    atomic_text(path, "".join(ln + "\n" for ln in keep))  # a kill or a full disk mid-rewrite loses no line
-    return note
+        records.append((ln, rec))
+    return records, note
 
 
 class Logger:
