@@ -365,21 +365,24 @@ class FileSet:
         os.replace(staged_manifest, final_manifest)
 
     @classmethod
-    def complete(cls, directory: str | os.PathLike, name: str, required: Iterable[str] = ()) -> bool:
+    def complete(cls, directory: str | os.PathLike, name: str, required: Iterable[str] = (),
+                 verify: bool = False) -> bool:
         """True when the set `name` in `directory` is whole: its manifest exists, lists every file of `required`, and
-        every file it lists is present with the recorded size and sha256."""
+        every file it lists is present (``verify``: also with the recorded size and sha256, i.e. unedited). A commit
+        removes the manifest before its first rename, so a set cut short reads as incomplete without ``verify``."""
         import hashlib
 
         try:
             entries = json.loads(cls.manifest_path(directory, name).read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        if not set(required) <= set(entries):
+        if not isinstance(entries, dict) or not set(required) <= set(entries):
             return False
         for fname, meta in entries.items():
             p = Path(directory) / fname
             try:
-                if p.stat().st_size != meta["size"] or hashlib.sha256(p.read_bytes()).hexdigest() != meta["sha256"]:
+                if not p.is_file() or (verify and (p.stat().st_size != meta["size"]
+                                                   or hashlib.sha256(p.read_bytes()).hexdigest() != meta["sha256"])):
                     return False
             except (OSError, KeyError, TypeError):
                 return False

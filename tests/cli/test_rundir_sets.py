@@ -45,7 +45,9 @@ def test_a_set_is_all_or_nothing(tmp_path, monkeypatch):
     _write_set(tmp_path, "r", "new")  # the rerun completes
     assert FileSet.complete(tmp_path, "r") and (tmp_path / "r.csv").read_text() == "newnew"
     (tmp_path / "r.csv").write_text("edited")
-    assert not FileSet.complete(tmp_path, "r")  # an edited member breaks the set (size / sha256)
+    assert FileSet.complete(tmp_path, "r") and not FileSet.complete(tmp_path, "r", verify=True)  # size / sha256
+    (tmp_path / "r.csv").unlink()
+    assert not FileSet.complete(tmp_path, "r")  # a member gone
     assert not FileSet.complete(tmp_path, "r", ("r.json", "r.md"))
 
 
