@@ -167,7 +167,7 @@ def check_item_count(task: Any, split: str, n: int) -> None:
     """Refuse ``n`` items of ``split`` when the task's item space (`Task.max_items`) holds fewer."""
     size = task.max_items(split, n) if hasattr(task, "max_items") else None
     if size is not None and n > size:
-        raise TaskError(f"task {task.name!r} has only {size} {split} items, asked for {n}; ask for at most {size} "
+        raise TaskError(f"task {task.name!r} has at most {size} {split} items, asked for {n}; ask for at most {size} "
                         "(eval/probe --n, train pool_size / eval_n) or widen the task's item space (--option)")
 
 

@@ -16,6 +16,7 @@ few held-out ones raises a `TaskError`.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -180,6 +181,13 @@ class FrozenLakeTask(GameTask):
         if self.start is not None and self.start == self.goal:
             raise ConfigError(f"frozenlake task: start={start!r} equals goal={goal!r}; pick two different cells")
         self.min_path = check_int(self.name, "min_path", min_path, 1, self.step_budget)
+
+    def board_space(self) -> int:
+        """Hole sets x start cells x goal cells (fixed start / goal: one choice each)."""
+        cells, fixed = self.size * self.size, sum(c is not None for c in (self.start, self.goal))
+        free = cells - self.holes
+        return (math.comb(cells - fixed, self.holes) * (1 if self.start is not None else free)
+                * (1 if self.goal is not None else free - 1))
 
     def generate_board(self, rng: random.Random) -> FrozenLakeBoard:
         return generate_board(rng, self.size, self.holes, self.start, self.goal, self.min_path, self.step_budget)

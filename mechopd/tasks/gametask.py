@@ -84,6 +84,16 @@ class GameTask(BaseTask):
     def size_params(self) -> dict[str, int]:
         """The size options that enter the board hash and the generator seed."""
 
+    def board_space(self) -> int | None:
+        """An upper bound on the distinct boards the options allow (None: not bounded by a subclass)."""
+        return None
+
+    def max_items(self, split: str, need: int = 0) -> int | None:
+        """The board-space bound (`board_space`, counted over both splits: an upper bound of either) when `need`
+        exceeds it, else None (the exact count of solvable boards is not computed)."""
+        bound = self.board_space()
+        return bound if bound is not None and need > bound else None
+
     # boards and examples --------------------------------------------------
     def board_stream(self, split: str, seed: int) -> Iterator[tuple[str, Board]]:
         """Unique (uid, board) of `split` in a fixed order for `seed`; ends when the board space looks exhausted."""
@@ -114,6 +124,9 @@ class GameTask(BaseTask):
         """`n` unique boards of `split` (uid = board hash); a prefix of the list for a larger `n`."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise TaskError(f"{self.name}: asked for n={n!r} examples; pass n >= 1")
+        if self.max_items(split, n) is not None:
+            raise TaskError(f"{self.name}: at most {self.board_space()} boards exist for {self.size_params()} (asked "
+                            f"for {n} {split} boards); ask for fewer, or use a larger board (--option size=...)")
         out = []
         for uid, board in self.board_stream(split, seed):
             out.append(self.example_for(uid, board))

@@ -16,6 +16,7 @@ neighbouring cell and whether the move follows the push-spot strategy (`SokobanB
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -275,6 +276,11 @@ class SokobanTask(GameTask):
         self.size = check_int(self.name, "size", size, 5, 8)
         self.boxes = check_int(self.name, "boxes", boxes, 1, 3)
         self.min_moves = check_int(self.name, "min_moves", min_moves, 1, self.step_budget)
+
+    def board_space(self) -> int:
+        """Floor subsets of the interior x target sets x box sets x player cells (walls ring the board)."""
+        m = (self.size - 2) ** 2
+        return 2**m * math.comb(m, self.boxes) ** 2 * m
 
     def generate_board(self, rng: random.Random) -> SokobanBoard:
         return generate_board(rng, self.size, self.boxes, self.min_moves, self.step_budget)

@@ -96,7 +96,7 @@ def test_eval_probe_train_refuse_more_items_than_exist(tiny_rules_organism, tmp_
         (["probe", "similarity", "--models", f"base={org}", "--n", "200000", "--split", "test"],
          f"has only {test_n} test items"),
         (["train", "--student", org, "--out", "r", "--steps", "1", "--set", "pool_size=2000000", "--no-progress"],
-         f"has only {train_n} train items"),
+         f"has at most {train_n} train items"),
     ]
     for argv, needle in cases:
         assert main(argv) == 2, argv
@@ -112,3 +112,17 @@ def test_jsonl_reports_the_files_count(tmp_path):
     data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "a", "context": "c"}) + "\n" for i in range(30)))
     task = get_task("jsonl", path=str(data))
     assert task.max_items("test") + task.max_items("train") == 30
+
+
+def test_games_refuse_more_boards_than_their_space(tiny_rules_organism, tmp_path, capsys):
+    """FrozenLake 4x4 with 3 holes has at most C(16,3)·13·12 boards; Sokoban 5x5 with one box 2^9·9·9·9."""
+    from mechopd.tasks.base import get_task
+
+    assert get_task("frozenlake").board_space() == 560 * 13 * 12
+    assert get_task("sokoban", size=5).board_space() == 2**9 * 9**3
+    for argv, needle in ((["--task", "frozenlake"], "at most 87360 boards"),
+                         (["--task", "sokoban", "--option", "size=5"], "at most 373248 boards")):
+        assert main(["eval", *argv, "--model", str(tiny_rules_organism), "--n", "1000000",
+                     "--out", str(tmp_path / "e.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error:") and needle in err[-1], err
