@@ -129,7 +129,8 @@ def run_name(config: str | None, task: str, method: str, selector: str) -> str:
 
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
-    if a.out and not os.path.isfile(a.out):  # lock first: a second job on this --out refuses before torch loads
+    if a.out and not os.path.isfile(a.out) and os.environ.get("RANK", "0") == "0":  # lock first (torchrun: rank 0):
+        # a second job on this --out refuses before torch loads
         with hold(a.out, "train"):
             return _train_locked(a)
     return _train_locked(a)

@@ -197,7 +197,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
             out[name] = read_json(target)
             continue
         rep = evaluate_model(load_model(path), load_tokenizer(path), task, EvalConfig(n=cfg.eval_n, seed=cfg.seed))
-        rep["settings"]["model"] = str(path)
+        rep["settings"]["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
         write_report(rep, target)
         out[name] = rep
         print(format_summary(name, rep["summary"]), flush=True)
