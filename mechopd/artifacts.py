@@ -302,7 +302,7 @@ class FileSet:
     Why a manifest and not a renamed directory: the files of a set share their directory with other sets (every
     probe writes into ``RUN/probes``; a report lands next to the user's files), so the set cannot be one directory
     renamed into place. The files are written into ``DIR/.<name>.stage-<pid>-*`` (same file system), then committed:
-    the manifest (file -> size, sha256) is written into the stage, the old manifest ``DIR/.<name>.set.json`` is
+    the manifest (file -> size, sha256) is written into the stage, the old manifest ``DIR/.<name>.fileset`` is
     removed, every file is renamed into ``DIR``, the new manifest last. Readers that must not take a partial set
     (the demo's skip-if-done) require `complete`: the manifest exists and every file it lists has its size and hash.
     A failure or kill while staging leaves the older set untouched (the stage is removed, or swept by the next
@@ -316,7 +316,7 @@ class FileSet:
 
     @staticmethod
     def manifest_path(directory: str | os.PathLike, name: str) -> Path:
-        return Path(directory) / f".{name}.set.json"
+        return Path(directory) / f".{name}.fileset"  # not *.json: readers glob the artifacts by suffix
 
     def __enter__(self) -> FileSet:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -342,7 +342,7 @@ def test_controls_a_good_command_passes_and_is_seen_writing(tiny_rules_organism,
     assert main(_eval(str(tiny_rules_organism), "--out", str(tmp_path / "r.json"))) == 0
     assert "error:" not in capsys.readouterr().err
     assert set(snapshot(tmp_path)) - set(before) == {str(tmp_path / "r.json"), str(tmp_path / "r.csv"),
-                                                      str(tmp_path / ".r.set.json")}  # the set's manifest (FileSet)
+                                                      str(tmp_path / ".r.fileset")}  # the set's manifest (FileSet)
 
 
 def test_controls_the_pickle_trap_fires_when_unpickled(tiny_rules_organism, tmp_path):

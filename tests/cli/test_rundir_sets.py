@@ -28,7 +28,7 @@ def test_a_set_is_all_or_nothing(tmp_path, monkeypatch):
             (stage.dir / "r.json").write_text("new")
             raise RuntimeError("boom")
     assert (tmp_path / "r.json").read_text() == "old" and FileSet.complete(tmp_path, "r")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.set.json", "r.csv", "r.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.fileset", "r.csv", "r.json"]
     real_replace, calls = os.replace, []
 
     def dies_after_first(src, dst):  # a kill between the renames of the commit
