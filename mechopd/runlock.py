@@ -125,7 +125,11 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
     lock = root / LOCK_NAME
     had_lock_file = lock.exists()
     before = (root.stat(), sorted(os.listdir(root)))
-    fd = _open_locked(lock, wait)
+    try:
+        fd = _open_locked(lock, wait)
+    except BaseException:  # refused: leave no directory this call created
+        _remove_created(created, parent_times)
+        raise
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "verb": verb,
@@ -152,17 +156,22 @@ def _release(fd, lock, root, created, parent_times, had_lock_file, before, faile
                 lock.unlink()
     os.close(fd)
     if created and not any(root.iterdir()):
-        for d in created:  # deepest first
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        for parent, st in parent_times.items():
-            with contextlib.suppress(OSError):
-                os.utime(parent, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _remove_created(created, parent_times)
         return
     st, names = before
     if failed and root.exists() and sorted(os.listdir(root)) == names:
         with contextlib.suppress(OSError):
             os.utime(root, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _remove_created(created: list[Path], parent_times: dict) -> None:
+    """rmdir the (empty) directories `hold` created, deepest first, and restore the first existing parent's times."""
+    for d in created:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    for parent, st in parent_times.items():
+        with contextlib.suppress(OSError):
+            os.utime(parent, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def held(directory: str | os.PathLike) -> bool:
