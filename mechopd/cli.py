@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from mechopd.artifacts import FileSet, write_json
 from mechopd.errors import ConfigError, MechopdError
-from mechopd.runlock import hold
+from mechopd.runlock import hold, lockable
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -129,7 +129,7 @@ def run_name(config: str | None, task: str, method: str, selector: str) -> str:
 
 @command("train", "train one OPD / NCA / TA-OPD / ablation run")
 def _train(a: argparse.Namespace) -> int:
-    if a.out and not os.path.isfile(a.out) and os.environ.get("RANK", "0") == "0":  # lock first (torchrun: rank 0):
+    if a.out and lockable(a.out) and os.environ.get("RANK", "0") == "0":  # lock first (torchrun: rank 0):
         # a second job on this --out refuses before torch loads
         with hold(a.out, "train"):
             return _train_locked(a)

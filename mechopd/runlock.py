@@ -119,6 +119,9 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
             if not _HELD[key]:
                 del _HELD[key]
         return
+    if not lockable(root):
+        raise MechopdError(f"{root} cannot be created or written (a file or a read-only directory is in the way); "
+                           "pass a directory you can write to")
     created = _created_dirs(root)
     parent_times = {p.parent: p.parent.stat() for p in created[-1:]}
     root.mkdir(parents=True, exist_ok=True)
@@ -172,6 +175,14 @@ def _remove_created(created: list[Path], parent_times: dict) -> None:
     for parent, st in parent_times.items():
         with contextlib.suppress(OSError):
             os.utime(parent, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def lockable(directory: str | os.PathLike) -> bool:
+    """`directory` is one or can be created by this user (else the command's own check reports the bad path)."""
+    p = Path(directory)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
 
 
 def held(directory: str | os.PathLike) -> bool:
