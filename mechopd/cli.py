@@ -230,12 +230,12 @@ def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, s
     paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in models.items()}
     reports = {}
     for name, path in paths.items():
-        model = load_model(path)
+        model, engine = load_model(path), None
         if cfg.engine == "vllm":
-            from mechopd.generate.vllm_engine import VllmEngine, attach
+            from mechopd.generate.vllm_engine import VllmEngine
 
-            attach(model, VllmEngine(path))
-        reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec)
+            engine = VllmEngine(path)
+        reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec, engine=engine)
         reports[name]["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)
         print(format_summary(name, reports[name]["summary"]))
     if out_dir is None:

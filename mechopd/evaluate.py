@@ -27,7 +27,7 @@ from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example, check_split
 from mechopd.generate.lean import DECODERS
 from mechopd.generate.prefix import MODES as PREFIX_MODES
-from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids, strip_stop
+from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
 from mechopd.views import RenderSpec, render_prompt_ids
 
 
@@ -97,17 +97,25 @@ def _renderer(tokenizer: Any, spec: RenderSpec):
     return render
 
 
-def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, T: float, greedy: bool):
+def sampling_settings(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig, engine: Any = None) -> SamplingSettings:
+    """The evaluation's `SamplingSettings`: greedy unless ``samples > 1`` or a temperature is given; `engine`: the
+    `engines.RolloutEngine` object behind ``cfg.engine == "vllm"`` (e.g. the trainer's colocated vLLM)."""
+    if cfg.engine == "vllm" and engine is None:
+        raise ConfigError("engine=vllm: pass the vLLM engine to evaluate_model(..., engine=VllmEngine(model_dir))")
+    return SamplingSettings.for_model(
+        tokenizer, model, max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
+        temperature=cfg.temperature or task.temperature, greedy=cfg.samples == 1 and cfg.temperature is None,
+        engine=engine if engine is not None else cfg.engine, shared_prefix=cfg.shared_prefix,
+        batch_size=cfg.batch_size)
+
+
+def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, st: SamplingSettings):
     render = _renderer(tokenizer, spec)
-    stop = stop_ids(tokenizer, model)
-    max_new = cfg.max_new_tokens or task.max_new_tokens
     jobs = [(i, j, ctx) for j in range(cfg.samples) for i in range(len(items)) for ctx in (False, True)]
     ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in jobs]
-    seeds = None if greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
-    responses = sample_rows(model, ids, seeds, batch_size=cfg.batch_size, max_new_tokens=max_new, stop=stop,
-                            pad_id=tokenizer.pad_token_id, temperature=T, greedy=greedy, decoder=cfg.engine,
-                            shared_prefix=cfg.shared_prefix)
-    out = {key: strip_stop(resp, stop) for key, resp in zip(jobs, responses)}
+    seeds = None if st.greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
+    responses = sample_rows(model, ids, seeds, st)
+    out = {key: strip_stop(resp, st.stop) for key, resp in zip(jobs, responses)}
     records = []
     for j in range(cfg.samples):
         for i, ex in enumerate(items):
@@ -131,22 +139,19 @@ def hash_seed(seed: int, uid: str, j: int, ctx: bool) -> int:
     return stable_seed(seed, uid, j, int(ctx))
 
 
-def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, T: float, greedy: bool):
+def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, st: SamplingSettings):
     render = _renderer(tokenizer, spec)
-    stop = stop_ids(tokenizer, model)
-    max_new = cfg.max_new_tokens or task.max_new_tokens
     records = []
     for j in range(cfg.samples):
         res = {}
         for c, tag in ((False, "x"), (True, "xc")):
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
-            eps, turns = play_games(model, tokenizer, task, items, render, with_context=c, max_new_tokens=max_new,
-                                    temperature=T, greedy=greedy, seeds=None if greedy else seeds,
-                                    decoder=cfg.engine, shared_prefix=cfg.shared_prefix)
+            eps, turns = play_games(model, tokenizer, task, items, render, st, with_context=c,
+                                    seeds=None if st.greedy else seeds)
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:
-                r = strip_stop(t.response, stop)
+                r = strip_stop(t.response, st.stop)
                 lens[t.game].append(len(r))
                 texts[t.game].append(tokenizer.decode(r, skip_special_tokens=True))
             res[tag] = (eps, lens, texts)
@@ -165,10 +170,12 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
 
 @torch.inference_mode()
 def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None = None,
-                   spec: RenderSpec | None = None, train_uids: set[str] | None = None) -> dict[str, Any]:
+                   spec: RenderSpec | None = None, train_uids: set[str] | None = None,
+                   engine: Any = None) -> dict[str, Any]:
     """Both-view evaluation of one model on `cfg.n` held-out items; returns {"summary", "records", "settings"}.
 
     train_uids: if given, the held-out items are checked to be disjoint from them (games: board hashes).
+    engine: the rollout engine object for ``cfg.engine == "vllm"`` (`sampling_settings`).
     """
     cfg = cfg or EvalConfig()
     spec = spec or RenderSpec(placement=task.placement)
@@ -183,12 +190,12 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
         if overlap:
             raise TaskError(f"{len(overlap)} held-out items of task {task.name!r} also appear in training "
                             f"(e.g. {sorted(overlap)[0]}); the split is broken")
-    greedy = cfg.samples == 1 and cfg.temperature is None
-    T = cfg.temperature or task.temperature
+    st = sampling_settings(model, tokenizer, task, cfg, engine)
+    greedy, T = st.greedy, st.temperature
     was_training = model.training
     model.eval()
     run = _games if task.is_game else _single_turn
-    records = run(model, tokenizer, task, items, cfg, spec, T, greedy)
+    records = run(model, tokenizer, task, items, cfg, spec, st)
     if was_training:
         model.train()
     summary = summarize(records, n_boot=cfg.n_boot, seed=cfg.seed, thresholds=cfg.thresholds)

@@ -36,7 +36,7 @@ from mechopd.errors import ModelError
 from mechopd.generate.prefix import cache_kwargs, output_cache
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-DECODERS = ("lean", "hf", "vllm")  # `sampler.sample`'s engines: this module, ``model(...)`` per step, vLLM (extra)
+DECODERS = ("lean", "hf", "vllm")  # engine names (configs): this module, ``model(...)`` per step, vLLM (extra)
 
 
 def lean_supported(model: Any) -> str | None:

@@ -1,10 +1,11 @@
-"""Batched generation with the KV cache, and game rollouts (one prompt per move).
+"""Batched generation with the KV cache, and game rollouts (one prompt per move), under one `SamplingSettings`.
 
 `sample` is a lean decode loop (prefill once, then one token per step through the model with the cache) rather than
 ``model.generate``: on small models generate's per-step bookkeeping (logits processors, stopping criteria, cache
 wrapping) is a large share of a step. It is pinned against ``generate`` in the tests (greedy: identical ids).
 Generation runs under ``torch.inference_mode()``: no gradient can come from it (gradients are taken later, on a
-fresh forward over the `TwoViewBatch`).
+fresh forward over the `TwoViewBatch`). An engine object in the settings (`engines.RolloutEngine`: vLLM) samples
+instead of the loop here; the sampler knows it only through that protocol.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from typing import Any, Sequence
 
 import torch
 
-from mechopd.generate.lean import DECODERS, LeanDecoder
+from mechopd.generate.engines import Generation, cut_at_stop
+from mechopd.generate.lean import LeanDecoder
 from mechopd.generate.prefix import (cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache,
                                      prefix_kv)
+from mechopd.generate.settings import SamplingSettings, stop_ids
 from mechopd.views import left_pad
+
+__all__ = ["Generation", "SamplingSettings", "Turn", "item_seed", "play_games", "sample", "sample_rows",
+           "stable_seed", "stop_ids", "strip_stop"]
 
 
 def stable_seed(*parts: object) -> int:
@@ -28,70 +34,31 @@ def stable_seed(*parts: object) -> int:
     return int(hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:12], 16)
 
 
-@dataclass
-class Generation:
-    """Responses of one batch: ids without padding (each ends with the stop token if one was produced)."""
-
-    responses: list[list[int]]
-    finished: list[bool]
-    shared_prefix: int = 0  # prompt tokens prefilled once for all rows (0: the unshared prefill ran)
-
-
-def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
-    """Token ids that end a response: the tokenizer's eos, the chat end-of-turn token, the model's eos ids."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(t) if t in tokenizer.get_vocab() else None
-        if tid is not None:
-            ids.add(int(tid))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(int(i) for i in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
-    return sorted(ids)
+def item_seed(seed: int, uid: object) -> int:
+    """The row seed of one item: a function of (seed, item identity) only, never of its batch or process."""
+    return stable_seed(seed, uid)
 
 
 @torch.inference_mode()
-def sample(
-    model: Any,
-    prompt_ids: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    stop: Sequence[int],
-    pad_id: int,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    row_seeds: Sequence[int] | None = None,
-    decoder: str = "lean",
-    shared_prefix: str | int = "auto",
-) -> Generation:
-    """Sample one response per prompt (left-padded batch, KV cache). Temperature divides the logits.
+def sample(model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSettings,
+           row_seeds: Sequence[int] | None = None) -> Generation:
+    """Sample one response per prompt (left-padded batch, KV cache) under `settings`.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
     row_seeds: one per row (required unless greedy): inverse-CDF sampling with per-row uniforms ``u[row, step]``, so
     a row's response does not depend on the rows sharing its batch or process (no shared-generator path exists).
-    decoder: "lean" (`lean.LeanDecoder`, same arithmetic, per-step overhead stripped; Llama, Qwen2, Qwen3), "hf"
-    (``model(...)`` with transformers' cache every step: any causal LM) or "vllm" (the engine `vllm_engine.attach`-ed
-    to `model`; per-row seeds are vLLM's own, so only greedy ids equal the others').
-    shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1, the suffixes on top
-    (generate/prefix.py, exact); "off": in full; an int: exactly that many leading tokens (`sample_rows` decides
-    once for all its chunks).
+    Ids ``>= settings.vocab`` are never drawn. An engine object (``settings.engine``, e.g. vLLM) samples itself.
     """
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
-    if decoder == "vllm":
-        from mechopd.generate.vllm_engine import engine_of
-
-        return engine_of(model).sample(prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
-                                       greedy=greedy, row_seeds=row_seeds)
-    device, B = next(model.parameters()).device, len(prompt_ids)
-    uniforms = None if greedy else _row_uniforms(row_seeds, B, max_new_tokens, device)  # [B, max_new_tokens]
-    ids, mask, pos, cache, n = _prefill_inputs(model, prompt_ids, pad_id, shared_prefix, device)
-    stop_t = torch.tensor(list(stop), device=device, dtype=torch.long)
-    lean = LeanDecoder(model) if decoder == "lean" else None
+    if not isinstance(settings.engine, str):
+        return settings.engine.sample(prompt_ids, settings, row_seeds)
+    st, greedy, B = settings, settings.greedy, len(prompt_ids)
+    device = next(model.parameters()).device
+    uniforms = None if greedy else _row_uniforms(row_seeds, B, st.max_new_tokens, device)  # [B, max_new_tokens]
+    ids, mask, pos, cache, n = _prefill_inputs(model, prompt_ids, st.pad_id, st.shared_prefix, device)
+    stop_t = torch.tensor(list(st.stop), device=device, dtype=torch.long)
+    lean = LeanDecoder(model) if st.engine == "lean" else None
     if lean is not None:
-        logits = lean.prefill(ids, mask, pos, max_new_tokens, cache=cache)  # [B, V]
+        logits = lean.prefill(ids, mask, pos, st.max_new_tokens, cache=cache)  # [B, V]
     else:
         keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         extra = {} if cache is None else cache_kwargs(model, cache)
@@ -100,12 +67,13 @@ def sample(
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks = []
-    for step in range(max_new_tokens):
-        tok = torch.where(done, torch.full_like(done, pad_id, dtype=torch.long),
-                          _next_token(logits, None if greedy else uniforms[:, step : step + 1], temperature))
+    for step in range(st.max_new_tokens):
+        u = None if greedy else uniforms[:, step : step + 1]
+        tok = torch.where(done, torch.full_like(done, st.pad_id, dtype=torch.long),
+                          _next_token(logits[:, : st.vocab], u, st.temperature))  # ids >= vocab: never drawn
         toks.append(tok)
         done = done | torch.isin(tok, stop_t)
-        if bool(done.all()) or step == max_new_tokens - 1:
+        if bool(done.all()) or step == st.max_new_tokens - 1:
             break
         if lean is not None:
             logits = lean.step(tok, next_pos)
@@ -115,7 +83,7 @@ def sample(
                         **cache_kwargs(model, past))
             past, logits = output_cache(out), out.logits[:, -1]
         next_pos = next_pos + 1
-    return _cut(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], stop, n)
+    return cut_at_stop(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], st.stop, n)
 
 
 def _next_token(logits: torch.Tensor, u: torch.Tensor | None, temperature: float) -> torch.Tensor:
@@ -129,7 +97,7 @@ def _next_token(logits: torch.Tensor, u: torch.Tensor | None, temperature: float
 def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: torch.device) -> torch.Tensor:
     """``[B, steps]`` float64 uniforms, row i from its own generator seeded with ``row_seeds[i]``."""
     if row_seeds is None:
-        raise ValueError("sample needs row_seeds (one per prompt) unless greedy=True")
+        raise ValueError("sample needs row_seeds (one per prompt) unless settings.greedy")
     if len(row_seeds) != B:
         raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
     return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
@@ -162,61 +130,28 @@ def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int
     return ids, mask, pos, cache, n
 
 
-def _cut(gen: list[list[int]], stop: Sequence[int], shared: int) -> Generation:
-    """Each row cut after its first stop token."""
-    stops = set(int(s) for s in stop)
-    responses, finished = [], []
-    for row in gen:
-        cut = next((i for i, t in enumerate(row) if t in stops), None)
-        responses.append(row[: cut + 1] if cut is not None else row)
-        finished.append(cut is not None)
-    return Generation(responses, finished, shared)
-
-
-def item_seed(seed: int, uid: object) -> int:
-    """The row seed of one item: a function of (seed, item identity) only, never of its batch or process."""
-    return stable_seed(seed, uid)
-
-
-def sample_rows(
-    model: Any,
-    prompt_ids: Sequence[Sequence[int]],
-    seeds: Sequence[int] | None,
-    *,
-    batch_size: int,
-    max_new_tokens: int,
-    stop: Sequence[int],
-    pad_id: int,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    decoder: str = "lean",
-    shared_prefix: str = "auto",
-    paths: list[int] | None = None,
-    agree: Any = None,
-) -> list[list[int]]:
-    """One response per prompt, `batch_size` prompts per `sample` call; row i samples with ``seeds[i]``.
+def sample_rows(model: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int] | None,
+                settings: SamplingSettings, *, paths: list[int] | None = None, agree: Any = None) -> list[list[int]]:
+    """One response per prompt, ``settings.batch_size`` prompts per `sample` call; row i samples with ``seeds[i]``.
 
     The one entry point every caller (trainer, evaluation, probes) samples through: per-row seeds make a row's
-    response a function of (model, prompt, seed) only, so any `batch_size` gives the same ids (tests, per caller).
+    response a function of (model, prompt, seed) only, so any batch size gives the same ids (tests, per caller).
     seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
     paths: if given, gets each call's shared prefix length (0: unshared prefill), for the caller's logs.
-    shared_prefix is decided ONCE over all the prompts (and over the processes with `agree`, e.g.
+    ``settings.shared_prefix`` is decided ONCE over all the prompts (and over the processes with `agree`, e.g.
     `train.dist.agree_prefix`) and applied to every chunk, a chunk of one row included, so the arithmetic a row sees
-    does not depend on `batch_size` or on the other rows.
+    does not depend on the batch size or on the other rows.
     """
+    greedy, size = settings.greedy, settings.batch_size
     if seeds is None and not greedy:
         raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
     if seeds is not None and len(seeds) != len(prompt_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n_shared = shared_len(prompt_ids, shared_prefix, agree)
+    chunk = settings.replace(shared_prefix=shared_len(prompt_ids, settings.shared_prefix, agree))
     out: list[list[int]] = []
-    for s in range(0, len(prompt_ids), batch_size):
-        rows = None if greedy else [int(x) for x in seeds[s : s + batch_size]]  # type: ignore[index]
-        gen = sample(model, prompt_ids[s : s + batch_size], max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
-                     temperature=temperature, greedy=greedy, row_seeds=rows, decoder=decoder,
-                     shared_prefix=n_shared)
+    for s in range(0, len(prompt_ids), size):
+        rows = None if greedy else [int(x) for x in seeds[s : s + size]]  # type: ignore[index]
+        gen = sample(model, prompt_ids[s : s + size], chunk, rows)
         out.extend(gen.responses)
         if paths is not None:
             paths.append(gen.shared_prefix)
@@ -239,27 +174,15 @@ class Turn:
     response: list[int]
 
 
-def play_games(
-    model: Any,
-    tokenizer: Any,
-    task: Any,
-    examples: Sequence[Any],
-    render: Any,
-    *,
-    with_context: bool,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    seeds: Sequence[int] | None = None,
-    decoder: str = "lean",
-    shared_prefix: str = "auto",
-) -> tuple[list[Any], list[Turn]]:
+def play_games(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], render: Any,
+               settings: SamplingSettings, *, with_context: bool,
+               seeds: Sequence[int] | None = None) -> tuple[list[Any], list[Turn]]:
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
     render(prompt_text, context_or_None) -> prompt ids. seeds: one per game; move m of game g samples with row seed
-    ``seeds[g] * 1000 + m`` (batch invariant). Returns the finished episodes and every (turn prompt, response).
+    ``seeds[g] * 1000 + m`` (batch invariant); all active games of a move go through one `sample` call.
+    Returns the finished episodes and every (turn prompt, response).
     """
-    stop = stop_ids(tokenizer, model)
     episodes = [task.new_episode(ex) for ex in examples]
     turns: list[Turn] = []
     move = 0
@@ -269,12 +192,10 @@ def play_games(
             break
         texts = [episodes[g].prompt() for g in active]
         ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
-        row_seeds = None if (greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
-        gen = sample(model, ids, max_new_tokens=max_new_tokens, stop=stop, pad_id=tokenizer.pad_token_id,
-                     temperature=temperature, greedy=greedy, row_seeds=row_seeds, decoder=decoder,
-                     shared_prefix=shared_prefix)
+        row_seeds = None if (settings.greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
+        gen = sample(model, ids, settings, row_seeds)
         for g, text, resp in zip(active, texts, gen.responses):
             turns.append(Turn(g, move, text, resp))
-            episodes[g].step(tokenizer.decode(strip_stop(resp, stop), skip_special_tokens=True))
+            episodes[g].step(tokenizer.decode(strip_stop(resp, settings.stop), skip_special_tokens=True))
         move += 1
     return episodes, turns

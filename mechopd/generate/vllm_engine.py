@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 
 from mechopd.errors import ConfigError, ModelError
-from mechopd.generate.sampler import Generation, _cut
+from mechopd.generate.engines import Generation, cut_at_stop
 
 INSTALL = "pip install mechopd[vllm]"
 # head sizes vLLM 0.32's CPU attention accepts (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-_ENGINES: "weakref.WeakKeyDictionary[Any, VllmEngine]" = weakref.WeakKeyDictionary()
 
 
 def require_vllm(field: str = "rollout_engine") -> None:
@@ -70,7 +68,12 @@ def check_shape(config: Any, device: str) -> None:
 
 
 class VllmEngine:
-    """One colocated ``vllm.LLM`` over the checkpoint at `model_dir`; `sample` and `load_weights` (see the module)."""
+    """One colocated ``vllm.LLM`` over the checkpoint at `model_dir`; `sample` and `load_weights` (see the module).
+
+    A `engines.RolloutEngine`: sample with it by putting it in the settings,
+    ``sampler.sample(model, ids, SamplingSettings(..., engine=VllmEngine(model_dir)), seeds)``."""
+
+    name = "vllm"
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
@@ -87,6 +90,7 @@ class VllmEngine:
         # offset"): the step budget covers the longest prompt, and `sample` submits at most a budget of prompt tokens
         self.budget = max(4096, int(max_model_len or getattr(hf_config, "max_position_embeddings", 4096)))
         self.max_num_seqs = max_num_seqs
+        self.head_rows = int(hf_config.vocab_size)  # ids its logits cover; `sample` masks those >= settings.vocab
         kw: dict[str, Any] = {"max_num_batched_tokens": self.budget}
         if gpu_memory_utilization is None:  # share of the device memory (CPU: of the RAM) for weights + KV cache
             gpu_memory_utilization = 0.05 if device == "cpu" else 0.3  # GPU: TRL's colocate default
@@ -98,27 +102,32 @@ class VllmEngine:
         self.loads = 0  # how many weight loads this engine received (logged; tests)
 
     # -- sampling ------------------------------------------------------------------------------------------------------
-    def sample(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, stop: Sequence[int],
-               temperature: float = 1.0, greedy: bool = False, row_seeds: Sequence[int] | None = None) -> Generation:
-        """One response per prompt (``[batch]`` lists of ids); see `sampler.sample` for the contract."""
+    def sample(self, prompt_ids: Sequence[Sequence[int]], settings: Any,
+               row_seeds: Sequence[int] | None = None) -> Generation:
+        """One response per prompt (``[batch]`` lists of ids) under `settings` (a `settings.SamplingSettings`; its
+        engine, shared_prefix and batch_size are the sampler's business: vLLM caches prefixes and batches itself).
+        Ids ``>= settings.vocab`` are masked out (``allowed_token_ids``) when the head has more rows than that."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if row_seeds is not None and len(row_seeds) != len(prompt_ids):
             raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {len(prompt_ids)} prompts")
-        stop = [int(s) for s in stop]
+        stop, greedy = list(settings.stop), settings.greedy
+        vocab = settings.vocab if settings.vocab is not None else self.head_rows
+        allowed = list(range(vocab)) if vocab < self.head_rows else None
 
         def params(row: int) -> Any:
             seed = None if (greedy or row_seeds is None) else int(row_seeds[row]) % (2**63)
-            return SamplingParams(n=1, temperature=0.0 if greedy else float(temperature), top_p=1.0, top_k=0,
-                                  min_p=0.0, max_tokens=int(max_new_tokens), stop_token_ids=stop, ignore_eos=True,
-                                  seed=seed, detokenize=False, skip_special_tokens=False)
+            return SamplingParams(n=1, temperature=0.0 if greedy else float(settings.temperature), top_p=1.0,
+                                  top_k=0, min_p=0.0, max_tokens=int(settings.max_new_tokens), stop_token_ids=stop,
+                                  ignore_eos=True, seed=seed, detokenize=False, skip_special_tokens=False,
+                                  allowed_token_ids=allowed)
 
         outs = []
         for rows in _chunks([len(p) for p in prompt_ids], self.budget, self.max_num_seqs):
             prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids[i]]) for i in rows]
             outs += self.llm.generate(prompts, [params(i) for i in rows], use_tqdm=False)
-        return _cut([list(o.outputs[0].token_ids) for o in outs], stop, 0)
+        return cut_at_stop([list(o.outputs[0].token_ids) for o in outs], stop, 0)
 
     # -- weights -------------------------------------------------------------------------------------------------------
     def load_weights(self, model: torch.nn.Module) -> None:
@@ -178,15 +187,3 @@ def _full_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.
         if hasattr(t, "full_tensor"):  # a sharded DTensor outside `gathered`: gather it (one collective per tensor)
             t = t.full_tensor()
         yield name, t
-
-
-def attach(model: Any, engine: VllmEngine) -> None:
-    """Make `engine` the one `sampler.sample(model, ..., decoder="vllm")` samples with."""
-    _ENGINES[model] = engine
-
-
-def engine_of(model: Any) -> VllmEngine:
-    if model not in _ENGINES:
-        raise ConfigError("decoder='vllm' needs a vLLM engine attached to this model "
-                          "(mechopd.generate.vllm_engine.attach(model, VllmEngine(checkpoint_dir)))")
-    return _ENGINES[model]

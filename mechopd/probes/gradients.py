@@ -47,13 +47,13 @@ from torch import nn
 from mechopd.artifacts import GradientSummary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
-from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
+from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
 from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
 from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
                                        terms_need, token_mean)
 from mechopd.probes.setup import TEACHER, ProbeSetup
-from mechopd.views import RenderSpec, TwoViewBatch, pad_id
+from mechopd.views import RenderSpec, TwoViewBatch
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
@@ -262,9 +262,9 @@ def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], sp
     device = next(student.parameters()).device
     prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
     seeds = [item_seed(seed, ex.uid) for ex in examples]
-    responses = sample_rows(student, prompt_ids, seeds, batch_size=batch_size or max(1, len(examples)),
-                            max_new_tokens=max_new_tokens, stop=stop_ids(tokenizer, student), pad_id=pad_id(tokenizer),
-                            temperature=temperature)
+    settings = SamplingSettings.for_model(tokenizer, student, max_new_tokens=max_new_tokens, temperature=temperature,
+                                          batch_size=batch_size or max(1, len(examples)))
+    responses = sample_rows(student, prompt_ids, seeds, settings)
     max_len = getattr(student.config, "max_position_embeddings", None)
     batch = build_two_view_batch(tokenizer, [ex.prompt for ex in examples], [ex.context for ex in examples],
                                  responses, spec, max_length=max_len)

@@ -41,10 +41,9 @@ from tqdm.auto import tqdm
 
 from mechopd.artifacts import SimilaritySummary, write_jsonl, write_rows
 from mechopd.errors import ConfigError, ModelError
-from mechopd.generate.sampler import sample, stable_seed, stop_ids
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
-from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
+from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
 from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, answer_responses, read_responses
 from mechopd.views import RenderSpec, TwoViewBatch, render_prompt_ids
 
@@ -265,12 +264,10 @@ def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: Rend
     Per-example seeds (``generate.sampler.sample_rows``, ``item_seed(seed, uid)``): a response depends on
     (seed, example), not on batch_size.
     """
-    stop = stop_ids(tokenizer, model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    settings = SamplingSettings.for_model(tokenizer, model, max_new_tokens=max_new_tokens, temperature=temperature,
+                                          greedy=greedy, batch_size=batch_size)
     prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples]
-    seeds = [item_seed(seed, e.uid) for e in examples]
-    return sample_rows(model, prompts, seeds, batch_size=batch_size, max_new_tokens=max_new_tokens, stop=stop,
-                       pad_id=pad, temperature=temperature, greedy=greedy)
+    return sample_rows(model, prompts, [item_seed(seed, e.uid) for e in examples], settings)
 
 
 def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,

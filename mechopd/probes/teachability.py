@@ -45,12 +45,12 @@ from mechopd.artifacts import TeachabilitySummary, write_csv, write_json
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.removability import resample_blocks
-from mechopd.generate.sampler import item_seed, sample_rows, stop_ids
+from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
-from mechopd.views import RenderSpec, build_two_view_batch, pad_id, render_prompt_ids
+from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
@@ -105,9 +105,9 @@ def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int,
     temp = float(task.temperature if temperature is None else temperature)
     examples = task.examples(split, n, seed)
     prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
-    responses = sample_rows(student, prompt_ids, [item_seed(seed, ex.uid) for ex in examples], batch_size=batch_size,
-                            max_new_tokens=task.max_new_tokens, stop=stop_ids(tokenizer, student),
-                            pad_id=pad_id(tokenizer), temperature=temp)
+    settings = SamplingSettings.for_model(tokenizer, student, max_new_tokens=task.max_new_tokens, temperature=temp,
+                                          batch_size=batch_size)
+    responses = sample_rows(student, prompt_ids, [item_seed(seed, ex.uid) for ex in examples], settings)
     meta = {"task": getattr(task, "name", ""), "split": split, "n": n, "seed": seed, "temperature": temp}
     return Bank([ex.prompt for ex in examples], [ex.context for ex in examples], responses,
                 [ex.uid for ex in examples], tokenizer_fingerprint(tokenizer), spec, meta)

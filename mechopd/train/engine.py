@@ -14,14 +14,13 @@ from mechopd.config import TrainConfig
 def rollout_engine(cfg: TrainConfig, student: Any, shard: Any, path: str | Path, device: torch.device,
                    world: int) -> Any:
     """None unless ``rollout_engine: vllm``; else a vLLM engine over `path` (the student's own directory, never a
-    checkpoint dir: vLLM would read its optimizer files), attached to `student` and synced now (a resumed run's
-    weights)."""
+    checkpoint dir: vLLM would read its optimizer files), synced with `student` now (a resumed run's weights). The
+    trainer puts it in its `SamplingSettings` (``engine=``): rollouts and the periodic evaluation sample with it."""
     if cfg.rollout_engine != "vllm":
         return None
-    from mechopd.generate.vllm_engine import VllmEngine, attach
+    from mechopd.generate.vllm_engine import VllmEngine
 
     engine = VllmEngine(path, dtype=cfg.dtype, seed=cfg.seed, device=device.type, world=world, **cfg.vllm_options)
-    attach(student, engine)
     sync_engine(engine, student, shard)
     return engine
 

@@ -37,7 +37,7 @@ from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
-from mechopd.generate.sampler import play_games, sample_rows, stable_seed, stop_ids
+from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.scorer import common_vocab_size, score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.objectives.losses import AnchorGate, BetaSchedule, LossInputs, method_terms, terms_need, total_loss
@@ -121,8 +121,10 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
-        self.stop = stop_ids(self.tokenizer, self.student)
         self.engine = rollout_engine(cfg, self.student, self.shard, student_path, self.device, self.world)
+        self.sampling = SamplingSettings.for_model(  # the rollout's: only ids the teacher can score are drawn
+            self.tokenizer, self.student, others=(self.teacher,), max_new_tokens=self.max_new, temperature=self.T,
+            engine=self.engine or cfg.rollout_engine, shared_prefix=cfg.shared_prefix)
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
         self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
@@ -192,19 +194,16 @@ class Trainer:
         mine = [examples[i] for i in rows]
         seeds = [stable_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
         if self.task.is_game:
-            eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, with_context=False,
-                                    max_new_tokens=self.max_new, temperature=self.T, seeds=seeds,
-                                    decoder=cfg.rollout_engine,  # per move, one call; processes may differ in moves:
-                                    shared_prefix="off" if dist.active() else cfg.shared_prefix)  # no collective
+            per_move = self.sampling.replace(shared_prefix="off") if dist.active() else self.sampling  # processes
+            eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, per_move,  # may differ in
+                                    with_context=False, seeds=seeds)  # moves: no collective per move
 
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
-        responses = sample_rows(model, ids, seeds, batch_size=max(1, len(ids)), max_new_tokens=self.max_new,
-                                stop=self.stop, pad_id=self.tokenizer.pad_token_id, temperature=self.T,
-                                decoder=cfg.rollout_engine, shared_prefix=cfg.shared_prefix,
+        responses = sample_rows(model, ids, seeds, self.sampling.replace(batch_size=max(1, len(ids))),
                                 agree=dist.agree_prefix)  # row seeds (seed, step, global row); the global prefix
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, responses)))}
@@ -324,7 +323,7 @@ class Trainer:
         ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine,
                           shared_prefix=cfg.shared_prefix)
         rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
-                             train_uids={ex.uid for ex in self.pool})
+                             train_uids={ex.uid for ex in self.pool}, engine=self.engine)
         s = rep["summary"]
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 

@@ -9,7 +9,7 @@ import pytest
 from mechopd.models import load_model, load_tokenizer
 from mechopd.organisms.pretrain import OrganismConfig, pretrain
 from mechopd.tasks.base import get_task
-from mechopd.generate.sampler import play_games
+from mechopd.generate.sampler import SamplingSettings, play_games
 from mechopd.views import RenderSpec, render_prompt_ids
 from tests.conftest import TINY_ORGANISM
 
@@ -27,8 +27,8 @@ def test_game_organism_pretrains_and_trains(tmp_path, game):
     def render(prompt, context):
         return render_prompt_ids(tok, prompt, context, spec)
 
-    eps, turns = play_games(model, tok, task, items, render, with_context=True, max_new_tokens=task.max_new_tokens,
-                            greedy=True)
+    settings = SamplingSettings.for_model(tok, model, max_new_tokens=task.max_new_tokens, greedy=True)
+    eps, turns = play_games(model, tok, task, items, render, settings, with_context=True)
     assert len(eps) == 3 and turns and all(t.prompt.split("\n")[-1].startswith("up ") for t in turns)
     assert all(len(t.response) <= task.max_new_tokens for t in turns)
 

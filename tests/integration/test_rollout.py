@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.generate.sampler import sample, stop_ids
+from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from mechopd.views import RenderSpec, left_pad, render_prompt_ids
 from tests.conftest import tiny_model
 
@@ -22,7 +22,7 @@ def test_greedy_matches_generate(organism_tokenizer, arch):
     model = tiny_model(tok, arch, seed=3)
     ids = _ids(tok)
     stop = stop_ids(tok, model)
-    ours = sample(model, ids, max_new_tokens=10, stop=stop, pad_id=tok.pad_token_id, greedy=True)
+    ours = sample(model, ids, SamplingSettings(max_new_tokens=10, stop=stop, pad_id=tok.pad_token_id, greedy=True))
     x, m = left_pad(ids, tok.pad_token_id)
     ref = model.generate(input_ids=x, attention_mask=m, max_new_tokens=10, do_sample=False, eos_token_id=stop,
                          pad_token_id=tok.pad_token_id)[:, x.shape[1]:].tolist()
@@ -36,12 +36,12 @@ def test_row_seeds_make_sampling_batch_invariant(organism_tokenizer, tiny_qwen3)
     tok = organism_tokenizer
     ids = _ids(tok)
     stop = stop_ids(tok, tiny_qwen3)
-    kw = dict(max_new_tokens=12, stop=stop, pad_id=tok.pad_token_id, temperature=1.0)
-    full = sample(tiny_qwen3, ids, row_seeds=[11, 12, 13, 14], **kw).responses
-    halves = sample(tiny_qwen3, ids[:2], row_seeds=[11, 12], **kw).responses + \
-        sample(tiny_qwen3, ids[2:], row_seeds=[13, 14], **kw).responses
+    st = SamplingSettings(max_new_tokens=12, stop=stop, pad_id=tok.pad_token_id, temperature=1.0)
+    full = sample(tiny_qwen3, ids, st, row_seeds=[11, 12, 13, 14]).responses
+    halves = sample(tiny_qwen3, ids[:2], st, row_seeds=[11, 12]).responses + \
+        sample(tiny_qwen3, ids[2:], st, row_seeds=[13, 14]).responses
     assert full == halves
-    other = sample(tiny_qwen3, ids, row_seeds=[21, 22, 23, 24], **kw).responses
+    other = sample(tiny_qwen3, ids, st, row_seeds=[21, 22, 23, 24]).responses
     assert other != full  # the seeds matter
 
 
@@ -50,8 +50,8 @@ def test_inverse_cdf_sampling_follows_the_distribution(organism_tokenizer, tiny_
     tok = organism_tokenizer
     ids = [_ids(tok)[0]] * 2000
     stop = stop_ids(tok, tiny_qwen3)
-    out = sample(tiny_qwen3, ids, max_new_tokens=1, stop=stop, pad_id=tok.pad_token_id, temperature=0.7,
-                 row_seeds=list(range(2000))).responses
+    out = sample(tiny_qwen3, ids, SamplingSettings(max_new_tokens=1, stop=stop, pad_id=tok.pad_token_id,
+                                                   temperature=0.7), row_seeds=list(range(2000))).responses
     first = torch.tensor([r[0] for r in out])
     with torch.no_grad():
         x, m = left_pad(ids[:1], tok.pad_token_id)
@@ -95,10 +95,9 @@ def test_lean_decoder_matches_the_model_step_by_step(organism_tokenizer, arch):
 
 def test_lean_and_hf_decoders_sample_the_same_ids(organism_tokenizer, tiny_qwen3):
     tok = organism_tokenizer
-    kw = dict(max_new_tokens=12, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0,
-              row_seeds=[1, 2, 3, 4])
-    assert sample(tiny_qwen3, _ids(tok), decoder="lean", **kw).responses == \
-        sample(tiny_qwen3, _ids(tok), decoder="hf", **kw).responses
+    st = SamplingSettings(max_new_tokens=12, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id)
+    assert sample(tiny_qwen3, _ids(tok), st.replace(engine="lean"), [1, 2, 3, 4]).responses == \
+        sample(tiny_qwen3, _ids(tok), st.replace(engine="hf"), [1, 2, 3, 4]).responses
 
 
 def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
@@ -110,8 +109,8 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     with pytest.raises(ModelError, match="model_type 'gpt2'.*decoder='hf'"):
         LeanDecoder(gpt2)
-    with pytest.raises(ValueError, match="decoder must be"):
-        sample(gpt2, [[1, 2]], max_new_tokens=2, stop=[0], pad_id=0, decoder="fast")
+    with pytest.raises(ValueError, match="engine must be"):
+        SamplingSettings(max_new_tokens=2, stop=[0], pad_id=0, engine="fast")
 
 
 def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organism_tokenizer):

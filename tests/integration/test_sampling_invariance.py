@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mechopd.evaluate import EvalConfig, evaluate_model
-from mechopd.generate.sampler import sample, sample_rows, stop_ids
+from mechopd.generate.sampler import SamplingSettings, sample, sample_rows, stop_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.views import RenderSpec, render_prompt_ids
@@ -25,15 +25,15 @@ def _prompts(tok, task, n):
 def test_sample_rows_is_batch_size_invariant_and_needs_seeds(organism_tokenizer, tiny_qwen3):
     tok = organism_tokenizer
     _, ids = _prompts(tok, get_task("rules"), 6)
-    kw = dict(max_new_tokens=8, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
-    one = sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=1, **kw)
-    assert one == sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=6, **kw)
-    assert one == sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=4, **kw)
-    assert one != sample_rows(tiny_qwen3, ids, list(range(10, 16)), batch_size=6, **kw)  # the seeds matter
+    st = SamplingSettings(max_new_tokens=8, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
+    one = sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=1))
+    assert one == sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=6))
+    assert one == sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=4))
+    assert one != sample_rows(tiny_qwen3, ids, list(range(10, 16)), st.replace(batch_size=6))  # the seeds matter
     with pytest.raises(ValueError, match="seed"):
-        sample_rows(tiny_qwen3, ids, None, batch_size=2, **kw)
+        sample_rows(tiny_qwen3, ids, None, st.replace(batch_size=2))
     with pytest.raises(ValueError, match="row_seeds"):
-        sample(tiny_qwen3, ids, **kw)  # no shared-generator path left to fall into
+        sample(tiny_qwen3, ids, st)  # no shared-generator path left to fall into
 
 
 def test_sample_rows_shares_one_prefix_for_every_chunk(organism_tokenizer, tiny_qwen3):
@@ -42,13 +42,15 @@ def test_sample_rows_shares_one_prefix_for_every_chunk(organism_tokenizer, tiny_
     where a uniform fell within 1e-6 of a CDF step: found by comparing the redesign to the old code step by step)."""
     tok = organism_tokenizer
     _, ids = _prompts(tok, get_task("rules"), 6)
-    kw = dict(max_new_tokens=4, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
+    st = SamplingSettings(max_new_tokens=4, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
     for batch_size in (1, 4, 6):
         paths: list[int] = []
-        sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=batch_size, shared_prefix="auto", paths=paths, **kw)
+        sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="auto"),
+                    paths=paths)
         assert len(set(paths)) == 1 and paths[0] >= 8, (batch_size, paths)  # one decision, the prefix really shared
         off: list[int] = []
-        sample_rows(tiny_qwen3, ids, list(range(6)), batch_size=batch_size, shared_prefix="off", paths=off, **kw)
+        sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="off"),
+                    paths=off)
         assert set(off) == {0}
 
 
@@ -59,7 +61,7 @@ def test_trainer_rollout_honours_shared_prefix_off(tiny_rules_organism, tmp_path
 
     seen = []
     real = T.sample_rows
-    monkeypatch.setattr(T, "sample_rows", lambda *a, **k: seen.append(k.get("shared_prefix")) or real(*a, **k))
+    monkeypatch.setattr(T, "sample_rows", lambda *a, **k: seen.append(a[3].shared_prefix) or real(*a, **k))
     for mode in ("off", "auto"):
         cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), steps=1, batch_size=4, lr=1e-3,
                           shared_prefix=mode, pool_size=8)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mechopd.generate.prefix import MIN_PREFIX_TOKENS, PrefixStore, view_inputs, view_prefix_len
-from mechopd.generate.sampler import sample, stop_ids
+from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from mechopd.generate.scorer import score_views
 from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from tests.conftest import tiny_model
@@ -134,8 +134,9 @@ def test_with_context_generation_same_greedy_ids_and_prefill_logits(request, tok
     ids = [render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", ctx, RenderSpec("system"))
            for i, ctx in enumerate([LONG, LONG, LONG, LONG, LONG])]
     for decoder in ("lean", "hf"):
-        kw = dict(max_new_tokens=10, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True, decoder=decoder)
-        off, auto = sample(model, ids, shared_prefix="off", **kw), sample(model, ids, shared_prefix="auto", **kw)
+        st = SamplingSettings(max_new_tokens=10, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True,
+                              engine=decoder)
+        off, auto = sample(model, ids, st.replace(shared_prefix="off")), sample(model, ids, st)
         assert off.shared_prefix == 0 and auto.shared_prefix >= MIN_PREFIX_TOKENS
         assert auto.responses == off.responses
     with torch.inference_mode():  # the prefill's logits themselves, shared vs full

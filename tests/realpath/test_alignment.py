@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.generate.sampler import sample, stop_ids
+from mechopd.generate.sampler import SamplingSettings, sample
 from mechopd.generate.scorer import response_logits
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
@@ -112,8 +112,7 @@ def test_probe_batches_hold_the_sampled_ids_and_compare_the_same_token(zoo, fami
     examples = task.examples("test", 3, 0)
     spec = _spec(family)
     prompt_ids = [render_prompt_ids(tok, ex.prompt, None, spec) for ex in examples]
-    gen = sample(model, prompt_ids, max_new_tokens=6, stop=stop_ids(tok, model), pad_id=tok.pad_token_id,
-                 temperature=1.0, greedy=True)
+    gen = sample(model, prompt_ids, SamplingSettings.for_model(tok, model, max_new_tokens=6, greedy=True))
     items = make_batches(tok, task, 3, 0, 3, model, spec, greedy=True)
     assert items.responses == gen.responses  # the probe scores exactly what the student sampled
     batch = next(iter(items))

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: pip install -e .[vllm])")
 pytestmark = pytest.mark.vllm
 
-from mechopd.generate.sampler import sample, stop_ids  # noqa: E402
-from mechopd.generate.vllm_engine import VllmEngine, attach  # noqa: E402
+from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.models import load_model, load_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
 from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
@@ -22,13 +22,12 @@ from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
 def test_default_kernels_follow_every_weight_after_loading(hd32_model_dir):
     model, tok = load_model(hd32_model_dir), load_tokenizer(hd32_model_dir)
     engine = VllmEngine(hd32_model_dir, seed=0)
-    attach(model, engine)
     task = get_task("rules")
     ids = [render_prompt_ids(tok, e.prompt, None, RenderSpec(task.placement)) for e in task.examples("test", 8, 0)]
-    kw = dict(max_new_tokens=12, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True)
+    st = SamplingSettings.for_model(tok, model, max_new_tokens=12, greedy=True)
 
     def same() -> bool:
-        return sample(model, ids, decoder="vllm", **kw).responses == sample(model, ids, **kw).responses
+        return sample(model, ids, st.replace(engine=engine)).responses == sample(model, ids, st).responses
 
     assert same()
     torch.manual_seed(1)

@@ -10,8 +10,8 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: pip install -e .[vllm])")
 pytestmark = pytest.mark.vllm
 
-from mechopd.generate.sampler import sample, stop_ids  # noqa: E402
-from mechopd.generate.vllm_engine import VllmEngine, attach  # noqa: E402
+from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.models import load_model, load_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
 from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
@@ -22,7 +22,6 @@ from tests.vllm.conftest import max_weight_diff  # noqa: E402
 def setup(hd32_model_dir, readable_weights):
     model, tok = load_model(hd32_model_dir), load_tokenizer(hd32_model_dir)
     engine = VllmEngine(hd32_model_dir, seed=0)
-    attach(model, engine)
     task = get_task("rules")
     spec = RenderSpec(task.placement)
     exs = task.examples("test", 8, 0)
@@ -30,16 +29,16 @@ def setup(hd32_model_dir, readable_weights):
     return model, tok, engine, ids
 
 
-def _greedy(model, tok, ids, decoder):
-    return sample(model, ids, max_new_tokens=16, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True,
-                  decoder=decoder).responses
+def _greedy(model, tok, ids, engine):
+    return sample(model, ids, SamplingSettings.for_model(tok, model, max_new_tokens=16, greedy=True,
+                                                         engine=engine)).responses
 
 
 def test_greedy_ids_equal_the_lean_decoder(setup):
-    model, tok, _, ids = setup
+    model, tok, engine, ids = setup
     lean = _greedy(model, tok, ids, "lean")
     assert any(len(r) > 4 for r in lean)  # real responses, not one stop token each
-    assert _greedy(model, tok, ids, "vllm") == lean
+    assert _greedy(model, tok, ids, engine) == lean
 
 
 def _chi2_critical(df: int, z: float) -> float:
@@ -63,7 +62,8 @@ def test_sampled_tokens_follow_the_model_softmax(setup):
     """One decode step sampled N times with seeds 0..N-1: Pearson's chi-square against softmax(logits / T)."""
     model, tok, engine, ids = setup
     prompt, T, N = ids[0], 1.0, 3000
-    gen = engine.sample([prompt] * N, max_new_tokens=1, stop=[], temperature=T, row_seeds=list(range(N)))
+    gen = engine.sample([prompt] * N, SamplingSettings(max_new_tokens=1, stop=(), pad_id=0, temperature=T),
+                        row_seeds=list(range(N)))
     drawn = torch.tensor([r[0] for r in gen.responses])
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1]  # [V]
@@ -78,9 +78,9 @@ def test_sampled_tokens_follow_the_model_softmax(setup):
 
 def test_row_seeds_make_a_row_independent_of_its_batch(setup):
     _, _, engine, ids = setup
-    kw = dict(max_new_tokens=12, stop=[], temperature=1.0)
-    full = engine.sample(ids, row_seeds=list(range(100, 108)), **kw).responses
-    part = engine.sample(ids[3:6], row_seeds=list(range(103, 106)), **kw).responses
+    st = SamplingSettings(max_new_tokens=12, stop=(), pad_id=0, temperature=1.0)
+    full = engine.sample(ids, st, row_seeds=list(range(100, 108))).responses
+    part = engine.sample(ids[3:6], st, row_seeds=list(range(103, 106))).responses
     assert part == full[3:6]
 
 
@@ -88,13 +88,13 @@ def test_in_place_weight_loading(setup):
     """After a change of the trainer's weights, vLLM holds exactly them and samples what the lean decoder does."""
     model, tok, engine, ids = setup
     assert max_weight_diff(engine, model) == 0.0
-    before = _greedy(model, tok, ids, "vllm")
+    before = _greedy(model, tok, ids, engine)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.2 * torch.randn_like(p))
     assert max_weight_diff(engine, model) > 0  # not yet loaded: the comparison can fail
     engine.load_weights(model)
     assert max_weight_diff(engine, model) == 0.0
-    after = _greedy(model, tok, ids, "vllm")
+    after = _greedy(model, tok, ids, engine)
     assert after == _greedy(model, tok, ids, "lean")
     assert after != before

@@ -10,7 +10,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: p
 pytestmark = pytest.mark.vllm
 
 from mechopd.config import TrainConfig  # noqa: E402
-from mechopd.generate.sampler import sample, stop_ids  # noqa: E402
+from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.train.trainer import Trainer  # noqa: E402
 from tests.vllm.conftest import max_weight_diff  # noqa: E402
 
@@ -21,10 +21,10 @@ def _cfg(student, steps: int) -> TrainConfig:
 
 
 def _greedy(trainer: Trainer, decoder: str) -> list[list[int]]:
-    tok = trainer.tokenizer
     ids = [trainer._render(ex.prompt, None) for ex in trainer.pool[:6]]
-    return sample(trainer.student, ids, max_new_tokens=10, stop=stop_ids(tok, trainer.student),
-                  pad_id=tok.pad_token_id, greedy=True, decoder=decoder).responses
+    engine = trainer.engine if decoder == "vllm" else decoder
+    st = SamplingSettings.for_model(trainer.tokenizer, trainer.student, max_new_tokens=10, greedy=True, engine=engine)
+    return sample(trainer.student, ids, st).responses
 
 
 def test_vllm_weights_follow_the_trainer_and_a_resumed_run_resyncs(hd32_rules_organism, tmp_path, readable_weights):
