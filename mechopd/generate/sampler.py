@@ -86,12 +86,35 @@ def sample(model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSe
     return cut_at_stop(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], st.stop, n)
 
 
+BLOCK = 256  # ids per block of the two-level inverse CDF (`_inverse_cdf`)
+
+
 def _next_token(logits: torch.Tensor, u: torch.Tensor | None, temperature: float) -> torch.Tensor:
     """``[B]`` ids from ``[B, V]`` logits: argmax (u None), else inverse-CDF with the rows' uniforms ``u [B, 1]``."""
     if u is None:
         return logits.argmax(-1)
-    cdf = torch.softmax(logits.double() / temperature, -1).cumsum(-1)  # [B, V]
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    return _inverse_cdf(torch.softmax(logits.float() / temperature, -1), u)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``[B]`` ids: the first id whose cumulative probability exceeds ``u * total``, for ``probs [B, V]`` (float32)
+    and uniforms ``u [B, 1]`` (float64).
+
+    Two levels, so that nothing over the whole vocabulary is float64 and no float32 running sum spans it (a float32
+    cumsum over 152k ids loses every increment below ~6e-8 of the running total): float32 sums of `BLOCK`-id blocks,
+    their cumsum in float64 (``[B, V / BLOCK]``), the block holding ``u * total``, then the cumsum of that one block in
+    float64 (``[B, BLOCK]``). An id of probability 0 (masked, padding) is never returned."""
+    B, V = probs.shape
+    nb = -(-V // BLOCK)
+    blocks = torch.nn.functional.pad(probs, (0, nb * BLOCK - V)).view(B, nb, BLOCK)  # [B, nb, BLOCK]
+    cdf = blocks.sum(-1).double().cumsum(-1)  # [B, nb]
+    target = u * cdf[:, -1:]  # [B, 1]
+    b = torch.searchsorted(cdf, target, right=True).clamp(max=nb - 1)  # [B, 1] the block
+    before = torch.where(b > 0, cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = blocks.gather(1, b[..., None].expand(B, 1, BLOCK))[:, 0].double().cumsum(-1)  # [B, BLOCK]
+    j = torch.searchsorted(inner, target - before, right=True)  # [B, 1] first id whose cdf exceeds it
+    j = torch.minimum(j, inner.argmax(-1, keepdim=True))  # rounding past the block's end: its last id with mass
+    return (b * BLOCK + j).squeeze(-1)
 
 
 def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: torch.device) -> torch.Tensor:

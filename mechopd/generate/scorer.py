@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.prefix import Agree, PrefixStore, view_inputs
+from mechopd.generate.settings import check_known_ids
 from mechopd.models import vocab_size
 from mechopd.views import TwoViewBatch
 
@@ -64,6 +65,7 @@ def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c
     returned as ordinary tensors, usable next to autograd tensors (a frozen teacher's targets).
     shared_prefix / agree / store / info: see `response_logits` (the store is used only when grad=False).
     """
+    check_known_ids(batch.response_ids, batch.response_mask, vocab if vocab is not None else vocab_size(model))
     out: dict[str, torch.Tensor] = {}
     with (contextlib.nullcontext() if grad else torch.inference_mode()):
         for v in views:

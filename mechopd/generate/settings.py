@@ -49,6 +49,16 @@ def known_vocab(tokenizer: Any, *models: Any) -> int:
     return min([n] + [head_rows(m) for m in models if m is not None])
 
 
+def check_known_ids(ids: Any, mask: Any, vocab: int) -> None:
+    """Refuse response ids outside ``[0, vocab)`` at the real positions (`mask`) of ``ids [batch, R]``: they would be
+    scored as targets the distributions do not cover, or index past a teacher's embedding."""
+    real = ids[mask.bool()]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
+        bad = int(real.max()) if int(real.max()) >= vocab else int(real.min())
+        raise ValueError(f"response id {bad} is outside the scored vocabulary [0, {vocab}) (ids the tokenizer and "
+                         "every model's head know); sample with SamplingSettings.for_model(..., others=(teacher,))")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
     """How one batch of responses is sampled.

@@ -38,7 +38,8 @@ from mechopd.errors import MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
-from mechopd.generate.scorer import common_vocab_size, score_roles
+from mechopd.generate.settings import known_vocab
+from mechopd.generate.scorer import score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.objectives.losses import AnchorGate, BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
@@ -111,7 +112,7 @@ class Trainer:
         self.shard = make_sharding(cfg.sharding, self.device)
         self.student = self.shard.wrap(load_model(self.resume_from or student_path, dtype=dtype).train(), self.device)
         self.teacher = self.shard.wrap(load_model(teacher_path, dtype=dtype).eval().requires_grad_(False), self.device)
-        self.vocab = common_vocab_size(self.student, self.teacher)  # padding rows dropped
+        self.vocab = known_vocab(self.tokenizer, self.student, self.teacher)  # ids past the tokenizer / a head: out
         self.T = cfg.temperature or self.task.temperature
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
         self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
