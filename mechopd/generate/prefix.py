@@ -151,7 +151,7 @@ class PrefixStore:
     Keyed by (model, prefix ids, every parameter's identity and in-place version counter); holds `size` entries.
     """
 
-    def __init__(self, size: int = 2):
+    def __init__(self, size: int = 8):  # prefix groups: one entry per distinct context block of a batch
         self.size = size
         self._items: dict[tuple, KV] = {}
         self.hits = 0
@@ -214,15 +214,20 @@ def plan_view(batch: TwoViewBatch, which: str, length: int) -> ViewPlan:
 
 
 def view_inputs(model: Any, batch: TwoViewBatch, which: str, *, mode: str = "auto", agree: Agree | None = None,
-                store: PrefixStore | None = None, stop_at: Any = None) -> tuple[TwoViewBatch, dict[str, Any], int]:
+                store: PrefixStore | None = None, stop_at: Any = None,
+                length: int | None = None) -> tuple[TwoViewBatch, dict[str, Any], int]:
     """What to run for view `which`: ``(batch', extra kwargs, shared length)``; then
     ``model(**batch'.view(which), **extra)`` gives outputs that ``batch'.response_logits/response_hidden(..., which)``
     index exactly as the unshared forward's (hook-friendly: the prefix forward, if any, has already run here).
-    stop_at: see `prefix_kv` (not with a `store`: stored keys/values must cover every layer)."""
+    stop_at: see `prefix_kv` (not with a `store`: stored keys/values must cover every layer).
+    length: the shared length decided by the caller (`view_groups`), instead of deciding it here."""
     kw = batch.view(which)
-    first = int(kw["attention_mask"][0].argmax())  # row 0's first real column
-    n = view_prefix_len(batch, which) if mode == "auto" else 0
-    n = decide(batch.batch_size, kw["input_ids"][0, first : first + n].tolist(), mode, agree)
+    if length is None:
+        first = int(kw["attention_mask"][0].argmax())  # row 0's first real column
+        n = view_prefix_len(batch, which) if mode == "auto" else 0
+        n = decide(batch.batch_size, kw["input_ids"][0, first : first + n].tolist(), mode, agree)
+    else:
+        n = length
     if n == 0:
         return batch, {}, 0
     plan = plan_view(batch, which, n)

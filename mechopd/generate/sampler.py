@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from mechopd.generate.engines import Generation, cut_at_stop
+from mechopd.generate.groups import Group, group_prompts
 from mechopd.generate.lean import LeanDecoder
 from mechopd.generate.prefix import (cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache,
                                      prefix_kv)
@@ -161,23 +162,31 @@ def sample_rows(model: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence
     response a function of (model, prompt, seed) only, so any batch size gives the same ids (tests, per caller).
     seeds: one per prompt (``item_seed`` / `stable_seed` of the row's identity); may be None only when greedy.
     paths: if given, gets each call's shared prefix length (0: unshared prefill), for the caller's logs.
-    ``settings.shared_prefix`` is decided ONCE over all the prompts (and over the processes with `agree`, e.g.
-    `train.dist.agree_prefix`) and applied to every chunk, a chunk of one row included, so the arithmetic a row sees
-    does not depend on the batch size or on the other rows.
+    ``settings.shared_prefix`` is decided ONCE over all the prompts and applied to every chunk, a chunk of one row
+    included, so the arithmetic a row sees does not depend on the batch size: "auto" in one process groups the rows by
+    their leading block (`groups.group_prompts`: each group's prefix prefilled once, its rows in chunks); with
+    `agree` (several processes, e.g. `train.dist.agree_prefix`) one prefix common to the global batch.
     """
     greedy, size = settings.greedy, settings.batch_size
     if seeds is None and not greedy:
         raise ValueError("sample_rows needs one seed per prompt unless greedy (batch-size invariance)")
     if seeds is not None and len(seeds) != len(prompt_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
-    chunk = settings.replace(shared_prefix=shared_len(prompt_ids, settings.shared_prefix, agree))
-    out: list[list[int]] = []
-    for s in range(0, len(prompt_ids), size):
-        rows = None if greedy else [int(x) for x in seeds[s : s + size]]  # type: ignore[index]
-        gen = sample(model, prompt_ids[s : s + size], chunk, rows)
-        out.extend(gen.responses)
-        if paths is not None:
-            paths.append(gen.shared_prefix)
+    if settings.shared_prefix == "auto" and agree is None and isinstance(settings.engine, str):
+        groups = group_prompts(prompt_ids)  # one process: a prefix per group of rows (generate/groups.py)
+    else:
+        groups = [Group(tuple(range(len(prompt_ids))), shared_len(prompt_ids, settings.shared_prefix, agree))]
+    out: list[list[int]] = [[] for _ in prompt_ids]
+    for g in groups:
+        chunk = settings.replace(shared_prefix=g.length)
+        for s in range(0, len(g.rows), size):
+            rows = g.rows[s : s + size]
+            gen = sample(model, [prompt_ids[i] for i in rows], chunk,
+                         None if greedy else [int(seeds[i]) for i in rows])  # type: ignore[index]
+            for i, resp in zip(rows, gen.responses):
+                out[i] = resp
+            if paths is not None:
+                paths.append(gen.shared_prefix)
     return out
 
 
@@ -203,7 +212,7 @@ def play_games(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], r
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
     render(prompt_text, context_or_None) -> prompt ids. seeds: one per game; move m of game g samples with row seed
-    ``seeds[g] * 1000 + m`` (batch invariant); all active games of a move go through one `sample` call.
+    ``seeds[g] * 1000 + m`` (batch invariant); all active games of a move go through one `sample_rows` call.
     Returns the finished episodes and every (turn prompt, response).
     """
     episodes = [task.new_episode(ex) for ex in examples]
@@ -216,8 +225,8 @@ def play_games(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], r
         texts = [episodes[g].prompt() for g in active]
         ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
         row_seeds = None if (settings.greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
-        gen = sample(model, ids, settings, row_seeds)
-        for g, text, resp in zip(active, texts, gen.responses):
+        responses = sample_rows(model, ids, row_seeds, settings.replace(batch_size=len(ids)))  # prefix groups
+        for g, text, resp in zip(active, texts, responses):
             turns.append(Turn(g, move, text, resp))
             episodes[g].step(tokenizer.decode(strip_stop(resp, settings.stop), skip_special_tokens=True))
         move += 1

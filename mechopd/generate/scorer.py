@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import Agree, PrefixStore, view_inputs
 from mechopd.generate.settings import check_known_ids
 from mechopd.models import vocab_size
@@ -31,17 +32,33 @@ def response_logits(model: Any, batch: TwoViewBatch, which: str, *, shared_prefi
     """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c").
 
     shared_prefix "auto": a token prefix common to every row is computed once at batch size 1 (generate/prefix.py,
-    exact); `info[which]` records the shared length (0 = the unshared forward ran). `store`: reuse a frozen model's
-    prefix keys/values across calls (call under no grad only). `agree`: make every process take the same path.
+    exact); when the rows' contexts differ, once per prefix group (generate/groups.py). `info[which]` records the
+    longest shared length (0 = the unshared forward ran), ``info[which + ":rows"]`` how many rows ran shared.
+    `store`: reuse a frozen model's prefix keys/values across calls (call under no grad only). `agree`: make every
+    process take the same path (one common prefix of the global batch).
     """
-    b, extra, n = view_inputs(model, batch, which, mode=shared_prefix, agree=agree, store=store)
+    groups = view_groups(batch, which, shared_prefix, agree)
+    if groups is None:
+        out, n = _logits(model, batch, which, shared_prefix, agree, store, None)
+        lengths, rows = [n], (batch.batch_size if n else 0)
+    else:
+        parts = [_logits(model, take_rows(batch, g.rows), which, shared_prefix, None, store, g.length)
+                 for g in groups]
+        out, lengths = ungroup([p for p, _ in parts], groups), [n for _, n in parts]
+        rows = sum(len(g.rows) for g, (_, n) in zip(groups, parts) if n)
     if info is not None:
-        info[which] = n
+        info[which], info[f"{which}:rows"] = max(lengths), rows
+    return out
+
+
+def _logits(model: Any, batch: TwoViewBatch, which: str, mode: str, agree: Agree | None,
+            store: PrefixStore | None, length: int | None) -> tuple[torch.Tensor, int]:
+    b, extra, n = view_inputs(model, batch, which, mode=mode, agree=agree, store=store, length=length)
     kw = {**b.view(which), "use_cache": False, **extra}
     R = b.response_ids.shape[1]
     if b.layout == "left":
-        return model(**kw, logits_to_keep=R + 1).logits[:, :R]  # columns P-1 .. P+R-2 of the view
-    return b.response_logits(model(**kw).logits, which)
+        return model(**kw, logits_to_keep=R + 1).logits[:, :R], n  # columns P-1 .. P+R-2 of the view
+    return b.response_logits(model(**kw).logits, which), n
 
 
 def to_logp(logits: torch.Tensor, temperature: float, vocab: int | None = None) -> torch.Tensor:
@@ -101,14 +118,14 @@ def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: S
         t_info: dict[str, int] = {}
         out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info,
                                      shared_prefix=shared_prefix, **kw)["c"]
-        paths["teacher"] = t_info["c"]
+        paths["teacher"], paths["teacher:rows"] = t_info["c"], t_info["c:rows"]
     student_views = [ROLES[r][1] for r in ("student_nctx", "student_ctx") if r in roles]
     s_info: dict[str, int] = {}
     s_mode = shared_prefix if student_shared_prefix is None else student_shared_prefix
     s = score_views(student, batch, student_views, grad=True, info=s_info, shared_prefix=s_mode, **kw)
     for r in ("student_nctx", "student_ctx"):
         if r in roles:
-            out[r], paths[r] = s[ROLES[r][1]], s_info[ROLES[r][1]]
+            out[r], paths[r], paths[f"{r}:rows"] = s[ROLES[r][1]], s_info[ROLES[r][1]], s_info[f"{ROLES[r][1]}:rows"]
     if info is not None:
         info.update(paths)
     return out

@@ -116,8 +116,8 @@ class SamplingSettings:
     @classmethod
     def for_model(cls, tokenizer: Any, model: Any, *, max_new_tokens: int, others: Sequence[Any] = (),
                   **kw: Any) -> "SamplingSettings":
-        """Settings for sampling from `model` with `tokenizer`: its stop ids, the pad id (`views.pad_id`: eos when the
-        tokenizer has none), ``vocab = known_vocab(tokenizer, model, *others)`` (`others`: e.g. the teacher that will score the
-        responses). `kw`: the remaining fields."""
+        """Settings for sampling from `model` with `tokenizer`: its stop ids, the pad id (`views.pad_id`: eos when
+        the tokenizer has none), ``vocab = known_vocab(tokenizer, model, *others)`` (`others`: e.g. the teacher that
+        will score the responses). `kw`: the remaining fields."""
         return cls(max_new_tokens=max_new_tokens, stop=tuple(stop_ids(tokenizer, model)), pad_id=pad_id(tokenizer),
                    vocab=known_vocab(tokenizer, model, *others), **kw)

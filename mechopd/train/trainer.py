@@ -128,6 +128,7 @@ class Trainer:
             engine=self.engine or cfg.rollout_engine, shared_prefix=cfg.shared_prefix)
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
         self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
+        self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -205,7 +206,7 @@ class Trainer:
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
         responses = sample_rows(model, ids, seeds, self.sampling.replace(batch_size=max(1, len(ids))),
-                                agree=dist.agree_prefix)  # row seeds (seed, step, global row); the global prefix
+                                agree=self._agree)  # row seeds (seed, step, global row); the global prefix
         stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
@@ -259,6 +260,8 @@ class Trainer:
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
                 "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
+                "prefix/shared_rows": int(dist.all_sum(torch.tensor(  # teacher rows whose context ran shared
+                    float(self._prefix_paths.get("teacher:rows", 0))))),
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
@@ -268,7 +271,7 @@ class Trainer:
         roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
         self._prefix_paths: dict[str, int] = {}
         scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
-                             shared_prefix=self.cfg.shared_prefix, agree=dist.agree_prefix,
+                             shared_prefix=self.cfg.shared_prefix, agree=self._agree,
                              teacher_store=self.teacher_store,
                              student_shared_prefix="off" if self.cfg.sharding == "fsdp" else None,
                              info=self._prefix_paths)

@@ -197,3 +197,62 @@ def test_evaluation_with_context_same_records(tiny_rules_organism):
     a = evaluate_model(m, tok, task, EvalConfig(n=8, seed=0, n_boot=0, shared_prefix="off"))
     b = evaluate_model(m, tok, task, EvalConfig(n=8, seed=0, n_boot=0, shared_prefix="auto"))
     assert a["records"] == b["records"] and b["settings"]["shared_prefix"] == "auto"
+
+
+# -- prefix groups (generate/groups.py): a batch that mixes contexts shares each context block once ---------------------
+OWN = ["rule : reverse the items . then answer with one word only .", "guideline : repeat every digit two times ."]
+
+
+def test_group_prompts_is_a_partition_that_finds_each_block(organism_tokenizer):
+    from mechopd.generate.groups import group_prompts
+    from mechopd.generate.prefix import common_prefix_len
+
+    tok = organism_tokenizer
+    spec = RenderSpec("system")
+    qs = [f"apply the rule to : {' '.join('1234567'[: 2 + i % 4])}" for i in range(8)]
+    uniform = [render_prompt_ids(tok, q, LONG, spec) for q in qs]
+    assert [(g.rows, g.length) for g in group_prompts(uniform)] == [(tuple(range(8)), common_prefix_len(uniform))]
+    mixed = [render_prompt_ids(tok, q, c, spec) for q, c in zip(qs, [LONG] * 3 + [OWN[0]] + [LONG] * 3 + [OWN[1]])]
+    groups = group_prompts(mixed)
+    assert sorted(r for g in groups for r in g.rows) == list(range(8))
+    shared = [g for g in groups if g.length]
+    assert [g.rows for g in shared] == [(0, 1, 2, 4, 5, 6)] and [g.rows for g in groups if not g.length] == [(3, 7)]
+    long_block = len(render_prompt_ids(tok, "", LONG, spec)) - len(render_prompt_ids(tok, "", SHORT, spec))
+    assert shared[0].length > long_block  # the whole context block, not only the chat header
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_prefix_groups_scores_and_gradients_equal_unshared(organism_tokenizer, arch):
+    tok = organism_tokenizer
+    model = tiny_model(tok, arch, seed=1).train()
+    batch = _batch(tok, None, n=7, contexts=[LONG, LONG, OWN[0], LONG, LONG, OWN[1], LONG])
+    lp0, loss0, g0, n0 = _scores_and_grads(model, batch, "off")
+    model.zero_grad(set_to_none=True)
+    info: dict = {}
+    lp1 = score_views(model, batch, ("c",), temperature=0.7, shared_prefix="auto", info=info)["c"]
+    m = batch.response_mask
+    loss1 = -(lp1.exp() * lp1).sum(-1)[m].mean() + lp1.gather(-1, batch.response_ids[..., None]).squeeze(-1)[m].mean()
+    loss1.backward()
+    assert n0 == 0 and info["c:rows"] == 5 and info["c"] > view_prefix_len(batch, "c") + MIN_PREFIX_TOKENS
+    torch.testing.assert_close(lp1.detach()[m], lp0[m], atol=ATOL, rtol=0)
+    assert abs(float(loss1.detach()) - loss0) < ATOL
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, g0[k], atol=ATOL, rtol=0, msg=k)
+
+
+def test_prefix_groups_in_sampling_equal_unshared_and_batch_size_invariant(organism_tokenizer):
+    from mechopd.generate.sampler import sample_rows
+
+    tok = organism_tokenizer
+    model = tiny_model(tok, "qwen3", seed=3)
+    ctxs = [LONG, OWN[0], LONG, LONG, OWN[1], LONG]
+    ids = [render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", c, RenderSpec("system"))
+           for i, c in enumerate(ctxs)]
+    st = SamplingSettings(max_new_tokens=6, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, temperature=1.0)
+    off = sample_rows(model, ids, list(range(6)), st.replace(shared_prefix="off"))
+    for size in (1, 4, 6):
+        paths: list[int] = []
+        assert sample_rows(model, ids, list(range(6)), st.replace(batch_size=size), paths=paths) == off
+        assert max(paths) > MIN_PREFIX_TOKENS and min(paths) == 0  # the LONG group shared, the others not
+    greedy = st.replace(greedy=True)
+    assert sample_rows(model, ids, None, greedy) == sample_rows(model, ids, None, greedy.replace(shared_prefix="off"))
