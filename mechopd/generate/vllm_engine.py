@@ -43,7 +43,9 @@ def require_vllm(field: str = "rollout_engine") -> None:
                           f"(or choose {field}=lean)")
 
 
-OPTIONS = ("gpu_memory_utilization", "enforce_eager", "max_model_len", "max_num_seqs")  # TrainConfig.vllm_options
+OPTIONS = ("gpu_memory_utilization", "enforce_eager", "max_model_len", "max_num_seqs",
+           "kv_cache_memory_bytes")  # TrainConfig.vllm_options
+CPU_KV_CACHE_BYTES = 1 << 30  # the KV cache on a CPU unless gpu_memory_utilization / kv_cache_memory_bytes is set
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -77,7 +79,8 @@ class VllmEngine:
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
-                 enforce_eager: bool = True, max_num_seqs: int = 256, world: int = 1):
+                 enforce_eager: bool = True, max_num_seqs: int = 256, world: int = 1,
+                 kv_cache_memory_bytes: int | None = None):
         require_vllm()
         from transformers import AutoConfig
 
@@ -92,6 +95,12 @@ class VllmEngine:
         self.max_num_seqs = max_num_seqs
         self.head_rows = int(hf_config.vocab_size)  # ids its logits cover; `sample` masks those >= settings.vocab
         kw: dict[str, Any] = {"max_num_batched_tokens": self.budget}
+        if kv_cache_memory_bytes is None and device == "cpu" and gpu_memory_utilization is None:
+            # vLLM's CPU budget is share x RAM minus this process's whole RSS (trainer, models, imports): in a
+            # training process that leaves nothing ("requested memory for kv (-0.0/0.89 GiB)"); size the KV cache
+            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+        if kv_cache_memory_bytes is not None:
+            kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         if gpu_memory_utilization is None:  # share of the device memory (CPU: of the RAM) for weights + KV cache
             gpu_memory_utilization = 0.05 if device == "cpu" else 0.3  # GPU: TRL's colocate default
         if world > 1:  # one engine per training process, in the trainer's own process group (TRL's colocate mode)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mechopd.errors import ConfigError, ModelError
+from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
 from mechopd.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
@@ -106,11 +107,27 @@ def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[
 
     copy=False hands `on_capture` views of the module outputs (valid only during the call: consume, don't keep).
     shared_prefix "auto": a token prefix common to every row runs once at batch 1 BEFORE the hooks are installed
-    (generate/prefix.py, exact); the hooks then see the suffix forward, whose response columns they gather."""
+    (generate/prefix.py, exact); the hooks then see the suffix forward, whose response columns they gather. Rows of
+    different contexts: one such pass per prefix group (generate/groups.py), the captures reassembled in row order
+    (then every site's ``[batch, R, d]`` is held until the last group has run)."""
     if not sites:
         return
+    groups = view_groups(batch, which, shared_prefix)  # mixed contexts: each group's prefix once (generate/groups.py)
+    if groups is not None:
+        got: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
+        for g in groups:
+            _run_view(model, take_rows(batch, g.rows), which, sites, lambda s, h: got[s].append(h), True,
+                      shared_prefix, g.length)
+        for s in sites:
+            on_capture(s, ungroup(got.pop(s), groups))
+        return
+    _run_view(model, batch, which, sites, on_capture, copy, shared_prefix, None)
+
+
+def _run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture,
+              copy: bool, shared_prefix: str, length: int | None) -> None:
     with torch.inference_mode():
-        view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix,
+        view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix, length=length,
                                            stop_at=site_module(model, sites[-1]))
         with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy):
             try:

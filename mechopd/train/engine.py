@@ -3,8 +3,9 @@ after every optimizer step (in place, no checkpoint round trip; FSDP: one gather
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -30,3 +31,26 @@ def sync_engine(engine: Any, student: Any, shard: Any) -> None:
     if engine is not None:
         with shard.gathered(student):
             engine.load_weights(student)
+
+
+def engine_organism(cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool,
+                    barrier: Callable[[], None]) -> str | None:
+    """``organism:<task>`` with ``rollout_engine: vllm`` on a CPU: the organism's head_dim-32 variant
+    (``<organism_dir>/<task>-hd32``: 3 query heads of 32, 1 key/value head, the same hidden size; pretrained on demand,
+    cached), since vLLM's CPU attention refuses the default organisms' head_dim 24 (`vllm_engine.CPU_HEAD_SIZES`).
+    None otherwise (the student spec resolves as usual)."""
+    from mechopd.organisms.pretrain import default_config, pretrain
+    from mechopd.organisms.recipes import organism_task
+
+    task = organism_task(cfg.student)
+    if cfg.rollout_engine != "vllm" or device.type != "cpu" or task is None:
+        return None
+    base = default_config(task, seed=0)
+    if base.hidden_size % 32:
+        return None  # no head_dim-32 split of this width: vllm_engine.check_shape refuses it with the fix
+    path = Path(cfg.organism_dir) / f"{task}-hd32"
+    if main:
+        pretrain(dataclasses.replace(base, num_heads=base.hidden_size // 32, num_kv_heads=1), path,
+                 progress=progress)
+    barrier()
+    return str(path)

@@ -256,3 +256,20 @@ def test_prefix_groups_in_sampling_equal_unshared_and_batch_size_invariant(organ
         assert max(paths) > MIN_PREFIX_TOKENS and min(paths) == 0  # the LONG group shared, the others not
     greedy = st.replace(greedy=True)
     assert sample_rows(model, ids, None, greedy) == sample_rows(model, ids, None, greedy.replace(shared_prefix="off"))
+
+
+def test_prefix_groups_in_the_probe_capture_equal_unshared(organism_tokenizer):
+    from mechopd.generate.groups import view_groups
+    from mechopd.probes.capture import all_sites, run_view
+
+    model = tiny_model(organism_tokenizer, "llama", layers=3, seed=4)
+    batch = _batch(organism_tokenizer, None, n=6, contexts=[LONG, OWN[0], LONG, LONG, OWN[1], LONG])
+    assert view_groups(batch, "c", "auto") is not None  # the grouped path is the one under test
+    got = {}
+    for mode in ("off", "auto"):
+        store: dict = {}
+        run_view(model, batch, "c", all_sites(model), store.__setitem__, shared_prefix=mode)
+        got[mode] = store
+    m = batch.response_mask
+    for site in got["off"]:
+        torch.testing.assert_close(got["auto"][site][m], got["off"][site][m], atol=ATOL, rtol=0, msg=site)
