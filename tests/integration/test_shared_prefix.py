@@ -181,6 +181,7 @@ def test_trainer_losses_and_gradients(tiny_rules_organism, tmp_path):
         out[mode] = rec, {k: p.grad.clone() for k, p in tr.student.named_parameters()}
     (r0, g0), (r1, g1) = out["off"], out["auto"]
     assert r0["shared_prefix"] == 0 and r1["shared_prefix"] >= MIN_PREFIX_TOKENS
+    assert r0["prefix/shared_rows"] == 0 and r1["prefix/shared_rows"] == 6  # metrics.jsonl: rows that ran shared
     for key in ("loss", "loss/opd", "loss/nca", "kl/teacher_student"):
         assert abs(r1[key] - r0[key]) < ATOL, key
     for k in g0:
