@@ -54,3 +54,13 @@ def engine_organism(cfg: TrainConfig, device: torch.device, *, progress: bool, m
                  progress=progress)
     barrier()
     return str(path)
+
+
+def resolve_student(cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool,
+                    barrier: Callable[[], None]) -> str:
+    """The student's directory: `engine_organism` where it applies, else `recipes.resolve_organism` (an
+    ``organism:<task>`` pretrained on demand on the `main` process; any other spec unchanged)."""
+    from mechopd.organisms.recipes import resolve_organism
+
+    return engine_organism(cfg, device, progress=progress, main=main, barrier=barrier) or resolve_organism(
+        cfg.student, cfg.organism_dir, pretrain=True, progress=progress, main=main, barrier=barrier)

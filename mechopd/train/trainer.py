@@ -43,11 +43,10 @@ from mechopd.generate.scorer import score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.objectives.losses import AnchorGate, BetaSchedule, LossInputs, method_terms, terms_need, total_loss
 from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
-from mechopd.organisms.recipes import resolve_organism
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
-from mechopd.train.engine import engine_organism, rollout_engine, sync_engine
+from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
 from mechopd.train.lr import lr_multiplier
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
@@ -98,9 +97,8 @@ class Trainer:
         self._say(note)
         self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
         dtype = getattr(torch, cfg.dtype)
-        student_path = engine_organism(cfg, self.device, progress=progress, main=self.rank == 0, barrier=dist.barrier) \
-            or resolve_organism(cfg.student, cfg.organism_dir, pretrain=True, progress=progress,
-                                main=self.rank == 0, barrier=dist.barrier)  # vLLM on a CPU: the head_dim-32 organism
+        student_path = resolve_student(cfg, self.device, progress=progress, main=self.rank == 0,
+                                       barrier=dist.barrier)  # organism:<task> pretrained on demand (vLLM, CPU: hd32)
         self.tokenizer = load_tokenizer(student_path)
         check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
         rundir.check_items(self.task, cfg)  # pool_size / eval_n within the task's item space, before any model
