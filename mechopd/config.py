@@ -82,7 +82,13 @@ class TrainConfig:
                gathered only while generating). Same update either way; one process has nothing to shard.
     Sharing:   shared_prefix (auto: a context-view token prefix common to every row is computed once per batch at
                batch size 1, exact, logged per step as ``shared_prefix`` = tokens shared; off: every row in full).
-    Hardware:  dtype (float32 | bfloat16 | float16), device (auto | cpu | cuda | ...), organism_dir.
+    Hardware:  dtype (float32 | bfloat16 | float16; bfloat16 / float16 also run the forwards under torch.autocast,
+               log-softmax and losses in float32), device (auto | cpu | cuda | ...), organism_dir.
+    Memory:    micro_batch_size (rows per forward/backward inside one optimizer step, gradients accumulated; None =
+               all of this process's rows at once; the update is the one-shot step's, `train.step`), logit_chunk
+               (response positions per LM-head / log-softmax / loss chunk, so no [rows, R, vocab] tensor of a whole
+               micro-batch exists; None = the whole response; needs sharding: none), gradient_checkpointing
+               (recompute the student's decoder layers in backward; the student's own shared prefix is then off).
     """
 
     task: str = "rules"
@@ -134,6 +140,9 @@ class TrainConfig:
     rollout_engine: str = "lean"
     vllm_options: dict[str, Any] = field(default_factory=dict)
     shared_prefix: str = "auto"
+    micro_batch_size: int | None = None
+    logit_chunk: int | None = None
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.method in METHOD_ALIASES:
@@ -169,6 +178,14 @@ class TrainConfig:
         if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
             self.shared_prefix = "auto" if self.shared_prefix else "off"
         _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
+        for name in ("micro_batch_size", "logit_chunk"):
+            _in_range(name, getattr(self, name), True, 1, True, None, True)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ConfigError(f"gradient_checkpointing={self.gradient_checkpointing!r} is invalid: use true or false")
+        if self.logit_chunk is not None and self.sharding != "none":
+            raise ConfigError(f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
+                              "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
+                              "(micro_batch_size works under both)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

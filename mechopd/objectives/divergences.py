@@ -130,10 +130,19 @@ def sampled_token_kl(student_logp: Tensor, teacher_logp: Tensor, tokens: Tensor)
         raise ValueError(f"tokens shape {tuple(tokens.shape)} != logp shape[:-1] {tuple(student_logp.shape[:-1])}")
     idx = tokens.long().unsqueeze(-1)
     logq = student_logp.gather(-1, idx).squeeze(-1)  # log q_x(y_t), [B, T]
-    logf = teacher_logp.detach().gather(-1, idx).squeeze(-1)  # log f(y_t)
-    log_ratio = (logq - logf).detach()
+    logf = teacher_logp.gather(-1, idx).squeeze(-1)  # log f(y_t)
+    return sampled_token_kl_on_tokens(logq, logf)
+
+
+def sampled_token_kl_on_tokens(student_token_logp: Tensor, teacher_token_logp: Tensor) -> SampledKL:
+    """`sampled_token_kl` from ``log q_x(y_t)`` and ``log f(y_t)`` alone (``[batch, seq]`` each; the trainer computes
+    them as ``z_y/T − logsumexp(z/T)``, never the full ``[batch, seq, vocab]`` log-probabilities)."""
+    if student_token_logp.shape != teacher_token_logp.shape or student_token_logp.dim() != 2:
+        raise ValueError(f"expected two [batch, seq] token log-probs of one shape, got "
+                         f"{tuple(student_token_logp.shape)} and {tuple(teacher_token_logp.shape)}")
+    log_ratio = (student_token_logp - teacher_token_logp.detach()).detach()
     advantage = -log_ratio
-    return SampledKL(-advantage * logq, log_ratio)
+    return SampledKL(-advantage * student_token_logp, log_ratio)
 
 
 def nca_anchor(student_nctx_logp: Tensor, student_ctx_logp: Tensor) -> Tensor:

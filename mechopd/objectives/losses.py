@@ -21,6 +21,7 @@ What is non-standard here:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -37,13 +38,15 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     reverse_kl_full,
     reverse_kl_topk,
     sampled_token_kl,
+    sampled_token_kl_on_tokens,
     sym_kl,
     token_mean,
 )
 from mechopd.objectives.schedule import AnchorGate, BetaSchedule  # noqa: F401  (re-exported)
 
 ESTIMATORS = ("topk", "full", "sampled")
-VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens"})
+VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})
+FULL_VIEWS = ("student_nctx", "student_ctx", "teacher")  # the [batch, seq, vocab] ones
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -56,13 +59,28 @@ class LossInputs:
     """What the trainer scored for one batch; a term reads only the fields in its ``needs``.
 
     student_nctx, student_ctx, teacher: ``[batch, seq, vocab]`` log-probabilities (common vocab, same temperature);
-    tokens: ``[batch, seq]`` long, the sampled response ids.
+    tokens: ``[batch, seq]`` long, the sampled response ids; student_nctx_token, teacher_token: ``[batch, seq]``
+    ``log q_x(y_t)`` and ``log f(y_t)`` (a term that needs only these never makes the scorer build the full ones;
+    `with_tokens` fills them from the full tensors when a caller has those).
     """
 
     student_nctx: Tensor | None = None
     student_ctx: Tensor | None = None
     teacher: Tensor | None = None
     tokens: Tensor | None = None
+    student_nctx_token: Tensor | None = None
+    teacher_token: Tensor | None = None
+
+    def with_tokens(self) -> "LossInputs":
+        """The token views gathered from the full ones at ``tokens`` (for callers that scored full tensors)."""
+        if self.tokens is None:
+            return self
+        idx = self.tokens.long().unsqueeze(-1)
+        pick = lambda t: None if t is None else t.gather(-1, idx).squeeze(-1)  # noqa: E731
+        return dataclasses.replace(self, student_nctx_token=self.student_nctx_token
+                                   if self.student_nctx_token is not None else pick(self.student_nctx),
+                                   teacher_token=self.teacher_token if self.teacher_token is not None
+                                   else pick(self.teacher))
 
     def get(self, name: str) -> Tensor:
         value = getattr(self, name)
@@ -148,10 +166,10 @@ def _opd_term(o: TermOptions):
             frozenset({"student_nctx", "teacher"})
 
     def sampled(x: LossInputs) -> TermOutput:
-        loss, log_ratio = sampled_token_kl(x.get("student_nctx"), x.get("teacher"), x.get("tokens"))
+        loss, log_ratio = sampled_token_kl_on_tokens(x.get("student_nctx_token"), x.get("teacher_token"))
         return TermOutput(loss, {"kl_estimate": log_ratio})
 
-    return sampled, frozenset({"student_nctx", "teacher", "tokens"})
+    return sampled, frozenset({"student_nctx_token", "teacher_token"})
 
 
 @register_term("nca", anchor=True)
@@ -263,6 +281,7 @@ def total_loss(
     *,
     step: int = 0,
     count: Callable[[Tensor], Tensor] = _local_count,
+    denominators: tuple[Tensor, Tensor | None] | None = None,
 ) -> LossResult:
     """Σ_term w_term(step) · Σ_{b,t} per_pos · mask_term / count(mask_term); returns ``LossResult``.
 
@@ -273,6 +292,9 @@ def total_loss(
     global mean (the caller sums logs over processes). A zero count raises ``ValueError``.
     Logged: ``loss/<name>`` (the term's mean, unweighted) and ``<name>/<stat>`` (stat's mean over ``mask``).
     ``step`` (0-based) sets each term's weight through its schedule (``LossResult.weights``).
+    denominators: ``(count of mask, count of mask & keep)`` fixed in advance, instead of ``count``: a micro-batch or a
+    chunk of positions is then scored as its share of the WHOLE batch's means (`train.step`: the shares of every
+    chunk, micro-batch and process sum to the one-shot value).
     """
     if not terms:
         raise ValueError("total_loss needs at least one term")
@@ -281,21 +303,25 @@ def total_loss(
     weights: dict[str, float] = {}
     for term in terms:
         out = term.fn(inputs)
-        term_mask = mask & keep if (term.selectable and keep is not None) else mask
-        value = _masked_share(out.per_pos, term_mask, count)
+        selected = term.selectable and keep is not None
+        term_mask = mask & keep if selected else mask
+        den = None if denominators is None else denominators[1 if selected else 0]
+        value = _masked_share(out.per_pos, term_mask, count, den)
         w = weights[term.name] = term.weight_at(step)
         weighted[term.name] = w * value
         logs[f"loss/{term.name}"] = value.detach()
         for key, stat in out.stats.items():
-            logs[f"{term.name}/{key}"] = _masked_share(stat.detach(), mask, count)
+            logs[f"{term.name}/{key}"] = _masked_share(stat.detach(), mask, count,
+                                                       None if denominators is None else denominators[0])
     loss = sum(weighted.values())
     return LossResult(loss, logs, weighted, weights)
 
 
-def _masked_share(per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tensor]) -> Tensor:
-    """``Σ per_pos·mask / count(mask)`` (padded positions may hold inf/nan: selected out, never multiplied)."""
+def _masked_share(per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tensor], den: Tensor | None = None) -> Tensor:
+    """``Σ per_pos·mask / count(mask)`` (or ``/ den``; padded positions may hold inf/nan: selected out, never
+    multiplied)."""
     _check_mask(mask, per_pos.shape)
-    den = count(mask)
+    den = count(mask) if den is None else den
     if float(den) == 0:
         raise ValueError("total_loss: the mask selects no response token (all responses empty or fully masked)")
     return torch.where(mask, per_pos, torch.zeros_like(per_pos)).sum() / den

@@ -124,13 +124,12 @@ def _score_inputs(student: nn.Module, teacher: nn.Module | None, batch: TwoViewB
                   temperature: float) -> LossInputs:
     """The log-probabilities the terms need, aligned ``[batch, R, vocab]`` (common vocab), student ones with grad:
     the one scorer (``generate.scorer.score_roles``), as the trainer scores."""
-    if "teacher" in needs and teacher is None:
+    if needs & {"teacher", "teacher_token"} and teacher is None:
         raise ConfigError("a gradient term needs the teacher (opd, dual) but no teacher was given")
-    roles = [r for r in ROLES if r in needs]
+    roles = [r for r in ROLES if r in needs or f"{r}_token" in needs]  # a token view is read off its full one
     logp = score_roles(student, teacher, batch, roles, temperature=temperature)
-    tokens = batch.response_ids if "tokens" in needs else None
     return LossInputs(student_nctx=logp.get("student_nctx"), student_ctx=logp.get("student_ctx"),
-                      teacher=logp.get("teacher"), tokens=tokens)
+                      teacher=logp.get("teacher"), tokens=batch.response_ids).with_tokens()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

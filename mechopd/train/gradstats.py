@@ -91,3 +91,30 @@ def term_norms(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) ->
     """Each weighted term's gradient norm over all processes (failure diagnosis: pass freshly computed terms)."""
     grads = term_grads(weighted, params)
     return {t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()}
+
+
+class TermGrads:
+    """Per-term gradients accumulated piece by piece (chunks, micro-batches): ``add(term, params, grads)`` adds
+    ``grads`` (None = no contribution) to the entries of ``params`` (a subset of the run's parameters, by identity);
+    ``result()`` gives ``{term: [grad per parameter]}`` as `term_grads` does (zeros where a term does not reach)."""
+
+    def __init__(self, names: list[str], params: list[torch.nn.Parameter]):
+        self.names, self.params = names, params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._g: dict[str, list[Tensor | None]] = {n: [None] * len(params) for n in names}
+
+    def add(self, term: str, params: list[torch.nn.Parameter], grads: tuple[Tensor | None, ...] | list) -> None:
+        acc = self._g[term]
+        for p, g in zip(params, grads):
+            if g is not None:
+                i = self._index[id(p)]
+                acc[i] = g.detach() if acc[i] is None else acc[i] + g.detach()
+
+    def result(self) -> dict[str, list[Tensor]]:
+        return {n: [torch.zeros_like(p) if g is None else g for g, p in zip(gs, self.params)]
+                for n, gs in self._g.items()}
+
+
+def norms(grads: dict[str, list[Tensor]]) -> dict[str, float]:
+    """Each term's gradient norm over all processes, from per-term gradients (`TermGrads.result`)."""
+    return {t: math.sqrt(float(dist.all_sum(sum((x.double() ** 2).sum() for x in g)))) for t, g in grads.items()}

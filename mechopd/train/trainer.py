@@ -34,15 +34,14 @@ from tqdm.auto import tqdm
 
 from mechopd.checks import check_task_vocab, resolve_device
 from mechopd.config import TrainConfig, resolve_train_data
-from mechopd.errors import MechopdError, TrainingError
+from mechopd.errors import ConfigError, MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.settings import known_vocab
-from mechopd.generate.scorer import score_roles
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.objectives.losses import AnchorGate, BetaSchedule, LossInputs, method_terms, terms_need, total_loss
-from mechopd.objectives.select import TeachabilityStats, make_selector, teachability_stats
+from mechopd.objectives.losses import AnchorGate, BetaSchedule, method_terms, terms_need
+from mechopd.objectives.select import make_selector
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
@@ -50,21 +49,8 @@ from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
 from mechopd.train.lr import lr_multiplier
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
+from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
 from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
-
-
-def _global_count(mask: torch.Tensor) -> torch.Tensor:
-    """The number of masked tokens over ALL processes (the loss denominator; `losses.total_loss`'s ``count``)."""
-    return dist.all_sum(mask.sum().float())
-
-
-def _global_mean(per_pos: torch.Tensor, mask: torch.Tensor) -> float:
-    """Token mean over the response tokens of ALL processes (a logged value must not depend on the layout).
-
-    per_pos, mask: ``[batch, R]`` (this process's rows).
-    """
-    num = dist.all_sum(torch.where(mask, per_pos.float(), 0.0).sum())  # padded positions may hold inf/nan
-    return float(num / dist.all_sum(mask.sum().float()).clamp(min=1.0))
 
 
 def resolved_config_block(cfg: TrainConfig, resume_from: Path | None) -> str:
@@ -128,6 +114,7 @@ class Trainer:
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
         self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
         self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
+        self._build_scoring(cfg, dtype)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -160,6 +147,21 @@ class Trainer:
         self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
                                       tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
                                       q_low=cfg.q_low, q_high=cfg.q_high)
+
+    def _build_scoring(self, cfg: TrainConfig, dtype: torch.dtype) -> None:
+        """The step's forwards/backwards (`train.step`): micro-batches, logit chunks, checkpointing, autocast."""
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.student)
+        student_prefix = "off" if (cfg.sharding == "fsdp" or cfg.gradient_checkpointing) else None
+        opts = StepOptions(temperature=self.T, vocab=self.vocab, budget=cfg.budget, seed=cfg.seed,
+                           micro_batch_size=cfg.micro_batch_size, logit_chunk=cfg.logit_chunk,
+                           shared_prefix=cfg.shared_prefix, student_shared_prefix=student_prefix,
+                           autocast=dtype if dtype in (torch.bfloat16, torch.float16) else None)
+        self.scoring = StepScorer(self.student, self.teacher, self.terms, self.selector, self.params, opts,
+                                  self.teacher_store)
+        if cfg.logit_chunk is not None and not all(self.scoring.split.values()):
+            raise ConfigError(f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
+                              "(not a plain linear head over the base model); set logit_chunk=null")
 
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
@@ -210,22 +212,6 @@ class Trainer:
                                           for ex, r in zip(mine, responses)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
-    def _selection(self, s_logp: torch.Tensor, t_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Keep-mask for the OPD term; global over processes (signals gathered, same decision everywhere)."""
-        sel = self.selector
-        gen = torch.Generator().manual_seed(stable_seed(self.cfg.seed, self.step, -1) % (2**31))
-        if not dist.active():
-            out = sel(s_logp, t_logp, mask, self.cfg.budget, gen)
-            return out.keep, out.kept_fraction
-        stats = teachability_stats(s_logp, t_logp, mask, sel.k, sel.c_mode, sel.d_mode) if sel.needs_stats else None
-        packed = torch.stack([mask.float()] + ([stats.C, stats.D, stats.H, stats.kl_full] if stats else []), -1)
-        full, start = dist.all_gather_rows(packed.cpu())
-        gmask = full[..., 0] > 0.5
-        gstats = TeachabilityStats(*(full[..., i] for i in range(1, 5))) if stats else None
-        out = sel.from_stats(gstats, gmask, self.cfg.budget, gen)
-        B, R = mask.shape
-        return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
-
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -239,23 +225,28 @@ class Trainer:
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
         mask = batch.response_mask
-        res, s_x, t_logp, kept = self._score(batch)
+        self.opt.zero_grad(set_to_none=True)
+        stats_step = bool(cfg.grad_stats_every) and (self.step + 1) % cfg.grad_stats_every == 0
+        res = self.scoring.step(batch, self.step, per_term=stats_step)  # forwards + backwards (train/step.py)
+        self._prefix_paths = res.prefix
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
         guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
         logs.update({"beta_eff": res.weights[t.name] for t in self.terms if t.schedule is not None})
-        logs.update(self._backward(res.weighted))
+        self._last_term_norms = None
+        if stats_step:  # one autograd.grad per term (train/gradstats.py); their sum is the step's gradient
+            gradstats.set_summed_grads(self.params, res.term_grads)
+            stats = gradstats.grad_stats(res.term_grads, self.param_names)
+            self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in res.term_grads}
+            logs.update(stats)
         gnorm = self._apply_step(batch)
-        with torch.no_grad():
-            kl = (s_x.exp() * (s_x - t_logp)).sum(-1)
-            logs["kl/teacher_student"] = _global_mean(kl, mask)
         logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
         self.step += 1
         self.position += cfg.batch_size
         n_samples = float(dist.all_sum(torch.tensor(float(len(prompts)))))
-        return {"step": self.step, "loss": float(dist.all_sum(res.loss.detach())),
-                **logs, "kept_fraction": kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
+        return {"step": self.step, "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
+                **logs, "kept_fraction": res.kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
                 "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
                 "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
@@ -263,35 +254,6 @@ class Trainer:
                     float(self._prefix_paths.get("teacher:rows", 0))))),
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
-
-    def _score(self, batch) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
-        """Forward passes, selection and `losses.total_loss` on one two-view batch: (LossResult, s_x, t_logp, kept)."""
-        mask = batch.response_mask
-        roles = ["teacher", "student_nctx"] + (["student_ctx"] if "student_ctx" in self.needs else [])
-        self._prefix_paths: dict[str, int] = {}
-        scored = score_roles(self.student, self.teacher, batch, roles, temperature=self.T, vocab=self.vocab,
-                             shared_prefix=self.cfg.shared_prefix, agree=self._agree,
-                             teacher_store=self.teacher_store,
-                             student_shared_prefix="off" if self.cfg.sharding == "fsdp" else None,
-                             info=self._prefix_paths)
-        t_logp, s_x, s_c = scored["teacher"], scored["student_nctx"], scored.get("student_ctx")
-        keep, kept = self._selection(s_x.detach(), t_logp, mask)
-        inputs = LossInputs(student_nctx=s_x, student_ctx=s_c, teacher=t_logp, tokens=batch.response_ids)
-        return total_loss(self.terms, inputs, mask, keep, step=self.step, count=_global_count), s_x, t_logp, kept
-
-    def _backward(self, weighted: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Gradients of the total into ``.grad``; on a ``grad_stats_every`` step one backward per term + their stats."""
-        self.opt.zero_grad(set_to_none=True)
-        every = self.cfg.grad_stats_every
-        if every and (self.step + 1) % every == 0:
-            grads = gradstats.term_grads(weighted, self.params)
-            gradstats.set_summed_grads(self.params, grads)
-            stats = gradstats.grad_stats(grads, self.param_names)
-            self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in grads}
-            return stats
-        self._last_term_norms = None
-        sum(weighted.values()).backward()
-        return {}
 
     def _apply_step(self, batch) -> float:
         """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step; the terms'
@@ -303,7 +265,7 @@ class Trainer:
         elif len(self.terms) == 1:
             diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
         elif self.cfg.sharding == "none":
-            diagnose = lambda: gradstats.term_norms(self._score(batch)[0].weighted, self.params)  # noqa: E731
+            diagnose = lambda: gradstats.norms(self.scoring.step(batch, self.step, per_term=True).term_grads)  # noqa
         else:
             diagnose = None
         guard.check_grad_norm(gnorm, self.step + 1, diagnose)

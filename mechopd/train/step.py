@@ -1,0 +1,308 @@
+"""One optimizer step's forwards and backwards, in micro-batches of rows and chunks of response positions.
+
+The update equals the one-shot step's (one forward of the whole batch, `losses.total_loss`, one backward): every term
+is a token mean whose denominator is the GLOBAL count (all rows of all micro-batches of all processes), so each
+chunk's loss is its share of the whole batch's mean and the gradients of the shares sum, by linearity, to the
+one-shot gradient. For this process's B rows, split into ``micro_batch_size`` rows (all of them when unset):
+
+  0. teacher, no grad: the trunk per micro-batch; its final hidden states ``[b, R, d]`` are kept for the step
+     (d per position, not V);
+  1. selection, only for a selector that reads signals (TA-OPD and the score baselines): per micro-batch the
+     student's no-context trunk without grad (the grad pass of step 2 is reused when there is one micro-batch),
+     then per chunk head -> log-softmax -> `signals.teachability_stats` ``[b, c]``; the selector then decides ONCE
+     over all rows of all processes (⌈ρN⌉ over the whole batch; `Selector.from_stats`), before any loss pass;
+  2. loss: per micro-batch the student's trunk(s) with grad; the outputs are detached into leaves; per chunk of
+     ``logit_chunk`` positions: head -> log-softmax (or, for a term that reads only ``log q(y_t)``, a logsumexp and a
+     gather) -> `losses.total_loss` with the global denominators -> backward into the leaves and the head, so the
+     chunk's ``[b, c, V]`` graph is freed before the next chunk; then one backward through the trunk.
+No ``[rows, R, V]`` tensor of a whole micro-batch exists when ``logit_chunk`` is set (the head runs on one chunk).
+
+Per-term gradients (``grad_stats_every``): the same passes with ``autograd.grad`` per term instead of ``backward``,
+accumulated over chunks and micro-batches (`gradstats.TermGrads`); nothing is written to ``.grad``.
+Processes: the number of micro-batches is agreed (the largest); a process with fewer rows runs a masked copy of its
+first row, which adds nothing, so collectives (prefix agreement, FSDP) line up.
+A model without a trunk/head split (`scorer.head_split`: FSDP-wrapped, or an unusual head) scores through its full
+forward: its "hidden states" are then the response logits and the head is the identity (no chunking, refused in the
+config). ``kl/teacher_student`` is logged exactly when the teacher's full distribution is computed (full and top-k
+estimators; TA-OPD); for the sampled estimator it is the batch mean of the single-sample estimate log q_x(y)/f(y).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from mechopd.generate.prefix import PrefixStore
+from mechopd.generate.scorer import ROLES, head_logits, head_split, response_hidden, response_logits, to_logp, \
+    token_logp
+from mechopd.generate.sampler import stable_seed
+from mechopd.objectives.divergences import _kl
+from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
+from mechopd.objectives.select import Selector, TeachabilityStats, teachability_stats
+from mechopd.train import dist
+from mechopd.train.gradstats import TermGrads
+from mechopd.views import TwoViewBatch
+
+STUDENT_ROLES = ("student_nctx", "student_ctx")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """temperature, vocab (the common ids), budget (ρ), seed; micro_batch_size / logit_chunk (None = whole batch /
+    whole response); shared_prefix (teacher), student_shared_prefix (None = the same); autocast (a dtype or None)."""
+
+    temperature: float
+    vocab: int
+    budget: float
+    seed: int
+    micro_batch_size: int | None = None
+    logit_chunk: int | None = None
+    shared_prefix: str = "auto"
+    student_shared_prefix: str | None = None
+    autocast: torch.dtype | None = None
+
+
+class StepResult(NamedTuple):
+    """This process's shares (summed over processes they give the global values): ``loss``, ``logs`` (``loss/<t>``,
+    ``<t>/<stat>``, ``kl/teacher_student``); ``weights`` ``{term: w}``; ``kept`` the global kept fraction;
+    ``term_grads`` ``{term: [grad per parameter]}`` on a per-term step (else None); ``prefix``: {role: shared len}."""
+
+    loss: Tensor
+    logs: dict[str, Tensor]
+    weights: dict[str, float]
+    kept: float
+    term_grads: dict[str, list[Tensor]] | None
+    prefix: dict[str, int]
+
+
+def rows(batch: TwoViewBatch, sl: slice) -> TwoViewBatch:
+    """The rows `sl` of a batch (every tensor field is ``[batch, ...]``)."""
+    return dataclasses.replace(batch, **{k: v[sl] for k, v in vars(batch).items() if isinstance(v, Tensor)})
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing of the decoder layers (non-reentrant), transformers 5 name first."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+class StepScorer:
+    """Scores, selects and back-propagates one two-view batch (module docstring). Build once per run."""
+
+    def __init__(self, student: Any, teacher: Any, terms: list[LossTerm], selector: Selector,
+                 params: list[torch.nn.Parameter], opts: StepOptions, teacher_store: PrefixStore | None = None):
+        self.student, self.teacher, self.terms, self.selector = student, teacher, terms, selector
+        self.params, self.opts, self.store = params, opts, teacher_store
+        self.needs = terms_need(terms)
+        self.roles = [r for r in ROLES if r in self.needs or f"{r}_token" in self.needs]
+        self.split = {id(m): head_split(m) is not None for m in (student, teacher)}
+        tokens_only = {"student_nctx_token", "teacher_token"} <= self.needs
+        self.exact_kl = ("teacher" in self.needs and "student_nctx" in self.needs) or not tokens_only
+
+    # -- pieces ----------------------------------------------------------------------------------------------------
+    def _amp(self) -> Any:
+        o = self.opts
+        dev = self.student.device.type if hasattr(self.student, "device") else "cpu"
+        return torch.autocast(dev, dtype=o.autocast) if o.autocast is not None else contextlib.nullcontext()
+
+    def _hidden(self, role: str, mb: TwoViewBatch, info: dict[str, int]) -> Tensor:
+        """``[b, R, d]`` trunk output of `role` (``[b, R, V]`` logits for a model without a split); grad as the
+        caller's mode."""
+        model, view = (self.teacher, "c") if role == "teacher" else (self.student, ROLES[role][1])
+        teacher = role == "teacher"
+        mode = self.opts.shared_prefix if teacher or self.opts.student_shared_prefix is None \
+            else self.opts.student_shared_prefix
+        fn = response_hidden if self.split[id(model)] else response_logits
+        sub: dict[str, int] = {}
+        with self._amp():
+            out = fn(model, mb, view, shared_prefix=mode, agree=dist.agree_prefix if dist.active() else None,
+                     store=self.store if teacher else None, info=sub)
+        info[role], info[f"{role}:rows"] = sub[view], sub.get(f"{view}:rows", 0)
+        return out
+
+    def _head(self, model: Any, h: Tensor) -> Tensor:
+        """Logits ``[b, c, vocab]`` of hidden states ``[b, c, d]`` (identity + vocab cut for a model without split)."""
+        if not self.split[id(model)]:
+            return h[..., : self.opts.vocab] if h.shape[-1] != self.opts.vocab else h
+        with self._amp():
+            return head_logits(model, h, self.opts.vocab)
+
+    def _chunks(self, R: int) -> list[slice]:
+        c = self.opts.logit_chunk or max(R, 1)
+        return [slice(i, min(i + c, R)) for i in range(0, R, c)]
+
+    def _micro(self, B: int) -> list[tuple[slice, bool]]:
+        """(rows, real) per micro-batch; the count is the largest over processes (extra ones: a masked copy)."""
+        m = self.opts.micro_batch_size or max(B, 1)
+        n = math.ceil(B / m)
+        if dist.active():
+            n = int(dist.all_gather_rows(torch.tensor([[float(n)]]))[0].max())
+        return [(slice(i * m, min((i + 1) * m, B)), True) if i * m < B else (slice(0, 1), False) for i in range(n)]
+
+    def _inputs(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, c: slice,
+                exact_kl: bool) -> tuple[LossInputs, Tensor]:
+        """The terms' inputs on chunk `c` (student ones with grad through the leaves) and the per-position KL log."""
+        T, need = self.opts.temperature, self.needs
+        vals: dict[str, Tensor | None] = {"tokens": tokens[:, c]}
+        with torch.no_grad():
+            t_logits = self._head(self.teacher, th[:, c])
+            t_full = to_logp(t_logits, T) if ("teacher" in need or exact_kl) else None
+            vals["teacher"] = t_full
+            vals["teacher_token"] = _token(t_full, t_logits, vals["tokens"], T) if "teacher_token" in need else None
+            del t_logits
+        for role in STUDENT_ROLES:
+            if role not in leaves:
+                continue
+            logits = self._head(self.student, leaves[role][:, c])
+            full = to_logp(logits, T) if (role in need or (exact_kl and role == "student_nctx")) else None
+            vals[role] = full
+            if f"{role}_token" in need:
+                vals[f"{role}_token"] = _token(full, logits, vals["tokens"], T)
+        with torch.no_grad():
+            if exact_kl:
+                kl = _kl(vals["student_nctx"].detach(), t_full)
+            else:
+                kl = (vals["student_nctx_token"] - vals["teacher_token"]).detach()
+        vals["teacher"] = t_full if "teacher" in need else None
+        return LossInputs(**{k: vals.get(k) for k in LossInputs.__dataclass_fields__}), kl
+
+    # -- phases ----------------------------------------------------------------------------------------------------
+    def _select(self, batch: TwoViewBatch, micro: list, teacher_h: list, cached: Tensor | None,
+                step: int) -> tuple[Tensor | None, float]:
+        """Keep-mask ``[B, R]`` for the selectable terms over the whole batch of all processes (None: no selectable
+        term) and the kept fraction."""
+        if not any(t.selectable for t in self.terms):
+            return None, 1.0
+        sel, mask, o = self.selector, batch.response_mask, self.opts
+        gen = torch.Generator().manual_seed(stable_seed(o.seed, step, -1) % (2**31))
+        stats = None
+        if sel.needs_stats:
+            parts = []
+            for (sl, real), th in zip(micro, teacher_h):
+                mb = rows(batch, sl)
+                with torch.no_grad():
+                    hx = cached if cached is not None else self._hidden("student_nctx", mb, {})
+                    th = th if th is not None else self._hidden("teacher", mb, {})
+                    if real:
+                        parts.append(self._signals(hx, th, mb.response_mask))
+            stats = TeachabilityStats(*(torch.cat([p[i] for p in parts], 0) for i in range(4)))
+        if not dist.active():
+            out = sel.from_stats(stats, mask, o.budget, gen)
+            return out.keep, out.kept_fraction
+        packed = torch.stack([mask.float()] + ([stats.C, stats.D, stats.H, stats.kl_full] if stats else []), -1)
+        full, start = dist.all_gather_rows(packed.cpu())
+        gstats = TeachabilityStats(*(full[..., i] for i in range(1, 5))) if stats else None
+        out = sel.from_stats(gstats, full[..., 0] > 0.5, o.budget, gen)
+        B, R = mask.shape
+        return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
+
+    def _signals(self, hx: Tensor, th: Tensor, mask: Tensor) -> list[Tensor]:
+        """TA-OPD signals ``[b, R]`` (C, D, H, kl_full), computed per chunk of positions."""
+        sel, T, out = self.selector, self.opts.temperature, []
+        for c in self._chunks(mask.shape[1]):
+            s = to_logp(self._head(self.student, hx[:, c].detach()), T)
+            t = to_logp(self._head(self.teacher, th[:, c]), T)
+            st = teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode)
+            out.append((st.C, st.D, st.H, st.kl_full))
+        return [torch.cat([o[i] for o in out], 1) for i in range(4)]
+
+    def step(self, batch: TwoViewBatch, step: int, per_term: bool = False) -> StepResult:
+        """Forward + backward of the whole batch (module docstring); gradients ADD to ``.grad`` (zero them first),
+        or, with `per_term`, are returned per term and ``.grad`` is untouched."""
+        mask, info = batch.response_mask, {}
+        micro = self._micro(batch.batch_size)
+        keep_teacher = self.split[id(self.teacher)]  # [b, R, d] per micro-batch is cheap to keep
+        teacher_h = [None] * len(micro)
+        with torch.no_grad():
+            if keep_teacher:
+                teacher_h = [self._hidden("teacher", rows(batch, sl), info) for sl, _ in micro]
+        cached = None
+        if len(micro) == 1:  # the grad pass serves the selection too
+            cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.roles if r != "teacher"}
+        keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"], step)
+        den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
+        acc = _Acc(self.terms, self.params, self._head_params(), per_term)
+        for i, (sl, real) in enumerate(micro):
+            mb = rows(batch, sl)
+            mmask = mb.response_mask if real else torch.zeros_like(mb.response_mask)
+            mkeep = None if keep is None else (keep[sl] if real else torch.zeros_like(mmask))
+            with torch.no_grad():
+                th = teacher_h[i] if teacher_h[i] is not None else self._hidden("teacher", mb, info)
+            hs = cached or {r: self._hidden(r, mb, info) for r in self.roles if r != "teacher"}
+            cached = None
+            leaves = {r: h.detach().requires_grad_() for r, h in hs.items()}
+            for c in self._chunks(mmask.shape[1]):
+                inputs, kl = self._inputs(leaves, th, mb.response_ids, c, self.exact_kl)
+                res = total_loss(self.terms, inputs, mmask[:, c], None if mkeep is None else mkeep[:, c],
+                                 step=step, denominators=den)
+                acc.chunk(res, leaves, torch.where(mmask[:, c], kl, 0.0).sum() / den[0])
+                del inputs, res
+            acc.trunk(hs, leaves)
+        return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info)
+
+    def _head_params(self) -> list[torch.nn.Parameter]:
+        head = head_split(self.student) if self.split[id(self.student)] else None
+        return [] if head is None else [p for p in head.parameters() if p.requires_grad]
+
+
+def _token(full: Tensor | None, logits: Tensor, tokens: Tensor, T: float) -> Tensor:
+    """``log q(y_t)`` ``[b, c]``: gathered from the full log-probs when they exist, else logsumexp + gather."""
+    if full is not None:
+        return full.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return token_logp(logits, tokens, T)
+
+
+class _Acc:
+    """Sums the chunk shares (loss, logs) and routes their gradients: ``backward`` into ``.grad`` (and the leaves),
+    or per term into `TermGrads`."""
+
+    def __init__(self, terms: list[LossTerm], params: list, head_params: list, per_term: bool):
+        self.per_term, self.head_params = per_term, head_params
+        self.loss: Tensor | float = 0.0
+        self.logs: dict[str, Tensor] = {}
+        self.weights: dict[str, float] = {}
+        self.grads = TermGrads([t.name for t in terms], params)
+        self.leaf_grads: dict[str, dict[str, Tensor]] = {}
+
+    def chunk(self, res: Any, leaves: dict[str, Tensor], kl_share: Tensor) -> None:
+        self.loss = self.loss + res.loss.detach()
+        for k, v in list(res.logs.items()) + [("kl/teacher_student", kl_share)]:
+            self.logs[k] = self.logs.get(k, 0.0) + v.detach()
+        self.weights = res.weights
+        names, leaf_list = list(leaves), list(leaves.values())
+        if not self.per_term:
+            res.loss.backward()  # leaves' .grad and the head's .grad accumulate
+            return
+        terms = list(res.weighted)
+        for j, t in enumerate(terms):
+            g = torch.autograd.grad(res.weighted[t], leaf_list + self.head_params, retain_graph=j < len(terms) - 1,
+                                    allow_unused=True)
+            acc = self.leaf_grads.setdefault(t, {})
+            for n, gl in zip(names, g[: len(names)]):
+                if gl is not None:
+                    acc[n] = gl if n not in acc else acc[n] + gl
+            self.grads.add(t, self.head_params, g[len(names):])
+
+    def trunk(self, hs: dict[str, Tensor], leaves: dict[str, Tensor]) -> None:
+        """One backward through the trunk(s) of this micro-batch (per term on a per-term step)."""
+        if not self.per_term:
+            pairs = [(hs[r], leaves[r].grad) for r in hs if leaves[r].grad is not None and hs[r].requires_grad]
+            if pairs:
+                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+            return
+        todo = [(t, [(hs[r], g) for r, g in lg.items() if hs[r].requires_grad]) for t, lg in self.leaf_grads.items()]
+        todo = [(t, p) for t, p in todo if p]
+        for j, (t, pairs) in enumerate(todo):
+            g = torch.autograd.grad([p[0] for p in pairs], self.grads.params, [p[1] for p in pairs],
+                                    retain_graph=j < len(todo) - 1, allow_unused=True)
+            self.grads.add(t, self.grads.params, g)
+        self.leaf_grads = {}
