@@ -71,7 +71,8 @@ class StepOptions:
 class StepResult(NamedTuple):
     """This process's shares (summed over processes they give the global values): ``loss``, ``logs`` (``loss/<t>``,
     ``<t>/<stat>``, ``kl/teacher_student``); ``weights`` ``{term: w}``; ``kept`` the global kept fraction;
-    ``term_grads`` ``{term: [grad per parameter]}`` on a per-term step (else None); ``prefix``: {role: shared len}."""
+    ``term_grads`` ``{term: [grad per parameter]}`` on a per-term step (else None); ``prefix``: {role: shared len};
+    ``keep``: this process's ``[B, R]`` keep-mask of the selectable terms (None without one)."""
 
     loss: Tensor
     logs: dict[str, Tensor]
@@ -79,6 +80,7 @@ class StepResult(NamedTuple):
     kept: float
     term_grads: dict[str, list[Tensor]] | None
     prefix: dict[str, int]
+    keep: Tensor | None = None
 
 
 def rows(batch: TwoViewBatch, sl: slice) -> TwoViewBatch:
@@ -247,7 +249,7 @@ class StepScorer:
                 acc.chunk(res, leaves, torch.where(mmask[:, c], kl, 0.0).sum() / den[0])
                 del inputs, res
             acc.trunk(hs, leaves)
-        return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info)
+        return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
 
     def _head_params(self) -> list[torch.nn.Parameter]:
         head = head_split(self.student) if self.split[id(self.student)] else None
