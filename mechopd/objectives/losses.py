@@ -302,7 +302,8 @@ def total_loss(
     weighted: dict[str, Tensor] = {}
     weights: dict[str, float] = {}
     for term in terms:
-        out = term.fn(inputs)
+        with torch.profiler.record_function(f"mechopd.term.{term.name}"):  # bench/memory.py's profile reads it
+            out = term.fn(inputs)
         selected = term.selectable and keep is not None
         term_mask = mask & keep if selected else mask
         den = None if denominators is None else denominators[1 if selected else 0]

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.scorer import ROLES, head_logits, head_split, response_hidden, response_logits, to_logp, \
@@ -125,7 +126,7 @@ class StepScorer:
             else self.opts.student_shared_prefix
         fn = response_hidden if self.split[id(model)] else response_logits
         sub: dict[str, int] = {}
-        with self._amp():
+        with self._amp(), record_function(f"mechopd.trunk.{role}"):
             out = fn(model, mb, view, shared_prefix=mode, agree=dist.agree_prefix if dist.active() else None,
                      store=self.store if teacher else None, info=sub)
         info[role], info[f"{role}:rows"] = sub[view], sub.get(f"{view}:rows", 0)
@@ -135,7 +136,7 @@ class StepScorer:
         """Logits ``[b, c, vocab]`` of hidden states ``[b, c, d]`` (identity + vocab cut for a model without split)."""
         if not self.split[id(model)]:
             return h[..., : self.opts.vocab] if h.shape[-1] != self.opts.vocab else h
-        with self._amp():
+        with self._amp(), record_function("mechopd.head"):
             return head_logits(model, h, self.opts.vocab)
 
     def _chunks(self, R: int) -> list[slice]:
@@ -157,7 +158,7 @@ class StepScorer:
         vals: dict[str, Tensor | None] = {"tokens": tokens[:, c]}
         with torch.no_grad():
             t_logits = self._head(self.teacher, th[:, c])
-            t_full = to_logp(t_logits, T) if ("teacher" in need or exact_kl) else None
+            t_full = _logp(t_logits, T) if ("teacher" in need or exact_kl) else None
             vals["teacher"] = t_full
             vals["teacher_token"] = _token(t_full, t_logits, vals["tokens"], T) if "teacher_token" in need else None
             del t_logits
@@ -165,11 +166,11 @@ class StepScorer:
             if role not in leaves:
                 continue
             logits = self._head(self.student, leaves[role][:, c])
-            full = to_logp(logits, T) if (role in need or (exact_kl and role == "student_nctx")) else None
+            full = _logp(logits, T) if (role in need or (exact_kl and role == "student_nctx")) else None
             vals[role] = full
             if f"{role}_token" in need:
                 vals[f"{role}_token"] = _token(full, logits, vals["tokens"], T)
-        with torch.no_grad():
+        with torch.no_grad(), record_function("mechopd.kl_log"):
             if exact_kl:
                 kl = _kl(vals["student_nctx"].detach(), t_full)
             else:
@@ -230,7 +231,9 @@ class StepScorer:
         cached = None
         if len(micro) == 1:  # the grad pass serves the selection too
             cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.roles if r != "teacher"}
-        keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"], step)
+        with record_function("mechopd.select"):
+            keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"],
+                                      step)
         den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
         acc = _Acc(self.terms, self.params, self._head_params(), per_term)
         for i, (sl, real) in enumerate(micro):
@@ -254,6 +257,11 @@ class StepScorer:
     def _head_params(self) -> list[torch.nn.Parameter]:
         head = head_split(self.student) if self.split[id(self.student)] else None
         return [] if head is None else [p for p in head.parameters() if p.requires_grad]
+
+
+def _logp(logits: Tensor, T: float) -> Tensor:
+    with record_function("mechopd.log_softmax"):
+        return to_logp(logits, T)
 
 
 def _token(full: Tensor | None, logits: Tensor, tokens: Tensor, T: float) -> Tensor:
@@ -282,7 +290,8 @@ class _Acc:
         self.weights = res.weights
         names, leaf_list = list(leaves), list(leaves.values())
         if not self.per_term:
-            res.loss.backward()  # leaves' .grad and the head's .grad accumulate
+            with record_function("mechopd.backward.chunk"):
+                res.loss.backward()  # leaves' .grad and the head's .grad accumulate
             return
         terms = list(res.weighted)
         for j, t in enumerate(terms):
@@ -299,7 +308,8 @@ class _Acc:
         if not self.per_term:
             pairs = [(hs[r], leaves[r].grad) for r in hs if leaves[r].grad is not None and hs[r].requires_grad]
             if pairs:
-                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+                with record_function("mechopd.backward.trunk"):
+                    torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
             return
         todo = [(t, [(hs[r], g) for r, g in lg.items() if hs[r].requires_grad]) for t, lg in self.leaf_grads.items()]
         todo = [(t, p) for t, p in todo if p]

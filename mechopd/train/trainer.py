@@ -218,8 +218,8 @@ class Trainer:
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
         gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
-        with gather:  # FSDP: one all-gather per rollout, not one per decode step (vLLM samples its own copy)
-            prompts, contexts, responses, roll_stats = self.rollout(examples, rows)
+        with gather, torch.profiler.record_function("mechopd.rollout"):  # FSDP: one all-gather per rollout, not
+            prompts, contexts, responses, roll_stats = self.rollout(examples, rows)  # per decode step
         t_roll = time.perf_counter() - t0
         batch = assemble_two_views([self._render(p, None) for p in prompts],
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
