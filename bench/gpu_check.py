@@ -9,6 +9,10 @@ check, on the hardware and at the scale the papers use:
   NCCL two-process       ``torchrun --nproc_per_node 2`` train == one process at the same global batch (max |Δθ|),
                          when 2+ GPUs are visible
   real checkpoint eval   a real 1-4B checkpoint evaluated in both views (Acc_x, Acc_xc, Harm) on the JSONL task
+  paper-size step        (a real checkpoint only) one NCA step at batch 16 x 512 new tokens with the paper recipes'
+                         memory settings (micro_batch_size 2, logit_chunk 128, gradient_checkpointing, bf16): finite,
+                         its peak CUDA memory and time; and at batch 4 x 64 the same settings against the one-shot step
+                         (step-1 loss within 1e-2 relative in bf16)
 
     python bench/gpu_check.py CHECKPOINT_DIR [--teacher DIR] [--data data.jsonl --context ctx.txt] [--n 32]
     python bench/gpu_check.py --device cpu --n 4      # smoke-test the script itself on the zoo fixture (no GPU)
@@ -79,6 +83,37 @@ def check_train(args, method: str, out: Path) -> None:
     ok = len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))) and moved
     row(f"bf16 train {method}", ok, f"losses {', '.join(f'{x:.4f}' for x in losses)}; moved={moved}",
         time.time() - t0)
+
+
+PAPER_MEMORY = {"micro_batch_size": 2, "logit_chunk": 128, "gradient_checkpointing": True}
+
+
+def check_paper_step(args, real: bool, out: Path) -> None:
+    """The paper-size step (module docstring); skipped on the zoo fixture (its 640-row head is not the point)."""
+    if not real or args.device != "cuda":
+        row("paper-size step", None, "needs a real checkpoint on CUDA", 0.0)
+        return
+    from mechopd.train.trainer import Trainer
+    from mechopd.config import TrainConfig
+
+    def one_step(name: str, batch: int, new: int, extra: dict) -> dict:
+        cfg = {**train_cfg(args, "nca", steps=1), "batch_size": batch, **extra}
+        cfg["task_options"] = {**cfg["task_options"], "max_new_tokens": new}
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        rec = Trainer(TrainConfig(**cfg), out / name, progress=False).train_step()
+        return {**rec, "peak": torch.cuda.max_memory_allocated() / 2**30}
+
+    t0 = time.time()
+    big = one_step("paper", 16, 512, PAPER_MEMORY)
+    ok = bool(torch.isfinite(torch.tensor(big["loss"])))
+    row("paper-size step", ok, f"NCA 16 x 512 (mean len {big['response_len']:.0f}): loss {big['loss']:.4f}, peak "
+        f"{big['peak']:.1f} GiB, step {big['step_s']:.1f} s", time.time() - t0)
+    t0 = time.time()
+    ref, got = one_step("oneshot", 4, 64, {}), one_step("saving", 4, 64, PAPER_MEMORY)
+    rel = abs(got["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-12)
+    row("paper settings == one-shot", rel <= 1e-2, f"4 x 64: loss {got['loss']:.6f} vs {ref['loss']:.6f} (rel "
+        f"{rel:.1e}); peak {got['peak']:.1f} vs {ref['peak']:.1f} GiB", time.time() - t0)
 
 
 def check_lean_vs_generate(args) -> None:
@@ -183,7 +218,8 @@ def main() -> int:
                          ("bf16 train nca", lambda: check_train(args, "nca", out)),
                          ("lean vs generate (bf16)", lambda: check_lean_vs_generate(args)),
                          ("NCCL two-process", lambda: check_nccl(args, out)),
-                         ("eval", lambda: check_eval(args, real))):
+                         ("eval", lambda: check_eval(args, real)),
+                         ("paper-size step", lambda: check_paper_step(args, real, out))):
             try:
                 fn()
             except Exception as e:  # a check that crashes is a FAIL row, the others still run

@@ -194,8 +194,8 @@ def section_target(args, base: dict) -> None:
 
 
 def section_time(args, base: dict, small: dict) -> None:
-    n = 3 if args.quick else 5
-    B, R = (8, 32) if args.quick else (16, 64)
+    n = 3
+    B, R = (4, 32) if args.quick else (8, 32)
     print(f"\n[time] median step s over steps 2..{n} (batch {B} x {R} new tokens; rollout share in brackets)")
     for method in ("opd", "nca"):
         for label, s in (("one-shot", {}), ("mb2+chunk16", SAVING)):
@@ -208,7 +208,7 @@ def section_time(args, base: dict, small: dict) -> None:
 
 
 def section_profile(args, base: dict) -> None:
-    B, R = (8, 32) if args.quick else (16, 64)
+    B, R = (4, 32) if args.quick else (8, 64)
     for method, s in (("nca", {}), ("nca", SAVING), ("opd", {"estimator": "sampled"})):
         got = run_point({**base, "method": method, "B": B, "R": R, "set": s, "steps": 2, "profile": True})
         p = got["profile"]

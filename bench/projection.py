@@ -79,8 +79,8 @@ def project_recipes(folder: Path, per_elem: dict[str, float | None]) -> None:
         cfg = yaml.safe_load(path.read_text())
         for saving in (False, True):
             p = recipe_peak(cfg, per_elem, saving)
-            keys = ("micro_batch_size", "logit_chunk", "gradient_checkpointing")
-            label = "one-shot" if not saving else ",".join(f"{k.split('_')[0]}={cfg.get(k)}" for k in keys)
+            label = "one-shot" if not saving else (f"as shipped: mb={cfg.get('micro_batch_size')} chunk="
+                                                   f"{cfg.get('logit_chunk')} ckpt={bool(cfg.get('gradient_checkpointing'))}")
             fits = "  ".join(f"{'fits' if p['peak'] <= MARGIN * g else 'NO':>6}" for g in GPUS.values())
             print(f"  {path.stem:<34} {label:<34} " + " ".join(
                 f"{p[k] / GiB:{8 if k != 'states' else 7}.1f}" for k in ("states", "rollout", "loss", "activations",

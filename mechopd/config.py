@@ -34,6 +34,7 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "beta_warmup": (True, 0, True, None, False), "nca_gate": (False, 0, False, None, True),
     "nca_gate_window": (True, 1, True, None, False), "grad_stats_every": (True, 0, True, None, False),
     "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
+    "micro_batch_size": (True, 1, True, None, True), "logit_chunk": (True, 1, True, None, True),
 }
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
@@ -178,8 +179,6 @@ class TrainConfig:
         if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
             self.shared_prefix = "auto" if self.shared_prefix else "off"
         _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
-        for name in ("micro_batch_size", "logit_chunk"):
-            _in_range(name, getattr(self, name), True, 1, True, None, True)
         if not isinstance(self.gradient_checkpointing, bool):
             raise ConfigError(f"gradient_checkpointing={self.gradient_checkpointing!r} is invalid: use true or false")
         if self.logit_chunk is not None and self.sharding != "none":

@@ -1,7 +1,9 @@
 """The step guard: a non-finite step is never applied, and non-finite weights are never saved.
 
 Checked on every step, in this order:
-  1. each loss term's value (summed over processes) is finite — before the backward pass;
+  1. each loss term's value (summed over processes) is finite — before the optimizer step (the step's backward
+     passes run chunk by chunk with the forwards, `train.step`, so the value is known only after them; a NaN in
+     ``.grad`` is never applied);
   2. the global gradient norm (after the reduce over processes, before clipping) is finite — before ``opt.step()``;
      when it is not, the per-term gradient norms name the term(s) responsible;
   3. the weights after the update are finite (one norm per parameter tensor; cheap next to a forward pass) — before

@@ -5,13 +5,14 @@ differs between methods. One step:
   1. the student samples one response per prompt on the NO-context view (KV cache, batched; games: one prompt per
      move, every (turn prompt, response) a sample);
   2. `views` builds the two-view batch (same response ids, prompts left-padded);
-  3. the teacher scores the context view (no grad); the student scores the no-context view (grad) and, when a term
-     needs it (NCA, DualOPD, SymKL), the context view (grad);
-  4. the selector picks the OPD term's tokens (global top ⌈ρN⌉ over the whole rollout batch, all processes);
-  5. `losses.total_loss` (the tested loss): Σ_terms w(step) · Σ(per-token loss · mask) / (global token count);
-     backward (on a ``grad_stats_every`` step: one backward per term and their statistics, `gradstats`); gradients
-     summed over processes; clip; the step guard (`guard`: finite losses, gradient norm and weights — a non-finite
-     step is never applied nor saved); one AdamW step.
+  3-5. `step.StepScorer` (micro-batches of ``micro_batch_size`` rows, chunks of ``logit_chunk`` positions, the same
+     update as one shot): the teacher scores the context view (no grad); the selector picks the OPD term's tokens
+     (global top ⌈ρN⌉ over the whole rollout batch, all processes) BEFORE any loss pass; the student scores the
+     no-context view (grad) and, when a term needs it (NCA, DualOPD, SymKL), the context view (grad);
+     `losses.total_loss` per chunk: Σ_terms w(step) · Σ(per-token loss · mask) / (global token count), backward per
+     chunk, then through the trunk (on a ``grad_stats_every`` step: per-term gradients and their statistics,
+     `gradstats`); gradients summed over processes; clip; the step guard (`guard`: finite losses, gradient norm and
+     weights — a non-finite step is never applied nor saved); one AdamW step.
 Processes hold full replicas (``sharding: none``) or FSDP shards (``sharding: fsdp``); `sharding` says how each layout
 sums gradients, generates and saves, so the loop never branches on it.
 Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data

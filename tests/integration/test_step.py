@@ -178,3 +178,14 @@ def test_bf16_autocast_runs_and_tracks_float32(models, batch):
     assert got.loss.dtype == torch.float32  # log-softmax and losses in float32
     torch.testing.assert_close(got.loss, ref.loss, rtol=5e-2, atol=1e-3)
     assert all(torch.isfinite(p.grad).all() for p in _params(student))
+
+
+def test_memory_fields_are_validated():
+    from mechopd.config import TrainConfig
+    from mechopd.errors import ConfigError
+
+    assert TrainConfig(micro_batch_size=2, logit_chunk=16, gradient_checkpointing=True).logit_chunk == 16
+    for bad in (dict(micro_batch_size=0), dict(logit_chunk=-1), dict(micro_batch_size=1.5),
+                dict(gradient_checkpointing="yes"), dict(logit_chunk=8, sharding="fsdp")):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            TrainConfig(**bad)

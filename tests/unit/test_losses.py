@@ -254,7 +254,9 @@ def test_method_terms_shape(method, names, weights_):
     assert [t.selectable for t in terms] == [True] + [False] * (len(terms) - 1)
     needs_ctx = method != "opd"
     assert ("student_ctx" in L.terms_need(terms)) == needs_ctx
-    assert "tokens" in L.terms_need(L.method_terms(method, estimator="sampled"))
+    sampled = L.terms_need(L.method_terms(method, estimator="sampled"))
+    assert {"student_nctx_token", "teacher_token"} <= sampled  # log q(y), log f(y): never the full tensors
+    assert method != "opd" or not sampled & set(L.FULL_VIEWS)
     assert "tokens" not in L.terms_need(L.method_terms(method, estimator="full"))
 
 
@@ -274,7 +276,7 @@ def test_method_terms_build_from_the_registry():
 def _inputs(seed: int = 20, with_tokens: bool = True) -> tuple[L.LossInputs, torch.Tensor, torch.Tensor]:
     x, c, t = make_logits(seed), make_logits(seed + 1), make_logits(seed + 2)
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed)) if with_tokens else None
-    return L.LossInputs(logp(x), logp(c), logp(t).detach(), tokens), x, c
+    return L.LossInputs(logp(x), logp(c), logp(t).detach(), tokens).with_tokens(), x, c
 
 
 MASK = torch.tensor([[True, True, True], [True, True, False]])
@@ -324,5 +326,20 @@ def test_total_loss_applies_keep_only_to_the_opd_term_and_logs_stats():
 
 def test_missing_input_is_reported():
     inputs, _, _ = _inputs(with_tokens=False)
-    with pytest.raises(ValueError, match="tokens"):
+    with pytest.raises(ValueError, match="student_nctx_token"):
         L.total_loss(L.method_terms("opd", estimator="sampled"), inputs, MASK)
+
+
+def test_sampled_estimator_on_token_log_probs_equals_the_full_form():
+    """The trainer's form (z_y/T − logsumexp(z/T), no [B, T, V] log-probs) is the full-tensor form, value and grad."""
+    from mechopd.generate.scorer import token_logp
+
+    x, t = make_logits(5), make_logits(6)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
+    full = L.sampled_token_kl(torch.log_softmax(x / 0.7, -1), torch.log_softmax(t / 0.7, -1), tokens)
+    part = L.sampled_token_kl_on_tokens(token_logp(x, tokens, 0.7), token_logp(t, tokens, 0.7))
+    f32 = dict(rtol=1e-5, atol=1e-5)  # token_logp computes in float32, as the scorer does
+    torch.testing.assert_close(part.loss, full.loss.float(), **f32)
+    torch.testing.assert_close(part.log_ratio, full.log_ratio.float(), **f32)
+    torch.testing.assert_close(torch.autograd.grad(part.loss.sum(), x, retain_graph=True)[0],
+                               torch.autograd.grad(full.loss.sum(), x)[0], **f32)
