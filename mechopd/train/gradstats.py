@@ -2,7 +2,8 @@
 
 On a stats step each WEIGHTED term w_i·L_i gets its own backward (``autograd.grad``, graph retained between terms);
 their sum is the step's gradient (linearity), so it is written into ``.grad`` and no further backward runs: a stats
-step costs one backward per term instead of one. Gradients are summed over processes before any statistic.
+step costs one backward per term instead of one. Under micro-batches and logit chunks (`train.step`) the per-term
+gradients are summed piece by piece in a `TermGrads` (each chunk's and each trunk's ``autograd.grad`` per term). Gradients are summed over processes before any statistic.
 With g_i the flat gradient of term i over the student's parameters (tied weights once):
 
     grad/norm/<i>                          ‖g_i‖

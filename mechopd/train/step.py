@@ -50,7 +50,6 @@ from mechopd.train import dist
 from mechopd.train.gradstats import TermGrads
 from mechopd.views import TwoViewBatch
 
-STUDENT_ROLES = ("student_nctx", "student_ctx")
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,8 @@ class StepScorer:
         self.student, self.teacher, self.terms, self.selector = student, teacher, terms, selector
         self.params, self.opts, self.store = params, opts, teacher_store
         self.needs = terms_need(terms)
-        self.roles = [r for r in ROLES if r in self.needs or f"{r}_token" in self.needs]
+        self.roles = [r for r in ROLES if r in self.needs or f"{r}_token" in self.needs]  # a role per LossInputs view
+        self.student_roles = [r for r in self.roles if ROLES[r][0] == "student"]
         self.split = {id(m): head_split(m) is not None for m in (student, teacher)}
         tokens_only = {"student_nctx_token", "teacher_token"} <= self.needs
         self.exact_kl = ("teacher" in self.needs and "student_nctx" in self.needs) or not tokens_only
@@ -120,8 +120,9 @@ class StepScorer:
     def _hidden(self, role: str, mb: TwoViewBatch, info: dict[str, int]) -> Tensor:
         """``[b, R, d]`` trunk output of `role` (``[b, R, V]`` logits for a model without a split); grad as the
         caller's mode."""
-        model, view = (self.teacher, "c") if role == "teacher" else (self.student, ROLES[role][1])
-        teacher = role == "teacher"
+        which, view = ROLES[role]
+        teacher = which == "teacher"
+        model = self.teacher if teacher else self.student
         mode = self.opts.shared_prefix if teacher or self.opts.student_shared_prefix is None \
             else self.opts.student_shared_prefix
         fn = response_hidden if self.split[id(model)] else response_logits
@@ -162,9 +163,7 @@ class StepScorer:
             vals["teacher"] = t_full
             vals["teacher_token"] = _token(t_full, t_logits, vals["tokens"], T) if "teacher_token" in need else None
             del t_logits
-        for role in STUDENT_ROLES:
-            if role not in leaves:
-                continue
+        for role in leaves:  # the student's roles (with grad through their leaves)
             logits = self._head(self.student, leaves[role][:, c])
             full = _logp(logits, T) if (role in need or (exact_kl and role == "student_nctx")) else None
             vals[role] = full
@@ -230,7 +229,7 @@ class StepScorer:
                 teacher_h = [self._hidden("teacher", rows(batch, sl), info) for sl, _ in micro]
         cached = None
         if len(micro) == 1:  # the grad pass serves the selection too
-            cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.roles if r != "teacher"}
+            cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.student_roles}
         with record_function("mechopd.select"):
             keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"],
                                       step)
@@ -242,7 +241,7 @@ class StepScorer:
             mkeep = None if keep is None else (keep[sl] if real else torch.zeros_like(mmask))
             with torch.no_grad():
                 th = teacher_h[i] if teacher_h[i] is not None else self._hidden("teacher", mb, info)
-            hs = cached or {r: self._hidden(r, mb, info) for r in self.roles if r != "teacher"}
+            hs = cached or {r: self._hidden(r, mb, info) for r in self.student_roles}
             cached = None
             leaves = {r: h.detach().requires_grad_() for r, h in hs.items()}
             for c in self._chunks(mmask.shape[1]):
