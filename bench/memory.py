@@ -93,9 +93,9 @@ def worker(spec: dict) -> dict:
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer
 
-    cfg = dict(student=spec["student"], teacher=spec["teacher"], task="rules", task_options={"placement": "user"},
-               method=spec["method"], estimator="topk", batch_size=spec["B"], max_new_tokens=spec["R"],
-               steps=10**6, lr=1e-5, seed=0, pool_size=64, **spec.get("set", {}))
+    cfg = {**dict(student=spec["student"], teacher=spec["teacher"], task="rules", task_options={"placement": "user"},
+                  method=spec["method"], estimator="topk", batch_size=spec["B"], max_new_tokens=spec["R"],
+                  steps=10**6, lr=1e-5, seed=0, pool_size=64), **spec.get("set", {})}
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(TrainConfig(**cfg), out_dir=Path(tmp) / "run", progress=False)
         before = rss_now()
@@ -225,11 +225,18 @@ def section_liger(args) -> None:
     liger_vs_mechopd(n=512 if args.quick else 1024, vocab=VOCAB, threads=args.threads)
 
 
+def parse_per_element(text: str | None) -> dict[str, float | None]:
+    if not text:
+        return {"opd": None, "nca": None}
+    return {k: float(v) for k, v in (kv.split("=") for kv in text.split(","))}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sections", default="grid,target,time,profile,liger,project")
     p.add_argument("--quick", action="store_true", help="smaller grid and steps (a smoke run)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--per-element", default=None, help="project from a previous grid's fit: opd=23.9,nca=27.7")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -243,9 +250,15 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if sections == ["project"]:
+            project_recipes(ROOT / "training" / "paper", parse_per_element(args.per_element))
+            return 0
         base = {"student": str(build(root / "s", VOCAB, 0)), "teacher": str(build(root / "t", VOCAB, 1)),
                 "threads": args.threads}
         per_elem = {"opd": None, "nca": None}
+        if args.per_element:
+            per_elem = parse_per_element(args.per_element)
+            print(f"bytes per element from the command line (a previous grid's fit): {per_elem}")
         if "grid" in sections:
             per_elem = section_grid(args, base)
         if "target" in sections:

@@ -72,7 +72,7 @@ def project_recipes(folder: Path, per_elem: dict[str, float | None]) -> None:
         print("\n[project] needs the grid's fit (run with the grid section); not projected")
         return
     print(f"\n[project] per process, {PROCESSES} processes, bytes/element opd {per_elem['opd']:.1f}, nca "
-          f"{per_elem['nca']:.1f} (fitted above); GiB; fits = peak <= {MARGIN:.0%} of the GPU")
+          f"{per_elem['nca']:.1f} (the grid fit of bench/memory.py); GiB; fits = peak <= {MARGIN:.0%} of the GPU")
     print(f"  {'recipe':<34} {'settings':<34} {'states':>7} {'rollout':>8} {'loss':>8} {'activ':>8} {'peak':>8}  "
           + "  ".join(GPUS))
     for path in sorted(folder.glob("*.yaml")):
