@@ -2,8 +2,9 @@
 
 Model: a tiny Qwen2-architecture decoder built from a config (2 layers, hidden 64, 4 heads, 2 kv heads, intermediate
 128) with a 151936-row tied head (Qwen2.5's vocabulary size), random weights, the rules organism's word-level
-tokenizer (171 ids; the other rows are never sampled: embedding column 0 is +2 for ordinary ids and -2 for special
-ids and every row past the tokenizer, so every response runs to the cap, as in bench/train_step.py). The teacher is
+tokenizer plus filler words up to 151936 ids (the trainer scores the ids the tokenizer knows; the fillers are never
+sampled: embedding column 0 is +2 for ordinary ids and -2 for special ids and the fillers, so every response runs to
+the cap, as in bench/train_step.py). The teacher is
 a second such model (another seed), so the step-1 loss and gradient are not zero. Work: `Trainer.train_step()` on the
 rules task, batch B prompts x R new tokens, top-k 256 estimator, lr 1e-5, fp32, one thread.
 
@@ -61,7 +62,10 @@ def build(out: Path, vocab: int, seed: int) -> Path:
     from mechopd.organisms.pretrain import organism_vocab
     from mechopd.organisms.tokenizer import build_tokenizer
 
-    tok = build_tokenizer(organism_vocab())
+    words = organism_vocab()
+    n_base = len(build_tokenizer(words))
+    tok = build_tokenizer(words + [f"w{i}" for i in range(max(0, vocab - n_base))])  # as many ids as head rows:
+    assert len(tok) == vocab, (len(tok), vocab)  # the trainer scores the ids the tokenizer knows (known_vocab)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -72,7 +76,7 @@ def build(out: Path, vocab: int, seed: int) -> Path:
         emb = model.get_input_embeddings().weight  # [V, d], tied with lm_head
         emb[:, 0] = 2.0
         emb[tok.all_special_ids, 0] = -2.0
-        emb[len(tok):, 0] = -2.0  # rows past the tokenizer are never sampled
+        emb[n_base:, 0] = -2.0  # the filler words are never sampled (every row is still scored)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
