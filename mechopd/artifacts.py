@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from mechopd.checks import umask_mode
 from mechopd.errors import ConfigError, DataError
 
 S = TypeVar("S", bound="Summary")
@@ -56,6 +57,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.chmod(tmp, umask_mode(directory=False))  # mkstemp's 0600 would outlive the rename
     try:
         with os.fdopen(fd, "w", newline="") as fh:
             write(fh)

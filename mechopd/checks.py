@@ -10,6 +10,10 @@
   is a plain name (no path separators, no ``..``, no checkpoint file stems), and labels are unique.
 - Vocabulary (`check_task_vocab`): a word-level tokenizer that lacks the task's words would train or be scored on
   ``<unk>`` soup.
+- Model directories (`check_checkpoint`, `check_tokenizer`): ``vocab_size`` >= 1; every file the directory names
+  (index shards, tokenizer files) lies inside it; the tokenizer is not empty (transformers builds a 1-entry one when
+  the files are gone), has no id past the embedding rows, and agrees with config.json on its eos / bos ids (another
+  model's tokenizer next to the weights).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mechopd.errors import ConfigError, ModelError, TaskError
+from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -65,7 +69,7 @@ def weight_files(path: str | os.PathLike) -> dict[str, Path]:
         except (ValueError, KeyError, TypeError) as e:
             raise ModelError(f"{d / INDEX} is not a safetensors index ({_first_line(e)}); re-save the checkpoint "
                              "with save_pretrained") from None
-        files = {name: d / shard for name, shard in weight_map.items()}
+        files = {name: inside(d, str(shard), INDEX) for name, shard in weight_map.items()}
         for name, file in files.items():
             if not file.is_file():
                 raise ModelError(f"shard {file} (tensor {name!r} in {d / INDEX}) is missing; copy the whole checkpoint")
@@ -118,6 +122,10 @@ def check_checkpoint(path: str | os.PathLike, config: Any = None) -> dict[str, P
         return {}
     files = weight_files(d)
     config = config if config is not None else read_config(d)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ModelError(f"{d / 'config.json'}: vocab_size={vocab!r} is invalid (the embedding has >= 1 row); restore "
+                         "the checkpoint's own config.json")
     want, tied = expected_tensors(config)
     shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(set(files.values())):
@@ -138,6 +146,51 @@ def check_checkpoint(path: str | os.PathLike, config: Any = None) -> dict[str, P
                              f"{d / 'config.json'} implies {list(want[name])}; restore the checkpoint's own "
                              "config.json")
     return files
+
+
+def inside(d: Path, name: str, where: str) -> Path:
+    """``d / name``, refused unless the name stays inside `d` (no absolute path, no ``..``). Judged on the name, not
+    on where a link points: a Hugging Face cache snapshot links its files into the cache's blob store."""
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep):
+        raise ModelError(f"{d / where} names {name!r}, which lies outside {d}; a model directory may only name its "
+                         "own files: copy the file into it")
+    return d / name
+
+
+TOKENIZER_FILES = ("tokenizer_file", "vocab_file", "merges_file", "chat_template_file")
+
+
+def check_tokenizer(tokenizer: Any, src: str) -> None:
+    """A local model's tokenizer is its own: not empty, no id past the embedding, eos / bos as config.json says."""
+    d = Path(src)
+    if not d.is_dir():
+        return
+    cfg_file = d / "tokenizer_config.json"
+    if cfg_file.is_file():
+        try:
+            named = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            named = {}
+        for key in TOKENIZER_FILES:
+            if isinstance(named, dict) and isinstance(named.get(key), str):
+                inside(d, named[key], "tokenizer_config.json")
+    n = len(tokenizer)
+    if n < 2:
+        raise ModelError(f"{d} has no tokenizer files (transformers built an empty tokenizer of {n} entry); save the "
+                         "model's tokenizer next to it with tokenizer.save_pretrained(DIR)")
+    config = read_config(d)
+    rows = getattr(config, "vocab_size", None)
+    if isinstance(rows, int) and n > rows:
+        raise ModelError(f"the tokenizer in {d} has {n} entries but the model's embedding has {rows} rows: the "
+                         "tokenizer belongs to another model; restore the model's own tokenizer files")
+    for role in ("eos", "bos"):
+        want, have = getattr(config, f"{role}_token_id", None), getattr(tokenizer, f"{role}_token_id", None)
+        wants = set(want) if isinstance(want, list) else {want}
+        if want is not None and have is not None and have not in wants:
+            raise ModelError(f"the tokenizer in {d} has {role} id {have} but config.json says {want}: the tokenizer "
+                             "belongs to another model; restore the model's own tokenizer files (or, if this "
+                             f"tokenizer is right, set {role}_token_id in config.json to {have})")
 
 
 def check_loading_info(src: str, info: dict[str, Any]) -> None:
@@ -206,6 +259,14 @@ def check_out_dir(path: str | os.PathLike, flag: str = "--out", shown: str | os.
     return p
 
 
+def umask_mode(directory: bool) -> int:
+    """The mode a plain ``open`` / ``mkdir`` would give under this process's umask (temp files get 0600 / 0700:
+    a finished checkpoint or artifact renamed from one must not stay private to its writer)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 def _is_report(path: Path) -> bool:
     try:
         data = json.loads(path.read_text())
@@ -268,3 +329,14 @@ def check_task_vocab(tokenizer: Any, task: Any) -> None:
         bad = [w for w in words if unk in tokenizer(w, add_special_tokens=False)["input_ids"]][:8]
         raise TaskError(f"the model's tokenizer lacks tokens of task {task.name!r} (e.g. {bad}); use a model whose "
                         "vocabulary covers the task (an organism pretrained with this task's words)")
+
+
+def check_response_ids(responses: Iterable[Iterable[int]], tokenizer: Any, where: str) -> None:
+    """Response ids a probe scores are ids of the tokenizer: 0 <= id < len(tokenizer) (a padding row past the
+    tokenizer is no token; an id past the embedding would crash the model or read another row)."""
+    n = len(tokenizer)
+    for i, ids in enumerate(responses):
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n), None)
+        if bad is not None:
+            raise DataError(f"{where}: response {i + 1} holds token id {bad!r}, outside the tokenizer's 0..{n - 1}; "
+                            "rebuild the responses with this model's tokenizer")

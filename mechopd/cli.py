@@ -26,12 +26,22 @@ def command(name: str, help: str):
 
 
 def _kv(pairs: list[str] | None, flag: str) -> dict[str, Any]:
+    """``--option`` / ``--chat-template-kwarg`` pairs, read as ``--set task_options.K=V`` is (`config.parse_options`)."""
+    from mechopd.config import parse_options
+
+    return parse_options(pairs, flag)
+
+
+def _kv_raw(pairs: list[str] | None, flag: str) -> dict[str, Any]:
     from mechopd.config import parse_overrides
 
-    try:
-        return parse_overrides(pairs or [])
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("--set", flag)) from None
+    return parse_overrides(pairs or [], flag)
+
+
+def _text(value: str | None, flag: str) -> str | None:
+    from mechopd.config import flag_text
+
+    return flag_text(value, flag)  # the rule --set applies to text fields
 
 
 def _named(pairs: list[str] | None, flag: str) -> dict[str, str]:
@@ -113,6 +123,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    "repeatable (e.g. --set lr=1e-4 --set task_options.rule=shift:2)")
     p.add_argument("--out", default=None, metavar="DIR", help="run directory, new or empty unless --resume (default "
                    "runs/<config name or task-method-selector>)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
+                   "rule=shift:2); same as --set task_options.KEY=VALUE, and as eval's and probe's --option")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
     for name, (metavar, text) in SHORTHANDS.items():
@@ -142,10 +154,13 @@ def _train_locked(a: argparse.Namespace) -> int:
     from mechopd.train.trainer import train
 
     short = {k: getattr(a, f"short_{k}") for k in SHORTHANDS if getattr(a, f"short_{k}") is not None}
-    over = parse_overrides([f"{k}={v}" for k, v in short.items()])
-    over = merge(over, _kv(a.set, "--set"))
+    pairs = [f"{k}={v}" for k, v in short.items()] + [f"task_options.{kv}" for kv in a.option]
+    over = merge(parse_overrides(pairs, "--option"), _kv_raw(a.set, "--set"))
     cfg = load_train_config(a.config, over)
     out = check_out_dir(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
+    if (out / "config.json").is_file():
+        raise ConfigError(f"--out {out} is a model directory (config.json), not a training run; a run writes its own "
+                          "directory: choose another --out (the model is not touched)")
     final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
     print(f"final checkpoint: {final}")
     return 0
@@ -153,11 +168,14 @@ def _train_locked(a: argparse.Namespace) -> int:
 
 # --- eval ---------------------------------------------------------------------------------------------------------------
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir, hub id or organism:<task>")
+    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir, hub id or organism:<task>; a "
+                   "checkpoint written by mechopd train renders as its final/training.json records")
+    p.add_argument("--run", default=None, metavar="RUN_DIR", help="a training run: its final/ with the run's task, "
+                   "task options and render (config.yaml), as the probes' --run")
     p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side on "
                    "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name")
-    p.add_argument("--task", required=True, metavar="TASK", help="rules | frozenlake | sokoban | jsonl | a registered "
-                   "name")
+    p.add_argument("--task", default=None, metavar="TASK", help="rules | frozenlake | sokoban | jsonl | a registered "
+                   "name (default: the task the run or checkpoint records)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
                    "rule=shift:1, path=data.jsonl)")
     p.add_argument("--n", type=int, default=200, metavar="INT", help="held-out items, >= 1 (default 200)")
@@ -169,9 +187,10 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="INT", help="response cap per prompt (per "
                    "move for games), >= 1 (default: the task's)")
     p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
-                   "no-context view (for chat templates that insert a default one)")
+                   "no-context view (for chat templates that insert a default one; default: the run's)")
     p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE", help="chat template "
-                   "variable, repeatable; use the training run's (e.g. date_string=26 Jul 2024, enable_thinking=false)")
+                   "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
+                   "a value that differs from the run's record is refused)")
     p.add_argument("--engine", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
                    "(model(...) per step, any causal LM) | vllm (the extra mechopd[vllm])")
     p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
@@ -205,29 +224,35 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
     from mechopd.evaluate import EvalConfig
+    from mechopd.records import recorded_config, recorded_task
     from mechopd.tasks.base import get_task
 
-    if bool(a.model) == bool(a.compare):
-        raise ConfigError("pass exactly one of --model DIR or --compare NAME=DIR ...")
+    if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
+        raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")
     cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
                      max_new_tokens=a.max_new_tokens, engine=a.engine)
-    task = get_task(a.task, **_kv(a.option, "--option"))
-    models = {"model": a.model} if a.model else _named(a.compare, "--compare")
+    if a.run and not Path(a.run, "final", "config.json").is_file():
+        raise ConfigError(f"--run {a.run} holds no final checkpoint (final/); pass a finished training run")
+    models = {"model": a.model or str(Path(a.run or "", "final"))} if not a.compare else _named(a.compare, "--compare")
+    a.model = models.get("model")  # --run: its final/ (the default report path sits under it)
+    records = {name: recorded_config(a.run or path) for name, path in models.items()}
+    a.task, options = recorded_task(records, a.task, _kv(a.option, "--option"))
+    task = get_task(a.task, **options)
     targets, out_dir = _eval_targets(a, list(models))
     with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
-        return _eval_locked(a, cfg, task, models, targets, out_dir)
+        return _eval_locked(a, cfg, task, models, targets, out_dir, records, options)
 
 
 def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, str], targets: dict[str, Path],
-                 out_dir: Path | None) -> int:
+                 out_dir: Path | None, records: dict[str, Any], options: dict[str, Any]) -> int:
     from mechopd.evaluate import compare, evaluate_model, format_summary, write_report
-    from mechopd.models import check_model, load_model, load_tokenizer
+    from mechopd.models import check_model, load_model
     from mechopd.organisms.recipes import resolve_organism
-    from mechopd.views import RenderSpec
+    from mechopd.records import checked_renders
 
-    spec = RenderSpec(placement=task.placement, no_context_system=a.no_context_system,
-                      chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"))
     paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in models.items()}
+    ncs, kwargs = _text(a.no_context_system, "--no-context-system"), _kv(a.chat_template_kwarg, "--chat-template-kwarg")
+    toks, specs = checked_renders(task, paths, records, ncs, kwargs, cfg.seed, cfg.max_new_tokens)
     reports = {}
     for name, path in paths.items():
         model, engine = load_model(path), None
@@ -235,8 +260,9 @@ def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, s
             from mechopd.generate.vllm_engine import VllmEngine
 
             engine = VllmEngine(path)
-        reports[name] = evaluate_model(model, load_tokenizer(path), task, cfg, spec, engine=engine)
-        reports[name]["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)
+        reports[name] = evaluate_model(model, toks[name], task, cfg, specs[name], engine=engine)
+        reports[name]["settings"].update(model=str(Path(path).resolve()) if Path(path).exists() else str(path),
+                                         task_options=options)
         print(format_summary(name, reports[name]["summary"]))
     if out_dir is None:
         written = write_report(reports["model"], targets["model"])  # r.json + r.csv as one set (FileSet)
@@ -319,8 +345,7 @@ def _demo(a: argparse.Namespace) -> int:
     if a.steps is not None and a.steps < 1:
         raise ConfigError(f"--steps {a.steps} is invalid: pass 1 or more (omit --steps for the recipe's)")
     check_out_dir(a.out)
-    kw = {"steps": a.steps} if a.steps else {}
-    kw.update({"batch_size": a.batch_size} if a.batch_size else {})
+    kw = {k: getattr(a, k) for k in ("steps", "batch_size") if getattr(a, k) is not None}  # 0 is refused, not dropped
     kw.update({"layers": a.layers} if a.layers is not None else {})
     demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds, **kw))
     return 0

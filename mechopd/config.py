@@ -17,18 +17,28 @@ from typing import Any
 
 import yaml
 
+from mechopd.config_parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
+                                   parse_options, parse_overrides, scalar, text_value, typed_options)
 from mechopd.errors import ConfigError
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
+SEED_MAX = 2**63 - 1  # every verb's seed: 0..SEED_MAX (torch, numpy and random all take it)
+# A sampling temperature below this is refused in every verb (train, eval, probes, task options): logits / T
+# overflows float32 long before T reaches 0 (1e-310 turned every token into the last vocabulary entry); omit the
+# temperature for greedy decoding (eval, probes) instead.
+MIN_TEMPERATURE = 1e-4
+DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
+YAML_BOOL_WORDS = ("shared_prefix",)
+MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would exhaust the parser's recursion)  # text fields whose values YAML 1.1 reads as booleans (`off` / `on`)
 
 # every numeric field's range: (integer?, lower bound, lower bound inclusive?, upper bound or None, None allowed?)
 FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "beta": (False, 0, True, None, False), "budget": (False, 0, False, 1, False), "k": (True, 1, True, None, False),
-    "topk": (True, 1, True, None, False), "temperature": (False, 0, False, None, True),
+    "topk": (True, 1, True, None, False), "temperature": (False, MIN_TEMPERATURE, True, None, True),
     "max_new_tokens": (True, 1, True, None, True), "batch_size": (True, 1, True, None, False),
     "pool_size": (True, 1, True, None, False), "lr": (False, 0, False, None, False), "steps": (True, 1, True, None, False),
     "warmup": (True, 0, True, None, False), "weight_decay": (False, 0, True, None, False),
-    "grad_clip": (False, 0, False, None, False), "seed": (True, 0, True, None, False),
+    "grad_clip": (False, 0, False, None, False), "seed": (True, 0, True, SEED_MAX, False),
     "eval_every": (True, 0, True, None, False), "eval_n": (True, 0, True, None, False),
     "save_every": (True, 0, True, None, False), "nca_start": (True, 0, True, None, False),
     "beta_warmup": (True, 0, True, None, False), "nca_gate": (False, 0, False, None, True),
@@ -146,6 +156,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.method in METHOD_ALIASES:
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
@@ -171,11 +182,11 @@ class TrainConfig:
         if self.grad_stats_every and self.sharding != "none":
             raise ConfigError(f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
                               "are taken on full replicas); set grad_stats_every=0 or sharding=none")
-        if self.rollout_engine == "vllm":
-            from mechopd.generate.vllm_engine import check_options, require_vllm
+        from mechopd.generate.vllm_engine import check_options, require_vllm
 
+        check_options(self.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
+        if self.rollout_engine == "vllm":
             require_vllm("rollout_engine")
-            check_options(self.vllm_options)
         if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
             self.shared_prefix = "auto" if self.shared_prefix else "off"
         _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
@@ -185,9 +196,37 @@ class TrainConfig:
             raise ConfigError(f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
                               "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
                               "(micro_batch_size works under both)")
+        check_saveable(self.to_dict(), "train config")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_types(cfg: Any) -> None:
+    """Text fields hold text and mapping fields mappings, however the config was built (YAML, CLI, Python)."""
+    import typing
+
+    for name, hint in typing.get_type_hints(type(cfg)).items():
+        value, text = getattr(cfg, name), "str" if hint is str else str(hint)
+        if name in YAML_BOOL_WORDS and isinstance(value, bool):
+            continue
+        if text.startswith("str") and not (isinstance(value, str) or (value is None and "None" in text)):
+            raise ConfigError(f"{name}={value!r} is not text; pass a string (quote it in YAML)")
+        if text.startswith("dict") and not isinstance(value, dict):
+            raise ConfigError(f"{name}={value!r} is not a mapping; pass key: value pairs (--set {name}.KEY=VALUE)")
+
+
+def check_seed(value: Any, flag: str = "seed") -> int:
+    """The one seed rule of every verb: an integer 0..SEED_MAX."""
+    _in_range(flag, value, *FIELD_RANGES["seed"])
+    return value
+
+
+def check_temperature(value: Any, flag: str = "temperature", optional: bool = True) -> Any:
+    """The one temperature rule of every verb: finite and >= MIN_TEMPERATURE (None = the default, where allowed)."""
+    spec = FIELD_RANGES["temperature"]
+    _in_range(flag, value, *spec[:4], optional)
+    return value
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -201,7 +240,7 @@ def _in_range(name: str, value: Any, integer: bool, lo: float, lo_closed: bool, 
     if value is None and optional:
         return
     kind = "an integer" if integer else "a finite number"
-    rng = f"{'>=' if lo_closed else '>'} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+    rng = f"{'>=' if lo_closed else '>'} {lo:g}" + (f" and <= {hi}" if hi is not None else "")
     bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
     if bad_type or not math.isfinite(value) or (value < lo if lo_closed else value <= lo) or \
             (hi is not None and value > hi):
@@ -215,39 +254,19 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ..
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """``["lr=1e-4", "task_options.rule=shift:2"]`` -> a nested dict; values parsed as YAML scalars."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set {pair!r} is not key=value; e.g. --set lr=1e-4")
-        key, value = pair.split("=", 1)
-        try:
-            parsed = yaml.safe_load(value) if value != "" else ""
-        except yaml.YAMLError:
-            parsed = value
-        node = out
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = parsed
-    return out
-
-
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
-    """YAML reads ``1e-3`` as a string and CLI values arrive as strings: convert to the field's declared type."""
+    """Convert a YAML or command-line value to the field's declared type (type-directed: text fields stay text)."""
     text = str(hint)
-    if value is None:
+    if value is None or (isinstance(value, CliValue) and value in ("null", "~") and "None" in text):
         if "None" in text:
             return None
         raise ConfigError(f"{source}: {name} must not be null")
+    if hint is str or text.startswith("str"):
+        if isinstance(value, bool) and name in YAML_BOOL_WORDS:
+            return value  # YAML 1.1's bare off/on; the field reads it (`TrainConfig.__post_init__`)
+        return text_value(value, name, "None" in text, source)
+    if isinstance(value, CliValue) and not text.startswith("dict"):
+        value = scalar(value)
     try:
         if hint is float or text.startswith("float"):
             if isinstance(value, bool):
@@ -263,10 +282,17 @@ def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
             if not isinstance(value, bool):
                 raise ValueError
             return value
-        if text.startswith("dict") and not isinstance(value, dict):
-            raise ValueError
-    except (TypeError, ValueError):
-        kind = getattr(hint, "__name__", text.split(" |")[0])
+        if text.startswith("dict"):
+            if isinstance(value, CliValue):
+                value = yaml.load(value, Loader=StrictLoader) if value.strip() else {}  # noqa: S506
+            if not isinstance(value, dict):
+                raise ValueError
+            return typed_options(value)
+    except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):
+        if text.startswith("dict"):
+            raise ConfigError(f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set "
+                              f"{name}.KEY=VALUE)") from None
+        kind = getattr(hint, "__name__", text.split(" |")[0].split("[")[0])
         raise ConfigError(f"{source}: {name}={value!r} is not a valid {kind}") from None
     return value
 
@@ -283,19 +309,6 @@ def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any
     return cls(**{k: _coerce(k, v, hints[k], source) for k, v in data.items()})
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {p} does not exist; pass a YAML file (see training/*.yaml)")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must hold a YAML mapping of config keys, got {type(data).__name__}")
-    return data
-
-
 def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
     """Explicit keys over the student's organism recipe (``organism:<task>``; none for other students)."""
     from mechopd.organisms.recipes import recipe_for
@@ -309,6 +322,21 @@ def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] 
     data = load_yaml(path) if path else {}
     data = resolve_train_data(merge(data, overrides or {}))
     return build_config(TrainConfig, data, source=str(path or "train config"))
+
+
+def adopt_pins(cfg: TrainConfig, run_config: Path, resume: bool = True) -> dict[str, Any]:
+    """A resumed run renders as it started: the pinned date in its config.yaml is kept unless the config sets one.
+    Returns the run's recorded chat_template_kwargs ({} for no run, or without `resume`)."""
+    if not resume:
+        return {}
+    try:
+        recorded = (yaml.load(Path(run_config).read_text(), Loader=StrictLoader) or {}).get("chat_template_kwargs")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    if DATE_PIN in recorded and DATE_PIN not in cfg.chat_template_kwargs:
+        cfg.chat_template_kwargs = {**cfg.chat_template_kwargs, DATE_PIN: recorded[DATE_PIN]}
+    return recorded
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:

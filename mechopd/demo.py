@@ -102,11 +102,18 @@ class DemoConfig:
                                         or not 1 <= self.layers <= 48):
             raise ConfigError(f"demo --layers {self.layers!r}: pass an integer in 1..48, without --fast (whose "
                               "organism has its own 2 layers)")
+        for key in ("steps", "batch_size"):  # honoured as given, --fast or not
+            if getattr(self, key) is not None and (isinstance(getattr(self, key), bool)
+                                                   or not isinstance(getattr(self, key), int) or getattr(self, key) < 1):
+                raise ConfigError(f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
+                                  "it for the recipe's)")
+        given = {k: getattr(self, k) for k in ("steps", "batch_size") if getattr(self, k) is not None}
         for key, value in TASK_DEFAULTS[self.task].items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.fast:
             self.steps, self.eval_every, self.eval_n, self.probe_n, self.batch_size = 6, 3, 24, 8, 8
+            self.__dict__.update(given)
             # a tiny organism does not reach the teacher in 6 steps: a gate any KL passes, open from step 2
             self.nca_gate, self.nca_gate_window, self.grad_stats_every = 1e6, 2, 3
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,14 @@ from typing import Any
 import torch
 
 from mechopd.checks import check_task_vocab as _check_vocab
+from mechopd.config import check_seed, check_temperature
 from mechopd.errors import ConfigError, TaskError
 from mechopd.removability import RegimeThresholds, compare_table, summarize
 from mechopd.tasks.base import Example, check_split
 from mechopd.generate.lean import DECODERS
 from mechopd.generate.prefix import MODES as PREFIX_MODES
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
+from mechopd.pinning import check_fits, pin_render
 from mechopd.views import RenderSpec, render_prompt_ids
 
 
@@ -57,10 +58,8 @@ class EvalConfig:
             from mechopd.generate.vllm_engine import require_vllm
 
             require_vllm("engine")
-        if self.temperature is not None and not (isinstance(self.temperature, (int, float))
-                                                 and math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature={self.temperature} is invalid: must be a finite number > 0 (omit it "
-                              "for greedy decoding)")
+        check_seed(self.seed)  # before the evaluation, not after it (the bootstrap seeds numpy with it)
+        check_temperature(self.temperature)  # omit it for greedy decoding
         for name, low in (("max_new_tokens", 1), ("batch_size", 1), ("n_boot", 0)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= low):
@@ -71,18 +70,10 @@ class EvalConfig:
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
-    """A context view that leaves no room for max_new_tokens within the model's maximum would decode past the
-    positions the model knows (silently wrong): refuse it, as training does (the longer view; games: the first
-    move's prompt, a lower bound of the later ones)."""
+    """`views.check_fits` (the rule training applies too): the longer view plus max_new_tokens within the model's
+    maximum (games: the first move's prompt, a lower bound of the later ones)."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not limit:
-        return
-    max_new = cfg.max_new_tokens or task.max_new_tokens
-    longest = max(len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)) for ex in items)
-    if longest + max_new > limit:
-        raise TaskError(f"context + prompt ({longest} tokens) plus max_new_tokens {max_new} exceeds the model's "
-                        f"maximum length {limit}; shorten the context or prompt, or lower max_new_tokens (the context "
-                        "is never truncated silently)")
+    check_fits(tokenizer, items, spec, cfg.max_new_tokens or task.max_new_tokens, limit)
 
 
 def _renderer(tokenizer: Any, spec: RenderSpec):
@@ -183,6 +174,7 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     items = task.examples("test", cfg.n, cfg.seed)
     if not items:
         raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
+    spec, _ = pin_render(tokenizer, spec, items[0].prompt, items[0].context)  # the CLI pinned (and said so) already
     _check_length(model, tokenizer, task, items, cfg, spec)
     check_split(task, items, "test")  # held-out items: checked by the task's own split rule, not assumed
     if train_uids is not None:
@@ -204,7 +196,8 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     summary[f"{key}_xc"] = int(sum(int(r["unparseable_xc"]) for r in records))
     settings = {"task": task.name, "n": cfg.n, "seed": cfg.seed, "samples": cfg.samples, "greedy": greedy,
                 "temperature": None if greedy else T, "placement": spec.placement,
-                "no_context_system": spec.no_context_system, "shared_prefix": cfg.shared_prefix}
+                "no_context_system": spec.no_context_system, "chat_template_kwargs": dict(spec.chat_template_kwargs),
+                "shared_prefix": cfg.shared_prefix}
     return {"summary": summary, "records": records, "settings": settings}
 
 

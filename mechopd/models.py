@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.checks import check_checkpoint, check_finite, check_loading_info, read_config, resolve_device
+from mechopd.checks import (check_checkpoint, check_finite, check_loading_info, check_tokenizer, read_config,
+                            resolve_device, umask_mode)
 from mechopd.errors import ModelError
 from mechopd.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_path
 from mechopd.sites import module_kind, param_layer  # noqa: F401  (parameter naming lives in mechopd.sites)
@@ -72,6 +73,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     except Exception as e:  # noqa: BLE001 - tokenizers / transformers raise many types for a damaged file
         raise ModelError(f"no usable tokenizer at {src} ({type(e).__name__}); save it next to the model with "
                          "tokenizer.save_pretrained(DIR)") from None
+    check_tokenizer(tok, src)  # not empty, not another model's
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token  # explicit: padding is masked everywhere, so the id only needs to exist
     return tok
@@ -124,6 +126,7 @@ def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, ex
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(umask_mode(directory=True))  # mkdtemp's 0700 would outlive the rename
     try:
         with quiet_progress():
             model.save_pretrained(tmp, safe_serialization=True)
@@ -133,6 +136,8 @@ def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, ex
             (tmp / name).write_text(text)
         if writer is not None:
             writer(tmp)
+        for f in tmp.rglob("*"):  # save_pretrained writes the weights 0600 (a temp file renamed): respect the umask
+            f.chmod(umask_mode(directory=f.is_dir()))
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

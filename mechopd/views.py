@@ -18,6 +18,8 @@ Context placement (``RenderSpec.placement``): ``"system"`` (a system message thr
 (``c + "\\n\\n" + x + "\\n"``). What "no context" renders to is explicit: no system message unless
 ``no_context_system`` says otherwise, and a chat template that silently inserts a default system prompt (Qwen2.5's
 "You are Qwen...", Llama-3's date header) is refused until ``no_context_system`` is set.
+
+Pinned renders (a chat template that reads the date, a template that drops the context): `mechopd.pinning`.
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ def _refuse_default_system(text: str, prompt: str, tokenizer: Any) -> None:
         name = getattr(tokenizer, "name_or_path", "") or "this tokenizer"
         raise TaskError(
             f"the chat template of {name} inserts a default system prompt when no system message is given; "
-            "set render.no_context_system (e.g. '' for an explicit empty system message, or the default text) "
-            "so that what 'no context' means is explicit and identical in training and evaluation"
+            "set no_context_system (train: --set no_context_system=TEXT; eval and probe: --no-context-system TEXT; "
+            "'' for an explicit empty system message, or the default text) so that what 'no context' means is "
+            "explicit and identical in training and evaluation"
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mechopd.config import check_seed
 from mechopd.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
@@ -61,6 +62,13 @@ class OrganismConfig:
             raise ConfigError(f"unknown organism task {self.task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
         if self.arch not in ("qwen3", "llama"):
             raise ConfigError(f"organism arch {self.arch!r} is not supported; use qwen3 or llama")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings"):  # checked before the divisibility below divides by them
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                flag = f" (pretrain --{name.replace('_', '-')})" if name in ("num_heads", "num_kv_heads") else ""
+                raise ConfigError(f"organism {name}={value!r} is invalid: must be an integer >= 1{flag}")
+        check_seed(self.seed, "organism seed")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
         for name in ("steps", "batch_size", "corpus_size", "warmup"):  # the schedule divides by each of them

@@ -29,6 +29,8 @@ def _pair(text: str | None, flag: str) -> tuple[str, str] | None:
     parts = tuple(t.strip() for t in text.split(","))
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"{flag} {text!r} must name two items, e.g. {flag} opd,nca")
+    if parts[0] == parts[1]:  # a term against itself is cos 1.0 by construction, not a measurement
+        raise ConfigError(f"{flag} {text!r} names {parts[0]!r} twice; name two different items, e.g. {flag} opd,nca")
     return parts  # type: ignore[return-value]
 
 
@@ -55,7 +57,9 @@ def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, 
 
     try:
         pair = _pair(terms, "--terms")
-    except ConfigError:
+    except ConfigError as e:
+        if "twice" in str(e):
+            raise
         raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
     run_gradients(setup, out, model=model, teacher=teacher, terms=pair, estimator=estimator, layers=_layers(layers))
     s = GradientSummary.load(out)

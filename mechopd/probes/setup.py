@@ -29,6 +29,8 @@ from typing import Any
 
 from mechopd.errors import ConfigError, DataError, ModelError, TaskError
 from mechopd.organisms.recipes import recorded_model, resolve_organism
+from mechopd.config import check_seed, check_temperature, flag_text
+from mechopd.pinning import pin_render
 from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
 
 BASE, TEACHER = "base", "teacher"
@@ -82,8 +84,8 @@ class ProbeSetup:
                 continue
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
-        if self.temperature is not None and not self.temperature > 0:
-            raise ConfigError(f"temperature={self.temperature} is invalid: must be > 0")
+        check_temperature(self.temperature)  # the rule of every verb
+        check_seed(self.seed)
         if self.max_new_tokens is not None and not self.max_new_tokens >= 1:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
         if self.split not in (None, "train", "test"):
@@ -226,6 +228,13 @@ class ProbeItems:
         for ex, r in zip(self.examples, self.responses):
             if not r:
                 raise DataError(f"the response of example {ex.uid!r} is empty; every example needs a response token")
+        self.spec, _ = pin_render(self.tokenizer, self.spec, self.examples[0].prompt, self.examples[0].context)
+
+    def check_lengths(self, max_length: int | None) -> None:
+        """Every item's context view plus its response fits `max_length` (refused before any model loads)."""
+        self.max_length = self.max_length or max_length
+        for _ in self:  # `assemble_two_views` refuses an item that does not fit (rendering only, no model)
+            pass
 
     @property
     def uids(self) -> list[str]:
@@ -334,12 +343,9 @@ def _from_demo(run: Path) -> ProbeSetup:
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def _kv(pairs: list[str], flag: str) -> dict[str, Any]:
-    from mechopd.config import parse_overrides
+    from mechopd.config import parse_options
 
-    try:
-        return parse_overrides(pairs or [])
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("--set", flag)) from None
+    return parse_options(pairs, flag)  # the reading of --set task_options.K=V, in every verb
 
 
 def setup_from_args(a: Any) -> ProbeSetup:
@@ -349,7 +355,7 @@ def setup_from_args(a: Any) -> ProbeSetup:
     if task_changed:  # another task: the run's options belong to its own task
         base = dataclasses.replace(base, task_options={})
     return base.replace(task=a.task, task_options=_kv(a.option, "--option"), placement=a.placement,
-                        no_context_system=a.no_context_system,
+                        no_context_system=flag_text(a.no_context_system, "--no-context-system"),
                         chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"),
                         temperature=a.temperature, max_new_tokens=a.max_new_tokens, n=a.n, seed=a.seed,
                         batch_size=a.batch_size, split=a.split, responses_from=a.responses_from)

@@ -40,7 +40,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mechopd.artifacts import SimilaritySummary, write_jsonl, write_rows
+from mechopd.checks import check_response_ids, check_task_vocab
 from mechopd.errors import ConfigError, ModelError
+from mechopd.pinning import check_fits, pin_render
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
 from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
@@ -283,8 +285,12 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
     spec: default ``RenderSpec(placement=task.placement)``.
     """
     spec = spec or RenderSpec(placement=task.placement)
+    check_task_vocab(tokenizer, task)  # as eval and train: no scoring of <unk> ids
     examples = task.examples(split, n, seed)
+    spec, _ = pin_render(tokenizer, spec, examples[0].prompt, examples[0].context)  # before any sampling
     if isinstance(responses_from, nn.Module):
+        check_fits(tokenizer, examples, spec, task.max_new_tokens,  # before sampling past the model's positions
+                   getattr(responses_from.config, "max_position_embeddings", None))
         responses = sample_responses(responses_from, tokenizer, examples, spec, max_new_tokens=task.max_new_tokens,
                                      temperature=task.temperature, seed=seed, batch_size=batch_size, greedy=greedy)
         max_length = getattr(responses_from.config, "max_position_embeddings", None)
@@ -294,6 +300,7 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
         responses, max_length = answer_responses(tokenizer, examples), None
     else:
         responses, max_length = [list(r) for r in responses_from], None
+        check_response_ids(responses, tokenizer, "the given responses")  # ids of this tokenizer only
     return ProbeItems(tokenizer, examples, responses, spec, batch_size, layout, max_length)
 
 
@@ -354,6 +361,7 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     loaded: dict[str, nn.Module] = {}
     items = _items(setup, tok, task, models, src, loaded, greedy=greedy, device=device, dtype=dtype)
+    items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
         model = loaded.pop(label) if label in loaded else load_model(models[label], dtype=dtype, device=device)

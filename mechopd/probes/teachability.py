@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from mechopd.artifacts import TeachabilitySummary, write_csv, write_json
+from mechopd.checks import check_response_ids
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.removability import resample_blocks
@@ -184,6 +185,7 @@ def _check_bank_ids(bank: Bank, tokenizer: Any) -> None:
     if sha != bank.tokenizer_sha:
         raise DataError(f"the bank was sampled with another tokenizer (fingerprint {bank.tokenizer_sha} != {sha}); "
                         "rebuild the bank with the student's tokenizer")
+    check_response_ids(bank.responses, tokenizer, "the bank")
 
 
 def rescore(bank: Bank, student0: nn.Module, student1: nn.Module, teacher: nn.Module, tokenizer: Any, *,

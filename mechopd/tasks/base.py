@@ -225,3 +225,34 @@ def task_names() -> list[str]:
     import mechopd.tasks  # noqa: F401
 
     return sorted(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------------------- option parsing (factories)
+def option_text(task: str, field: str, value: Any) -> str:
+    """A text task option (a number typed at the command line, ``rule=2``, is not text the task can read)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{task} task: {field}={value!r} is not text; pass e.g. {field}=shift:2")
+    return value
+
+
+def option_number(task: str, field: str, value: Any, *, integer: bool, lo: float, hi: float | None = None) -> Any:
+    """A numeric task option in [lo, hi]: an int (or a finite float), never a bool, NaN or text (``max_new_tokens=abc``)."""
+    import math
+
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < lo or \
+            (hi is not None and value > hi):
+        rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
+        raise ConfigError(f"{task} task: {field}={value!r} is invalid; pass {'an integer' if integer else 'a number'} "
+                          f"{rng}")
+    return value if integer else float(value)
+
+
+def option_temperature(task: str, value: Any) -> float:
+    """The one temperature rule (`config.check_temperature`), for a task option."""
+    from mechopd.config import check_temperature
+
+    try:
+        return float(check_temperature(value, optional=False))
+    except ConfigError as e:
+        raise ConfigError(f"{task} task: {e}") from None

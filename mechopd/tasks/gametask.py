@@ -14,7 +14,7 @@ from typing import Any
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.organisms.tokenizer import split_words
-from mechopd.tasks.base import BaseTask, Corpus, Example
+from mechopd.tasks.base import BaseTask, Corpus, Example, option_temperature
 from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, MAX_MISSES, SPLITS, Board, GameEpisode, GameState,
                                     Policy, action_text, bfs_path, board_hash, board_header, expert_action, log_line,
                                     optimal_actions, parse_action, play, split_of)
@@ -63,9 +63,7 @@ class GameTask(BaseTask):
             raise ConfigError(f"{self.name} task: weak_policy={weak_policy!r}; use one of {WEAK_POLICIES}")
         self.weak_policy_name = weak_policy
         self.max_new_tokens = check_int(self.name, "max_new_tokens", max_new_tokens, 4, 1024)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
-            raise ConfigError(f"{self.name} task: temperature={temperature!r}; pass a number > 0 (games: 0.7)")
-        self.temperature = float(temperature)
+        self.temperature = option_temperature(self.name, temperature)  # the one rule (games: 0.7)
 
     # subclass hooks -------------------------------------------------------
     @abstractmethod

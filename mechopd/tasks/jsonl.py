@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.base import BaseTask, Example, register_task
+from mechopd.tasks.base import BaseTask, Example, option_number, option_temperature, register_task
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SAMPLE_QA = DATA_DIR / "sample_qa.jsonl"
@@ -216,7 +216,7 @@ def read_items(path: str | Path, cop_base: int = 0) -> list[_Item]:
     if not path.is_file():
         raise DataError(f"{path}: JSONL file not found; pass an existing file as path=")
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        lines = [ln.rstrip("\r") for ln in path.read_text(encoding="utf-8-sig").split("\n")]  # not splitlines: U+2028
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the file as UTF-8") from None
     items = []
@@ -237,7 +237,11 @@ def read_context_file(path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: context file not found; fix context_file= or drop it")
-    text = path.read_text(encoding="utf-8-sig").strip()
+    try:
+        text = path.read_text(encoding="utf-8-sig").strip()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: context file is not UTF-8 text ({err.reason} at byte {err.start}); save it as "
+                        "UTF-8") from None
     if not text:
         raise DataError(f"{path}: context file is empty; put the shared context in it or drop context_file=")
     return text
@@ -310,6 +314,11 @@ class JsonlTask(BaseTask):
         if split not in self._splits:
             raise TaskError(f"jsonl task: unknown split {split!r}; use 'train' or 'test'")
         pool = sorted(self._splits[split], key=lambda e: e.uid)
+        if not pool:
+            total = sum(len(p) for p in self._splits.values())
+            raise TaskError(f"jsonl task {self.path}: none of its {total} item(s) falls in the {split} split "
+                            f"(test_fraction={self.test_fraction}); add items (a content hash puts about "
+                            f"{self.test_fraction:.0%} of them in test) or change test_fraction")
         if n < 1 or n > len(pool):
             raise TaskError(
                 f"jsonl task {self.path}: asked for {n} {split} examples but {len(pool)} are available "
@@ -371,10 +380,14 @@ def make_jsonl_task(
         raise ConfigError("jsonl task: option 'path' is required (path=data.jsonl)")
     if context is not None and context_file is not None:
         raise ConfigError("jsonl task: give either context= or context_file=, not both")
-    if not 0.0 < float(test_fraction) < 1.0:
+    test_fraction = option_number("jsonl", "test_fraction", test_fraction, integer=False, lo=0, hi=1)
+    if not 0.0 < test_fraction < 1.0:
         raise ConfigError(f"jsonl task: test_fraction={test_fraction!r} must lie strictly between 0 and 1")
-    if int(max_new_tokens) < 1 or float(temperature) <= 0:
-        raise ConfigError(f"jsonl task: max_new_tokens={max_new_tokens} must be >= 1 and temperature={temperature} > 0")
+    max_new_tokens = option_number("jsonl", "max_new_tokens", max_new_tokens, integer=True, lo=1)
+    temperature = option_temperature("jsonl", temperature)
+    for name, value in (("path", path), ("context_file", context_file), ("context", context)):
+        if value is not None and not isinstance(value, (str, Path)):  # a number typed as --option path=3
+            raise ConfigError(f"jsonl task: {name}={value!r} is not text; pass a path or text")
     if cop_base not in (0, 1):
         raise ConfigError(f"jsonl task: cop_base={cop_base!r} must be 0 (HF MedMCQA, cop 0-3) or 1 (cop 1-4)")
     if context is not None and not str(context).strip():

@@ -20,17 +20,18 @@ from dataclasses import dataclass
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.organisms.tokenizer import split_words
-from mechopd.tasks.base import BaseTask, Corpus, Example, register_task
+from mechopd.tasks.base import BaseTask, Corpus, Example, option_number, option_text, register_task
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
 PROMPT = "apply the rule to : {items}"
 
 
 def parse_rule(spec: str) -> tuple[str, int]:
+    option_text("rules", "rule", spec)
     kind, _, arg = spec.partition(":")
     if kind == "reverse" and not arg:
         return kind, 0
-    if kind in ("shift", "repeat") and arg.isdigit() and int(arg) >= 1:
+    if kind in ("shift", "repeat") and arg.isascii() and arg.isdigit() and int(arg) >= 1:  # not '²': isdigit() only
         return kind, int(arg)
     raise ConfigError(f"rule {spec!r} is not valid; use shift:K, repeat:K (K >= 1) or reverse, e.g. {FAMILY}")
 
@@ -103,8 +104,13 @@ class RulesTask(BaseTask):
 
     def __post_init__(self) -> None:
         parse_rule(self.rule)
+        if not isinstance(self.family, (tuple, list)) or not self.family:
+            raise ConfigError(f"rules task: family={self.family!r} must be a non-empty list of rules, e.g. {FAMILY}")
         for r in self.family:
             parse_rule(r)
+        for name in ("min_len", "max_len"):
+            option_number("rules", name, getattr(self, name), integer=True, lo=1, hi=64)
+        self.context_prob = option_number("rules", "context_prob", self.context_prob, integer=False, lo=0, hi=1)
         if not 1 <= self.min_len <= self.max_len:
             raise ConfigError(f"rules task: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
 

@@ -13,6 +13,8 @@ that adds things of its own. No checkpoint can be downloaded here, so the zoo bu
   system prompt when none is given; Llama-3 always renders a system block with a date header (``date_string``, else
   today's date); Qwen3 renders ``<think>`` blocks and honours ``enable_thinking``;
 * a teacher per family: same tokenizer, a different seed and a vocabulary padded to a different size (cross-model);
+* a real-size head (`Zoo.padded`, Qwen2.5 only): Qwen2.5-0.5B-3B's 151936 rows over the zoo's small tokenizer, on a
+  2-layer hidden-16 model (2.4M parameters), as the real checkpoints pad 151665 tokens to 151936 rows;
 * data: a generated MedMCQA-layout JSONL (question, opa..opd, cop) and a shared context file of about 512 tokens.
 
 `build_zoo()` builds everything once into a directory keyed by a content hash (this file's source plus the
@@ -36,6 +38,7 @@ QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful
 CONTEXT_TOKENS = 512  # target length of the shared context under the zoo's BPE
 VOCAB = 640  # BPE merges stop here (a small vocabulary keeps the models tiny and the context long in tokens)
 N_ITEMS = 60
+PADDED_HEAD = {"qwen2": 151936}  # rows of the real checkpoints' heads (Qwen2.5-0.5B..3B), hidden 16 to stay light
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN3_SPECIALS = QWEN_SPECIALS + ["<think>", "</think>"]
@@ -118,6 +121,12 @@ class Zoo:
 
     def teacher(self, family: str) -> Path:
         return self.root / family / "teacher"
+
+    def padded(self, family: str = "qwen2") -> Path:
+        """The family's real-size head (``PADDED_HEAD`` rows) over the zoo's tokenizer; Qwen2.5 only."""
+        if family not in PADDED_HEAD:
+            raise KeyError(f"the zoo has a real-size head for {', '.join(PADDED_HEAD)} only")
+        return self.root / family / "padded"
 
     def jsonl_options(self, **extra) -> dict:
         """``task_options`` of the zoo's JSONL task (short responses: the models are random)."""
@@ -230,6 +239,9 @@ def _build_family(family: Family, texts: list[str], out: Path) -> None:
         model = tiny_model(family, tok, vocab, seed)
         model.save_pretrained(out / role)
         tok.save_pretrained(out / role)
+    if family.name in PADDED_HEAD:
+        tiny_model(family, tok, PADDED_HEAD[family.name], seed=2, hidden=16).save_pretrained(out / "padded")
+        tok.save_pretrained(out / "padded")
 
 
 def _context_for_target(items: list[dict]) -> tuple[str, int]:

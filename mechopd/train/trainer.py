@@ -33,8 +33,8 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from mechopd.checks import check_task_vocab, resolve_device
-from mechopd.config import TrainConfig, resolve_train_data
+from mechopd.checks import check_task_vocab, read_config, resolve_device
+from mechopd.config import TrainConfig, adopt_pins, resolve_train_data
 from mechopd.errors import ConfigError, MechopdError, TrainingError
 from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
@@ -51,7 +51,8 @@ from mechopd.train.lr import lr_multiplier
 from mechopd.train.rundir import Logger, RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
-from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
+from mechopd.views import assemble_two_views, render_prompt_ids
+from mechopd.pinning import train_render
 
 
 def resolved_config_block(cfg: TrainConfig, resume_from: Path | None) -> str:
@@ -78,10 +79,10 @@ class Trainer:
         cfg, path_note = rundir.record_paths(cfg, self.run_dir, resume)  # absolute; a resume reads the run's
         self.cfg, self.progress = cfg, progress
         self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before touching --out
+        adopt_pins(cfg, self.run_dir.config, resume)  # a resumed run keeps its pinned render
         resume, note = rundir.prepare(self.run_dir, cfg, resume, self.rank == 0)
         self._say(path_note)
         dist.barrier()
-        self._say(note)
         self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
         dtype = getattr(torch, cfg.dtype)
         student_path = resolve_student(cfg, self.device, progress=progress, main=self.rank == 0,
@@ -89,6 +90,11 @@ class Trainer:
         self.tokenizer = load_tokenizer(student_path)
         check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
         rundir.check_items(self.task, cfg)  # pool_size / eval_n within the task's item space, before any model
+        self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
+        self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
+        self.spec, pinned = train_render(self.tokenizer, self.task, self.pool, cfg, self.max_new,
+                                         read_config(student_path))  # pinned and length-checked before any load
+        self._say("\n".join(t for t in (note, pinned) if t))
         teacher_path = cfg.teacher or student_path
         if cfg.teacher:
             check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
@@ -100,8 +106,6 @@ class Trainer:
         self.teacher = self.shard.wrap(load_model(teacher_path, dtype=dtype).eval().requires_grad_(False), self.device)
         self.vocab = known_vocab(self.tokenizer, self.student, self.teacher)  # ids past the tokenizer / a head: out
         self.T = cfg.temperature or self.task.temperature
-        self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
-        self.spec = RenderSpec(self.task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
         self._build_objective(cfg)
         named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
         self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
@@ -117,7 +121,6 @@ class Trainer:
         self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
         self._build_scoring(cfg, dtype)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
-        self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self._prompt_cache: dict[tuple, list[int]] = {}
         self.step, self.position = 0, 0
         if self.resume_from is not None:

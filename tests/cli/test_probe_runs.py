@@ -67,7 +67,7 @@ def jsonl_run(tmp_path_factory) -> Path:
     (dirs["final"]).rename(run / "final")
     cfg = TrainConfig(task="jsonl", task_options={"path": str(SAMPLE_QA), "context_file": str(SAMPLE_CONTEXT)},
                       student=str(dirs["base"]), method="nca", max_new_tokens=5, seed=2,
-                      chat_template_kwargs={"unused_variable": 1})
+                      chat_template_kwargs={})  # a variable the template never reads is refused (test_hostile_*)
     (run / "final" / "training.json").write_text(json.dumps({"step": 3, "config": cfg.to_dict()}))
     return run
 
@@ -82,7 +82,7 @@ def test_setup_from_a_training_run_reads_its_config(rules_run, tiny_rules_organi
 def test_setup_from_training_json_only(jsonl_run):
     s = ProbeSetup.from_run(jsonl_run)
     assert s.task == "jsonl" and s.task_options["path"].endswith("sample_qa.jsonl")
-    assert s.trained == ["nca"] and s.chat_template_kwargs == {"unused_variable": 1}
+    assert s.trained == ["nca"] and s.chat_template_kwargs == {}
     task = s.make_task()
     assert task.max_new_tokens == 5 and s.spec(task).placement == "system"
     assert s.count(task, "test") == task.split_sizes()["test"] < 64  # the whole small split by default
