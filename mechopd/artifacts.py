@@ -9,9 +9,10 @@ So a CSV keeps the difference between NaN and inf (e.g. ``rel_delta`` of an upda
 "undefined" for both.
 Writes are atomic: a temporary file next to the target, then ``os.replace``; a killed run never leaves half a file.
 
-Typed summaries (`SimilaritySummary`, `GradientSummary`, `DeltaSummary`, `TeachabilitySummary`): what each probe writes
-as its JSON summary, and what ``report.md`` reads (``Summary.load``; ``lines()`` are the report's bullets). No model
-code is imported here.
+Typed summaries: `Summary` is the base of what each probe writes as its JSON summary and what the report, the claims
+and the figures read (``Summary.load``; ``lines()`` are the report's bullets). Each probe defines its own subclass in
+its module and names it in its registration (``ProbeSpec.summary``); nothing here lists probes. No model code is
+imported here.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
 def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
     """``obj`` as strict JSON (`json_safe`), atomically."""
     text = json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+    return atomic_write(path, lambda fh: fh.write(text))
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """``text`` to ``path``, atomically."""
     return atomic_write(path, lambda fh: fh.write(text))
 
 
@@ -176,119 +182,15 @@ class Summary:
     def load(cls: type[S], probes_dir: str | os.PathLike) -> S | None:
         """The summary in ``probes_dir``, or None when the probe has not run there."""
         path = Path(probes_dir) / cls.FILE
-        return cls.from_dict(read_json(path), str(path)) if path.is_file() else None
+        if not path.is_file():
+            return None
+        out = cls.from_dict(read_json(path), str(path))
+        out.probes_dir = Path(probes_dir)  # where its tables are (not a field: not written back)
+        return out
 
-
-@dataclass
-class SimilaritySummary(Summary):
-    """Two-view cosine: ``mean_cos[label]`` = mean over sites of the per-token mean cosine (``similarity.csv``)."""
-
-    FILE: ClassVar[str] = "similarity.json"
-    PROBE: ClassVar[str] = "similarity"
-
-    models: list[str]
-    mean_cos: dict[str, float]
-    sites: list[str]
-    responses_from: str
-    n_items: int
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.mean_cos = {k: read_float(v) for k, v in self.mean_cos.items()}
-
-    def lines(self) -> list[str]:
-        means = ", ".join(f"{m} {self.mean_cos[m]:.4f}" for m in self.models if m in self.mean_cos)
-        return [f"- **Two-view hidden-state cosine** (mean over sites, per-token mean; {self.n_items} items, "
-                f"responses from {self.responses_from}): {means}."]
-
-
-@dataclass
-class GradientSummary(Summary):
-    """Gradient alignment: the "global" row of ``gradients.csv`` (cos, norm ratio, the terms' values)."""
-
-    FILE: ClassVar[str] = "gradients.json"
-    PROBE: ClassVar[str] = "gradients"
-    FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b")
-
-    term_a: str
-    term_b: str
-    model: str
-    cos: float
-    norm_ratio: float
-    value_a: float
-    value_b: float
-    response_tokens: int
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def lines(self) -> list[str]:
-        a, b = self.term_a, self.term_b
-        return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
-                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; "
-                f"{self.response_tokens} response tokens)."]
-
-
-@dataclass
-class DeltaSummary(Summary):
-    """Parameter deltas, whole model: ``rel_delta[label]`` = ‖θ − W0‖/‖W0‖ over all tensors; with a pair (a, b),
-    ``pair_rel_delta`` = ‖θ_b − θ_a‖/‖W0‖ and ``pair_cos`` = cos(Δ_a, Δ_b)."""
-
-    FILE: ClassVar[str] = "deltas_summary.json"
-    PROBE: ClassVar[str] = "deltas"
-    FLOATS: ClassVar[tuple[str, ...]] = ("pair_rel_delta", "pair_cos")
-
-    models: list[str]
-    rel_delta: dict[str, float]
-    pair: list[str] | None = None
-    pair_rel_delta: float = math.nan
-    pair_cos: float = math.nan
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.rel_delta = {k: read_float(v) for k, v in self.rel_delta.items()}
-
-    def lines(self) -> list[str]:
-        rel = ", ".join(f"{m} {self.rel_delta[m]:.3g}" for m in self.models if m in self.rel_delta)
-        out = f"- **Parameter updates** ‖θ − W0‖/‖W0‖ over all tensors: {rel}"
-        if self.pair:
-            a, b = self.pair
-            out += (f"; {b} − {a}: {self.pair_rel_delta:.3g}, cos(Δ{a}, Δ{b}) = {self.pair_cos:.3f}")
-        return [out + "."]
-
-
-@dataclass
-class TeachabilitySummary(Summary):
-    """Token teachability (``teachability_summary.json``): means, quartile buckets, the high-support gap per gain
-    (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability.high_support_gap`), the regression."""
-
-    FILE: ClassVar[str] = "teachability_summary.json"
-    PROBE: ClassVar[str] = "teachability"
-
-    n_tokens: int
-    n_sequences: int
-    means: dict[str, float]
-    buckets: dict[str, list[dict[str, Any]]]
-    gap: dict[str, dict[str, Any]]
-    regression: dict[str, dict[str, Any]]
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def gap_interval(self, gain: str = "gain_abs") -> tuple[float, float, float]:
-        """(estimate, ci_low, ci_high) of the high-support gap for ``gain``; NaN where undefined."""
-        g = self.gap.get(gain) or {}
-        return read_float(g.get("estimate")), read_float(g.get("ci_low")), read_float(g.get("ci_high"))
-
-    def lines(self) -> list[str]:
-        est, lo, hi = self.gap_interval("gain_abs")
-        if math.isnan(est):
-            return ["- **High-support gain gap**: undefined (the low-entropy / high-divergence cell has an empty "
-                    "tercile)."]
-        ci = self.gap["gain_abs"].get("ci") or 0.95
-        interval = (f"[{lo:.4f}, {hi:.4f}] ({ci:.0%} sequence bootstrap)" if math.isfinite(lo) and math.isfinite(hi)
-                    else "(interval undefined: too few tokens in the cell for the sequence bootstrap)")
-        return [f"- **High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): "
-                f"{est:.4f} {interval}."]
-
-
-SUMMARIES: tuple[type[Summary], ...] = (SimilaritySummary, GradientSummary, DeltaSummary, TeachabilitySummary)
+    def table(self, name: str) -> list[dict[str, str]]:
+        """Rows of the CSV ``name`` next to the summary (the probe's tidy table; cells as text)."""
+        return read_csv(Path(getattr(self, "probes_dir", ".")) / name)
 
 
 # ------------------------------------------------------------------------------------------------------- file sets

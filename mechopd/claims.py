@@ -6,10 +6,11 @@ the organism cannot answer the question — e.g. "shallow layers" needs at least
 Every criterion is fixed here, in advance, from the papers' wording or the issue's bar; none is fitted to the runs.
 Verdicts are taken on the seed means; where a criterion also needs the interval it says so.
 
-Artifacts read (per run): ``eval/<model>.json`` (removability summaries), ``probes/similarity.csv`` (per-site two-view
-cosine), ``train/<method>/metrics.jsonl`` (``grad/cos/<a>__<b>``, ``grad/norm/<term>`` on gradient-statistics steps),
-``probes/deltas.csv`` (``delta_norm`` per parameter vs base, ``w0_norm``), ``probes/teachability_summary.json``
-(quartile buckets of the fixed-context gain).
+Every value is read through the typed study (`mechopd.study.Study`), by ROLE (``base``, ``opd``, ``nca``,
+``nca_const``, ``ta_opd``), never by a run's name: the removability reports (``Study.eval``), the training logs
+(``Study.metrics``: ``grad/cos/<a>__<b>``, ``grad/norm/<term>``, ``kept_fraction``) and the probes' typed results
+(``Study.probe(name)``, from the probe's registration: the similarity summary's per-layer cosines, the deltas
+summary's pooled update norms, the teachability summary's quartile buckets).
 
     from mechopd.claims import evaluate_claims, claims_markdown
     print(claims_markdown(evaluate_claims(["runs/demo/seed-0", "runs/demo/seed-1"])))
@@ -23,9 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.aggregate import eval_summary, fmt_stat, metric_lines, read_manifest, seed_stat
-from mechopd.artifacts import read_csv, read_float, read_json
 from mechopd.removability import RegimeThresholds
+from mechopd.stats import fmt_stat, seed_stat
+from mechopd.study import Study, studies
 
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
 NCA_MAX_ACC_LOSS = 0.05       # the issue's bar: NCA's Acc_x ≥ OPD's − 0.05
@@ -51,30 +52,28 @@ class Claim:
 
 
 # ------------------------------------------------------------------------------------------------ per-run values
-def _summary_value(run: Path, model: str, metric: str) -> float | None:
-    s = eval_summary(run, model)
-    return None if s is None else s[metric]["value"]
+def _as_study(study: Study | str | Path) -> Study:
+    return study if isinstance(study, Study) else Study.load(study)
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def layer_cosines(run: Path, model: str) -> list[float]:
-    """Per-token mean two-view cosine after each decoder layer (``layers.{i}.resid_post``), in layer order;
-    [] without ``probes/similarity.csv``."""
-    path = Path(run) / "probes" / "similarity.csv"
-    if not path.is_file():
-        return []
-    rows = [r for r in read_csv(path) if r["model"] == model and r["site"].endswith("resid_post")]
-    return [read_float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
+def layer_cosines(study: Study | Path, role: str) -> list[float]:
+    """Per-token mean two-view cosine of ``role`` after each decoder layer, in layer order (the similarity probe's
+    typed result); [] when the probe did not run or the study lacks the role."""
+    study = _as_study(study)
+    result, name = study.probe("similarity"), study.name(role)
+    return [] if result is None or name is None else result.layer_cosines(name)
 
 
-def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
-    """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of
-    ``train/<method>/metrics.jsonl`` (steps where the cosine is undefined — a term with zero weight — are left out)."""
+def grad_steps(study: Study | Path, role: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
+    """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of the training log of ``role`` (steps
+    where the cosine is undefined — a term with zero weight — are left out)."""
+    study = _as_study(study)
     out = []
-    for r in metric_lines(Path(run) / "train" / method / "metrics.jsonl"):
+    for r in study.metrics(role):
         cos = r.get(f"grad/cos/{a}__{b}", r.get(f"grad/cos/{b}__{a}"))
         na, nb = r.get(f"grad/norm/{a}"), r.get(f"grad/norm/{b}")
         if cos is None or na is None or nb is None:
@@ -83,19 +82,12 @@ def grad_steps(run: Path, method: str, a: str = "opd", b: str = "nca") -> list[t
     return out
 
 
-def update_norms(run: Path, model: str) -> tuple[dict[int, float], dict[str, float]] | None:
-    """Relative update ‖ΔW‖/‖W0‖ of `model` vs base, pooled per decoder layer and per module name
-    (`deltas.aggregate_deltas`: squares summed over the group's tensors, weight and bias); None without
-    ``probes/deltas.csv``. Parameters outside the decoder layers (embeddings, final norm, lm_head) are not pooled."""
-    from mechopd.probes.deltas import aggregate_deltas, read_table
-
-    path = Path(run) / "probes" / "deltas.csv"
-    if not path.is_file():
-        return None
-    rows = [r for r in read_table(path) if r.layer is not None]
-    pick = lambda by: [r for r in aggregate_deltas(rows, by)  # noqa: E731
-                       if r.model == model and r.vs == "base" and r.metric == "rel_delta"]
-    return {r.layer: r.value for r in pick("layer")}, {r.module: r.value for r in pick("module")}
+def update_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
+    """Relative update ‖ΔW‖/‖W0‖ of ``role`` vs the base, pooled per decoder layer and per module (the deltas
+    probe's typed result, `DeltaSummary.update_norms`); None when the probe did not run."""
+    study = _as_study(study)
+    result, name, base = study.probe("deltas"), study.name(role), study.name("base")
+    return None if result is None or name is None else result.update_norms(name, base or "base")
 
 
 def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
@@ -103,16 +95,11 @@ def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def quartile_spread(run: Path, signal: str) -> float | None:
+def quartile_spread(study: Study | Path, signal: str) -> float | None:
     """Mean absolute gain in the top quartile of `signal` minus the bottom quartile (teachability buckets)."""
-    path = Path(run) / "probes" / "teachability_summary.json"
-    if not path.is_file():
-        return None
-    buckets = read_json(path).get("buckets", {}).get(signal)
-    if not buckets:
-        return None
-    by_q = {b["quartile"]: b.get("mean_gain_abs") for b in buckets}
-    return _diff(by_q.get(4), by_q.get(1))
+    study = _as_study(study)
+    result = study.probe("teachability")
+    return None if result is None else result.quartile_spread(signal)
 
 
 def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
@@ -120,20 +107,23 @@ def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
     return f" (per seed {', '.join(f'{v:.{digits}f}' for v in stat['values'])})" if stat["n"] >= 2 else ""
 
 
-def _stat(runs: Sequence[Path], fn: Callable[[Path], float | None]) -> dict[str, Any]:
+def _stat(runs: Sequence[Study], fn: Callable[[Study], float | None]) -> dict[str, Any]:
     return seed_stat([fn(r) for r in runs])
 
 
-def _seeds(runs: Sequence[Path]) -> str:
+def _value(role: str, metric: str) -> Callable[[Study], float | None]:
+    return lambda s: s.value(role, metric)
+
+
+def _seeds(runs: Sequence[Study]) -> str:
     return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
 
 
 # ------------------------------------------------------------------------------------------------------ claims
-def claim_degradation(runs: Sequence[Path]) -> Claim:
-    manifest = read_manifest(runs[0]) if (Path(runs[0]) / "demo.json").is_file() else {}  # a plain run dir too
-    th = manifest.get("thresholds") or asdict(RegimeThresholds())
-    harm = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
-    drop = _stat(runs, lambda r: _diff(_summary_value(r, "opd", "acc_x"), _summary_value(r, "opd", "acc_xc")))
+def claim_degradation(runs: Sequence[Study]) -> Claim:
+    th = runs[0].thresholds or asdict(RegimeThresholds())
+    harm = _stat(runs, _value("opd", "harm"))
+    drop = _stat(runs, lambda r: _diff(r.value("opd", "acc_x"), r.value("opd", "acc_xc")))
     crit = (f"OPD in regime A on the seed means (Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}), "
             "and Harm's interval above 0 when there are ≥ 2 seeds")
     measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
@@ -145,14 +135,14 @@ def claim_degradation(runs: Sequence[Path]) -> Claim:
     return Claim("degradation", "", "", measured, HOLDS if regime_a and above else FAILS, crit)
 
 
-def _const_note(runs: Sequence[Path], metric: str, signed: bool = False) -> str:
-    const = _stat(runs, lambda r: _summary_value(r, "nca_const", metric))
+def _const_note(runs: Sequence[Study], metric: str, signed: bool = False) -> str:
+    const = _stat(runs, _value("nca_const", metric))
     return f"; constant-β NCA {fmt_stat(const, signed=signed)}" if const["mean"] is not None else ""
 
 
-def claim_nca_removes(runs: Sequence[Path]) -> Claim:
-    opd = _stat(runs, lambda r: _summary_value(r, "opd", "harm"))
-    nca = _stat(runs, lambda r: _summary_value(r, "nca", "harm"))
+def claim_nca_removes(runs: Sequence[Study]) -> Claim:
+    opd = _stat(runs, _value("opd", "harm"))
+    nca = _stat(runs, _value("nca", "harm"))
     crit = f"NCA's mean Harm ≤ {HARM_REDUCTION} × OPD's; not measurable when OPD's Harm is 0 or undefined"
     measured = f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)} vs OPD {fmt_stat(opd)}{_const_note(runs, 'harm')}"
     if opd["mean"] is None or nca["mean"] is None or opd["mean"] == 0:
@@ -161,9 +151,9 @@ def claim_nca_removes(runs: Sequence[Path]) -> Claim:
                  crit)
 
 
-def claim_nca_keeps(runs: Sequence[Path]) -> Claim:
-    diff = _stat(runs, lambda r: _diff(_summary_value(r, "nca", "acc_x"), _summary_value(r, "opd", "acc_x")))
-    nca = _stat(runs, lambda r: _summary_value(r, "nca", "acc_x"))
+def claim_nca_keeps(runs: Sequence[Study]) -> Claim:
+    diff = _stat(runs, lambda r: _diff(r.value("nca", "acc_x"), r.value("opd", "acc_x")))
+    nca = _stat(runs, _value("nca", "acc_x"))
     crit = f"mean (NCA Acc_x − OPD Acc_x) ≥ −{NCA_MAX_ACC_LOSS}"
     measured = (f"NCA Acc_x {fmt_stat(nca)}{_per_seed(nca)}; NCA − OPD {fmt_stat(diff, signed=True)}"
                 f"{_const_note(runs, 'acc_x')}")
@@ -172,12 +162,12 @@ def claim_nca_keeps(runs: Sequence[Path]) -> Claim:
     return Claim("nca_keeps", "", "", measured, HOLDS if diff["mean"] >= -NCA_MAX_ACC_LOSS - 1e-9 else FAILS, crit)
 
 
-def _mean_cos(run: Path, model: str) -> float | None:
-    vals = layer_cosines(run, model)
+def _mean_cos(study: Study, role: str) -> float | None:
+    vals = layer_cosines(study, role)
     return sum(vals) / len(vals) if vals else None
 
 
-def claim_cosine_order(runs: Sequence[Path]) -> Claim:
+def claim_cosine_order(runs: Sequence[Study]) -> Claim:
     stats = {m: _stat(runs, lambda r, m=m: _mean_cos(r, m)) for m in ("base", "opd", "nca")}
     crit = "seed means of the cosine averaged over decoder layers: base < OPD < NCA"
     measured = ", ".join(f"{m} {fmt_stat(s, 4)}" for m, s in stats.items())
@@ -187,7 +177,7 @@ def claim_cosine_order(runs: Sequence[Path]) -> Claim:
     return Claim("cosine_order", "", "", measured, HOLDS if b < o < n else FAILS, crit)
 
 
-def claim_nca_cosine(runs: Sequence[Path]) -> Claim:
+def claim_nca_cosine(runs: Sequence[Study]) -> Claim:
     low = _stat(runs, lambda r: min(layer_cosines(r, "nca"), default=None))
     crit = f"seed mean of NCA's lowest decoder-layer cosine ≥ {NCA_COSINE_FLOOR}"
     measured = f"NCA min over layers {fmt_stat(low, 4)}"
@@ -196,17 +186,17 @@ def claim_nca_cosine(runs: Sequence[Path]) -> Claim:
     return Claim("nca_cosine", "", "", measured, HOLDS if low["mean"] >= NCA_COSINE_FLOOR else FAILS, crit)
 
 
-def _orthogonality(run: Path) -> tuple[float | None, str, int, int]:
+def _orthogonality(study: Study) -> tuple[float | None, str, int, int]:
     """Mean |cos(∇OPD, ∇NCA)| over the informative gradient-statistics steps of the OPD run (else the NCA run)."""
-    for method in ("opd", "nca"):
-        steps = grad_steps(run, method)
+    for role in ("opd", "nca"):
+        steps = grad_steps(study, role)
         if steps:
             kept = [abs(c) for _, c, ratio in steps if NOISE_NORM_RATIO <= ratio <= 1 / NOISE_NORM_RATIO]
-            return (sum(kept) / len(kept) if kept else None), method, len(kept), len(steps)
+            return (sum(kept) / len(kept) if kept else None), role, len(kept), len(steps)
     return None, "", 0, 0
 
 
-def claim_orthogonal(runs: Sequence[Path]) -> Claim:
+def claim_orthogonal(runs: Sequence[Study]) -> Claim:
     per = [_orthogonality(r) for r in runs]
     stat = seed_stat([p[0] for p in per])
     crit = (f"seed mean of mean |cos| over the logged steps ≤ {ORTHOGONAL_ABS_COS}; steps where one norm is below "
@@ -219,8 +209,8 @@ def claim_orthogonal(runs: Sequence[Path]) -> Claim:
     return Claim("orthogonal", "", "", measured, HOLDS if stat["mean"] <= ORTHOGONAL_ABS_COS else FAILS, crit)
 
 
-def _depth_ratio(run: Path, model: str) -> float | None:
-    norms = update_norms(run, model)
+def _depth_ratio(study: Study, role: str) -> float | None:
+    norms = update_norms(study, role)
     if norms is None or len(norms[0]) < MIN_LAYERS_FOR_DEPTH:
         return None
     vals = list(norms[0].values())
@@ -228,7 +218,7 @@ def _depth_ratio(run: Path, model: str) -> float | None:
     return (sum(vals[:third]) / third) / (sum(vals[-third:]) / third)
 
 
-def claim_shallow(runs: Sequence[Path]) -> Claim:
+def claim_shallow(runs: Sequence[Study]) -> Claim:
     stats = {m: _stat(runs, lambda r, m=m: _depth_ratio(r, m)) for m in ("opd", "nca")}
     norms = update_norms(runs[0], "opd")
     depth = len(norms[0]) if norms else 0
@@ -240,15 +230,15 @@ def claim_shallow(runs: Sequence[Path]) -> Claim:
     return Claim("shallow", "", "", measured, HOLDS if all(s["mean"] > 1 for s in stats.values()) else FAILS, crit)
 
 
-def _qk_ratio(run: Path, model: str) -> float | None:
-    norms = update_norms(run, model)
+def _qk_ratio(study: Study, role: str) -> float | None:
+    norms = update_norms(study, role)
     if norms is None:
         return None
     qk, other = _pooled(norms[1], QK), _pooled(norms[1], OTHER_PROJ)
     return None if qk is None or not other else qk / other
 
 
-def claim_qk(runs: Sequence[Path]) -> Claim:
+def claim_qk(runs: Sequence[Study]) -> Claim:
     stats = {m: _stat(runs, lambda r, m=m: _qk_ratio(r, m)) for m in ("opd", "nca")}
     crit = "mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj > 1 for OPD and NCA"
     measured = ", ".join(f"{m} q,k / other {fmt_stat(s, 2)}" for m, s in stats.items())
@@ -257,21 +247,19 @@ def claim_qk(runs: Sequence[Path]) -> Claim:
     return Claim("qk", "", "", measured, HOLDS if all(s["mean"] > 1 for s in stats.values()) else FAILS, crit)
 
 
-def claim_ta_opd(runs: Sequence[Path]) -> Claim:
-    from mechopd.aggregate import mean_kept_fraction
-
-    diff = _stat(runs, lambda r: _diff(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")))
-    kept = _stat(runs, lambda r: mean_kept_fraction(r, "ta_opd"))
+def claim_ta_opd(runs: Sequence[Study]) -> Claim:
+    diff = _stat(runs, lambda r: _diff(r.value("ta_opd", "acc_x"), r.value("opd", "acc_x")))
+    kept = _stat(runs, lambda r: r.kept_fraction("ta_opd"))
     crit = "mean (TA-OPD Acc_x − OPD Acc_x) ≥ 0; not measurable when both are 1.000 in every seed (ceiling)"
     measured = (f"TA-OPD − OPD Acc_x {fmt_stat(diff, signed=True)}{_per_seed(diff)} (kept fraction "
                 f"{fmt_stat(kept, 3)})")
-    both = [(_summary_value(r, "ta_opd", "acc_x"), _summary_value(r, "opd", "acc_x")) for r in runs]
+    both = [(r.value("ta_opd", "acc_x"), r.value("opd", "acc_x")) for r in runs]
     if diff["mean"] is None or all(a == 1.0 and b == 1.0 for a, b in both):
         return Claim("ta_opd", "", "", measured, NA, crit)
     return Claim("ta_opd", "", "", measured, HOLDS if diff["mean"] >= -1e-9 else FAILS, crit)
 
 
-def claim_teachability(runs: Sequence[Path]) -> Claim:
+def claim_teachability(runs: Sequence[Study]) -> Claim:
     dl = _stat(runs, lambda r: quartile_spread(r, "DL"))
     kl = _stat(runs, lambda r: quartile_spread(r, "kl_full"))
     diff = _stat(runs, lambda r: _diff(quartile_spread(r, "DL"), quartile_spread(r, "kl_full")))
@@ -283,7 +271,7 @@ def claim_teachability(runs: Sequence[Path]) -> Claim:
 
 
 # (key, claim, paper's figure, evaluator)
-CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Path]], Claim]], ...] = (
+CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ("degradation", "OPD causes context-induced degradation", "games: Harm 22–41 %; regime A in 7 of 12 settings",
      claim_degradation),
     ("nca_removes", "NCA removes the degradation", "Harm 15.7 % → 1.6 % (Llama-3.2-3B MedMCQA); lower in 11 of 12",
@@ -304,12 +292,13 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Path]], Claim]], ...] = (
 )
 
 
-def evaluate_claims(runs: Sequence[str | Path]) -> list[Claim]:
-    """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, no interval)."""
-    paths = [Path(r) for r in runs]
+def evaluate_claims(runs: Sequence[str | Path | Study], study: str | Path | None = None) -> list[Claim]:
+    """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, no interval).
+    ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names)."""
+    seeds = studies(runs, study)
     out = []
     for key, claim, paper, fn in CLAIMS:
-        row = fn(paths)
+        row = fn(seeds)
         row.key, row.claim, row.paper = key, claim, paper
         out.append(row)
     return out

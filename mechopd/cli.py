@@ -295,8 +295,10 @@ def _probe(a: argparse.Namespace) -> int:
 
 # --- figures / demo -----------------------------------------------------------------------------------------------------
 def _figures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `mechopd demo`; its figures/ and "
-                   "report.md are redrawn from its saved artifacts")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", default=None, help="a run directory written by `mechopd "
+                   "demo`; its figures/ and report.md are redrawn from its saved artifacts")
+    p.add_argument("--study", default=None, metavar="FILE", help="a study YAML naming the runs by role (base, opd, "
+                   "nca, nca_const, ta_opd, ...; see mechopd/study.py): applied to RUN_DIR, or on its own its root")
 
 
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
@@ -305,14 +307,19 @@ def _figures(a: argparse.Namespace) -> int:
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
 
-    run = Path(a.run_dir)
-    if not run.is_dir():
-        raise ConfigError(f"run directory {run} does not exist; run `mechopd demo --out {run}` first")
+    from mechopd.study import Study
+
+    if a.run_dir is None and a.study is None:
+        raise ConfigError("mechopd figures needs RUN_DIR or --study FILE; e.g. mechopd figures runs/demo")
+    if a.run_dir is not None and not Path(a.run_dir).is_dir():
+        raise ConfigError(f"run directory {a.run_dir} does not exist; run `mechopd demo --out {a.run_dir}` first")
+    study = Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study)
+    run = study.root
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     with hold(run, "figures"):  # not while a demo or another redraw writes into the run
-        drawn = draw_all(run)
+        drawn = draw_all(study)
         if sum(len(v) for v in drawn.values()):
-            write_report_md(run)
+            write_report_md(study)
     n = sum(len(v) for v in drawn.values())
     if n == 0:
         raise ConfigError(f"{run} holds no artifacts to draw (eval/, probes/, train/*/metrics.jsonl)")
@@ -354,6 +361,8 @@ def _demo(a: argparse.Namespace) -> int:
 def _aggregate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", help="demo run directories of one study (one per seed)")
     p.add_argument("--out", required=True, help="directory for aggregate.json, the seed-band figures and report.md")
+    p.add_argument("--study", default=None, metavar="FILE", help="a study YAML naming the runs by role, applied to "
+                   "every run dir (default: each run's study.yaml / demo.json)")
 
 
 @command("aggregate", "mean and 95% t-interval over seed runs: tables, bands, claims, report")
@@ -361,7 +370,7 @@ def _aggregate(a: argparse.Namespace) -> int:
     from mechopd.aggregate import aggregate
 
     with hold(a.out, "aggregate"):  # (the inputs are checked before anything is written; a refusal leaves no --out)
-        print(f"report: {aggregate(a.run_dirs, a.out)}")
+        print(f"report: {aggregate(a.run_dirs, a.out, study=a.study)}")
     return 0
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from mechopd.artifacts import FileSet, read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
 NCA_GATE = ORGANISM_RECIPES["rules"]["nca_gate"]  # nats per token: the anchor waits for OPD (the recipes' value)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
@@ -144,9 +145,8 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
-    from mechopd.aggregate import mean_kept_fraction
-
-    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run, m)) for m, over in methods.items()}}
+    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run / "train" / m))
+                               for m, over in methods.items()}}
 
 
 def _log(msg: str) -> None:
@@ -191,8 +191,8 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
     return finals
 
 
-def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[str, dict]:
-    from mechopd.evaluate import EvalConfig, evaluate_model, format_summary, write_report
+def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[str, EvalReport]:
+    from mechopd.evaluate import EvalConfig, evaluate_model, format_summary
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
@@ -201,35 +201,42 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
     for name, path in models.items():
         target = run / "eval" / f"{name}.json"
         if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
-            out[name] = read_json(target)
+            out[name] = EvalReport.load(target)
             continue
-        rep = evaluate_model(load_model(path), load_tokenizer(path), task, EvalConfig(n=cfg.eval_n, seed=cfg.seed))
-        rep["settings"]["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
-        write_report(rep, target)
+        rep = EvalReport.from_dict(evaluate_model(load_model(path), load_tokenizer(path), task,
+                                                  EvalConfig(n=cfg.eval_n, seed=cfg.seed)), name)
+        rep.settings["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
+        rep.save(target)  # the JSON and the CSV as one file set
         out[name] = rep
-        print(format_summary(name, rep["summary"]), flush=True)
+        print(format_summary(name, rep.summary.to_dict()), flush=True)
     return out
 
 
 def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
-    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, i.e. which models), on
-    the demo's setup (task, probe_n items, seed; models base + methods); a probe whose first output exists is skipped."""
+    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
+    the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
+    (``study.yaml``; without one: the labels of ``models``); a probe whose first output exists, or that needs a role
+    the study lacks, is skipped (and says so)."""
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
 
     out = run / "probes"
+    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
     setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
                        run=str(run))
     for spec in registered():
         if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
             continue
-        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in spec.demo.items())})")
-        spec(setup, out, **spec.demo)
+        options = spec.demo_options(study)
+        if options is None:
+            _log(f"probe {spec.name}: skipped (its roles {spec.role_options} name no run of the study {study.roles})")
+            continue
+        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
+        spec(setup, out, **options)
 
 
 def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
     """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction)."""
-    from mechopd.aggregate import mean_kept_fraction
     from mechopd.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
@@ -245,10 +252,10 @@ def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
             name = f"{sel}-{rho:g}"
             final = train_methods(sub, student, run / "sweep", {name: {"method": "opd", "selector": sel,
                                                                        "budget": rho}})[name]
-            s = evaluate_model(load_model(final), load_tokenizer(final), get_task(cfg.task),
-                               EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0))["summary"]
-            rows.append({"selector": sel, "budget": rho, "acc_x": s["acc_x"]["value"], "acc_xc": s["acc_xc"]["value"],
-                         "harm": s["harm"]["value"], "kept": mean_kept_fraction(run / "sweep", name)})
+            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), get_task(cfg.task),
+                                                    EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)), name).summary
+            rows.append({"selector": sel, "budget": rho, "acc_x": s.value("acc_x"), "acc_xc": s.value("acc_xc"),
+                         "harm": s.value("harm"), "kept": mean_kept_fraction(run / "sweep" / "train" / name)})
             write_json(target, {"rows": rows})
 
 
@@ -294,7 +301,9 @@ def demo_one(cfg: DemoConfig) -> Path:
                 "runs": methods, "organism": str(Path(student).resolve()), "thresholds": asdict(RegimeThresholds()),
                 "config": asdict(cfg),
                 "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
-    write_json(run / "demo.json", manifest)
+    write_json(run / MANIFEST_FILE, manifest)
+    if not (run / STUDY_FILE).is_file():  # the roles of the runs (a user may rename a run here)
+        Study.from_manifest(run).write()
     finals = train_methods(cfg, student, run, methods)
     manifest["labels"] = labels_for(run, methods)  # the kept fractions are measured now
     write_json(run / "demo.json", manifest)

@@ -3,31 +3,23 @@ figures inline with captions, and the exact commands that reproduce every number
 
 from __future__ import annotations
 
-import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mechopd.aggregate import fmt_stat, metric_lines
-from mechopd.removability import compare_table
+from mechopd.claims import claims_markdown, evaluate_claims
+from mechopd.plots import figure_index
+from mechopd.probes.registry import report_lines
+from mechopd.removability import LABELS, METRICS, compare_table
+from mechopd.stats import fmt_stat, seed_stat
+from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
 
-def _load(p: Path) -> Any:
-    return json.loads(p.read_text()) if p.exists() else None
-
-
-def _probe_lines(run: Path) -> list[str]:
-    """Every registered probe's report lines, read from its typed summary under ``run/probes``."""
-    from mechopd.probes.registry import report_lines
-
-    return report_lines(run / "probes")
-
-
-def _figure_lines(run: Path) -> list[str]:
-    from mechopd.plots import figure_index
-
+def _figure_lines(root: Path) -> list[str]:
     out = ["## Figures", ""]
     for name, title, caption in figure_index():
-        png = run / "figures" / f"{name}.png"
+        png = root / "figures" / f"{name}.png"
         if png.exists():
             out += [f"### {title}", "", f"![{title}](figures/{name}.png)", "", caption, ""]
     return out
@@ -44,24 +36,27 @@ def _lr_text(cfg: dict[str, Any]) -> str:
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
 
 
-def _first_grad_line(run: Path, method: str) -> dict[str, Any] | None:
-    for rec in metric_lines(run / "train" / method / "metrics.jsonl"):
+def _first_grad_line(study: Study, role: str) -> dict[str, Any] | None:
+    for rec in study.metrics(role):
         if rec.get("grad/norm/opd") is not None and rec.get("grad/norm/nca") is not None:
             return rec
     return None
 
 
-def _first_eval_after_start(run: Path, method: str) -> dict[str, Any] | None:
-    evals = [r for r in metric_lines(run / "train" / method / "metrics.jsonl")
-             if r.get("eval/acc_xc") is not None and r.get("step", 0) > 0]
+def _first_eval_after_start(study: Study, role: str) -> dict[str, Any] | None:
+    evals = [r for r in study.metrics(role) if r.get("eval/acc_xc") is not None and r.get("step", 0) > 0]
     return evals[0] if evals else None
 
 
-def _nca_lines(runs: list[Path], labels: dict[str, str]) -> list[str]:
+def _log_path(study: Study, role: str) -> str:
+    run = study.run(role)
+    path = run.train_dir / "metrics.jsonl"
+    return str(path.relative_to(study.root)) if path.is_relative_to(study.root) else str(path)
+
+
+def _nca_lines(runs: Sequence[Study]) -> list[str]:
     """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
     and interval with several runs)."""
-    from mechopd.aggregate import seed_stat
-
     grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
     if not grads:
         return []
@@ -70,10 +65,10 @@ def _nca_lines(runs: list[Path], labels: dict[str, str]) -> list[str]:
     ratio = seed_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads
                        if float(g["grad/norm/opd"]) > 0])
     steps = sorted({int(g["step"]) for g in grads})
-    text = (f"- **Why the two NCA runs differ.** In {labels.get('nca_const', 'nca_const')} the anchor is on from step "
+    text = (f"- **Why the two NCA runs differ.** In {runs[0].label('nca_const')} the anchor is on from step "
             f"0, when the two views start maximally apart: at step {'/'.join(map(str, steps))} its gradient norm is "
             f"{fmt_stat(n_nca, 3)} against the OPD term's {fmt_stat(n_opd, 4)} (ratio {fmt_stat(ratio, 1)}; "
-            "`grad/norm/*` in `train/nca_const/metrics.jsonl`)")
+            f"`grad/norm/*` in `{_log_path(runs[0], 'nca_const')}`)")
     if ratio["mean"] is not None:  # the words follow the measured ratio; the numbers are above
         text += (", so the anchor's update dominates" if ratio["mean"] >= 10 else
                  ", the same order as OPD's: on this run the anchor does not dominate by size")
@@ -83,20 +78,23 @@ def _nca_lines(runs: list[Path], labels: dict[str, str]) -> list[str]:
         x = seed_stat([e["eval/acc_x"] for e in evals])
         text += (f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {fmt_stat(xc)} and Acc_x "
                  f"{fmt_stat(x)}")
-    return [text + _anchor_wait_text(runs, labels.get("nca", "nca")) + "."]
+    return [text + _anchor_wait_text(runs) + "."]
 
 
-def _gate_opened(run: Path) -> int | None:
-    """The step count after which the `nca` run's anchor gate opened (β = 0 before), None if it never did."""
-    for rec in metric_lines(run / "train" / "nca" / "metrics.jsonl"):
+def _gate_opened(study: Study) -> int | None:
+    """The step count after which the NCA run's anchor gate opened (β = 0 before), None if it never did."""
+    for rec in study.metrics("nca"):
         if rec.get("nca_gate/open_step") is not None:
             return int(rec["nca_gate/open_step"])
     return None
 
 
-def _anchor_wait_text(runs: list[Path], label: str) -> str:
-    """How long the `nca` run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
-    over = (_load(runs[0] / "demo.json") or {}).get("runs", {}).get("nca", {})
+def _anchor_wait_text(runs: Sequence[Study]) -> str:
+    """How long the NCA run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
+    nca = runs[0].run("nca")
+    if nca is None:
+        return ""
+    over, label = nca.settings, nca.label
     if over.get("nca_gate") is not None:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
@@ -110,71 +108,72 @@ def _anchor_wait_text(runs: list[Path], label: str) -> str:
     return ""
 
 
-def _kept_lines(run: Path, labels: dict[str, str]) -> list[str]:
-    runs = (_load(run / "demo.json") or {}).get("runs", {})
+def _kept_lines(study: Study) -> list[str]:
     out = []
-    for name, over in runs.items():
-        if over.get("selector", "full") != "full":
-            out.append(f"- **{labels.get(name, name)}**: budget ρ = {over.get('budget')}, the share of response "
+    for run in study:
+        over = run.settings
+        if over and over.get("selector", "full") != "full":
+            out.append(f"- **{run.label}**: budget ρ = {over.get('budget')}, the share of response "
                        "positions it actually trained on is the kept fraction (mean of `kept_fraction` over its "
                        f"steps); extra token per response: {'yes' if over.get('min_one_per_response') else 'no'} "
                        "(the paper's rule: none).")
     return out
 
 
-def _claims_lines(runs: list[Path]) -> list[str]:
-    from mechopd.claims import claims_markdown, evaluate_claims
-
+def _claims_lines(runs: Sequence[Study]) -> list[str]:
     return ["## The papers' claims", "", claims_markdown(evaluate_claims(runs))]
 
 
-def write_report_md(run: str | Path) -> Path:
-    run = Path(run)
-    manifest = _load(run / "demo.json") or {}
-    labels = manifest.get("labels", {})
-    evals = {p.stem: _load(p) for p in sorted((run / "eval").glob("*.json"))}
-    order = ["base"] + [m for m in manifest.get("methods", []) if m in evals]
-    order += [k for k in evals if k not in order]
-    summaries = {labels.get(k, k): evals[k]["summary"] for k in order if k in evals}
+def _eval_reports(study: Study) -> dict[str, EvalReport]:
+    """name -> report: the study's runs in order, then any other ``eval/*.json`` of the root."""
+    out = {r.name: rep for r in study if (rep := study.eval(r.role)) is not None}
+    for p in sorted((study.root / "eval").glob("*.json")):
+        if p.stem not in out and p.stem not in study.names:
+            out[p.stem] = EvalReport.load(p)
+    return out
+
+
+def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | None = None) -> Path:
+    """``report.md`` of a run (a run dir, a study YAML or a `Study`; ``study``: a YAML applied to the run dir)."""
+    s = run if isinstance(run, Study) else Study.load(run, study)
+    root = s.root
+    evals = _eval_reports(s)
+    summaries = {s.label(k): rep.summary.to_dict() for k, rep in evals.items()}
     md_table, _ = compare_table(summaries) if summaries else ("(no evaluation found)", "")
-    task = manifest.get("task", "?")
-    cfg = manifest.get("config", {})
-    out = [f"# mechopd report — {task}", ""]
-    out += [f"Organism: `{manifest.get('organism')}`. Every method trained from it with the same seed "
+    cfg = s.config
+    out = [f"# mechopd report — {s.task}", ""]
+    out += [f"Organism: `{s.manifest.get('organism')}`. Every method trained from it with the same seed "
             f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
             f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
             "(without the context, and with it re-inserted).", ""]
-    if manifest.get("wall_s"):
-        out += [f"Wall time of the last `mechopd demo` invocation: {manifest['wall_s']:.0f} s.", ""]
+    if s.manifest.get("wall_s"):
+        out += [f"Wall time of the last `mechopd demo` invocation: {s.manifest['wall_s']:.0f} s.", ""]
     out += ["## Context removability", "", md_table, ""]
     out += ["## Regimes", ""]
-    for k in order:
-        if k in evals:
-            s = evals[k]["summary"]
-            out.append(f"- **{labels.get(k, k)}** — regime {s['regime']}: {s['regime_reason']}")
-    out += _kept_lines(run, labels) + _nca_lines([run], labels)
-    out += ["", "## Mechanistic probes", ""] + (_probe_lines(run) or ["(no probe output found)"]) + [""]
-    out += _claims_lines([run])
-    out += _figure_lines(run)
+    for k, rep in evals.items():
+        out.append(f"- **{s.label(k)}** — regime {rep.summary.regime}: {rep.summary.regime_reason}")
+    out += _kept_lines(s) + _nca_lines([s])
+    out += ["", "## Mechanistic probes", ""] + (report_lines(s.probes_dir) or ["(no probe output found)"]) + [""]
+    out += _claims_lines([s])
+    out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg['seed']}" if cfg.get("seed") else ""
-    out.append(f"mechopd demo --task {task} --out {run}{seed}{_demo_flags(cfg)}")
-    out.append(f"mechopd figures {run}                 # redraw every figure from the saved artifacts")
-    names = " ".join(f"{k}={evals[k]['settings'].get('model')}" for k in order if k in evals)
-    out.append(f"mechopd eval --task {task} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} --compare {names}")
+    study_flag = f" --study {study}" if study is not None else ""
+    out.append(f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
+    out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")
+    names = " ".join(f"{k}={rep.settings.get('model')}" for k, rep in evals.items())
+    out.append(f"mechopd eval --task {s.task} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} --compare {names}")
     out += ["```", ""]
-    path = run / "report.md"
+    path = root / "report.md"
     path.write_text("\n".join(out))
     return path
 
 
-def _seed_table(summary: dict[str, Any], labels: dict[str, str]) -> list[str]:
-    from mechopd.removability import LABELS, METRICS
-
+def _seed_table(summary: dict[str, Any], study: Study) -> list[str]:
     head = ["model", "seeds", *(LABELS[m] for m in METRICS), "regime per seed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|"]
     for name, row in summary["models"].items():
-        cells = [labels.get(name, name), str(len(row["regimes"]))]
+        cells = [study.label(name), str(len(row["regimes"]))]
         cells += [fmt_stat(row[m], signed=m == "delta_len") for m in METRICS]
         lines.append("| " + " | ".join(cells + [" ".join(r or "?" for r in row["regimes"])]) + " |")
     return lines + ["", f"Cells: mean over seeds [{summary['interval']}]; n/a where undefined in every seed."]
@@ -183,22 +182,31 @@ def _seed_table(summary: dict[str, Any], labels: dict[str, str]) -> list[str]:
 def write_aggregate_report(out: str | Path) -> Path:
     """``report.md`` of an aggregate directory (written by `mechopd.aggregate.aggregate`): seed tables, the claims
     table over the seed runs, the seed-band figures, and the commands."""
+    from mechopd.artifacts import read_json
+
     out = Path(out)
-    manifest = _load(out / "demo.json") or {}
-    summary = _load(out / "aggregate.json")
-    labels = manifest.get("labels", {})
-    runs = [Path(r) for r in manifest.get("seed_runs", [])]
-    cfg = manifest.get("config", {})
-    lines = [f"# mechopd report — {manifest.get('task')}, {len(runs)} training seeds", "",
-             f"Organism: `{manifest.get('organism')}` (one organism; the training seed varies: "
-             f"{', '.join(r.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
+    agg = Study.load(out)
+    summary = read_json(out / "aggregate.json")
+    runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
+    cfg = agg.config
+    lines = [f"# mechopd report — {agg.task}, {len(runs)} training seeds", "",
+             f"Organism: `{agg.manifest.get('organism')}` (one organism; the training seed varies: "
+             f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
              f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
              "(item-bootstrap intervals, probes) is in its directory.", "",
-             "## Context removability over seeds", "", *_seed_table(summary, labels), ""]
-    lines += (_kept_lines(runs[0], labels) + _nca_lines(runs, labels)) if runs else []
+             "## Context removability over seeds", "", *_seed_table(summary, agg), ""]
+    if runs:  # the kept-fraction lines and labels of the aggregate (kept fraction: the seed mean)
+        runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
+    lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
     lines += ["", *_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
-              f"mechopd demo --task {manifest.get('task')} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
-              f"mechopd aggregate {' '.join(str(r) for r in runs)} --out {out}", "```", ""]
+              f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
+              f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _relabelled(run: Any, agg: Study) -> Any:
+    from dataclasses import replace
+
+    return replace(run, label=agg.labels.get(run.name, run.label))

@@ -30,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from mechopd.errors import DataError
+from mechopd.study import Study
 
 log = logging.getLogger("mechopd.plots")
 
@@ -121,10 +122,10 @@ def palette(names: Sequence[str]) -> dict[str, tuple[float, float, float]]:
 # --------------------------------------------------------------------------------------------------------- run info
 @dataclass
 class RunInfo:
-    """What ``demo.json`` says about a run (or what the directory implies when it is absent).
+    """What the run's study says (`run_info`).
 
-    methods: trained methods in order (the base model excluded); labels: display names (``opd`` -> ``OPD``);
-    thresholds: the regime thresholds (proportions) or None.
+    methods: names of the trained runs in order (the base model excluded); labels: display names (``opd`` ->
+    ``OPD``); thresholds: the regime thresholds (proportions) or None; study: the typed study it was read from.
     """
 
     root: Path
@@ -132,6 +133,7 @@ class RunInfo:
     methods: list[str]
     labels: dict[str, str] = field(default_factory=dict)
     thresholds: dict[str, float] | None = None
+    study: Study | None = None
 
     def label(self, name: str) -> str:
         return self.labels.get(name, "Base" if name == BASE else name)
@@ -150,24 +152,12 @@ def read_json(path: Path) -> Any:
         raise DataError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); rewrite it with mechopd") from None
 
 
-def run_info(run_dir: Path) -> RunInfo:
-    """Read ``RUN/demo.json``; without it, methods are the ``train/*`` folders (or ``eval/*.json`` names)."""
-    run_dir = Path(run_dir)
-    meta_path = run_dir / "demo.json"
-    if meta_path.is_file():
-        meta = read_json(meta_path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("methods", []), list):
-            raise DataError(f"{meta_path}: expected an object with a 'methods' list, e.g. {{\"methods\": [\"opd\"]}}")
-        labels = meta.get("labels") or {}
-        thresholds = meta.get("thresholds")
-        if thresholds is not None and not isinstance(thresholds, dict):
-            raise DataError(f"{meta_path}: 'thresholds' must be an object (drop_min, harm_high, gain_min)")
-        return RunInfo(run_dir, str(meta.get("task", run_dir.name)), [str(m) for m in meta.get("methods", [])],
-                       {str(k): str(v) for k, v in labels.items()}, thresholds)
-    methods = sorted(p.name for p in (run_dir / "train").glob("*") if p.is_dir())
-    if not methods:
-        methods = sorted(p.stem for p in (run_dir / "eval").glob("*.json") if p.stem != BASE)
-    return RunInfo(run_dir, run_dir.name, methods)
+def run_info(run_dir: Path | Study) -> RunInfo:
+    """What the run's study says (`mechopd.study.Study.load`: ``study.yaml``, else ``demo.json``, else the
+    ``train/*`` folders or ``eval/*.json`` names): the trained runs by name in role order, their labels, thresholds.
+    ``run_dir`` may be a `Study` (a user study YAML) in place of a directory."""
+    study = run_dir if isinstance(run_dir, Study) else Study.load(Path(run_dir))  # str or Path
+    return RunInfo(study.root, study.task, study.methods, study.given_labels, study.thresholds, study)
 
 
 def missing(figure: str, path: Path) -> None:
@@ -231,8 +221,9 @@ def summary_of(path: Path) -> dict[str, Any]:
 def eval_summaries(info: RunInfo) -> dict[str, dict[str, Any]]:
     """Model name -> removability summary, in `RunInfo.models` order, for the reports that exist."""
     out = {}
+    runs = {r.name: r for r in info.study} if info.study is not None else {}
     for name in info.models:
-        path = info.root / "eval" / f"{name}.json"
+        path = runs[name].eval_path if name in runs else info.root / "eval" / f"{name}.json"
         if path.is_file():
             out[name] = summary_of(path)
     return out

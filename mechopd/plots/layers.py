@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
+from mechopd.probes.gradients import GradRow
 from mechopd.sites import MODULE_ORDER, site_layer
 from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled,
                                    to_float)
@@ -40,9 +43,7 @@ GRADIENT_NAME = "gradient_alignment"
 DELTAS_NAME = "parameter_deltas"
 TERM_LABELS = {"opd": "OPD", "nca": "NCA", "dual": "DualOPD", "sym": "SymKL"}
 MAX_ANNOTATED_CELLS = 160  # write the value into each cell up to this grid size
-# gradients.csv columns (mechopd.probes.gradients.GradRow; not imported: that module pulls in the model stack)
-GRAD_COLUMNS = ("term_a", "term_b", "scope", "layer", "module", "numel", "dot", "norm_a", "norm_b", "cos",
-                "norm_ratio", "value_a", "value_b", "warning")
+GRAD_COLUMNS = tuple(f.name for f in fields(GradRow))  # the gradients.csv schema, owned by the probe
 
 
 # --------------------------------------------------------------------------------------------------------- helpers
@@ -177,7 +178,7 @@ def _term(name: str) -> str:
 def figure_gradient_alignment(run_dir: Path) -> Figure | None:
     """cos(∇a, ∇b) per layer × module, one heatmap per term pair, the global cosine in the panel title."""
     info = run_info(run_dir)
-    path = info.root / "probes" / "gradients.csv"
+    path = info.root / "probes" / GRADIENTS_CSV
     if not path.is_file():
         missing(GRADIENT_NAME, path)
         return None

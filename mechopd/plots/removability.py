@@ -27,6 +27,7 @@ import seaborn as sns
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import (RunInfo, eval_summaries, log, missing, new_figure, palette, percent, run_info,
                                    save, styled)
+from mechopd.study import Study
 from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 
 BARS_NAME = "removability"
@@ -151,7 +152,7 @@ def _limits(values: list[float], must: list[float]) -> tuple[float, float]:
 
 
 def _points(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[RunInfo], list[dict[str, dict]]]:
-    infos = [run_info(Path(d)) for d in run_dirs]
+    infos = [run_info(d) for d in run_dirs]
     all_summaries = [eval_summaries(info) for info in infos]
     points = []
     for info, summaries in zip(infos, all_summaries):
@@ -172,10 +173,10 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     One scatter (PathCollection) per point; colour = model, marker = task. None (logged) when no run has a report
     with a defined Harm.
     """
-    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path, Study)) else list(run_dirs)
     points, infos, all_summaries = _points(run_dirs)
     if not points:
-        missing(REGIME_NAME, Path(run_dirs[0] if run_dirs else ".") / "eval" / "<model>.json (with a defined Harm)")
+        missing(REGIME_NAME, Path(getattr(run_dirs[0], "root", run_dirs[0]) if run_dirs else ".") / "eval" / "<model>.json (with a defined Harm)")
         return None
     t = thresholds_of(infos[0], all_summaries[0])
     for info, summaries in zip(infos[1:], all_summaries[1:]):

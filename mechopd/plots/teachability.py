@@ -18,15 +18,11 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from mechopd.artifacts import TeachabilitySummary
+from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
 NAME = "teachability"
-# The names mechopd.probes.teachability writes (kept here so that drawing does not import the model stack; the tests
-# check that they match):
-SUMMARY_NAME = TeachabilitySummary.FILE
-BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
-GAINS = ("gain_abs", "gain_rel")
+SUMMARY_NAME = TeachabilitySummary.FILE  # the names the probe writes, read from the probe (one schema)
 # Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.
 SIGNAL_LABELS = {"C_norm": "compatibility C̃", "DL": "learnable Dᴸ = D̃·C̃", "DI": "incompatible Dᴵ = D̃·(1 − C̃)",
                  "kl_full": "raw KL(p_teacher ‖ p_θ₀)"}

@@ -1,5 +1,6 @@
 """The four built-in probes' registrations (`mechopd.probes.registry`): CLI flags, the run adapters that print, the
-demo's choice of models, the figures and the report lines. Each adapter imports its probe module when it runs.
+demo's choice of models (ROLES of the study, `role_options`), the typed summary (which gives the report lines), the
+figures. Each adapter imports its probe module when it runs; the summaries are named by "module:Class".
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mechopd.artifacts import DeltaSummary, GradientSummary, SimilaritySummary, Summary, TeachabilitySummary
 from mechopd.errors import ConfigError
 from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, register_probe
 
@@ -34,18 +34,12 @@ def _pair(text: str | None, flag: str) -> tuple[str, str] | None:
     return parts  # type: ignore[return-value]
 
 
-def _summary_lines(cls: type[Summary]):
-    def lines(probes_dir: Path) -> list[str]:
-        summary = cls.load(probes_dir)
-        return summary.lines() if summary is not None else []
-
-    return lines
-
-
 # ------------------------------------------------------------------------------------------------------- adapters
 def similarity(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, cka: bool,
                greedy: bool) -> list[str]:
     from mechopd.probes.similarity import run_similarity
+
+    from mechopd.probes.similarity import SimilaritySummary
 
     path = run_similarity(setup, out, models=models, layers=_layers(layers), cka=cka, greedy=greedy)
     return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
@@ -53,7 +47,7 @@ def similarity(setup: Any, out: Path, *, models: list[str] | None, layers: str |
 
 def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, terms: str, layers: str | None,
               estimator: str) -> list[str]:
-    from mechopd.probes.gradients import run_gradients
+    from mechopd.probes.gradients import GradientSummary, run_gradients
 
     try:
         pair = _pair(terms, "--terms")
@@ -68,7 +62,7 @@ def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, 
 
 
 def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None, pair: str | None) -> list[str]:
-    from mechopd.probes.deltas import run_deltas
+    from mechopd.probes.deltas import DeltaSummary, run_deltas
 
     paths = run_deltas(setup, out, base=base, models=models, pair=_pair(pair, "--pair"))
     return [f"delta table: {', '.join(str(p) for p in paths)}"] + DeltaSummary.load(out).lines()
@@ -76,7 +70,7 @@ def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None,
 
 def teachability(setup: Any, out: Path, *, student: str | None, trained: str | None, teacher: str | None,
                  bank: str | None, n_boot: int) -> list[str]:
-    from mechopd.probes.teachability import run_teachability
+    from mechopd.probes.teachability import TeachabilitySummary, run_teachability
 
     run_teachability(setup, out, student=student, trained=trained, teacher=teacher, bank=bank, n_boot=n_boot)
     return [f"teachability: {out / TeachabilitySummary.FILE}"] + TeachabilitySummary.load(out).lines()
@@ -92,14 +86,14 @@ register_probe(ProbeSpec(
         Arg(("--cka",), dict(action="store_true", help="also linear CKA over tokens")),
         Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones")),
     ),
-    outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", SimilaritySummary.FILE),
-    demo={"models": ["base", "opd", "nca"]},
+    outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
+    demo={"models": ["base", "opd", "nca"]}, role_options=("models",),
+    summary="mechopd.probes.similarity:SimilaritySummary",
     figures=(FigureSpec(
         "layer_cosine", "Two-view hidden-state cosine per layer",
         "Cosine between the hidden states of the same response token with and without the context, per-token mean "
         "over the response tokens, at the embedding, after each decoder layer and after the final norm; one line "
         "per model.", "mechopd.plots.layers:plot_layer_cosine"),),
-    report=_summary_lines(SimilaritySummary),
 ))
 
 register_probe(ProbeSpec(
@@ -111,14 +105,14 @@ register_probe(ProbeSpec(
         Arg(("--layers",), dict(default=None, help="comma-separated decoder layers (default: every parameter)")),
         Arg(("--estimator",), dict(default="full", help="full | topk | sampled (the OPD term's estimator)")),
     ),
-    outputs=("gradients.csv", GradientSummary.FILE),
-    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"},
+    outputs=("gradients.csv", "gradients.json"),
+    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"}, role_options=("model",),
+    summary="mechopd.probes.gradients:GradientSummary",
     figures=(FigureSpec(
         "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
         "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
         "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
         "gradient norms.", "mechopd.plots.layers:plot_gradient_alignment"),),
-    report=_summary_lines(GradientSummary),
 ))
 
 register_probe(ProbeSpec(
@@ -129,14 +123,14 @@ register_probe(ProbeSpec(
                                 help="trained models (default: every trained model of the run)")),
         Arg(("--pair",), dict(default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")),
     ),
-    outputs=("deltas.csv", "deltas.json", DeltaSummary.FILE),
-    demo={"models": ["opd", "nca"], "pair": "opd,nca"},
+    outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
+    demo={"models": ["opd", "nca"], "pair": "opd,nca"}, role_options=("models", "pair"),
+    summary="mechopd.probes.deltas:DeltaSummary",
     figures=(FigureSpec(
         "parameter_deltas", "Parameter updates per layer and module",
         "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
         "and of the difference between two trained models (e.g. NCA − OPD, with the cosine between their updates), "
         "on one colour scale.", "mechopd.plots.layers:plot_parameter_deltas"),),
-    report=_summary_lines(DeltaSummary),
 ))
 
 register_probe(ProbeSpec(
@@ -148,13 +142,13 @@ register_probe(ProbeSpec(
         Arg(("--bank",), dict(default=None, help="an existing bank.json (default: sample one from θ0)")),
         Arg(("--n-boot",), dict(dest="n_boot", type=int, default=1000, help="sequence-bootstrap resamples")),
     ),
-    outputs=(TeachabilitySummary.FILE, "teachability_tokens.csv", "bank.json"),
-    demo={"trained": "ta_opd"},
+    outputs=("teachability_summary.json", "teachability_tokens.csv", "bank.json"),
+    demo={"trained": "ta_opd"}, role_options=("trained",),
+    summary="mechopd.probes.teachability:TeachabilitySummary",
     figures=(FigureSpec(
         "teachability", "Teachability of teacher–student disagreement",
         "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of the "
         "pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain gap inside "
         "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
         "coefficients of the gain.", "mechopd.plots.teachability:plot_teachability"),),
-    report=_summary_lines(TeachabilitySummary),
 ))

@@ -39,19 +39,61 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.artifacts import DeltaSummary, read_csv, read_float, read_json, write_csv, write_json
+from mechopd.artifacts import Summary, read_csv, read_float, read_json, write_csv, write_json
 from mechopd.errors import ConfigError, DataError, ModelError
 from mechopd.probes.setup import BASE, ProbeSetup
 from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
                                     tensor_shapes)
 from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.sites import natural_key as _natural_key
+CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
 AGGREGATE_BY = ("site", "layer", "module", "all")
+
+
+@dataclass
+class DeltaSummary(Summary):
+    """Parameter deltas, whole model: ``rel_delta[label]`` = ‖θ − W0‖/‖W0‖ over all tensors; with a pair (a, b),
+    ``pair_rel_delta`` = ‖θ_b − θ_a‖/‖W0‖ and ``pair_cos`` = cos(Δ_a, Δ_b)."""
+
+    FILE: ClassVar[str] = "deltas_summary.json"
+    PROBE: ClassVar[str] = "deltas"
+    FLOATS: ClassVar[tuple[str, ...]] = ("pair_rel_delta", "pair_cos")
+
+    models: list[str]
+    rel_delta: dict[str, float]
+    pair: list[str] | None = None
+    pair_rel_delta: float = math.nan
+    pair_cos: float = math.nan
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rel_delta = {k: read_float(v) for k, v in self.rel_delta.items()}
+
+    def lines(self) -> list[str]:
+        rel = ", ".join(f"{m} {self.rel_delta[m]:.3g}" for m in self.models if m in self.rel_delta)
+        out = f"- **Parameter updates** ‖θ − W0‖/‖W0‖ over all tensors: {rel}"
+        if self.pair:
+            a, b = self.pair
+            out += (f"; {b} − {a}: {self.pair_rel_delta:.3g}, cos(Δ{a}, Δ{b}) = {self.pair_cos:.3f}")
+        return [out + "."]
+
+    def update_norms(self, model: str, vs: str = "base") -> tuple[dict[int, float], dict[str, float]] | None:
+        """Relative update ‖ΔW‖/‖W0‖ of ``model`` vs ``vs``, pooled per decoder layer and per module name
+        (`aggregate_deltas`: squares summed over the group's tensors, weight and bias), from ``deltas.csv``; None
+        without the table. Parameters outside the decoder layers (embeddings, final norm, lm_head) are not pooled."""
+        path = Path(getattr(self, "probes_dir", ".")) / CSV_NAME
+        if not path.is_file():
+            return None
+        rows = [r for r in read_table(path) if r.layer is not None]
+        pick = lambda by: [r for r in aggregate_deltas(rows, by)  # noqa: E731
+                           if r.model == model and r.vs == vs and r.metric == "rel_delta"]
+        return {r.layer: r.value for r in pick("layer")}, {r.module: r.value for r in pick("module")}
 
 
 # ------------------------------------------------------------------------------------------------------ checkpoints

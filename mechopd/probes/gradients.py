@@ -37,14 +37,14 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
 import torch
 from torch import nn
 
-from mechopd.artifacts import GradientSummary, write_csv
+from mechopd.artifacts import Summary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
 from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
@@ -60,6 +60,31 @@ WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x th
 SCOPES = ("global", "layer", "module", "layer_module")
 CSV_NAME = "gradients.csv"
 JSON_NAME = "gradients.json"
+
+
+@dataclass
+class GradientSummary(Summary):
+    """Gradient alignment: the "global" row of ``gradients.csv`` (cos, norm ratio, the terms' values)."""
+
+    FILE: ClassVar[str] = "gradients.json"
+    PROBE: ClassVar[str] = "gradients"
+    FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b")
+
+    term_a: str
+    term_b: str
+    model: str
+    cos: float
+    norm_ratio: float
+    value_a: float
+    value_b: float
+    response_tokens: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        a, b = self.term_a, self.term_b
+        return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
+                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; "
+                f"{self.response_tokens} response tokens)."]
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,16 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     --option, --placement, --no-context-system, --chat-template-kwarg, ... -- are added to every verb);
   * the run function ``run(setup: ProbeSetup, out_dir: Path, **options) -> list[str]`` (writes the artifacts, returns
     the lines the CLI prints); ``options`` are the probe's own flags by ``dest``, defaults from ``arguments``;
-  * its place in ``mechopd demo``: ``demo`` = the options it runs with there (which models: labels of the demo run),
-    None = not in the demo; the demo skips it when ``outputs[0]`` exists;
+  * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
+    named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
+    demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists;
+  * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
+    (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
+    the claims and the figures read (``Study.probe(name)``);
   * its figures (``FigureSpec``: name, title, caption, ``plot(run_dir, out_dir) -> list[Path]``), drawn by
     `mechopd.plots.draw_all` and shown in ``report.md``;
-  * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`.
+  * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`; default: the
+    summary's ``lines()``.
 
 Callables may be given as ``"module:attribute"`` strings, imported when first called: the registry and the built-in
 registrations (`mechopd.probes.builtin`) import no probe or plotting module, so building the CLI parser, drawing and
@@ -77,6 +82,8 @@ class ProbeSpec:
     demo: dict[str, Any] | None = None
     figures: tuple[FigureSpec, ...] = ()
     report: Ref | None = None
+    summary: Ref | None = None
+    role_options: tuple[str, ...] = ()
 
     def parser(self) -> argparse.ArgumentParser:
         """A parser of this probe's own flags (for defaults; the CLI adds them to its subparser)."""
@@ -103,8 +110,33 @@ class ProbeSpec:
             lines = list(resolve(self.run)(setup, stage.dir, **self.options(**options)))
         return stage.relocate(lines)
 
+    def load(self, probes_dir: str | Path) -> Any:
+        """The probe's typed result in ``probes_dir`` (its ``summary`` class), None when it did not run there."""
+        return resolve(self.summary).load(Path(probes_dir)) if self.summary is not None else None
+
     def report_lines(self, probes_dir: str | Path) -> list[str]:
-        return list(resolve(self.report)(Path(probes_dir))) if self.report is not None else []
+        if self.report is not None:
+            return list(resolve(self.report)(Path(probes_dir)))
+        result = self.load(probes_dir)
+        return list(result.lines()) if result is not None else []
+
+    def demo_options(self, study: Any) -> dict[str, Any] | None:
+        """``demo`` with every role in ``role_options`` replaced by the study's run name; None when the probe is not
+        in the demo or a role it needs is not in the study."""
+        if self.demo is None:
+            return None
+        out = dict(self.demo)
+        for key in self.role_options:
+            value = out.get(key)
+            if value is None:
+                continue
+            many = isinstance(value, (list, tuple))
+            roles = list(value) if many else [r.strip() for r in str(value).split(",")]
+            names = [study.name(r) for r in roles]
+            if None in names:
+                return None
+            out[key] = names if many else ",".join(names)
+        return out
 
 
 _REGISTRY: dict[str, ProbeSpec] = {}

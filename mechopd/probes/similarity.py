@@ -33,13 +33,14 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mechopd.artifacts import SimilaritySummary, write_jsonl, write_rows
+from mechopd.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.checks import check_response_ids, check_task_vocab
 from mechopd.errors import ConfigError, ModelError
 from mechopd.pinning import check_fits, pin_render
@@ -49,8 +50,40 @@ from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
 from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, answer_responses, read_responses
 from mechopd.views import RenderSpec, TwoViewBatch, render_prompt_ids
 
+CSV_NAME = "similarity.csv"
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size")
+
+
+@dataclass
+class SimilaritySummary(Summary):
+    """Two-view cosine: ``mean_cos[label]`` = mean over sites of the per-token mean cosine (``similarity.csv``)."""
+
+    FILE: ClassVar[str] = "similarity.json"
+    PROBE: ClassVar[str] = "similarity"
+
+    models: list[str]
+    mean_cos: dict[str, float]
+    sites: list[str]
+    responses_from: str
+    n_items: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.mean_cos = {k: read_float(v) for k, v in self.mean_cos.items()}
+
+    def lines(self) -> list[str]:
+        means = ", ".join(f"{m} {self.mean_cos[m]:.4f}" for m in self.models if m in self.mean_cos)
+        return [f"- **Two-view hidden-state cosine** (mean over sites, per-token mean; {self.n_items} items, "
+                f"responses from {self.responses_from}): {means}."]
+
+    def layer_cosines(self, model: str) -> list[float]:
+        """Per-token mean two-view cosine of ``model`` after each decoder layer (``layers.{i}.resid_post``), in layer
+        order, from ``similarity.csv``; [] when the table is absent or has no such rows."""
+        if not (Path(getattr(self, "probes_dir", ".")) / CSV_NAME).is_file():
+            return []
+        rows = [r for r in self.table(CSV_NAME) if r["model"] == model and r["site"].endswith("resid_post")]
+        return [read_float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
 
 
 def token_cosine(hx: torch.Tensor, hc: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:

@@ -35,13 +35,13 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from mechopd.artifacts import TeachabilitySummary, write_csv, write_json
+from mechopd.artifacts import Summary, read_float, write_csv, write_json
 from mechopd.checks import check_response_ids
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
@@ -55,13 +55,52 @@ from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
-SUMMARY_NAME = TeachabilitySummary.FILE
+SUMMARY_NAME = "teachability_summary.json"
 COLUMNS = ("seq", "pos", "token", "H", "D", "kl_full", "C_exact", "C_lower", "H_norm", "D_norm", "C_norm", "DL", "DI",
            "kl0", "kl1", "gain_abs", "gain_rel")
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
 GAINS = ("gain_abs", "gain_rel")
 REL_EPS = 1e-8
 Table = dict[str, np.ndarray]  # column -> [n_tokens]
+
+
+@dataclass
+class TeachabilitySummary(Summary):
+    """Token teachability (``teachability_summary.json``): means, quartile buckets, the high-support gap per gain
+    (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability.high_support_gap`), the regression."""
+
+    FILE: ClassVar[str] = SUMMARY_NAME
+    PROBE: ClassVar[str] = "teachability"
+
+    n_tokens: int
+    n_sequences: int
+    means: dict[str, float]
+    buckets: dict[str, list[dict[str, Any]]]
+    gap: dict[str, dict[str, Any]]
+    regression: dict[str, dict[str, Any]]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def gap_interval(self, gain: str = "gain_abs") -> tuple[float, float, float]:
+        """(estimate, ci_low, ci_high) of the high-support gap for ``gain``; NaN where undefined."""
+        g = self.gap.get(gain) or {}
+        return read_float(g.get("estimate")), read_float(g.get("ci_low")), read_float(g.get("ci_high"))
+
+    def lines(self) -> list[str]:
+        est, lo, hi = self.gap_interval("gain_abs")
+        if math.isnan(est):
+            return ["- **High-support gain gap**: undefined (the low-entropy / high-divergence cell has an empty "
+                    "tercile)."]
+        ci = self.gap["gain_abs"].get("ci") or 0.95
+        interval = (f"[{lo:.4f}, {hi:.4f}] ({ci:.0%} sequence bootstrap)" if math.isfinite(lo) and math.isfinite(hi)
+                    else "(interval undefined: too few tokens in the cell for the sequence bootstrap)")
+        return [f"- **High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): "
+                f"{est:.4f} {interval}."]
+
+    def quartile_spread(self, signal: str, gain: str = "gain_abs") -> float | None:
+        """Mean ``gain`` in the top quartile of ``signal`` minus the bottom quartile (None when undefined)."""
+        by_q = {b["quartile"]: b.get(f"mean_{gain}") for b in self.buckets.get(signal) or []}
+        top, bottom = by_q.get(4), by_q.get(1)
+        return None if top is None or bottom is None else top - bottom
 
 
 # ---------------------------------------------------------------------------------------------------------------------

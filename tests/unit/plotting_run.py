@@ -81,6 +81,8 @@ def _write_similarity(probes: Path) -> None:
             acc.add(site, hx, hx + (0.6 / (k + 1)) * torch.randn(2, 5, 8, generator=gen), torch.ones(2, 5, dtype=bool))
         rows += acc.site_rows(model)
     similarity.write_rows(rows, probes / "similarity.csv")
+    mean_cos = {m: float(np.mean([r["cos_mean"] for r in rows if r["model"] == m])) for m in ("base", "opd", "nca")}
+    similarity.SimilaritySummary(["base", "opd", "nca"], mean_cos, sites, "opd", 2).save(probes)
 
 
 def _write_gradients(probes: Path, rng: np.random.Generator) -> None:
@@ -111,6 +113,7 @@ def _write_deltas(probes: Path, ckpts: dict[str, Path]) -> None:
     rows = deltas.parameter_deltas(ckpts["base"], {"opd": ckpts["opd"], "nca": ckpts["nca"]}, pair=("opd", "nca"),
                                    progress=False)
     deltas.write_table(rows, probes / "deltas")
+    deltas.summarize_deltas(rows, ("opd", "nca"), {"synthetic": True}).save(probes)
 
 
 def _write_teachability(probes: Path, rng: np.random.Generator) -> None:

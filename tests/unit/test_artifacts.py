@@ -12,6 +12,10 @@ import pytest
 
 from mechopd import artifacts as A
 from mechopd.errors import ConfigError, DataError
+from mechopd.probes.deltas import DeltaSummary
+from mechopd.probes.gradients import GradientSummary
+from mechopd.probes.similarity import SimilaritySummary
+from mechopd.probes.teachability import TeachabilitySummary
 
 ROWS = [{"a": 1.5, "b": math.nan, "c": None}, {"a": math.inf, "b": -math.inf, "c": "x"}]
 
@@ -72,15 +76,15 @@ def test_the_probe_writers_follow_the_policy(tmp_path):
 
 
 def test_summaries_round_trip_with_nan_as_null(tmp_path):
-    s = A.GradientSummary("opd", "nca", "opd", math.nan, 2.0, 0.1, 0.2, 7, {"n": 3})
+    s = GradientSummary("opd", "nca", "opd", math.nan, 2.0, 0.1, 0.2, 7, {"n": 3})
     path = s.save(tmp_path, rows=[{"x": 1}])
     assert _strict(path.read_text())["cos"] is None
-    back = A.GradientSummary.load(tmp_path)
+    back = GradientSummary.load(tmp_path)
     assert math.isnan(back.cos) and back.norm_ratio == 2.0 and back.settings == {"n": 3}
-    assert A.SimilaritySummary.load(tmp_path / "absent") is None
-    (tmp_path / A.DeltaSummary.FILE).write_text(json.dumps({"models": ["opd"]}))
+    assert SimilaritySummary.load(tmp_path / "absent") is None
+    (tmp_path / DeltaSummary.FILE).write_text(json.dumps({"models": ["opd"]}))
     with pytest.raises(DataError, match="rel_delta"):
-        A.DeltaSummary.load(tmp_path)
+        DeltaSummary.load(tmp_path)
 
 
 def _teach_summary(ci_low, ci_high) -> dict:
@@ -96,8 +100,8 @@ def test_report_shows_the_teachability_interval(tmp_path: Path, low, high, shown
     from mechopd.report import write_report_md
 
     run = tmp_path / "run"
-    A.write_json(run / "probes" / A.TeachabilitySummary.FILE, _teach_summary(low, high))
-    A.GradientSummary("opd", "nca", "opd", -0.05, 3.5, 0.1, 0.2, 40).save(run / "probes")
+    A.write_json(run / "probes" / TeachabilitySummary.FILE, _teach_summary(low, high))
+    GradientSummary("opd", "nca", "opd", -0.05, 3.5, 0.1, 0.2, 40).save(run / "probes")
     text = write_report_md(run).read_text()
     assert f"High-support gain gap** (Q3: low entropy, high divergence; high-C − low-C tercile): {shown}" in text
     assert "cos(∇opd, ∇nca) at the opd checkpoint: -0.050" in text

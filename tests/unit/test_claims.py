@@ -55,6 +55,9 @@ def _write_deltas(path: Path, spec: dict) -> None:
                 rel *= (spec["qk_factor"] if mod in ("q_proj", "k_proj") else 1.0) * spec["shallow_factor"] ** -i
                 rows.append(DeltaRow(model, "base", site, i, mod, "weight", 4, "", "delta_norm", rel * w0))
     write_table(rows, path)
+    from mechopd.probes.deltas import summarize_deltas
+
+    summarize_deltas(rows, None, {}).save(path.parent)  # the typed summary the claims read the table through
 
 
 def make_run(root: Path, spec: dict, name: str = "run") -> Path:
@@ -72,6 +75,8 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
         for model, vals in spec["cos"].items():
             fh.write(f"{model},embed,,1.0\n")
             fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
+    (run / "probes" / "similarity.json").write_text(json.dumps({  # the typed summary (SimilaritySummary)
+        "models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1}))
     for method in METHODS:
         d = run / "train" / method
         d.mkdir(parents=True)
@@ -83,7 +88,8 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
     _write_deltas(run / "probes" / "deltas.csv", spec)
     buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
                for sig, spread in spec["spread"].items()}
-    (run / "probes" / "teachability_summary.json").write_text(json.dumps({"buckets": buckets}))
+    (run / "probes" / "teachability_summary.json").write_text(json.dumps({
+        "buckets": buckets, "n_tokens": 1, "n_sequences": 1, "means": {}, "gap": {}, "regression": {}}))
     return run
 
 
