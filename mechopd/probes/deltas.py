@@ -384,6 +384,7 @@ def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | Non
     rows = parameter_deltas(base_dir, chosen, pair=pair, progress=progress)
     out = Path(out_dir)
     paths = write_table(rows, out / "deltas.csv")
-    settings = {"base": base_dir, "models": chosen, "pair": list(pair) if pair else None}
+    settings = {"probe": "deltas", "base": base_dir, "models": chosen, "pair": list(pair) if pair else None,
+                "model_paths": {"base": base_dir, **chosen}}  # weights only: no task, items or tokenizer to resolve
     return paths + [summarize_deltas(rows, pair, settings).save(out)]
 

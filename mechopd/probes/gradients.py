@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Sequence
 
@@ -46,12 +46,14 @@ from torch import nn
 
 from mechopd.artifacts import Summary, write_csv
 from mechopd.errors import ConfigError
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, module_kind, num_layers, param_layer
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
+from mechopd.models import module_kind, num_layers, param_layer
 from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
 from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
                                        terms_need, token_mean)
+from mechopd.probes.items import ProbeItems, sample_responses
+from mechopd.probes.registry import default_of
+from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch
 
@@ -279,55 +281,42 @@ def term_gradients(
 
 def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,
                  temperature: float, max_new_tokens: int, seed: int, batch_size: int | None = None) -> TwoViewBatch:
-    """Responses sampled from the student on the no-context view (``generate.sampler.sample_rows``, row seed
-    ``item_seed(seed, uid)``: a response depends on (seed, example), not on `batch_size`), batched in both views."""
-    from mechopd.views import build_two_view_batch, render_prompt_ids
-
-    device = next(student.parameters()).device
-    prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
-    seeds = [item_seed(seed, ex.uid) for ex in examples]
-    settings = SamplingSettings.for_model(tokenizer, student, max_new_tokens=max_new_tokens, temperature=temperature,
-                                          batch_size=batch_size or max(1, len(examples)))
-    responses = sample_rows(student, prompt_ids, seeds, settings)
-    max_len = getattr(student.config, "max_position_embeddings", None)
-    batch = build_two_view_batch(tokenizer, [ex.prompt for ex in examples], [ex.context for ex in examples],
-                                 responses, spec, max_length=max_len)
-    return batch.to(device)
+    """Responses sampled from the student on the no-context view (the one sampler, `items.sample_responses`: a
+    response depends on (seed, example), not on `batch_size`), as ONE batch of both views on the student's device."""
+    responses = sample_responses(student, tokenizer, examples, spec, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, seed=seed, batch_size=batch_size or max(1, len(examples)))
+    items = ProbeItems(tokenizer, list(examples), responses, spec, max(1, len(examples)),
+                       max_length=getattr(student.config, "max_position_embeddings", None))
+    return next(iter(items)).to(next(student.parameters()).device)
 
 
 def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,
-                  teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"), estimator: str = "topk",
-                  topk: int = 256, layers: Sequence[int] | None = None, include_non_layer: bool = False,
+                  teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"),
+                  estimator: str = default_of("gradients", "estimator"), topk: int = 256,
+                  layers: Sequence[int] | None = None, include_non_layer: bool = False,
                   device: str | None = None) -> list[GradRow]:
-    """Sample one response of the student per setup item (split default "train"), measure the alignment of ``terms``, write ``<out_dir>/gradients.csv`` and ``<out_dir>/gradients.json`` (`GradientSummary` + rows).
+    """Sample one response of the student per setup item (split default "train"), measure the alignment of
+    ``terms``, write ``gradients.csv``, ``gradients.json`` (`GradientSummary` + rows) and ``gradients_items.jsonl``.
 
     model / teacher: labels of the setup or checkpoint dirs; None = the first trained model / the setup's teacher
-    (else base). The setup's temperature (None: the task's) is used for sampling and for the terms. A teacher whose
-    tokenizer differs from the student's raises ``ModelError``.
+    (else base). estimator: default the registration's (``--estimator``). The setup's temperature (None: the task's)
+    is used for sampling and for the terms. A teacher whose tokenizer differs from the student's raises ``ModelError``.
     """
     for name in terms:
         loss_term(name, estimator, topk)  # validate before loading anything
-    label, model_dir = setup.model(model, "trained")
-    _, teacher_dir = setup.model(teacher, TEACHER)
-    task = setup.make_task()
-    tok = load_tokenizer(model_dir)
-    check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
-    student = load_model(model_dir, device=device)
+    ctx = ProbeContext.prepare(setup, "gradients", out_dir, {"model": (model, "trained"), "teacher": (teacher, TEACHER)},
+                               default_split="train", device=device)
+    student = ctx.load("model")
     select_parameters(student, layers, include_non_layer)  # layers out of range: fail before sampling
-    teacher_model = load_model(teacher_dir, device=device)
-    spec = setup.spec(task)
-    examples = setup.examples(task, default_split="train")
-    batch = sample_batch(student, tok, examples, spec, temperature=task.temperature,
-                         max_new_tokens=task.max_new_tokens, seed=setup.seed)
+    teacher_model = ctx.load("teacher")
+    items = ctx.sample(student, batch_size=max(1, len(ctx.examples)))  # one sampling call over every item
+    batch = next(iter(replace(items, batch_size=max(1, len(items.examples))))).to(ctx.device)
     rows = term_gradients(student, teacher_model, batch, terms, estimator=estimator, topk=topk,
-                          temperature=task.temperature, layers=layers, include_non_layer=include_non_layer)
-    settings = {"model": str(model_dir), "teacher": str(teacher_dir), "task": setup.task,
-                "task_options": setup.task_options, "n": len(examples), "seed": setup.seed,
-                "split": setup.split or "train", "terms": list(terms), "estimator": estimator, "topk": topk,
-                "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
-                "layers": None if layers is None else list(layers), "include_non_layer": include_non_layer,
-                "spec": asdict(spec), "response_tokens": int(batch.response_mask.sum())}
-    write_gradients(rows, out_dir, settings, model=label)
+                          temperature=ctx.task.temperature, layers=layers, include_non_layer=include_non_layer)
+    settings = ctx.settings(model=ctx.path("model"), teacher=ctx.path("teacher"), terms=list(terms),
+                            estimator=estimator, topk=topk, layers=None if layers is None else list(layers),
+                            include_non_layer=include_non_layer, response_tokens=int(batch.response_mask.sum()))
+    write_gradients(rows, out_dir, settings, model=ctx.label("model"))
     return rows
 
 

@@ -188,6 +188,12 @@ def get_probe(name: str) -> ProbeSpec:
     return _REGISTRY[name]
 
 
+def default_of(probe: str, dest: str) -> Any:
+    """The registered default of a probe's option: the one place a default lives (its ``Arg``), read by the probe's
+    Python function too, so ``mechopd probe NAME`` and the function agree."""
+    return get_probe(probe).options()[dest]
+
+
 def figures() -> list[FigureSpec]:
     """The figures of every registered probe, in registration order."""
     return [f for spec in probes() for f in spec.figures]

@@ -19,19 +19,18 @@ on-policy probes sample training prompts, similarity held-out ones).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.errors import ConfigError, DataError, ModelError, TaskError
+from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.recipes import recorded_model, resolve_organism
 from mechopd.config import check_seed, check_temperature, flag_text
-from mechopd.pinning import pin_render
-from mechopd.views import PLACEMENTS, RenderSpec, TwoViewBatch, build_two_view_batch
+from mechopd.probes.items import (ProbeItems, answer_responses, make_batches, read_responses,  # noqa: F401
+                                  sample_responses)  # (re-exported: they used to live here and in similarity)
+from mechopd.views import PLACEMENTS, RenderSpec
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64
@@ -125,8 +124,6 @@ class ProbeSetup:
         source: a model (responses sampled on the no-context view with the setup's temperature, max_new_tokens and
         seed; ``greedy`` for argmax), ``"answers"`` (the reference answers + eos), or the response ids themselves.
         """
-        from mechopd.probes.similarity import make_batches
-
         task = task or self.make_task()
         split = self.split or "test"
         return make_batches(tokenizer, task, self.count(task, split), self.seed, self.batch_size, source,
@@ -203,86 +200,6 @@ class ProbeSetup:
         return _from_training(run)
 
 
-# -- items and responses: the same items and response ids for every model of a comparison ---------------------
-@dataclass
-class ProbeItems:
-    """Examples with one response (token ids) each; iterating yields `TwoViewBatch`es built on the fly.
-
-    Re-iterable, so several models can be run one after the other on identical batches; only the examples and the
-    response ids are held (the batches are rebuilt per pass, rendering is cheap next to a forward).
-    """
-
-    tokenizer: object
-    examples: list
-    responses: list[list[int]]
-    spec: RenderSpec
-    batch_size: int = 8
-    layout: str = "left"
-    max_length: int | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.examples) != len(self.responses):
-            raise DataError(f"{len(self.examples)} examples but {len(self.responses)} responses; give one per example")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        for ex, r in zip(self.examples, self.responses):
-            if not r:
-                raise DataError(f"the response of example {ex.uid!r} is empty; every example needs a response token")
-        self.spec, _ = pin_render(self.tokenizer, self.spec, self.examples[0].prompt, self.examples[0].context)
-
-    def check_lengths(self, max_length: int | None) -> None:
-        """Every item's context view plus its response fits `max_length` (refused before any model loads)."""
-        self.max_length = self.max_length or max_length
-        for _ in self:  # `assemble_two_views` refuses an item that does not fit (rendering only, no model)
-            pass
-
-    @property
-    def uids(self) -> list[str]:
-        return [ex.uid for ex in self.examples]
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.examples) / self.batch_size)
-
-    def __iter__(self) -> Iterator[TwoViewBatch]:
-        for i in range(0, len(self.examples), self.batch_size):
-            exs = self.examples[i : i + self.batch_size]
-            yield build_two_view_batch(self.tokenizer, [e.prompt for e in exs], [e.context for e in exs],
-                                       self.responses[i : i + self.batch_size], self.spec, layout=self.layout,
-                                       max_length=self.max_length)
-
-
-def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
-    """The task's reference answers as response ids: the answer's tokens plus the end-of-turn (eos) token."""
-    out = []
-    for ex in examples:
-        if ex.answer is None:
-            raise TaskError(f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
-                            "from a model instead (responses_from=LABEL)")
-        ids = tokenizer(str(ex.answer), add_special_tokens=False)["input_ids"]
-        out.append(list(ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
-    return out
-
-
-def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int]]:
-    """Given responses: a JSONL file with one ``{"uid": ..., "response_ids": [...]}`` per line (the
-    ``similarity_responses.jsonl`` a previous run wrote), matched to the examples by uid."""
-    by_uid: dict[str, list[int]] = {}
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            by_uid[str(rec["uid"])] = [int(t) for t in rec["response_ids"]]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise DataError(f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)") \
-                from None
-    missing = [ex.uid for ex in examples if ex.uid not in by_uid]
-    if missing:
-        raise DataError(f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
-                        "task, n and seed as the run that wrote it")
-    return [by_uid[ex.uid] for ex in examples]
-
-
 def method_label(cfg: Any) -> str:
     """The label of a trained model: its selector when it is not ``full`` (``ta_opd``), else its method."""
     return cfg.method if cfg.selector == "full" else cfg.selector
@@ -326,19 +243,20 @@ def _from_training(run: Path) -> ProbeSetup:
 
 
 def _from_demo(run: Path) -> ProbeSetup:
-    from mechopd.artifacts import read_json
+    """A demo dir through its typed study (`mechopd.study`: ``study.yaml``, else ``demo.json``): one label per run
+    (its name), base = the organism."""
+    from mechopd.study import Study
 
-    demo = read_json(run / DEMO_FILE)
-    methods: Sequence[str] = demo.get("methods") or sorted(p.name for p in (run / "train").glob("*") if p.is_dir())
-    if not methods:
+    study = Study.load(run)
+    trained = [r for r in study.runs.values() if r.role != BASE]
+    if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
-    cfg = _train_config(run / "train" / methods[0])
-    organism = demo.get("organism") or cfg.student
+    cfg = _train_config(trained[0].train_dir)
+    organism = study.run(BASE).model if study.run(BASE) is not None and study.run(BASE).model else cfg.student
     models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
-    models.update({m: _final(run / "train" / m) for m in methods})
-    demo_cfg = demo.get("config") or {}
-    extra = {"n": int(demo_cfg["probe_n"])} if demo_cfg.get("probe_n") else {}
-    return _setup_of_config(cfg, models, run, **extra)
+    models.update({r.name: _final(r.train_dir) for r in trained})
+    probe_n = study.config.get("probe_n")
+    return _setup_of_config(cfg, models, run, **({"n": int(probe_n)} if probe_n else {}))
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,14 +41,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mechopd.artifacts import Summary, read_float, write_jsonl, write_rows
-from mechopd.checks import check_response_ids, check_task_vocab
 from mechopd.errors import ConfigError, ModelError
-from mechopd.pinning import check_fits, pin_render
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer, num_layers
+from mechopd.models import num_layers
+from mechopd.probes.runner import ProbeContext
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
-from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, answer_responses, read_responses
-from mechopd.views import RenderSpec, TwoViewBatch, render_prompt_ids
+from mechopd.probes.setup import (TEACHER, ProbeItems, ProbeSetup, make_batches, read_responses,  # noqa: F401
+                                  sample_responses)  # (make_batches, sample_responses: re-exported, used to live here)
+from mechopd.views import TwoViewBatch
 
 CSV_NAME = "similarity.csv"
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -289,57 +288,6 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Items and responses: the same items and the same response ids for every model of a comparison.
-
-
-def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: RenderSpec, *, max_new_tokens: int,
-                     temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
-    """One response per example sampled from `model` on the NO-context view (as the student samples in OPD).
-
-    Per-example seeds (``generate.sampler.sample_rows``, ``item_seed(seed, uid)``): a response depends on
-    (seed, example), not on batch_size.
-    """
-    settings = SamplingSettings.for_model(tokenizer, model, max_new_tokens=max_new_tokens, temperature=temperature,
-                                          greedy=greedy, batch_size=batch_size)
-    prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples]
-    return sample_rows(model, prompts, [item_seed(seed, e.uid) for e in examples], settings)
-
-
-def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
-                 responses_from: nn.Module | str | Sequence[Sequence[int]], spec: RenderSpec | None = None, *,
-                 split: str = "test", greedy: bool = False, layout: str = "left") -> ProbeItems:
-    """`n` items of `task` with one response each, as a re-iterable source of `TwoViewBatch`es.
-
-    responses_from: a model (responses sampled from it on the no-context view with `rollout.sample`, the task's
-    temperature and max_new_tokens; ``greedy`` for argmax), ``"answers"`` (the task's reference answers + eos), or the
-    response ids themselves (one list per item). Games (``task.is_game``): the first move's prompt only.
-    Sampled responses are a function of (seed, item): per-row seeds make them independent of batch_size (the ids are
-    also written by `run_similarity` to ``similarity_responses.jsonl``, which ``responses_from`` accepts).
-    spec: default ``RenderSpec(placement=task.placement)``.
-    """
-    spec = spec or RenderSpec(placement=task.placement)
-    check_task_vocab(tokenizer, task)  # as eval and train: no scoring of <unk> ids
-    examples = task.examples(split, n, seed)
-    spec, _ = pin_render(tokenizer, spec, examples[0].prompt, examples[0].context)  # before any sampling
-    if isinstance(responses_from, nn.Module):
-        check_fits(tokenizer, examples, spec, task.max_new_tokens,  # before sampling past the model's positions
-                   getattr(responses_from.config, "max_position_embeddings", None))
-        responses = sample_responses(responses_from, tokenizer, examples, spec, max_new_tokens=task.max_new_tokens,
-                                     temperature=task.temperature, seed=seed, batch_size=batch_size, greedy=greedy)
-        max_length = getattr(responses_from.config, "max_position_embeddings", None)
-    elif isinstance(responses_from, str):
-        if responses_from != "answers":
-            raise ConfigError(f"responses_from={responses_from!r}: pass a model, 'answers' or response ids")
-        responses, max_length = answer_responses(tokenizer, examples), None
-    else:
-        responses, max_length = [list(r) for r in responses_from], None
-        check_response_ids(responses, tokenizer, "the given responses")  # ids of this tokenizer only
-    return ProbeItems(tokenizer, examples, responses, spec, batch_size, layout, max_length)
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # End to end: `mechopd probe similarity`.
 
 
@@ -353,18 +301,17 @@ def _read_config(label: str, path: str):
                          "written by save_pretrained") from None
 
 
-def _items(setup: ProbeSetup, tok, task, models: Mapping[str, str], src: str, loaded: dict, *, greedy: bool,
-           device: str, dtype: torch.dtype | None) -> ProbeItems:
+def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: torch.dtype | None) -> ProbeItems:
     """The items with the responses of ``src``: a compared label (sampled from it; kept in ``loaded``), ``answers``,
-    or a ``.jsonl`` of response ids."""
-    if src in models:
-        loaded[src] = load_model(models[src], dtype=dtype, device=device)
-        return setup.items(tok, loaded[src], task, greedy=greedy)
+    or a ``.jsonl`` of response ids (the runner saves them as ``similarity_items.jsonl``)."""
+    if src in ctx.models:
+        loaded[src] = ctx.load(src, dtype)
+        return ctx.sample(loaded[src], greedy=greedy)
     if src == "answers":
-        return setup.items(tok, "answers", task)
+        return ctx.answers()
     if src.endswith(".jsonl") and Path(src).is_file():
-        return setup.items(tok, read_responses(src, setup.examples(task)), task)
-    raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(models)}), 'answers' or an "
+        return ctx.given(src)
+    raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(ctx.models)}), 'answers' or an "
                       "existing .jsonl file of response ids")
 
 
@@ -378,40 +325,35 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     the teacher), loaded one at a time. Responses: ``setup.responses_from`` (a compared label,
     ``"answers"``, a ``.jsonl`` of response ids), default the first trained model, else the first model. Writes
     ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
-    ``similarity_responses.jsonl`` (the response ids used) and ``similarity.json`` (`SimilaritySummary`). Returns the
-    path of ``similarity.csv``.
+    ``similarity_responses.jsonl`` (the response ids used), ``similarity_items.jsonl`` (the runner's exact items) and
+    ``similarity.json`` (`SimilaritySummary`). Returns the path of ``similarity.csv``.
     """
     models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
     check_same_architecture(configs)
     sites = sites_for(configs[labels[0]].num_hidden_layers, layers)
-    tok = load_tokenizer(models[labels[0]])
-    for label in labels[1:]:
-        check_same_tokenizer(tok, load_tokenizer(models[label]), labels[0], label)
-    task = setup.make_task()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ctx = ProbeContext.prepare(setup, "similarity", out_dir, dict(models), default_split="test", device=device)
     src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     loaded: dict[str, nn.Module] = {}
-    items = _items(setup, tok, task, models, src, loaded, greedy=greedy, device=device, dtype=dtype)
+    items = _items(ctx, src, loaded, greedy=greedy, dtype=dtype)
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
-        model = loaded.pop(label) if label in loaded else load_model(models[label], dtype=dtype, device=device)
+        model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model
     out = Path(out_dir)
     rows = [r for label in labels for r in results[label].rows]
-    write_rows(rows, out / "similarity.csv")
+    write_rows(rows, out / CSV_NAME)
     write_rows([r for label in labels for r in results[label].example_rows], out / "similarity_examples.csv")
-    write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r, "response": tok.decode(r)}
+    write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r,
+                                                      "response": ctx.tokenizer.decode(r)}
                                                      for ex, r in zip(items.examples, items.responses)))
     mean_cos = {label: float(np.mean([r["cos_mean"] for r in results[label].rows])) for label in labels}
-    settings = {"models": dict(models), "task": setup.task, "task_options": setup.task_options,
-                "n": len(items.examples), "seed": setup.seed, "split": setup.split or "test", "greedy": greedy, "batch_size": setup.batch_size,
-                "spec": asdict(items.spec), "temperature": task.temperature, "max_new_tokens": task.max_new_tokens,
-                "cka": cka, "device": str(device), "dtype": str(dtype or torch.float32),
-                "aggregate": "cos_mean: per-token mean over response tokens",
-                "files": ["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl"]}
+    settings = ctx.settings(models=dict(models), greedy=greedy, cka=cka, dtype=str(dtype or torch.float32),
+                            aggregate="cos_mean: per-token mean over response tokens",
+                            files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl",
+                                   "similarity_items.jsonl"])
     SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings).save(out)
-    return out / "similarity.csv"
+    return out / CSV_NAME

@@ -44,24 +44,24 @@ from torch import nn
 from mechopd.artifacts import Summary, read_float, write_csv, write_json
 from mechopd.checks import check_response_ids
 from mechopd.errors import ConfigError, DataError
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.removability import resample_blocks
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
+from mechopd.probes.teachability_analysis import (BUCKET_SIGNALS, GAINS, Table, high_support_gap,  # noqa: F401
+                                                  quartile_buckets, standardized_regression, summarize)
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
+from mechopd.probes.items import sample_responses
+from mechopd.probes.registry import default_of
+from mechopd.probes.runner import ProbeContext, items_path, write_items
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.views import RenderSpec, build_two_view_batch
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
 SUMMARY_NAME = "teachability_summary.json"
 COLUMNS = ("seq", "pos", "token", "H", "D", "kl_full", "C_exact", "C_lower", "H_norm", "D_norm", "C_norm", "DL", "DI",
            "kl0", "kl1", "gain_abs", "gain_rel")
-BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
-GAINS = ("gain_abs", "gain_rel")
 REL_EPS = 1e-8
-Table = dict[str, np.ndarray]  # column -> [n_tokens]
+BANK_BATCH = 16  # rows per sampling call when a bank is built (the ids do not depend on it)
 
 
 @dataclass
@@ -135,20 +135,21 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def build_bank(student: nn.Module, tokenizer: Any, task: Any, n: int, seed: int, spec: RenderSpec | None = None,
-               temperature: float | None = None, *, split: str = "train", batch_size: int = 16) -> Bank:
-    """Sample one response per task example from the student on the no-context view (``rollout.sample``).
-
-    temperature: None = the task's rollout temperature. Row seed ``item_seed(seed, uid)``
-    (``generate.sampler.sample_rows``): deterministic for (student, task, n, seed), whatever `batch_size`.
-    """
+               temperature: float | None = None, *, split: str = "train", batch_size: int = BANK_BATCH) -> Bank:
+    """Sample one response per task example from the student on the no-context view (the one sampler,
+    `items.sample_responses`). temperature: None = the task's rollout temperature. Deterministic for (student, task,
+    n, seed), whatever `batch_size`."""
     spec = spec or RenderSpec(placement=task.placement)
     temp = float(task.temperature if temperature is None else temperature)
     examples = task.examples(split, n, seed)
-    prompt_ids = [render_prompt_ids(tokenizer, ex.prompt, None, spec) for ex in examples]
-    settings = SamplingSettings.for_model(tokenizer, student, max_new_tokens=task.max_new_tokens, temperature=temp,
-                                          batch_size=batch_size)
-    responses = sample_rows(student, prompt_ids, [item_seed(seed, ex.uid) for ex in examples], settings)
-    meta = {"task": getattr(task, "name", ""), "split": split, "n": n, "seed": seed, "temperature": temp}
+    responses = sample_responses(student, tokenizer, examples, spec, max_new_tokens=task.max_new_tokens,
+                                 temperature=temp, seed=seed, batch_size=batch_size)
+    return _bank_of(examples, responses, tokenizer, spec, {"task": getattr(task, "name", ""), "split": split, "n": n,
+                                                           "seed": seed, "temperature": temp})
+
+
+def _bank_of(examples: Sequence[Any], responses: list[list[int]], tokenizer: Any, spec: RenderSpec,
+             meta: dict[str, Any]) -> Bank:
     return Bank([ex.prompt for ex in examples], [ex.context for ex in examples], responses,
                 [ex.uid for ex in examples], tokenizer_fingerprint(tokenizer), spec, meta)
 
@@ -272,122 +273,6 @@ def _finish_table(raw: dict[str, torch.Tensor], c_mode: str, q_low: float, q_hig
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Analyses
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _check_column(table: Table, name: str) -> np.ndarray:
-    if name not in table:
-        raise ConfigError(f"column {name!r} is not in the token table; columns: {', '.join(table)}")
-    values = np.asarray(table[name], dtype=float)
-    if values.size == 0:
-        raise DataError("the token table is empty; the bank has no response tokens")
-    return values
-
-
-def quartile_buckets(table: Table, signal: str, gains: Sequence[str] = GAINS) -> list[dict[str, Any]]:
-    """Mean gain per value-quartile of ``signal`` (Q1 = x ≤ q25, ..., Q4 = x > q75). One dict per quartile."""
-    x = _check_column(table, signal)
-    edges = np.quantile(x, [0.25, 0.5, 0.75])
-    bucket = np.searchsorted(edges, x, side="left")  # number of edges strictly below x: 0..3
-    bounds = [-math.inf, *edges.tolist(), math.inf]
-    out = []
-    for q in range(4):
-        sel = bucket == q
-        row: dict[str, Any] = {"signal": signal, "quartile": q + 1, "lo": bounds[q], "hi": bounds[q + 1],
-                               "n": int(sel.sum())}
-        for g in gains:
-            values = _check_column(table, g)[sel]
-            row[f"mean_{g}"] = float(values.mean()) if values.size else float("nan")
-        out.append(row)
-    return out
-
-
-def _gap(H: np.ndarray, D: np.ndarray, C: np.ndarray, G: np.ndarray) -> tuple[float, int, int, int, float, float]:
-    """(gap, n_q3, n_high, n_low, mean_high, mean_low) for one token set (NaN gap when a tercile is empty)."""
-    q3 = (H <= np.median(H)) & (D > np.median(D))
-    n_q3 = int(q3.sum())
-    if n_q3 == 0:
-        return float("nan"), 0, 0, 0, float("nan"), float("nan")
-    c, g = C[q3], G[q3]
-    lo, hi = np.quantile(c, [1 / 3, 2 / 3])
-    high, low = g[c > hi], g[c <= lo]
-    m_high = float(high.mean()) if high.size else float("nan")
-    m_low = float(low.mean()) if low.size else float("nan")
-    return m_high - m_low, n_q3, int(high.size), int(low.size), m_high, m_low
-
-
-def _sequence_index(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens grouped by sequence: (order, starts, lengths) with ``order[starts[s] : starts[s]+lengths[s]]``."""
-    order = np.argsort(seq, kind="stable")
-    _, starts, lengths = np.unique(seq[order], return_index=True, return_counts=True)
-    return order, starts, lengths
-
-
-def _resampled_tokens(order: np.ndarray, starts: np.ndarray, lengths: np.ndarray, picks: np.ndarray) -> np.ndarray:
-    """Token indices of the sequences ``picks`` (with repeats), concatenated."""
-    lens = lengths[picks]
-    offsets = np.repeat(starts[picks] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-    return order[offsets + np.arange(lens.sum())]
-
-
-def high_support_gap(table: Table, n_boot: int = 1000, seed: int = 0, gain: str = "gain_abs", c_col: str = "C_exact",
-                     ci: float = 0.95) -> dict[str, Any]:
-    """Q3 (low H, high D) high-C minus low-C tercile mean gain, with a sequence bootstrap CI (see module docstring)."""
-    if n_boot < 0:
-        raise ConfigError(f"n_boot={n_boot} is invalid: it must be >= 0")
-    H, D, C, G = (_check_column(table, c) for c in ("H", "D", c_col, gain))
-    seq = np.asarray(table["seq"])
-    est, n_q3, n_high, n_low, m_high, m_low = _gap(H, D, C, G)
-    order, starts, lengths = _sequence_index(seq)
-    boots = []
-    for picks in resample_blocks(len(starts), n_boot, seed):  # [block, n_seq] sequence indices
-        for row in picks:
-            idx = _resampled_tokens(order, starts, lengths, row)
-            boots.append(_gap(H[idx], D[idx], C[idx], G[idx])[0])
-    valid = np.asarray([b for b in boots if math.isfinite(b)])
-    lo, hi = (np.quantile(valid, [(1 - ci) / 2, 1 - (1 - ci) / 2]).tolist() if valid.size else (math.nan, math.nan))
-    return {"estimate": est, "ci_low": lo, "ci_high": hi, "ci": ci, "n_boot": n_boot, "n_boot_valid": int(valid.size),
-            "seed": seed, "gain": gain, "c_col": c_col, "n_tokens": int(H.size), "n_sequences": int(len(starts)),
-            "n_q3": n_q3, "n_high": n_high, "n_low": n_low, "mean_high": m_high, "mean_low": m_low}
-
-
-def _z(x: np.ndarray) -> np.ndarray | None:
-    sd = x.std()
-    return None if not sd > 1e-12 else (x - x.mean()) / sd
-
-
-def standardized_regression(table: Table, gain: str = "gain_abs",
-                            predictors: Sequence[str] = ("H", "DL", "DI")) -> dict[str, Any]:
-    """OLS ``z(G) = b0 + Σ_j b_j z(X_j)`` (numpy lstsq): standardized coefficients, intercept, R², n."""
-    zg = _z(_check_column(table, gain))
-    zs = {p: _z(_check_column(table, p)) for p in predictors}
-    used = [p for p in predictors if zs[p] is not None]
-    coef = {p: float("nan") for p in predictors}
-    n = int(len(table[gain]))
-    if zg is None:  # constant gain: nothing to explain
-        return {"gain": gain, "coef": coef, "intercept": float("nan"), "r2": float("nan"), "n": n}
-    X = np.column_stack([np.ones(n)] + [zs[p] for p in used])
-    beta, *_ = np.linalg.lstsq(X, zg, rcond=None)
-    resid = zg - X @ beta
-    r2 = 1.0 - float(resid @ resid) / float(zg @ zg)  # zg has mean 0
-    coef.update({p: float(b) for p, b in zip(used, beta[1:])})
-    return {"gain": gain, "coef": coef, "intercept": float(beta[0]), "r2": r2, "n": n}
-
-
-def summarize(table: Table, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """All analyses: quartile buckets per signal, the high-support gap and the regression, for both gains."""
-    return {
-        "n_tokens": int(len(table["seq"])),
-        "n_sequences": int(len(np.unique(table["seq"]))),
-        "means": {c: float(np.mean(table[c])) for c in ("H", "D", "kl0", "kl1", "gain_abs", "gain_rel")},
-        "buckets": {s: quartile_buckets(table, s) for s in BUCKET_SIGNALS},
-        "gap": {g: high_support_gap(table, n_boot, seed, gain=g) for g in GAINS},
-        "regression": {g: standardized_regression(table, gain=g) for g in GAINS},
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # End to end
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -400,37 +285,41 @@ def write_table(table: Table, path: str | os.PathLike) -> Path:
 def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: str | None = None,
                      trained: str | None = None, teacher: str | None = None,
                      bank: Bank | str | os.PathLike | None = None, k: int = 16, d_mode: str = "union",
-                     c_mode: str = "exact", n_boot: int = 1000, device: str | None = None) -> dict[str, Any]:
-    """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table and
-    ``teachability_summary.json`` (`TeachabilitySummary`) into ``out_dir``; returns the summary dict.
+                     c_mode: str = "exact", n_boot: int = default_of("teachability", "n_boot"),
+                     device: str | None = None) -> dict[str, Any]:
+    """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table,
+    ``teachability_items.jsonl`` (the runner's exact items) and ``teachability_summary.json`` (`TeachabilitySummary`)
+    into ``out_dir``; returns the summary dict.
 
     student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
     teacher (else base). bank: None = sample ``setup.count`` items (split default "train") with the setup's seed,
     temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
     """
     out = Path(out_dir)
-    student_dir, trained_dir, teacher_dir = (setup.model(student, BASE)[1], setup.model(trained, "trained")[1],
-                                             setup.model(teacher, TEACHER)[1])
-    tok = load_tokenizer(student_dir)
-    check_same_tokenizer(tok, load_tokenizer(trained_dir), "student", "trained student")
-    check_same_tokenizer(tok, load_tokenizer(teacher_dir), "student", "teacher")
     if isinstance(bank, (str, os.PathLike)):
         bank = load_bank(bank)  # a bad path fails before any model is loaded
-    student0 = load_model(student_dir, device=device)
+    ctx = ProbeContext.prepare(setup, "teachability", out, {"student": (student, BASE), "trained": (trained, "trained"),
+                                                            "teacher": (teacher, TEACHER)},
+                               default_split="train", with_items=bank is None, device=device)
+    student0 = ctx.load("student")
     if bank is None:
-        task = setup.make_task()
-        split = setup.split or "train"
-        bank = build_bank(student0, tok, task, setup.count(task, split), setup.seed, setup.spec(task),
-                          task.temperature, split=split)
+        items = ctx.sample(student0, batch_size=BANK_BATCH)
+        bank = _bank_of(items.examples, items.responses, ctx.tokenizer, ctx.spec, {
+            "task": getattr(ctx.task, "name", ""), "split": ctx.split, "n": len(items.examples), "seed": setup.seed,
+            "temperature": float(ctx.task.temperature)})
         _check_nonempty(bank, "just sampled")
         save_bank(bank, out / BANK_NAME)
-    student1, teacher_model = load_model(trained_dir, device=device), load_model(teacher_dir, device=device)
-    table = rescore(bank, student0, student1, teacher_model, tok, k=k, d_mode=d_mode, c_mode=c_mode,
+    else:
+        write_items(items_path(out, "teachability"), ctx.tokenizer, bank.spec, bank.uids, bank.prompts, bank.contexts,
+                    bank.responses)
+    student1, teacher_model = ctx.load("trained"), ctx.load("teacher")
+    table = rescore(bank, student0, student1, teacher_model, ctx.tokenizer, k=k, d_mode=d_mode, c_mode=c_mode,
                     temperature=setup.temperature, batch_size=setup.batch_size)
     write_table(table, out / TOKENS_NAME)
     summary = summarize(table, n_boot, setup.seed)
-    summary["settings"] = {"student": str(student_dir), "trained": str(trained_dir), "teacher": str(teacher_dir),
-                           "k": k, "d_mode": d_mode, "c_mode": c_mode, "n_boot": n_boot, "seed": setup.seed,
-                           "bank": bank.meta, "spec": asdict(bank.spec), "temperature": setup.temperature}
+    summary["settings"] = ctx.settings(student=ctx.path("student"), trained=ctx.path("trained"),
+                                       teacher=ctx.path("teacher"), k=k, d_mode=d_mode, c_mode=c_mode, n_boot=n_boot,
+                                       bank=bank.meta, spec=asdict(bank.spec), temperature=setup.temperature,
+                                       items_file=items_path(out, "teachability").name)
     TeachabilitySummary.from_dict(summary).save(out)
     return summary

@@ -105,6 +105,28 @@ def _check_outputs(run: Path, trained: str) -> None:
     assert set(rel) == {trained} and rel[trained] > 0  # the trained weights moved
     teach = json.loads((out / "teachability_summary.json").read_text())
     assert teach["n_tokens"] > 0 and teach["settings"]["trained"] == str(run / "final")
+    _check_items(out, trained, run)
+
+
+def _check_items(out: Path, trained: str, run: Path) -> None:
+    """The runner saved the exact items each probe scored, and every model's path is in the probe's settings."""
+    settings = {"similarity": json.loads((out / "similarity.json").read_text())["settings"],
+                "gradients": json.loads((out / "gradients.json").read_text())["settings"],
+                "teachability": json.loads((out / "teachability_summary.json").read_text())["settings"]}
+    for probe, s in settings.items():
+        items = [json.loads(x) for x in (out / f"{probe}_items.jsonl").read_text().splitlines()]
+        assert s["items_file"] == f"{probe}_items.jsonl" and len(items) == s["n"] > 0
+        for it in items:
+            assert set(it) == {"uid", "prompt_ids_x", "prompt_ids_c", "response_ids"} and it["response_ids"]
+            assert it["prompt_ids_c"] != it["prompt_ids_x"]  # the context is in one view only
+        assert str(run / "final") in s["model_paths"].values(), probe
+    sampled = [json.loads(x) for x in (out / "similarity_responses.jsonl").read_text().splitlines()]
+    items = [json.loads(x) for x in (out / "similarity_items.jsonl").read_text().splitlines()]
+    assert [r["response_ids"] for r in sampled] == [it["response_ids"] for it in items]
+    bank = json.loads((out / "bank.json").read_text())["items"]
+    teach = [json.loads(x) for x in (out / "teachability_items.jsonl").read_text().splitlines()]
+    assert [b["response_ids"] for b in bank] == [t["response_ids"] for t in teach]
+    assert settings["gradients"]["model_labels"] == {"model": trained, "teacher": "base"}
 
 
 @pytest.mark.parametrize("which", ["rules", "jsonl"])

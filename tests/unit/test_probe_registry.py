@@ -69,6 +69,26 @@ def test_builtin_probes_are_registered_with_figures_and_report():
         assert set(spec.role_options) <= set(spec.demo)  # the demo's models are roles of the study
 
 
+PYTHON_API = {"similarity": "mechopd.probes.similarity:run_similarity",
+              "gradients": "mechopd.probes.gradients:run_gradients", "deltas": "mechopd.probes.deltas:run_deltas",
+              "teachability": "mechopd.probes.teachability:run_teachability"}
+
+
+def test_cli_and_python_defaults_agree():
+    """A default lives in the registration: the probe's Python function has the same one (e.g. --estimator)."""
+    import inspect
+
+    from mechopd.probes.registry import resolve
+
+    for name, ref in PYTHON_API.items():
+        params = inspect.signature(resolve(ref)).parameters
+        for dest, cli in get_probe(name).options().items():
+            if dest in params and params[dest].default is not inspect.Parameter.empty:
+                py = params[dest].default
+                assert (",".join(py) if isinstance(py, tuple) else py) == cli, (name, dest)
+    assert inspect.signature(resolve(PYTHON_API["gradients"])).parameters["estimator"].default == "full"
+
+
 def test_every_verb_has_every_setup_flag(toy):
     parser = _parser()
     for spec in probes():
