@@ -108,7 +108,8 @@ SHORTHANDS: dict[str, tuple[str, str]] = {
     "steps": ("INT", "optimizer steps, >= 1"),
     "beta": ("FLOAT", "NCA / SymKL weight, finite and >= 0 (default 0.5)"),
     "budget": ("FLOAT", "TA-OPD token budget rho in (0, 1] (default 0.10)"),
-    "selector": ("NAME", "token selector: full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent"),
+    "selector": ("NAME", "token selector: full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent | "
+                 "a registered name"),
     "lr": ("FLOAT", "AdamW learning rate, > 0"),
     "batch_size": ("INT", "prompts (games) per optimizer step, global across processes, >= 1"),
     "seed": ("INT", "seed of data order, rollouts and selection (default 0)"),

@@ -14,12 +14,15 @@ term (unselected tokens stay in the context; only their loss is dropped). What i
   response with a valid position keeps at least one, added ON TOP of the budget (so more than ρ may be kept).
 * Everything is vectorised: union sets are built by concatenating the two top-K id lists and de-duplicating after a
   sort (``[.., 2K]``, never a ``[.., vocab]`` mask); no Python loop over positions.
+* A selector is one scoring function and one ``@register_selector("name")``: the config, ``--selector``, the trainer
+  and the demo's sweep read the registry (`SELECTORS`); nothing branches on a selector's name.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -36,7 +39,6 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     teachability_stats,
 )
 
-SELECTORS = ("full", "random", "entropy", "divergence", "tip", "compat", "ta_opd", "ta_opd_ent")
 TIE_BREAKS = ("position", "sequence")
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
 
@@ -112,23 +114,105 @@ def soft_or(a: Tensor, b: Tensor) -> Tensor:
     return a + b - a * b
 
 
-def selector_score(name: str, normed: NormalizedStats) -> Tensor:
-    """The ranking score ``[batch, seq]`` of a score-based selector.
+# ---------------------------------------------------------------------------------------------------------------------
+# The selector registry: a selector is one scoring function plus one `register_selector`
+# ---------------------------------------------------------------------------------------------------------------------
+Score = Callable[["NormalizedStats | None", Tensor, "torch.Generator | None"], "Tensor | None"]
 
-    entropy: H̃;  divergence: D̃;  tip: H̃ + D̃ − H̃·D̃;  compat: C̃;  ta_opd: s = D̃·C̃;  ta_opd_ent: soft-OR(H̃, s).
-    (The released code's "ca_softor" re-normalises the raw product D·C before the soft OR; here s = D̃·C̃ as written.)
-    """
-    scores = {
-        "entropy": lambda: normed.H,
-        "divergence": lambda: normed.D,
-        "tip": lambda: soft_or(normed.H, normed.D),
-        "compat": lambda: normed.C,
-        "ta_opd": lambda: normed.DL,
-        "ta_opd_ent": lambda: soft_or(normed.H, normed.DL),
-    }
-    if name not in scores:
-        raise ConfigError(f"selector={name!r} has no score: use one of {', '.join(scores)}")
-    return scores[name]()
+
+@dataclass(frozen=True)
+class SelectorSpec:
+    """A registered selector: ``score(normed, mask, generator) -> [batch, seq] | None`` (None keeps every valid
+    position: "full"); ``needs_stats``: whether it reads the teacher/student signals (else ``normed`` is None)."""
+
+    name: str
+    score: Score
+    needs_stats: bool = True
+
+
+_SELECTORS: dict[str, SelectorSpec] = {}
+SELECTORS: tuple[str, ...] = ()  # the registered names, in registration order (kept current by register_selector)
+
+
+def register_selector(name: str, *, needs_stats: bool = True, replace: bool = False) -> Callable[[Score], Score]:
+    """Decorator: register ``score(normed, mask, generator)`` as the selector ``name`` (`TrainConfig.selector`,
+    ``--selector``, `make_selector`). A taken name raises unless ``replace``."""
+
+    def deco(fn: Score) -> Score:
+        global SELECTORS
+        if name in _SELECTORS and not replace:
+            raise ConfigError(f"selector {name!r} is already registered; pick another name or pass replace=True")
+        _SELECTORS[name] = SelectorSpec(name, fn, needs_stats)
+        SELECTORS = tuple(_SELECTORS)
+        return fn
+
+    return deco
+
+
+def unregister_selector(name: str) -> None:
+    global SELECTORS
+    _SELECTORS.pop(name, None)
+    SELECTORS = tuple(_SELECTORS)
+
+
+def selector_spec(name: str) -> SelectorSpec:
+    if name not in _SELECTORS:
+        raise ConfigError(f"selector={name!r} is unknown: use one of {', '.join(_SELECTORS)}")
+    return _SELECTORS[name]
+
+
+@register_selector("full", needs_stats=False)
+def _full(normed: NormalizedStats | None, mask: Tensor, generator: torch.Generator | None) -> None:
+    """Every valid position (plain OPD)."""
+    return None
+
+
+@register_selector("random", needs_stats=False)
+def _random(normed: NormalizedStats | None, mask: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Uniform random scores (the random baseline; seeded from the run seed)."""
+    if generator is None:
+        raise ValueError("the random selector needs a torch.Generator (seed it from the run seed)")
+    return torch.rand(mask.shape, generator=generator, device=generator.device).to(mask.device)
+
+
+def _signal(name: str, fn: Callable[[NormalizedStats], Tensor]) -> None:
+    register_selector(name)(lambda normed, mask, generator: fn(normed))
+
+
+# entropy: H̃;  divergence: D̃;  tip: H̃ + D̃ − H̃·D̃;  compat: C̃;  ta_opd: s = D̃·C̃;  ta_opd_ent: soft-OR(H̃, s).
+# (The released code's "ca_softor" re-normalises the raw product D·C before the soft OR; here s = D̃·C̃ as written.)
+_signal("entropy", lambda n: n.H)
+_signal("divergence", lambda n: n.D)
+_signal("tip", lambda n: soft_or(n.H, n.D))
+_signal("compat", lambda n: n.C)
+_signal("ta_opd", lambda n: n.DL)
+_signal("ta_opd_ent", lambda n: soft_or(n.H, n.DL))
+
+
+def selector_score(name: str, normed: NormalizedStats) -> Tensor:
+    """The ranking score ``[batch, seq]`` of a score-based selector (one that reads the signals)."""
+    spec = selector_spec(name)
+    if not spec.needs_stats:
+        raise ConfigError(f"selector={name!r} has no signal score: use one of "
+                          f"{', '.join(n for n, s in _SELECTORS.items() if s.needs_stats)}")
+    return spec.score(normed, torch.ones(normed.H.shape, dtype=torch.bool), None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gathering the signals across processes (by field name, so a new signal travels too)
+# ---------------------------------------------------------------------------------------------------------------------
+def pack_stats(mask: Tensor, stats: TeachabilityStats | None) -> Tensor:
+    """``[batch, seq, 1 + n_fields]``: the mask, then every `TeachabilityStats` field (by name) when given."""
+    cols = [mask.float()] + ([getattr(stats, f.name) for f in fields(TeachabilityStats)] if stats else [])
+    return torch.stack(cols, -1)
+
+
+def unpack_stats(packed: Tensor) -> tuple[Tensor, TeachabilityStats | None]:
+    """The inverse of `pack_stats` (on rows gathered from every process): (mask, stats or None)."""
+    names = [f.name for f in fields(TeachabilityStats)]
+    stats = (TeachabilityStats(**{n: packed[..., 1 + i] for i, n in enumerate(names)})
+             if packed.shape[-1] == 1 + len(names) else None)
+    return packed[..., 0] > 0.5, stats
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -213,7 +297,7 @@ class Selector:
     q_high: float = 0.95
 
     def __post_init__(self) -> None:
-        _check_choice("selector", self.name, SELECTORS)
+        _check_choice("selector", self.name, SELECTORS)  # the registered names (register_selector)
         _check_choice("k", self.k, None)
         _check_choice("c_mode", self.c_mode, C_MODES)
         _check_choice("d_mode", self.d_mode, D_MODES)
@@ -223,8 +307,8 @@ class Selector:
 
     @property
     def needs_stats(self) -> bool:
-        """False for "full" and "random", which need no teacher/student signals."""
-        return self.name not in ("full", "random")
+        """Whether the registered selector reads the teacher/student signals (not "full", "random")."""
+        return selector_spec(self.name).needs_stats
 
     def __call__(
         self,
@@ -248,18 +332,14 @@ class Selector:
         """Select from precomputed signals (``stats`` may be None for full/random). mask: ``[batch, seq]`` bool."""
         n_valid = int(mask.sum())
         budget = budget_size(rho, n_valid)
-        if self.name == "full":
-            return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
-        normed = None
-        if self.name == "random":
-            if generator is None:
-                raise ValueError("the random selector needs a torch.Generator (seed it from the run seed)")
-            score = torch.rand(mask.shape, generator=generator, device=generator.device).to(mask.device)
-        else:
+        spec, normed = selector_spec(self.name), None
+        if spec.needs_stats:
             if stats is None:
                 raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
             normed = normalize_stats(stats, mask, self.q_low, self.q_high)
-            score = selector_score(self.name, normed)
+        score = spec.score(normed, mask, generator)
+        if score is None:  # keeps every valid position
+            return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
         keep = select_top_budget(score, mask, rho, self.tie_break, self.min_one_per_response)
         return Selection(keep, n_valid, budget, score=score, stats=stats, normed=normed)
 

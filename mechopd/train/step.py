@@ -45,7 +45,7 @@ from mechopd.generate.scorer import ROLES, head_logits, head_split, response_hid
 from mechopd.generate.sampler import stable_seed
 from mechopd.objectives.divergences import _kl
 from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
-from mechopd.objectives.select import Selector, TeachabilityStats, teachability_stats
+from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
 from mechopd.train import dist
 from mechopd.train.gradstats import TermGrads
 from mechopd.views import TwoViewBatch
@@ -200,10 +200,9 @@ class StepScorer:
         if not dist.active():
             out = sel.from_stats(stats, mask, o.budget, gen)
             return out.keep, out.kept_fraction
-        packed = torch.stack([mask.float()] + ([stats.C, stats.D, stats.H, stats.kl_full] if stats else []), -1)
-        full, start = dist.all_gather_rows(packed.cpu())
-        gstats = TeachabilityStats(*(full[..., i] for i in range(1, 5))) if stats else None
-        out = sel.from_stats(gstats, full[..., 0] > 0.5, o.budget, gen)
+        full, start = dist.all_gather_rows(pack_stats(mask, stats).cpu())
+        gmask, gstats = unpack_stats(full)  # by field name: every TeachabilityStats field travels
+        out = sel.from_stats(gstats, gmask, o.budget, gen)
         B, R = mask.shape
         return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
 
