@@ -9,7 +9,7 @@ Verdicts are taken on the seed means; where a criterion also needs the interval 
 Every value is read through the typed study (`mechopd.study.Study`), by ROLE (``base``, ``opd``, ``nca``,
 ``nca_const``, ``ta_opd``), never by a run's name: the removability reports (``Study.eval``), the training logs
 (``Study.metrics``: ``grad/cos/<a>__<b>``, ``grad/norm/<term>``, ``kept_fraction``) and the probes' typed results
-(``Study.probe(name)``, from the probe's registration: the similarity summary's per-layer cosines, the deltas
+(`probes.registry.probe_result`, from the probe's registration: the similarity summary's per-layer cosines, the deltas
 summary's pooled update norms, the teachability summary's quartile buckets).
 
     from mechopd.claims import evaluate_claims, claims_markdown
@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mechopd.probes.registry import probe_result
 from mechopd.removability import RegimeThresholds
 from mechopd.stats import fmt_stat, seed_stat
 from mechopd.study import Study, studies
@@ -64,7 +65,7 @@ def layer_cosines(study: Study | Path, role: str) -> list[float]:
     """Per-token mean two-view cosine of ``role`` after each decoder layer, in layer order (the similarity probe's
     typed result); [] when the probe did not run or the study lacks the role."""
     study = _as_study(study)
-    result, name = study.probe("similarity"), study.name(role)
+    result, name = probe_result("similarity", study.probes_dir), study.name(role)
     return [] if result is None or name is None else result.layer_cosines(name)
 
 
@@ -86,7 +87,7 @@ def update_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict
     """Relative update ‖ΔW‖/‖W0‖ of ``role`` vs the base, pooled per decoder layer and per module (the deltas
     probe's typed result, `DeltaSummary.update_norms`); None when the probe did not run."""
     study = _as_study(study)
-    result, name, base = study.probe("deltas"), study.name(role), study.name("base")
+    result, name, base = probe_result("deltas", study.probes_dir), study.name(role), study.name("base")
     return None if result is None or name is None else result.update_norms(name, base or "base")
 
 
@@ -98,7 +99,7 @@ def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
 def quartile_spread(study: Study | Path, signal: str) -> float | None:
     """Mean absolute gain in the top quartile of `signal` minus the bottom quartile (teachability buckets)."""
     study = _as_study(study)
-    result = study.probe("teachability")
+    result = probe_result("teachability", study.probes_dir)
     return None if result is None else result.quartile_spread(signal)
 
 

@@ -22,7 +22,8 @@ A study is read from (`Study.load`):
   * else a plain directory: ``train/*`` (or ``eval/*.json``) names, each its own role.
 
 ``demo.json`` (when present under the root) still supplies the config, labels, per-run training overrides,
-thresholds and ``seed_runs``; the study YAML overrides the roles. `EvalReport` is the typed ``eval/<name>.json``.
+thresholds and ``seed_runs``; the study YAML overrides the roles. `EvalReport` is the typed ``eval/<name>.json``; a
+probe's typed result under ``Study.probes_dir`` is read through its registration (`probes.registry.probe_result`).
 """
 
 from __future__ import annotations
@@ -265,14 +266,6 @@ class Study:
         """Mean of ``kept_fraction`` over the training steps of ``role`` (None if never logged)."""
         r = self.runs.get(role)
         return None if r is None else mean_kept_fraction(r.train_dir)
-
-    def probe(self, name: str) -> Any:
-        """The typed result of the registered probe ``name`` in this study's probes dir (None when it did not run):
-        what the report, the claims and the figures read (`ProbeSpec.summary`)."""
-        from mechopd.probes.registry import probes
-
-        spec = next((p for p in probes() if p.name == name), None)  # not registered: it cannot have run
-        return None if spec is None else spec.load(self.probes_dir)
 
     # -- reading / writing ---------------------------------------------------------------------------------------------
     @classmethod

@@ -10,7 +10,7 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
-    the claims and the figures read (``Study.probe(name)``);
+    the claims and the figures read (`probe_result`);
   * its figures (``FigureSpec``: name, title, caption, ``plot(run_dir, out_dir) -> list[Path]``), drawn by
     `mechopd.plots.draw_all` and shown in ``report.md``;
   * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`; default: the
@@ -186,6 +186,13 @@ def get_probe(name: str) -> ProbeSpec:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown probe {name!r}; known probes: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
+
+
+def probe_result(name: str, probes_dir: str | Path) -> Any:
+    """The typed result (``ProbeSpec.summary``) of the probe ``name`` in ``probes_dir``: what the report, the claims
+    and the figures read; None when the probe did not run there or is not registered (it cannot have run)."""
+    spec = next((p for p in probes() if p.name == name), None)
+    return None if spec is None else spec.load(probes_dir)
 
 
 def default_of(probe: str, dest: str) -> Any:

@@ -201,8 +201,7 @@ def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Ta
 def get_task(name: str, **options: Any) -> Task:
     """Build a registered task by name; unknown names raise a `TaskError` listing the known ones, options the
     factory does not take a `ConfigError`, and a result that does not satisfy `Task` a `TaskError` naming the gaps."""
-    import mechopd.tasks  # noqa: F401  (registers the built-in tasks)
-
+    # the built-in tasks are registered: importing this module imports the package mechopd.tasks first
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise TaskError(f"unknown task {name!r}; known tasks: {known} (register a custom one with @register_task)")
@@ -222,8 +221,6 @@ def get_task(name: str, **options: Any) -> Task:
 
 
 def task_names() -> list[str]:
-    import mechopd.tasks  # noqa: F401
-
     return sorted(_REGISTRY)
 
 

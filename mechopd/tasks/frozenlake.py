@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
 from mechopd.tasks.gametask import GameTask, check_int, check_options
 
 REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right", "readout": False}
@@ -213,9 +213,4 @@ def make_frozenlake(**options: Any) -> FrozenLakeTask:
 
     Reference setting: ``make_frozenlake(**REFERENCE)``.
     """
-    if options.get("engine", "embedded") != "embedded":  # TextArena's own environment (optional extra)
-        from mechopd.tasks.textarena_engine import make_textarena_task
-
-        return make_textarena_task("frozenlake", **options)
-    options = {k: v for k, v in options.items() if k != "engine"}
-    return FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, options))
+    return with_engine("frozenlake", options, lambda o: FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, o)))  # engine= too

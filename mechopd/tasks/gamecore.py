@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple, Protocol
 
+from mechopd.errors import ConfigError
 from mechopd.tasks.base import SPLITS  # noqa: F401  (the split names, used by the game tasks)
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
@@ -31,6 +32,8 @@ _ACTION_RE = re.compile(r"\[\s*(up|down|left|right|w|a|s|d)\s*\]", re.IGNORECASE
 TEST_BUCKETS = 10  # 1 board in TEST_BUCKETS is held out
 MAX_MISSES = 2000  # consecutive duplicate / other-split boards before a board space counts as exhausted
 INVALID = "invalid reply, no move"
+EMBEDDED = "embedded"
+ENGINES: dict[str, Callable[..., Any]] = {}  # engine name -> factory(game, **options); the embedded one is the game's
 
 
 class Board(Protocol):
@@ -219,3 +222,28 @@ def play(episode: GameEpisode, policy: Policy, rng: random.Random) -> GameEpisod
     while not episode.done:
         episode.step(policy(episode, rng))
     return episode
+
+
+# ------------------------------------------------------------------------------------------------------- engines
+def register_engine(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``factory(game, **options) -> Task`` plays ``--option engine=<name>`` for every game."""
+
+    def deco(factory: Callable[..., Any]) -> Callable[..., Any]:
+        ENGINES[name] = factory
+        return factory
+
+    return deco
+
+
+def with_engine(game: str, options: dict[str, Any], embedded: Callable[[dict[str, Any]], Any]) -> Any:
+    """The ONE engine dispatch of the games: ``engine`` (default "embedded") picks ``embedded(options)`` (the game's
+    own board) or a registered engine (`register_engine`, e.g. TextArena's); ``engine`` itself is not passed on."""
+    engine = options.get("engine", EMBEDDED)
+    rest = {k: v for k, v in options.items() if k != "engine"}
+    if engine == EMBEDDED:
+        return embedded(rest)
+    if engine not in ENGINES:
+        raise ConfigError(f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or "
+                          f"{' or '.join(repr(e) for e in ENGINES)}")
+    return ENGINES[engine](game, **rest)
+

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from mechopd.errors import TaskError
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
 from mechopd.tasks.gametask import GameTask, check_int, check_options
 
 Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
@@ -302,9 +302,4 @@ class SokobanTask(GameTask):
 def make_sokoban(**options: Any) -> SokobanTask:
     """``--task sokoban``; options: size (6), boxes (1), min_moves (2), step_budget (5), context, weak_policy,
     max_new_tokens (24), temperature (0.7), readout (True)."""
-    if options.get("engine", "embedded") != "embedded":  # TextArena's own environment (optional extra)
-        from mechopd.tasks.textarena_engine import make_textarena_task
-
-        return make_textarena_task("sokoban", **options)
-    options = {k: v for k, v in options.items() if k != "engine"}
-    return SokobanTask(**check_options("sokoban", SokobanTask, options))
+    return with_engine("sokoban", options, lambda o: SokobanTask(**check_options("sokoban", SokobanTask, o)))  # engine= too

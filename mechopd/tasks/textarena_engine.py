@@ -27,7 +27,7 @@ from mechopd.tasks import frozenlake, sokoban
 import re
 
 from mechopd.tasks.base import BaseTask, Example
-from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, split_of
+from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, register_engine, split_of
 
 INSTALL = "pip install mechopd[textarena]"
 GAMES = ("frozenlake", "sokoban")
@@ -175,15 +175,14 @@ class TextArenaGameTask(BaseTask):
         return split_of(example.uid)  # boards split by hash, as the embedded games
 
 
-def make_textarena_task(game: str, *, engine: str = "textarena", size: int | None = None, holes: int = 3,
+@register_engine("textarena")
+def make_textarena_task(game: str, *, size: int | None = None, holes: int = 3,
                         boxes: int = 1, step_budget: int = 5, context: str | None = None, max_new_tokens: int = 1024,
                         temperature: float = 0.7, readout: bool = False, **unknown: Any) -> TextArenaGameTask:
     """The ``engine: textarena`` variant of ``frozenlake`` / ``sokoban``. Options: size (FrozenLake 4, Sokoban 6, as
     FrozenLake-v0 / Sokoban-v0), holes (FrozenLake), boxes (Sokoban), step_budget, context, max_new_tokens,
     temperature; ``readout: false`` is accepted (TextArena has no read-out line). The embedded-only options
     (readout: true, start, goal, min_path, weak_policy ...) are refused."""
-    if engine != "textarena":
-        raise ConfigError(f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or 'textarena'")
     if readout:
         raise ConfigError(f"{game} task: readout=true is an embedded-organism option; TextArena's boards have no "
                           "read-out line (set readout: false or drop it with engine: textarena)")

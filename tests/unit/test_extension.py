@@ -1,6 +1,6 @@
 """A new probe, selector or figure is one file plus one registration: this file alone adds a toy of each (one
 registration each, nothing else edited) and shows the CLI, the trainer, the demo's probe stage, the figures, the report
-and the claims' reader (`Study.probe`) picking them up."""
+and the claims' reader (`probe_result`) picking them up."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mechopd.artifacts import Summary, read_json
 from mechopd.cli import main
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
-from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, register_probe, unregister_probe
+from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, probe_result, register_probe, unregister_probe
 from mechopd.study import Study
 from tests.unit.plotting_run import make_run
 
@@ -110,7 +110,7 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
         demo.run_probes(demo.DemoConfig(fast=True), models, run)
     finally:
         registry._REGISTRY = saved
-    assert Study.load(run).probe("toy") == ToySummary("my_nca", 0.5 * 8)  # the claims' reader sees it
+    assert probe_result("toy", Study.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
     # figures and report: the toy figure and the toy probe's figure are drawn and shown, the summary line reported
     names = [f.name for f in figure_index()]
     assert {"toy", "eval_count"} <= set(names)
