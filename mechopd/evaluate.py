@@ -248,7 +248,7 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[st
 def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int = 1,
              temperature: float | None = None, spec: RenderSpec | None = None, tokenizer: Any = None,
              task_options: dict[str, Any] | None = None, out: str | Path | None = None) -> dict[str, Any]:
-    """``mechopd.evaluate(model, task, n=..., seed=...)``: `model` a checkpoint dir (or a loaded model with
+    """``mechopd.run_eval(model, task, n=..., seed=...)``: `model` a checkpoint dir (or a loaded model with
     `tokenizer`), `task` a name (with `task_options`) or a task object. Writes the report to `out` when given."""
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
@@ -265,13 +265,3 @@ def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int
     if out is not None:
         write_report(rep, out)
     return rep
-
-
-class _CallableEvaluateModule(__import__("types").ModuleType):
-    """Lets ``mechopd.evaluate(...)`` call `evaluate` (issue API) while ``mechopd.evaluate.X`` stays a module."""
-
-    def __call__(self, *args, **kwargs):
-        return evaluate(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableEvaluateModule

@@ -34,7 +34,7 @@ def test_game_organism_pretrains_and_trains(tmp_path, game):
 
     import mechopd
 
-    final = mechopd.train({"task": game, "student": str(path), "method": "nca", "steps": 2, "batch_size": 2,
+    final = mechopd.run_train({"task": game, "student": str(path), "method": "nca", "steps": 2, "batch_size": 2,
                            "pool_size": 8, "lr": 1e-3}, tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["samples"] >= 2 and "loss/nca" in r for r in rows)

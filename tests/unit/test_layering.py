@@ -179,3 +179,14 @@ def test_the_cycle_checker_sees_function_local_and_relative_imports(tmp_path):
                                                "mechopd.report"})]
     (pkg / "plots" / "training.py").write_text("def f():\n    from ..stats import math\n")  # the statistics leaf
     assert import_cycles(import_graph(pkg)) == []
+
+
+def test_the_public_entry_points_are_plain_functions_without_module_tricks():
+    import types
+
+    assert isinstance(mechopd.run_train, types.FunctionType) and isinstance(mechopd.run_eval, types.FunctionType)
+    swaps = [str(p) for p in ROOT.rglob("*.py")
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "__class__"
+                                                     for t in node.targets)]
+    assert swaps == []  # no `sys.modules[__name__].__class__ = ...`
