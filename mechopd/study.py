@@ -345,15 +345,11 @@ def studies(paths: Sequence[str | os.PathLike | Study], study: str | os.PathLike
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    from mechopd.config import load_yaml
+
     if not path.is_file():
         raise ConfigError(f"study file {path} does not exist; pass a study.yaml (see mechopd/study.py)")
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"study file {path} is not valid YAML ({err}); fix it") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"study file {path} must be a mapping with 'runs' (role -> run name)")
-    return doc
+    return load_yaml(path)  # the one YAML reader: malformed or not a mapping -> ConfigError naming the file
 
 
 def _manifest(root: Path) -> dict[str, Any]:
