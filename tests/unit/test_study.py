@@ -116,3 +116,19 @@ def test_eval_report_round_trips_the_on_disk_format(tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps({"summary": {"acc_x": {"value": 1.0}}}))
     with pytest.raises(DataError, match="lacks 'acc_xc'"):
         EvalReport.load(tmp_path / "broken.json")
+
+
+def test_figures_cli_takes_a_study_file(tmp_path, capsys):
+    from mechopd.cli import main
+
+    run = make_run(tmp_path / "a")
+    assert main(["figures", str(run)]) == 0
+    before = (run / "report.md").read_text()
+    other = renamed_copy(run, tmp_path / "b" / "rules")
+    spec = tmp_path / "roles.yaml"
+    spec.write_text(yaml.safe_dump({"root": str(other), "runs": {"base": "base", "opd": "opd", "nca": "my_nca",
+                                                                 "ta_opd": "ta_opd"}}, sort_keys=False))
+    assert main(["figures", "--study", str(spec)]) == 0, capsys.readouterr().err
+    after = (other / "report.md").read_text().replace(str(spec), "STUDY")
+    assert _numbers(after, other) == _numbers(before, run) and (other / "figures" / "layer_cosine.png").is_file()
+    assert main(["figures"]) == 2 and "RUN_DIR or --study" in capsys.readouterr().err
