@@ -303,6 +303,11 @@ class Study:
         runs = {str(role): _run(str(role), spec, root, manifest, where) for role, spec in doc["runs"].items()}
         if BASE not in runs:
             runs = {BASE: _run(BASE, BASE, root, manifest, where), **runs}
+        names = [r.name for r in runs.values()]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            roles = ", ".join(r.role for r in runs.values() if r.name == dup)
+            raise ConfigError(f"{where}: run {dup!r} plays two roles ({roles}); give each role its own run")
         task = str(doc.get("task") or manifest.get("task") or root.name)
         return cls(root, task, runs, manifest, where)
 

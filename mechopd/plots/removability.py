@@ -176,7 +176,8 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path, Study)) else list(run_dirs)
     points, infos, all_summaries = _points(run_dirs)
     if not points:
-        missing(REGIME_NAME, Path(run_dirs[0].root if isinstance(run_dirs[0], Study) else run_dirs[0]) if run_dirs else Path(".") / "eval" / "<model>.json (with a defined Harm)")
+        first = (run_dirs[0].root if isinstance(run_dirs[0], Study) else run_dirs[0]) if run_dirs else "."
+        missing(REGIME_NAME, Path(first) / "eval" / "<model>.json (with a defined Harm)")
         return None
     t = thresholds_of(infos[0], all_summaries[0])
     for info, summaries in zip(infos[1:], all_summaries[1:]):

@@ -304,8 +304,9 @@ def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str |
     """
     for name in terms:
         loss_term(name, estimator, topk)  # validate before loading anything
-    ctx = ProbeContext.prepare(setup, "gradients", out_dir, {"model": (model, "trained"), "teacher": (teacher, TEACHER)},
-                               default_split="train", device=device)
+    ctx = ProbeContext.prepare(setup, "gradients", out_dir,
+                               {"model": (model, "trained"), "teacher": (teacher, TEACHER)}, default_split="train",
+                               device=device)
     student = ctx.load("model")
     select_parameters(student, layers, include_non_layer)  # layers out of range: fail before sampling
     teacher_model = ctx.load("teacher")

@@ -129,7 +129,7 @@ class ProbeContext:
         return write_items(items_path(self.out, self.probe), self.tokenizer, self.spec, [e.uid for e in exs],
                            [e.prompt for e in exs], [e.context for e in exs], self.items.responses)
 
-    # -- the record ------------------------------------------------------------------------------------------------------
+    # -- the record -------------------------------------------------------------------------------------------------
     def settings(self, **extra: Any) -> dict[str, Any]:
         """Every resolved setting of this run (the probe's own in ``extra``; they win on a clash)."""
         s = self.setup

@@ -100,6 +100,9 @@ def test_bad_study_files_are_refused(tmp_path):
     bad.write_text("runs: {nca: ../escape}\n")
     with pytest.raises(ConfigError, match="not a plain name"):
         Study.load(bad)
+    bad.write_text("runs: {opd: x, nca: x}\n")
+    with pytest.raises(ConfigError, match="plays two roles"):
+        Study.load(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         Study.load(tmp_path, tmp_path / "missing.yaml")
 
