@@ -21,6 +21,7 @@ from typing import Any
 
 from mechopd.artifacts import write_json
 from mechopd.errors import DataError
+from mechopd.runcheck import check_seed_runs
 from mechopd.stats import CI, INTERVAL_NAME, fmt_stat, seed_stat, t_quantile  # noqa: F401  (the statistics leaf)
 from mechopd.study import MANIFEST_FILE, Study, studies
 
@@ -79,9 +80,9 @@ def aggregate(runs: Sequence[str | Path], out: str | Path, study: str | Path | N
     from mechopd.plots import draw_all
     from mechopd.report import write_aggregate_report
 
-    seeds = seed_studies([Path(r) for r in runs], study)
     out = Path(out)
-    __import__("mechopd.runcheck").runcheck.check_seed_runs(runs, out)  # distinct seeds of one study; out no input
+    check_seed_runs([Path(r) for r in runs], out)  # distinct seeds of one study; out no input
+    seeds = seed_studies([Path(r) for r in runs], study)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise_runs(seeds)
     first = seeds[0]

@@ -307,17 +307,16 @@ def _figures(a: argparse.Namespace) -> int:
     from mechopd.checks import check_out_dir
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
-
-    from mechopd.study import Study
+    from mechopd.study import Study, study_root
 
     if a.run_dir is None and a.study is None:
         raise ConfigError("mechopd figures needs RUN_DIR or --study FILE; e.g. mechopd figures runs/demo")
     if a.run_dir is not None and not Path(a.run_dir).is_dir():
         raise ConfigError(f"run directory {a.run_dir} does not exist; run `mechopd demo --out {a.run_dir}` first")
-    study = Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study)
-    run = study.root
+    run = Path(a.run_dir) if a.run_dir is not None else study_root(a.study)
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
-    with hold(run, "figures"):  # not while a demo or another redraw writes into the run
+    with hold(run, "figures"):  # not while a demo or another redraw writes into the run (then read the study)
+        study = Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study)
         drawn = draw_all(study)
         if sum(len(v) for v in drawn.values()):
             write_report_md(study)

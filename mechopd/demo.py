@@ -215,8 +215,9 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
 def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
     the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
-    (``study.yaml``; without one: the labels of ``models``); a probe whose first output exists, or that needs a role
+    (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
     the study lacks, is skipped (and says so)."""
+    from mechopd.probes.registry import demo_options
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
 
@@ -227,9 +228,10 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     for spec in registered():
         if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
             continue
-        options = spec.demo_options(study)
+        options = demo_options(spec, study)
         if options is None:
-            _log(f"probe {spec.name}: skipped (its roles {spec.role_options} name no run of the study {study.roles})")
+            _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
+                 f"{study.roles})")
             continue
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
         spec(setup, out, **options)

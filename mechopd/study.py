@@ -344,6 +344,14 @@ class Study:
         return iter(self.runs.values())
 
 
+def study_root(path: str | os.PathLike) -> Path:
+    """Where the study YAML ``path`` puts its runs (its ``root`` key, relative to its folder; else the folder),
+    without reading any run."""
+    path = Path(path)
+    root = _read_yaml(path).get("root")
+    return path.parent / str(root) if root else path.parent
+
+
 def studies(paths: Sequence[str | os.PathLike | Study], study: str | os.PathLike | None = None) -> list[Study]:
     """Studies of several run dirs (one per seed), the same study file applied to each when given."""
     return [p if isinstance(p, Study) else Study.load(p, study) for p in paths]

@@ -121,22 +121,8 @@ class ProbeSpec:
         return list(result.lines()) if result is not None else []
 
     def demo_options(self, study: Any) -> dict[str, Any] | None:
-        """``demo`` with every role in ``role_options`` replaced by the study's run name; None when the probe is not
-        in the demo or a role it needs is not in the study."""
-        if self.demo is None:
-            return None
-        out = dict(self.demo)
-        for key in self.role_options:
-            value = out.get(key)
-            if value is None:
-                continue
-            many = isinstance(value, (list, tuple))
-            roles = list(value) if many else [r.strip() for r in str(value).split(",")]
-            names = [study.name(r) for r in roles]
-            if None in names:
-                return None
-            out[key] = names if many else ",".join(names)
-        return out
+        """``demo`` with every role in ``role_options`` replaced by the study's run name (`demo_options`)."""
+        return demo_options(self, study)
 
 
 _REGISTRY: dict[str, ProbeSpec] = {}
@@ -186,6 +172,26 @@ def get_probe(name: str) -> ProbeSpec:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown probe {name!r}; known probes: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
+
+
+def demo_options(spec: Any, study: Any) -> dict[str, Any] | None:
+    """A registration's ``demo`` options with every role in its ``role_options`` replaced by the study's run name;
+    None when the probe is not in the demo or a role it needs is not in the study. (Any object with ``demo`` and,
+    optionally, ``role_options`` will do.)"""
+    if spec.demo is None:
+        return None
+    out = dict(spec.demo)
+    for key in getattr(spec, "role_options", ()):
+        value = out.get(key)
+        if value is None:
+            continue
+        many = isinstance(value, (list, tuple))
+        roles = list(value) if many else [r.strip() for r in str(value).split(",")]
+        names = [study.name(r) for r in roles]
+        if None in names:
+            return None
+        out[key] = names if many else ",".join(names)
+    return out
 
 
 def probe_result(name: str, probes_dir: str | Path) -> Any:
