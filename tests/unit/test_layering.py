@@ -30,21 +30,27 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     """Every module name `path` imports (``from a import b`` yields ``a`` and ``a.b``: b may be a submodule)."""
+    out: set[str] = set()
+    for kind, mod, names in import_statements(path, root):
+        out.update(names if kind == "import" else [mod, *(f"{mod}.{n}" for n in names)])
+    return out
+
+
+def import_statements(path: Path, root: Path = ROOT):
+    """Every import statement of `path` (function-local ones too): ("import", "", [names]) or ("from", module,
+    [names]) with relative modules resolved against the file's package."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
+            yield "import", "", [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            out.update(f"{mod}.{a.name}" for a in node.names)
-    return out
+            yield "from", mod, [a.name for a in node.names]
 
 
 def _inside(name: str, package: str) -> bool:
@@ -94,21 +100,10 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     modules = {module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         out: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                out.update(a.name for a in node.names if a.name in modules)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
-                for a in node.names:
-                    target = f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod
-                    if target in modules:
-                        out.add(target)
+        for kind, mod, names in import_statements(path, root):
+            targets = names if kind == "import" else [f"{mod}.{n}" if f"{mod}.{n}" in modules else mod for n in names]
+            out.update(t for t in targets if t in modules)
         graph[name] = out - {name}
     return graph
 
