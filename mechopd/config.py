@@ -10,7 +10,6 @@ of every numeric field.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,10 @@ import yaml
 from mechopd.config_parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
                                    parse_options, parse_overrides, scalar, text_value, typed_options)
 from mechopd.errors import ConfigError
+from mechopd.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE,  # noqa: F401
+                            check_seed, check_temperature, in_range as _in_range)
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
-SEED_MAX = 2**63 - 1  # every verb's seed: 0..SEED_MAX (torch, numpy and random all take it)
-# A sampling temperature below this is refused in every verb (train, eval, probes, task options): logits / T
-# overflows float32 long before T reaches 0 (1e-310 turned every token into the last vocabulary entry); omit the
-# temperature for greedy decoding (eval, probes) instead.
-MIN_TEMPERATURE = 1e-4
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 YAML_BOOL_WORDS = ("shared_prefix",)
 MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would exhaust the parser's recursion)  # text fields whose values YAML 1.1 reads as booleans (`off` / `on`)
@@ -34,11 +30,11 @@ MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would 
 # every numeric field's range: (integer?, lower bound, lower bound inclusive?, upper bound or None, None allowed?)
 FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "beta": (False, 0, True, None, False), "budget": (False, 0, False, 1, False), "k": (True, 1, True, None, False),
-    "topk": (True, 1, True, None, False), "temperature": (False, MIN_TEMPERATURE, True, None, True),
+    "topk": (True, 1, True, None, False), "temperature": TEMPERATURE_RANGE,
     "max_new_tokens": (True, 1, True, None, True), "batch_size": (True, 1, True, None, False),
     "pool_size": (True, 1, True, None, False), "lr": (False, 0, False, None, False), "steps": (True, 1, True, None, False),
     "warmup": (True, 0, True, None, False), "weight_decay": (False, 0, True, None, False),
-    "grad_clip": (False, 0, False, None, False), "seed": (True, 0, True, SEED_MAX, False),
+    "grad_clip": (False, 0, False, None, False), "seed": SEED_RANGE,
     "eval_every": (True, 0, True, None, False), "eval_n": (True, 0, True, None, False),
     "save_every": (True, 0, True, None, False), "nca_start": (True, 0, True, None, False),
     "beta_warmup": (True, 0, True, None, False), "nca_gate": (False, 0, False, None, True),
@@ -216,36 +212,11 @@ def _check_types(cfg: Any) -> None:
             raise ConfigError(f"{name}={value!r} is not a mapping; pass key: value pairs (--set {name}.KEY=VALUE)")
 
 
-def check_seed(value: Any, flag: str = "seed") -> int:
-    """The one seed rule of every verb: an integer 0..SEED_MAX."""
-    _in_range(flag, value, *FIELD_RANGES["seed"])
-    return value
-
-
-def check_temperature(value: Any, flag: str = "temperature", optional: bool = True) -> Any:
-    """The one temperature rule of every verb: finite and >= MIN_TEMPERATURE (None = the default, where allowed)."""
-    spec = FIELD_RANGES["temperature"]
-    _in_range(flag, value, *spec[:4], optional)
-    return value
-
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
 
-
-def _in_range(name: str, value: Any, integer: bool, lo: float, lo_closed: bool, hi: float | None,
-              optional: bool) -> None:
-    """Refuse a value outside its stated range (see ``FIELD_RANGES``), naming the field and the range."""
-    if value is None and optional:
-        return
-    kind = "an integer" if integer else "a finite number"
-    rng = f"{'>=' if lo_closed else '>'} {lo:g}" + (f" and <= {hi}" if hi is not None else "")
-    bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if bad_type or not math.isfinite(value) or (value < lo if lo_closed else value <= lo) or \
-            (hi is not None and value > hi):
-        none = " (or null)" if optional else ""
-        raise ConfigError(f"{name}={value!r} is invalid: it must be {kind} {rng}{none}")
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ...] = RESUME_MUTABLE) -> list[str]:

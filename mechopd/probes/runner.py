@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.artifacts import write_jsonl
+from mechopd.checks import check_response_ids, check_task_vocab
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
+from mechopd.pinning import check_fits, pin_render
 from mechopd.probes.items import ProbeItems, answer_responses, read_responses, sample_responses
 from mechopd.probes.setup import ProbeSetup
 from mechopd.views import RenderSpec, render_prompt_ids
@@ -80,8 +82,13 @@ class ProbeContext:
             else:
                 check_same_tokenizer(tok, other, first, slot)
         task = setup.make_task()
+        if with_items:
+            check_task_vocab(tok, task)  # as eval and train: no scoring of <unk> ids (before any item is drawn)
         examples = setup.examples(task, default_split) if with_items else []
-        return cls(probe, setup, Path(out_dir), task, setup.spec(task), setup.split or default_split, resolved, tok,
+        spec = setup.spec(task)
+        if examples:  # a date-reading template is pinned before anything is sampled or saved
+            spec, _ = pin_render(tok, spec, examples[0].prompt, examples[0].context)
+        return cls(probe, setup, Path(out_dir), task, spec, setup.split or default_split, resolved, tok,
                    device or ("cuda" if torch.cuda.is_available() else "cpu"), examples)
 
     # -- models ------------------------------------------------------------------------------------------------------
@@ -100,6 +107,8 @@ class ProbeContext:
         """One response per item from ``model`` on the no-context view (the setup's temperature, max_new_tokens and
         seed; ``greedy`` for argmax); ``batch_size``: rows per sampling call (default the setup's; the ids do not
         depend on it). The items are saved (`save_items`)."""
+        check_fits(self.tokenizer, self.examples, self.spec, self.task.max_new_tokens,  # before sampling past the
+                   getattr(getattr(model, "config", None), "max_position_embeddings", None))  # model's positions
         responses = sample_responses(model, self.tokenizer, self.examples, self.spec,
                                      max_new_tokens=self.task.max_new_tokens, temperature=self.task.temperature,
                                      seed=self.setup.seed, batch_size=batch_size or self.setup.batch_size,
@@ -115,7 +124,9 @@ class ProbeContext:
         """Responses given as ids (one list per item) or a ``.jsonl`` of ``{"uid", "response_ids"}`` lines."""
         if isinstance(responses, (str, os.PathLike)):
             responses = read_responses(responses, self.examples)
-        return self._attach([list(map(int, r)) for r in responses])
+        responses = [list(map(int, r)) for r in responses]
+        check_response_ids(responses, self.tokenizer, "the given responses")  # ids of this tokenizer only
+        return self._attach(responses)
 
     def _attach(self, responses: list[list[int]], max_length: int | None = None) -> ProbeItems:
         self.items = ProbeItems(self.tokenizer, self.examples, responses, self.spec, self.setup.batch_size,
