@@ -27,6 +27,14 @@ class Hostile:
     subprocess: bool = False
 
 
+def check_in_workspace(case: Hostile, org: Path, tmp_path: Path, monkeypatch, capsys) -> str:
+    """`check` from a fresh working directory ``tmp_path/ws`` (the parametrised refusal tests)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    monkeypatch.chdir(ws)
+    return check(case, org, ws, capsys)
+
+
 def check(case: Hostile, org: Path, ws: Path, capsys) -> str:
     argv = case.argv(org, ws)
     before = snapshot(ws, org)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.hostile import Hostile, check, evaluate, train, write
+from tests.cli.hostile import Hostile, check, check_in_workspace, evaluate, train, write
 
 
 def _yaml(ws: Path, text: str | bytes) -> str:
@@ -85,10 +85,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.cls}-{c.name}" for c in CASES])
 def test_refused_with_one_line_nothing_changed(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    monkeypatch.chdir(ws)
-    check(case, Path(tiny_rules_organism), ws, capsys)
+    check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
 
 
 def test_the_refusal_happens_before_the_model_loads_end_to_end(tiny_rules_organism, tmp_path, monkeypatch):

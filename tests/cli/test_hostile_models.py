@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.hostile import Hostile, check, copy_org, edit_json, evaluate, set_template, train, write
+from tests.cli.hostile import Hostile, check_in_workspace, copy_org, edit_json, evaluate, set_template, train, write
 
 RAISES = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
           "{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -129,10 +129,7 @@ def _zz() -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.cls}-{c.name}" for c in CASES])
 def test_refused_with_one_line_nothing_changed(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    monkeypatch.chdir(ws)
-    check(case, Path(tiny_rules_organism), ws, capsys)
+    check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
 
 
 def test_a_json_line_holding_u2028_is_one_item(tmp_path):

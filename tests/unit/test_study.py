@@ -89,20 +89,20 @@ def test_a_study_file_applied_to_a_run_dir_and_a_study_yaml_on_its_own(tmp_path)
     assert by_file.value("nca", "acc_x") == Study.load(run).value("nca", "acc_x")
 
 
-def test_bad_study_files_are_refused(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ("runs: [opd]\n", "'runs' mapping"),
+    ("runs: {nca: {name: x, colour: red}}\n", "unknown key 'colour'"),
+    ("runs: {nca: ../escape}\n", "not a plain name"),
+    ("runs: {opd: x, nca: x}\n", "plays two roles"),
+])
+def test_bad_study_files_are_refused(tmp_path, text, message):
     bad = tmp_path / "s.yaml"
-    bad.write_text("runs: [opd]\n")
-    with pytest.raises(ConfigError, match="'runs' mapping"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=message):
         Study.load(bad)
-    bad.write_text("runs: {nca: {name: x, colour: red}}\n")
-    with pytest.raises(ConfigError, match="unknown key 'colour'"):
-        Study.load(bad)
-    bad.write_text("runs: {nca: ../escape}\n")
-    with pytest.raises(ConfigError, match="not a plain name"):
-        Study.load(bad)
-    bad.write_text("runs: {opd: x, nca: x}\n")
-    with pytest.raises(ConfigError, match="plays two roles"):
-        Study.load(bad)
+
+
+def test_a_missing_study_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         Study.load(tmp_path, tmp_path / "missing.yaml")
 
