@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mechopd.following_claims import FOLLOWING_CLAIMS
 from mechopd.probes.registry import probe_result
 from mechopd.removability import RegimeThresholds
 from mechopd.stats import fmt_stat, seed_stat
 from mechopd.study import Study, studies
 
-HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
+from mechopd.verdicts import FAILS, HOLDS, NA, NA_CEILING, at_ceiling, fragility  # noqa: E402,F401
 NCA_MAX_ACC_LOSS = 0.05       # the issue's bar: NCA's Acc_x ≥ OPD's − 0.05
 HARM_REDUCTION = 0.5          # the issue's bar: NCA's harm ≤ half of OPD's
 NCA_COSINE_FLOOR = 0.997      # the paper: NCA ≥ 0.997 at every layer
@@ -133,6 +134,8 @@ def claim_degradation(runs: Sequence[Study]) -> Claim:
         return Claim("degradation", "", "", measured, NA, crit)
     regime_a = drop["mean"] >= th["drop_min"] - 1e-9 or harm["mean"] >= th["harm_high"] - 1e-9
     above = harm["low"] is None or harm["low"] > 0
+    measured += fragility(harm, th["harm_high"]) if harm["mean"] >= th["harm_high"] - 1e-9 else fragility(
+        drop, th["drop_min"])
     return Claim("degradation", "", "", measured, HOLDS if regime_a and above else FAILS, crit)
 
 
@@ -148,19 +151,22 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     measured = f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)} vs OPD {fmt_stat(opd)}{_const_note(runs, 'harm')}"
     if opd["mean"] is None or nca["mean"] is None or opd["mean"] == 0:
         return Claim("nca_removes", "", "", measured, NA, crit)
-    return Claim("nca_removes", "", "", measured, HOLDS if nca["mean"] <= HARM_REDUCTION * opd["mean"] else FAILS,
-                 crit)
+    return Claim("nca_removes", "", "", measured + fragility(nca, HARM_REDUCTION * opd["mean"]),
+                 HOLDS if nca["mean"] <= HARM_REDUCTION * opd["mean"] else FAILS, crit)
 
 
 def claim_nca_keeps(runs: Sequence[Study]) -> Claim:
     diff = _stat(runs, lambda r: _diff(r.value("nca", "acc_x"), r.value("opd", "acc_x")))
     nca = _stat(runs, _value("nca", "acc_x"))
-    crit = f"mean (NCA Acc_x − OPD Acc_x) ≥ −{NCA_MAX_ACC_LOSS}"
+    crit = f"mean (NCA Acc_x − OPD Acc_x) ≥ −{NCA_MAX_ACC_LOSS}; both ≥ 0.995 in every seed: ceiling"
     measured = (f"NCA Acc_x {fmt_stat(nca)}{_per_seed(nca)}; NCA − OPD {fmt_stat(diff, signed=True)}"
                 f"{_const_note(runs, 'acc_x')}")
     if diff["mean"] is None:
         return Claim("nca_keeps", "", "", measured, NA, crit)
-    return Claim("nca_keeps", "", "", measured, HOLDS if diff["mean"] >= -NCA_MAX_ACC_LOSS - 1e-9 else FAILS, crit)
+    if at_ceiling((r.value("nca", "acc_x"), r.value("opd", "acc_x")) for r in runs):
+        return Claim("nca_keeps", "", "", measured, NA_CEILING, crit)
+    return Claim("nca_keeps", "", "", measured + fragility(diff, -NCA_MAX_ACC_LOSS),
+                 HOLDS if diff["mean"] >= -NCA_MAX_ACC_LOSS - 1e-9 else FAILS, crit)
 
 
 def _mean_cos(study: Study, role: str) -> float | None:
@@ -187,27 +193,34 @@ def claim_nca_cosine(runs: Sequence[Study]) -> Claim:
     return Claim("nca_cosine", "", "", measured, HOLDS if low["mean"] >= NCA_COSINE_FLOOR else FAILS, crit)
 
 
-def _orthogonality(study: Study) -> tuple[float | None, str, int, int]:
-    """Mean |cos(∇OPD, ∇NCA)| over the informative gradient-statistics steps of the OPD run (else the NCA run)."""
-    for role in ("opd", "nca"):
-        steps = grad_steps(study, role)
-        if steps:
-            kept = [abs(c) for _, c, ratio in steps if NOISE_NORM_RATIO <= ratio <= 1 / NOISE_NORM_RATIO]
-            return (sum(kept) / len(kept) if kept else None), role, len(kept), len(steps)
-    return None, "", 0, 0
+def _orthogonality(study: Study, role: str = "nca") -> tuple[float | None, int, int]:
+    """Mean |cos(∇OPD, ∇NCA)| over the informative gradient-statistics steps of ``role``'s training run."""
+    steps = grad_steps(study, role)
+    kept = [abs(c) for _, c, ratio in steps if NOISE_NORM_RATIO <= ratio <= 1 / NOISE_NORM_RATIO]
+    return (sum(kept) / len(kept) if kept else None), len(kept), len(steps)
+
+
+def _opd_checkpoint_cos(study: Study) -> float | None:
+    """|cos(∇OPD, ∇NCA)| of the gradients probe at the OPD checkpoint (the paper's reading); None without it or when
+    one gradient is noise next to the other (norm ratio outside [1e-3, 1e3])."""
+    g = probe_result("gradients", study.probes_dir)
+    ok = g is not None and g.model == study.name("opd") and math.isfinite(g.cos) and \
+        NOISE_NORM_RATIO <= g.norm_ratio <= 1 / NOISE_NORM_RATIO
+    return abs(g.cos) if ok else None
 
 
 def claim_orthogonal(runs: Sequence[Study]) -> Claim:
+    at_opd = seed_stat([_opd_checkpoint_cos(r) for r in runs])
     per = [_orthogonality(r) for r in runs]
-    stat = seed_stat([p[0] for p in per])
-    crit = (f"seed mean of mean |cos| over the logged steps ≤ {ORTHOGONAL_ABS_COS}; steps where one norm is below "
-            f"{NOISE_NORM_RATIO:g} of the other are left out")
-    used = {p[1] for p in per if p[1]}
-    measured = (f"mean |cos| {fmt_stat(stat)} in the {'/'.join(sorted(used)) or '—'} run "
-                f"({sum(p[2] for p in per)} of {sum(p[3] for p in per)} logged steps informative)")
-    if stat["mean"] is None:
+    along = seed_stat([p[0] for p in per])
+    crit = (f"at the OPD checkpoint (gradients probe, the paper's reading): seed mean |cos| ≤ {ORTHOGONAL_ABS_COS}, "
+            f"a norm ratio outside [{NOISE_NORM_RATIO:g}, {1 / NOISE_NORM_RATIO:g}] is noise; along NCA training "
+            "shown, not judged")
+    measured = (f"at the OPD checkpoint |cos| {fmt_stat(at_opd)}; along NCA training mean |cos| {fmt_stat(along)} "
+                f"({sum(p[1] for p in per)} of {sum(p[2] for p in per)} logged steps informative)")
+    if at_opd["mean"] is None:
         return Claim("orthogonal", "", "", measured, NA, crit)
-    return Claim("orthogonal", "", "", measured, HOLDS if stat["mean"] <= ORTHOGONAL_ABS_COS else FAILS, crit)
+    return Claim("orthogonal", "", "", measured, HOLDS if at_opd["mean"] <= ORTHOGONAL_ABS_COS else FAILS, crit)
 
 
 def _depth_ratio(study: Study, role: str) -> float | None:
@@ -251,12 +264,14 @@ def claim_qk(runs: Sequence[Study]) -> Claim:
 def claim_ta_opd(runs: Sequence[Study]) -> Claim:
     diff = _stat(runs, lambda r: _diff(r.value("ta_opd", "acc_x"), r.value("opd", "acc_x")))
     kept = _stat(runs, lambda r: r.kept_fraction("ta_opd"))
-    crit = "mean (TA-OPD Acc_x − OPD Acc_x) ≥ 0; not measurable when both are 1.000 in every seed (ceiling)"
+    crit = "mean (TA-OPD Acc_x − OPD Acc_x) ≥ 0; both ≥ 0.995 in every seed: ceiling"
     measured = (f"TA-OPD − OPD Acc_x {fmt_stat(diff, signed=True)}{_per_seed(diff)} (kept fraction "
                 f"{fmt_stat(kept, 3)})")
     both = [(r.value("ta_opd", "acc_x"), r.value("opd", "acc_x")) for r in runs]
-    if diff["mean"] is None or all(a == 1.0 and b == 1.0 for a, b in both):
+    if diff["mean"] is None:
         return Claim("ta_opd", "", "", measured, NA, crit)
+    if at_ceiling(both):
+        return Claim("ta_opd", "", "", measured, NA_CEILING, crit)
     return Claim("ta_opd", "", "", measured, HOLDS if diff["mean"] >= -1e-9 else FAILS, crit)
 
 
@@ -266,6 +281,12 @@ def claim_teachability(runs: Sequence[Study]) -> Claim:
     diff = _stat(runs, lambda r: _diff(quartile_spread(r, "DL"), quartile_spread(r, "kl_full")))
     crit = "mean gain of the top minus the bottom quartile, D^L's spread > raw KL's (seed mean of the difference > 0)"
     measured = f"spread D^L {fmt_stat(dl, 3)} vs raw KL {fmt_stat(kl, 3)}; difference {fmt_stat(diff, 3, True)}"
+    limits = [getattr(t, "degeneracy", None) or {} for t in (probe_result("teachability", r.probes_dir) for r in runs)
+              if t is not None]
+    reasons = sorted({why for d in limits for why in d.get("reasons", [])})
+    if reasons:  # the diagnostic cannot speak on this bank / checkpoint (docs/method.md §7)
+        return Claim("teachability", "", "", measured + "; " + "; ".join(reasons), NA, crit + "; not measurable "
+                     "when C carries no information or the rescored model has converged")
     if diff["mean"] is None:
         return Claim("teachability", "", "", measured, NA, crit)
     return Claim("teachability", "", "", measured, HOLDS if diff["mean"] > 0 else FAILS, crit)
@@ -282,7 +303,8 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ("cosine_order", "two-view hidden-state cosine: base < OPD < NCA", "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
      claim_cosine_order),
     ("nca_cosine", "NCA's two-view cosine ≥ 0.997 at every layer", "NCA ≥ 0.997 at every layer", claim_nca_cosine),
-    ("orthogonal", "OPD and NCA gradients nearly orthogonal during training", "“nearly orthogonal” (no number)",
+    ("orthogonal", "OPD and NCA gradients nearly orthogonal at an OPD-converged checkpoint",
+     "“nearly orthogonal” (no number)",
      claim_orthogonal),
     ("shallow", "updates concentrated in shallow layers", "shallow layers (36-layer Qwen3-4B; no number)",
      claim_shallow),
@@ -290,6 +312,8 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ("ta_opd", "TA-OPD at ρ = 10 % ≥ full OPD", "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs", claim_ta_opd),
     ("teachability", "D^L predicts the fixed-context gain better than raw KL",
      "gain rises with D^L; high-support gap ≈ +0.08", claim_teachability),
+    *((key, claim, paper, lambda runs, fn=fn, key=key: Claim(key, "", "", **fn(runs)))
+      for key, claim, paper, fn in FOLLOWING_CLAIMS),
 )
 
 

@@ -194,6 +194,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    "a value that differs from the run's record is refused)")
     p.add_argument("--engine", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
                    "(model(...) per step, any causal LM) | vllm (the extra mechopd[vllm])")
+    p.add_argument("--other-contexts", action="store_true", help="also answer every item under each of the task's "
+                   "other contexts: follow_other, stick; with --compare and a model named base: retention, "
+                   "context-deaf (docs/method.md)")
     p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
                    "records is written next to it) or an existing directory; --compare: a directory (one report per "
                    "model + compare.md/.csv)")
@@ -246,6 +249,7 @@ def _eval(a: argparse.Namespace) -> int:
 
 def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, str], targets: dict[str, Path],
                  out_dir: Path | None, records: dict[str, Any], options: dict[str, Any]) -> int:
+    from mechopd import following
     from mechopd.evaluate import compare, evaluate_model, format_summary, write_report
     from mechopd.models import check_model, load_model
     from mechopd.organisms.recipes import resolve_organism
@@ -264,7 +268,14 @@ def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, s
         reports[name] = evaluate_model(model, toks[name], task, cfg, specs[name], engine=engine)
         reports[name]["settings"].update(model=str(Path(path).resolve()) if Path(path).exists() else str(path),
                                          task_options=options)
-        print(format_summary(name, reports[name]["summary"]))
+        if a.other_contexts:
+            following.add_following(reports[name], model, toks[name], task, cfg, specs[name])
+    if a.other_contexts:
+        following.apply_retention(reports)
+    for name, rep in reports.items():
+        print(format_summary(name, rep["summary"]))
+    if a.other_contexts:
+        print(following.format_following(reports))
     if out_dir is None:
         written = write_report(reports["model"], targets["model"])  # r.json + r.csv as one set (FileSet)
         print(f"report: {written[0]} (records: {written[1]})")

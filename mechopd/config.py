@@ -41,6 +41,7 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "nca_gate_window": (True, 1, True, None, False), "grad_stats_every": (True, 0, True, None, False),
     "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
     "micro_batch_size": (True, 1, True, None, True), "logit_chunk": (True, 1, True, None, True),
+    "follow_weight": (False, 0, True, None, False),
 }
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
@@ -67,6 +68,9 @@ class TrainConfig:
                a level in nats: the anchor starts no earlier than the step after the mean KL(q_x ‖ f) of the last
                nca_gate_window steps falls to it, `objectives.schedule.AnchorGate`), nca_positions ("all": the
                NCA term covers every response token, "selected": only the selector's kept tokens).
+    Following: follow_weight (0 = off; > 0 adds the `follow` term, `objectives.follow`: on-policy self-distillation
+               under the task's OTHER contexts), follow_contexts (labels of `Task.other_contexts` it draws from;
+               None = all of them).
     Selector:  selector (full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent), budget (ρ),
                k (TA-OPD top-K), c_mode, d_mode, tie_break (position | sequence), min_one_per_response (False: exactly
                the top ⌈ρN⌉, the paper's text; True: the released code's "≥ 1 token per response", added on top),
@@ -118,6 +122,8 @@ class TrainConfig:
     q_low: float = 0.05
     q_high: float = 0.95
     nca_positions: str = "all"
+    follow_weight: float = 0.0
+    follow_contexts: list[str] | None = None
     estimator: str = "topk"
     topk: int = 256
     renormalize: bool = False
@@ -169,6 +175,11 @@ class TrainConfig:
             _choice(name, getattr(self, name), allowed)
         for name, spec in FIELD_RANGES.items():
             _in_range(name, getattr(self, name), *spec)
+        if self.follow_contexts is not None and (not isinstance(self.follow_contexts, (list, tuple)) or not
+                                                 self.follow_contexts or not all(isinstance(c, str) and c.strip()
+                                                                                 for c in self.follow_contexts)):
+            raise ConfigError(f"follow_contexts={self.follow_contexts!r} is invalid: give a non-empty list of "
+                              "other-context labels (e.g. [shift:2, reverse]) or null for all of them")
         if self.q_low >= self.q_high:
             raise ConfigError(f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
                               "(defaults 0.05, 0.95)")

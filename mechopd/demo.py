@@ -46,11 +46,15 @@ from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kep
 NCA_GATE = ORGANISM_RECIPES["rules"]["nca_gate"]  # nats per token: the anchor waits for OPD (the recipes' value)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
+FOLLOW_WEIGHT = 1.0  # the follow term's weight in the nca_follow run (equal to OPD's; docs/method.md §7)
 METHODS: dict[str, dict[str, Any]] = {
     "opd": {"method": "opd", "selector": "full"},
     "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE, "nca_gate_window": NCA_GATE_WINDOW},
     "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0, "grad_stats_every": 1},
     "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
+    # gated NCA + the follow term (objectives/follow.py): can one internalise c, remove its harm and keep reading?
+    "nca_follow": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE,
+                   "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT},
 }
 GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
 # Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
@@ -123,7 +127,7 @@ class DemoConfig:
         out = {}
         for name, over in METHODS.items():
             over = dict(over)
-            if name == "nca":
+            if name in ("nca", "nca_follow"):
                 over.update(nca_gate=self.nca_gate, nca_gate_window=self.nca_gate_window)
             if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
                 over["grad_stats_every"] = self.grad_stats_every
@@ -136,7 +140,8 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
     if over.get("method") == "nca":
         start, gate = over.get("nca_start", 0), over.get("nca_gate")
         when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
-        return f"NCA (β={over.get('beta', 0.5):g}, {when})"
+        follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
+        return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
     if over.get("selector", "full") != "full":
         kept_text = "n/a" if kept is None else f"{kept:.2f}"
         return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}, kept {kept_text})"
@@ -196,6 +201,8 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
+    from mechopd import following
+
     task = get_task(cfg.task)
     out = {}
     for name, path in models.items():
@@ -203,12 +210,21 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
         if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
             out[name] = EvalReport.load(target)
             continue
-        rep = EvalReport.from_dict(evaluate_model(load_model(path), load_tokenizer(path), task,
-                                                  EvalConfig(n=cfg.eval_n, seed=cfg.seed)), name)
-        rep.settings["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed)
+        model, tok = load_model(path), load_tokenizer(path)
+        raw = evaluate_model(model, tok, task, ecfg)
+        raw["settings"]["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
+        following.add_following(raw, model, tok, task, ecfg)  # other contexts (rules: the family's other rules)
+        rep = EvalReport.from_dict(raw, name)
         rep.save(target)  # the JSON and the CSV as one file set
         out[name] = rep
         print(format_summary(name, rep.summary.to_dict()), flush=True)
+    docs = {name: rep.to_dict() for name, rep in out.items()}
+    following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
+    for name, doc in docs.items():
+        out[name] = EvalReport.from_dict(doc, name)
+        out[name].save(run / "eval" / f"{name}.json")
+    print(following.format_following(docs), flush=True)
     return out
 
 
@@ -221,8 +237,14 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
 
+    from mechopd.probes.teachability import informative_checkpoint
+
     out = run / "probes"
     study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
+    informative = None
+    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §7)
+        informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
+        write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
     setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
                        run=str(run))
     for spec in registered():
@@ -233,6 +255,8 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
             _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
                  f"{study.roles})")
             continue
+        if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
+            options["trained"] = str(informative)
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
         spec(setup, out, **options)
 

@@ -257,18 +257,35 @@ def compare_table(named_summaries: Mapping[str, Mapping[str, Any]]) -> tuple[str
         raise ConfigError("compare_table: no summaries given; pass {model_name: summarize(...)}")
     for name, summary in named_summaries.items():
         _check_summary(name, summary)
-    header = ["model", "n", *(LABELS[m] for m in METRICS), "regime"]
+    follow = any("follow_other" in s for s in named_summaries.values())
+    header = ["model", "n", *(LABELS[m] for m in METRICS), *(FOLLOW_LABELS if follow else ()), "regime"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 2) + [":---:"]) + "|"]
     for name, s in named_summaries.items():
         cells = [str(name).replace("|", "\\|"), str(s["n"])]
         cells += [_cell(s[m], signed=m == "delta_len") for m in METRICS]
-        lines.append("| " + " | ".join(cells + [s["regime"]]) + " |")
+        cells += _follow_cells(s) if follow else []
+        lines.append("| " + " | ".join(cells + [_regime_cell(s)]) + " |")
     intervals = {s.get("bootstrap", {}).get("ci") for s in named_summaries.values()} - {None}
     note = f"Intervals: {'/'.join(f'{c:.0%}' for c in sorted(intervals)) or 'no'} paired bootstrap over items."
     thresholds = {tuple(sorted(s["thresholds"].items())) for s in named_summaries.values()}
     rules = "; ".join(", ".join(f"{k}={v}" for k, v in t) for t in sorted(thresholds))
     lines += ["", f"{note} Regime thresholds: {rules}."]
     return "\n".join(lines) + "\n", _csv(named_summaries)
+
+
+FOLLOW_LABELS = ("follow_other", "stick", "retention")
+
+
+def _follow_cells(s: Mapping[str, Any]) -> list[str]:
+    """Context-following cells (`mechopd.following`): n/a where a model was not measured or has no base."""
+    empty = {"value": None, "low": None}
+    return [_cell(s.get("follow_other", empty), False), _cell(s.get("stick", empty), False),
+            _fmt(s.get("retention"))]
+
+
+def _regime_cell(s: Mapping[str, Any]) -> str:
+    """The regime letter, qualified ``context-deaf`` when `mechopd.following` found the model deaf."""
+    return f"{s['regime']}, context-deaf" if s.get("context_deaf") else s["regime"]
 
 
 def _csv_number(value: float | None) -> str:
@@ -280,8 +297,16 @@ def _csv(named_summaries: Mapping[str, Mapping[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     columns = [c for m in METRICS for c in (m, f"{m}_ci_low", f"{m}_ci_high")]
-    writer.writerow(["model", "n", *columns, "regime", *(f"threshold_{k}" for k in THRESHOLD_KEYS)])
+    follow = any("follow_other" in s for s in named_summaries.values())
+    extra = ["follow_other", "follow_other_ci_low", "follow_other_ci_high", "stick", "retention",
+             "context_deaf"] if follow else []
+    writer.writerow(["model", "n", *columns, *extra, "regime", *(f"threshold_{k}" for k in THRESHOLD_KEYS)])
     for name, s in named_summaries.items():
         values = [_csv_number(s[m][k]) for m in METRICS for k in ("value", "low", "high")]
+        if follow:
+            fo = s.get("follow_other") or {}
+            values += [_csv_number(fo.get(k)) for k in ("value", "low", "high")]
+            values += [_csv_number((s.get("stick") or {}).get("value")), _csv_number(s.get("retention")),
+                       "" if s.get("context_deaf") is None else str(bool(s["context_deaf"])).lower()]
         writer.writerow([name, s["n"], *values, s["regime"], *(s["thresholds"][k] for k in THRESHOLD_KEYS)])
     return buffer.getvalue()

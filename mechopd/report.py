@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.claims import claims_markdown, evaluate_claims
+from mechopd.following_claims import following_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.removability import LABELS, METRICS, compare_table
@@ -152,9 +153,14 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out += ["## Regimes", ""]
     for k, rep in evals.items():
         out.append(f"- **{s.label(k)}** — regime {rep.summary.regime}: {rep.summary.regime_reason}")
-    out += _kept_lines(s) + _nca_lines([s])
-    out += ["", "## Mechanistic probes", ""] + (report_lines(s.probes_dir) or ["(no probe output found)"]) + [""]
-    out += _claims_lines([s])
+    out += _kept_lines(s) + _nca_lines([s]) + [""]
+    out += following_table([s])  # context following (`--other-contexts`), when evaluated
+    out += ["", "## Mechanistic probes", ""] + (report_lines(s.probes_dir) or ["(no probe output found)"])
+    chosen = root / "teachability_checkpoint.json"  # which TA-OPD checkpoint teachability rescored, and why
+    if chosen.is_file():
+        chosen = read_json(chosen)
+        out += [f"- **Teachability checkpoint**: `{chosen['checkpoint']}` — {chosen['why']}."]
+    out += [""] + _claims_lines([s])
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg['seed']}" if cfg.get("seed") else ""
@@ -198,6 +204,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     if runs:  # the kept-fraction lines and labels of the aggregate (kept fraction: the seed mean)
         runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
+    lines += ["", *following_table(runs)]
     lines += ["", *_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
               f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
               f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]

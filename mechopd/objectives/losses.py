@@ -104,7 +104,9 @@ class LossTerm:
     name: log key ("opd", "nca", "dual", "sym"); weight: its coefficient in the total; fn: ``LossInputs -> TermOutput``;
     needs: which ``LossInputs`` fields it reads ({"student_nctx", "student_ctx", "teacher", "tokens"});
     selectable: True when a token selector's keep-mask applies to it (the OPD term; the NCA term with
-    ``nca_positions="selected"``); schedule: optional multiplier of ``weight`` per step (the anchor schedule).
+    ``nca_positions="selected"``); schedule: optional multiplier of ``weight`` per step (the anchor schedule);
+    batch: the rollout batch its inputs come from ("main": y ~ q_x, the two views; "other": y ~ q_{c′} sampled under
+    another context of the task, both views carrying c′, `objectives.follow`).
     """
 
     name: str
@@ -113,6 +115,7 @@ class LossTerm:
     needs: frozenset[str]
     selectable: bool = False
     schedule: Callable[[int], float] | None = None
+    batch: str = "main"
 
     def weight_at(self, step: int) -> float:
         return self.weight * (self.schedule(step) if self.schedule is not None else 1.0)
@@ -130,22 +133,24 @@ class TermOptions:
 
 @dataclass(frozen=True)
 class TermSpec:
-    """A registered term: ``build(options) -> (fn, needs)``; ``anchor``: weighted by β and the anchor schedule."""
+    """A registered term: ``build(options) -> (fn, needs)``; ``anchor``: weighted by β and the anchor schedule;
+    ``batch``: "main" or "other" (the term needs a rollout under another context, `LossTerm.batch`)."""
 
     name: str
     build: Callable[[TermOptions], tuple[Callable[[LossInputs], TermOutput], frozenset[str]]]
     anchor: bool = False
     selectable: bool = False
+    batch: str = "main"
 
 
 TERMS: dict[str, TermSpec] = {}
 
 
-def register_term(name: str, anchor: bool = False, selectable: bool = False):
+def register_term(name: str, anchor: bool = False, selectable: bool = False, batch: str = "main"):
     """Register a term builder under ``name`` (one file + this decorator + a ``METHODS`` entry adds a method)."""
 
     def deco(build):
-        TERMS[name] = TermSpec(name, build, anchor, selectable)
+        TERMS[name] = TermSpec(name, build, anchor, selectable, batch)
         return build
 
     return deco
@@ -216,7 +221,7 @@ def make_term(name: str, options: TermOptions = TermOptions(), weight: float = 1
     spec = TERMS[name]
     fn, needs = spec.build(options)
     sel = spec.selectable if selectable is None else selectable
-    return LossTerm(name, float(weight), fn, needs, sel, schedule)
+    return LossTerm(name, float(weight), fn, needs, sel, schedule, spec.batch)
 
 
 def method_terms(

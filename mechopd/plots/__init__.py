@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from mechopd.errors import ConfigError
+from mechopd.plots.following import figure_context_following, plot_context_following
 from mechopd.plots.layers import (figure_gradient_alignment, figure_layer_cosine, figure_parameter_deltas,
                                   plot_gradient_alignment, plot_layer_cosine, plot_parameter_deltas)
 from mechopd.plots.removability import (figure_regime_map, figure_removability, plot_regime_map,
@@ -84,6 +85,12 @@ register_figure("regime_map", "Removability regimes",
                 "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
                 "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
                 "demo.json.", plot_regime_map, group="run")
+register_figure("context_following", "Context following: other contexts, each against its own target",
+                "Left: share of held-out items answered right for each OTHER context of the task (rules: the "
+                "family's other rules), one bar per model; a model whose follow_other is at most half the base's is "
+                "marked context-deaf. Right: follow_other (mean over the other contexts) and stick (replies that "
+                "give the distilled context's answer anyway), 95 % paired bootstrap over items.",
+                plot_context_following, group="run")
 register_figure("budget_curve", "TA-OPD budget sweep",
                 "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
                 "loss) for each token selector.", plot_budget_curve, group="tail")
@@ -115,6 +122,7 @@ def draw_all(run_dir: str | Path | Study, out_dir: str | Path | None = None) -> 
 
 __all__ = [
     "FigureInfo", "draw_all", "figure_index", "register_figure", "unregister_figure",
+    "figure_context_following", "plot_context_following",
     "figure_budget_curve", "figure_gradient_alignment", "figure_gradient_training", "figure_layer_cosine",
     "figure_parameter_deltas", "figure_regime_map", "figure_removability", "figure_teachability", "figure_training_curves",
     "plot_budget_curve", "plot_gradient_alignment", "plot_gradient_training", "plot_layer_cosine",

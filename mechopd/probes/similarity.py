@@ -56,7 +56,9 @@ ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_
 
 @dataclass
 class SimilaritySummary(Summary):
-    """Two-view cosine: ``mean_cos[label]`` = mean over sites of the per-token mean cosine (``similarity.csv``)."""
+    """Two-view cosine (``similarity.csv``), per-token means: ``per_layer[label]`` after each decoder layer,
+    ``mean_cos[label]`` their mean over decoder layers, ``apart[label]`` the other sites (``embed``: 1 by
+    construction, both views embed the same response tokens; ``final_norm``), reported apart."""
 
     FILE: ClassVar[str] = "similarity.json"
     PROBE: ClassVar[str] = "similarity"
@@ -67,14 +69,23 @@ class SimilaritySummary(Summary):
     responses_from: str
     n_items: int
     settings: dict[str, Any] = field(default_factory=dict)
+    per_layer: dict[str, list[float]] = field(default_factory=dict)
+    apart: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.mean_cos = {k: read_float(v) for k, v in self.mean_cos.items()}
 
     def lines(self) -> list[str]:
-        means = ", ".join(f"{m} {self.mean_cos[m]:.4f}" for m in self.models if m in self.mean_cos)
-        return [f"- **Two-view hidden-state cosine** (mean over sites, per-token mean; {self.n_items} items, "
-                f"responses from {self.responses_from}): {means}."]
+        def row(m: str) -> str:
+            layers = " / ".join(f"{v:.4f}" for v in self.per_layer.get(m, []))
+            other = ", ".join(f"{site} {v:.4f}" for site, v in self.apart.get(m, {}).items())
+            return (f"{m} {self.mean_cos[m]:.4f} (layers {layers or 'n/a'}"
+                    + (f"; apart: {other}" if other else "") + ")")
+
+        means = "; ".join(row(m) for m in self.models if m in self.mean_cos)
+        return [f"- **Two-view hidden-state cosine** (per-token mean after each decoder layer and their mean over "
+                f"decoder layers, the number the claims read; embed — 1 by construction — and final_norm apart; "
+                f"{self.n_items} items, responses from {self.responses_from}): {means}."]
 
     def layer_cosines(self, model: str) -> list[float]:
         """Per-token mean two-view cosine of ``model`` after each decoder layer (``layers.{i}.resid_post``), in layer
@@ -350,10 +361,15 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r,
                                                       "response": ctx.tokenizer.decode(r)}
                                                      for ex, r in zip(items.examples, items.responses)))
-    mean_cos = {label: float(np.mean([r["cos_mean"] for r in results[label].rows])) for label in labels}
+    layer_rows = {label: sorted((r for r in results[label].rows if str(r["site"]).endswith("resid_post")),
+                                key=lambda r: int(r["layer"])) for label in labels}
+    per_layer = {label: [float(r["cos_mean"]) for r in rows] for label, rows in layer_rows.items()}
+    mean_cos = {label: float(np.mean(v)) if v else float("nan") for label, v in per_layer.items()}  # decoder layers
+    apart = {label: {r["site"]: float(r["cos_mean"]) for r in results[label].rows
+                     if not str(r["site"]).endswith("resid_post")} for label in labels}  # embed, final_norm
     settings = ctx.settings(models=dict(models), greedy=greedy, cka=cka, dtype=str(dtype or torch.float32),
                             aggregate="cos_mean: per-token mean over response tokens",
                             files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl",
                                    "similarity_items.jsonl"])
-    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings).save(out)
+    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart).save(out)
     return out / CSV_NAME

@@ -25,6 +25,10 @@ Analyses (``summarize``):
     bootstrap over WHOLE sequences (sequences resampled with replacement, medians and terciles recomputed each time).
   * ``standardized_regression``: OLS of z(G) on z(H), z(DL), z(DI) with an intercept; a constant predictor gets
     coefficient NaN and is left out of the fit.
+  * ``degeneracy``: when the diagnostic cannot speak (docs/method.md §7): C carries no information (q95 − q05 of
+    C_exact over the bank < `C_SPREAD_MIN`), or the rescored model has converged (mean kl1 / mean kl0 <
+    `CONVERGED_RATIO`, or corr(gain_abs, kl0) > `GAIN_KL0_CORR`: the gain is the initial KL, every fit on it trivial).
+  * ``informative_checkpoint``: which saved step of a run to rescore (moved, not converged).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from mechopd.probes.items import sample_responses
 from mechopd.probes.registry import default_of
 from mechopd.probes.runner import ProbeContext, items_path, write_items
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
+from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
 from mechopd.views import RenderSpec, build_two_view_batch
 
 BANK_NAME = "bank.json"
@@ -79,6 +84,7 @@ class TeachabilitySummary(Summary):
     gap: dict[str, dict[str, Any]]
     regression: dict[str, dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
+    degeneracy: dict[str, Any] = field(default_factory=dict)  # `teachability_limits.degeneracy`
 
     def gap_interval(self, gain: str = "gain_abs") -> tuple[float, float, float]:
         """(estimate, ci_low, ci_high) of the high-support gap for ``gain``; NaN where undefined."""
@@ -86,6 +92,8 @@ class TeachabilitySummary(Summary):
         return read_float(g.get("estimate")), read_float(g.get("ci_low")), read_float(g.get("ci_high"))
 
     def lines(self) -> list[str]:
+        if self.degeneracy.get("reasons"):
+            return ["- **Teachability: not measurable here**: " + "; ".join(self.degeneracy["reasons"]) + "."]
         est, lo, hi = self.gap_interval("gain_abs")
         if math.isnan(est):
             return ["- **High-support gain gap**: undefined (the low-entropy / high-divergence cell has an empty "

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mechopd.errors import ConfigError, DataError
+from mechopd.probes.teachability_limits import degeneracy
 from mechopd.removability import resample_blocks
 
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
@@ -119,8 +120,10 @@ def standardized_regression(table: Table, gain: str = "gain_abs",
 
 
 def summarize(table: Table, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """All analyses: quartile buckets per signal, the high-support gap and the regression, for both gains."""
+    """All analyses: quartile buckets per signal, the high-support gap and the regression, for both gains; and the
+    degeneracy check (`teachability_limits.degeneracy`)."""
     return {
+        "degeneracy": degeneracy(table),
         "n_tokens": int(len(table["seq"])),
         "n_sequences": int(len(np.unique(table["seq"]))),
         "means": {c: float(np.mean(table[c])) for c in ("H", "D", "kl0", "kl1", "gain_abs", "gain_rel")},

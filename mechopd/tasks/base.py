@@ -17,6 +17,10 @@ For tokenizers without a chat template, views.py renders raw text (see views.py)
 Split rule (`Task.split_of`): every task says which split an example belongs to, from the example alone, so that the
 evaluation can CHECK that its held-out items are held out (`check_split`) instead of assuming it. `BaseTask`'s default
 is a content hash of the uid (sha1, the first 60 bits read as a fraction, test iff < `test_fraction`).
+
+Other contexts (`Task.other_contexts`): contexts OTHER than the distilled one, each with a label and the target it
+implies (`OtherContext`), for the context-following study (`mechopd.following`, docs/method.md "Context following").
+`BaseTask`'s default is none: context-following is then "not measurable" for the task.
 """
 
 from __future__ import annotations
@@ -49,6 +53,25 @@ class Example:
     context: str
     answer: Any = None
     meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OtherContext:
+    """A context other than the distilled one for one example, and the answer it implies.
+
+    label:   names the context across items (rules: the rule, e.g. ``shift:2``); per-context tables group by it.
+    context: the context text, placed where the distilled context goes (`Task.placement`).
+    answer:  the target under this context, in the form `Task.score` reads from ``Example.answer``.
+    """
+
+    label: str
+    context: str
+    answer: Any
+
+    def example(self, example: Example) -> Example:
+        """`example` with this context and its answer (what `Task.score` then scores against)."""
+        return Example(uid=example.uid, prompt=example.prompt, context=self.context, answer=self.answer,
+                       meta={**example.meta, "other_label": self.label})
 
 
 @runtime_checkable
@@ -103,6 +126,9 @@ class Task(Protocol):
         at least `need` (a cheap answer for a small request). A request for more is refused with this number
         (`runcheck.check_item_count`, `examples`) instead of searching for items that do not exist."""
 
+    def other_contexts(self, example: Example) -> list[OtherContext]:
+        """Contexts other than the distilled one for `example`, each with its target ([] = none defined)."""
+
 
 def uid_fraction(uid: str) -> float:
     """A uid's position in [0, 1): sha1 of the uid, its first 60 bits read as a fraction."""
@@ -149,6 +175,10 @@ class BaseTask(ABC):
     def max_items(self, split: str, need: int = 0) -> int | None:
         """Default: unknown (None)."""
         return None
+
+    def other_contexts(self, example: Example) -> list[OtherContext]:
+        """Default: none (the context-following study then says "not measurable" for this task)."""
+        return []
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         raise TaskError(f"task {self.name!r} has no organism pretraining corpus; organisms exist for rules, "

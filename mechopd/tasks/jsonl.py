@@ -10,7 +10,8 @@ Each non-blank line is one JSON object in one of three layouts (extra fields are
   ``openlifescienceai/medmcqa`` dataset**; exports that count 1-4 need ``cop_base=1``. A letter ("a".."d") is accepted
   too. Converted to options A-D and the answer letter.
 
-Any item may carry its own ``"context"`` (overrides the shared one from ``context=`` / ``context_file=``).
+Any item may carry its own ``"context"`` (overrides the shared one from ``context=`` / ``context_file=``), and an
+``"other_context"`` / ``"other_answer"`` pair for the context-following study (`mechopd.tasks.jsonl_other`).
 The context is the system message (``placement = "system"``); each prompt ends with an instruction to put the final
 answer inside ``<answer>...</answer>``. Scoring reads the LAST closed ``<answer>...</answer>`` span of the response
 (see `parse_answer`).
@@ -25,6 +26,7 @@ Shipped sample: `SAMPLE_QA` (40 synthetic items about a fictional clinic formula
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -36,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.base import BaseTask, Example, option_number, option_temperature, register_task
+from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
+from mechopd.tasks.jsonl_other import raw_other, resolve_other, shared_other
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SAMPLE_QA = DATA_DIR / "sample_qa.jsonl"
@@ -96,6 +99,7 @@ class _Item:
     context: str | None
     layout: str  # "prompt" | "options" | "medmcqa"
     line: int
+    other: tuple[str | None, str | None] = (None, None)  # (other_context, other_answer): not part of the uid
 
     @property
     def uid(self) -> str:
@@ -227,7 +231,8 @@ def read_items(path: str | Path, cop_base: int = 0) -> list[_Item]:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
             raise DataError(f"{_where(path, number)} not valid JSON ({err.msg} at column {err.colno})") from None
-        items.append(parse_item(obj, path, number, cop_base))
+        item = parse_item(obj, path, number, cop_base)
+        items.append(dataclasses.replace(item, other=raw_other(obj, _where(path, number))))
     if not items:
         raise DataError(f"{path}: no items (the file is empty or only blank lines); add one JSON object per line")
     return items
@@ -277,6 +282,7 @@ class JsonlTask(BaseTask):
     test_fraction: float = 0.2
     max_new_tokens: int = 512
     temperature: float = 1.0
+    shared_other_context: str | None = None  # the file-level other context (other_context= / other_context_file=)
     name: str = "jsonl"
     placement: str = "system"
     is_game: bool = False
@@ -299,6 +305,10 @@ class JsonlTask(BaseTask):
         meta = {"line": item.line, "layout": item.layout, "kind": "free" if item.options is None else "mc"}
         if item.options is not None:
             meta["options"] = dict(item.options)
+        other = resolve_other(*item.other, self.shared_other_context, item.options, _where(self.path, item.line),
+                              choice_letter)
+        if other is not None:
+            meta["other"] = other
         return Example(uid=item.uid, prompt=render_prompt(item), context=context, answer=item.answer, meta=meta)
 
     def split_sizes(self) -> dict[str, int]:
@@ -342,6 +352,11 @@ class JsonlTask(BaseTask):
         """The last closed ``<answer>`` span (module function `parse_answer`); None = unparseable."""
         return parse_answer(response_text)
 
+    def other_contexts(self, example: Example) -> list[OtherContext]:
+        """The item's ``other_context`` (or the file-level one) with its ``other_answer``; [] when it gives none."""
+        other = example.meta.get("other")
+        return [] if other is None else [OtherContext(other["label"], other["context"], other["answer"])]
+
     def split_of(self, example: Example) -> str:
         """The module's split rule (`is_test_uid` on the content hash)."""
         return "test" if is_test_uid(example.uid, self.test_fraction) else "train"
@@ -356,7 +371,7 @@ class JsonlTask(BaseTask):
 
 
 _OPTIONS = ("path", "context_file", "context", "test_fraction", "max_new_tokens", "temperature", "cop_base",
-            "placement")
+            "placement", "other_context", "other_context_file")
 
 
 @register_task("jsonl")
@@ -369,6 +384,8 @@ def make_jsonl_task(
     temperature: float = 1.0,
     cop_base: int = 0,
     placement: str = "system",
+    other_context: str | None = None,
+    other_context_file: str | Path | None = None,
     **unknown: Any,
 ) -> JsonlTask:
     """Build the ``jsonl`` task. `path` is required; `context` / `context_file` give the shared context (per-item
@@ -399,6 +416,7 @@ def make_jsonl_task(
         raise ConfigError(f"jsonl task: placement={placement!r} must be 'system' or 'user'")
     path = Path(path)
     items = _dedupe(read_items(path, cop_base), path)
-    task = JsonlTask(path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature))
+    task = JsonlTask(path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature),
+                     shared_other(other_context, other_context_file))
     task.placement = placement
     return task

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from mechopd.errors import ConfigError, TaskError
 from mechopd.organisms.tokenizer import split_words
-from mechopd.tasks.base import BaseTask, Corpus, Example, option_number, option_text, register_task
+from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, \
+    register_task
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
 PROMPT = "apply the rule to : {items}"
@@ -166,6 +167,15 @@ class RulesTask(BaseTask):
 
     def split_of(self, example: Example) -> str:
         return uid_split(example.uid)
+
+    def other_contexts(self, example: Example) -> list[OtherContext]:
+        """The family's other rules, labelled by rule (``shift:2``, ``reverse``), each with its output on the item's
+        digits; a rule whose output on this item equals the distilled rule's is left out (it would not tell
+        following from sticking)."""
+        digits = list(example.meta["digits"])
+        own = apply_rule(self.rule, digits)
+        return [OtherContext(r, rule_text(r), _fmt(apply_rule(r, digits)))
+                for r in dict.fromkeys(self.family) if r != self.rule and apply_rule(r, digits) != own]
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         """(context or None, prompt, response): with a context any family rule applied; without, the identity."""

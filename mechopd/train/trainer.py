@@ -41,10 +41,11 @@ from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.settings import known_vocab
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
+from mechopd.objectives.follow import check_follow_contexts, follow_terms
 from mechopd.objectives.losses import AnchorGate, BetaSchedule, method_terms, terms_need
 from mechopd.objectives.select import make_selector
 from mechopd.tasks.base import get_task
-from mechopd.train import dist, gradstats, guard, rundir
+from mechopd.train import dist, gradstats, guard, otherbatch, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
 from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
 from mechopd.train.lr import lr_multiplier
@@ -146,8 +147,11 @@ class Trainer:
         self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
                                   nca_positions=cfg.nca_positions,
                                   schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
+        self.terms += follow_terms(cfg)  # follow_weight > 0: the follow term, on its own rollout under c′
+        self.other_terms = [t for t in self.terms if t.batch == "other"]  # scored on a rollout under c′ (otherbatch)
         self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
-        self.needs = terms_need(self.terms)
+        self.needs = terms_need([t for t in self.terms if t.batch == "main"])
+        check_follow_contexts(self.task, self.pool, cfg.follow_contexts) if self.other_terms else None
         self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
                                       tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
                                       q_low=cfg.q_low, q_high=cfg.q_high)
@@ -161,8 +165,9 @@ class Trainer:
                            micro_batch_size=cfg.micro_batch_size, logit_chunk=cfg.logit_chunk,
                            shared_prefix=cfg.shared_prefix, student_shared_prefix=student_prefix,
                            autocast=dtype if dtype in (torch.bfloat16, torch.float16) else None)
-        self.scoring = StepScorer(self.student, self.teacher, self.terms, self.selector, self.params, opts,
-                                  self.teacher_store)
+        self.scoring = StepScorer(self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
+                                  self.selector, self.params, opts, self.teacher_store)
+        self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
         if cfg.logit_chunk is not None and not all(self.scoring.split.values()):
             raise ConfigError(f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
                               "(not a plain linear head over the base model); set logit_chunk=null")
@@ -224,6 +229,7 @@ class Trainer:
         gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
         with gather, torch.profiler.record_function("mechopd.rollout"):  # FSDP: one all-gather per rollout, not
             prompts, contexts, responses, roll_stats = self.rollout(examples, rows)  # per decode step
+            other = otherbatch.rollout(self, examples, rows) if self.other_terms else None  # under c′ (follow)
         t_roll = time.perf_counter() - t0
         batch = assemble_two_views([self._render(p, None) for p in prompts],
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
@@ -231,7 +237,7 @@ class Trainer:
         mask = batch.response_mask
         self.opt.zero_grad(set_to_none=True)
         stats_step = bool(cfg.grad_stats_every) and (self.step + 1) % cfg.grad_stats_every == 0
-        res = self.scoring.step(batch, self.step, per_term=stats_step)  # forwards + backwards (train/step.py)
+        res = otherbatch.step(self, batch, other, stats_step)  # forwards + backwards (train/step.py; + the c′ batch)
         self._prefix_paths = res.prefix
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
         guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
@@ -242,7 +248,7 @@ class Trainer:
             stats = gradstats.grad_stats(res.term_grads, self.param_names)
             self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in res.term_grads}
             logs.update(stats)
-        gnorm = self._apply_step(batch)
+        gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
         logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
@@ -259,9 +265,10 @@ class Trainer:
                 **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
                    for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
 
-    def _apply_step(self, batch) -> float:
+    def _apply_step(self, term_grads: Any) -> float:
         """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step; the terms'
-        own gradient norms then name the culprit (from this step's stats, or by scoring the batch again: replicas)."""
+        own gradient norms then name the culprit (from this step's stats, or by scoring the batch again: replicas;
+        `term_grads()` re-scores it per term)."""
         self.shard.reduce_grads(self.params)
         gnorm = self.shard.clip_grads(self.params, self.cfg.grad_clip)
         if self._last_term_norms is not None:
@@ -269,7 +276,7 @@ class Trainer:
         elif len(self.terms) == 1:
             diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
         elif self.cfg.sharding == "none":
-            diagnose = lambda: gradstats.norms(self.scoring.step(batch, self.step, per_term=True).term_grads)  # noqa
+            diagnose = lambda: gradstats.norms(term_grads())  # noqa: E731
         else:
             diagnose = None
         guard.check_grad_norm(gnorm, self.step + 1, diagnose)

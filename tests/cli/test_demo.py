@@ -19,10 +19,13 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
     run = tmp_path / "runs" / "demo"
-    for m in ("opd", "nca", "nca_const", "ta_opd"):
+    for m in ("opd", "nca", "nca_const", "ta_opd", "nca_follow"):
         assert (run / "train" / m / "final" / "model.safetensors").exists()
         rep = json.loads((run / "eval" / f"{m}.json").read_text())
-        assert set(rep["summary"]) >= {"acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len", "regime"}
+        assert set(rep["summary"]) >= {"acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len", "regime",
+                                       "follow_other", "stick", "retention"}
+        assert [r["label"] for r in rep["other_contexts"]] == ["shift:2", "shift:3", "shift:4", "shift:5", "repeat:2",
+                                                               "repeat:3", "reverse"]
     for f in ("similarity.csv", "gradients.csv", "deltas.csv", "teachability_summary.json"):
         assert (run / "probes" / f).exists(), f
     report = (run / "report.md").read_text()
@@ -33,9 +36,11 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     assert labels["ta_opd"] == f"TA-OPD (ρ=0.10, kept {sum(kept) / len(kept):.2f})" and labels["ta_opd"] in report
     assert labels["nca"] == "NCA (β=0.5, KL gate 1e+06)" and labels["nca_const"] == "NCA (β=0.5, constant)"
     assert "## The papers' claims" in report and "Why the two NCA runs differ" in report
+    assert "## Context following" in report and "Teachability checkpoint" in report
+    assert "the distilled student keeps following other contexts" in report
     before = _digests(run / "figures")
     expected = {"training_curves", "gradient_training", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",
-                "teachability"}  # the regime map needs a defined Harm (an item right without the context)
+                "teachability", "context_following"}  # the regime map needs a defined Harm (an item right without the context)
     assert expected <= {n[:-4] for n in before}
     # a second demo skips every finished stage
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0

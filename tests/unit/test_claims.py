@@ -30,6 +30,10 @@ GOOD: dict = {
     "shallow_factor": 1.0,  # relative update of layer i scaled by shallow_factor ** -i
     "spread": {"DL": 5.0, "kl_full": 2.0},
     "kept": 0.1,
+    "follow": {"base": 0.96, "opd": 0.9, "nca": 0.95, "nca_const": 0.5, "ta_opd": 0.9, "nca_follow": 0.95},
+    "follow_run": {"acc_x": 0.96, "harm": 0.02},  # the NCA + follow run
+    "gcos": (0.02, 0.5),  # (cos, norm ratio) of the gradients probe at the OPD checkpoint
+    "degenerate": [],  # teachability degeneracy reasons
 }
 METHODS = ["opd", "nca", "nca_const", "ta_opd"]
 
@@ -37,9 +41,16 @@ METHODS = ["opd", "nca", "nca_const", "ta_opd"]
 def _summary(spec: dict, model: str) -> dict:
     s = {m: {"value": None, "low": None, "high": None} for m in METRICS}
     for m in ("acc_x", "acc_xc", "harm"):
-        s[m]["value"] = spec[m][model]
-    s.update({"n": 200, "regime": "A", "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02}})
-    return {"summary": s, "settings": {"model": model}}
+        s[m]["value"] = spec[m].get(model)
+    s.update({"n": 200, "regime": "A", "regime_reason": "A (context hurts)",
+              "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02}})
+    if model == "nca_follow":
+        s["acc_x"]["value"], s["harm"]["value"] = spec["follow_run"]["acc_x"], spec["follow_run"]["harm"]
+    if spec["follow"].get(model) is not None:
+        s["follow_other"] = {"value": spec["follow"][model], "low": None, "high": None}
+        s["stick"] = {"value": 0.0, "low": None, "high": None}
+    return {"summary": s, "settings": {"model": model}, "other_contexts": [{"label": "shift:2", "n": 200,
+                                                                          "follow": 0.5, "stick": 0.0}]}
 
 
 def _write_deltas(path: Path, spec: dict) -> None:
@@ -68,8 +79,16 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
         "task": "rules", "methods": METHODS, "labels": {"ta_opd": "TA-OPD (ρ=0.10, kept 0.50)"},
         "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02},
         "runs": {"ta_opd": {"selector": "ta_opd", "budget": 0.1}}}))
-    for model in ["base", *METHODS]:
-        (run / "eval" / f"{model}.json").write_text(json.dumps(_summary(spec, model)))
+    from mechopd.following import apply_retention
+
+    reps = {model: _summary(spec, model) for model in ["base", *METHODS, "nca_follow"]}
+    apply_retention(reps)
+    for model, rep in reps.items():
+        (run / "eval" / f"{model}.json").write_text(json.dumps(rep))
+    cos, ratio = spec["gcos"]
+    (run / "probes" / "gradients.json").write_text(json.dumps({
+        "term_a": "opd", "term_b": "nca", "model": "opd", "cos": cos, "norm_ratio": ratio, "value_a": 0.1,
+        "value_b": 0.2, "response_tokens": 100}))
     with (run / "probes" / "similarity.csv").open("w") as fh:
         fh.write("model,site,layer,cos_mean\n")
         for model, vals in spec["cos"].items():
@@ -89,7 +108,8 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
     buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
                for sig, spread in spec["spread"].items()}
     (run / "probes" / "teachability_summary.json").write_text(json.dumps({
-        "buckets": buckets, "n_tokens": 1, "n_sequences": 1, "means": {}, "gap": {}, "regression": {}}))
+        "buckets": buckets, "n_tokens": 1, "n_sequences": 1, "means": {}, "gap": {}, "regression": {},
+        "degeneracy": {"reasons": spec["degenerate"]}}))
     return run
 
 
@@ -140,11 +160,16 @@ def test_every_claim_holds_on_the_good_study(tmp_path: Path) -> None:
     ({"acc_x": {"nca": 0.85}}, "nca_keeps"),
     ({"cos": {"opd": [0.999, 0.9995, 0.9999]}}, "cosine_order"),
     ({"cos": {"nca": [0.999, 0.998, 0.99]}}, "nca_cosine"),
-    ({"grad": [(1, 0.5, 1.0, 1.0), (11, 0.3, 1.0, 1.0)]}, "orthogonal"),
+    ({"gcos": (0.5, 1.0)}, "orthogonal"),
     ({"layers": 6, "shallow_factor": 0.5}, "shallow"),
     ({"qk_factor": 0.5}, "qk"),
     ({"acc_x": {"ta_opd": 0.9}}, "ta_opd"),
     ({"spread": {"DL": 1.0, "kl_full": 3.0}}, "teachability"),
+    ({"follow": {"opd": 0.48}}, "keeps_following"),  # retention 0.5: context-deaf
+    ({"follow": {"nca": 0.85}}, "nca_follows"),
+    ({"follow": {"nca_follow": 0.3}}, "follow_term"),  # deaf
+    ({"follow_run": {"acc_x": 0.96, "harm": 0.2}}, "follow_term"),  # the harm is back
+    ({"follow_run": {"acc_x": 0.8, "harm": 0.0}}, "follow_term"),  # did not internalise
 ])
 def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
     assert verdicts(tmp_path, **changes)[key].verdict == claims.FAILS
@@ -156,13 +181,24 @@ def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
     ({"acc_x": {"nca": None}}, "nca_keeps"),
     ({"cos": {"base": [0.9], "opd": [0.95]}}, "cosine_order"),  # NCA's similarity rows absent
     ({"cos": {"base": [0.9], "opd": [0.95]}}, "nca_cosine"),
-    ({"grad": [(1, 0.0, 1e-5, 1.0)]}, "orthogonal"),  # one gradient is noise: the only step is left out
+    ({"gcos": (0.0, 1e-5)}, "orthogonal"),  # one gradient is noise next to the other
     ({"layers": 3}, "shallow"),  # too shallow to ask
-    ({"acc_x": {"ta_opd": 1.0, "opd": 1.0}}, "ta_opd"),  # ceiling
     ({"spread": {"DL": 1.0}}, "teachability"),  # raw-KL buckets absent
+    ({"degenerate": ["C carries no information"]}, "teachability"),
+    ({"follow": {"base": 0.0}}, "keeps_following"),  # the base follows nothing: no reference
+    ({"follow": {"nca_follow": None}}, "follow_term"),
 ])
 def test_each_claim_can_be_not_measurable(tmp_path: Path, changes: dict, key: str) -> None:
     assert verdicts(tmp_path, replace=("cos", "spread"), **changes)[key].verdict == claims.NA
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"acc_x": {"ta_opd": 1.0, "opd": 1.0}}, "ta_opd"),
+    ({"acc_x": {"nca": 0.998, "opd": 1.0}}, "nca_keeps"),
+    ({"follow": {"nca": 1.0, "opd": 0.996, "base": 1.0}}, "nca_follows"),
+])
+def test_every_at_least_claim_applies_the_same_ceiling_rule(tmp_path: Path, changes: dict, key: str) -> None:
+    assert verdicts(tmp_path, **changes)[key].verdict == claims.NA_CEILING
 
 
 def test_qk_not_measurable_without_deltas(tmp_path: Path) -> None:

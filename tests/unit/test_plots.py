@@ -50,7 +50,7 @@ def test_png_has_no_timestamp_or_version_metadata(drawn: dict[str, list[Path]]) 
     assert b"CreationDate" not in drawn["removability"][1].read_bytes()
 
 
-BUILTIN_FIGURES = ("training_curves", "gradient_training", "removability", "regime_map", "layer_cosine",
+BUILTIN_FIGURES = ("training_curves", "gradient_training", "removability", "regime_map", "context_following", "layer_cosine",
                    "gradient_alignment", "parameter_deltas", "teachability", "budget_curve")
 
 
