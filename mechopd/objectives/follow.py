@@ -12,8 +12,9 @@ which still follows c′; the reverse KL has OPD's estimator forms (`TermOptions
     L = L_OPD [+ β·L_NCA] + follow_weight · L_follow
 combinable with NCA and with any token selector (the selector's keep-mask covers the main batch only: the follow
 term is not selectable). It is computed on its own rollout batch (``batch="other"``): in that batch the
-``student_nctx`` slot of `LossInputs` holds q_θ(·|x,c′) and ``teacher`` holds f(·|x,c′). Cost: one extra rollout,
-one student forward + backward and one teacher forward per step.
+``student_nctx`` slot of `LossInputs` holds q_θ(·|x,c′) and ``teacher`` holds f(·|x,c′); its own scorer pass
+(`train.otherbatch`) divides by that batch's global token count and adds its gradients to the step's. Cost: one
+extra rollout, one student forward + backward and one teacher forward per step.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ import hashlib
 import json
 import random
 import re
-import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 
 from mechopd.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
+from mechopd.tasks.jsonl_answer import choice_letter, normalize_text, parse_answer  # noqa: F401  (public here too)
 from mechopd.tasks.jsonl_other import raw_other, resolve_other, shared_other
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -53,41 +53,7 @@ ACCEPTED_LAYOUTS = (
     '{"prompt", "answer"}, {"question", "options", "answer"} or MedMCQA {"question", "opa".."opd", "cop"}'
 )
 
-_SPAN_RE = re.compile(r"<\s*answer\s*>((?:(?!<\s*answer\s*>).)*?)<\s*/\s*answer\s*>", re.IGNORECASE | re.DOTALL)
-_CHOICE_RE = re.compile(r"^[(\[]?\s*([A-Za-z])\s*(?:[)\]]|[.:)](?:\s.*)?)?$", re.DOTALL)
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
-
-
-# --------------------------------------------------------------------------------------------------- answer parsing
-def parse_answer(text: str) -> str | None:
-    """The stripped content of the LAST closed ``<answer>...</answer>`` span of `text`, or None.
-
-    Tags are case-insensitive and may hold spaces (``< Answer >``). An unclosed ``<answer>`` is not a span; a nested
-    ``<answer>`` restarts the span (``<answer>A <answer>B</answer>`` reads ``B``). An empty or whitespace-only last span
-    is None: like a missing span, it is unparseable (scored wrong).
-    """
-    spans = _SPAN_RE.findall(text)
-    if not spans:
-        return None
-    content = spans[-1].strip()
-    return content or None
-
-
-def normalize_text(text: str) -> str:
-    """Free-form comparison key: NFKC, casefolded, whitespace collapsed, punctuation stripped at both ends only."""
-    text = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    return text.strip(" .,;:!?\"'`()[]{}*")
-
-
-def choice_letter(span: str, options: dict[str, str]) -> str | None:
-    """The option letter a span names: ``B``, ``b``, ``B.``, ``(B)``, ``B)``, ``[B]``, ``B. text``, ``B: text``, or the
-    exact (normalised) text of one option. Returns the upper-case letter (possibly not among `options`) or None."""
-    match = _CHOICE_RE.match(span.strip())
-    if match:
-        return match.group(1).upper()
-    key = normalize_text(span)
-    hits = [letter for letter, text in options.items() if normalize_text(text) == key]
-    return hits[0] if len(hits) == 1 else None
 
 
 # ------------------------------------------------------------------------------------------------------ item parsing

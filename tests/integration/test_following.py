@@ -84,8 +84,9 @@ def test_eval_other_contexts_matches_independent_decoder_and_names_the_deaf(orga
     assert "context-deaf" in (out / "compare.md").read_text() and "context-deaf" in screen
 
 
-@pytest.mark.parametrize("method,selector", [("opd", "full"), ("nca", "ta_opd")])
-def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tmp_path, method, selector):
+@pytest.mark.parametrize("method,selector,micro", [("opd", "full", {}), ("nca", "ta_opd", {}),
+                                                   ("nca", "ta_opd", {"micro_batch_size": 2, "logit_chunk": 3})])
+def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tmp_path, method, selector, micro):
     """Student = teacher at step 1, so L_follow = 0 exactly; the logged loss is Σ weight · term at every step, with
     NCA and with the TA-OPD selector alike; follow_contexts limits what is drawn (a bad label is refused)."""
     from mechopd.config import TrainConfig
@@ -93,7 +94,7 @@ def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tm
 
     cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), method=method, selector=selector, beta=0.5,
                       estimator="full", batch_size=6, lr=1e-2, steps=3, follow_weight=2.0,
-                      follow_contexts=["shift:2", "reverse"], grad_stats_every=3)
+                      follow_contexts=["shift:2", "reverse"], grad_stats_every=3, **micro)
     train(cfg, tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss/follow"] == 0.0 and rows[-1]["loss/follow"] > 0
@@ -123,3 +124,23 @@ def test_a_game_without_other_contexts_is_not_measurable_said_once(organism_toke
     assert "context_deaf" not in reps["opd"]["summary"]
     text = following.format_following(reps)
     assert text.count("not measurable") == 1 and "game 'frozenlake'" in text
+
+
+def test_follow_gradients_add_the_same_under_micro_batches_and_chunks(tiny_rules_organism, tmp_path):
+    """The other-context batch runs its own micro-batched, chunked scorer pass whose gradients ADD to the step's:
+    a run with micro_batch_size=2, logit_chunk=3 follows the one-shot run (same losses, per-term gradient norms)."""
+    from mechopd.config import TrainConfig
+    from mechopd.train.trainer import train
+
+    runs = {}
+    for name, micro in (("one", {}), ("micro", {"micro_batch_size": 2, "logit_chunk": 3})):
+        cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), method="nca", beta=0.5, estimator="full",
+                          batch_size=6, lr=1e-2, steps=3, follow_weight=1.0, grad_stats_every=2, seed=3, **micro)
+        train(cfg, tmp_path / name, progress=False)
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    one, mic = runs["one"], runs["micro"]
+    assert one[1]["grad/norm/follow"] > 0  # the follow term moves the student from step 2 on: not vacuous
+    for key in ("loss/follow", "loss/opd", "loss/nca", "grad_norm"):
+        for a, b in zip(one, mic):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert mic[1]["grad/norm/follow"] == pytest.approx(one[1]["grad/norm/follow"], rel=1e-4)
