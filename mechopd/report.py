@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechopd.artifacts import read_json
 from mechopd.claims import claims_markdown, evaluate_claims
 from mechopd.following_claims import following_table
 from mechopd.plots import figure_index
