@@ -1,7 +1,8 @@
 """Context following in the report and the claims table (criteria: docs/method.md §7, fixed before the runs).
 
-Reads ``RUN/eval/<model>.json`` written with ``--other-contexts`` (`mechopd.following`): ``summary.follow_other``,
-``summary.stick``, ``summary.retention``, ``summary.context_deaf`` and the ``other_contexts`` list. Each claim returns
+Reads each role's evaluation report through the typed study (`mechopd.study.Study.eval`), written with
+``--other-contexts`` (`mechopd.following`): ``summary.follow_other``, ``summary.stick``, ``summary.retention``,
+``summary.context_deaf`` and the ``other_contexts`` list. Each claim returns
 ``{"measured", "verdict", "criterion"}``; `mechopd.claims` wraps it into its row. Seed statistics: mean and Student-t
 95 % interval over the seed runs (`aggregate.seed_stat`).
 """
@@ -9,12 +10,11 @@ Reads ``RUN/eval/<model>.json`` written with ``--other-contexts`` (`mechopd.foll
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from mechopd.aggregate import fmt_stat, seed_stat
-from mechopd.artifacts import read_json
 from mechopd.following import DEAF_LABEL, DEAF_RATIO
+from mechopd.stats import fmt_stat, seed_stat
+from mechopd.study import Study
 from mechopd.verdicts import FAILS, HOLDS, NA, NA_CEILING, at_ceiling, fragility
 
 FOLLOW_RUN = "nca_follow"     # the demo's NCA + follow-term run
@@ -22,29 +22,30 @@ HARM_MARGIN = 0.05            # claim 3: the follow run's Harm ≤ NCA's + this
 ACC_MARGIN = 0.05             # claim 3: the follow run's Acc_x ≥ OPD's − this
 
 
-def _report(run: Path, model: str) -> dict[str, Any] | None:
-    path = Path(run) / "eval" / f"{model}.json"
-    return read_json(path) if path.is_file() else None
+def _report(study: Study, role: str) -> dict[str, Any] | None:
+    """The role's evaluation report as its on-disk dict (None when the study lacks the role or the report)."""
+    rep = study.eval(role)
+    return None if rep is None else rep.to_dict()
 
 
-def value(run: Path, model: str, key: str) -> float | None:
-    """summary[key] (its ``value`` for an interval entry) of `model` in `run`, None when absent or undefined."""
-    rep = _report(run, model)
+def value(study: Study, role: str, key: str) -> float | None:
+    """summary[key] (its ``value`` for an interval entry) of ``role``, None when absent or undefined."""
+    rep = _report(study, role)
     if rep is None or key not in rep["summary"]:
         return None
     v = rep["summary"][key]
     return v.get("value") if isinstance(v, dict) else v
 
 
-def _stat(runs: Sequence[Path], model: str, key: str) -> dict[str, Any]:
+def _stat(runs: Sequence[Study], model: str, key: str) -> dict[str, Any]:
     return seed_stat([value(r, model, key) for r in runs])
 
 
-def _base_ok(runs: Sequence[Path]) -> bool:
+def _base_ok(runs: Sequence[Study]) -> bool:
     return all((value(r, "base", "follow_other") or 0) > 0 for r in runs)
 
 
-def claim_keeps_following(runs: Sequence[Path]) -> dict[str, str]:
+def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
     ret = _stat(runs, "opd", "retention")
     fo = _stat(runs, "opd", "follow_other")
     crit = f"OPD's seed-mean retention (follow_other / base's) > {DEAF_RATIO} (OPD not {DEAF_LABEL})"
@@ -55,7 +56,7 @@ def claim_keeps_following(runs: Sequence[Path]) -> dict[str, str]:
             "criterion": crit}
 
 
-def claim_nca_follows_better(runs: Sequence[Path]) -> dict[str, str]:
+def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     pairs = [(value(r, "nca", "follow_other"), value(r, "opd", "follow_other")) for r in runs]
     diff = seed_stat([None if a is None or b is None else a - b for a, b in pairs])
     crit = ("seed mean of follow_other(NCA) − follow_other(OPD) > 0, and with ≥ 2 seeds its interval's lower end > 0; "
@@ -71,7 +72,7 @@ def claim_nca_follows_better(runs: Sequence[Path]) -> dict[str, str]:
     return {"measured": measured + fragility(diff, 0.0), "verdict": HOLDS if ok else FAILS, "criterion": crit}
 
 
-def claim_follow_term(runs: Sequence[Path]) -> dict[str, str]:
+def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
     ret = _stat(runs, FOLLOW_RUN, "retention")
     harm, nca_harm = _stat(runs, FOLLOW_RUN, "harm"), _stat(runs, "nca", "harm")
     acc, opd_acc = _stat(runs, FOLLOW_RUN, "acc_x"), _stat(runs, "opd", "acc_x")
@@ -96,10 +97,13 @@ FOLLOWING_CLAIMS = (
 )
 
 
-def following_table(runs: Sequence[Path], models: Sequence[str], labels: dict[str, str]) -> list[str]:
-    """The report's "Context following" section: per model follow_other, stick, retention (seed means with
+def following_table(runs: Sequence[Study]) -> list[str]:
+    """The report's "Context following" section: per role follow_other, stick, retention (seed means with
     intervals; one run: the item-bootstrap interval), the deaf label, and which contexts; [] without results."""
-    have = [m for m in models if any(value(r, m, "follow_other") is not None for r in runs)]
+    if not runs:
+        return []
+    labels = {role: runs[0].label(role) for role in runs[0].roles}
+    have = [m for m in runs[0].roles if any(value(r, m, "follow_other") is not None for r in runs)]
     if not have:
         return []
     out = ["## Context following", "", "| model | follow_other | stick | retention | |", "|---|---:|---:|---:|---|"]

@@ -41,7 +41,7 @@ from mechopd.artifacts import FileSet, read_json, write_csv, write_json, write_t
 from mechopd.errors import ConfigError, DataError
 
 BASE = "base"
-DEMO_ROLES = ("base", "opd", "nca", "nca_const", "ta_opd")  # the demo's roles; a user study may add any other
+DEMO_ROLES = ("base", "opd", "nca", "nca_const", "ta_opd", "nca_follow")  # the demo's roles; a study may add others
 STUDY_FILE = "study.yaml"
 MANIFEST_FILE = "demo.json"
 METRICS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")

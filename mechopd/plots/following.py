@@ -15,16 +15,19 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from mechopd.plots._common import log, missing, new_figure, palette, percent, read_json, run_info, save, styled
+from mechopd.study import Study
 
 NAME = "context_following"
 
 
-def following_reports(run_dir: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """(RunInfo, model -> eval report) for the models whose report carries context-following results."""
+def following_reports(run_dir: Path | Study) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """(RunInfo, model -> eval report) for the models whose report carries context-following results (the study's
+    eval paths, as `_common.eval_summaries`)."""
     info = run_info(run_dir)
+    runs = {r.name: r for r in info.study} if info.study is not None else {}
     out = {}
     for name in info.models:
-        path = info.root / "eval" / f"{name}.json"
+        path = runs[name].eval_path if name in runs else info.root / "eval" / f"{name}.json"
         if path.is_file():
             rep = read_json(path)
             if rep.get("other_contexts"):
@@ -40,11 +43,11 @@ def _err(entry: dict[str, Any]) -> tuple[float, float, float]:
 
 
 @styled
-def figure_context_following(run_dir: Path) -> Figure | None:
+def figure_context_following(run_dir: Path | Study) -> Figure | None:
     """Per-context following (left) and follow_other / stick (right) per model; None (logged) without results."""
-    info, reps = following_reports(Path(run_dir))
+    info, reps = following_reports(run_dir)
     if not reps:
-        missing(NAME, Path(run_dir) / "eval" / "<model>.json (with other_contexts: mechopd eval --other-contexts)")
+        missing(NAME, info.root / "eval" / "<model>.json (with other_contexts: mechopd eval --other-contexts)")
         return None
     labels = list(dict.fromkeys(r["label"] for rep in reps.values() for r in rep["other_contexts"]))
     colours = palette(info.models)
@@ -76,6 +79,6 @@ def figure_context_following(run_dir: Path) -> Figure | None:
     return fig
 
 
-def plot_context_following(run_dir: Path, out_dir: Path) -> list[Path]:
+def plot_context_following(run_dir: Path | Study, out_dir: Path) -> list[Path]:
     """The figure to ``out_dir/context_following.{png,pdf}``; [] without context-following results."""
     return save(figure_context_following(run_dir), out_dir, NAME)

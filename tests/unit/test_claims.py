@@ -35,7 +35,7 @@ GOOD: dict = {
     "gcos": (0.02, 0.5),  # (cos, norm ratio) of the gradients probe at the OPD checkpoint
     "degenerate": [],  # teachability degeneracy reasons
 }
-METHODS = ["opd", "nca", "nca_const", "ta_opd"]
+METHODS = ["opd", "nca", "nca_const", "ta_opd", "nca_follow"]
 
 
 def _summary(spec: dict, model: str) -> dict:
@@ -81,7 +81,7 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
         "runs": {"ta_opd": {"selector": "ta_opd", "budget": 0.1}}}))
     from mechopd.following import apply_retention
 
-    reps = {model: _summary(spec, model) for model in ["base", *METHODS, "nca_follow"]}
+    reps = {model: _summary(spec, model) for model in ["base", *METHODS]}
     apply_retention(reps)
     for model, rep in reps.items():
         (run / "eval" / f"{model}.json").write_text(json.dumps(rep))
