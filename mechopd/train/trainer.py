@@ -12,7 +12,9 @@ differs between methods. One step:
      `losses.total_loss` per chunk: Σ_terms w(step) · Σ(per-token loss · mask) / (global token count), backward per
      chunk, then through the trunk (on a ``grad_stats_every`` step: per-term gradients and their statistics,
      `gradstats`); gradients summed over processes; clip; the step guard (`guard`: finite losses, gradient norm and
-     weights — a non-finite step is never applied nor saved); one AdamW step.
+     weights — a non-finite step is never applied nor saved); one AdamW step. A term registered with
+     ``batch="other"`` (the follow term) gets its own rollout under another context and its own scorer pass, whose
+     gradients add to the same ``.grad`` before the reduction (`otherbatch`).
 Processes hold full replicas (``sharding: none``) or FSDP shards (``sharding: fsdp``); `sharding` says how each layout
 sums gradients, generates and saves, so the loop never branches on it.
 Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
