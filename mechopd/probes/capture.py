@@ -1,28 +1,41 @@
-"""Forward hooks that capture the residual stream at probe sites, at the response positions only.
+"""ONE capture/edit primitive over site names (baukit ``TraceDict``-like), used by every probe that hooks a model.
 
-Sites (named in mechopd.sites, forward order):
-  ``embed``                output of ``model.model.embed_tokens``          depth 0
-  ``layers.{i}.resid_post``  output of decoder layer i                      depth i + 1
-  ``final_norm``           output of ``model.model.norm``                 depth n_layers + 1
-``depth`` is the site's position in that order (a numeric axis for tables and plots); ``layer`` is the decoder index i
-(None for ``embed`` / ``final_norm``). HF's ``output_hidden_states`` has no entry for the LAST decoder layer's output
-(its last entry is the final norm's output); these hooks capture it.
+Sites (named in mechopd.sites; `mechopd.models.module_at` resolves any of them):
+  residual stream, forward order (``depth`` = position in that order, ``layer`` = decoder index i or None)
+    ``embed``                  output of ``model.model.embed_tokens``          depth 0
+    ``layers.{i}.resid_post``  output of decoder layer i                      depth i + 1
+    ``final_norm``             output of ``model.model.norm``                 depth n_layers + 1
+  components (what a layer adds to the residual stream): ``layers.{i}.self_attn`` (the attention block's output, after
+  o_proj; with eager attention its second output is the ``[B, H, L, L]`` weight tensor) and ``layers.{i}.mlp``.
+HF's ``output_hidden_states`` has no entry for the LAST decoder layer's output (its last entry is the final norm's
+output); these hooks capture it.
+
+`Trace(model, batch, which, capture=..., edit=..., positions=...)` installs one forward hook per named site while the
+``with`` block is open. At each site it gathers the module's output at the view's POSITIONS (``[B, R, d]``), hands it
+to ``on_capture`` or keeps it in ``trace[site]``, and, for a site in ``edit``, REPLACES the output there by the given
+``[B, R, d]`` values (only where ``mask``, default ``response_mask``, is true; every other column untouched). As in
+baukit, what is captured at an edited site is the edited value. ``positions``:
+  ``"response"``  the hidden state OF response token t (column ``P + t``): the two-view cosine compares these;
+  ``"predict"``   the position whose logits PREDICT response token t (column ``P + t - 1``: the last prompt token and
+                  every response token but the last), as the scorer (generate/scorer.py) scores; lens, patching and
+                  attention work here.
+Index t means the same token in both views (left padding; views.py), so one view's capture is the other's edit.
 
 What is non-standard here:
-  * The hook gathers the response columns of the view (``TwoViewBatch.response_hidden``) and copies them, so nothing
-    ``[batch, seq, d]`` outlives the module call: a capture holds ``[batch, R, d]`` per requested site.
-  * The forward runs through the decoder stack (``model.model``), never ``lm_head`` (logits are ``[batch, seq, V]``,
-    the largest tensor of a forward), with ``use_cache=False``, under ``torch.inference_mode()``.
-  * It stops after the last requested site: that site's hook raises a private exception which `run_view` catches
-    (transformers' output recorders reset in ``finally``, so an interrupted forward leaves no state behind).
-  * transformers 5 decoder layers return a tensor, older ones a tuple whose first element is the hidden state; both
-    are handled (``_hidden``), and `patch_response` writes back in the same form.
+  * Captures are gathered (and by default copied) at the positions, so nothing ``[batch, seq, d]`` outlives the call.
+  * ``stop_after_last``: the last site's hook raises a private exception that `forward` / `run_view` catch (the
+    forward through ``model.model`` stops there; transformers' output recorders reset in ``finally``).
+  * A shared-prefix forward (generate/prefix.py): the batch-1 prefix forward has no response column and is skipped;
+    the suffix forward's columns start ``width - h.shape[1]`` columns later, which the hook subtracts.
+  * transformers 5 decoder layers return a tensor, older ones (and attention blocks) a tuple whose first element is
+    the hidden state; both are handled (``_hidden``) and an edit is written back in the same form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -35,6 +48,9 @@ from mechopd.sites import site_depth, site_layer, sites_for  # noqa: F401  (the 
 from mechopd.views import TwoViewBatch
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
+OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
+POSITIONS = {"response": 0, "predict": -1}  # column shift from the response token's own column
+COMPONENTS = {"attn": "self_attn", "mlp": "mlp"}  # component -> the module (under layers.{i}) whose output it is
 
 
 class _StopForward(Exception):
@@ -42,27 +58,30 @@ class _StopForward(Exception):
 
 
 def all_sites(model: nn.Module) -> list[str]:
-    """Every probe site of the model in forward order: embed, layers.0.resid_post, ..., final_norm."""
+    """Every residual-stream site of the model in forward order: embed, layers.0.resid_post, ..., final_norm."""
     return sites_for(len(decoder_layers(model)))
 
 
 def resolve_sites(model: nn.Module, layers: Sequence[int | str] | None = None) -> list[str]:
-    """Requested sites in forward order, deduplicated.
-
-    layers: None (every site), or items that are decoder layer indices (``3``, ``-1``: negative counts from the end)
-    or site names (``"embed"``, ``"layers.3.resid_post"``, ``"final_norm"``). Out of range -> `ConfigError`.
-    """
+    """Requested residual sites in forward order, deduplicated (`mechopd.sites.sites_for`)."""
     return sites_for(len(decoder_layers(model)), layers)
 
 
+def component_site(layer: int, component: str) -> str:
+    """``layers.{i}.self_attn`` / ``layers.{i}.mlp``: where a layer's attention / MLP output is hooked."""
+    if component not in COMPONENTS:
+        raise ConfigError(f"component {component!r} is unknown; use one of {', '.join(COMPONENTS)} (or resid)")
+    return f"layers.{layer}.{COMPONENTS[component]}"
+
+
 def site_module(model: nn.Module, site: str) -> nn.Module:
-    """The module whose output is the site's residual stream."""
-    if site in ("embed", "final_norm"):
+    """The module whose output is the site's activation (residual sites: the layer / embedding / final norm)."""
+    if site in ("embed", "final_norm") or site_layer(site) is not None:
         return module_at(model, site)
-    layer = site_layer(site)
-    if layer is None:
-        raise ConfigError(f"{site!r} is not a residual-stream site (embed, layers.{{i}}.resid_post, final_norm)")
-    return decoder_layers(model)[layer]
+    if site.startswith("layers.") and site.rsplit(".", 1)[-1] in COMPONENTS.values():
+        return module_at(model, site)
+    raise ConfigError(f"{site!r} is not a site to hook: use embed, layers.{{i}}.resid_post, final_norm, "
+                      "layers.{i}.self_attn or layers.{i}.mlp")
 
 
 def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
@@ -70,35 +89,123 @@ def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output[0]
 
 
-@contextmanager
-def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
-                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True) -> Iterator[None]:
-    """Install hooks that pass ``[batch, R, d]`` response-position hidden states of each site to `on_capture`.
+def _gather(h: torch.Tensor, cols: torch.Tensor, layout: str) -> torch.Tensor:
+    """``[B, L, d]`` at ``cols [B, R]`` -> ``[B, R, d]`` (a view for the left layout, whose columns are contiguous)."""
+    if layout == "left":
+        start = int(cols[0, 0])
+        return h[:, start : start + cols.shape[1]]
+    idx = cols.clamp(min=0, max=h.shape[1] - 1).to(h.device)
+    return h[torch.arange(h.shape[0], device=h.device)[:, None], idx]
 
-    ``which`` is the view ("x" or "c"): its response columns are gathered. With `copy` the tensor handed over is a
-    fresh copy (it does not keep the ``[batch, seq, d]`` output alive); without, it may be a view of the output, for a
-    consumer that is done with it when `on_capture` returns. With `stop_after_last`, the last site raises
-    `_StopForward` (run the forward through `run_view`, which catches it).
+
+class Trace(dict):
+    """Hooks on named sites of one view's forward: capture and/or edit their outputs at the scored positions.
+
+    capture: sites whose ``[B, R, d]`` output is kept in ``self[site]`` (or passed to ``on_capture`` instead);
+    edit: ``{site: [B, R, d] values}`` written over the output at ``positions`` where ``mask`` ``[B, R]`` is true;
+    on_output: called with every hooked site's raw output (e.g. attention weights) and the forward's columns.
+    copy: captures are fresh copies (False: views valid during the hook call only, for a consumer that is done then).
     """
-    last = sites[-1] if sites else None
-    handles = []
 
-    def make_hook(site: str):
-        def hook(_module: nn.Module, _inputs: tuple, output) -> None:
-            h = batch.response_hidden(_hidden(output), which)  # [B, R, d], a view for the left layout
-            on_capture(site, h.clone() if copy else h)
-            if stop_after_last and site == last:
+    def __init__(self, model: nn.Module, batch: TwoViewBatch, which: str, *, capture: Sequence[str] = (),
+                 edit: Mapping[str, torch.Tensor] | None = None, positions: str = "response",
+                 mask: torch.Tensor | None = None, on_capture: OnCapture | None = None,
+                 on_output: OnOutput | None = None, extra: Sequence[str] = (), copy: bool = True,
+                 stop_after_last: bool = False) -> None:
+        super().__init__()
+        if which not in ("x", "c"):
+            raise ValueError(f"view must be 'x' or 'c', got {which!r}")
+        if positions not in POSITIONS:
+            raise ConfigError(f"positions {positions!r} is unknown; use one of {', '.join(POSITIONS)}")
+        self.model, self.batch, self.which, self.copy = model, batch, which, copy
+        self.capture, self.edit = list(capture), dict(edit or {})
+        self.cols = (batch.cols_x if which == "x" else batch.cols_c) + POSITIONS[positions]  # [B, R]
+        self.width = batch.view(which)["input_ids"].shape[1]
+        self.mask = batch.response_mask if mask is None else mask
+        self.on_capture, self.on_output = on_capture, on_output
+        self.sites = list(dict.fromkeys([*self.capture, *self.edit, *extra]))
+        self.last = self.sites[-1] if stop_after_last and self.sites else None
+        self._handles: list = []
+
+    def _hook(self, site: str):
+        def hook(_module: nn.Module, _inputs: tuple, output):
+            h = _hidden(output)  # [B, L, d]
+            if h.shape[0] == 1 < self.cols.shape[0]:  # a shared prefix's batch-1 forward: no response column in it
+                return None
+            cols = self.cols - (self.width - h.shape[1])  # the suffix forward of a shared layout starts later
+            if self.on_output is not None:
+                self.on_output(site, output, cols)
+            if site in self.edit:
+                h = self._write(h, cols, self.edit[site])
+                output = h if isinstance(output, torch.Tensor) else (h, *output[1:])
+            if site in self.capture:
+                got = _gather(h, cols, self.batch.layout)
+                got = got.clone() if self.copy else got
+                self.on_capture(site, got) if self.on_capture is not None else self.__setitem__(site, got)
+            if site == self.last:
                 raise _StopForward
+            return output if site in self.edit else None
 
         return hook
 
-    try:
-        for s in sites:
-            handles.append(site_module(model, s).register_forward_hook(make_hook(s)))
-        yield
-    finally:
-        for h in handles:
+    def _write(self, h: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
+            raise ModelError(f"edit values have shape {tuple(values.shape)}; expected "
+                             f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)")
+        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(cols)  # [B, R]
+        keep = self.mask.to(h.device)
+        out = h.clone()
+        out[rows[keep], cols.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
+        return out
+
+    def __enter__(self) -> "Trace":
+        try:
+            for s in self.sites:
+                self._handles.append(site_module(self.model, s).register_forward_hook(self._hook(s)))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for h in self._handles:
             h.remove()
+        self._handles = []
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.close()
+        return exc[0] is _StopForward  # a stopped forward is the normal end of a traced run
+
+
+def forward(model: nn.Module, batch: TwoViewBatch, which: str, *, head: bool = True, **trace: Any) -> Trace:
+    """One view's forward (no grad, no cache, unshared) under a `Trace` (keyword arguments: `Trace`'s).
+
+    head=True: the whole model runs and ``trace.logits`` is ``[B, R, V]`` at the predicting positions (the scorer's
+    ``logits_to_keep`` slice; left layout) or at ``response_logits`` (right layout). head=False: the decoder stack only,
+    stopping after the last hooked site; ``trace.logits`` is None.
+    """
+    tr = Trace(model, batch, which, stop_after_last=not head, **trace)
+    tr.logits = None
+    kw = {**batch.view(which), "use_cache": False}
+    with torch.inference_mode(), tr:
+        if not head:
+            model.model(**kw)
+        elif batch.layout == "left":
+            R = batch.response_ids.shape[1]
+            tr.logits = model(**kw, logits_to_keep=R + 1).logits[:, :R]
+        else:
+            tr.logits = batch.response_logits(model(**kw).logits, which)
+    return tr
+
+
+@contextmanager
+def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
+                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True) -> Iterator[None]:
+    """`Trace` capturing ``[batch, R, d]`` response-token states of each site into `on_capture` (see `Trace`)."""
+    tr = Trace(model, batch, which, capture=sites, on_capture=on_capture, copy=copy,
+               stop_after_last=stop_after_last)
+    with tr:
+        yield
 
 
 def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture, *,
@@ -130,10 +237,7 @@ def _run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence
         view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix, length=length,
                                            stop_at=site_module(model, sites[-1]))
         with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy):
-            try:
-                model.model(**{**view_batch.view(which), "use_cache": False, **extra})
-            except _StopForward:
-                pass
+            model.model(**{**view_batch.view(which), "use_cache": False, **extra})
 
 
 PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None
@@ -172,34 +276,13 @@ def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | 
 
 
 @contextmanager
-def patch_response(model: nn.Module, batch: TwoViewBatch, which: str, site: str,
-                   values: torch.Tensor) -> Iterator[None]:
-    """Replace the site's output at the view's response positions with `values` while the context is open.
+def patch_response(model: nn.Module, batch: TwoViewBatch, which: str, site: str, values: torch.Tensor, *,
+                   positions: str = "response") -> Iterator[None]:
+    """Replace the site's output at the view's positions with `values` while the context is open (a `Trace` edit).
 
-    values: ``[batch, R, d]`` (e.g. the OTHER view's capture at the same site: response index t is the same token in
-    both views). Only real response tokens (``batch.response_mask``) are overwritten; everything else is untouched.
+    values: ``[batch, R, d]`` (e.g. the OTHER view's capture at the same site: index t is the same token in both
+    views). Only real response tokens (``batch.response_mask``) are overwritten; everything else is untouched.
     """
-    if site not in all_sites(model):
-        raise ConfigError(f"cannot patch {site!r}; sites are {', '.join(all_sites(model))}")
-    cols = batch.cols_x if which == "x" else batch.cols_c  # [B, R]
-    width = batch.view(which)["input_ids"].shape[1]
-
-    def hook(_module: nn.Module, _inputs: tuple, output):
-        h = _hidden(output)  # [B, L, d]
-        if h.shape[0] == 1 < cols.shape[0]:  # a shared prefix's batch-1 forward (generate/prefix.py): no response in it
-            return None
-        cols_here = cols - (width - h.shape[1])  # the suffix forward of the shared layout starts Lp columns later
-        if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
-            raise ModelError(f"patch values have shape {tuple(values.shape)}; expected "
-                             f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)")
-        rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(cols)  # [B, R]
-        keep = batch.response_mask.to(h.device)  # [B, R]
-        patched = h.clone()
-        patched[rows[keep], cols_here.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
-        return patched if isinstance(output, torch.Tensor) else (patched, *output[1:])
-
-    handle = site_module(model, site).register_forward_hook(hook)
-    try:
+    site_module(model, site)
+    with Trace(model, batch, which, edit={site: values}, positions=positions):
         yield
-    finally:
-        handle.remove()

@@ -1,0 +1,186 @@
+"""Logit lens per view: where in depth the context changes the next-token distribution (docs/method.md, "Lens").
+
+Positions: the scored positions -- the last prompt token and every response token but the last, whose logits predict
+response token t (``positions="predict"``; generate/scorer.py scores the same ones), index t the same token in both
+views. At each residual site s (``embed``, ``layers.{i}.resid_post``, ``final_norm``) the residual h_s is decoded
+through the model's own final norm and LM head (at ``final_norm`` the head only: that site is already normalised),
+with the rollout temperature T:
+
+    p_v^s(· | t) = softmax(W_U · norm(h_s(v, t)) / T),   v ∈ {x, c}
+
+and per site, over all scored positions of all items (token mean):
+
+    kl_c_x(s)     = mean_t KL(p_c^s ‖ p_x^s) = mean_t Σ_w p_c^s(w) (log p_c^s(w) − log p_x^s(w))
+    top1_agree(s) = mean_t [argmax p_c^s = argmax p_x^s]
+    gain_s(w)     = mean_t (log p_c^s(w) − log p_x^s(w))     the tokens the context promotes most (summary)
+
+At ``final_norm`` the lens IS the model's output, so kl_c_x there is the output KL between the views.
+
+Streaming: per batch, the no-context view's captures ``[B, R, d]`` per site are held until the context view's hook of
+the same site decodes both (as the similarity probe does); decoded ``[B, R, V]`` tensors live for one site at a time.
+Kept across batches per site: three scalars and one ``[V]`` float64 gain sum; per-token values only for the first
+``detail`` items (for `mechopd explore`). Memory does not grow with the number of items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechopd.artifacts import write_csv, write_jsonl
+from mechopd.models import module_at, num_layers
+from mechopd.probes import causal_items as ci
+from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
+from mechopd.views import TwoViewBatch
+
+COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
+DETAIL_ITEMS = 16
+TOP_K = 3
+PROMOTED = 8
+
+
+def lens_logits(model: nn.Module, site: str, h: torch.Tensor) -> torch.Tensor:
+    """``[..., d]`` residual at `site` -> ``[..., V]`` logits: LM head of the final norm (the head only at final_norm).
+    The modules' ``forward`` is called directly: no hook fires (this runs inside a traced forward)."""
+    head = model.get_output_embeddings()
+    return head.forward(h if site == "final_norm" else module_at(model, "final_norm").forward(h))
+
+
+@dataclass
+class _Site:
+    kl: float = 0.0
+    agree: float = 0.0
+    n: int = 0
+    gain: torch.Tensor | None = None  # [V] float64 sum of log p_c - log p_x
+
+
+@dataclass
+class LensResult:
+    """``rows`` (one per site, `COLUMNS`), ``promoted`` {site: [(token id, mean gain)]}, ``tokens`` per detail item."""
+
+    rows: list[dict[str, Any]]
+    promoted: dict[str, list[tuple[int, float]]]
+    tokens: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LensAccumulator:
+    """Running per-site lens statistics of one model (module docstring)."""
+
+    def __init__(self, model: nn.Module, sites: Sequence[str], temperature: float, detail: int = DETAIL_ITEMS):
+        self.model, self.sites, self.T, self.detail = model, list(sites), temperature, detail
+        self.stats = {s: _Site() for s in self.sites}
+        self.tokens: list[dict[str, Any]] = []
+        self.items = 0
+
+    def add(self, batch: TwoViewBatch) -> None:
+        """Both views of one batch: the no-context captures held, decoded when the context view's hook fires."""
+        batch = batch.to(next(self.model.parameters()).device)
+        mask = batch.response_mask  # [B, R]: position t predicts a real token
+        first, keep = self.items, max(0, min(batch.batch_size, self.detail - self.items))
+        detail = [{"kl": {}} for _ in range(keep)]
+        self._decode_pair(batch, mask, detail)
+        for j, d in enumerate(detail):
+            d.update(item=first + j, n=int(mask[j].sum()))
+        self.tokens += detail
+        self.items += batch.batch_size
+
+    def _decode_pair(self, batch: TwoViewBatch, mask: torch.Tensor, detail: list[dict]) -> None:
+        xs = forward(self.model, batch, "x", head=False, capture=self.sites, positions="predict")
+
+        def on_c(site: str, hc: torch.Tensor) -> None:
+            lp_x = ci.logp(lens_logits(self.model, site, xs.pop(site)), self.T)  # [B, R, V]
+            lp_c = ci.logp(lens_logits(self.model, site, hc), self.T)
+            self._accumulate(site, lp_x, lp_c, mask, detail)
+
+        forward(self.model, batch, "c", head=False, capture=self.sites, positions="predict", on_capture=on_c,
+                copy=False)
+
+    def _accumulate(self, site: str, lp_x: torch.Tensor, lp_c: torch.Tensor, mask: torch.Tensor,
+                    detail: list[dict]) -> None:
+        st = self.stats[site]
+        kl = ci.kl_rows(lp_c, lp_x)  # [B, R]
+        agree = lp_c.argmax(-1) == lp_x.argmax(-1)  # [B, R]
+        st.kl += float(kl[mask].double().sum())
+        st.agree += float(agree[mask].sum())
+        st.n += int(mask.sum())
+        g = (lp_c - lp_x)[mask].double().sum(0)  # [V]
+        st.gain = g if st.gain is None else st.gain + g
+        for j, d in enumerate(detail):
+            m = mask[j]
+            d["kl"][site] = [round(float(v), 6) for v in kl[j][m]]
+            if site == "final_norm":
+                d["top_x"], d["top_c"] = _top(lp_x[j][m]), _top(lp_c[j][m])
+
+    def result(self, label: str, n_layers: int) -> LensResult:
+        rows, promoted = [], {}
+        for s in self.sites:
+            st = self.stats[s]
+            rows.append({"model": label, "site": s, "depth": site_depth(s, n_layers), "layer": site_layer(s),
+                         "n_items": self.items, "n_tokens": st.n,
+                         "kl_c_x": st.kl / st.n if st.n else float("nan"),
+                         "top1_agree": st.agree / st.n if st.n else float("nan")})
+            if st.gain is not None and st.n:
+                vals, ids = (st.gain / st.n).topk(min(PROMOTED, st.gain.numel()))
+                promoted[s] = [(int(i), float(v)) for i, v in zip(ids, vals)]
+        return LensResult(rows, promoted, [{**d, "model": label} for d in self.tokens])
+
+
+def _top(lp: torch.Tensor, k: int = TOP_K) -> list[list[list[float]]]:
+    """``[n, V]`` log-probs -> per position the top-k ``[token id, probability]`` pairs."""
+    vals, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [[[int(i), round(float(v), 5)] for i, v in zip(ii, vv)] for ii, vv in zip(ids, vals.exp())]
+
+
+def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: float,
+         sites: Sequence[int | str] | None = None, label: str = "model", detail: int = DETAIL_ITEMS) -> LensResult:
+    """The lens statistics of one model over a stream of batches (module docstring): a pure function of both."""
+    model.eval()
+    acc = LensAccumulator(model, resolve_sites(model, sites), temperature, detail)
+    for batch in batches:
+        acc.add(batch)
+    return acc.result(label, num_layers(model))
+
+
+# ------------------------------------------------------------------------------------------ `mechopd probe lens`
+def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
+             layers: Sequence[int | str] | None = None, greedy: bool = False, detail: int = DETAIL_ITEMS,
+             device: str | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json."""
+    run = ci.resolve(setup, models, greedy=greedy, device=device, dtype=dtype)
+    out = Path(out_dir)
+    results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail)
+               for label, model in run.each_model()}
+    write_csv(out / "lens.csv", [r for res in results.values() for r in res.rows], COLUMNS)
+    tok = run.tokenizer
+    recs = [{**t, "uid": run.items.examples[t["item"]].uid,
+             "tokens": [tok.decode([i]) for i in run.items.responses[t["item"]]],
+             **{k: [[[tok.decode([i]), p] for i, p in pos] for pos in t[k]] for k in ("top_x", "top_c") if k in t}}
+            for res in results.values() for t in res.tokens]
+    write_jsonl(out / "lens_tokens.jsonl", recs)
+    summary = {"models": list(results), "output_kl": {m: _at(r.rows, "final_norm") for m, r in results.items()},
+               "promoted": {m: {s: [[tok.decode([i]), g] for i, g in v] for s, v in r.promoted.items()}
+                            for m, r in results.items()}}
+    ci.save(out, "lens", run, run.settings(sites=[r["site"] for r in next(iter(results.values())).rows],
+                                           greedy=greedy, detail_items=detail), summary)
+    return out / "lens.csv"
+
+
+def _at(rows: list[dict], site: str) -> float | None:
+    return next((r["kl_c_x"] for r in rows if r["site"] == site), None)
+
+
+def report(probes_dir: Path) -> list[str]:
+    """Report lines: the output KL between views per model and the depth where half of it is reached."""
+    doc = ci.load_summary(probes_dir, "lens")
+    if doc is None:
+        return []
+    s = doc["summary"]
+    parts = [f"{m} {v:.4f}" for m, v in s["output_kl"].items() if v is not None]
+    top = {m: ", ".join(repr(t) for t, _ in v.get("final_norm", [])[:3]) for m, v in s["promoted"].items()}
+    return [f"- Logit lens: output KL(p_c ‖ p_x) between views {'; '.join(parts)} (`probes/lens.csv`, per depth); "
+            f"tokens the context promotes most: " + "; ".join(f"{m}: {t}" for m, t in top.items())]
