@@ -152,3 +152,5 @@ register_probe(ProbeSpec(
         "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
         "coefficients of the gain.", "mechopd.plots.teachability:plot_teachability"),),
 ))
+
+import mechopd.probes.causal_builtin  # noqa: E402,F401  (lens, patching, attention: their own registrations)

@@ -231,11 +231,16 @@ def report(probes_dir: Path) -> list[str]:
         return []
     s = doc["summary"]
     parts = [f"{m}: half the output KL recovered at {b['half_site'] or 'no decoder layer'}, top component "
-             f"{b['top_component']} ({b['top_component_recovered']:.2f})"
+             f"{b['top_component']} ({_f(b['top_component_recovered'])})"
              for m, b in s["best"].items() if b["top_component"] is not None]
     lines = [f"- Activation patching c→x (`probes/patching.csv`): " + "; ".join(parts)] if parts else []
     for c in s.get("cross", {}).get("rows", [])[:1]:
         lines.append(f"- Cross-checkpoint patch {c['donor']}→{c['recipient']} (context view, {c['site']}): "
-                     f"Δ answer log-prob {c['dlogp']:+.3f}, Harm {c['harm']:.2f} → {c['harm_patched']:.2f} "
+                     f"Δ answer log-prob {_f(c['dlogp'], '+.3f')}, Harm {_f(c['harm'])} → {_f(c['harm_patched'])} "
                      f"(`probes/patching_cross.csv`)")
     return lines
+
+
+def _f(v: float | None, spec: str = ".2f") -> str:
+    """A summary number for a report line (null / NaN: "n/a")."""
+    return "n/a" if v is None or v != v else format(v, spec)

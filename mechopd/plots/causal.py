@@ -1,0 +1,146 @@
+"""Figures of the causal probes, from their tables only (nothing recomputed; the probe modules own the formats):
+
+  ``RUN/probes/lens.csv``       model, site, depth, kl_c_x, top1_agree        -> ``lens_kl``: KL by depth per model
+  ``RUN/probes/patching.csv``   model, site, component, direction, window, recovered -> ``patching``: site x component
+                                heatmap of ``recovered`` (c_to_x, window "all"), one panel per model
+  ``RUN/probes/attention.csv``  model, layer, head, context_share               -> ``attention_context``: layer x head
+                                heatmap per model and the NCA − OPD difference (when both are present)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mechopd.plots._common import log, missing, new_figure, palette, read_csv, run_info, save, styled, to_float
+from mechopd.plots.layers import _model_order, site_depth, site_label
+
+LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
+COMPONENT_ORDER = ("resid", "attn", "mlp")
+
+
+def _table(run_dir: Path, name: str, figure: str, required: list[str]) -> list[dict[str, str]] | None:
+    path = Path(run_dir) / "probes" / name
+    if not path.is_file():
+        missing(figure, path)
+        return None
+    rows = read_csv(path, required)
+    if not rows:
+        log.info("figure %s skipped: %s has no rows", figure, path)
+    return rows or None
+
+
+@styled
+def figure_lens(run_dir: Path) -> Figure | None:
+    """KL(p_c ‖ p_x) of the lens distributions per site (x: depth), one line per model (log y when it spans > 100x)."""
+    rows = _table(run_dir, "lens.csv", LENS, ["model", "site", "depth", "kl_c_x"])
+    if rows is None:
+        return None
+    info = run_info(run_dir)
+    n_layers = sum(1 for s in {r["site"] for r in rows} if s.startswith("layers."))
+    models = _model_order(info, (r["model"] for r in rows))
+    colours = palette(models)
+    fig = new_figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    ticks: dict[float, str] = {}
+    values = []
+    for m in models:
+        pts = sorted((site_depth(r["site"], r["depth"], n_layers), to_float(r["kl_c_x"])) for r in rows
+                     if r["model"] == m)
+        ticks.update({d: site_label(r["site"]) for r in rows for d in [site_depth(r["site"], r["depth"], n_layers)]})
+        ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", markersize=3.5, color=colours[m],
+                label=info.label(m))
+        values += [v for _, v in pts if v > 0 and math.isfinite(v)]
+    if values and max(values) / min(values) > 100:
+        ax.set_yscale("log")
+    shown = sorted(ticks)[:: max(1, math.ceil(len(ticks) / 16))]
+    ax.set_xticks(shown, [ticks[d] for d in shown])
+    ax.set_xlabel("site (embedding, decoder layer index, final norm)")
+    ax.set_ylabel("KL(p_c ‖ p_x) of the lens, nats per position")
+    ax.set_title(f"Logit lens: where the context changes the prediction — {info.task}")
+    fig.legend(loc="outside right upper", title="model")
+    return fig
+
+
+def plot_lens(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_lens(run_dir), out_dir, LENS)
+
+
+def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: list[str], title: str, *, cmap: str,
+             vmin: float, vmax: float, annotate: bool) -> None:
+    mesh = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    ax.set_xticks(range(len(xlabels)), xlabels)
+    ax.set_yticks(range(len(ylabels)), ylabels)
+    ax.set_title(title, fontsize=9)
+    if annotate and grid.size <= 160:
+        for (i, j), v in np.ndenumerate(grid):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+    fig.colorbar(mesh, ax=ax, shrink=0.8)
+
+
+@styled
+def figure_patching(run_dir: Path) -> Figure | None:
+    """recovered (c_to_x, every position) per site (rows, forward order) x component (columns), a panel per model."""
+    rows = _table(run_dir, "patching.csv", PATCHING, ["model", "site", "component", "direction", "recovered"])
+    if rows is None:
+        return None
+    rows = [r for r in rows if r["direction"] == "c_to_x" and r.get("window", "all") == "all"]
+    info = run_info(run_dir)
+    models = _model_order(info, (r["model"] for r in rows))
+    sites = sorted(dict.fromkeys(r["site"] for r in rows), key=lambda s: to_float(
+        next(r["depth"] for r in rows if r["site"] == s)))
+    comps = [c for c in COMPONENT_ORDER if any(r["component"] == c for r in rows)]
+    fig = new_figure(3.2 * len(models) + 1.0, 0.35 * len(sites) + 2.0)
+    for k, m in enumerate(models):
+        grid = np.full((len(sites), len(comps)), np.nan)
+        for r in rows:
+            if r["model"] == m:
+                grid[sites.index(r["site"]), comps.index(r["component"])] = to_float(r["recovered"])
+        ax = fig.add_subplot(1, len(models), k + 1)
+        _heatmap(fig, ax, grid, comps, [site_label(s) for s in sites], f"{info.label(m)}: recovered (c→x)",
+                 cmap="viridis", vmin=min(0.0, float(np.nanmin(grid))), vmax=1.0, annotate=True)
+        ax.set_xlabel("component")
+        ax.set_ylabel("site" if k == 0 else "")
+    fig.suptitle(f"Activation patching between the views — {info.task}")
+    return fig
+
+
+def plot_patching(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_patching(run_dir), out_dir, PATCHING)
+
+
+@styled
+def figure_attention(run_dir: Path) -> Figure | None:
+    """context_share per layer (rows) x head (columns), a panel per model, then NCA − OPD (when both exist)."""
+    rows = _table(run_dir, "attention.csv", ATTENTION, ["model", "layer", "head", "context_share"])
+    if rows is None:
+        return None
+    info = run_info(run_dir)
+    models = _model_order(info, (r["model"] for r in rows))
+    L = 1 + max(int(r["layer"]) for r in rows)
+    H = 1 + max(int(r["head"]) for r in rows)
+    grids = {m: np.full((L, H), np.nan) for m in models}
+    for r in rows:
+        grids[r["model"]][int(r["layer"]), int(r["head"])] = to_float(r["context_share"])
+    panels = [(info.label(m), grids[m], "magma", 0.0, 1.0) for m in models]
+    if "nca" in grids and "opd" in grids:
+        diff = grids["nca"] - grids["opd"]
+        lim = max(1e-6, float(np.nanmax(np.abs(diff))))
+        panels.append((f"{info.label('nca')} − {info.label('opd')}", diff, "coolwarm", -lim, lim))
+    fig = new_figure(2.6 * len(panels) + 1.0, 0.3 * L + 2.2)
+    for k, (title, grid, cmap, lo, hi) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        _heatmap(fig, ax, grid, [str(h) for h in range(H)], [str(i) for i in range(L)], title, cmap=cmap, vmin=lo,
+                 vmax=hi, annotate=L * H <= 48)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer" if k == 0 else "")
+    fig.suptitle(f"Attention on the context (context view, share of attention) — {info.task}")
+    return fig
+
+
+def plot_attention(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_attention(run_dir), out_dir, ATTENTION)
