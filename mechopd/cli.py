@@ -385,12 +385,26 @@ def _aggregate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _explore_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (or its probes/ dir) after `mechopd probe lens`")
+    p.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default RUN_DIR/explore.html)")
+
+
+@command("explore", "one self-contained HTML page of what the lens / patching / attention probes saw, item by item")
+def _explore(a: argparse.Namespace) -> int:
+    from mechopd.explore import write_explorer
+
+    print(f"explorer: {write_explorer(a.run_dir, a.out)}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The `mechopd` parser: one subcommand per registered command."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
-                "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args}
+                "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args,
+                "explore": _explore_args}
     for name, (help_text, _) in COMMANDS.items():
         registry[name](sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text))  # help is %-formatted
     return parser

@@ -112,7 +112,7 @@ class LensAccumulator:
         st.gain = g if st.gain is None else st.gain + g
         for j, d in enumerate(detail):
             m = mask[j]
-            d["kl"][site] = [round(float(v), 6) for v in kl[j][m]]
+            d["kl"][site] = [float(f"{float(v):.7g}") for v in kl[j][m]]
             if site == "final_norm":
                 d["top_x"], d["top_c"] = _top(lp_x[j][m]), _top(lp_c[j][m])
 

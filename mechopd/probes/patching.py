@@ -165,7 +165,7 @@ class PatchAccumulator:
 
 
 def _round(t: torch.Tensor) -> list[float]:
-    return [round(float(v), 6) for v in t]
+    return [float(f"{float(v):.7g}") for v in t]  # 7 significant digits
 
 
 def patching(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: float,
