@@ -72,13 +72,16 @@ def plot_lens(run_dir: Path, out_dir: Path) -> list[Path]:
 def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: list[str], title: str, *, cmap: str,
              vmin: float, vmax: float, annotate: bool) -> None:
     mesh = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    ax.grid(False)
     ax.set_xticks(range(len(xlabels)), xlabels)
     ax.set_yticks(range(len(ylabels)), ylabels)
     ax.set_title(title, fontsize=9)
     if annotate and grid.size <= 160:
         for (i, j), v in np.ndenumerate(grid):
             if math.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+                r, g, b, _ = mesh.cmap(mesh.norm(v))
+                ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color=ink)
     fig.colorbar(mesh, ax=ax, shrink=0.8)
 
 
@@ -95,6 +98,7 @@ def figure_patching(run_dir: Path) -> Figure | None:
         next(r["depth"] for r in rows if r["site"] == s)))
     comps = [c for c in COMPONENT_ORDER if any(r["component"] == c for r in rows)]
     fig = new_figure(3.2 * len(models) + 1.0, 0.35 * len(sites) + 2.0)
+    lo = min([0.0] + [v for r in rows for v in [to_float(r["recovered"])] if math.isfinite(v)])  # one scale
     for k, m in enumerate(models):
         grid = np.full((len(sites), len(comps)), np.nan)
         for r in rows:
@@ -102,7 +106,7 @@ def figure_patching(run_dir: Path) -> Figure | None:
                 grid[sites.index(r["site"]), comps.index(r["component"])] = to_float(r["recovered"])
         ax = fig.add_subplot(1, len(models), k + 1)
         _heatmap(fig, ax, grid, comps, [site_label(s) for s in sites], f"{info.label(m)}: recovered (c→x)",
-                 cmap="viridis", vmin=min(0.0, float(np.nanmin(grid))), vmax=1.0, annotate=True)
+                 cmap="viridis", vmin=lo, vmax=1.0, annotate=True)
         ax.set_xlabel("component")
         ax.set_ylabel("site" if k == 0 else "")
     fig.suptitle(f"Activation patching between the views — {info.task}")
