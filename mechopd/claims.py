@@ -292,6 +292,28 @@ def claim_teachability(runs: Sequence[Study]) -> Claim:
     return Claim("teachability", "", "", measured, HOLDS if diff["mean"] > 0 else FAILS, crit)
 
 
+def lens_kls(study: Study | Path, role: str) -> list[float]:
+    """Lens KL(p_c ‖ p_x) between the views of ``role`` after each decoder layer and at the output, in depth order
+    (the lens probe's typed result; the embedding is left out: identical ids give 0 there); [] when the probe did not
+    run or the study lacks the role."""
+    study = _as_study(study)
+    result, name = probe_result("lens", study.probes_dir), study.name(role)
+    return [] if result is None or name is None else result.kl_by_depth(name)
+
+
+def claim_nca_lens(runs: Sequence[Study]) -> Claim:
+    per = {m: [lens_kls(r, m) for r in runs] for m in ("opd", "nca")}
+    crit = "seed means of the logit-lens KL(p_c ‖ p_x) between views: NCA's below OPD's at every layer and the output"
+    if any(not v for runs_ in per.values() for v in runs_):
+        return Claim("nca_lens", "", "", "n/a", NA, crit)
+    site_means = {m: [sum(col) / len(col) for col in zip(*v)] for m, v in per.items()}
+    ratio = _stat(runs, lambda r: sum(lens_kls(r, "nca")) / max(sum(lens_kls(r, "opd")), 1e-300))
+    below = sum(n < o for n, o in zip(site_means["nca"], site_means["opd"]))
+    measured = f"NCA/OPD lens KL (summed over depth) {fmt_stat(ratio, 3)}; NCA below at {below} of " \
+               f"{len(site_means['nca'])} sites"
+    return Claim("nca_lens", "", "", measured, HOLDS if below == len(site_means["nca"]) else FAILS, crit)
+
+
 # (key, claim, paper's figure, evaluator)
 CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ("degradation", "OPD causes context-induced degradation", "games: Harm 22–41 %; regime A in 7 of 12 settings",
@@ -303,6 +325,8 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ("cosine_order", "two-view hidden-state cosine: base < OPD < NCA", "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
      claim_cosine_order),
     ("nca_cosine", "NCA's two-view cosine ≥ 0.997 at every layer", "NCA ≥ 0.997 at every layer", claim_nca_cosine),
+    ("nca_lens", "NCA's removability holds at the level of representations (logit lens, every depth)",
+     "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer", claim_nca_lens),
     ("orthogonal", "OPD and NCA gradients nearly orthogonal at an OPD-converged checkpoint",
      "“nearly orthogonal” (no number)",
      claim_orthogonal),

@@ -87,8 +87,8 @@ def render(data: dict[str, Any], title: str) -> str:
     blob = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
-            "<pre id=\"errors\"></pre><div id=\"tables\"></div><div id=\"tip\" class=\"tip\"></div>"
-            "<div id=\"items\"></div>"
+            "<pre id=\"errors\"></pre><div id=\"tip\" class=\"tip\"></div><div id=\"items\"></div>"
+            "<details open><summary>the probes' tables</summary><div id=\"tables\"></div></details>"
             f"<script type=\"application/json\" id=\"data\">{blob}</script><script>{js}</script></body></html>\n")
 
 

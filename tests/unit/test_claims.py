@@ -34,6 +34,7 @@ GOOD: dict = {
     "follow_run": {"acc_x": 0.96, "harm": 0.02},  # the NCA + follow run
     "gcos": (0.02, 0.5),  # (cos, norm ratio) of the gradients probe at the OPD checkpoint
     "degenerate": [],  # teachability degeneracy reasons
+    "lens": {"opd": [0.2, 0.5, 0.5], "nca": [0.05, 0.1, 0.1]},  # lens KL after each layer and at the output
 }
 METHODS = ["opd", "nca", "nca_const", "ta_opd", "nca_follow"]
 
@@ -96,6 +97,13 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
             fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
     (run / "probes" / "similarity.json").write_text(json.dumps({  # the typed summary (SimilaritySummary)
         "models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1}))
+    with (run / "probes" / "lens.csv").open("w") as fh:
+        fh.write("model,site,depth,kl_c_x\n")
+        for model, vals in spec["lens"].items():
+            sites = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(vals) - 1)] + ["final_norm"]
+            fh.writelines(f"{model},{s},{d},{v}\n" for d, (s, v) in enumerate(zip(sites, [0.0, *vals])))
+    (run / "probes" / "lens.json").write_text(json.dumps({  # the typed result (LensSummary) next to the table
+        "probe": "lens", "settings": {}, "summary": {"models": list(spec["lens"]), "output_kl": {}, "promoted": {}}}))
     for method in METHODS:
         d = run / "train" / method
         d.mkdir(parents=True)
@@ -170,6 +178,7 @@ def test_every_claim_holds_on_the_good_study(tmp_path: Path) -> None:
     ({"follow": {"nca_follow": 0.3}}, "follow_term"),  # deaf
     ({"follow_run": {"acc_x": 0.96, "harm": 0.2}}, "follow_term"),  # the harm is back
     ({"follow_run": {"acc_x": 0.8, "harm": 0.0}}, "follow_term"),  # did not internalise
+    ({"lens": {"nca": [0.05, 0.6, 0.1]}}, "nca_lens"),
 ])
 def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
     assert verdicts(tmp_path, **changes)[key].verdict == claims.FAILS
@@ -187,9 +196,10 @@ def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
     ({"degenerate": ["C carries no information"]}, "teachability"),
     ({"follow": {"base": 0.0}}, "keeps_following"),  # the base follows nothing: no reference
     ({"follow": {"nca_follow": None}}, "follow_term"),
+    ({"lens": {"opd": [0.2, 0.5, 0.5]}}, "nca_lens"),  # NCA's lens rows absent
 ])
 def test_each_claim_can_be_not_measurable(tmp_path: Path, changes: dict, key: str) -> None:
-    assert verdicts(tmp_path, replace=("cos", "spread"), **changes)[key].verdict == claims.NA
+    assert verdicts(tmp_path, replace=("cos", "spread", "lens"), **changes)[key].verdict == claims.NA
 
 
 @pytest.mark.parametrize(("changes", "key"), [

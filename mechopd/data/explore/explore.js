@@ -105,5 +105,7 @@
     div.appendChild(row);
     box.appendChild(div);
   });
+  var first = data.items[0], m0 = first && data.models.filter(function (m) { return first.models[m]; })[0];
+  if (m0 && first.tokens.length) show(null, first, m0, 0);  // the panel starts on the first token
   document.body.setAttribute("data-ready", "1");
 })();
