@@ -9,8 +9,8 @@
 # 1. render a few items of the task in both views (no context x, context c) with the same response ids y;
 # 2. cache the residual stream of both views at the response tokens (`capture_views`);
 # 3. compare one layer token by token, then every layer (`two_view_cosine`);
-# 4. patch the context view's residual at layer l into the no-context view (same response positions) and watch the
-#    next-token distribution move toward the context view's: KL(q_c || q_x) before and after.
+# 4. the probes themselves, on the same items: the logit lens per view (`mechopd probe lens`) and activation patching
+#    between the views (`mechopd probe patching`), then one patch by hand with the capture/edit primitive (`Trace`).
 
 # %%
 import os
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 
 from mechopd.models import load_model, load_tokenizer
-from mechopd.probes.capture import all_sites, capture_views, patch_response
+from mechopd.probes.capture import capture_views, forward
+from mechopd.probes.lens import lens
+from mechopd.probes.patching import patching
 from mechopd.probes.similarity import make_batches, token_cosine, two_view_cosine
 from mechopd.tasks.base import get_task
 
@@ -83,38 +85,40 @@ for row in two_view_cosine(model, items).rows:
     print(f"{row['site']:>22}  cos_mean {row['cos_mean']:.4f}  median {row['cos_median']:.4f}")
 
 # %% [markdown]
-# ## Patch the context view's residual into the no-context view
-# The next-token distribution after response token t (logits at token t's own position), temperature as in rollouts.
-# Patching layer l replaces the no-context view's residual at every response token by the context view's; the prompt
-# positions keep their own states, so attention to the prompt still sees x alone. Patching the LAST layer makes the
-# two distributions identical (a sanity check of the alignment).
-
+# ## The logit lens per view
+# Each site's residual decoded through the final norm and the LM head, in both views, at the scored positions (the
+# last prompt token and every response token but the last): KL(p_c || p_x) by depth. At `final_norm` it is the output
+# KL between the views. Same function as `mechopd probe lens`.
 
 # %%
-def next_token_logp(which: str, patch_site: str | None = None) -> torch.Tensor:
-    """``[batch, R, V]`` log-probabilities after each response token in view `which` (optionally patched)."""
-    with torch.inference_mode():
-        if patch_site is None:
-            logits = model(**batch.view(which)).logits
-        else:
-            with patch_response(model, batch, which, patch_site, caps["c"][patch_site]):
-                logits = model(**batch.view(which)).logits
-    return torch.log_softmax(batch.response_hidden(logits, which) / task.temperature, -1)
+for row in lens(model, items, temperature=task.temperature).rows:
+    print(f"{row['site']:>22}  KL(p_c || p_x) {row['kl_c_x']:.5f}  top-1 agree {row['top1_agree']:.3f}")
 
+# %% [markdown]
+# ## Patch the context view into the no-context view
+# `recovered` = 1 - KL(p_c || p_x patched) / KL(p_c || p_x): replacing the no-context view's activation at the scored
+# positions (only those: the two prompts differ in length) by the context view's. `resid` is the residual at the site,
+# `attn` / `mlp` that layer's attention / MLP output. Same function as `mechopd probe patching`.
 
-def kl_c_to_x(logp_c: torch.Tensor, logp_x: torch.Tensor) -> float:
-    """Token mean of KL(q_c || q_x) = sum_v q_c(v) (log q_c(v) - log q_x(v)) over real response tokens."""
-    kl = (logp_c.exp() * (logp_c - logp_x)).sum(-1)  # [batch, R]
-    return float(kl[mask].mean())
+# %%
+rows = patching(model, items, temperature=task.temperature).rows
+for row in rows:
+    if row["direction"] == "c_to_x":
+        print(f"{row['site']:>22} {row['component']:>5}  recovered {row['recovered']:+.3f}")
+final = next(r for r in rows if (r["site"], r["component"], r["direction"]) == ("final_norm", "resid", "c_to_x"))
+assert abs(final["recovered"] - 1) < 1e-6, "patching the final norm must reproduce the context view exactly"
 
+# %% [markdown]
+# ## One patch by hand
+# `forward(model, batch, view, capture=[...], edit={...}, positions=...)` is the one capture/edit primitive the probes
+# use (`mechopd.probes.capture.Trace`, baukit-TraceDict-like). Here: the context view's layer output, written into
+# the no-context view.
 
-logp_c, logp_x = next_token_logp("c"), next_token_logp("x")
-before = kl_c_to_x(logp_c, logp_x)
-print(f"KL(q_c || q_x) without patching: {before:.4f}")
-results = {}
-for s in all_sites(model)[1:-1]:
-    results[s] = kl_c_to_x(logp_c, next_token_logp("x", s))
-    print(f"patch {s:>20}: KL {before:.4f} -> {results[s]:.4f}")
-last = all_sites(model)[-2]
-assert results[last] < 1e-8, "patching the last layer must reproduce the context view exactly"
+# %%
+site = f"layers.{LAYER}.resid_post"
+donor = forward(model, batch, "c", capture=[site], positions="predict")
+patched = forward(model, batch, "x", edit={site: donor[site]}, positions="predict")
+clean = forward(model, batch, "x", positions="predict")
+moved = (patched.logits - clean.logits)[batch.response_mask].abs().max()
+print(f"patching {site}: the no-context logits moved by up to {float(moved):.4f}")
 print("done")
