@@ -34,7 +34,7 @@ def _table(run_dir: Path, name: str, figure: str, required: list[str]) -> list[d
 
 
 @styled
-def figure_lens(run_dir: Path) -> Figure | None:
+def figure_lens_kl(run_dir: Path) -> Figure | None:
     """KL(p_c ‖ p_x) of the lens distributions per site (x: depth), one line per model (log y when it spans > 100x)."""
     rows = _table(run_dir, "lens.csv", LENS, ["model", "site", "depth", "kl_c_x"])
     if rows is None:
@@ -65,8 +65,8 @@ def figure_lens(run_dir: Path) -> Figure | None:
     return fig
 
 
-def plot_lens(run_dir: Path, out_dir: Path) -> list[Path]:
-    return save(figure_lens(run_dir), out_dir, LENS)
+def plot_lens_kl(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_lens_kl(run_dir), out_dir, LENS)
 
 
 def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: list[str], title: str, *, cmap: str,
@@ -118,7 +118,7 @@ def plot_patching(run_dir: Path, out_dir: Path) -> list[Path]:
 
 
 @styled
-def figure_attention(run_dir: Path) -> Figure | None:
+def figure_attention_context(run_dir: Path) -> Figure | None:
     """context_share per layer (rows) x head (columns), a panel per model, then NCA − OPD (when both exist)."""
     rows = _table(run_dir, "attention.csv", ATTENTION, ["model", "layer", "head", "context_share"])
     if rows is None:
@@ -146,5 +146,5 @@ def figure_attention(run_dir: Path) -> Figure | None:
     return fig
 
 
-def plot_attention(run_dir: Path, out_dir: Path) -> list[Path]:
-    return save(figure_attention(run_dir), out_dir, ATTENTION)
+def plot_attention_context(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_attention_context(run_dir), out_dir, ATTENTION)

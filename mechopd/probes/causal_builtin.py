@@ -76,7 +76,7 @@ register_probe(ProbeSpec(
         "Mean over the scored positions (the last prompt token and every response token but the last) of "
         "KL(p_c ‖ p_x) between the context and no-context views' distributions, the residual at each site decoded "
         "through the model's final norm and LM head (at the final norm: the output); one line per model.",
-        "mechopd.plots.causal:plot_lens"),),
+        "mechopd.plots.causal:plot_lens_kl"),),
     report="mechopd.probes.lens:report",
 ))
 
@@ -110,6 +110,6 @@ register_probe(ProbeSpec(
         "attention_context", "Attention on the context per layer and head",
         "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
         "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
-        "mechopd.plots.causal:plot_attention"),),
+        "mechopd.plots.causal:plot_attention_context"),),
     report="mechopd.probes.attention:report",
 ))

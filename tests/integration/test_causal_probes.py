@@ -162,7 +162,7 @@ def test_attention_shares_are_a_partition_per_head(models, tmp_path, placement):
 
 def test_cli_probes_and_figures(models, tmp_path):
     from mechopd.cli import main
-    from mechopd.plots.causal import plot_attention, plot_lens, plot_patching
+    from mechopd.plots.causal import plot_attention_context, plot_lens_kl, plot_patching
 
     flags = ["--models", *(f"{k}={v}" for k, v in models.items()), "--n", "4", "--batch-size", "2",
              "--max-new-tokens", "4", "--out", str(tmp_path / "probes")]
@@ -176,7 +176,7 @@ def test_cli_probes_and_figures(models, tmp_path):
         assert math.isfinite(float(r["dlogp"])) and 0.0 <= float(r["acc_xc_patched"]) <= 1.0
     assert main(["probe", "patching", *flags, "--components", "bogus"]) == 2
     assert main(["probe", "patching", *flags, "--cross", "nca"]) == 2
-    for plot in (plot_lens, plot_patching, plot_attention):
+    for plot in (plot_lens_kl, plot_patching, plot_attention_context):
         assert [p.suffix for p in plot(tmp_path, tmp_path / "figures")] == [".png", ".pdf"]
     from mechopd.probes.registry import report_lines
 

@@ -11,6 +11,7 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
+from .causal_artifacts import write_causal
 from mechopd.artifacts import json_safe
 from mechopd.probes import deltas, gradients, similarity, teachability
 from mechopd.probes.capture import sites_for
@@ -154,6 +155,7 @@ def make_run(root: Path, task: str = "rules", seed: int = 0) -> Path:
     _write_gradients(probes, rng)
     _write_deltas(probes, _checkpoints(root / f"{task}_ckpts"))
     _write_teachability(probes, rng)
+    write_causal(probes, rng)
     _write_sweep(run, rng)
     return run
 
