@@ -26,10 +26,10 @@ def browser() -> str:
                 "(.ci/run does it when absent)")
 
 
-def dump_dom(page: Path) -> tuple[str, str]:
+def dump_dom(page: Path, fragment: str = "") -> tuple[str, str]:
     """(the DOM after the page's scripts ran, chromium's stderr with the console messages)."""
     cmd = [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-           "--v=0", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()]
+           "--v=0", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri() + fragment]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, done.stderr
@@ -114,6 +114,16 @@ def test_explorer_page_in_a_headless_browser(run_dir):
     for m in out:  # the per-token values average to the table's output KL (every item is a detail item here)
         vals = [v for rec in tokens if rec["model"] == m for v in rec["kl"]["final_norm"]]
         assert sum(vals) / len(vals) == pytest.approx(out[m], rel=1e-4)
+
+
+def test_colouring_by_a_patched_site(run_dir):
+    from mechopd.explore import collect
+
+    data = collect(run_dir / "probes")
+    k = 1 + (len(data["sites"]) - 1) + 1  # output, the lens sites but final_norm, then the first patched site
+    dom_text, _ = dump_dom(run_dir / "explore.html", f"#colour={k}")
+    assert parse(dom_text).errors.strip() == ""
+    assert "tokens coloured by KL after patching c→x at embed" in dom_text and 'data-ready="1"' in dom_text
 
 
 def test_the_error_hook_catches_a_script_error(run_dir, tmp_path):

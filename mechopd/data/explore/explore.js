@@ -76,11 +76,30 @@
     tip.style.display = "block";
   }
 
-  // --- the items: models side by side
-  var hi = 1e-12;
-  data.items.forEach(function (it) { Object.keys(it.models).forEach(function (m) { (it.models[m].kl.final_norm || []).forEach(function (v) { if (v > hi) hi = v; }); }); });
+  // --- what colours the tokens: the output KL (default), the lens KL at a site, the KL after a c→x patch at a site
+  var choices = [["kl", "final_norm", "KL(p_c‖p_x) at the output"]];
+  data.sites.forEach(function (s) { if (s !== "final_norm") choices.push(["kl", s, "lens KL at " + s]); });
+  var first0 = data.items[0] && data.items[0].models[data.models[0]];
+  Object.keys((first0 && first0.patched) || {}).forEach(function (s) { choices.push(["patched", s, "KL after patching c→x at " + s]); });
+  function value(d, c, t) { var a = d[c[0]] && d[c[0]][c[1]]; return a ? a[t] : NaN; }
+  var spans = [];
+  function recolour(c) {
+    var hi = 1e-12;
+    spans.forEach(function (x) { var v = value(x.d, c, x.t); if (v > hi) hi = v; });
+    spans.forEach(function (x) {
+      var v = value(x.d, c, x.t), a = isFinite(v) ? Math.sqrt(Math.max(0, v) / hi) : 0;
+      x.span.style.background = "rgba(220,40,40," + a.toFixed(3) + ")";
+    });
+    legend.textContent = data.items.length + " items · tokens coloured by " + c[2] + " of the position predicting them (max " + fmt(hi) + ")";
+  }
   var box = document.getElementById("items");
-  box.appendChild(el("h2", {}, data.items.length + " items · tokens coloured by KL(p_c‖p_x) of the position predicting them (max " + fmt(hi) + ")"));
+  var legend = el("h2");
+  var select = el("select", {"id": "colour"});
+  choices.forEach(function (c, k) { select.appendChild(el("option", {"value": k}, c[2])); });
+  select.addEventListener("change", function () { recolour(choices[Number(select.value)]); });
+  box.appendChild(legend);
+  box.appendChild(el("label", {}, "colour by "));
+  box.appendChild(select);
   data.items.forEach(function (it, i) {
     var div = el("div", {"class": "item", "data-item": i, "data-uid": it.uid});
     div.appendChild(el("div", {"class": "uid"}, "item " + i + " · " + it.uid));
@@ -95,8 +114,7 @@
       it.tokens.forEach(function (tok, t) {
         var v = d.kl.final_norm ? d.kl.final_norm[t] : NaN;
         var span = el("span", {"class": "tok", "data-kl": String(v)}, tok);
-        var a = isFinite(v) ? Math.sqrt(Math.max(0, v) / hi) : 0;
-        span.style.background = "rgba(220,40,40," + a.toFixed(3) + ")";
+        spans.push({span: span, d: d, t: t});
         span.addEventListener("mouseenter", function (ev) { show(ev, it, m, t); });
         col.appendChild(span);
       });
@@ -105,6 +123,10 @@
     div.appendChild(row);
     box.appendChild(div);
   });
+  var wanted = /colour=(\d+)/.exec(location.hash);  // e.g. explore.html#colour=3 (the selector's index)
+  var start = wanted && Number(wanted[1]) < choices.length ? Number(wanted[1]) : 0;
+  select.value = String(start);
+  recolour(choices[start]);
   var first = data.items[0], m0 = first && data.models.filter(function (m) { return first.models[m]; })[0];
   if (m0 && first.tokens.length) show(null, first, m0, 0);  // the panel starts on the first token
   document.body.setAttribute("data-ready", "1");
