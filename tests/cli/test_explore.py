@@ -119,6 +119,7 @@ def test_explorer_page_in_a_headless_browser(run_dir):
 def test_colouring_by_a_patched_site(run_dir):
     from mechopd.explore import collect
 
+    assert main(["explore", str(run_dir)]) == 0
     data = collect(run_dir / "probes")
     k = 1 + (len(data["sites"]) - 1) + 1  # output, the lens sites but final_norm, then the first patched site
     dom_text, _ = dump_dom(run_dir / "explore.html", f"#colour={k}")
