@@ -121,7 +121,7 @@ def test_colouring_by_a_patched_site(run_dir):
 
     assert main(["explore", str(run_dir)]) == 0
     data = collect(run_dir / "probes")
-    k = 1 + (len(data["sites"]) - 1) + 1  # output, the lens sites but final_norm, then the first patched site
+    k = 1 + (len(data["sites"]) - 1)  # after the output and the lens sites but final_norm: the first patched site
     dom_text, _ = dump_dom(run_dir / "explore.html", f"#colour={k}")
     assert parse(dom_text).errors.strip() == ""
     assert "tokens coloured by KL after patching c→x at embed" in dom_text and 'data-ready="1"' in dom_text
