@@ -85,6 +85,19 @@ def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: lis
     fig.colorbar(mesh, ax=ax, shrink=0.8)
 
 
+def _panel_row(panels: list[tuple], ticks: tuple[list[str], list[str]], labels: tuple[str, str], annotate: bool,
+               size: tuple[float, float], title: str) -> Figure:
+    """One row of heatmap panels ``(title, grid [rows, cols], cmap, vmin, vmax)`` sharing tick labels."""
+    fig = new_figure(size[0] * len(panels) + 1.0, size[1] * len(ticks[1]) + 2.2)
+    for k, (name, grid, cmap, lo, hi) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        _heatmap(fig, ax, grid, ticks[0], ticks[1], name, cmap=cmap, vmin=lo, vmax=hi, annotate=annotate)
+        ax.set_xlabel(labels[0])
+        ax.set_ylabel(labels[1] if k == 0 else "")
+    fig.suptitle(title)
+    return fig
+
+
 @styled
 def figure_patching(run_dir: Path) -> Figure | None:
     """recovered (c_to_x, every position) per site (rows, forward order) x component (columns), a panel per model."""
@@ -97,20 +110,16 @@ def figure_patching(run_dir: Path) -> Figure | None:
     sites = sorted(dict.fromkeys(r["site"] for r in rows), key=lambda s: to_float(
         next(r["depth"] for r in rows if r["site"] == s)))
     comps = [c for c in COMPONENT_ORDER if any(r["component"] == c for r in rows)]
-    fig = new_figure(3.2 * len(models) + 1.0, 0.35 * len(sites) + 2.0)
     lo = min([0.0] + [v for r in rows for v in [to_float(r["recovered"])] if math.isfinite(v)])  # one scale
-    for k, m in enumerate(models):
+    panels = []
+    for m in models:
         grid = np.full((len(sites), len(comps)), np.nan)
         for r in rows:
             if r["model"] == m:
                 grid[sites.index(r["site"]), comps.index(r["component"])] = to_float(r["recovered"])
-        ax = fig.add_subplot(1, len(models), k + 1)
-        _heatmap(fig, ax, grid, comps, [site_label(s) for s in sites], f"{info.label(m)}: recovered (c→x)",
-                 cmap="viridis", vmin=lo, vmax=1.0, annotate=True)
-        ax.set_xlabel("component")
-        ax.set_ylabel("site" if k == 0 else "")
-    fig.suptitle(f"Activation patching between the views — {info.task}")
-    return fig
+        panels.append((f"{info.label(m)}: recovered (c→x)", grid, "viridis", lo, 1.0))
+    return _panel_row(panels, (comps, [site_label(s) for s in sites]), ("component", "site"), True, (3.2, 0.35),
+                      f"Activation patching between the views — {info.task}")
 
 
 def plot_patching(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -135,15 +144,8 @@ def figure_attention_context(run_dir: Path) -> Figure | None:
         diff = grids["nca"] - grids["opd"]
         lim = max(1e-6, float(np.nanmax(np.abs(diff))))
         panels.append((f"{info.label('nca')} − {info.label('opd')}", diff, "coolwarm", -lim, lim))
-    fig = new_figure(2.6 * len(panels) + 1.0, 0.3 * L + 2.2)
-    for k, (title, grid, cmap, lo, hi) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), k + 1)
-        _heatmap(fig, ax, grid, [str(h) for h in range(H)], [str(i) for i in range(L)], title, cmap=cmap, vmin=lo,
-                 vmax=hi, annotate=L * H <= 48)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer" if k == 0 else "")
-    fig.suptitle(f"Attention on the context (context view, share of attention) — {info.task}")
-    return fig
+    return _panel_row(panels, ([str(h) for h in range(H)], [str(i) for i in range(L)]), ("head", "layer"),
+                      L * H <= 48, (2.6, 0.3), f"Attention on the context (context view, share of attention) — {info.task}")
 
 
 def plot_attention_context(run_dir: Path, out_dir: Path) -> list[Path]:

@@ -15,6 +15,7 @@ from mechopd.models import load_model
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, forward
 from mechopd.probes.setup import ProbeSetup
+from mechopd.testing.causal import output_kl
 
 
 def _copy(src: Path, dst: Path, seed: int, scale: float = 0.3) -> str:
@@ -50,21 +51,6 @@ def lens_dir(models, tmp_path_factory) -> Path:
     return out
 
 
-def _output_kl(model, records, T: float) -> float:
-    """An independent forward: the whole model on each saved item, full logits, KL(p_c || p_x) at the scored
-    positions (the logits at columns P-1 .. P+R-2 of each view), token mean."""
-    total, n = 0.0, 0
-    for rec in records:
-        px, pc, y = rec["prompt_ids_x"], rec["prompt_ids_c"], rec["response_ids"]
-        with torch.no_grad():
-            lx = model(input_ids=torch.tensor([px + y])).logits[0, len(px) - 1 : len(px) + len(y) - 1]
-            lc = model(input_ids=torch.tensor([pc + y])).logits[0, len(pc) - 1 : len(pc) + len(y) - 1]
-        lpx, lpc = torch.log_softmax(lx.double() / T, -1), torch.log_softmax(lc.double() / T, -1)
-        total += float((lpc.exp() * (lpc - lpx)).sum())
-        n += len(y)
-    return total / n
-
-
 def test_lens_at_final_norm_is_the_output_kl_of_an_independent_forward(lens_dir, models):
     doc = json.loads((lens_dir / "lens.json").read_text())
     assert doc["settings"]["models"] == models
@@ -73,7 +59,7 @@ def test_lens_at_final_norm_is_the_output_kl_of_an_independent_forward(lens_dir,
     rows = read_csv(lens_dir / "lens.csv")
     for label, path in models.items():
         got = next(float(r["kl_c_x"]) for r in rows if r["model"] == label and r["site"] == "final_norm")
-        ref = _output_kl(load_model(path), records, doc["settings"]["temperature"])
+        ref = output_kl(load_model(path), records, doc["settings"]["temperature"])
         assert ref > 1e-6 and got == pytest.approx(ref, rel=1e-4)
         at_embed = next(r for r in rows if r["model"] == label and r["site"] == "embed")
         assert float(at_embed["kl_c_x"]) == pytest.approx(0.0, abs=1e-9) and float(at_embed["top1_agree"]) == 1.0

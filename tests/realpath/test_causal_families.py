@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-
 from mechopd.artifacts import read_csv
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes import causal_items as ci
 from mechopd.probes.setup import ProbeSetup
+from mechopd.testing.causal import output_kl
 
 from .helpers import NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
 
@@ -39,17 +38,9 @@ def test_causal_probes_on_real_architectures(zoo, family, placement, tmp_path):
     assert settings["spec"]["placement"] == placement and settings["models"]["other"] == str(zoo.teacher(family))
     lens = read_csv(tmp_path / "lens.csv")
     for label, path in setup.models.items():  # lens at final_norm == an independent forward's output KL
-        model = load_model(path)
-        total, n = 0.0, 0
-        for rec in records:
-            px, pc, y = rec["prompt_ids_x"], rec["prompt_ids_c"], rec["response_ids"]
-            with torch.no_grad():
-                lx = model(input_ids=torch.tensor([px + y])).logits[0, len(px) - 1 : len(px) + len(y) - 1]
-                lc = model(input_ids=torch.tensor([pc + y])).logits[0, len(pc) - 1 : len(pc) + len(y) - 1]
-            a, b = torch.log_softmax(lc.double(), -1), torch.log_softmax(lx.double(), -1)
-            total, n = total + float((a.exp() * (a - b)).sum()), n + len(y)
+        ref = output_kl(load_model(path), records)
         got = next(float(r["kl_c_x"]) for r in lens if r["model"] == label and r["site"] == "final_norm")
-        assert total / n > 0 and got == pytest.approx(total / n, rel=1e-4)
+        assert ref > 0 and got == pytest.approx(ref, rel=1e-4)
     patch = {(r["site"], r["component"], r["direction"]): float(r["recovered"])
              for r in read_csv(tmp_path / "patching.csv")}
     assert patch[("final_norm", "resid", "c_to_x")] == pytest.approx(1.0, abs=1e-6)
