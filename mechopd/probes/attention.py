@@ -170,16 +170,31 @@ def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Ma
     return out / "attention.csv"
 
 
+class AttentionSummary(ci.CausalSummary):
+    """The attention probe's result: ``share(model, layer, head)`` and the report's ``lines()``."""
+
+    PROBE = "attention"
+
+    def share(self, model: str, layer: int, head: int) -> float | None:
+        from mechopd.artifacts import read_float
+
+        row = next((r for r in self.rows if (r["model"], int(r["layer"]), int(r["head"])) == (model, layer, head)),
+                   None)
+        return None if row is None else read_float(row["context_share"])
+
+    def lines(self) -> list[str]:
+        s = self.summary
+        mean = "; ".join(f"{m} {v:.3f}" for m, v in s["mean_share"].items())
+        lines = [f"- Attention on the context (context view, mean over layers × heads): {mean} "
+                 "(`probes/attention.csv`)"]
+        for pair, heads in s["changed"].items():
+            if heads:
+                h = heads[0]
+                lines.append(f"- Head whose context share changed most, {pair}: layer {h['layer']} head {h['head']} "
+                             f"(Δ {h['delta']:+.3f})")
+        return lines
+
+
 def report(probes_dir: Path) -> list[str]:
-    doc = ci.load_summary(probes_dir, "attention")
-    if doc is None:
-        return []
-    s = doc["summary"]
-    mean = "; ".join(f"{m} {v:.3f}" for m, v in s["mean_share"].items())
-    lines = [f"- Attention on the context (context view, mean over layers × heads): {mean} (`probes/attention.csv`)"]
-    for pair, heads in s["changed"].items():
-        if heads:
-            h = heads[0]
-            lines.append(f"- Head whose context share changed most, {pair}: layer {h['layer']} head {h['head']} "
-                         f"(Δ {h['delta']:+.3f})")
-    return lines
+    result = AttentionSummary.load(probes_dir)
+    return result.lines() if result is not None else []

@@ -158,5 +158,28 @@ def load_summary(probes_dir: Path, probe: str) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
-__all__ = ["CausalRun", "batches_of", "item_records", "kl_rows", "load_summary", "logp", "pad_id", "read_items",
+class CausalSummary:
+    """A causal probe's typed result in a probes dir: ``settings`` and ``summary`` of ``<PROBE>.json`` and the rows of
+    ``<PROBE>.csv`` (cells as text). Subclasses name ``PROBE`` and give ``lines()`` (the report's bullets)."""
+
+    PROBE = ""
+
+    def __init__(self, doc: Mapping[str, Any], rows: list[dict[str, str]]) -> None:
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("summary"), Mapping):
+            raise DataError(f"{self.PROBE}.json has no 'summary' object; rerun mechopd probe {self.PROBE}")
+        self.settings, self.summary, self.rows = dict(doc.get("settings") or {}), dict(doc["summary"]), rows
+
+    @classmethod
+    def load(cls, probes_dir: str | os.PathLike) -> Any:
+        """The result in ``probes_dir``; None when the probe did not run there."""
+        from mechopd.artifacts import read_csv
+
+        doc = load_summary(Path(probes_dir), cls.PROBE)
+        return None if doc is None else cls(doc, read_csv(Path(probes_dir) / f"{cls.PROBE}.csv"))
+
+    def lines(self) -> list[str]:
+        raise NotImplementedError
+
+
+__all__ = ["CausalRun", "CausalSummary", "batches_of", "item_records", "kl_rows", "load_summary", "logp", "pad_id", "read_items",
            "resolve", "save"]

@@ -174,13 +174,27 @@ def _at(rows: list[dict], site: str) -> float | None:
     return next((r["kl_c_x"] for r in rows if r["site"] == site), None)
 
 
+class LensSummary(ci.CausalSummary):
+    """The lens probe's result: ``kl_by_depth(model)`` (the claims read it) and the report's ``lines()``."""
+
+    PROBE = "lens"
+
+    def kl_by_depth(self, model: str) -> list[float]:
+        """kl_c_x after each decoder layer and at the output, in depth order (embed left out: 0 by construction)."""
+        from mechopd.artifacts import read_float
+
+        rows = [r for r in self.rows if r["model"] == model and r["site"] != "embed"]
+        return [read_float(r["kl_c_x"]) for r in sorted(rows, key=lambda r: int(r["depth"]))]
+
+    def lines(self) -> list[str]:
+        s = self.summary
+        parts = [f"{m} {v:.4f}" for m, v in s["output_kl"].items() if v is not None]
+        top = {m: ", ".join(repr(t) for t, _ in v.get("final_norm", [])[:3]) for m, v in s["promoted"].items()}
+        return [f"- Logit lens: output KL(p_c ‖ p_x) between views {'; '.join(parts)} (`probes/lens.csv`, per "
+                "depth); tokens the context promotes most: " + "; ".join(f"{m}: {t}" for m, t in top.items())]
+
+
 def report(probes_dir: Path) -> list[str]:
-    """Report lines: the output KL between views per model and the depth where half of it is reached."""
-    doc = ci.load_summary(probes_dir, "lens")
-    if doc is None:
-        return []
-    s = doc["summary"]
-    parts = [f"{m} {v:.4f}" for m, v in s["output_kl"].items() if v is not None]
-    top = {m: ", ".join(repr(t) for t, _ in v.get("final_norm", [])[:3]) for m, v in s["promoted"].items()}
-    return [f"- Logit lens: output KL(p_c ‖ p_x) between views {'; '.join(parts)} (`probes/lens.csv`, per depth); "
-            f"tokens the context promotes most: " + "; ".join(f"{m}: {t}" for m, t in top.items())]
+    """Report lines: the output KL between views per model and the tokens the context promotes most."""
+    result = LensSummary.load(probes_dir)
+    return result.lines() if result is not None else []

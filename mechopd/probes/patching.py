@@ -225,20 +225,34 @@ def _best(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return out
 
 
+class PatchingSummary(ci.CausalSummary):
+    """The patching probe's result: ``recovered(model, site, component, direction)`` and the report's ``lines()``."""
+
+    PROBE = "patching"
+
+    def recovered(self, model: str, site: str, component: str = "resid", direction: str = "c_to_x") -> float | None:
+        from mechopd.artifacts import read_float
+
+        row = next((r for r in self.rows if (r["model"], r["site"], r["component"], r["direction"], r["window"]) ==
+                    (model, site, component, direction, "all")), None)
+        return None if row is None else read_float(row["recovered"])
+
+    def lines(self) -> list[str]:
+        s = self.summary
+        parts = [f"{m}: half the output KL recovered at {b['half_site'] or 'no decoder layer'}, top component "
+                 f"{b['top_component']} ({_f(b['top_component_recovered'])})"
+                 for m, b in s["best"].items() if b["top_component"] is not None]
+        lines = ["- Activation patching c→x (`probes/patching.csv`): " + "; ".join(parts)] if parts else []
+        for c in s.get("cross", {}).get("rows", [])[:1]:
+            lines.append(f"- Cross-checkpoint patch {c['donor']}→{c['recipient']} (context view, {c['site']}): "
+                         f"Δ answer log-prob {_f(c['dlogp'], '+.3f')}, Harm {_f(c['harm'])} → "
+                         f"{_f(c['harm_patched'])} (`probes/patching_cross.csv`)")
+        return lines
+
+
 def report(probes_dir: Path) -> list[str]:
-    doc = ci.load_summary(probes_dir, "patching")
-    if doc is None:
-        return []
-    s = doc["summary"]
-    parts = [f"{m}: half the output KL recovered at {b['half_site'] or 'no decoder layer'}, top component "
-             f"{b['top_component']} ({_f(b['top_component_recovered'])})"
-             for m, b in s["best"].items() if b["top_component"] is not None]
-    lines = [f"- Activation patching c→x (`probes/patching.csv`): " + "; ".join(parts)] if parts else []
-    for c in s.get("cross", {}).get("rows", [])[:1]:
-        lines.append(f"- Cross-checkpoint patch {c['donor']}→{c['recipient']} (context view, {c['site']}): "
-                     f"Δ answer log-prob {_f(c['dlogp'], '+.3f')}, Harm {_f(c['harm'])} → {_f(c['harm_patched'])} "
-                     f"(`probes/patching_cross.csv`)")
-    return lines
+    result = PatchingSummary.load(probes_dir)
+    return result.lines() if result is not None else []
 
 
 def _f(v: float | None, spec: str = ".2f") -> str:
