@@ -150,7 +150,7 @@ def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Ma
                   dtype: torch.dtype | None = None) -> Path:
     """Every model on the same items; writes attention.csv, attention_tokens.jsonl, attention_items.jsonl (with each
     item's ``context_span``) and attention.json (the most-changed heads per model pair)."""
-    run = ci.resolve(setup, models, greedy=greedy, device=device, dtype=dtype)
+    run = ci.resolve(setup, models, probe="attention", out=out_dir, greedy=greedy, device=device, dtype=dtype)
     spans = [context_span(run.tokenizer, ex.prompt, ex.context, run.items.spec) for ex in run.items.examples]
     rows, tokens = [], []
     for label, model in run.each_model():

@@ -70,14 +70,13 @@ register_probe(ProbeSpec(
     "lens", "logit lens per view: KL between the views' decoded residual at every depth", lens,
     arguments=(MODELS, Arg(("--layers",), dict(default=None, help=SITES_HELP)), GREEDY, DETAIL),
     outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl"),
-    demo={"models": DEMO_MODELS},
+    demo={"models": DEMO_MODELS}, role_options=("models",), summary="mechopd.probes.lens:LensSummary",
     figures=(FigureSpec(
         "lens_kl", "Logit lens: KL between the views by depth",
         "Mean over the scored positions (the last prompt token and every response token but the last) of "
         "KL(p_c ‖ p_x) between the context and no-context views' distributions, the residual at each site decoded "
         "through the model's final norm and LM head (at the final norm: the output); one line per model.",
         "mechopd.plots.causal:plot_lens_kl"),),
-    report="mechopd.probes.lens:report",
 ))
 
 register_probe(ProbeSpec(
@@ -91,25 +90,24 @@ register_probe(ProbeSpec(
                Arg(("--cross-sites",), dict(dest="cross_sites", default=None, help=f"sites of --cross: {SITES_HELP}")),
                GREEDY, DETAIL),
     outputs=("patching.csv", "patching.json", "patching_items.jsonl", "patching_tokens.jsonl"),
-    demo={"models": DEMO_MODELS, "cross": "nca,opd"},
+    demo={"models": DEMO_MODELS, "cross": "nca,opd"}, role_options=("models", "cross"),
+    summary="mechopd.probes.patching:PatchingSummary",
     figures=(FigureSpec(
         "patching", "Activation patching between the views",
         "Recovered share of the output KL between the views when the no-context view's activation at the scored "
         "positions is replaced by the context view's (c→x): 1 − KL(p_c ‖ p_x patched)/KL(p_c ‖ p_x), per site and "
         "component (resid: the residual stream at the site; attn / mlp: that layer's attention / MLP output); one "
         "panel per model.", "mechopd.plots.causal:plot_patching"),),
-    report="mechopd.probes.patching:report",
 ))
 
 register_probe(ProbeSpec(
     "attention", "attention mass on the context span per layer x head (context view, eager attention)", attention,
     arguments=(MODELS, GREEDY, DETAIL),
     outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
-    demo={"models": DEMO_MODELS},
+    demo={"models": DEMO_MODELS}, role_options=("models",), summary="mechopd.probes.attention:AttentionSummary",
     figures=(FigureSpec(
         "attention_context", "Attention on the context per layer and head",
         "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
         "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
         "mechopd.plots.causal:plot_attention_context"),),
-    report="mechopd.probes.attention:report",
 ))

@@ -57,6 +57,7 @@ class CausalRun:
     source: str
     device: str
     dtype: torch.dtype | None = None
+    context: Any = None  # the runner's ProbeContext (mechopd.probes.runner)
 
     @property
     def temperature(self) -> float:
@@ -73,37 +74,37 @@ class CausalRun:
             del model
 
     def settings(self, **extra: Any) -> dict[str, Any]:
-        s = self.setup
-        return {"models": dict(self.models), "task": s.task, "task_options": s.task_options, "spec": asdict(self.items.spec),
-                "n": len(self.items.examples), "seed": s.seed, "split": s.split or "test", "batch_size": s.batch_size,
-                "temperature": self.temperature, "max_new_tokens": int(self.task.max_new_tokens),
-                "responses_from": self.source, "device": str(self.device), "dtype": str(self.dtype or torch.float32),
-                "positions": "predict: the last prompt token and every response token but the last", **extra}
+        """The runner's record (every model's path, task, spec, split, n, seed, ...) plus the causal probes' own."""
+        return self.context.settings(models=dict(self.models), responses_from=self.source,
+                                     dtype=str(self.dtype or torch.float32),
+                                     positions="predict: the last prompt token and every response token but the last",
+                                     **extra)
 
 
-def resolve(setup: ProbeSetup, models: Sequence[str] | Mapping[str, str] | None = None, *, greedy: bool = False,
-            device: str | None = None, dtype: torch.dtype | None = None) -> CausalRun:
-    """Models (default every model of the setup but the teacher), one tokenizer for all, the items with responses."""
+def resolve(setup: ProbeSetup, models: Sequence[str] | Mapping[str, str] | None = None, *, probe: str,
+            out: str | os.PathLike, greedy: bool = False, device: str | None = None,
+            dtype: torch.dtype | None = None) -> CausalRun:
+    """Models (default every model of the setup but the teacher), resolved by the one probe runner
+    (`ProbeContext`: one tokenizer for all, task, render spec, items saved as ``<probe>_items.jsonl``), and the items
+    with one response each."""
+    from mechopd.probes.runner import ProbeContext
+
     picked = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(picked)
-    tok = load_tokenizer(picked[labels[0]])
-    for label in labels[1:]:
-        check_same_tokenizer(tok, load_tokenizer(picked[label]), labels[0], label)
-    task = setup.make_task()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ctx = ProbeContext.prepare(setup, probe, out, dict(picked), default_split="test", device=device)
     src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     if src in picked or src in setup.models:
-        sampler = load_model(picked.get(src) or setup.models[src], dtype=dtype, device=device)
-        items = setup.items(tok, sampler, task, greedy=greedy)
+        sampler = load_model(picked.get(src) or setup.models[src], dtype=dtype, device=ctx.device)
+        items = ctx.sample(sampler, greedy=greedy)
         del sampler
     elif src == "answers":
-        items = setup.items(tok, "answers", task)
+        items = ctx.answers()
     elif src.endswith(".jsonl") and Path(src).is_file():
-        items = setup.items(tok, read_responses(src, setup.examples(task)), task)
+        items = ctx.given(src)
     else:
         raise ConfigError(f"--responses-from {src!r} is not a model label ({', '.join(picked)}), 'answers' or an "
                           "existing .jsonl file of response ids")
-    return CausalRun(setup, picked, tok, task, items, src, device, dtype)
+    return CausalRun(setup, picked, ctx.tokenizer, ctx.task, items, src, ctx.device, dtype, ctx)
 
 
 def item_records(run: CausalRun, **per_item: Sequence[Any]) -> list[dict[str, Any]]:
@@ -121,8 +122,10 @@ def item_records(run: CausalRun, **per_item: Sequence[Any]) -> list[dict[str, An
 
 def save(out: Path, probe: str, run: CausalRun, settings: dict[str, Any], summary: dict[str, Any],
          records: list[dict[str, Any]] | None = None) -> Path:
-    """``out/<probe>_items.jsonl`` and ``out/<probe>.json`` (settings + summary). Returns the JSON's path."""
-    write_jsonl(out / f"{probe}_items.jsonl", records if records is not None else item_records(run))
+    """``out/<probe>.json`` (settings + summary), and ``out/<probe>_items.jsonl`` again when ``records`` add columns
+    to the runner's items (which `resolve` already saved). Returns the JSON's path."""
+    if records is not None:
+        write_jsonl(out / f"{probe}_items.jsonl", records)
     return write_json(out / f"{probe}.json", {"probe": probe, "settings": settings, "summary": summary})
 
 

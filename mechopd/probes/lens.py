@@ -151,7 +151,8 @@ def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping
              layers: Sequence[int | str] | None = None, greedy: bool = False, detail: int = DETAIL_ITEMS,
              device: str | None = None, dtype: torch.dtype | None = None) -> Path:
     """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json."""
-    run = ci.resolve(setup, models, greedy=greedy, device=device, dtype=dtype)
+    run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device,
+                     dtype=dtype)
     out = Path(out_dir)
     results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail)
                for label, model in run.each_model()}

@@ -189,7 +189,8 @@ def run_patching(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Map
                  device: str | None = None, dtype: torch.dtype | None = None) -> Path:
     """Every model on the same items; writes patching.csv, patching_tokens.jsonl, patching_items.jsonl,
     patching.json, and with ``cross=(donor, recipient)`` patching_cross.csv (`mechopd.probes.crosspatch`)."""
-    run = ci.resolve(setup, models, greedy=greedy, device=device, dtype=dtype)
+    run = ci.resolve(setup, models, probe="patching", out=out_dir, greedy=greedy, device=device,
+                     dtype=dtype)
     out = Path(out_dir)
     results = {label: patching(model, run.items, temperature=run.temperature, sites=layers, components=components,
                                window=window, label=label, detail=detail)

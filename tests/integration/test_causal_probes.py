@@ -68,14 +68,14 @@ def test_lens_at_final_norm_is_the_output_kl_of_an_independent_forward(lens_dir,
     assert set(doc["summary"]["promoted"]) == set(models)
 
 
-def test_lens_batched_equals_one_by_one(models):
+def test_lens_batched_equals_one_by_one(models, tmp_path):
     from mechopd.probes.lens import lens
 
     setup = _setup(models)
-    run = ci.resolve(setup, ["opd"])
+    run = ci.resolve(setup, ["opd"], probe="lens", out=tmp_path / "a")
     model = run.load("opd")
     one = ProbeSetup(**{**setup.__dict__, "batch_size": 1})
-    items1 = ci.resolve(one, ["opd"]).items
+    items1 = ci.resolve(one, ["opd"], probe="lens", out=tmp_path / "b").items
     a = lens(model, run.items, temperature=1.0).rows
     b = lens(model, items1, temperature=1.0).rows
     for ra, rb in zip(a, b):
@@ -108,8 +108,8 @@ def test_patching_fixed_points_and_windows(models, tmp_path):
     assert set(doc["settings"]["models"]) == {"base", "opd"} and (tmp_path / "patching_items.jsonl").is_file()
 
 
-def test_trace_edit_with_own_values_is_identity_and_component_patch_reaches_output(models):
-    run = ci.resolve(_setup(models), ["opd"])
+def test_trace_edit_with_own_values_is_identity_and_component_patch_reaches_output(models, tmp_path):
+    run = ci.resolve(_setup(models), ["opd"], probe="trace", out=tmp_path)
     model, batch = run.load("opd"), next(iter(run.items))
     sites = ["layers.1.self_attn", "layers.1.mlp", "layers.0.resid_post"]
     clean = forward(model, batch, "x", capture=sites, positions="predict")
