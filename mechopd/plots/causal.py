@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import log, missing, new_figure, palette, read_csv, run_info, save, styled, to_float
+from mechopd.plots._common import RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled, to_float
 from mechopd.plots.layers import _model_order, site_depth, site_label
 
 LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
 COMPONENT_ORDER = ("resid", "attn", "mlp")
 
 
-def _table(run_dir: Path, name: str, figure: str, required: list[str]) -> list[dict[str, str]] | None:
-    path = Path(run_dir) / "probes" / name
+def _table(info: RunInfo, name: str, figure: str, required: list[str]) -> list[dict[str, str]] | None:
+    path = info.root / "probes" / name
     if not path.is_file():
         missing(figure, path)
         return None
@@ -36,10 +36,10 @@ def _table(run_dir: Path, name: str, figure: str, required: list[str]) -> list[d
 @styled
 def figure_lens_kl(run_dir: Path) -> Figure | None:
     """KL(p_c ‖ p_x) of the lens distributions per site (x: depth), one line per model (log y when it spans > 100x)."""
-    rows = _table(run_dir, "lens.csv", LENS, ["model", "site", "depth", "kl_c_x"])
+    info = run_info(run_dir)
+    rows = _table(info, "lens.csv", LENS, ["model", "site", "depth", "kl_c_x"])
     if rows is None:
         return None
-    info = run_info(run_dir)
     n_layers = sum(1 for s in {r["site"] for r in rows} if s.startswith("layers."))
     models = _model_order(info, (r["model"] for r in rows))
     colours = palette(models)
@@ -101,11 +101,11 @@ def _panel_row(panels: list[tuple], ticks: tuple[list[str], list[str]], labels: 
 @styled
 def figure_patching(run_dir: Path) -> Figure | None:
     """recovered (c_to_x, every position) per site (rows, forward order) x component (columns), a panel per model."""
-    rows = _table(run_dir, "patching.csv", PATCHING, ["model", "site", "component", "direction", "recovered"])
+    info = run_info(run_dir)
+    rows = _table(info, "patching.csv", PATCHING, ["model", "site", "component", "direction", "recovered"])
     if rows is None:
         return None
     rows = [r for r in rows if r["direction"] == "c_to_x" and r.get("window", "all") == "all"]
-    info = run_info(run_dir)
     models = _model_order(info, (r["model"] for r in rows))
     sites = sorted(dict.fromkeys(r["site"] for r in rows), key=lambda s: to_float(
         next(r["depth"] for r in rows if r["site"] == s)))
@@ -129,10 +129,10 @@ def plot_patching(run_dir: Path, out_dir: Path) -> list[Path]:
 @styled
 def figure_attention_context(run_dir: Path) -> Figure | None:
     """context_share per layer (rows) x head (columns), a panel per model, then NCA − OPD (when both exist)."""
-    rows = _table(run_dir, "attention.csv", ATTENTION, ["model", "layer", "head", "context_share"])
+    info = run_info(run_dir)
+    rows = _table(info, "attention.csv", ATTENTION, ["model", "layer", "head", "context_share"])
     if rows is None:
         return None
-    info = run_info(run_dir)
     models = _model_order(info, (r["model"] for r in rows))
     L = 1 + max(int(r["layer"]) for r in rows)
     H = 1 + max(int(r["head"]) for r in rows)
