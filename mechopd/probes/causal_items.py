@@ -40,8 +40,8 @@ def logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) in float64 (docs/method.md: every distribution is computed from logits / T).
 
     float64, not the scorer's float32: a KL between two nearly equal views is a difference of two log-softmaxes, and
-    float32's ~1e-7 relative error per log-prob is 0.5 % of a KL of 5e-6 nats (measured on the test organism). The
-    ``[B, R, V]`` float64 temporaries live for one site at a time."""
+    float32's relative error per log-prob is then no longer small next to the KL itself. The ``[B, R, V]`` float64
+    temporaries live for one site at a time."""
     return torch.log_softmax(logits.double() / temperature, dim=-1)
 
 
