@@ -125,6 +125,11 @@ class Trainer:
         self._build_scoring(cfg, dtype)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
         self._prompt_cache: dict[tuple, list[int]] = {}
+        self._restore_and_open_log(cfg)
+
+    def _restore_and_open_log(self, cfg: TrainConfig) -> None:
+        """Step, position, optimizer, scheduler and gate from the checkpoint being resumed; then the metrics log and
+        the resolved config (rank 0)."""
         self.step, self.position = 0, 0
         if self.resume_from is not None:
             state = load_checkpoint(self.resume_from, None, self.sched)

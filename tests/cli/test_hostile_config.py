@@ -130,7 +130,8 @@ def test_the_same_words_in_every_verb(tiny_rules_organism):
     """--option K=V (train, eval, probe) reads as --set task_options.K=V; eval's --no-context-system as --set's text."""
     import argparse
 
-    from mechopd.cli import _kv, _text, make_parser
+    from mechopd.cli import make_parser
+    from mechopd.cli_common import kv as _kv, text as _text
     from mechopd.config import load_train_config, parse_overrides
 
     sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
