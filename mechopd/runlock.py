@@ -158,6 +158,8 @@ def _release(fd, lock, root, created, parent_times, had_lock_file, before, faile
             if os.stat(lock).st_ino == os.fstat(fd).st_ino:
                 lock.unlink()
     os.close(fd)
+    if not root.exists():  # the holder removed its own directory (a temporary run): nothing left to undo
+        return
     if created and not any(root.iterdir()):
         _remove_created(created, parent_times)
         return
