@@ -188,8 +188,12 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="INT", help="training seed (default 0; the organism always uses seed 0)")
     p.add_argument("--steps", type=int, default=None, metavar="INT", help="training steps per method, >= 1 (default: "
                    "the organism recipe's)")
-    p.add_argument("--seeds", type=int, default=1, metavar="N", help="N training seeds 0..N-1 into OUT/seed-k, then "
-                   "aggregated (mean and 95%% t-interval over seeds)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N", help="N training seeds 0..N-1 into OUT/seed-k, "
+                   "then aggregated (95%% t-interval over seeds; default 3 for rules, 1 for a game or --fast)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes, each job on one thread "
+                   "(default: the intra-op thread count; the numbers do not depend on it)")
+    p.add_argument("--job-threads", type=int, default=1, metavar="N", help="intra-op threads per job (default 1; "
+                   "another count changes the float order, hence the numbers: a robustness check)")
     p.add_argument("--batch-size", type=int, default=None, metavar="INT", help="prompts (games) per step (default: the "
                    "task's demo budget)")
     p.add_argument("--layers", type=int, default=None, metavar="INT", help="decoder layers of the organism (default 3; "
@@ -207,7 +211,8 @@ def _demo(a: argparse.Namespace) -> int:
     check_out_dir(a.out)
     kw = {k: getattr(a, k) for k in ("steps", "batch_size") if getattr(a, k) is not None}  # 0 is refused, not dropped
     kw.update({"layers": a.layers} if a.layers is not None else {})
-    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds, **kw))
+    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds,
+                    workers=a.workers, job_threads=a.job_threads, **kw))
     return 0
 
 

