@@ -272,6 +272,12 @@ def test_three_seed_degradation_by_the_interval_rule(tmp_path: Path, harms: tupl
     else:  # NCA Harm 0, 0, 0: d = −0.5 · OPD in every seed, the whole interval ≤ 0
         assert got["nca_removes"].verdict == claims.HOLDS
     assert "Harm's interval above 0" not in row.criterion and "else fragile" in row.criterion
+    report = aggregate(runs, tmp_path / "agg").read_text()  # report.md names the fragile rows after the table
+    line = "**Fragile verdicts** (the seed interval holds the bar; more seeds could settle them): "
+    named = "; ".join(c.claim for c in claims.fragile_claims(list(got.values())))
+    assert (f"{line}{named}." in report) == (verdict == claims.NA_FRAGILE) and (line in report) == bool(named)
+    assert named.startswith("OPD causes context-induced degradation") == (verdict == claims.NA_FRAGILE)
+    assert bool(named) == (verdict == claims.NA_FRAGILE)  # none fragile: no line at all
 
 
 def test_lens_is_an_and_over_sites_of_paired_differences_naming_the_fragile_site(tmp_path: Path) -> None:
