@@ -14,6 +14,7 @@ from mechopd import claims
 from mechopd.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
 from mechopd.errors import DataError
 from mechopd.removability import METRICS
+from mechopd.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -317,8 +318,6 @@ H, F, U = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE
     (_st(0.1 + 1e-12), ">", F), (_st(0.1 - 1e-12), ">=", H),  # within the tolerance: at the bar
 ])
 def test_decide_for_each_op_at_above_below_and_across_the_bar(stat: dict, op: str, verdict: str) -> None:
-    from mechopd.verdicts import decide
-
     d = decide(stat, 0.1, op, "x")
     assert d.verdict == verdict
     assert ("fragile" in d.note) == (verdict == U) and ("one seed" in d.note) == (stat["n"] == 1)
@@ -327,8 +326,6 @@ def test_decide_for_each_op_at_above_below_and_across_the_bar(stat: dict, op: st
 
 
 def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
-    from mechopd.verdicts import ONE_SEED_NOTE, decide
-
     assert decide(_st(0.2), 0.1, ">").note == ONE_SEED_NOTE and decide(_st(0.05), 0.1, ">").verdict == F
     assert decide(_st(), 0.1, ">").verdict == claims.NA and decide(_st(), 0.1, ">").note == ""
     with pytest.raises(ValueError, match="op must be one of"):
@@ -341,8 +338,6 @@ def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
     (claims.NA, U, claims.NA, claims.NA), (claims.NA, F, F, claims.NA), (claims.NA, H, claims.NA, H),
 ])
 def test_all_of_and_any_of_are_kleene_and_or(a: str, b: str, and_: str, or_: str) -> None:
-    from mechopd.verdicts import Decision, all_of, any_of
-
     da, db = (Decision(v, (f"{name} part",) if v == U else ()) for v, name in ((a, "a"), (b, "b")))
     assert all_of(da, db).verdict == and_ and any_of(da, db).verdict == or_
     named = "; ".join(f"{name} part" for v, name in ((a, "a"), (b, "b")) if v == U)
@@ -351,8 +346,6 @@ def test_all_of_and_any_of_are_kleene_and_or(a: str, b: str, and_: str, or_: str
 
 
 def test_a_compound_fragile_verdict_names_every_fragile_part_and_one_seed_is_kept() -> None:
-    from mechopd.verdicts import all_of, any_of, decide
-
     d = all_of(decide(ACROSS, 0.1, ">=", "first"), decide(ABOVE, 0.1, ">", "second"), decide(ACROSS, 0.1, "<", "third"))
     assert d.verdict == U and "first: the 95 %" in d.note and "third: the 95 %" in d.note and "second" not in d.note
     one = any_of(decide(_st(0.05), 0.1, ">="), decide(_st(0.2), 0.1, ">="))
