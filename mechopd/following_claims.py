@@ -4,7 +4,9 @@ Reads each role's evaluation report through the typed study (`mechopd.study.Stud
 ``--other-contexts`` (`mechopd.following`): ``summary.follow_other``, ``summary.stick``, ``summary.retention``,
 ``summary.context_deaf`` and the ``other_contexts`` list. Each claim returns
 ``{"measured", "verdict", "criterion"}``; `mechopd.claims` wraps it into its row. Seed statistics: mean and Student-t
-95 % interval over the seed runs (`aggregate.seed_stat`).
+95 % interval over the seed runs (`stats.seed_stat`); every verdict by the interval rule (`verdicts.decide`: with ≥ 2
+seeds the whole interval on one side of the bar, else "not measurable here (fragile)"), a comparison of two models on
+the paired per-seed difference, claim 3 a three-valued AND (`verdicts.all_of`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from mechopd.following import DEAF_LABEL, DEAF_RATIO
 from mechopd.stats import fmt_stat, seed_stat
 from mechopd.study import Study
-from mechopd.verdicts import FAILS, HOLDS, NA, NA_CEILING, at_ceiling, fragility
+from mechopd.verdicts import NA, NA_CEILING, RULE, Decision, all_of, at_ceiling, decide
 
 FOLLOW_RUN = "nca_follow"     # the demo's NCA + follow-term run
 HARM_MARGIN = 0.05            # claim 3: the follow run's Harm ≤ NCA's + this
@@ -45,22 +47,34 @@ def _base_ok(runs: Sequence[Study]) -> bool:
     return all((value(r, "base", "follow_other") or 0) > 0 for r in runs)
 
 
+def _paired(runs: Sequence[Study], a: str, b: str, key: str) -> dict[str, Any]:
+    """The paired per-seed difference summary[key](a) − summary[key](b) over the seeds where both are defined."""
+    pairs = [(value(r, a, key), value(r, b, key)) for r in runs]
+    return seed_stat([None if x is None or y is None else x - y for x, y in pairs])
+
+
+def _decided(measured: str, d: Decision, crit: str) -> dict[str, str]:
+    return {"measured": measured + d.note, "verdict": d.verdict, "criterion": crit}
+
+
 def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
+    """OPD's retention (follow_other / base's) > 0.5 by the interval rule (`verdicts.decide`)."""
     ret = _stat(runs, "opd", "retention")
     fo = _stat(runs, "opd", "follow_other")
-    crit = f"OPD's seed-mean retention (follow_other / base's) > {DEAF_RATIO} (OPD not {DEAF_LABEL})"
-    measured = f"OPD follow_other {fmt_stat(fo)}, retention {fmt_stat(ret)} (base {fmt_stat(_stat(runs, 'base', 'follow_other'))})"
+    crit = f"OPD's retention (follow_other / base's) > {DEAF_RATIO} (OPD not {DEAF_LABEL}); {RULE}"
+    base = _stat(runs, "base", "follow_other")
+    measured = f"OPD follow_other {fmt_stat(fo)}, retention {fmt_stat(ret)} (base {fmt_stat(base)})"
     if ret["mean"] is None or not _base_ok(runs):
         return {"measured": measured, "verdict": NA, "criterion": crit}
-    return {"measured": measured + fragility(ret, DEAF_RATIO), "verdict": HOLDS if ret["mean"] > DEAF_RATIO else FAILS,
-            "criterion": crit}
+    return _decided(measured, decide(ret, DEAF_RATIO, ">"), crit)
 
 
 def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
+    """Paired per seed: follow_other(NCA) − follow_other(OPD) > 0 by the interval rule; ceiling and floor first."""
     pairs = [(value(r, "nca", "follow_other"), value(r, "opd", "follow_other")) for r in runs]
-    diff = seed_stat([None if a is None or b is None else a - b for a, b in pairs])
-    crit = ("seed mean of follow_other(NCA) − follow_other(OPD) > 0, and with ≥ 2 seeds its interval's lower end > 0; "
-            "both ≥ 0.995 in every seed: ceiling; both 0 in every seed: not measurable (equally deaf)")
+    diff = _paired(runs, "nca", "opd", "follow_other")
+    crit = (f"paired per seed: follow_other(NCA) − follow_other(OPD) > 0; {RULE}; both ≥ 0.995 in every seed: "
+            "ceiling; both 0 in every seed: not measurable (equally deaf)")
     measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}"
     if diff["mean"] is None or not _base_ok(runs):
         return {"measured": measured, "verdict": NA, "criterion": crit}
@@ -68,24 +82,26 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
         return {"measured": measured, "verdict": NA_CEILING, "criterion": crit}
     if all(a == 0 and b == 0 for a, b in pairs):
         return {"measured": measured, "verdict": NA + " (both follow nothing)", "criterion": crit}
-    ok = diff["mean"] > 0 and (diff["low"] is None or diff["low"] > 0)
-    return {"measured": measured + fragility(diff, 0.0), "verdict": HOLDS if ok else FAILS, "criterion": crit}
+    return _decided(measured, decide(diff, 0.0, ">"), crit)
 
 
 def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
+    """On the NCA + follow run F, paired per seed, Kleene AND of: retention_F > 0.5, Harm_F − Harm_NCA ≤ 0.05,
+    Acc_x,F − Acc_x,OPD ≥ −0.05 (each by the interval rule)."""
     ret = _stat(runs, FOLLOW_RUN, "retention")
     harm, nca_harm = _stat(runs, FOLLOW_RUN, "harm"), _stat(runs, "nca", "harm")
     acc, opd_acc = _stat(runs, FOLLOW_RUN, "acc_x"), _stat(runs, "opd", "acc_x")
-    crit = (f"NCA + follow: seed-mean retention > {DEAF_RATIO}, Harm ≤ NCA's + {HARM_MARGIN}, Acc_x ≥ OPD's − "
-            f"{ACC_MARGIN}")
+    d_harm, d_acc = _paired(runs, FOLLOW_RUN, "nca", "harm"), _paired(runs, FOLLOW_RUN, "opd", "acc_x")
+    crit = (f"NCA + follow: retention > {DEAF_RATIO}, and paired per seed Harm − NCA's ≤ {HARM_MARGIN} and Acc_x − "
+            f"OPD's ≥ −{ACC_MARGIN}; {RULE} (each part)")
     measured = (f"NCA + follow retention {fmt_stat(ret)}, Harm {fmt_stat(harm)} (NCA {fmt_stat(nca_harm)}), Acc_x "
                 f"{fmt_stat(acc)} (OPD {fmt_stat(opd_acc)})")
-    if any(s["mean"] is None for s in (ret, harm, nca_harm, acc, opd_acc)) or not _base_ok(runs):
+    if any(s["mean"] is None for s in (ret, d_harm, d_acc)) or not _base_ok(runs):
         return {"measured": measured, "verdict": NA, "criterion": crit}
-    ok = (ret["mean"] > DEAF_RATIO and harm["mean"] <= nca_harm["mean"] + HARM_MARGIN + 1e-9
-          and acc["mean"] >= opd_acc["mean"] - ACC_MARGIN - 1e-9)
-    note = fragility(ret, DEAF_RATIO) or fragility(harm, (nca_harm["mean"] or 0) + HARM_MARGIN)
-    return {"measured": measured + note, "verdict": HOLDS if ok else FAILS, "criterion": crit}
+    measured += f"; Harm − NCA's {fmt_stat(d_harm, signed=True)}, Acc_x − OPD's {fmt_stat(d_acc, signed=True)}"
+    d = all_of(decide(ret, DEAF_RATIO, ">", "retention"), decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),
+               decide(d_acc, -ACC_MARGIN, ">=", "Acc_x − OPD's"))
+    return _decided(measured, d, crit)
 
 
 FOLLOWING_CLAIMS = (

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.artifacts import read_json
-from mechopd.claims import claims_markdown, evaluate_claims
+from mechopd.claims import claims_markdown, evaluate_claims, fragile_claims
 from mechopd.following_claims import following_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
@@ -123,7 +123,14 @@ def _kept_lines(study: Study) -> list[str]:
 
 
 def _claims_lines(runs: Sequence[Study]) -> list[str]:
-    return ["## The papers' claims", "", claims_markdown(evaluate_claims(runs))]
+    """The claims table, and one line naming the rows the interval rule left fragile (none: nothing)."""
+    rows = evaluate_claims(runs)
+    out = ["## The papers' claims", "", claims_markdown(rows)]
+    fragile = fragile_claims(rows)
+    if fragile:
+        out += ["**Fragile verdicts** (the seed interval holds the bar; more seeds could settle them): "
+                + "; ".join(c.claim for c in fragile) + ".", ""]
+    return out
 
 
 def _eval_reports(study: Study) -> dict[str, EvalReport]:

@@ -1,12 +1,35 @@
-"""The claims table's verdict words and the one ceiling rule every "≥" claim applies (docs/method.md §7)."""
+"""The claims table's verdict words, the interval rule every row is decided by, and the one ceiling rule every "≥"
+claim applies (docs/method.md §7). A leaf: imports nothing from mechopd.
+
+The interval rule, for a criterion ``stat OP bar`` (OP one of ≥, >, ≤, <) on a seed statistic ``{"mean", "low",
+"high", "n"}`` (`mechopd.stats.seed_stat`, 95 % Student-t over seeds), with tolerance ``TOL = 1e-9``:
+
+    ≥ 2 seeds:  holds           iff every v in [low, high] satisfies  v OP bar
+                does not hold   iff every v in [low, high] violates   v OP bar
+                otherwise       "not measurable here (fragile)"       (the interval holds the bar)
+    1 seed:     the value itself decides, and the cell says there is no interval
+
+The satisfying set of ``v OP bar`` is a half-line, so checking the two ends decides the whole interval. A zero-width
+interval exactly at the bar satisfies ≥ and ≤ and violates > and <. Compound criteria use three-valued (Kleene)
+logic: `all_of` fails if any part fails, holds if all hold, else is undecided; `any_of` holds if any part holds,
+fails if all fail, else is undecided. Undecided is "fragile" when every undecided part is fragile, plain "not
+measurable here" when a part is undefined.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
 NA_CEILING = "not measurable here (ceiling)"
+NA_FRAGILE = "not measurable here (fragile)"
 CEILING = 0.995  # a proportion at or above this is at the ceiling: "≥" cannot fail there, so it cannot speak
+TOL = 1e-9
+RULE = "with ≥ 2 seeds the whole 95 % seed interval must clear the bar, else fragile"
+ONE_SEED_NOTE = " (one seed: no interval; the verdict may not survive another seed)"
+OPS = (">=", ">", "<=", "<")
 
 
 def at_ceiling(pairs: Iterable[tuple[float | None, float | None]]) -> bool:
@@ -16,13 +39,77 @@ def at_ceiling(pairs: Iterable[tuple[float | None, float | None]]) -> bool:
     return bool(pairs) and all(a is not None and b is not None and a >= CEILING and b >= CEILING for a, b in pairs)
 
 
-def fragility(stat: dict, bar: float) -> str:
-    """A note for a verdict read on a seed mean: with ≥ 2 seeds, when the Student-t interval holds the criterion's
-    bar, the verdict could flip with another seed (or thread count): say so; with one seed, say there is no interval."""
+@dataclass(frozen=True)
+class Decision:
+    """A verdict (`HOLDS`, `FAILS`, `NA_FRAGILE` or `NA`), the fragile parts that left it undecided (each a phrase
+    naming its interval and bar) and ``one_seed`` (a part was decided on a single value: no interval)."""
+
+    verdict: str
+    fragile: tuple[str, ...] = ()
+    one_seed: bool = False
+
+    @property
+    def note(self) -> str:
+        """The text the measured cell gets: why it is fragile, or that one seed has no interval; else empty."""
+        if self.verdict == NA_FRAGILE:
+            return f" (fragile: {'; '.join(self.fragile)}; more seeds could settle it)"
+        return ONE_SEED_NOTE if self.one_seed and self.verdict in (HOLDS, FAILS) else ""
+
+
+def satisfies(v: float, bar: float, op: str) -> bool:
+    """``v OP bar`` with tolerance `TOL`: a non-strict OP accepts v within TOL of the bar, a strict one refuses it."""
+    if op == ">=":
+        return v >= bar - TOL
+    if op == ">":
+        return v > bar + TOL
+    if op == "<=":
+        return v <= bar + TOL
+    if op == "<":
+        return v < bar - TOL
+    raise ValueError(f"decide: op must be one of {OPS}, got {op!r}")
+
+
+def decide(stat: dict[str, Any], bar: float, op: str, label: str = "") -> Decision:
+    """The interval rule (module docstring) for ``stat OP bar``; ``label`` names the part in a fragile note.
+    Undefined statistic (mean None): `NA`."""
+    if op not in OPS:
+        raise ValueError(f"decide: op must be one of {OPS}, got {op!r}")
     if stat.get("mean") is None:
-        return ""
+        return Decision(NA)
     if stat.get("low") is None:
-        return " (one seed: no interval; the verdict may not survive another seed)"
-    if stat["low"] <= bar <= stat["high"]:
-        return f" (fragile: the seed interval [{stat['low']:.3f}, {stat['high']:.3f}] holds the bar {bar:g})"
-    return ""
+        return Decision(HOLDS if satisfies(stat["mean"], bar, op) else FAILS, one_seed=True)
+    ends = [satisfies(stat[k], bar, op) for k in ("low", "high")]
+    if all(ends):
+        return Decision(HOLDS)
+    if not any(ends):
+        return Decision(FAILS)
+    why = f"the 95 % seed interval [{stat['low']:.3f}, {stat['high']:.3f}] holds the bar {bar:g}"
+    return Decision(NA_FRAGILE, (f"{label}: {why}" if label else why,))
+
+
+def _undecided(parts: list[Decision], one_seed: bool) -> Decision:
+    """Neither holds nor fails: fragile when every undecided part is fragile (naming them), else not measurable."""
+    rest = [d for d in parts if d.verdict not in (HOLDS, FAILS)]
+    if all(d.verdict == NA_FRAGILE for d in rest):
+        return Decision(NA_FRAGILE, tuple(f for d in rest for f in d.fragile), one_seed)
+    return Decision(NA, one_seed=one_seed)
+
+
+def all_of(*parts: Decision) -> Decision:
+    """Kleene AND: fails if any part fails, holds if every part holds, else undecided (fragile or not measurable)."""
+    parts_, one = list(parts), any(d.one_seed for d in parts)
+    if any(d.verdict == FAILS for d in parts_):
+        return Decision(FAILS, one_seed=one)
+    if all(d.verdict == HOLDS for d in parts_):
+        return Decision(HOLDS, one_seed=one)
+    return _undecided(parts_, one)
+
+
+def any_of(*parts: Decision) -> Decision:
+    """Kleene OR: holds if any part holds, fails if every part fails, else undecided (fragile or not measurable)."""
+    parts_, one = list(parts), any(d.one_seed for d in parts)
+    if any(d.verdict == HOLDS for d in parts_):
+        return Decision(HOLDS, one_seed=one)
+    if all(d.verdict == FAILS for d in parts_):
+        return Decision(FAILS, one_seed=one)
+    return _undecided(parts_, one)

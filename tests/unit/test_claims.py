@@ -14,6 +14,7 @@ from mechopd import claims
 from mechopd.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
 from mechopd.errors import DataError
 from mechopd.removability import METRICS
+from mechopd.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -217,17 +218,138 @@ def test_qk_not_measurable_without_deltas(tmp_path: Path) -> None:
     assert {c.key: c for c in claims.evaluate_claims([run])}["qk"].verdict == claims.NA
 
 
-def test_verdicts_use_the_seed_mean_and_the_interval(tmp_path: Path) -> None:
-    a = make_run(tmp_path, copy.deepcopy(GOOD), "seed-0")
-    spec = copy.deepcopy(GOOD)
-    spec["harm"]["nca"] = 0.35  # mean NCA harm (0.01 + 0.35) / 2 = 0.18 > 0.5 * 0.3
-    b = make_run(tmp_path, spec, "seed-1")
-    got = {c.key: c for c in claims.evaluate_claims([a, b])}
-    assert got["nca_removes"].verdict == claims.FAILS
-    assert "0.180 [" in got["nca_removes"].measured  # two seeds: an interval
-    assert "(per seed 0.010, 0.350)" in got["nca_removes"].measured
+def _seed_runs(tmp_path: Path, *per_seed: dict) -> list[Path]:
+    """One synthetic run per seed: GOOD with that seed's changes merged into its dicts."""
+    runs = []
+    for k, changes in enumerate(per_seed):
+        spec = copy.deepcopy(GOOD)
+        for key, value in changes.items():
+            spec[key].update(value) if isinstance(value, dict) else spec.__setitem__(key, value)
+        runs.append(make_run(tmp_path, spec, f"seed-{k}"))
+    return runs
+
+
+def test_two_seeds_whose_paired_interval_holds_the_bar_are_fragile(tmp_path: Path) -> None:
+    runs = _seed_runs(tmp_path, {}, {"harm": {"nca": 0.35}})  # d = NCA − 0.5 · OPD: −0.14, +0.20
+    got = {c.key: c for c in claims.evaluate_claims(runs)}
+    row = got["nca_removes"]
+    assert row.verdict == claims.NA_FRAGILE and row.verdict.startswith(claims.NA)
+    assert "0.180 [" in row.measured and "(per seed 0.010, 0.350)" in row.measured  # two seeds: an interval
+    assert "(fragile: the 95 % seed interval [" in row.measured and "more seeds could settle it)" in row.measured
+    assert "whole 95 % seed interval" in row.criterion and "paired per seed" in row.criterion
+    # the follow run's Harm − NCA's pairs with the same NCA Harm: +0.01, −0.33, fragile too
+    assert [c.key for c in claims.fragile_claims(list(got.values()))] == ["nca_removes", "follow_term"]
+    assert "Harm − NCA's: the 95 % seed interval" in got["follow_term"].measured
     md = claims.claims_markdown(list(got.values()))
     assert md.count("\n| ") == len(claims.CLAIMS) and md.startswith("| claim |") and "Student-t" in md
+    assert "interval rule" in md and "Verdicts on the seed means" not in md
+
+
+def test_two_seeds_whose_paired_interval_is_above_the_bar_fail(tmp_path: Path) -> None:
+    runs = _seed_runs(tmp_path, {"harm": {"nca": 0.25}}, {"harm": {"nca": 0.26}})  # d = +0.10, +0.11
+    row = {c.key: c for c in claims.evaluate_claims(runs)}["nca_removes"]
+    assert row.verdict == claims.FAILS and "fragile" not in row.measured and "one seed" not in row.measured
+
+
+def test_one_seed_decides_on_the_value_and_says_so(tmp_path: Path) -> None:
+    v = verdicts(tmp_path, harm={"nca": 0.16})  # 0.16 > 0.5 · 0.3 by a hair: one seed has no interval to doubt it
+    assert v["nca_removes"].verdict == claims.FAILS and "one seed: no interval" in v["nca_removes"].measured
+    assert v["degradation"].verdict == claims.HOLDS and "one seed: no interval" in v["degradation"].measured
+    assert claims.fragile_claims(list(v.values())) == []
+
+
+@pytest.mark.parametrize(("harms", "verdict"), [((0.30, 0.31, 0.29), claims.HOLDS),
+                                                 ((0.0, 0.35, 0.02), claims.NA_FRAGILE)])
+def test_three_seed_degradation_by_the_interval_rule(tmp_path: Path, harms: tuple, verdict: str) -> None:
+    # Acc_x − Acc_xc = −0.05 in every seed: that part fails, Harm ≥ 0.1 decides the OR
+    runs = _seed_runs(tmp_path, *({"harm": {"opd": h, "nca": 0.0}, "acc_xc": {"opd": 1.0}} for h in harms))
+    got = {c.key: c for c in claims.evaluate_claims(runs)}
+    row = got["degradation"]
+    assert row.verdict == verdict and "3 seeds" in row.measured and "one seed" not in row.measured
+    assert ("fragile" in row.measured) == (verdict == claims.NA_FRAGILE)
+    if verdict == claims.NA_FRAGILE:
+        assert "(fragile: Harm: the 95 % seed interval [" in row.measured and "the bar 0.1;" in row.measured
+        assert "Acc_x − Acc_xc:" not in row.measured  # the part that fails outright is not named
+    else:  # NCA Harm 0, 0, 0: d = −0.5 · OPD in every seed, the whole interval ≤ 0
+        assert got["nca_removes"].verdict == claims.HOLDS
+    assert "Harm's interval above 0" not in row.criterion and "else fragile" in row.criterion
+    report = aggregate(runs, tmp_path / "agg").read_text()  # report.md names the fragile rows after the table
+    line = "**Fragile verdicts** (the seed interval holds the bar; more seeds could settle them): "
+    named = "; ".join(c.claim for c in claims.fragile_claims(list(got.values())))
+    assert (f"{line}{named}." in report) == (verdict == claims.NA_FRAGILE) and (line in report) == bool(named)
+    assert named.startswith("OPD causes context-induced degradation") == (verdict == claims.NA_FRAGILE)
+    assert bool(named) == (verdict == claims.NA_FRAGILE)  # none fragile: no line at all
+
+
+def test_lens_is_an_and_over_sites_of_paired_differences_naming_the_fragile_site(tmp_path: Path) -> None:
+    runs = _seed_runs(tmp_path, {"lens": {"nca": [0.05, 0.4, 0.1]}}, {"lens": {"nca": [0.05, 0.7, 0.1]}})
+    row = {c.key: c for c in claims.evaluate_claims(runs)}["nca_lens"]
+    assert row.verdict == claims.NA_FRAGILE and "(fragile: layer 1: the 95 % seed interval" in row.measured
+    assert "layer 0:" not in row.measured and "output:" not in row.measured
+    runs = _seed_runs(tmp_path / "b", {"lens": {"nca": [0.05, 0.4, 0.60]}}, {"lens": {"nca": [0.05, 0.7, 0.61]}})
+    assert {c.key: c for c in claims.evaluate_claims(runs)}["nca_lens"].verdict == claims.FAILS  # output: above
+
+
+def test_cosine_order_is_an_and_of_paired_steps(tmp_path: Path) -> None:
+    cos = {"opd": [0.99, 0.97, 0.95]}
+    runs = _seed_runs(tmp_path, {"cos": {**cos, "nca": [0.999, 0.998, 0.9975]}},
+                      {"cos": {**cos, "nca": [0.95, 0.95, 0.95]}})  # NCA − OPD: +0.0205, −0.02
+    row = {c.key: c for c in claims.evaluate_claims(runs)}["cosine_order"]
+    assert row.verdict == claims.NA_FRAGILE and "nca − opd: the 95 % seed interval" in row.measured
+    assert "opd − base:" not in row.measured
+
+
+# ------------------------------------------------------------------------------------------------ interval rule
+def _st(*values: float) -> dict:
+    return seed_stat(list(values))
+
+
+AT, ABOVE, BELOW, ACROSS = _st(0.1, 0.1, 0.1), _st(0.2, 0.25, 0.3), _st(0.0, 0.02, 0.05), _st(0.0, 0.1, 0.2)
+ENDS_AT_BAR = {"mean": 0.2, "low": 0.1, "high": 0.3, "n": 3}  # non-strict: holds at the end, strict: fragile there
+H, F, U = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE
+
+
+@pytest.mark.parametrize(("stat", "op", "verdict"), [
+    (AT, ">=", H), (AT, ">", F), (AT, "<=", H), (AT, "<", F),
+    (ABOVE, ">=", H), (ABOVE, ">", H), (ABOVE, "<=", F), (ABOVE, "<", F),
+    (BELOW, ">=", F), (BELOW, ">", F), (BELOW, "<=", H), (BELOW, "<", H),
+    (ACROSS, ">=", U), (ACROSS, ">", U), (ACROSS, "<=", U), (ACROSS, "<", U),
+    (ENDS_AT_BAR, ">=", H), (ENDS_AT_BAR, ">", U), (ENDS_AT_BAR, "<=", U), (ENDS_AT_BAR, "<", F),
+    (_st(0.1 + 1e-12), ">", F), (_st(0.1 - 1e-12), ">=", H),  # within the tolerance: at the bar
+])
+def test_decide_for_each_op_at_above_below_and_across_the_bar(stat: dict, op: str, verdict: str) -> None:
+    d = decide(stat, 0.1, op, "x")
+    assert d.verdict == verdict
+    assert ("fragile" in d.note) == (verdict == U) and ("one seed" in d.note) == (stat["n"] == 1)
+    if verdict == U:
+        assert d.note.startswith(" (fragile: x: the 95 % seed interval [") and "holds the bar 0.1;" in d.note
+
+
+def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
+    assert decide(_st(0.2), 0.1, ">").note == ONE_SEED_NOTE and decide(_st(0.05), 0.1, ">").verdict == F
+    assert decide(_st(), 0.1, ">").verdict == claims.NA and decide(_st(), 0.1, ">").note == ""
+    with pytest.raises(ValueError, match="op must be one of"):
+        decide(_st(0.2), 0.1, "==")
+
+
+@pytest.mark.parametrize(("a", "b", "and_", "or_"), [
+    (H, H, H, H), (H, F, F, H), (F, H, F, H), (F, F, F, F),
+    (H, U, U, H), (U, H, U, H), (F, U, F, U), (U, F, F, U), (U, U, U, U),
+    (claims.NA, U, claims.NA, claims.NA), (claims.NA, F, F, claims.NA), (claims.NA, H, claims.NA, H),
+])
+def test_all_of_and_any_of_are_kleene_and_or(a: str, b: str, and_: str, or_: str) -> None:
+    da, db = (Decision(v, (f"{name} part",) if v == U else ()) for v, name in ((a, "a"), (b, "b")))
+    assert all_of(da, db).verdict == and_ and any_of(da, db).verdict == or_
+    named = "; ".join(f"{name} part" for v, name in ((a, "a"), (b, "b")) if v == U)
+    for d in (all_of(da, db), any_of(da, db)):
+        assert d.note == (f" (fragile: {named}; more seeds could settle it)" if d.verdict == U else "")
+
+
+def test_a_compound_fragile_verdict_names_every_fragile_part_and_one_seed_is_kept() -> None:
+    d = all_of(decide(ACROSS, 0.1, ">=", "first"), decide(ABOVE, 0.1, ">", "second"), decide(ACROSS, 0.1, "<", "third"))
+    assert d.verdict == U and "first: the 95 %" in d.note and "third: the 95 %" in d.note and "second" not in d.note
+    one = any_of(decide(_st(0.05), 0.1, ">="), decide(_st(0.2), 0.1, ">="))
+    assert one.verdict == H and "one seed" in one.note
 
 
 # -------------------------------------------------------------------------------------------------- aggregate

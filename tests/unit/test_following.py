@@ -190,13 +190,46 @@ def test_context_following_figure_draws_the_saved_rates(tmp_path):
     assert [t.get_text() for t in right.get_xticklabels()] == ["follow_other", "stick"]
 
 
-def test_fragility_names_an_interval_that_holds_the_bar():
-    from mechopd.aggregate import seed_stat
-    from mechopd.verdicts import fragility
+def _following(tmp_path, *per_seed):
+    from mechopd.claims import evaluate_claims
+    from tests.unit.test_claims import _seed_runs
 
-    assert "fragile" in fragility(seed_stat([0.05, 0.25]), 0.1)
-    assert fragility(seed_stat([0.3, 0.31, 0.32]), 0.1) == ""
-    assert "one seed" in fragility(seed_stat([0.3]), 0.1) and fragility(seed_stat([]), 0.1) == ""
+    return {c.key: c for c in evaluate_claims(_seed_runs(tmp_path, *per_seed))}
+
+
+def test_following_claims_decide_by_the_interval_rule_over_seeds(tmp_path):
+    from mechopd.verdicts import FAILS, HOLDS, NA_FRAGILE
+
+    # claim 1: OPD retention 0.9, 0.3, 0.6 over base 0.96: the interval holds 0.5
+    got = _following(tmp_path / "a", *({"follow": {"opd": f}} for f in (0.9, 0.3, 0.6)))
+    assert got["keeps_following"].verdict == NA_FRAGILE and "the bar 0.5;" in got["keeps_following"].measured
+    # claim 2: paired NCA − OPD follow_other +0.05, +0.06, +0.055: the whole interval above 0
+    nca = ({"follow": {"nca": 0.95, "opd": 0.9}}, {"follow": {"nca": 0.96, "opd": 0.9}},
+           {"follow": {"nca": 0.955, "opd": 0.9}})
+    got = _following(tmp_path / "b", *nca)
+    assert got["nca_follows"].verdict == HOLDS and "fragile" not in got["nca_follows"].measured
+    assert "lower end" not in got["nca_follows"].criterion and "paired per seed" in got["nca_follows"].criterion
+    got = _following(tmp_path / "c", *({"follow": {"nca": n, "opd": 0.9}} for n in (0.95, 0.80, 0.93)))
+    assert got["nca_follows"].verdict == NA_FRAGILE
+    # claim 3: an AND; the follow run's Harm − NCA's 0.01, 0.19, 0.01 holds the 0.05 bar: fragile, that part named
+    harm = [{"follow_run": {"acc_x": 0.96, "harm": h}} for h in (0.02, 0.2, 0.02)]
+    got = _following(tmp_path / "d", *harm)
+    row = got["follow_term"]
+    assert row.verdict == NA_FRAGILE and "(fragile: Harm − NCA's: the 95 % seed interval" in row.measured
+    assert "retention:" not in row.measured and "Acc_x − OPD's:" not in row.measured
+    # ... and a part that fails outright makes the AND fail
+    got = _following(tmp_path / "e", *({"follow_run": {"acc_x": 0.8, "harm": h}} for h in (0.02, 0.2, 0.02)))
+    assert got["follow_term"].verdict == FAILS
+
+
+def test_following_claims_on_one_seed_keep_the_value_and_say_so(tmp_path):
+    from mechopd.verdicts import FAILS, HOLDS
+
+    got = _following(tmp_path, {"follow": {"opd": 0.49}})  # retention 0.51 > 0.5 by a hair
+    assert got["keeps_following"].verdict == HOLDS and "one seed: no interval" in got["keeps_following"].measured
+    assert got["nca_follows"].verdict == HOLDS and "one seed" in got["nca_follows"].measured  # 0.95 − 0.49 > 0
+    got = _following(tmp_path / "b", {"follow_run": {"acc_x": 0.96, "harm": 0.07}})  # Harm − NCA's 0.06 > 0.05
+    assert got["follow_term"].verdict == FAILS and "one seed" in got["follow_term"].measured
 
 
 def test_retention_applied_twice_gives_the_same_regime_line():
