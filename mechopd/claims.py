@@ -75,7 +75,7 @@ def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
 
 
 def _stat(runs: Sequence[Study], fn: Callable[[Study], float | None]) -> dict[str, Any]:
-    return seed_stat([fn(r) for r in runs])
+    return {**seed_stat([fn(r) for r in runs]), "of": len(runs)}  # "of": the study's seed count (verdicts.decide)
 
 
 def _value(role: str, metric: str) -> Callable[[Study], float | None]:
@@ -165,7 +165,7 @@ def claim_nca_cosine(runs: Sequence[Study]) -> Claim:
 def claim_orthogonal(runs: Sequence[Study]) -> Claim:
     """|cos(∇OPD, ∇NCA)| of the gradients probe at the OPD checkpoint ≤ 0.1 (interval rule); along NCA training:
     shown, not judged."""
-    at_opd = seed_stat([opd_checkpoint_cos(r) for r in runs])
+    at_opd = {**seed_stat([opd_checkpoint_cos(r) for r in runs]), "of": len(runs)}
     per = [orthogonality(r) for r in runs]
     along = seed_stat([p[0] for p in per])
     crit = (f"at the OPD checkpoint (gradients probe, the paper's reading): |cos| ≤ {ORTHOGONAL_ABS_COS}; {RULE}; a "
@@ -243,7 +243,8 @@ def claim_nca_lens(runs: Sequence[Study]) -> Claim:
     if any(not v for runs_ in per.values() for v in runs_):
         return Claim("nca_lens", "", "", "n/a", NA, crit)
     n_sites = min(len(v) for runs_ in per.values() for v in runs_)
-    sites = [seed_stat([n[i] - o[i] for n, o in zip(per["nca"], per["opd"])]) for i in range(n_sites)]
+    sites = [{**seed_stat([n[i] - o[i] for n, o in zip(per["nca"], per["opd"])]), "of": len(runs)}
+             for i in range(n_sites)]
     names = [f"layer {i}" for i in range(n_sites - 1)] + ["output"]
     ratio = _stat(runs, lambda r: sum(lens_kls(r, "nca")) / max(sum(lens_kls(r, "opd")), 1e-300))
     d = all_of(*(decide(s, 0.0, "<", name) for s, name in zip(sites, names)))

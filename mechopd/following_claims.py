@@ -40,7 +40,7 @@ def value(study: Study, role: str, key: str) -> float | None:
 
 
 def _stat(runs: Sequence[Study], model: str, key: str) -> dict[str, Any]:
-    return seed_stat([value(r, model, key) for r in runs])
+    return {**seed_stat([value(r, model, key) for r in runs]), "of": len(runs)}
 
 
 def _base_ok(runs: Sequence[Study]) -> bool:
@@ -50,7 +50,7 @@ def _base_ok(runs: Sequence[Study]) -> bool:
 def _paired(runs: Sequence[Study], a: str, b: str, key: str) -> dict[str, Any]:
     """The paired per-seed difference summary[key](a) − summary[key](b) over the seeds where both are defined."""
     pairs = [(value(r, a, key), value(r, b, key)) for r in runs]
-    return seed_stat([None if x is None or y is None else x - y for x, y in pairs])
+    return {**seed_stat([None if x is None or y is None else x - y for x, y in pairs]), "of": len(pairs)}
 
 
 def _decided(measured: str, d: Decision, crit: str) -> dict[str, str]:

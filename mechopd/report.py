@@ -15,6 +15,7 @@ from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.removability import LABELS, METRICS, compare_table
 from mechopd.stats import fmt_stat, seed_stat
+from mechopd.report_seeds import probe_lines
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
 
@@ -208,17 +209,27 @@ def write_aggregate_report(out: str | Path) -> Path:
              f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
              f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
              "(item-bootstrap intervals, probes) is in its directory.", "",
+             *_wall_lines(agg),
              "## Context removability over seeds", "", *_seed_table(summary, agg), ""]
     if runs:  # the kept-fraction lines and labels of the aggregate (kept fraction: the seed mean)
         runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
-    lines += ["", *following_table(runs)]
-    lines += ["", *_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
+    lines += ["", *following_table(runs), "", *probe_lines(runs)]
+    lines += [*_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
               f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
               f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _wall_lines(agg: Study) -> list[str]:
+    """The demo's wall time (organism included) and its workers, when the aggregate was written by `mechopd demo`."""
+    m = agg.manifest
+    if not m.get("wall_s"):
+        return []
+    return [f"Wall time of the last `mechopd demo` invocation: {m['wall_s']:.0f} s (organism stage "
+            f"{m.get('organism_s', 0):.0f} s; {m.get('workers', 1)} worker process(es), one thread per job).", ""]
 
 
 def _relabelled(run: Any, agg: Study) -> Any:

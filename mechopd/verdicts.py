@@ -7,7 +7,8 @@ The interval rule, for a criterion ``stat OP bar`` (OP one of ≥, >, ≤, <) on
     ≥ 2 seeds:  holds           iff every v in [low, high] satisfies  v OP bar
                 does not hold   iff every v in [low, high] violates   v OP bar
                 otherwise       "not measurable here (fragile)"       (the interval holds the bar)
-    1 seed:     the value itself decides, and the cell says there is no interval
+    1 seed:     the value itself decides, and the cell says there is no interval; but a statistic of a study of
+                several seeds (``stat["of"]`` ≥ 2, set by the claims) defined in only one of them is fragile
 
 The satisfying set of ``v OP bar`` is a half-line, so checking the two ends decides the whole interval. A zero-width
 interval exactly at the bar satisfies ≥ and ≤ and violates > and <. Compound criteria use three-valued (Kleene)
@@ -76,6 +77,9 @@ def decide(stat: dict[str, Any], bar: float, op: str, label: str = "") -> Decisi
         raise ValueError(f"decide: op must be one of {OPS}, got {op!r}")
     if stat.get("mean") is None:
         return Decision(NA)
+    if stat.get("of", 0) >= 2 and stat.get("n", 0) < 2:  # a study of several seeds, the quantity defined in one
+        why = f"defined in {stat.get('n', 0)} of {stat['of']} seeds, so no interval"
+        return Decision(NA_FRAGILE, (f"{label}: {why}" if label else why,))
     if stat.get("low") is None:
         return Decision(HOLDS if satisfies(stat["mean"], bar, op) else FAILS, one_seed=True)
     ends = [satisfies(stat[k], bar, op) for k in ("low", "high")]

@@ -65,3 +65,57 @@ def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypa
     report = (run / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
     assert (run / "figures" / "training_curves.png").exists()
+
+
+@pytest.mark.slow
+def test_demo_numbers_do_not_depend_on_the_worker_count(tmp_path, monkeypatch):
+    """One worker in this process (two intra-op threads outside the jobs) and two worker processes (one thread outside)
+    write the same numbers, organism included (each run pretrains its own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads, workers in ((2, 1), (1, 2)):
+            where = tmp_path / f"t{threads}-w{workers}"
+            where.mkdir()
+            monkeypatch.chdir(where)
+            torch.set_num_threads(threads)
+            assert main(["demo", "--fast", "--workers", str(workers), "--out", "runs/demo"]) == 0
+            outs.append(where / "runs" / "demo")
+    finally:
+        torch.set_num_threads(before)
+    for m in ("base", "opd", "nca", "ta_opd", "nca_follow"):
+        a, b = (json.loads((o / "eval" / f"{m}.json").read_text()) for o in outs)
+        assert a["summary"] == b["summary"] and a["other_contexts"] == b["other_contexts"], m
+    for m in ("opd", "nca_follow"):
+        a, b = ([json.loads(x).get("loss") for x in (o / "train" / m / "metrics.jsonl").open()] for o in outs)
+        assert a == b and any(v is not None for v in a), m
+
+
+def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch):
+    """The organism on ORGANISM_THREADS, every job on --job-threads, whatever the process's own count (the float
+    summation order of the organism-sized matmuls depends on it)."""
+    import torch
+
+    from mechopd import demo as demo_mod
+    from mechopd import demo_pool
+    from mechopd.demo import DemoConfig
+
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(demo_mod, "organism", lambda cfg: seen.setdefault("organism", torch.get_num_threads())
+                        and tmp_path / "org")
+    monkeypatch.setattr(demo_mod, "train_methods", lambda cfg, s, r, m: seen.setdefault(f"train-{next(iter(m))}",
+                                                                                         torch.get_num_threads()))
+    monkeypatch.setattr(demo_mod, "demo_one", lambda cfg, student=None: seen.setdefault("finish",
+                                                                                       torch.get_num_threads()))
+    monkeypatch.setattr(demo_mod, "record_wall_time", lambda *a: tmp_path / "report.md")
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        demo_mod._demo(DemoConfig(out=str(tmp_path / "d"), fast=True, workers=1, job_threads=1))
+        assert torch.get_num_threads() == 3  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert seen.pop("organism") == demo_pool.ORGANISM_THREADS == 2
+    assert seen and set(seen.values()) == {1} and "finish" in seen and "train-nca_follow" in seen

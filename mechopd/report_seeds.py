@@ -1,0 +1,92 @@
+"""The aggregate report's probe section: the probes' headline numbers over the seed runs (mean and 95 % Student-t
+interval over seeds, `mechopd.stats`), read through each seed run's typed probe results by ROLE.
+
+Two-view hidden-state cosine (docs/method.md §6, §7): ONE number per model, per decoder layer (``layers.{i}.resid_post``)
+and its mean over decoder layers, the number the claims read; ``embed`` (1 by construction: both views embed the same
+response tokens) and ``final_norm`` are reported apart and labelled. Logit-lens output KL between views and the
+context's attention share, when those probes ran. Each seed's full probe section is in its own ``report.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mechopd.probes.registry import probe_result
+from mechopd.stats import fmt_stat, seed_stat
+from mechopd.study import Study
+
+COSINE_ROLES = ("base", "opd", "nca")
+
+
+def _similarity(study: Study) -> Any:
+    return probe_result("similarity", study.probes_dir)
+
+
+def _per_layer(study: Study, role: str) -> list[float]:
+    res, name = _similarity(study), study.name(role)
+    return [] if res is None or name is None else list(res.per_layer.get(name, []))
+
+
+def _apart(study: Study, role: str) -> dict[str, float]:
+    res, name = _similarity(study), study.name(role)
+    return {} if res is None or name is None else dict(res.apart.get(name, {}))
+
+
+def cosine_table(runs: Sequence[Study]) -> list[str]:
+    """Markdown rows: per model, the cosine after each decoder layer, their mean, and the sites reported apart."""
+    roles = [r for r in COSINE_ROLES if any(_per_layer(s, r) for s in runs)]
+    if not roles:
+        return []
+    depth = max(len(_per_layer(s, r)) for s in runs for r in roles)
+    apart = sorted({site for s in runs for r in roles for site in _apart(s, r)})
+    head = ([f"layer {i}" for i in range(depth)] + ["mean over decoder layers"]
+            + [f"{site} (apart)" for site in apart])
+    out = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for role in roles:
+        cells = [fmt_stat(seed_stat([_layer(s, role, i) for s in runs]), 4) for i in range(depth)]
+        cells.append(fmt_stat(seed_stat([_mean(_per_layer(s, role)) for s in runs]), 4))
+        cells += [fmt_stat(seed_stat([_apart(s, role).get(site) for s in runs]), 4) for site in apart]
+        out.append(f"| {runs[0].label(role)} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _layer(study: Study, role: str, i: int) -> float | None:
+    vals = _per_layer(study, role)
+    return vals[i] if i < len(vals) else None
+
+
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def _over_seeds(runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Study, str], float | None],
+                digits: int = 4) -> str:
+    return "; ".join(f"{runs[0].label(r)} {fmt_stat(seed_stat([fn(s, r) for s in runs]), digits)}" for r in roles
+                     if any(fn(s, r) is not None for s in runs))
+
+
+def _lens_output(study: Study, role: str) -> float | None:
+    res, name = probe_result("lens", study.probes_dir), study.name(role)
+    if res is None or name is None:
+        return None
+    kls = res.kl_by_depth(name)
+    return kls[-1] if kls else None
+
+
+def probe_lines(runs: Sequence[Study]) -> list[str]:
+    """The aggregate report's "Mechanistic probes over seeds" section (empty when no seed run has probes)."""
+    table = cosine_table(runs)
+    lens = _over_seeds(runs, COSINE_ROLES, _lens_output)
+    if not table and not lens:
+        return []
+    out = ["## Mechanistic probes over seeds", ""]
+    if table:
+        out += ["**Two-view hidden-state cosine** (per-token mean over response tokens, after each decoder layer, and "
+                "their mean over decoder layers: the number the claims read; `embed` — 1 by construction, both views "
+                "embed the same response tokens — and `final_norm` reported apart):", "", *table, ""]
+    if lens:
+        out += [f"- Logit-lens output KL(p_c ‖ p_x) between views: {lens} (`seed-k/probes/lens.csv`, per depth)."]
+    out += ["- Every probe of each seed (patching, attention, gradients, deltas, teachability): `seed-k/report.md`.",
+            "", "Cells: mean over seeds [95 % Student-t interval over seeds].", ""]
+    return out
