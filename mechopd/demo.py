@@ -321,9 +321,12 @@ def _demo(cfg: DemoConfig) -> Path:
         student = organism(cfg)
     t_organism = time.time() - t0
     runs = seed_configs(cfg)
+    for r in runs:  # every seed run's manifest before the first job: what it will save is checked first
+        write_manifest(r, Path(student))
     _log(f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {cfg.workers} worker"
-         f"{'s' if cfg.workers > 1 else ''} (one thread each; job logs in <run>/logs/)")
-    run_seed_runs(runs, student, cfg.workers, _log)
+         f"{'s' if cfg.workers > 1 else ''} ({cfg.job_threads} intra-op thread{'s' if cfg.job_threads > 1 else ''} "
+         "per job; job logs in <run>/logs/)")
+    run_seed_runs(runs, student, cfg.workers, _log, train_methods, demo_one)
     if cfg.seeds > 1:
         from mechopd.aggregate import aggregate
 
@@ -336,7 +339,6 @@ def _demo(cfg: DemoConfig) -> Path:
 def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     """Every stage for one training seed (trainings already finished are skipped); returns the report path."""
     from mechopd.plots import draw_all
-    from mechopd.removability import RegimeThresholds
     from mechopd.report import write_report_md
 
     t0 = time.time()
@@ -344,13 +346,7 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     run.mkdir(parents=True, exist_ok=True)
     methods = cfg.methods()
     student = organism(cfg) if student is None else student
-    manifest = {"task": cfg.task, "methods": list(methods), "labels": labels_for(run, methods),
-                "runs": methods, "organism": str(Path(student).resolve()), "thresholds": asdict(RegimeThresholds()),
-                "config": asdict(cfg),
-                "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
-    write_json(run / MANIFEST_FILE, manifest)
-    if not (run / STUDY_FILE).is_file():  # the roles of the runs (a user may rename a run here)
-        Study.from_manifest(run).write()
+    manifest = write_manifest(cfg, Path(student))
     finals = train_methods(cfg, student, run, methods)
     manifest["labels"] = labels_for(run, methods)  # the kept fractions are measured now
     write_json(run / "demo.json", manifest)
@@ -365,6 +361,23 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     report = write_report_md(run)
     _log(f"report: {report} (this stage {time.time() - t0:.0f} s)")
     return report
+
+
+def write_manifest(cfg: DemoConfig, student: Path) -> dict[str, Any]:
+    """A seed run's demo.json (and study.yaml, unless a user wrote one): written before its first training step, so
+    that a full disk or an unwritable --out fails before any work."""
+    from mechopd.removability import RegimeThresholds
+
+    run, methods = Path(cfg.out), cfg.methods()
+    run.mkdir(parents=True, exist_ok=True)
+    manifest = {"task": cfg.task, "methods": list(methods), "labels": labels_for(run, methods),
+                "runs": methods, "organism": str(Path(student).resolve()), "thresholds": asdict(RegimeThresholds()),
+                "config": asdict(cfg),
+                "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
+    write_json(run / MANIFEST_FILE, manifest)
+    if not (run / STUDY_FILE).is_file():  # the roles of the runs (a user may rename a run here)
+        Study.from_manifest(run).write()
+    return manifest
 
 
 def record_wall_time(cfg: DemoConfig, wall_s: float, organism_s: float) -> Path:

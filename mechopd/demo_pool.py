@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -48,6 +48,7 @@ class Job:
     kind: str
     cfg: Any            # the seed run's DemoConfig (seeds = 1, out = the seed run's directory)
     student: str
+    fn: Callable[..., Any]  # train: fn(cfg, student, run, {method: overrides}); finish: fn(cfg, student=...)
     method: str = ""
 
     @property
@@ -92,8 +93,6 @@ def _say(msg: str) -> None:
 
 def run_job(job: Job, redirect: bool = True) -> float:
     """Run one job (in a worker, or in-process) on `job.cfg.job_threads` threads; returns its wall time in s."""
-    from mechopd.demo import demo_one, train_methods
-
     t0 = time.time()
     job.log.parent.mkdir(parents=True, exist_ok=True)
     if redirect:
@@ -105,13 +104,13 @@ def run_job(job: Job, redirect: bool = True) -> float:
             stack.enter_context(contextlib.redirect_stderr(f))
         stack.enter_context(job_threads(job.cfg.job_threads))
         if job.kind == "train":
-            train_methods(job.cfg, Path(job.student), Path(job.cfg.out), {job.method: job.cfg.methods()[job.method]})
+            job.fn(job.cfg, Path(job.student), Path(job.cfg.out), {job.method: job.cfg.methods()[job.method]})
         else:
-            demo_one(job.cfg, student=Path(job.student))
+            job.fn(job.cfg, student=Path(job.student))
     return time.time() - t0
 
 
-def training_jobs(seed_cfgs: Sequence[Any], student: Path) -> list[Job]:
+def training_jobs(seed_cfgs: Sequence[Any], student: Path, train: Callable[..., Any]) -> list[Job]:
     """The training runs not yet finished: seed by seed (so that a seed's finish job can start early), longest first
     within a seed."""
     jobs = []
@@ -120,23 +119,25 @@ def training_jobs(seed_cfgs: Sequence[Any], student: Path) -> list[Job]:
         for name in cfg.methods():
             final = Path(cfg.out) / "train" / name / "final"
             if not ((final / "config.json").exists() and (final / "training.json").exists()):
-                todo.append(Job("train", cfg, str(student), name))
+                todo.append(Job("train", cfg, str(student), train, name))
         jobs += sorted(todo, key=lambda j: -EXPECTED_COST.get(j.method, 1.0))
     return jobs
 
 
-def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: Any) -> None:
-    """Every seed run's trainings, then its finish job, on `workers` processes (1: in this process, in order). At
-    most `workers` jobs are in flight; a free worker takes a ready finish job before the next training."""
-    queue = training_jobs(seed_cfgs, student)
+def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: Any, train: Callable[..., Any],
+                  finish: Callable[..., Any]) -> None:
+    """Every seed run's trainings (`train`), then its finish job (`finish`), on `workers` processes (1: in this
+    process, in order). At most `workers` jobs are in flight; a free worker takes a ready finish job before the next
+    training. The functions travel to the workers by name (module-level functions of `mechopd.demo`)."""
+    queue = training_jobs(seed_cfgs, student, train)
     left = {cfg.out: sum(j.cfg.out == cfg.out for j in queue) for cfg in seed_cfgs}
     for cfg in seed_cfgs:
         done = [n for n in cfg.methods() if not any(j.cfg.out == cfg.out and j.method == n for j in queue)]
         if done:
             log(f"{cfg.out}: train {', '.join(done)}: done, skipped")
-    ready = [Job("finish", cfg, str(student)) for cfg in seed_cfgs if left[cfg.out] == 0]
+    ready = [Job("finish", cfg, str(student), finish) for cfg in seed_cfgs if left[cfg.out] == 0]
     if workers <= 1:
-        for job in queue + [Job("finish", cfg, str(student)) for cfg in seed_cfgs if left[cfg.out]] + ready:
+        for job in queue + [Job("finish", cfg, str(student), finish) for cfg in seed_cfgs if left[cfg.out]] + ready:
             log(f"{job.cfg.out}: {job.name} ...")
             log(f"{job.cfg.out}: {job.name} done ({run_job(job, redirect=False):.0f} s)")
         return
@@ -156,7 +157,7 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
                     if job.kind == "train":
                         left[job.cfg.out] -= 1
                         if left[job.cfg.out] == 0:
-                            ready.append(Job("finish", job.cfg, str(student)))
+                            ready.append(Job("finish", job.cfg, str(student), finish))
         except BaseException:
             for fut in running:
                 fut.cancel()

@@ -229,7 +229,8 @@ def _wall_lines(agg: Study) -> list[str]:
     if not m.get("wall_s"):
         return []
     return [f"Wall time of the last `mechopd demo` invocation: {m['wall_s']:.0f} s (organism stage "
-            f"{m.get('organism_s', 0):.0f} s; {m.get('workers', 1)} worker process(es), one thread per job).", ""]
+            f"{m.get('organism_s', 0):.0f} s; {m.get('workers', 1)} worker process(es), "
+            f"{agg.config.get('job_threads', 1)} intra-op thread(s) per job).", ""]
 
 
 def _relabelled(run: Any, agg: Study) -> Any:

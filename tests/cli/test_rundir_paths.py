@@ -108,7 +108,7 @@ def test_demo_refuses_another_seed_and_a_checkpoint_out(tiny_rules_organism, tmp
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "seed 0 -> 1" in err and "another --out" in err and "\n" not in err
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == before
-    assert main(["demo", "--seed", "0", "--out", "d"]) == 2  # a full demo over a fast one
+    assert main(["demo", "--seed", "0", "--seeds", "1", "--out", "d"]) == 2  # a full demo over a fast one
     assert "fast True -> False" in capsys.readouterr().err
     assert main(["demo", "--fast", "--seeds", "2", "--out", "d"]) == 2  # a multi-seed study over a single-seed demo
     assert "holds a single-seed demo" in capsys.readouterr().err
