@@ -46,3 +46,19 @@ def test_deeper_organism_checkpoint_has_its_layers(tmp_path):
     out = pretrain(cfg, tmp_path / "rules-L4", progress=False)
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
     assert json.loads((out / "organism.json").read_text())["config"]["num_layers"] == 4
+
+
+@pytest.mark.parametrize("task_name", ["rules", "frozenlake"])
+def test_batched_corpus_encoding_gives_the_per_text_ids(task_name):
+    """_encode_corpus tokenizes the prompts and the responses in batched calls: the ids of one call per text."""
+    from mechopd.organisms.pretrain import EOS, _encode_corpus, build_tokenizer, organism_vocab
+    from mechopd.tasks.base import get_task
+    from mechopd.views import RenderSpec, render_prompt_ids
+
+    task, tok = get_task(task_name), build_tokenizer(organism_vocab())
+    spec, eos = RenderSpec(placement=task.placement), tok.convert_tokens_to_ids(EOS)
+    ref = []
+    for ctx, prompt, resp in task.pretrain_corpus(300, 0):
+        p = render_prompt_ids(tok, prompt, ctx, spec)
+        ref.append((p + tok(resp, add_special_tokens=False)["input_ids"] + [eos], len(p)))
+    assert _encode_corpus(task, tok, 300, 0) == ref and any(ctx for ctx, _, _ in task.pretrain_corpus(300, 0))
