@@ -185,9 +185,9 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="rules", metavar="TASK", help="rules (default) | frozenlake | sokoban")
     p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
     p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="INT", help="training seed (default 0; the organism always uses seed 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="one training seed (a one-seed demo; the organism always uses seed 0)")
     p.add_argument("--steps", type=int, default=None, metavar="INT", help="training steps per method, >= 1 (default: "
-                   "the organism recipe's)")
+                   "the task's demo budget, rules 100)")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="N training seeds 0..N-1 into OUT/seed-k, "
                    "then aggregated (95%% t-interval over seeds; default 3 for rules, 1 for a game or --fast)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes, each job on one thread "

@@ -108,8 +108,11 @@ class DemoConfig:
 
         if self.task not in ORGANISM_TASKS:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
-        if self.seeds is None:
-            self.seeds = 1 if self.fast else DEFAULT_SEEDS.get(self.task, 1)
+        if self.seeds is None:  # a chosen training seed means one seed run
+            self.seeds = 1 if (self.fast or self.seed != 0) else DEFAULT_SEEDS.get(self.task, 1)
+        if isinstance(self.seeds, int) and self.seeds > 1 and self.seed != 0:
+            raise ConfigError(f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
+                              "--seed, or pass --seeds 1 for that one seed")
         if self.workers is None:
             from mechopd.demo_pool import default_workers
 
