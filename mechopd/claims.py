@@ -99,7 +99,7 @@ def claim_degradation(runs: Sequence[Study]) -> Claim:
     crit = f"OPD in regime A: Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}; {RULE}"
     measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
                 f"({_seeds(runs)})")
-    if harm["mean"] is None or drop["mean"] is None:
+    if harm["mean"] is None and drop["mean"] is None:  # one defined part can decide the OR (Kleene)
         return Claim("degradation", "", "", measured, NA, crit)
     d = any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), decide(harm, th["harm_high"], ">=", "Harm"))
     return _row("degradation", measured, d, crit)
@@ -248,7 +248,7 @@ def claim_nca_lens(runs: Sequence[Study]) -> Claim:
     names = [f"layer {i}" for i in range(n_sites - 1)] + ["output"]
     ratio = _stat(runs, lambda r: sum(lens_kls(r, "nca")) / max(sum(lens_kls(r, "opd")), 1e-300))
     d = all_of(*(decide(s, 0.0, "<", name) for s, name in zip(sites, names)))
-    below = sum(s["mean"] < 0 for s in sites)
+    below = sum(s["mean"] is not None and s["mean"] < 0 for s in sites)  # a site undefined in every seed: not below
     measured = (f"NCA/OPD lens KL (summed over depth) {fmt_stat(ratio, 3)}; NCA below OPD (seed mean) at {below} of "
                 f"{n_sites} sites")
     return _row("nca_lens", measured, d, crit)

@@ -185,7 +185,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="rules", metavar="TASK", help="rules (default) | frozenlake | sokoban")
     p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
     p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="INT", help="one training seed (a one-seed demo; the organism always uses seed 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="INT", help="one training seed (a one-seed demo; the organism always uses seed 0)")
     p.add_argument("--steps", type=int, default=None, metavar="INT", help="training steps per method, >= 1 (default: "
                    "the task's demo budget, rules 100)")
     p.add_argument("--seeds", type=int, default=None, metavar="N", help="N training seeds 0..N-1 into OUT/seed-k, "
@@ -211,7 +211,8 @@ def _demo(a: argparse.Namespace) -> int:
     check_out_dir(a.out)
     kw = {k: getattr(a, k) for k in ("steps", "batch_size") if getattr(a, k) is not None}  # 0 is refused, not dropped
     kw.update({"layers": a.layers} if a.layers is not None else {})
-    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed, seeds=a.seeds,
+    seeds = 1 if a.seed is not None and a.seeds is None else a.seeds  # a chosen seed (0 too) is a one-seed demo
+    demo(DemoConfig(task=a.task, out=a.out, fast=a.fast, sweep=a.sweep, seed=a.seed or 0, seeds=seeds,
                     workers=a.workers, job_threads=a.job_threads, **kw))
     return 0
 

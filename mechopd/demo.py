@@ -116,7 +116,7 @@ class DemoConfig:
         if self.workers is None:
             from mechopd.demo_pool import default_workers
 
-            self.workers = default_workers()
+            self.workers = default_workers(self.job_threads if isinstance(self.job_threads, int) else 1)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"demo --workers {self.workers!r}: must be an integer >= 1 (omit it for one per thread)")
         if isinstance(self.job_threads, bool) or not isinstance(self.job_threads, int) or self.job_threads < 1:
@@ -316,7 +316,7 @@ def demo(cfg: DemoConfig) -> Path:
 
 
 def _demo(cfg: DemoConfig) -> Path:
-    """Organism (one thread), the seed runs' jobs on `cfg.workers` processes (`demo_pool`), then the aggregate."""
+    """Organism (ORGANISM_THREADS), the seed runs' jobs on `cfg.workers` processes (`demo_pool`), the aggregate."""
     from mechopd.demo_pool import ORGANISM_THREADS, job_threads, run_seed_runs, seed_configs
 
     t0 = time.time()
@@ -328,7 +328,7 @@ def _demo(cfg: DemoConfig) -> Path:
         write_manifest(r, Path(student))
     _log(f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {cfg.workers} worker"
          f"{'s' if cfg.workers > 1 else ''} ({cfg.job_threads} intra-op thread{'s' if cfg.job_threads > 1 else ''} "
-         "per job; job logs in <run>/logs/)")
+         f"per job{'; job logs in <run>/logs/' if cfg.workers > 1 else ''})")
     run_seed_runs(runs, student, cfg.workers, _log, train_methods, demo_one)
     if cfg.seeds > 1:
         from mechopd.aggregate import aggregate

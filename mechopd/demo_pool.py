@@ -19,8 +19,10 @@ demo's numbers do not depend on it, on the number of workers, or on which worker
 function of its config alone. What float order used to perturb is carried by the seeds instead:
 the claims' interval rule (`mechopd.verdicts`) reads the spread over training seeds, a far larger perturbation.
 
-Logs: each job's output goes to ``<seed run>/logs/<job>.log``; the parent prints one line per job (start, end, wall
-time). A job's error stops the demo with that error (finished jobs keep their outputs; a rerun resumes).
+Logs: with several workers each job's output (and a failing job's traceback) goes to ``<seed run>/logs/<job>.log``;
+the worker prints a job's start, the parent its end and wall time. A job's error stops the demo with that error:
+the parent names the job, terminates the running ones and re-raises (finished jobs keep their outputs; a training
+killed mid-run resumes from its last checkpoint on the next `mechopd demo`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
+
+from mechopd.errors import TrainingError
 
 JOB_THREADS = 1       # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
 ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there, 1.5x), pinned whatever OMP says
@@ -73,18 +79,20 @@ def job_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def default_workers() -> int:
-    """The process's intra-op thread count (follows ``OMP_NUM_THREADS``), at least 1."""
+def default_workers(job_threads: int = JOB_THREADS) -> int:
+    """The process's intra-op thread count (follows ``OMP_NUM_THREADS``) over the threads of one job, at least 1."""
     import torch
 
-    return max(1, torch.get_num_threads())
+    return max(1, torch.get_num_threads() // max(1, job_threads))
 
 
 def _init_worker(argv: Sequence[str], threads: int) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(threads)
     sys.argv = list(argv)  # the demo records its command line in demo.json
+    hf_logging.get_logger("transformers")  # its handler binds the worker's real stderr now, not a job's log file
 
 
 def _say(msg: str) -> None:
@@ -94,8 +102,8 @@ def _say(msg: str) -> None:
 def run_job(job: Job, redirect: bool = True) -> float:
     """Run one job (in a worker, or in-process) on `job.cfg.job_threads` threads; returns its wall time in s."""
     t0 = time.time()
-    job.log.parent.mkdir(parents=True, exist_ok=True)
     if redirect:
+        job.log.parent.mkdir(parents=True, exist_ok=True)
         _say(f"{job.cfg.out}: {job.name} started (log {job.log})")
     with contextlib.ExitStack() as stack:
         if redirect:
@@ -103,10 +111,15 @@ def run_job(job: Job, redirect: bool = True) -> float:
             stack.enter_context(contextlib.redirect_stdout(f))
             stack.enter_context(contextlib.redirect_stderr(f))
         stack.enter_context(job_threads(job.cfg.job_threads))
-        if job.kind == "train":
-            job.fn(job.cfg, Path(job.student), Path(job.cfg.out), {job.method: job.cfg.methods()[job.method]})
-        else:
-            job.fn(job.cfg, student=Path(job.student))
+        try:
+            if job.kind == "train":
+                job.fn(job.cfg, Path(job.student), Path(job.cfg.out), {job.method: job.cfg.methods()[job.method]})
+            else:
+                job.fn(job.cfg, student=Path(job.student))
+        except BaseException:
+            if redirect:
+                traceback.print_exc()  # into the job's log; the error itself travels to the parent
+            raise
     return time.time() - t0
 
 
@@ -145,6 +158,7 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(list(sys.argv), seed_cfgs[0].job_threads)) as pool:
         running: dict[Future, Job] = {}
+        job = None
         try:
             while queue or ready or running:
                 while len(running) < workers and (ready or queue):
@@ -158,9 +172,15 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
                         left[job.cfg.out] -= 1
                         if left[job.cfg.out] == 0:
                             ready.append(Job("finish", job.cfg, str(student), finish))
-        except BaseException:
-            for fut in running:
-                fut.cancel()
+        except BaseException as e:
+            if job is not None and not isinstance(e, KeyboardInterrupt):
+                log(f"{job.cfg.out}: {job.name} failed (log {job.log}); stopping the other jobs (a rerun resumes)")
+            for proc in list(getattr(pool, "_processes", {}).values()):  # running jobs stop now, not at their end
+                proc.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(e, BrokenProcessPool) and job is not None:
+                raise TrainingError(f"a demo worker died while running {job.cfg.out}: {job.name} (killed by the system, "
+                                    "e.g. out of memory); rerun `mechopd demo` to resume, or pass --workers 1") from None
             raise
 
 

@@ -29,9 +29,12 @@ def _figure_lines(root: Path) -> list[str]:
 
 
 def _demo_flags(cfg: dict[str, Any]) -> str:
-    """The `mechopd demo` flags that reproduce a run's organism and stages (beyond --task, --out, --seed)."""
+    """The `mechopd demo` flags that reproduce a run's organism, budget and float order (beyond --task, --out,
+    --seed / --seeds): steps and batch size always (a default may change), job threads when not 1."""
     return ((" --fast" if cfg.get("fast") else "") + (" --sweep" if cfg.get("sweep") else "")
-            + (f" --layers {cfg['layers']}" if cfg.get("layers") else ""))
+            + (f" --layers {cfg['layers']}" if cfg.get("layers") else "")
+            + "".join(f" --{k.replace('_', '-')} {cfg[k]}" for k in ("steps", "batch_size") if cfg.get(k))
+            + (f" --job-threads {cfg['job_threads']}" if cfg.get("job_threads", 1) != 1 else ""))
 
 
 def _lr_text(cfg: dict[str, Any]) -> str:
@@ -172,7 +175,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out += [""] + _claims_lines([s])
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
-    seed = f" --seed {cfg['seed']}" if cfg.get("seed") else ""
+    seed = f" --seed {cfg.get('seed', 0)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
     study_flag = f" --study {study}" if study is not None else ""
     out.append(f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
     out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")

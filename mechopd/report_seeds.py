@@ -3,8 +3,8 @@ interval over seeds, `mechopd.stats`), read through each seed run's typed probe 
 
 Two-view hidden-state cosine (docs/method.md §6, §7): ONE number per model, per decoder layer (``layers.{i}.resid_post``)
 and its mean over decoder layers, the number the claims read; ``embed`` (1 by construction: both views embed the same
-response tokens) and ``final_norm`` are reported apart and labelled. Logit-lens output KL between views and the
-context's attention share, when those probes ran. Each seed's full probe section is in its own ``report.md``.
+response tokens) and ``final_norm`` are reported apart and labelled. The logit-lens output KL between views, when
+that probe ran. Each seed's full probe section is in its own ``report.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def _layer(study: Study, role: str, i: int) -> float | None:
     return vals[i] if i < len(vals) else None
 
 
-def _mean(vals: list[float]) -> float | None:
+def _mean(vals: list[float | None]) -> float | None:
+    vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 

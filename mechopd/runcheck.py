@@ -86,6 +86,9 @@ def _check_one_demo(run: Path, cfg: Mapping[str, Any], aggregate: bool) -> None:
         what = "the aggregate of a multi-seed demo" if doc.get("aggregate") else "a single-seed demo"
         raise ConfigError(f"--out {run} holds {what} ({path}); pass another --out (nothing was changed)")
     old = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    if old and "job_threads" not in old:  # written before the thread counts were pinned (mechopd/demo_pool.py)
+        raise ConfigError(f"--out {run} holds a demo written before mechopd pinned its thread counts (its numbers "
+                          "depend on the thread count it ran with); pass another --out (nothing was changed)")
     free = SEED_KEYS if aggregate else DEMO_FREE_KEYS
     diff = _diff(old, cfg, free)
     if diff:

@@ -200,7 +200,7 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
             bar.set_postfix(loss=f"{loss.item():.4f}")
     model.eval()
     meta = {"key": cfg.key(), "config": dataclasses.asdict(cfg), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
-            "seconds": round(time.time() - t0, 1)}
+            "seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads()}  # float order: provenance
     atomic_save(model, tokenizer, out, extra={MARKER: json.dumps(meta, indent=2)})
     return out
 

@@ -129,3 +129,28 @@ def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_pat
     assert main(["demo", "--seed", "3", "--seeds", "2", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "--seeds 1" in err and "\n" not in err and not (tmp_path / "d").exists()
+
+
+def _failing_train(cfg, student, run, methods):
+    from mechopd.errors import ConfigError
+
+    raise ConfigError(f"boom in {next(iter(methods))}")
+
+
+def _unused_finish(cfg, student=None):
+    raise AssertionError("a finish job ran although its trainings failed")
+
+
+def test_a_failing_job_stops_the_pool_names_the_job_and_keeps_its_traceback(tmp_path):
+    from mechopd.demo import DemoConfig
+    from mechopd.demo_pool import run_seed_runs
+    from mechopd.errors import ConfigError
+
+    cfg = DemoConfig(out=str(tmp_path / "d"), fast=True, workers=2)
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="boom in"):
+        run_seed_runs([cfg], tmp_path / "org", 2, lines.append, _failing_train, _unused_finish)
+    failed = [ln for ln in lines if "failed" in ln]
+    assert len(failed) == 1 and "train-" in failed[0] and "log " in failed[0]
+    logs = list((tmp_path / "d" / "logs").glob("train-*.log"))
+    assert logs and any("ConfigError: boom in" in p.read_text() for p in logs)

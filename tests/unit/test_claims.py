@@ -186,7 +186,7 @@ def test_each_claim_can_fail(tmp_path: Path, changes: dict, key: str) -> None:
 
 
 @pytest.mark.parametrize(("changes", "key"), [
-    ({"harm": {"opd": None}}, "degradation"),
+    ({"harm": {"opd": None}, "acc_x": {"opd": None}}, "degradation"),  # both parts of the OR undefined
     ({"harm": {"opd": 0.0}}, "nca_removes"),
     ({"acc_x": {"nca": None}}, "nca_keeps"),
     ({"cos": {"base": [0.9], "opd": [0.95]}}, "cosine_order"),  # NCA's similarity rows absent
