@@ -13,8 +13,9 @@ its last checkpoint):
   5. figures    every figure from the saved artifacts                               RUN/figures/
   6. report     RUN/report.md
 
-With ``seeds = N > 1`` every stage runs once per training seed k = 0..N-1 into ``RUN/seed-k/`` (the organism is the
-same, pretrained with `organism_seed`), and `mechopd.aggregate` writes the seed tables, bands and report into RUN.
+With ``seeds = N > 1`` (the rules default, `DEFAULT_SEEDS`) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
+organism) as jobs on worker processes, one pinned thread each (`mechopd.demo_pool`); `mechopd.aggregate` writes the
+seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and `SEED0_PROBES` (no claim reads them).
 
 Why the anchor waits (`NCA_GATE`): on an organism the two views start maximally apart, so at step 1 the
 forward-KL anchor's gradient can dwarf the OPD term's (the `nca_const` run logs both norms in its ``grad/norm/*``
@@ -59,11 +60,10 @@ METHODS: dict[str, dict[str, Any]] = {
                    "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT, "shared_prefix": "off"},
 }
 GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
-# Training seeds of the default demo per task: the claims' interval rule needs >= 2 (docs/method.md §7); the rules
-# study's 3 seeds x 100 steps fit its 5-minute budget on 2 cores (docs/results.md); a game demo runs one by default.
+# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §7; 3 x 100 steps fit the
+# rules study's 5-minute budget on 2 cores, docs/results.md; a game demo runs one). Per task below: the demo's budget.
 DEFAULT_SEEDS = {"rules": 3, "frozenlake": 1, "sokoban": 1}
-# Per task: the demo's budget. Sokoban's is sized so that the whole study (4 runs, evaluation, probes) fits in about
-# 10 minutes of a 2-core CPU; its wall times and outcomes per seed are in docs/results.md (the Sokoban case study).
+# Sokoban's is sized so that one seed's study fits in about 10 minutes of a 2-core CPU (docs/results.md, Sokoban).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "rules": {"steps": 100, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
               "probe_n": 64},
@@ -72,6 +72,8 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
                 "probe_n": 32},
 }
+# Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
+SEED0_PROBES = ("patching", "attention")
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
 
@@ -84,6 +86,7 @@ class DemoConfig:
     out: str = "runs/demo"
     fast: bool = False
     sweep: bool = False
+    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no SEED0_PROBES; demo_pool.py)
     seed: int = 0
     seeds: int | None = None        # None: DEFAULT_SEEDS[task] (with --fast: 1)
     workers: int | None = None      # worker processes (None: torch.get_num_threads(); demo_pool.py)
@@ -270,6 +273,8 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     for spec in registered():
         if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
             continue
+        if not cfg.full_stages and spec.name in SEED0_PROBES:
+            continue
         options = demo_options(spec, study)
         if options is None:
             _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
@@ -333,7 +338,7 @@ def _demo(cfg: DemoConfig) -> Path:
     if cfg.seeds > 1:
         from mechopd.aggregate import aggregate
 
-        aggregate([Path(r.out) for r in runs], cfg.out)
+        aggregate([Path(r.out) for r in runs], cfg.out, report=False)
     report = record_wall_time(cfg, time.time() - t0, t_organism)
     _log(f"report: {report} ({time.time() - t0:.0f} s in all, organism {t_organism:.0f} s)")
     return report
@@ -358,8 +363,9 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     run_probes(cfg, models, run)
     if cfg.sweep:
         sweep(cfg, student, run)
-    _log("figures")
-    draw_all(run)
+    if cfg.full_stages:
+        _log("figures")
+        draw_all(run)
     write_json(run / "demo.json", manifest)
     report = write_report_md(run)
     _log(f"report: {report} (this stage {time.time() - t0:.0f} s)")

@@ -179,8 +179,9 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
                 proc.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
             if isinstance(e, BrokenProcessPool) and job is not None:
-                raise TrainingError(f"a demo worker died while running {job.cfg.out}: {job.name} (killed by the system, "
-                                    "e.g. out of memory); rerun `mechopd demo` to resume, or pass --workers 1") from None
+                raise TrainingError(f"a demo worker died while running {job.cfg.out}: {job.name} (killed by the "
+                                    "system, e.g. out of memory); rerun `mechopd demo` to resume, or pass --workers 1"
+                                    ) from None
             raise
 
 
@@ -188,5 +189,6 @@ def seed_configs(cfg: Any) -> list[Any]:
     """The seed runs of a demo config: itself with one seed, ``OUT/seed-k`` (seed k, seeds 1) with several."""
     if cfg.seeds <= 1:
         return [cfg]
-    return [replace(cfg, out=str(Path(cfg.out) / f"seed-{k}"), seed=k, seeds=1) for k in range(cfg.seeds)]
+    return [replace(cfg, out=str(Path(cfg.out) / f"seed-{k}"), seed=k, seeds=1, full_stages=k == 0)
+            for k in range(cfg.seeds)]
 

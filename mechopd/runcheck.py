@@ -31,8 +31,8 @@ from mechopd.errors import ConfigError, DataError, MechopdError, TaskError
 DEMO_FILE = "demo.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 RUN_MARKS = ("metrics.jsonl", "checkpoints", "final")
-DEMO_FREE_KEYS = ("out", "sweep", "workers")  # may change between runs of one demo directory
-SEED_KEYS = ("out", "seed", "seeds", "sweep", "workers")  # may differ between the seed runs of one study
+DEMO_FREE_KEYS = ("out", "sweep", "workers", "full_stages")  # may change between runs of one demo directory
+SEED_KEYS = ("out", "seed", "seeds", "sweep", "workers", "full_stages")  # may differ between the seed runs of one study
 
 
 class DiskFullError(MechopdError):

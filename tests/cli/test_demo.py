@@ -65,6 +65,11 @@ def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypa
     report = (run / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
     assert (run / "figures" / "training_curves.png").exists()
+    # seeds >= 1 skip what no claim reads (figures, SEED0_PROBES); seed 0 has everything
+    assert (run / "seed-0" / "figures" / "layer_cosine.png").exists() and not (run / "seed-1" / "figures").exists()
+    assert (run / "seed-0" / "probes" / "patching.csv").exists()
+    assert not (run / "seed-1" / "probes" / "patching.csv").exists()
+    assert (run / "seed-1" / "probes" / "similarity.csv").exists()  # the claims read it on every seed
 
 
 @pytest.mark.slow

@@ -1,0 +1,100 @@
+"""The default demo's time budget and thread-count identity (#20): `mechopd demo` from an empty directory.
+
+Runs ``mechopd demo`` (the default: rules, 3 seeds, organism pretraining included) in a fresh temporary directory as a
+newcomer would, prints its wall time against the 5-minute budget (ratio and PASS/FAIL) and the stage times from its
+log. With ``--threads 1`` it runs a second demo under ``OMP_NUM_THREADS=1`` (one worker) in another empty directory and
+checks that both wrote the same numbers: the organism's weights, every final checkpoint, every metrics.jsonl (wall-time
+fields aside), every evaluation report, and the claims table's verdicts.
+
+    python bench/demo_budget.py [--threads 1] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUDGET_S = 300.0
+TIMED = ("_s", "tokens_per_s")
+
+
+def run_demo(where: Path, env: dict[str, str]) -> tuple[float, str]:
+    where.mkdir(parents=True)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", "demo"], cwd=where, env=env, capture_output=True,
+                          text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"mechopd demo failed in {where} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return wall, proc.stdout
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha1(p.read_bytes()).hexdigest()
+
+
+def _metrics(p: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith(TIMED)} for line in p.open()]
+
+
+def same_numbers(a: Path, b: Path) -> list[str]:
+    """What differs between two demo directories' numbers (empty: nothing)."""
+    diffs = []
+    for f in sorted(a.rglob("*.safetensors")):
+        if _digest(f) != _digest(b / f.relative_to(a)):
+            diffs.append(str(f.relative_to(a)))
+    for f in sorted(a.rglob("metrics.jsonl")):
+        if _metrics(f) != _metrics(b / f.relative_to(a)):
+            diffs.append(str(f.relative_to(a)))
+    for f in sorted(a.glob("runs/demo/seed-*/eval/*.json")):
+        x, y = (json.loads(p.read_text()) for p in (f, b / f.relative_to(a)))
+        if x.get("summary") != y.get("summary") or x.get("other_contexts") != y.get("other_contexts"):
+            diffs.append(str(f.relative_to(a)))
+    return diffs
+
+
+def verdicts(root: Path) -> list[tuple[str, str]]:
+    from mechopd.claims import evaluate_claims
+
+    return [(c.claim, c.verdict) for c in evaluate_claims(sorted((root / "runs" / "demo").glob("seed-*")))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=None, help="also run under OMP_NUM_THREADS=N and compare")
+    p.add_argument("--keep", default=None, help="run in this (new) directory and keep it")
+    a = p.parse_args()
+    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="mechopd-demo-"))
+    try:
+        env = dict(os.environ)
+        wall, log = run_demo(root / "default", env)
+        print(f"mechopd demo from an empty directory: {wall:.0f} s; budget {BUDGET_S:.0f} s; ratio "
+              f"{wall / BUDGET_S:.2f}: {'PASS' if wall <= BUDGET_S else 'FAIL'}")
+        for line in log.splitlines():
+            if re.search(r"organism:|seed runs on|finish done|report:", line):
+                print("  " + line)
+        if a.threads is None:
+            return 0 if wall <= BUDGET_S else 1
+        wall2, _ = run_demo(root / f"omp{a.threads}", {**env, "OMP_NUM_THREADS": str(a.threads)})
+        diffs = same_numbers(root / "default", root / f"omp{a.threads}")
+        v1, v2 = verdicts(root / "default"), verdicts(root / f"omp{a.threads}")
+        flips = [c for (c, x), (_, y) in zip(v1, v2) if x != y]
+        print(f"OMP_NUM_THREADS={a.threads}: {wall2:.0f} s; files with other numbers: {len(diffs)} "
+              f"{diffs[:5]}; verdicts that differ: {len(flips)} of {len(v1)} {flips}")
+        return 0 if wall <= BUDGET_S and not diffs and not flips else 1
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
