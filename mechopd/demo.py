@@ -196,13 +196,14 @@ def organism(cfg: DemoConfig) -> Path:
 
 def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, Path]:
     from mechopd.config import TrainConfig
+    from mechopd.demo_pool import finished
     from mechopd.train.checkpoint import latest_checkpoint
     from mechopd.train.trainer import train
 
     finals = {}
     for name, over in methods.items():
         out = run / "train" / name
-        if (out / "final" / "config.json").exists() and (out / "final" / "training.json").exists():
+        if finished(out):
             _log(f"train {name}: done, skipped")
             finals[name] = out / "final"
             continue

@@ -123,6 +123,12 @@ def run_job(job: Job, redirect: bool = True) -> float:
     return time.time() - t0
 
 
+def finished(train_dir: Path) -> bool:
+    """A training run's final checkpoint is complete (its config and its training record written last)."""
+    final = Path(train_dir) / "final"
+    return (final / "config.json").exists() and (final / "training.json").exists()
+
+
 def training_jobs(seed_cfgs: Sequence[Any], student: Path, train: Callable[..., Any]) -> list[Job]:
     """The training runs not yet finished: seed by seed (so that a seed's finish job can start early), longest first
     within a seed."""
@@ -130,8 +136,7 @@ def training_jobs(seed_cfgs: Sequence[Any], student: Path, train: Callable[..., 
     for cfg in seed_cfgs:
         todo = []
         for name in cfg.methods():
-            final = Path(cfg.out) / "train" / name / "final"
-            if not ((final / "config.json").exists() and (final / "training.json").exists()):
+            if not finished(Path(cfg.out) / "train" / name):
                 todo.append(Job("train", cfg, str(student), train, name))
         jobs += sorted(todo, key=lambda j: -EXPECTED_COST.get(j.method, 1.0))
     return jobs

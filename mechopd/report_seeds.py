@@ -10,7 +10,6 @@ that probe ran. Each seed's full probe section is in its own ``report.md``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from mechopd.probes.registry import probe_result
 from mechopd.stats import fmt_stat, seed_stat
@@ -19,41 +18,37 @@ from mechopd.study import Study
 COSINE_ROLES = ("base", "opd", "nca")
 
 
-def _similarity(study: Study) -> Any:
-    return probe_result("similarity", study.probes_dir)
-
-
-def _per_layer(study: Study, role: str) -> list[float]:
-    res, name = _similarity(study), study.name(role)
-    return [] if res is None or name is None else list(res.per_layer.get(name, []))
-
-
-def _apart(study: Study, role: str) -> dict[str, float]:
-    res, name = _similarity(study), study.name(role)
-    return {} if res is None or name is None else dict(res.apart.get(name, {}))
+def _cosines(study: Study) -> dict[str, tuple[list[float], dict[str, float]]]:
+    """role -> (cosine after each decoder layer, the sites reported apart) of one seed run's similarity probe, read
+    once; roles the probe did not cover are absent."""
+    res = probe_result("similarity", study.probes_dir)
+    out = {}
+    for role in COSINE_ROLES:
+        name = study.name(role)
+        if res is not None and name is not None and res.per_layer.get(name):
+            out[role] = (list(res.per_layer[name]), dict(res.apart.get(name, {})))
+    return out
 
 
 def cosine_table(runs: Sequence[Study]) -> list[str]:
     """Markdown rows: per model, the cosine after each decoder layer, their mean, and the sites reported apart."""
-    roles = [r for r in COSINE_ROLES if any(_per_layer(s, r) for s in runs)]
+    per_seed = [_cosines(s) for s in runs]
+    roles = [r for r in COSINE_ROLES if any(r in c for c in per_seed)]
     if not roles:
         return []
-    depth = max(len(_per_layer(s, r)) for s in runs for r in roles)
-    apart = sorted({site for s in runs for r in roles for site in _apart(s, r)})
+    layers = {r: [c[r][0] if r in c else [] for c in per_seed] for r in roles}
+    aparts = {r: [c[r][1] if r in c else {} for c in per_seed] for r in roles}
+    depth = max(len(v) for r in roles for v in layers[r])
+    apart = sorted({site for r in roles for a in aparts[r] for site in a})
     head = ([f"layer {i}" for i in range(depth)] + ["mean over decoder layers"]
             + [f"{site} (apart)" for site in apart])
     out = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for role in roles:
-        cells = [fmt_stat(seed_stat([_layer(s, role, i) for s in runs]), 4) for i in range(depth)]
-        cells.append(fmt_stat(seed_stat([_mean(_per_layer(s, role)) for s in runs]), 4))
-        cells += [fmt_stat(seed_stat([_apart(s, role).get(site) for s in runs]), 4) for site in apart]
+        cells = [fmt_stat(seed_stat([v[i] if i < len(v) else None for v in layers[role]]), 4) for i in range(depth)]
+        cells.append(fmt_stat(seed_stat([_mean(v) for v in layers[role]]), 4))
+        cells += [fmt_stat(seed_stat([a.get(site) for a in aparts[role]]), 4) for site in apart]
         out.append(f"| {runs[0].label(role)} | " + " | ".join(cells) + " |")
     return out
-
-
-def _layer(study: Study, role: str, i: int) -> float | None:
-    vals = _per_layer(study, role)
-    return vals[i] if i < len(vals) else None
 
 
 def _mean(vals: list[float | None]) -> float | None:

@@ -91,29 +91,26 @@ def decide(stat: dict[str, Any], bar: float, op: str, label: str = "") -> Decisi
     return Decision(NA_FRAGILE, (f"{label}: {why}" if label else why,))
 
 
-def _undecided(parts: list[Decision], one_seed: bool) -> Decision:
-    """Neither holds nor fails: fragile when every undecided part is fragile (naming them), else not measurable."""
+def _kleene(parts: tuple[Decision, ...], absorbing: str, identity: str) -> Decision:
+    """Three-valued AND (absorbing FAILS, identity HOLDS) or OR (absorbing HOLDS, identity FAILS): one part with the
+    absorbing verdict decides; all parts at the identity decide; else undecided — fragile when every undecided part is
+    fragile (naming them), not measurable otherwise."""
+    one = any(d.one_seed for d in parts)
+    if any(d.verdict == absorbing for d in parts):
+        return Decision(absorbing, one_seed=one)
+    if all(d.verdict == identity for d in parts):
+        return Decision(identity, one_seed=one)
     rest = [d for d in parts if d.verdict not in (HOLDS, FAILS)]
     if all(d.verdict == NA_FRAGILE for d in rest):
-        return Decision(NA_FRAGILE, tuple(f for d in rest for f in d.fragile), one_seed)
-    return Decision(NA, one_seed=one_seed)
+        return Decision(NA_FRAGILE, tuple(f for d in rest for f in d.fragile), one)
+    return Decision(NA, one_seed=one)
 
 
 def all_of(*parts: Decision) -> Decision:
     """Kleene AND: fails if any part fails, holds if every part holds, else undecided (fragile or not measurable)."""
-    parts_, one = list(parts), any(d.one_seed for d in parts)
-    if any(d.verdict == FAILS for d in parts_):
-        return Decision(FAILS, one_seed=one)
-    if all(d.verdict == HOLDS for d in parts_):
-        return Decision(HOLDS, one_seed=one)
-    return _undecided(parts_, one)
+    return _kleene(parts, FAILS, HOLDS)
 
 
 def any_of(*parts: Decision) -> Decision:
     """Kleene OR: holds if any part holds, fails if every part fails, else undecided (fragile or not measurable)."""
-    parts_, one = list(parts), any(d.one_seed for d in parts)
-    if any(d.verdict == HOLDS for d in parts_):
-        return Decision(HOLDS, one_seed=one)
-    if all(d.verdict == FAILS for d in parts_):
-        return Decision(FAILS, one_seed=one)
-    return _undecided(parts_, one)
+    return _kleene(parts, HOLDS, FAILS)
