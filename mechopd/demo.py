@@ -374,7 +374,7 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
 
 
 def write_manifest(cfg: DemoConfig, student: Path) -> dict[str, Any]:
-    """A seed run's demo.json (and study.yaml, unless a user wrote one), before its first step: a full disk fails first."""
+    """A seed run's demo.json (and study.yaml unless a user wrote one), before any step: a full disk fails first."""
     from mechopd.removability import RegimeThresholds
 
     run, methods = Path(cfg.out), cfg.methods()
