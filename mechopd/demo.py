@@ -44,14 +44,13 @@ from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
-NCA_GATE = ORGANISM_RECIPES["rules"]["nca_gate"]  # nats per token: the anchor waits for OPD (the recipes' value)
+NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
 FOLLOW_WEIGHT = 1.0  # the follow term's weight in the nca_follow run (equal to OPD's; docs/method.md §7)
 METHODS: dict[str, dict[str, Any]] = {
     "opd": {"method": "opd", "selector": "full"},
     "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE, "nca_gate_window": NCA_GATE_WINDOW},
-    "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0, "grad_stats_every": 1},
     "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
     # gated NCA + the follow term (objectives/follow.py): can one internalise c, remove its harm and keep reading?
     # shared_prefix off: its other batch mixes 7 contexts of ~20 tokens, so prefix groups cost more forward calls
@@ -59,14 +58,17 @@ METHODS: dict[str, dict[str, Any]] = {
     "nca_follow": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE,
                    "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT, "shared_prefix": "off"},
 }
-GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
-# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §7; 3 x 100 steps fit the
+GRAD_STAT_METHODS = ("opd", "nca")
+# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §8; 3 x 100 steps fit the
 # rules study's 5-minute budget on 2 cores, docs/results.md; a game demo runs one). Per task below: the demo's budget.
 DEFAULT_SEEDS = {"rules": 3, "frozenlake": 1, "sokoban": 1}
 # Sokoban's is sized so that one seed's study fits in about 10 minutes of a 2-core CPU (docs/results.md, Sokoban).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "rules": {"steps": 100, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
-              "probe_n": 64},
+    # rules: the distilled context is `reverse`, the anchor starts at step 30, TA-OPD's support K = 2 — chosen by
+    # measurement so that the effects stand on every seed (docs/results.md, "Choosing the default study")
+    "rules": {"steps": 100, "batch_size": 32, "lr": 2e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
+              "probe_n": 64, "task_options": {"rule": "reverse"}, "nca_start": 30, "ta_opd_k": 2,
+              "follow_contexts": ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5"]},
     "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
                    "probe_n": 32},
     "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
@@ -102,8 +104,12 @@ class DemoConfig:
     probe_n: int | None = None
     nca_gate: float = NCA_GATE
     nca_gate_window: int = NCA_GATE_WINDOW
+    nca_start: int | None = None    # NCA's anchor from this step (None: the KL gate above); rules: 30
+    ta_opd_k: int | None = None     # TA-OPD's support K (None: the paper's 16); rules: 2
+    follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
+    task_options: dict[str, Any] | None = None  # None: the task's entry of TASK_DEFAULTS (the distilled context)
     train_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,14 +150,21 @@ class DemoConfig:
             self.__dict__.update(given)
             # a tiny organism does not reach the teacher in 6 steps: a gate any KL passes, open from step 2
             self.nca_gate, self.nca_gate_window, self.grad_stats_every = 1e6, 2, 3
+            self.nca_start = None if self.nca_start is None else 2
 
     def methods(self) -> dict[str, dict[str, Any]]:
         """The demo's runs with this config's anchor start and gradient-statistics period filled in."""
         out = {}
         for name, over in METHODS.items():
             over = dict(over)
-            if name in ("nca", "nca_follow"):
+            if name in ("nca", "nca_follow") and self.nca_start is not None:  # a fixed start, no gate
+                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")} | {"nca_start": self.nca_start}
+            elif name in ("nca", "nca_follow"):
                 over.update(nca_gate=self.nca_gate, nca_gate_window=self.nca_gate_window)
+            if name == "ta_opd" and self.ta_opd_k is not None:
+                over["k"] = self.ta_opd_k
+            if name == "nca_follow" and self.follow_contexts:
+                over["follow_contexts"] = list(self.follow_contexts)
             if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
                 over["grad_stats_every"] = self.grad_stats_every
             out[name] = over
@@ -167,7 +180,8 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
         return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
     if over.get("selector", "full") != "full":
         kept_text = "n/a" if kept is None else f"{kept:.2f}"
-        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}, kept {kept_text})"
+        k = f", K={over['k']}" if over.get("k") is not None else ""
+        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
     return "OPD" if name == "opd" else name
 
 
@@ -210,7 +224,8 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
         resume = latest_checkpoint(out) is not None
         if out.exists() and not resume:
             shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
-        tc = TrainConfig(task=cfg.task, student=str(student), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+        tc = TrainConfig(task=cfg.task, task_options=dict(cfg.task_options or {}), student=str(student),
+                         steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                          lr_schedule=cfg.lr_schedule,
                          estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
@@ -227,7 +242,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
 
     from mechopd import following
 
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, **(cfg.task_options or {}))
     out = {}
     for name, path in models.items():
         target = run / "eval" / f"{name}.json"
@@ -266,10 +281,11 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     out = run / "probes"
     study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
     informative = None
-    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §7)
+    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
         informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
         write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
-    setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
+    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
+                       models={k: str(v) for k, v in models.items()},
                        run=str(run))
     for spec in registered():
         if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
@@ -304,7 +320,8 @@ def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
             name = f"{sel}-{rho:g}"
             final = train_methods(sub, student, run / "sweep", {name: {"method": "opd", "selector": sel,
                                                                        "budget": rho}})[name]
-            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), get_task(cfg.task),
+            task = get_task(cfg.task, **(cfg.task_options or {}))
+            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), task,
                                                     EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)), name).summary
             rows.append({"selector": sel, "budget": rho, "acc_x": s.value("acc_x"), "acc_xc": s.value("acc_xc"),
                          "harm": s.value("harm"), "kept": mean_kept_fraction(run / "sweep" / "train" / name)})
