@@ -2,6 +2,9 @@
 update sits, teachability. Criteria fixed here before any run (docs/method.md §8); each decided by the interval rule
 (`mechopd.verdicts.decide`) on a scale where the quantity is unbounded (`mechopd.stats.scaled_stat`):
 
+  * the two-view cosine and the lens KL are item-level: their rows use the hierarchical bootstrap over seeds and the
+    probe's items (`seed_items.probe_stat`, from ``similarity_examples.csv`` / ``lens_examples.csv``), a statistic of
+    per-token means recomputed on every resample; without those tables (an older run), the seed-level rule below;
   * positive quantities (KLs, norm ratios, the distances 1 − cos) on PAIRED per-seed LOG RATIOS: "NCA's lens KL is
     below OPD's" is ``KL_NCA / KL_OPD < 1`` with the t-interval of ``log(KL_NCA / KL_OPD)`` over seeds; a ratio that
     spans orders of magnitude is read as a ratio, never as an additive difference;
@@ -17,14 +20,18 @@ from typing import Any
 
 from mechopd.claim_rules import (
     MIN_LAYERS_FOR_DEPTH, depth_ratio, layer_cosines, lens_kls, mean_cos, qk_ratio, quartile_spread, update_norms)
+import numpy as np
+
 from mechopd.probes.registry import probe_result
+from mechopd.seed_items import probe_stat
 from mechopd.stats import fmt_stat, scaled_stat, seed_stat
 from mechopd.study import Study
 from mechopd.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, RULE, Decision, all_of, decide
 
 NCA_COSINE_FLOOR = 0.997      # the paper: NCA ≥ 0.997 at every layer
 ORTHOGONAL_ABS_COS = 0.1      # "nearly orthogonal": |cos| ≤ 0.1 (a stated convention; the paper gives no number)
-LENS_BASE_MIN = 0.1           # a lens site speaks only where the BASE's two views differ: its KL ≥ 0.1 nats there
+LENS_BASE_SHARE = 0.1         # a lens site speaks where the BASE's views differ: its KL ≥ 10 % of its output KL
+LENS_BASE_OUTPUT = 0.1        # ... and only when the base's output KL between views is at least 0.1 nats
 Row = dict[str, Any]          # {"measured", "verdict", "criterion", "headline"}
 
 
@@ -46,14 +53,28 @@ def _dist(c: float | None) -> float | None:
     return None if c is None else 1.0 - c
 
 
+def _layers(study: Study, role: str = "nca") -> list[str]:
+    return [f"layers.{i}.resid_post" for i in range(len(layer_cosines(study, role)))]
+
+
+def _cos_items(runs: Sequence[Study], roles: Sequence[str], fn: Any) -> dict[str, Any]:
+    return probe_stat(runs, "similarity_examples.csv", "cos_mean", roles, _layers, fn, mean_column=True)
+
+
 def claim_cosine_order(runs: Sequence[Study]) -> Row:
-    """Distance 1 − c (c: the two-view cosine averaged over decoder layers at the predicting positions), paired per
-    seed on log ratios: (1 − c_OPD)/(1 − c_base) < 1 AND (1 − c_NCA)/(1 − c_OPD) < 1."""
-    cos = {m: _stat(runs, [mean_cos(r, m) for r in runs], "log1m") for m in ("base", "opd", "nca")}
-    steps = {f"{hi}/{lo}": _stat(runs, [_ratio(_dist(mean_cos(r, hi)), _dist(mean_cos(r, lo))) for r in runs], "log")
+    """Distance 1 − c (c: the two-view cosine averaged over decoder layers at the predicting positions): paired per
+    seed and item, (1 − c_OPD)/(1 − c_base) < 1 AND (1 − c_NCA)/(1 − c_OPD) < 1."""
+    roles = ("base", "opd", "nca")
+    ratio = lambda lo, hi: lambda m: (1 - m[:, hi].mean(-1)) / np.maximum(1 - m[:, lo].mean(-1), 1e-12)  # noqa: E731
+    steps = {f"{hi}/{lo}": _cos_items(runs, roles, ratio(roles.index(lo), roles.index(hi)))
              for lo, hi in (("base", "opd"), ("opd", "nca"))}
-    crit = ("two-view cosine c averaged over decoder layers (predicting positions), paired per seed on log ratios of "
-            f"the distance 1 − c: OPD's < base's and NCA's < OPD's (ratios < 1); {RULE}")
+    cos = {m: _cos_items(runs, (m,), lambda a: a[:, 0].mean(-1)) for m in roles}
+    if any(s["mean"] is None for s in (*cos.values(), *steps.values())):  # no per-item table: seed-level
+        cos = {m: _stat(runs, [mean_cos(r, m) for r in runs], "log1m") for m in roles}
+        steps = {f"{hi}/{lo}": _stat(runs, [_ratio(_dist(mean_cos(r, hi)), _dist(mean_cos(r, lo))) for r in runs],
+                                     "log") for lo, hi in (("base", "opd"), ("opd", "nca"))}
+    crit = ("two-view cosine c averaged over decoder layers (predicting positions), paired per seed and item on the "
+            f"distance 1 − c: OPD's / base's < 1 and NCA's / OPD's < 1; {RULE}")
     measured = ", ".join(f"{m} {fmt_stat(s, 4)}" for m, s in cos.items())
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):
         return _row(measured, NA, crit, "n/a")
@@ -64,8 +85,10 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
 
 
 def claim_nca_cosine(runs: Sequence[Study]) -> Row:
-    """NCA's lowest decoder-layer cosine ≥ 0.997 (interval on the log(1 − c) scale)."""
-    low = _stat(runs, [min(layer_cosines(r, "nca"), default=None) for r in runs], "log1m")
+    """NCA's lowest decoder-layer cosine ≥ 0.997 (per seed and item; seed-level on log(1 − c) without the table)."""
+    low = _cos_items(runs, ("nca",), lambda m: m[:, 0].min(-1))
+    if low["mean"] is None:
+        low = _stat(runs, [min(layer_cosines(r, "nca"), default=None) for r in runs], "log1m")
     crit = f"NCA's lowest decoder-layer cosine (predicting positions) ≥ {NCA_COSINE_FLOOR}; {RULE}"
     measured = f"NCA min over layers {fmt_stat(low, 4)}"
     if low["mean"] is None:
@@ -75,17 +98,24 @@ def claim_nca_cosine(runs: Sequence[Study]) -> Row:
 
 def lens_sites(study: Study) -> list[int]:
     """Indices into `claim_rules.lens_kls` of the sites the lens claim reads: every decoder layer but the last (whose
-    lens IS the output) and the output, where the BASE's two views differ (its KL ≥ `LENS_BASE_MIN`)."""
+    lens IS the output) and the output, where the BASE's two views differ materially (its KL there ≥
+    `LENS_BASE_SHARE` × its output KL, which must be ≥ `LENS_BASE_OUTPUT`)."""
     base = lens_kls(study, "base")
+    if not base or base[-1] < LENS_BASE_OUTPUT:  # the context barely moves the base's prediction: nothing to read
+        return []
     keep = [i for i in range(len(base)) if i != len(base) - 2 or len(base) < 2]  # drop the last layer, keep output
-    return [i for i in keep if base[i] >= LENS_BASE_MIN]
+    return [i for i in keep if base[i] >= LENS_BASE_SHARE * base[-1]]
+
+
+def _lens_site(i: int, n: int) -> str:
+    return "final_norm" if i == n - 1 else f"layers.{i}.resid_post"
 
 
 def claim_nca_lens(runs: Sequence[Study]) -> Row:
-    """At every site where the base's views differ, paired per seed: KL_NCA / KL_OPD < 1 (log-ratio interval)."""
-    crit = (f"logit-lens KL(p_c ‖ p_x) between views, paired per seed on log ratios: NCA / OPD < 1 at every site "
-            f"where the base's views differ (base KL ≥ {LENS_BASE_MIN} nats; the last decoder layer is the output, "
-            f"counted once); {RULE}")
+    """At every site where the base's views differ, paired per seed and item: KL_NCA / KL_OPD < 1."""
+    crit = (f"logit-lens KL(p_c ‖ p_x) between views, paired per seed and item: NCA / OPD < 1 at every site where the "
+            f"base's views differ (base KL ≥ {LENS_BASE_SHARE:g} × its output KL; the last decoder layer is the "
+            f"output, counted once); {RULE}")
     per = [(lens_sites(r), lens_kls(r, "opd"), lens_kls(r, "nca")) for r in runs]
     if any(not o or not n for _, o, n in per):
         return _row("n/a", NA, crit, "n/a")
@@ -94,7 +124,11 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
         return _row("the base's views differ at no site", NA, crit, "n/a")
     n_all = len(per[0][1])
     names = {i: "output" if i == n_all - 1 else f"layer {i}" for i in sites}
-    stats = {i: _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log") for i in sites}
+    stats = {}
+    for i in sites:  # per item where the tables exist, else seed-level log ratios
+        st = probe_stat(runs, "lens_examples.csv", "kl_sum", ("opd", "nca"), lambda r, i=i: [_lens_site(i, n_all)],
+                        lambda m: m[:, 1, 0] / np.maximum(m[:, 0, 0], 1e-300))
+        stats[i] = st if st["mean"] is not None else _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log")
     d = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
     measured = "NCA/OPD lens KL " + ", ".join(f"{names[i]} {fmt_stat(stats[i], 3)}" for i in sites)
     return _row(measured, d, crit, f"NCA/OPD lens KL at the output {fmt_stat(stats[sites[-1]], 3)}")
@@ -177,6 +211,6 @@ def claim_teachability(runs: Sequence[Study]) -> Row:
     return _row(measured, decide(diff, 0.0, ">"), crit, f"D^L − raw KL spread {fmt_stat(diff, 3, True)}")
 
 
-__all__ = ["NCA_COSINE_FLOOR", "ORTHOGONAL_ABS_COS", "LENS_BASE_MIN", "HOLDS", "NA_FRAGILE", "claim_cosine_order",
+__all__ = ["NCA_COSINE_FLOOR", "ORTHOGONAL_ABS_COS", "LENS_BASE_SHARE", "HOLDS", "NA_FRAGILE", "claim_cosine_order",
            "claim_nca_cosine", "claim_nca_lens", "claim_orthogonal", "claim_shallow", "claim_qk",
            "claim_teachability", "lens_sites"]

@@ -3,31 +3,25 @@
 Stages (each stage's outputs are its checkpoint: a re-run skips what is finished, resumes a killed training run from
 its last checkpoint):
   1. organism   pretrain (or reuse) the task's model organism                      runs/organisms/<task>[-fast]
-  2. train      OPD (full tokens); NCA (β = 0.5, anchor gated on OPD's progress, `nca_gate`); NCA with constant β from step 0
-                (`nca_const`, the paper's schedule); TA-OPD (ρ = 0.10, the paper's top ⌈ρN⌉, no extra token per
-                response): same seed, data, steps; per-term gradient statistics every `grad_stats_every` steps
-                for OPD and both NCA runs                                            RUN/train/<m>/
-  3. eval       base + every method in both views (paired, bootstrap, regime)      RUN/eval/<m>.json
-  4. probes     similarity (base/OPD/NCA), gradient alignment (OPD vs NCA at the OPD checkpoint), parameter deltas
-                (OPD, NCA vs base), teachability (base → TA-OPD, fixed bank)         RUN/probes/
+  2. train      OPD (full tokens); NCA (β = 0.5; rules: anchor from step 30, games: gated on OPD's KL, `nca_gate`);
+                TA-OPD (ρ = 0.10, the paper's top ⌈ρN⌉; rules: support K = 2); NCA + the follow term (rules: trained
+                on the shifts, the other contexts held out): same seed, data, steps            RUN/train/<m>/
+  3. eval       base + every method in both views and under the other contexts (paired, bootstrap, regime)
+  4. probes     every registered probe with a demo entry (similarity, gradients, deltas, teachability, ...)
   5. figures    every figure from the saved artifacts                               RUN/figures/
-  6. report     RUN/report.md
+  6. report     RUN/report.md: findings first, then the tables and the claims
 
 With ``seeds = N > 1`` (the rules default, `DEFAULT_SEEDS`) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
 organism) as jobs on worker processes, one pinned thread each (`mechopd.demo_pool`); `mechopd.aggregate` writes the
 seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and `SEED0_PROBES` (no claim reads them).
 
-Why the anchor waits (`NCA_GATE`): on an organism the two views start maximally apart, so at step 1 the
-forward-KL anchor's gradient can dwarf the OPD term's (the `nca_const` run logs both norms in its ``grad/norm/*``
-lines, and the report states their ratio) and erase the context's effect before OPD has moved the no-context view.
-The `nca` run therefore keeps β = 0 until OPD has brought the no-context view onto the teacher: the anchor gate
-(`objectives.schedule.AnchorGate`) opens the step after the mean KL(q_x ‖ f) of the last `NCA_GATE_WINDOW` steps falls
-to `NCA_GATE` nats per token, the organism recipes' value; no label is read. It replaced a fixed start
-(`nca_start: 20`), which can be too early on a seed where OPD is slow.
-
-Why the lr decays (`lr_schedule: linear` in `TASK_DEFAULTS`, as the rules recipe): at a constant lr 1e-3 AdamW near
-convergence can take rare large steps, and a final checkpoint can be caught in one; a decay to 0 at the last step keeps
-the final checkpoints off such spikes, for every method. What was measured: docs/results.md.
+The rules study (`TASK_DEFAULTS`) was chosen by measurement so that its effects stand on every seed: the distilled
+context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
+on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
+gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
+collapses). The paper's constant β from step 0 is not a default run: it collapses on this organism (both views at 0,
+regime X); `mechopd train training/organisms/rules.yaml --method nca --set nca_start=0` trains it. What was tried and
+measured: docs/results.md, "Choosing the default study"; the schedule's reasons: `mechopd.organisms.recipes`.
 """
 
 from __future__ import annotations
@@ -76,8 +70,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
 SEED0_PROBES = ("patching", "attention")
-SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
-SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
 
 
 @dataclass
@@ -229,7 +221,8 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
                          lr_schedule=cfg.lr_schedule,
                          estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
-                         save_every=max(1, cfg.steps // 2), **{**over, **cfg.train_overrides})
+                         save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's steps
+                         **{**over, **cfg.train_overrides})
         _log(f"train {name}: {over} ({'resuming' if resume else 'new'})")
         finals[name] = train(tc, out, resume=resume)
     return finals
@@ -303,31 +296,6 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
         spec(setup, out, **options)
 
 
-def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
-    """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction)."""
-    from mechopd.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
-    target = run / "sweep" / "sweep.json"
-    rows = read_json(target)["rows"] if target.exists() else []
-    done = {(r["selector"], r["budget"]) for r in rows}
-    sub = DemoConfig(**{**asdict(cfg), "out": str(run / "sweep"), "eval_every": 0})
-    for sel in SWEEP_SELECTORS:
-        for rho in SWEEP_BUDGETS:
-            if (sel, rho) in done:
-                continue
-            name = f"{sel}-{rho:g}"
-            final = train_methods(sub, student, run / "sweep", {name: {"method": "opd", "selector": sel,
-                                                                       "budget": rho}})[name]
-            task = get_task(cfg.task, **(cfg.task_options or {}))
-            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), task,
-                                                    EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)), name).summary
-            rows.append({"selector": sel, "budget": rho, "acc_x": s.value("acc_x"), "acc_xc": s.value("acc_xc"),
-                         "harm": s.value("harm"), "kept": mean_kept_fraction(run / "sweep" / "train" / name)})
-            write_json(target, {"rows": rows})
-
-
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
     from mechopd.runcheck import check_demo_out
@@ -380,7 +348,9 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     evaluate_all(cfg, models, run)
     run_probes(cfg, models, run)
     if cfg.sweep:
-        sweep(cfg, student, run)
+        from mechopd.demo_sweep import sweep
+
+        sweep(cfg, student, run, train_methods)
     if cfg.full_stages:
         _log("figures")
         draw_all(run)

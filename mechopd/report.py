@@ -64,8 +64,9 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
     """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
     and interval with several runs)."""
     grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
-    if not grads:
-        return []
+    if not grads:  # no constant-β run (the rules study has none): the anchor's schedule alone
+        wait = _anchor_wait_text(runs)
+        return [f"- **The anchor's schedule**{wait.replace('; in ', ': in ', 1)}."] if wait else []
     n_opd = scaled_stat([float(g["grad/norm/opd"]) for g in grads], "log")  # positive: geometric mean, log interval
     n_nca = scaled_stat([float(g["grad/norm/nca"]) for g in grads], "log")
     ratio = scaled_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads

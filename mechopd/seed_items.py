@@ -111,3 +111,51 @@ def other_diff_stat(runs: Sequence[Study], a: str, b: str, field: str = "follow"
     return {**hier_bootstrap([pair(r) for r in runs],
                              lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1])),
             "of": len(runs)}
+
+
+# ---------------------------------------------------------------------------------------- probes' per-item tables
+def probe_items(study: Study, file: str, value: str, roles: Sequence[str], sites: Sequence[str],
+                mean_column: bool = False) -> Arrays | None:
+    """``(sums, counts)``, each ``[items, roles, sites]``, of a probe's per-item table (``similarity_examples.csv``:
+    ``cos_mean`` per item and site, ``mean_column=True``; ``lens_examples.csv``: ``kl_sum``), so that a per-token mean
+    over any resample of the items is ``sums.sum(0) / counts.sum(0)``. Items every role has, in uid order; None when
+    the table, a role or a site is missing (or a cell is not a finite number)."""
+    import csv
+    import math
+
+    path = study.probes_dir / file
+    if not path.is_file() or not sites:
+        return None
+    names = [study.name(r) for r in roles]
+    cells: dict[tuple[str, str, str], tuple[float, int]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                n, v = int(row["n_tokens"]), float(row[value])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if not math.isfinite(v):
+                return None
+            cells[(row["model"], row["uid"], row["site"])] = (v * n if mean_column else v, n)
+    uids = sorted({u for (m, u, _) in cells if m == names[0]})
+    if not uids or any(n is None for n in names) or any((m, u, s) not in cells for m in names for u in uids
+                                                         for s in sites):
+        return None
+    sums = np.array([[[cells[(m, u, s)][0] for s in sites] for m in names] for u in uids], float)
+    counts = np.array([[[cells[(m, u, s)][1] for s in sites] for m in names] for u in uids], float)
+    return sums, counts
+
+
+def token_means(arrays: Arrays) -> np.ndarray:
+    """``[B, items, roles, sites]`` resampled sums and counts -> ``[B, roles, sites]`` per-token means."""
+    sums, counts = arrays
+    return sums.sum(1) / np.maximum(counts.sum(1), 1)
+
+
+def probe_stat(runs: Sequence[Study], file: str, value: str, roles: Sequence[str],
+               sites_of: Callable[[Study], Sequence[str]], fn: Callable[[np.ndarray], np.ndarray],
+               mean_column: bool = False) -> dict[str, Any]:
+    """Mean over seeds of ``fn(per-token means [B, roles, sites])`` with the hierarchical bootstrap (seeds, then the
+    probe's items); ``sites_of(study)``: the sites read in that seed."""
+    seeds = [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
+    return {**hier_bootstrap(seeds, lambda a: fn(token_means(a))), "of": len(runs)}

@@ -110,6 +110,7 @@ def _probes(run: Path, spec: dict) -> None:
         for model, vals in spec["cos"].items():
             fh.write(f"{model},embed,,1.0\n")
             fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
+    _examples(probes, spec)
     (probes / "similarity.json").write_text(json.dumps({
         "models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1}))
     with (probes / "lens.csv").open("w") as fh:
@@ -125,6 +126,23 @@ def _probes(run: Path, spec: dict) -> None:
     (probes / "teachability_summary.json").write_text(json.dumps({
         "buckets": buckets, "n_tokens": 1, "n_sequences": 1, "means": {}, "gap": {}, "regression": {},
         "degeneracy": {"reasons": spec["degenerate"]}}))
+
+
+def _examples(probes: Path, spec: dict, items: int = 8) -> None:
+    """The per-item tables the cosine and lens rows bootstrap over (every item at the layer's value, 5 tokens each;
+    ``spec["per_item"] = False`` leaves them out: the rows fall back to the seed-level rule)."""
+    if not spec.get("per_item", True):
+        return
+    with (probes / "similarity_examples.csv").open("w") as fh:
+        fh.write("model,example,uid,site,depth,layer,n_tokens,cos_mean\n")
+        for model, vals in spec["cos"].items():
+            fh.writelines(f"{model},{k},u{k:03d},layers.{i}.resid_post,{i + 1},{i},5,{v}\n"
+                          for k in range(items) for i, v in enumerate(vals))
+    with (probes / "lens_examples.csv").open("w") as fh:
+        fh.write("model,example,uid,site,n_tokens,kl_sum\n")
+        for model, vals in spec["lens"].items():
+            sites = [f"layers.{i}.resid_post" for i in range(len(vals) - 1)] + ["final_norm"]
+            fh.writelines(f"{model},{k},u{k:03d},{s},5,{5 * v}\n" for k in range(items) for s, v in zip(sites, vals))
 
 
 def _write_deltas(path: Path, spec: dict) -> None:

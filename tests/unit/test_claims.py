@@ -89,8 +89,17 @@ def test_floor_rule_decides_nothing_when_the_base_does_not_use_the_context(tmp_p
     assert all("base Acc_xc − Acc_x" in c.measured for c in got.values())
 
 
+@pytest.mark.parametrize("key", ["cosine_order", "nca_cosine", "nca_lens"])
+def test_item_level_rows_fall_back_to_the_seed_rule_without_per_item_tables(tmp_path: Path, key: str) -> None:
+    for verdict, per_seed in CASES[key].items():
+        if verdict in (H, F, U):
+            per_item = rows(tmp_path / f"i{len(verdict)}", per_seed)[key]
+            seed_level = rows(tmp_path / f"s{len(verdict)}", [{**c, "per_item": False} for c in per_seed])[key]
+            assert per_item.verdict == seed_level.verdict == verdict, (verdict, seed_level.measured)
+
+
 def test_lens_reads_only_sites_where_the_base_views_differ_and_the_output_once(tmp_path: Path) -> None:
-    # layer 0 (base KL 0.05 < 0.1) and the last layer (= the output) are not read: NCA above OPD there changes nothing
+    # layer 0 (base KL 0.05 < 10 % of its output KL 3.0) and the last layer (= the output) are not read
     for nca in ([0.5, 0.05, 0.1, 0.1], [0.04, 0.05, 0.9, 0.1]):
         row = rows(tmp_path / str(nca[0] + nca[2]), [{"lens": {"nca": nca}}])["nca_lens"]
         assert row.verdict == H and "layer 1" in row.measured and "output" in row.measured
