@@ -146,7 +146,7 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     """|cos(∇OPD, ∇NCA)| ≤ 0.1 at the OPD checkpoint, measurable where OPD's own split-half null exceeds it."""
     per = [_grad(r) for r in runs]
     cos = _stat(runs, [c for c, _ in per], "logit")  # |cos| in (0, 1): its interval stays there
-    null = _stat(runs, [n for _, n in per], "linear")
+    null = _stat(runs, [n for _, n in per], "fisher")  # a cosine in (−1, 1): its interval stays there
     gap = {**seed_stat([None if c is None or n is None else n - c for c, n in per]), "of": len(runs)}
     crit = (f"at the OPD checkpoint (gradients probe): |cos(∇OPD, ∇NCA)| ≤ {ORTHOGONAL_ABS_COS}; {RULE}; measurable "
             "where the OPD gradient is not noise: its split-half null cos(∇OPD[even], ∇OPD[odd]) exceeds |cos| "

@@ -76,8 +76,9 @@ def fmt_stat(stat: dict[str, Any] | None, digits: int = 3, signed: bool = False)
 # A t-interval is made on a scale where the quantity is unbounded, then mapped back, so it never leaves the
 # quantity's range: "log" for positive quantities (KLs, norm ratios: the interval of log v), "log1m" for quantities
 # at most 1 whose distance to 1 matters (cosines near 1: the interval of log(1 − v)), "logit" for quantities inside
-# (0, 1) (|cos|: the interval of log(v / (1 − v))), "linear" otherwise.
-SCALES = ("linear", "log", "log1m", "logit")
+# (0, 1) (|cos|: the interval of log(v / (1 − v))), "fisher" for correlations and cosines in (−1, 1) (atanh),
+# "linear" otherwise.
+SCALES = ("linear", "log", "log1m", "logit", "fisher")
 
 
 def _to(v: float, scale: str) -> float | None:
@@ -87,12 +88,16 @@ def _to(v: float, scale: str) -> float | None:
         return math.log(1.0 - v) if v < 1 else None
     if scale == "logit":
         return math.log(v / (1.0 - v)) if 0 < v < 1 else None
+    if scale == "fisher":
+        return math.atanh(v) if -1 < v < 1 else None
     return v
 
 
 def _back(z: float, scale: str) -> float:
     if scale == "logit":
         return 1.0 / (1.0 + math.exp(-z))
+    if scale == "fisher":
+        return math.tanh(z)
     return math.exp(z) if scale == "log" else 1.0 - math.exp(z) if scale == "log1m" else z
 
 
