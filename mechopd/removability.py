@@ -180,7 +180,8 @@ def classify_regime(
     harm_txt = "undefined (no item right without c)" if harm is None else f"{harm:.3f}"
     if acc_x <= COLLAPSED_MAX + _TOL and acc_xc <= COLLAPSED_MAX + _TOL:
         return "X", (f"X ({REGIME_NAMES['X']}): Acc_x {acc_x:.3f} and Acc_xc {acc_xc:.3f} both ≤ {COLLAPSED_MAX} "
-                     f"(harm {harm_txt} rests on {'no' if harm is None else 'a handful of'} items)")
+                     f"(Acc_xc − Acc_x = {gap:+.3f}; harm {harm_txt} rests on "
+                     f"{'no' if harm is None else 'a handful of'} items)")
     if gap <= -t.drop_min + _TOL:
         return "A", (f"A ({REGIME_NAMES['A']}): Acc_xc − Acc_x = {gap:+.3f} ≤ −drop_min = {-t.drop_min:+.3f} "
                      f"(Acc_x {acc_x:.3f}, Acc_xc {acc_xc:.3f}; harm {harm_txt})")
