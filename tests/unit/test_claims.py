@@ -278,3 +278,10 @@ def test_claim_readers_follow_the_artifact_policy(tmp_path: Path) -> None:
     assert math.isnan(cos[0]) and all(math.isfinite(c) for c in cos[1:])
     (run / "probes" / "similarity.csv").unlink()
     assert claims.layer_cosines(run, "nca") == []
+
+
+def test_orthogonality_leaves_out_a_seed_whose_opd_did_not_converge(tmp_path: Path) -> None:
+    stuck = {"acc_x": {"opd": 0.8}, "acc_xc": {"opd": 0.5}, "gcos": (0.9, 0.95)}  # aligned, but not converged
+    row = rows(tmp_path, [{}, {}, stuck])["orthogonal"]
+    assert row.verdict == H and "1 of 3 seeds left out: OPD did not converge" in row.measured
+    assert rows(tmp_path / "b", [{}, {}, {"gcos": (0.9, 0.95)}])["orthogonal"].verdict in (F, U)
