@@ -106,3 +106,42 @@ def test_a_worker_with_a_full_disk_is_one_error_line(tmp_path, mode):
     assert code == 2 and "Traceback" not in err, err
     assert lines == [lines[-1]] and lines[-1].startswith("error: no space left on the device"), lines
     assert not locks(out)
+
+
+def _demo(cwd: Path, out: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mechopd.cli", "demo", "--fast", "--workers", "2", "--out", out],
+                            cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _evals(run: Path) -> dict[str, dict]:
+    import json
+
+    return {p.name: {k: v for k, v in json.loads(p.read_text()).items() if k in ("summary", "other_contexts")}
+            for p in sorted((run / "eval").glob("*.json"))}
+
+
+@pytest.mark.slow
+def test_real_demo_killed_by_sigterm_and_kill9_leaves_nothing_and_resumes(tmp_path):
+    """`mechopd demo --fast --workers 2`: SIGTERM while both workers train, then kill -9 of the parent while they
+    train again; 10 s after each no process of the demo is alive; the rerun completes and its evaluations equal an
+    uninterrupted run's."""
+    ref = _demo(tmp_path, "ref")
+    assert ref.wait(timeout=1800) == 0, ref.stderr.read()[-3000:]
+    run = tmp_path / "killed"
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = _demo(tmp_path, "killed")
+        try:
+            running = lambda: len(list(run.glob(f"train/*/{LOCK_NAME}"))) >= 2  # noqa: E731  (two trainings hold locks)
+            assert wait_until(lambda: running() or proc.poll() is not None, 600) and proc.poll() is None
+            time.sleep(2)
+            assert len(session_pids(proc.pid)) >= 3
+            os.kill(proc.pid, sig)
+            proc.wait(timeout=60)
+            assert wait_until(lambda: not session_pids(proc.pid), 10), session_pids(proc.pid)
+        finally:
+            _kill_session(proc.pid)
+        assert "Traceback" not in proc.stderr.read()
+    rerun = _demo(tmp_path, "killed")
+    assert rerun.wait(timeout=1800) == 0, rerun.stderr.read()[-3000:]
+    assert _evals(run) == _evals(tmp_path / "ref") and len(_evals(run)) >= 5
