@@ -205,20 +205,8 @@ def _user_error(err: Exception, job: Job) -> Exception:
 
     if isinstance(err, MechopdError):
         return err
-    full = disk_error(err) or disk_error(as_disk_error(err))
+    full = disk_error(err)
     return full if full is not None else err
-
-
-def as_disk_error(err: BaseException) -> BaseException:
-    """An ENOSPC / EDQUOT `OSError` for a serializer's own error type that says the disk is full (safetensors'
-    ``SafetensorError … No space left on device (os error 28)``); `err` itself otherwise."""
-    import errno
-
-    text = str(err)
-    for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded")):
-        if not isinstance(err, OSError) and (words in text or f"os error {code})" in text):
-            return OSError(code, words)
-    return err
 
 
 def _run_job(job: Job, redirect: bool) -> float:
