@@ -53,14 +53,15 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
-    """Call ``write(fh)`` on a temporary text file next to ``path``, then rename it into place. Returns ``path``."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: bool = False) -> Path:
+    """Call ``write(fh)`` on a temporary text (`binary`: bytes) file next to ``path``, then rename it into place: a
+    killed writer never leaves a truncated file under the final name. Returns ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     os.chmod(tmp, umask_mode(directory=False))  # mkstemp's 0600 would outlive the rename
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="")) as fh:
             write(fh)
         os.replace(tmp, target)
     except BaseException:

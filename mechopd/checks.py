@@ -281,6 +281,10 @@ def check_report_target(json_path: str | os.PathLike, flag: str = "--out") -> Pa
     check_out_dir(p.parent, flag, shown=p)
     if p.is_dir():
         raise ConfigError(f"{flag}: {p} is a directory; pass a report path ending in .json")
+    csv_path = p.with_suffix(".csv")
+    if csv_path.is_symlink() or (csv_path.exists() and not csv_path.is_file()):
+        raise ConfigError(f"{flag}: {csv_path}, where the records CSV goes, is a directory or a link; move it away or "
+                          "choose another --out")
     if p.exists() and not _is_report(p):
         raise ConfigError(f"{flag}: {p} exists and is not an evaluation report; it would be overwritten; choose "
                           "another --out")

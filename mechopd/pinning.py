@@ -139,14 +139,19 @@ def _both_views(tokenizer: Any, spec: RenderSpec, prompt: str, context: str, day
 
 
 def check_fits(tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, max_new_tokens: int,
-               limit: int | None) -> None:
+               limit: int | None, others: Any = None) -> None:
     """The one length rule of every verb: the longest context view plus `max_new_tokens` fits the model's
-    `limit` (max_position_embeddings); the context is never truncated silently."""
+    `limit` (max_position_embeddings); the context is never truncated silently. `others`: a task whose other
+    contexts (`Task.other_contexts`) of the examples reach the model too (following, the follow term)."""
     if not limit:
         return
-    longest = max(len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)) for ex in examples)
+    longest, what = max((len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)), "context") for ex in examples)
+    if others is not None:
+        views = [(oc.label, ex.prompt, oc.context) for ex in examples for oc in others.other_contexts(ex)]
+        longest, what = max([(longest, what)] + [(len(render_prompt_ids(tokenizer, prompt, ctx, spec)),
+                                                  f"other context {label!r}") for label, prompt, ctx in views])
     if longest + max_new_tokens > limit:
-        raise TaskError(f"context + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
+        raise TaskError(f"{what} + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
                         f"model's maximum length {limit}; shorten the context or prompt, or lower max_new_tokens "
                         "(the context is never truncated silently)")
 
@@ -160,5 +165,6 @@ def train_render(tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_n
     spec, note = pin_render(tokenizer, spec, pool[0].prompt, pool[0].context)
     cfg.chat_template_kwargs = dict(spec.chat_template_kwargs)
     if not task.is_game:
-        check_fits(tokenizer, pool, spec, max_new_tokens, getattr(model_config, "max_position_embeddings", None))
+        check_fits(tokenizer, pool, spec, max_new_tokens, getattr(model_config, "max_position_embeddings", None),
+                   task if getattr(cfg, "follow_weight", 0) else None)  # the follow term's rollouts under c′ too
     return spec, note
