@@ -200,13 +200,39 @@ def mean_kept_fraction(train_dir: str | os.PathLike) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+class Row(dict):
+    """A CSV row (cells as text) whose missing column is a DataError naming the file and the column, not a
+    KeyError traceback in whichever figure or report line reads it."""
+
+    source: str = ""
+
+    def __missing__(self, key: str) -> str:
+        raise DataError(f"{self.source} has no column {key!r} (columns: {', '.join(self)}); rewrite it with the mechopd "
+                        "probe that owns it")
+
+
 def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
-    """Rows of a CSV written by `write_csv` (cells as text; `read_float` for numbers)."""
+    """Rows of a CSV written by `write_csv` (cells as text; `read_float` for numbers); a file that is not UTF-8, not
+    a CSV, or has a row with more or fewer cells than its header -> DataError naming the file, line and fix."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)")
-    with p.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    rows = []
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            for rec in reader:
+                if None in rec or None in rec.values():
+                    raise DataError(f"{p} line {reader.line_num}: {'more' if None in rec else 'fewer'} cells than "
+                                    "its header; rewrite it with the mechopd probe that owns it")
+                row = Row(rec)
+                row.source = str(p)
+                rows.append(row)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{p} is not UTF-8 text ({err.reason} at byte {err.start}); rewrite it with mechopd") from None
+    except csv.Error as err:
+        raise DataError(f"{p} is not a readable CSV ({err}); rewrite it with the mechopd probe that owns it") from None
+    return rows
 
 
 # -------------------------------------------------------------------------------------------------------- summaries

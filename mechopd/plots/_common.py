@@ -30,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from mechopd.artifacts import atomic_write
+from mechopd.artifacts import read_csv as artifact_csv
 from mechopd.artifacts import read_json as artifact_json
 from mechopd.errors import DataError
 from mechopd.study import Study
@@ -185,15 +186,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
-    """Rows of a CSV with a header; DataError naming the first missing column."""
-    with Path(path).open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        absent = [c for c in required if c not in header]
-        if absent:
-            raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
-                            "rewrite it with the mechopd probe that owns it")
-        return list(reader)
+    """Rows of a CSV with a header; DataError naming the first missing column (and, through
+    `mechopd.artifacts.read_csv`, a file that is not UTF-8 or has rows longer or shorter than its header)."""
+    rows = artifact_csv(path)
+    with Path(path).open(newline="", encoding="utf-8") as fh:  # read whole above: UTF-8 and CSV already checked
+        header = next(csv.reader(fh), [])
+    absent = [c for c in required if c not in header]
+    if absent:
+        raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
+                        "rewrite it with the mechopd probe that owns it")
+    return rows
 
 
 def to_float(text: str | None) -> float:

@@ -135,3 +135,28 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
     assert main(args) == 0, capsys.readouterr().err
     agg = json.loads((tmp_path / "agg" / "aggregate.json").read_text())
     assert agg["models"]["opd"]["acc_x"]["n"] == 2
+
+
+def _drop_column(p: Path, col: str) -> None:
+    rows = [ln.split(",") for ln in p.read_text().splitlines()]
+    i = rows[0].index(col)
+    p.write_text("".join(",".join(r[:i] + r[i + 1:]) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda p: _drop_column(p, "layer"), "similarity.csv has no column 'layer'"),
+    (lambda p: p.write_text(p.read_text() + "opd,extra,1,2,3,4,5,6,7,8,9\n"), "more cells than its header"),
+    (lambda p: p.write_bytes(p.read_bytes() + b"opd,\xff\xfe\n"), "similarity.csv is not UTF-8"),
+])
+def test_a_damaged_probe_csv_is_one_error_line(tmp_path, capsys, damage, needle):
+    """The CSV readers of the figures and the report (`artifacts.read_csv`): a missing column, a row with extra
+    cells, bytes that are not UTF-8 -> one line naming the file and the fix; no figure left half-written."""
+    from mechopd.cli import main
+
+    run = make_run(tmp_path / "run")
+    damage(run / "probes" / "similarity.csv")
+    assert main(["figures", str(run)]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and lines == lines[-1:] and needle in lines[-1], lines
+    assert not [p for p in (run / "figures").glob(".*")] if (run / "figures").exists() else True
