@@ -68,17 +68,19 @@ def check_seeds(seeds: Sequence[Study]) -> list[Study]:
 
 
 def _checked_summary(doc: dict, path: Path) -> set[str]:
-    """The block keys of an evaluation report (summary keys, ``other_contexts``); numbers out of range refused."""
+    """The block keys of an evaluation report (summary keys, ``other_contexts``); a number out of range refused (a
+    rate outside [0, 1], anything else beyond ±`MAX_ABS`)."""
     summary = doc["summary"]
-    for key, v in summary.items():
-        value = v.get("value") if isinstance(v, dict) else v
-        for name, x in ((key, value), *(((f"{key}.{b}", v.get(b)) for b in ("low", "high")) if isinstance(v, dict)
-                                        else ())):
+    for key, entry in summary.items():
+        parts = entry if isinstance(entry, dict) else {"value": entry}
+        for part in ("value", "low", "high"):
+            x = parts.get(part)
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 continue  # text fields (regime) / null; the typed reader refused text where a number belongs
-            limit = (0.0, 1.0) if key in RATES else (-MAX_ABS, MAX_ABS)
-            if not limit[0] <= x <= limit[1] and x == x:
-                raise DataError(f"{path}: summary.{name} = {x!r} is outside {list(limit)}; rewrite the report with "
+            low, high = (0.0, 1.0) if key in RATES else (-MAX_ABS, MAX_ABS)
+            if not low <= x <= high:
+                name = key if part == "value" else f"{key}.{part}"
+                raise DataError(f"{path}: summary.{name} = {x!r} is outside [{low}, {high}]; rewrite the report with "
                                 "mechopd eval (or rerun mechopd demo)")
     return set(summary) | ({"other_contexts"} if doc.get("other_contexts") is not None else set())
 
@@ -88,7 +90,7 @@ def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[Study], role: str
     for k, keys in reports.items():
         missing = sorted((every - keys) & (set(BLOCKS) | {"other_contexts"}))
         if missing:
-            has = next(seeds[j].root for j, ks in reports.items() if set(missing) <= ks)
+            has = next((seeds[j].root for j, ks in reports.items() if set(missing) <= ks), "another seed")
             raise DataError(f"aggregate: seed run {seeds[k].root} has no {', '.join(missing)} for role {role!r} "
                             f"(written by an older mechopd), but {has} has; a mean over the seeds that have it would "
                             f"shrink silently: re-evaluate that seed with --other-contexts (rerun mechopd demo) or "
