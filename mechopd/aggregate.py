@@ -27,6 +27,7 @@ from mechopd.runcheck import check_seed_runs
 from mechopd.seed_items import metric_stat
 from mechopd.stats import CI, INTERVAL_NAME, fmt_stat, seed_stat, t_quantile  # noqa: F401  (the statistics leaf)
 from mechopd.study import MANIFEST_FILE, Study, studies
+from mechopd.study_checks import check_seeds
 
 AGGREGATE_NAME = "aggregate.json"
 
@@ -39,7 +40,7 @@ def seed_studies(runs: Sequence[str | Path | Study], study: str | Path | None = 
     for r in runs:
         if not isinstance(r, Study) and not (Path(r) / MANIFEST_FILE).is_file():
             raise DataError(f"{r} has no demo.json; pass run directories written by `mechopd demo`")
-    return studies(runs, study)
+    return check_seeds(studies(runs, study))  # roles, task, labels, every seed's blocks: before anything is written
 
 
 def check_runs(runs: Sequence[Study]) -> Study:

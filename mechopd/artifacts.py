@@ -53,14 +53,15 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> Path:
-    """Call ``write(fh)`` on a temporary text file next to ``path``, then rename it into place. Returns ``path``."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: bool = False) -> Path:
+    """Call ``write(fh)`` on a temporary text (`binary`: bytes) file next to ``path``, then rename it into place: a
+    killed writer never leaves a truncated file under the final name. Returns ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     os.chmod(tmp, umask_mode(directory=False))  # mkstemp's 0600 would outlive the rename
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="")) as fh:
             write(fh)
         os.replace(tmp, target)
     except BaseException:
@@ -130,24 +131,108 @@ def read_float(value: Any) -> float:
             from None
 
 
+def finite_or_none(value: Any, where: str) -> float | None:
+    """A JSON number read as a float: null, NaN and ±inf are None (n/a, the module's policy); text, a bool, a list or
+    an object -> DataError naming `where`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(f"{where}: {str(value)[:40]!r} is not a number (null for n/a); rewrite it with the mechopd "
+                        "command that writes it")
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    """Parsed JSON; DataError naming the file when it is absent or malformed."""
+    """Parsed JSON; DataError naming the file when it is absent, not a file, not UTF-8, malformed or nested too
+    deeply to parse."""
     p = Path(path)
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)") from None
+    except IsADirectoryError:
+        raise DataError(f"{p} is a directory, not a JSON file; remove it and rerun the command that writes it") \
+            from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{p} is not UTF-8 text ({err.reason} at byte {err.start}); rewrite it with mechopd") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{p} is not valid JSON ({err.msg}, line {err.lineno}); rewrite it with mechopd") from None
+    except RecursionError:
+        raise DataError(f"{p} nests too deeply to be a mechopd artifact; rewrite it with mechopd") from None
+
+
+def metric_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a metrics.jsonl ([] when absent); a step logged twice keeps its last line. A line that is
+    not one JSON object (a bare number, a list, nested too deeply) -> DataError naming the file and line."""
+    if not Path(path).is_file():
+        return []
+    by_step: dict[Any, dict[str, Any]] = {}
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            rec = None
+        if not isinstance(rec, dict) or isinstance(rec.get("step"), (dict, list)):
+            raise DataError(f"{path} line {i}: not a metrics record; each line must be one JSON object such as "
+                            '{"step": 1, "loss": 0.5} (restore the file from the run or delete the line)')
+        by_step[(rec.get("step"), "eval/acc_x" in rec)] = rec
+    return [by_step[k] for k in sorted(by_step, key=lambda k: (_step_key(k[0], path), k[1]))]
+
+
+def _step_key(step: Any, path: Any) -> float:
+    if step is None:
+        return -1
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise DataError(f"{path}: step {str(step)[:20]!r} is not a number; restore the file from the run")
+    return step
+
+
+def mean_kept_fraction(train_dir: str | os.PathLike) -> float | None:
+    """Mean of ``kept_fraction`` over the steps of ``train_dir/metrics.jsonl`` (None if never logged): the share of
+    response positions the selector actually trained on (non-finite values -> DataError)."""
+    path = Path(train_dir) / "metrics.jsonl"
+    vals = [finite_or_none(m["kept_fraction"], f"{path} step {m.get('step')}: kept_fraction")
+            for m in metric_lines(path) if m.get("kept_fraction") is not None]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+class Row(dict):
+    """A CSV row (cells as text) whose missing column is a DataError naming the file and the column, not a
+    KeyError traceback in whichever figure or report line reads it."""
+
+    source: str = ""
+
+    def __missing__(self, key: str) -> str:
+        raise DataError(f"{self.source} has no column {key!r} (columns: {', '.join(self)}); rewrite it with the mechopd "
+                        "probe that owns it")
 
 
 def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
-    """Rows of a CSV written by `write_csv` (cells as text; `read_float` for numbers)."""
+    """Rows of a CSV written by `write_csv` (cells as text; `read_float` for numbers); a file that is not UTF-8, not
+    a CSV, or has a row with more or fewer cells than its header -> DataError naming the file, line and fix."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)")
-    with p.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    rows = []
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            for rec in reader:
+                if None in rec or None in rec.values():
+                    raise DataError(f"{p} line {reader.line_num}: {'more' if None in rec else 'fewer'} cells than "
+                                    "its header; rewrite it with the mechopd probe that owns it")
+                row = Row(rec)
+                row.source = str(p)
+                rows.append(row)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{p} is not UTF-8 text ({err.reason} at byte {err.start}); rewrite it with mechopd") from None
+    except csv.Error as err:
+        raise DataError(f"{p} is not a readable CSV ({err}); rewrite it with the mechopd probe that owns it") from None
+    return rows
 
 
 # -------------------------------------------------------------------------------------------------------- summaries

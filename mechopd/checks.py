@@ -281,6 +281,10 @@ def check_report_target(json_path: str | os.PathLike, flag: str = "--out") -> Pa
     check_out_dir(p.parent, flag, shown=p)
     if p.is_dir():
         raise ConfigError(f"{flag}: {p} is a directory; pass a report path ending in .json")
+    csv_path = p.with_suffix(".csv")
+    if csv_path.is_symlink() or (csv_path.exists() and not csv_path.is_file()):
+        raise ConfigError(f"{flag}: {csv_path}, where the records CSV goes, is a directory or a link; move it away or "
+                          "choose another --out")
     if p.exists() and not _is_report(p):
         raise ConfigError(f"{flag}: {p} exists and is not an evaluation report; it would be overwritten; choose "
                           "another --out")
@@ -340,3 +344,35 @@ def check_response_ids(responses: Iterable[Iterable[int]], tokenizer: Any, where
         if bad is not None:
             raise DataError(f"{where}: response {i + 1} holds token id {bad!r}, outside the tokenizer's 0..{n - 1}; "
                             "rebuild the responses with this model's tokenizer")
+
+
+# -------------------------------------------------------------------------------------------------- study files
+DISPLAY_PUNCT = set(" -_.,:;=+()/%'*~^#@?!")  # besides letters and digits (any script: ρ, β)
+
+
+def check_display_label(label: object, where: str) -> str | None:
+    """A run's display label (the report's Markdown, the figures' legends) in a safe character set: letters and
+    digits of any script, spaces and ``-_.,:;=+()/%'*~^#@?!``; at most 80 characters. No newline, no Markdown table bar
+    or code tick, no ``<``/``>`` (raw HTML), no brackets (links). None passes (no label given)."""
+    if label is None:
+        return None
+    text = str(label)
+    bad = next((ch for ch in text if not (ch.isalnum() or ch in DISPLAY_PUNCT)), None)
+    if bad is not None or not text.strip() or len(text) > 80:
+        what = f"contains {bad!r}" if bad is not None else ("is empty" if not text.strip() else "is over 80 characters")
+        raise ConfigError(f"{where} {text[:40]!r} {what}; a label is at most 80 letters, digits, spaces and "
+                          f"{''.join(sorted(DISPLAY_PUNCT - {' '}))}")
+    return text
+
+
+def inside_root(folder: Path, given: object, where: str) -> Path:
+    """A study file's ``root:`` (relative to its `folder`): refused when it leads outside `folder` (the figures and
+    report.md it writes go there); `folder` itself when none is given."""
+    if not given:
+        return folder
+    root = folder / str(given)
+    if root.resolve() != folder.resolve() and folder.resolve() not in root.resolve().parents:
+        raise ConfigError(f"{where}: root {str(given)!r} leads outside the study file's folder {folder}, and mechopd "
+                          "writes figures and report.md into the root; move the study file into that run directory, "
+                          f"or name the run on the command line: mechopd figures {root} --study {where}")
+    return root

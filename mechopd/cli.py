@@ -161,6 +161,7 @@ def _figures(a: argparse.Namespace) -> int:
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
     from mechopd.study import Study, study_root
+    from mechopd.study_checks import check_study
 
     if a.run_dir is None and a.study is None:
         raise ConfigError("mechopd figures needs RUN_DIR or --study FILE; e.g. mechopd figures runs/demo")
@@ -169,7 +170,7 @@ def _figures(a: argparse.Namespace) -> int:
     run = Path(a.run_dir) if a.run_dir is not None else study_root(a.study)
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     with hold(run, "figures"):  # not while a demo or another redraw writes into the run (then read the study)
-        study = Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study)
+        study = check_study(Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study))
         drawn = draw_all(study)
         if sum(len(v) for v in drawn.values()):
             write_report_md(study)

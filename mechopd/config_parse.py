@@ -105,9 +105,20 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_ALIASES = 20  # aliases (*name) in one YAML document: a config needs few, an alias bomb many
+
+
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that keeps dates as text (``2024-07-26`` is a string, as JSON would save it) and refuses a mapping
-    that repeats a key (YAML would keep the last silently)."""
+    """SafeLoader that keeps dates as text (``2024-07-26`` is a string, as JSON would save it), refuses a mapping
+    that repeats a key (YAML would keep the last silently) and a document with more than `MAX_ALIASES` aliases
+    (``*name``: an alias bomb expands exponentially in whatever walks the result)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases = getattr(self, "aliases", 0) + 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name); write the values out instead")
+        return super().compose_node(parent, index)
 
 
 StrictLoader.yaml_implicit_resolvers = {

@@ -298,11 +298,11 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
 
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
+    from mechopd.demo_pool import hold_demo_out
     from mechopd.runcheck import check_demo_out
-    from mechopd.runlock import hold
 
     check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
-    with hold(cfg.out, "demo"):
+    with hold_demo_out(cfg.out):  # its lock, and SIGTERM handled as Ctrl-C (the workers stop, the lock released)
         return _demo(cfg)
 
 

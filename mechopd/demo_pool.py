@@ -23,12 +23,22 @@ Logs: with several workers each job's output (and a failing job's traceback) goe
 the worker prints a job's start, the parent its end and wall time. A job's error stops the demo with that error:
 the parent names the job, terminates the running ones and re-raises (finished jobs keep their outputs; a training
 killed mid-run resumes from its last checkpoint on the next `mechopd demo`).
+
+Signals and a dead parent. SIGTERM (what ``timeout`` and job schedulers send) is handled as SIGINT in the parent
+(`terminate_as_interrupt`): the running jobs are stopped and the demo exits. A worker stops by itself when its parent
+dies, even by ``kill -9`` (`_watch_parent`: a parent-death signal on Linux, and a thread that polls the parent pid
+every `PARENT_POLL_S` elsewhere or when the signal was missed): the running job unwinds (its run locks released, its
+lock files removed), then the process exits; it is killed outright `STOP_GRACE_S` later if unwinding hangs.
+A job's error reaches the parent as a `MechopdError` (a full disk as `runcheck.disk_error`): one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +55,16 @@ JOB_THREADS = 1       # intra-op threads of every job (DemoConfig.job_threads; t
 ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there, 1.5x), pinned whatever OMP says
 # Relative cost of a training run (measured wall time on the rules organism, 150 steps, OPD = 1): longest first.
 EXPECTED_COST = {"nca_follow": 2.5, "ta_opd": 1.8, "nca_const": 1.5, "nca": 1.3, "opd": 1.0}
+PARENT_POLL_S = 0.5   # a worker checks this often whether its parent is still alive
+STOP_GRACE_S = 5.0    # a stopped worker's job gets this long to unwind (locks released) before os._exit
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received: handled as SIGINT (Ctrl-C)."""
+
+
+class WorkerStopped(BaseException):
+    """Raised in a worker's job when the worker is told to stop (SIGTERM, or its parent died)."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +106,69 @@ def default_workers(job_threads: int = JOB_THREADS) -> int:
     return max(1, torch.get_num_threads() // max(1, job_threads))
 
 
-def _init_worker(argv: Sequence[str], threads: int) -> None:
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """For the block, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise Terminated(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def hold_demo_out(out: Any) -> Iterator[None]:
+    """The demo's ``--out`` lock (`runlock.hold`) with SIGTERM handled as SIGINT, for the whole demo."""
+    from mechopd.runlock import hold
+
+    with terminate_as_interrupt(), hold(out, "demo"):
+        yield
+
+
+_IN_JOB = False  # a worker is inside `run_job` (stopping unwinds the job) or idle (stopping exits at once)
+
+
+def _stop_worker(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM handler: unwind the running job (its locks released), or exit when idle."""
+    if not _IN_JOB:
+        os._exit(128 + signum)
+    hard = threading.Timer(STOP_GRACE_S, os._exit, (128 + signum,))
+    hard.daemon = True
+    hard.start()
+    raise WorkerStopped(f"signal {signum}")
+
+
+def _watch_parent(parent: int) -> None:
+    """Stop this worker (SIGTERM to itself) when `parent` is gone: PR_SET_PDEATHSIG where Linux has it, and a
+    thread polling the parent pid (a reparented worker sees another ppid) as the fallback."""
+    signal.signal(signal.SIGTERM, _stop_worker)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=poll, name="mechopd-parent-watch", daemon=True).start()
+
+
+def _init_worker(argv: Sequence[str], threads: int, parent: int | None = None) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
+    if parent is not None:
+        _watch_parent(parent)  # first: a parent killed while this worker starts is seen too
     torch.set_num_threads(threads)
     sys.argv = list(argv)  # the demo records its command line in demo.json
     hf_logging.get_logger("transformers")  # its handler binds the worker's real stderr now, not a job's log file
@@ -100,7 +179,37 @@ def _say(msg: str) -> None:
 
 
 def run_job(job: Job, redirect: bool = True) -> float:
-    """Run one job (in a worker, or in-process) on `job.cfg.job_threads` threads; returns its wall time in s."""
+    """Run one job (in a worker, or in-process) on `job.cfg.job_threads` threads; returns its wall time in s.
+
+    In a worker (`redirect`): a stop (`WorkerStopped`) ends the process once the job unwound; any other error
+    travels to the parent as a `MechopdError` (`_user_error`), its traceback in the job's log."""
+    global _IN_JOB
+    if not redirect:
+        return _run_job(job, redirect)
+    _IN_JOB = True
+    try:
+        return _run_job(job, redirect)
+    except WorkerStopped:
+        os._exit(128 + signal.SIGTERM)  # the job's finally blocks ran: its run locks are released
+    except Exception as e:
+        raise _user_error(e, job) from None
+    finally:
+        _IN_JOB = False
+
+
+def _user_error(err: Exception, job: Job) -> Exception:
+    """`err` as the parent should print it: a full disk (an OSError, or safetensors' / torch's own error types) as
+    `runcheck.disk_error`, a MechopdError as is, anything else as is (a bug: the parent shows its traceback)."""
+    from mechopd.errors import MechopdError
+    from mechopd.runcheck import disk_error
+
+    if isinstance(err, MechopdError):
+        return err
+    full = disk_error(err)
+    return full if full is not None else err
+
+
+def _run_job(job: Job, redirect: bool) -> float:
     t0 = time.time()
     if redirect:
         job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +270,7 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
         return
     ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(list(sys.argv), seed_cfgs[0].job_threads)) as pool:
+                             initargs=(list(sys.argv), seed_cfgs[0].job_threads, os.getpid())) as pool:
         running: dict[Future, Job] = {}
         job = None
         try:

@@ -34,6 +34,7 @@ import numpy as np
 from mechopd.errors import ConfigError, TaskError
 from mechopd.evaluate import sampling_settings
 from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed, strip_stop
+from mechopd.pinning import check_fits
 from mechopd.removability import MIN_VALID_RESAMPLES, resample_blocks
 from mechopd.views import RenderSpec, render_prompt_ids
 
@@ -155,6 +156,8 @@ def add_following(report: dict[str, Any], model: Any, tokenizer: Any, task: Any,
     if not items:
         raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
     st = sampling_settings(model, tokenizer, task, cfg)  # the evaluation's own: same decoding as the two views
+    check_fits(tokenizer, items, spec, st.max_new_tokens, getattr(model.config, "max_position_embeddings", None),
+               task)  # every other context fits the model's positions, as the main one (never truncated)
     was_training = model.training
     model.eval()
     import torch

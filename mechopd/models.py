@@ -128,14 +128,22 @@ def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, ex
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(umask_mode(directory=True))  # mkdtemp's 0700 would outlive the rename
     try:
-        with quiet_progress():
-            model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-        if writer is not None:
-            writer(tmp)
+        try:
+            with quiet_progress():
+                model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            for name, text in (extra or {}).items():
+                (tmp / name).write_text(text)
+            if writer is not None:
+                writer(tmp)
+        except Exception as e:  # safetensors' own error type for a full disk: the OSError every verb reports
+            from mechopd.runcheck import as_disk_error
+
+            full = as_disk_error(e)
+            if full is e:
+                raise
+            raise OSError(full.errno, full.strerror, str(tmp)) from None
         for f in tmp.rglob("*"):  # save_pretrained writes the weights 0600 (a temp file renamed): respect the umask
             f.chmod(umask_mode(directory=f.is_dir()))
         if out.exists():

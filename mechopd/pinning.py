@@ -139,16 +139,34 @@ def _both_views(tokenizer: Any, spec: RenderSpec, prompt: str, context: str, day
 
 
 def check_fits(tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, max_new_tokens: int,
-               limit: int | None) -> None:
+               limit: int | None, others: Any = None) -> None:
     """The one length rule of every verb: the longest context view plus `max_new_tokens` fits the model's
-    `limit` (max_position_embeddings); the context is never truncated silently."""
+    `limit` (max_position_embeddings); the context is never truncated silently. `others`: a task whose other
+    contexts (`Task.other_contexts`) of the examples reach the model too (following, the follow term)."""
     if not limit:
         return
-    longest = max(len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)) for ex in examples)
+    longest, what = max((len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)), "context") for ex in examples)
+    if others is not None:
+        longest, what = max([(longest, what)] + [(len(render_prompt_ids(tokenizer, prompt, ctx, spec)),
+                                                  f"other context {label!r}")
+                                                 for label, prompt, ctx in _longest_views(examples, others)])
     if longest + max_new_tokens > limit:
-        raise TaskError(f"context + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
+        raise TaskError(f"{what} + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
                         f"model's maximum length {limit}; shorten the context or prompt, or lower max_new_tokens "
                         "(the context is never truncated silently)")
+
+
+def _longest_views(examples: Sequence[Any], task: Any, per_context: int = 3) -> list[tuple[str, str, str]]:
+    """(label, prompt, context) to render for the other contexts of `examples`: per distinct context text, the
+    `per_context` longest prompts (in characters) that meet it. Context and prompt are separate messages, so the
+    longest view of a context is one with a long prompt; a task whose contexts are shared by many items (rules: one
+    per rule) costs a few renders, not one per item and context (11x the main check on 1024 items)."""
+    by_context: dict[str, list[tuple[int, str, str]]] = {}
+    for ex in examples:
+        for oc in task.other_contexts(ex):
+            by_context.setdefault(oc.context, []).append((len(ex.prompt), ex.prompt, oc.label))
+    return [(label, prompt, ctx) for ctx, views in by_context.items()
+            for _, prompt, label in sorted(set(views), reverse=True)[:per_context]]
 
 
 def train_render(tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_new_tokens: int,
@@ -160,5 +178,6 @@ def train_render(tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_n
     spec, note = pin_render(tokenizer, spec, pool[0].prompt, pool[0].context)
     cfg.chat_template_kwargs = dict(spec.chat_template_kwargs)
     if not task.is_game:
-        check_fits(tokenizer, pool, spec, max_new_tokens, getattr(model_config, "max_position_embeddings", None))
+        check_fits(tokenizer, pool, spec, max_new_tokens, getattr(model_config, "max_position_embeddings", None),
+                   task if getattr(cfg, "follow_weight", 0) else None)  # the follow term's rollouts under c′ too
     return spec, note

@@ -156,13 +156,25 @@ def _check_same_study(paths: list[Path], docs: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------------------------ full disk
 def disk_error(err: BaseException) -> MechopdError | None:
-    """A `DiskFullError` for ENOSPC / EDQUOT (None for any other error)."""
+    """A `DiskFullError` for ENOSPC / EDQUOT, safetensors' own error type for them included (None for any other
+    error)."""
+    err = as_disk_error(err)
     if not isinstance(err, OSError) or err.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     where = f" writing {err.filename}" if err.filename else ""
     what = "no space left on the device" if err.errno == errno.ENOSPC else "disk quota exceeded"
     return DiskFullError(f"{what}{where}; the earlier artifacts are intact (every write is atomic): free space, then "
                          "rerun the same command (a training run: add --resume)")
+
+
+def as_disk_error(err: BaseException) -> BaseException:
+    """An ENOSPC / EDQUOT `OSError` for a serializer's own error type that says the disk is full (safetensors'
+    ``SafetensorError … No space left on device (os error 28)``); `err` itself otherwise."""
+    text = str(err)
+    for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded")):
+        if not isinstance(err, OSError) and (words in text or f"os error {code})" in text):
+            return OSError(code, words)
+    return err
 
 
 # ------------------------------------------------------------------------------------------------------ item space

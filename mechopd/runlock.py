@@ -9,6 +9,10 @@ once with one line naming the holder (pid, host, command, start time, read from 
   included), so a lock file left by a dead run is simply taken over; nothing has to be deleted by hand. A lock that is
   still held although its recorded pid is gone (same host) is held by a child process that inherited it; the error
   says so.
+- Never turned against the user: the lock file is opened without following links (``O_NOFOLLOW``) and must be a
+  regular file with one name (not a link, a directory, a FIFO or a hard link to another file, which the record would
+  overwrite); anything else is refused with one line naming the path. A holder's record that is unreadable or
+  malformed (a pid that is not a number, or out of range) names "an unknown process".
 - Re-entrant within one process (the demo holds RUN and its trainer RUN/train/opd; `aggregate` inside the demo takes
   RUN again): a nested `hold` of a directory this process already holds is a no-op.
 - What a refusal leaves: nothing. The lock file (and the directory, if `hold` created it) is removed when the holder
@@ -25,6 +29,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -50,18 +55,60 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _holder(path: Path) -> str:
-    """The holder's record as text, e.g. ``mechopd train (pid 12, host h, since 2026-12-01 22:01:02 UTC)``."""
+PID_MAX = 4194304  # Linux's largest pid_max (2**22): a recorded pid outside 1..PID_MAX is not a pid
+RECORD_MAX = 4096  # bytes of a lock record read (a planted huge file costs nothing)
+
+
+def _record(fd: int) -> dict[str, str | int] | None:
+    """The holder's record read from the open lock file: None when it is unreadable or malformed (not a JSON object,
+    a pid that is not an integer in 1..PID_MAX); {} when the holder has not written it yet."""
     try:
-        info = json.loads(path.read_text() or "{}")
+        raw = os.pread(fd, RECORD_MAX, 0)
+        info = json.loads(raw.decode("utf-8")) if raw.strip() else {}
     except (OSError, ValueError):
-        info = {}
-    pid, host = info.get("pid"), info.get("host")
-    text = (f"mechopd {info.get('verb', '?')} (pid {pid}, host {host}, since {info.get('since', '?')})" if pid
-            else "another process (it has not written its record yet)")
-    if pid and host == socket.gethostname() and not _alive(int(pid)):
+        return None
+    if not isinstance(info, dict):
+        return None
+    pid = info.get("pid")
+    if info and (isinstance(pid, bool) or not isinstance(pid, int) or not 1 <= pid <= PID_MAX):
+        return None
+    return {k: (v if k == "pid" else " ".join(str(v).split())[:80]) for k, v in info.items()}
+
+
+def _holder(fd: int, lock: Path) -> str:
+    """The holder's record as text, e.g. ``mechopd train (pid 12, host h, since 2026-12-01 22:01:02 UTC)``."""
+    info = _record(fd)
+    if info is None:
+        return f"an unknown process (its record in {lock} is unreadable or malformed)"
+    if not info:
+        return "another process (it has not written its record yet)"
+    pid, host = info["pid"], info.get("host")
+    text = f"mechopd {info.get('verb', '?')} (pid {pid}, host {host}, since {info.get('since', '?')})"
+    if host == socket.gethostname() and not _alive(int(pid)):
         text += f"; pid {pid} is gone, so a process it started (a worker) still holds the lock: end that process"
     return text
+
+
+def _open(lock: Path) -> int:
+    """`lock` opened for writing without following a link; refused unless it is a regular file of its own (not a
+    link, a directory, a device or a FIFO, nor a hard link to some other file that the record would overwrite)."""
+    fix = f"remove {lock} (mechopd recreates it) and rerun"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP or lock.is_symlink():
+            raise MechopdError(f"the run lock {lock} is a symbolic link (mechopd never writes through one); {fix}"
+                               ) from None
+        if e.errno in (errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM, errno.EROFS):
+            kind = "a directory" if lock.is_dir() else "not writable (read-only, immutable or another user's)"
+            raise MechopdError(f"the run lock {lock} is {kind}; {fix}") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        kind = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+        raise MechopdError(f"the run lock {lock} is {kind}; {fix}")
+    return fd
 
 
 def _open_locked(lock: Path, wait: bool) -> int:
@@ -69,19 +116,20 @@ def _open_locked(lock: Path, wait: bool) -> int:
     import fcntl
 
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open(lock)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if not (wait and e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)):
                     raise
-                print(f"waiting for {_holder(lock)} to release {lock.parent}", file=sys.stderr, flush=True)
+                print(f"waiting for {_holder(fd, lock)} to release {lock.parent}", file=sys.stderr, flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as e:
+            holder = _holder(fd, lock)
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLockedError(f"{lock.parent} is in use by {_holder(lock)}; wait for it to finish or pass "
+                raise RunLockedError(f"{lock.parent} is in use by {holder}; wait for it to finish or pass "
                                      "another --out") from None
             raise MechopdError(f"cannot lock {lock} ({e.strerror}): this file system has no lock support; set "
                                "MECHOPD_NO_LOCK=1 to run without the run-directory lock") from None

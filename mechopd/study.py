@@ -28,7 +28,6 @@ probe's typed result under ``Study.probes_dir`` is read through its registration
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,9 @@ from typing import Any
 
 import yaml
 
-from mechopd.artifacts import FileSet, read_json, write_csv, write_json, write_text
+from mechopd.artifacts import (FileSet, finite_or_none, mean_kept_fraction, metric_lines, read_json,  # noqa: F401
+                               write_csv, write_json, write_text)
+from mechopd.checks import inside_root
 from mechopd.errors import ConfigError, DataError
 
 BASE = "base"
@@ -61,7 +62,7 @@ class Interval:
     def from_dict(cls, doc: Any, where: str) -> Interval:
         if not isinstance(doc, Mapping) or "value" not in doc:
             raise DataError(f"{where} must be an object with 'value', 'low', 'high'; rewrite it with mechopd eval")
-        num = lambda v: None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)  # noqa
+        num = lambda v: finite_or_none(v, where)  # noqa: E731  (text / bool refused; NaN, inf, null: n/a)
         return cls(num(doc["value"]), num(doc.get("low")), num(doc.get("high")), int(doc.get("n_boot_valid") or 0))
 
 
@@ -127,33 +128,6 @@ class EvalReport:
             if self.records:
                 write_csv(stage.dir / f"{out.stem}.csv", self.records)
         return out, (out.with_suffix(".csv") if self.records else None)
-
-
-# ----------------------------------------------------------------------------------------------------- metrics
-def metric_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The JSON objects of a metrics.jsonl ([] when absent); a step logged twice keeps its last line."""
-    import json
-
-    if not Path(path).is_file():
-        return []
-    by_step: dict[Any, dict[str, Any]] = {}
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise DataError(f"{path} line {i}: not valid JSON; each line must be one JSON object") from None
-        by_step[(rec.get("step"), "eval/acc_x" in rec)] = rec
-    return [by_step[k] for k in sorted(by_step, key=lambda k: (k[0] if k[0] is not None else -1, k[1]))]
-
-
-def mean_kept_fraction(train_dir: str | os.PathLike) -> float | None:
-    """Mean of ``kept_fraction`` over the steps of ``train_dir/metrics.jsonl`` (None if never logged): the share of
-    response positions the selector actually trained on."""
-    vals = [m["kept_fraction"] for m in metric_lines(Path(train_dir) / "metrics.jsonl")
-            if m.get("kept_fraction") is not None]
-    return sum(vals) / len(vals) if vals else None
 
 
 # ------------------------------------------------------------------------------------------------------- study
@@ -298,7 +272,7 @@ class Study:
         if not isinstance(doc.get("runs"), Mapping) or not doc["runs"]:
             raise ConfigError(f"{where}: needs a 'runs' mapping of role -> run name, e.g. runs: {{opd: opd, nca: "
                               "my_nca}}")
-        root = (root / str(doc["root"])) if own_root and doc.get("root") else root
+        root = inside_root(root, doc.get("root"), where) if own_root else root  # outputs stay in the study's folder
         manifest = _manifest(root)
         runs = {str(role): _run(str(role), spec, root, manifest, where) for role, spec in doc["runs"].items()}
         if BASE not in runs:
@@ -347,9 +321,7 @@ class Study:
 def study_root(path: str | os.PathLike) -> Path:
     """Where the study YAML ``path`` puts its runs (its ``root`` key, relative to its folder; else the folder),
     without reading any run."""
-    path = Path(path)
-    root = _read_yaml(path).get("root")
-    return path.parent / str(root) if root else path.parent
+    return inside_root(Path(path).parent, _read_yaml(Path(path)).get("root"), str(path))
 
 
 def studies(paths: Sequence[str | os.PathLike | Study], study: str | os.PathLike | None = None) -> list[Study]:
@@ -376,7 +348,7 @@ def _manifest(root: Path) -> dict[str, Any]:
 
 
 def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: str) -> Run:
-    from mechopd.checks import check_label
+    from mechopd.checks import check_display_label, check_label
 
     if isinstance(spec, str):
         spec = {"name": spec}
@@ -388,7 +360,7 @@ def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: s
         raise ConfigError(f"{where}: runs.{role} has unknown key {unknown[0]!r}; use name, label, dir, eval, model")
     name = check_label(str(spec.get("name", role)), f"{where}: runs.{role}")
     labels = manifest.get("labels") or {}
-    given = spec.get("label") or labels.get(name)
+    given = check_display_label(spec.get("label") or labels.get(name), f"{where}: runs.{role}.label")
     model = spec.get("model") or (manifest.get("organism") if role == BASE else None)
     return Run(role, name, str(given or name), _path(root, spec.get("dir"), Path("train") / name),
                _path(root, spec.get("eval"), Path("eval") / f"{name}.json"), None if model is None else str(model),

@@ -43,8 +43,8 @@ def check_follow_contexts(task: Any, pool: Sequence[Any], labels: Sequence[str] 
     """Refuse a follow term the task cannot feed: no other contexts at all, or a label no training item has."""
     seen = {oc.label for ex in pool for oc in task.other_contexts(ex)}
     if not seen:
-        raise ConfigError(f"follow_weight > 0 but task {task.name!r} defines no other contexts on its training items "
-                          "(Task.other_contexts); set follow_weight=0 or use a task that has them")
+        raise ConfigError(f"follow_weight > 0 or follow_contexts given, but task {task.name!r} defines no other "
+                          "contexts on its training items (Task.other_contexts); drop them or use a task that has them")
     missing = sorted(set(labels or ()) - seen)
     if missing:
         raise ConfigError(f"follow_contexts: {missing[0]!r} is not an other context of task {task.name!r}; choose "

@@ -29,6 +29,9 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from mechopd.artifacts import atomic_write
+from mechopd.artifacts import read_csv as artifact_csv
+from mechopd.artifacts import read_json as artifact_json
 from mechopd.errors import DataError
 from mechopd.study import Study
 
@@ -91,8 +94,8 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     for fmt in FORMATS:
         path = out_dir / f"{name}.{fmt}"
         meta = PNG_METADATA if fmt == "png" else PDF_METADATA
-        fig.savefig(path, format=fmt, dpi=DPI, metadata=dict(meta))
-        paths.append(path)
+        atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, dpi=DPI, metadata=dict(meta)), binary=True)  # noqa: B023
+        paths.append(path)  # written whole or not at all (a killed `mechopd figures` leaves no truncated image)
     return paths
 
 
@@ -145,11 +148,8 @@ class RunInfo:
 
 
 def read_json(path: Path) -> Any:
-    """Parsed JSON, or DataError naming the file."""
-    try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path} is not valid JSON ({err.msg}, line {err.lineno}); rewrite it with mechopd") from None
+    """Parsed JSON, or DataError naming the file (`mechopd.artifacts.read_json`: malformed, not UTF-8, too deep)."""
+    return artifact_json(path)
 
 
 def run_info(run_dir: Path | Study) -> RunInfo:
@@ -177,6 +177,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as err:
             raise DataError(f"{path} line {i}: not valid JSON ({err.msg}); each line must be one JSON object") \
                 from None
+        except RecursionError:
+            raise DataError(f"{path} line {i}: nests too deeply; each line must be one flat JSON object") from None
         if not isinstance(rec, dict):
             raise DataError(f"{path} line {i}: expected a JSON object, got {type(rec).__name__}")
         out.append(rec)
@@ -184,15 +186,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
-    """Rows of a CSV with a header; DataError naming the first missing column."""
-    with Path(path).open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        absent = [c for c in required if c not in header]
-        if absent:
-            raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
-                            "rewrite it with the mechopd probe that owns it")
-        return list(reader)
+    """Rows of a CSV with a header; DataError naming the first missing column (and, through
+    `mechopd.artifacts.read_csv`, a file that is not UTF-8 or has rows longer or shorter than its header)."""
+    rows = artifact_csv(path)
+    with Path(path).open(newline="", encoding="utf-8") as fh:  # read whole above: UTF-8 and CSV already checked
+        header = next(csv.reader(fh), [])
+    absent = [c for c in required if c not in header]
+    if absent:
+        raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
+                        "rewrite it with the mechopd probe that owns it")
+    return rows
 
 
 def to_float(text: str | None) -> float:

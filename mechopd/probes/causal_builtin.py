@@ -31,6 +31,9 @@ def _cross(text: str | None) -> tuple[str, str] | None:
     parts = _list(text, "--cross")
     if parts is not None and (len(parts) != 2 or not all(isinstance(p, str) for p in parts)):
         raise ConfigError(f"--cross {text!r} must name two models, donor then recipient, e.g. --cross nca,opd")
+    if parts is not None and parts[0] == parts[1]:
+        raise ConfigError(f"--cross {text!r} names one model twice; cross-model patching needs two different models, "
+                          "donor then recipient, e.g. --cross nca,opd")
     return None if parts is None else (parts[0], parts[1])
 
 

@@ -256,7 +256,10 @@ def _from_demo(run: Path) -> ProbeSetup:
     models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
     models.update({r.name: _final(r.train_dir) for r in trained})
     probe_n = study.config.get("probe_n")
-    return _setup_of_config(cfg, models, run, **({"n": int(probe_n)} if probe_n else {}))
+    if probe_n is not None and (isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 1):
+        raise ConfigError(f"{run / DEMO_FILE}: config.probe_n={probe_n!r} is not an integer >= 1; restore the file "
+                          "(mechopd demo writes it)")
+    return _setup_of_config(cfg, models, run, **({"n": probe_n} if probe_n else {}))
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------

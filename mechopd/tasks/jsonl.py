@@ -197,6 +197,8 @@ def read_items(path: str | Path, cop_base: int = 0) -> list[_Item]:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
             raise DataError(f"{_where(path, number)} not valid JSON ({err.msg} at column {err.colno})") from None
+        except RecursionError:
+            raise DataError(f"{_where(path, number)} nests too deeply; an item is one flat JSON object") from None
         item = parse_item(obj, path, number, cop_base)
         items.append(dataclasses.replace(item, other=raw_other(obj, _where(path, number))))
     if not items:

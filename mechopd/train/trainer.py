@@ -158,7 +158,8 @@ class Trainer:
         self.other_terms = [t for t in self.terms if t.batch == "other"]  # scored on a rollout under c′ (otherbatch)
         self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
         self.needs = terms_need([t for t in self.terms if t.batch == "main"])
-        check_follow_contexts(self.task, self.pool, cfg.follow_contexts) if self.other_terms else None
+        if self.other_terms or cfg.follow_contexts:  # unknown names refused whatever the weight
+            check_follow_contexts(self.task, self.pool, cfg.follow_contexts)
         self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
                                       tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
                                       q_low=cfg.q_low, q_high=cfg.q_high)
