@@ -92,6 +92,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    "rule=shift:2); same as --set task_options.KEY=VALUE, and as eval's and probe's --option")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
+    p.add_argument("--verbose", action="store_true", help="print the full resolved config (default: one line and the "
+                   "path of the run's config.yaml)")
     for name, (metavar, text) in SHORTHANDS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None, metavar=metavar,
                        help=f"{text}; same as --set {name}=...")
@@ -126,8 +128,9 @@ def _train_locked(a: argparse.Namespace) -> int:
     if (out / "config.json").is_file():
         raise ConfigError(f"--out {out} is a model directory (config.json), not a training run; a run writes its own "
                           "directory: choose another --out (the model is not touched)")
-    final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
-    print(f"final checkpoint: {final}")
+    final = train(cfg, out, resume=a.resume, progress=not a.no_progress, verbose=a.verbose)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: said once, by rank 0
+        print(f"final checkpoint: {final}")
     return 0
 
 

@@ -206,13 +206,15 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.set_xlabel("accuracy drop with context, Acc_x − Acc_xc (percentage points)")
     ax.set_ylabel("Harm = P(wrong with c | right without c) (%)")
     key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in ("A", "B", "C"))
-    fig.suptitle(f"Removability regimes — {key}\n(thresholds: drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, "
-                 f"gain_min {t.gain_min:g})", fontsize="medium")
+    fig.suptitle(f"Removability regimes — {key}", fontsize="medium")
+    ax.set_title(f"thresholds: drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g}",
+                 fontsize="small")
     labels = {p["model"]: p["label"] for p in points}
     handles = [Line2D([], [], linestyle="none", marker="o", color=colours[m], label=lab) for m, lab in labels.items()]
-    handles += [Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=f"task: {task}")
-                for task in tasks] if len(tasks) > 1 else []
     fitted_legend(fig, 3, handles=handles, title="model", loc="outside lower center")  # below: the plot keeps the width
+    if len(tasks) > 1:  # short names: beside the plot
+        fig.legend(handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task)
+                            for task in tasks], title="task", loc="outside right lower")
     return fig
 
 

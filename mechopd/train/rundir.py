@@ -35,6 +35,7 @@ from mechopd.errors import ConfigError, TrainingError
 from mechopd.runcheck import check_item_count, check_out_place
 from mechopd.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
+from mechopd.train.reporting import Logger  # noqa: F401  (its home before mechopd.train.reporting)
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard")
 
@@ -164,29 +165,6 @@ def read_metrics(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], str | No
                                 "line, then --resume")
         records.append((ln, rec))
     return records, note
-
-
-class Logger:
-    """metrics.jsonl always; TensorBoard only when asked. Same signature either way (the loop never branches)."""
-
-    def __init__(self, path: Path, enabled: bool, tensorboard: bool):
-        self.path, self.enabled, self.tb = path, enabled, None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("log_tensorboard=true needs the tensorboard package: pip install tensorboard") from None
-            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
-
-    def log(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(k, v, record["step"])
 
 
 def read_run_config(run: RunDir) -> dict[str, Any]:

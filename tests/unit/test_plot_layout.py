@@ -176,3 +176,14 @@ def test_the_check_finds_a_legend_over_data(checked) -> None:
     ax.legend(loc="upper center")
     fig.get_layout_engine().execute(fig)
     assert any("covers data" in p for p in layout_problems(fig))
+
+
+def test_the_regime_map_of_two_tasks_with_the_demos_labels(tmp_path: Path, checked) -> None:
+    runs = [make_run(tmp_path / "rules"), make_run(tmp_path / "lake", task="frozenlake", seed=1)]
+    for run in runs:
+        meta = json.loads((run / "demo.json").read_text())
+        meta["labels"].update(DEMO_LABELS)
+        (run / "demo.json").write_text(json.dumps(meta))
+    written = plots.plot_regime_map(runs, tmp_path / "figs")
+    assert checked == {"regime_map.png": []}
+    assert edge_ink(next(p for p in written if p.suffix == ".png")) == {}
