@@ -66,7 +66,8 @@ def _pretrain(a: argparse.Namespace) -> int:
 # Shorthand flags: --NAME VALUE is --set NAME=VALUE (metavar, help); the TrainConfig docstring has the full story.
 SHORTHANDS: dict[str, tuple[str, str]] = {
     "task": ("TASK", "task: rules | frozenlake | sokoban | jsonl | a registered name"),
-    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd)"),
+    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd); the follow term goes "
+               "with any method: --set follow_weight=1"),
     "student": ("MODEL", "student checkpoint dir, hub id, or organism:<task> (default organism:rules)"),
     "teacher": ("MODEL", "teacher checkpoint (default: the frozen initial student, i.e. self-distillation)"),
     "steps": ("INT", "optimizer steps, >= 1"),
@@ -237,11 +238,13 @@ def _aggregate(a: argparse.Namespace) -> int:
 
 
 def _explore_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (or its probes/ dir) after `mechopd probe lens`")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir with eval/*.json and/or probes/ (lens, patching, "
+                   "attention), its probes/ dir, or a `mechopd eval --compare` directory")
     p.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default RUN_DIR/explore.html)")
 
 
-@command("explore", "one self-contained HTML page of what the lens / patching / attention probes saw, item by item")
+@command("explore", "one self-contained HTML page to read a run item by item: prompt, context, target, each model's "
+         "answers in both views (Harm / Help), the probes' per-token views")
 def _explore(a: argparse.Namespace) -> int:
     from mechopd.explore import write_explorer
 

@@ -49,6 +49,13 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "log_wandb", "wandb_project",
                   "grad_stats_every", "sharding")
 
+def method_names() -> list[str]:
+    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
+    from mechopd.objectives.losses import METHODS
+
+    return [*METHODS, *METHOD_ALIASES]
+
+
 METHOD_ALIASES = {
     # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
     "ta_opd": ("opd", "ta_opd"),
@@ -173,7 +180,11 @@ class TrainConfig:
         from mechopd.objectives.losses import ESTIMATORS, METHODS
         from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS, TIE_BREAKS
 
-        for name, allowed in (("method", tuple(METHODS)), ("selector", SELECTORS), ("estimator", ESTIMATORS),
+        if self.method not in METHODS:
+            follow = (" — the follow term is not a method: add it to any method with follow_weight (--set "
+                      "follow_weight=1, e.g. --method nca --set follow_weight=1)") if "follow" in str(self.method) else ""
+            raise ConfigError(f"method={self.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
+        for name, allowed in (("selector", SELECTORS), ("estimator", ESTIMATORS),
                               ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
                               ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
                               ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES)):
