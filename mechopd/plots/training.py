@@ -141,7 +141,7 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
     ax.set_xlabel(f"training step (optimizer steps; methods drawn {DODGE_PT:g} pt apart so equal curves stay "
                   "visible)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_ylim(-3.0, 103.0)  # accuracy is a share: the whole range, so runs and figures compare at a glance
+    ax.set_ylim(-5.0, 105.0)  # the whole range (runs compare at a glance), with room for the dodged curves at 0 and 100
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
     ax.set_title(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
     handles, labels = ax.get_legend_handles_labels()  # band edges ("_band edge") are not listed
