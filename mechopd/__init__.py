@@ -13,21 +13,40 @@ importing the submodule rebinds the name, which is why the functions are ``run_t
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import re as _re
+from pathlib import Path as _Path
+from typing import Any as _Any
 
 __version__ = "0.1.0"
 
+# a Python caller's words for the CLI's in an error message (the library's errors name the command-line flags)
+_PYTHON_WORDS = ((r"pass --resume\b", "pass resume=True"), (r"--resume\b", "resume=True"),
+                 (r"new --out\b", "new out_dir"), (r"--out\b", "out_dir"),
+                 (r"--set (\w[\w.]*)=", r"config key \1="), (r"--set\b", "a config key"))
 
-def run_train(config: Any, out_dir: str | Path, resume: bool = False, progress: bool = True) -> Path:
+
+def _python_words(message: str) -> str:
+    for pattern, words in _PYTHON_WORDS:
+        message = _re.sub(pattern, words, message)
+    return message
+
+
+def run_train(config: _Any, out_dir: str | _Path, resume: bool = False, progress: bool = True,
+              verbose: bool = False) -> _Path:
     """Train one run (a `mechopd.config.TrainConfig` or a dict of its fields) into ``out_dir``; returns the final
-    checkpoint directory (`mechopd.train.trainer.train`)."""
+    checkpoint directory (`mechopd.train.trainer.train`). ``resume=True`` continues the run in ``out_dir`` from its
+    latest checkpoint (a new directory starts a new run); ``verbose`` prints the full resolved config. A bad input
+    raises a `mechopd.errors.MechopdError` whose message names these arguments."""
+    from mechopd.errors import MechopdError
     from mechopd.train.trainer import train
 
-    return train(config, out_dir, resume=resume, progress=progress)
+    try:
+        return train(config, out_dir, resume=resume, progress=progress, verbose=verbose)
+    except MechopdError as e:
+        raise type(e)(_python_words(str(e))) from None
 
 
-def run_eval(model: Any, task: Any, **options: Any) -> dict[str, Any]:
+def run_eval(model: _Any, task: _Any, **options: _Any) -> dict[str, _Any]:
     """Evaluate a checkpoint (dir, or a loaded model with ``tokenizer=``) in both views on held-out items of ``task``;
     options: n, seed, samples, temperature, spec, tokenizer, task_options, out (`mechopd.evaluate.evaluate`)."""
     from mechopd.evaluate import evaluate
@@ -36,3 +55,12 @@ def run_eval(model: Any, task: Any, **options: Any) -> dict[str, Any]:
 
 
 __all__ = ["__version__", "run_eval", "run_train"]
+
+
+_PUBLIC_MODULES = ("config", "errors", "evaluate", "explore", "models", "plots", "probes", "study", "tasks", "train",
+                   "views")  # what a caller imports (mechopd.probes.lens, mechopd.plots.draw_all, ...)
+
+
+def __dir__() -> list[str]:
+    """The public API only: the entry points and the modules a caller imports (not typing names or helpers)."""
+    return sorted(set(__all__) | set(_PUBLIC_MODULES))

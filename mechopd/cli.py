@@ -66,7 +66,8 @@ def _pretrain(a: argparse.Namespace) -> int:
 # Shorthand flags: --NAME VALUE is --set NAME=VALUE (metavar, help); the TrainConfig docstring has the full story.
 SHORTHANDS: dict[str, tuple[str, str]] = {
     "task": ("TASK", "task: rules | frozenlake | sokoban | jsonl | a registered name"),
-    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd)"),
+    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd); the follow term goes "
+               "with any method: --set follow_weight=1"),
     "student": ("MODEL", "student checkpoint dir, hub id, or organism:<task> (default organism:rules)"),
     "teacher": ("MODEL", "teacher checkpoint (default: the frozen initial student, i.e. self-distillation)"),
     "steps": ("INT", "optimizer steps, >= 1"),
@@ -92,6 +93,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    "rule=shift:2); same as --set task_options.KEY=VALUE, and as eval's and probe's --option")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
+    p.add_argument("--verbose", action="store_true", help="print the full resolved config (default: one line and the "
+                   "path of the run's config.yaml)")
     for name, (metavar, text) in SHORTHANDS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None, metavar=metavar,
                        help=f"{text}; same as --set {name}=...")
@@ -126,8 +129,9 @@ def _train_locked(a: argparse.Namespace) -> int:
     if (out / "config.json").is_file():
         raise ConfigError(f"--out {out} is a model directory (config.json), not a training run; a run writes its own "
                           "directory: choose another --out (the model is not touched)")
-    final = train(cfg, out, resume=a.resume, progress=not a.no_progress)
-    print(f"final checkpoint: {final}")
+    final = train(cfg, out, resume=a.resume, progress=not a.no_progress, verbose=a.verbose)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: said once, by rank 0
+        print(f"final checkpoint: {final}")
     return 0
 
 
@@ -235,11 +239,13 @@ def _aggregate(a: argparse.Namespace) -> int:
 
 
 def _explore_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (or its probes/ dir) after `mechopd probe lens`")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir with eval/*.json and/or probes/ (lens, patching, "
+                   "attention), its probes/ dir, or a `mechopd eval --compare` directory")
     p.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default RUN_DIR/explore.html)")
 
 
-@command("explore", "one self-contained HTML page of what the lens / patching / attention probes saw, item by item")
+@command("explore", "one self-contained HTML page to read a run item by item: prompt, context, target, each model's "
+         "answers in both views (Harm / Help), the probes' per-token views")
 def _explore(a: argparse.Namespace) -> int:
     from mechopd.explore import write_explorer
 

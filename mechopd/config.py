@@ -46,7 +46,15 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
-RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "grad_stats_every", "sharding")
+RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "log_wandb", "wandb_project",
+                  "grad_stats_every", "sharding")
+
+def method_names() -> list[str]:
+    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
+    from mechopd.objectives.losses import METHODS
+
+    return [*METHODS, *METHOD_ALIASES]
+
 
 METHOD_ALIASES = {
     # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
@@ -84,7 +92,9 @@ class TrainConfig:
                seeded epochs; independent of `steps`, so a resumed run sees the same data).
     Optim:     lr, steps, warmup (linear warm-up steps), lr_schedule (constant: the papers'; linear | cosine: decay to 0
                at the last step, `train.lr`), weight_decay, grad_clip, seed.
-    Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard,
+    Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard
+               (RUN/tensorboard; extra mechopd[tensorboard]), log_wandb and wandb_project (W&B, offline unless
+               WANDB_MODE says otherwise, under RUN/wandb; extra mechopd[wandb]),
                grad_stats_every (every N steps: per-term gradient norms, cosines, dominance; 0 = off; one extra
                backward per term on those steps; needs sharding: none).
     Rendering: no_context_system, chat_template_kwargs (see views.RenderSpec).
@@ -143,6 +153,8 @@ class TrainConfig:
     eval_n: int = 200
     save_every: int = 0
     log_tensorboard: bool = False
+    log_wandb: bool = False
+    wandb_project: str = "mechopd"
     grad_stats_every: int = 0
     no_context_system: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -168,7 +180,11 @@ class TrainConfig:
         from mechopd.objectives.losses import ESTIMATORS, METHODS
         from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS, TIE_BREAKS
 
-        for name, allowed in (("method", tuple(METHODS)), ("selector", SELECTORS), ("estimator", ESTIMATORS),
+        if self.method not in METHODS:
+            follow = (" — the follow term is not a method: add it to any method with follow_weight (--set "
+                      "follow_weight=1, e.g. --method nca --set follow_weight=1)") if "follow" in str(self.method) else ""
+            raise ConfigError(f"method={self.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
+        for name, allowed in (("selector", SELECTORS), ("estimator", ESTIMATORS),
                               ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
                               ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
                               ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES)):

@@ -1,7 +1,8 @@
 """Context-removability evaluation: run the trained student on held-out items in BOTH views, pair the outcomes.
 
 Per item (game board): correct without context, correct with context, response lengths (tokens, stop token
-excluded; games: mean tokens per move), the responses, and whether each answer could be parsed. The summary
+excluded; games: mean tokens per move), the responses, whether each answer could be parsed, and the item's prompt,
+context and target (`item_texts`). The summary
 (`removability.summarize`) carries acc_x, acc_xc, harm, help, both_correct, delta_len with paired bootstrap intervals
 and the regime. Greedy by default; ``samples > 1`` (with a temperature) evaluates k sampled responses per item and
 view, each sample j paired across views (records are (item, j); the bootstrap then resamples those records).
@@ -118,8 +119,15 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
                 rec[f"len_{tag}"] = len(resp)
                 rec[f"response_{tag}"] = text
                 rec[f"unparseable_{tag}"] = _unparseable(task, text)
-            records.append(rec)
+            records.append({**rec, **item_texts(ex)})
     return records
+
+
+def item_texts(ex: Example) -> dict[str, Any]:
+    """What a reader of one record needs besides the outcomes (the explorer shows them): the prompt (games: the first
+    move's), the context and the target (the reference answer; None for games), last in the record's columns."""
+    target = ex.answer if ex.answer is None or isinstance(ex.answer, (str, int, float, bool)) else str(ex.answer)
+    return {"prompt": ex.prompt, "context": ex.context, "target": target}
 
 
 def _unparseable(task: Any, text: str) -> bool:
@@ -155,7 +163,7 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
                 rec[f"response_{tag}"] = " || ".join(texts[g])
                 rec[f"unparseable_{tag}"] = int(eps[g].invalid_moves)
                 rec[f"moves_{tag}"] = len(lens[g])
-            records.append(rec)
+            records.append({**rec, **item_texts(ex)})
     return records
 
 

@@ -27,8 +27,10 @@ SUPPORTED = ("llama", "qwen2", "qwen3")
 
 
 def _looks_like_hub_id(name: str) -> bool:
+    """``org/name`` — unless ``org`` is a local directory: ``runs/x`` beside a ``runs/`` folder is a local path that
+    is missing, reported as such before any hub lookup."""
     parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")) and not Path(parts[0]).is_dir()
 
 
 def _check_source(path: str | os.PathLike) -> str:
@@ -39,7 +41,11 @@ def _check_source(path: str | os.PathLike) -> str:
         return s
     if _looks_like_hub_id(s):
         return s
-    raise ModelError(f"model path {s!r} does not exist and is not a hub id like 'Qwen/Qwen3-4B'; check the path")
+    parent = Path(s).parent
+    where = f" ({parent}/ exists, so this is read as a local path)" if str(parent) not in ("", ".") and \
+        parent.is_dir() else ""
+    raise ModelError(f"model path {s!r} does not exist{where} and is not a hub id like 'Qwen/Qwen3-4B'; check the "
+                     "path")
 
 
 @contextlib.contextmanager

@@ -75,6 +75,26 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
+def fitted_legend(fig: Figure, ncols: int, **kwargs: Any) -> Any:
+    """``fig.legend(ncols=k, **kwargs)`` with the largest k ≤ ``ncols`` whose legend fits inside the figure's width
+    (long model labels otherwise run off both edges of an ``outside lower center`` legend)."""
+    renderer = fig.canvas.get_renderer()
+    for k in range(max(1, ncols), 0, -1):
+        legend = fig.legend(ncols=k, **kwargs)
+        if k == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return legend
+        legend.remove()
+    return None
+
+
+def label_bars(ax: Any, xs: Sequence[float], heights: Sequence[float], fontsize: str = "x-small") -> None:
+    """Tell a zero bar from a missing one: "0" over a bar of height 0, "n/a" where the value is undefined (NaN)."""
+    for x, h in zip(xs, heights):
+        if math.isnan(h) or h == 0:
+            ax.text(x, 0, "n/a" if math.isnan(h) else "0", ha="center", va="bottom", fontsize=fontsize,
+                    rotation=90 if math.isnan(h) else 0, color="0.25")
+
+
 def save(fig: Figure | None, out_dir: Path, name: str) -> list[Path]:
     """Write ``<out_dir>/<name>.png`` and ``.pdf`` deterministically; returns both paths ([] when ``fig`` is None:
     its builder found no artifact and logged why)."""

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled, to_float
+from mechopd.plots._common import (RunInfo, fitted_legend, log, missing, new_figure, palette, read_csv, run_info, save,
+                                   styled, to_float)
 from mechopd.plots.layers import _model_order, site_depth, site_label
 
 LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
@@ -43,7 +44,7 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
     n_layers = sum(1 for s in {r["site"] for r in rows} if s.startswith("layers."))
     models = _model_order(info, (r["model"] for r in rows))
     colours = palette(models)
-    fig = new_figure(7.0, 4.2)
+    fig = new_figure(7.0, 4.8)
     ax = fig.add_subplot()
     ticks: dict[float, str] = {}
     values = []
@@ -54,15 +55,31 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
         ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", markersize=3.5, color=colours[m],
                 label=info.label(m))
         values += [v for _, v in pts if v > 0 and math.isfinite(v)]
-    if values and max(values) / min(values) > 100:
-        ax.set_yscale("log")
+    ax.set_ylabel("KL(p_c ‖ p_x) of the lens, nats per position")
+    _kl_scale(ax, values, [to_float(r["kl_c_x"]) for r in rows])
     shown = sorted(ticks)[:: max(1, math.ceil(len(ticks) / 16))]
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
-    ax.set_ylabel("KL(p_c ‖ p_x) of the lens, nats per position")
     ax.set_title(f"Logit lens: where the context changes the prediction — {info.task}")
-    fig.legend(loc="outside right upper", title="model")
+    fitted_legend(fig, 3, loc="outside lower center", title="model")  # below: a long label never meets the title
     return fig
+
+
+def _kl_scale(ax, positive: list[float], every: list[float]) -> None:
+    """Log y when the positive KLs span > 100x. A KL of exactly 0 (e.g. at the embedding, which the context cannot
+    reach) has no place on a log axis: then symlog, linear below the smallest positive KL, so 0 sits on the axis
+    floor, and the zeros are named in the y-label."""
+    if not positive or max(positive) / min(positive) <= 100:
+        return
+    if any(v == 0 for v in every):
+        lo, hi = min(positive), max(positive)
+        ax.set_yscale("symlog", linthresh=lo, linscale=0.5)
+        ax.set_ylim(0.0, hi * 2.0)
+        ax.set_yticks([0.0] + [10.0**k for k in range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1)])
+        ax.set_ylabel(f"KL(p_c ‖ p_x) of the lens, nats per position\n(symlog: linear below {min(positive):.1e}; "
+                      "0 = identical views)")
+    else:
+        ax.set_yscale("log")
 
 
 def plot_lens_kl(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -139,7 +156,8 @@ def figure_attention_context(run_dir: Path) -> Figure | None:
     grids = {m: np.full((L, H), np.nan) for m in models}
     for r in rows:
         grids[r["model"]][int(r["layer"]), int(r["head"])] = to_float(r["context_share"])
-    panels = [(info.label(m), grids[m], "magma", 0.0, 1.0) for m in models]
+    top = max(1e-6, float(np.nanmax([np.nanmax(g) for g in grids.values()])))  # scaled to the data, one scale
+    panels = [(f"{info.label(m)} (scale 0–{top:.2f})", grids[m], "magma", 0.0, top) for m in models]
     if "nca" in grids and "opd" in grids:
         diff = grids["nca"] - grids["opd"]
         lim = max(1e-6, float(np.nanmax(np.abs(diff))))

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import log, missing, new_figure, palette, percent, read_json, run_info, save, styled
+from mechopd.plots._common import (fitted_legend, label_bars, log, missing, new_figure, palette, percent, read_json,
+                                   run_info, save, styled)
 from mechopd.study import Study
 
 NAME = "context_following"
@@ -58,12 +59,16 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
         per = {r["label"]: r["follow"] for r in rep["other_contexts"]}
         xs = np.arange(len(labels)) + (k - (len(reps) - 1) / 2) * width
         deaf = " (context-deaf)" if rep["summary"].get("context_deaf") else ""
-        left.bar(xs, [percent(per.get(lab)) for lab in labels], width, color=colours[name],
+        heights = [percent(per.get(lab)) for lab in labels]  # NaN: this model has no result for that context
+        left.bar(xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colours[name],
                  label=info.label(name) + deaf)
+        label_bars(left, xs, heights)
         for j, key in enumerate(("follow_other", "stick")):
             v, lo, hi = _err(rep["summary"][key])
-            right.bar(j + (k - (len(reps) - 1) / 2) * width, v, width, color=colours[name], yerr=[[lo], [hi]],
-                      ecolor="0.15", capsize=2)
+            x = j + (k - (len(reps) - 1) / 2) * width
+            right.bar(x, 0.0 if np.isnan(v) else v, width, color=colours[name], yerr=[[lo], [hi]], ecolor="0.15",
+                      capsize=2)
+            label_bars(right, [x], [v])
     left.set_xticks(np.arange(len(labels)), labels, rotation=30, ha="right")
     left.set_ylabel("% of items right for that context's target")
     left.set_title("Accuracy under each other context")
@@ -74,7 +79,8 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
         ax.set_ylim(0, 105)
         ax.grid(axis="x", visible=False)
     handles, names = left.get_legend_handles_labels()  # below both panels: long labels never squeeze the axes
-    fig.legend(handles, names, loc="outside lower center", ncols=min(2, len(reps)), frameon=False, fontsize="small")
+    fitted_legend(fig, min(3, len(reps)), handles=handles, labels=names, loc="outside lower center", frameon=False,
+                  fontsize="small")
     log.info("figure %s: %d models, %d other contexts", NAME, len(reps), len(labels))
     return fig
 

@@ -76,7 +76,7 @@ def _text_colour(rgba: tuple[float, ...]) -> str:
 
 
 def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap: str | Colormap, vmin: float,
-            vmax: float, label: str | None) -> QuadMesh:
+            vmax: float, label: str | None, fontsize: float = 6) -> QuadMesh:
     """Layer × module heatmap (rows = layers, layer 0 on top) as one QuadMesh with a colour bar; NaN cells blank.
 
     grid: ``[len(layers), len(modules)]``. Cells carry their value as text up to MAX_ANNOTATED_CELLS cells.
@@ -90,7 +90,7 @@ def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *
     if grid.size <= MAX_ANNOTATED_CELLS:
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j + 0.5, i + 0.5, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                ax.text(j + 0.5, i + 0.5, f"{v:.2f}", ha="center", va="center", fontsize=fontsize,
                         color=_text_colour(cmap(norm(v))))
     ax.set_xticks(np.arange(len(modules)) + 0.5, modules, rotation=60, ha="right", rotation_mode="anchor")
     ax.set_yticks(np.arange(len(layers)) + 0.5, [str(layer) for layer in layers])
@@ -256,10 +256,14 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     finite = np.concatenate([g[np.isfinite(g)] for _, _, g in grids])
     vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     n_layers, n_mods = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
-    fig = new_figure(1.2 + len(panels) * (1.2 + 0.38 * n_mods), heatmap_height(n_layers))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (model, vs, _), (layers, modules, grid) in zip(axes, panels, grids):
-        mesh = heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, label=None)
+    # one panel per row, so the figure keeps a README-readable width (~1000 px) whatever the number of panels
+    fig = new_figure(max(6.5, 1.8 + 0.5 * n_mods), 1.6 + len(panels) * (0.75 + max(0.7, 0.3 * n_layers)))
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for k, (ax, (model, vs, _), (layers, modules, grid)) in enumerate(zip(axes, panels, grids)):
+        mesh = heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, label=None, fontsize=7)
+        if k < len(panels) - 1:  # the module names once, under the last panel (same modules in every panel)
+            ax.tick_params(axis="x", labelbottom=False)
+            ax.set_xlabel("")
         if vs == BASE:
             head = f"{info.label(model)}: ‖θ − W0‖ / ‖W0‖"
             total = next((r.value for r in overall if (r.model, r.vs, r.metric) == (model, vs, "rel_delta")), None)

@@ -25,8 +25,8 @@ from matplotlib.patches import Rectangle
 import seaborn as sns
 
 from mechopd.errors import ConfigError, DataError
-from mechopd.plots._common import (RunInfo, eval_summaries, log, missing, new_figure, palette, percent, run_info,
-                                   save, styled)
+from mechopd.plots._common import (RunInfo, eval_summaries, fitted_legend, label_bars, log, missing, new_figure,
+                                   palette, percent, run_info, save, styled)
 from mechopd.study import Study
 from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 
@@ -46,12 +46,11 @@ def _interval(entry: dict[str, Any]) -> tuple[float, float, float] | None:
 
 
 def _bars(ax: Axes, xs: np.ndarray, entries: list[dict[str, Any]], width: float, colour, label: str | None) -> None:
-    """One bar container for one model (undefined values: height 0 and 'n/a'), error bars where an interval exists."""
+    """One bar container for one model (undefined values: height 0 and 'n/a'; zero: '0'), error bars where an interval
+    exists."""
     heights = [percent(e["value"]) for e in entries]
     ax.bar(xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colour, label=label)
-    for x, h in zip(xs, heights):
-        if np.isnan(h):
-            ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize="x-small", rotation=90)
+    label_bars(ax, xs, heights)
     bars = [(x, iv) for x, e in zip(xs, entries) if (iv := _interval(e)) is not None]
     if bars:
         x, iv = zip(*bars)
@@ -92,7 +91,7 @@ def figure_removability(run_dir: Path) -> Figure | None:
     left.set_ylabel("% of held-out items")
     left.set_ylim(0.0, 105.0)  # shares: the whole range (error bars stay inside [0, 100])
     left.set_xlabel("metric (Harm: % of items right without c that turn wrong with c)")
-    fig.legend(loc="outside lower center", ncols=min(4, len(names)), title="model (regime)")
+    fitted_legend(fig, min(4, len(names)), loc="outside lower center", title="model (regime)")
     right.axhline(0.0, color="0.3", linewidth=0.8)
     right.set_xticks(np.arange(len(names)), [""] * len(names))  # long labels would crowd the panel: the legend
     right.set_xlabel("model (colours and order\nas in the legend)")  # names the bars
@@ -188,7 +187,7 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     colours = palette(names + [p["model"] for p in points])
     tasks = list(dict.fromkeys(p["task"] for p in points))
     marker = {task: MARKERS[i % len(MARKERS)] for i, task in enumerate(tasks)}
-    fig = new_figure(7.0, 5.0)
+    fig = new_figure(7.0, 5.6)
     ax = fig.add_subplot()
     xlim = _limits([p["x"] for p in points], [-100 * t.gain_min, 100 * t.drop_min])
     ytop = _limits([p["y"] + (p["interval"][2] if p["interval"] else 0) for p in points], [100 * t.harm_high])[1]
@@ -207,12 +206,13 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.set_xlabel("accuracy drop with context, Acc_x − Acc_xc (percentage points)")
     ax.set_ylabel("Harm = P(wrong with c | right without c) (%)")
     key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in REGIME_NAMES)
-    ax.set_title(f"Removability regimes (drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g})"
-                 f"\n{key}")
+    fig.suptitle(f"Removability regimes\n{key}", fontsize="medium")  # two lines: the key never outgrows the figure
+    ax.set_title(f"thresholds: drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g}",
+                 fontsize="small")
     labels = {p["model"]: p["label"] for p in points}
     handles = [Line2D([], [], linestyle="none", marker="o", color=colours[m], label=lab) for m, lab in labels.items()]
-    fig.legend(handles=handles, title="model", loc="outside right upper")
-    if len(tasks) > 1:
+    fitted_legend(fig, 3, handles=handles, title="model", loc="outside lower center")  # below: the plot keeps the width
+    if len(tasks) > 1:  # short names: beside the plot
         fig.legend(handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task)
                             for task in tasks], title="task", loc="outside right lower")
     return fig

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 
 from mechopd.errors import DataError
-from mechopd.plots._common import (log, missing, new_figure, palette, percent, read_json, read_jsonl, run_info, save,
-                                   styled)
+from mechopd.plots._common import (fitted_legend, log, missing, new_figure, palette, percent, read_json, read_jsonl,
+                                   run_info, save, styled)
 
 TRAINING_NAME = "training_curves"
 GRAD_TRAINING_NAME = "gradient_training"
@@ -73,11 +74,28 @@ def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf
             [clip(st["high"]) for st in stats])
 
 
-def _draw_band(ax, band: Band, colour, label: str, dash: str = "-") -> None:
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DODGE_PT = 2.0  # points between neighbouring methods' curves (display only: the data stay the logged values)
+
+
+def dodge(ax, k: int, n: int) -> Any:
+    """``ax.transData`` shifted by (k − (n−1)/2) · DODGE_PT points right and up: curves with equal values (two methods
+    both at 100 %) are drawn side by side instead of one over the other."""
+    from matplotlib.transforms import ScaledTranslation
+
+    d = (k - (n - 1) / 2) * DODGE_PT / 72.0
+    return ax.transData + ScaledTranslation(d, d, ax.figure.dpi_scale_trans)
+
+
+def _draw_band(ax, band: Band, colour, label: str, dash: str = "-", marker: str = "o", transform: Any = None) -> None:
+    """The mean (markers at the logged steps) and, over seeds, a light band outlined in the line's own style."""
     steps, mean, low, high = band
-    ax.plot(steps, mean, linestyle=dash, marker="o", markersize=3.5, color=colour, label=label)
+    kw = {"transform": transform} if transform is not None else {}
+    ax.plot(steps, mean, linestyle=dash, marker=marker, markersize=3.5, color=colour, label=label, **kw)
     if any(math.isfinite(v) for v in low):
-        ax.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
+        ax.fill_between(steps, low, high, color=colour, alpha=0.07, linewidth=0, **kw)
+        for edge in (low, high):
+            ax.plot(steps, edge, linestyle=dash, linewidth=0.6, alpha=0.6, color=colour, label="_band edge", **kw)
 
 
 def _method_curves(runs: list[Path], method: str) -> dict[str, Band] | None:
@@ -109,18 +127,25 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
         missing(TRAINING_NAME, info.root / "train" / "<method>" / "metrics.jsonl (with eval/acc_x)")
         return None
     colours = palette(info.models)
-    fig = new_figure(7.0, 4.2)
+    fig = new_figure(7.0, 4.6)
     ax = fig.add_subplot()
-    for method, bands in curves.items():
+    for k, (method, bands) in enumerate(curves.items()):
+        shift = dodge(ax, k, len(curves))
         for key, view, dash in VIEWS:
             if bands[key][0]:
-                _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash)
-    ax.set_xlabel("training step (optimizer steps)")
+                _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash,
+                           MARKERS[k % len(MARKERS)], shift)
+    steps = [x for bands in curves.values() for b in bands.values() for x in b[0]]  # a shifted transform does not
+    pad = 0.04 * max(1, max(steps) - min(steps))  # update the data limits: set them from the logged steps
+    ax.set_xlim(min(steps) - pad, max(steps) + pad)
+    ax.set_xlabel(f"training step (optimizer steps; methods drawn {DODGE_PT:g} pt apart so equal curves stay "
+                  "visible)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_ylim(-3.0, 103.0)  # accuracy is a share: the whole range, so runs and figures compare at a glance
+    ax.set_ylim(-5.0, 105.0)  # the whole range (runs compare at a glance), with room for the dodged curves at 0 and 100
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
     ax.set_title(f"Accuracy without (solid) / with (dashed) the context — {info.task}{seeds}")
-    fig.legend(loc="outside lower center", ncols=2, title="method, view")  # below: the panel keeps the full width
+    handles, labels = ax.get_legend_handles_labels()  # band edges ("_band edge") are not listed
+    fitted_legend(fig, 2, handles=handles, labels=labels, loc="outside lower center", title="method, view")
     return fig
 
 
@@ -173,7 +198,8 @@ def figure_gradient_training(run_dir: Path) -> Figure | None:
     for ax in (ax_cos, ax_ratio):
         ax.set_xlabel("training step")
     fig.suptitle(f"Gradient alignment over training — {info.task}")
-    fig.legend(*ax_cos.get_legend_handles_labels(), loc="outside lower center", ncols=2, title="run: a vs b")
+    handles, labels = ax_cos.get_legend_handles_labels()
+    fitted_legend(fig, 2, handles=handles, labels=labels, loc="outside lower center", title="run: a vs b")
     return fig
 
 

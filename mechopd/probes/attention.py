@@ -15,8 +15,10 @@ The context span: the tokens of the rendered context-view prompt whose character
 ``user`` placement), located with the tokenizer's offset mapping on exactly the ids the views use (checked).
 
 Streaming: one hook per layer reduces ``[B, H, L, L]`` to ``[B, R, H]`` sums while the forward runs; the forward
-stops after the last layer's attention. Kept: two ``[H]`` float64 sums per layer, per-token shares of the first
-``detail`` items. Eager attention materialises ``[B, H, L, L]`` per layer: choose the batch size accordingly.
+stops after the last layer's attention. Kept: two ``[H]`` float64 sums per layer; for the first ``detail`` items
+(``attention_tokens.jsonl``) the per-token share per layer (``ctx_share``, mean over heads) and per head
+(``ctx_heads`` ``{layer: [R][H]}``), each head's attention on each context token averaged over the scored positions
+(``ctx_keys`` ``{layer: [H][Lc]}``) and the context tokens' strings (``ctx_tokens``). Eager attention materialises ``[B, H, L, L]`` per layer: choose the batch size accordingly.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class AttentionAccumulator:
         mask = batch.response_mask  # [B, R]
         keys = self._context_columns(batch, spans)  # [B, Lc] bool
         keep = max(0, min(batch.batch_size, self.detail - self.items))
-        detail = [{"item": self.items + j, "ctx_share": {}} for j in range(keep)]
+        detail = [{"item": self.items + j, "ctx_share": {}, "ctx_heads": {}, "ctx_keys": {}} for j in range(keep)]
         sites = [component_site(i, "attn") for i in range(self.L)]
 
         def on_output(site: str, output: Any, cols: torch.Tensor) -> None:
@@ -99,6 +101,9 @@ class AttentionAccumulator:
             self.other[layer] += other[mask].double().sum(0).cpu()
             for j, d in enumerate(detail):
                 d["ctx_share"][str(layer)] = [round(float(v), 5) for v in ctx[j][mask[j]].mean(-1)]
+                d["ctx_heads"][str(layer)] = [[round(float(v), 5) for v in t] for t in ctx[j][mask[j]]]  # [R, H]
+                onto = wq[j][mask[j]][..., keys[j, : wq.shape[-1]]].mean(0)  # [H, Lc]: mean over scored positions
+                d["ctx_keys"][str(layer)] = [[round(float(v), 5) for v in h] for h in onto]
 
         with eager(self.model):
             forward(self.model, batch, "c", head=False, extra=sites, positions="predict", on_output=on_output)
@@ -158,7 +163,11 @@ def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Ma
         rows, tokens = rows + r, tokens + t
     out = Path(out_dir)
     write_csv(out / "attention.csv", rows, COLUMNS)
-    write_jsonl(out / "attention_tokens.jsonl", [{**t, "uid": run.items.examples[t["item"]].uid} for t in tokens])
+    ctx_ids = [render_prompt_ids(run.tokenizer, ex.prompt, ex.context, run.items.spec)[a:b]
+               for ex, (a, b) in zip(run.items.examples, spans)]
+    write_jsonl(out / "attention_tokens.jsonl", [{**t, "uid": run.items.examples[t["item"]].uid,
+                                                  "ctx_tokens": [run.tokenizer.decode([i]) for i in ctx_ids[t["item"]]]}
+                                                 for t in tokens])
     labels = list(run.models)
     pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
     summary = {"models": labels, "changed": {f"{b}-{a}": changed_heads(rows, a, b) for a, b in pairs},

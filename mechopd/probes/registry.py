@@ -248,6 +248,8 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
         add_setup_arguments(q)
         for arg in spec.arguments:
             arg.add_to(q)
+        q.add_argument("--force", action="store_true", help="replace this probe's files in the output directory "
+                       f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused")
 
 
 def run_from_args(a: argparse.Namespace) -> list[str]:
@@ -258,6 +260,10 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     options = {k: getattr(a, k) for k in spec.options()}
     setup = setup_from_args(a)
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
+    taken = [name for name in spec.outputs if (out / name).exists()]
+    if taken and not getattr(a, "force", False):  # the run's report and figures read these files
+        raise ConfigError(f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
+                          "pass --force to replace the probe's files, or --out DIR to write beside them")
     from mechopd.runlock import hold
 
     with hold(out, f"probe {spec.name}"):  # one writer per output directory

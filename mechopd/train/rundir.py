@@ -1,7 +1,7 @@
 """A training run's directory: its files, what state a previous run left it in, the metrics log.
 
 States of ``--out`` at start (decided by `prepare`, rank 0 writes, every rank reads):
-  empty / absent                        a new run
+  empty / absent                        a new run (with --resume too: a note says a new run starts)
   config.yaml, no complete checkpoint,  an earlier run stopped before its first complete checkpoint: it is
   no final                              restartable (with or without --resume); its metrics are dropped
   a complete checkpoints/step-N         resumable with --resume (the config must equal config.yaml except for
@@ -35,6 +35,7 @@ from mechopd.errors import ConfigError, TrainingError
 from mechopd.runcheck import check_item_count, check_out_place
 from mechopd.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
+from mechopd.train.reporting import Logger  # noqa: F401  (its home before mechopd.train.reporting)
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard")
 
@@ -95,10 +96,8 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
     if is_writer:
         remove_stale_temps(root)
     has_files = bool(_entries(root))
-    if not has_files:
-        if resume:
-            raise TrainingError(f"--resume: {root} holds no run; start a new run without --resume")
-        return False, None
+    if not has_files:  # --resume on a new directory starts the run (so one command line starts and continues it)
+        return False, (f"--resume: {root} holds no run yet; starting a new run" if resume else None)
     if unfinished(run):
         return False, (f"{root} holds a run that stopped before its first complete checkpoint; restarting it from "
                        "step 0 (its metrics were dropped)")
@@ -106,11 +105,25 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
         raise TrainingError(f"--out {root} already holds a run; pass --resume to continue it or choose another "
                             "--out (nothing was overwritten)")
     if latest_checkpoint(root) is None:
-        raise TrainingError(f"--resume: {root} has no complete checkpoint (checkpoints/step-N); start a new run "
-                            "or set save_every")
+        raise TrainingError(_no_checkpoint(run))
     check_same_config(run, cfg)
     read_metrics(run.metrics)  # an edited metrics.jsonl is refused before any model loads
     return True, None
+
+
+def _no_checkpoint(run: RunDir) -> str:
+    """Why a run without a complete checkpoint cannot be resumed, and what to do instead."""
+    info = run.final / "training.json"
+    try:
+        step = json.loads(info.read_text()).get("step") if info.is_file() else None
+    except (OSError, ValueError):
+        step = None
+    if step is not None:
+        return (f"--resume: {run.root} finished at step {step} (its model is {run.final}) and kept no checkpoint to "
+                "continue from (save_every was 0); to train further, start a new --out from that model (--set "
+                f"student={run.final}), and set save_every (e.g. --set save_every=50) to make a run resumable")
+    return (f"--resume: {run.root} has no complete checkpoint (checkpoints/step-N) and no final model; start a new "
+            "--out, with save_every set (e.g. --set save_every=50) to make the run resumable")
 
 
 def clear_unfinished(run: RunDir) -> None:
@@ -164,29 +177,6 @@ def read_metrics(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], str | No
                                 "line, then --resume")
         records.append((ln, rec))
     return records, note
-
-
-class Logger:
-    """metrics.jsonl always; TensorBoard only when asked. Same signature either way (the loop never branches)."""
-
-    def __init__(self, path: Path, enabled: bool, tensorboard: bool):
-        self.path, self.enabled, self.tb = path, enabled, None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("log_tensorboard=true needs the tensorboard package: pip install tensorboard") from None
-            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
-
-    def log(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(k, v, record["step"])
 
 
 def read_run_config(run: RunDir) -> dict[str, Any]:

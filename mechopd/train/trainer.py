@@ -51,29 +51,21 @@ from mechopd.train import dist, gradstats, guard, otherbatch, rundir
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
 from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
 from mechopd.train.lr import lr_multiplier
-from mechopd.train.rundir import Logger, RunDir
+from mechopd.train.reporting import Logger, config_block, config_line, eval_line, final_line
+from mechopd.train.rundir import RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
 from mechopd.views import assemble_two_views, render_prompt_ids
 from mechopd.pinning import train_render
 
 
-def resolved_config_block(cfg: TrainConfig, resume_from: Path | None) -> str:
-    """The resolved config as one YAML block (printed at the start of every run), naming the recipe it started from."""
-    from mechopd.organisms.recipes import recipe_for
-
-    recipe = recipe_for(cfg.student)
-    from_recipe = sorted(k for k, v in recipe.items() if getattr(cfg, k) == v)
-    head = f"resolved config ({'resuming from ' + str(resume_from) if resume_from else 'new run'}"
-    head += f"; organism recipe for {', '.join(from_recipe)} unless set)" if recipe else "; paper defaults unless set)"
-    return head + ":\n" + "".join(f"  {ln}\n" for ln in yaml.safe_dump(cfg.to_dict(), sort_keys=False).splitlines())
-
-
 class Trainer:
     """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+                 verbose: bool = False):
         self.rank, self.world = dist.init()
+        self.verbose, self.last_eval = verbose, None
         self.run_dir = RunDir(Path(out_dir))
         self._lock = rundir.acquire(self.run_dir, self.rank == 0)  # one writer per run dir, until run() ends
         rundir.releasing_on_error(self._lock, self._setup, cfg, resume, progress)
@@ -140,12 +132,14 @@ class Trainer:
         self.fresh = self.resume_from is None
         if self.rank == 0 and self.fresh:
             rundir.clear_unfinished(self.run_dir)
-        self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard)
         if self.rank == 0:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)
             rundir.write_config(cfg, self.run_dir)
             self._say(rundir.truncate_metrics(self.run_dir.metrics, self.step))
-        self._say(resolved_config_block(cfg, self.resume_from))
+        self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard, cfg.log_wandb, cfg.to_dict(),
+                             fresh=self.fresh, project=cfg.wandb_project)
+        self._say(config_block(cfg, self.resume_from) if self.verbose else
+                  config_line(cfg, self.run_dir.config, self.resume_from))
 
     # -- setup helpers -------------------------------------------------------------------------------------------------
     def _build_objective(self, cfg: TrainConfig) -> None:
@@ -309,6 +303,11 @@ class Trainer:
         rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
                              train_uids={ex.uid for ex in self.pool}, engine=self.engine)
         s = rep["summary"]
+        self.last_eval = (self.step, s)
+        if self.progress:
+            tqdm.write(eval_line(self.step, cfg.steps, s))  # above the progress bar (rank 0 only evaluates)
+        else:
+            print(eval_line(self.step, cfg.steps, s), flush=True)
         return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
 
     def _gate_state(self) -> dict[str, Any]:
@@ -350,6 +349,7 @@ class Trainer:
                 self._forget_refused_run()
             raise
         finally:
+            self.logger.close()
             rundir.release(self._lock)
 
     def _forget_refused_run(self) -> None:
@@ -381,10 +381,15 @@ class Trainer:
             self._say(f"warning: the anchor gate never opened (mean KL(q_x‖f) over {self.gate.window} steps stayed "
                       f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
                       "run trained as OPD; raise nca_gate or train longer")
-        return self.save_final()
+        final = self.save_final()
+        self._say(final_line(self.step, cfg.steps, self.last_eval, self.run_dir.root))
+        return final
 
 
-def train(config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True) -> Path:
-    """Train one run into `out_dir` (see the module docstring); returns the final checkpoint directory."""
+def train(config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True,
+          verbose: bool = False) -> Path:
+    """Train one run into `out_dir` (see the module docstring); returns the final checkpoint directory. Prints the
+    config as one line (``verbose``: the full resolved YAML), each periodic evaluation and the last one at the end
+    (`mechopd.train.reporting`)."""
     cfg = config if isinstance(config, TrainConfig) else TrainConfig(**resolve_train_data(config))
-    return Trainer(cfg, out_dir, resume=resume, progress=progress).run()
+    return Trainer(cfg, out_dir, resume=resume, progress=progress, verbose=verbose).run()

@@ -97,7 +97,7 @@ def test_probe(tiny_rules_organism, tmp_path, monkeypatch, capsys):
 
     trained = poison(Path(shutil.copytree(tiny_rules_organism, tmp_path / "t")), 0.5)
     argv = ["probe", "deltas", "--base", str(tiny_rules_organism), "--models", f"opd={trained}",
-            "--out", str(tmp_path / "p")]
+            "--out", str(tmp_path / "p"), "--force"]  # the rerun replaces the probe's own files
     assert main(argv) == 0
     _full_then_free(monkeypatch, capsys, tmp_path, "deltas.csv", argv, tmp_path / "p")
 

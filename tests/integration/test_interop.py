@@ -94,6 +94,22 @@ def test_notebook_runs_as_a_script(tmp_path):
     assert len(recovered) == 2 + 3 * 4 and recovered[-1] == ("final_norm", "resid", "+1.000")
 
 
+def test_the_docs_bridge_example_runs_on_a_checkpoint(checkpoint, tmp_path):
+    """docs/outputs.md's TransformerLens + nnsight example, as written, on a fixture checkpoint (CKPT replaced)."""
+    text = (ROOT / "docs" / "outputs.md").read_text()
+    code = text.split("## TransformerLens and nnsight", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'CKPT = "runs/demo/seed-0/train/nca/final"' in code
+    script = tmp_path / "bridges.py"
+    script.write_text(code.replace('"runs/demo/seed-0/train/nca/final"', repr(str(checkpoint))))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TL: layer-0 cosine at the last prompt token" in proc.stdout
+    assert "equals TL: True" in proc.stdout, proc.stdout
+
+
 def percent_cells(text: str) -> list[tuple[str, str]]:
     """A percent-format script as (cell_type, source) pairs; markdown cells lose their leading '# '."""
     cells: list[tuple[str, list[str]]] = []

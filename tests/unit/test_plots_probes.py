@@ -64,7 +64,8 @@ def test_parameter_delta_panels_match_norms_from_the_weights(run_dir: Path) -> N
     assert len(axes) == 3
     assert [ax.get_title().split(":")[0] for ax in axes] == ["OPD", "NCA", "NCA − OPD"]
     ckpts = {k: run_dir.parent / "rules_ckpts" / k for k in ("base", "opd", "nca")}
-    modules = [t.get_text() for t in axes[0].get_xticklabels()]
+    modules = [t.get_text() for t in axes[-1].get_xticklabels()]  # named once, under the last panel
+    assert modules and all(modules)
     sub = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
     for ax, (a, b) in zip(axes, (("base", "opd"), ("base", "nca"), ("opd", "nca"))):
