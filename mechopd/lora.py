@@ -54,7 +54,7 @@ def require_peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise ConfigError("lora_rank > 0 needs peft: pip install 'mechopd[lora]' (or pip install peft)") from None
+        raise ConfigError("lora_rank > 0 needs peft (a core dependency of mechopd): pip install 'peft>=0.17'") from None
     return peft
 
 
