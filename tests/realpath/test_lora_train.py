@@ -46,10 +46,16 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_nca_with_lora_rank_8_trains_and_its_checkpoint_opens_in_eval_and_deltas(zoo, wide_llama, tmp_path):
-    run = tmp_path / "nca-lora"
+@pytest.fixture(scope="module")
+def lora_run(zoo, wide_llama, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("lora-run") / "nca-lora"
     cli("train", "--task", "jsonl", "--method", "nca", "--student", wide_llama, *TRAIN,
         *_sets(zoo, "lora_rank=8"), "--out", run)
+    return run
+
+
+def test_nca_with_lora_rank_8_trains_and_its_checkpoint_opens_in_eval_and_deltas(lora_run, tmp_path):
+    run = lora_run
     recs = _metrics(run)
     assert [r["step"] for r in recs] == [1, 2] and all(0 < r["trainable_share"] < 0.10 for r in recs)
     assert all(torch.isfinite(torch.tensor(r["loss/nca"])) for r in recs)
@@ -107,3 +113,18 @@ def test_live_teacher_is_the_student_and_lora_frozen_teacher_is_its_base(zoo, tm
     for n, p in base.named_parameters():
         assert torch.equal(t_params[n], p), n  # the adapter moved, the teacher (W0) did not
     assert any(float(p.detach().abs().max()) > 0 for n, p in frozen.student.named_parameters() if ".lora_B." in n)
+
+
+def test_lora_final_opens_in_transformer_lens_and_nnsight(lora_run):
+    from mechopd.probes.interop import to_nnsight, to_transformer_lens
+
+    final = lora_run / "final"
+    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        want = load_model(final)(input_ids=ids).logits
+        tl = to_transformer_lens(final)(ids)
+        lm = to_nnsight(final)
+        with lm.trace(ids):
+            got = lm.lm_head.output.save()
+    torch.testing.assert_close(tl, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
