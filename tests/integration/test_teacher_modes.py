@@ -5,6 +5,7 @@ weights and the teacher's average all restored); ``mechopd train --set teacher_m
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -65,3 +66,19 @@ def test_cli_teacher_mode_ema_trains(tiny_rules_organism, tmp_path):
     recs = _lines(tmp_path / "ema")
     assert [r["step"] for r in recs] == [1, 2] and all(r["trainable_share"] == 1.0 for r in recs)
     assert "teacher_mode: ema" in (tmp_path / "ema" / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sets", [["lora_rank=4", "teacher_mode=ema"], ["teacher_mode=live"]], ids=["lora-ema", "live"])
+def test_two_processes_equal_one_with_a_moving_teacher(tiny_rules_organism, tmp_path, sets):
+    """Replicas (sharding: none) over two processes: the EMA average and the live teacher follow identical replicas,
+    so the weights (merged; adapter) and the logged values equal one process's (as tests/integration/
+    test_two_process.py for the frozen teacher)."""
+    from tests.integration.test_two_process import _assert_same, _run, _torchrun
+
+    args = ["train", "--student", str(tiny_rules_organism), "--set", "batch_size=8", "--set", "lr=1e-3",
+            "--set", "max_new_tokens=8", "--set", "seed=2", "--set", "pool_size=64", "--set", "method=nca",
+            "--set", "steps=2", "--no-progress", *[x for s in sets for x in ("--set", s)]]
+    _run([sys.executable, "-m", "mechopd.cli", *args, "--out", str(tmp_path / "one")], tmp_path)
+    _run([*_torchrun(29541 + len(sets)), *args, "--out", str(tmp_path / "two")], tmp_path)
+    _assert_same(tmp_path / "one", tmp_path / "two")
