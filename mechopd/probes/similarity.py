@@ -28,6 +28,7 @@ last requested site (capture.py), so a request without ``final_norm`` skips the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ from mechopd.errors import ConfigError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
+from mechopd.probes.store import ActivationStore
 from mechopd.probes.setup import (TEACHER, ProbeItems, ProbeSetup, make_batches, read_responses,  # noqa: F401
                                   sample_responses)  # (make_batches, sample_responses: re-exported, used to live here)
 from mechopd.views import TwoViewBatch
@@ -302,6 +304,16 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
 # End to end: `mechopd probe similarity`.
 
 
+def _from_store(store: ActivationStore, label: str, sites: Sequence[str], cka: bool, n_layers: int,
+                uids: Sequence[str]) -> SimilarityResult:
+    """`two_view_cosine` of one model read from an activation store (its response positions), shard by shard."""
+    acc = CosineAccumulator(sites, n_layers, cka)
+    for mask, pairs in store.batches(label, sites, "response"):
+        for s in sites:
+            acc.add(s, *pairs[s], mask)
+    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
+
+
 def _read_config(label: str, path: str):
     from transformers import AutoConfig
 
@@ -329,7 +341,7 @@ def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: to
 def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
                    models: Sequence[str] | Mapping[str, str] | None = None, layers: Sequence[int | str] | None = None,
                    cka: bool = False, greedy: bool = False, device: str | None = None,
-                   dtype: torch.dtype | None = None, progress: bool = True) -> Path:
+                   dtype: torch.dtype | None = None, progress: bool = True, cache: str | None = None) -> Path:
     """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
     models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
@@ -338,7 +350,10 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
     ``similarity_responses.jsonl`` (the response ids used), ``similarity_items.jsonl`` (the runner's exact items) and
     ``similarity.json`` (`SimilaritySummary`). Returns the path of ``similarity.csv``.
+    cache: an activation store (`mechopd probe cache`): its items and responses, its activations instead of forwards.
     """
+    store = ActivationStore(cache) if cache is not None else None
+    setup = setup if store is None else dataclasses.replace(setup, responses_from=store.responses_file())
     models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
@@ -350,7 +365,13 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     items = _items(ctx, src, loaded, greedy=greedy, dtype=dtype)
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
     results: dict[str, SimilarityResult] = {}
+    if store is not None:
+        store.check(labels, sites)
+        store.check_items(ctx.out / "similarity_items.jsonl")
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
+        if store is not None:
+            results[label] = _from_store(store, label, sites, cka, configs[label].num_hidden_layers, items.uids)
+            continue
         model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model
