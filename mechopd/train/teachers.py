@@ -59,6 +59,12 @@ class Models:
         """(trainable parameters, all parameters) of the student."""
         return lora.trainable_share(self.student)
 
+    def share_line(self) -> tuple[float, str]:
+        """The trainable share of the student's parameters and the line the trainer prints."""
+        n_train, n_all = self.share()
+        share = n_train / max(1, n_all)
+        return share, f"trainable parameters: {n_train:,} of {n_all:,} ({100 * share:.2f} %)"
+
     def param_name(self, name: str) -> str:
         """A trainable parameter's name for per-layer / per-module statistics (an adapter's: its projection's)."""
         return lora.site_name(name) if self.lora else name

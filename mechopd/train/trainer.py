@@ -112,9 +112,8 @@ class Trainer:
         self._build_objective(cfg)
         named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
         self.param_names, self.params = [self.models.param_name(n) for n, _ in named], [p for _, p in named]
-        n_train, n_all = self.models.share()
-        self.trainable_share = n_train / max(1, n_all)
-        self._say(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * self.trainable_share:.2f} %)")
+        self.trainable_share, line = self.models.share_line()
+        self._say(line)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
@@ -178,6 +177,7 @@ class Trainer:
         self.scoring = StepScorer(self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
                                   self.selector, self.params, opts, self.teacher_store)
         self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
+        self.clock = self.scoring.clock  # seconds per stage (train.profile), shared by both scorers
         if cfg.logit_chunk is not None and not all(self.scoring.split.values()):
             raise ConfigError(f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
                               "(not a plain linear head over the base model); set logit_chunk=null")
@@ -234,6 +234,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
+        self.clock.reset()
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
         gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
@@ -241,6 +242,7 @@ class Trainer:
             prompts, contexts, responses, roll_stats = self.rollout(examples, rows)  # per decode step
             other = otherbatch.rollout(self, examples, rows) if self.other_terms else None  # under c′ (follow)
         t_roll = time.perf_counter() - t0
+        self.clock.add("rollout", t_roll)
         batch = assemble_two_views([self._render(p, None) for p in prompts],
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
@@ -258,7 +260,8 @@ class Trainer:
             stats = gradstats.grad_stats(res.term_grads, self.param_names)
             self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in res.term_grads}
             logs.update(stats)
-        gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
+        with self.clock("optimizer"):
+            gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
         logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
@@ -268,7 +271,7 @@ class Trainer:
         return {"step": self.step, "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
                 **logs, "kept_fraction": res.kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
-                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, "step_s": dt, "rollout_s": t_roll,
+                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, **self.clock.logs(n_tok), "step_s": dt, "rollout_s": t_roll,
                 "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
                 "prefix/shared_rows": int(dist.all_sum(torch.tensor(  # teacher rows whose context ran shared
                     float(self._prefix_paths.get("teacher:rows", 0))))),
