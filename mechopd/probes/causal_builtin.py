@@ -15,8 +15,8 @@ MODELS = Arg(("--models",), dict(nargs="+", default=None, metavar="LABEL|NAME=DI
 GREEDY = Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones"))
 DETAIL = Arg(("--detail-items",), dict(dest="detail", type=int, default=16, metavar="N",
                                        help="items whose per-token values are kept for `mechopd explore` (default 16)"))
-CACHE = Arg(("--cache",), dict(default=None, metavar="DIR", help="an activation store written by `mechopd probe cache`: "
-                                 "its items, responses and activations instead of forwards (same numbers)"))
+CACHE = Arg(("--cache",), dict(default=None, metavar="DIR", help="an activation store written by `mechopd probe "
+                                 "cache`: its items, responses and activations instead of forwards (same numbers)"))
 SITES_HELP = "comma-separated decoder layers or site names (default: every residual site)"
 
 

@@ -6,7 +6,8 @@ Layout of a store directory (written by ``mechopd probe cache``, read by ``simil
                                 files, shards (file, first item, item count, bytes); the probe settings
     cache_items.jsonl           the items (uid, prompt_ids_x, prompt_ids_c, response_ids): the runner's items file
     <label>.shard-00000.safetensors   per site and view a tensor ``"<site>|<view>"`` ``[rows, d]`` (the model's
-                                dtype) and ``"offsets"`` ``[items + 1]`` int64: item j's rows are offsets[j]..offsets[j+1]
+                                dtype) and ``"offsets"`` ``[items + 1]`` int64: item j's rows are
+                                offsets[j] .. offsets[j+1]
 
 Positions, per item with n real response tokens: n + 1 rows, row 0 the last prompt token (whose output predicts
 response token 0) and row 1 + t the hidden state OF response token t. Hence ``positions="response"`` = rows 1..n

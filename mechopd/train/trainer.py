@@ -271,7 +271,8 @@ class Trainer:
         return {"step": self.step, "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
                 **logs, "kept_fraction": res.kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
-                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, **self.clock.logs(n_tok), "step_s": dt, "rollout_s": t_roll,
+                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, **self.clock.logs(n_tok),
+                "step_s": dt, "rollout_s": t_roll,
                 "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
                 "prefix/shared_rows": int(dist.all_sum(torch.tensor(  # teacher rows whose context ran shared
                     float(self._prefix_paths.get("teacher:rows", 0))))),
