@@ -14,7 +14,10 @@ after the inputs exist, in units of one float32 [N, V] tensor):
                      beta=1 (reverse KL), compiled=False, chunk_size=128)` (pure PyTorch on CPU; liger-kernel 0.8.5
                      installed with ``pip install --no-deps --target DIR`` and put on PYTHONPATH)
 
-    python bench/liger_bench.py [--n 1024] [--vocab 151936]
+    python bench/liger_bench.py [--n 1024] [--vocab 151936] [--rounds 5] [--no-memory]
+
+Then (``--rounds``) the time ratios again, the variants interleaved round by round in one process (the paired ratios
+do not move with the machine's load as sequential subprocesses do).
 """
 
 from __future__ import annotations
@@ -137,13 +140,50 @@ def liger_vs_mechopd(n: int, vocab: int, threads: int = 1) -> None:
             print(f"  {name} / matmul floor: time {res[name]['s'] / res['matmul-floor']['s']:.2f}")
 
 
+def interleaved(n: int, vocab: int, rounds: int) -> None:
+    """Time ratios robust to a drifting machine load: every variant once per round, in ONE process (threads 1), the
+    rounds interleaved; medians and per-round paired ratios (memory: the subprocess runs above)."""
+    torch.set_num_threads(1)
+    names = ["mechopd-chunked", "mechopd-fused", "matmul-floor", "liger"]
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        names.remove("liger")
+    hs, w, ht, wt = _inputs(n, vocab)
+    fns = {"liger": _liger, "mechopd-fused": _fused, "matmul-floor": _floor,
+           "mechopd-chunked": lambda *a: _mechopd(*a, CHUNK)}
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds + 1):  # round 0 warms up and is dropped
+        for name in names:
+            hs.grad = w.grad = None
+            t0 = time.perf_counter()
+            fns[name](hs, w, ht, wt)
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    print(f"\n[interleaved] {rounds} rounds in one process, threads 1, load average {os.getloadavg()[0]:.1f}")
+    for name in names:
+        print(f"  {name:<18} median {statistics.median(times[name]) * 1e3:8.1f} ms")
+    for a, b in (("mechopd-fused", "liger"), ("mechopd-chunked", "liger"), ("mechopd-fused", "matmul-floor"),
+                 ("liger", "matmul-floor"), ("mechopd-fused", "mechopd-chunked")):
+        if a in times and b in times:
+            paired = sorted(x / y for x, y in zip(times[a], times[b]))
+            print(f"  {a} / {b}: median of paired ratios {statistics.median(paired):.3f} "
+                  f"[{paired[0]:.3f}, {paired[-1]:.3f}]")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default=None)
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (0: skip)")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-variant subprocess (memory) runs")
     a = p.parse_args()
-    if a.variant:
+    if a.no_memory:
+        interleaved(a.n, a.vocab, a.rounds)
+    elif a.variant:
         print(json.dumps(variant(a.variant, a.n, a.vocab)))
     else:
         liger_vs_mechopd(a.n, a.vocab)
+        if a.rounds:
+            interleaved(a.n, a.vocab, a.rounds)
