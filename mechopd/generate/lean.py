@@ -188,4 +188,4 @@ class LeanDecoder:
             h = h + _lin(down, act(_lin(gate, x)) * _lin(up, x))
         h = _rms(h[:, 0], *self.norm)
         self.t = t + 1
-        return F.linear(h, self.lm_head.weight, self.lm_head.bias)
+        return _lin(self.lm_head, h)
