@@ -6,7 +6,14 @@ log. With ``--threads 1`` it runs a second demo under ``OMP_NUM_THREADS=1`` (one
 checks that both wrote the same numbers: the organism's weights, every final checkpoint, every metrics.jsonl (wall-time
 fields aside), every evaluation report, and the claims table's verdicts.
 
-    python bench/demo_budget.py [--threads 1] [--keep DIR]
+Another float order (#33: "a verdict must survive another float order"): ``--isa avx2`` runs the second demo with
+PyTorch, MKL and oneDNN held to AVX2 kernels (``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``,
+``ONEDNN_MAX_CPU_ISA``), as on a CPU without AVX-512: other summation orders, so other per-seed numbers (organism
+included); ``--job-threads N`` passes ``mechopd demo --workers 1 --job-threads N``. Either prints how many files got
+other numbers (0 means the check could not perturb anything here: said, not passed) and which verdicts differ (PASS:
+none).
+
+    python bench/demo_budget.py [--threads 1 | --isa avx2 | --job-threads 2] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -27,11 +34,14 @@ BUDGET_S = 300.0
 TIMED = ("_s", "tokens_per_s")
 
 
-def run_demo(where: Path, env: dict[str, str]) -> tuple[float, str]:
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def run_demo(where: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> tuple[float, str]:
     where.mkdir(parents=True)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", "demo"], cwd=where, env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", "demo", *args], cwd=where, env=env,
+                          capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"mechopd demo failed in {where} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -71,6 +81,8 @@ def verdicts(root: Path) -> list[tuple[str, str]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=None, help="also run under OMP_NUM_THREADS=N and compare")
+    p.add_argument("--isa", choices=sorted(ISA_ENV), default=None, help="also run on these CPU kernels and compare")
+    p.add_argument("--job-threads", type=int, default=None, help="also run --workers 1 --job-threads N and compare")
     p.add_argument("--keep", default=None, help="run in this (new) directory and keep it")
     a = p.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="mechopd-demo-"))
@@ -82,6 +94,8 @@ def main() -> int:
         for line in log.splitlines():
             if re.search(r"organism:|seed runs on|finish done|report:", line):
                 print("  " + line)
+        if a.isa or a.job_threads:
+            return other_float_order(root, env, a, wall)
         if a.threads is None:
             return 0 if wall <= BUDGET_S else 1
         wall2, _ = run_demo(root / f"omp{a.threads}", {**env, "OMP_NUM_THREADS": str(a.threads)})
@@ -94,6 +108,22 @@ def main() -> int:
     finally:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def other_float_order(root: Path, env: dict[str, str], a: argparse.Namespace, wall: float) -> int:
+    """The second demo on another float order; PASS when no verdict differs (and the numbers did change)."""
+    name = f"isa-{a.isa}" if a.isa else f"job-threads-{a.job_threads}"
+    extra = ("--workers", "1", "--job-threads", str(a.job_threads)) if a.job_threads else ()
+    wall2, _ = run_demo(root / name, {**env, **ISA_ENV.get(a.isa or "", {})}, extra)
+    diffs = same_numbers(root / "default", root / name)
+    v1, v2 = verdicts(root / "default"), verdicts(root / name)
+    flips = [f"{c}: {x} -> {y}" for (c, x), (_, y) in zip(v1, v2) if x != y]
+    decided = sum(v in ("holds", "does not hold") for _, v in v1)
+    print(f"{name}: {wall2:.0f} s; files with other numbers: {len(diffs)} (the float order "
+          f"{'changed' if diffs else 'did NOT change here: the check says nothing'}); verdicts that differ: "
+          f"{len(flips)} of {len(v1)} {flips}; decided {decided} of {len(v1)}: "
+          f"{'PASS' if diffs and not flips else 'FAIL' if flips else 'NOT MEASURED'}")
+    return 0 if wall <= BUDGET_S and diffs and not flips else 1
 
 
 if __name__ == "__main__":

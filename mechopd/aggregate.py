@@ -1,7 +1,9 @@
-"""Training runs as the unit of replication: mean and a 95 % Student-t interval over seeds (`mechopd aggregate`).
+"""Training runs as the unit of replication: the seed tables of `mechopd aggregate`.
 
 Each seed run is a complete demo run directory (``demo.json``, ``eval/*.json``, ``train/<method>/metrics.jsonl``,
-``probes/``). For a scalar measured once per run (a final accuracy, a mean cosine, a kept fraction) over n seeds:
+``probes/``). A removability metric (Acc_x, Acc_xc, Harm, ...) is a statistic of per-item outcomes: its cell is the
+mean over seeds with a 95 % hierarchical bootstrap interval over seeds and items (`mechopd.seed_items`), which stays
+inside the metric's range. A scalar measured once per run (a kept fraction) gets a Student-t interval over the n seeds:
 
     mean = (1/n) Σ_k v_k,   s = sqrt(Σ_k (v_k − mean)² / (n − 1)),   interval = mean ± t_{0.975, n−1} · s / sqrt(n)
 
@@ -22,6 +24,7 @@ from typing import Any
 from mechopd.artifacts import write_json
 from mechopd.errors import DataError
 from mechopd.runcheck import check_seed_runs
+from mechopd.seed_items import metric_stat
 from mechopd.stats import CI, INTERVAL_NAME, fmt_stat, seed_stat, t_quantile  # noqa: F401  (the statistics leaf)
 from mechopd.study import MANIFEST_FILE, Study, studies
 
@@ -63,13 +66,14 @@ def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None 
         reps = [s.eval(run.role) for s in seeds]
         if all(r is None for r in reps):
             continue
-        row = {m: seed_stat([r.summary.value(m) if r else None for r in reps]) for m in METRICS}
+        row = {m: metric_stat(seeds, run.role, m) for m in METRICS}  # hierarchical: seeds, then items
         row["regimes"] = [r.summary.regime if r else None for r in reps]
         table[run.name] = row
     trained = [r for r in first if r.role != "base"]
     kept = {r.name: seed_stat([s.kept_fraction(r.role) for s in seeds]) for r in trained}
     return {"task": first.task, "methods": first.methods, "models": table,
-            "kept_fraction": {m: s for m, s in kept.items() if s["n"]}, "interval": INTERVAL_NAME,
+            "kept_fraction": {m: s for m, s in kept.items() if s["n"]},
+            "interval": "95 % hierarchical bootstrap over seeds and items",
             "runs": [str(s.root) for s in seeds]}
 
 

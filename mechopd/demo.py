@@ -3,31 +3,25 @@
 Stages (each stage's outputs are its checkpoint: a re-run skips what is finished, resumes a killed training run from
 its last checkpoint):
   1. organism   pretrain (or reuse) the task's model organism                      runs/organisms/<task>[-fast]
-  2. train      OPD (full tokens); NCA (β = 0.5, anchor gated on OPD's progress, `nca_gate`); NCA with constant β from step 0
-                (`nca_const`, the paper's schedule); TA-OPD (ρ = 0.10, the paper's top ⌈ρN⌉, no extra token per
-                response): same seed, data, steps; per-term gradient statistics every `grad_stats_every` steps
-                for OPD and both NCA runs                                            RUN/train/<m>/
-  3. eval       base + every method in both views (paired, bootstrap, regime)      RUN/eval/<m>.json
-  4. probes     similarity (base/OPD/NCA), gradient alignment (OPD vs NCA at the OPD checkpoint), parameter deltas
-                (OPD, NCA vs base), teachability (base → TA-OPD, fixed bank)         RUN/probes/
+  2. train      OPD (full tokens); NCA (β = 0.5; rules: anchor from step 30, games: gated on OPD's KL, `nca_gate`);
+                TA-OPD (ρ = 0.10, the paper's top ⌈ρN⌉; rules: support K = 2); NCA + the follow term (rules: trained
+                on the shifts, the other contexts held out): same seed, data, steps            RUN/train/<m>/
+  3. eval       base + every method in both views and under the other contexts (paired, bootstrap, regime)
+  4. probes     every registered probe with a demo entry (similarity, gradients, deltas, teachability, ...)
   5. figures    every figure from the saved artifacts                               RUN/figures/
-  6. report     RUN/report.md
+  6. report     RUN/report.md: findings first, then the tables and the claims
 
 With ``seeds = N > 1`` (the rules default, `DEFAULT_SEEDS`) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
 organism) as jobs on worker processes, one pinned thread each (`mechopd.demo_pool`); `mechopd.aggregate` writes the
 seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and `SEED0_PROBES` (no claim reads them).
 
-Why the anchor waits (`NCA_GATE`): on an organism the two views start maximally apart, so at step 1 the
-forward-KL anchor's gradient can dwarf the OPD term's (the `nca_const` run logs both norms in its ``grad/norm/*``
-lines, and the report states their ratio) and erase the context's effect before OPD has moved the no-context view.
-The `nca` run therefore keeps β = 0 until OPD has brought the no-context view onto the teacher: the anchor gate
-(`objectives.schedule.AnchorGate`) opens the step after the mean KL(q_x ‖ f) of the last `NCA_GATE_WINDOW` steps falls
-to `NCA_GATE` nats per token, the organism recipes' value; no label is read. It replaced a fixed start
-(`nca_start: 20`), which can be too early on a seed where OPD is slow.
-
-Why the lr decays (`lr_schedule: linear` in `TASK_DEFAULTS`, as the rules recipe): at a constant lr 1e-3 AdamW near
-convergence can take rare large steps, and a final checkpoint can be caught in one; a decay to 0 at the last step keeps
-the final checkpoints off such spikes, for every method. What was measured: docs/results.md.
+The rules study (`TASK_DEFAULTS`) was chosen by measurement so that its effects stand on every seed: the distilled
+context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
+on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
+gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
+collapses). The paper's constant β from step 0 is not a default run: it collapses on this organism (both views at 0,
+regime X); `mechopd train training/organisms/rules.yaml --method nca --set nca_start=0` trains it. What was tried and
+measured: docs/results.md, "Choosing the default study"; the schedule's reasons: `mechopd.organisms.recipes`.
 """
 
 from __future__ import annotations
@@ -44,14 +38,13 @@ from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
-NCA_GATE = ORGANISM_RECIPES["rules"]["nca_gate"]  # nats per token: the anchor waits for OPD (the recipes' value)
+NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
 FOLLOW_WEIGHT = 1.0  # the follow term's weight in the nca_follow run (equal to OPD's; docs/method.md §7)
 METHODS: dict[str, dict[str, Any]] = {
     "opd": {"method": "opd", "selector": "full"},
     "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE, "nca_gate_window": NCA_GATE_WINDOW},
-    "nca_const": {"method": "nca", "selector": "full", "beta": 0.5, "nca_start": 0, "grad_stats_every": 1},
     "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
     # gated NCA + the follow term (objectives/follow.py): can one internalise c, remove its harm and keep reading?
     # shared_prefix off: its other batch mixes 7 contexts of ~20 tokens, so prefix groups cost more forward calls
@@ -59,14 +52,17 @@ METHODS: dict[str, dict[str, Any]] = {
     "nca_follow": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE,
                    "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT, "shared_prefix": "off"},
 }
-GRAD_STAT_METHODS = ("opd", "nca", "nca_const")  # nca_const logs every step: its step-1 norms are the point
-# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §7; 3 x 100 steps fit the
+GRAD_STAT_METHODS = ("opd", "nca")
+# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §8; 3 x 100 steps fit the
 # rules study's 5-minute budget on 2 cores, docs/results.md; a game demo runs one). Per task below: the demo's budget.
 DEFAULT_SEEDS = {"rules": 3, "frozenlake": 1, "sokoban": 1}
 # Sokoban's is sized so that one seed's study fits in about 10 minutes of a 2-core CPU (docs/results.md, Sokoban).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "rules": {"steps": 100, "batch_size": 32, "lr": 1e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
-              "probe_n": 64},
+    # rules: the distilled context is `reverse`, the anchor starts at step 30, TA-OPD's support K = 2 — chosen by
+    # measurement so that the effects stand on every seed (docs/results.md, "Choosing the default study")
+    "rules": {"steps": 100, "batch_size": 32, "lr": 2e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
+              "probe_n": 64, "task_options": {"rule": "reverse"}, "nca_start": 30, "ta_opd_k": 2,
+              "follow_contexts": ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5"]},
     "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
                    "probe_n": 32},
     "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
@@ -74,8 +70,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
 SEED0_PROBES = ("patching", "attention")
-SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
-SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
 
 
 @dataclass
@@ -102,8 +96,12 @@ class DemoConfig:
     probe_n: int | None = None
     nca_gate: float = NCA_GATE
     nca_gate_window: int = NCA_GATE_WINDOW
+    nca_start: int | None = None    # NCA's anchor from this step (None: the KL gate above); rules: 30
+    ta_opd_k: int | None = None     # TA-OPD's support K (None: the paper's 16); rules: 2
+    follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
+    task_options: dict[str, Any] | None = None  # None: the task's entry of TASK_DEFAULTS (the distilled context)
     train_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,14 +142,21 @@ class DemoConfig:
             self.__dict__.update(given)
             # a tiny organism does not reach the teacher in 6 steps: a gate any KL passes, open from step 2
             self.nca_gate, self.nca_gate_window, self.grad_stats_every = 1e6, 2, 3
+            self.nca_start = None if self.nca_start is None else 2
 
     def methods(self) -> dict[str, dict[str, Any]]:
         """The demo's runs with this config's anchor start and gradient-statistics period filled in."""
         out = {}
         for name, over in METHODS.items():
             over = dict(over)
-            if name in ("nca", "nca_follow"):
+            if name in ("nca", "nca_follow") and self.nca_start is not None:  # a fixed start, no gate
+                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")} | {"nca_start": self.nca_start}
+            elif name in ("nca", "nca_follow"):
                 over.update(nca_gate=self.nca_gate, nca_gate_window=self.nca_gate_window)
+            if name == "ta_opd" and self.ta_opd_k is not None:
+                over["k"] = self.ta_opd_k
+            if name == "nca_follow" and self.follow_contexts:
+                over["follow_contexts"] = list(self.follow_contexts)
             if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
                 over["grad_stats_every"] = self.grad_stats_every
             out[name] = over
@@ -167,7 +172,8 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
         return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
     if over.get("selector", "full") != "full":
         kept_text = "n/a" if kept is None else f"{kept:.2f}"
-        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}, kept {kept_text})"
+        k = f", K={over['k']}" if over.get("k") is not None else ""
+        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
     return "OPD" if name == "opd" else name
 
 
@@ -210,11 +216,13 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
         resume = latest_checkpoint(out) is not None
         if out.exists() and not resume:
             shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
-        tc = TrainConfig(task=cfg.task, student=str(student), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+        tc = TrainConfig(task=cfg.task, task_options=dict(cfg.task_options or {}), student=str(student),
+                         steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                          lr_schedule=cfg.lr_schedule,
                          estimator="full",  # as the organism recipes (training/organisms/*.yaml)
                          seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
-                         save_every=max(1, cfg.steps // 2), **{**over, **cfg.train_overrides})
+                         save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's steps
+                         **{**over, **cfg.train_overrides})
         _log(f"train {name}: {over} ({'resuming' if resume else 'new'})")
         finals[name] = train(tc, out, resume=resume)
     return finals
@@ -227,7 +235,7 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
 
     from mechopd import following
 
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, **(cfg.task_options or {}))
     out = {}
     for name, path in models.items():
         target = run / "eval" / f"{name}.json"
@@ -266,10 +274,11 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
     out = run / "probes"
     study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
     informative = None
-    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §7)
+    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
         informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
         write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
-    setup = ProbeSetup(task=cfg.task, n=cfg.probe_n, seed=cfg.seed, models={k: str(v) for k, v in models.items()},
+    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
+                       models={k: str(v) for k, v in models.items()},
                        run=str(run))
     for spec in registered():
         if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
@@ -285,30 +294,6 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
             options["trained"] = str(informative)
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
         spec(setup, out, **options)
-
-
-def sweep(cfg: DemoConfig, student: Path, run: Path) -> None:
-    """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction)."""
-    from mechopd.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
-    target = run / "sweep" / "sweep.json"
-    rows = read_json(target)["rows"] if target.exists() else []
-    done = {(r["selector"], r["budget"]) for r in rows}
-    sub = DemoConfig(**{**asdict(cfg), "out": str(run / "sweep"), "eval_every": 0})
-    for sel in SWEEP_SELECTORS:
-        for rho in SWEEP_BUDGETS:
-            if (sel, rho) in done:
-                continue
-            name = f"{sel}-{rho:g}"
-            final = train_methods(sub, student, run / "sweep", {name: {"method": "opd", "selector": sel,
-                                                                       "budget": rho}})[name]
-            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), get_task(cfg.task),
-                                                    EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)), name).summary
-            rows.append({"selector": sel, "budget": rho, "acc_x": s.value("acc_x"), "acc_xc": s.value("acc_xc"),
-                         "harm": s.value("harm"), "kept": mean_kept_fraction(run / "sweep" / "train" / name)})
-            write_json(target, {"rows": rows})
 
 
 def demo(cfg: DemoConfig) -> Path:
@@ -363,7 +348,9 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     evaluate_all(cfg, models, run)
     run_probes(cfg, models, run)
     if cfg.sweep:
-        sweep(cfg, student, run)
+        from mechopd.demo_sweep import sweep
+
+        sweep(cfg, student, run, train_methods)
     if cfg.full_stages:
         _log("figures")
         draw_all(run)

@@ -8,10 +8,15 @@ Per model, over units u (an item, or an (item, sample) pair with ``samples > 1``
     follow_k      = mean_u 1[reply under c′_k is right for c′_k's target]
     stick_k       = mean_u 1[reply under c′_k gives the DISTILLED context's answer anyway]
     follow_other  = mean_k follow_k          stick = mean_k stick_k
+Each reply is put in ONE class, in this order: it *follows* c′_k (right for c′_k's target), *sticks* to the distilled
+context (its answer anyway), *composes* both (the distilled rule and then c′_k's, where the task says what that gives:
+`OtherContext.composed`), or is *other*; ``compose`` and ``other_reply`` are their shares (mean over contexts).
 Intervals: paired percentile bootstrap over units (the same resamples for every context, `removability.resample_blocks`),
 the statistic recomputed on each resample. With a base model (label ``base`` of ``--compare``):
     retention     = follow_other(model) / follow_other(base)
     context-deaf  ⟺ follow_other(model) ≤ ½ · follow_other(base)   (whatever the regime letter)
+and the word the data supports for a deaf model (``following``): *ignores* other contexts when its most common
+non-following reply sticks, *mixes* them when it composes, *breaks* when it is other; *follows* otherwise.
 A deaf model's regime line says so; a regime C ("views agree") that is deaf reads "views agree because contexts are
 ignored", never plain "views agree".
 
@@ -21,6 +26,7 @@ A task that defines no other contexts (the built-in games) is "not measurable", 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +39,7 @@ from mechopd.views import RenderSpec, render_prompt_ids
 
 DEAF_RATIO = 0.5  # context-deaf: follow_other at most this share of the base model's
 DEAF_LABEL = "context-deaf"
+WORDS = {"stick": "ignores", "compose": "mixes", "other": "breaks"}  # a deaf model's most common non-following reply
 _TOL = 1e-9
 
 
@@ -51,7 +58,8 @@ def _generate(model, tokenizer, task, items, jobs, cfg, spec: RenderSpec, st: Sa
 
 def other_context_records(model: Any, tokenizer: Any, task: Any, items: list, cfg: Any, spec: RenderSpec,
                           st: SamplingSettings) -> list[dict[str, Any]]:
-    """One record per (item, other context, sample): uid, sample, label, follow, stick, len, response."""
+    """One record per (item, other context, sample): uid, sample, label, follow, stick, compose, other, reply (the
+    class: follows / sticks / composes / other, in that order of precedence), len, response."""
     if task.is_game:
         return []
     jobs = other_jobs(task, items)
@@ -61,9 +69,12 @@ def other_context_records(model: Any, tokenizer: Any, task: Any, items: list, cf
     records = []
     for (i, oc, j), resp in zip(rows, responses):
         text = tokenizer.decode(resp, skip_special_tokens=True)
-        records.append({"uid": items[i].uid, "sample": j, "label": oc.label,
-                        "follow": bool(task.score(oc.example(items[i]), text)),
-                        "stick": bool(task.score(items[i], text)), "len": len(resp), "response": text})
+        follow, stick = bool(task.score(oc.example(items[i]), text)), bool(task.score(items[i], text))
+        compose = oc.composed is not None and bool(task.score(replace(oc.example(items[i]), answer=oc.composed), text))
+        reply = "follows" if follow else "sticks" if stick else "composes" if compose else "other"
+        records.append({"uid": items[i].uid, "sample": j, "label": oc.label, "follow": follow, "stick": stick,
+                        "compose": reply == "composes", "other": reply == "other", "reply": reply, "len": len(resp),
+                        "response": text})
     return records
 
 
@@ -118,11 +129,17 @@ def summarize_following(records: list[dict], n_boot: int = 1000, seed: int = 0, 
     labels, follow, stick = _matrices(records)
     summary = {"follow_other": _entry(follow, n_boot, seed, ci), "stick": _entry(stick, n_boot, seed, ci),
                "other_contexts_n": len(labels)}
+    extra = {}
+    if all("compose" in r for r in records):  # records of an older release have no reply classes
+        for key, field in (("compose", "compose"), ("other_reply", "other")):
+            extra[field] = _matrices([{**r, "follow": r[field]} for r in records])[1]
+            summary[key] = _entry(extra[field], n_boot, seed, ci)
     rows = []
     for k, label in enumerate(labels):
         have = np.isfinite(follow[:, k])
         rows.append({"label": label, "n": int(have.sum()), "follow": float(follow[have, k].mean()),
-                     "stick": float(stick[have, k].mean())})
+                     "stick": float(stick[have, k].mean()),
+                     **{f: float(m[have, k].mean()) for f, m in extra.items()}})
     return summary, rows
 
 
@@ -164,11 +181,22 @@ def deaf_verdict(follow: float | None, base_follow: float | None) -> tuple[float
     return retention, bool(base_follow > 0 and follow <= DEAF_RATIO * base_follow + _TOL)
 
 
+def following_word(summary: dict[str, Any]) -> str:
+    """``follows``, or for a context-deaf model the word its replies support (`WORDS`: ignores / mixes / breaks):
+    the most common of its non-following reply classes (stick, compose, other)."""
+    if not summary.get("context_deaf"):
+        return "follows"
+    shares = {"stick": summary.get("stick"), "compose": summary.get("compose"), "other": summary.get("other_reply")}
+    vals = {k: (v or {}).get("value") for k, v in shares.items()}
+    have = {k: v for k, v in vals.items() if v is not None}
+    return WORDS[max(have, key=lambda k: have[k])] if have else DEAF_LABEL
+
+
 def deaf_reason(summary: dict[str, Any], base_follow: float) -> str:
     """The regime line of a context-deaf model: the deafness first, then the removability regime it qualifies."""
     fo = summary["follow_other"]["value"]
-    head = (f"{DEAF_LABEL}: follow_other {fo:.3f} ≤ {DEAF_RATIO:g} × base {base_follow:.3f} (retention "
-            f"{summary['retention']:.3f}); ")
+    head = (f"{DEAF_LABEL} ({following_word(summary)} other contexts): follow_other {fo:.3f} ≤ {DEAF_RATIO:g} × base "
+            f"{base_follow:.3f} (retention {summary['retention']:.3f}); ")
     if summary["regime"] == "C":
         return head + ("the views agree because other contexts are ignored, not because the context was removed "
                        "cleanly — " + summary["regime_reason"])
@@ -188,6 +216,7 @@ def apply_retention(reports: dict[str, dict[str, Any]], base: str = "base") -> N
         if name == base or "follow_other" not in s:
             continue
         s["retention"], s["context_deaf"] = deaf_verdict(s["follow_other"]["value"], base_follow)
+        s["following"] = following_word(s)
         s["retention_base"] = base
         s.setdefault("regime_reason_removability", s["regime_reason"])  # the removability verdict alone, kept once
         s["regime_reason"] = s["regime_reason_removability"]
@@ -210,7 +239,7 @@ def format_following(reports: dict[str, dict[str, Any]]) -> str:
     for name, rep in reports.items():
         s = rep["summary"]
         ret = "" if s.get("retention") is None else f", retention {s['retention']:.3f}"
-        deaf = f"  ** {DEAF_LABEL} **" if s.get("context_deaf") else ""
+        deaf = f"  ** {DEAF_LABEL}: {following_word(s)} other contexts **" if s.get("context_deaf") else ""
         lines.append(f"{name:>13}: follow_other {cell(s['follow_other'])}, stick {cell(s['stick'])}{ret}{deaf}")
         per = ", ".join(f"{r['label']} {r['follow']:.2f}/{r['stick']:.2f}" for r in rep.get("other_contexts", []))
         lines.append(f"{'':>13}  follow/stick per context: {per}")

@@ -1,12 +1,13 @@
 """Context following in the report and the claims table (criteria: docs/method.md §7, fixed before the runs).
 
 Reads each role's evaluation report through the typed study (`mechopd.study.Study.eval`), written with
-``--other-contexts`` (`mechopd.following`): ``summary.follow_other``, ``summary.stick``, ``summary.retention``,
-``summary.context_deaf`` and the ``other_contexts`` list. Each claim returns
-``{"measured", "verdict", "criterion"}``; `mechopd.claims` wraps it into its row. Seed statistics: mean and Student-t
-95 % interval over the seed runs (`stats.seed_stat`); every verdict by the interval rule (`verdicts.decide`: with ≥ 2
-seeds the whole interval on one side of the bar, else "not measurable here (fragile)"), a comparison of two models on
-the paired per-seed difference, claim 3 a three-valued AND (`verdicts.all_of`).
+``--other-contexts`` (`mechopd.following`): the per-reply records ``other_records`` (follow / stick / compose / other
+per unit and context), the ``other_contexts`` list and the summary's ``context_deaf``. Following is a real test: the
+rows read the HELD-OUT contexts, those the NCA + follow run was not trained on (its ``follow_contexts``; the demo
+trains it on the shifts and holds out repeat:2, repeat:3 and reverse). Statistics: mean over seeds with a
+hierarchical bootstrap over seeds and units (`mechopd.seed_items`), two models compared unit by unit; every verdict
+by the interval rule (`verdicts.decide`), claim 3 a three-valued AND (`verdicts.all_of`). Each claim returns
+``{"measured", "verdict", "criterion", "headline"}``; `mechopd.claims` wraps it into its row.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mechopd.following import DEAF_LABEL, DEAF_RATIO
-from mechopd.stats import fmt_stat, seed_stat
+from mechopd.following import DEAF_LABEL, DEAF_RATIO, following_word
+from mechopd.seed_items import diff_stat, other_diff_stat, other_stat
+from mechopd.stats import fmt_stat
 from mechopd.study import Study
-from mechopd.verdicts import NA, NA_CEILING, RULE, Decision, all_of, at_ceiling, decide
+from mechopd.verdicts import CEILING, NA, NA_CEILING, RULE, Decision, all_of, decide
 
 FOLLOW_RUN = "nca_follow"     # the demo's NCA + follow-term run
 HARM_MARGIN = 0.05            # claim 3: the follow run's Harm ≤ NCA's + this
@@ -39,69 +41,101 @@ def value(study: Study, role: str, key: str) -> float | None:
     return v.get("value") if isinstance(v, dict) else v
 
 
-def _stat(runs: Sequence[Study], model: str, key: str) -> dict[str, Any]:
-    return {**seed_stat([value(r, model, key) for r in runs]), "of": len(runs)}
+def held_out(runs: Sequence[Study]) -> list[str] | None:
+    """The other contexts the claims read: those the follow run was NOT trained on (its ``follow_contexts``), so
+    that following is tested on contexts no run saw; every other context when no run names a subset. None when no
+    report lists its other contexts."""
+    rep = _report(runs[0], "base") or {}
+    labels = [r["label"] for r in rep.get("other_contexts", [])]
+    if not labels:
+        return None
+    trained = set(((runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") or [])
+                  if runs[0].run(FOLLOW_RUN) else [])
+    return [lab for lab in labels if lab not in trained]
 
 
-def _base_ok(runs: Sequence[Study]) -> bool:
-    return all((value(r, "base", "follow_other") or 0) > 0 for r in runs)
+def _decided(measured: str, d: Decision, crit: str, headline: str = "") -> dict[str, str]:
+    return {"measured": measured + d.note, "verdict": d.verdict, "criterion": crit, "headline": headline}
 
 
-def _paired(runs: Sequence[Study], a: str, b: str, key: str) -> dict[str, Any]:
-    """The paired per-seed difference summary[key](a) − summary[key](b) over the seeds where both are defined."""
-    pairs = [(value(r, a, key), value(r, b, key)) for r in runs]
-    return {**seed_stat([None if x is None or y is None else x - y for x, y in pairs]), "of": len(pairs)}
+def _na(measured: str, crit: str, verdict: str = NA) -> dict[str, str]:
+    return {"measured": measured, "verdict": verdict, "criterion": crit, "headline": ""}
 
 
-def _decided(measured: str, d: Decision, crit: str) -> dict[str, str]:
-    return {"measured": measured + d.note, "verdict": d.verdict, "criterion": crit}
+def _labels(labels: Sequence[str] | None) -> str:
+    return "no context" if not labels else ", ".join(labels)
 
 
 def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
-    """OPD's retention (follow_other / base's) > 0.5 by the interval rule (`verdicts.decide`)."""
-    ret = _stat(runs, "opd", "retention")
-    fo = _stat(runs, "opd", "follow_other")
-    crit = f"OPD's retention (follow_other / base's) > {DEAF_RATIO} (OPD not {DEAF_LABEL}); {RULE}"
-    base = _stat(runs, "base", "follow_other")
-    measured = f"OPD follow_other {fmt_stat(fo)}, retention {fmt_stat(ret)} (base {fmt_stat(base)})"
-    if ret["mean"] is None or not _base_ok(runs):
-        return {"measured": measured, "verdict": NA, "criterion": crit}
-    return _decided(measured, decide(ret, DEAF_RATIO, ">"), crit)
+    """OPD's follow_other on the held-out contexts > 0.5 × the base's, paired per seed and item."""
+    labels = held_out(runs)
+    d_ret = other_diff_stat(runs, "opd", "base", "follow", labels, scale_b=DEAF_RATIO)
+    fo, base = other_stat(runs, "opd", "follow", labels), other_stat(runs, "base", "follow", labels)
+    crit = (f"held-out other contexts ({_labels(labels)}), paired per seed and item: OPD follow_other − {DEAF_RATIO} × "
+            f"base's > 0 (retention > {DEAF_RATIO}, not {DEAF_LABEL}); {RULE}")
+    measured = f"OPD follow_other {fmt_stat(fo)} (base {fmt_stat(base)}); {_replies(runs, 'opd', labels)}"
+    if d_ret["mean"] is None or not labels:
+        return _na(measured, crit)
+    return _decided(measured, decide(d_ret, 0.0, ">"), crit, f"OPD follow_other {fmt_stat(fo)} vs base "
+                    f"{fmt_stat(base)}")
 
 
 def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
-    """Paired per seed: follow_other(NCA) − follow_other(OPD) > 0 by the interval rule; ceiling and floor first."""
-    pairs = [(value(r, "nca", "follow_other"), value(r, "opd", "follow_other")) for r in runs]
-    diff = _paired(runs, "nca", "opd", "follow_other")
-    crit = (f"paired per seed: follow_other(NCA) − follow_other(OPD) > 0; {RULE}; both ≥ 0.995 in every seed: "
-            "ceiling; both 0 in every seed: not measurable (equally deaf)")
-    measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}"
-    if diff["mean"] is None or not _base_ok(runs):
-        return {"measured": measured, "verdict": NA, "criterion": crit}
-    if at_ceiling(pairs):
-        return {"measured": measured, "verdict": NA_CEILING, "criterion": crit}
-    if all(a == 0 and b == 0 for a, b in pairs):
-        return {"measured": measured, "verdict": NA + " (both follow nothing)", "criterion": crit}
-    return _decided(measured, decide(diff, 0.0, ">"), crit)
+    """Paired per seed and item: follow_other(NCA) − follow_other(OPD) > 0 on the held-out contexts; ceiling first."""
+    labels = held_out(runs)
+    diff = other_diff_stat(runs, "nca", "opd", "follow", labels)
+    both = [other_stat(runs, m, "follow", labels) for m in ("nca", "opd")]
+    crit = (f"held-out other contexts ({_labels(labels)}), paired per seed and item: follow_other(NCA) − "
+            f"follow_other(OPD) > 0; {RULE}; both ≥ 0.995: ceiling")
+    measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}; NCA: {_replies(runs, 'nca', labels)}"
+    if diff["mean"] is None or not labels:
+        return _na(measured, crit)
+    if all(s["mean"] is not None and s["low"] is not None and s["low"] >= CEILING for s in both):
+        return _na(measured, crit, NA_CEILING)
+    return _decided(measured, decide(diff, 0.0, ">"), crit, f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}")
 
 
 def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
-    """On the NCA + follow run F, paired per seed, Kleene AND of: retention_F > 0.5, Harm_F − Harm_NCA ≤ 0.05,
-    Acc_x,F − Acc_x,OPD ≥ −0.05 (each by the interval rule)."""
-    ret = _stat(runs, FOLLOW_RUN, "retention")
-    harm, nca_harm = _stat(runs, FOLLOW_RUN, "harm"), _stat(runs, "nca", "harm")
-    acc, opd_acc = _stat(runs, FOLLOW_RUN, "acc_x"), _stat(runs, "opd", "acc_x")
-    d_harm, d_acc = _paired(runs, FOLLOW_RUN, "nca", "harm"), _paired(runs, FOLLOW_RUN, "opd", "acc_x")
-    crit = (f"NCA + follow: retention > {DEAF_RATIO}, and paired per seed Harm − NCA's ≤ {HARM_MARGIN} and Acc_x − "
-            f"OPD's ≥ −{ACC_MARGIN}; {RULE} (each part)")
-    measured = (f"NCA + follow retention {fmt_stat(ret)}, Harm {fmt_stat(harm)} (NCA {fmt_stat(nca_harm)}), Acc_x "
-                f"{fmt_stat(acc)} (OPD {fmt_stat(opd_acc)})")
-    if any(s["mean"] is None for s in (ret, d_harm, d_acc)) or not _base_ok(runs):
-        return {"measured": measured, "verdict": NA, "criterion": crit}
-    measured += f"; Harm − NCA's {fmt_stat(d_harm, signed=True)}, Acc_x − OPD's {fmt_stat(d_acc, signed=True)}"
-    d = all_of(decide(ret, DEAF_RATIO, ">", "retention"), decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),
+    """On the NCA + follow run F, Kleene AND of: follow_other_F − 0.5 × base's > 0 on contexts F was NOT trained on;
+    non-inferiority Harm_F − Harm_NCA ≤ 0.05 and Acc_x,F − Acc_x,OPD ≥ −0.05 (paired per seed and item)."""
+    labels = held_out(runs)
+    trained = (runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") if runs[0].run(FOLLOW_RUN) else None
+    d_ret = other_diff_stat(runs, FOLLOW_RUN, "base", "follow", labels, scale_b=DEAF_RATIO)
+    fo = other_stat(runs, FOLLOW_RUN, "follow", labels)
+    d_harm, d_acc = diff_stat(runs, FOLLOW_RUN, "nca", "harm"), diff_stat(runs, FOLLOW_RUN, "opd", "acc_x")
+    crit = (f"NCA + follow, trained on {_labels(trained) if trained else 'every other context'}: on the held-out "
+            f"contexts ({_labels(labels)}) follow_other − {DEAF_RATIO} × base's > 0, and non-inferiority paired per "
+            f"seed and item: Harm − NCA's ≤ {HARM_MARGIN}, Acc_x − OPD's ≥ −{ACC_MARGIN}; {RULE} (each part)")
+    measured = (f"NCA + follow held-out follow_other {fmt_stat(fo)}; Harm − NCA's {fmt_stat(d_harm, signed=True)}, "
+                f"Acc_x − OPD's {fmt_stat(d_acc, signed=True)}")
+    if not trained:
+        return _na(measured, crit, NA + " (the follow term saw every other context: nothing held out)")
+    if any(s["mean"] is None for s in (d_ret, d_harm, d_acc)) or not labels:
+        return _na(measured, crit)
+    d = all_of(decide(d_ret, 0.0, ">", "held-out following"), decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),
                decide(d_acc, -ACC_MARGIN, ">=", "Acc_x − OPD's"))
-    return _decided(measured, d, crit)
+    return _decided(measured, d, crit, f"held-out follow_other {fmt_stat(fo)}")
+
+
+def _word(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str:
+    """The word the HELD-OUT replies support (seed means): follows, or for a deaf model (held-out follow_other ≤
+    0.5 × the base's) ignores / mixes / breaks by its most common non-following reply (`following.following_word`)."""
+    own, base = other_stat(runs, role, "follow", labels)["mean"], other_stat(runs, "base", "follow", labels)["mean"]
+    if own is None or not base:
+        return ""
+    shares = {k: {"value": other_stat(runs, role, f, labels)["mean"]} for k, f in
+              (("stick", "stick"), ("compose", "compose"), ("other_reply", "other"))}
+    return following_word({"context_deaf": own <= DEAF_RATIO * base, **shares}) + " (held out)"
+
+
+def _replies(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str:
+    """``replies: follows 0.02, sticks 0.60, composes 0.30, other 0.08`` (seed means; classes of `mechopd.following`)."""
+    parts = []
+    for field, word in (("follow", "follows"), ("stick", "sticks"), ("compose", "composes"), ("other", "other")):
+        st = other_stat(runs, role, field, labels)
+        if st["mean"] is not None:
+            parts.append(f"{word} {st['mean']:.2f}")
+    return "replies: " + ", ".join(parts) if parts else "replies: n/a"
 
 
 FOLLOWING_CLAIMS = (
@@ -114,37 +148,31 @@ FOLLOWING_CLAIMS = (
 
 
 def following_table(runs: Sequence[Study]) -> list[str]:
-    """The report's "Context following" section: per role follow_other, stick, retention (seed means with
-    intervals; one run: the item-bootstrap interval), the deaf label, and which contexts; [] without results."""
+    """The report's "Context following" section: per role follow_other on every other context and on the held-out
+    ones, the reply classes (sticks, composes, other), retention and the word the replies support (follows, ignores,
+    mixes, breaks); mean over seeds with a hierarchical bootstrap interval (one run: over items). [] without results."""
     if not runs:
         return []
     labels = {role: runs[0].label(role) for role in runs[0].roles}
     have = [m for m in runs[0].roles if any(value(r, m, "follow_other") is not None for r in runs)]
     if not have:
         return []
-    out = ["## Context following", "", "| model | follow_other | stick | retention | |", "|---|---:|---:|---:|---|"]
+    held = held_out(runs)
+    out = ["## Context following", "", "| model | follow_other | held-out | sticks | composes | other | retention | |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
     for m in have:
-        if len(runs) == 1:
-            s = _report(runs[0], m)["summary"]
-            cells = [_entry(s["follow_other"]), _entry(s["stick"]),
-                     "n/a" if s.get("retention") is None else f"{s['retention']:.3f}"]
-            deaf = DEAF_LABEL if s.get("context_deaf") else ""
-        else:
-            cells = [fmt_stat(_stat(runs, m, k)) for k in ("follow_other", "stick", "retention")]
-            flags = [value(r, m, "context_deaf") for r in runs]
-            deaf = f"{DEAF_LABEL} in {sum(bool(f) for f in flags)} of {len(runs)} seeds" if any(flags) else ""
-        out.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + f" | {deaf} |")
+        cells = [fmt_stat(other_stat(runs, m, "follow")), fmt_stat(other_stat(runs, m, "follow", held))]
+        cells += [fmt_stat(other_stat(runs, m, f)) for f in ("stick", "compose", "other")]
+        own, base = other_stat(runs, m, "follow")["mean"], other_stat(runs, "base", "follow")["mean"]
+        cells.append("n/a" if own is None or not base else f"{own / base:.3f}")  # ratio of the seed means
+        out.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + f" | {_word(runs, m, held) if m != 'base' else ''} |")
     first = _report(runs[0], have[0]) or {}
     ctx = ", ".join(r["label"] for r in first.get("other_contexts", []))
-    out += ["", f"Other contexts: {ctx} — each scored against its own target; follow_other = their mean, stick = "
-            "replies that give the distilled context's answer anyway, retention = follow_other / base's; "
-            f"{DEAF_LABEL}: follow_other ≤ {DEAF_RATIO} × base's (docs/method.md §7). "
-            + ("Intervals: 95 % paired bootstrap over items." if len(runs) == 1 else
-               "Cells: mean over seeds [95 % Student-t interval]."), ""]
+    out += ["", f"Other contexts: {ctx}; held out from the follow term's training: {_labels(held)}. Each reply is "
+            "scored against that context's target (follows), else the distilled context's (sticks), else both rules "
+            "composed (composes), else other; retention = follow_other / base's (of the seed means); a model whose "
+            f"held-out follow_other is at most {DEAF_RATIO} × the base's is {DEAF_LABEL} there, and the word says how: "
+            "ignores (sticks), mixes (composes), breaks (other) (docs/method.md §7). "
+            + ("Intervals: 95 % bootstrap over items." if len(runs) == 1 else
+               "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]."), ""]
     return out
-
-
-def _entry(e: dict[str, Any]) -> str:
-    if e.get("value") is None:
-        return "n/a"
-    return f"{e['value']:.3f}" + ("" if e.get("low") is None else f" [{e['low']:.3f}, {e['high']:.3f}]")

@@ -22,11 +22,13 @@ fewer than `MIN_VALID_RESAMPLES` resamples are valid. ``n_boot_valid`` reports h
 
 Regimes (the paper gives no thresholds; `RegimeThresholds` makes them explicit). With gap = Acc_xc − Acc_x and
 thresholds inclusive (a float tolerance of 1e-9 absorbs rounding):
+    X  collapsed:             Acc_x ≤ 0.05 AND Acc_xc ≤ 0.05 (`COLLAPSED_MAX`)   (checked first: never "views agree")
     A  context hurts:         gap ≤ −drop_min  OR  Harm ≥ harm_high          (checked first)
     B  context still helps:   gap ≥ +gain_min                                (and not A)
     C  views agree:           otherwise: −drop_min < gap < gain_min and Harm < harm_high (or Harm undefined)
-A takes precedence: a net gain that comes with high harm is still "context hurts" on the items the student already
-solved. The three are exhaustive and mutually exclusive by construction. Classification uses point estimates.
+A takes precedence over B and C: a net gain that comes with high harm is still "context hurts" on the items the
+student already solved; a model right on almost nothing in either view has no regime to speak of (its Harm rests on
+a handful of items) and is X. The four are exhaustive and mutually exclusive by construction. Classification uses point estimates.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ MIN_VALID_RESAMPLES = 10
 RESAMPLE_BLOCK = 256  # resamples drawn per block: bounds memory at RESAMPLE_BLOCK x n_items indices
 _TOL = 1e-9
 THRESHOLD_KEYS = ("drop_min", "harm_high", "gain_min")
-REGIME_NAMES = {"A": "context hurts", "B": "context still helps", "C": "views agree"}
+REGIME_NAMES = {"A": "context hurts", "B": "context still helps", "C": "views agree", "X": "collapsed"}
+COLLAPSED_MAX = 0.05  # regime X: Acc_x and Acc_xc both at most this (a model right on almost nothing in either view)
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,10 @@ def classify_regime(
     t = thresholds
     gap = acc_xc - acc_x
     harm_txt = "undefined (no item right without c)" if harm is None else f"{harm:.3f}"
+    if acc_x <= COLLAPSED_MAX + _TOL and acc_xc <= COLLAPSED_MAX + _TOL:
+        return "X", (f"X ({REGIME_NAMES['X']}): Acc_x {acc_x:.3f} and Acc_xc {acc_xc:.3f} both ≤ {COLLAPSED_MAX} "
+                     f"(Acc_xc − Acc_x = {gap:+.3f}; harm {harm_txt} rests on "
+                     f"{'no' if harm is None else 'a handful of'} items)")
     if gap <= -t.drop_min + _TOL:
         return "A", (f"A ({REGIME_NAMES['A']}): Acc_xc − Acc_x = {gap:+.3f} ≤ −drop_min = {-t.drop_min:+.3f} "
                      f"(Acc_x {acc_x:.3f}, Acc_xc {acc_xc:.3f}; harm {harm_txt})")
@@ -199,7 +206,7 @@ def summarize(
     """Removability summary of paired outcomes (JSON-serialisable).
 
     Returns ``{metric: {"value", "low", "high", "n_boot_valid"}}`` for each of `METRICS` (value / bounds None when
-    undefined), plus ``n``, ``n_right_x``, ``n_wrong_x``, ``regime`` ("A" | "B" | "C"), ``regime_reason``,
+    undefined), plus ``n``, ``n_right_x``, ``n_wrong_x``, ``regime`` ("A" | "B" | "C" | "X"), ``regime_reason``,
     ``thresholds`` (dict) and ``bootstrap`` ({"n_boot", "seed", "ci", "method"}).
     """
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 0:

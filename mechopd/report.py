@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.artifacts import read_json
-from mechopd.claims import claims_markdown, evaluate_claims, fragile_claims
+from mechopd.claims import claims_markdown, evaluate_claims, findings, fragile_claims
 from mechopd.following_claims import following_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.removability import LABELS, METRICS, compare_table
-from mechopd.stats import fmt_stat, seed_stat
+from mechopd.stats import fmt_stat, scaled_stat
 from mechopd.report_seeds import probe_lines
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
@@ -64,12 +64,13 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
     """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
     and interval with several runs)."""
     grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
-    if not grads:
-        return []
-    n_opd = seed_stat([float(g["grad/norm/opd"]) for g in grads])
-    n_nca = seed_stat([float(g["grad/norm/nca"]) for g in grads])
-    ratio = seed_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads
-                       if float(g["grad/norm/opd"]) > 0])
+    if not grads:  # no constant-β run (the rules study has none): the anchor's schedule alone
+        wait = _anchor_wait_text(runs)
+        return [f"- **The anchor's schedule**{wait.replace('; in ', ': in ', 1)}."] if wait else []
+    n_opd = scaled_stat([float(g["grad/norm/opd"]) for g in grads], "log")  # positive: geometric mean, log interval
+    n_nca = scaled_stat([float(g["grad/norm/nca"]) for g in grads], "log")
+    ratio = scaled_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads
+                         if float(g["grad/norm/opd"]) > 0], "log")
     steps = sorted({int(g["step"]) for g in grads})
     text = (f"- **Why the two NCA runs differ.** In {runs[0].label('nca_const')} the anchor is on from step "
             f"0, when the two views start maximally apart: at step {'/'.join(map(str, steps))} its gradient norm is "
@@ -80,10 +81,9 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
                  ", the same order as OPD's: on this run the anchor does not dominate by size")
     evals = [e for e in (_first_eval_after_start(r, "nca_const") for r in runs) if e is not None]
     if evals:
-        xc = seed_stat([e["eval/acc_xc"] for e in evals])
-        x = seed_stat([e["eval/acc_x"] for e in evals])
-        text += (f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {fmt_stat(xc)} and Acc_x "
-                 f"{fmt_stat(x)}")
+        per = lambda key: " / ".join(f"{e[key]:.3f}" for e in evals)  # noqa: E731  (per seed: no interval to leave [0, 1])
+        text += (f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {per('eval/acc_xc')} and Acc_x "
+                 f"{per('eval/acc_x')} (per seed)")
     return [text + _anchor_wait_text(runs) + "."]
 
 
@@ -126,14 +126,21 @@ def _kept_lines(study: Study) -> list[str]:
     return out
 
 
-def _claims_lines(runs: Sequence[Study]) -> list[str]:
+def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+    """The report's opening: each claim's verdict in one sentence with its number, and the decided count."""
+    decided = sum(c.verdict in ("holds", "does not hold") for c in rows)
+    seeds = f"{len(runs)} training seed{'s' if len(runs) != 1 else ''}"
+    return ["## Findings", "", f"{decided} of {len(rows)} claims decided over {seeds} (the interval rule; the claims "
+            "table below gives each criterion and its numbers). Per-seed numbers change with the CPU's float order; "
+            "a decided verdict is one whose whole interval clears its bar.", "", *findings(rows), ""]
+
+
+def _claims_lines(rows: Sequence[Any]) -> list[str]:
     """The claims table, and one line naming the rows the interval rule left fragile (none: nothing)."""
-    rows = evaluate_claims(runs)
     out = ["## The papers' claims", "", claims_markdown(rows)]
     fragile = fragile_claims(rows)
     if fragile:
-        out += ["**Fragile verdicts** (the seed interval holds the bar; more seeds could settle them): "
-                + "; ".join(c.claim for c in fragile) + ".", ""]
+        out += ["**Fragile verdicts** (the interval holds the bar): " + "; ".join(c.claim for c in fragile) + ".", ""]
     return out
 
 
@@ -161,6 +168,8 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
             "(without the context, and with it re-inserted).", ""]
     if s.manifest.get("wall_s"):
         out += [f"Wall time of the last `mechopd demo` invocation: {s.manifest['wall_s']:.0f} s.", ""]
+    rows = evaluate_claims([s])  # once: the findings and the claims table read the same rows
+    out += _findings_lines(rows, [s])
     out += ["## Context removability", "", md_table, ""]
     out += ["## Regimes", ""]
     for k, rep in evals.items():
@@ -172,7 +181,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     if chosen.is_file():
         chosen = read_json(chosen)
         out += [f"- **Teachability checkpoint**: `{chosen['checkpoint']}` — {chosen['why']}."]
-    out += [""] + _claims_lines([s])
+    out += [""] + _claims_lines(rows)
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg.get('seed', 0)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
@@ -180,7 +189,9 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out.append(f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
     out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")
     names = " ".join(f"{k}={rep.settings.get('model')}" for k, rep in evals.items())
-    out.append(f"mechopd eval --task {s.task} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} --compare {names}")
+    opts = "".join(f" --option {k}={v}" for k, v in (cfg.get("task_options") or {}).items())
+    out.append(f"mechopd eval --task {s.task}{opts} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} "
+               f"--other-contexts --compare {names}")
     out += ["```", ""]
     path = root / "report.md"
     path.write_text("\n".join(out))
@@ -212,13 +223,13 @@ def write_aggregate_report(out: str | Path) -> Path:
              f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
              f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
              "(item-bootstrap intervals, probes) is in its directory.", "",
-             *_wall_lines(agg),
+             *_wall_lines(agg), *_findings_lines(rows := evaluate_claims(runs), runs),
              "## Context removability over seeds", "", *_seed_table(summary, agg), ""]
     if runs:  # the kept-fraction lines and labels of the aggregate (kept fraction: the seed mean)
         runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
     lines += ["", *following_table(runs), "", *probe_lines(runs)]
-    lines += [*_claims_lines(runs), *_figure_lines(out), "## Reproduce", "", "```bash",
+    lines += [*_claims_lines(rows), *_figure_lines(out), "## Reproduce", "", "```bash",
               f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
               f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]
     path = out / "report.md"

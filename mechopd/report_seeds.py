@@ -1,5 +1,6 @@
 """The aggregate report's probe section: the probes' headline numbers over the seed runs (mean and 95 % Student-t
-interval over seeds, `mechopd.stats`), read through each seed run's typed probe results by ROLE.
+interval over seeds on a scale that keeps the quantity in its range: log(1 − c) for cosines, log for KLs;
+`mechopd.stats.scaled_stat`), read through each seed run's typed probe results by ROLE.
 
 Two-view hidden-state cosine (docs/method.md §6, §7): ONE number per model, per decoder layer (``layers.{i}.resid_post``)
 and its mean over decoder layers, the number the claims read; ``embed`` (1 by construction: both views embed the same
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mechopd.probes.registry import probe_result
-from mechopd.stats import fmt_stat, seed_stat
+from mechopd.stats import fmt_stat, scaled_stat
 from mechopd.study import Study
 
 COSINE_ROLES = ("base", "opd", "nca")
@@ -44,9 +45,10 @@ def cosine_table(runs: Sequence[Study]) -> list[str]:
             + [f"{site} (apart)" for site in apart])
     out = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for role in roles:
-        cells = [fmt_stat(seed_stat([v[i] if i < len(v) else None for v in layers[role]]), 4) for i in range(depth)]
-        cells.append(fmt_stat(seed_stat([_mean(v) for v in layers[role]]), 4))
-        cells += [fmt_stat(seed_stat([a.get(site) for a in aparts[role]]), 4) for site in apart]
+        cos = lambda vals: fmt_stat(scaled_stat(vals, "log1m"), 4)  # noqa: E731  (the interval never passes 1)
+        cells = [cos([v[i] if i < len(v) else None for v in layers[role]]) for i in range(depth)]
+        cells.append(cos([_mean(v) for v in layers[role]]))
+        cells += [cos([a.get(site) for a in aparts[role]]) for site in apart]
         out.append(f"| {runs[0].label(role)} | " + " | ".join(cells) + " |")
     return out
 
@@ -58,8 +60,8 @@ def _mean(vals: list[float | None]) -> float | None:
 
 def _over_seeds(runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Study, str], float | None],
                 digits: int = 4) -> str:
-    return "; ".join(f"{runs[0].label(r)} {fmt_stat(seed_stat([fn(s, r) for s in runs]), digits)}" for r in roles
-                     if any(fn(s, r) is not None for s in runs))
+    return "; ".join(f"{runs[0].label(r)} {fmt_stat(scaled_stat([fn(s, r) for s in runs], 'log'), digits)}"
+                     for r in roles if any(fn(s, r) is not None for s in runs))
 
 
 def _lens_output(study: Study, role: str) -> float | None:
@@ -78,11 +80,13 @@ def probe_lines(runs: Sequence[Study]) -> list[str]:
         return []
     out = ["## Mechanistic probes over seeds", ""]
     if table:
-        out += ["**Two-view hidden-state cosine** (per-token mean over response tokens, after each decoder layer, and "
+        out += ["**Two-view hidden-state cosine** (per-token mean over the predicting positions, after each decoder "
+                "layer, and "
                 "their mean over decoder layers: the number the claims read; `embed` — 1 by construction, both views "
                 "embed the same response tokens — and `final_norm` reported apart):", "", *table, ""]
     if lens:
         out += [f"- Logit-lens output KL(p_c ‖ p_x) between views: {lens} (`seed-k/probes/lens.csv`, per depth)."]
     out += ["- Every probe of each seed (patching, attention, gradients, deltas, teachability): `seed-k/report.md`.",
-            "", "Cells: mean over seeds [95 % Student-t interval over seeds].", ""]
+            "", "Cells: mean over seeds [95 % Student-t interval over seeds, made on log(1 − c) for cosines and on log "
+            "for KLs (geometric means), so no interval leaves the quantity's range].", ""]
     return out

@@ -13,7 +13,7 @@ and the figures import these functions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,3 +70,90 @@ def fmt_stat(stat: dict[str, Any] | None, digits: int = 3, signed: bool = False)
     if stat.get("low") is not None:
         text += f" [{f.format(stat['low'])}, {f.format(stat['high'])}]"
     return text
+
+
+# ------------------------------------------------------------------------------------- scales for bounded values
+# A t-interval is made on a scale where the quantity is unbounded, then mapped back, so it never leaves the
+# quantity's range: "log" for positive quantities (KLs, norm ratios: the interval of log v), "log1m" for quantities
+# at most 1 whose distance to 1 matters (cosines near 1: the interval of log(1 − v)), "logit" for quantities inside
+# (0, 1) (|cos|: the interval of log(v / (1 − v))), "fisher" for correlations and cosines in (−1, 1) (atanh),
+# "linear" otherwise.
+SCALES = ("linear", "log", "log1m", "logit", "fisher")
+
+
+def _to(v: float, scale: str) -> float | None:
+    if scale == "log":
+        return math.log(v) if v > 0 else None
+    if scale == "log1m":
+        return math.log(1.0 - v) if v < 1 else None
+    if scale == "logit":
+        return math.log(v / (1.0 - v)) if 0 < v < 1 else None
+    if scale == "fisher":
+        return math.atanh(v) if -1 < v < 1 else None
+    return v
+
+
+def _back(z: float, scale: str) -> float:
+    if scale == "logit":
+        return 1.0 / (1.0 + math.exp(-z))
+    if scale == "fisher":
+        return math.tanh(z)
+    return math.exp(z) if scale == "log" else 1.0 - math.exp(z) if scale == "log1m" else z
+
+
+def scaled_stat(values: Sequence[float | None], scale: str = "linear", ci: float = CI) -> dict[str, Any]:
+    """`seed_stat` with the t-interval made on ``scale`` (`SCALES`) and mapped back: ``mean`` is the back-mapped
+    mean of the transformed values (the geometric mean for "log"), ``low`` / ``high`` the back-mapped interval ends,
+    so the interval stays inside the quantity's range. A value outside the scale's domain (≤ 0 for "log", ≥ 1 for
+    "log1m", outside (0, 1) for "logit") is undefined there and left out (``n`` counts the rest; ``values`` keeps the raw defined ones)."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    raw = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    z = [t for t in (_to(v, scale) for v in raw) if t is not None]
+    st = seed_stat(z, ci)
+    out = {**st, "values": raw, "n": len(z), "scale": scale}
+    if st["mean"] is not None:
+        ends = [_back(st[k], scale) for k in ("low", "high")] if st["low"] is not None else [None, None]
+        out["mean"] = _back(st["mean"], scale)
+        out["low"], out["high"] = (min(ends), max(ends)) if ends[0] is not None else (None, None)
+    return out
+
+
+# ------------------------------------------------------------------------------ hierarchical bootstrap (seeds × items)
+N_BOOT = 1000
+ItemFn = Callable[[tuple[np.ndarray, ...]], np.ndarray]  # per-item arrays [B, n] each -> one value per row [B]
+
+
+def hier_bootstrap(seeds: Sequence[tuple[np.ndarray, ...] | None], fn: ItemFn, n_boot: int = N_BOOT,
+                   seed: int = 0, ci: float = CI) -> dict[str, Any]:
+    """Mean over seeds of a per-seed statistic of item outcomes, with a two-level percentile bootstrap interval.
+
+    seeds: per training seed, the item arrays the statistic reads (each ``[n_k]``, aligned item for item; None: the
+    seed lacks them); fn: arrays ``[B, n]`` -> ``[B]`` values, NaN where undefined (e.g. a Harm with no item right
+    without the context). Point: ``values[k] = fn(seed k's items)``, ``mean`` = their mean over the defined seeds.
+    Interval: each of `n_boot` replicates draws S seeds with replacement among the S that have data, then, for each
+    drawn seed, its items with replacement, and averages fn over the drawn seeds (undefined draws left out); the
+    interval is the central `ci` share of the replicates. A statistic of proportions therefore stays in its range
+    (no interval leaves [0, 1]), and a seed that disagrees widens it. Deterministic for (data, n_boot, seed).
+    """
+    have = [(k, a) for k, a in enumerate(seeds) if a is not None and len(a[0]) > 0]
+    values = [float(fn(tuple(x[None, :] for x in a))[0]) for _, a in have]
+    defined = [v for v in values if math.isfinite(v)]
+    out: dict[str, Any] = {"mean": (sum(defined) / len(defined)) if defined else None, "low": None, "high": None,
+                           "n": len(defined), "values": defined, "method": "hierarchical bootstrap (seeds, items)"}
+    if not defined or n_boot < 1:
+        return out
+    rng = np.random.default_rng(seed)
+    s = len(have)
+    pick = rng.integers(0, s, size=(n_boot, s))  # which seed fills slot j of replicate b
+    reps = np.full((n_boot, s), np.nan)
+    for j, (_, arrays) in enumerate(have):
+        where = pick == j  # every slot seed j fills gets its own resample of seed j's items
+        idx = rng.integers(0, len(arrays[0]), size=(int(where.sum()), len(arrays[0])))
+        reps[where] = np.asarray(fn(tuple(x[idx] for x in arrays)), float)
+    ok = np.isfinite(reps)
+    count = ok.sum(1)
+    rep = np.where(ok, reps, 0.0).sum(1)[count > 0] / count[count > 0]  # mean over the defined draws
+    if len(rep) >= 10:
+        out["low"], out["high"] = (float(v) for v in np.quantile(rep, [(1 - ci) / 2, 1 - (1 - ci) / 2]))
+    return out

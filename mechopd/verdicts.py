@@ -1,5 +1,5 @@
 """The claims table's verdict words, the interval rule every row is decided by, and the one ceiling rule every "≥"
-claim applies (docs/method.md §7). A leaf: imports nothing from mechopd.
+claim applies (docs/method.md §8). A leaf: imports nothing from mechopd.
 
 The interval rule, for a criterion ``stat OP bar`` (OP one of ≥, >, ≤, <) on a seed statistic ``{"mean", "low",
 "high", "n"}`` (`mechopd.stats.seed_stat`, 95 % Student-t over seeds), with tolerance ``TOL = 1e-9``:
@@ -7,7 +7,8 @@ The interval rule, for a criterion ``stat OP bar`` (OP one of ≥, >, ≤, <) on
     ≥ 2 seeds:  holds           iff every v in [low, high] satisfies  v OP bar
                 does not hold   iff every v in [low, high] violates   v OP bar
                 otherwise       "not measurable here (fragile)"       (the interval holds the bar)
-    1 seed:     the value itself decides, and the cell says there is no interval; but a statistic of a study of
+    1 seed:     with an item-level interval (a one-seed hierarchical bootstrap is an item bootstrap) the same rule on
+                that interval, marked; without one the value itself decides, marked; but a statistic of a study of
                 several seeds (``stat["of"]`` ≥ 2, set by the claims) defined in only one of them is fragile
 
 The satisfying set of ``v OP bar`` is a half-line, so checking the two ends decides the whole interval. A zero-width
@@ -29,7 +30,7 @@ NA_FRAGILE = "not measurable here (fragile)"
 CEILING = 0.995  # a proportion at or above this is at the ceiling: "≥" cannot fail there, so it cannot speak
 TOL = 1e-9
 RULE = "with ≥ 2 seeds the whole 95 % seed interval must clear the bar, else fragile"
-ONE_SEED_NOTE = " (one seed: no interval; the verdict may not survive another seed)"
+ONE_SEED_NOTE = " (one seed: no seed interval; the verdict may not survive another seed)"
 OPS = (">=", ">", "<=", "<")
 
 
@@ -53,7 +54,7 @@ class Decision:
     def note(self) -> str:
         """The text the measured cell gets: why it is fragile, or that one seed has no interval; else empty."""
         if self.verdict == NA_FRAGILE:
-            return f" (fragile: {'; '.join(self.fragile)}; more seeds could settle it)"
+            return f" (fragile: {'; '.join(self.fragile)})"
         return ONE_SEED_NOTE if self.one_seed and self.verdict in (HOLDS, FAILS) else ""
 
 
@@ -82,12 +83,13 @@ def decide(stat: dict[str, Any], bar: float, op: str, label: str = "") -> Decisi
         return Decision(NA_FRAGILE, (f"{label}: {why}" if label else why,))
     if stat.get("low") is None:
         return Decision(HOLDS if satisfies(stat["mean"], bar, op) else FAILS, one_seed=True)
+    one = stat.get("n", 0) < 2  # one seed: an item-level interval, no seed interval
     ends = [satisfies(stat[k], bar, op) for k in ("low", "high")]
     if all(ends):
-        return Decision(HOLDS)
+        return Decision(HOLDS, one_seed=one)
     if not any(ends):
-        return Decision(FAILS)
-    why = f"the 95 % seed interval [{stat['low']:.3f}, {stat['high']:.3f}] holds the bar {bar:g}"
+        return Decision(FAILS, one_seed=one)
+    why = f"the 95 % interval [{stat['low']:.3f}, {stat['high']:.3f}] holds the bar {bar:g}"
     return Decision(NA_FRAGILE, (f"{label}: {why}" if label else why,))
 
 

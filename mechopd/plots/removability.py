@@ -206,7 +206,7 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.axvline(0.0, color="0.4", linewidth=0.7, linestyle=":")
     ax.set_xlabel("accuracy drop with context, Acc_x − Acc_xc (percentage points)")
     ax.set_ylabel("Harm = P(wrong with c | right without c) (%)")
-    key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in ("A", "B", "C"))
+    key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in REGIME_NAMES)
     ax.set_title(f"Removability regimes (drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g})"
                  f"\n{key}")
     labels = {p["model"]: p["label"] for p in points}

@@ -6,8 +6,8 @@ per item from ``--responses-from``, default the first trained model), saved as `
 model of the run but the teacher (``--models``), one resident at a time. Sites: ``--sites`` names of `mechopd.sites`
 (residual sites ``embed``, ``layers.{i}.resid_post``, ``final_norm``; components ``layers.{i}.self_attn``,
 ``layers.{i}.mlp``), default every residual site. Per batch, each view runs once (no grad, no KV cache, unshared
-prefix: the lens's forward), with two hooks per site: the scored ("predict") positions and the response positions, of
-which each item keeps its n + 1 distinct rows (`store` module docstring). Shards close at ``--shard-mb``; the manifest
+prefix: the lens's forward), one hook per site at the ``"predict_stop"`` positions: each item keeps its n + 1 rows
+(`store` module docstring). Shards close at ``--shard-mb``; the manifest
 records the items, sites, dtype, every model's path and the sha256 of its weight files.
 """
 
@@ -45,18 +45,18 @@ def resolve_cache_sites(model: nn.Module, sites: Sequence[int | str] | None) -> 
 
 
 def capture_items(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str]) -> list[dict]:
-    """Per item of `batch`: ``{(site, view): [n + 1, d]}`` (row 0 the last prompt token, then the response tokens)."""
+    """Per item of `batch`: ``{(site, view): [n + 1, d]}``, the ``"predict_stop"`` positions (capture.py): row 0 the
+    last prompt token, then the response tokens' own states."""
     batch = batch.to(next(model.parameters()).device)
     n = batch.response_mask.sum(1).tolist()
     per_view = {}
     for which in VIEWS:
-        pred = Trace(model, batch, which, capture=sites, positions="predict")
-        resp = Trace(model, batch, which, capture=sites, positions="response", stop_after_last=True)
-        with torch.inference_mode(), pred, resp:
+        tr = Trace(model, batch, which, capture=sites, positions="predict_stop", stop_after_last=True)
+        with torch.inference_mode(), tr:
             model.model(**batch.view(which), use_cache=False)
-        per_view[which] = (pred, resp)
-    return [{(s, v): torch.cat([per_view[v][0][s][j, :1], per_view[v][1][s][j, : n[j]]]) for s in sites
-             for v in VIEWS} for j in range(batch.batch_size)]
+        per_view[which] = tr
+    return [{(s, v): per_view[v][s][j, : n[j] + 1].clone() for s in sites for v in VIEWS}
+            for j in range(batch.batch_size)]
 
 
 def run_cache(setup, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,

@@ -19,6 +19,10 @@ baukit, what is captured at an edited site is the edited value. ``positions``:
   ``"predict"``   the position whose logits PREDICT response token t (column ``P + t - 1``: the last prompt token and
                   every response token but the last), as the scorer (generate/scorer.py) scores; lens, patching and
                   attention work here.
+  ``"predict_stop"`` the R ``"predict"`` columns, then one more: the column of the last response slot (``P + R - 1``).
+                  A row with n real response tokens has its n predicting states at indices 0..n-1 and the state OF
+                  its last token (the stop token when it stopped) at index n: the two-view cosine averages the
+                  former and reports the latter apart (no loss trains what the stop token's state predicts).
 Index t means the same token in both views (left padding; views.py), so one view's capture is the other's edit.
 
 What is non-standard here:
@@ -49,7 +53,7 @@ from mechopd.views import TwoViewBatch
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
-POSITIONS = {"response": 0, "predict": -1}  # column shift from the response token's own column
+POSITIONS = {"response": 0, "predict": -1, "predict_stop": -1}  # column shift from the response token's own column
 COMPONENTS = {"attn": "self_attn", "mlp": "mlp"}  # component -> the module (under layers.{i}) whose output it is
 
 
@@ -119,7 +123,10 @@ class Trace(dict):
             raise ConfigError(f"positions {positions!r} is unknown; use one of {', '.join(POSITIONS)}")
         self.model, self.batch, self.which, self.copy = model, batch, which, copy
         self.capture, self.edit = list(capture), dict(edit or {})
-        self.cols = (batch.cols_x if which == "x" else batch.cols_c) + POSITIONS[positions]  # [B, R]
+        cols = batch.cols_x if which == "x" else batch.cols_c
+        self.cols = cols + POSITIONS[positions]  # [B, R]
+        if positions == "predict_stop":  # [B, R + 1]: one more column, the last response slot's own
+            self.cols = torch.cat([self.cols, cols[:, -1:]], dim=1)
         self.width = batch.view(which)["input_ids"].shape[1]
         self.mask = batch.response_mask if mask is None else mask
         self.on_capture, self.on_output = on_capture, on_output
@@ -200,17 +207,19 @@ def forward(model: nn.Module, batch: TwoViewBatch, which: str, *, head: bool = T
 
 @contextmanager
 def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
-                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True) -> Iterator[None]:
-    """`Trace` capturing ``[batch, R, d]`` response-token states of each site into `on_capture` (see `Trace`)."""
+                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True,
+                  positions: str = "response") -> Iterator[None]:
+    """`Trace` capturing ``[batch, R, d]`` states of each site at ``positions`` into `on_capture` (see `Trace`)."""
     tr = Trace(model, batch, which, capture=sites, on_capture=on_capture, copy=copy,
-               stop_after_last=stop_after_last)
+               stop_after_last=stop_after_last, positions=positions)
     with tr:
         yield
 
 
 def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture, *,
-             copy: bool = True, shared_prefix: str = "auto") -> None:
-    """One view through the decoder stack (no lm_head), stopping after the last requested site.
+             copy: bool = True, shared_prefix: str = "auto", positions: str = "response") -> None:
+    """One view through the decoder stack (no lm_head), stopping after the last requested site; captures at
+    ``positions`` (`Trace`).
 
     copy=False hands `on_capture` views of the module outputs (valid only during the call: consume, don't keep).
     shared_prefix "auto": a token prefix common to every row runs once at batch 1 BEFORE the hooks are installed
@@ -224,34 +233,35 @@ def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[
         got: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
         for g in groups:
             _run_view(model, take_rows(batch, g.rows), which, sites, lambda s, h: got[s].append(h), True,
-                      shared_prefix, g.length)
+                      shared_prefix, g.length, positions)
         for s in sites:
             on_capture(s, ungroup(got.pop(s), groups))
         return
-    _run_view(model, batch, which, sites, on_capture, copy, shared_prefix, None)
+    _run_view(model, batch, which, sites, on_capture, copy, shared_prefix, None, positions)
 
 
 def _run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture,
-              copy: bool, shared_prefix: str, length: int | None) -> None:
+              copy: bool, shared_prefix: str, length: int | None, positions: str = "response") -> None:
     with torch.inference_mode():
         view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix, length=length,
                                            stop_at=site_module(model, sites[-1]))
-        with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy):
+        with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy, positions=positions):
             model.model(**{**view_batch.view(which), "use_cache": False, **extra})
 
 
 PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None
 
 
-def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture) -> None:
+def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture,
+              positions: str = "response") -> None:
     """Both views through the decoder stack, one forward each; `on_pair(site, h_x, h_c)` gets each site's response
     states. The no-context captures are copied and held until the context view's hook of the same site consumes them;
     `h_c` is a view of the module output, valid during the call only. (Two forwards, not one over both views stacked:
     stacking pads the shorter view, and on a CPU that padding costs more than the per-call overhead it saves; see
     docs/results.md.)"""
     xs: dict[str, torch.Tensor] = {}
-    run_view(model, batch, "x", sites, xs.__setitem__)
-    run_view(model, batch, "c", sites, lambda s, hc: on_pair(s, xs.pop(s), hc), copy=False)
+    run_view(model, batch, "x", sites, xs.__setitem__, positions=positions)
+    run_view(model, batch, "c", sites, lambda s, hc: on_pair(s, xs.pop(s), hc), copy=False, positions=positions)
 
 
 def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | str] | None = None,

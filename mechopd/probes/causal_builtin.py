@@ -80,7 +80,7 @@ def attention(setup: Any, out: Path, *, models: list[str] | None, greedy: bool, 
 register_probe(ProbeSpec(
     "lens", "logit lens per view: KL between the views' decoded residual at every depth", lens,
     arguments=(MODELS, Arg(("--layers",), dict(default=None, help=SITES_HELP)), GREEDY, DETAIL, CACHE),
-    outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl"),
+    outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
     demo={"models": DEMO_MODELS}, role_options=("models",), summary="mechopd.probes.lens:LensSummary",
     figures=(FigureSpec(
         "lens_kl", "Logit lens: KL between the views by depth",

@@ -9,6 +9,11 @@ with gradients g_a = ∇θ L_a, g_b = ∇θ L_b restricted to a parameter group 
     cos        = dot / (norm_a · norm_b)          (NaN when a norm is 0)
     norm_ratio = norm_a / norm_b                  (NaN when norm_b is 0; multiply by w_a/w_b for weighted terms)
 
+The null for "nearly orthogonal" (docs/method.md §8): the same term's gradient on two DISJOINT halves of the batch
+(even and odd items), ``null_cos = cos(∇L_a[even], ∇L_a[odd])``. Two draws of one objective's gradient agree this
+much; a cos(∇a, ∇b) well below it says the two objectives point apart, not that the gradients are noise. No
+checkpoint is dropped for a small norm: a noisy gradient shows as a small null_cos instead.
+
 Groups (``scope``): "global" (all selected parameters), "layer" (one decoder layer), "module" (one module type over
 all layers: q_proj ... down_proj, the norms, embed_tokens, lm_head, the final norm ``norm``), "layer_module" (one
 module of one layer; layer None for embeddings / final norm / lm_head). Aggregates sum squares and inner products over
@@ -47,6 +52,7 @@ from torch import nn
 from mechopd.artifacts import Summary, write_csv
 from mechopd.errors import ConfigError
 from mechopd.models import module_kind, num_layers, param_layer
+from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
 from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
@@ -70,7 +76,7 @@ class GradientSummary(Summary):
 
     FILE: ClassVar[str] = "gradients.json"
     PROBE: ClassVar[str] = "gradients"
-    FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b")
+    FLOATS: ClassVar[tuple[str, ...]] = ("cos", "norm_ratio", "value_a", "value_b", "null_cos")
 
     term_a: str
     term_b: str
@@ -81,11 +87,14 @@ class GradientSummary(Summary):
     value_b: float
     response_tokens: int
     settings: dict[str, Any] = field(default_factory=dict)
+    null_cos: float = math.nan  # cos(∇a on the even items, ∇a on the odd items): the split-half null
 
     def lines(self) -> list[str]:
         a, b = self.term_a, self.term_b
+        null = "" if not math.isfinite(self.null_cos) else \
+            f"; split-half null cos(∇{a}[even], ∇{a}[odd]) = {self.null_cos:.3f}"
         return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
-                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}; "
+                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}{null}; "
                 f"{self.response_tokens} response tokens)."]
 
 
@@ -274,6 +283,33 @@ def term_gradients(
     return aggregate(names, sums, sizes, terms[0], terms[1], values)
 
 
+def split_half_cos(student: nn.Module, teacher: nn.Module | None, batch: TwoViewBatch, term: str = "opd", *,
+                   estimator: str = "topk", topk: int = 256, temperature: float = 1.0,
+                   layers: Sequence[int] | None = None, include_non_layer: bool = False) -> float:
+    """cos(∇L[even items], ∇L[odd items]) of one term over the selected parameters (the null of module docstring);
+    NaN with fewer than two items or a zero gradient."""
+    if batch.batch_size < 2:
+        return math.nan
+    term_fn = loss_term(term, estimator, topk)
+    params = [p for _, p in select_parameters(student, layers, include_non_layer)]
+    sizes, was = [p.numel() for p in params], [p.requires_grad for p in params]
+    halves = [take_rows(batch, range(k, batch.batch_size, 2)) for k in (0, 1)]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        grads = []
+        for half in halves:
+            inputs = _score_inputs(student, teacher, half, terms_need([term_fn]), temperature)
+            grads.append(_grads(token_mean(term_fn.fn(inputs).per_pos, half.response_mask), params, retain=False))
+        flat = _flatten_into(grads[0], sizes, torch.promote_types(params[0].dtype, torch.float32), params[0].device)
+        sums = _param_sums(flat, grads[1], sizes)
+    finally:
+        for p, w in zip(params, was):
+            p.requires_grad_(w)
+    dot, sq_a, sq_b = (sum(v[i] for v in sums) for i in range(3))
+    return dot / math.sqrt(sq_a * sq_b) if sq_a > 0 and sq_b > 0 else math.nan
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # End to end: sample a batch, measure, write
 # ---------------------------------------------------------------------------------------------------------------------
@@ -314,9 +350,12 @@ def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str |
     batch = next(iter(replace(items, batch_size=max(1, len(items.examples))))).to(ctx.device)
     rows = term_gradients(student, teacher_model, batch, terms, estimator=estimator, topk=topk,
                           temperature=ctx.task.temperature, layers=layers, include_non_layer=include_non_layer)
+    null = split_half_cos(student, teacher_model, batch, terms[0], estimator=estimator, topk=topk,
+                          temperature=ctx.task.temperature, layers=layers, include_non_layer=include_non_layer)
     settings = ctx.settings(model=ctx.path("model"), teacher=ctx.path("teacher"), terms=list(terms),
                             estimator=estimator, topk=topk, layers=None if layers is None else list(layers),
-                            include_non_layer=include_non_layer, response_tokens=int(batch.response_mask.sum()))
+                            include_non_layer=include_non_layer, response_tokens=int(batch.response_mask.sum()),
+                            null_cos=null, null="cos of term a's gradient on the even vs the odd items")
     write_gradients(rows, out_dir, settings, model=ctx.label("model"))
     return rows
 
@@ -330,6 +369,7 @@ def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, setting
     write_csv(out / CSV_NAME, rows, [f.name for f in fields(GradRow)])
     g = next(r for r in rows if r.scope == "global")
     summary = GradientSummary(g.term_a, g.term_b, model, g.cos, g.norm_ratio, g.value_a, g.value_b,
-                              int(settings.get("response_tokens", 0)), settings)
+                              int(settings.get("response_tokens", 0)), settings,
+                              float(settings.get("null_cos", math.nan)))
     summary.save(out, rows=rows)
     return out / CSV_NAME

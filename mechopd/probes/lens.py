@@ -58,6 +58,7 @@ class _Site:
     agree: float = 0.0
     n: int = 0
     gain: torch.Tensor | None = None  # [V] float64 sum of log p_c - log p_x
+    per_item: list[tuple[float, int]] = field(default_factory=list)  # per item: (KL summed over its tokens, tokens)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class LensResult:
     rows: list[dict[str, Any]]
     promoted: dict[str, list[tuple[int, float]]]
     tokens: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # per (item, site): n_tokens, kl_sum (claims)
 
 
 class LensAccumulator:
@@ -124,6 +126,7 @@ class LensAccumulator:
         st.kl += float(kl[mask].double().sum())
         st.agree += float(agree[mask].sum())
         st.n += int(mask.sum())
+        st.per_item += [(float(v), int(c)) for v, c in zip((kl * mask).double().sum(1), mask.sum(1))]
         g = (lp_c - lp_x)[mask].double().sum(0)  # [V]
         st.gain = g if st.gain is None else st.gain + g
         for j, d in enumerate(detail):
@@ -143,7 +146,9 @@ class LensAccumulator:
             if st.gain is not None and st.n:
                 vals, ids = (st.gain / st.n).topk(min(PROMOTED, st.gain.numel()))
                 promoted[s] = [(int(i), float(v)) for i, v in zip(ids, vals)]
-        return LensResult(rows, promoted, [{**d, "model": label} for d in self.tokens])
+        examples = [{"model": label, "example": i, "site": s, "n_tokens": n, "kl_sum": v}
+                    for s in self.sites for i, (v, n) in enumerate(self.stats[s].per_item)]
+        return LensResult(rows, promoted, [{**d, "model": label} for d in self.tokens], examples)
 
 
 def _top(lp: torch.Tensor, k: int = TOP_K) -> list[list[list[float]]]:
@@ -186,6 +191,9 @@ def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping
     results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail,
                            store=store) for label, model in run.each_model()}
     write_csv(out / "lens.csv", [r for res in results.values() for r in res.rows], COLUMNS)
+    write_csv(out / "lens_examples.csv", [{**e, "uid": run.items.examples[e["example"]].uid}
+                                          for res in results.values() for e in res.examples],
+              ["model", "example", "uid", "site", "n_tokens", "kl_sum"])  # per item: the claims' item bootstrap
     tok = run.tokenizer
     recs = [{**t, "uid": run.items.examples[t["item"]].uid,
              "tokens": [tok.decode([i]) for i in run.items.responses[t["item"]]],

@@ -1,16 +1,18 @@
 """Two-view hidden-state similarity per layer (docs/method.md section 2, mechanistic study).
 
-Which positions are compared, and why: the RESPONSE tokens, at the same response index t in both views. The two
-views share the response ids y and differ only in the prompt (x vs c, x), so index t is the same token with the same
-left context inside y; the prompt positions have no counterpart (different lengths, different words). The hidden state
-OF token t (not the one predicting it) is compared: ``TwoViewBatch.response_hidden``. Padded response slots are
-excluded (``response_mask``).
+Which positions are compared, and why: the PREDICTING positions of the response, at the same response index t in both
+views — the state whose logits predict response token t (the last prompt token for t = 0, then response token t − 1),
+the positions every loss term scores and every other probe (lens, patching, attention) reads. The two views share the
+response ids y and differ only in the prompt (x vs c, x), so index t is the same token with the same left context
+inside y; the prompt positions further back have no counterpart (different lengths, different words). The state OF the
+response's last token (the stop token when the response stopped) predicts nothing any loss trains: its cosine is
+reported apart (``cos_stop``), never averaged in. Padded response slots are excluded (``response_mask``).
 
-Per site s (``embed``, ``layers.{i}.resid_post``, ``final_norm``; see capture.py) and response token t:
+Per site s (``embed``, ``layers.{i}.resid_post``, ``final_norm``; see capture.py) and predicting position t:
 
     cos_t(s) = <h_x(s, t), h_c(s, t)> / (||h_x(s, t)|| ||h_c(s, t)||)         (float32)
 
-aggregated as the per-token mean over all response tokens (``cos_mean``, the default the paper's numbers are read
+aggregated as the per-token mean over all predicting positions (``cos_mean``, the default the paper's numbers are read
 against), the median over tokens (``cos_median``), the mean of per-example means (``cos_example_mean``), and one value
 per example (the per-example table). Optional linear CKA over tokens (Kornblith et al. 2019), tokens as samples:
 
@@ -73,6 +75,7 @@ class SimilaritySummary(Summary):
     settings: dict[str, Any] = field(default_factory=dict)
     per_layer: dict[str, list[float]] = field(default_factory=dict)
     apart: dict[str, dict[str, float]] = field(default_factory=dict)
+    stop: dict[str, list[float]] = field(default_factory=dict)  # per decoder layer: the stop token's own state
 
     def __post_init__(self) -> None:
         self.mean_cos = {k: read_float(v) for k, v in self.mean_cos.items()}
@@ -81,12 +84,14 @@ class SimilaritySummary(Summary):
         def row(m: str) -> str:
             layers = " / ".join(f"{v:.4f}" for v in self.per_layer.get(m, []))
             other = ", ".join(f"{site} {v:.4f}" for site, v in self.apart.get(m, {}).items())
+            stop = " / ".join(f"{v:.4f}" for v in self.stop.get(m, []))
             return (f"{m} {self.mean_cos[m]:.4f} (layers {layers or 'n/a'}"
-                    + (f"; apart: {other}" if other else "") + ")")
+                    + (f"; apart: {other}" if other else "") + (f"; stop token {stop}" if stop else "") + ")")
 
         means = "; ".join(row(m) for m in self.models if m in self.mean_cos)
-        return [f"- **Two-view hidden-state cosine** (per-token mean after each decoder layer and their mean over "
-                f"decoder layers, the number the claims read; embed — 1 by construction — and final_norm apart; "
+        return [f"- **Two-view hidden-state cosine** (per-token mean over the predicting positions after each decoder "
+                f"layer and their mean over decoder layers, the number the claims read; embed — 1 by construction — "
+                f"and final_norm apart; the stop token's own state apart, per layer; "
                 f"{self.n_items} items, responses from {self.responses_from}): {means}."]
 
     def layer_cosines(self, model: str) -> list[float]:
@@ -177,6 +182,7 @@ class _SiteStats:
     tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.float32))  # per-token cosines
     example_means: _Buffer = field(default_factory=lambda: _Buffer(torch.float64, 256))  # per example (NaN: empty)
     example_tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.int64, 256))  # response tokens per example
+    stop: _Buffer = field(default_factory=lambda: _Buffer(torch.float32, 256))  # the last token's own state, per row
     cka: StreamingCKA | None = None
 
 
@@ -188,10 +194,17 @@ class CosineAccumulator:
         self.stats = {s: _SiteStats(cka=StreamingCKA() if cka else None) for s in sites}
 
     def add(self, site: str, hx: torch.Tensor, hc: torch.Tensor, mask: torch.Tensor) -> None:
-        """hx, hc: ``[batch, R, d]`` response hidden states of both views; mask: ``[batch, R]`` real tokens."""
+        """hx, hc: ``[batch, R + 1, d]`` states of both views at the ``"predict_stop"`` positions (capture.py: index t
+        < n predicts token t, index n is the last token's own state) or ``[batch, R, d]`` (every index averaged);
+        mask: ``[batch, R]`` real response tokens."""
         st = self.stats[site]
         mask = mask.to(hx.device)
-        cos = token_cosine(hx, hc)  # [B, R]
+        cos = token_cosine(hx, hc)  # [B, R (+ 1)]
+        if cos.shape[1] == mask.shape[1] + 1:  # predicting positions, then the last token's own state apart
+            n = mask.sum(1)  # [B]
+            stop = torch.nn.functional.one_hot(n, cos.shape[1]).bool() & (n > 0)[:, None]  # [B, R + 1]
+            st.stop.append(cos[stop])
+            mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)  # [B, R + 1]
         counts = mask.sum(1)  # [B]
         means = (cos * mask).sum(1).double() / counts.clamp_min(1)  # [B]
         st.tokens.append(cos[mask])
@@ -212,7 +225,8 @@ class CosineAccumulator:
                    "n_examples": int(ex.size), "n_tokens": int(vals.size),
                    "cos_mean": float(vals.mean()) if vals.size else float("nan"),
                    "cos_median": float(np.median(vals)) if vals.size else float("nan"),
-                   "cos_example_mean": float(ex.mean()) if ex.size else float("nan")}
+                   "cos_example_mean": float(ex.mean()) if ex.size else float("nan"),
+                   "cos_stop": float(st.stop.values().double().mean()) if st.stop.n else float("nan")}
             if st.cka is not None:
                 row["cka"] = st.cka.value()
             rows.append(row)
@@ -246,7 +260,8 @@ def _device(model: nn.Module) -> torch.device:
 def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) -> None:
     """Both views of one batch through the model; cosines per site computed as the context view's hooks fire."""
     batch = batch.to(_device(model))
-    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask))
+    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask),
+              positions="predict_stop")
 
 
 def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
@@ -306,9 +321,9 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
 
 def _from_store(store: ActivationStore, label: str, sites: Sequence[str], cka: bool, n_layers: int,
                 uids: Sequence[str]) -> SimilarityResult:
-    """`two_view_cosine` of one model read from an activation store (its response positions), shard by shard."""
+    """`two_view_cosine` of one model read from an activation store (its "predict_stop" rows), shard by shard."""
     acc = CosineAccumulator(sites, n_layers, cka)
-    for mask, pairs in store.batches(label, sites, "response"):
+    for mask, pairs in store.batches(label, sites, "predict_stop"):
         for s in sites:
             acc.add(s, *pairs[s], mask)
     return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
@@ -389,8 +404,10 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     apart = {label: {r["site"]: float(r["cos_mean"]) for r in results[label].rows
                      if not str(r["site"]).endswith("resid_post")} for label in labels}  # embed, final_norm
     settings = ctx.settings(models=dict(models), greedy=greedy, cka=cka, dtype=str(dtype or torch.float32),
-                            aggregate="cos_mean: per-token mean over response tokens",
+                            aggregate="cos_mean: per-token mean over the predicting positions; cos_stop: the "
+                            "state of the response's last token (the stop token), apart",
                             files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl",
                                    "similarity_items.jsonl"])
-    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart).save(out)
+    stop = {label: [read_float(r.get("cos_stop")) for r in rows] for label, rows in layer_rows.items()}
+    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop).save(out)
     return out / CSV_NAME

@@ -11,8 +11,9 @@ Layout of a store directory (written by ``mechopd probe cache``, read by ``simil
 
 Positions, per item with n real response tokens: n + 1 rows, row 0 the last prompt token (whose output predicts
 response token 0) and row 1 + t the hidden state OF response token t. Hence ``positions="response"`` = rows 1..n
-(the two-view cosine's positions) and ``positions="predict"`` = rows 0..n-1 (the scorer's and the lens's positions);
-index t is the same token in both views (views.py). Padded slots are not stored.
+and ``positions="predict"`` = rows 0..n-1 (the scorer's and the lens's positions), ``positions="predict_stop"`` =
+all n + 1 (capture.py's: the predicting states, then the last token's own; the two-view cosine's); index t is the same
+token in both views (views.py). Padded slots are not stored.
 
 Memory: the writer holds at most one shard (``shard_bytes``, plus the item that closes it); the reader maps one shard
 at a time and hands out ``[items, R, d]`` padded copies of it, so a pass over the store peaks at about two shards,
@@ -36,7 +37,7 @@ FORMAT = "mechopd-activations/1"
 MANIFEST = "cache_manifest.json"
 ITEMS = "cache_items.jsonl"
 VIEWS = ("x", "c")
-POSITIONS = {"response": slice(1, None), "predict": slice(None, -1)}  # rows of an item's n + 1
+POSITIONS = {"response": slice(1, None), "predict": slice(None, -1), "predict_stop": slice(None)}  # of the n + 1 rows
 
 
 def weight_hashes(path: str | Path) -> dict[str, str]:
@@ -147,8 +148,9 @@ class ActivationStore:
         return [list(it["response_ids"]) for it in self.items]
 
     def batches(self, label: str, sites: Sequence[str], positions: str) -> Iterator[tuple[torch.Tensor, dict]]:
-        """Per shard of `label`: ``(mask [B, R] bool, {site: (h_x [B, R, d], h_c [B, R, d])})`` at `positions`
-        (``response`` | ``predict``), items in store order, R = the shard's longest response."""
+        """Per shard of `label`: ``(mask [B, R] bool, {site: (h_x [B, R', d], h_c [B, R', d])})`` at `positions`
+        (``response`` | ``predict``: R' = R; ``predict_stop``: R' = R + 1), items in store order, R = the shard's
+        longest response, padding zero."""
         from safetensors import safe_open
 
         self.check([label], sites)
@@ -164,9 +166,10 @@ class ActivationStore:
                     pair = []
                     for v in VIEWS:
                         rows = f.get_tensor(f"{s}|{v}")  # [rows, d]
-                        h = rows.new_zeros(B, R, rows.shape[-1])
+                        h = rows.new_zeros(B, R + (positions == "predict_stop"), rows.shape[-1])
                         for j in range(B):
-                            h[j, : n[j]] = rows[off[j] : off[j + 1]][keep]
+                            got = rows[off[j] : off[j + 1]][keep]
+                            h[j, : got.shape[0]] = got
                         pair.append(h)
                     out[s] = tuple(pair)
             yield mask, out

@@ -25,8 +25,8 @@ Analyses (``summarize``):
     bootstrap over WHOLE sequences (sequences resampled with replacement, medians and terciles recomputed each time).
   * ``standardized_regression``: OLS of z(G) on z(H), z(DL), z(DI) with an intercept; a constant predictor gets
     coefficient NaN and is left out of the fit.
-  * ``degeneracy``: when the diagnostic cannot speak (docs/method.md §7): C carries no information (q95 − q05 of
-    C_exact over the bank < `C_SPREAD_MIN`), or the rescored model has converged (mean kl1 / mean kl0 <
+  * ``degeneracy``: when the diagnostic cannot speak (docs/method.md §8): C carries no information (fewer than
+    `C_LOW_SHARE_MIN` of the bank's tokens have C_exact < `C_LOW`), or the rescored model has converged (mean kl1 / mean kl0 <
     `CONVERGED_RATIO`, or corr(gain_abs, kl0) > `GAIN_KL0_CORR`: the gain is the initial KL, every fit on it trivial).
   * ``informative_checkpoint``: which saved step of a run to rescore (moved, not converged).
 """

@@ -62,11 +62,14 @@ class OtherContext:
     label:   names the context across items (rules: the rule, e.g. ``shift:2``); per-context tables group by it.
     context: the context text, placed where the distilled context goes (`Task.placement`).
     answer:  the target under this context, in the form `Task.score` reads from ``Example.answer``.
+    composed: optional; the answer of the distilled context's rule and then this one (rules: apply the distilled rule,
+             then the other), where a task can say it: a reply equal to it MIXES both contexts (`mechopd.following`).
     """
 
     label: str
     context: str
     answer: Any
+    composed: Any = None
 
     def example(self, example: Example) -> Example:
         """`example` with this context and its answer (what `Task.score` then scores against)."""

@@ -170,11 +170,12 @@ class RulesTask(BaseTask):
 
     def other_contexts(self, example: Example) -> list[OtherContext]:
         """The family's other rules, labelled by rule (``shift:2``, ``reverse``), each with its output on the item's
-        digits; a rule whose output on this item equals the distilled rule's is left out (it would not tell
-        following from sticking)."""
+        digits and the COMPOSED output (the distilled rule, then the other: what a student that applies its
+        internalised rule and then reads the context would say); a rule whose output on this item equals the
+        distilled rule's is left out (it would not tell following from sticking)."""
         digits = list(example.meta["digits"])
         own = apply_rule(self.rule, digits)
-        return [OtherContext(r, rule_text(r), _fmt(apply_rule(r, digits)))
+        return [OtherContext(r, rule_text(r), _fmt(apply_rule(r, digits)), _fmt(apply_rule(r, own)))
                 for r in dict.fromkeys(self.family) if r != self.rule and apply_rule(r, digits) != own]
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:

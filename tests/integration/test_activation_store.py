@@ -42,7 +42,8 @@ def store(run, tmp_path_factory):
 
 
 def test_similarity_and_lens_from_the_store_equal_the_forwards(run, store, tmp_path):
-    for probe, table, cols in (("similarity", "similarity.csv", ("cos_mean", "cos_median", "cos_example_mean")),
+    sim_cols = ("cos_mean", "cos_median", "cos_example_mean", "cos_stop")
+    for probe, table, cols in (("similarity", "similarity.csv", sim_cols),
                                ("lens", "lens.csv", ("kl_c_x", "top1_agree"))):
         args = ["--run", run, "--n", "6", "--batch-size", "4"]
         assert _probe(probe, *args, "--out", tmp_path / probe) == 0

@@ -83,7 +83,7 @@ def test_organism_student_starts_from_its_recipe_unless_a_key_is_set(tmp_path):
     cfg = load_train_config(None, {"student": "organism:rules", "method": "nca"})
     for key, value in ORGANISM_RECIPES["rules"].items():
         assert getattr(cfg, key) == value
-    assert (cfg.lr, cfg.batch_size, cfg.steps) == (1e-3, 32, 150) and cfg.method == "nca"
+    assert (cfg.lr, cfg.batch_size, cfg.steps) == (2e-3, 32, 100) and cfg.method == "nca"
     assert cfg.beta == paper.beta  # not in the recipe: the paper's value
     explicit = load_train_config(None, {"student": "organism:rules", "lr": 5e-6, "steps": 7})
     assert (explicit.lr, explicit.steps, explicit.batch_size) == (5e-6, 7, 32)
@@ -91,7 +91,7 @@ def test_organism_student_starts_from_its_recipe_unless_a_key_is_set(tmp_path):
     path.write_text("student: organism:sokoban\nbatch_size: 4\n")
     from_yaml = load_train_config(path)
     assert (from_yaml.batch_size, from_yaml.lr, from_yaml.steps) == (4, 5e-4, 120)
-    assert load_train_config(None, {}).lr == 1e-3  # the default student is organism:rules
+    assert load_train_config(None, {}).lr == 2e-3  # the default student is organism:rules
     other = load_train_config(None, {"student": str(tmp_path)})  # any other model: the paper defaults
     assert (other.lr, other.batch_size, other.steps) == (paper.lr, paper.batch_size, paper.steps) == (5e-6, 128, 100)
 

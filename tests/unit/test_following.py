@@ -192,44 +192,31 @@ def test_context_following_figure_draws_the_saved_rates(tmp_path):
 
 def _following(tmp_path, *per_seed):
     from mechopd.claims import evaluate_claims
-    from tests.unit.test_claims import _seed_runs
+    from tests.unit.claim_runs import seed_runs
 
-    return {c.key: c for c in evaluate_claims(_seed_runs(tmp_path, *per_seed))}
-
-
-def test_following_claims_decide_by_the_interval_rule_over_seeds(tmp_path):
-    from mechopd.verdicts import FAILS, HOLDS, NA_FRAGILE
-
-    # claim 1: OPD retention 0.9, 0.3, 0.6 over base 0.96: the interval holds 0.5
-    got = _following(tmp_path / "a", *({"follow": {"opd": f}} for f in (0.9, 0.3, 0.6)))
-    assert got["keeps_following"].verdict == NA_FRAGILE and "the bar 0.5;" in got["keeps_following"].measured
-    # claim 2: paired NCA − OPD follow_other +0.05, +0.06, +0.055: the whole interval above 0
-    nca = ({"follow": {"nca": 0.95, "opd": 0.9}}, {"follow": {"nca": 0.96, "opd": 0.9}},
-           {"follow": {"nca": 0.955, "opd": 0.9}})
-    got = _following(tmp_path / "b", *nca)
-    assert got["nca_follows"].verdict == HOLDS and "fragile" not in got["nca_follows"].measured
-    assert "lower end" not in got["nca_follows"].criterion and "paired per seed" in got["nca_follows"].criterion
-    got = _following(tmp_path / "c", *({"follow": {"nca": n, "opd": 0.9}} for n in (0.95, 0.80, 0.93)))
-    assert got["nca_follows"].verdict == NA_FRAGILE
-    # claim 3: an AND; the follow run's Harm − NCA's 0.01, 0.19, 0.01 holds the 0.05 bar: fragile, that part named
-    harm = [{"follow_run": {"acc_x": 0.96, "harm": h}} for h in (0.02, 0.2, 0.02)]
-    got = _following(tmp_path / "d", *harm)
-    row = got["follow_term"]
-    assert row.verdict == NA_FRAGILE and "(fragile: Harm − NCA's: the 95 % seed interval" in row.measured
-    assert "retention:" not in row.measured and "Acc_x − OPD's:" not in row.measured
-    # ... and a part that fails outright makes the AND fail
-    got = _following(tmp_path / "e", *({"follow_run": {"acc_x": 0.8, "harm": h}} for h in (0.02, 0.2, 0.02)))
-    assert got["follow_term"].verdict == FAILS
+    return {c.key: c for c in evaluate_claims(seed_runs(tmp_path, *per_seed))}
 
 
-def test_following_claims_on_one_seed_keep_the_value_and_say_so(tmp_path):
+def test_following_rows_read_only_the_held_out_contexts(tmp_path):
     from mechopd.verdicts import FAILS, HOLDS
 
-    got = _following(tmp_path, {"follow": {"opd": 0.49}})  # retention 0.51 > 0.5 by a hair
-    assert got["keeps_following"].verdict == HOLDS and "one seed: no interval" in got["keeps_following"].measured
-    assert got["nca_follows"].verdict == HOLDS and "one seed" in got["nca_follows"].measured  # 0.95 − 0.49 > 0
-    got = _following(tmp_path / "b", {"follow_run": {"acc_x": 0.96, "harm": 0.07}})  # Harm − NCA's 0.06 > 0.05
-    assert got["follow_term"].verdict == FAILS and "one seed" in got["follow_term"].measured
+    # following the trained contexts (0.95) but not the held-out ones (0.1): the follow term does not generalise
+    got = _following(tmp_path / "a", {"follow": {"nca_follow": (0.95, 0.1), "opd": (0.1, 0.9)}})
+    assert got["follow_term"].verdict == FAILS and "repeat:2, reverse" in got["follow_term"].criterion
+    assert got["keeps_following"].verdict == HOLDS  # OPD follows the held-out contexts: the shifts are not read
+    assert "trained on shift:2, shift:3" in got["follow_term"].criterion
+
+
+@pytest.mark.parametrize(("stick", "compose", "word"), [(0.6, 0.1, "ignores"), (0.1, 0.6, "mixes"),
+                                                         (0.1, 0.1, "breaks")])
+def test_a_deaf_model_gets_the_word_its_replies_support(tmp_path, stick, compose, word):
+    from tests.unit.claim_runs import make_run, spec_with
+
+    spec = spec_with(follow={"opd": (0.1, 0.1)}, stick={"opd": stick}, compose={"opd": compose})
+    rep = json.loads((make_run(tmp_path, spec) / "eval" / "opd.json").read_text())
+    assert rep["summary"]["context_deaf"] and rep["summary"]["following"] == word
+    assert f"context-deaf ({word} other contexts)" in rep["summary"]["regime_reason"]
+    assert rep["summary"]["compose"]["value"] == pytest.approx(compose, abs=0.01)
 
 
 def test_retention_applied_twice_gives_the_same_regime_line():

@@ -226,3 +226,36 @@ def test_rows_warn_when_one_norm_is_below_a_thousandth_of_the_other():
     assert rows[("layer_module", "up_proj")].warning == ""
     flipped = aggregate(names[:1], [(1e-9, 1e-8, 1.0)], [4], "opd", "nca", (0.1, 0.2))
     assert flipped[0].warning == "norm_a < 0.001 x norm_b"
+
+
+# ---------------------------------------------------------------------------------------------------- split-half null
+def _batch_of(examples, responses):
+    return build_two_view_batch(TOK, [e.prompt for e in examples], [e.context for e in examples], responses, SPEC)
+
+
+def test_split_half_null_is_one_on_duplicated_halves_and_matches_two_separate_gradients():
+    from mechopd.probes.gradients import split_half_cos
+
+    examples, responses, _ = fixed_batch(2)
+    dup = _batch_of([examples[0], examples[0], examples[1], examples[1]], [responses[0], responses[0],
+                                                                        responses[1], responses[1]])
+    assert split_half_cos(tiny(0), tiny(1), dup, "opd", estimator="full") == pytest.approx(1.0, abs=1e-6)
+    # distinct halves: the cosine of the two halves' gradients, each computed on its own batch (a slow reference)
+    student, teacher = tiny(0), tiny(1)
+    batch = _batch_of(examples + examples[:0], responses)
+    grads = []
+    for k in (0, 1):
+        half = _batch_of([examples[k]], [responses[k]])
+        student.zero_grad()
+        from mechopd.probes.gradients import _score_inputs, loss_term
+        from mechopd.objectives.losses import terms_need, token_mean
+
+        term = loss_term("opd", "full")
+        value = token_mean(term.fn(_score_inputs(student, teacher, half, terms_need([term]), 1.0)).per_pos,
+                           half.response_mask)
+        value.backward()
+        grads.append(torch.cat([p.grad.reshape(-1).clone() for p in student.parameters()]))
+    ref = float(torch.nn.functional.cosine_similarity(grads[0].double(), grads[1].double(), dim=0))
+    got = split_half_cos(tiny(0), tiny(1), batch, "opd", estimator="full")
+    assert got == pytest.approx(ref, abs=1e-5) and got < 0.99
+    assert math.isnan(split_half_cos(tiny(0), tiny(1), _batch_of(examples[:1], responses[:1]), "opd"))

@@ -90,7 +90,15 @@ def test_all_items_wrong():
     s = summarize(cells(rr=0, rw=0, wr=0, ww=9), n_boot=200)
     assert s["harm"]["value"] is None and s["help"]["value"] == 0.0
     assert s["acc_x"]["value"] == s["acc_xc"]["value"] == s["both_correct"]["value"] == 0.0
-    assert s["regime"] == "C" and "undefined" in s["regime_reason"]
+    assert s["regime"] == "X" and "collapsed" in s["regime_reason"]  # never "views agree"
+
+
+@pytest.mark.parametrize(("acc_x", "acc_xc", "regime"), [(0.05, 0.05, "X"), (0.0, 0.04, "X"), (0.06, 0.05, "C"),
+                                                          (0.0, 1.0, "B"), (1.0, 0.0, "A")])
+def test_collapsed_is_its_own_regime(acc_x, acc_xc, regime):
+    from mechopd.removability import classify_regime
+
+    assert classify_regime(acc_x, acc_xc, None)[0] == regime
 
 
 def test_zero_mean_length_leaves_delta_len_undefined():
@@ -194,7 +202,7 @@ def test_one_resample_serves_every_metric():
         (0.55, 0.57, 0.05, "B"),  # 0.57 - 0.55 = 0.01999... in floats: still "at" the threshold
         (0.50, 0.60, 0.12, "A"),  # high harm overrides a net gain
         (0.50, 0.60, None, "B"),
-        (0.00, 0.00, None, "C"),
+        (0.00, 0.00, None, "X"),  # collapsed, never "views agree"
         (0.50, 0.47, None, "A"),
     ],
 )

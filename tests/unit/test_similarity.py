@@ -72,8 +72,16 @@ def ref_sites(model, ids: list[int]) -> dict[str, torch.Tensor]:
     return out
 
 
-def ref_cosines(model, tok, items) -> dict[str, list[list[float]]]:
-    """site -> per example -> per response token cosine (float64, one dot product at a time)."""
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    both_zero = float(a.norm()) == 0.0 and float(b.norm()) == 0.0  # a sampled pad id: identical
+    return 1.0 if both_zero else float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def ref_cosines(model, tok, items, stop: bool = False) -> dict[str, list[list[float]]]:
+    """site -> per example -> per PREDICTING position cosine (the state predicting response token t: the last prompt
+    token, then response tokens 0..n-2), float64, one dot product at a time; ``stop``: instead, per example the
+    cosine of the state OF the response's last token."""
     spec = items.spec
     out: dict[str, list[list[float]]] = {}
     for ex, resp in zip(items.examples, items.responses):
@@ -81,11 +89,10 @@ def ref_cosines(model, tok, items) -> dict[str, list[list[float]]]:
         pc = render_prompt_ids(tok, ex.prompt, ex.context, spec)
         hx, hc = ref_sites(model, px + resp), ref_sites(model, pc + resp)
         for site in hx:
-            vals = []
-            for t in range(len(resp)):
-                a, b = hx[site][len(px) + t].double(), hc[site][len(pc) + t].double()
-                both_zero = float(a.norm()) == 0.0 and float(b.norm()) == 0.0  # a sampled pad id: identical
-                vals.append(1.0 if both_zero else float(torch.dot(a, b) / (a.norm() * b.norm())))
+            if stop:
+                vals = [_cos(hx[site][len(px) + len(resp) - 1], hc[site][len(pc) + len(resp) - 1])]
+            else:
+                vals = [_cos(hx[site][len(px) + t - 1], hc[site][len(pc) + t - 1]) for t in range(len(resp))]
             out.setdefault(site, []).append(vals)
     return out
 
@@ -107,6 +114,10 @@ def test_cosine_matches_explicit_reference_on_one_layer_model(tok, task):
         assert row["cos_mean"] == pytest.approx(sum(flat) / len(flat), abs=ATOL)
         assert row["cos_median"] == pytest.approx(statistics.median(flat), abs=ATOL)
         assert row["cos_example_mean"] == pytest.approx(sum(sum(e) / len(e) for e in per_ex) / len(per_ex), abs=ATOL)
+    stops = ref_cosines(model, tok, items, stop=True)
+    for row in res.rows:  # the stop token's own state, apart: the mean over examples of its one cosine
+        assert row["cos_stop"] == pytest.approx(sum(e[0] for e in stops[row["site"]]) / len(items.examples), abs=ATOL)
+    assert any(r["cos_stop"] != pytest.approx(r["cos_mean"], abs=1e-3) for r in res.rows if r["site"] != "embed")
     assert min(r["cos_mean"] for r in res.rows if r["site"] != "embed") < 0.999  # the views really differ
     for er in res.example_rows:
         vals = ref[er["site"]][er["example"]]
