@@ -91,6 +91,29 @@ def test_lora_at_b_zero_gives_the_full_models_first_step_loss_and_gradient(batch
         assert float(layer.lora_A[lora.NAME].weight.grad.abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("micro, chunk, ckpt", [(1, 2, False), (2, None, True), (None, 1, True)])
+def test_lora_gradients_equal_the_one_shot_step_with_the_memory_options(batch, micro, chunk, ckpt):
+    """Micro-batches, logit chunks and activation checkpointing give the adapter the one-shot step's gradient."""
+    from mechopd.train.step import enable_checkpointing
+
+    _, student, teacher = _adapted()
+    student.train()
+    ref = _step(student, teacher, batch)
+    want = {n: p.grad.clone() for n, p in student.named_parameters() if p.requires_grad}
+    other = copy.deepcopy(student)
+    if ckpt:
+        enable_checkpointing(other)
+    params = [p for p in other.parameters() if p.requires_grad]
+    opts = StepOptions(temperature=T, vocab=V, budget=1.0, seed=0, shared_prefix="off", micro_batch_size=micro,
+                       logit_chunk=chunk)
+    got = StepScorer(other, teacher, method_terms("nca", 0.5, estimator="full"), make_selector("full"), params,
+                     opts).step(batch, 0)
+    torch.testing.assert_close(got.loss, ref.loss, rtol=1e-5, atol=1e-7)
+    for n, p in other.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
 def test_the_adapter_off_teacher_is_the_base_model_without_a_copy(batch):
     ref, student, teacher = _adapted()
     torch.testing.assert_close(_logits(teacher, batch), _logits(ref, batch), rtol=0, atol=0)
