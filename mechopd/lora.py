@@ -73,8 +73,9 @@ def shared_base(model: nn.Module) -> nn.Module:
 
 
 def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
-    """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable. A target that matches
-    no module raises `ConfigError` naming the model's linear module names."""
+    """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable, in float32 whatever the
+    base's dtype (peft casts the input per layer). A target that matches no module raises `ConfigError` naming the
+    model's linear module names."""
     peft = require_peft()
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
     missing = [t for t in opts.targets if t not in linear]
@@ -85,6 +86,8 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     peft.inject_adapter_in_model(peft_config(opts), model, adapter_name=NAME)
     for n, p in model.named_parameters():
         p.requires_grad_(".lora_A." in n or ".lora_B." in n)
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()  # the adapter trains in float32 over a bf16 / fp16 base (peft's autocast default)
     return model
 
 
