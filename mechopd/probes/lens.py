@@ -24,7 +24,6 @@ Kept across batches per site: three scalars and one ``[V]`` float64 gain sum; pe
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,8 +179,7 @@ def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping
     cache: an activation store (`mechopd probe cache`): its items, responses and residuals (the head still runs)."""
     from mechopd.probes.store import ActivationStore
 
-    store = ActivationStore(cache) if cache is not None else None
-    setup = setup if store is None else dataclasses.replace(setup, responses_from=store.responses_file())
+    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
     run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device,
                      dtype=dtype)
     out = Path(out_dir)

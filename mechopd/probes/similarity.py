@@ -30,7 +30,6 @@ last requested site (capture.py), so a request without ``final_norm`` skips the 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -319,16 +318,6 @@ def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBat
 # End to end: `mechopd probe similarity`.
 
 
-def _from_store(store: ActivationStore, label: str, sites: Sequence[str], cka: bool, n_layers: int,
-                uids: Sequence[str]) -> SimilarityResult:
-    """`two_view_cosine` of one model read from an activation store (its "predict_stop" rows), shard by shard."""
-    acc = CosineAccumulator(sites, n_layers, cka)
-    for mask, pairs in store.batches(label, sites, "predict_stop"):
-        for s in sites:
-            acc.add(s, *pairs[s], mask)
-    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
-
-
 def _read_config(label: str, path: str):
     from transformers import AutoConfig
 
@@ -367,8 +356,7 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     ``similarity.json`` (`SimilaritySummary`). Returns the path of ``similarity.csv``.
     cache: an activation store (`mechopd probe cache`): its items and responses, its activations instead of forwards.
     """
-    store = ActivationStore(cache) if cache is not None else None
-    setup = setup if store is None else dataclasses.replace(setup, responses_from=store.responses_file())
+    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
     models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
@@ -380,12 +368,11 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     items = _items(ctx, src, loaded, greedy=greedy, dtype=dtype)
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
     results: dict[str, SimilarityResult] = {}
-    if store is not None:
-        store.check(labels, sites)
-        store.check_items(ctx.out / "similarity_items.jsonl")
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
-        if store is not None:
-            results[label] = _from_store(store, label, sites, cka, configs[label].num_hidden_layers, items.uids)
+        if store is not None:  # the store's rows instead of forwards (same numbers), shard by shard
+            acc = CosineAccumulator(sites, configs[label].num_hidden_layers, cka)
+            store.feed(label, sites, "predict_stop", acc.add, ctx.out / "similarity_items.jsonl")
+            results[label] = SimilarityResult(acc.site_rows(label), acc.example_rows(label, items.uids))
             continue
         model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)

@@ -118,6 +118,24 @@ class ActivationStore:
                             "rewrite it with this version's mechopd probe cache")
         self.sites, self.labels = list(self.manifest["sites"]), list(self.manifest["models"])
 
+    @classmethod
+    def open(cls, cache: str | Path | None, setup: Any) -> tuple[ActivationStore | None, Any]:
+        """(the store, `setup` taking its responses) for ``--cache DIR``; (None, `setup`) without one."""
+        import dataclasses
+
+        if cache is None:
+            return None, setup
+        store = cls(cache)
+        return store, dataclasses.replace(setup, responses_from=store.responses_file())
+
+    def feed(self, label: str, sites: Sequence[str], positions: str, add: Any, items_file: str | Path) -> None:
+        """``add(site, h_x, h_c, mask)`` for every site of every shard of `label` (`batches`), once the probe's saved
+        items are checked to be the store's (`check_items`)."""
+        self.check_items(items_file)
+        for mask, pairs in self.batches(label, sites, positions):
+            for s in sites:
+                add(s, *pairs[s], mask)
+
     def path_of(self, label: str) -> str:
         return self.manifest["models"][label]["path"]
 
