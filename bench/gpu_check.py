@@ -3,7 +3,11 @@
 The CPU suite runs every verb on tiny float32 models of the three families (tests/realpath). A GPU run still has to
 check, on the hardware and at the scale the papers use:
 
-  bf16 train OPD / NCA   two optimizer steps of each method in bfloat16 on CUDA (finite losses, weights moved)
+  bf16 train OPD / NCA   two optimizer steps of each method in bfloat16 on CUDA (finite losses, weights moved), also
+                         NCA with a LoRA student (rank 16), an EMA teacher and a LoRA student with a live teacher:
+                         peak CUDA memory, trainable share and tokens/s per stage (`train.profile`) printed
+  fused loss head        `objectives.head` at V = 151936, N = 1024, d = 2048: loss and gradient vs the plain reference,
+                         its time over a bare LM-head matmul forward + backward, its peak memory over the reference's
   lean vs generate       the lean KV-cache decoder against ``model.generate`` (greedy, bf16): share of identical
                          responses and the first diverging token (bf16 rounding can split near-ties; both are reported)
   NCCL two-process       ``torchrun --nproc_per_node 2`` train == one process at the same global batch (max |Δθ|),
@@ -70,19 +74,74 @@ def train_cfg(args, method: str, steps: int = 2) -> dict:
             "no_context_system": no_context_system(args.model)}
 
 
-def check_train(args, method: str, out: Path) -> None:
+def check_train(args, method: str, out: Path, label: str = "", **extra) -> None:
+    """Two bf16 steps of `method` (+ `extra` config: LoRA, teacher modes): finite losses, weights moved; the peak
+    CUDA memory, the trainable share and the step's tokens/s per stage are printed."""
     from mechopd.models import load_model
     from mechopd.train.trainer import train
 
-    t0 = time.time()
-    final = train(train_cfg(args, method), out / method, progress=False)
-    recs = [json.loads(x) for x in (out / method / "metrics.jsonl").read_text().splitlines()]
+    t0, name = time.time(), f"{method}{label}"
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    final = train({**train_cfg(args, method), **extra}, out / name, progress=False)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+    recs = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in recs if "loss" in r]
     a, b = load_model(args.model), load_model(final)
     moved = any(not torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     ok = len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))) and moved
-    row(f"bf16 train {method}", ok, f"losses {', '.join(f'{x:.4f}' for x in losses)}; moved={moved}",
-        time.time() - t0)
+    stages = " ".join(f"{k.split('/')[1]} {v:.0f}" for k, v in recs[-1].items() if k.startswith("tokens_per_s/") and v)
+    row(f"bf16 train {name}", ok, f"losses {', '.join(f'{x:.4f}' for x in losses)}; moved={moved}; peak {peak:.2f} "
+        f"GiB; trainable {recs[-1].get('trainable_share', 1.0):.4f}; tok/s {stages}", time.time() - t0)
+
+
+def check_loss_head(args) -> None:
+    """The fused loss head (objectives/head.py) at V = 151936 on the device: loss and gradient against the plain
+    reference (float32), its time over a bare LM-head matmul forward + backward, peak memory over the reference's."""
+    from mechopd.generate.scorer import to_logp
+    from mechopd.objectives.divergences import nca_anchor, reverse_kl_full
+    from mechopd.objectives.head import fused_head_loss
+
+    dev, n, d, V = args.device, 1024, 2048, 151936
+    if dev == "cpu":  # the script's own smoke test: small shapes
+        n, d = 64, 64
+    g = torch.Generator(device=dev).manual_seed(0)
+    hx, hc, ht = (torch.randn(n, d, device=dev, generator=g) for _ in range(3))
+    w, wt = (torch.randn(V, d, device=dev, generator=g) * d**-0.5 for _ in range(2))  # logits ~ N(0, 1)
+    weights = torch.full((n,), 1.0 / n, device=dev)
+
+    def timed(fn):
+        torch.cuda.synchronize() if dev == "cuda" else None
+        torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize() if dev == "cuda" else None
+        peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
+        return out, time.perf_counter() - t0, peak
+
+    def run(kind):
+        x, c, ww = hx.clone().requires_grad_(), hc.clone().requires_grad_(), w.clone().requires_grad_()
+        if kind == "fused":
+            loss = fused_head_loss(x, ww, ht, wt, weights, hc=c, beta=0.5, chunk=1024)[0]
+        elif kind == "floor":
+            loss = (x @ ww.T).sum()
+        else:
+            lq = to_logp((x @ ww.T)[None], 1.0)
+            loss = (reverse_kl_full(lq, to_logp((ht @ wt.T)[None], 1.0)) + 0.5 * nca_anchor(lq, to_logp(
+                (c @ ww.T)[None], 1.0))).mean()
+        loss.backward()
+        return float(loss.detach()), x.grad
+
+    t0 = time.time()
+    res = {k: timed(lambda k=k: run(k)) for k in ("reference", "fused", "floor", "fused", "floor")}  # 2nd run kept
+    (ref, g_ref), t_ref, m_ref = res["reference"]
+    (got, g_got), t_f, m_f = res["fused"]
+    t_floor = res["floor"][1]
+    rel = abs(got - ref) / abs(ref)
+    grel = float((g_got - g_ref).norm() / g_ref.norm())
+    row("fused loss head (NCA, V=151936)", rel < 1e-4 and grel < 1e-3, f"loss rel {rel:.1e}, grad rel {grel:.1e}; "
+        f"time {t_f * 1e3:.1f} ms = {t_f / t_floor:.2f}x matmul floor, {t_f / t_ref:.2f}x reference; peak "
+        f"{m_f:.2f} GiB = {m_f / m_ref:.2f}x reference", time.time() - t0)
 
 
 PAPER_MEMORY = {"micro_batch_size": 2, "logit_chunk": 128, "gradient_checkpointing": True}
@@ -216,6 +275,11 @@ def main() -> int:
         out = Path(tmp)
         for name, fn in (("bf16 train opd", lambda: check_train(args, "opd", out)),
                          ("bf16 train nca", lambda: check_train(args, "nca", out)),
+                         ("bf16 train nca lora", lambda: check_train(args, "nca", out, "-lora16", lora_rank=16)),
+                         ("bf16 train nca ema", lambda: check_train(args, "nca", out, "-ema", teacher_mode="ema")),
+                         ("bf16 train nca lora live", lambda: check_train(args, "nca", out, "-lora-live",
+                                                                          lora_rank=16, teacher_mode="live")),
+                         ("fused loss head", lambda: check_loss_head(args)),
                          ("lean vs generate (bf16)", lambda: check_lean_vs_generate(args)),
                          ("NCCL two-process", lambda: check_nccl(args, out)),
                          ("eval", lambda: check_eval(args, real)),

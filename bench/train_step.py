@@ -10,11 +10,15 @@ the word-level organism tokenizer), same prompts, same batch B and the same 24 n
   opd      Trainer(method="opd", selector="full", estimator="full").train_step()
   nca      Trainer(method="nca", ...)        (one extra student forward/backward on the context view)
   ta_opd   Trainer(method="opd", selector="ta_opd", budget 0.10, K 16)
+  lora_nca / ema_nca / live_nca   NCA with lora_rank=8 / teacher_mode=ema / teacher_mode=live (opt-in via --variants)
   trl      trl.experimental.sdft.SDFTTrainer (TRL 1.16; `pip install -e .[bench]`) configured to the same work:
            frozen base teacher, context before the prompt in the user turn, full-vocab reverse KL
            (distillation_mode="full_logits", distillation_alpha=1), one generation per prompt, per-device batch B,
            gradient accumulation 1, max_completion_length 24, fp32, no activation checkpointing, AdamW (non-fused,
            as mechopd), constant lr, grad clip 1.0, logging/saving/eval/reporting off.
+
+After the ratios, every mechopd variant's stage table (`train.profile`): median seconds, share of the step and
+tokens/s of rollout, teacher, student_fwd, loss, student_bwd and optimizer.
 
 Targets (PASS/FAIL printed): opd <= 1.15 x bare; nca <= 1.30 x opd; ta_opd <= 1.05 x opd; opd steps/s >= 1.3 x trl.
 
@@ -201,13 +205,37 @@ def make_trainer_step(path: Path, out_root: Path, name: str, args, **config: Any
                 pool_size=args.pool)
     trainer = Trainer(TrainConfig(**{**base, **config}), out_dir=out_root / name, progress=False)
 
+    records: list[dict] = []
+
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         rec = trainer.train_step()
+        records.append(rec)
         return time.perf_counter() - t0, rec["response_len"]
 
     step.trainer = trainer  # type: ignore[attr-defined]
+    step.records = records  # type: ignore[attr-defined]
     return step
+
+
+def stage_table(variants: dict[str, Any], warmup: int) -> None:
+    """Per mechopd variant: median seconds, share of the step and tokens/s of each stage (`train.profile`; tokens =
+    the step's response tokens), over the measured steps."""
+    from mechopd.train.profile import STAGES
+
+    rows = {k: v.records[warmup:] for k, v in variants.items() if getattr(v, "records", None)}
+    if not rows:
+        return
+    print(f"\nthroughput per stage (median over steps; tokens/s = response tokens / the stage's seconds)")
+    print(f"{'variant':>8} " + " ".join(f"{s:>19}" for s in STAGES))
+    for k, recs in rows.items():
+        cells = []
+        for s in STAGES:
+            sec = statistics.median(r[f"time/{s}"] for r in recs)
+            share = statistics.median(r[f"time/{s}"] / r["step_s"] for r in recs)
+            tps = statistics.median(r[f"tokens_per_s/{s}"] or 0.0 for r in recs)
+            cells.append(f"{sec * 1e3:6.1f}ms {share:4.0%} {tps:6.0f}/s".rjust(19))
+        print(f"{k:>8} " + " ".join(cells))
 
 
 def run_interleaved(variants: dict[str, Any], steps: int, warmup: int) -> tuple[dict, dict]:
@@ -312,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             "opd": lambda: make_trainer_step(path, root, "opd", args, method="opd", selector="full"),
             "nca": lambda: make_trainer_step(path, root, "nca", args, method="nca", selector="full"),
             "ta_opd": lambda: make_trainer_step(path, root, "ta_opd", args, method="opd", selector="ta_opd"),
+            "lora_nca": lambda: make_trainer_step(path, root, "lora_nca", args, method="nca", lora_rank=8),
+            "ema_nca": lambda: make_trainer_step(path, root, "ema_nca", args, method="nca", teacher_mode="ema"),
+            "live_nca": lambda: make_trainer_step(path, root, "live_nca", args, method="nca", teacher_mode="live"),
             "trl": lambda: TRLRunner(path, root, args),
         }
         for n in names:
@@ -323,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         if "trl" in v:
             print(v["trl"].settings())
         ok = report(times, lens)
+        stage_table(v, args.warmup)
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -41,8 +41,11 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "nca_gate_window": (True, 1, True, None, False), "grad_stats_every": (True, 0, True, None, False),
     "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
     "micro_batch_size": (True, 1, True, None, True), "logit_chunk": (True, 1, True, None, True),
-    "follow_weight": (False, 0, True, None, False),
+    "follow_weight": (False, 0, True, None, False), "lora_rank": (True, 0, True, None, False),
+    "lora_alpha": (False, 0, False, None, False), "lora_dropout": (False, 0, True, 1, False),
+    "ema_decay": (False, 0, True, 1, False),
 }
+TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
@@ -103,6 +106,17 @@ class TrainConfig:
                gathered only while generating). Same update either way; one process has nothing to shard.
     Sharing:   shared_prefix (auto: a context-view token prefix common to every row is computed once per batch at
                batch size 1, exact, logged per step as ``shared_prefix`` = tokens shared; off: every row in full).
+    LoRA:      lora_rank (0 = off: every weight trains; r > 0: a peft LoRA adapter of rank r on lora_targets, the
+               base weights frozen, `mechopd.lora`), lora_alpha (α: ΔW = (α / r) B A), lora_dropout (on the adapter's
+               input, every student forward in train mode, rollouts included), lora_targets (module names; None = the
+               attention and MLP projections q/k/v/o/gate/up/down_proj). Self-distillation's teacher is then the
+               student's own base weights, shared, no copy; final/ and checkpoints hold the merged weights (W0 + ΔW,
+               what every command opens) and the adapter in <dir>/adapter/ (PEFT's format). Needs sharding: none and
+               a lean / hf rollout engine.
+    Teacher:   teacher_mode (frozen: the initial student, or the cross-model teacher; live: the current student
+               itself, no grad; ema: an exponential moving average of the student, θ_T ← ema_decay · θ_T +
+               (1 − ema_decay) · θ after every optimizer step, of the adapter alone for a LoRA student), ema_decay.
+               live / ema need self-distillation (teacher: null) and sharding: none (`train.teachers`).
     Hardware:  dtype (float32 | bfloat16 | float16; bfloat16 / float16 also run the forwards under torch.autocast,
                log-softmax and losses in float32), device (auto | cpu | cuda | ...), organism_dir.
     Memory:    micro_batch_size (rows per forward/backward inside one optimizer step, gradients accumulated; None =
@@ -168,6 +182,12 @@ class TrainConfig:
     micro_batch_size: int | None = None
     logit_chunk: int | None = None
     gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] | None = None
+    teacher_mode: str = "frozen"
+    ema_decay: float = 0.99
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -219,6 +239,7 @@ class TrainConfig:
             raise ConfigError(f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
                               "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
                               "(micro_batch_size works under both)")
+        _check_lora_and_teacher(self)
         check_saveable(self.to_dict(), "train config")
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,6 +259,33 @@ def _check_types(cfg: Any) -> None:
         if text.startswith("dict") and not isinstance(value, dict):
             raise ConfigError(f"{name}={value!r} is not a mapping; pass key: value pairs (--set {name}.KEY=VALUE)")
 
+
+
+def _check_lora_and_teacher(cfg: TrainConfig) -> None:
+    """LoRA and teacher-mode fields: values and the layouts they run under (one line each, naming the fix)."""
+    _choice("teacher_mode", cfg.teacher_mode, TEACHER_MODES)
+    t = cfg.lora_targets
+    if t is not None and (not isinstance(t, (list, tuple)) or not t or len(set(t)) != len(t)
+                          or not all(isinstance(x, str) and x.strip() for x in t)):
+        raise ConfigError(f"lora_targets={t!r} is invalid: give a non-empty list of distinct module names (e.g. "
+                          "[q_proj, v_proj]) or null for the attention and MLP projections")
+    if cfg.lora_dropout >= 1:
+        raise ConfigError(f"lora_dropout={cfg.lora_dropout} is invalid: need 0 <= lora_dropout < 1")
+    if cfg.lora_rank:
+        from mechopd.lora import require_peft
+
+        require_peft()
+        for key, bad, fix in (("sharding", "fsdp", "sharding=none"), ("rollout_engine", "vllm", "rollout_engine=lean")):
+            if getattr(cfg, key) == bad:
+                raise ConfigError(f"lora_rank={cfg.lora_rank} does not run with {key}: {bad} (untested there); set "
+                                  f"{fix} or lora_rank=0")
+    if cfg.teacher_mode != "frozen":
+        if cfg.teacher is not None:
+            raise ConfigError(f"teacher_mode={cfg.teacher_mode} needs self-distillation (teacher: null); a cross-model "
+                              "teacher is frozen: set teacher_mode=frozen or drop teacher")
+        if cfg.sharding != "none":
+            raise ConfigError(f"teacher_mode={cfg.teacher_mode} does not run with sharding: {cfg.sharding} (the "
+                              "teacher would share the student's shards); set sharding=none or teacher_mode=frozen")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

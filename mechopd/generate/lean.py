@@ -20,6 +20,7 @@ RMSNorm follows transformers' formula (float32 statistics, cast back, then the w
 ``model.generate`` and logits match ``model(...)`` within float tolerance on Llama, Qwen2 and Qwen3 (tests).
 Not supported (refused with `ModelError`, use ``decoder="hf"``): sliding-window attention, dynamic and longrope RoPE
 scaling, other architectures. RoPE cos/sin are tabulated once per call for every reachable position.
+A projection that is not a plain ``nn.Linear`` (a LoRA-adapted one) is called as a module (`_lin`).
 Differences from ``model(...)`` to know about: decode steps bypass module forward hooks (only the prefill runs through
 ``model(...)``); the KV buffers hold the worst case (prompt + max_new_tokens) from the start; in bf16 the attention
 here is plain matmul + softmax, so logits can differ from sdpa's by one bf16 step (fp32: ~1e-7; bf16 eager: exact).
@@ -64,6 +65,14 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = h.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
+
+
+def _lin(proj: Any, x: torch.Tensor) -> torch.Tensor:
+    """A projection: its weight and bias for a plain ``nn.Linear``; any other module (a LoRA-adapted projection,
+    `mechopd.lora`) is called, so that its adapter takes part in every decode step."""
+    if type(proj) is torch.nn.Linear:
+        return F.linear(x, proj.weight, proj.bias)
+    return proj(x)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -159,9 +168,9 @@ class LeanDecoder:
             self.layers, self.keys, self.values
         ):
             x = _rms(h, w1, e1)
-            q = F.linear(x, q_proj.weight, q_proj.bias).view(B, 1, self.n_heads, self.head_dim)
-            k = F.linear(x, k_proj.weight, k_proj.bias).view(B, 1, self.n_kv, self.head_dim)
-            v = F.linear(x, v_proj.weight, v_proj.bias).view(B, 1, self.n_kv, self.head_dim)
+            q = _lin(q_proj, x).view(B, 1, self.n_heads, self.head_dim)
+            k = _lin(k_proj, x).view(B, 1, self.n_kv, self.head_dim)
+            v = _lin(v_proj, x).view(B, 1, self.n_kv, self.head_dim)
             if qk_norm is not None:
                 q, k = _rms(q, qk_norm[0], qk_norm[1]), _rms(k, qk_norm[2], qk_norm[3])
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, 1, head_dim]
@@ -174,10 +183,9 @@ class LeanDecoder:
             w = torch.softmax(torch.matmul(qg, K[:, :, : t + 1].transpose(-1, -2)) * self.scale + bias, dim=-1,
                               dtype=torch.float32).to(q.dtype)  # [B, kv, groups, t + 1]
             a = torch.matmul(w, V[:, :, : t + 1])  # [B, kv, groups, head_dim] = heads in order
-            h = h + F.linear(a.reshape(B, 1, -1), o_proj.weight, o_proj.bias)
+            h = h + _lin(o_proj, a.reshape(B, 1, -1))
             x = _rms(h, w2, e2)
-            h = h + F.linear(act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
-                             down.weight, down.bias)
+            h = h + _lin(down, act(_lin(gate, x)) * _lin(up, x))
         h = _rms(h[:, 0], *self.norm)
         self.t = t + 1
-        return F.linear(h, self.lm_head.weight, self.lm_head.bias)
+        return _lin(self.lm_head, h)

@@ -36,12 +36,12 @@ def _pair(text: str | None, flag: str) -> tuple[str, str] | None:
 
 # ------------------------------------------------------------------------------------------------------- adapters
 def similarity(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, cka: bool,
-               greedy: bool) -> list[str]:
+               greedy: bool, cache: str | None) -> list[str]:
     from mechopd.probes.similarity import run_similarity
 
     from mechopd.probes.similarity import SimilaritySummary
 
-    path = run_similarity(setup, out, models=models, layers=_layers(layers), cka=cka, greedy=greedy)
+    path = run_similarity(setup, out, models=models, layers=_layers(layers), cka=cka, greedy=greedy, cache=cache)
     return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
 
 
@@ -85,6 +85,8 @@ register_probe(ProbeSpec(
         Arg(("--layers",), dict(default=None, help="comma-separated decoder layers (default: all sites)")),
         Arg(("--cka",), dict(action="store_true", help="also linear CKA over tokens")),
         Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones")),
+        Arg(("--cache",), dict(default=None, metavar="DIR", help="an activation store written by `mechopd probe "
+                               "cache`: its items, responses and activations instead of forwards (same numbers)")),
     ),
     outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
     demo={"models": ["base", "opd", "nca"]}, role_options=("models",),

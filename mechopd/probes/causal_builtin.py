@@ -15,6 +15,8 @@ MODELS = Arg(("--models",), dict(nargs="+", default=None, metavar="LABEL|NAME=DI
 GREEDY = Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones"))
 DETAIL = Arg(("--detail-items",), dict(dest="detail", type=int, default=16, metavar="N",
                                        help="items whose per-token values are kept for `mechopd explore` (default 16)"))
+CACHE = Arg(("--cache",), dict(default=None, metavar="DIR", help="an activation store written by `mechopd probe "
+                                 "cache`: its items, responses and activations instead of forwards (same numbers)"))
 SITES_HELP = "comma-separated decoder layers or site names (default: every residual site)"
 
 
@@ -44,11 +46,20 @@ def _detail(n: int) -> int:
 
 
 def lens(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, greedy: bool,
-         detail: int) -> list[str]:
+         detail: int, cache: str | None) -> list[str]:
     from mechopd.probes.lens import report, run_lens
 
-    path = run_lens(setup, out, models=models, layers=_list(layers, "--layers"), greedy=greedy, detail=_detail(detail))
+    path = run_lens(setup, out, models=models, layers=_list(layers, "--layers"), greedy=greedy, detail=_detail(detail),
+                    cache=cache)
     return [f"lens table: {path}"] + report(out)
+
+
+def cache(setup: Any, out: Path, *, models: list[str] | None, sites: str | None, shard_mb: float,
+          greedy: bool) -> list[str]:
+    from mechopd.probes.cache import run_cache
+
+    path = run_cache(setup, out, models=models, sites=_list(sites, "--sites"), shard_mb=shard_mb, greedy=greedy)
+    return [f"activation store: {path} (read it with: mechopd probe similarity|lens --cache {out})"]
 
 
 def patching(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, components: str,
@@ -71,7 +82,7 @@ def attention(setup: Any, out: Path, *, models: list[str] | None, greedy: bool, 
 
 register_probe(ProbeSpec(
     "lens", "logit lens per view: KL between the views' decoded residual at every depth", lens,
-    arguments=(MODELS, Arg(("--layers",), dict(default=None, help=SITES_HELP)), GREEDY, DETAIL),
+    arguments=(MODELS, Arg(("--layers",), dict(default=None, help=SITES_HELP)), GREEDY, DETAIL, CACHE),
     outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
     demo={"models": DEMO_MODELS}, role_options=("models",), summary="mechopd.probes.lens:LensSummary",
     figures=(FigureSpec(
@@ -113,4 +124,15 @@ register_probe(ProbeSpec(
         "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
         "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
         "mechopd.plots.causal:plot_attention_context"),),
+))
+
+register_probe(ProbeSpec(
+    "cache", "activation store: both views' activations at the response positions, per model, in safetensors shards",
+    cache,
+    arguments=(MODELS, Arg(("--sites",), dict(default=None, help="comma-separated site names of mechopd.sites or "
+                                              "decoder layers (default: every residual site)")),
+               Arg(("--shard-mb",), dict(dest="shard_mb", type=float, default=256.0, metavar="MB",
+                                         help="megabytes per shard (default 256; memory is bounded by one shard)")),
+               GREEDY),
+    outputs=("cache_manifest.json", "cache_items.jsonl"), demo=None,
 ))

@@ -22,6 +22,8 @@ Non-standard things here:
     through it, so that the pages it touched leave this process's RSS. The arithmetic runs in cache-sized chunks of
     X = [W0, Δ_1 .. Δ_M, (θ_b - θ_a)] ([R, chunk], float64 by default), one norm per row, summed in float64;
     ⟨Δ_a, Δ_b⟩ comes from ‖Δ_a‖², ‖Δ_b‖², ‖Δ_b - Δ_a‖² (absolute error of cos ~ machine epsilon).
+  * A LoRA checkpoint (``adapter/`` beside merged weights, `mechopd.lora`): each adapted tensor is read as W0 + ΔW with
+    ΔW = (α / r) B A from the adapter (`weights.reader_for`), so its update is the adapter's, not a rounded merge.
   * Tied embeddings: a checkpoint is tied when config.json says ``tie_word_embeddings`` (else: when it has no
     lm_head tensor). A tied head is not read (a copy stored next to the embedding is dropped, as transformers ties it
     on load); the table repeats the embedding's values on ``lm_head`` rows with ``tied_to="embed_tokens"``, and
@@ -46,9 +48,10 @@ from tqdm.auto import tqdm
 
 from mechopd.artifacts import Summary, read_csv, read_float, read_json, write_csv, write_json
 from mechopd.errors import ConfigError, DataError, ModelError
+from mechopd.lora import adapter_dir
 from mechopd.probes.setup import BASE, ProbeSetup
 from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
-                                    tensor_shapes)
+                                    reader_for, tensor_shapes)
 from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.sites import natural_key as _natural_key
 CSV_NAME = "deltas.csv"
@@ -202,7 +205,7 @@ def parameter_deltas(base_dir: str | os.PathLike, models: Mapping[str, str | os.
     shapes = tensor_shapes(base)
     for ckpt in ckpts:
         check_same_layout(base, ckpt, shapes, tensor_shapes(ckpt))
-    readers = [_Reader(c, window_numel) for c in (base, *ckpts)]
+    readers = [_Reader(base, window_numel)] + [reader_for(c, base, window_numel) for c in ckpts]  # LoRA: ΔW = BA
     pair_rows = None if pair is None else (1 + labels.index(pair[0]), 1 + labels.index(pair[1]))
     names = sorted(base.files, key=lambda n: (str(base.files[n]), n))  # file by file
     numel = {n: math.prod(shapes[n]) for n in names}
@@ -385,6 +388,7 @@ def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | Non
     out = Path(out_dir)
     paths = write_table(rows, out / "deltas.csv")
     settings = {"probe": "deltas", "base": base_dir, "models": chosen, "pair": list(pair) if pair else None,
+                "adapters": {k: str(a) for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
                 "model_paths": {"base": base_dir, **chosen}}  # weights only: no task, items or tokenizer to resolve
     return paths + [summarize_deltas(rows, pair, settings).save(out)]
 

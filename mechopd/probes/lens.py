@@ -83,13 +83,28 @@ class LensAccumulator:
         """Both views of one batch: the no-context captures held, decoded when the context view's hook fires."""
         batch = batch.to(next(self.model.parameters()).device)
         mask = batch.response_mask  # [B, R]: position t predicts a real token
-        first, keep = self.items, max(0, min(batch.batch_size, self.detail - self.items))
-        detail = [{"kl": {}} for _ in range(keep)]
+        detail = self._detail(mask)
         self._decode_pair(batch, mask, detail)
+        self._done(mask, detail)
+
+    def add_captured(self, mask: torch.Tensor, pairs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """A batch read from an activation store: ``{site: (h_x, h_c)}`` ``[B, R, d]`` at the predicting positions."""
+        dev = next(self.model.parameters()).device
+        mask, detail = mask.to(dev), self._detail(mask)
+        with torch.inference_mode():
+            for s in self.sites:
+                lp_x, lp_c = (ci.logp(lens_logits(self.model, s, h.to(dev)), self.T) for h in pairs[s])
+                self._accumulate(s, lp_x, lp_c, mask, detail)
+        self._done(mask, detail)
+
+    def _detail(self, mask: torch.Tensor) -> list[dict]:
+        return [{"kl": {}} for _ in range(max(0, min(mask.shape[0], self.detail - self.items)))]
+
+    def _done(self, mask: torch.Tensor, detail: list[dict]) -> None:
         for j, d in enumerate(detail):
-            d.update(item=first + j, n=int(mask[j].sum()))
+            d.update(item=self.items + j, n=int(mask[j].sum()))
         self.tokens += detail
-        self.items += batch.batch_size
+        self.items += mask.shape[0]
 
     def _decode_pair(self, batch: TwoViewBatch, mask: torch.Tensor, detail: list[dict]) -> None:
         xs = forward(self.model, batch, "x", head=False, capture=self.sites, positions="predict")
@@ -142,11 +157,16 @@ def _top(lp: torch.Tensor, k: int = TOP_K) -> list[list[list[float]]]:
 
 
 def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: float,
-         sites: Sequence[int | str] | None = None, label: str = "model", detail: int = DETAIL_ITEMS) -> LensResult:
-    """The lens statistics of one model over a stream of batches (module docstring): a pure function of both."""
+         sites: Sequence[int | str] | None = None, label: str = "model", detail: int = DETAIL_ITEMS,
+         store: Any = None) -> LensResult:
+    """The lens statistics of one model over a stream of batches (module docstring): a pure function of both.
+    store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards."""
     model.eval()
     acc = LensAccumulator(model, resolve_sites(model, sites), temperature, detail)
-    for batch in batches:
+    if store is not None:
+        for mask, pairs in store.batches(label, acc.sites, "predict"):
+            acc.add_captured(mask, pairs)
+    for batch in batches if store is None else ():
         acc.add(batch)
     return acc.result(label, num_layers(model))
 
@@ -154,13 +174,20 @@ def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: floa
 # ------------------------------------------------------------------------------------------ `mechopd probe lens`
 def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
              layers: Sequence[int | str] | None = None, greedy: bool = False, detail: int = DETAIL_ITEMS,
-             device: str | None = None, dtype: torch.dtype | None = None) -> Path:
-    """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json."""
+             device: str | None = None, dtype: torch.dtype | None = None, cache: str | None = None) -> Path:
+    """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json.
+    cache: an activation store (`mechopd probe cache`): its items, responses and residuals (the head still runs)."""
+    from mechopd.probes.store import ActivationStore
+
+    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
     run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device,
                      dtype=dtype)
     out = Path(out_dir)
-    results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail)
-               for label, model in run.each_model()}
+    if store is not None:
+        store.check(list(run.models), [])
+        store.check_items(out / "lens_items.jsonl")
+    results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail,
+                           store=store) for label, model in run.each_model()}
     write_csv(out / "lens.csv", [r for res in results.values() for r in res.rows], COLUMNS)
     write_csv(out / "lens_examples.csv", [{**e, "uid": run.items.examples[e["example"]].uid}
                                           for res in results.values() for e in res.examples],

@@ -47,6 +47,7 @@ from mechopd.errors import ConfigError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
+from mechopd.probes.store import ActivationStore
 from mechopd.probes.setup import (TEACHER, ProbeItems, ProbeSetup, make_batches, read_responses,  # noqa: F401
                                   sample_responses)  # (make_batches, sample_responses: re-exported, used to live here)
 from mechopd.views import TwoViewBatch
@@ -344,7 +345,7 @@ def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: to
 def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
                    models: Sequence[str] | Mapping[str, str] | None = None, layers: Sequence[int | str] | None = None,
                    cka: bool = False, greedy: bool = False, device: str | None = None,
-                   dtype: torch.dtype | None = None, progress: bool = True) -> Path:
+                   dtype: torch.dtype | None = None, progress: bool = True, cache: str | None = None) -> Path:
     """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
     models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
@@ -353,7 +354,9 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
     ``similarity_responses.jsonl`` (the response ids used), ``similarity_items.jsonl`` (the runner's exact items) and
     ``similarity.json`` (`SimilaritySummary`). Returns the path of ``similarity.csv``.
+    cache: an activation store (`mechopd probe cache`): its items and responses, its activations instead of forwards.
     """
+    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
     models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
@@ -366,6 +369,11 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
+        if store is not None:  # the store's rows instead of forwards (same numbers), shard by shard
+            acc = CosineAccumulator(sites, configs[label].num_hidden_layers, cka)
+            store.feed(label, sites, "predict_stop", acc.add, ctx.out / "similarity_items.jsonl")
+            results[label] = SimilarityResult(acc.site_rows(label), acc.example_rows(label, items.uids))
+            continue
         model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model

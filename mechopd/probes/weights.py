@@ -136,3 +136,33 @@ class _Reader:
     def close(self) -> None:
         self._stack.close()
         self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
+
+
+class _AdapterReader:
+    """A LoRA checkpoint (`mechopd.lora`: merged weights + ``adapter/``) read as W0 + ΔW: for every tensor the adapter
+    covers, the base's window plus ΔW = (α / r) B A rows [start, stop) from the adapter (float64; the merged weights
+    are not read, so the update is the adapter's exactly), every other tensor from the checkpoint itself."""
+
+    def __init__(self, ckpt: Checkpoint, base: Checkpoint, adapter: object, window_numel: int):
+        self.own, self.base, self.adapter = _Reader(ckpt, window_numel), _Reader(base, window_numel), adapter
+
+    def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
+        if name not in self.adapter.pairs:
+            return self.own.read(name, start, stop, slot)
+        a, b = self.adapter.pairs[name]
+        w0 = self.base.read(name, start, stop, slot).double()
+        return w0 + (b[start:stop].double() @ a.double()).reshape(-1) * self.adapter.scale
+
+    def close(self) -> None:
+        self.own.close()
+        self.base.close()
+
+
+def reader_for(ckpt: Checkpoint, base: Checkpoint, window_numel: int) -> _Reader | _AdapterReader:
+    """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`."""
+    from mechopd.lora import AdapterDeltas, adapter_dir
+
+    found = adapter_dir(ckpt.path)
+    if found is None:
+        return _Reader(ckpt, window_numel)
+    return _AdapterReader(ckpt, base, AdapterDeltas(found), window_numel)

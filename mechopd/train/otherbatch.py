@@ -31,7 +31,9 @@ def scorer(tr: Any, opts: StepOptions) -> StepScorer | None:
     """The other batch's scorer (None without an other-batch term)."""
     if not tr.other_terms:
         return None
-    return StepScorer(tr.student, tr.teacher, tr.other_terms, tr.selector, tr.params, opts, None)
+    sc = StepScorer(tr.student, tr.teacher, tr.other_terms, tr.selector, tr.params, opts, None)
+    sc.clock = tr.scoring.clock  # one stage clock per step (train.profile)
+    return sc
 
 
 def rollout(tr: Any, examples: list, rows: range) -> tuple[list[list[int]], list[list[int]]]:

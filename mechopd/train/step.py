@@ -48,6 +48,7 @@ from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_lo
 from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
 from mechopd.train import dist
 from mechopd.train.gradstats import TermGrads
+from mechopd.train.profile import StageClock
 from mechopd.views import TwoViewBatch
 
 
@@ -104,6 +105,7 @@ class StepScorer:
                  params: list[torch.nn.Parameter], opts: StepOptions, teacher_store: PrefixStore | None = None):
         self.student, self.teacher, self.terms, self.selector = student, teacher, terms, selector
         self.params, self.opts, self.store = params, opts, teacher_store
+        self.clock = StageClock()  # seconds per stage (`train.profile`); the trainer resets it every step
         self.needs = terms_need(terms)
         self.roles = [r for r in ROLES if r in self.needs or f"{r}_token" in self.needs]  # a role per LossInputs view
         self.student_roles = [r for r in self.roles if ROLES[r][0] == "student"]
@@ -127,7 +129,8 @@ class StepScorer:
             else self.opts.student_shared_prefix
         fn = response_hidden if self.split[id(model)] else response_logits
         sub: dict[str, int] = {}
-        with self._amp(), record_function(f"mechopd.trunk.{role}"):
+        stage = "teacher" if teacher else "student_fwd"
+        with self._amp(), record_function(f"mechopd.trunk.{role}"), self.clock(stage):
             out = fn(model, mb, view, shared_prefix=mode, agree=dist.agree_prefix if dist.active() else None,
                      store=self.store if teacher else None, info=sub)
         info[role], info[f"{role}:rows"] = sub[view], sub.get(f"{view}:rows", 0)
@@ -229,7 +232,7 @@ class StepScorer:
         cached = None
         if len(micro) == 1:  # the grad pass serves the selection too
             cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.student_roles}
-        with record_function("mechopd.select"):
+        with record_function("mechopd.select"), self.clock("loss"):
             keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"],
                                       step)
         den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
@@ -244,12 +247,14 @@ class StepScorer:
             cached = None
             leaves = {r: h.detach().requires_grad_() for r, h in hs.items()}
             for c in self._chunks(mmask.shape[1]):
-                inputs, kl = self._inputs(leaves, th, mb.response_ids, c, self.exact_kl)
-                res = total_loss(self.terms, inputs, mmask[:, c], None if mkeep is None else mkeep[:, c],
-                                 step=step, denominators=den)
-                acc.chunk(res, leaves, torch.where(mmask[:, c], kl, 0.0).sum() / den[0])
-                del inputs, res
-            acc.trunk(hs, leaves)
+                with self.clock("loss"):
+                    inputs, kl = self._inputs(leaves, th, mb.response_ids, c, self.exact_kl)
+                    res = total_loss(self.terms, inputs, mmask[:, c], None if mkeep is None else mkeep[:, c],
+                                     step=step, denominators=den)
+                    acc.chunk(res, leaves, torch.where(mmask[:, c], kl, 0.0).sum() / den[0])
+                    del inputs, res
+            with self.clock("student_bwd"):
+                acc.trunk(hs, leaves)
         return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
 
     def _head_params(self) -> list[torch.nn.Parameter]:

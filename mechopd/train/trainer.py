@@ -42,12 +42,12 @@ from mechopd.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.settings import known_vocab
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
+from mechopd.models import check_same_tokenizer, load_tokenizer
 from mechopd.objectives.follow import check_follow_contexts, follow_terms
 from mechopd.objectives.losses import AnchorGate, BetaSchedule, method_terms, terms_need
 from mechopd.objectives.select import make_selector
 from mechopd.tasks.base import get_task
-from mechopd.train import dist, gradstats, guard, otherbatch, rundir
+from mechopd.train import dist, gradstats, guard, otherbatch, rundir, teachers
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
 from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
 from mechopd.train.lr import lr_multiplier
@@ -97,13 +97,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.shard = make_sharding(cfg.sharding, self.device)
-        self.student = self.shard.wrap(load_model(self.resume_from or student_path, dtype=dtype).train(), self.device)
-        self.teacher = self.shard.wrap(load_model(teacher_path, dtype=dtype).eval().requires_grad_(False), self.device)
+        self.models = teachers.build(cfg, student_path, teacher_path, self.resume_from, dtype, self.shard, self.device)
+        self.student, self.teacher = self.models.student, self.models.teacher  # teacher_mode / LoRA: train.teachers
         self.vocab = known_vocab(self.tokenizer, self.student, self.teacher)  # ids past the tokenizer / a head: out
         self.T = cfg.temperature or self.task.temperature
         self._build_objective(cfg)
         named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
-        self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.param_names, self.params = [self.models.param_name(n) for n, _ in named], [p for _, p in named]
+        self.trainable_share, line = self.models.share_line()
+        self._say(line)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
@@ -112,7 +114,7 @@ class Trainer:
             self.tokenizer, self.student, others=(self.teacher,), max_new_tokens=self.max_new, temperature=self.T,
             engine=self.engine or cfg.rollout_engine, shared_prefix=cfg.shared_prefix)
         # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
-        self.teacher_store = PrefixStore() if cfg.sharding == "none" else None
+        self.teacher_store = PrefixStore() if cfg.sharding == "none" and self.models.frozen_teacher else None
         self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
         self._build_scoring(cfg, dtype)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
@@ -170,6 +172,7 @@ class Trainer:
         self.scoring = StepScorer(self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
                                   self.selector, self.params, opts, self.teacher_store)
         self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
+        self.clock = self.scoring.clock  # seconds per stage (train.profile), shared by both scorers
         if cfg.logit_chunk is not None and not all(self.scoring.split.values()):
             raise ConfigError(f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
                               "(not a plain linear head over the base model); set logit_chunk=null")
@@ -226,6 +229,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
+        self.clock.reset()
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
         gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
@@ -233,6 +237,7 @@ class Trainer:
             prompts, contexts, responses, roll_stats = self.rollout(examples, rows)  # per decode step
             other = otherbatch.rollout(self, examples, rows) if self.other_terms else None  # under c′ (follow)
         t_roll = time.perf_counter() - t0
+        self.clock.add("rollout", t_roll)
         batch = assemble_two_views([self._render(p, None) for p in prompts],
                                    [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
                                    self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
@@ -250,7 +255,8 @@ class Trainer:
             stats = gradstats.grad_stats(res.term_grads, self.param_names)
             self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in res.term_grads}
             logs.update(stats)
-        gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
+        with self.clock("optimizer"):
+            gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
         logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
@@ -260,7 +266,8 @@ class Trainer:
         return {"step": self.step, "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
                 **logs, "kept_fraction": res.kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
                 "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
-                "tokens_per_s": n_tok / dt, "step_s": dt, "rollout_s": t_roll,
+                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, **self.clock.logs(n_tok),
+                "step_s": dt, "rollout_s": t_roll,
                 "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
                 "prefix/shared_rows": int(dist.all_sum(torch.tensor(  # teacher rows whose context ran shared
                     float(self._prefix_paths.get("teacher:rows", 0))))),
@@ -283,6 +290,7 @@ class Trainer:
             diagnose = None
         guard.check_grad_norm(gnorm, self.step + 1, diagnose)
         self.opt.step()
+        self.models.after_step()  # teacher_mode: ema follows the student
         self.sched.step()
         guard.check_weights(self.params, self.step + 1)
         sync_engine(self.engine, self.student, self.shard)  # vLLM samples the next rollout from these weights
@@ -316,8 +324,8 @@ class Trainer:
 
     def save(self, path: Path) -> None:
         guard.check_weights(self.params, self.step, "before saving")
-        model = self.shard.full_model(self.student)  # collectives: every process takes part, rank 0 writes
-        optim = self.shard.optimizer_state(self.student, self.opt)
+        model = self.models.savable(self.shard.full_model(self.student), checkpoint=True)  # every process
+        optim = self.shard.optimizer_state(self.student, self.opt)  # takes part, rank 0 writes
         if self.rank == 0:
             save_checkpoint(path, model, self.tokenizer, optim, self.sched,
                             {"step": self.step, "position": self.position, "config": self.cfg.to_dict(),
@@ -328,7 +336,7 @@ class Trainer:
         from mechopd.models import atomic_save
 
         guard.check_weights(self.params, self.step, "before saving the final model")
-        model = self.shard.full_model(self.student)
+        model = self.models.savable(self.shard.full_model(self.student), checkpoint=False)  # LoRA: merged + adapter
         if self.rank == 0:
             info = {"step": self.step, "config": self.cfg.to_dict(), **self._gate_state()}
             extra = {"training.json": json.dumps(info, indent=1)}

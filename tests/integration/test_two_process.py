@@ -40,13 +40,14 @@ def _weights(run_dir):
 
 
 TIMING = ("tokens_per_s", "step_s", "rollout_s")
+STAGE_TIMING = ("time/", "tokens_per_s/")  # seconds and tokens/s per stage (train/profile.py)
 
 
 def _metrics(run_dir):
     """Per step, every logged value except timings: losses, KL, grad_norm, kept fraction, accuracy, lengths. All are
     global over processes, so they must not depend on the layout."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keys = sorted(k for k in rows[0] if k not in TIMING)
+    keys = sorted(k for k in rows[0] if k not in TIMING and not k.startswith(STAGE_TIMING))
     assert {"loss", "grad_norm", "kl/teacher_student", "train_acc_x"} <= set(keys)
     return keys, torch.tensor([[float(r[k]) for k in keys] for r in rows], dtype=torch.float64)
 
