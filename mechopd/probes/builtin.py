@@ -154,3 +154,4 @@ register_probe(ProbeSpec(
 ))
 
 import mechopd.probes.causal_builtin  # noqa: E402,F401  (lens, patching, attention: their own registrations)
+import mechopd.probes.mechanism_builtin  # noqa: E402,F401  (weightpatch, ...: their own registrations)

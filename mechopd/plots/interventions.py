@@ -1,0 +1,68 @@
+"""Figures of the intervention probes, from their tables only (nothing recomputed; the probe modules own the formats):
+
+  ``RUN/probes/weightpatch.csv``   model, layer, module, draw, acc_x, harm  -> ``weightpatch``: layer x module heatmaps
+                                   of Acc_x and Harm per model (ctrl_qk: mean over draws; top row: unpatched)
+  ``RUN/probes/localization.csv``  model, donor, layer, harm, harm_low, harm_high, seed -> ``localization``: Harm
+                                   after patching the donor's residual at each layer, with its interval
+  ``RUN/probes/attribution.csv``   model, pair, layer, component, head, attribution -> ``attribution``: layer x
+                                   component heatmap of the summed attribution per pair
+  ``RUN/probes/pmi_tokens.csv``    pmi, kl, harm_flip                     -> ``pmi``: PMI distribution by flip status
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mechopd.plots._common import new_figure, run_info, save, styled, to_float
+from mechopd.plots.causal import _panel_row, _table
+from mechopd.plots.layers import _model_order
+
+WEIGHTPATCH = "weightpatch"
+MODULE_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "qk", "vo", "attn", "mlp", "norms", "ctrl_qk")
+
+
+def _mean_grid(rows: list[dict[str, str]], layers: list[str], modules: list[str], key: str) -> np.ndarray:
+    sums = np.zeros((len(layers), len(modules)))
+    counts = np.zeros_like(sums)
+    for r in rows:
+        v = to_float(r[key])
+        if math.isfinite(v) and r["layer"] in layers:
+            col = modules.index(r["module"]) if r["layer"] != "none" else 0
+            sums[layers.index(r["layer"]), col] += v
+            counts[layers.index(r["layer"]), col] += 1
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+@styled
+def figure_weightpatch(run_dir: Path) -> Figure | None:
+    """Acc_x and Harm per layer (rows: none, 0..L-1, all) x module group (columns), two panels per model."""
+    info = run_info(run_dir)
+    rows = _table(info, "weightpatch.csv", WEIGHTPATCH, ["model", "layer", "module", "acc_x", "harm"])
+    if rows is None:
+        return None
+    models = _model_order(info, (r["model"] for r in rows))
+    modules = [m for m in MODULE_ORDER if any(r["module"] == m for r in rows)]
+    numeric = sorted({r["layer"] for r in rows if r["layer"].isdigit()}, key=int)
+    layers = ["none", *numeric, *(["all"] if any(r["layer"] == "all" for r in rows) else [])]
+    panels = []
+    for m in models:
+        mine = [r for r in rows if r["model"] == m]
+        donor = mine[0].get("donor", "donor")
+        panels.append((f"{info.label(m)} ← {donor}: Acc_x", _mean_grid(mine, layers, modules, "acc_x"), "viridis",
+                       0.0, 1.0))
+        panels.append((f"{info.label(m)} ← {donor}: Harm", _mean_grid(mine, layers, modules, "harm"), "rocket_r",
+                       0.0, 1.0))
+    ylabels = ["unpatched" if lay == "none" else lay for lay in layers]
+    return _panel_row(panels, (modules, ylabels), ("module group reverted", "decoder layer"), True, (3.6, 0.4),
+                      f"Weight patching: which weights carry the rule and the harm — {info.task}")
+
+
+def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_weightpatch(run_dir), out_dir, WEIGHTPATCH)
+
+
+__all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
