@@ -63,11 +63,19 @@ def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, 
 
 def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None, pair: str | None, svd: bool,
            svd_k: int) -> list[str]:
-    from mechopd.probes.delta_svd import report_lines
     from mechopd.probes.deltas import run_deltas
 
     paths = run_deltas(setup, out, base=base, models=models, pair=_pair(pair, "--pair"), svd=svd, svd_k=svd_k)
-    return [f"delta table: {', '.join(str(p) for p in paths)}"] + report_lines(out)
+    return [f"delta table: {', '.join(str(p) for p in paths)}"] + deltas_report(out)
+
+
+def deltas_report(probes_dir: Path) -> list[str]:
+    """The deltas probe's report lines: `DeltaSummary.lines()`, then the update geometry when ``--svd`` ran."""
+    from mechopd.probes.delta_svd import svd_lines
+    from mechopd.probes.deltas import DeltaSummary
+
+    result = DeltaSummary.load(probes_dir)
+    return (result.lines() if result is not None else []) + svd_lines(probes_dir)
 
 
 def teachability(setup: Any, out: Path, *, student: str | None, trained: str | None, teacher: str | None,
@@ -130,7 +138,7 @@ register_probe(ProbeSpec(
     ),
     outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
     demo={"models": ["opd", "nca"], "pair": "opd,nca"}, role_options=("models", "pair"),
-    summary="mechopd.probes.deltas:DeltaSummary", report="mechopd.probes.delta_svd:report_lines",
+    summary="mechopd.probes.deltas:DeltaSummary", report=deltas_report,
     figures=(FigureSpec(
         "parameter_deltas", "Parameter updates per layer and module",
         "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "

@@ -143,19 +143,14 @@ def summarize_svd(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def report_lines(probes_dir: Path) -> list[str]:
-    """The deltas probe's report lines: `DeltaSummary.lines()`, then the update geometry when ``--svd`` ran."""
-    from mechopd.probes.deltas import DeltaSummary
-
-    base = DeltaSummary.load(probes_dir)
-    out = base.lines() if base is not None else []
+def svd_lines(probes_dir: Path) -> list[str]:
+    """The report's lines of the update geometry (none when ``--svd`` did not run there)."""
     got = load_svd(probes_dir)
-    for m, s in (got[0] if got else {}).items():
-        out.append(f"- **Update geometry** {m} (`probes/{CSV}`): mean eff_rank {s['eff_rank']:.2f}; MLP share of "
-                   f"‖ΔW‖² {s['mlp_energy_share']:.2f} (of the parameters {s['mlp_param_share']:.2f}); 90 % of "
-                   f"‖ΔW‖² in {s['energy90_frac']:.2f} of the entries (dense Gaussian {GAUSS_ENERGY90:.2f}); "
-                   f"top-{SVD_K} overlap with W0's subspace {s['overlap_k']:.3f} (random {s['overlap_random']:.3f})")
-    return out
+    return [f"- **Update geometry** {m} (`probes/{CSV}`): mean eff_rank {s['eff_rank']:.2f}; MLP share of "
+            f"‖ΔW‖² {s['mlp_energy_share']:.2f} (of the parameters {s['mlp_param_share']:.2f}); 90 % of "
+            f"‖ΔW‖² in {s['energy90_frac']:.2f} of the entries (dense Gaussian {GAUSS_ENERGY90:.2f}); "
+            f"top-k overlap with W0's subspace {s['overlap_k']:.3f} (random {s['overlap_random']:.3f})"
+            for m, s in (got[0] if got else {}).items()]
 
 
 def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K) -> list[Path]:
