@@ -66,3 +66,38 @@ def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:
 
 
 __all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
+
+
+LOCALIZATION = "localization"
+
+
+@styled
+def figure_localization(run_dir: Path) -> Figure | None:
+    """Teacher-forced Harm after patching, by depth, with its interval; the unpatched Harm dashed."""
+    info = run_info(run_dir)
+    rows = _table(info, "localization.csv", LOCALIZATION, ["model", "donor", "site", "depth", "harm", "harm_clean"])
+    if rows is None:
+        return None
+    rows = sorted(rows, key=lambda r: int(r["depth"]))
+    fig = new_figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    x = [int(r["depth"]) for r in rows]
+    y = [to_float(r["harm"]) for r in rows]
+    lo = [to_float(r.get("harm_low")) for r in rows]
+    hi = [to_float(r.get("harm_high")) for r in rows]
+    label = f"{info.label(rows[0]['model'])} ← {rows[0]['donor']}"
+    ax.plot(x, y, marker="o", label=label)
+    if all(math.isfinite(v) for v in lo + hi):
+        ax.fill_between(x, lo, hi, alpha=0.25)
+    ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched")
+    ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("site whose residual is patched (all response positions)")
+    ax.set_ylabel("teacher-forced Harm after patching")
+    ax.set_title(f"Where the harm lives (n right without c: {rows[0].get('n_right', '?')}) — {info.task}")
+    ax.legend()
+    return fig
+
+
+def plot_localization(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_localization(run_dir), out_dir, LOCALIZATION)

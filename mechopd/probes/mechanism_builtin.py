@@ -41,7 +41,8 @@ register_probe(ProbeSpec(
         Arg(("--n-boot",), dict(dest="n_boot", type=int, default=1000, help="paired bootstrap resamples")),
     ),
     outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),
-    demo=None, role_options=("models", "donor"), summary="mechopd.probes.weightpatch:WeightpatchSummary",
+    demo={"models": ["opd"], "donor": "base", "layers": "all", "modules": "qk,vo,attn,mlp,ctrl_qk"},
+    role_options=("models", "donor"), summary="mechopd.probes.weightpatch:WeightpatchSummary",
     figures=(FigureSpec(
         "weightpatch", "Weight patching: Acc_x and Harm by layer and module group",
         "Each trained model with one module group of one decoder layer (row 'all': of every layer) reverted to the "
@@ -49,4 +50,39 @@ register_probe(ProbeSpec(
         "Acc_x (a drop: the group carries internalised rule); right: Harm (a drop: the group carries the harm). "
         "ctrl_qk: random rows of the other matrices with q_proj+k_proj's parameter count (mean over draws); the "
         "top row is the unpatched model.", "mechopd.plots.interventions:plot_weightpatch"),),
+))
+
+
+def localization(setup: Any, out: Path, *, model: str | None, donor: str, layers: str | None, removed_share: float,
+                 n_boot: int) -> list[str]:
+    from mechopd.probes.causal_builtin import _list
+    from mechopd.probes.localization import LocalizationSummary, run_localization
+
+    path = run_localization(setup, out, model=model, donor=donor, layers=_list(layers, "--layers"),
+                            removed_share=removed_share, n_boot=n_boot)
+    return [f"localization table: {path}"] + LocalizationSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "localization", "the depth at which a donor's residual removes the harm from the context view", localization,
+    arguments=(
+        Arg(("--model",), dict(default=None, help="the model whose harm is localized: a label or dir (default: the "
+                                                  "first trained model)")),
+        Arg(("--donor",), dict(default="x", help="x: the model's own no-context view (default), or a label / dir "
+                                                 "whose context view is the donor (e.g. nca)")),
+        Arg(("--layers",), dict(default=None, help="comma-separated decoder layers or site names (default: every "
+                                                   "residual site)")),
+        Arg(("--removed-share",), dict(dest="removed_share", type=float, default=0.9,
+                                       help="share of the harm a site must remove to count (default 0.9)")),
+        Arg(("--n-boot",), dict(dest="n_boot", type=int, default=1000, help="item bootstrap resamples")),
+    ),
+    outputs=("localization.csv", "localization.json", "localization_items.jsonl"),
+    demo={"model": "opd", "donor": "x"}, role_options=("model",),
+    summary="mechopd.probes.localization:LocalizationSummary",
+    figures=(FigureSpec(
+        "localization", "Localization: Harm after patching the donor's residual, by depth",
+        "The model's context view fed its own correct no-context reply, the residual stream at one site replaced at "
+        "every response position by the donor's (its own no-context view, or another model's context view); "
+        "teacher-forced Harm = share of the items right without c whose greedy choice leaves the reply, with its "
+        "95 % item-bootstrap interval; dashed: unpatched.", "mechopd.plots.interventions:plot_localization"),),
 ))
