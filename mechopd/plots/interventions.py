@@ -101,3 +101,39 @@ def figure_localization(run_dir: Path) -> Figure | None:
 
 def plot_localization(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_localization(run_dir), out_dir, LOCALIZATION)
+
+
+ATTRIBUTION = "attribution"
+
+
+@styled
+def figure_attribution(run_dir: Path) -> Figure | None:
+    """recovered_attr (position all) per layer (rows) x component / head (columns), one panel per model and pair."""
+    info = run_info(run_dir)
+    rows = _table(info, "attribution.csv", ATTRIBUTION, ["model", "pair", "layer", "component", "head", "position",
+                                                         "recovered_attr", "recovered_exact"])
+    if rows is None:
+        return None
+    rows = [r for r in rows if r["position"] == "all"]
+    cols = [c for c in ("resid", "attn", "mlp") if any(r["component"] == c for r in rows)]
+    heads = sorted({int(r["head"]) for r in rows if r["head"] != ""})
+    cols += [f"head {h}" for h in heads]
+    layers = sorted({int(r["layer"]) for r in rows})
+    panels = []
+    for key in dict.fromkeys((r["model"], r["pair"]) for r in rows):
+        grid = np.full((len(layers), len(cols)), np.nan)
+        mine = [r for r in rows if (r["model"], r["pair"]) == key]
+        for r in mine:
+            col = r["component"] if r["head"] == "" else f"head {r['head']}"
+            grid[layers.index(int(r["layer"])), cols.index(col)] = to_float(r["recovered_attr"])
+        a = [to_float(r["recovered_attr"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
+        b = [to_float(r["recovered_exact"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
+        corr = f", r = {np.corrcoef(a, b)[0, 1]:.2f} vs exact" if len(a) >= 3 and np.std(a) > 0 and np.std(b) > 0 else ""
+        lim = max(1e-6, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
+        panels.append((f"{info.label(key[0])} {key[1]}{corr}", grid, "coolwarm", -lim, lim))
+    return _panel_row(panels, (cols, [str(i) for i in layers]), ("component / head", "decoder layer"), True,
+                      (0.5 * len(cols) + 1.5, 0.45), f"Attribution patching (estimated recovered share) — {info.task}")
+
+
+def plot_attribution(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_attribution(run_dir), out_dir, ATTRIBUTION)
