@@ -62,3 +62,15 @@ def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
     rows = read_csv(tmp_path / "deltas_svd.csv")
     assert len(rows) == 2 * 7 and all(1.0 <= float(r["eff_rank"]) <= min(int(r["rows"]), int(r["cols"])) + 1e-9
                                       for r in rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attribution_on_gqa_architectures(zoo, family, tmp_path):
+    from mechopd.probes.attribution_run import run_attribution
+
+    run_attribution(_setup(zoo, family), tmp_path, models=["base"], layers=[1])
+    rows = read_csv(tmp_path / "attribution.csv")
+    heads = {r["head"] for r in rows if r["component"] == "head"}
+    assert heads == {"0", "1", "2", "3"}  # 4 query heads (2 key/value heads): o_proj's input has 4
+    f = json.loads((tmp_path / "attribution.json").read_text())["summary"]["faithfulness"]
+    assert f["sites"] == 3 + 4 and f["seconds_exact"] > 0
