@@ -137,3 +137,31 @@ def figure_attribution(run_dir: Path) -> Figure | None:
 
 def plot_attribution(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_attribution(run_dir), out_dir, ATTRIBUTION)
+
+
+PMI = "pmi"
+
+
+@styled
+def figure_pmi(run_dir: Path) -> Figure | None:
+    """Scatter of pmi against the per-token OPD KL; flip tokens in red."""
+    info = run_info(run_dir)
+    rows = _table(info, "pmi_tokens.csv", PMI, ["pmi", "opd", "flip"])
+    if rows is None:
+        return None
+    fig = new_figure(6.5, 4.2)
+    ax = fig.add_subplot()
+    for flip, colour, label in ((False, "tab:blue", "other tokens"), (True, "tab:red", "flip under Harm")):
+        mine = [r for r in rows if (r["flip"] == "True") == flip]
+        ax.scatter([to_float(r["pmi"]) for r in mine], [to_float(r["opd"]) for r in mine], s=10, alpha=0.6,
+                   color=colour, label=f"{label} ({len(mine)})")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("teacher PMI with the context, log f(y|c,x) − log f(y|x) (nats)")
+    ax.set_ylabel("OPD loss at the token, KL(q_x ‖ f_c) (nats)")
+    ax.set_title(f"Where the teacher's signal comes from — {info.task}")
+    ax.legend()
+    return fig
+
+
+def plot_pmi(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_pmi(run_dir), out_dir, PMI)

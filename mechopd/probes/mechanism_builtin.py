@@ -126,3 +126,30 @@ register_probe(ProbeSpec(
         "(resid, attn, mlp) and per query head (o_proj's input); the panel title gives its Pearson correlation with "
         "exact patching on the same sites.", "mechopd.plots.interventions:plot_attribution"),),
 ))
+
+
+def pmi(setup: Any, out: Path, *, student: str | None, teacher: str | None, sampled: bool) -> list[str]:
+    from mechopd.probes.pmi import PmiSummary, run_pmi
+
+    path = run_pmi(setup, out, student=student, teacher=teacher, sampled=sampled)
+    return [f"pmi table: {path}"] + PmiSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "pmi", "the teacher's pointwise mutual information with the context per response token, against the OPD loss, "
+    "D^L / C and the tokens that flip under Harm", pmi,
+    arguments=(
+        Arg(("--student",), dict(default=None, help="the trained student: a label or dir (default: first trained)")),
+        Arg(("--teacher",), dict(default=None, help="the teacher: a label or dir (default: the run's teacher, else "
+                                                    "base)")),
+        Arg(("--sampled",), dict(action="store_true", help="sampled replies (the training temperature) instead of "
+                                                           "greedy ones")),
+    ),
+    outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
+    demo={"student": "opd"}, role_options=("student",), summary="mechopd.probes.pmi:PmiSummary",
+    figures=(FigureSpec(
+        "pmi", "The teacher's pointwise mutual information with the context",
+        "Per response token of the trained student's reply: the teacher's log f(y|c,x) − log f(y|x) against the OPD "
+        "loss KL(q_x ‖ f_c) at that token; red: the token where the context view of a student right without c first "
+        "leaves its reply (Harm's token).", "mechopd.plots.interventions:plot_pmi"),),
+))
