@@ -117,3 +117,38 @@ MECHANISM_CLAIMS = (
     ("sparse_update", "OPD's update is sparse, MLP-heavy and away from W0's principal directions",
      "“Dense Supervision, Sparse Updates” (arXiv 2606.13657)", claim_sparse_update),
 )
+
+
+# ------------------------------------------------------------------------------------------- the report's section
+def localization_curve(study: Study) -> dict[str, float | None] | None:
+    """site -> teacher-forced Harm after patching (`probes.localization`) of one seed run; None without the table."""
+    loc = probe_result("localization", study.probes_dir)
+    return None if loc is None else {site: harm for site, _, harm in loc.curve()}
+
+
+def localization_table(runs: Sequence[Study]) -> list[str]:
+    """The report's "Where the harm lives" section: per site the seed mean [95 % Student-t interval] of the
+    teacher-forced Harm after patching, the unpatched Harm, and the shallowest site that removes it in each seed;
+    [] when no seed ran the probe."""
+    curves = [c for c in (localization_curve(r) for r in runs) if c]
+    if not curves:
+        return []
+    results = [probe_result("localization", r.probes_dir) for r in runs]
+    results = [x for x in results if x is not None]
+    s0 = results[0].summary
+    clean = seed_stat([x.summary.get("harm_clean") for x in results])
+    out = ["## Where the harm lives (localization)", "",
+           f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
+           f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, \"Interventions and update geometry\"). Unpatched: "
+           f"{fmt_stat(clean)}.", "", "| site | Harm after patching |", "|---|---:|"]
+    for site in curves[0]:
+        out.append(f"| {site} | {fmt_stat(seed_stat([c.get(site) for c in curves]))} |")
+    where = [x.summary.get("removed_at") or "none" for x in results]
+    out += ["", f"Shallowest site removing {int(100 * s0['removed_share'])} % of the harm, per seed: "
+            f"{', '.join(where)}. " + ("Cells: mean over seeds [95 % Student-t interval]." if len(curves) > 1 else
+                                       "One seed: no interval."), ""]
+    return out
+
+
+def _donor_text(donor: str) -> str:
+    return "its own no-context view" if donor == "x" else f"{donor}'s context view"

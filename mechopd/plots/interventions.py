@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import new_figure, run_info, save, styled, to_float
+from mechopd.plots._common import missing, new_figure, read_csv, run_info, save, styled, to_float
 from mechopd.plots.causal import _panel_row, _table
 from mechopd.plots.layers import _model_order
 
@@ -71,30 +71,58 @@ __all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
 LOCALIZATION = "localization"
 
 
+def _localization_curves(run_dir: Path) -> tuple[list[dict[str, str]], list[list[float]]] | None:
+    """The first seed run's rows (sites in depth order) and, per site, the harm of every seed run that has the table
+    (an aggregate directory's ``seed_runs``; a run: itself)."""
+    from mechopd.plots.training import seed_runs
+
+    tables = [p / "probes" / "localization.csv" for p in seed_runs(run_dir)]
+    tables = [t for t in tables if t.is_file()]
+    if not tables:
+        return None
+    first = sorted(read_csv(tables[0], ["site", "depth", "harm", "harm_clean"]), key=lambda r: int(r["depth"]))
+    per_site: list[list[float]] = [[] for _ in first]
+    for t in tables:
+        got = {r["site"]: to_float(r["harm"]) for r in read_csv(t, ["site", "harm"])}
+        for k, r in enumerate(first):
+            if math.isfinite(got.get(r["site"], math.nan)):
+                per_site[k].append(got[r["site"]])
+    return first, per_site
+
+
 @styled
 def figure_localization(run_dir: Path) -> Figure | None:
-    """Teacher-forced Harm after patching, by depth, with its interval; the unpatched Harm dashed."""
+    """Teacher-forced Harm after patching, by depth; one run: its item-bootstrap interval; several seeds: the seed
+    mean with a 95 % Student-t band. The unpatched Harm dashed."""
+    from mechopd.stats import seed_stat
+
     info = run_info(run_dir)
-    rows = _table(info, "localization.csv", LOCALIZATION, ["model", "donor", "site", "depth", "harm", "harm_clean"])
-    if rows is None:
+    got = _localization_curves(info.root)
+    if got is None:
+        missing(LOCALIZATION, info.root / "probes" / "localization.csv")
         return None
-    rows = sorted(rows, key=lambda r: int(r["depth"]))
+    rows, per_site = got
+    seeds = max(len(v) for v in per_site)
+    x = [int(r["depth"]) for r in rows]
+    if seeds > 1:
+        stats = [seed_stat(v) for v in per_site]
+        y = [math.nan if s["mean"] is None else s["mean"] for s in stats]
+        lo = [math.nan if s["low"] is None else s["low"] for s in stats]
+        hi = [math.nan if s["high"] is None else s["high"] for s in stats]
+    else:
+        y = [to_float(r["harm"]) for r in rows]
+        lo, hi = [to_float(r.get("harm_low")) for r in rows], [to_float(r.get("harm_high")) for r in rows]
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
-    x = [int(r["depth"]) for r in rows]
-    y = [to_float(r["harm"]) for r in rows]
-    lo = [to_float(r.get("harm_low")) for r in rows]
-    hi = [to_float(r.get("harm_high")) for r in rows]
-    label = f"{info.label(rows[0]['model'])} ← {rows[0]['donor']}"
-    ax.plot(x, y, marker="o", label=label)
+    ax.plot(x, y, marker="o", label=f"{info.label(rows[0]['model'])} ← {rows[0].get('donor', 'donor')}")
     if all(math.isfinite(v) for v in lo + hi):
-        ax.fill_between(x, lo, hi, alpha=0.25)
-    ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched")
+        ax.fill_between(x, lo, hi, alpha=0.25, label="95 % seed interval" if seeds > 1 else "95 % item bootstrap")
+    ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched (first seed)")
     ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("site whose residual is patched (all response positions)")
     ax.set_ylabel("teacher-forced Harm after patching")
-    ax.set_title(f"Where the harm lives (n right without c: {rows[0].get('n_right', '?')}) — {info.task}")
+    ax.set_title(f"Where the harm lives — {info.task}" + (f", {seeds} seeds" if seeds > 1 else ""))
     ax.legend()
     return fig
 

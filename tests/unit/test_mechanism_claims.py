@@ -87,3 +87,23 @@ def test_sparse_update_verdicts(tmp_path, mlp, e90, overlap, verdict):
 def test_claims_have_the_table_shape():
     assert [k for k, *_ in mc.MECHANISM_CLAIMS] == ["qk_causal_rule", "qk_causal_harm", "sparse_update"]
     assert all(callable(fn) and claim and paper for _, claim, paper, fn in mc.MECHANISM_CLAIMS)
+
+
+def test_localization_table_over_seeds(tmp_path):
+    from mechopd.probes.localization import COLUMNS as LOC
+
+    runs = []
+    for i, harms in enumerate(([0.5, 0.4, 0.0], [0.6, 0.3, 0.05])):
+        run = _run(tmp_path / f"s{i}", None, None)
+        rows = [{c: None for c in LOC} | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d,
+                                           "harm": h, "harm_clean": 0.6} for d, (s, h) in
+                enumerate(zip(("embed", "layers.0.resid_post", "final_norm"), harms))]
+        write_csv(run.probes_dir / "localization.csv", rows, LOC)
+        write_json(run.probes_dir / "localization.json", {"summary": {"model": "opd", "donor": "x", "harm_clean": 0.6,
+                   "n_right": 10, "removed_share": 0.9, "removed_at": "final_norm"}, "settings": {}})
+        runs.append(run)
+    lines = mc.localization_table(runs)
+    row = next(line for line in lines if line.startswith("| layers.0.resid_post"))
+    assert "0.350 [" in row  # mean of 0.4 and 0.3 with its t interval
+    assert "final_norm, final_norm" in "\n".join(lines)
+    assert mc.localization_table([_run(tmp_path / "empty", None, None)]) == []
