@@ -151,6 +151,9 @@ class LocalizationSummary(ci.CausalSummary):
         donor = "its own no-context view" if s["donor"] == SELF else f"{s['donor']}'s context view"
         clean = "n/a" if s["harm_clean"] is None else f"{s['harm_clean']:.3f}"
         where = s["removed_at"] or "no site"
+        if not s["harm_clean"]:
+            return [f"- **Localization** {s['model']} (`probes/localization.csv`): teacher-forced Harm {clean} on "
+                    f"{s['n_right']} items right without c: no harm to localize"]
         return [f"- **Localization** {s['model']} (`probes/localization.csv`): the residual of {donor} patched into "
                 f"the context view at every response position; teacher-forced Harm {clean} on {s['n_right']} items "
                 f"right without c; {int(100 * s['removed_share'])} % of it removed from {where} on"]
