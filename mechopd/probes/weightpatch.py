@@ -119,6 +119,8 @@ def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
     from mechopd.probes.registry import default_of
 
     modules = parse_modules(modules or default_of("weightpatch", "modules"))
+    if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
+        parse_layers(layers, 1 << 30)
     draws = default_of("weightpatch", "draws") if draws is None else draws
     n_boot = default_of("weightpatch", "n_boot") if n_boot is None else n_boot
     if draws < 1 or n_boot < 0:

@@ -130,3 +130,16 @@ def test_summary_and_figure(result, tmp_path):
     for f in result.iterdir():
         (run / "probes" / f.name).write_bytes(f.read_bytes())
     assert plot_weightpatch(run, run / "figures")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--modules", "qk,foo"], "--modules"), (["--layers", "0,x"], "--layers"), (["--control-draws", "0"], "draws"),
+    (["--donor", "nope"], "nope")])
+def test_bad_flags_are_one_error_line(models, tmp_path, capsys, flags, words):
+    from mechopd.cli import main
+
+    code = main(["probe", "weightpatch", "--task", "rules", "--n", "2", "--models", f"opd={models['opd']}",
+                 "--out", str(tmp_path / "p"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0]
+    assert not (tmp_path / "p" / "weightpatch.csv").exists()
