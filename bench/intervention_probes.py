@@ -167,7 +167,8 @@ def ref_weightpatch(model, batches, ctx):
         _evaluate(model, ctx)
 
 
-PAIRS = {"weightpatch": (run_weightpatch, ref_weightpatch), "localization": (run_localization, ref_localization), "attribution": (run_attribution, ref_attribution),
+PAIRS = {"weightpatch": (run_weightpatch, ref_weightpatch), "localization": (run_localization, ref_localization),
+         "attribution": (run_attribution, ref_attribution),
          "attribution_exact": (run_exact, run_attribution), "pmi": (run_pmi, ref_pmi), "deltas_svd": (run_svd, ref_svd)}
 
 

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(path)
     worst, lines = 0.0, []
     for r in top:
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         if r["layer"] != "none":
             missing = model.load_state_dict(donor_state(Path(settings["donor_path"]), r["layer"], r["module"]),
                                             strict=False).unexpected_keys

@@ -139,7 +139,8 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
     clean = seed_stat([x.summary.get("harm_clean") for x in results])
     out = ["## Where the harm lives (localization)", "",
            f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
-           f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, \"Interventions and update geometry\"). Unpatched: "
+           f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, "
+           f"\"Interventions and update geometry\"). Unpatched: "
            f"{fmt_stat(clean)}.", "", "| site | Harm after patching |", "|---|---:|"]
     for site in curves[0]:
         out.append(f"| {site} | {fmt_stat(seed_stat([c.get(site) for c in curves]))} |")

@@ -156,7 +156,8 @@ def figure_attribution(run_dir: Path) -> Figure | None:
             grid[layers.index(int(r["layer"])), cols.index(col)] = to_float(r["recovered_attr"])
         a = [to_float(r["recovered_attr"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
         b = [to_float(r["recovered_exact"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
-        corr = f", r = {np.corrcoef(a, b)[0, 1]:.2f} vs exact" if len(a) >= 3 and np.std(a) > 0 and np.std(b) > 0 else ""
+        ok = len(a) >= 3 and np.std(a) > 0 and np.std(b) > 0
+        corr = f", r = {np.corrcoef(a, b)[0, 1]:.2f} vs exact" if ok else ""
         lim = max(1e-6, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
         panels.append((f"{info.label(key[0])} {key[1]}{corr}", grid, "coolwarm", -lim, lim))
     return _panel_row(panels, (cols, [str(i) for i in layers]), ("component / head", "decoder layer"), True,

@@ -134,7 +134,8 @@ register_probe(ProbeSpec(
         Arg(("--pair",), dict(default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")),
         Arg(("--svd",), dict(action="store_true", help="also the update's geometry per layer x module (deltas_svd.csv: "
                                                      "eff_rank, top-k energy, sparsity, overlap with W0's subspace)")),
-        Arg(("--svd-k",), dict(dest="svd_k", type=int, default=8, help="k of the top-k energy and overlap (default 8)")),
+        Arg(("--svd-k",), dict(dest="svd_k", type=int, default=8,
+                               help="k of the top-k energy and overlap (default 8)")),
     ),
     outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
     demo={"models": ["opd", "nca"], "pair": "opd,nca"}, role_options=("models", "pair"),

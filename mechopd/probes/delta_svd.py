@@ -34,7 +34,7 @@ from mechopd.sites import ATTN_MODULES, MLP_MODULES, site_of
 THRESHOLDS = (0.01, 0.1, 1.0)
 SVD_K = 8
 GAUSS_ENERGY90 = 0.4445  # share of the entries of an i.i.d. Gaussian matrix holding 90 % of its squared mass
-#                           (measured on a 4000 x 4000 draw: 0.44453; the large-n limit 2(1 − Φ(t)), ∫_{|x|<t} x² φ = 0.1)
+#                           (measured on a 4000 x 4000 draw: 0.44453; the limit 2(1 − Φ(t)), ∫_{|x|<t} x² φ = 0.1)
 MATRICES = ATTN_MODULES + MLP_MODULES
 CSV = "deltas_svd.csv"
 JSON = "deltas_svd.json"

@@ -7,10 +7,13 @@ temperature). At every scored position t (the position predicting y_t), with the
     pmi_t      = log f(y_t | c, x, y<t) − log f(y_t | x, y<t)        (logits / T, float64)
     opd_t      = KL(q_x ‖ f_c) at t = Σ_v q_x(v) (log q_x(v) − log f_c(v))    (the OPD loss per token, §1)
     sampled_t  = log q_x(y_t) − log f_c(y_t)                           (the sampled-token OPD estimator, §1)
-               = [log q_x(y_t) − log f_x(y_t)] − pmi_t                 (identity: what is not PMI is the student's
-                                                                        own gap to the teacher WITHOUT context)
-    pmi_share  = Σ_t (−pmi_t) / Σ_t sampled_t                          (1 when q_x = f_x: self-distillation at step 0)
-    C_t, D_t   = TA-OPD's compatibility and union divergence of (q_x, f_c) (`objectives.signals`), D^L_t = Ñorm(D)·Ñorm(C)
+               = [log q_x(y_t) − log f_x(y_t)] − pmi_t                 (identity)
+    opd_t      = KL(q_x ‖ f_x)_t + ctx_t,  ctx_t = E_{v~q_x}[log f_x(v) − log f_c(v)] = −E_{q_x}[PMI(v)]   (exact)
+    pmi_share  = Σ_t ctx_t / Σ_t opd_t: the share of the OPD loss that is the teacher's PMI with the context, 1 when
+                 q_x = f_x (self-distillation before the first update); reported only where the mean OPD loss is at
+                 least `MIN_OPD` nats (a converged student's loss is ~0 and the ratio says nothing)
+    C_t, D_t   = TA-OPD's compatibility and union divergence of (q_x, f_c) (`objectives.signals`),
+                 D^L_t = Norm(D)·Norm(C)
                  over the run's tokens (§3)
     flip_t     = on an item the student answers right without c: its context view fed y chooses ≠ y_t at t, at the
                  first such t only (the token where the greedy decode with c would leave the right reply: Harm's
@@ -35,7 +38,8 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
 
-COLUMNS = ("uid", "position", "token", "pmi", "opd", "sampled", "C", "D", "DL", "right_x", "flip")
+COLUMNS = ("uid", "position", "token", "pmi", "opd", "kl_x", "ctx", "sampled", "C", "D", "DL", "right_x", "flip")
+MIN_OPD = 0.01
 
 
 def _tok_logp(lp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -54,6 +58,8 @@ def token_rows(teacher, student, batch, T: float, right: Sequence[bool], uids: S
     q_c_choice = forward(student, batch, "c", positions="predict").logits.argmax(-1)
     pmi = _tok_logp(f_c, y) - _tok_logp(f_x, y)
     opd = ci.kl_rows(q_x, f_c)
+    kl_x = ci.kl_rows(q_x, f_x)
+    ctx = (q_x.exp() * (f_x - f_c)).sum(-1)
     sampled = _tok_logp(q_x, y) - _tok_logp(f_c, y)
     stats = teachability_stats(q_x.float(), f_c.float(), mask)
     rows = []
@@ -62,7 +68,8 @@ def token_rows(teacher, student, batch, T: float, right: Sequence[bool], uids: S
         first = wrong[0] if (wrong and right[b]) else None
         for t in range(int(mask[b].sum())):
             rows.append({"uid": uids[b], "position": t, "token": tok.convert_ids_to_tokens(int(y[b, t])),
-                         "pmi": float(pmi[b, t]), "opd": float(opd[b, t]), "sampled": float(sampled[b, t]),
+                         "pmi": float(pmi[b, t]), "opd": float(opd[b, t]), "kl_x": float(kl_x[b, t]),
+                         "ctx": float(ctx[b, t]), "sampled": float(sampled[b, t]),
                          "C": float(stats.C[b, t]), "D": float(stats.D[b, t]), "DL": None, "right_x": bool(right[b]),
                          "flip": t == first})
     return rows
@@ -77,7 +84,7 @@ def _norm(z: np.ndarray) -> np.ndarray:
 def summarize(rows: list[dict]) -> dict[str, Any]:
     if not rows:
         return {"n_tokens": 0}
-    col = {k: np.array([r[k] for r in rows], float) for k in ("pmi", "opd", "sampled", "C", "D")}
+    col = {k: np.array([r[k] for r in rows], float) for k in ("pmi", "opd", "kl_x", "ctx", "sampled", "C", "D")}
     dl = _norm(col["D"]) * _norm(col["C"])
     for r, v in zip(rows, dl):
         r["DL"] = float(v)
@@ -85,10 +92,12 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     on_right = np.array([r["right_x"] for r in rows])
     flipped_items = {r["uid"] for r in rows if r["flip"]}
     others = np.array([r["uid"] in flipped_items and not r["flip"] for r in rows])
-    total = col["sampled"].sum()
+    total = col["opd"].sum()
     top = sorted(rows, key=lambda r: -r["pmi"])[:5]
     return {"n_tokens": len(rows), "n_items": len({r["uid"] for r in rows}), "mean_pmi": float(col["pmi"].mean()),
-            "pmi_share": float(-col["pmi"].sum() / total) if total != 0 else None,
+            "mean_opd": float(col["opd"].mean()), "mean_kl_x": float(col["kl_x"].mean()),
+            "mean_ctx": float(col["ctx"].mean()),
+            "pmi_share": float(col["ctx"].sum() / total) if col["opd"].mean() >= MIN_OPD else None,
             "corr_opd": correlations(col["pmi"], col["opd"]), "corr_DL": correlations(col["pmi"], dl),
             "corr_C": correlations(col["pmi"], col["C"]), "n_flips": int(flip.sum()),
             "n_right_x_tokens": int(on_right.sum()),
@@ -145,8 +154,9 @@ class PmiSummary(ci.CausalSummary):
         if not s.get("n_tokens"):
             return []
         return [f"- **Teacher PMI with the context** ({s['teacher']} → {s['student']}, `probes/pmi_tokens.csv`): mean "
-                f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; share of the sampled-token OPD loss "
-                f"{_f(s['pmi_share'], '.2f')}; Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
+                f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; OPD loss {_f(s['mean_opd'])} = "
+                f"KL(q_x ‖ f_x) {_f(s['mean_kl_x'])} + context part {_f(s['mean_ctx'])} (PMI share "
+                f"{_f(s['pmi_share'], '.2f')}); Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
                 f"with D^L {_f(s['corr_DL'].get('spearman'), '.2f')}, with C {_f(s['corr_C'].get('spearman'), '.2f')}; "
                 f"at the {s['n_flips']} tokens that flip under Harm {_f(s['pmi_flip'])} (other tokens of those items "
                 f"{_f(s['pmi_flip_items_other'])})"]

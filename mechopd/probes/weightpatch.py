@@ -175,7 +175,8 @@ def qk_control(rows: Sequence[Mapping[str, Any]], model: str, layer: str = ALL) 
         mean = lambda key: (lambda v: float(np.mean(v)) if v else None)(  # noqa: E731
             [x for x in (_f(r[key]) for r in g) if x is not None])
         dx, dh = mean("d_acc_x"), mean("d_harm")
-        out[group] = {"rule_removed": None if dx is None else 0.0 - dx, "harm_removed": None if dh is None else 0.0 - dh,
+        out[group] = {"rule_removed": None if dx is None else 0.0 - dx,
+                      "harm_removed": None if dh is None else 0.0 - dh,
                       "n_params": int(float(g[0]["n_params"])), "draws": len(g)}
     return out if "qk" in out else None
 

@@ -1,5 +1,5 @@
 """The PMI probe on a tiny rules organism: an independent forward reproduces pmi, the student-is-teacher fixed point
-(pmi_share = 1), flip tokens only on items right without c, the figure."""
+(the OPD loss is all context part: pmi_share = 1), flip tokens only on items right without c, the figure."""
 
 from __future__ import annotations
 
@@ -56,5 +56,9 @@ def test_student_equal_to_teacher_gives_share_one(models, tmp_path):
     out = tmp_path / "run" / "probes"
     run_pmi(_setup(models), out, student="base", teacher="base")
     s = json.loads((out / "pmi.json").read_text())["summary"]
-    assert s["pmi_share"] == pytest.approx(1.0, abs=1e-9)
+    rows = read_csv(out / "pmi_tokens.csv")
+    assert all(abs(float(r["kl_x"])) < 1e-9 for r in rows)  # q_x = f_x
+    for r in rows:  # the exact decomposition opd = KL(q_x ‖ f_x) + ctx: here the whole loss is the context's part
+        assert float(r["ctx"]) == pytest.approx(float(r["opd"]), abs=1e-9)
+    assert s["pmi_share"] is None or s["pmi_share"] == pytest.approx(1.0, abs=1e-9)
     assert plot_pmi(tmp_path / "run", tmp_path / "run" / "figures")

@@ -29,7 +29,8 @@ def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
                  acc_xc=0.5, harm=harm, d_acc_x=acc - 0.9, d_harm=harm - 0.3)
         wp.append(r)
     write_csv(probes / "weightpatch.csv", wp, weightpatch.COLUMNS)
-    write_json(probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": weightpatch.summarize(wp)})
+    write_json(probes / "weightpatch.json",
+               {"probe": "weightpatch", "settings": {}, "summary": weightpatch.summarize(wp)})
     sites = residual_sites(LAYERS)
     right = rng.uniform(size=20) < 0.7
     clean = rng.uniform(size=20) < 0.5
@@ -44,7 +45,8 @@ def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
     attr = table("opd", "c_to_x", acc)
     write_csv(probes / "attribution.csv", attr, ATTR_COLUMNS)
     tokens = [{"uid": f"u{i // 5}", "position": i % 5, "token": "a", "pmi": float(rng.normal()),
-               "opd": float(rng.uniform(0, 1)), "sampled": float(rng.normal()), "C": float(rng.uniform()),
+               "opd": float(rng.uniform(0, 1)), "kl_x": 0.1, "ctx": 0.2, "sampled": float(rng.normal()),
+               "C": float(rng.uniform()),
                "D": float(rng.uniform()), "DL": None, "right_x": True, "flip": i % 5 == 2} for i in range(30)]
     pmi.summarize(tokens)
     write_csv(probes / "pmi_tokens.csv", tokens, pmi.COLUMNS)
