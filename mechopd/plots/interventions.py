@@ -57,8 +57,11 @@ def figure_weightpatch(run_dir: Path) -> Figure | None:
         panels.append((f"{info.label(m)} ← {donor}: Harm", _mean_grid(mine, layers, modules, "harm"), "rocket_r",
                        0.0, 1.0))
     ylabels = ["unpatched" if lay == "none" else lay for lay in layers]
-    return _panel_row(panels, (modules, ylabels), ("module group reverted", "decoder layer"), True, (3.6, 0.4),
-                      f"Weight patching: which weights carry the rule and the harm — {info.task}")
+    fig = _panel_row(panels, (modules, ylabels), ("module group reverted", "decoder layer"), True, (4.4, 0.4),
+                     f"Weight patching: which weights carry the rule and the harm — {info.task}")
+    for ax in fig.axes[::2]:  # the heatmaps (every other axis is a colour bar)
+        ax.tick_params(axis="x", labelrotation=45)
+    return fig
 
 
 def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:

@@ -154,9 +154,9 @@ class PmiSummary(ci.CausalSummary):
         if not s.get("n_tokens"):
             return []
         return [f"- **Teacher PMI with the context** ({s['teacher']} → {s['student']}, `probes/pmi_tokens.csv`): mean "
-                f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; OPD loss {_f(s['mean_opd'])} = "
-                f"KL(q_x ‖ f_x) {_f(s['mean_kl_x'])} + context part {_f(s['mean_ctx'])} (PMI share "
-                f"{_f(s['pmi_share'], '.2f')}); Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
+                f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; OPD loss {_f(s.get('mean_opd'))} = "
+                f"KL(q_x ‖ f_x) {_f(s.get('mean_kl_x'))} + context part {_f(s.get('mean_ctx'))} (PMI share "
+                f"{_f(s.get('pmi_share'), '.2f')}); Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
                 f"with D^L {_f(s['corr_DL'].get('spearman'), '.2f')}, with C {_f(s['corr_C'].get('spearman'), '.2f')}; "
                 f"at the {s['n_flips']} tokens that flip under Harm {_f(s['pmi_flip'])} (other tokens of those items "
                 f"{_f(s['pmi_flip_items_other'])})"]
