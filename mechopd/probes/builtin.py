@@ -61,11 +61,21 @@ def gradients(setup: Any, out: Path, *, model: str | None, teacher: str | None, 
             f"table: {out / 'gradients.csv'}"]
 
 
-def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None, pair: str | None) -> list[str]:
-    from mechopd.probes.deltas import DeltaSummary, run_deltas
+def deltas(setup: Any, out: Path, *, base: str | None, models: list[str] | None, pair: str | None, svd: bool,
+           svd_k: int) -> list[str]:
+    from mechopd.probes.deltas import run_deltas
 
-    paths = run_deltas(setup, out, base=base, models=models, pair=_pair(pair, "--pair"))
-    return [f"delta table: {', '.join(str(p) for p in paths)}"] + DeltaSummary.load(out).lines()
+    paths = run_deltas(setup, out, base=base, models=models, pair=_pair(pair, "--pair"), svd=svd, svd_k=svd_k)
+    return [f"delta table: {', '.join(str(p) for p in paths)}"] + deltas_report(out)
+
+
+def deltas_report(probes_dir: Path) -> list[str]:
+    """The deltas probe's report lines: `DeltaSummary.lines()`, then the update geometry when ``--svd`` ran."""
+    from mechopd.probes.delta_svd import svd_lines
+    from mechopd.probes.deltas import DeltaSummary
+
+    result = DeltaSummary.load(probes_dir)
+    return (result.lines() if result is not None else []) + svd_lines(probes_dir)
 
 
 def teachability(setup: Any, out: Path, *, student: str | None, trained: str | None, teacher: str | None,
@@ -124,10 +134,14 @@ register_probe(ProbeSpec(
         Arg(("--models",), dict(nargs="+", default=None, metavar="LABEL|NAME=DIR",
                                 help="trained models (default: every trained model of the run)")),
         Arg(("--pair",), dict(default=None, help="two labels to compare, e.g. opd,nca (default: the first two)")),
+        Arg(("--svd",), dict(action="store_true", help="also the update's geometry per layer x module (deltas_svd.csv: "
+                                                     "eff_rank, top-k energy, sparsity, overlap with W0's subspace)")),
+        Arg(("--svd-k",), dict(dest="svd_k", type=int, default=8,
+                               help="k of the top-k energy and overlap (default 8)")),
     ),
     outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
     demo={"models": ["opd", "nca"], "pair": "opd,nca"}, role_options=("models", "pair"),
-    summary="mechopd.probes.deltas:DeltaSummary",
+    summary="mechopd.probes.deltas:DeltaSummary", report=deltas_report,
     figures=(FigureSpec(
         "parameter_deltas", "Parameter updates per layer and module",
         "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
@@ -156,3 +170,4 @@ register_probe(ProbeSpec(
 ))
 
 import mechopd.probes.causal_builtin  # noqa: E402,F401  (lens, patching, attention: their own registrations)
+import mechopd.probes.mechanism_builtin  # noqa: E402,F401  (weightpatch, ...: their own registrations)

@@ -376,11 +376,11 @@ def summarize_deltas(rows: Sequence[DeltaRow], pair: tuple[str, str] | None, set
 
 def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | None = None,
                models: Sequence[str] | Mapping[str, str] | None = None, pair: Sequence[str] | None = None,
-               progress: bool = True) -> list[Path]:
+               progress: bool = True, svd: bool = False, svd_k: int = 8) -> list[Path]:
     """`mechopd probe deltas`: every model's update from ``base`` (a setup label or a dir; default the setup's base);
     models: a mapping label -> dir, labels / dirs / ``NAME=DIR`` items, or None = the setup's trained models; pair:
     two labels (default the first two models, when there are two). Writes ``deltas.csv``, ``deltas.json`` and
-    ``deltas_summary.json`` (`DeltaSummary`); returns their paths."""
+    ``deltas_summary.json`` (`DeltaSummary`), with ``svd`` also ``deltas_svd.csv`` / ``.json`` (`delta_svd`)."""
     _, base_dir = setup.model(base, BASE)
     chosen = setup.pick(models, setup.trained)
     pair = tuple(pair) if pair else (tuple(list(chosen)[:2]) if len(chosen) >= 2 else None)
@@ -390,5 +390,9 @@ def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | Non
     settings = {"probe": "deltas", "base": base_dir, "models": chosen, "pair": list(pair) if pair else None,
                 "adapters": {k: str(a) for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
                 "model_paths": {"base": base_dir, **chosen}}  # weights only: no task, items or tokenizer to resolve
+    if svd:
+        from mechopd.probes.delta_svd import run_delta_svd
+
+        paths += run_delta_svd(base_dir, chosen, out, svd_k)
     return paths + [summarize_deltas(rows, pair, settings).save(out)]
 

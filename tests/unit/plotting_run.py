@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
 from .causal_artifacts import write_causal
+from .intervention_artifacts import write_interventions
 from mechopd.artifacts import json_safe
 from mechopd.probes import deltas, gradients, similarity, teachability
 from mechopd.probes.capture import sites_for
@@ -156,6 +157,7 @@ def make_run(root: Path, task: str = "rules", seed: int = 0) -> Path:
     _write_deltas(probes, _checkpoints(root / f"{task}_ckpts"))
     _write_teachability(probes, rng)
     write_causal(probes, rng)
+    write_interventions(probes, seed)  # its own generator: the other tables' values do not move
     _write_sweep(run, rng)
     return run
 

@@ -1,0 +1,199 @@
+"""Figures of the intervention probes, from their tables only (nothing recomputed; the probe modules own the formats):
+
+  ``RUN/probes/weightpatch.csv``   model, layer, module, draw, acc_x, harm  -> ``weightpatch``: layer x module heatmaps
+                                   of Acc_x and Harm per model (ctrl_qk: mean over draws; top row: unpatched)
+  ``RUN/probes/localization.csv``  model, donor, layer, harm, harm_low, harm_high, seed -> ``localization``: Harm
+                                   after patching the donor's residual at each layer, with its interval
+  ``RUN/probes/attribution.csv``   model, pair, layer, component, head, attribution -> ``attribution``: layer x
+                                   component heatmap of the summed attribution per pair
+  ``RUN/probes/pmi_tokens.csv``    pmi, kl, harm_flip                     -> ``pmi``: PMI distribution by flip status
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from mechopd.plots._common import missing, new_figure, read_csv, run_info, save, styled, to_float
+from mechopd.plots.causal import _panel_row, _table
+from mechopd.plots.layers import _model_order
+
+WEIGHTPATCH = "weightpatch"
+MODULE_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "qk", "vo", "attn", "mlp", "norms", "ctrl_qk")
+
+
+def _mean_grid(rows: list[dict[str, str]], layers: list[str], modules: list[str], key: str) -> np.ndarray:
+    sums = np.zeros((len(layers), len(modules)))
+    counts = np.zeros_like(sums)
+    for r in rows:
+        v = to_float(r[key])
+        if math.isfinite(v) and r["layer"] in layers:
+            col = modules.index(r["module"]) if r["layer"] != "none" else 0
+            sums[layers.index(r["layer"]), col] += v
+            counts[layers.index(r["layer"]), col] += 1
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+@styled
+def figure_weightpatch(run_dir: Path) -> Figure | None:
+    """Acc_x and Harm per layer (rows: none, 0..L-1, all) x module group (columns), two panels per model."""
+    info = run_info(run_dir)
+    rows = _table(info, "weightpatch.csv", WEIGHTPATCH, ["model", "layer", "module", "acc_x", "harm"])
+    if rows is None:
+        return None
+    models = _model_order(info, (r["model"] for r in rows))
+    modules = [m for m in MODULE_ORDER if any(r["module"] == m for r in rows)]
+    numeric = sorted({r["layer"] for r in rows if r["layer"].isdigit()}, key=int)
+    layers = ["none", *numeric, *(["all"] if any(r["layer"] == "all" for r in rows) else [])]
+    panels = []
+    for m in models:
+        mine = [r for r in rows if r["model"] == m]
+        donor = mine[0].get("donor", "donor")
+        panels.append((f"{info.label(m)} ← {donor}: Acc_x", _mean_grid(mine, layers, modules, "acc_x"), "viridis",
+                       0.0, 1.0))
+        panels.append((f"{info.label(m)} ← {donor}: Harm", _mean_grid(mine, layers, modules, "harm"), "rocket_r",
+                       0.0, 1.0))
+    ylabels = ["unpatched" if lay == "none" else lay for lay in layers]
+    fig = _panel_row(panels, (modules, ylabels), ("module group reverted", "decoder layer"), True, (4.4, 0.4),
+                     f"Weight patching: which weights carry the rule and the harm — {info.task}")
+    for ax in fig.axes[::2]:  # the heatmaps (every other axis is a colour bar)
+        ax.tick_params(axis="x", labelrotation=45)
+    return fig
+
+
+def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_weightpatch(run_dir), out_dir, WEIGHTPATCH)
+
+
+__all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
+
+
+LOCALIZATION = "localization"
+
+
+def _localization_curves(run_dir: Path) -> tuple[list[dict[str, str]], list[list[float]]] | None:
+    """The first seed run's rows (sites in depth order) and, per site, the harm of every seed run that has the table
+    (an aggregate directory's ``seed_runs``; a run: itself)."""
+    from mechopd.plots.training import seed_runs
+
+    tables = [p / "probes" / "localization.csv" for p in seed_runs(run_dir)]
+    tables = [t for t in tables if t.is_file()]
+    if not tables:
+        return None
+    first = sorted(read_csv(tables[0], ["site", "depth", "harm", "harm_clean"]), key=lambda r: int(r["depth"]))
+    per_site: list[list[float]] = [[] for _ in first]
+    for t in tables:
+        got = {r["site"]: to_float(r["harm"]) for r in read_csv(t, ["site", "harm"])}
+        for k, r in enumerate(first):
+            if math.isfinite(got.get(r["site"], math.nan)):
+                per_site[k].append(got[r["site"]])
+    return first, per_site
+
+
+@styled
+def figure_localization(run_dir: Path) -> Figure | None:
+    """Teacher-forced Harm after patching, by depth; one run: its item-bootstrap interval; several seeds: the seed
+    mean with a 95 % Student-t band. The unpatched Harm dashed."""
+    from mechopd.stats import seed_stat
+
+    info = run_info(run_dir)
+    got = _localization_curves(info.root)
+    if got is None:
+        missing(LOCALIZATION, info.root / "probes" / "localization.csv")
+        return None
+    rows, per_site = got
+    seeds = max(len(v) for v in per_site)
+    x = [int(r["depth"]) for r in rows]
+    if seeds > 1:
+        stats = [seed_stat(v) for v in per_site]
+        y = [math.nan if s["mean"] is None else s["mean"] for s in stats]
+        lo = [math.nan if s["low"] is None else s["low"] for s in stats]
+        hi = [math.nan if s["high"] is None else s["high"] for s in stats]
+    else:
+        y = [to_float(r["harm"]) for r in rows]
+        lo, hi = [to_float(r.get("harm_low")) for r in rows], [to_float(r.get("harm_high")) for r in rows]
+    fig = new_figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    ax.plot(x, y, marker="o", label=f"{info.label(rows[0]['model'])} ← {rows[0].get('donor', 'donor')}")
+    if all(math.isfinite(v) for v in lo + hi):
+        ax.fill_between(x, lo, hi, alpha=0.25, label="95 % seed interval" if seeds > 1 else "95 % item bootstrap")
+    ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched (first seed)")
+    ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("site whose residual is patched (all response positions)")
+    ax.set_ylabel("teacher-forced Harm after patching")
+    ax.set_title(f"Where the harm lives — {info.task}" + (f", {seeds} seeds" if seeds > 1 else ""))
+    ax.legend()
+    return fig
+
+
+def plot_localization(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_localization(run_dir), out_dir, LOCALIZATION)
+
+
+ATTRIBUTION = "attribution"
+
+
+@styled
+def figure_attribution(run_dir: Path) -> Figure | None:
+    """recovered_attr (position all) per layer (rows) x component / head (columns), one panel per model and pair."""
+    info = run_info(run_dir)
+    rows = _table(info, "attribution.csv", ATTRIBUTION, ["model", "pair", "layer", "component", "head", "position",
+                                                         "recovered_attr", "recovered_exact"])
+    if rows is None:
+        return None
+    rows = [r for r in rows if r["position"] == "all"]
+    cols = [c for c in ("resid", "attn", "mlp") if any(r["component"] == c for r in rows)]
+    heads = sorted({int(r["head"]) for r in rows if r["head"] != ""})
+    cols += [f"head {h}" for h in heads]
+    layers = sorted({int(r["layer"]) for r in rows})
+    panels = []
+    for key in dict.fromkeys((r["model"], r["pair"]) for r in rows):
+        grid = np.full((len(layers), len(cols)), np.nan)
+        mine = [r for r in rows if (r["model"], r["pair"]) == key]
+        for r in mine:
+            col = r["component"] if r["head"] == "" else f"head {r['head']}"
+            grid[layers.index(int(r["layer"])), cols.index(col)] = to_float(r["recovered_attr"])
+        a = [to_float(r["recovered_attr"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
+        b = [to_float(r["recovered_exact"]) for r in mine if math.isfinite(to_float(r["recovered_exact"]))]
+        ok = len(a) >= 3 and np.std(a) > 0 and np.std(b) > 0
+        corr = f", r = {np.corrcoef(a, b)[0, 1]:.2f} vs exact" if ok else ""
+        lim = max(1e-6, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
+        panels.append((f"{info.label(key[0])} {key[1]}{corr}", grid, "coolwarm", -lim, lim))
+    return _panel_row(panels, (cols, [str(i) for i in layers]), ("component / head", "decoder layer"), True,
+                      (0.5 * len(cols) + 1.5, 0.45), f"Attribution patching (estimated recovered share) — {info.task}")
+
+
+def plot_attribution(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_attribution(run_dir), out_dir, ATTRIBUTION)
+
+
+PMI = "pmi"
+
+
+@styled
+def figure_pmi(run_dir: Path) -> Figure | None:
+    """Scatter of pmi against the per-token OPD KL; flip tokens in red."""
+    info = run_info(run_dir)
+    rows = _table(info, "pmi_tokens.csv", PMI, ["pmi", "opd", "flip"])
+    if rows is None:
+        return None
+    fig = new_figure(6.5, 4.2)
+    ax = fig.add_subplot()
+    for flip, colour, label in ((False, "tab:blue", "other tokens"), (True, "tab:red", "flip under Harm")):
+        mine = [r for r in rows if (r["flip"] == "True") == flip]
+        ax.scatter([to_float(r["pmi"]) for r in mine], [to_float(r["opd"]) for r in mine], s=10, alpha=0.6,
+                   color=colour, label=f"{label} ({len(mine)})")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("teacher PMI with the context, log f(y|c,x) − log f(y|x) (nats)")
+    ax.set_ylabel("OPD loss at the token, KL(q_x ‖ f_c) (nats)")
+    ax.set_title(f"Where the teacher's signal comes from — {info.task}")
+    ax.legend()
+    return fig
+
+
+def plot_pmi(run_dir: Path, out_dir: Path) -> list[Path]:
+    return save(figure_pmi(run_dir), out_dir, PMI)

@@ -1,0 +1,109 @@
+"""The intervention claims (mechopd.mechanism_claims) on synthetic probe artifacts written in the probes' formats:
+every verdict is reachable and the values come from the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mechopd import mechanism_claims as mc
+from mechopd.artifacts import write_csv, write_json
+from mechopd.probes.delta_svd import COLUMNS as SVD_COLUMNS
+from mechopd.probes.delta_svd import CSV, JSON, summarize_svd
+from mechopd.probes.weightpatch import COLUMNS, summarize
+from mechopd.study import Study
+from mechopd.verdicts import FAILS, HOLDS, NA, NA_FRAGILE
+
+
+def _wp_rows(acc: float, qk: float, vo: float, ctrl: float, harm: float = 0.4, harm_qk: float = 0.0) -> list[dict]:
+    def row(layer, module, acc_x, h, draw=""):
+        r = {c: None for c in COLUMNS}
+        r.update(model="opd", donor="base", layer=layer, module=module, draw=draw, n_params=100, n=50, acc_x=acc_x,
+                 acc_xc=0.5, harm=h, d_acc_x=acc_x - acc, d_harm=None if h is None else h - harm)
+        return r
+
+    return [row("none", "none", acc, harm), row("all", "qk", acc - qk, harm_qk), row("all", "vo", acc - vo, harm),
+            *(row("all", "ctrl_qk", acc - ctrl + 0.01 * j, harm, j) for j in range(3))]
+
+
+def _svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
+    rows = []
+    for module, dsq in (("q_proj", 1.0), ("down_proj", mlp_dsq)):
+        rows.append({"model": "opd", "vs": "base", "site": f"layers.0.{module}", "layer": 0, "module": module,
+                     "rows": 16, "cols": 16, "k": 4, "eff_rank": 3.0, "topk_energy": 0.9, "frac_above_0.01": 1.0,
+                     "frac_above_0.1": 0.5, "frac_above_1": 0.0, "energy90_frac": e90, "overlap_k": overlap,
+                     "overlap_random": 0.25, "delta_sq": dsq, "w0_sq": 10.0})
+    return rows
+
+
+def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
+    probes = root / "probes"
+    probes.mkdir(parents=True)
+    if wp is not None:
+        write_csv(probes / "weightpatch.csv", wp, COLUMNS)
+        write_json(probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": summarize(wp)})
+    if svd is not None:
+        write_csv(probes / CSV, svd, SVD_COLUMNS)
+        write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(svd)})
+    return Study.of_models(root, "rules", {"base": root / "b", "opd": root / "o"})
+
+
+@pytest.mark.parametrize("qk, vo, ctrl, verdict", [
+    ([0.6, 0.5, 0.55], [0.1, 0.0, 0.05], [0.0, 0.05, 0.02], HOLDS),
+    ([0.0, 0.05, 0.0], [0.5, 0.4, 0.6], [0.5, 0.45, 0.4], FAILS),
+    ([0.6, 0.0, 0.3], [0.1, 0.5, 0.05], [0.0, 0.4, 0.02], NA_FRAGILE),
+])
+def test_qk_causal_rule_verdicts(tmp_path, qk, vo, ctrl, verdict):
+    runs = [_run(tmp_path / f"s{i}", _wp_rows(1.0, qk[i], vo[i], ctrl[i]), None) for i in range(3)]
+    row = mc.claim_qk_causal_rule(runs)
+    assert row["verdict"] == verdict, row
+    assert mc.qk_margin(runs[0], "opd", "vo") == pytest.approx(qk[0] - vo[0])
+    assert mc.qk_margin(runs[0], "opd", "ctrl_qk") == pytest.approx(qk[0] - (ctrl[0] - 0.01))  # mean of 3 draws
+
+
+def test_qk_claims_not_measurable(tmp_path):
+    runs = [_run(tmp_path / f"s{i}", _wp_rows(0.0, 0.0, 0.0, 0.0), None) for i in range(2)]
+    assert mc.claim_qk_causal_rule(runs)["verdict"] == NA  # no rule internalised: nothing to remove
+    none = [_run(tmp_path / f"n{i}", None, None) for i in range(2)]
+    assert mc.claim_qk_causal_harm(none)["verdict"] == NA
+    harm = [_run(tmp_path / f"h{i}", _wp_rows(1.0, 0.5, 0.0, 0.0, harm=0.4, harm_qk=0.0), None) for i in range(1)]
+    out = mc.claim_qk_causal_harm(harm)
+    assert out["verdict"] == HOLDS and "one seed" in out["measured"]
+
+
+@pytest.mark.parametrize("mlp, e90, overlap, verdict", [
+    (9.0, 0.05, 0.1, HOLDS),   # MLP-heavy, sparse, away from W0's directions
+    (9.0, 0.40, 0.1, FAILS),   # dense
+    (0.5, 0.05, 0.1, FAILS),   # not MLP-heavy
+    (9.0, 0.05, 0.6, FAILS),   # aligned with W0's directions
+])
+def test_sparse_update_verdicts(tmp_path, mlp, e90, overlap, verdict):
+    runs = [_run(tmp_path / f"s{i}", None, _svd_rows(mlp * (1 + 0.01 * i), e90 + 0.001 * i, overlap)) for i in range(3)]
+    assert mc.claim_sparse_update(runs)["verdict"] == verdict
+    assert mc.svd_value(runs[0], "opd", "mlp_energy_share") == pytest.approx(mlp / (1 + mlp))
+
+
+def test_claims_have_the_table_shape():
+    assert [k for k, *_ in mc.MECHANISM_CLAIMS] == ["qk_causal_rule", "qk_causal_harm", "sparse_update"]
+    assert all(callable(fn) and claim and paper for _, claim, paper, fn in mc.MECHANISM_CLAIMS)
+
+
+def test_localization_table_over_seeds(tmp_path):
+    from mechopd.probes.localization import COLUMNS as LOC
+
+    runs = []
+    for i, harms in enumerate(([0.5, 0.4, 0.0], [0.6, 0.3, 0.05])):
+        run = _run(tmp_path / f"s{i}", None, None)
+        rows = [{c: None for c in LOC} | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d,
+                                           "harm": h, "harm_clean": 0.6} for d, (s, h) in
+                enumerate(zip(("embed", "layers.0.resid_post", "final_norm"), harms))]
+        write_csv(run.probes_dir / "localization.csv", rows, LOC)
+        write_json(run.probes_dir / "localization.json", {"summary": {"model": "opd", "donor": "x", "harm_clean": 0.6,
+                   "n_right": 10, "removed_share": 0.9, "removed_at": "final_norm"}, "settings": {}})
+        runs.append(run)
+    lines = mc.localization_table(runs)
+    row = next(line for line in lines if line.startswith("| layers.0.resid_post"))
+    assert "0.350 [" in row  # mean of 0.4 and 0.3 with its t interval
+    assert "final_norm, final_norm" in "\n".join(lines)
+    assert mc.localization_table([_run(tmp_path / "empty", None, None)]) == []
