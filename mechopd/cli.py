@@ -267,8 +267,8 @@ def make_parser() -> argparse.ArgumentParser:
     """The `mechopd` parser: one subcommand per registered command."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    registry = {"run": _run_args, "pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
-                "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args,
+    registry = {"run": _run_args, "pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args,
+                "probe": _probe_args, "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args,
                 "explore": _explore_args}
     for name, add_args in registry.items():  # this order in `mechopd --help`
         help_text = COMMANDS[name][0]

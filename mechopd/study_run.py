@@ -8,7 +8,7 @@ probes, every figure the artifacts allow, ``report.md`` (`demo.evaluate_all`, `d
 (`aggregate.aggregate`); a claim whose roles the study lacks reads "not measurable here". Jobs run on ``workers``
 processes, one pinned thread each, one log per job in ``<seed run>/logs/`` (`demo_pool`).
 
-``OUT`` (default: the study file's folder / its stem) records the study (``study_spec.json``) before any job: a rerun
+``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
 with another study there is refused, naming the keys that differ. When every stage is done (``study_done.json``,
 written last, and every file it vouches for), a rerun says so and returns at once.
 
@@ -27,13 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.artifacts import read_json, write_json
+import yaml
+
+from mechopd.artifacts import write_json, write_text
 from mechopd.demo import evaluate_all, labels_for, run_probes, train_resumable
 from mechopd.errors import ConfigError
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 from mechopd.study_spec import StudySpec, default_out
 
-SPEC_FILE = "study_spec.json"
+SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
 
 
@@ -45,6 +47,7 @@ class SeedRun:
     out: str
     seed: int
     student: str              # the resolved base checkpoint (a local dir, or a hub id)
+    study_out: str = ""       # the study's OUT (the seed run's parent with several seeds)
     job_threads: int = 1
     full_stages: bool = True  # every seed of a study gets its figures and every listed probe
 
@@ -127,7 +130,8 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
               "job_threads": cfg.job_threads, "student": spec.student, "teacher": spec.teacher}
     manifest = {"task": spec.task, "methods": list(methods), "labels": labels_for(run, methods), "runs": methods,
                 "organism": cfg.student, "thresholds": asdict(RegimeThresholds()), "config": config,
-                "study": spec.source, "command": "mechopd " + " ".join(sys.argv[1:])
+                "study": str(Path(cfg.study_out) / SPEC_FILE), "out_dir": cfg.study_out,
+                "command": "mechopd " + " ".join(sys.argv[1:])
                 if sys.argv and "mechopd" in sys.argv[0] else None}
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name)
@@ -153,7 +157,7 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
 def seed_runs(spec: StudySpec, out: Path, student: str) -> list[SeedRun]:
     """One seed run per training seed: ``out`` itself with one seed, ``out/seed-k`` with several."""
     one = len(spec.seeds) == 1
-    return [SeedRun(spec, str(out if one else out / f"seed-{k}"), k, student) for k in spec.seeds]
+    return [SeedRun(spec, str(out if one else out / f"seed-{k}"), k, student, study_out=str(out)) for k in spec.seeds]
 
 
 def _normal(doc: Any) -> Any:
@@ -171,7 +175,9 @@ def check_out(spec: StudySpec, out: Path) -> None:
             raise ConfigError(f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
                               "another --out (nothing was changed)")
         return
-    old = read_json(recorded).get("study") or {}
+    from mechopd.config import load_yaml
+
+    old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if diff:
@@ -219,7 +225,8 @@ def _run(spec: StudySpec, out: Path, workers: int) -> Path:
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / SPEC_FILE, {"study": _normal(spec.to_mapping()), "source": spec.source})
+    write_text(out / SPEC_FILE, f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
+               + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True))
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
     for r in runs:  # every seed run's manifest before the first job

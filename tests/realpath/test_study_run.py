@@ -50,7 +50,9 @@ def test_a_study_runs_end_to_end_on_a_real_architecture_and_a_rerun_is_done(zoo,
     assert "2 training seeds" in report and "## The papers' claims" in report
     table = report[report.index("## The papers' claims"):]
     ta_row = next(line for line in table.splitlines() if line.startswith("| TA-OPD"))
-    assert "not measurable" in ta_row  # the study has no ta_opd run
+    assert "not measurable" in ta_row and "TA-OPD Acc_x n/a" in ta_row  # the study has no ta_opd run
+    assert "NCA Acc_x 0" in table or "NCA Acc_x 1" in table  # the roles it has are measured (per seed values)
+    assert f"mechopd run {out / 'study_run.yaml'} --out {out}" in report  # how to rerun it
     assert (out / "aggregate.json").is_file()
     capsys.readouterr()
 
@@ -65,7 +67,7 @@ def test_a_study_with_another_config_is_refused_in_a_finished_out(zoo, tmp_path,
     doc = _study(zoo)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "study_spec.json").write_text('{"study": {"task": "jsonl", "seeds": [5]}}')
+    (out / "study_run.yaml").write_text("task: jsonl\nseeds: [5]\n")
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(doc))
     assert main(["run", str(study), "--out", str(out)]) == 2
