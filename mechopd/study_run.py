@@ -9,8 +9,9 @@ probes, every figure the artifacts allow, ``report.md`` (`demo.evaluate_all`, `d
 processes, one pinned thread each, one log per job in ``<seed run>/logs/`` (`demo_pool`).
 
 ``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
-with another study there is refused, naming the keys that differ. When every stage is done (``study_done.json``,
-written last, and every file it vouches for), a rerun says so and returns at once.
+with another study there is refused, naming the keys that differ (probes may be added: they run, the rest is
+reused). When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
+and returns at once.
 
     from mechopd.study_run import run_study
     run_study("training/studies/qwen3-1.7b-jsonl.yaml", workers=1)
@@ -180,6 +181,9 @@ def check_out(spec: StudySpec, out: Path) -> None:
     old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old_probes, new_probes = old.get("probes") or {}, new.get("probes") or {}
+    if diff == ["probes"] and all(new_probes.get(k) == v for k, v in old_probes.items()):
+        return  # probes added to a finished study: they run, everything else is reused
     if diff:
         raise ConfigError(f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
                           "finished stages would be reused as this one's: pass another --out")
@@ -189,7 +193,11 @@ def is_done(spec: StudySpec, out: Path) -> bool:
     """Every stage finished: the done record written last, every run's final checkpoint, every report."""
     from mechopd.demo_pool import finished
 
+    from mechopd.artifacts import read_json
+
     if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
+        return False
+    if read_json(out / DONE_FILE).get("run") != _normal(spec.to_mapping()):  # e.g. a probe added since
         return False
     for r in seed_runs(spec, out, spec.student):
         if not (Path(r.out) / "report.md").is_file() or not all(finished(Path(r.out) / "train" / role)
@@ -239,6 +247,7 @@ def _run(spec: StudySpec, out: Path, workers: int) -> Path:
         from mechopd.aggregate import aggregate
 
         report = aggregate([Path(r.out) for r in runs], out)
-    write_json(out / DONE_FILE, {"study": spec.source, "report": str(report), "wall_s": round(time.time() - t0, 1)})
+    write_json(out / DONE_FILE, {"study": spec.source, "report": str(report), "wall_s": round(time.time() - t0, 1),
+                                 "run": _normal(spec.to_mapping())})
     _log(f"report: {report} ({time.time() - t0:.0f} s)")
     return report

@@ -36,7 +36,7 @@ def _files(root: Path) -> dict[str, int]:
 def test_a_study_runs_end_to_end_on_a_real_architecture_and_a_rerun_is_done(zoo, tmp_path, capsys):
     study = tmp_path / "llama-jsonl.yaml"
     study.write_text(yaml.safe_dump(_study(zoo), sort_keys=False))
-    assert main(["run", str(study), "--workers", "1"]) == 0
+    assert main(["run", str(study), "--workers", "2"]) == 0  # the demo's worker pool: one log per job
     out = tmp_path / "llama-jsonl"  # default: the study file's folder / its stem
     for k in (0, 1):
         seed = out / f"seed-{k}"
@@ -44,7 +44,10 @@ def test_a_study_runs_end_to_end_on_a_real_architecture_and_a_rerun_is_done(zoo,
             assert (seed / "train" / role / "final" / "training.json").is_file()
             assert (seed / "eval" / f"{role}.json").is_file()
         assert (seed / "eval" / "base.json").is_file()
-        assert (seed / "probes" / "similarity.csv").is_file() or any((seed / "probes").glob("similarity*"))
+        assert sorted(p.name for p in (seed / "logs").glob("*.log")) == ["finish.log", "train-nca.log",
+                                                                          "train-opd.log"]
+        assert (seed / "probes" / "similarity.csv").is_file() and (seed / "probes" / "similarity.json").is_file()
+        assert not (seed / "probes" / "deltas.csv").exists()  # only the listed probes run
         assert "## The papers' claims" in (seed / "report.md").read_text()
     report = (out / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
@@ -61,6 +64,17 @@ def test_a_study_runs_end_to_end_on_a_real_architecture_and_a_rerun_is_done(zoo,
     said = capsys.readouterr().out
     assert "done, nothing to run" in said
     assert _files(out) == before  # nothing trained, evaluated or rewritten: no file added or touched
+
+    doc = _study(zoo)
+    doc["probes"]["deltas"] = {}  # a probe added to the finished study: it runs, the trainings are reused
+    study.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["run", str(study), "--workers", "1"]) == 0
+    after = _files(out)
+    for k in (0, 1):
+        assert (out / f"seed-{k}" / "probes" / "deltas.csv").is_file()
+        for role in ("opd", "nca"):
+            metrics = f"seed-{k}/train/{role}/metrics.jsonl"
+            assert after[metrics] == before[metrics]
 
 
 def test_a_study_with_another_config_is_refused_in_a_finished_out(zoo, tmp_path, capsys):
@@ -99,6 +113,14 @@ def test_bad_study_files_are_one_line_errors_before_any_job(zoo, tmp_path, capsy
     for w in words:
         assert w in err, (w, err)
     assert not (tmp_path / "bad").exists()  # nothing written
+
+
+def test_run_study_of_a_mapping_needs_an_out(zoo):
+    from mechopd.errors import ConfigError
+    from mechopd.study_run import run_study
+
+    with pytest.raises(ConfigError, match="out="):
+        run_study(_study(zoo))
 
 
 def test_the_example_real_model_study_is_valid():
