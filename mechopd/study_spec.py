@@ -62,6 +62,11 @@ class StudySpec:
                                   f"{'jsonl' if key == 'task' else 'Qwen/Qwen3-1.7B'}")
         if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
             raise ConfigError(f"{w}: teacher must be a checkpoint dir or hub id, or null for self-distillation")
+        for key in ("student", "teacher"):  # a local path that is not there (a hub id is checked when loaded)
+            value = getattr(self, key)
+            if value and value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
+                raise ConfigError(f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id or "
+                                  "organism:<task>")
         for key in ("task_options", "render", "train", "runs", "eval", "probes"):
             if getattr(self, key) is None:
                 setattr(self, key, {})

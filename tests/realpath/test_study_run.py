@@ -101,6 +101,7 @@ def test_a_study_with_another_config_is_refused_in_a_finished_out(zoo, tmp_path,
     (lambda d: d.update(seeds=[0, 0]), ["seeds", "twice"]),
     (lambda d: d["eval"].update(n=10_000), ["eval.n"]),
     (lambda d: d["render"].update(placement="user"), ["render.placement"]),
+    (lambda d: d.update(student="./no/such/checkpoint"), ["student", "does not exist"]),
 ])
 def test_bad_study_files_are_one_line_errors_before_any_job(zoo, tmp_path, capsys, change, words):
     doc = _study(zoo)
