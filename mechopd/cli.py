@@ -222,6 +222,23 @@ def _demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study", metavar="STUDY.yaml", help="a study file: task, student, runs by role, seeds, eval, probes "
+                   "(README, `mechopd run`; mechopd/study_spec.py)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: the study file's folder / "
+                   "its stem)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes, each job on one thread "
+                   "(default: the intra-op thread count)")
+
+
+@command("run", "run a study file: train every run per seed, evaluate, probe, draw, aggregate, report (resumable)")
+def _run(a: argparse.Namespace) -> int:
+    from mechopd.study_run import run_study
+
+    print(f"report: {run_study(a.study, a.out, a.workers)}")
+    return 0
+
+
 def _aggregate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", help="demo run directories of one study (one per seed)")
     p.add_argument("--out", required=True, help="directory for aggregate.json, the seed-band figures and report.md")
@@ -257,8 +274,8 @@ def make_parser() -> argparse.ArgumentParser:
     """The `mechopd` parser: one subcommand per registered command."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    registry = {"pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args, "probe": _probe_args,
-                "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args,
+    registry = {"run": _run_args, "pretrain": _pretrain_args, "train": _train_args, "eval": _eval_args,
+                "probe": _probe_args, "figures": _figures_args, "demo": _demo_args, "aggregate": _aggregate_args,
                 "explore": _explore_args}
     for name, add_args in registry.items():  # this order in `mechopd --help`
         help_text = COMMANDS[name][0]

@@ -29,8 +29,9 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mechopd.artifacts import FileSet, read_json, write_json
@@ -202,33 +203,40 @@ def organism(cfg: DemoConfig) -> Path:
 
 def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, Path]:
     from mechopd.config import TrainConfig
+
+    finals = {}
+    for name, over in methods.items():
+        def config(name: str = name, over: dict[str, Any] = over) -> TrainConfig:
+            return TrainConfig(task=cfg.task, task_options=dict(cfg.task_options or {}), student=str(student),
+                               steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, lr_schedule=cfg.lr_schedule,
+                               estimator="full",  # as the organism recipes (training/organisms/*.yaml)
+                               seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
+                               save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's
+                               **{**over, **cfg.train_overrides})
+        finals[name] = train_resumable(name, run / "train" / name, config, over)
+    return finals
+
+
+def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
+    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh."""
     from mechopd.demo_pool import finished
     from mechopd.train.checkpoint import latest_checkpoint
     from mechopd.train.trainer import train
 
-    finals = {}
-    for name, over in methods.items():
-        out = run / "train" / name
-        if finished(out):
-            _log(f"train {name}: done, skipped")
-            finals[name] = out / "final"
-            continue
-        resume = latest_checkpoint(out) is not None
-        if out.exists() and not resume:
-            shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
-        tc = TrainConfig(task=cfg.task, task_options=dict(cfg.task_options or {}), student=str(student),
-                         steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                         lr_schedule=cfg.lr_schedule,
-                         estimator="full",  # as the organism recipes (training/organisms/*.yaml)
-                         seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
-                         save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's steps
-                         **{**over, **cfg.train_overrides})
-        _log(f"train {name}: {over} ({'resuming' if resume else 'new'})")
-        finals[name] = train(tc, out, resume=resume)
-    return finals
+    if finished(out):
+        _log(f"train {name}: done, skipped")
+        return out / "final"
+    resume = latest_checkpoint(out) is not None
+    if out.exists() and not resume:
+        shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
+    tc = config()
+    _log(f"train {name}: {what} ({'resuming' if resume else 'new'})")
+    return train(tc, out, resume=resume)
 
 
-def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[str, EvalReport]:
+def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path, spec: Any = None, other_contexts: bool = True,
+                 eval_fields: dict[str, Any] | None = None) -> dict[str, EvalReport]:
+    """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
     from mechopd.evaluate import EvalConfig, evaluate_model, format_summary
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
@@ -242,11 +250,12 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
         if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
             out[name] = EvalReport.load(target)
             continue
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed)
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
         model, tok = load_model(path), load_tokenizer(path)
-        raw = evaluate_model(model, tok, task, ecfg)
-        raw["settings"]["model"] = str(Path(path).resolve())  # recorded absolute, never against the cwd
-        following.add_following(raw, model, tok, task, ecfg)  # other contexts (rules: the family's other rules)
+        raw = evaluate_model(model, tok, task, ecfg, spec)
+        raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
+        if other_contexts:
+            following.add_following(raw, model, tok, task, ecfg, spec)  # rules: the family's other rules
         rep = EvalReport.from_dict(raw, name)
         rep.save(target)  # the JSON and the CSV as one file set
         out[name] = rep
@@ -256,15 +265,17 @@ def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path) -> dict[st
     for name, doc in docs.items():
         out[name] = EvalReport.from_dict(doc, name)
         out[name].save(run / "eval" / f"{name}.json")
-    print(following.format_following(docs), flush=True)
+    if other_contexts:
+        print(following.format_following(docs), flush=True)
     return out
 
 
-def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
+def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path, chosen: dict[str, Any] | None = None,
+               setup_fields: dict[str, Any] | None = None) -> None:
     """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
     the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
     (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
-    the study lacks, is skipped (and says so)."""
+    the study lacks, is skipped (and says so). ``chosen``: a study's name -> (setup fields, options over the demo's)."""
     from mechopd.probes.registry import demo_options
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
@@ -278,14 +289,16 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
         informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
         write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
     setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
-                       models={k: str(v) for k, v in models.items()},
-                       run=str(run))
+                       models={k: str(v) for k, v in models.items()}, run=str(run), **(setup_fields or {}))
     for spec in registered():
-        if spec.demo is None or FileSet.complete(out, spec.name, spec.outputs):  # all its files, or it reruns
+        own_setup, own = (chosen or {}).get(spec.name, ({}, {}))
+        if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
+                out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
             continue
-        if not cfg.full_stages and spec.name in SEED0_PROBES:
+        if chosen is None and not cfg.full_stages and spec.name in SEED0_PROBES:
             continue
-        options = demo_options(spec, study)
+        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=spec.role_options),
+                               study)
         if options is None:
             _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
                  f"{study.roles})")
@@ -293,7 +306,7 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path) -> None:
         if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
             options["trained"] = str(informative)
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
-        spec(setup, out, **options)
+        spec(replace(setup, **own_setup) if own_setup else setup, out, **options)
 
 
 def demo(cfg: DemoConfig) -> Path:

@@ -37,6 +37,12 @@ def _demo_flags(cfg: dict[str, Any]) -> str:
             + (f" --job-threads {cfg['job_threads']}" if cfg.get("job_threads", 1) != 1 else ""))
 
 
+def _study_line(manifest: dict[str, Any], root: Path) -> str | None:
+    """`mechopd run STUDY --out DIR` for a run written by `mechopd run` (`mechopd.study_run`), else None."""
+    study = manifest.get("study")
+    return None if not study or study == "study" else f"mechopd run {study} --out {manifest.get('out_dir', root)}"
+
+
 def _lr_text(cfg: dict[str, Any]) -> str:
     schedule = cfg.get("lr_schedule") or "constant"
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
@@ -186,7 +192,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg.get('seed', 0)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
     study_flag = f" --study {study}" if study is not None else ""
-    out.append(f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
+    out.append(_study_line(s.manifest, root) or f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
     out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")
     names = " ".join(f"{k}={rep.settings.get('model')}" for k, rep in evals.items())
     opts = "".join(f" --option {k}={v}" for k, v in (cfg.get("task_options") or {}).items())
@@ -230,7 +236,8 @@ def write_aggregate_report(out: str | Path) -> Path:
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
     lines += ["", *following_table(runs), "", *probe_lines(runs)]
     lines += [*_claims_lines(rows), *_figure_lines(out), "## Reproduce", "", "```bash",
-              f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
+              _study_line(agg.manifest, out) or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}"
+              f"{_demo_flags(cfg)}",
               f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
