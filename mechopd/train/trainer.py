@@ -15,10 +15,9 @@ differs between methods. One step:
      weights — a non-finite step is never applied nor saved); one AdamW step. A term registered with
      ``batch="other"`` (the follow term) gets its own rollout under another context and its own scorer pass, whose
      gradients add to the same ``.grad`` before the reduction (`otherbatch`).
-Processes hold full replicas (``sharding: none``) or FSDP shards (``sharding: fsdp``); `sharding` says how each layout
-sums gradients, generates and saves, so the loop never branches on it.
-Checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
-position (a 2N-step run equals an N-step run resumed for N more); what ``--out`` may hold is decided in `rundir`.
+Processes hold full replicas or FSDP shards (`sharding` says how each layout sums gradients, generates and saves);
+checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
+position (a 2N-step run equals an N-step run resumed for N more).
 """
 
 from __future__ import annotations
@@ -143,7 +142,6 @@ class Trainer:
         self._say(config_block(cfg, self.resume_from) if self.verbose else
                   config_line(cfg, self.run_dir.config, self.resume_from))
 
-    # -- setup helpers -------------------------------------------------------------------------------------------------
     def _build_objective(self, cfg: TrainConfig) -> None:
         """The method's loss terms (with the anchor schedule and its gate) and the token selector."""
         gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
@@ -204,7 +202,6 @@ class Trainer:
             self._order_epoch, self._order = epoch, order
         return self._order
 
-    # -- one step ------------------------------------------------------------------------------------------------------
     def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
         """This process's samples: (prompts, contexts, response ids) and rollout stats as SUMS over its rows."""
         cfg, model = self.cfg, self.student
@@ -296,7 +293,6 @@ class Trainer:
         sync_engine(self.engine, self.student, self.shard)  # vLLM samples the next rollout from these weights
         return gnorm
 
-    # -- the loop ------------------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
         with self.shard.gathered(self.student):
