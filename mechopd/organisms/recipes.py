@@ -18,7 +18,7 @@ the no-context view; the KL gate of the previous recipe (open at KL(q_x ‖ f) �
 where OPD plateaus (on reverse: about 1 seed in 5 stops at Acc_x ≈ 0.75, the length-6 lists), leaving NCA = OPD
 there. A start at step 30 (and at 40) removed the harm on 5 of 5 seeds. It changes only anchor terms (NCA, SymKL).
 
-``k: 2`` (rules): TA-OPD's support size. The answer vocabulary has 11 tokens, so the paper's K = 16 holds all of it,
+TA-OPD's support size K is the method's, not the recipe's (the demo sets K = 2 for rules, `demo.TASK_DEFAULTS`). The answer vocabulary has 11 tokens, so the paper's K = 16 holds all of it,
 C ≈ 1 at most tokens, TA-OPD degenerates to "the 10 % highest-divergence tokens" and collapses (0.000 in both views
 on every seed measured at lr 1e-3 and 2e-3); K = 2 learns on 3 of 3 seeds at lr 2e-3 (K = 4 on 1 of 3).
 
@@ -43,7 +43,7 @@ ORGANISM_DIR = "runs/organisms"  # where `organism:<task>` lives unless a config
 
 ORGANISM_RECIPES: dict[str, dict[str, Any]] = {
     "rules": {"estimator": "full", "batch_size": 32, "lr": 2e-3, "steps": 100, "eval_every": 25, "eval_n": 200,
-              "save_every": 50, "nca_start": 30, "lr_schedule": "linear", "k": 2, "task_options": {"rule": "reverse"}},
+              "save_every": 50, "nca_start": 30, "lr_schedule": "linear", "task_options": {"rule": "reverse"}},
     "frozenlake": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,
                    "save_every": 60},
     "sokoban": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,

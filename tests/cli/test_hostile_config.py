@@ -107,7 +107,8 @@ def test_the_refusal_happens_before_the_model_loads_end_to_end(tiny_rules_organi
     (["chat_template_kwargs.date_string=2024-07-26"], "chat_template_kwargs", {"date_string": "2024-07-26"}),
     (["chat_template_kwargs.enable_thinking=false"], "chat_template_kwargs", {"enable_thinking": False}),
     (["task_options.rule=shift:2"], "task_options", {"rule": "shift:2"}),
-    (["task_options.family=[shift:1, reverse]"], "task_options", {"family": ["shift:1", "reverse"]}),
+    (["task_options.family=[shift:1, reverse]"], "task_options", {"rule": "reverse", "family": ["shift:1", "reverse"]}),
+    # (the key is merged into the rules recipe's own task_options: its distilled rule stays)
     (["lr=1e-3"], "lr", 1e-3),
     (["steps=7"], "steps", 7),
     (["lr=1e-3", "lr=1e-2"], "lr", 1e-2),  # given again: the last one wins, as flags do
