@@ -118,7 +118,8 @@ register_probe(ProbeSpec(
         Arg(("--greedy",), dict(action="store_true", help="argmax responses instead of sampled ones")),
     ),
     outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),
-    demo={"models": ["opd"]}, role_options=("models",), summary="mechopd.probes.attribution_run:AttributionSummary",
+    demo=None,  # on demand (`mechopd probe attribution --run RUN`): the demo's 5-minute budget has no room for it
+    role_options=("models",), summary="mechopd.probes.attribution_run:AttributionSummary",
     figures=(FigureSpec(
         "attribution", "Attribution patching by layer, component and head",
         "Estimated recovered share of the output KL between the views (c→x) when one site's activation at every "
@@ -146,7 +147,8 @@ register_probe(ProbeSpec(
                                                            "greedy ones")),
     ),
     outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
-    demo={"student": "opd"}, role_options=("student",), summary="mechopd.probes.pmi:PmiSummary",
+    demo=None,  # on demand (`mechopd probe pmi --run RUN`): the demo's 5-minute budget has no room for it
+    role_options=("student",), summary="mechopd.probes.pmi:PmiSummary",
     figures=(FigureSpec(
         "pmi", "The teacher's pointwise mutual information with the context",
         "Per response token of the trained student's reply: the teacher's log f(y|c,x) − log f(y|x) against the OPD "
