@@ -70,8 +70,10 @@ def _assert_same(one_dir, other_dir):
     a mean instead of a sum over processes halves the gradient norm but barely moves the update)."""
     one, other = _weights(one_dir), _weights(other_dir)
     assert sorted(one) == sorted(other)
-    for k in one:
-        torch.testing.assert_close(other[k], one[k], atol=2e-5, rtol=1e-4)
+    for k in one:  # AdamW divides by sqrt(v): a parameter whose gradient is ~0 turns the all-reduce's float order into
+        # an update of up to ~lr (measured max |Δw| 1.2e-3 after 3 steps at lr 1e-2); a gradient-scale error is caught by
+        # the gradient norm below (rtol 1e-3)
+        torch.testing.assert_close(other[k], one[k], atol=5e-3, rtol=1e-4)
     (keys, ref), (other_keys, got) = _metrics(one_dir), _metrics(other_dir)
     assert keys == other_keys
     torch.testing.assert_close(got, ref, atol=1e-7, rtol=1e-3)  # KL terms near 1e-6 carry float32 noise
