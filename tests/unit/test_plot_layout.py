@@ -106,11 +106,25 @@ def checked(monkeypatch):
     found: dict[str, list[str]] = {}
     original = Figure.savefig
 
+    current: list[str] = []  # the file being written: figures are saved through an atomic writer's file handle
+    import mechopd.plots._common as common
+
+    writer = common.atomic_write
+
+    def atomic_write(path, write, *args, **kwargs):
+        current.append(Path(path).name)
+        try:
+            return writer(path, write, *args, **kwargs)
+        finally:
+            current.pop()
+
     def savefig(self, fname, *args, **kwargs):
-        if str(fname).endswith(".png"):
-            found[Path(fname).name] = layout_problems(self)
+        name = current[-1] if current else Path(str(fname)).name
+        if name.endswith(".png"):
+            found[name] = layout_problems(self)
         return original(self, fname, *args, **kwargs)
 
+    monkeypatch.setattr(common, "atomic_write", atomic_write)
     monkeypatch.setattr(Figure, "savefig", savefig)
     return found
 
