@@ -297,8 +297,8 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path, chosen: dict
             continue
         if chosen is None and not cfg.full_stages and spec.name in SEED0_PROBES:
             continue
-        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=spec.role_options),
-                               study)
+        roles = getattr(spec, "role_options", ())
+        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
         if options is None:
             _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
                  f"{study.roles})")

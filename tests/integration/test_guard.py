@@ -148,5 +148,8 @@ def test_a_refused_run_leaves_no_file_and_the_corrected_rerun_works(tiny_rules_o
 def test_resolved_config_is_printed_once_at_the_start(tiny_rules_organism, tmp_path, capsys):
     train(_cfg(tiny_rules_organism, steps=1), tmp_path / "r", progress=False)
     out = capsys.readouterr().out
-    assert out.count("resolved config (new run; paper defaults unless set):") == 1
-    assert "  batch_size: 4\n" in out and "  lr: 0.001\n" in out
+    assert out.count("config (new run)") == 1  # one line (the full dump behind --verbose)
+    line = next(x for x in out.splitlines() if x.startswith("config (new run)"))
+    assert "steps=1" in line and "  batch_size: 4\n" not in out  # one line, not the dump
+    train(_cfg(tiny_rules_organism, steps=1), tmp_path / "v", progress=False, verbose=True)
+    assert "  batch_size: 4\n" in capsys.readouterr().out  # --verbose: the full resolved config

@@ -99,6 +99,9 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
     assert main(["probe", "toy", "--task", "rules", "--n", "4", "--scale", "3", "--model", str(out / "final"),
                  "--out", str(tmp_path / "cli")]) == 0
     assert read_json(tmp_path / "cli" / "toy.json")["value"] == 12.0
+    for old, new in ((run / "train" / "nca", run / "train" / "my_nca"), (run / "eval" / "nca.json", run / "eval" / "my_nca.json")):
+        if old.exists():  # the role's run lives under its own name (a study naming a missing run is refused)
+            old.rename(new)
     (run / "study.yaml").write_text(yaml.safe_dump({"runs": {"base": "base", "opd": "opd", "nca": "my_nca"}},
                                                    sort_keys=False))
     models = {"base": tmp_path / "b", "opd": tmp_path / "o", "my_nca": tmp_path / "n"}
