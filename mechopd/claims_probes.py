@@ -3,7 +3,7 @@ update sits, teachability. Criteria fixed here before any run (docs/method.md §
 (`mechopd.verdicts.decide`) on a scale where the quantity is unbounded (`mechopd.stats.scaled_stat`):
 
   * the two-view cosine and the lens KL are item-level: their rows use the hierarchical bootstrap over seeds and the
-    probe's items (`seed_items.probe_stat`, from ``similarity_examples.csv`` / ``lens_examples.csv``), a statistic of
+    probe's items (`seed_items.table_stat`, from ``similarity_examples.csv`` / ``lens_examples.csv``), a statistic of
     per-token means recomputed on every resample; without those tables (an older run), the seed-level rule below;
   * positive quantities (KLs, norm ratios, the distances 1 − cos) on PAIRED per-seed LOG RATIOS: "NCA's lens KL is
     below OPD's" is ``KL_NCA / KL_OPD < 1`` with the t-interval of ``log(KL_NCA / KL_OPD)`` over seeds; a ratio that
@@ -23,7 +23,7 @@ from mechopd.claim_rules import (
 import numpy as np
 
 from mechopd.probes.registry import probe_result
-from mechopd.seed_items import probe_stat
+from mechopd.seed_items import probe_tables, table_stat
 from mechopd.stats import fmt_stat, scaled_stat, seed_stat
 from mechopd.study import Study
 from mechopd.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, RULE, Decision, all_of, decide
@@ -57,8 +57,8 @@ def _layers(study: Study, role: str = "nca") -> list[str]:
     return [f"layers.{i}.resid_post" for i in range(len(layer_cosines(study, role)))]
 
 
-def _cos_items(runs: Sequence[Study], roles: Sequence[str], fn: Any) -> dict[str, Any]:
-    return probe_stat(runs, "similarity_examples.csv", "cos_mean", roles, _layers, fn, mean_column=True)
+def _cos_tables(runs: Sequence[Study], roles: Sequence[str]) -> list[Any]:
+    return probe_tables(runs, "similarity_examples.csv", "cos_mean", roles, _layers, mean_column=True)
 
 
 def claim_cosine_order(runs: Sequence[Study]) -> Row:
@@ -66,9 +66,10 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
     seed and item, (1 − c_OPD)/(1 − c_base) < 1 AND (1 − c_NCA)/(1 − c_OPD) < 1."""
     roles = ("base", "opd", "nca")
     ratio = lambda lo, hi: lambda m: (1 - m[:, hi].mean(-1)) / np.maximum(1 - m[:, lo].mean(-1), 1e-12)  # noqa: E731
-    steps = {f"{hi}/{lo}": _cos_items(runs, roles, ratio(roles.index(lo), roles.index(hi)))
+    tables = _cos_tables(runs, roles)  # read once: every statistic below bootstraps the same items
+    steps = {f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)))
              for lo, hi in (("base", "opd"), ("opd", "nca"))}
-    cos = {m: _cos_items(runs, (m,), lambda a: a[:, 0].mean(-1)) for m in roles}
+    cos = {m: table_stat(tables, lambda a, k=k: a[:, k].mean(-1)) for k, m in enumerate(roles)}
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):  # no per-item table: seed-level
         cos = {m: _stat(runs, [mean_cos(r, m) for r in runs], "log1m") for m in roles}
         steps = {f"{hi}/{lo}": _stat(runs, [_ratio(_dist(mean_cos(r, hi)), _dist(mean_cos(r, lo))) for r in runs],
@@ -86,7 +87,7 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
 
 def claim_nca_cosine(runs: Sequence[Study]) -> Row:
     """NCA's lowest decoder-layer cosine ≥ 0.997 (per seed and item; seed-level on log(1 − c) without the table)."""
-    low = _cos_items(runs, ("nca",), lambda m: m[:, 0].min(-1))
+    low = table_stat(_cos_tables(runs, ("nca",)), lambda m: m[:, 0].min(-1))
     if low["mean"] is None:
         low = _stat(runs, [min(layer_cosines(r, "nca"), default=None) for r in runs], "log1m")
     crit = f"NCA's lowest decoder-layer cosine (predicting positions) ≥ {NCA_COSINE_FLOOR}; {RULE}"
@@ -124,10 +125,11 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
         return _row("the base's views differ at no site", NA, crit, "n/a")
     n_all = len(per[0][1])
     names = {i: "output" if i == n_all - 1 else f"layer {i}" for i in sites}
+    tables = probe_tables(runs, "lens_examples.csv", "kl_sum", ("opd", "nca"),
+                          lambda r: [_lens_site(i, n_all) for i in sites])  # read once, every site's column
     stats = {}
-    for i in sites:  # per item where the tables exist, else seed-level log ratios
-        st = probe_stat(runs, "lens_examples.csv", "kl_sum", ("opd", "nca"), lambda r, i=i: [_lens_site(i, n_all)],
-                        lambda m: m[:, 1, 0] / np.maximum(m[:, 0, 0], 1e-300))
+    for k, i in enumerate(sites):  # per item where the tables exist, else seed-level log ratios
+        st = table_stat(tables, lambda m, k=k: m[:, 1, k] / np.maximum(m[:, 0, k], 1e-300))
         stats[i] = st if st["mean"] is not None else _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log")
     d = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
     measured = "NCA/OPD lens KL " + ", ".join(f"{names[i]} {fmt_stat(stats[i], 3)}" for i in sites)

@@ -152,10 +152,13 @@ def token_means(arrays: Arrays) -> np.ndarray:
     return sums.sum(1) / np.maximum(counts.sum(1), 1)
 
 
-def probe_stat(runs: Sequence[Study], file: str, value: str, roles: Sequence[str],
-               sites_of: Callable[[Study], Sequence[str]], fn: Callable[[np.ndarray], np.ndarray],
-               mean_column: bool = False) -> dict[str, Any]:
+def probe_tables(runs: Sequence[Study], file: str, value: str, roles: Sequence[str],
+                 sites_of: Callable[[Study], Sequence[str]], mean_column: bool = False) -> list[Arrays | None]:
+    """Per seed, `probe_items` of one probe table (read once; every statistic of a row bootstraps these)."""
+    return [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
+
+
+def table_stat(tables: Sequence[Arrays | None], fn: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
     """Mean over seeds of ``fn(per-token means [B, roles, sites])`` with the hierarchical bootstrap (seeds, then the
-    probe's items); ``sites_of(study)``: the sites read in that seed."""
-    seeds = [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
-    return {**hier_bootstrap(seeds, lambda a: fn(token_means(a))), "of": len(runs)}
+    probe's items) on `probe_tables` output."""
+    return {**hier_bootstrap(list(tables), lambda a: fn(token_means(a))), "of": len(tables)}
