@@ -86,7 +86,10 @@ def make_items(ckpt: Path, n: int, batch_size: int):
 
 
 def hf_cosine(model, batches):
-    """The reference: bare decoder forward with output_hidden_states, response columns gathered afterwards."""
+    """The reference: bare decoder forward with output_hidden_states, the probe's columns (the predicting positions,
+    the stop token apart) gathered afterwards."""
+    from mechopd.probes.interop import predict_stop
+
     from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
 
     n = len(model.model.layers)
@@ -97,7 +100,7 @@ def hf_cosine(model, batches):
         with torch.inference_mode():
             for which in ("x", "c"):
                 out = model.model(**batch.view(which), output_hidden_states=True, use_cache=False)
-                hs[which] = [batch.response_hidden(h, which) for h in out.hidden_states]  # [B, R, d] each
+                hs[which] = [predict_stop(batch, h, which) for h in out.hidden_states]  # [B, R + 1, d] each
         for s, hx, hc in zip(sites, hs["x"], hs["c"]):
             acc.add(s, hx, hc, batch.response_mask)
     return SimilarityResult(acc.site_rows("hf"), [])

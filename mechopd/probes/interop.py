@@ -90,7 +90,7 @@ def to_nnsight(checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype:
     return lm
 
 
-def _predict_stop(batch: TwoViewBatch, h: torch.Tensor, which: str) -> torch.Tensor:
+def predict_stop(batch: TwoViewBatch, h: torch.Tensor, which: str) -> torch.Tensor:
     """``[B, L, d]`` -> ``[B, R + 1, d]`` at the similarity probe's ``"predict_stop"`` positions (capture.py): the R
     predicting positions, then the last response slot's own state."""
     return torch.cat([batch.response_logits(h, which), batch.response_hidden(h, which)[:, -1:]], dim=1)
@@ -120,7 +120,7 @@ def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Seq
             with torch.inference_mode():
                 _, cache = bridge.run_with_cache(kw["input_ids"], attention_mask=kw["attention_mask"],
                                                  position_ids=kw["position_ids"], names_filter=names)
-            got[which] = {s: _predict_stop(batch, cache[h], which) for s, h in zip(sites, names)}  # [B, R + 1, d]
+            got[which] = {s: predict_stop(batch, cache[h], which) for s, h in zip(sites, names)}  # [B, R + 1, d]
             del cache
         for s in sites:
             acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
@@ -158,7 +158,7 @@ def two_view_cosine_nnsight(lm: Any, batches: Iterable[TwoViewBatch], layers: Se
         for which, kw in _views(batch):
             saved = _trace_outputs(lm, kw, sites)
             outs = [o if isinstance(o, torch.Tensor) else o[0] for o in saved]  # transformers <5 layers: tuples
-            got[which] = {s: _predict_stop(batch, o, which) for s, o in zip(sites, outs)}  # [B, R + 1, d]
+            got[which] = {s: predict_stop(batch, o, which) for s, o in zip(sites, outs)}  # [B, R + 1, d]
         for s in sites:
             acc.add(s, got["x"][s], got["c"][s], batch.response_mask)
     return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
