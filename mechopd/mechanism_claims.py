@@ -177,5 +177,31 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
     return out
 
 
+def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
+    """The report's "Which weights carry the rule" section: per reverted group (``layer/module``; the random-row
+    control pooled over its draws) ``role``'s Acc_x, Acc_xc and Harm, each a mean over seeds with the hierarchical
+    bootstrap over seeds and items (`mechanism_stats.group_stat`); [] without per-item weight-patching outcomes."""
+    with_items = [r for r in runs if ms.weightpatch_outcomes(r, role) is not None]
+    if not with_items:
+        return []
+    wp = probe_result("weightpatch", with_items[0].probes_dir)
+    donor = (wp.summary.get("donor") if wp is not None else None) or "the donor"
+    out = ["## Which weights carry the rule (weight patching)", "",
+           f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
+           f"held-out items (`probes/weightpatch.csv`; docs/method.md, \"Interventions and update geometry\"). "
+           "`all/qk` against `all/vo` and `all/ctrl_qk` (as many parameters: v_proj+o_proj; random rows of the other "
+           "matrices) is what the q/k claim rows read.", "", "| layer | group | Acc_x | Acc_xc | Harm |",
+           "|---|---|---:|---:|---:|"]
+    for group in ms.row_groups(with_items[0], role):
+        layer, module = group.split("/")
+        cells = [fmt_stat(ms.group_stat(runs, role, group, m)) for m in ("acc_x", "acc_xc", "harm")]
+        out.append(f"| {layer} | {module} | " + " | ".join(cells) + " |")
+    seeds = len(with_items)
+    out += ["", f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % hierarchical bootstrap over seeds and "
+            "items]" + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
+            ""]
+    return out
+
+
 def _donor_text(donor: str) -> str:
     return "its own no-context view" if donor == "x" else f"{donor}'s context view"

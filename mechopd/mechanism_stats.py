@@ -23,6 +23,7 @@ harm when the whole 95 % interval of removal(s) is ≤ 0 (the interval rule), an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,10 @@ QK_KEY = "all/qk"
 Arrays = tuple[np.ndarray, ...]
 
 
-def _items(study: Study, probe: str) -> list[dict[str, Any]] | None:
-    path = study.probes_dir / f"{probe}_items.jsonl"
+def _items(study: Study | Path, probe: str) -> list[dict[str, Any]] | None:
+    """A probe's item records of a seed (a `Study`, or a run directory: the figures read no study)."""
+    probes = study.probes_dir if isinstance(study, Study) else Path(study) / "probes"
+    path = probes / f"{probe}_items.jsonl"
     if not path.is_file():
         return None
     from mechopd.probes.causal_items import read_items
@@ -68,7 +71,7 @@ def _harm(cx: np.ndarray, cxc: np.ndarray) -> np.ndarray:
         return np.where(right > 0, (cx & ~cxc).sum(1) / np.maximum(right, 1), np.nan)
 
 
-METRIC = {"acc_x": _acc_x, "harm": _harm}
+METRIC = {"acc_x": _acc_x, "acc_xc": lambda cx, cxc: cxc.mean(1), "harm": _harm}
 REMOVED = {"rule_removed": "acc_x", "harm_removed": "harm"}
 
 
@@ -100,17 +103,33 @@ def qk_margin_stat(runs: Sequence[Study], role: str, control: str, key: str = "r
     return {**hier_bootstrap([qk_margin_arrays(r, role, control) for r in runs], _margin_fn(key)), "of": len(runs)}
 
 
-def unpatched_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
-    """Acc_x / Harm of ``role``'s unpatched model (row ``none/none``) over seeds and items."""
+def group_stat(runs: Sequence[Study], role: str, group: str, metric: str) -> dict[str, Any]:
+    """``metric`` (acc_x, acc_xc, harm) of ``role``'s model with the row group ``layer/module`` reverted (a drawn
+    control: the mean over its draws), over seeds and items; ``none/none``: the unpatched model."""
     def arrays(study: Study) -> Arrays | None:
         out = weightpatch_outcomes(study, role)
-        return None if out is None or f"{NONE}/{NONE}" not in out else out[f"{NONE}/{NONE}"]
+        keys = [] if out is None else [k for k in out if k == group or k.startswith(group + "/")]
+        return tuple(a for k in keys for a in out[k]) if keys else None  # type: ignore[index]
 
-    return {**hier_bootstrap([arrays(r) for r in runs], lambda a: METRIC[metric](a[0], a[1])), "of": len(runs)}
+    fn = METRIC[metric]
+    return {**hier_bootstrap([arrays(r) for r in runs],
+                             lambda a: np.mean([fn(a[j], a[j + 1]) for j in range(0, len(a), 2)], axis=0)),
+            "of": len(runs)}
+
+
+def unpatched_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
+    """Acc_x / Harm of ``role``'s unpatched model (row ``none/none``) over seeds and items."""
+    return group_stat(runs, role, f"{NONE}/{NONE}", metric)
+
+
+def row_groups(study: Study, role: str) -> list[str]:
+    """The ``layer/module`` groups of ``role``'s rows in table order (draws of a control pooled)."""
+    out = weightpatch_outcomes(study, role) or {}
+    return list(dict.fromkeys("/".join(k.split("/")[:2]) for k in out))
 
 
 # ------------------------------------------------------------------------------------------------------ localization
-def localization_arrays(study: Study) -> tuple[list[str], Arrays] | None:
+def localization_arrays(study: Study | Path) -> tuple[list[str], Arrays] | None:
     """(sites, (right, clean flips, flips of site 1, ...)) of one seed's ``localization_items.jsonl``; None without
     the file or its per-item fields."""
     recs = _items(study, "localization")
@@ -130,7 +149,7 @@ def _tf_harm(right: np.ndarray, flips: np.ndarray) -> np.ndarray:
         return np.where(n > 0, (right & flips).sum(1) / np.maximum(n, 1), np.nan)
 
 
-def _site_arrays(runs: Sequence[Study], site: str | None) -> list[Arrays | None]:
+def _site_arrays(runs: Sequence[Study | Path], site: str | None) -> list[Arrays | None]:
     """Per seed (right, clean flips, the site's flips); site None: the unpatched flips twice."""
     out: list[Arrays | None] = []
     for r in runs:
@@ -143,16 +162,16 @@ def _site_arrays(runs: Sequence[Study], site: str | None) -> list[Arrays | None]
     return out
 
 
-def site_harm_stat(runs: Sequence[Study], site: str | None) -> dict[str, Any]:
+def site_harm_stat(runs: Sequence[Study | Path], site: str | None) -> dict[str, Any]:
     """Teacher-forced Harm after patching ``site`` (None: unpatched) over seeds and items."""
     return {**hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2])), "of": len(runs)}
 
 
-def removal_stat(runs: Sequence[Study], site: str, share: float) -> dict[str, Any]:
+def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[str, Any]:
     """Paired per seed and item: Harm_tf(site) − (1 − share) · Harm_tf(unpatched); ≤ 0 removes ``share`` of it."""
     return {**hier_bootstrap(_site_arrays(runs, site),
                              lambda a: _tf_harm(a[0], a[2]) - (1 - share) * _tf_harm(a[0], a[1])), "of": len(runs)}
 
 
-__all__ = ["CONTROL", "localization_arrays", "qk_margin_stat", "removal_stat", "site_harm_stat", "unpatched_stat",
+__all__ = ["CONTROL", "group_stat", "localization_arrays", "qk_margin_stat", "removal_stat", "site_harm_stat", "row_groups", "unpatched_stat",
            "weightpatch_outcomes"]
