@@ -42,6 +42,8 @@ GOOD: dict = {
            "items": True},
     # OPD's update geometry (deltas --svd): MLP ‖ΔW‖² per unit of q_proj's, energy90 share, top-k overlap
     "svd": {"mlp": 9.0, "e90": 0.05, "overlap": 0.1},
+    # localization of OPD's harm: the unpatched flip share and per site (embed, layers.0, final_norm) after patching
+    "loc": {"clean": 0.6, "sites": (0.5, 0.3, 0.0)},
 }
 
 
@@ -131,6 +133,8 @@ def _probes(run: Path, spec: dict) -> None:
         _write_weightpatch(probes, spec["wp"])
     if spec["svd"] is not None:
         _write_svd(probes, spec["svd"])
+    if spec["loc"] is not None:
+        _write_localization(probes, spec["loc"])
     buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
                for sig, spread in spec["spread"].items()}
     (probes / "teachability_summary.json").write_text(json.dumps({
@@ -212,6 +216,27 @@ def _write_svd(probes: Path, svd: dict) -> None:
              "delta_sq": dsq, "w0_sq": 10.0} for module, dsq in (("q_proj", 1.0), ("down_proj", svd["mlp"]))]
     write_csv(probes / CSV, rows, COLUMNS)
     write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(rows)})
+
+
+def _write_localization(probes: Path, loc: dict, n: int = 40) -> None:
+    """localization.csv / .json / _items.jsonl of OPD (donor: its own no-context view; every item right without c)
+    through the probe's own row writer."""
+    import numpy as np
+
+    from mechopd.artifacts import write_csv, write_json, write_jsonl
+    from mechopd.probes.localization import COLUMNS, curve_rows, removed_at
+
+    sites = ("embed", "layers.0.resid_post", "final_norm")
+    right, clean = np.ones(n, bool), np.arange(n) < round(loc["clean"] * n)
+    flips = {s: np.arange(n) < round(h * n) for s, h in zip(sites, loc["sites"])}
+    rows = curve_rows("opd", "x", right, clean, flips, 1, 50, 0)
+    write_csv(probes / "localization.csv", rows, COLUMNS)
+    write_json(probes / "localization.json", {"probe": "localization", "settings": {}, "summary": {
+        "model": "opd", "donor": "x", "harm_clean": rows[0]["harm_clean"], "n_right": n, "removed_share": 0.9,
+        "removed_at": removed_at(rows, 0.9)}})
+    write_jsonl(probes / "localization_items.jsonl", [
+        {"uid": f"u{i:03d}", "prompt_ids_x": [1], "prompt_ids_c": [2, 1], "response_ids": [3], "right_x": True,
+         "flips_clean": bool(clean[i]), "flips": {s: bool(f[i]) for s, f in flips.items()}} for i in range(n)])
 
 
 def make_run(root: Path, spec: dict, name: str = "run") -> Path:

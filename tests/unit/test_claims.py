@@ -262,6 +262,14 @@ def test_aggregate_tables_labels_and_report(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "agg" / "demo.json").read_text())
     assert meta["labels"]["ta_opd"] == "TA-OPD (ρ=0.10, kept 0.11)" and len(meta["seed_runs"]) == 3
     assert "0.300 [" in report and "## The papers' claims" in report and "3 training seeds" in report
+    # the intervention sections over seeds and items: weight patching, and localization with the shallowest site
+    assert "## Which weights carry the rule (weight patching)" in report and "| all | qk |" in report
+    assert "## Where the harm lives (localization)" in report and "removes the harm (interval rule, 3 seeds): " \
+        "**final_norm**" in report
+    from mechopd.report import write_report_md
+
+    one = write_report_md(runs[0]).read_text()
+    assert "## Which weights carry the rule" in one and "(interval rule, 1 seed): **final_norm**" in one
 
 
 def test_aggregate_refuses_runs_of_different_studies(tmp_path: Path) -> None:
