@@ -31,7 +31,8 @@ PROBES = ("weightpatch", "localization")
 
 def _run(args: list[str], cwd: Path) -> float:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", *args], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         raise SystemExit(f"mechopd {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return time.time() - t0

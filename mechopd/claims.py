@@ -236,7 +236,8 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += ["", "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
-              "items for accuracies, Harm and following (paired item by item where two models are compared), a "
+              "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
+              "or two patched rows are compared), a "
               "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
               "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
               f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "

@@ -154,14 +154,16 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
     share = float(s0["removed_share"])
     clean = ms.site_harm_stat(runs, None)
     if clean["mean"] is None:
-        return ["## Where the harm lives (localization)", "", "localization.csv is there but localization_items.jsonl "
-                "holds no per-item flips (or no item is right without c): rerun `mechopd probe localization`.", ""]
+        why = ("no item is right without c in any seed: no harm to localize" if any(
+            ms.localization_arrays(r) is not None for r in runs) else
+               "localization_items.jsonl holds no per-item flips: rerun `mechopd probe localization`")
+        return ["## Where the harm lives (localization)", "", f"{s0['model']}: {why}.", ""]
     out = ["## Where the harm lives (localization)", "",
-           f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
+           (f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
            f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, "
            f"\"Interventions and update geometry\"). Unpatched: {fmt_stat(clean)}. A site removes the harm when the "
            f"whole interval of Harm after patching − {1 - share:.2f} × unpatched Harm (paired per seed and item) is "
-           f"≤ 0 ({int(round(100 * share))} % removed).", "",
+           f"≤ 0 ({round(100 * share)} % removed)."), "",
            f"| site | Harm after patching | − {1 - share:.2f} × unpatched | removes |", "|---|---:|---:|:---:|"]
     first = None
     for site in sites:
@@ -187,10 +189,10 @@ def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
     wp = probe_result("weightpatch", with_items[0].probes_dir)
     donor = (wp.summary.get("donor") if wp is not None else None) or "the donor"
     out = ["## Which weights carry the rule (weight patching)", "",
-           f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
+           (f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
            f"held-out items (`probes/weightpatch.csv`; docs/method.md, \"Interventions and update geometry\"). "
            "`all/qk` against `all/vo` and `all/ctrl_qk` (as many parameters: v_proj+o_proj; random rows of the other "
-           "matrices) is what the q/k claim rows read.", "", "| layer | group | Acc_x | Acc_xc | Harm |",
+           "matrices) is what the q/k claim rows read."), "", "| layer | group | Acc_x | Acc_xc | Harm |",
            "|---|---|---:|---:|---:|"]
     for group in ms.row_groups(with_items[0], role):
         layer, module = group.split("/")

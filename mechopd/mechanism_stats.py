@@ -173,5 +173,5 @@ def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[
                              lambda a: _tf_harm(a[0], a[2]) - (1 - share) * _tf_harm(a[0], a[1])), "of": len(runs)}
 
 
-__all__ = ["CONTROL", "group_stat", "localization_arrays", "qk_margin_stat", "removal_stat", "site_harm_stat", "row_groups", "unpatched_stat",
-           "weightpatch_outcomes"]
+__all__ = ["CONTROL", "group_stat", "localization_arrays", "qk_margin_stat", "removal_stat", "row_groups",
+           "site_harm_stat", "unpatched_stat", "weightpatch_outcomes"]

@@ -103,8 +103,7 @@ def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], li
     if any(localization_arrays(r) is None for r in with_table):
         return None
     stats = [site_harm_stat(with_table, r["site"]) for r in rows]
-    nan = lambda v: math.nan if v is None else v  # noqa: E731
-    return [nan(s["mean"]) for s in stats], [nan(s["low"]) for s in stats], [nan(s["high"]) for s in stats]
+    return tuple([math.nan if s[k] is None else s[k] for s in stats] for k in ("mean", "low", "high"))
 
 
 @styled
