@@ -33,6 +33,7 @@ from typing import Any
 from mechopd import claims_probes as cp
 from mechopd.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.following_claims import FOLLOWING_CLAIMS
+from mechopd.mechanism_claims import MECHANISM_CLAIMS
 from mechopd.removability import RegimeThresholds
 from mechopd.seed_items import diff_stat, metric_of, metric_stat, paired_stat
 from mechopd.stats import fmt_stat
@@ -179,7 +180,9 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
      "“nearly orthogonal” (no number)", _probe("orthogonal", cp.claim_orthogonal)),
     ("shallow", "updates concentrated in shallow layers", "shallow layers (36-layer Qwen3-4B; no number)",
      _probe("shallow", cp.claim_shallow)),
-    ("qk", "updates concentrated in q_proj / k_proj", "q_proj, k_proj (no number)", _probe("qk", cp.claim_qk)),
+    ("qk", "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)", "q_proj, k_proj (no number)",
+     _probe("qk", cp.claim_qk)),
+    *((key, claim, paper, _probe(key, fn)) for key, claim, paper, fn in MECHANISM_CLAIMS),  # causal: weight patching
     ("ta_opd", "TA-OPD at ρ = 10 % is no worse than full OPD", "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs",
      claim_ta_opd),
     ("teachability", "D^L predicts the fixed-context gain better than raw KL",
@@ -233,11 +236,12 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += ["", "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
-              "items for accuracies, Harm and following (paired item by item where two models are compared), a "
+              "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
+              "or two patched rows are compared), a "
               "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
               "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
               f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
-              "Criteria fixed in `mechopd/claims.py`, `claims_probes.py` and `following_claims.py` before any run "
+              "Criteria fixed in `mechopd/claims.py`, `claims_probes.py`, `mechanism_claims.py` and `following_claims.py` before any run "
               "(docs/method.md §8)."]
     return "\n".join(lines) + "\n"
 

@@ -70,7 +70,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
                 "probe_n": 32},
 }
 # Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
-SEED0_PROBES = ("patching", "attention", "weightpatch", "localization")
+SEED0_PROBES = ("patching", "attention")
 
 
 @dataclass

@@ -1,12 +1,14 @@
 """Claims read from the intervention probes (criteria: docs/method.md "Interventions and update geometry", fixed
 before the runs).
 
-Per seed, thin functions read one number each from the probes' typed results (`probes.registry.probe_result`):
-``weightpatch`` (`WeightpatchSummary.qk_control`: the rule / harm each group's reversion removes, layer ``all``) and
-``deltas --svd`` (`probes.delta_svd.load_svd`: pooled MLP share, entry concentration, subspace overlap). Seed
-statistics: `stats.seed_stat` over the seed runs; every verdict by the interval rule (`verdicts.decide`), compound
-criteria by `verdicts.all_of`. Each claim returns ``{"measured", "verdict", "criterion"}``, as
-`mechopd.following_claims` does; `MECHANISM_CLAIMS` lists them in the claims table's (key, claim, paper, fn) shape.
+The q/k rows are item level: the per-item outcomes of ``weightpatch_items.jsonl`` (`mechopd.mechanism_stats`), the
+margin of q_proj+k_proj over each matched control with a hierarchical bootstrap over seeds and items, as every
+bounded quantity of the claims table (docs/method.md §8). ``deltas --svd`` (`probes.delta_svd.load_svd`: pooled MLP
+share, entry concentration, subspace overlap) is a probe quantity: `stats.seed_stat` over the seed runs. Every verdict
+by the interval rule (`verdicts.decide`), compound criteria by `verdicts.all_of`. Each claim returns ``{"measured",
+"verdict", "criterion"}``, as `mechopd.following_claims` does; `MECHANISM_CLAIMS` lists them in the claims table's
+(key, claim, paper, fn) shape. `localization_table`: the report's localization section, from
+``localization_items.jsonl`` with the same bootstrap.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mechopd import mechanism_stats as ms
 from mechopd.probes.delta_svd import GAUSS_ENERGY90, load_svd
 from mechopd.probes.registry import probe_result
 from mechopd.stats import fmt_stat, seed_stat
 from mechopd.study import Study
-from mechopd.verdicts import NA, RULE, Decision, all_of, decide
+from mechopd.verdicts import HOLDS, NA, RULE, Decision, all_of, decide
 
 MODEL = "opd"
 CONTROLS = ("ctrl_qk", "vo")
@@ -62,16 +65,29 @@ def _decided(measured: str, d: Decision, crit: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------- the claims
+NA_NO_RULE = NA + " (OPD internalised no rule to remove: its unpatched Acc_x is 0)"
+NA_NO_HARM = NA + " (OPD shows no harm to remove: its unpatched Harm is 0)"
+NA_NO_ITEMS = NA + " (weightpatch_items.jsonl holds no per-item outcomes: rerun mechopd probe weightpatch)"
+
+
 def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict[str, str]:
-    margins = {c: _stat(runs, lambda r, c=c: qk_margin(r, MODEL, c, key)) for c in CONTROLS}
-    base = _stat(runs, lambda r: unpatched(r, MODEL, base_key))
+    """Item level (`mechanism_stats.qk_margin_stat`): the margin of q+k over each matched control, hierarchical
+    bootstrap over seeds and items, each by the interval rule, Kleene AND."""
+    margins = {c: ms.qk_margin_stat(runs, MODEL, c, key) for c in CONTROLS}
+    base = ms.unpatched_stat(runs, MODEL, base_key)
+    empty = NA_NO_RULE if base_key == "acc_x" else NA_NO_HARM
     crit = (f"OPD, every layer reverted to W0: the {what} removed by q_proj+k_proj minus that removed by the same "
             f"number of other parameters > 0, against both controls (ctrl_qk: random rows of v/o/gate/up/down; vo: "
-            f"v_proj+o_proj); {RULE}; not measurable when OPD's unpatched {base_key} is 0 in every seed")
+            f"v_proj+o_proj), paired per seed and item; {RULE}; not measurable when OPD's unpatched {base_key} is 0 "
+            f"in every seed")
     measured = (f"OPD {base_key} {fmt_stat(base)}; q+k − random rows {fmt_stat(margins['ctrl_qk'], signed=True)}, "
                 f"q+k − v+o {fmt_stat(margins['vo'], signed=True)}")
-    if base["mean"] is None or all(v == 0 for v in base["values"]) or any(
-            m["mean"] is None for m in margins.values()):
+    if base["mean"] is None:
+        legacy = any(probe_result("weightpatch", r.probes_dir) is not None for r in runs)
+        return {"measured": measured, "verdict": NA_NO_ITEMS if legacy else NA, "criterion": crit}
+    if all(v == 0 for v in base["values"]):
+        return {"measured": measured, "verdict": empty, "criterion": crit}
+    if any(m["mean"] is None for m in margins.values()):
         return {"measured": measured, "verdict": NA, "criterion": crit}
     return _decided(measured, all_of(*(decide(margins[c], 0.0, ">", f"q+k − {c}") for c in CONTROLS)), crit)
 
@@ -127,27 +143,65 @@ def localization_curve(study: Study) -> dict[str, float | None] | None:
 
 
 def localization_table(runs: Sequence[Study]) -> list[str]:
-    """The report's "Where the harm lives" section: per site the seed mean [95 % Student-t interval] of the
-    teacher-forced Harm after patching, the unpatched Harm, and the shallowest site that removes it in each seed;
-    [] when no seed ran the probe."""
-    curves = [c for c in (localization_curve(r) for r in runs) if c]
-    if not curves:
+    """The report's "Where the harm lives" section: per site the teacher-forced Harm after patching and the removal
+    margin Harm_tf(s) − (1 − share) · Harm_tf(unpatched), each a mean over seeds with the hierarchical bootstrap over
+    seeds and items (`mechanism_stats`, from ``localization_items.jsonl``), and the shallowest site whose margin's
+    whole interval is ≤ 0 (the interval rule); [] when no seed ran the probe."""
+    results = [x for x in (probe_result("localization", r.probes_dir) for r in runs) if x is not None]
+    if not results:
         return []
-    results = [probe_result("localization", r.probes_dir) for r in runs]
-    results = [x for x in results if x is not None]
-    s0 = results[0].summary
-    clean = seed_stat([x.summary.get("harm_clean") for x in results])
+    s0, sites = results[0].summary, [site for site, _, _ in results[0].curve()]
+    share = float(s0["removed_share"])
+    clean = ms.site_harm_stat(runs, None)
+    if clean["mean"] is None:
+        why = ("no item is right without c in any seed: no harm to localize" if any(
+            ms.localization_arrays(r) is not None for r in runs) else
+               "localization_items.jsonl holds no per-item flips: rerun `mechopd probe localization`")
+        return ["## Where the harm lives (localization)", "", f"{s0['model']}: {why}.", ""]
     out = ["## Where the harm lives (localization)", "",
-           f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
+           (f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
            f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, "
-           f"\"Interventions and update geometry\"). Unpatched: "
-           f"{fmt_stat(clean)}.", "", "| site | Harm after patching |", "|---|---:|"]
-    for site in curves[0]:
-        out.append(f"| {site} | {fmt_stat(seed_stat([c.get(site) for c in curves]))} |")
+           f"\"Interventions and update geometry\"). Unpatched: {fmt_stat(clean)}. A site removes the harm when the "
+           f"whole interval of Harm after patching − {1 - share:.2f} × unpatched Harm (paired per seed and item) is "
+           f"≤ 0 ({round(100 * share)} % removed)."), "",
+           f"| site | Harm after patching | − {1 - share:.2f} × unpatched | removes |", "|---|---:|---:|:---:|"]
+    first = None
+    for site in sites:
+        harm, margin = ms.site_harm_stat(runs, site), ms.removal_stat(runs, site, share)
+        verdict = decide(margin, 0.0, "<=").verdict if margin["mean"] is not None else NA
+        first = first or (site if verdict == HOLDS else None)
+        out.append(f"| {site} | {fmt_stat(harm)} | {fmt_stat(margin, signed=True)} | {verdict} |")
     where = [x.summary.get("removed_at") or "none" for x in results]
-    out += ["", f"Shallowest site removing {int(100 * s0['removed_share'])} % of the harm, per seed: "
-            f"{', '.join(where)}. " + ("Cells: mean over seeds [95 % Student-t interval]." if len(curves) > 1 else
-                                       "One seed: no interval."), ""]
+    out += ["", f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
+            f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
+            "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]"
+            + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."), ""]
+    return out
+
+
+def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
+    """The report's "Which weights carry the rule" section: per reverted group (``layer/module``; the random-row
+    control pooled over its draws) ``role``'s Acc_x, Acc_xc and Harm, each a mean over seeds with the hierarchical
+    bootstrap over seeds and items (`mechanism_stats.group_stat`); [] without per-item weight-patching outcomes."""
+    with_items = [r for r in runs if ms.weightpatch_outcomes(r, role) is not None]
+    if not with_items:
+        return []
+    wp = probe_result("weightpatch", with_items[0].probes_dir)
+    donor = (wp.summary.get("donor") if wp is not None else None) or "the donor"
+    out = ["## Which weights carry the rule (weight patching)", "",
+           (f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
+           f"held-out items (`probes/weightpatch.csv`; docs/method.md, \"Interventions and update geometry\"). "
+           "`all/qk` against `all/vo` and `all/ctrl_qk` (as many parameters: v_proj+o_proj; random rows of the other "
+           "matrices) is what the q/k claim rows read."), "", "| layer | group | Acc_x | Acc_xc | Harm |",
+           "|---|---|---:|---:|---:|"]
+    for group in ms.row_groups(with_items[0], role):
+        layer, module = group.split("/")
+        cells = [fmt_stat(ms.group_stat(runs, role, group, m)) for m in ("acc_x", "acc_xc", "harm")]
+        out.append(f"| {layer} | {module} | " + " | ".join(cells) + " |")
+    seeds = len(with_items)
+    out += ["", f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % hierarchical bootstrap over seeds and "
+            "items]" + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
+            ""]
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from mechopd.artifacts import read_json
 from mechopd.claims import claims_markdown, evaluate_claims, findings, fragile_claims
 from mechopd.following_claims import following_table
+from mechopd.mechanism_claims import localization_table, weightpatch_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.removability import LABELS, METRICS, compare_table
@@ -183,6 +184,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out += _kept_lines(s) + _nca_lines([s]) + [""]
     out += following_table([s])  # context following (`--other-contexts`), when evaluated
     out += ["", "## Mechanistic probes", ""] + (report_lines(s.probes_dir) or ["(no probe output found)"])
+    out += [""] + weightpatch_table([s]) + localization_table([s])  # intervention sections (item bootstrap)
     chosen = root / "teachability_checkpoint.json"  # which TA-OPD checkpoint teachability rescored, and why
     if chosen.is_file():
         chosen = read_json(chosen)

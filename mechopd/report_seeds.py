@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from mechopd.mechanism_claims import localization_table, weightpatch_table
 from mechopd.probes.registry import probe_result
 from mechopd.stats import fmt_stat, scaled_stat
 from mechopd.study import Study
@@ -76,8 +77,9 @@ def probe_lines(runs: Sequence[Study]) -> list[str]:
     """The aggregate report's "Mechanistic probes over seeds" section (empty when no seed run has probes)."""
     table = cosine_table(runs)
     lens = _over_seeds(runs, COSINE_ROLES, _lens_output)
+    interventions = weightpatch_table(runs) + localization_table(runs)  # over seeds and items
     if not table and not lens:
-        return []
+        return interventions
     out = ["## Mechanistic probes over seeds", ""]
     if table:
         out += ["**Two-view hidden-state cosine** (per-token mean over the predicting positions, after each decoder "
@@ -89,4 +91,4 @@ def probe_lines(runs: Sequence[Study]) -> list[str]:
     out += ["- Every probe of each seed (patching, attention, gradients, deltas, teachability): `seed-k/report.md`.",
             "", "Cells: mean over seeds [95 % Student-t interval over seeds, made on log(1 − c) for cosines and on log "
             "for KLs (geometric means), so no interval leaves the quantity's range].", ""]
-    return out
+    return out + interventions

@@ -93,11 +93,25 @@ def _localization_curves(run_dir: Path) -> tuple[list[dict[str, str]], list[list
     return first, per_site
 
 
+def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], list[float], list[float]] | None:
+    """Per site the mean over seeds and the 95 % hierarchical bootstrap interval over seeds and items of the
+    teacher-forced Harm after patching (`mechanism_stats.site_harm_stat`, from ``localization_items.jsonl``, as the
+    report's table); None when a seed's items file lacks the per-item flips."""
+    from mechopd.mechanism_stats import localization_arrays, site_harm_stat
+
+    with_table = [r for r in runs if (r / "probes" / "localization.csv").is_file()]
+    if any(localization_arrays(r) is None for r in with_table):
+        return None
+    stats = [site_harm_stat(with_table, r["site"]) for r in rows]
+    return tuple([math.nan if s[k] is None else s[k] for s in stats] for k in ("mean", "low", "high"))
+
+
 @styled
 def figure_localization(run_dir: Path) -> Figure | None:
-    """Teacher-forced Harm after patching, by depth; one run: its item-bootstrap interval; several seeds: the seed
-    mean with a 95 % Student-t band. The unpatched Harm dashed."""
-    from mechopd.stats import seed_stat
+    """Teacher-forced Harm after patching, by depth: the mean over seeds (one run: its value) with the 95 %
+    hierarchical bootstrap interval over seeds and items (one run: over items) from the items files; without per-item
+    flips, the tables' own values and no band. The unpatched Harm dashed."""
+    from mechopd.plots.training import seed_runs
 
     info = run_info(run_dir)
     got = _localization_curves(info.root)
@@ -107,19 +121,19 @@ def figure_localization(run_dir: Path) -> Figure | None:
     rows, per_site = got
     seeds = max(len(v) for v in per_site)
     x = [int(r["depth"]) for r in rows]
-    if seeds > 1:
-        stats = [seed_stat(v) for v in per_site]
-        y = [math.nan if s["mean"] is None else s["mean"] for s in stats]
-        lo = [math.nan if s["low"] is None else s["low"] for s in stats]
-        hi = [math.nan if s["high"] is None else s["high"] for s in stats]
+    band = _band(seed_runs(info.root), rows)
+    if band is not None:
+        y, lo, hi = band
+    elif seeds == 1:  # one run whose items lack the flips: the table's own item-bootstrap interval
+        y, lo, hi = ([to_float(r.get(k)) for r in rows] for k in ("harm", "harm_low", "harm_high"))
     else:
-        y = [to_float(r["harm"]) for r in rows]
-        lo, hi = [to_float(r.get("harm_low")) for r in rows], [to_float(r.get("harm_high")) for r in rows]
+        y, lo, hi = [float(np.mean(v)) if v else math.nan for v in per_site], [math.nan] * len(x), [math.nan] * len(x)
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
     ax.plot(x, y, marker="o", label=f"{info.label(rows[0]['model'])} ← {rows[0].get('donor', 'donor')}")
     if all(math.isfinite(v) for v in lo + hi):
-        ax.fill_between(x, lo, hi, alpha=0.25, label="95 % seed interval" if seeds > 1 else "95 % item bootstrap")
+        ax.fill_between(x, lo, hi, alpha=0.25, label="95 % hierarchical bootstrap (seeds, items)" if seeds > 1
+                        else "95 % item bootstrap")
     ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched (first seed)")
     ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
     ax.set_ylim(-0.02, 1.02)

@@ -140,7 +140,7 @@ register_probe(ProbeSpec(
                                help="k of the top-k energy and overlap (default 8)")),
     ),
     outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
-    demo={"models": ["opd", "nca"], "pair": "opd,nca"}, role_options=("models", "pair"),
+    demo={"models": ["opd", "nca"], "pair": "opd,nca", "svd": True}, role_options=("models", "pair"),
     summary="mechopd.probes.deltas:DeltaSummary", report=deltas_report,
     figures=(FigureSpec(
         "parameter_deltas", "Parameter updates per layer and module",

@@ -76,6 +76,8 @@ def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypa
     assert (run / "seed-0" / "probes" / "patching.csv").exists()
     assert not (run / "seed-1" / "probes" / "patching.csv").exists()
     assert (run / "seed-1" / "probes" / "similarity.csv").exists()  # the claims read it on every seed
+    for name in ("weightpatch.csv", "weightpatch_items.jsonl", "localization_items.jsonl", "deltas_svd.csv"):
+        assert (run / "seed-1" / "probes" / name).exists(), name  # the intervention claims read them on every seed
 
 
 @pytest.mark.slow

@@ -36,6 +36,14 @@ GOOD: dict = {
     "spread": {"DL": 5.0, "kl_full": 2.0},
     "degenerate": [],
     "kept": 0.1,
+    # weight patching of OPD (every layer): per row (acc_x, acc_xc, harm) of the patched model; "items": False leaves
+    # the per-item outcomes out of weightpatch_items.jsonl (an items file of an older probe)
+    "wp": {"none": (0.95, 0.65, 0.3), "qk": (0.2, 0.2, 0.0), "vo": (0.9, 0.6, 0.3), "ctrl": (0.93, 0.63, 0.3),
+           "items": True},
+    # OPD's update geometry (deltas --svd): MLP ‖ΔW‖² per unit of q_proj's, energy90 share, top-k overlap
+    "svd": {"mlp": 9.0, "e90": 0.05, "overlap": 0.1},
+    # localization of OPD's harm: the unpatched flip share and per site (embed, layers.0, final_norm) after patching
+    "loc": {"clean": 0.6, "sites": (0.5, 0.3, 0.0)},
 }
 
 
@@ -121,6 +129,12 @@ def _probes(run: Path, spec: dict) -> None:
     (probes / "lens.json").write_text(json.dumps({
         "probe": "lens", "settings": {}, "summary": {"models": list(spec["lens"]), "output_kl": {}, "promoted": {}}}))
     _write_deltas(probes / "deltas.csv", spec)
+    if spec["wp"] is not None:
+        _write_weightpatch(probes, spec["wp"])
+    if spec["svd"] is not None:
+        _write_svd(probes, spec["svd"])
+    if spec["loc"] is not None:
+        _write_localization(probes, spec["loc"])
     buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
                for sig, spread in spec["spread"].items()}
     (probes / "teachability_summary.json").write_text(json.dumps({
@@ -159,6 +173,70 @@ def _write_deltas(path: Path, spec: dict) -> None:
                 rows.append(DeltaRow(model, "base", site, i, mod, "weight", 4, "", "delta_norm", rel * w0))
     write_table(rows, path)
     summarize_deltas(rows, None, {}).save(path.parent)
+
+
+def _write_weightpatch(probes: Path, wp: dict) -> None:
+    """weightpatch.csv / .json / _items.jsonl of OPD as the probe writes them: per row its per-item outcomes
+    (`records`), the table's point values from them; the control ctrl_qk with two draws."""
+    from mechopd.artifacts import write_csv, write_json, write_jsonl
+    from mechopd.probes.weightpatch import COLUMNS, summarize
+    from mechopd.removability import batched_metrics, paired_arrays
+
+    plan = [("none", "none", "", wp["none"]), ("all", "qk", "", wp["qk"]), ("all", "vo", "", wp["vo"]),
+            *(("all", "ctrl_qk", j, wp["ctrl"]) for j in range(2))]
+    ref = None
+    rows, outcomes = [], {}
+    for layer, module, draw, (ax, axc, harm) in plan:
+        recs = records(ax, axc, harm)
+        m = {k: float(v[0]) for k, v in batched_metrics(*(x[None] for x in paired_arrays(recs))).items()}
+        ref = ref or m
+        row = {c: None for c in COLUMNS}
+        row.update(model="opd", donor="base", layer=layer, module=module, draw=draw, n_params=100, n=N,
+                   acc_x=m["acc_x"], acc_xc=m["acc_xc"], harm=m["harm"], d_acc_x=m["acc_x"] - ref["acc_x"],
+                   d_acc_xc=m["acc_xc"] - ref["acc_xc"], d_harm=m["harm"] - ref["harm"])
+        rows.append(row)
+        outcomes[f"{layer}/{module}" + (f"/{draw}" if draw != "" else "")] = [[r["correct_x"], r["correct_xc"]]
+                                                                             for r in recs]
+    write_csv(probes / "weightpatch.csv", rows, COLUMNS)
+    write_json(probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": summarize(rows)})
+    write_jsonl(probes / "weightpatch_items.jsonl", [
+        {"uid": f"u{i:03d}", "prompt_ids_x": [1], "prompt_ids_c": [2, 1], "response_ids": [3],
+         **({"outcomes": {"opd": {k: v[i] for k, v in outcomes.items()}}} if wp.get("items", True) else {})}
+        for i in range(N)])
+
+
+def _write_svd(probes: Path, svd: dict) -> None:
+    """deltas_svd.csv / .json of OPD (one attention and one MLP matrix) through the probe's summary."""
+    from mechopd.artifacts import write_csv, write_json
+    from mechopd.probes.delta_svd import COLUMNS, CSV, JSON, summarize_svd
+
+    rows = [{"model": "opd", "vs": "base", "site": f"layers.0.{module}", "layer": 0, "module": module, "rows": 16,
+             "cols": 16, "k": 4, "eff_rank": 3.0, "topk_energy": 0.9, "frac_above_0.01": 1.0, "frac_above_0.1": 0.5,
+             "frac_above_1": 0.0, "energy90_frac": svd["e90"], "overlap_k": svd["overlap"], "overlap_random": 0.25,
+             "delta_sq": dsq, "w0_sq": 10.0} for module, dsq in (("q_proj", 1.0), ("down_proj", svd["mlp"]))]
+    write_csv(probes / CSV, rows, COLUMNS)
+    write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(rows)})
+
+
+def _write_localization(probes: Path, loc: dict, n: int = 40) -> None:
+    """localization.csv / .json / _items.jsonl of OPD (donor: its own no-context view; every item right without c)
+    through the probe's own row writer."""
+    import numpy as np
+
+    from mechopd.artifacts import write_csv, write_json, write_jsonl
+    from mechopd.probes.localization import COLUMNS, curve_rows, removed_at
+
+    sites = ("embed", "layers.0.resid_post", "final_norm")
+    right, clean = np.ones(n, bool), np.arange(n) < round(loc["clean"] * n)
+    flips = {s: np.arange(n) < round(h * n) for s, h in zip(sites, loc["sites"])}
+    rows = curve_rows("opd", "x", right, clean, flips, 1, 50, 0)
+    write_csv(probes / "localization.csv", rows, COLUMNS)
+    write_json(probes / "localization.json", {"probe": "localization", "settings": {}, "summary": {
+        "model": "opd", "donor": "x", "harm_clean": rows[0]["harm_clean"], "n_right": n, "removed_share": 0.9,
+        "removed_at": removed_at(rows, 0.9)}})
+    write_jsonl(probes / "localization_items.jsonl", [
+        {"uid": f"u{i:03d}", "prompt_ids_x": [1], "prompt_ids_c": [2, 1], "response_ids": [3], "right_x": True,
+         "flips_clean": bool(clean[i]), "flips": {s: bool(f[i]) for s, f in flips.items()}} for i in range(n)])
 
 
 def make_run(root: Path, spec: dict, name: str = "run") -> Path:

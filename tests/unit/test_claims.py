@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mechopd import claims
+from mechopd import mechanism_claims as mc
 import json
 
 from mechopd.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
@@ -24,6 +25,10 @@ NO_DEGRADATION = {"acc_xc": {"opd": 0.95}, "harm": {"opd": 0.0}}
 BAD_NCA = {"acc_x": {"nca": 0.7}, "acc_xc": {"nca": 0.7}}
 BAD_TA = {"acc_x": {"ta_opd": 0.7}, "acc_xc": {"ta_opd": 0.7}}
 SHALLOW, DEEP = {"layers": 6, "shallow_factor": 2.0}, {"layers": 6, "shallow_factor": 0.5}
+# weight patching: reverting q+k removes less of the rule and of the harm than v+o or random rows of the same size
+BAD_QK = {"wp": {"qk": (0.93, 0.63, 0.3), "vo": (0.2, 0.2, 0.0), "ctrl": (0.2, 0.2, 0.0)}}
+NO_ITEMS = {"wp": {"items": False}}
+DENSE = {"svd": {"e90": 0.4}}
 
 # row -> verdict -> per-seed changes to GOOD (one dict per seed). "na" verdicts are matched by their full text.
 CASES: dict[str, dict[str, list[dict]]] = {
@@ -45,6 +50,11 @@ CASES: dict[str, dict[str, list[dict]]] = {
                    U: [{"gcos": (0.05, 0.4)}, {"gcos": (0.2, 0.4)}]},
     "shallow": {H: [SHALLOW], F: [DEEP], NA: [{}], U: [SHALLOW, DEEP]},
     "qk": {H: [{}], F: [{"qk_factor": 0.5}], U: [{}, {"qk_factor": 0.5}]},
+    "qk_causal_rule": {H: [{}], F: [BAD_QK], NA: [{"wp": None}], mc.NA_NO_ITEMS: [NO_ITEMS],
+                       mc.NA_NO_RULE: [{"wp": {"none": (0.0, 0.65, None)}}], U: [{}, BAD_QK]},
+    "qk_causal_harm": {H: [{}], F: [BAD_QK], NA: [{"wp": None}], mc.NA_NO_ITEMS: [NO_ITEMS],
+                       mc.NA_NO_HARM: [{"wp": {"none": (0.95, 0.95, 0.0)}}], U: [{}, BAD_QK]},
+    "sparse_update": {H: [{}], F: [DENSE], NA: [{"svd": None}], U: [{}, DENSE]},
     "teachability": {H: [{}], F: [{"spread": {"DL": 1.0, "kl_full": 3.0}}],
                      NA: [{"degenerate": ["C carries no information"]}],
                      U: [{}, {"spread": {"DL": 1.0, "kl_full": 3.0}}]},
@@ -252,6 +262,14 @@ def test_aggregate_tables_labels_and_report(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "agg" / "demo.json").read_text())
     assert meta["labels"]["ta_opd"] == "TA-OPD (ρ=0.10, kept 0.11)" and len(meta["seed_runs"]) == 3
     assert "0.300 [" in report and "## The papers' claims" in report and "3 training seeds" in report
+    # the intervention sections over seeds and items: weight patching, and localization with the shallowest site
+    assert "## Which weights carry the rule (weight patching)" in report and "| all | qk |" in report
+    assert "## Where the harm lives (localization)" in report and "removes the harm (interval rule, 3 seeds): " \
+        "**final_norm**" in report
+    from mechopd.report import write_report_md
+
+    one = write_report_md(runs[0]).read_text()
+    assert "## Which weights carry the rule" in one and "(interval rule, 1 seed): **final_norm**" in one
 
 
 def test_aggregate_refuses_runs_of_different_studies(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mechopd import mechanism_claims as mc
+from mechopd import mechanism_stats as ms
 from mechopd.artifacts import write_csv, write_json
 from mechopd.probes.delta_svd import COLUMNS as SVD_COLUMNS
 from mechopd.probes.delta_svd import CSV, JSON, summarize_svd
@@ -49,27 +50,56 @@ def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
     return Study.of_models(root, "rules", {"base": root / "b", "opd": root / "o"})
 
 
+def _items_run(root: Path, qk: float, vo: float, ctrl: float, harm_qk: float = 0.3) -> Study:
+    """A seed whose weightpatch_items.jsonl holds per-item outcomes: OPD Acc_x 0.95, Harm 0.3; each group's
+    reversion removes ``qk`` / ``vo`` / ``ctrl`` of Acc_x (and q+k leaves Harm ``harm_qk``)."""
+    from tests.unit.claim_runs import _write_weightpatch
+
+    run = _run(root, None, None)
+    _write_weightpatch(run.probes_dir, {"none": (0.95, 0.65, 0.3), "qk": (0.95 - qk, 0.65 - qk, harm_qk),
+                                        "vo": (0.95 - vo, 0.65 - vo, 0.3), "ctrl": (0.95 - ctrl, 0.65 - ctrl, 0.3)})
+    return run
+
+
 @pytest.mark.parametrize("qk, vo, ctrl, verdict", [
     ([0.6, 0.5, 0.55], [0.1, 0.0, 0.05], [0.0, 0.05, 0.02], HOLDS),
     ([0.0, 0.05, 0.0], [0.5, 0.4, 0.6], [0.5, 0.45, 0.4], FAILS),
     ([0.6, 0.0, 0.3], [0.1, 0.5, 0.05], [0.0, 0.4, 0.02], NA_FRAGILE),
 ])
-def test_qk_causal_rule_verdicts(tmp_path, qk, vo, ctrl, verdict):
-    runs = [_run(tmp_path / f"s{i}", _wp_rows(1.0, qk[i], vo[i], ctrl[i]), None) for i in range(3)]
+def test_qk_causal_rule_verdicts_from_items(tmp_path, qk, vo, ctrl, verdict):
+    runs = [_items_run(tmp_path / f"s{i}", qk[i], vo[i], ctrl[i]) for i in range(3)]
     row = mc.claim_qk_causal_rule(runs)
     assert row["verdict"] == verdict, row
-    assert mc.qk_margin(runs[0], "opd", "vo") == pytest.approx(qk[0] - vo[0])
-    assert mc.qk_margin(runs[0], "opd", "ctrl_qk") == pytest.approx(qk[0] - (ctrl[0] - 0.01))  # mean of 3 draws
+    stat = ms.qk_margin_stat(runs, "opd", "vo")
+    assert stat["values"] == pytest.approx([q - v for q, v in zip(qk, vo)], abs=0.006)  # 200 items: 1/200 steps
+    assert stat["low"] < stat["mean"] < stat["high"] and "hierarchical" in stat["method"]
+
+
+def test_qk_margin_seed_reader_matches_the_table(tmp_path):
+    runs = [_run(tmp_path / f"s{i}", _wp_rows(1.0, 0.6, 0.1, 0.2), None) for i in range(1)]
+    assert mc.qk_margin(runs[0], "opd", "vo") == pytest.approx(0.5)
+    assert mc.qk_margin(runs[0], "opd", "ctrl_qk") == pytest.approx(0.6 - (0.2 - 0.01))  # mean of 3 draws
 
 
 def test_qk_claims_not_measurable(tmp_path):
-    runs = [_run(tmp_path / f"s{i}", _wp_rows(0.0, 0.0, 0.0, 0.0), None) for i in range(2)]
-    assert mc.claim_qk_causal_rule(runs)["verdict"] == NA  # no rule internalised: nothing to remove
+    runs = [_items_run(tmp_path / f"z{i}", 0.0, 0.0, 0.0, harm_qk=0.3) for i in range(2)]
+    for r in runs:  # OPD right on no item without c: no rule internalised, nothing to remove
+        _write_zero(r)
+    assert mc.claim_qk_causal_rule(runs)["verdict"] == mc.NA_NO_RULE
     none = [_run(tmp_path / f"n{i}", None, None) for i in range(2)]
     assert mc.claim_qk_causal_harm(none)["verdict"] == NA
-    harm = [_run(tmp_path / f"h{i}", _wp_rows(1.0, 0.5, 0.0, 0.0, harm=0.4, harm_qk=0.0), None) for i in range(1)]
-    out = mc.claim_qk_causal_harm(harm)
+    legacy = [_run(tmp_path / f"l{i}", _wp_rows(1.0, 0.5, 0.0, 0.0), None) for i in range(2)]  # no per-item outcomes
+    assert mc.claim_qk_causal_rule(legacy)["verdict"] == mc.NA_NO_ITEMS
+    one = [_items_run(tmp_path / "h", 0.5, 0.0, 0.0, harm_qk=0.0)]
+    out = mc.claim_qk_causal_harm(one)
     assert out["verdict"] == HOLDS and "one seed" in out["measured"]
+
+
+def _write_zero(run: Study) -> None:
+    from tests.unit.claim_runs import _write_weightpatch
+
+    _write_weightpatch(run.probes_dir, {"none": (0.0, 0.6, None), "qk": (0.0, 0.5, None), "vo": (0.0, 0.5, None),
+                                        "ctrl": (0.0, 0.5, None)})
 
 
 @pytest.mark.parametrize("mlp, e90, overlap, verdict", [
@@ -89,21 +119,38 @@ def test_claims_have_the_table_shape():
     assert all(callable(fn) and claim and paper for _, claim, paper, fn in mc.MECHANISM_CLAIMS)
 
 
-def test_localization_table_over_seeds(tmp_path):
+def _loc_run(root: Path, harms: dict[str, float], clean: float, n: int = 40) -> Study:
+    """A seed's localization.csv / .json and localization_items.jsonl: ``n`` items, all right without c, a share
+    ``clean`` flipping unpatched and ``harms[site]`` flipping after patching ``site``."""
+    from mechopd.artifacts import write_jsonl
     from mechopd.probes.localization import COLUMNS as LOC
 
-    runs = []
-    for i, harms in enumerate(([0.5, 0.4, 0.0], [0.6, 0.3, 0.05])):
-        run = _run(tmp_path / f"s{i}", None, None)
-        rows = [{c: None for c in LOC} | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d,
-                                           "harm": h, "harm_clean": 0.6} for d, (s, h) in
-                enumerate(zip(("embed", "layers.0.resid_post", "final_norm"), harms))]
-        write_csv(run.probes_dir / "localization.csv", rows, LOC)
-        write_json(run.probes_dir / "localization.json", {"summary": {"model": "opd", "donor": "x", "harm_clean": 0.6,
-                   "n_right": 10, "removed_share": 0.9, "removed_at": "final_norm"}, "settings": {}})
-        runs.append(run)
+    run = _run(root, None, None)
+    rows = [{c: None for c in LOC} | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d, "harm": h,
+                                       "harm_clean": clean} for d, (s, h) in enumerate(harms.items())]
+    write_csv(run.probes_dir / "localization.csv", rows, LOC)
+    write_json(run.probes_dir / "localization.json", {"summary": {"model": "opd", "donor": "x", "harm_clean": clean,
+               "n_right": n, "removed_share": 0.9, "removed_at": "final_norm"}, "settings": {}})
+    write_jsonl(run.probes_dir / "localization_items.jsonl", [
+        {"uid": f"u{i}", "prompt_ids_x": [1], "prompt_ids_c": [2], "response_ids": [3], "right_x": True,
+         "flips_clean": i < round(clean * n), "flips": {s: i < round(h * n) for s, h in harms.items()}}
+        for i in range(n)])
+    return run
+
+
+def test_localization_table_bootstraps_over_seeds_and_items(tmp_path):
+    sites = ("embed", "layers.0.resid_post", "final_norm")
+    runs = [_loc_run(tmp_path / f"s{i}", dict(zip(sites, h)), 0.6) for i, h in enumerate(([0.5, 0.4, 0.0],
+                                                                                            [0.6, 0.3, 0.0]))]
     lines = mc.localization_table(runs)
+    text = "\n".join(lines)
     row = next(line for line in lines if line.startswith("| layers.0.resid_post"))
-    assert "0.350 [" in row  # mean of 0.4 and 0.3 with its t interval
-    assert "final_norm, final_norm" in "\n".join(lines)
+    want = ms.site_harm_stat(runs, "layers.0.resid_post")
+    assert want["mean"] == pytest.approx(0.35) and "hierarchical" in want["method"]
+    assert f"{want['mean']:.3f} [{want['low']:.3f}, {want['high']:.3f}]" in row  # the bootstrap, not a t interval
+    assert 0.0 <= want["low"] < 0.35 < want["high"] <= 1.0
+    assert "removing" not in text and "**final_norm**" in text and row.endswith(f"| {FAILS} |")
+    # a seed whose deep layer leaves the harm: that site is no longer decided, and no site removes it
+    runs.append(_loc_run(tmp_path / "s2", dict(zip(sites, [0.6, 0.5, 0.6])), 0.6))
+    assert "**none**" in "\n".join(mc.localization_table(runs))
     assert mc.localization_table([_run(tmp_path / "empty", None, None)]) == []

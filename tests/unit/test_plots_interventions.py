@@ -61,3 +61,33 @@ def test_pmi_scatter_is_the_table(run):
     other, flip = ax.collections[:2]
     assert len(flip.get_offsets()) == sum(r["flip"] == "True" for r in rows)
     assert len(other.get_offsets()) + len(flip.get_offsets()) == len(rows)
+
+
+def test_localization_band_over_seeds_is_the_hierarchical_bootstrap_of_the_items(run, tmp_path):
+    import json
+    import shutil
+
+    from mechopd.artifacts import write_jsonl
+    from mechopd.mechanism_stats import site_harm_stat
+
+    sites = [r["site"] for r in sorted(_rows(run, "localization"), key=lambda r: int(r["depth"]))]
+    seeds = []
+    for k in range(2):
+        seed = shutil.copytree(run, tmp_path / f"seed-{k}")
+        rng = np.random.default_rng(k)
+        write_jsonl(seed / "probes" / "localization_items.jsonl", [
+            {"uid": f"u{i}", "prompt_ids_x": [1], "prompt_ids_c": [2], "response_ids": [3], "right_x": i % 4 != 0,
+             "flips_clean": bool(rng.random() < 0.6), "flips": {s: bool(rng.random() < 0.6 - 0.1 * d)
+                                                                for d, s in enumerate(sites)}} for i in range(30)])
+        seeds.append(seed)
+    agg = tmp_path / "agg"
+    agg.mkdir()
+    meta = json.loads((run / "demo.json").read_text())
+    (agg / "demo.json").write_text(json.dumps({**meta, "seed_runs": [str(s) for s in seeds]}))
+    ax = panels(figure_localization(agg))[0]
+    want = [site_harm_stat(seeds, s) for s in sites]
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [w["mean"] for w in want])
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert min(band) == pytest.approx(min(w["low"] for w in want))
+    assert max(band) == pytest.approx(max(w["high"] for w in want))
+    assert "hierarchical bootstrap" in [t.get_text() for t in ax.get_legend().get_texts()][1]
