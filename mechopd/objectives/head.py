@@ -26,7 +26,8 @@ one function with a fixed signature (`chunk_kernel`): a GPU kernel (Triton) can 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -64,7 +65,7 @@ def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
         raise ConfigError(f"loss_head=fused computes the opd and nca terms only; method={method} needs "
                           f"{', '.join(other)}: set loss_head=logits (or auto)")
     if sharding != "none":
-        raise ConfigError(f"loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
+        raise ConfigError("loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
                           "loss_head=logits (or auto) or sharding=none")
 
 
@@ -202,14 +203,14 @@ class FusedHeadLoss(torch.autograd.Function):
 
 def fused_head_loss(hx: Tensor, w: Tensor, ht: Tensor, wt: Tensor, weights: Tensor, *, temperature: float = 1.0,
                     hc: Tensor | None = None, beta: float = 0.0, chunk: int = 1024,
-                    options: TermOptions = TermOptions("full"), tokens: Tensor | None = None,
+                    options: TermOptions | None = None, tokens: Tensor | None = None,
                     anchor_weights: Tensor | None = None, stats_weights: Tensor | None = None,
                     kernel: ChunkKernel = chunk_kernel) -> HeadLoss:
     """OPD (``hc`` None) or NCA (``hc`` given, weight ``beta``) loss from hidden states ``[N, d]`` and heads ``[V, d]``
-    (module docstring), L_OPD in ``options``' estimator (``tokens`` ``[N]``: the sampled ids, needed by "sampled").
+    (module docstring), L_OPD in ``options``' estimator (None: "full"; ``tokens`` ``[N]``: the sampled ids, needed by "sampled").
     weights ``[N]``: the OPD term's (mask / token count); anchor_weights: the NCA term's, stats_weights: the logged
     KL's and the estimator statistic's (both default to ``weights``). Backward fills hx, hc and w."""
-    n = hx.shape[0]
+    n, options = hx.shape[0], options or TermOptions("full")
     if not (ht.shape[0] == n and weights.shape == (n,) and w.shape[0] == wt.shape[0]
             and (hc is None or hc.shape == hx.shape)):
         raise ValueError(f"fused_head_loss: shapes hx {tuple(hx.shape)}, ht {tuple(ht.shape)}, weights "

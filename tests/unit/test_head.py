@@ -147,7 +147,7 @@ def test_sampled_needs_tokens_and_fused_refuses_other_terms():
     from mechopd.objectives.head import check_loss_head
     from mechopd.objectives.losses import TermOptions
 
-    hx, hc, ht, w, wt, mask = _inputs(3)
+    hx, _, ht, w, wt, mask = _inputs(3)
     with pytest.raises(ValueError, match="needs tokens"):
         fused_head_loss(hx, w[:V], ht, wt[:V], mask.float(), options=TermOptions("sampled"))
     for method, sharding in (("dual_opd", "none"), ("sym_kl", "none"), ("nca", "fsdp")):
