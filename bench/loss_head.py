@@ -6,7 +6,8 @@ is `train.step.StepScorer.step` (teacher trunk, student trunk(s), the loss with 
 of a step but the rollout and the optimizer), per method (opd, nca) and estimator. Variants:
 
   logits          `StepScorer`, logit_chunk unset (the trainer's default: [rows, R, V] logits per micro-batch)
-  logits-chunked  `StepScorer`, logit_chunk = --chunk (head -> log-softmax -> loss -> backward per chunk)
+  logits-chunked  `StepScorer`, logit_chunk = --chunk / --rows response positions per row, i.e. --chunk positions
+                  per chunk as the fused head's (head -> log-softmax -> loss -> backward per chunk)
   fused           `train.headstep.FusedStepScorer` (`objectives.head`, chunks of --chunk positions)
 
 Peak memory: each variant in a fresh subprocess (ru_maxrss above the resident set once model and batch exist), in
@@ -65,7 +66,7 @@ def setup(a, case: str, variant: str):
     resp = [[rng.randrange(3, a.vocab) for _ in range(a.resp)] for _ in range(a.rows)]
     batch = assemble_two_views(px, pc, resp, 0)
     terms = method_terms(method, 0.5, estimator=estimator, topk=256)
-    chunk = None if variant == "logits" else a.chunk
+    chunk = None if variant == "logits" else max(1, a.chunk // a.rows)  # logits: positions per ROW; fused: in all
     opts = StepOptions(temperature=1.0, vocab=a.vocab, budget=0.1, seed=0, logit_chunk=chunk, shared_prefix="off")
     args = (student, teacher, terms, make_selector("full"), [p for p in student.parameters()], opts)
     if variant == "fused":
