@@ -175,7 +175,7 @@ def check_head_estimators(args) -> None:
                 inputs = LossInputs(student_nctx=lq, student_ctx=lc, teacher=lf, tokens=y[None]).with_tokens()
                 loss = total_loss(method_terms("nca", 0.5, **est), inputs, mask).loss
             loss.backward()
-            grads.append((float(loss), torch.cat([x.grad.flatten(), c.grad.flatten()])))
+            grads.append((float(loss.detach()), torch.cat([x.grad.flatten(), c.grad.flatten()])))
         (ref, g_ref), (got, g_got) = grads
         worst.append((est["estimator"], abs(got - ref) / abs(ref), float((g_got - g_ref).norm() / g_ref.norm())))
     ok = all(r < 1e-4 and gr < 1e-3 for _, r, gr in worst)
