@@ -10,8 +10,8 @@ of a step but the rollout and the optimizer), per method (opd, nca) and estimato
                   per chunk as the fused head's (head -> log-softmax -> loss -> backward per chunk)
   fused           `train.headstep.FusedStepScorer` (`objectives.head`, chunks of --chunk positions)
 
-Peak memory: each variant in a fresh subprocess (ru_maxrss above the resident set once model and batch exist), in
-units of one float32 [N, V] tensor. Time: the variants interleaved round by round in one process (one thread), the
+Peak memory: each variant in a fresh subprocess (the peak resident set, VmHWM, reset once model and batch exist,
+over the resident set then), in units of one float32 [N, V] tensor. Time: the variants interleaved round by round in one process (one thread), the
 median of the paired per-round ratios (robust to the machine's load drifting). Loss and |grad| are printed per
 variant (they must agree).
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -86,11 +85,17 @@ def one_step(scorer, batch) -> tuple[float, float, float]:
 def variant(a, case: str, name: str) -> dict:
     torch.set_num_threads(1)
     scorer, batch = setup(a, case, name)
-    with open("/proc/self/statm") as f:
-        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak resident set (VmHWM): the setup's peak is not ours
+        f.write("5")
+    before = _status("VmRSS")
     dt, loss, grad = min(one_step(scorer, batch) for _ in range(2))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"peak": peak - before, "s": dt, "loss": loss, "grad": grad}
+    return {"peak": _status("VmHWM") - before, "s": dt, "loss": loss, "grad": grad}
+
+
+def _status(key: str) -> int:
+    """Bytes of /proc/self/status's ``key`` (VmRSS: resident now; VmHWM: its peak since the last reset)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
 def memory(a, case: str) -> dict:
