@@ -7,7 +7,10 @@ check, on the hardware and at the scale the papers use:
                          NCA with a LoRA student (rank 16), an EMA teacher and a LoRA student with a live teacher:
                          peak CUDA memory, trainable share and tokens/s per stage (`train.profile`) printed
   fused loss head        `objectives.head` at V = 151936, N = 1024, d = 2048: loss and gradient vs the plain reference,
-                         its time over a bare LM-head matmul forward + backward, its peak memory over the reference's
+                         its time over a bare LM-head matmul forward + backward, its peak memory over the reference's;
+                         its top-k (tail) and sampled estimators with NCA against the logits path's `total_loss`
+  train step loss_head   one bf16 NCA step with loss_head fused vs logits (full and LoRA rank-16 student): step-1 loss
+                         agreement, loss-stage and step seconds, peak CUDA memory
   lean vs generate       the lean KV-cache decoder against ``model.generate`` (greedy, bf16): share of identical
                          responses and the first diverging token (bf16 rounding can split near-ties; both are reported)
   NCCL two-process       ``torchrun --nproc_per_node 2`` train == one process at the same global batch (max |Δθ|),
@@ -142,6 +145,65 @@ def check_loss_head(args) -> None:
     row("fused loss head (NCA, V=151936)", rel < 1e-4 and grel < 1e-3, f"loss rel {rel:.1e}, grad rel {grel:.1e}; "
         f"time {t_f * 1e3:.1f} ms = {t_f / t_floor:.2f}x matmul floor, {t_f / t_ref:.2f}x reference; peak "
         f"{m_f:.2f} GiB = {m_f / m_ref:.2f}x reference", time.time() - t0)
+
+
+def check_head_estimators(args) -> None:
+    """The fused head's top-k (k 256, tail) and sampled OPD estimators and NCA on the device at V = 151936 against the
+    logits path (`losses.method_terms` + `total_loss` on float32 log-probabilities): loss and gradient."""
+    from mechopd.generate.scorer import to_logp
+    from mechopd.objectives.head import fused_head_loss
+    from mechopd.objectives.losses import LossInputs, TermOptions, method_terms, total_loss
+
+    dev, n, d, V = args.device, 512, 2048, 151936
+    if dev == "cpu":
+        n, d = 32, 64
+    g = torch.Generator(device=dev).manual_seed(1)
+    hx, hc, ht = (torch.randn(n, d, device=dev, generator=g) for _ in range(3))
+    w, wt = (torch.randn(V, d, device=dev, generator=g) * d**-0.5 for _ in range(2))
+    y = torch.randint(0, V, (n,), device=dev, generator=g)
+    mask = torch.ones(1, n, dtype=torch.bool, device=dev)
+    t0, worst = time.time(), []
+    for est in (dict(estimator="topk", topk=256, tail=True), dict(estimator="sampled")):
+        grads = []
+        for kind in ("logits", "fused"):
+            x, c = hx.clone().requires_grad_(), hc.clone().requires_grad_()
+            if kind == "fused":
+                loss = fused_head_loss(x, w, ht, wt, torch.full((n,), 1.0 / n, device=dev), hc=c, beta=0.5,
+                                       chunk=256, options=TermOptions(**est), tokens=y).loss
+            else:
+                lq, lc, lf = (to_logp((h @ m.T)[None], 1.0) for h, m in ((x, w), (c, w), (ht, wt)))
+                inputs = LossInputs(student_nctx=lq, student_ctx=lc, teacher=lf, tokens=y[None]).with_tokens()
+                loss = total_loss(method_terms("nca", 0.5, **est), inputs, mask).loss
+            loss.backward()
+            grads.append((float(loss.detach()), torch.cat([x.grad.flatten(), c.grad.flatten()])))
+        (ref, g_ref), (got, g_got) = grads
+        worst.append((est["estimator"], abs(got - ref) / abs(ref), float((g_got - g_ref).norm() / g_ref.norm())))
+    ok = all(r < 1e-4 and gr < 1e-3 for _, r, gr in worst)
+    row("fused head estimators (NCA)", ok, "; ".join(f"{e}: loss rel {r:.1e}, grad rel {gr:.1e}" for e, r, gr in worst),
+        time.time() - t0)
+
+
+def check_step_heads(args, out: Path) -> None:
+    """One bf16 NCA step (top-k) of the trainer with loss_head fused vs logits, same seed: step-1 loss agreement, the
+    step's time and peak CUDA memory (fused over logits); on a LoRA student too."""
+    from mechopd.config import TrainConfig
+    from mechopd.train.trainer import Trainer
+
+    for label, extra in (("", {}), (" lora16", {"lora_rank": 16})):
+        t0, recs = time.time(), {}
+        for i, head in enumerate(("logits", "fused", "logits", "fused")):  # the 2nd pair is kept (warm allocator)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            cfg = TrainConfig(**{**train_cfg(args, "nca", steps=1), "loss_head": head, **extra})
+            rec = Trainer(cfg, out / f"head-{head}{label.strip()}-{i}", progress=False).train_step()
+            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+            recs[head] = {**rec, "peak": peak}
+        a, b = recs["logits"], recs["fused"]
+        rel = abs(b["loss"] - a["loss"]) / max(abs(a["loss"]), 1e-12)
+        row(f"train step loss_head fused{label}", rel < 1e-2, f"loss {b['loss']:.5f} vs {a['loss']:.5f} (rel "
+            f"{rel:.1e}); loss stage {b['time/loss']:.3f} vs {a['time/loss']:.3f} s, step {b['step_s']:.2f} vs "
+            f"{a['step_s']:.2f} s; peak {b['peak']:.2f} vs {a['peak']:.2f} GiB", time.time() - t0)
 
 
 PAPER_MEMORY = {"micro_batch_size": 2, "logit_chunk": 128, "gradient_checkpointing": True}
@@ -280,6 +342,8 @@ def main() -> int:
                          ("bf16 train nca lora live", lambda: check_train(args, "nca", out, "-lora-live",
                                                                           lora_rank=16, teacher_mode="live")),
                          ("fused loss head", lambda: check_loss_head(args)),
+                         ("fused head estimators", lambda: check_head_estimators(args)),
+                         ("train step loss_head", lambda: check_step_heads(args, out)),
                          ("lean vs generate (bf16)", lambda: check_lean_vs_generate(args)),
                          ("NCCL two-process", lambda: check_nccl(args, out)),
                          ("eval", lambda: check_eval(args, real)),

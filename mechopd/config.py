@@ -46,11 +46,12 @@ FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
     "ema_decay": (False, 0, True, 1, False),
 }
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
+LOSS_HEADS = ("auto", "fused", "logits")  # loss_head's choices (help: TrainConfig's docstring, Memory; `train.headstep`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "log_wandb", "wandb_project",
-                  "grad_stats_every", "sharding")
+                  "grad_stats_every", "sharding", "loss_head")
 
 def method_names() -> list[str]:
     """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
@@ -123,7 +124,9 @@ class TrainConfig:
                all of this process's rows at once; the update is the one-shot step's, `train.step`), logit_chunk
                (response positions per LM-head / log-softmax / loss chunk, so no [rows, R, vocab] tensor of a whole
                micro-batch exists; None = the whole response; needs sharding: none), gradient_checkpointing
-               (recompute the student's decoder layers in backward; the student's own shared prefix is then off).
+               (recompute the student's decoder layers in backward; the student's own shared prefix is then off),
+               loss_head (auto | fused | logits: fused = `objectives.head`, losses and their gradients from hidden
+               states chunk by chunk, no logits kept; auto = fused for opd/nca at vocab >= 8192, `train.headstep`).
     """
 
     task: str = "rules"
@@ -182,6 +185,7 @@ class TrainConfig:
     micro_batch_size: int | None = None
     logit_chunk: int | None = None
     gradient_checkpointing: bool = False
+    loss_head: str = "auto"
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
@@ -207,7 +211,8 @@ class TrainConfig:
         for name, allowed in (("selector", SELECTORS), ("estimator", ESTIMATORS),
                               ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
                               ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
-                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES)):
+                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES),
+                              ("loss_head", LOSS_HEADS)):
             _choice(name, getattr(self, name), allowed)
         for name, spec in FIELD_RANGES.items():
             _in_range(name, getattr(self, name), *spec)
@@ -240,6 +245,9 @@ class TrainConfig:
                               "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
                               "(micro_batch_size works under both)")
         _check_lora_and_teacher(self)
+        from mechopd.objectives.head import check_loss_head
+
+        check_loss_head(self.loss_head, self.method, self.sharding)  # fused: opd / nca terms, sharding none
         check_saveable(self.to_dict(), "train config")
 
     def to_dict(self) -> dict[str, Any]:

@@ -246,16 +246,21 @@ class StepScorer:
             hs = cached or {r: self._hidden(r, mb, info) for r in self.student_roles}
             cached = None
             leaves = {r: h.detach().requires_grad_() for r, h in hs.items()}
-            for c in self._chunks(mmask.shape[1]):
-                with self.clock("loss"):
-                    inputs, kl = self._inputs(leaves, th, mb.response_ids, c, self.exact_kl)
-                    res = total_loss(self.terms, inputs, mmask[:, c], None if mkeep is None else mkeep[:, c],
-                                     step=step, denominators=den)
-                    acc.chunk(res, leaves, torch.where(mmask[:, c], kl, 0.0).sum() / den[0])
-                    del inputs, res
+            with self.clock("loss"):
+                self._loss(leaves, th, mb.response_ids, mmask, mkeep, den, step, acc)
             with self.clock("student_bwd"):
                 acc.trunk(hs, leaves)
         return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
+
+    def _loss(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, mask: Tensor, keep: Tensor | None,
+              den: tuple, step: int, acc: "_Acc") -> None:
+        """One micro-batch's loss, per chunk of positions, into `acc` (backward into the leaves and the head)."""
+        for c in self._chunks(mask.shape[1]):
+            inputs, kl = self._inputs(leaves, th, tokens, c, self.exact_kl)
+            res = total_loss(self.terms, inputs, mask[:, c], None if keep is None else keep[:, c], step=step,
+                             denominators=den)
+            acc.chunk(res, leaves, torch.where(mask[:, c], kl, 0.0).sum() / den[0])
+            del inputs, res
 
     def _head_params(self) -> list[torch.nn.Parameter]:
         head = head_split(self.student) if self.split[id(self.student)] else None

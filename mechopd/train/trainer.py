@@ -53,7 +53,8 @@ from mechopd.train.lr import lr_multiplier
 from mechopd.train.reporting import Logger, config_block, config_line, eval_line, final_line
 from mechopd.train.rundir import RunDir
 from mechopd.train.sharding import make_sharding
-from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
+from mechopd.train.headstep import make_scorer
+from mechopd.train.step import StepOptions, enable_checkpointing
 from mechopd.views import assemble_two_views, render_prompt_ids
 from mechopd.pinning import train_render
 
@@ -167,8 +168,8 @@ class Trainer:
                            micro_batch_size=cfg.micro_batch_size, logit_chunk=cfg.logit_chunk,
                            shared_prefix=cfg.shared_prefix, student_shared_prefix=student_prefix,
                            autocast=dtype if dtype in (torch.bfloat16, torch.float16) else None)
-        self.scoring = StepScorer(self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
-                                  self.selector, self.params, opts, self.teacher_store)
+        self.scoring = make_scorer(cfg, self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
+                                   self.selector, self.params, opts, self.teacher_store)  # loss_head: train.headstep
         self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
         self.clock = self.scoring.clock  # seconds per stage (train.profile), shared by both scorers
         if cfg.logit_chunk is not None and not all(self.scoring.split.values()):

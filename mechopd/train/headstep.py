@@ -1,0 +1,116 @@
+"""The fused loss head in the training step (``loss_head``): `objectives.head` in place of LM head -> log-softmax ->
+`losses.total_loss` per chunk of positions.
+
+``loss_head: auto`` takes the fused head when it can compute the method (its main-batch terms are OPD and NCA, in any
+estimator), both models' LM heads are plain bias-free linear layers without logit soft-capping (`scorer.head_split`),
+sharding is none and the common vocabulary has at least `FUSED_MIN_VOCAB` ids (below that the logits path is as
+fast and the head buys no memory); ``fused`` insists (one line naming what stops it); ``logits`` never uses it.
+
+Per micro-batch, `FusedStepScorer._loss` gathers the masked response positions of every role's leaf ``[b, R, d] ->
+[n, d]`` and calls the head ONCE over them, in chunks of ``logit_chunk`` positions (`DEFAULT_CHUNK` when unset), with
+the same weights `total_loss` would give each term (mask, or mask & keep for a selectable term, over the GLOBAL
+counts `train.step` passes as ``den``): the shares over chunks, micro-batches and processes still sum to the one-shot
+update. The logs are the logits path's keys (``loss/opd``, ``loss/nca``, ``opd/topk_mass`` | ``opd/kl_estimate``,
+``kl/teacher_student``). On a per-term step (``grad_stats_every``) each term is its own head call, so its gradient can
+be taken apart. The follow term's batch (`otherbatch`) and the TA-OPD selection signals stay on the logits path.
+Numerics: the head computes in float32 (float64 for float64 models) also under bf16 autocast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mechopd.errors import ConfigError
+from mechopd.generate.scorer import head_split
+from mechopd.objectives.head import FUSED_TERMS, fused_head_loss
+from mechopd.objectives.losses import LossResult, LossTerm, TermOptions
+from mechopd.train.step import StepScorer
+
+FUSED_MIN_VOCAB = 8192  # `auto` below this vocabulary: the logits path
+DEFAULT_CHUNK = 512  # positions per head chunk when logit_chunk is unset ([512, V] float32 buffers, a handful)
+
+
+def fused_blocker(terms: list[LossTerm], student: Any, teacher: Any) -> str | None:
+    """Why the fused head cannot compute these terms on these models (None: it can)."""
+    other = sorted({t.name for t in terms} - FUSED_TERMS)
+    if other:
+        return f"it computes the opd and nca terms only, not {', '.join(other)}"
+    for role, model in (("student", student), ("teacher", teacher)):
+        head = head_split(model)
+        if head is None:
+            return f"the {role}'s LM head cannot run apart from its trunk (FSDP-wrapped or not a plain linear head)"
+        if head.bias is not None or getattr(model.config, "final_logit_softcapping", None) is not None:
+            return f"the {role}'s LM head has a bias or soft-caps its logits"
+    return None
+
+
+def use_fused(loss_head: str, terms: list[LossTerm], student: Any, teacher: Any, vocab: int, sharding: str) -> bool:
+    """``loss_head`` resolved for this run (module docstring); ``fused`` where it cannot run: `ConfigError`."""
+    if loss_head == "logits":
+        return False
+    why = "sharding is not none" if sharding != "none" else fused_blocker(terms, student, teacher)
+    if loss_head == "fused" and why:
+        raise ConfigError(f"loss_head=fused cannot run here: {why}; set loss_head=logits (or auto)")
+    return why is None and (loss_head == "fused" or vocab >= FUSED_MIN_VOCAB)
+
+
+def make_scorer(cfg: Any, student: Any, teacher: Any, terms: list[LossTerm], selector: Any, params: list,
+                opts: Any, store: Any = None) -> StepScorer:
+    """The main batch's scorer: `FusedStepScorer` when ``cfg.loss_head`` resolves to fused, else `StepScorer`."""
+    if use_fused(cfg.loss_head, terms, student, teacher, opts.vocab, cfg.sharding):
+        options = TermOptions(cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
+        return FusedStepScorer(student, teacher, terms, selector, params, opts, store, options=options)
+    return StepScorer(student, teacher, terms, selector, params, opts, store)
+
+
+class FusedStepScorer(StepScorer):
+    """`StepScorer` whose per-micro-batch loss is the fused head (module docstring)."""
+
+    head = "fused"
+
+    def __init__(self, *args: Any, options: TermOptions, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.options = options
+        blocker = fused_blocker(self.terms, self.student, self.teacher)
+        if blocker:
+            raise ConfigError(f"loss_head=fused cannot run here: {blocker}; set loss_head=logits (or auto)")
+
+    def _loss(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, mask: Tensor, keep: Tensor | None,
+              den: tuple, step: int, acc: Any) -> None:
+        pos = mask.nonzero(as_tuple=True)  # the real response positions of this micro-batch: [n] rows, [n] columns
+        terms = {t.name: t for t in self.terms}
+        nca = terms.get("nca")
+        ones = torch.ones(pos[0].shape[0], device=mask.device)
+        w_all = ones / den[0]  # a term over every response token: its share of the global token mean
+        w_keep = w_all if keep is None else keep[pos].float() / den[1]
+        pick = lambda t: w_keep if (t.selectable and keep is not None) else w_all  # noqa: E731
+        beta = nca.weight_at(step) if nca is not None else 0.0
+        hc = leaves["student_ctx"][pos] if nca is not None else None
+        vocab = self.opts.vocab
+        w, wt = head_split(self.student).weight[:vocab], head_split(self.teacher).weight[:vocab]
+
+        def head(wo: Tensor, hc_: Tensor | None, beta_: float):
+            return fused_head_loss(leaves["student_nctx"][pos], w, th[pos], wt, wo, temperature=self.opts.temperature,
+                                   hc=hc_, beta=beta_, chunk=self.opts.logit_chunk or DEFAULT_CHUNK,
+                                   options=self.options, tokens=tokens[pos],
+                                   anchor_weights=pick(nca) if nca is not None else None, stats_weights=w_all)
+
+        wo = pick(terms["opd"])
+        if acc.per_term and nca is not None:  # one call per term: their gradients stay apart
+            a, b = head(wo, None, 0.0), head(torch.zeros_like(wo), hc, beta)
+            loss, weighted, nca_value = a.loss + b.loss, {"opd": a.loss, "nca": b.loss}, b.nca
+        else:
+            a = head(wo, hc, beta)
+            loss, nca_value = a.loss, a.nca
+            weighted = {"opd": a.loss if nca is None else a.opd, "nca": beta * a.nca}  # per term: differentiable
+        logs = {"loss/opd": a.opd}
+        stat = {"topk": "opd/topk_mass", "sampled": "opd/kl_estimate"}.get(self.options.estimator)
+        if stat:
+            logs[stat] = a.stat
+        if nca is not None:
+            logs["loss/nca"] = nca_value
+        weights = {name: t.weight_at(step) for name, t in terms.items()}
+        acc.chunk(LossResult(loss, logs, {k: weighted[k] for k in terms}, weights), leaves, a.kl)
