@@ -347,9 +347,11 @@ class Selector:
             if stats is None:
                 raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
             normed = normalize_stats(stats, mask, self.q_low, self.q_high)
-        plugin = spec.options is not None and not isinstance(self.options, SignalOptions)
-        score = spec.score(normed, mask, generator, options=self.options) if plugin else spec.score(normed, mask,
-                                                                                                    generator)
+        if spec.options is not None and spec.options not in TrainConfig.__mro__:  # a plug-in's own options
+            own = self.options if self.options is not None else spec.options()
+            score = spec.score(normed, mask, generator, options=own)
+        else:
+            score = spec.score(normed, mask, generator)
         if score is None:  # keeps every valid position
             return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
         keep = select_top_budget(score, mask, rho, self.tie_break, self.min_one_per_response)
