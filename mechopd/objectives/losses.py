@@ -30,8 +30,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.config import ESTIMATORS, FollowOptions, NCAOptions
-from mechopd.config import EstimatorOptions as TermOptions
+from mechopd.objectives.options import ESTIMATORS, FollowOptions, NCAOptions  # noqa: F401
+from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     SampledKL,
     TopKKL,
@@ -150,11 +150,10 @@ def register_term(name: str, anchor: bool = False, selectable: bool | Callable[[
                   added: bool = False):
     """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
     adds a term); ``options`` (a dataclass of `mechopd.options.option` fields) become config keys and CLI flags."""
-    from mechopd.config import TrainConfig
     from mechopd.options import register_options
 
     def deco(build):
-        if options is not None and options not in TrainConfig.__mro__:
+        if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
             register_options(options, f"loss term {name!r}")
         TERMS[name] = TermSpec(name, build, anchor, selectable, batch, options, weight, added)
         return build

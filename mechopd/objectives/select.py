@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from mechopd.config import TIE_BREAKS, SignalOptions, TrainConfig
+from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.errors import ConfigError
 from mechopd.options import register_options
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
@@ -149,7 +149,7 @@ def register_selector(name: str, *, needs_stats: bool = True, replace: bool = Fa
         global SELECTORS
         if name in _SELECTORS and not replace:
             raise ConfigError(f"selector {name!r} is already registered; pick another name or pass replace=True")
-        if options is not None and options not in TrainConfig.__mro__:
+        if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
             register_options(options, f"selector {name!r}")
         _SELECTORS[name] = SelectorSpec(name, fn, needs_stats, options)
         SELECTORS = tuple(_SELECTORS)
@@ -347,7 +347,7 @@ class Selector:
             if stats is None:
                 raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
             normed = normalize_stats(stats, mask, self.q_low, self.q_high)
-        if spec.options is not None and spec.options not in TrainConfig.__mro__:  # a plug-in's own options
+        if spec.options not in (None, SignalOptions):  # a plug-in's own options
             own = self.options if self.options is not None else spec.options()
             score = spec.score(normed, mask, generator, options=own)
         else:
