@@ -270,6 +270,7 @@ def docs_table(facts: list[Facts]) -> str:
             else str(base)
         kind += " or null" if optional else ""
         limits = f.range.text() if f.range else " \\| ".join(f.choices) if f.choices else ""
-        lines.append(f"| `{f.name}` `{f.flag}` | {kind} | `{f.default!r}` | {limits} | "
+        flag = f"`--set {f.name}.KEY=VALUE`" if typing.get_origin(base) is dict else f"`{f.flag}`"
+        lines.append(f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | "
                      f"{f.help.replace('|', chr(92) + '|')} |")
     return "\n".join(lines).lstrip("\n") + "\n"
