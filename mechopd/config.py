@@ -169,7 +169,7 @@ class TrainConfig(TeacherOptions, LoraOptions, ScaleOptions, RenderOptions, LogO
     plugins: the values of plug-in options (a loss term or selector registered with its own options dataclass,
     `mechopd.options.register_options`), by key; read as attributes (``cfg.toy_weight``) and saved flat."""
 
-    plugins: dict[str, Any] = field(default_factory=dict, repr=False)
+    plugins: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"bound": False})
 
     def __getattr__(self, name: str) -> Any:
         plugins = self.__dict__.get("plugins") or {}
@@ -310,10 +310,9 @@ def bind_train(data: dict[str, Any], sets: dict[str, Any] | None = None, flags: 
     """`TrainConfig` from a file's keys, flags and ``--set`` (`mechopd.options.bind`); plug-in keys into ``plugins``."""
     merged = merge(merge(dict(data), flags or {}), sets or {})
     facts = {f.name: f for f in _opts.plugin_facts(TrainConfig)}
-    if "plugins" in merged:
-        raise ConfigError(f"{source}: plugins is not a key; set a plug-in's options by their own keys")
     plugins = {k: _opts.coerce(facts[k], merged.pop(k), source) for k in list(merged) if k in facts}
-    return _opts.bind(TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None)
+    return _opts.bind(TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None,
+                      also=tuple(facts))
 
 
 def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -178,23 +178,28 @@ def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:
 
 
 def bind(cls: type, data: dict[str, Any] | None = None, sets: dict[str, Any] | None = None,
-         flags: dict[str, Any] | None = None, source: str = "config", fixed: dict[str, Any] | None = None) -> Any:
+         flags: dict[str, Any] | None = None, source: str = "config", fixed: dict[str, Any] | None = None,
+         also: tuple[str, ...] = ()) -> Any:
     """``cls`` from a file's keys, then flags, then ``--set`` (later wins): unknown keys refused, naming the known
     ones; every value coerced by its field's type (`coerce`), then checked by the dataclass (its ``__post_init__``).
-    ``fixed``: keyword values passed as they are (already typed)."""
+    ``fixed``: keyword values passed as they are (already typed; not keys); ``also``: further keys the caller reads
+    (named in the message)."""
     merged = merge(merge(dict(data or {}), flags or {}), sets or {})
-    facts = {f.name: f for f in _all_facts(cls)}
+    facts = {f.name: f for f in _all_facts(cls) if f.name not in (fixed or {})}
     unknown = sorted(set(merged) - set(facts))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(facts))}")
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: "
+                          f"{', '.join(sorted({*facts, *also}))}")
     return cls(**{k: coerce(facts[k], v, source) for k, v in merged.items()}, **(fixed or {}))
 
 
 def _all_facts(cls: type) -> list[Facts]:
-    """`field_facts`, plus a bare entry (no help) for a field declared without `option`."""
+    """`field_facts`, plus a bare entry (no help) for a field declared without `option`, but those whose metadata
+    says ``bound: False`` (not a key: `TrainConfig.plugins`)."""
     declared = {f.name: f for f in field_facts(cls)}
     hints = typing.get_type_hints(cls)
-    return [declared.get(f.name) or Facts(f.name, hints[f.name], f.default, "") for f in dataclasses.fields(cls)]
+    return [declared.get(f.name) or Facts(f.name, hints[f.name], f.default, "") for f in dataclasses.fields(cls)
+            if f.metadata.get("bound", True)]
 
 
 PLUGINS: dict[type, str] = {}  # plug-in options dataclasses, in registration order -> who registered them
