@@ -118,6 +118,7 @@ def coerce(facts: Facts, value: Any, source: str) -> Any:
         return _typed(base, origin, value)
     except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):
         if origin is dict:
+            value = scalar(value) if isinstance(value, CliValue) else value  # as read: task_options=5, not '5'
             raise ConfigError(f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set "
                               f"{name}.KEY=VALUE)") from None
         raise ConfigError(f"{source}: {name}={value!r} is not a valid {getattr(base, '__name__', base)}") from None
