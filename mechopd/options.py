@@ -208,7 +208,7 @@ PLUGINS: dict[type, str] = {}  # plug-in options dataclasses, in registration or
 
 def register_options(cls: type, owner: str) -> None:
     """Make a plug-in's options dataclass (a loss term's, a selector's) bindable: its fields become config keys and
-    flags (`plugin_facts`). A key another registered class already declares is refused."""
+    flags (`plugin_facts`, which refuses a key that another class or `TrainConfig` already declares)."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{owner}: options must be a dataclass, got {cls!r}")
     PLUGINS[cls] = owner

@@ -22,9 +22,9 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from mechopd.objectives.options import FollowOptions
 from mechopd.errors import ConfigError
 from mechopd.objectives.losses import TERMS, TermOptions, register_term
+from mechopd.objectives.options import FollowOptions
 from mechopd.tasks.base import OtherContext
 
 

@@ -30,8 +30,6 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.objectives.options import ESTIMATORS, FollowOptions, NCAOptions  # noqa: F401
-from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     SampledKL,
     TopKKL,
@@ -46,6 +44,8 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     sym_kl,
     token_mean,
 )
+from mechopd.objectives.options import ESTIMATORS, FollowOptions, NCAOptions  # noqa: F401
+from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.objectives.schedule import AnchorGate, BetaSchedule  # noqa: F401  (re-exported)
 
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.errors import ConfigError
-from mechopd.options import register_options
+from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
@@ -41,6 +40,7 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     _fp32,
     teachability_stats,
 )
+from mechopd.options import register_options
 
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
 

@@ -13,8 +13,8 @@ from torch import Tensor
 
 from mechopd.errors import ConfigError
 from mechopd.objectives.divergences import _check_mask
+from mechopd.objectives.options import C_MODES, D_MODES  # declared once, with the config fields
 
-from mechopd.objectives.options import C_MODES, D_MODES  # noqa: E402  (declared once, with the config fields)
 FLOOR = 1e-12  # the released code's probability floor (d_mode="floored")
 
 

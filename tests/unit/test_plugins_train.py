@@ -102,7 +102,7 @@ def test_the_old_spellings_of_beta_keep_working(tmp_path):
 @pytest.mark.parametrize("argv,beta", [(["--beta", "0.7"], 0.7), (["--set", "beta=0.3"], 0.3),
                                         (["--beta", "0.7", "--set", "beta=0.3"], 0.3), ([], 0.5)])
 def test_beta_flag_and_set_reach_the_config(argv, beta, monkeypatch, tmp_path):
-    import mechopd.train.trainer as trainer
+    from mechopd.train import trainer
 
     seen = {}
     monkeypatch.setattr(trainer, "train", lambda cfg, out, **kw: seen.setdefault("cfg", cfg) and out)
