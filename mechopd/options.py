@@ -155,6 +155,8 @@ def check_value(facts: Facts, value: Any) -> None:
         return
     if base is str and not isinstance(value, str) and not (facts.onoff and isinstance(value, bool)):
         raise ConfigError(f"{facts.name}={value!r} is not text; pass a string (quote it in YAML)")
+    if base is bool and not isinstance(value, bool):
+        raise ConfigError(f"{facts.name}={value!r} is invalid: use true or false")
     if typing.get_origin(base) is dict and not isinstance(value, dict):
         raise ConfigError(f"{facts.name}={value!r} is not a mapping; pass key: value pairs (--set "
                           f"{facts.name}.KEY=VALUE)")
