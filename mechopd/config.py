@@ -63,9 +63,9 @@ class RunOptions:
                           "(pretrain / reuse the embedded organism)")
     teacher: str | None = option(None, short=True, help="teacher checkpoint; null = the frozen initial student "
                                  "(self-distillation), else cross-model")
-    method: str = option("opd", short=True, help="loss-term set: opd | nca | dual_opd | sym_kl | a registered one; "
-                         "shorthand ta_opd / ta_opd_ent = opd + that selector; the follow term goes with any method "
-                         "(--follow-weight 1)")
+    method: str = option("opd", short=True, help="opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (a registered "
+                         "loss-term set; ta_opd / ta_opd_ent = opd + that selector); the follow term goes with any "
+                         "method: --set follow_weight=1")
 
 
 @dataclass
