@@ -63,25 +63,6 @@ def _pretrain(a: argparse.Namespace) -> int:
 
 
 # --- train --------------------------------------------------------------------------------------------------------------
-# Shorthand flags: --NAME VALUE is --set NAME=VALUE (metavar, help); the TrainConfig docstring has the full story.
-SHORTHANDS: dict[str, tuple[str, str]] = {
-    "task": ("TASK", "task: rules | frozenlake | sokoban | jsonl | a registered name"),
-    "method": ("METHOD", "opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (default opd); the follow term goes "
-               "with any method: --set follow_weight=1"),
-    "student": ("MODEL", "student checkpoint dir, hub id, or organism:<task> (default organism:rules)"),
-    "teacher": ("MODEL", "teacher checkpoint (default: the frozen initial student, i.e. self-distillation)"),
-    "steps": ("INT", "optimizer steps, >= 1"),
-    "beta": ("FLOAT", "NCA / SymKL weight, finite and >= 0 (default 0.5)"),
-    "budget": ("FLOAT", "TA-OPD token budget rho in (0, 1] (default 0.10)"),
-    "selector": ("NAME", "token selector: full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent | "
-                 "a registered name"),
-    "lr": ("FLOAT", "AdamW learning rate, > 0"),
-    "batch_size": ("INT", "prompts (games) per optimizer step, global across processes, >= 1"),
-    "seed": ("INT", "seed of data order, rollouts and selection (default 0)"),
-    "eval_every": ("INT", "evaluate both views every N steps (default 0 = never)"),
-}
-
-
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", default=None, metavar="CONFIG.yaml", help="YAML config (see training/*.yaml); "
                    "flags override its keys")
@@ -95,9 +76,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
     p.add_argument("--verbose", action="store_true", help="print the full resolved config (default: one line and the "
                    "path of the run's config.yaml)")
-    for name, (metavar, text) in SHORTHANDS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", dest=f"short_{name}", default=None, metavar=metavar,
-                       help=f"{text}; same as --set {name}=...")
+    from mechopd.config import train_facts
+    from mechopd.options import add_flags
+
+    add_flags(p, train_facts())  # one flag per config key (mechopd.config: help, range and choices declared once)
 
 
 def run_name(config: str | None, task: str, method: str, selector: str) -> str:
@@ -118,12 +100,12 @@ def _train(a: argparse.Namespace) -> int:
 
 def _train_locked(a: argparse.Namespace) -> int:
     from mechopd.checks import check_out_dir
-    from mechopd.config import load_train_config, merge, parse_overrides
+    from mechopd.config import load_train_config, merge, parse_overrides, train_facts
+    from mechopd.options import flag_values
     from mechopd.train.trainer import train
 
-    short = {k: getattr(a, f"short_{k}") for k in SHORTHANDS if getattr(a, f"short_{k}") is not None}
-    pairs = [f"{k}={v}" for k, v in short.items()] + [f"task_options.{kv}" for kv in a.option]
-    over = merge(parse_overrides(pairs, "--option"), _kv_raw(a.set, "--set"))
+    flags = merge(flag_values(a, train_facts()), parse_overrides([f"task_options.{kv}" for kv in a.option], "--option"))
+    over = merge(flags, _kv_raw(a.set, "--set"))  # values still text: read once, by each field's type
     cfg = load_train_config(a.config, over)
     out = check_out_dir(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")
     if (out / "config.json").is_file():

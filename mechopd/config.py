@@ -1,10 +1,14 @@
-"""Configs as dataclasses: YAML keys, CLI flags (``--set key=value``) and field names are the same words.
+"""Configs as dataclasses: YAML keys, CLI flags (``--NAME``, ``--set NAME=VALUE``) and field names are the same words.
 
-Defaults are the papers' (docs/method.md): lr 5e-6, β = 0.5, ρ = 0.10, K = 16, top-k 256, one rollout per prompt.
-A student ``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key,
-unless the key is set explicitly (`resolve_train_data`). Every value is validated once, here, in
-``TrainConfig.__post_init__`` (the objectives and the trainer assume valid values); ``FIELD_RANGES`` states the range
-of every numeric field.
+`TrainConfig` is built from sections (run, the loss terms' options, the selector's, rollout, optim, log, render, scale,
+LoRA, teacher); its fields stay flat (``cfg.beta``, YAML ``beta:``, ``--beta``, ``--set beta=``). Every field is
+declared once, with `mechopd.options.option`: its default, help, range and choices; the binder (`mechopd.options.bind`)
+reads YAML / ``--set`` / flags into it, and the CLI flags and docs/config.md are generated from it. A loss term or
+selector registers its options section (`losses.register_term(..., options=)`, `select.register_selector(...,
+options=)`); a plug-in's sections are bound the same way (`mechopd.options.register_options`), their keys kept in
+``TrainConfig.plugins`` and read as attributes. Defaults are the papers' (docs/method.md). A student
+``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key, unless the key
+is set explicitly (`resolve_train_data`). Every value is validated once, here, in ``TrainConfig.__post_init__``.
 """
 
 from __future__ import annotations
@@ -16,42 +20,31 @@ from typing import Any
 
 import yaml
 
+from mechopd import options as _opts
 from mechopd.config_parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
                                    parse_options, parse_overrides, scalar, text_value, typed_options)
 from mechopd.errors import ConfigError
+from mechopd.objectives.options import (C_MODES, D_MODES, ESTIMATORS, TIE_BREAKS, EstimatorOptions,  # noqa: F401
+                                        FollowOptions, NCAOptions, SelectionOptions, SignalOptions)
+from mechopd.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
 from mechopd.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE,  # noqa: F401
-                            check_seed, check_temperature, in_range as _in_range)
+                            check_seed, check_temperature)
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
-YAML_BOOL_WORDS = ("shared_prefix",)
-MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would exhaust the parser's recursion)  # text fields whose values YAML 1.1 reads as booleans (`off` / `on`)
-
-# every numeric field's range: (integer?, lower bound, lower bound inclusive?, upper bound or None, None allowed?)
-FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {
-    "beta": (False, 0, True, None, False), "budget": (False, 0, False, 1, False), "k": (True, 1, True, None, False),
-    "topk": (True, 1, True, None, False), "temperature": TEMPERATURE_RANGE,
-    "max_new_tokens": (True, 1, True, None, True), "batch_size": (True, 1, True, None, False),
-    "pool_size": (True, 1, True, None, False), "lr": (False, 0, False, None, False), "steps": (True, 1, True, None, False),
-    "warmup": (True, 0, True, None, False), "weight_decay": (False, 0, True, None, False),
-    "grad_clip": (False, 0, False, None, False), "seed": SEED_RANGE,
-    "eval_every": (True, 0, True, None, False), "eval_n": (True, 0, True, None, False),
-    "save_every": (True, 0, True, None, False), "nca_start": (True, 0, True, None, False),
-    "beta_warmup": (True, 0, True, None, False), "nca_gate": (False, 0, False, None, True),
-    "nca_gate_window": (True, 1, True, None, False), "grad_stats_every": (True, 0, True, None, False),
-    "q_low": (False, 0, True, 1, False), "q_high": (False, 0, True, 1, False),
-    "micro_batch_size": (True, 1, True, None, True), "logit_chunk": (True, 1, True, None, True),
-    "follow_weight": (False, 0, True, None, False), "lora_rank": (True, 0, True, None, False),
-    "lora_alpha": (False, 0, False, None, False), "lora_dropout": (False, 0, True, 1, False),
-    "ema_decay": (False, 0, True, 1, False),
-}
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
-LOSS_HEADS = ("auto", "fused", "logits")  # loss_head's choices (help: TrainConfig's docstring, Memory; `train.headstep`)
+LOSS_HEADS = ("auto", "fused", "logits")  # `train.headstep`
+LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
-LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "log_wandb", "wandb_project",
                   "grad_stats_every", "sharding", "loss_head")
+METHOD_ALIASES = {
+    # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
+    "ta_opd": ("opd", "ta_opd"),
+    "ta_opd_ent": ("opd", "ta_opd_ent"),
+}
+
 
 def method_names() -> list[str]:
     """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
@@ -60,162 +53,145 @@ def method_names() -> list[str]:
     return [*METHODS, *METHOD_ALIASES]
 
 
-METHOD_ALIASES = {
-    # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
-    "ta_opd": ("opd", "ta_opd"),
-    "ta_opd_ent": ("opd", "ta_opd_ent"),
-}
+@dataclass
+class RunOptions:
+    """Task, models and method."""
+
+    task: str = option("rules", short=True, help="task: rules | frozenlake | sokoban | jsonl | a registered name")
+    task_options: dict[str, Any] = option(default_factory=dict, help="keywords of the task's factory (--option "
+                                          "KEY=VALUE or --set task_options.KEY=VALUE)")
+    student: str = option("organism:rules", short=True, help="student checkpoint dir, hub id, or organism:<task> "
+                          "(pretrain / reuse the embedded organism)")
+    teacher: str | None = option(None, short=True, help="teacher checkpoint; null = the frozen initial student "
+                                 "(self-distillation), else cross-model")
+    method: str = option("opd", short=True, help="opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (a registered "
+                         "loss-term set; ta_opd / ta_opd_ent = opd + that selector); the follow term goes with any "
+                         "method: --set follow_weight=1")
 
 
 @dataclass
-class TrainConfig:
-    """One training run.
+class RolloutOptions:
+    """Rollouts: how responses are sampled and how many."""
 
-    Task:      task (rules | frozenlake | sokoban | jsonl | a registered name), task_options (passed to the factory).
-    Models:    student (checkpoint dir, hub id, or ``organism:<task>`` = pretrain/reuse the embedded organism),
-               teacher (None = the frozen initial student, i.e. self-distillation; else a checkpoint: cross-model).
-    Method:    method (opd | nca | dual_opd | sym_kl; shorthand ta_opd / ta_opd_ent = opd + that selector),
-               beta (NCA / SymKL weight), nca_start (steps with β = 0 before the anchor starts), beta_warmup (steps
-               of a linear ramp 0 → β after nca_start; both 0 = the papers' constant β), nca_gate (None = no gate;
-               a level in nats: the anchor starts no earlier than the step after the mean KL(q_x ‖ f) of the last
-               nca_gate_window steps falls to it, `objectives.schedule.AnchorGate`), nca_positions ("all": the
-               NCA term covers every response token, "selected": only the selector's kept tokens).
-    Following: follow_weight (0 = off; > 0 adds the `follow` term, `objectives.follow`: on-policy self-distillation
-               under the task's OTHER contexts), follow_contexts (labels of `Task.other_contexts` it draws from;
-               None = all of them).
-    Selector:  selector (full | random | entropy | divergence | tip | compat | ta_opd | ta_opd_ent), budget (ρ),
-               k (TA-OPD top-K), c_mode, d_mode, tie_break (position | sequence), min_one_per_response (False: exactly
-               the top ⌈ρN⌉, the paper's text; True: the released code's "≥ 1 token per response", added on top),
-               q_low / q_high (the normalisation quantiles).
-    Estimator: estimator (topk | full | sampled), topk (k for the student-top-k reverse KL), renormalize, tail.
-    Rollouts:  temperature (None = the task's: 1.0 QA, 0.7 games), max_new_tokens (None = the task's), rollout_engine
-               (lean: `generate.lean`, Llama/Qwen2/Qwen3; hf: ``model(...)`` per decode step, any causal LM; vllm:
-               `generate.vllm_engine`, colocated vLLM synced after every step, extra ``mechopd[vllm]``), vllm_options
-               (`VllmEngine` keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs), batch_size
-               (prompts or games per optimizer step, global across processes), pool_size (training items the run cycles through in
-               seeded epochs; independent of `steps`, so a resumed run sees the same data).
-    Optim:     lr, steps, warmup (linear warm-up steps), lr_schedule (constant: the papers'; linear | cosine: decay to 0
-               at the last step, `train.lr`), weight_decay, grad_clip, seed.
-    Logging:   eval_every, eval_n (held-out items per periodic evaluation; 0 = off), save_every, log_tensorboard
-               (RUN/tensorboard; extra mechopd[tensorboard]), log_wandb and wandb_project (W&B, offline unless
-               WANDB_MODE says otherwise, under RUN/wandb; extra mechopd[wandb]),
-               grad_stats_every (every N steps: per-term gradient norms, cosines, dominance; 0 = off; one extra
-               backward per term on those steps; needs sharding: none).
-    Rendering: no_context_system, chat_template_kwargs (see views.RenderSpec).
-    Scale-out: sharding (none: every process holds full student and teacher, gradients all-reduced; fsdp: PyTorch
-               FSDP2, student and frozen teacher sharded per decoder layer over all processes, full weights
-               gathered only while generating). Same update either way; one process has nothing to shard.
-    Sharing:   shared_prefix (auto: a context-view token prefix common to every row is computed once per batch at
-               batch size 1, exact, logged per step as ``shared_prefix`` = tokens shared; off: every row in full).
-    LoRA:      lora_rank (0 = off: every weight trains; r > 0: a peft LoRA adapter of rank r on lora_targets, the
-               base weights frozen, `mechopd.lora`), lora_alpha (α: ΔW = (α / r) B A), lora_dropout (on the adapter's
-               input, every student forward in train mode, rollouts included), lora_targets (module names; None = the
-               attention and MLP projections q/k/v/o/gate/up/down_proj). Self-distillation's teacher is then the
-               student's own base weights, shared, no copy; final/ and checkpoints hold the merged weights (W0 + ΔW,
-               what every command opens) and the adapter in <dir>/adapter/ (PEFT's format). Needs sharding: none and
-               a lean / hf rollout engine.
-    Teacher:   teacher_mode (frozen: the initial student, or the cross-model teacher; live: the current student
-               itself, no grad; ema: an exponential moving average of the student, θ_T ← ema_decay · θ_T +
-               (1 − ema_decay) · θ after every optimizer step, of the adapter alone for a LoRA student), ema_decay.
-               live / ema need self-distillation (teacher: null) and sharding: none (`train.teachers`).
-    Hardware:  dtype (float32 | bfloat16 | float16; bfloat16 / float16 also run the forwards under torch.autocast,
-               log-softmax and losses in float32), device (auto | cpu | cuda | ...), organism_dir.
-    Memory:    micro_batch_size (rows per forward/backward inside one optimizer step, gradients accumulated; None =
-               all of this process's rows at once; the update is the one-shot step's, `train.step`), logit_chunk
-               (response positions per LM-head / log-softmax / loss chunk, so no [rows, R, vocab] tensor of a whole
-               micro-batch exists; None = the whole response; needs sharding: none), gradient_checkpointing
-               (recompute the student's decoder layers in backward; the student's own shared prefix is then off),
-               loss_head (auto | fused | logits: fused = `objectives.head`, losses and their gradients from hidden
-               states chunk by chunk, no logits kept; auto = fused for opd/nca at vocab >= 8192, `train.headstep`).
-    """
+    temperature: float | None = option(None, range=Range(MIN_TEMPERATURE), help="sampling temperature; null = the "
+                                       "task's (1.0 QA, 0.7 games)")
+    max_new_tokens: int | None = option(None, range=GE1, help="response length cap; null = the task's")
+    batch_size: int = option(128, range=GE1, short=True, help="prompts (games) per optimizer step, global across "
+                             "processes")
+    pool_size: int = option(2048, range=GE1, help="training items the run cycles through in seeded epochs "
+                            "(independent of steps: a resumed run sees the same data)")
+    rollout_engine: str = option("lean", help="lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf (model(...) per "
+                                 "decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])")
+    vllm_options: dict[str, Any] = option(default_factory=dict, help="VllmEngine keywords: gpu_memory_utilization, "
+                                          "enforce_eager, max_model_len, max_num_seqs")
+    shared_prefix: str = option("auto", onoff=True, help="auto: a context-view prefix common to every row is "
+                                "computed once per batch (exact); off: every row in full")
 
-    task: str = "rules"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    student: str = "organism:rules"
-    teacher: str | None = None
-    method: str = "opd"
-    beta: float = 0.5
-    nca_start: int = 0
-    beta_warmup: int = 0
-    nca_gate: float | None = None
-    nca_gate_window: int = 5
-    selector: str = "full"
-    budget: float = 0.10
-    k: int = 16
-    c_mode: str = "exact"
-    d_mode: str = "union"
-    min_one_per_response: bool = False
-    tie_break: str = "position"
-    q_low: float = 0.05
-    q_high: float = 0.95
-    nca_positions: str = "all"
-    follow_weight: float = 0.0
-    follow_contexts: list[str] | None = None
-    estimator: str = "topk"
-    topk: int = 256
-    renormalize: bool = False
-    tail: bool = False
-    temperature: float | None = None
-    max_new_tokens: int | None = None
-    batch_size: int = 128
-    pool_size: int = 2048
-    lr: float = 5e-6
-    steps: int = 100
-    warmup: int = 0
-    lr_schedule: str = "constant"
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_every: int = 0
-    eval_n: int = 200
-    save_every: int = 0
-    log_tensorboard: bool = False
-    log_wandb: bool = False
-    wandb_project: str = "mechopd"
-    grad_stats_every: int = 0
-    no_context_system: str | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"
-    device: str = "auto"
-    organism_dir: str = "runs/organisms"
-    sharding: str = "none"
-    rollout_engine: str = "lean"
-    vllm_options: dict[str, Any] = field(default_factory=dict)
-    shared_prefix: str = "auto"
-    micro_batch_size: int | None = None
-    logit_chunk: int | None = None
-    gradient_checkpointing: bool = False
-    loss_head: str = "auto"
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: list[str] | None = None
-    teacher_mode: str = "frozen"
-    ema_decay: float = 0.99
+
+@dataclass
+class OptimOptions:
+    """The optimizer (AdamW) and its schedule."""
+
+    lr: float = option(5e-6, range=GT0, short=True, help="AdamW learning rate")
+    steps: int = option(100, range=GE1, short=True, help="optimizer steps")
+    warmup: int = option(0, range=GE0, help="linear warm-up steps")
+    lr_schedule: str = option("constant", choices=LR_SCHEDULES, help="constant (the papers') | linear | cosine "
+                              "(decay to 0 at the last step, `train.lr`)")
+    weight_decay: float = option(0.0, range=GE0, help="AdamW weight decay")
+    grad_clip: float = option(1.0, range=GT0, help="gradient-norm clip")
+    seed: int = option(0, range=Range(0, SEED_MAX), short=True, help="seed of data order, rollouts and selection")
+
+
+@dataclass
+class LogOptions:
+    """What is evaluated, saved and logged."""
+
+    eval_every: int = option(0, range=GE0, short=True, help="evaluate both views every N steps (0 = never)")
+    eval_n: int = option(200, range=GE0, help="held-out items per periodic evaluation (0 = off)")
+    save_every: int = option(0, range=GE0, help="checkpoint every N steps (0 = only the final one)")
+    log_tensorboard: bool = option(False, help="RUN/tensorboard (extra mechopd[tensorboard])")
+    log_wandb: bool = option(False, help="W&B under RUN/wandb, offline unless WANDB_MODE says otherwise (extra "
+                             "mechopd[wandb])")
+    wandb_project: str = option("mechopd", help="W&B project")
+    grad_stats_every: int = option(0, range=GE0, help="every N steps: per-term gradient norms, cosines, dominance "
+                                   "(0 = off; needs sharding: none)")
+
+
+@dataclass
+class RenderOptions:
+    """How the two views are rendered (`views.RenderSpec`)."""
+
+    no_context_system: str | None = option(None, help="system message of the no-context view (null = none)")
+    chat_template_kwargs: dict[str, Any] = option(default_factory=dict, help="chat-template variables "
+                                                  "(--set chat_template_kwargs.KEY=VALUE)")
+
+
+@dataclass
+class ScaleOptions:
+    """Hardware, processes and memory (docs/scaling.md)."""
+
+    dtype: str = option("float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype; bfloat16 / "
+                        "float16 also run the forwards under autocast (losses in float32)")
+    device: str = option("auto", help="auto | cpu | cuda | ...")
+    organism_dir: str = option("runs/organisms", help="where organisms are pretrained / reused")
+    sharding: str = option("none", choices=SHARDINGS, help="none: full replicas, gradients all-reduced; fsdp: FSDP2 "
+                           "per decoder layer (same update)")
+    micro_batch_size: int | None = option(None, range=GE1, help="rows per forward/backward inside one step "
+                                          "(gradients accumulated; null = all of this process's rows)")
+    logit_chunk: int | None = option(None, range=GE1, help="response positions per LM-head / loss chunk (null = the "
+                                     "whole response; needs sharding: none)")
+    gradient_checkpointing: bool = option(False, help="recompute the student's decoder layers in backward")
+    loss_head: str = option("auto", choices=LOSS_HEADS, help="fused: losses and their gradients from hidden states "
+                            "chunk by chunk, no logits kept (`objectives.head`); auto = fused for opd/nca at vocab "
+                            ">= 8192 (`train.headstep`); logits: the LM head's logits path")
+
+
+@dataclass
+class LoraOptions:
+    """LoRA (`mechopd.lora`): ΔW = (α / r) B A on lora_targets, the base weights frozen."""
+
+    lora_rank: int = option(0, range=GE0, help="0 = off (every weight trains); r > 0: a peft adapter of rank r")
+    lora_alpha: float = option(16.0, range=GT0, help="α of ΔW = (α / r) B A")
+    lora_dropout: float = option(0.0, range=GE0, help="adapter input dropout, < 1")
+    lora_targets: list[str] | None = option(None, help="module names; null = q/k/v/o/gate/up/down_proj")
+
+
+@dataclass
+class TeacherOptions:
+    """The teacher's weights (`train.teachers`)."""
+
+    teacher_mode: str = option("frozen", choices=TEACHER_MODES, help="frozen: the initial student or the "
+                               "cross-model teacher; live: the current student, no grad; ema: θ_T ← d·θ_T + (1−d)·θ")
+    ema_decay: float = option(0.99, range=UNIT, help="d of the EMA teacher")
+
+
+@dataclass
+class TrainConfig(TeacherOptions, LoraOptions, ScaleOptions, RenderOptions, LogOptions, OptimOptions, RolloutOptions,
+                  SignalOptions, SelectionOptions, EstimatorOptions, FollowOptions, NCAOptions, RunOptions):
+    """One training run: the sections' fields, flat (docs/config.md lists them; `field_facts(TrainConfig)`).
+
+    plugins: the values of plug-in options (a loss term or selector registered with its own options dataclass,
+    `mechopd.options.register_options`), by key; read as attributes (``cfg.toy_weight``) and saved flat."""
+
+    plugins: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"bound": False})
+
+    def __getattr__(self, name: str) -> Any:
+        plugins = self.__dict__.get("plugins") or {}
+        if name in plugins:
+            return plugins[name]
+        for facts in _opts.plugin_facts(type(self)):
+            if facts.name == name:
+                return facts.default
+        raise AttributeError(f"TrainConfig has no field {name!r}")
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        _check_plugins(self)
+        _opts.check_fields(self, _FACTS)
         if self.method in METHOD_ALIASES:
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
-        from mechopd.generate.lean import DECODERS
-        from mechopd.generate.prefix import MODES as PREFIX_MODES
-        from mechopd.objectives.losses import ESTIMATORS, METHODS
-        from mechopd.objectives.select import C_MODES, D_MODES, SELECTORS, TIE_BREAKS
-
-        if self.method not in METHODS:
-            follow = (" — the follow term is not a method: add it to any method with follow_weight (--set "
-                      "follow_weight=1, e.g. --method nca --set follow_weight=1)") if "follow" in str(self.method) else ""
-            raise ConfigError(f"method={self.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
-        for name, allowed in (("selector", SELECTORS), ("estimator", ESTIMATORS),
-                              ("c_mode", C_MODES), ("d_mode", D_MODES), ("tie_break", TIE_BREAKS),
-                              ("nca_positions", ("all", "selected")), ("dtype", ("float32", "bfloat16", "float16")),
-                              ("sharding", SHARDINGS), ("rollout_engine", DECODERS), ("lr_schedule", LR_SCHEDULES),
-                              ("loss_head", LOSS_HEADS)):
-            _choice(name, getattr(self, name), allowed)
-        for name, spec in FIELD_RANGES.items():
-            _in_range(name, getattr(self, name), *spec)
+        _check_registered(self)
         if self.follow_contexts is not None and (not isinstance(self.follow_contexts, (list, tuple)) or not
                                                  self.follow_contexts or not all(isinstance(c, str) and c.strip()
                                                                                  for c in self.follow_contexts)):
@@ -230,16 +206,8 @@ class TrainConfig:
         if self.grad_stats_every and self.sharding != "none":
             raise ConfigError(f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
                               "are taken on full replicas); set grad_stats_every=0 or sharding=none")
-        from mechopd.generate.vllm_engine import check_options, require_vllm
-
-        check_options(self.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
-        if self.rollout_engine == "vllm":
-            require_vllm("rollout_engine")
         if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
             self.shared_prefix = "auto" if self.shared_prefix else "off"
-        _choice("shared_prefix", self.shared_prefix, PREFIX_MODES)
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise ConfigError(f"gradient_checkpointing={self.gradient_checkpointing!r} is invalid: use true or false")
         if self.logit_chunk is not None and self.sharding != "none":
             raise ConfigError(f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
                               "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
@@ -251,22 +219,52 @@ class TrainConfig:
         check_saveable(self.to_dict(), "train config")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat config (what config.yaml records): every field, then the plug-in options' values."""
+        out = dataclasses.asdict(self)
+        return out | out.pop("plugins")
+
+    def section(self, cls: type) -> Any:
+        """The options dataclass ``cls`` (a section or a plug-in's options) filled from this config's values."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
 
-def _check_types(cfg: Any) -> None:
-    """Text fields hold text and mapping fields mappings, however the config was built (YAML, CLI, Python)."""
-    import typing
+_FACTS = _opts.field_facts(TrainConfig)
 
-    for name, hint in typing.get_type_hints(type(cfg)).items():
-        value, text = getattr(cfg, name), "str" if hint is str else str(hint)
-        if name in YAML_BOOL_WORDS and isinstance(value, bool):
-            continue
-        if text.startswith("str") and not (isinstance(value, str) or (value is None and "None" in text)):
-            raise ConfigError(f"{name}={value!r} is not text; pass a string (quote it in YAML)")
-        if text.startswith("dict") and not isinstance(value, dict):
-            raise ConfigError(f"{name}={value!r} is not a mapping; pass key: value pairs (--set {name}.KEY=VALUE)")
 
+def train_facts() -> list[_opts.Facts]:
+    """Every TrainConfig key's facts: the sections' fields, then the registered plug-in options'."""
+    return _FACTS + _opts.plugin_facts(TrainConfig)
+
+
+def _check_plugins(cfg: TrainConfig) -> None:
+    """The plug-in values: keys of registered plug-in options only, each checked by its facts."""
+    facts = {f.name: f for f in _opts.plugin_facts(TrainConfig)}
+    unknown = sorted(set(cfg.plugins) - set(facts))
+    if unknown:
+        raise ConfigError(f"unknown plug-in option(s) {', '.join(unknown)}; registered: {', '.join(facts) or 'none'}")
+    for key, value in cfg.plugins.items():
+        _opts.check_value(facts[key], value)
+
+
+def _check_registered(cfg: TrainConfig) -> None:
+    """The fields whose choices are registries or engines: method, selector, rollout_engine, shared_prefix, vLLM."""
+    from mechopd.generate.lean import DECODERS
+    from mechopd.generate.prefix import MODES as PREFIX_MODES
+    from mechopd.generate.vllm_engine import check_options, require_vllm
+    from mechopd.objectives.losses import METHODS
+    from mechopd.objectives.select import SELECTORS
+
+    if cfg.method not in METHODS:
+        follow = (" — the follow term is not a method: add it to any method with follow_weight (--set "
+                  "follow_weight=1, e.g. --method nca --set follow_weight=1)") if "follow" in str(cfg.method) else ""
+        raise ConfigError(f"method={cfg.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
+    shared = cfg.shared_prefix if not isinstance(cfg.shared_prefix, bool) else "auto"
+    for name, value, allowed in (("selector", cfg.selector, SELECTORS), ("rollout_engine", cfg.rollout_engine, DECODERS),
+                                 ("shared_prefix", shared, PREFIX_MODES)):
+        _choice(name, value, allowed)
+    check_options(cfg.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
+    if cfg.rollout_engine == "vllm":
+        require_vllm("rollout_engine")
 
 
 def _check_lora_and_teacher(cfg: TrainConfig) -> None:
@@ -301,66 +299,27 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
 
 
-
 def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ...] = RESUME_MUTABLE) -> list[str]:
     """``"key: old -> new"`` for every key that differs between two config dicts, except the ``allowed`` ones."""
     keys = sorted((set(old) | set(new)) - set(allowed))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
-    """Convert a YAML or command-line value to the field's declared type (type-directed: text fields stay text)."""
-    text = str(hint)
-    if value is None or (isinstance(value, CliValue) and value in ("null", "~") and "None" in text):
-        if "None" in text:
-            return None
-        raise ConfigError(f"{source}: {name} must not be null")
-    if hint is str or text.startswith("str"):
-        if isinstance(value, bool) and name in YAML_BOOL_WORDS:
-            return value  # YAML 1.1's bare off/on; the field reads it (`TrainConfig.__post_init__`)
-        return text_value(value, name, "None" in text, source)
-    if isinstance(value, CliValue) and not text.startswith("dict"):
-        value = scalar(value)
-    try:
-        if hint is float or text.startswith("float"):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if hint is int or text.startswith("int"):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if hint is bool or text.startswith("bool"):
-            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-                return value.lower() in ("true", "1", "yes")
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if text.startswith("dict"):
-            if isinstance(value, CliValue):
-                value = yaml.load(value, Loader=StrictLoader) if value.strip() else {}  # noqa: S506
-            if not isinstance(value, dict):
-                raise ValueError
-            return typed_options(value)
-    except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):
-        if text.startswith("dict"):
-            raise ConfigError(f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set "
-                              f"{name}.KEY=VALUE)") from None
-        kind = getattr(hint, "__name__", text.split(" |")[0].split("[")[0])
-        raise ConfigError(f"{source}: {name}={value!r} is not a valid {kind}") from None
-    return value
-
-
 def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any:
-    """Instantiate a config dataclass, naming unknown keys and the known ones; values coerced to the field types."""
-    import typing
+    """Instantiate a config dataclass from a mapping (`mechopd.options.bind`: unknown keys named, values coerced)."""
+    if cls is TrainConfig:
+        return bind_train(data, source=source)
+    return _opts.bind(cls, data, source=source)
 
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
-    hints = typing.get_type_hints(cls)
-    return cls(**{k: _coerce(k, v, hints[k], source) for k, v in data.items()})
+
+def bind_train(data: dict[str, Any], sets: dict[str, Any] | None = None, flags: dict[str, Any] | None = None,
+               source: str = "train config") -> TrainConfig:
+    """`TrainConfig` from a file's keys, flags and ``--set`` (`mechopd.options.bind`); plug-in keys into ``plugins``."""
+    merged = merge(merge(dict(data), flags or {}), sets or {})
+    facts = {f.name: f for f in _opts.plugin_facts(TrainConfig)}
+    plugins = {k: _opts.coerce(facts[k], merged.pop(k), source) for k in list(merged) if k in facts}
+    return _opts.bind(TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None,
+                      also=tuple(facts))
 
 
 def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +334,7 @@ def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] 
     """YAML file, then overrides, then the organism recipe for every key neither sets (see the module docstring)."""
     data = load_yaml(path) if path else {}
     data = resolve_train_data(merge(data, overrides or {}))
-    return build_config(TrainConfig, data, source=str(path or "train config"))
+    return bind_train(data, source=str(path or "train config"))
 
 
 def adopt_pins(cfg: TrainConfig, run_config: Path, resume: bool = True) -> dict[str, Any]:

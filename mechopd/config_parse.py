@@ -4,7 +4,7 @@
   config.yaml and training.json will save it) and refuses a key given twice; a file that is not UTF-8, a directory, or
   nests deeper than ``MAX_NESTING`` brackets is refused with one line.
 * A command-line value (``--set``, ``--option``, ``--chat-template-kwarg``) is a `CliValue`: text until the field's
-  declared type reads it (`config._coerce`): a text field keeps it as typed (``no_context_system=Note: be brief.``);
+  declared type reads it (`options.coerce`): a text field keeps it as typed (``no_context_system=Note: be brief.``);
   a number, bool or mapping field parses it; a field without a type (task options, template variables) reads it with
   `scalar` (a YAML scalar or a flow list of scalars, else the text itself).
 * `check_saveable`: what a run records must read back equal from JSON and YAML, checked before the first step.
@@ -26,7 +26,7 @@ MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would 
 
 class CliValue(str):
     """A value typed at the command line (``--set``, ``--option``): text until the field's declared type reads it
-    (`_coerce`), so a value meant as text stays text (``no_context_system=Note: be brief.``, ``date_string=2024-07-26``)."""
+    (`mechopd.options.coerce`), so a value meant as text stays text (``no_context_system=Note: be brief.``, ``date_string=2024-07-26``)."""
 
 
 def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The value rules every verb shares (a leaf: it imports only `mechopd.errors`).
 
 One seed rule and one temperature rule for train, eval, the probes, pretraining and task options; `config.py`
-re-exports them and keeps the ranges of every other training field (``FIELD_RANGES``) on the same `in_range`.
+re-exports them; every other training field declares its range with its field (`mechopd.options.option`).
 """
 
 from __future__ import annotations

@@ -23,20 +23,15 @@ import random
 from typing import Any, Sequence
 
 from mechopd.errors import ConfigError
-from mechopd.objectives.losses import TERMS, LossTerm, TermOptions, make_term, register_term
+from mechopd.objectives.losses import TERMS, TermOptions, register_term
+from mechopd.objectives.options import FollowOptions
 from mechopd.tasks.base import OtherContext
 
 
-@register_term("follow", batch="other")
-def _follow_term(o: TermOptions):
+@register_term("follow", batch="other", options=FollowOptions, weight="follow_weight", added=True)
+def _follow_term(o: TermOptions, own: FollowOptions | None = None):
     """L_follow = KL(q_θ(·|x,c′) ‖ f(·|x,c′)) in OPD's estimator form, read on the other-context batch."""
     return TERMS["opd"].build(o)
-
-
-def follow_terms(cfg: Any) -> list[LossTerm]:
-    """[the follow term at ``cfg.follow_weight``, with L_OPD's estimator options], or [] when the weight is 0."""
-    options = TermOptions(cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
-    return [make_term("follow", options, cfg.follow_weight)] if cfg.follow_weight > 0 else []
 
 
 def check_follow_contexts(task: Any, pool: Sequence[Any], labels: Sequence[str] | None) -> None:

@@ -15,7 +15,9 @@ What is non-standard here:
 * A method is a list of :class:`LossTerm` (``method_terms``): OPD and NCA differ by one term, nothing else. Terms
   are registered by name (``@register_term``, ``TERMS``) and ``METHODS`` maps a method to its term names; the config,
   the CLI, the gradients probe and the trainer read these two tables.
-* Option values (β, top-k, estimator) are validated once, by ``mechopd.config.TrainConfig``; the functions here
+* A term registers its options dataclass (``register_term(..., options=NCAOptions, weight="beta")``): its fields
+  are config keys and CLI flags (`mechopd.options`), declared once there with their defaults; `config_terms` builds
+  a config's terms from them. Values are validated once, by ``mechopd.config.TrainConfig``; the functions here
   assume valid options (``k >= 1``; ``renormalize`` and ``tail`` exclusive).
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,9 +44,10 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     sym_kl,
     token_mean,
 )
+from mechopd.objectives.options import ESTIMATORS, FollowOptions, NCAOptions  # noqa: F401
+from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.objectives.schedule import AnchorGate, BetaSchedule  # noqa: F401  (re-exported)
 
-ESTIMATORS = ("topk", "full", "sampled")
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})
 FULL_VIEWS = ("student_nctx", "student_ctx", "teacher")  # the [batch, seq, vocab] ones
 
@@ -122,35 +125,37 @@ class LossTerm:
 
 
 @dataclass(frozen=True)
-class TermOptions:
-    """What a registered term may read from the config: L_OPD's estimator and its top-k options."""
-
-    estimator: str = "topk"
-    topk: int = 256
-    renormalize: bool = False
-    tail: bool = False
-
-
-@dataclass(frozen=True)
 class TermSpec:
-    """A registered term: ``build(options) -> (fn, needs)``; ``anchor``: weighted by β and the anchor schedule;
-    ``batch``: "main" or "other" (the term needs a rollout under another context, `LossTerm.batch`)."""
+    """A registered term: ``build(estimator_options[, own_options]) -> (fn, needs)``; ``anchor``: weighted by β's
+    schedule; ``batch``: "main" or "other" (`LossTerm.batch`); ``options``: its options dataclass (config keys and
+    flags; a built-in's is a `TrainConfig` section); ``weight``: the options field that is its weight (else 1);
+    ``added``: the term joins ANY method when that weight is > 0 (as follow); ``selectable``: a bool or a function of
+    the options."""
 
     name: str
-    build: Callable[[TermOptions], tuple[Callable[[LossInputs], TermOutput], frozenset[str]]]
+    build: Callable[..., tuple[Callable[[LossInputs], TermOutput], frozenset[str]]]
     anchor: bool = False
-    selectable: bool = False
+    selectable: bool | Callable[[Any], bool] = False
     batch: str = "main"
+    options: type | None = None
+    weight: str | None = None
+    added: bool = False
 
 
 TERMS: dict[str, TermSpec] = {}
 
 
-def register_term(name: str, anchor: bool = False, selectable: bool = False, batch: str = "main"):
-    """Register a term builder under ``name`` (one file + this decorator + a ``METHODS`` entry adds a method)."""
+def register_term(name: str, anchor: bool = False, selectable: bool | Callable[[Any], bool] = False,
+                  batch: str = "main", *, options: type | None = None, weight: str | None = None,
+                  added: bool = False):
+    """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
+    adds a term); ``options`` (a dataclass of `mechopd.options.option` fields) become config keys and CLI flags."""
+    from mechopd.options import register_options
 
     def deco(build):
-        TERMS[name] = TermSpec(name, build, anchor, selectable, batch)
+        if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
+            register_options(options, f"loss term {name!r}")
+        TERMS[name] = TermSpec(name, build, anchor, selectable, batch, options, weight, added)
         return build
 
     return deco
@@ -177,8 +182,9 @@ def _opd_term(o: TermOptions):
     return sampled, frozenset({"student_nctx_token", "teacher_token"})
 
 
-@register_term("nca", anchor=True)
-def _nca_term(o: TermOptions):
+@register_term("nca", anchor=True, options=NCAOptions, weight="beta",
+               selectable=lambda own: own.nca_positions == "selected")
+def _nca_term(o: TermOptions, own: NCAOptions | None = None):
     """KL(sg[q_x] ‖ q_c)."""
     return (lambda x: TermOutput(nca_anchor(x.get("student_nctx"), x.get("student_ctx")))), \
         frozenset({"student_nctx", "student_ctx"})
@@ -198,8 +204,8 @@ def _dual_term(o: TermOptions):
         frozenset({"student_ctx", "teacher"})
 
 
-@register_term("sym", anchor=True)
-def _sym_term(o: TermOptions):
+@register_term("sym", anchor=True, options=NCAOptions, weight="beta")
+def _sym_term(o: TermOptions, own: NCAOptions | None = None):
     """½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]."""
     return (lambda x: TermOutput(sym_kl(x.get("student_nctx"), x.get("student_ctx")))), \
         frozenset({"student_nctx", "student_ctx"})
@@ -214,49 +220,72 @@ METHODS: dict[str, tuple[str, ...]] = {
 
 
 def make_term(name: str, options: TermOptions = TermOptions(), weight: float = 1.0,
-              schedule: Callable[[int], float] | None = None, selectable: bool | None = None) -> LossTerm:
-    """The registered term ``name`` as a ``LossTerm`` (``selectable`` None = the registration's default)."""
+              schedule: Callable[[int], float] | None = None, selectable: bool | None = None,
+              own: Any = None) -> LossTerm:
+    """The registered term ``name`` as a ``LossTerm`` (``selectable`` None = the registration's rule, read on ``own``,
+    the term's own options; None = their defaults)."""
     if name not in TERMS:
         raise ValueError(f"loss term {name!r} is not registered (registered: {', '.join(TERMS)})")
     spec = TERMS[name]
-    fn, needs = spec.build(options)
-    sel = spec.selectable if selectable is None else selectable
-    return LossTerm(name, float(weight), fn, needs, sel, schedule, spec.batch)
+    if spec.options is not None and own is None:
+        own = spec.options()
+    fn, needs = spec.build(options, own) if spec.options is not None else spec.build(options)
+    if selectable is None:
+        selectable = spec.selectable(own) if callable(spec.selectable) else spec.selectable
+    return LossTerm(name, float(weight), fn, needs, selectable, schedule, spec.batch)
 
 
-def method_terms(
-    method: str,
-    beta: float = 0.5,
-    estimator: str = "topk",
-    topk: int = 256,
-    renormalize: bool = False,
-    tail: bool = False,
-    *,
-    nca_positions: str = "all",
-    schedule: BetaSchedule | None = None,
-) -> list[LossTerm]:
-    """The loss terms of a method (docs/method.md §1–2); total loss = Σ weight · token_mean(term).
+def config_terms(cfg: Any, schedule: Callable[[int], float] | None = None) -> list[LossTerm]:
+    """A config's loss terms (docs/method.md §1–2): its method's, then every ``added`` term whose weight is > 0;
+    each with its options read from the config (``cfg.section(options)``); anchor terms carry ``schedule``.
 
     opd:      L_OPD
     nca:      L_OPD + β · KL(sg[q_x] ‖ q_c)
     dual_opd: L_OPD + KL(q_c ‖ f)
     sym_kl:   L_OPD + β · ½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]
-
-    estimator picks L_OPD's form: "topk" (sum over the student's top-``topk`` ids, optionally renormalised or with a
-    tail bucket), "full" (whole vocabulary) or "sampled" (per-token advantage on ``y_t``). Anchor terms (nca, sym) are
-    weighted by β times ``schedule(step)``; ``nca_positions="selected"`` makes the NCA term selectable (the selector's
-    keep-mask applies to it). Values are validated by ``TrainConfig`` (the one place); this builds.
+    (+ follow_weight · L_follow, `objectives.follow`)
     """
-    if method not in METHODS:
-        raise ValueError(f"method {method!r} has no terms (methods: {', '.join(METHODS)})")
-    opts = TermOptions(estimator, topk, renormalize, tail)
+    if cfg.method not in METHODS:
+        raise ValueError(f"method {cfg.method!r} has no terms (methods: {', '.join(METHODS)})")
+    est = cfg.section(TermOptions)
+    names = list(METHODS[cfg.method])
+    names += [n for n, s in TERMS.items() if s.added and n not in names and getattr(cfg, s.weight) > 0]
     terms = []
-    for name in METHODS[method]:
+    for name in names:
         spec = TERMS[name]
-        selectable = True if (name == "nca" and nca_positions == "selected") else None
-        terms.append(make_term(name, opts, beta if spec.anchor else 1.0, schedule if spec.anchor else None,
-                               selectable))
+        own = cfg.section(spec.options) if spec.options is not None else None
+        weight = getattr(own, spec.weight) if spec.weight else 1.0
+        terms.append(make_term(name, est, weight, schedule if spec.anchor else None, own=own))
     return terms
+
+
+def method_terms(method: str, beta: float = NCAOptions.beta, estimator: str = TermOptions.estimator,
+                 topk: int = TermOptions.topk, renormalize: bool = False, tail: bool = False, *,
+                 nca_positions: str = NCAOptions.nca_positions, schedule: Callable[[int], float] | None = None
+                 ) -> list[LossTerm]:
+    """The loss terms of ``method`` from keyword options (tests, notebooks): `config_terms` on a view of them
+    (added terms off). estimator picks L_OPD's form: "topk" (the student's top-``topk`` ids, optionally renormalised
+    or with a tail bucket), "full" or "sampled"."""
+    values = dict(method=method, beta=beta, estimator=estimator, topk=topk, renormalize=renormalize, tail=tail,
+                  nca_positions=nca_positions)
+    return config_terms(_Values(values), schedule)
+
+
+class _Values:
+    """A mapping read as a config (`config_terms`): given values, else each options class's defaults."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.__dict__.get("values", {}):
+            return self.values[name]
+        if any(s.added and s.weight == name for s in TERMS.values()):
+            return 0.0  # added terms are off unless their weight is given
+        raise AttributeError(name)
+
+    def section(self, cls: type) -> Any:
+        return cls(**{f.name: self.values[f.name] for f in dataclasses.fields(cls) if f.name in self.values})
 
 
 def terms_need(terms: list[LossTerm]) -> frozenset[str]:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from mechopd.errors import ConfigError
+from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
@@ -38,8 +40,8 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     _fp32,
     teachability_stats,
 )
+from mechopd.options import register_options
 
-TIE_BREAKS = ("position", "sequence")
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
 
 
@@ -117,32 +119,39 @@ def soft_or(a: Tensor, b: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------------------
 # The selector registry: a selector is one scoring function plus one `register_selector`
 # ---------------------------------------------------------------------------------------------------------------------
-Score = Callable[["NormalizedStats | None", Tensor, "torch.Generator | None"], "Tensor | None"]
+Score = Callable[..., "Tensor | None"]
 
 
 @dataclass(frozen=True)
 class SelectorSpec:
     """A registered selector: ``score(normed, mask, generator) -> [batch, seq] | None`` (None keeps every valid
-    position: "full"); ``needs_stats``: whether it reads the teacher/student signals (else ``normed`` is None)."""
+    position: "full"); ``needs_stats``: whether it reads the teacher/student signals (else ``normed`` is None);
+    ``options``: its options dataclass (config keys and flags; the signal selectors': `SignalOptions`, a
+    `TrainConfig` section). A plug-in's options (not a section) reach its score as ``options=``."""
 
     name: str
     score: Score
     needs_stats: bool = True
+    options: type | None = None
 
 
 _SELECTORS: dict[str, SelectorSpec] = {}
 SELECTORS: tuple[str, ...] = ()  # the registered names, in registration order (kept current by register_selector)
 
 
-def register_selector(name: str, *, needs_stats: bool = True, replace: bool = False) -> Callable[[Score], Score]:
+def register_selector(name: str, *, needs_stats: bool = True, replace: bool = False,
+                      options: type | None = None) -> Callable[[Score], Score]:
     """Decorator: register ``score(normed, mask, generator)`` as the selector ``name`` (`TrainConfig.selector`,
-    ``--selector``, `make_selector`). A taken name raises unless ``replace``."""
+    ``--selector``, `make_selector`). A taken name raises unless ``replace``. ``options``: a dataclass of
+    `mechopd.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``."""
 
     def deco(fn: Score) -> Score:
         global SELECTORS
         if name in _SELECTORS and not replace:
             raise ConfigError(f"selector {name!r} is already registered; pick another name or pass replace=True")
-        _SELECTORS[name] = SelectorSpec(name, fn, needs_stats)
+        if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
+            register_options(options, f"selector {name!r}")
+        _SELECTORS[name] = SelectorSpec(name, fn, needs_stats, options)
         SELECTORS = tuple(_SELECTORS)
         return fn
 
@@ -176,7 +185,7 @@ def _random(normed: NormalizedStats | None, mask: Tensor, generator: torch.Gener
 
 
 def _signal(name: str, fn: Callable[[NormalizedStats], Tensor]) -> None:
-    register_selector(name)(lambda normed, mask, generator: fn(normed))
+    register_selector(name, options=SignalOptions)(lambda normed, mask, generator: fn(normed))
 
 
 # entropy: H̃;  divergence: D̃;  tip: H̃ + D̃ − H̃·D̃;  compat: C̃;  ta_opd: s = D̃·C̃;  ta_opd_ent: soft-OR(H̃, s).
@@ -295,6 +304,7 @@ class Selector:
     min_one_per_response: bool = False
     q_low: float = 0.05
     q_high: float = 0.95
+    options: Any = None  # a plug-in selector's options instance (handed to its score as ``options=``)
 
     def __post_init__(self) -> None:
         _check_choice("selector", self.name, SELECTORS)  # the registered names (register_selector)
@@ -337,7 +347,11 @@ class Selector:
             if stats is None:
                 raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
             normed = normalize_stats(stats, mask, self.q_low, self.q_high)
-        score = spec.score(normed, mask, generator)
+        if spec.options not in (None, SignalOptions):  # a plug-in's own options
+            own = self.options if self.options is not None else spec.options()
+            score = spec.score(normed, mask, generator, options=own)
+        else:
+            score = spec.score(normed, mask, generator)
         if score is None:  # keeps every valid position
             return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
         keep = select_top_budget(score, mask, rho, self.tie_break, self.min_one_per_response)
@@ -347,6 +361,16 @@ class Selector:
 def make_selector(name: str, **options) -> Selector:
     """The selector ``name`` (one of SELECTORS) with ``options`` (see :class:`Selector`); ConfigError if unknown."""
     return Selector(name, **options)
+
+
+def config_selector(cfg: Any) -> Selector:
+    """A config's selector: its name, the selection options and the options it registered (read from ``cfg``)."""
+    spec = selector_spec(cfg.selector)
+    own = cfg.section(spec.options) if spec.options is not None else None
+    signals = cfg.section(SignalOptions)  # the Selector's own fields (defaults where the selector reads none)
+    return Selector(cfg.selector, k=signals.k, c_mode=signals.c_mode, d_mode=signals.d_mode, tie_break=cfg.tie_break,
+                    min_one_per_response=cfg.min_one_per_response, q_low=signals.q_low, q_high=signals.q_high,
+                    options=own)
 
 
 def select(

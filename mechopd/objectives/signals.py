@@ -13,9 +13,8 @@ from torch import Tensor
 
 from mechopd.errors import ConfigError
 from mechopd.objectives.divergences import _check_mask
+from mechopd.objectives.options import C_MODES, D_MODES  # declared once, with the config fields
 
-C_MODES = ("exact", "lower_bound")
-D_MODES = ("union", "floored")
 FLOOR = 1e-12  # the released code's probability floor (d_mode="floored")
 
 

@@ -1,6 +1,6 @@
 """The one training loop: OPD, NCA, DualOPD, SymKL, TA-OPD and the selector baselines.
 
-A method is a list of loss terms (`losses.method_terms`) plus a token selector (`select.make_selector`); nothing else
+A method is a list of loss terms (`losses.config_terms`) plus a token selector (`select.config_selector`); nothing else
 differs between methods. One step:
   1. the student samples one response per prompt on the NO-context view (KV cache, batched; games: one prompt per
      move, every (turn prompt, response) a sample);
@@ -42,9 +42,9 @@ from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.settings import known_vocab
 from mechopd.models import check_same_tokenizer, load_tokenizer
-from mechopd.objectives.follow import check_follow_contexts, follow_terms
-from mechopd.objectives.losses import AnchorGate, BetaSchedule, method_terms, terms_need
-from mechopd.objectives.select import make_selector
+from mechopd.objectives.follow import check_follow_contexts
+from mechopd.objectives.losses import AnchorGate, BetaSchedule, config_terms, terms_need
+from mechopd.objectives.select import config_selector
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, gradstats, guard, otherbatch, rundir, teachers
 from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
@@ -146,18 +146,14 @@ class Trainer:
     def _build_objective(self, cfg: TrainConfig) -> None:
         """The method's loss terms (with the anchor schedule and its gate) and the token selector."""
         gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
-        self.terms = method_terms(cfg.method, cfg.beta, cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail,
-                                  nca_positions=cfg.nca_positions,
-                                  schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
-        self.terms += follow_terms(cfg)  # follow_weight > 0: the follow term, on its own rollout under c′
+        # the method's terms, then the added ones (follow_weight > 0: the follow term, on its own rollout under c′)
+        self.terms = config_terms(cfg, schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
         self.other_terms = [t for t in self.terms if t.batch == "other"]  # scored on a rollout under c′ (otherbatch)
         self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
         self.needs = terms_need([t for t in self.terms if t.batch == "main"])
         if self.other_terms or cfg.follow_contexts:  # unknown names refused whatever the weight
             check_follow_contexts(self.task, self.pool, cfg.follow_contexts)
-        self.selector = make_selector(cfg.selector, k=cfg.k, c_mode=cfg.c_mode, d_mode=cfg.d_mode,
-                                      tie_break=cfg.tie_break, min_one_per_response=cfg.min_one_per_response,
-                                      q_low=cfg.q_low, q_high=cfg.q_high)
+        self.selector = config_selector(cfg)
 
     def _build_scoring(self, cfg: TrainConfig, dtype: torch.dtype) -> None:
         """The step's forwards/backwards (`train.step`): micro-batches, logit chunks, checkpointing, autocast."""
