@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mechopd.errors import ConfigError, DataError
 from mechopd.explore import PAGE, collect, write_explorer
 from mechopd.explore_load import eval_dir
 
@@ -58,8 +59,11 @@ def items_lines(root: str | os.PathLike, label: Callable[[str], str] = str) -> l
     root = Path(root)
     if not _has_eval(root):
         return []
-    write_explorer(root)
-    data = collect(root)
+    try:
+        write_explorer(root)
+        data = collect(root)
+    except (ConfigError, DataError) as e:  # e.g. eval reports without the per-item answers: said in the report
+        return ["## Items", "", f"No explorer page: {e}.", ""]
     out = ["## Items", "",
            (f"The explorer page [`{PAGE}`]({PAGE}) (`mechopd explore {root}`) shows each item's prompt, context, "
            "target and every model's answers without and with the context, with the probes' token views. Harm items "
