@@ -147,6 +147,7 @@ def ran(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
             t0 = time.time()
             rc, text = _run(cmd, dirs)
             results[cmd] = (rc, text, time.time() - t0)
+    results["<root>"] = (0, str(root), 0.0)
     return results
 
 
@@ -164,3 +165,17 @@ def test_readme_command_runs_as_written(cmd, ran):
     rc, text, seconds = ran[cmd]
     assert rc == 0, f"`{cmd}` exited {rc} after {seconds:.1f} s:\n{text[-3000:]}"
     print(f"{cmd}: {seconds:.1f} s", file=sys.stderr)
+
+
+def test_the_seed_and_aggregate_reports_link_their_explorer_pages(ran):
+    """The demo's reports (and `mechopd aggregate`'s): each seed's report.md has explore.html beside it and an Items
+    section; the degradation row of the aggregate reports links each seed's page filtered to OPD's Harm items."""
+    root = Path(ran["<root>"][1])
+    for k in range(3):
+        seed = root / "runs" / "demo" / f"seed-{k}"
+        assert (seed / "explore.html").is_file() and "## Items" in (seed / "report.md").read_text()
+    for report, prefix in ((root / "runs" / "demo" / "report.md", ""), (root / "runs" / "agg" / "report.md",
+                                                                         "../demo/")):
+        row = next(ln for ln in report.read_text().splitlines() if ln.startswith("| OPD causes context-induced"))
+        for k in range(3):
+            assert f"]({prefix}seed-{k}/explore.html#filter=harm&model=opd)" in row, (report, row)
