@@ -4,7 +4,8 @@ The commands are read from the README (a new line there is a new test here). The
 that holds what the README's lines presuppose: a demo (`mechopd demo --fast --seeds 3 --out runs/demo`: three seed
 runs with every probe, in about a minute), a rules organism at ``runs/organisms/rules`` (the fast demo's organism),
 a small ``CONFIG.yaml`` (2 steps) and a ``qa.jsonl`` (the shipped sample with each item's context). The one
-placeholder, ``DIR`` (a model directory), is filled in order with the organism, the demo's OPD and NCA checkpoints.
+placeholder, ``DIR`` (a model directory), is filled in order with the organism, the demo's OPD and NCA checkpoints
+(on the JSONL line: three tiny random models whose word-level vocabulary covers the task).
 `mechopd ...` lines run through `mechopd.cli.main` (the console script's function), the ``torchrun`` line as a
 process. A command too long for CI is in `NOT_RUN` with its reason; it must still parse, and `NOT_RUN` may name
 only commands the README holds.
