@@ -15,8 +15,9 @@ from mechopd.mechanism_claims import localization_table, weightpatch_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.removability import LABELS, METRICS, compare_table
-from mechopd.stats import fmt_stat, scaled_stat
+from mechopd.report_items import items_lines, link_item_claims
 from mechopd.report_seeds import probe_lines
+from mechopd.stats import fmt_stat, scaled_stat
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
 
@@ -182,6 +183,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     for k, rep in evals.items():
         out.append(f"- **{s.label(k)}** — regime {rep.summary.regime}: {rep.summary.regime_reason}")
     out += _kept_lines(s) + _nca_lines([s]) + [""]
+    out += items_lines(root, s.label)  # writes explore.html beside report.md; Harm / Help items linked
     out += following_table([s])  # context following (`--other-contexts`), when evaluated
     out += ["", "## Mechanistic probes", ""] + (report_lines(s.probes_dir) or ["(no probe output found)"])
     out += [""] + weightpatch_table([s]) + localization_table([s])  # intervention sections (item bootstrap)
@@ -189,6 +191,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     if chosen.is_file():
         chosen = read_json(chosen)
         out += [f"- **Teachability checkpoint**: `{chosen['checkpoint']}` — {chosen['why']}."]
+    link_item_claims(rows, [s], root)  # the item claims link to explore.html (written by items_lines)
     out += [""] + _claims_lines(rows)
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
@@ -237,6 +240,7 @@ def write_aggregate_report(out: str | Path) -> Path:
         runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
     lines += ["", *following_table(runs), "", *probe_lines(runs)]
+    link_item_claims(rows, runs, out)  # each seed's explore.html, filtered to the claim's items
     lines += [*_claims_lines(rows), *_figure_lines(out), "## Reproduce", "", "```bash",
               _study_line(agg.manifest, out) or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}"
               f"{_demo_flags(cfg)}",

@@ -1,12 +1,11 @@
 """Commands that do what they say: `--resume` on a new directory starts the run and after a run without checkpoints
 says what to do; a missing local model path is reported before any hub lookup; the method list of an error equals the
 help's; a probe does not replace a run's probe files without --force; Python callers read Python argument names;
-``dir(mechopd)`` is the public API; the README's Commands section parses and its cheap commands run."""
+``dir(mechopd)`` is the public API. The README's Commands section runs in `test_readme_commands.py`."""
 
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -82,24 +81,3 @@ def test_the_namespace_is_the_public_api():
     assert {"run_train", "run_eval", "__version__", "probes", "plots"} <= set(names)
     assert not {"Any", "Path", "annotations", "re"} & set(names) and not [n for n in names if n.startswith("_")
                                                                           and n != "__version__"]
-
-
-def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.strip()]
-
-
-def test_every_readme_command_parses():
-    """Each line of the README's Commands section is a command the parser accepts as written (flags, verbs)."""
-    cmds = readme_commands()
-    assert len(cmds) >= 10
-    parser = make_parser()
-    for cmd in cmds:
-        argv = shlex.split(cmd)
-        if argv[0] == "torchrun":
-            argv = argv[argv.index("mechopd.cli") + 1:]
-        else:
-            assert argv[0] == "mechopd", cmd
-            argv = argv[1:]
-        parser.parse_args(argv)  # argparse exits (SystemExit) on an unknown flag or verb

@@ -150,3 +150,78 @@ def test_screenshot_for_the_gallery(run_dir, tmp_path):
                     "--window-size=1400,900", f"--screenshot={shot}", page.resolve().as_uri()],
                    capture_output=True, timeout=180, check=True)
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_item_fragment_shows_opens_and_marks_the_item(run_dir):
+    """``explore.html#item-3`` (the reports' links): item 3 is the target, every panel of it open, no other marked."""
+    assert main(["explore", str(run_dir)]) == 0
+    plain = parse(dump_dom(run_dir / "explore.html")[0]).elements
+    dom = parse(dump_dom(run_dir / "explore.html", "#item-3")[0])
+    assert dom.errors.strip() == ""
+    assert next(a for t, a in dom.elements if t == "body").get("data-target") == "3"
+    assert [a["id"] for t, a in dom.elements if "target" in a.get("class", "").split()] == ["item-3"]
+    start = next(k for k, (t, a) in enumerate(dom.elements) if a.get("id") == "item-3")
+    end = next(k for k, (t, a) in enumerate(dom.elements) if a.get("id") == "item-4")
+    inside = [a for t, a in dom.elements[start:end] if t == "details"]
+    assert inside and all("open" in a for a in inside)
+    closed = [k for k, (t, a) in enumerate(plain) if t == "details" and "open" not in a]
+    assert any(start <= k < end for k in closed)  # the fragment opened a panel that a plain load keeps closed
+
+
+OUTCOMES = {"base": ("011011", "111111"), "opd": ("011011", "000001"), "nca": ("011011", "111001")}  # (x, xc)/item
+HARM_ITEMS = {"base": [], "opd": [1, 2, 4], "nca": [4]}  # right without the context, wrong with it
+HELP_ITEMS = {"base": [0, 3], "opd": [], "nca": [0]}  # the reverse
+
+
+def _eval_run(root: Path) -> Path:
+    """A run with eval/<model>.json + .csv of known outcomes (summaries by `removability.summarize`, as eval does)."""
+    from mechopd.removability import summarize
+    from mechopd.study import EvalReport
+
+    for m, (xs, xcs) in OUTCOMES.items():
+        recs = [{"uid": f"u{i}", "sample": 0, "correct_x": x == "1", "correct_xc": xc == "1", "len_x": 3, "len_xc": 3,
+                 "response_x": f"a{i}", "response_xc": f"b{i}", "prompt": f"p{i}", "context": "c", "target": f"t{i}"}
+                for i, (x, xc) in enumerate(zip(xs, xcs))]
+        EvalReport.from_dict({"summary": summarize(recs, n_boot=20), "records": recs,
+                              "settings": {"model": m}}).save(root / "eval" / f"{m}.json")
+    return root
+
+
+def test_report_items_link_to_the_explorer_items(tmp_path):
+    """report.md writes explore.html beside it; its Items section lists each model's Harm and Help items as
+    ``explore.html#item-i``; each link's item on the page has that uid and that outcome, and the counts reproduce
+    the eval report's Harm and Help."""
+    import re
+
+    from mechopd.report import write_report_md
+
+    run = _eval_run(tmp_path / "run")
+    text = write_report_md(run).read_text()
+    assert (run / "explore.html").is_file()
+    section = text.split("## Items", 1)[1].split("\n## ", 1)[0]
+    dom = parse(dump_dom(run / "explore.html")[0])
+    assert dom.errors.strip() == ""
+    uid_of = {a["id"]: a["data-uid"] for t, a in dom.elements if a.get("class") == "item"}
+    flag, seen = {}, {}  # (model, item) -> the page's outcome flag (rows: item by item, every model's)
+    for a in (a for t, a in dom.elements if a.get("class") == "orow"):
+        k = seen[a["data-model"]] = seen.get(a["data-model"], -1) + 1
+        flag[(a["data-model"], k)] = a["data-flag"]
+    for m, harm_items in HARM_ITEMS.items():
+        line = next(ln for ln in section.splitlines() if f"(`{m}`)" in ln)
+        harm, help_ = line.split("; ")
+        for part, want, name in ((harm, harm_items, "Harm"), (help_, HELP_ITEMS[m], "Help")):
+            idx = [int(i) for i in re.findall(r"\(explore\.html#item-(\d+)\)", part)]
+            assert idx == want, (m, part)
+            for i in idx:
+                assert uid_of[f"item-{i}"] == f"u{i}"
+                assert flag[(m, i)] == name
+        rows = read_csv(run / "eval" / f"{m}.csv")
+        right_x = sum(r["correct_x"] == "True" for r in rows)
+        summary = json.loads((run / "eval" / f"{m}.json").read_text())["summary"]
+        assert f"Harm {len(harm_items)} of the {right_x} items" in harm
+        if summary["harm"]["value"] is not None:
+            assert len(harm_items) / right_x == pytest.approx(summary["harm"]["value"])
+    claims = text.split("## The papers' claims", 1)[1]
+    assert "(explore.html#filter=harm&model=opd)" in claims.split("\n| NCA removes")[0]
+    target = parse(dump_dom(run / "explore.html", "#item-4")[0])
+    assert next(a for t, a in target.elements if t == "body").get("data-target") == "4"

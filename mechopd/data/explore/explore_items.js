@@ -156,7 +156,7 @@
     ms.forEach(function (x) { var k = X.outputKL(n.it, x); if (isFinite(k) && k > v) v = k; });
     return v;
   }
-  function apply() {
+  function apply(keepHash) {
     var f = fSel.value, m = mSel.value, s = sSel.value;
     var shown = nodes.filter(function (n) { return matches(n, f, m); });
     if (s === "kl") shown.sort(function (a, b) { return klKey(b, m) - klKey(a, m) || a.i - b.i; });
@@ -168,10 +168,23 @@
     });
     count.textContent = " showing " + shown.length + " of " + data.items.length + " items";
     box.setAttribute("data-shown", String(shown.length));
-    location.replace("#filter=" + f + "&model=" + encodeURIComponent(m) + "&sort=" + s + (cSel ? "&colour=" + cSel.value : ""));
+    if (keepHash !== true) location.replace("#filter=" + f + "&model=" + encodeURIComponent(m) + "&sort=" + s + (cSel ? "&colour=" + cSel.value : ""));
   }
   [fSel, mSel, sSel].forEach(function (s) { s.addEventListener("change", apply); });
   search.addEventListener("input", apply);
+  // #item-<i> (the reports' links): show the item (clearing a filter that hides it), open its panels, scroll to it
+  function focusItem(i) {
+    var n = nodes[i];
+    if (!n) { document.getElementById("errors").textContent += "no item " + i + " on this page (" + nodes.length + " items)\n"; return; }
+    if (!n.node.parentNode) { fSel.value = "all"; mSel.value = "any"; search.value = ""; apply(true); }
+    nodes.forEach(function (m) { m.node.classList.remove("target"); });
+    n.node.classList.add("target");
+    n.node.querySelectorAll("details").forEach(function (d) { d.open = true; });
+    n.node.scrollIntoView({block: "start"});
+    document.body.setAttribute("data-target", String(i));
+  }
+  function itemHash() { var m = /^#item-(\d+)$/.exec(location.hash); return m ? Number(m[1]) : null; }
+  window.addEventListener("hashchange", function () { if (itemHash() !== null) focusItem(itemHash()); });
 
   // --- per-head context share of every model (attention.csv), and the CSVs themselves
   function headsSection() {
@@ -233,9 +246,11 @@
   if (hash.sort) sSel.value = hash.sort;
   var start = hash.colour && Number(hash.colour) < X.choices.length ? Number(hash.colour) : 0;
   if (cSel) cSel.value = String(start);
-  apply();
+  var target = itemHash();
+  apply(target !== null);
   if (X.spans.length) X.recolour(X.choices[start]);
   var first = data.items.filter(function (it) { return it.probe; })[0];
   if (first && first.probe.tokens.length) X.show(first, data.models.filter(function (m) { return first.probe.m[m]; })[0], 0);
+  if (target !== null) focusItem(target);
   document.body.setAttribute("data-ready", "1");
 })();
