@@ -24,8 +24,7 @@ from mechopd.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_R
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
-YAML_BOOL_WORDS = ("shared_prefix",)
-MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would exhaust the parser's recursion)  # text fields whose values YAML 1.1 reads as booleans (`off` / `on`)
+YAML_BOOL_WORDS = ("shared_prefix",)  # text fields whose values YAML 1.1 reads as booleans (`off` / `on`)
 
 # every numeric field's range: (integer?, lower bound, lower bound inclusive?, upper bound or None, None allowed?)
 FIELD_RANGES: dict[str, tuple[bool, float, bool, float | None, bool]] = {

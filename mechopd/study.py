@@ -42,7 +42,6 @@ from mechopd.checks import inside_root
 from mechopd.errors import ConfigError, DataError
 
 BASE = "base"
-DEMO_ROLES = ("base", "opd", "nca", "nca_const", "ta_opd", "nca_follow")  # the demo's roles; a study may add others
 STUDY_FILE = "study.yaml"
 MANIFEST_FILE = "demo.json"
 METRICS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")
