@@ -181,9 +181,6 @@ class Study:
         r = self.runs.get(role)
         return None if r is None else r.name
 
-    def role_of(self, name: str) -> str | None:
-        return next((r.role for r in self.runs.values() if r.name == name), None)
-
     def label(self, name_or_role: str) -> str:
         """Display label of a run (by name or by role)."""
         r = self.runs.get(name_or_role) or next((r for r in self.runs.values() if r.name == name_or_role), None)
