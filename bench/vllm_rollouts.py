@@ -95,7 +95,7 @@ def main() -> int:
                 print(f"FAIL: mean lengths differ: {lens}")
                 return 1
             med = {k: statistics.median(v) for k, v in times.items()}
-            ratio = statistics.median(v / l for v, l in zip(times["vllm"], times["lean"]))
+            ratio = statistics.median(v / w for v, w in zip(times["vllm"], times["lean"]))
             print(f"batch {B} x {a.new} tokens (mean length {lens['lean']:.1f}): lean {med['lean'] * 1e3:.0f} ms, "
                   f"vllm {med['vllm'] * 1e3:.0f} ms, sync {med['sync'] * 1e3:.0f} ms; "
                   f"vllm / lean = {ratio:.2f} (median per round), (vllm + sync) / lean = "

@@ -92,15 +92,6 @@ def orthogonality(study: Study, role: str = "nca") -> tuple[float | None, int, i
     return (sum(kept) / len(kept) if kept else None), len(kept), len(steps)
 
 
-def opd_checkpoint_cos(study: Study) -> float | None:
-    """|cos(∇OPD, ∇NCA)| of the gradients probe at the OPD checkpoint (the paper's reading); None without it or when
-    one gradient is noise next to the other (norm ratio outside [1e-3, 1e3])."""
-    g = probe_result("gradients", study.probes_dir)
-    ok = g is not None and g.model == study.name("opd") and math.isfinite(g.cos) and \
-        NOISE_NORM_RATIO <= g.norm_ratio <= 1 / NOISE_NORM_RATIO
-    return abs(g.cos) if ok else None
-
-
 def depth_ratio(study: Study, role: str) -> float | None:
     norms = update_norms(study, role)
     if norms is None or len(norms[0]) < MIN_LAYERS_FOR_DEPTH:

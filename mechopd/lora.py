@@ -98,10 +98,6 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
-def has_adapter(model: nn.Module) -> bool:
-    return bool(lora_layers(model))
-
-
 def site_name(param_name: str) -> str:
     """An adapter parameter's name as the weight it adapts (``...q_proj.lora_A.default.weight`` ->
     ``...q_proj.weight``), so per-layer / per-module statistics group it with its projection."""

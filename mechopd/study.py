@@ -42,7 +42,6 @@ from mechopd.checks import inside_root
 from mechopd.errors import ConfigError, DataError
 
 BASE = "base"
-DEMO_ROLES = ("base", "opd", "nca", "nca_const", "ta_opd", "nca_follow")  # the demo's roles; a study may add others
 STUDY_FILE = "study.yaml"
 MANIFEST_FILE = "demo.json"
 METRICS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")
@@ -181,9 +180,6 @@ class Study:
         """The run name of ``role`` (None when the study has no such role)."""
         r = self.runs.get(role)
         return None if r is None else r.name
-
-    def role_of(self, name: str) -> str | None:
-        return next((r.role for r in self.runs.values() if r.name == name), None)
 
     def label(self, name_or_role: str) -> str:
         """Display label of a run (by name or by role)."""

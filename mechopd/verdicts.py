@@ -20,7 +20,6 @@ measurable here" when a part is undefined.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +31,6 @@ TOL = 1e-9
 RULE = "with ≥ 2 seeds the whole 95 % seed interval must clear the bar, else fragile"
 ONE_SEED_NOTE = " (one seed: no seed interval; the verdict may not survive another seed)"
 OPS = (">=", ">", "<=", "<")
-
-
-def at_ceiling(pairs: Iterable[tuple[float | None, float | None]]) -> bool:
-    """True when every (a, b) pair (one per seed) has both values defined and ≥ `CEILING`: a claim "a ≥ b" (or
-    "a keeps b's level") is then "not measurable here (ceiling)", whatever the claim."""
-    pairs = list(pairs)
-    return bool(pairs) and all(a is not None and b is not None and a >= CEILING and b >= CEILING for a, b in pairs)
 
 
 @dataclass(frozen=True)

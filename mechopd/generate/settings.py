@@ -105,11 +105,6 @@ class SamplingSettings:
         if not (sp in ("auto", "off") or (isinstance(sp, int) and not isinstance(sp, bool) and sp >= 0)):
             raise ValueError(f"shared_prefix must be 'auto', 'off' or a length >= 0, got {sp!r}")
 
-    @property
-    def engine_name(self) -> str:
-        """The engine's name as configs and reports spell it ("lean", "hf", "vllm")."""
-        return self.engine if isinstance(self.engine, str) else str(getattr(self.engine, "name", "external"))
-
     def replace(self, **changes: Any) -> "SamplingSettings":
         return dataclasses.replace(self, **changes)
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
+
+from mechopd.tasks.words import NEWLINE, pre_tokenizer, split_words  # noqa: F401  (split_words: public here too)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|im_end|>"
 IM_START = "<|im_start|>"
-NEWLINE = "\n"
 ROLES = ("system", "user", "assistant")
 
 CHAT_TEMPLATE = (
@@ -25,24 +26,6 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
 )
-
-
-def pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.WhitespaceSplit(),
-            pre_tokenizers.Punctuation(behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
-        ]
-    )
-
-
-def split_words(text: str) -> list[str]:
-    """The words the organism tokenizer will see in `text` (for building and checking vocabularies)."""
-    out: list[str] = []
-    for chunk in text.split(NEWLINE):
-        out.extend(w for w, _ in pre_tokenizer().pre_tokenize_str(chunk))
-    return out
 
 
 def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
@@ -66,14 +49,3 @@ def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
-
-
-def missing_words(tokenizer, words: Iterable[str]) -> list[str]:
-    """Words of a task's vocabulary that the tokenizer maps to its unknown token."""
-    unk = tokenizer.unk_token_id
-    out = []
-    for w in sorted(set(words)):
-        ids = tokenizer(w, add_special_tokens=False)["input_ids"]
-        if unk is not None and unk in ids:
-            out.append(w)
-    return out

@@ -126,7 +126,7 @@ class AttributionSummary(ci.CausalSummary):
 
     def lines(self) -> list[str]:
         out = []
-        for key, p in self.summary["pairs"].items():
+        for p in self.summary["pairs"].values():
             f = p["faithfulness"]
             a = f.get("all", {})
             low = a.get("pearson") is not None and a["pearson"] < 0.5

@@ -132,7 +132,7 @@ def summarize_svd(rows: list[dict[str, Any]]) -> dict[str, Any]:
         dsq = sum(r["delta_sq"] for r in mine)
         mlp = [r for r in mine if r["module"] in MLP_MODULES]
         defined = [(r, n) for r, n in zip(mine, numel) if r["energy90_frac"] == r["energy90_frac"]]
-        mean = lambda key: (lambda v: sum(v) / len(v) if v else math.nan)(  # noqa: E731
+        mean = lambda key, mine=mine: (lambda v: sum(v) / len(v) if v else math.nan)(  # noqa: E731
             [r[key] for r in mine if r[key] == r[key]])
         out[m] = {"mlp_energy_share": sum(r["delta_sq"] for r in mlp) / dsq if dsq > 0 else math.nan,
                   "mlp_param_share": sum(r["rows"] * r["cols"] for r in mlp) / max(1, sum(numel)),

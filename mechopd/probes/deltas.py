@@ -94,8 +94,8 @@ class DeltaSummary(Summary):
         if not path.is_file():
             return None
         rows = [r for r in read_table(path) if r.layer is not None]
-        pick = lambda by: [r for r in aggregate_deltas(rows, by)  # noqa: E731
-                           if r.model == model and r.vs == vs and r.metric == "rel_delta"]
+        def pick(by):
+            return [r for r in aggregate_deltas(rows, by) if r.model == model and r.vs == vs and r.metric == "rel_delta"]
         return {r.layer: r.value for r in pick("layer")}, {r.module: r.value for r in pick("module")}
 
 

@@ -67,7 +67,6 @@ TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
 SCOPES = ("global", "layer", "module", "layer_module")
 CSV_NAME = "gradients.csv"
-JSON_NAME = "gradients.json"
 
 
 @dataclass

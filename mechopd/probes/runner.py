@@ -75,7 +75,7 @@ class ProbeContext:
         resolved = {slot: (slot, str(ref)) if isinstance(ref, (str, os.PathLike)) else setup.model(*ref)
                     for slot, ref in models.items()}
         tok = None
-        for slot, (label, path) in resolved.items():
+        for slot, (_label, path) in resolved.items():
             other = load_tokenizer(path)
             if tok is None:
                 tok, first = other, slot

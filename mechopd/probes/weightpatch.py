@@ -172,7 +172,7 @@ def qk_control(rows: Sequence[Mapping[str, Any]], model: str, layer: str = ALL) 
         g = [r for r in mine if r["module"] == group]
         if not g:
             continue
-        mean = lambda key: (lambda v: float(np.mean(v)) if v else None)(  # noqa: E731
+        mean = lambda key, g=g: (lambda v: float(np.mean(v)) if v else None)(  # noqa: E731
             [x for x in (_f(r[key]) for r in g) if x is not None])
         dx, dh = mean("d_acc_x"), mean("d_harm")
         out[group] = {"rule_removed": None if dx is None else 0.0 - dx,

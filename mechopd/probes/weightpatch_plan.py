@@ -40,7 +40,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
 CONTROL = "ctrl_qk"
 CONTROL_POOL = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MODULES = (*GROUPS, CONTROL)
-DEFAULT_MODULES = ",".join(MODULES)
 ALL = "all"
 NONE = "none"
 

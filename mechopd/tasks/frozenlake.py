@@ -106,7 +106,7 @@ class FrozenLakeBoard:
             cell = lambda rc: _cell(n, rc, "meta")  # noqa: E731
             board = cls(n, frozenset(cell(h) for h in meta["holes"]), cell(meta["start"]), cell(meta["goal"]))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
-            raise TaskError(f"frozenlake: example meta is not a board ({e}); use meta from FrozenLakeTask.examples")
+            raise TaskError(f"frozenlake: example meta is not a board ({e}); use meta from FrozenLakeTask.examples") from e
         if board.start == board.goal or {board.start, board.goal} & board.holes:
             raise TaskError(f"frozenlake: example meta has start/goal on a hole or on each other: {meta}")
         return board

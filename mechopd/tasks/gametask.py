@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from mechopd.errors import ConfigError, TaskError
-from mechopd.organisms.tokenizer import split_words
 from mechopd.tasks.base import BaseTask, Corpus, Example, option_temperature
 from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, MAX_MISSES, SPLITS, Board, GameEpisode, GameState,
                                     Policy, action_text, bfs_path, board_hash, board_header, expert_action, log_line,
                                     optimal_actions, parse_action, play, split_of)
+from mechopd.tasks.words import split_words
 
 WEAK_POLICIES = ("random", "greedy")
 

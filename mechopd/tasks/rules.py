@@ -19,9 +19,9 @@ import random
 from dataclasses import dataclass
 
 from mechopd.errors import ConfigError, TaskError
-from mechopd.organisms.tokenizer import split_words
 from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, \
     register_task
+from mechopd.tasks.words import split_words
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
 PROMPT = "apply the rule to : {items}"

@@ -30,7 +30,6 @@ from mechopd.tasks.base import BaseTask, Example
 from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, register_engine, split_of
 
 INSTALL = "pip install mechopd[textarena]"
-GAMES = ("frozenlake", "sokoban")
 SOKOBAN_CELLS = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P"}
 
 

@@ -149,11 +149,3 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := re.fullmatch(r"step-(\d+)", p.name))
              and (p / STATE).exists()]
     return max(steps)[1] if steps else None
-
-
-def require_resumable(run_dir: Path) -> Path:
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise TrainingError(f"--resume: {run_dir} has no complete checkpoint (checkpoints/step-N); "
-                            "start a new run or set save_every")
-    return ckpt

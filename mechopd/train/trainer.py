@@ -242,7 +242,7 @@ class Trainer:
         self._prefix_paths = res.prefix
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
         guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
-        logs.update({"beta_eff": res.weights[t.name] for t in self.terms if t.schedule is not None})
+        logs.update(("beta_eff", res.weights[t.name]) for t in self.terms if t.schedule is not None)  # the last one
         self._last_term_norms = None
         if stats_step:  # one autograd.grad per term (train/gradstats.py); their sum is the step's gradient
             gradstats.set_summed_grads(self.params, res.term_grads)

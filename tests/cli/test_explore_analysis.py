@@ -106,7 +106,7 @@ def test_items_texts_and_outcomes_equal_the_reports(payload_run):
     assert [a["data-uid"] for a in items] == uids and len(uids) >= 4
     rows = page.all(**{"class": "orow"})
     assert len(rows) == 2 * len(uids)
-    for k, uid in enumerate(uids):  # rows in item order, models in order: base, opd
+    for k, _uid in enumerate(uids):  # rows in item order, models in order: base, opd
         for j, m in enumerate(("base", "opd")):
             r, row = recs[m][k], rows[2 * k + j]
             x, xc = r["correct_x"] == "True", r["correct_xc"] == "True"

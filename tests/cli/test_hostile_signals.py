@@ -133,12 +133,12 @@ def test_real_demo_killed_by_sigterm_and_kill9_leaves_nothing_and_resumes(tmp_pa
         proc = _demo(tmp_path, "killed")
         try:
             running = lambda: len(list(run.glob(f"train/*/{LOCK_NAME}"))) >= 2  # noqa: E731  (two trainings hold locks)
-            assert wait_until(lambda: running() or proc.poll() is not None, 600) and proc.poll() is None
+            assert wait_until(lambda: running() or proc.poll() is not None, 600) and proc.poll() is None  # noqa: B023
             time.sleep(2)
             assert len(session_pids(proc.pid)) >= 3
             os.kill(proc.pid, sig)
             proc.wait(timeout=60)
-            assert wait_until(lambda: not session_pids(proc.pid), 10), session_pids(proc.pid)
+            assert wait_until(lambda: not session_pids(proc.pid), 10), session_pids(proc.pid)  # noqa: B023
         finally:
             _kill_session(proc.pid)
         assert "Traceback" not in proc.stderr.read()

@@ -33,7 +33,8 @@ def rules_run(tiny_rules_organism, tmp_path_factory) -> Path:
 def _jsonl_model(tmp: Path):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from mechopd.organisms.tokenizer import build_tokenizer, split_words
+    from mechopd.organisms.tokenizer import build_tokenizer
+    from mechopd.tasks.words import split_words
     from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, make_jsonl_task
 
     task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)

@@ -87,9 +87,9 @@ def test_patching_fixed_points_and_windows(models, tmp_path):
 
     run_patching(_setup(models), tmp_path, models=["base", "opd"], window=2, detail=2)
     rows = read_csv(tmp_path / "patching.csv")
-    pick = lambda m, s, c, d, w="all": float(next(  # noqa: E731
-        r["recovered"] for r in rows if (r["model"], r["site"], r["component"], r["direction"], r["window"]) ==
-        (m, s, c, d, w)))
+    def pick(m, s, c, d, w="all"):
+        return float(next(r["recovered"] for r in rows
+                          if (r["model"], r["site"], r["component"], r["direction"], r["window"]) == (m, s, c, d, w)))
     for m in ("base", "opd"):
         assert pick(m, "final_norm", "resid", "c_to_x") == pytest.approx(1.0, abs=1e-6)
         assert pick(m, "final_norm", "resid", "x_to_c") == pytest.approx(1.0, abs=1e-6)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mechopd.errors import ConfigError, TaskError
-from mechopd.organisms.tokenizer import split_words
+from mechopd.tasks.words import split_words
 from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk
 from mechopd.tasks.base import Episode, Example, get_task

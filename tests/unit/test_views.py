@@ -91,7 +91,7 @@ def test_alignment_columns_and_identical_responses(organism_tokenizer):
     assert torch.equal(b.input_ids_x[:, Px:][m], b.response_ids[m])
     assert torch.equal(b.input_ids_c[:, Pc:][m], b.response_ids[m])
     # left padding: every row's prompt ends right before column P; position ids restart at 0 after the padding
-    for ids, mask, pos in ((b.input_ids_x, b.attention_mask_x, b.position_ids_x),):
+    for _ids, mask, pos in ((b.input_ids_x, b.attention_mask_x, b.position_ids_x),):
         first = mask.argmax(-1)
         assert torch.all(pos[torch.arange(len(first)), first] == 0)
 
