@@ -11,11 +11,13 @@ its last checkpoint):
   5. figures    every figure from the saved artifacts                               RUN/figures/
   6. report     RUN/report.md: findings first, then the tables and the claims
 
-With ``seeds = N > 1`` (the rules default, `DEFAULT_SEEDS`) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
+With ``seeds = N > 1`` (the rules default, its built-in study's seeds) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
 organism) as jobs on worker processes, one pinned thread each (`mechopd.demo_pool`); `mechopd.aggregate` writes the
-seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and `SEED0_PROBES` (no claim reads them).
+seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and the study's ``first_seed_only``
+probes (no claim reads them).
 
-The rules study (`TASK_DEFAULTS`) was chosen by measurement so that its effects stand on every seed: the distilled
+What runs is the task's built-in study, ``mechopd/data/studies/<task>.yaml`` (`study_spec.builtin_study`; `mechopd
+run` runs a copy of it). The rules study was chosen by measurement so that its effects stand on every seed: the distilled
 context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
 on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
 gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
@@ -42,35 +44,39 @@ from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kep
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
-FOLLOW_WEIGHT = 1.0  # the follow term's weight in the nca_follow run (equal to OPD's; docs/method.md §7)
-METHODS: dict[str, dict[str, Any]] = {
-    "opd": {"method": "opd", "selector": "full"},
-    "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE, "nca_gate_window": NCA_GATE_WINDOW},
-    "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
-    # gated NCA + the follow term (objectives/follow.py): can one internalise c, remove its harm and keep reading?
-    # shared_prefix off: its other batch mixes 7 contexts of ~20 tokens, so prefix groups cost more forward calls
-    # than they save on the organism (60 steps: 36.3 s grouped, 21.8 s unshared; the same numbers up to float order)
-    "nca_follow": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE,
-                   "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT, "shared_prefix": "off"},
-}
-GRAD_STAT_METHODS = ("opd", "nca")
-# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §8; 3 x 100 steps fit the
-# rules study's 5-minute budget on 2 cores, docs/results.md; a game demo runs one). Per task below: the demo's budget.
-DEFAULT_SEEDS = {"rules": 3, "frozenlake": 1, "sokoban": 1}
-# Sokoban's is sized so that one seed's study fits in about 10 minutes of a 2-core CPU (docs/results.md, Sokoban).
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # rules: the distilled context is `reverse`, the anchor starts at step 30, TA-OPD's support K = 2 — chosen by
-    # measurement so that the effects stand on every seed (docs/results.md, "Choosing the default study")
-    "rules": {"steps": 100, "batch_size": 32, "lr": 2e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
-              "probe_n": 64, "task_options": {"rule": "reverse"}, "nca_start": 30, "ta_opd_k": 2,
-              "follow_contexts": ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5"]},
-    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
-                   "probe_n": 32},
-    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
-                "probe_n": 32},
-}
-# Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
-SEED0_PROBES = ("patching", "attention")
+# The policy (schedule, runs, seeds, which probes run on the first seed only) is the task's built-in study,
+# mechopd/data/studies/<task>.yaml (`study_spec.builtin_study`); DemoConfig's None fields take its values.
+
+
+def task_defaults(task: str) -> dict[str, Any]:
+    """DemoConfig's defaults read from the task's built-in study: its schedule, eval and probe items, task options,
+    NCA's anchor start, TA-OPD's K and the follow term's contexts (each only where the study sets it)."""
+    from mechopd.study_spec import builtin_study
+
+    spec = builtin_study(task)
+    out = {k: spec.train[k] for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}
+    out.update(eval_n=spec.eval_n, probe_n=spec.probe_n)
+    if spec.task_options:
+        out["task_options"] = dict(spec.task_options)
+    for field_name, key in (("nca_start", "nca_start"), ("ta_opd_k", "k"), ("follow_contexts", "follow_contexts")):
+        given = [run[key] for run in spec.runs.values() if key in run]
+        if given:
+            out[field_name] = given[0]
+    return out
+
+
+def default_seeds(task: str) -> int:
+    """The built-in study's number of training seeds (its seeds are 0..N-1)."""
+    from mechopd.study_spec import builtin_study
+
+    return len(builtin_study(task).seeds)
+
+
+def first_seed_only(task: str) -> tuple[str, ...]:
+    """Probes that run on seed 0 only in a several-seed demo (the built-in study's ``first_seed_only``)."""
+    from mechopd.study_spec import builtin_study
+
+    return tuple(builtin_study(task).first_seed_only)
 
 
 @dataclass
@@ -81,14 +87,14 @@ class DemoConfig:
     out: str = "runs/demo"
     fast: bool = False
     sweep: bool = False
-    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no SEED0_PROBES; demo_pool.py)
+    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
     seed: int = 0
-    seeds: int | None = None        # None: DEFAULT_SEEDS[task] (with --fast: 1)
+    seeds: int | None = None        # None: the built-in study's seeds (with --fast: 1)
     workers: int | None = None      # worker processes (None: torch.get_num_threads(); demo_pool.py)
     job_threads: int = 1            # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
     organism_seed: int = 0
     layers: int | None = None       # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
-    steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
+    steps: int | None = None        # None: the task's built-in study's (as for the five below, `task_defaults`)
     batch_size: int | None = None
     lr: float | None = None
     lr_schedule: str | None = None
@@ -102,7 +108,7 @@ class DemoConfig:
     follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
-    task_options: dict[str, Any] | None = None  # None: the task's entry of TASK_DEFAULTS (the distilled context)
+    task_options: dict[str, Any] | None = None  # None: the built-in study's (the distilled context)
     train_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,7 +117,7 @@ class DemoConfig:
         if self.task not in ORGANISM_TASKS:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
         if self.seeds is None:  # a chosen training seed means one seed run
-            self.seeds = 1 if (self.fast or self.seed != 0) else DEFAULT_SEEDS.get(self.task, 1)
+            self.seeds = 1 if (self.fast or self.seed != 0) else default_seeds(self.task)
         if isinstance(self.seeds, int) and self.seeds > 1 and self.seed != 0:
             raise ConfigError(f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
                               "--seed, or pass --seeds 1 for that one seed")
@@ -135,7 +141,7 @@ class DemoConfig:
                 raise ConfigError(f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
                                   "it for the recipe's)")
         given = {k: getattr(self, k) for k in ("steps", "batch_size") if getattr(self, k) is not None}
-        for key, value in TASK_DEFAULTS[self.task].items():
+        for key, value in task_defaults(self.task).items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.fast:
@@ -146,22 +152,28 @@ class DemoConfig:
             self.nca_start = None if self.nca_start is None else 2
 
     def methods(self) -> dict[str, dict[str, Any]]:
-        """The demo's runs with this config's anchor start and gradient-statistics period filled in."""
-        out = {}
-        for name, over in METHODS.items():
-            over = dict(over)
-            if name in ("nca", "nca_follow") and self.nca_start is not None:  # a fixed start, no gate
-                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")} | {"nca_start": self.nca_start}
-            elif name in ("nca", "nca_follow"):
+        """The built-in study's runs with this config's anchor schedule, K, follow contexts and gradient-statistics
+        period filled in (a fixed ``nca_start`` replaces the KL gate)."""
+        from mechopd.study_spec import builtin_study
+
+        return {name: self._run_fields(dict(run)) for name, run in builtin_study(self.task).runs.items()}
+
+    def _run_fields(self, over: dict[str, Any]) -> dict[str, Any]:
+        if "nca_start" in over or "nca_gate" in over:  # an anchored run: a fixed start, or the KL gate
+            if self.nca_start is not None:
+                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")}
+                over["nca_start"] = self.nca_start
+            else:
+                over = {k: v for k, v in over.items() if k != "nca_start"}
                 over.update(nca_gate=self.nca_gate, nca_gate_window=self.nca_gate_window)
-            if name == "ta_opd" and self.ta_opd_k is not None:
-                over["k"] = self.ta_opd_k
-            if name == "nca_follow" and self.follow_contexts:
-                over["follow_contexts"] = list(self.follow_contexts)
-            if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
-                over["grad_stats_every"] = self.grad_stats_every
-            out[name] = over
-        return out
+        if over.get("selector") == "ta_opd" and self.ta_opd_k is not None:
+            over["k"] = self.ta_opd_k
+        if "follow_contexts" in over and self.follow_contexts:
+            over["follow_contexts"] = list(self.follow_contexts)
+        if "grad_stats_every" in over:
+            over["grad_stats_every"] = self.grad_stats_every
+        over.pop("save_every", None)  # the demo's: half the steps, a tenth for TA-OPD (`train_methods`)
+        return over
 
 
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
@@ -295,7 +307,7 @@ def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path, chosen: dict
         if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
                 out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
             continue
-        if chosen is None and not cfg.full_stages and spec.name in SEED0_PROBES:
+        if chosen is None and not cfg.full_stages and spec.name in first_seed_only(cfg.task):
             continue
         roles = getattr(spec, "role_options", ())
         options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
