@@ -66,7 +66,7 @@ class SeedRun:
 
     @property
     def probe_n(self) -> int | None:
-        return None  # per probe in the study file (`probes: {similarity: {n: 16}}`); else the probe's default
+        return self.spec.probe_n  # a probe's own entry (`probes: {similarity: {n: 16}}`) wins; None: its default
 
     def methods(self) -> dict[str, dict[str, Any]]:
         return self.spec.methods()
@@ -104,7 +104,10 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     evaluate_all(cfg, models, run, spec=RenderSpec(placement, **render), other_contexts=spec.other_contexts,
                  eval_fields=spec.eval_fields())
     teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
-    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields())
+    plan = spec.probe_plan()
+    if cfg.seed != spec.seeds[0]:  # no claim reads them: the first seed only
+        plan = {k: v for k, v in plan.items() if k not in spec.first_seed_only}
+    run_probes(cfg, {**models, **teacher}, run, chosen=plan, setup_fields=spec.render_fields())
     _log(f"{run}: figures")
     draw_all(run)
     report = write_report_md(run)
