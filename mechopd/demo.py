@@ -28,18 +28,20 @@ measured: docs/results.md, "Choosing the default study"; the schedule's reasons:
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from mechopd.artifacts import FileSet, read_json, write_json
+from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kept_fraction
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.study_stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
+
+__all__ = ["DemoConfig", "demo", "demo_one", "evaluate_all", "labels_for", "method_label", "run_probes",
+           "train_resumable"]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
@@ -176,26 +178,6 @@ class DemoConfig:
         return over
 
 
-def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
-    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
-    if over.get("method") == "nca":
-        start, gate = over.get("nca_start", 0), over.get("nca_gate")
-        when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
-        follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
-        return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
-    if over.get("selector", "full") != "full":
-        kept_text = "n/a" if kept is None else f"{kept:.2f}"
-        k = f", K={over['k']}" if over.get("k") is not None else ""
-        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
-    return "OPD" if name == "opd" else name
-
-
-def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
-    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run / "train" / m))
-                               for m, over in methods.items()}}
-
-
 def _log(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -229,104 +211,15 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
     return finals
 
 
-def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
-    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh."""
-    from mechopd.demo_pool import finished
-    from mechopd.train.checkpoint import latest_checkpoint
-    from mechopd.train.trainer import train
-
-    if finished(out):
-        _log(f"train {name}: done, skipped")
-        return out / "final"
-    resume = latest_checkpoint(out) is not None
-    if out.exists() and not resume:
-        shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
-    tc = config()
-    _log(f"train {name}: {what} ({'resuming' if resume else 'new'})")
-    return train(tc, out, resume=resume)
-
-
-def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path, spec: Any = None, other_contexts: bool = True,
-                 eval_fields: dict[str, Any] | None = None) -> dict[str, EvalReport]:
-    """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
-    from mechopd.evaluate import EvalConfig, evaluate_model, format_summary
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
-    from mechopd import following
-
-    task = get_task(cfg.task, **(cfg.task_options or {}))
-    out = {}
-    for name, path in models.items():
-        target = run / "eval" / f"{name}.json"
-        if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
-            out[name] = EvalReport.load(target)
-            continue
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
-        model, tok = load_model(path), load_tokenizer(path)
-        raw = evaluate_model(model, tok, task, ecfg, spec)
-        raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
-        if other_contexts:
-            following.add_following(raw, model, tok, task, ecfg, spec)  # rules: the family's other rules
-        rep = EvalReport.from_dict(raw, name)
-        rep.save(target)  # the JSON and the CSV as one file set
-        out[name] = rep
-        print(format_summary(name, rep.summary.to_dict()), flush=True)
-    docs = {name: rep.to_dict() for name, rep in out.items()}
-    following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
-    for name, doc in docs.items():
-        out[name] = EvalReport.from_dict(doc, name)
-        out[name].save(run / "eval" / f"{name}.json")
-    if other_contexts:
-        print(following.format_following(docs), flush=True)
-    return out
-
-
-def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path, chosen: dict[str, Any] | None = None,
-               setup_fields: dict[str, Any] | None = None) -> None:
-    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
-    the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
-    (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
-    the study lacks, is skipped (and says so). ``chosen``: a study's name -> (setup fields, options over the demo's)."""
-    from mechopd.probes.registry import demo_options
-    from mechopd.probes.registry import probes as registered
-    from mechopd.probes.setup import ProbeSetup
-
-    from mechopd.probes.teachability import informative_checkpoint
-
-    out = run / "probes"
-    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
-    informative = None
-    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
-        informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
-        write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
-    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
-                       models={k: str(v) for k, v in models.items()}, run=str(run), **(setup_fields or {}))
-    for spec in registered():
-        own_setup, own = (chosen or {}).get(spec.name, ({}, {}))
-        if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
-                out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
-            continue
-        if chosen is None and not cfg.full_stages and spec.name in first_seed_only(cfg.task):
-            continue
-        roles = getattr(spec, "role_options", ())
-        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
-        if options is None:
-            _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
-                 f"{study.roles})")
-            continue
-        if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
-            options["trained"] = str(informative)
-        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
-        spec(replace(setup, **own_setup) if own_setup else setup, out, **options)
-
-
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
     from mechopd.demo_pool import hold_demo_out
     from mechopd.runcheck import check_demo_out
 
     check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
+    if demo_done(cfg):
+        _log(f"{cfg.out}: done, nothing to run (report {Path(cfg.out) / 'report.md'})")
+        return Path(cfg.out) / "report.md"
     with hold_demo_out(cfg.out):  # its lock, and SIGTERM handled as Ctrl-C (the workers stop, the lock released)
         return _demo(cfg)
 
@@ -355,6 +248,33 @@ def _demo(cfg: DemoConfig) -> Path:
     return report
 
 
+def demo_done(cfg: DemoConfig) -> bool:
+    """Every stage of this demo finished (its config checked by `runcheck.check_demo_out`): the wall time recorded
+    last into OUT/demo.json, OUT's report, and per seed run its report, every training and every evaluation."""
+    from mechopd.demo_pool import finished, seed_configs
+
+    out = Path(cfg.out)
+    if not all((out / f).is_file() for f in ("report.md", MANIFEST_FILE)) or "wall_s" not in read_json(
+            out / MANIFEST_FILE):
+        return False
+    for r in seed_configs(cfg):
+        run, methods = Path(r.out), r.methods()
+        if not (run / "report.md").is_file() or not all(finished(run / "train" / m) for m in methods):
+            return False
+        if not all((run / "eval" / f"{m}.json").is_file() for m in ("base", *methods)):
+            return False
+        if cfg.sweep and not _sweep_done(run):
+            return False
+    return True
+
+
+def _sweep_done(run: Path) -> bool:
+    from mechopd.demo_sweep import SWEEP_BUDGETS, SWEEP_SELECTORS
+
+    target = run / "sweep" / "sweep.json"
+    return target.is_file() and len(read_json(target).get("rows", [])) == len(SWEEP_SELECTORS) * len(SWEEP_BUDGETS)
+
+
 def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     """Every stage for one training seed (trainings already finished are skipped); returns the report path."""
     from mechopd.plots import draw_all
@@ -371,7 +291,7 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     write_json(run / "demo.json", manifest)
     models = {"base": student, **finals}
     evaluate_all(cfg, models, run)
-    run_probes(cfg, models, run)
+    run_probes(cfg, models, run, skip=() if cfg.full_stages else first_seed_only(cfg.task))
     if cfg.sweep:
         from mechopd.demo_sweep import sweep
 
