@@ -28,6 +28,7 @@ Every value is checked when the file is read: unknown keys, a role that is not a
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from collections.abc import Mapping
@@ -289,10 +290,14 @@ class _Demo:
 STUDIES_DIR = Path(__file__).parent / "data" / "studies"  # the built-in studies, one per organism task
 
 
-@functools.lru_cache(maxsize=None)
 def builtin_study(task: str) -> StudySpec:
     """The built-in study of an organism task (``mechopd/data/studies/<task>.yaml``): what `mechopd demo` runs
-    (read and checked once per process; callers copy before changing it)."""
+    (read and checked once per process; each call returns its own copy)."""
+    return copy.deepcopy(_load_builtin(task))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_builtin(task: str) -> StudySpec:
     path = STUDIES_DIR / f"{task}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))

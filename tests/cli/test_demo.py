@@ -135,9 +135,9 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
 
 
 def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_path, capsys):
-    from mechopd.demo import DEFAULT_SEEDS, DemoConfig
+    from mechopd.demo import DemoConfig, default_seeds
 
-    assert DemoConfig().seeds == DEFAULT_SEEDS["rules"] == 3 and DemoConfig(seed=2).seeds == 1
+    assert DemoConfig().seeds == default_seeds("rules") == 3 and DemoConfig(seed=2).seeds == 1
     assert DemoConfig(fast=True).seeds == 1 and DemoConfig(task="sokoban").seeds == 1
     assert main(["demo", "--seed", "3", "--seeds", "2", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip()
