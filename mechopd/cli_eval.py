@@ -73,7 +73,8 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
-    from mechopd.evaluate import EvalConfig, evaluate_plan, plan_eval
+    from mechopd.eval_run import evaluate_plan, plan_eval
+    from mechopd.evaluate import EvalConfig
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
         raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")

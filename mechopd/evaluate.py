@@ -253,31 +253,12 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[st
     return md, out / "compare.md", out / "compare.csv"
 
 
-def evaluate(model: Any, task: Any = None, *, n: int = 200, seed: int = 0, samples: int = 1,
+def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int = 1,
              temperature: float | None = None, spec: RenderSpec | None = None, tokenizer: Any = None,
-             task_options: dict[str, Any] | None = None, out: str | Path | None = None,
-             max_new_tokens: int | None = None, engine: str = "lean", no_context_system: str | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None, other_contexts: bool = False) -> dict[str, Any]:
-    """``mechopd.run_eval(model, task, n=..., seed=...)``: `model` a checkpoint dir, hub id or organism:<task> (or a
-    loaded model with `tokenizer`), `task` a name (with `task_options`; None: the task the checkpoint's training
-    record names) or a task object. A checkpoint goes through `mechopd eval`'s checks (`plan_eval`, `evaluate_plan`:
-    its record's task and render, the render checked against the task); `spec` applies to a loaded model only.
-    Writes the report to `out` when given."""
-    cfg = EvalConfig(n=n, seed=seed, samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                     engine=engine)  # every setting validated before any work
-    if isinstance(model, (str, Path)) and tokenizer is None and spec is None and not hasattr(task, "examples"):
-        plan = plan_eval({"model": str(model)}, task, task_options)
-        rep = evaluate_plan(plan, cfg, no_context_system=no_context_system,
-                            chat_template_kwargs=chat_template_kwargs, other_contexts=other_contexts)["model"]
-    else:
-        rep = _evaluate_loaded(model, task, cfg, spec, tokenizer, task_options)
-    if out is not None:
-        write_report(rep, out)
-    return rep
-
-
-def _evaluate_loaded(model: Any, task: Any, cfg: EvalConfig, spec: RenderSpec | None, tokenizer: Any,
-                     task_options: dict[str, Any] | None) -> dict[str, Any]:
+             task_options: dict[str, Any] | None = None, out: str | Path | None = None) -> dict[str, Any]:
+    """A loaded model (with `tokenizer`) or a checkpoint dir, `task` a name (with `task_options`) or a task object,
+    in both views with the render ``spec`` as given (no training record read: `mechopd.run_eval` and `mechopd eval`
+    read it, `mechopd.eval_run`). Writes the report to `out` when given."""
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
@@ -286,65 +267,10 @@ def _evaluate_loaded(model: Any, task: Any, cfg: EvalConfig, spec: RenderSpec | 
         model = load_model(model)
     if tokenizer is None:
         raise TaskError("evaluate: pass tokenizer= with a loaded model (or pass a checkpoint directory)")
-    if task is None:
-        raise ConfigError("evaluate: pass task= (a name or a task object) with a loaded model")
     if isinstance(task, str):
         task = get_task(task, **(task_options or {}))
-    return evaluate_model(model, tokenizer, task, cfg, spec)
-
-
-@dataclass
-class EvalPlan:
-    """What `mechopd eval` and `run_eval` evaluate, read before any model loads: the task (named, else the one every
-    model's training record names: `records.recorded_task`), its options, the models by label, their records."""
-
-    task_name: str
-    task_options: dict[str, Any]
-    task: Any
-    models: dict[str, str]
-    records: dict[str, Any]
-
-
-def plan_eval(models: dict[str, str], task: str | None = None, task_options: dict[str, Any] | None = None,
-              run: str | Path | None = None) -> EvalPlan:
-    """The checked plan of an evaluation of ``models`` (label -> checkpoint dir, hub id or organism:<task>); ``run``:
-    a training run whose record (config.yaml) stands for its final/ checkpoint."""
-    from mechopd.records import recorded_config, recorded_task
-    from mechopd.tasks.base import get_task
-
-    if run is not None and not Path(run, "final", "config.json").is_file():
-        raise ConfigError(f"--run {run} holds no final checkpoint (final/); pass a finished training run")
-    records = {name: recorded_config(run or path) for name, path in models.items()}
-    name, options = recorded_task(records, task, dict(task_options or {}))
-    return EvalPlan(name, options, get_task(name, **options), dict(models), records)
-
-
-def evaluate_plan(plan: EvalPlan, cfg: EvalConfig, *, no_context_system: str | None = None,
-                  chat_template_kwargs: dict[str, Any] | None = None,
-                  other_contexts: bool = False) -> dict[str, dict[str, Any]]:
-    """Every model of ``plan`` in both views (and under the task's other contexts: following, retention against a
-    model named base): each checkpoint checked, each render pinned to its training record and checked against the
-    task (`records.checked_renders`) before the first model loads. Returns the reports by label (not written)."""
-    from mechopd import following
-    from mechopd.models import check_model, load_model
-    from mechopd.organisms.recipes import resolve_organism
-    from mechopd.records import checked_renders
-
-    paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in plan.models.items()}
-    toks, specs = checked_renders(plan.task, paths, plan.records, no_context_system, dict(chat_template_kwargs or {}),
-                                  cfg.seed, cfg.max_new_tokens)
-    reports = {}
-    for name, path in paths.items():
-        model, engine = load_model(path), None
-        if cfg.engine == "vllm":
-            from mechopd.generate.vllm_engine import VllmEngine
-
-            engine = VllmEngine(path)
-        reports[name] = evaluate_model(model, toks[name], plan.task, cfg, specs[name], engine=engine)
-        reports[name]["settings"].update(model=str(Path(path).resolve()) if Path(path).exists() else str(path),
-                                         task_options=plan.task_options)
-        if other_contexts:
-            following.add_following(reports[name], model, toks[name], plan.task, cfg, specs[name])
-    if other_contexts:
-        following.apply_retention(reports)
-    return reports
+    rep = evaluate_model(model, tokenizer, task, EvalConfig(n=n, seed=seed, samples=samples,
+                                                            temperature=temperature), spec)
+    if out is not None:
+        write_report(rep, out)
+    return rep
