@@ -53,3 +53,17 @@ def test_run_eval_and_mechopd_eval_give_the_same_report(tiny_rules_organism, tmp
     cli = json.loads((tmp_path / "cli.json").read_text())
     py = mechopd.run_eval(model, "rules", n=4, out=tmp_path / "py.json")
     assert cli["summary"] == json.loads(json.dumps(py["summary"])) and cli["settings"] == py["settings"]
+
+
+@pytest.mark.parametrize("flags, kwargs", [(["--task", "chess"], {"task": "chess"}),
+                                           (["--task", "rules", "--n", "0"], {"task": "rules", "n": 0}),
+                                           (["--task", "rules", "--layers", "0"], {"task": "rules", "layers": 0})])
+def test_pretrain_organism_and_mechopd_pretrain_refuse_the_same_bad_input(flags, kwargs, tmp_path, capsys):
+    """`mechopd pretrain` is a thin call of `organisms.accuracy.pretrain_organism`: same refusal, nothing written."""
+    from mechopd.organisms.accuracy import pretrain_organism
+
+    assert main(["pretrain", "--out", str(tmp_path / "o"), *flags]) == 2
+    cli_error = capsys.readouterr().err.strip().removeprefix("error: ")
+    with pytest.raises(MechopdError) as e:
+        pretrain_organism(out=tmp_path / "o", **kwargs)
+    assert str(e.value) == cli_error and not (tmp_path / "o").exists()
