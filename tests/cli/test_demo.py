@@ -71,7 +71,7 @@ def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypa
     report = (run / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
     assert (run / "figures" / "training_curves.png").exists()
-    # seeds >= 1 skip what no claim reads (figures, SEED0_PROBES); seed 0 has everything
+    # seeds >= 1 skip what no claim reads (figures, the study's first_seed_only probes); seed 0 has everything
     assert (run / "seed-0" / "figures" / "layer_cosine.png").exists() and not (run / "seed-1" / "figures").exists()
     assert (run / "seed-0" / "probes" / "patching.csv").exists()
     assert not (run / "seed-1" / "probes" / "patching.csv").exists()
