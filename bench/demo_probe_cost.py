@@ -1,7 +1,8 @@
 """What running weightpatch and localization on every seed (not seed 0 only) costs the demo (#28).
 
 The claims ``qk_causal_rule`` / ``qk_causal_harm`` and the report's localization curve are statistics over seeds, so
-`mechopd.demo.SEED0_PROBES` no longer holds these two probes: seeds k >= 1 run them too. This script runs
+The demo's first-seed-only probes (`first_seed_only`, mechopd/data/studies/rules.yaml) no longer hold these two:
+seeds k >= 1 run them too. This script runs
 ``mechopd demo --fast --seeds S --workers 1`` (one worker: the wall time is the sum of the jobs) in a fresh temporary
 directory, reruns the two probes on every seed k >= 1 with the demo's own options (`ProbeSpec.demo`, in process as the demo
 calls them, timed one by one), and prints

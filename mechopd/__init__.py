@@ -46,12 +46,14 @@ def run_train(config: _Any, out_dir: str | _Path, resume: bool = False, progress
         raise type(e)(_python_words(str(e))) from None
 
 
-def run_eval(model: _Any, task: _Any, **options: _Any) -> dict[str, _Any]:
-    """Evaluate a checkpoint (dir, or a loaded model with ``tokenizer=``) in both views on held-out items of ``task``;
-    options: n, seed, samples, temperature, spec, tokenizer, task_options, out (`mechopd.evaluate.evaluate`)."""
-    from mechopd.evaluate import evaluate
+def run_eval(model: _Any, task: _Any = None, **options: _Any) -> dict[str, _Any]:
+    """Evaluate a checkpoint (dir, hub id, organism:<task>; or a loaded model with ``tokenizer=``) in both views on
+    held-out items of ``task`` (None: the task its training record names), with `mechopd eval`'s checks; options: n,
+    seed, samples, temperature, max_new_tokens, engine, no_context_system, chat_template_kwargs, other_contexts,
+    spec, tokenizer, task_options, out (`mechopd.eval_run.evaluate_checkpoint`)."""
+    from mechopd.eval_run import evaluate_checkpoint
 
-    return evaluate(model, task, **options)
+    return evaluate_checkpoint(model, task, **options)
 
 
 __all__ = ["__version__", "run_eval", "run_train"]

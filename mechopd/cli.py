@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
-from mechopd.artifacts import write_json
 from mechopd.cli_common import COMMANDS, command, kv_raw as _kv_raw
 from mechopd.cli_eval import _eval_args
 from mechopd.errors import ConfigError, MechopdError
@@ -39,26 +37,14 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
 def _pretrain(a: argparse.Namespace) -> int:
     import time
 
-    from mechopd.checks import check_out_dir
-    from mechopd.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
-    from mechopd.tasks.base import get_task
+    from mechopd.organisms.accuracy import pretrain_organism
 
-    ecfg = EvalConfig(n=a.n, seed=a.seed, n_boot=0)  # every setting validated before any work
-    cfg = default_config(a.task, seed=a.seed, arch=a.arch, steps=a.steps, layers=a.layers)
-    out = check_out_dir(a.out or f"runs/organisms/{organism_dir_name(a.task, a.layers)}")
-    heads = {k: v for k, v in (("num_heads", a.num_heads), ("num_kv_heads", a.num_kv_heads)) if v is not None}
-    if heads:
-        cfg = dataclasses.replace(cfg, **heads)
     t0 = time.time()
-    path = pretrain(cfg, out)
+    path, acc = pretrain_organism(a.task, a.out, seed=a.seed, arch=a.arch, steps=a.steps, n=a.n, layers=a.layers,
+                                  num_heads=a.num_heads, num_kv_heads=a.num_kv_heads)
     print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
-    rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(a.task, **cfg.task_options), ecfg)
-    s = rep["summary"]
-    print(f"accuracy with context {s['acc_xc']['value']:.3f}, without context {s['acc_x']['value']:.3f} "
-          f"(n={s['n']} held-out items, greedy)")
-    write_json(path / "accuracy.json", {"acc_xc": s["acc_xc"]["value"], "acc_x": s["acc_x"]["value"], "n": s["n"]})
+    print(f"accuracy with context {acc['acc_xc']:.3f}, without context {acc['acc_x']:.3f} (n={acc['n']} held-out "
+          "items, greedy)")
     return 0
 
 

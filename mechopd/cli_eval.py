@@ -73,51 +73,30 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
+    from mechopd.eval_run import evaluate_plan, plan_eval
     from mechopd.evaluate import EvalConfig
-    from mechopd.records import recorded_config, recorded_task
-    from mechopd.tasks.base import get_task
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
         raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")
     cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
                      max_new_tokens=a.max_new_tokens, engine=a.engine)
-    if a.run and not Path(a.run, "final", "config.json").is_file():
-        raise ConfigError(f"--run {a.run} holds no final checkpoint (final/); pass a finished training run")
     models = {"model": a.model or str(Path(a.run or "", "final"))} if not a.compare else named(a.compare, "--compare")
     a.model = models.get("model")  # --run: its final/ (the default report path sits under it)
-    records = {name: recorded_config(a.run or path) for name, path in models.items()}
-    a.task, options = recorded_task(records, a.task, kv(a.option, "--option"))
-    task = get_task(a.task, **options)
+    plan = plan_eval(models, a.task, kv(a.option, "--option"), run=a.run)
+    a.task = plan.task_name
     targets, out_dir = _eval_targets(a, list(models))
-    with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
-        return _eval_locked(a, cfg, task, models, targets, out_dir, records, options)
-
-
-def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, str], targets: dict[str, Path],
-                 out_dir: Path | None, records: dict[str, Any], options: dict[str, Any]) -> int:
-    from mechopd import following
-    from mechopd.evaluate import compare, evaluate_model, format_summary, write_report
-    from mechopd.models import check_model, load_model
-    from mechopd.organisms.recipes import resolve_organism
-    from mechopd.records import checked_renders
-
-    paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in models.items()}
     ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwarg, "--chat-template-kwarg")
-    toks, specs = checked_renders(task, paths, records, ncs, kwargs, cfg.seed, cfg.max_new_tokens)
-    reports = {}
-    for name, path in paths.items():
-        model, engine = load_model(path), None
-        if cfg.engine == "vllm":
-            from mechopd.generate.vllm_engine import VllmEngine
+    with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
+        reports = evaluate_plan(plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs,
+                                other_contexts=a.other_contexts)
+        return _write_reports(a, reports, targets, out_dir)
 
-            engine = VllmEngine(path)
-        reports[name] = evaluate_model(model, toks[name], task, cfg, specs[name], engine=engine)
-        reports[name]["settings"].update(model=str(Path(path).resolve()) if Path(path).exists() else str(path),
-                                         task_options=options)
-        if a.other_contexts:
-            following.add_following(reports[name], model, toks[name], task, cfg, specs[name])
-    if a.other_contexts:
-        following.apply_retention(reports)
+
+def _write_reports(a: argparse.Namespace, reports: dict[str, Any], targets: dict[str, Path],
+                   out_dir: Path | None) -> int:
+    from mechopd import following
+    from mechopd.evaluate import compare, format_summary, write_report
+
     for name, rep in reports.items():
         print(format_summary(name, rep["summary"]))
     if a.other_contexts:
@@ -133,5 +112,3 @@ def _eval_locked(a: argparse.Namespace, cfg: Any, task: Any, models: dict[str, s
     print(md)
     print(f"table: {out_dir / 'compare.md'} and {out_dir / 'compare.csv'}")
     return 0
-
-

@@ -11,11 +11,13 @@ its last checkpoint):
   5. figures    every figure from the saved artifacts                               RUN/figures/
   6. report     RUN/report.md: findings first, then the tables and the claims
 
-With ``seeds = N > 1`` (the rules default, `DEFAULT_SEEDS`) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
+With ``seeds = N > 1`` (the rules default, its built-in study's seeds) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
 organism) as jobs on worker processes, one pinned thread each (`mechopd.demo_pool`); `mechopd.aggregate` writes the
-seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and `SEED0_PROBES` (no claim reads them).
+seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and the study's ``first_seed_only``
+probes (no claim reads them).
 
-The rules study (`TASK_DEFAULTS`) was chosen by measurement so that its effects stand on every seed: the distilled
+What runs is the task's built-in study, ``mechopd/data/studies/<task>.yaml`` (`study_spec.builtin_study`; `mechopd
+run` runs a copy of it). The rules study was chosen by measurement so that its effects stand on every seed: the distilled
 context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
 on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
 gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
@@ -26,51 +28,57 @@ measured: docs/results.md, "Choosing the default study"; the schedule's reasons:
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from mechopd.artifacts import FileSet, read_json, write_json
+from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, EvalReport, Study, mean_kept_fraction
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.study_stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
+
+__all__ = ["DemoConfig", "demo", "demo_one", "evaluate_all", "labels_for", "method_label", "run_probes",
+           "train_resumable"]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
-FOLLOW_WEIGHT = 1.0  # the follow term's weight in the nca_follow run (equal to OPD's; docs/method.md §7)
-METHODS: dict[str, dict[str, Any]] = {
-    "opd": {"method": "opd", "selector": "full"},
-    "nca": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE, "nca_gate_window": NCA_GATE_WINDOW},
-    "ta_opd": {"method": "opd", "selector": "ta_opd", "budget": 0.10, "min_one_per_response": False},
-    # gated NCA + the follow term (objectives/follow.py): can one internalise c, remove its harm and keep reading?
-    # shared_prefix off: its other batch mixes 7 contexts of ~20 tokens, so prefix groups cost more forward calls
-    # than they save on the organism (60 steps: 36.3 s grouped, 21.8 s unshared; the same numbers up to float order)
-    "nca_follow": {"method": "nca", "selector": "full", "beta": 0.5, "nca_gate": NCA_GATE,
-                   "nca_gate_window": NCA_GATE_WINDOW, "follow_weight": FOLLOW_WEIGHT, "shared_prefix": "off"},
-}
-GRAD_STAT_METHODS = ("opd", "nca")
-# Training seeds of the default demo per task (the interval rule needs >= 2, docs/method.md §8; 3 x 100 steps fit the
-# rules study's 5-minute budget on 2 cores, docs/results.md; a game demo runs one). Per task below: the demo's budget.
-DEFAULT_SEEDS = {"rules": 3, "frozenlake": 1, "sokoban": 1}
-# Sokoban's is sized so that one seed's study fits in about 10 minutes of a 2-core CPU (docs/results.md, Sokoban).
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # rules: the distilled context is `reverse`, the anchor starts at step 30, TA-OPD's support K = 2 — chosen by
-    # measurement so that the effects stand on every seed (docs/results.md, "Choosing the default study")
-    "rules": {"steps": 100, "batch_size": 32, "lr": 2e-3, "lr_schedule": "linear", "eval_every": 25, "eval_n": 200,
-              "probe_n": 64, "task_options": {"rule": "reverse"}, "nca_start": 30, "ta_opd_k": 2,
-              "follow_contexts": ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5"]},
-    "frozenlake": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
-                   "probe_n": 32},
-    "sokoban": {"steps": 60, "batch_size": 16, "lr": 5e-4, "lr_schedule": "linear", "eval_every": 20, "eval_n": 100,
-                "probe_n": 32},
-}
-# Probes no claim reads: seed 0 only in a several-seed study (`mechopd probe NAME --run RUN/seed-k` adds them)
-SEED0_PROBES = ("patching", "attention")
+# The policy (schedule, runs, seeds, which probes run on the first seed only) is the task's built-in study,
+# mechopd/data/studies/<task>.yaml (`study_spec.builtin_study`); DemoConfig's None fields take its values.
+
+
+def task_defaults(task: str) -> dict[str, Any]:
+    """DemoConfig's defaults read from the task's built-in study: its schedule, eval and probe items, task options,
+    NCA's anchor start, TA-OPD's K and the follow term's contexts (each only where the study sets it)."""
+    from mechopd.study_spec import builtin_study
+
+    spec = builtin_study(task)
+    out = {k: spec.train[k] for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}
+    out.update(eval_n=spec.eval_n, probe_n=spec.probe_n)
+    if spec.task_options:
+        out["task_options"] = dict(spec.task_options)
+    for field_name, key in (("nca_start", "nca_start"), ("ta_opd_k", "k"), ("follow_contexts", "follow_contexts")):
+        given = [run[key] for run in spec.runs.values() if key in run]
+        if given:
+            out[field_name] = given[0]
+    return out
+
+
+def default_seeds(task: str) -> int:
+    """The built-in study's number of training seeds (its seeds are 0..N-1)."""
+    from mechopd.study_spec import builtin_study
+
+    return len(builtin_study(task).seeds)
+
+
+def first_seed_only(task: str) -> tuple[str, ...]:
+    """Probes that run on seed 0 only in a several-seed demo (the built-in study's ``first_seed_only``)."""
+    from mechopd.study_spec import builtin_study
+
+    return tuple(builtin_study(task).first_seed_only)
 
 
 @dataclass
@@ -81,14 +89,14 @@ class DemoConfig:
     out: str = "runs/demo"
     fast: bool = False
     sweep: bool = False
-    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no SEED0_PROBES; demo_pool.py)
+    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
     seed: int = 0
-    seeds: int | None = None        # None: DEFAULT_SEEDS[task] (with --fast: 1)
+    seeds: int | None = None        # None: the built-in study's seeds (with --fast: 1)
     workers: int | None = None      # worker processes (None: torch.get_num_threads(); demo_pool.py)
     job_threads: int = 1            # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
     organism_seed: int = 0
     layers: int | None = None       # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
-    steps: int | None = None        # None: the task's entry of TASK_DEFAULTS (as for the five below)
+    steps: int | None = None        # None: the task's built-in study's (as for the five below, `task_defaults`)
     batch_size: int | None = None
     lr: float | None = None
     lr_schedule: str | None = None
@@ -102,7 +110,7 @@ class DemoConfig:
     follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
-    task_options: dict[str, Any] | None = None  # None: the task's entry of TASK_DEFAULTS (the distilled context)
+    task_options: dict[str, Any] | None = None  # None: the built-in study's (the distilled context)
     train_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,7 +119,7 @@ class DemoConfig:
         if self.task not in ORGANISM_TASKS:
             raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
         if self.seeds is None:  # a chosen training seed means one seed run
-            self.seeds = 1 if (self.fast or self.seed != 0) else DEFAULT_SEEDS.get(self.task, 1)
+            self.seeds = 1 if (self.fast or self.seed != 0) else default_seeds(self.task)
         if isinstance(self.seeds, int) and self.seeds > 1 and self.seed != 0:
             raise ConfigError(f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
                               "--seed, or pass --seeds 1 for that one seed")
@@ -135,7 +143,7 @@ class DemoConfig:
                 raise ConfigError(f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
                                   "it for the recipe's)")
         given = {k: getattr(self, k) for k in ("steps", "batch_size") if getattr(self, k) is not None}
-        for key, value in TASK_DEFAULTS[self.task].items():
+        for key, value in task_defaults(self.task).items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.fast:
@@ -146,42 +154,28 @@ class DemoConfig:
             self.nca_start = None if self.nca_start is None else 2
 
     def methods(self) -> dict[str, dict[str, Any]]:
-        """The demo's runs with this config's anchor start and gradient-statistics period filled in."""
-        out = {}
-        for name, over in METHODS.items():
-            over = dict(over)
-            if name in ("nca", "nca_follow") and self.nca_start is not None:  # a fixed start, no gate
-                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")} | {"nca_start": self.nca_start}
-            elif name in ("nca", "nca_follow"):
+        """The built-in study's runs with this config's anchor schedule, K, follow contexts and gradient-statistics
+        period filled in (a fixed ``nca_start`` replaces the KL gate)."""
+        from mechopd.study_spec import builtin_study
+
+        return {name: self._run_fields(dict(run)) for name, run in builtin_study(self.task).runs.items()}
+
+    def _run_fields(self, over: dict[str, Any]) -> dict[str, Any]:
+        if "nca_start" in over or "nca_gate" in over:  # an anchored run: a fixed start, or the KL gate
+            if self.nca_start is not None:
+                over = {k: v for k, v in over.items() if not k.startswith("nca_gate")}
+                over["nca_start"] = self.nca_start
+            else:
+                over = {k: v for k, v in over.items() if k != "nca_start"}
                 over.update(nca_gate=self.nca_gate, nca_gate_window=self.nca_gate_window)
-            if name == "ta_opd" and self.ta_opd_k is not None:
-                over["k"] = self.ta_opd_k
-            if name == "nca_follow" and self.follow_contexts:
-                over["follow_contexts"] = list(self.follow_contexts)
-            if name in GRAD_STAT_METHODS and "grad_stats_every" not in over:
-                over["grad_stats_every"] = self.grad_stats_every
-            out[name] = over
-        return out
-
-
-def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
-    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
-    if over.get("method") == "nca":
-        start, gate = over.get("nca_start", 0), over.get("nca_gate")
-        when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
-        follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
-        return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
-    if over.get("selector", "full") != "full":
-        kept_text = "n/a" if kept is None else f"{kept:.2f}"
-        k = f", K={over['k']}" if over.get("k") is not None else ""
-        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
-    return "OPD" if name == "opd" else name
-
-
-def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
-    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run / "train" / m))
-                               for m, over in methods.items()}}
+        if over.get("selector") == "ta_opd" and self.ta_opd_k is not None:
+            over["k"] = self.ta_opd_k
+        if "follow_contexts" in over and self.follow_contexts:
+            over["follow_contexts"] = list(self.follow_contexts)
+        if "grad_stats_every" in over:
+            over["grad_stats_every"] = self.grad_stats_every
+        over.pop("save_every", None)  # the demo's: half the steps, a tenth for TA-OPD (`train_methods`)
+        return over
 
 
 def _log(msg: str) -> None:
@@ -217,104 +211,15 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
     return finals
 
 
-def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
-    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh."""
-    from mechopd.demo_pool import finished
-    from mechopd.train.checkpoint import latest_checkpoint
-    from mechopd.train.trainer import train
-
-    if finished(out):
-        _log(f"train {name}: done, skipped")
-        return out / "final"
-    resume = latest_checkpoint(out) is not None
-    if out.exists() and not resume:
-        shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
-    tc = config()
-    _log(f"train {name}: {what} ({'resuming' if resume else 'new'})")
-    return train(tc, out, resume=resume)
-
-
-def evaluate_all(cfg: DemoConfig, models: dict[str, Path], run: Path, spec: Any = None, other_contexts: bool = True,
-                 eval_fields: dict[str, Any] | None = None) -> dict[str, EvalReport]:
-    """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
-    from mechopd.evaluate import EvalConfig, evaluate_model, format_summary
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
-    from mechopd import following
-
-    task = get_task(cfg.task, **(cfg.task_options or {}))
-    out = {}
-    for name, path in models.items():
-        target = run / "eval" / f"{name}.json"
-        if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
-            out[name] = EvalReport.load(target)
-            continue
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
-        model, tok = load_model(path), load_tokenizer(path)
-        raw = evaluate_model(model, tok, task, ecfg, spec)
-        raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
-        if other_contexts:
-            following.add_following(raw, model, tok, task, ecfg, spec)  # rules: the family's other rules
-        rep = EvalReport.from_dict(raw, name)
-        rep.save(target)  # the JSON and the CSV as one file set
-        out[name] = rep
-        print(format_summary(name, rep.summary.to_dict()), flush=True)
-    docs = {name: rep.to_dict() for name, rep in out.items()}
-    following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
-    for name, doc in docs.items():
-        out[name] = EvalReport.from_dict(doc, name)
-        out[name].save(run / "eval" / f"{name}.json")
-    if other_contexts:
-        print(following.format_following(docs), flush=True)
-    return out
-
-
-def run_probes(cfg: DemoConfig, models: dict[str, Path], run: Path, chosen: dict[str, Any] | None = None,
-               setup_fields: dict[str, Any] | None = None) -> None:
-    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
-    the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
-    (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
-    the study lacks, is skipped (and says so). ``chosen``: a study's name -> (setup fields, options over the demo's)."""
-    from mechopd.probes.registry import demo_options
-    from mechopd.probes.registry import probes as registered
-    from mechopd.probes.setup import ProbeSetup
-
-    from mechopd.probes.teachability import informative_checkpoint
-
-    out = run / "probes"
-    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
-    informative = None
-    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
-        informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
-        write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
-    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
-                       models={k: str(v) for k, v in models.items()}, run=str(run), **(setup_fields or {}))
-    for spec in registered():
-        own_setup, own = (chosen or {}).get(spec.name, ({}, {}))
-        if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
-                out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
-            continue
-        if chosen is None and not cfg.full_stages and spec.name in SEED0_PROBES:
-            continue
-        roles = getattr(spec, "role_options", ())
-        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
-        if options is None:
-            _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
-                 f"{study.roles})")
-            continue
-        if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
-            options["trained"] = str(informative)
-        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
-        spec(replace(setup, **own_setup) if own_setup else setup, out, **options)
-
-
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
     from mechopd.demo_pool import hold_demo_out
     from mechopd.runcheck import check_demo_out
 
     check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
+    if demo_done(cfg):
+        _log(f"{cfg.out}: done, nothing to run (report {Path(cfg.out) / 'report.md'})")
+        return Path(cfg.out) / "report.md"
     with hold_demo_out(cfg.out):  # its lock, and SIGTERM handled as Ctrl-C (the workers stop, the lock released)
         return _demo(cfg)
 
@@ -343,6 +248,33 @@ def _demo(cfg: DemoConfig) -> Path:
     return report
 
 
+def demo_done(cfg: DemoConfig) -> bool:
+    """Every stage of this demo finished (its config checked by `runcheck.check_demo_out`): the wall time recorded
+    last into OUT/demo.json, OUT's report, and per seed run its report, every training and every evaluation."""
+    from mechopd.demo_pool import finished, seed_configs
+
+    out = Path(cfg.out)
+    if not all((out / f).is_file() for f in ("report.md", MANIFEST_FILE)) or "wall_s" not in read_json(
+            out / MANIFEST_FILE):
+        return False
+    for r in seed_configs(cfg):
+        run, methods = Path(r.out), r.methods()
+        if not (run / "report.md").is_file() or not all(finished(run / "train" / m) for m in methods):
+            return False
+        if not all((run / "eval" / f"{m}.json").is_file() for m in ("base", *methods)):
+            return False
+        if cfg.sweep and not _sweep_done(run):
+            return False
+    return True
+
+
+def _sweep_done(run: Path) -> bool:
+    from mechopd.demo_sweep import SWEEP_BUDGETS, SWEEP_SELECTORS
+
+    target = run / "sweep" / "sweep.json"
+    return target.is_file() and len(read_json(target).get("rows", [])) == len(SWEEP_SELECTORS) * len(SWEEP_BUDGETS)
+
+
 def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     """Every stage for one training seed (trainings already finished are skipped); returns the report path."""
     from mechopd.plots import draw_all
@@ -359,7 +291,7 @@ def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
     write_json(run / "demo.json", manifest)
     models = {"base": student, **finals}
     evaluate_all(cfg, models, run)
-    run_probes(cfg, models, run)
+    run_probes(cfg, models, run, skip=() if cfg.full_stages else first_seed_only(cfg.task))
     if cfg.sweep:
         from mechopd.demo_sweep import sweep
 

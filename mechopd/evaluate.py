@@ -256,8 +256,9 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[st
 def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int = 1,
              temperature: float | None = None, spec: RenderSpec | None = None, tokenizer: Any = None,
              task_options: dict[str, Any] | None = None, out: str | Path | None = None) -> dict[str, Any]:
-    """``mechopd.run_eval(model, task, n=..., seed=...)``: `model` a checkpoint dir (or a loaded model with
-    `tokenizer`), `task` a name (with `task_options`) or a task object. Writes the report to `out` when given."""
+    """A loaded model (with `tokenizer`) or a checkpoint dir, `task` a name (with `task_options`) or a task object,
+    in both views with the render ``spec`` as given (no training record read: `mechopd.run_eval` and `mechopd eval`
+    read it, `mechopd.eval_run`). Writes the report to `out` when given."""
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 

@@ -3,7 +3,7 @@
 The demo's pipeline for any model: per training seed k (``OUT`` with one seed, ``OUT/seed-k`` with several), one
 training job per run of the study (a finished run skipped, a killed one resumed from its last checkpoint), then the
 seed's finish job: base and every run evaluated in both views (and under the task's other contexts), the listed
-probes, every figure the artifacts allow, ``report.md`` (`demo.evaluate_all`, `demo.run_probes`, `plots.draw_all`,
+probes, every figure the artifacts allow, ``report.md`` (`study_stages.evaluate_all`, `study_stages.run_probes`, `plots.draw_all`,
 `report.write_report_md`). With two or more seeds, the aggregate over seeds and its ``report.md`` with the claims table
 (`aggregate.aggregate`); a claim whose roles the study lacks reads "not measurable here". Jobs run on ``workers``
 processes, one pinned thread each, one log per job in ``<seed run>/logs/`` (`demo_pool`).
@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from mechopd.artifacts import write_json, write_text
-from mechopd.demo import evaluate_all, labels_for, run_probes, train_resumable
+from mechopd.study_stages import evaluate_all, labels_for, run_probes, train_resumable
 from mechopd.errors import ConfigError
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 from mechopd.study_spec import StudySpec, default_out
@@ -66,7 +66,7 @@ class SeedRun:
 
     @property
     def probe_n(self) -> int | None:
-        return None  # per probe in the study file (`probes: {similarity: {n: 16}}`); else the probe's default
+        return self.spec.probe_n  # a probe's own entry (`probes: {similarity: {n: 16}}`) wins; None: its default
 
     def methods(self) -> dict[str, dict[str, Any]]:
         return self.spec.methods()
@@ -104,7 +104,8 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     evaluate_all(cfg, models, run, spec=RenderSpec(placement, **render), other_contexts=spec.other_contexts,
                  eval_fields=spec.eval_fields())
     teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
-    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields())
+    skip = () if cfg.seed == spec.seeds[0] else tuple(spec.first_seed_only)  # no claim reads them: the first seed
+    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields(), skip=skip)
     _log(f"{run}: figures")
     draw_all(run)
     report = write_report_md(run)

@@ -13,6 +13,10 @@
     eval: {n: 200, other_contexts: true}             # n, other_contexts, and any other EvalConfig field but seed
     probes: {similarity: {n: 16}, deltas: {}}        # registered probes: setup fields (n, batch_size, split, ...)
                                                      # and the probe's own options (its `mechopd probe NAME` flags)
+    probe_n: 64                      # optional: every probe's items unless its entry sets n (null: each probe's own)
+    first_seed_only: [patching]      # optional: probes run on the first seed only (no claim reads them)
+
+The built-in studies of `mechopd demo` are such files (``mechopd/data/studies/<task>.yaml``, `builtin_study`).
 
 A run's training config is ``train``, then its ``runs`` entry, then the study's task, student, teacher, render and
 seed (`StudySpec.train_config`); an organism student takes its recipe (`organisms.recipes`) under what the file sets,
@@ -24,6 +28,8 @@ Every value is checked when the file is read: unknown keys, a role that is not a
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -52,6 +58,8 @@ class StudySpec:
     train: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
+    probe_n: int | None = None
+    first_seed_only: list[str] = field(default_factory=list)
     source: str = field(default="study", repr=False, compare=False)  # the file it came from (error messages)
 
     def __post_init__(self) -> None:
@@ -78,6 +86,7 @@ class StudySpec:
         self._check_runs()
         self._check_eval(task)
         self._check_probes()
+        self._check_probe_extras()
 
     # -- checks ------------------------------------------------------------------------------------------------------
     def _check_seeds(self) -> None:
@@ -181,6 +190,17 @@ class StudySpec:
                                   f"lacks ({', '.join(sorted(roles))}); add that run or give the probe's "
                                   f"{', '.join(spec.role_options)} option a role of the study")
 
+    def _check_probe_extras(self) -> None:
+        from mechopd.probes.registry import get_probe
+
+        n = self.probe_n
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"{self.source}: probe_n={n!r} must be an integer >= 1 (items per probe), or null")
+        if not isinstance(self.first_seed_only, list):
+            raise ConfigError(f"{self.source}: first_seed_only must be a list of probe names, e.g. [patching]")
+        for name in self.first_seed_only:
+            get_probe(str(name))  # unknown: ConfigError naming the known probes
+
     # -- what the runner reads -----------------------------------------------------------------------------------------
     def train_config(self, role: str, seed: int, student: str | None = None) -> Any:
         """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint)."""
@@ -265,6 +285,24 @@ class _Roles:
 class _Demo:
     demo: dict[str, Any]
     role_options: tuple[str, ...]
+
+
+STUDIES_DIR = Path(__file__).parent / "data" / "studies"  # the built-in studies, one per organism task
+
+
+def builtin_study(task: str) -> StudySpec:
+    """The built-in study of an organism task (``mechopd/data/studies/<task>.yaml``): what `mechopd demo` runs
+    (read and checked once per process; each call returns its own copy)."""
+    return copy.deepcopy(_load_builtin(task))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_builtin(task: str) -> StudySpec:
+    path = STUDIES_DIR / f"{task}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))
+        raise ConfigError(f"no built-in study for task {task!r}; choose one of {', '.join(known)}")
+    return StudySpec.load(path)
 
 
 def default_out(study: str | os.PathLike) -> Path:

@@ -3,8 +3,10 @@
 The library's defaults are the papers' (lr 5e-6, batch 128): right for a 1–8B model, far too timid for a 3-layer
 organism (see docs/results.md, "Numbers the code's docstrings used to carry"). When the student is ``organism:<task>``, the config
 starts from ``ORGANISM_RECIPES[task]`` and every key set explicitly (YAML, ``--set``, a flag) wins over it; any other
-student keeps the papers' defaults. These are the values `mechopd demo` and ``training/organisms/<task>.yaml`` use
-(CPU, minutes per run). Method, β and selector are not part of a recipe: they are the experiment.
+student keeps the papers' defaults. These are the values ``training/organisms/<task>.yaml`` use (CPU, minutes per
+run); the demo's built-in studies (``mechopd/data/studies/<task>.yaml``) start from them: rules as it is, a game at
+half the steps and batch with the lr decaying and NCA gated (below). Method, β and selector are not part of a recipe:
+they are the experiment.
 
 ``task_options: {rule: reverse}`` (rules): the distilled context is "reverse the items" (the organism is pretrained
 on the whole family, so any rule can be distilled). Reverse twice is the identity, so a student that internalises
@@ -18,7 +20,7 @@ the no-context view; the KL gate of the previous recipe (open at KL(q_x ‖ f) �
 where OPD plateaus (on reverse: about 1 seed in 5 stops at Acc_x ≈ 0.75, the length-6 lists), leaving NCA = OPD
 there. A start at step 30 (and at 40) removed the harm on 5 of 5 seeds. It changes only anchor terms (NCA, SymKL).
 
-TA-OPD's support size K is the method's, not the recipe's (the demo sets K = 2 for rules, `demo.TASK_DEFAULTS`). The answer vocabulary has 11 tokens, so the paper's K = 16 holds all of it,
+TA-OPD's support size K is the method's, not the recipe's (the demo's rules study sets K = 2). The answer vocabulary has 11 tokens, so the paper's K = 16 holds all of it,
 C ≈ 1 at most tokens, TA-OPD degenerates to "the 10 % highest-divergence tokens" and collapses (0.000 in both views
 on every seed measured at lr 1e-3 and 2e-3); K = 2 learns on 3 of 3 seeds at lr 2e-3 (K = 4 on 1 of 3).
 
@@ -27,9 +29,10 @@ on every seed measured at lr 1e-3 and 2e-3); K = 2 learns on 3 of 3 seeds at lr 
 ``lr_schedule: linear`` (rules): the rate decays linearly to 0 at the last step (the Hugging Face Trainer's default).
 At a constant lr 1e-3 (200 times the papers'; the rules recipe now runs at 2e-3) AdamW near convergence can take rare large steps, and a final checkpoint
 can be caught in one; the decay keeps the late steps small. It applies to every method alike.
-``nca_gate`` (sokoban): the same gate, so that NCA does not erase the context's effect before OPD has moved the
-no-context view. FrozenLake keeps the constant β; both games keep the constant lr. What these choices were measured
-to do: docs/results.md.
+``nca_gate`` (sokoban): a KL gate (0.1 nats over 5 steps), so that NCA does not erase the context's effect before OPD
+has moved the no-context view. FrozenLake's recipe keeps the constant β and both game recipes the constant lr (what
+`mechopd train organism:<game>` runs); the demo's game studies apply the gate to both games and decay the lr linearly
+(``mechopd/data/studies/{frozenlake,sokoban}.yaml``). What these choices were measured to do: docs/results.md.
 """
 
 from __future__ import annotations

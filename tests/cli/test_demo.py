@@ -71,7 +71,7 @@ def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypa
     report = (run / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
     assert (run / "figures" / "training_curves.png").exists()
-    # seeds >= 1 skip what no claim reads (figures, SEED0_PROBES); seed 0 has everything
+    # seeds >= 1 skip what no claim reads (figures, the study's first_seed_only probes); seed 0 has everything
     assert (run / "seed-0" / "figures" / "layer_cosine.png").exists() and not (run / "seed-1" / "figures").exists()
     assert (run / "seed-0" / "probes" / "patching.csv").exists()
     assert not (run / "seed-1" / "probes" / "patching.csv").exists()
@@ -135,9 +135,9 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
 
 
 def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_path, capsys):
-    from mechopd.demo import DEFAULT_SEEDS, DemoConfig
+    from mechopd.demo import DemoConfig, default_seeds
 
-    assert DemoConfig().seeds == DEFAULT_SEEDS["rules"] == 3 and DemoConfig(seed=2).seeds == 1
+    assert DemoConfig().seeds == default_seeds("rules") == 3 and DemoConfig(seed=2).seeds == 1
     assert DemoConfig(fast=True).seeds == 1 and DemoConfig(task="sokoban").seeds == 1
     assert main(["demo", "--seed", "3", "--seeds", "2", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip()

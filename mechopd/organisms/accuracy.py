@@ -1,0 +1,43 @@
+"""`mechopd pretrain` as a library call: pretrain (or reuse) an organism, then its held-out accuracy in both views.
+
+    from mechopd.organisms.accuracy import pretrain_organism
+    path, acc = pretrain_organism("rules", n=200)   # acc: {"acc_xc", "acc_x", "n"}, also in path/accuracy.json
+
+Acc_xc and Acc_x are the greedy accuracies with and without the context (docs/method.md §2) on ``n`` held-out items.
+Every setting is checked before any work (the evaluation config, the organism config, the output directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+ACCURACY_FILE = "accuracy.json"
+
+
+def pretrain_organism(task: str, out: str | Path | None = None, *, seed: int = 0, arch: str = "qwen3",
+                      steps: int | None = None, n: int = 200, layers: int | None = None,
+                      num_heads: int | None = None, num_kv_heads: int | None = None,
+                      progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Pretrain (or reuse: same config) the ``task`` organism into ``out`` (default runs/organisms/<task>[-L<n>]),
+    evaluate it on ``n`` held-out items (seed ``seed``) and write ``accuracy.json``; returns (its path, the accuracy)."""
+    from mechopd.artifacts import write_json
+    from mechopd.checks import check_out_dir
+    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.models import load_model, load_tokenizer
+    from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
+    from mechopd.tasks.base import get_task
+
+    ecfg = EvalConfig(n=n, seed=seed, n_boot=0)  # every setting validated before any work
+    cfg = default_config(task, seed=seed, arch=arch, steps=steps, layers=layers)
+    target = check_out_dir(out or f"runs/organisms/{organism_dir_name(task, layers)}")
+    heads = {k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)) if v is not None}
+    if heads:
+        cfg = dataclasses.replace(cfg, **heads)
+    path = Path(pretrain(cfg, target, progress=progress))
+    rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(task, **cfg.task_options), ecfg)
+    s = rep["summary"]
+    accuracy = {"acc_xc": s["acc_xc"]["value"], "acc_x": s["acc_x"]["value"], "n": s["n"]}
+    write_json(path / ACCURACY_FILE, accuracy)
+    return path, accuracy
