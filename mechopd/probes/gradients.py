@@ -58,10 +58,11 @@ from mechopd.objectives.losses import TERMS as TERM_REGISTRY
 from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
                                        terms_need, token_mean)
 from mechopd.probes.items import ProbeItems, sample_responses
-from mechopd.probes.registry import default_of
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch
+from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
+from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
@@ -325,9 +326,21 @@ def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], sp
     return next(iter(items)).to(next(student.parameters()).device)
 
 
+
+@dataclass(frozen=True)
+class GradientsOptions:
+    """`mechopd probe gradients`'s options (`mechopd.probes.options`)."""
+
+    model: Role | None = option(None, f"model to differentiate: {MODEL_HELP} (default: first trained)")
+    teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
+    terms: str = option("opd,nca", "two of opd,nca,dual,sym")
+    layers: str | None = option(None, "comma-separated decoder layers (default: every parameter)")
+    estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)")
+
+
 def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,
                   teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"),
-                  estimator: str = default_of("gradients", "estimator"), topk: int = 256,
+                  estimator: str = GradientsOptions.estimator, topk: int = 256,
                   layers: Sequence[int] | None = None, include_non_layer: bool = False,
                   device: str | None = None) -> list[GradRow]:
     """Sample one response of the student per setup item (split default "train"), measure the alignment of
@@ -372,3 +385,30 @@ def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, setting
                               float(settings.get("null_cos", math.nan)))
     summary.save(out, rows=rows)
     return out / CSV_NAME
+
+
+def cli_run(setup: ProbeSetup, out: Path, *, model: str | None, teacher: str | None, terms: str, layers: str | None,
+            estimator: str) -> list[str]:
+    """`mechopd probe gradients`: run, then the lines to print."""
+    try:
+        two = pair(terms, "--terms")
+    except ConfigError as e:
+        if "twice" in str(e):
+            raise
+        raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
+    run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
+    s = GradientSummary.load(out)
+    return [f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
+            f"table: {out / CSV_NAME}"]
+
+
+register_probe(ProbeSpec(
+    "gradients", "alignment of two loss terms' gradients (global, per layer, per module)", cli_run,
+    options=GradientsOptions, order=20, outputs=("gradients.csv", "gradients.json"),
+    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"}, role_options=("model",), summary=GradientSummary,
+    figures=(FigureSpec(
+        "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
+        "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
+        "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
+        "gradient norms.", "mechopd.plots.layers:plot_gradient_alignment"),),
+))
