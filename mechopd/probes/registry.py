@@ -156,10 +156,9 @@ def _discover() -> None:
     _loaded = True
     import pkgutil
 
-    import mechopd.probes as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    package = __name__.rpartition(".")[0]  # mechopd.probes, by its directory (no import of the package here)
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        importlib.import_module(f"{package}.{info.name}")
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):

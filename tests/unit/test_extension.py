@@ -18,7 +18,8 @@ from mechopd.artifacts import Summary, read_json
 from mechopd.cli import main
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
-from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, probe_result, register_probe, unregister_probe
+from mechopd.probes.options import option
+from mechopd.probes.registry import FigureSpec, ProbeSpec, probe_result, register_probe, unregister_probe
 from mechopd.study import Study
 from tests.unit.plotting_run import make_run
 
@@ -48,8 +49,13 @@ def plot_toy(run_dir, out_dir: Path) -> list[Path]:
     return [out_dir / "toy.png"]
 
 
-TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, arguments=(Arg(("--model",), dict(default=None)),
-                                                                Arg(("--scale",), dict(type=float, default=2.0))),
+@dataclass(frozen=True)
+class ToyOptions:
+    model: str | None = option(None, "a model")
+    scale: float = option(2.0, "a factor")
+
+
+TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                       outputs=("toy.json",), demo={"model": "nca", "scale": 0.5}, role_options=("model",),
                       figures=(FigureSpec("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy),),
                       summary=ToySummary)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
-from mechopd.probes.registry import (Arg, FigureSpec, ProbeSpec, add_probe_parsers, get_probe, probes,
+from mechopd.probes.options import option
+from mechopd.probes.registry import (FigureSpec, ProbeSpec, add_probe_parsers, get_probe, probes,
                                      register_probe, unregister_probe)
 
 SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
@@ -42,8 +44,18 @@ def plot_toy(run_dir: Path, out_dir: Path) -> list[Path]:
     return [out_dir / "toy.png"]
 
 
-TOY = ProbeSpec("toy", "a toy probe", run_toy,
-                arguments=(Arg(("--scale",), dict(type=float, default=2.0)), Arg(("--model",), dict(default=None))),
+@dataclass(frozen=True)
+class ToyOptions:
+    scale: float = option(2.0, "a factor", range=(0.0, None))
+    model: str | None = option(None, "a model")
+
+
+@dataclass(frozen=True)
+class ClashOptions:
+    n: int = option(1, "clashes with the setup's --n")
+
+
+TOY = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                 outputs=("toy.json",), demo={"model": "nca", "scale": 0.5},
                 figures=(FigureSpec("toy", "Toy figure", "The toy probe's value.", plot_toy),), report=toy_lines)
 
@@ -82,7 +94,7 @@ def test_cli_and_python_defaults_agree():
 
     for name, ref in PYTHON_API.items():
         params = inspect.signature(resolve(ref)).parameters
-        for dest, cli in get_probe(name).options().items():
+        for dest, cli in get_probe(name).values().items():
             if dest in params and params[dest].default is not inspect.Parameter.empty:
                 py = params[dest].default
                 assert (",".join(py) if isinstance(py, tuple) else py) == cli, (name, dest)
@@ -113,13 +125,15 @@ def test_a_registered_probe_is_a_cli_verb_with_its_flags(toy, tmp_path, capsys):
 
 
 def test_options_are_checked_against_the_registration(toy):
-    assert toy.options() == {"scale": 2.0, "model": None}
+    assert toy.values() == {"scale": 2.0, "model": None}
     with pytest.raises(ConfigError, match="unknown option"):
-        toy.options(sclae=1.0)
+        toy.values(sclae=1.0)
+    with pytest.raises(ConfigError, match="--scale -1.0 is out of range"):
+        toy.values(scale=-1.0)
     with pytest.raises(ConfigError, match="already registered"):
         register_probe(ProbeSpec("toy", "another", run_toy))
     with pytest.raises(ConfigError, match="--n is a setup flag"):
-        register_probe(ProbeSpec("toy2", "clashes", run_toy, arguments=(Arg(("--n",), dict(type=int)),)))
+        register_probe(ProbeSpec("toy2", "clashes", run_toy, options=ClashOptions))
     with pytest.raises(ConfigError, match="unknown probe"):
         get_probe("no-such-probe")
 
