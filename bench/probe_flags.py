@@ -4,7 +4,8 @@
     PYTHONPATH=$PWD       python bench/probe_flags.py dump /tmp/after.json      # this tree
     python bench/probe_flags.py diff /tmp/before.json /tmp/after.json          # differences, per probe
 
-The diff prints every probe whose help text or defaults differ (exit 1), or "identical" (exit 0).
+The diff prints every probe whose help text, defaults, demo options or outputs differ, and the figure index (name,
+title, caption, report order) when it differs (exit 1), or "identical" (exit 0).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def dump(path: str) -> None:
         sub = verbs[spec.name]
         defaults = {k: v for k, v in vars(parser.parse_args([spec.name])).items()}
         doc[spec.name] = {"help": sub.format_help(), "defaults": {k: repr(v) for k, v in sorted(defaults.items())},
-                          "demo": repr(spec.demo), "outputs": list(spec.outputs),
-                          "figures": [f.name for f in spec.figures]}
+                          "demo": repr(spec.demo), "outputs": list(spec.outputs)}
+    from mechopd.plots import figure_index
+
+    doc["(figures)"] = {"index": [list(f) for f in figure_index()]}  # name, title, caption, in report order
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"{len(doc)} probes -> {path}")
@@ -43,7 +46,7 @@ def diff(a_path: str, b_path: str) -> int:
         print(f"probe order differs: {list(a)} -> {list(b)}")
         bad += 1
     for name in a:
-        for key in ("help", "defaults", "demo", "outputs", "figures"):
+        for key in ("help", "defaults", "demo", "outputs", "index"):
             x, y = a[name].get(key), (b.get(name) or {}).get(key)
             if x != y:
                 bad += 1

@@ -39,7 +39,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import _gather, component_site, forward
 from mechopd.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("model", "layer", "head", "context_share", "other_share", "n_items", "n_tokens")
 DETAIL_ITEMS = 16
@@ -233,9 +233,4 @@ register_probe(ProbeSpec(
     options=AttentionOptions, order=70,
     outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
     demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=AttentionSummary, every_seed=False,
-    figures=(FigureSpec(
-        "attention_context", "Attention on the context per layer and head",
-        "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
-        "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
-        "mechopd.plots.causal:plot_attention_context"),),
 ))

@@ -22,7 +22,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
 from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
 from mechopd.probes.options import cross as two_models
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("model", "pair", "site", "layer", "component", "head", "position", "attribution", "recovered_attr",
            "recovered_exact", "m_clean", "n_items", "n_tokens")
@@ -180,10 +180,4 @@ register_probe(ProbeSpec(
     outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),
     demo=None,  # on demand (`mechopd probe attribution --run RUN`): the demo's 5-minute budget has no room for it
     role_options=("models",), summary=AttributionSummary,
-    figures=(FigureSpec(
-        "attribution", "Attribution patching by layer, component and head",
-        "Estimated recovered share of the output KL between the views (c→x) when one site's activation at every "
-        "scored position takes the context view's value: −(a_c − a_x)·∂KL/∂a / KL, per decoder layer and component "
-        "(resid, attn, mlp) and per query head (o_proj's input); the panel title gives its Pearson correlation with "
-        "exact patching on the same sites.", "mechopd.plots.interventions:plot_attribution"),),
 ))

@@ -57,7 +57,7 @@ from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming
 from mechopd.sites import natural_key as _natural_key
 from mechopd.probes.options import MODEL_HELP, Role, models_option, option
 from mechopd.probes.options import pair as two_items
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
 AGGREGATE_BY = ("site", "layer", "module", "all")
@@ -386,9 +386,4 @@ register_probe(ProbeSpec(
     options=DeltasOptions, order=30, outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
     demo={"models": ["opd", "nca"], "pair": "opd,nca", "svd": True}, role_options=("models", "pair"),
     summary=DeltaSummary, report=report,
-    figures=(FigureSpec(
-        "parameter_deltas", "Parameter updates per layer and module",
-        "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
-        "and of the difference between two trained models (e.g. NCA − OPD, with the cosine between their updates), "
-        "on one colour scale.", "mechopd.plots.layers:plot_parameter_deltas"),),
 ))

@@ -63,7 +63,7 @@ from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch
 from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
@@ -378,9 +378,4 @@ register_probe(ProbeSpec(
     "gradients", "alignment of two loss terms' gradients (global, per layer, per module)", cli_run,
     options=GradientsOptions, order=20, outputs=("gradients.csv", "gradients.json"),
     demo={"model": "opd", "terms": "opd,nca", "estimator": "full"}, role_options=("model",), summary=GradientSummary,
-    figures=(FigureSpec(
-        "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
-        "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
-        "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
-        "gradient norms.", "mechopd.plots.layers:plot_gradient_alignment"),),
 ))

@@ -38,7 +38,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.views import TwoViewBatch
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16
@@ -262,10 +262,4 @@ register_probe(ProbeSpec(
     "lens", "logit lens per view: KL between the views' decoded residual at every depth", cli_run, options=LensOptions,
     order=50, outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
     demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=LensSummary,
-    figures=(FigureSpec(
-        "lens_kl", "Logit lens: KL between the views by depth",
-        "Mean over the scored positions (the last prompt token and every response token but the last) of "
-        "KL(p_c ‖ p_x) between the context and no-context views' distributions, the residual at each site decoded "
-        "through the model's final norm and LM head (at the final norm: the output); one line per model.",
-        "mechopd.plots.causal:plot_lens_kl"),),
 ))

@@ -38,7 +38,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.removability import resample_blocks
 from mechopd.probes.options import Role, option, site_list
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 SELF = "x"
 COLUMNS = ("model", "donor", "site", "layer", "depth", "harm", "harm_low", "harm_high", "harm_clean", "n_right",
@@ -191,10 +191,4 @@ register_probe(ProbeSpec(
     options=LocalizationOptions, order=100,
     outputs=("localization.csv", "localization.json", "localization_items.jsonl"),
     demo={"model": "opd", "donor": "x"}, role_options=("model",), summary=LocalizationSummary,
-    figures=(FigureSpec(
-        "localization", "Localization: Harm after patching the donor's residual, by depth",
-        "The model's context view fed its own correct no-context reply, the residual stream at one site replaced at "
-        "every response position by the donor's (its own no-context view, or another model's context view); "
-        "teacher-forced Harm = share of the items right without c whose greedy choice leaves the reply, with its "
-        "95 % item-bootstrap interval; dashed: unpatched.", "mechopd.plots.interventions:plot_localization"),),
 ))

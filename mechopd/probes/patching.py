@@ -47,7 +47,7 @@ from mechopd.probes.capture import component_site, forward, resolve_sites, site_
 from mechopd.views import TwoViewBatch
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.options import cross as two_models
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COMPONENTS = ("resid", "attn", "mlp")
 DIRECTIONS = ("c_to_x", "x_to_c")
@@ -298,10 +298,4 @@ register_probe(ProbeSpec(
     outputs=("patching.csv", "patching.json", "patching_items.jsonl", "patching_tokens.jsonl"),
     demo={"models": ["base", "opd", "nca"], "cross": "nca,opd"}, role_options=("models", "cross"),
     summary=PatchingSummary, every_seed=False,
-    figures=(FigureSpec(
-        "patching", "Activation patching between the views",
-        "Recovered share of the output KL between the views when the no-context view's activation at the scored "
-        "positions is replaced by the context view's (c→x): 1 − KL(p_c ‖ p_x patched)/KL(p_c ‖ p_x), per site and "
-        "component (resid: the residual stream at the site; attn / mlp: that layer's attention / MLP output); one "
-        "panel per model.", "mechopd.plots.causal:plot_patching"),),
 ))

@@ -39,7 +39,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
 from mechopd.probes.options import Role, option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("uid", "position", "token", "pmi", "opd", "kl_x", "ctx", "sampled", "C", "D", "DL", "right_x", "flip")
 MIN_OPD = 0.01
@@ -187,9 +187,4 @@ register_probe(ProbeSpec(
     outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
     demo=None,  # on demand (`mechopd probe pmi --run RUN`): the demo's 5-minute budget has no room for it
     role_options=("student",), summary=PmiSummary,
-    figures=(FigureSpec(
-        "pmi", "The teacher's pointwise mutual information with the context",
-        "Per response token of the trained student's reply: the teacher's log f(y|c,x) − log f(y|x) against the OPD "
-        "loss KL(q_x ‖ f_c) at that token; red: the token where the context view of a student right without c first "
-        "leaves its reply (Harm's token).", "mechopd.plots.interventions:plot_pmi"),),
 ))

@@ -14,8 +14,7 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
     the claims and the figures read (`probe_result`);
-  * its figures (``FigureSpec``: name, title, caption, ``plot(run_dir, out_dir) -> list[Path]``), drawn by
-    `mechopd.plots.draw_all` and shown in ``report.md``;
+  * (its figures register themselves in their plot modules: `mechopd.plots.registry`, group "probe");
   * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`; default: the
     summary's ``lines()``.
 
@@ -23,7 +22,7 @@ A probe registers itself at the end of its own module (``register_probe(ProbeSpe
 registry imports no probe module by name: the first `probes` / `get_probe` call imports every module of the
 ``mechopd.probes`` package (`_discover`), then the ``mechopd.probes`` entry points; a probe module calls the registry
 only in that last statement, so no import cycle arises. Callables may be given as ``"module:attribute"`` strings
-(imported when first called), e.g. figures drawn by `mechopd.plots`.
+(imported when first called).
 Third-party probes: register in your module and expose it under the ``mechopd.probes`` entry-point group (or import
 it before calling mechopd).
 """
@@ -56,16 +55,6 @@ def resolve(ref: Ref) -> Callable[..., Any]:
 
 
 @dataclass(frozen=True)
-class FigureSpec:
-    """One figure: ``name`` (file stem ``figures/<name>.png``), ``title``, ``caption``, ``plot(run_dir, out_dir)``."""
-
-    name: str
-    title: str
-    caption: str
-    plot: Ref
-
-
-@dataclass(frozen=True)
 class ProbeSpec:
     """A probe's registration (see the module docstring)."""
 
@@ -75,7 +64,6 @@ class ProbeSpec:
     options: type | None = None
     outputs: tuple[str, ...] = ()
     demo: dict[str, Any] | None = None
-    figures: tuple[FigureSpec, ...] = ()
     report: Ref | None = None
     summary: Ref | None = None
     role_options: tuple[str, ...] = ()
@@ -203,11 +191,6 @@ def probe_result(name: str, probes_dir: str | Path) -> Any:
     and the figures read; None when the probe did not run there or is not registered (it cannot have run)."""
     spec = next((p for p in probes() if p.name == name), None)
     return None if spec is None else spec.load(probes_dir)
-
-
-def figures() -> list[FigureSpec]:
-    """The figures of every registered probe, in registration order."""
-    return [f for spec in probes() for f in spec.figures]
 
 
 def report_lines(probes_dir: str | Path) -> list[str]:

@@ -52,7 +52,7 @@ from mechopd.probes.setup import (TEACHER, ProbeItems, ProbeSetup, make_batches,
                                   sample_responses)  # (make_batches, sample_responses: re-exported, used to live here)
 from mechopd.views import TwoViewBatch
 from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 CSV_NAME = "similarity.csv"
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -387,9 +387,4 @@ register_probe(ProbeSpec(
     options=SimilarityOptions, order=10,
     outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
     demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=SimilaritySummary,
-    figures=(FigureSpec(
-        "layer_cosine", "Two-view hidden-state cosine per layer",
-        "Cosine between the hidden states of the same response token with and without the context, per-token mean "
-        "over the response tokens, at the embedding, after each decoder layer and after the final norm; one line "
-        "per model.", "mechopd.plots.layers:plot_layer_cosine"),),
 ))

@@ -59,7 +59,7 @@ from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
 from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
 from mechopd.views import RenderSpec, build_two_view_batch
 from mechopd.probes.options import MODEL_HELP, Role, option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"
@@ -357,10 +357,4 @@ register_probe(ProbeSpec(
     "teachability", "fixed-context token teachability diagnostic (TA-OPD)", cli_run, options=TeachabilityOptions,
     order=40, outputs=("teachability_summary.json", "teachability_tokens.csv", "bank.json"),
     demo={"trained": "ta_opd"}, role_options=("trained",), summary=TeachabilitySummary,
-    figures=(FigureSpec(
-        "teachability", "Teachability of teacher–student disagreement",
-        "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of the "
-        "pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain gap inside "
-        "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
-        "coefficients of the gain.", "mechopd.plots.teachability:plot_teachability"),),
 ))

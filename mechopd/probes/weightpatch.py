@@ -37,7 +37,7 @@ from mechopd.probes.weightpatch_plan import (ALL, CONTROL, DEFAULT_MODULES, NONE
                                             parse_modules, patched, plan_rows)
 from mechopd.removability import batched_metrics, paired_arrays, resample_blocks
 from mechopd.probes.options import Role, models_option, option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, register_probe
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 DELTAS = ("acc_x", "acc_xc", "harm")
 COLUMNS = ("model", "donor", "layer", "module", "draw", "n_params", "n", "acc_x", "acc_x_low", "acc_x_high",
@@ -268,11 +268,4 @@ register_probe(ProbeSpec(
     outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),
     demo={"models": ["opd"], "donor": "base", "layers": "all", "modules": "qk,vo,attn,mlp,ctrl_qk"},
     role_options=("models", "donor"), summary=WeightpatchSummary,
-    figures=(FigureSpec(
-        "weightpatch", "Weight patching: Acc_x and Harm by layer and module group",
-        "Each trained model with one module group of one decoder layer (row 'all': of every layer) reverted to the "
-        "donor's weights (default: the base W0), both views decoded greedily on the same held-out items. Left: "
-        "Acc_x (a drop: the group carries internalised rule); right: Harm (a drop: the group carries the harm). "
-        "ctrl_qk: random rows of the other matrices with q_proj+k_proj's parameter count (mean over draws); the "
-        "top row is the unpatched model.", "mechopd.plots.interventions:plot_weightpatch"),),
 ))
