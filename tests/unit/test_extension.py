@@ -19,7 +19,7 @@ from mechopd.cli import main
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
 from mechopd.probes.options import option
-from mechopd.probes.registry import FigureSpec, ProbeSpec, probe_result, register_probe, unregister_probe
+from mechopd.probes.registry import ProbeSpec, probe_result, register_probe, unregister_probe
 from mechopd.study import Study
 from tests.unit.plotting_run import make_run
 
@@ -57,7 +57,6 @@ class ToyOptions:
 
 TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                       outputs=("toy.json",), demo={"model": "nca", "scale": 0.5}, role_options=("model",),
-                      figures=(FigureSpec("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy),),
                       summary=ToySummary)
 
 
@@ -77,6 +76,7 @@ def plot_count(run_dir, out_dir: Path) -> list[Path]:
 @pytest.fixture
 def toys():
     register_probe(TOY_PROBE)
+    register_figure("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy, group="probe")
     register_selector("toy_last", needs_stats=False)(toy_last)
     register_figure("eval_count", "Evaluated models", "How many evaluation reports the run holds (a toy figure).",
                     plot_count)
@@ -84,6 +84,7 @@ def toys():
     unregister_probe("toy")
     unregister_selector("toy_last")
     unregister_figure("eval_count")
+    unregister_figure("toy")
 
 
 def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rules_organism, capsys):

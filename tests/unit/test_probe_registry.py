@@ -13,7 +13,8 @@ import pytest
 from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
 from mechopd.probes.options import option
-from mechopd.probes.registry import (FigureSpec, ProbeSpec, add_probe_parsers, get_probe, probes,
+from mechopd.plots.registry import register_figure, unregister_figure
+from mechopd.probes.registry import (ProbeSpec, add_probe_parsers, get_probe, probes,
                                      register_probe, unregister_probe)
 
 SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
@@ -57,14 +58,16 @@ class ClashOptions:
 
 TOY = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                 outputs=("toy.json",), demo={"model": "nca", "scale": 0.5},
-                figures=(FigureSpec("toy", "Toy figure", "The toy probe's value.", plot_toy),), report=toy_lines)
+                report=toy_lines)
 
 
 @pytest.fixture
 def toy():
     register_probe(TOY)
+    register_figure("toy", "Toy figure", "The toy probe's value.", plot_toy, group="probe")
     yield TOY
     unregister_probe("toy")
+    unregister_figure("toy")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,8 +80,12 @@ def test_builtin_probes_are_registered_with_figures_and_report():
     names = [p.name for p in probes()]
     assert names[:4] == ["similarity", "gradients", "deltas", "teachability"]
     for spec in probes()[:4]:
-        assert spec.figures and spec.summary is not None and spec.demo is not None and spec.outputs
+        assert spec.summary is not None and spec.demo is not None and spec.outputs
         assert set(spec.role_options) <= set(spec.demo)  # the demo's models are roles of the study
+    from mechopd.plots import figure_index
+
+    assert {"layer_cosine", "gradient_alignment", "parameter_deltas", "teachability"} <= {
+        f.name for f in figure_index()}  # their figures register in their plot modules
 
 
 PYTHON_API = {"similarity": "mechopd.probes.similarity:run_similarity",
