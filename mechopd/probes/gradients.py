@@ -307,7 +307,7 @@ class GradientsOptions:
     teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
     terms: str = option("opd,nca", "two of opd,nca,dual,sym")
     layers: str | None = option(None, "comma-separated decoder layers (default: every parameter)")
-    estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)")
+    estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
 
 
 def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 import typing
 from typing import Any
 
 from mechopd.errors import ConfigError
 
-Role = str  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
+Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
 MODELS_METAVAR = "LABEL|NAME=DIR"
 
@@ -50,12 +51,28 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def _kind(hint: Any) -> Any:
-    """The hint without ``| None``: ``int``, ``float``, ``str``, ``bool`` or ``list``."""
+def _bare(hint: Any) -> Any:
+    """The hint without ``| None``."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
-        hint = args[0]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return hint
+
+
+def _kind(hint: Any) -> Any:
+    """``int``, ``float``, ``str``, ``bool``, ``Role`` or ``list`` (for ``list[...]``)."""
+    hint = _bare(hint)
     return list if typing.get_origin(hint) in (list, tuple) else hint
+
+
+def type_name(hint: Any) -> str:
+    """The docs' name of a field's type: ``int``, ``Role``, ``list[Role]``, ``flag`` (a bool)."""
+    hint = _bare(hint)
+    if hint is bool:
+        return "flag"
+    if typing.get_origin(hint) in (list, tuple):
+        return f"list[{', '.join(type_name(a) for a in typing.get_args(hint) if a is not Ellipsis)}]"
+    return getattr(hint, "__name__", str(hint))
 
 
 def argparse_kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
@@ -106,8 +123,7 @@ def docs_rows(cls: type | None) -> list[str]:
     """Markdown rows ``| flag | type | default | help |`` of ``cls`` (docs/probes.md)."""
     rows = []
     for f, hint in _fields(cls) if cls is not None else []:
-        kind = _kind(hint)
-        typ = "flag" if kind is bool else ("list" if kind is list else getattr(kind, "__name__", str(kind)))
+        kind, typ = _kind(hint), type_name(hint)
         extra = []
         if "range" in f.metadata:
             lo, hi = f.metadata["range"]
