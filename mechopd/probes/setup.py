@@ -104,7 +104,7 @@ class ProbeSetup:
         placement = self.placement or (task or self.make_task()).placement
         return RenderSpec(placement, self.no_context_system, dict(self.chat_template_kwargs))
 
-    def count(self, task: Any, split: str) -> int:
+    def n_for(self, task: Any, split: str) -> int:
         """Items to use: ``n``; None = DEFAULT_N, or the whole split when the task reports fewer (``split_sizes``,
         e.g. a small JSONL file). An explicit ``n`` above the split's size is the task's error."""
         if self.n is not None:
@@ -113,10 +113,10 @@ class ProbeSetup:
         return min(DEFAULT_N, sizes[split]) if sizes.get(split) else DEFAULT_N
 
     def examples(self, task: Any | None = None, default_split: str = "test") -> list:
-        """`count` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
+        """`n_for` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
         task = task or self.make_task()
         split = self.split or default_split
-        return task.examples(split, self.count(task, split), self.seed)
+        return task.examples(split, self.n_for(task, split), self.seed)
 
     def items(self, tokenizer: Any, source: Any, task: Any | None = None, *, greedy: bool = False) -> ProbeItems:
         """The examples with one response each, as a re-iterable source of `TwoViewBatch`es.
@@ -126,7 +126,7 @@ class ProbeSetup:
         """
         task = task or self.make_task()
         split = self.split or "test"
-        return make_batches(tokenizer, task, self.count(task, split), self.seed, self.batch_size, source,
+        return make_batches(tokenizer, task, self.n_for(task, split), self.seed, self.batch_size, source,
                             self.spec(task), split=split, greedy=greedy)
 
     # -- models ------------------------------------------------------------------------------------------------------

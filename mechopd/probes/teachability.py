@@ -313,7 +313,7 @@ def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: 
     into ``out_dir``; returns the summary dict.
 
     student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
-    teacher (else base). bank: None = sample ``setup.count`` items (split default "train") with the setup's seed,
+    teacher (else base). bank: None = sample ``setup.n_for`` items (split default "train") with the setup's seed,
     temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
     """
     out = Path(out_dir)
