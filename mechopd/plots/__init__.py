@@ -18,15 +18,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from mechopd.plots.following import figure_context_following, plot_context_following
-from mechopd.plots.layers import (figure_gradient_alignment, figure_layer_cosine, figure_parameter_deltas,
-                                  plot_gradient_alignment, plot_layer_cosine, plot_parameter_deltas)
+from mechopd.plots.layers import (
+    figure_gradient_alignment,
+    figure_layer_cosine,
+    figure_parameter_deltas,
+    plot_gradient_alignment,
+    plot_layer_cosine,
+    plot_parameter_deltas,
+)
 from mechopd.plots.registry import FigureInfo, register_figure, unregister_figure
 from mechopd.plots.registry import figures as _figures
-from mechopd.plots.removability import (figure_regime_map, figure_removability, plot_regime_map,
-                                        plot_removability)
+from mechopd.plots.removability import figure_regime_map, figure_removability, plot_regime_map, plot_removability
 from mechopd.plots.teachability import figure_teachability, plot_teachability
-from mechopd.plots.training import (figure_budget_curve, figure_gradient_training, figure_training_curves,
-                                    plot_budget_curve, plot_gradient_training, plot_training_curves)
+from mechopd.plots.training import (
+    figure_budget_curve,
+    figure_gradient_training,
+    figure_training_curves,
+    plot_budget_curve,
+    plot_gradient_training,
+    plot_training_curves,
+)
 from mechopd.study import Study
 
 

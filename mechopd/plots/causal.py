@@ -15,10 +15,21 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots.registry import register_figure
-from mechopd.plots._common import (RunInfo, fitted_legend, log, missing, new_figure, palette, read_csv, run_info, save,
-                                   styled, to_float)
+from mechopd.plots._common import (
+    RunInfo,
+    fitted_legend,
+    log,
+    missing,
+    new_figure,
+    palette,
+    read_csv,
+    run_info,
+    save,
+    styled,
+    to_float,
+)
 from mechopd.plots.layers import _model_order, site_depth, site_label
+from mechopd.plots.registry import register_figure
 
 LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
 COMPONENT_ORDER = ("resid", "attn", "mlp")

@@ -14,9 +14,20 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from mechopd.plots._common import (
+    fitted_legend,
+    label_bars,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    read_json,
+    run_info,
+    save,
+    styled,
+)
 from mechopd.plots.registry import register_figure
-from mechopd.plots._common import (fitted_legend, label_bars, log, missing, new_figure, palette, percent, read_json,
-                                   run_info, save, styled)
 from mechopd.study import Study
 
 NAME = "context_following"

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots.registry import register_figure
 from mechopd.plots._common import missing, new_figure, read_csv, run_info, save, styled, to_float
 from mechopd.plots.causal import _panel_row, _table
 from mechopd.plots.layers import _model_order
+from mechopd.plots.registry import register_figure
 
 WEIGHTPATCH = "weightpatch"
 MODULE_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "qk", "vo", "attn", "mlp", "norms", "ctrl_qk")

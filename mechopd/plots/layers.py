@@ -29,12 +29,23 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from mechopd.plots._common import (
+    BASE,
+    RunInfo,
+    log,
+    missing,
+    new_figure,
+    palette,
+    read_csv,
+    run_info,
+    save,
+    styled,
+    to_float,
+)
+from mechopd.plots.registry import register_figure
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
 from mechopd.sites import MODULE_ORDER, site_layer
-from mechopd.plots.registry import register_figure
-from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled,
-                                   to_float)
 
 if TYPE_CHECKING:
     from mechopd.probes.deltas import DeltaRow

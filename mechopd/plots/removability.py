@@ -17,19 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-import seaborn as sns
-
 from mechopd.errors import ConfigError, DataError
+from mechopd.plots._common import (
+    RunInfo,
+    eval_summaries,
+    fitted_legend,
+    label_bars,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    run_info,
+    save,
+    styled,
+)
 from mechopd.plots.registry import register_figure
-from mechopd.plots._common import (RunInfo, eval_summaries, fitted_legend, label_bars, log, missing, new_figure,
-                                   palette, percent, run_info, save, styled)
-from mechopd.study import Study
 from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
+from mechopd.study import Study
 
 BARS_NAME = "removability"
 REGIME_NAME = "regime_map"

@@ -18,10 +18,11 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
-from mechopd.plots.registry import register_figure
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
+from mechopd.plots.registry import register_figure
+from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
+
 NAME = "teachability"
 SUMMARY_NAME = TeachabilitySummary.FILE  # the names the probe writes, read from the probe (one schema)
 # Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.

@@ -20,9 +20,20 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from mechopd.errors import DataError
+from mechopd.plots._common import (
+    fitted_legend,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    read_json,
+    read_jsonl,
+    run_info,
+    save,
+    styled,
+)
 from mechopd.plots.registry import register_figure
-from mechopd.plots._common import (fitted_legend, log, missing, new_figure, palette, percent, read_json, read_jsonl,
-                                   run_info, save, styled)
 
 TRAINING_NAME = "training_curves"
 GRAD_TRAINING_NAME = "gradient_training"

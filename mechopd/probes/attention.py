@@ -37,9 +37,9 @@ from mechopd.errors import DataError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import _gather, component_site, forward
-from mechopd.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 
 COLUMNS = ("model", "layer", "head", "context_share", "other_share", "n_items", "n_tokens")
 DETAIL_ITEMS = 16

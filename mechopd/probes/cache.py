@@ -25,11 +25,11 @@ from mechopd.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, site_module
+from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
 from mechopd.sites import sites_for
 from mechopd.views import TwoViewBatch
-from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
-from mechopd.probes.registry import ProbeSpec, register_probe
 
 SHARD_MB = 256
 

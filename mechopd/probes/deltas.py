@@ -50,14 +50,22 @@ from mechopd.artifacts import Summary, read_float
 from mechopd.errors import ConfigError, ModelError
 from mechopd.lora import adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
-from mechopd.probes.setup import BASE, ProbeSetup
-from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
-                                    reader_for, tensor_shapes)
-from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
-from mechopd.sites import natural_key as _natural_key
 from mechopd.probes.options import MODEL_HELP, Role, models_option, option
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.setup import BASE, ProbeSetup
+from mechopd.probes.weights import (
+    Checkpoint,
+    _config_tied,
+    _Reader,
+    check_same_layout,
+    checkpoint_tensors,
+    reader_for,
+    tensor_shapes,
+)
+from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
+from mechopd.sites import natural_key as _natural_key
+
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
 AGGREGATE_BY = ("site", "layer", "module", "all")

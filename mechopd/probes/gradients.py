@@ -51,19 +51,27 @@ from torch import nn
 
 from mechopd.artifacts import Summary, write_csv
 from mechopd.errors import ConfigError
-from mechopd.models import module_kind, num_layers, param_layer
 from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
+from mechopd.models import module_kind, num_layers, param_layer
+from mechopd.objectives.losses import (
+    ESTIMATORS,
+    LossInputs,
+    LossTerm,
+    TermOptions,
+    common_vocab,
+    make_term,
+    terms_need,
+    token_mean,
+)
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
-from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
-                                       terms_need, token_mean)
-from mechopd.probes.items import ProbeItems, sample_responses
 from mechopd.probes.grad_sums import _flatten_into, _grads, _param_sums
+from mechopd.probes.items import ProbeItems, sample_responses
+from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch
-from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
-from mechopd.probes.registry import ProbeSpec, register_probe
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)

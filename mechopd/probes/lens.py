@@ -36,9 +36,9 @@ from mechopd.artifacts import write_csv, write_jsonl
 from mechopd.models import module_at, num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
-from mechopd.views import TwoViewBatch
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.views import TwoViewBatch
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16

@@ -44,10 +44,10 @@ from mechopd.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import component_site, forward, resolve_sites, site_depth, site_layer
-from mechopd.views import TwoViewBatch
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.views import TwoViewBatch
 
 COMPONENTS = ("resid", "attn", "mlp")
 DIRECTIONS = ("c_to_x", "x_to_c")

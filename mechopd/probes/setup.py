@@ -25,11 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import check_seed, check_temperature, flag_text
 from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.recipes import recorded_model, resolve_organism
-from mechopd.config import check_seed, check_temperature, flag_text
-from mechopd.probes.items import (ProbeItems, answer_responses, make_batches, read_responses,  # noqa: F401
-                                  sample_responses)  # (re-exported: they used to live here and in similarity)
+from mechopd.probes.items import (  # noqa: F401
+    ProbeItems,
+    answer_responses,
+    make_batches,
+    read_responses,
+    sample_responses,  # (re-exported: they used to live here and in similarity)
+)
 from mechopd.views import PLACEMENTS, RenderSpec
 
 BASE, TEACHER = "base", "teacher"
@@ -206,8 +211,8 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.config import build_config, load_train_config, TrainConfig
     from mechopd.artifacts import read_json
+    from mechopd.config import TrainConfig, build_config, load_train_config
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")

@@ -48,18 +48,25 @@ from torch import nn
 from mechopd.artifacts import Summary, read_float, write_csv, write_json
 from mechopd.checks import check_response_ids
 from mechopd.errors import ConfigError, DataError
-from mechopd.probes.teachability_analysis import (BUCKET_SIGNALS, GAINS, Table, high_support_gap,  # noqa: F401
-                                                  quartile_buckets, standardized_regression, summarize)
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.items import sample_responses
-from mechopd.probes.runner import ProbeContext, items_path, write_items
-from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
-from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
-from mechopd.views import RenderSpec, build_two_view_batch
 from mechopd.probes.options import MODEL_HELP, Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.runner import ProbeContext, items_path, write_items
+from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
+from mechopd.probes.teachability_analysis import (  # noqa: F401
+    BUCKET_SIGNALS,
+    GAINS,
+    Table,
+    high_support_gap,
+    quartile_buckets,
+    standardized_regression,
+    summarize,
+)
+from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
+from mechopd.views import RenderSpec, build_two_view_batch
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"

@@ -33,11 +33,21 @@ from mechopd.artifacts import read_float, write_csv
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.weightpatch_plan import (ALL, CONTROL, DEFAULT_MODULES, NONE, Donor, Row, parse_layers,
-                                            parse_modules, patched, plan_rows)
-from mechopd.removability import batched_metrics, paired_arrays, resample_blocks
 from mechopd.probes.options import Role, models_option, option
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.weightpatch_plan import (
+    ALL,
+    CONTROL,
+    MODULES,
+    NONE,
+    Donor,
+    Row,
+    parse_layers,
+    parse_modules,
+    patched,
+    plan_rows,
+)
+from mechopd.removability import batched_metrics, paired_arrays, resample_blocks
 
 DELTAS = ("acc_x", "acc_xc", "harm")
 COLUMNS = ("model", "donor", "layer", "module", "draw", "n_params", "n", "acc_x", "acc_x_low", "acc_x_high",
@@ -121,7 +131,7 @@ class WeightpatchOptions:
     donor: Role = option("base", "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir "
                          "(default base: revert to W0)")
     layers: str | None = option(None, "comma-separated decoder layers and/or 'all' (default: every layer, then all)")
-    modules: str = option(DEFAULT_MODULES, "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
+    modules: str = option(",".join(MODULES), "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
                           "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
                           "count: the matched control)")
     draws: int = option(3, "draws of ctrl_qk (default 3)", flag="--control-draws", range=(1, None))

@@ -12,10 +12,9 @@ import pytest
 
 from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
-from mechopd.probes.options import option
 from mechopd.plots.registry import register_figure, unregister_figure
-from mechopd.probes.registry import (ProbeSpec, add_probe_parsers, get_probe, probes,
-                                     register_probe, unregister_probe)
+from mechopd.probes.options import option
+from mechopd.probes.registry import ProbeSpec, add_probe_parsers, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
                "--temperature", "--max-new-tokens", "--n", "--seed", "--batch-size", "--responses-from", "--out")
