@@ -166,7 +166,7 @@ def pair(text: str | None, flag: str) -> tuple[str, str] | None:
         raise ConfigError(f"{flag} {text!r} must name two items, e.g. {flag} opd,nca")
     if parts[0] == parts[1]:  # a term against itself is cos 1.0 by construction, not a measurement
         raise ConfigError(f"{flag} {text!r} names {parts[0]!r} twice; name two different items, e.g. {flag} opd,nca")
-    return parts  # type: ignore[return-value]
+    return (parts[0], parts[1])
 
 
 def cross(text: str | None) -> tuple[str, str] | None:

@@ -357,7 +357,8 @@ def cli_run(setup: ProbeSetup, out: Path, *, student: str | None, trained: str |
             bank: str | None, n_boot: int) -> list[str]:
     """`mechopd probe teachability`: run, then the lines to print."""
     run_teachability(setup, out, student=student, trained=trained, teacher=teacher, bank=bank, n_boot=n_boot)
-    return [f"teachability: {out / TeachabilitySummary.FILE}"] + TeachabilitySummary.load(out).lines()
+    summary = TeachabilitySummary.load(out)  # just written by run_teachability
+    return [f"teachability: {out / TeachabilitySummary.FILE}"] + (summary.lines() if summary is not None else [])
 
 
 register_probe(ProbeSpec(
