@@ -232,5 +232,5 @@ register_probe(ProbeSpec(
     "attention", "attention mass on the context span per layer x head (context view, eager attention)", cli_run,
     options=AttentionOptions, order=70,
     outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
-    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=AttentionSummary, every_seed=False,
+    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=AttentionSummary,
 ))

@@ -29,7 +29,7 @@ def markdown() -> str:
     parts = [HEADER]
     for spec in probes():
         demo = ("not in the demo (on demand)" if spec.demo is None else
-                f"demo options `{spec.demo}`" + ("" if spec.every_seed else ", seed 0 only"))
+                f"demo options `{spec.demo}`")
         parts.append(f"## `mechopd probe {spec.name}`\n\n{spec.help}.\n\n{demo}; writes "
                      f"{', '.join(f'`{o}`' for o in spec.outputs)}.\n")
         rows = docs_rows(spec.options)

@@ -297,5 +297,5 @@ register_probe(ProbeSpec(
     options=PatchingOptions, order=60,
     outputs=("patching.csv", "patching.json", "patching_items.jsonl", "patching_tokens.jsonl"),
     demo={"models": ["base", "opd", "nca"], "cross": "nca,opd"}, role_options=("models", "cross"),
-    summary=PatchingSummary, every_seed=False,
+    summary=PatchingSummary,
 ))

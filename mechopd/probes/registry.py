@@ -8,8 +8,8 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     the lines the CLI prints); ``options`` are the options dataclass's fields by name, defaults from it;
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
     named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
-    demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists; ``every_seed`` False: only
-    seed 0 of a several-seed study runs it (no claim reads it per seed);
+    demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
+    first seed only is the study's ``first_seed_only``);
   * ``order``: its place in the listings (CLI, report, figures); the built-ins 10, 20, ...; default after them;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
@@ -67,7 +67,6 @@ class ProbeSpec:
     report: Ref | None = None
     summary: Ref | None = None
     role_options: tuple[str, ...] = ()
-    every_seed: bool = True
     order: float = 1000.0
 
     def parser(self) -> argparse.ArgumentParser:
