@@ -179,7 +179,7 @@ class StudySpec:
                 raise ConfigError(f"{self.source}: probes.{name} must be a mapping of options, e.g. {{n: 16}}, or {{}}")
             setup, own = self.probe_plan_of(name)
             try:
-                spec.options(**own)
+                spec.values(**own)
                 ProbeSetup(task=self.task, **setup)
             except ConfigError as e:
                 raise ConfigError(f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"

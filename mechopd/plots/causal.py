@@ -15,9 +15,21 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import (RunInfo, fitted_legend, log, missing, new_figure, palette, read_csv, run_info, save,
-                                   styled, to_float)
+from mechopd.plots._common import (
+    RunInfo,
+    fitted_legend,
+    log,
+    missing,
+    new_figure,
+    palette,
+    read_csv,
+    run_info,
+    save,
+    styled,
+    to_float,
+)
 from mechopd.plots.layers import _model_order, site_depth, site_label
+from mechopd.plots.registry import register_figure
 
 LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
 COMPONENT_ORDER = ("resid", "attn", "mlp")
@@ -168,3 +180,26 @@ def figure_attention_context(run_dir: Path) -> Figure | None:
 
 def plot_attention_context(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_attention_context(run_dir), out_dir, ATTENTION)
+
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure(
+    "lens_kl", "Logit lens: KL between the views by depth",
+    "Mean over the scored positions (the last prompt token and every response token but the last) of "
+    "KL(p_c ‖ p_x) between the context and no-context views' distributions, the residual at each site decoded "
+    "through the model's final norm and LM head (at the final norm: the output); one line per model.",
+    plot_lens_kl,
+    group="probe", order=50)
+register_figure(
+    "patching", "Activation patching between the views",
+    "Recovered share of the output KL between the views when the no-context view's activation at the scored "
+    "positions is replaced by the context view's (c→x): 1 − KL(p_c ‖ p_x patched)/KL(p_c ‖ p_x), per site and "
+    "component (resid: the residual stream at the site; attn / mlp: that layer's attention / MLP output); one "
+    "panel per model.", plot_patching,
+    group="probe", order=60)
+register_figure(
+    "attention_context", "Attention on the context per layer and head",
+    "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
+    "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
+    plot_attention_context,
+    group="probe", order=70)

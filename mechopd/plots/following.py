@@ -14,8 +14,20 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from mechopd.plots._common import (fitted_legend, label_bars, log, missing, new_figure, palette, percent, read_json,
-                                   run_info, save, styled)
+from mechopd.plots._common import (
+    fitted_legend,
+    label_bars,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    read_json,
+    run_info,
+    save,
+    styled,
+)
+from mechopd.plots.registry import register_figure
 from mechopd.study import Study
 
 NAME = "context_following"
@@ -88,3 +100,12 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
 def plot_context_following(run_dir: Path | Study, out_dir: Path) -> list[Path]:
     """The figure to ``out_dir/context_following.{png,pdf}``; [] without context-following results."""
     return save(figure_context_following(run_dir), out_dir, NAME)
+
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure("context_following", "Context following: other contexts, each against its own target",
+                "Left: share of held-out items answered right for each OTHER context of the task (rules: the "
+                "family's other rules), one bar per model; a model whose follow_other is at most half the base's is "
+                "marked context-deaf. Right: follow_other (mean over the other contexts) and stick (replies that "
+                "give the distilled context's answer anyway), 95 % paired bootstrap over items.",
+                plot_context_following, group="run", order=50)

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from mechopd.plots._common import missing, new_figure, read_csv, run_info, save, styled, to_float
 from mechopd.plots.causal import _panel_row, _table
 from mechopd.plots.layers import _model_order
+from mechopd.plots.registry import register_figure
 
 WEIGHTPATCH = "weightpatch"
 MODULE_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "qk", "vo", "attn", "mlp", "norms", "ctrl_qk")
@@ -211,3 +212,34 @@ def figure_pmi(run_dir: Path) -> Figure | None:
 
 def plot_pmi(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_pmi(run_dir), out_dir, PMI)
+
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure(
+    "weightpatch", "Weight patching: Acc_x and Harm by layer and module group",
+    "Each trained model with one module group of one decoder layer (row 'all': of every layer) reverted to the "
+    "donor's weights (default: the base W0), both views decoded greedily on the same held-out items. Left: "
+    "Acc_x (a drop: the group carries internalised rule); right: Harm (a drop: the group carries the harm). "
+    "ctrl_qk: random rows of the other matrices with q_proj+k_proj's parameter count (mean over draws); the "
+    "top row is the unpatched model.", plot_weightpatch,
+    group="probe", order=90)
+register_figure(
+    "localization", "Localization: Harm after patching the donor's residual, by depth",
+    "The model's context view fed its own correct no-context reply, the residual stream at one site replaced at "
+    "every response position by the donor's (its own no-context view, or another model's context view); "
+    "teacher-forced Harm = share of the items right without c whose greedy choice leaves the reply, with its "
+    "95 % item-bootstrap interval; dashed: unpatched.", plot_localization,
+    group="probe", order=100)
+register_figure(
+    "attribution", "Attribution patching by layer, component and head",
+    "Estimated recovered share of the output KL between the views (c→x) when one site's activation at every "
+    "scored position takes the context view's value: −(a_c − a_x)·∂KL/∂a / KL, per decoder layer and component "
+    "(resid, attn, mlp) and per query head (o_proj's input); the panel title gives its Pearson correlation with "
+    "exact patching on the same sites.", plot_attribution,
+    group="probe", order=110)
+register_figure(
+    "pmi", "The teacher's pointwise mutual information with the context",
+    "Per response token of the trained student's reply: the teacher's log f(y|c,x) − log f(y|x) against the OPD "
+    "loss KL(q_x ‖ f_c) at that token; red: the token where the context view of a student right without c first "
+    "leaves its reply (Harm's token).", plot_pmi,
+    group="probe", order=120)

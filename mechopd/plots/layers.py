@@ -29,11 +29,23 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from mechopd.plots._common import (
+    BASE,
+    RunInfo,
+    log,
+    missing,
+    new_figure,
+    palette,
+    read_csv,
+    run_info,
+    save,
+    styled,
+    to_float,
+)
+from mechopd.plots.registry import register_figure
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
 from mechopd.sites import MODULE_ORDER, site_layer
-from mechopd.plots._common import (BASE, RunInfo, log, missing, new_figure, palette, read_csv, run_info, save, styled,
-                                   to_float)
 
 if TYPE_CHECKING:
     from mechopd.probes.deltas import DeltaRow
@@ -281,3 +293,24 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
 def plot_parameter_deltas(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 6 to ``out_dir/parameter_deltas.{png,pdf}``; [] without ``RUN/probes/deltas.csv``."""
     return save(figure_parameter_deltas(run_dir), out_dir, DELTAS_NAME)
+
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure(
+    "layer_cosine", "Two-view hidden-state cosine per layer",
+    "Cosine between the hidden states of the same response token with and without the context, per-token mean "
+    "over the response tokens, at the embedding, after each decoder layer and after the final norm; one line "
+    "per model.", plot_layer_cosine,
+    group="probe", order=10)
+register_figure(
+    "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
+    "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
+    "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
+    "gradient norms.", plot_gradient_alignment,
+    group="probe", order=20)
+register_figure(
+    "parameter_deltas", "Parameter updates per layer and module",
+    "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
+    "and of the difference between two trained models (e.g. NCA − OPD, with the cosine between their updates), "
+    "on one colour scale.", plot_parameter_deltas,
+    group="probe", order=30)

@@ -17,18 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-import seaborn as sns
-
 from mechopd.errors import ConfigError, DataError
-from mechopd.plots._common import (RunInfo, eval_summaries, fitted_legend, label_bars, log, missing, new_figure,
-                                   palette, percent, run_info, save, styled)
-from mechopd.study import Study
+from mechopd.plots._common import (
+    RunInfo,
+    eval_summaries,
+    fitted_legend,
+    label_bars,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    run_info,
+    save,
+    styled,
+)
+from mechopd.plots.registry import register_figure
 from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
+from mechopd.study import Study
 
 BARS_NAME = "removability"
 REGIME_NAME = "regime_map"
@@ -222,3 +234,15 @@ def plot_regime_map(run_dirs: Path | Sequence[Path], out_dir: Path) -> list[Path
     """Fig. 3 to ``out_dir/regime_map.{png,pdf}`` from one run dir or several; [] when no point can be placed."""
     return save(figure_regime_map(run_dirs), out_dir, REGIME_NAME)
 
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure("removability", "Context removability per model",
+                "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
+                "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "
+                "paired bootstrap intervals over items; none where a metric or its interval is undefined.",
+                plot_removability, group="run", order=30)
+register_figure("regime_map", "Removability regimes",
+                "Each point is one (task, model): accuracy drop with the context (Acc_x − Acc_xc) against Harm, "
+                "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
+                "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
+                "demo.json.", plot_regime_map, group="run", order=40)

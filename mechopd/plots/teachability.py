@@ -18,9 +18,11 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
 from mechopd.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
+from mechopd.plots.registry import register_figure
+from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
+
 NAME = "teachability"
 SUMMARY_NAME = TeachabilitySummary.FILE  # the names the probe writes, read from the probe (one schema)
 # Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.
@@ -112,3 +114,12 @@ def plot_teachability(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 7 to ``out_dir/teachability.{png,pdf}``; [] without ``RUN/probes/teachability_summary.json``."""
     return save(figure_teachability(run_dir), out_dir, NAME)
 
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure(
+    "teachability", "Teachability of teacher–student disagreement",
+    "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of the "
+    "pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain gap inside "
+    "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
+    "coefficients of the gain.", plot_teachability,
+    group="probe", order=40)

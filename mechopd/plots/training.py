@@ -20,8 +20,20 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from mechopd.errors import DataError
-from mechopd.plots._common import (fitted_legend, log, missing, new_figure, palette, percent, read_json, read_jsonl,
-                                   run_info, save, styled)
+from mechopd.plots._common import (
+    fitted_legend,
+    log,
+    missing,
+    new_figure,
+    palette,
+    percent,
+    read_json,
+    read_jsonl,
+    run_info,
+    save,
+    styled,
+)
+from mechopd.plots.registry import register_figure
 
 TRAINING_NAME = "training_curves"
 GRAD_TRAINING_NAME = "gradient_training"
@@ -275,3 +287,20 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
 def plot_budget_curve(run_dir: Path, out_dir: Path) -> list[Path]:
     """Fig. 8 to ``out_dir/budget_curve.{png,pdf}``; [] without ``RUN/sweep/sweep.json``."""
     return save(figure_budget_curve(run_dir), out_dir, BUDGET_NAME)
+
+
+# -- this module's figures (`mechopd.plots.registry`)
+register_figure("training_curves", "Accuracy without and with the context during training",
+                "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
+                "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
+                "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band "
+                "(clipped to 0–100 %).", plot_training_curves, group="run", order=10)
+register_figure("gradient_training", "Gradient alignment over training",
+                "On the gradient-statistics steps of each run: the cosine between the two loss terms' gradients "
+                "(left) and the ratio of their norms (right, log scale) against the training step; one line per run "
+                "and term pair (with several seeds: the mean — geometric for the ratio — with a shaded 95 % Student-t "
+                "band). Only runs with two weighted terms have a cosine: NCA's term is 0 before its start step and "
+                "an OPD run has one term.", plot_gradient_training, group="run", order=20)
+register_figure("budget_curve", "TA-OPD budget sweep",
+                "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
+                "loss) for each token selector.", plot_budget_curve, group="tail", order=10)

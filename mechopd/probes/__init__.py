@@ -7,7 +7,7 @@ sampling, items, models -- from a run dir, CLI flags or Python; `register_probe`
     get_probe("similarity")(setup, "runs/demo/probes", models=["base", "opd", "nca"])
 """
 
-from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, get_probe, probes, register_probe
+from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe
 from mechopd.probes.setup import ProbeSetup
 
-__all__ = ["Arg", "FigureSpec", "ProbeSetup", "ProbeSpec", "get_probe", "probes", "register_probe"]
+__all__ = ["ProbeSetup", "ProbeSpec", "get_probe", "probes", "register_probe"]

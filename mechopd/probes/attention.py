@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,6 +37,8 @@ from mechopd.errors import DataError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import _gather, component_site, forward
+from mechopd.probes.options import Role, detail_option, greedy_option, models_option
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 
 COLUMNS = ("model", "layer", "head", "context_share", "other_share", "n_items", "n_tokens")
@@ -150,6 +153,16 @@ def changed_heads(rows: Sequence[Mapping[str, Any]], a: str, b: str, k: int = TO
 
 
 # ------------------------------------------------------------------------------------- `mechopd probe attention`
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """`mechopd probe attention`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option()
+    greedy: bool = greedy_option()
+    detail: int = detail_option(DETAIL_ITEMS)
+
+
 def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
                   greedy: bool = False, detail: int = DETAIL_ITEMS, device: str | None = None,
                   dtype: torch.dtype | None = None) -> Path:
@@ -207,3 +220,17 @@ class AttentionSummary(ci.CausalSummary):
 def report(probes_dir: Path) -> list[str]:
     result = AttentionSummary.load(probes_dir)
     return result.lines() if result is not None else []
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, greedy: bool, detail: int) -> list[str]:
+    """`mechopd probe attention`: run, then the lines to print."""
+    path = run_attention(setup, out, models=models, greedy=greedy, detail=detail)
+    return [f"attention table: {path}"] + report(out)
+
+
+register_probe(ProbeSpec(
+    "attention", "attention mass on the context span per layer x head (context view, eager attention)", cli_run,
+    options=AttentionOptions, order=70,
+    outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
+    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=AttentionSummary,
+))

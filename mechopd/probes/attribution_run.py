@@ -12,6 +12,7 @@ against recovered_exact over the shared sites, all and per component, with the s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ from mechopd.artifacts import read_float, write_csv
 from mechopd.errors import ConfigError
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
+from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
+from mechopd.probes.options import cross as two_models
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("model", "pair", "site", "layer", "component", "head", "position", "attribution", "recovered_attr",
            "recovered_exact", "m_clean", "n_items", "n_tokens")
@@ -75,6 +79,24 @@ def _pairs(run, label: str, cross: tuple[str, str] | None) -> list[tuple[str, st
     if cross is not None and label == cross[1]:
         out.append((label, f"{cross[0]}->{cross[1]}", Pair(model, "c", run.load(cross[0]), "c")))
     return out
+
+
+
+@dataclass(frozen=True)
+class AttributionOptions:
+    """`mechopd probe attribution`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option("models whose c→x pair is attributed (default: every model of the run "
+                                              "but the teacher)")
+    cross: str | None = option(None, "also DONOR's context view into RECIPIENT's, e.g. nca,opd",
+                               metavar="DONOR,RECIPIENT")
+    layers: str | None = option(None, "comma-separated decoder layers (default: all)")
+    components: str = option(",".join(COMPONENTS), "comma-separated of resid,attn,mlp,head (head: o_proj's input, "
+                             "per query head)")
+    ig_steps: int = option(0, "integrated-gradient steps per site (default 0: plain attribution patching)",
+                           range=(0, None))
+    no_exact: bool = option(False, "skip exact patching (no faithfulness record)")
+    greedy: bool = greedy_option()
 
 
 def run_attribution(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
@@ -141,3 +163,21 @@ class AttributionSummary(ci.CausalSummary):
 
 def _site(t: Mapping[str, Any]) -> str:
     return t["site"] + ("" if t["head"] in ("", None) else f" head {t['head']}")
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, cross: str | None, layers: str | None,
+            components: str, ig_steps: int, no_exact: bool, greedy: bool) -> list[str]:
+    """`mechopd probe attribution`: run, then the lines to print."""
+    path = run_attribution(setup, out, models=models, cross=two_models(cross), layers=site_list(layers, "--layers"),
+                           components=site_list(components, "--components") or [], ig_steps=ig_steps,
+                           exact=not no_exact, greedy=greedy)
+    return [f"attribution table: {path}"] + AttributionSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "attribution", "attribution patching (gradient x activation difference) per layer x component x head x position, "
+    "with its faithfulness against exact patching", cli_run, options=AttributionOptions, order=110,
+    outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),
+    demo=None,  # on demand (`mechopd probe attribution --run RUN`): the demo's 5-minute budget has no room for it
+    role_options=("models",), summary=AttributionSummary,
+))

@@ -14,7 +14,9 @@ records the items, sites, dtype, every model's path and the sha256 of its weight
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +25,8 @@ from mechopd.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, site_module
+from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
 from mechopd.sites import sites_for
 from mechopd.views import TwoViewBatch
@@ -59,6 +63,19 @@ def capture_items(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str]) -
             for j in range(batch.batch_size)]
 
 
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """`mechopd probe cache`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option()
+    sites: str | None = option(None, "comma-separated site names of mechopd.sites or decoder layers (default: every "
+                               "residual site)")
+    shard_mb: float = option(float(SHARD_MB), f"megabytes per shard (default {SHARD_MB}; memory is bounded by one "
+                             "shard)", metavar="MB")
+    greedy: bool = greedy_option()
+
+
 def run_cache(setup, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
               sites: Sequence[int | str] | None = None, shard_mb: float = SHARD_MB, greedy: bool = False,
               device: str | None = None, dtype: torch.dtype | None = None) -> Path:
@@ -81,3 +98,16 @@ def run_cache(setup, out_dir: str | Path, *, models: Sequence[str] | Mapping[str
     dtypes = {r["dtype"] for r in records.values()}
     return write_manifest(out, picked, ",".join(sorted(dtypes)), records, len(run.items.examples),
                           run.settings(sites=picked, shard_mb=shard_mb, greedy=greedy))
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, sites: str | None, shard_mb: float,
+            greedy: bool) -> list[str]:
+    """`mechopd probe cache`: run, then the lines to print."""
+    path = run_cache(setup, out, models=models, sites=site_list(sites, "--sites"), shard_mb=shard_mb, greedy=greedy)
+    return [f"activation store: {path} (read it with: mechopd probe similarity|lens --cache {out})"]
+
+
+register_probe(ProbeSpec(
+    "cache", "activation store: both views' activations at the response positions, per model, in safetensors shards",
+    cli_run, options=CacheOptions, order=80, outputs=("cache_manifest.json", "cache_items.jsonl"), demo=None,
+))

@@ -39,21 +39,33 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.artifacts import Summary, read_csv, read_float, read_json, write_csv, write_json
-from mechopd.errors import ConfigError, DataError, ModelError
+from mechopd.artifacts import Summary, read_float
+from mechopd.errors import ConfigError, ModelError
 from mechopd.lora import adapter_dir
+from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
+from mechopd.probes.options import MODEL_HELP, Role, models_option, option
+from mechopd.probes.options import pair as two_items
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.setup import BASE, ProbeSetup
-from mechopd.probes.weights import (Checkpoint, _config_tied, _Reader, check_same_layout, checkpoint_tensors,
-                                    reader_for, tensor_shapes)
+from mechopd.probes.weights import (
+    Checkpoint,
+    _config_tied,
+    _Reader,
+    check_same_layout,
+    checkpoint_tensors,
+    reader_for,
+    tensor_shapes,
+)
 from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.sites import natural_key as _natural_key
+
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
 AGGREGATE_BY = ("site", "layer", "module", "all")
@@ -243,27 +255,6 @@ def _check_labels(models: Mapping[str, object], pair: tuple[str, str] | None) ->
 
 
 # ------------------------------------------------------------------------------------------------------------ rows
-@dataclass(frozen=True)
-class DeltaRow:
-    """One value of the parameter-delta table. ``model``: a label, "base" on w0_norm rows; ``vs``: "base" (update
-    from W0), a label (pair rows), "" (w0_norm); ``site``: a probe address, in aggregates also ``layers.3``,
-    ``layers.*.self_attn.q_proj``, ``*``; ``layer``: None outside decoder layers; ``module``: ``q_proj``,
-    ``embed_tokens``, ... ("*" for many); ``param``: ``weight`` / ``bias`` ("*" aggregated); ``numel``: parameters
-    covered; ``tied_to``: "embed_tokens" on lm_head rows of tied checkpoints, else ""; ``metric``: one of METRICS;
-    ``value``: NaN where undefined (cos of a zero update, ratio 0/0)."""
-
-    model: str
-    vs: str
-    site: str
-    layer: int | None
-    module: str
-    param: str
-    numel: int
-    tied_to: str
-    metric: str
-    value: float
-
-
 def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else (math.nan if num == 0 else math.inf)
 
@@ -338,33 +329,6 @@ def aggregate_deltas(rows: Iterable[DeltaRow], by: str = "site") -> list[DeltaRo
     return out
 
 
-# -------------------------------------------------------------------------------------------------------------- io
-def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]:
-    """Write ``<path>.csv`` and ``<path>.json`` atomically (a suffix on ``path`` is replaced); returns both paths.
-
-    The `mechopd.artifacts` policy: CSV floats as repr (``nan``, ``inf``), layer empty when None; JSON a list of
-    objects with every non-finite value as null (read back as NaN).
-    """
-    rows, stem = list(rows), Path(path).with_suffix("")
-    cols = [f.name for f in fields(DeltaRow)]
-    return [write_csv(stem.with_name(stem.name + ".csv"), rows, cols),
-            write_json(stem.with_name(stem.name + ".json"), rows, indent=0)]
-
-
-def read_table(path: str | os.PathLike) -> list[DeltaRow]:
-    """Read a table written by ``write_table`` (``.csv`` or ``.json``)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"table {p} does not exist; write it with mechopd probe deltas")
-    records = read_json(p) if p.suffix == ".json" else read_csv(p)
-    try:
-        return [DeltaRow(**{**{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
-                            "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
-                            "numel": int(rec["numel"]), "value": read_float(rec["value"])}) for rec in records]
-    except (KeyError, ValueError, TypeError, AttributeError, DataError) as err:
-        raise DataError(f"{p} is not a parameter-delta table ({err!r}); rewrite it with write_table") from None
-
-
 def summarize_deltas(rows: Sequence[DeltaRow], pair: tuple[str, str] | None, settings: dict) -> DeltaSummary:
     """Whole-model values (``aggregate_deltas(rows, "all")``) as a `DeltaSummary`."""
     overall = aggregate_deltas(rows, "all")
@@ -372,6 +336,19 @@ def summarize_deltas(rows: Sequence[DeltaRow], pair: tuple[str, str] | None, set
     pick = {r.metric: r.value for r in overall if pair is not None and (r.vs, r.model) == tuple(pair)}
     return DeltaSummary(list(rel), rel, list(pair) if pair else None, pick.get("rel_delta", math.nan),
                         pick.get("cos", math.nan), settings)
+
+
+
+@dataclass(frozen=True)
+class DeltasOptions:
+    """`mechopd probe deltas`'s options (`mechopd.probes.options`)."""
+
+    base: Role | None = option(None, f"W0: {MODEL_HELP} (default: the run's base)")
+    models: list[Role] | None = models_option("trained models (default: every trained model of the run)")
+    pair: str | None = option(None, "two labels to compare, e.g. opd,nca (default: the first two)")
+    svd: bool = option(False, "also the update's geometry per layer x module (deltas_svd.csv: eff_rank, top-k energy, "
+                       "sparsity, overlap with W0's subspace)")
+    svd_k: int = option(8, "k of the top-k energy and overlap (default 8)", range=(1, None))
 
 
 def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | None = None,
@@ -396,3 +373,25 @@ def run_deltas(setup: ProbeSetup, out_dir: str | os.PathLike, *, base: str | Non
         paths += run_delta_svd(base_dir, chosen, out, svd_k)
     return paths + [summarize_deltas(rows, pair, settings).save(out)]
 
+
+def cli_run(setup: ProbeSetup, out: Path, *, base: str | None, models: list[str] | None, pair: str | None, svd: bool,
+            svd_k: int) -> list[str]:
+    """`mechopd probe deltas`: run, then the lines to print."""
+    paths = run_deltas(setup, out, base=base, models=models, pair=two_items(pair, "--pair"), svd=svd, svd_k=svd_k)
+    return [f"delta table: {', '.join(str(p) for p in paths)}"] + report(out)
+
+
+def report(probes_dir: Path) -> list[str]:
+    """The deltas probe's report lines: `DeltaSummary.lines()`, then the update geometry when ``--svd`` ran."""
+    from mechopd.probes.delta_svd import svd_lines
+
+    result = DeltaSummary.load(probes_dir)
+    return (result.lines() if result is not None else []) + svd_lines(probes_dir)
+
+
+register_probe(ProbeSpec(
+    "deltas", "parameter-delta attribution per layer x module (streamed safetensors)", cli_run,
+    options=DeltasOptions, order=30, outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),
+    demo={"models": ["opd", "nca"], "pair": "opd,nca", "svd": True}, role_options=("models", "pair"),
+    summary=DeltaSummary, report=report,
+))

@@ -51,14 +51,24 @@ from torch import nn
 
 from mechopd.artifacts import Summary, write_csv
 from mechopd.errors import ConfigError
-from mechopd.models import module_kind, num_layers, param_layer
 from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
+from mechopd.models import module_kind, num_layers, param_layer
+from mechopd.objectives.losses import (
+    ESTIMATORS,
+    LossInputs,
+    LossTerm,
+    TermOptions,
+    common_vocab,
+    make_term,
+    terms_need,
+    token_mean,
+)
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
-from mechopd.objectives.losses import (ESTIMATORS, LossInputs, LossTerm, TermOptions, common_vocab, make_term,
-                                       terms_need, token_mean)
+from mechopd.probes.grad_sums import _flatten_into, _grads, _param_sums
 from mechopd.probes.items import ProbeItems, sample_responses
-from mechopd.probes.registry import default_of
+from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.views import RenderSpec, TwoViewBatch
@@ -170,35 +180,6 @@ def _score_inputs(student: nn.Module, teacher: nn.Module | None, batch: TwoViewB
 # ---------------------------------------------------------------------------------------------------------------------
 # Gradients and their inner products
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _grads(value: torch.Tensor, params: list[nn.Parameter], retain: bool) -> list[torch.Tensor | None]:
-    return list(torch.autograd.grad(value, params, retain_graph=retain, allow_unused=True))
-
-
-def _flatten_into(grads: list[torch.Tensor | None], sizes: list[int], dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """Copy gradients into one preallocated flat buffer, releasing each autograd tensor as it goes. ``[Σ numel]``."""
-    flat = torch.zeros(sum(sizes), dtype=dtype, device=device)
-    offset = 0
-    for i, size in enumerate(sizes):
-        g = grads[i]
-        if g is not None:
-            flat[offset : offset + size].copy_(g.reshape(-1))
-        grads[i] = None  # drop autograd's copy now
-        offset += size
-    return flat
-
-
-def _param_sums(flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], sizes: list[int]) -> list[tuple[float, ...]]:
-    """Per parameter: ``(<g_a, g_b>, ‖g_a‖², ‖g_b‖²)`` in float64."""
-    out, offset = [], 0
-    for g_b, size in zip(grads_b, sizes):
-        a = flat_a[offset : offset + size].double()
-        b = torch.zeros_like(a) if g_b is None else g_b.reshape(-1).double()
-        out.append((float(a @ b), float(a @ a), float(b @ b)))
-        offset += size
-    return out
 
 
 def _row(term_a: str, term_b: str, scope: str, layer: int | None, module: str, sums: list[float],
@@ -325,9 +306,21 @@ def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], sp
     return next(iter(items)).to(next(student.parameters()).device)
 
 
+
+@dataclass(frozen=True)
+class GradientsOptions:
+    """`mechopd probe gradients`'s options (`mechopd.probes.options`)."""
+
+    model: Role | None = option(None, f"model to differentiate: {MODEL_HELP} (default: first trained)")
+    teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
+    terms: str = option("opd,nca", "two of opd,nca,dual,sym")
+    layers: str | None = option(None, "comma-separated decoder layers (default: every parameter)")
+    estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
+
+
 def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,
                   teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"),
-                  estimator: str = default_of("gradients", "estimator"), topk: int = 256,
+                  estimator: str = GradientsOptions.estimator, topk: int = 256,
                   layers: Sequence[int] | None = None, include_non_layer: bool = False,
                   device: str | None = None) -> list[GradRow]:
     """Sample one response of the student per setup item (split default "train"), measure the alignment of
@@ -372,3 +365,25 @@ def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, setting
                               float(settings.get("null_cos", math.nan)))
     summary.save(out, rows=rows)
     return out / CSV_NAME
+
+
+def cli_run(setup: ProbeSetup, out: Path, *, model: str | None, teacher: str | None, terms: str, layers: str | None,
+            estimator: str) -> list[str]:
+    """`mechopd probe gradients`: run, then the lines to print."""
+    try:
+        two = pair(terms, "--terms")
+    except ConfigError as e:
+        if "twice" in str(e):
+            raise
+        raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
+    run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
+    s = GradientSummary.load(out)
+    return [f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
+            f"table: {out / CSV_NAME}"]
+
+
+register_probe(ProbeSpec(
+    "gradients", "alignment of two loss terms' gradients (global, per layer, per module)", cli_run,
+    options=GradientsOptions, order=20, outputs=("gradients.csv", "gradients.json"),
+    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"}, role_options=("model",), summary=GradientSummary,
+))

@@ -36,6 +36,8 @@ from mechopd.artifacts import write_csv, write_jsonl
 from mechopd.models import module_at, num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
+from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.views import TwoViewBatch
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
@@ -172,6 +174,18 @@ def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: floa
 
 
 # ------------------------------------------------------------------------------------------ `mechopd probe lens`
+
+@dataclass(frozen=True)
+class LensOptions:
+    """`mechopd probe lens`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option()
+    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
+    greedy: bool = greedy_option()
+    detail: int = detail_option(DETAIL_ITEMS)
+    cache: str | None = cache_option()
+
+
 def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
              layers: Sequence[int | str] | None = None, greedy: bool = False, detail: int = DETAIL_ITEMS,
              device: str | None = None, dtype: torch.dtype | None = None, cache: str | None = None) -> Path:
@@ -234,3 +248,18 @@ def report(probes_dir: Path) -> list[str]:
     """Report lines: the output KL between views per model and the tokens the context promotes most."""
     result = LensSummary.load(probes_dir)
     return result.lines() if result is not None else []
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, greedy: bool, detail: int,
+            cache: str | None) -> list[str]:
+    """`mechopd probe lens`: run, then the lines to print."""
+    path = run_lens(setup, out, models=models, layers=site_list(layers, "--layers"), greedy=greedy, detail=detail,
+                    cache=cache)
+    return [f"lens table: {path}"] + report(out)
+
+
+register_probe(ProbeSpec(
+    "lens", "logit lens per view: KL between the views' decoded residual at every depth", cli_run, options=LensOptions,
+    order=50, outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
+    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=LensSummary,
+))

@@ -24,6 +24,7 @@ mean, Student-t interval per site).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ from mechopd.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
+from mechopd.probes.options import Role, option, site_list
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.removability import resample_blocks
 
 SELF = "x"
@@ -102,9 +105,25 @@ def _right(run) -> np.ndarray:
                      for ex, r in zip(run.items.examples, run.items.responses)])
 
 
+
+@dataclass(frozen=True)
+class LocalizationOptions:
+    """`mechopd probe localization`'s options (`mechopd.probes.options`)."""
+
+    model: Role | None = option(None, "the model whose harm is localized: a label or dir (default: the first trained "
+                                "model)")
+    donor: Role = option(SELF, "x: the model's own no-context view (default), or a label / dir whose context view is "
+                         "the donor (e.g. nca)")
+    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
+    removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)",
+                                  range=(0.0, 1.0))
+    n_boot: int = option(1000, "item bootstrap resamples", range=(0, None))
+
+
 def run_localization(setup: Any, out_dir: str | Path, *, model: str | None = None, donor: str = SELF,
-                     layers: Sequence[int | str] | None = None, removed_share: float = 0.9, n_boot: int = 1000,
-                     device: str | None = None) -> Path:
+                     layers: Sequence[int | str] | None = None,
+                     removed_share: float = LocalizationOptions.removed_share,
+                     n_boot: int = LocalizationOptions.n_boot, device: str | None = None) -> Path:
     """`mechopd probe localization`: writes localization.csv / .json / _items.jsonl; returns the CSV's path."""
     if not 0 < removed_share <= 1:
         raise ConfigError(f"--removed-share {removed_share} must lie in (0, 1]")
@@ -157,3 +176,19 @@ class LocalizationSummary(ci.CausalSummary):
         return [f"- **Localization** {s['model']} (`probes/localization.csv`): the residual of {donor} patched into "
                 f"the context view at every response position; teacher-forced Harm {clean} on {s['n_right']} items "
                 f"right without c; {int(100 * s['removed_share'])} % of it removed from {where} on"]
+
+
+def cli_run(setup: Any, out: Path, *, model: str | None, donor: str, layers: str | None, removed_share: float,
+            n_boot: int) -> list[str]:
+    """`mechopd probe localization`: run, then the lines to print."""
+    path = run_localization(setup, out, model=model, donor=donor, layers=site_list(layers, "--layers"),
+                            removed_share=removed_share, n_boot=n_boot)
+    return [f"localization table: {path}"] + LocalizationSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "localization", "the depth at which a donor's residual removes the harm from the context view", cli_run,
+    options=LocalizationOptions, order=100,
+    outputs=("localization.csv", "localization.json", "localization_items.jsonl"),
+    demo={"model": "opd", "donor": "x"}, role_options=("model",), summary=LocalizationSummary,
+))

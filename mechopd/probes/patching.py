@@ -44,6 +44,9 @@ from mechopd.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import component_site, forward, resolve_sites, site_depth, site_layer
+from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
+from mechopd.probes.options import cross as two_models
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.views import TwoViewBatch
 
 COMPONENTS = ("resid", "attn", "mlp")
@@ -182,6 +185,24 @@ def patching(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: 
 
 
 # -------------------------------------------------------------------------------------- `mechopd probe patching`
+
+@dataclass(frozen=True)
+class PatchingOptions:
+    """`mechopd probe patching`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option()
+    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
+    components: str = option(",".join(COMPONENTS), "comma-separated of resid,attn,mlp")
+    window: int | None = option(None, "also patch the residual one window of W scored positions at a time",
+                                metavar="W", range=(1, None))
+    cross: str | None = option(None, "patch DONOR's context-view residual into RECIPIENT's, e.g. nca,opd",
+                               metavar="DONOR,RECIPIENT")
+    cross_sites: str | None = option(None, "sites of --cross: comma-separated decoder layers or site names (default: "
+                                      "every residual site)")
+    greedy: bool = greedy_option()
+    detail: int = detail_option(DETAIL_ITEMS)
+
+
 def run_patching(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
                  layers: Sequence[int | str] | None = None, components: Sequence[str] = COMPONENTS,
                  window: int | None = None, cross: tuple[str, str] | None = None,
@@ -259,3 +280,22 @@ def report(probes_dir: Path) -> list[str]:
 def _f(v: float | None, spec: str = ".2f") -> str:
     """A summary number for a report line (null / NaN: "n/a")."""
     return "n/a" if v is None or v != v else format(v, spec)
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, components: str,
+            window: int | None, cross: str | None, cross_sites: str | None, greedy: bool, detail: int) -> list[str]:
+    """`mechopd probe patching`: run, then the lines to print."""
+    path = run_patching(setup, out, models=models, layers=site_list(layers, "--layers"),
+                        components=site_list(components, "--components") or [], window=window,
+                        cross=two_models(cross), cross_sites=site_list(cross_sites, "--cross-sites"), greedy=greedy,
+                        detail=detail)
+    return [f"patching table: {path}"] + report(out)
+
+
+register_probe(ProbeSpec(
+    "patching", "activation patching between the views (sites x components) and between checkpoints", cli_run,
+    options=PatchingOptions, order=60,
+    outputs=("patching.csv", "patching.json", "patching_items.jsonl", "patching_tokens.jsonl"),
+    demo={"models": ["base", "opd", "nca"], "cross": "nca,opd"}, role_options=("models", "cross"),
+    summary=PatchingSummary,
+))

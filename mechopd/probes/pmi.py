@@ -27,6 +27,7 @@ of the same items, and the tokens with the largest pmi. Files: ``pmi_tokens.csv`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ from mechopd.artifacts import write_csv
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
+from mechopd.probes.options import Role, option
+from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("uid", "position", "token", "pmi", "opd", "kl_x", "ctx", "sampled", "C", "D", "DL", "right_x", "flip")
 MIN_OPD = 0.01
@@ -107,6 +110,16 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
                            for r in top]}
 
 
+
+@dataclass(frozen=True)
+class PmiOptions:
+    """`mechopd probe pmi`'s options (`mechopd.probes.options`)."""
+
+    student: Role | None = option(None, "the trained student: a label or dir (default: first trained)")
+    teacher: Role | None = option(None, "the teacher: a label or dir (default: the run's teacher, else base)")
+    sampled: bool = option(False, "sampled replies (the training temperature) instead of greedy ones")
+
+
 def run_pmi(setup: Any, out_dir: str | Path, *, student: str | None = None, teacher: str | None = None,
             sampled: bool = False, device: str | None = None) -> Path:
     """`mechopd probe pmi`: writes pmi_tokens.csv / pmi.json / pmi_items.jsonl; returns the CSV's path."""
@@ -160,3 +173,18 @@ class PmiSummary(ci.CausalSummary):
                 f"with D^L {_f(s['corr_DL'].get('spearman'), '.2f')}, with C {_f(s['corr_C'].get('spearman'), '.2f')}; "
                 f"at the {s['n_flips']} tokens that flip under Harm {_f(s['pmi_flip'])} (other tokens of those items "
                 f"{_f(s['pmi_flip_items_other'])})"]
+
+
+def cli_run(setup: Any, out: Path, *, student: str | None, teacher: str | None, sampled: bool) -> list[str]:
+    """`mechopd probe pmi`: run, then the lines to print."""
+    path = run_pmi(setup, out, student=student, teacher=teacher, sampled=sampled)
+    return [f"pmi table: {path}"] + PmiSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "pmi", "the teacher's pointwise mutual information with the context per response token, against the OPD loss, "
+    "D^L / C and the tokens that flip under Harm", cli_run, options=PmiOptions, order=120,
+    outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
+    demo=None,  # on demand (`mechopd probe pmi --run RUN`): the demo's 5-minute budget has no room for it
+    role_options=("student",), summary=PmiSummary,
+))

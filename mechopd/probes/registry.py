@@ -1,24 +1,28 @@
 """The probe protocol and registry: a new probe is one file plus one `register_probe` call.
 
 A registration (`ProbeSpec`) says everything the rest of mechopd needs, and nothing else lists probes:
-  * ``mechopd probe <name>``: the verb, its help, its own flags (``arguments``; the setup flags -- --run, --task,
-    --option, --placement, --no-context-system, --chat-template-kwarg, ... -- are added to every verb);
+  * ``mechopd probe <name>``: the verb, its help, its own flags (``options``: a dataclass whose fields carry their
+    help, flag, range and choices, `mechopd.probes.options`; the setup flags -- --run, --task, --option, --placement,
+    --no-context-system, --chat-template-kwarg, --n, ... -- are added to every verb);
   * the run function ``run(setup: ProbeSetup, out_dir: Path, **options) -> list[str]`` (writes the artifacts, returns
-    the lines the CLI prints); ``options`` are the probe's own flags by ``dest``, defaults from ``arguments``;
+    the lines the CLI prints); ``options`` are the options dataclass's fields by name, defaults from it;
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
     named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
-    demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists;
+    demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
+    first seed only is the study's ``first_seed_only``);
+  * ``order``: its place in the listings (CLI, report, figures); the built-ins 10, 20, ...; default after them;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
     the claims and the figures read (`probe_result`);
-  * its figures (``FigureSpec``: name, title, caption, ``plot(run_dir, out_dir) -> list[Path]``), drawn by
-    `mechopd.plots.draw_all` and shown in ``report.md``;
+  * (its figures register themselves in their plot modules: `mechopd.plots.registry`, group "probe");
   * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`; default: the
     summary's ``lines()``.
 
-Callables may be given as ``"module:attribute"`` strings, imported when first called: the registry and the built-in
-registrations (`mechopd.probes.builtin`) import no probe or plotting module, so building the CLI parser, drawing and
-reporting load only what they use (and no import cycle arises between plots and probes).
+A probe registers itself at the end of its own module (``register_probe(ProbeSpec(..., options=XOptions))``). The
+registry imports no probe module by name: the first `probes` / `get_probe` call imports every module of the
+``mechopd.probes`` package (`_discover`), then the ``mechopd.probes`` entry points; a probe module calls the registry
+only in that last statement, so no import cycle arises. Callables may be given as ``"module:attribute"`` strings
+(imported when first called).
 Third-party probes: register in your module and expose it under the ``mechopd.probes`` entry-point group (or import
 it before calling mechopd).
 """
@@ -28,11 +32,12 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.errors import ConfigError
+from mechopd.probes.options import add_flags, check, defaults
 
 Ref = Callable[..., Any] | str
 ENTRY_POINT_GROUP = "mechopd.probes"
@@ -50,56 +55,37 @@ def resolve(ref: Ref) -> Callable[..., Any]:
 
 
 @dataclass(frozen=True)
-class Arg:
-    """One probe-specific CLI flag: ``argparse.add_argument(*flags, **kwargs)`` (give a ``dest`` = run keyword)."""
-
-    flags: tuple[str, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(*self.flags, **self.kwargs)
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    """One figure: ``name`` (file stem ``figures/<name>.png``), ``title``, ``caption``, ``plot(run_dir, out_dir)``."""
-
-    name: str
-    title: str
-    caption: str
-    plot: Ref
-
-
-@dataclass(frozen=True)
 class ProbeSpec:
     """A probe's registration (see the module docstring)."""
 
     name: str
     help: str
     run: Ref
-    arguments: tuple[Arg, ...] = ()
+    options: type | None = None
     outputs: tuple[str, ...] = ()
     demo: dict[str, Any] | None = None
-    figures: tuple[FigureSpec, ...] = ()
     report: Ref | None = None
     summary: Ref | None = None
     role_options: tuple[str, ...] = ()
+    order: float = 1000.0
 
     def parser(self) -> argparse.ArgumentParser:
         """A parser of this probe's own flags (for defaults; the CLI adds them to its subparser)."""
         p = argparse.ArgumentParser(prog=f"mechopd probe {self.name}", add_help=False)
-        for arg in self.arguments:
-            arg.add_to(p)
+        add_flags(p, self.options)
         return p
 
-    def options(self, **given: Any) -> dict[str, Any]:
-        """The probe's options: flag defaults, then ``given`` (unknown keys refused, naming the known ones)."""
-        defaults = vars(self.parser().parse_args([]))
-        unknown = sorted(set(given) - set(defaults))
+    def values(self, **given: Any) -> dict[str, Any]:
+        """The probe's options: the dataclass's defaults, then ``given`` (unknown keys refused, naming the known ones;
+        ranges and choices checked)."""
+        known = defaults(self.options)
+        unknown = sorted(set(given) - set(known))
         if unknown:
             raise ConfigError(f"probe {self.name}: unknown option(s) {', '.join(unknown)}; known: "
-                              f"{', '.join(sorted(defaults)) or 'none'}")
-        return {**defaults, **given}
+                              f"{', '.join(sorted(known)) or 'none'}")
+        out = {**known, **given}
+        check(self.name, self.options, out)
+        return out
 
     def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:
         """Run the probe on ``setup`` into ``out_dir``; returns the lines to print. Its files land as one set
@@ -107,7 +93,7 @@ class ProbeSpec:
         from mechopd.artifacts import FileSet
 
         with FileSet(out_dir, self.name) as stage:
-            lines = list(resolve(self.run)(setup, stage.dir, **self.options(**options)))
+            lines = list(resolve(self.run)(setup, stage.dir, **self.values(**options)))
         return stage.relocate(lines)
 
     def load(self, probes_dir: str | Path) -> Any:
@@ -133,11 +119,10 @@ def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
     """Add a probe to `mechopd probe`, the demo, the figures and the report. A taken name raises unless ``replace``."""
     if not replace and spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
         raise ConfigError(f"probe {spec.name!r} is already registered; pick another name or pass replace=True")
-    check = argparse.ArgumentParser(add_help=False)
-    add_setup_arguments(check)
+    clash = argparse.ArgumentParser(add_help=False)
+    add_setup_arguments(clash)
     try:
-        for arg in spec.arguments:
-            arg.add_to(check)
+        add_flags(clash, spec.options)
     except argparse.ArgumentError as err:
         raise ConfigError(f"probe {spec.name!r}: flag {err.argument_name} is a setup flag every probe has (or is "
                           "given twice); read it from the setup instead, or rename it") from None
@@ -149,12 +134,18 @@ def unregister_probe(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _load_builtin() -> None:
+def _discover() -> None:
+    """Import every module of the ``mechopd.probes`` package once (each built-in probe registers itself at the end of
+    its module), then the entry points of ``ENTRY_POINT_GROUP``."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    importlib.import_module("mechopd.probes.builtin")
+    import pkgutil
+
+    package = __name__.rpartition(".")[0]  # mechopd.probes, by its directory (no import of the package here)
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        importlib.import_module(f"{package}.{info.name}")
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -162,13 +153,13 @@ def _load_builtin() -> None:
 
 
 def probes() -> list[ProbeSpec]:
-    """Every registered probe, in registration order (the built-ins first)."""
-    _load_builtin()
-    return list(_REGISTRY.values())
+    """Every registered probe, by ``order`` (the built-ins first), then registration order."""
+    _discover()
+    return sorted(_REGISTRY.values(), key=lambda spec: spec.order)
 
 
 def get_probe(name: str) -> ProbeSpec:
-    _load_builtin()
+    _discover()
     if name not in _REGISTRY:
         raise ConfigError(f"unknown probe {name!r}; known probes: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
@@ -199,17 +190,6 @@ def probe_result(name: str, probes_dir: str | Path) -> Any:
     and the figures read; None when the probe did not run there or is not registered (it cannot have run)."""
     spec = next((p for p in probes() if p.name == name), None)
     return None if spec is None else spec.load(probes_dir)
-
-
-def default_of(probe: str, dest: str) -> Any:
-    """The registered default of a probe's option: the one place a default lives (its ``Arg``), read by the probe's
-    Python function too, so ``mechopd probe NAME`` and the function agree."""
-    return get_probe(probe).options()[dest]
-
-
-def figures() -> list[FigureSpec]:
-    """The figures of every registered probe, in registration order."""
-    return [f for spec in probes() for f in spec.figures]
 
 
 def report_lines(probes_dir: str | Path) -> list[str]:
@@ -246,8 +226,7 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
     for spec in probes():
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
         add_setup_arguments(q)
-        for arg in spec.arguments:
-            arg.add_to(q)
+        add_flags(q, spec.options)
         q.add_argument("--force", action="store_true", help="replace this probe's files in the output directory "
                        f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused")
 
@@ -257,7 +236,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     from mechopd.probes.setup import setup_from_args
 
     spec = get_probe(a.probe)
-    options = {k: getattr(a, k) for k in spec.options()}
+    options = {k: getattr(a, k) for k in defaults(spec.options)}
     setup = setup_from_args(a)
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
     taken = [name for name in spec.outputs if (out / name).exists()]

@@ -25,11 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import check_seed, check_temperature, flag_text
 from mechopd.errors import ConfigError, ModelError
 from mechopd.organisms.recipes import recorded_model, resolve_organism
-from mechopd.config import check_seed, check_temperature, flag_text
-from mechopd.probes.items import (ProbeItems, answer_responses, make_batches, read_responses,  # noqa: F401
-                                  sample_responses)  # (re-exported: they used to live here and in similarity)
+from mechopd.probes.items import (  # noqa: F401
+    ProbeItems,
+    answer_responses,
+    make_batches,
+    read_responses,
+    sample_responses,  # (re-exported: they used to live here and in similarity)
+)
 from mechopd.views import PLACEMENTS, RenderSpec
 
 BASE, TEACHER = "base", "teacher"
@@ -104,7 +109,7 @@ class ProbeSetup:
         placement = self.placement or (task or self.make_task()).placement
         return RenderSpec(placement, self.no_context_system, dict(self.chat_template_kwargs))
 
-    def count(self, task: Any, split: str) -> int:
+    def n_for(self, task: Any, split: str) -> int:
         """Items to use: ``n``; None = DEFAULT_N, or the whole split when the task reports fewer (``split_sizes``,
         e.g. a small JSONL file). An explicit ``n`` above the split's size is the task's error."""
         if self.n is not None:
@@ -113,10 +118,10 @@ class ProbeSetup:
         return min(DEFAULT_N, sizes[split]) if sizes.get(split) else DEFAULT_N
 
     def examples(self, task: Any | None = None, default_split: str = "test") -> list:
-        """`count` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
+        """`n_for` examples of the task (``split``, else the probe's ``default_split``) for ``seed``."""
         task = task or self.make_task()
         split = self.split or default_split
-        return task.examples(split, self.count(task, split), self.seed)
+        return task.examples(split, self.n_for(task, split), self.seed)
 
     def items(self, tokenizer: Any, source: Any, task: Any | None = None, *, greedy: bool = False) -> ProbeItems:
         """The examples with one response each, as a re-iterable source of `TwoViewBatch`es.
@@ -126,7 +131,7 @@ class ProbeSetup:
         """
         task = task or self.make_task()
         split = self.split or "test"
-        return make_batches(tokenizer, task, self.count(task, split), self.seed, self.batch_size, source,
+        return make_batches(tokenizer, task, self.n_for(task, split), self.seed, self.batch_size, source,
                             self.spec(task), split=split, greedy=greedy)
 
     # -- models ------------------------------------------------------------------------------------------------------
@@ -206,8 +211,8 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.config import build_config, load_train_config, TrainConfig
     from mechopd.artifacts import read_json
+    from mechopd.config import TrainConfig, build_config, load_train_config
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")

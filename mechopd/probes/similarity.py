@@ -30,7 +30,6 @@ last requested site (capture.py), so a request without ``final_norm`` skips the 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,11 +44,20 @@ from tqdm.auto import tqdm
 from mechopd.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.errors import ConfigError, ModelError
 from mechopd.models import num_layers
-from mechopd.probes.runner import ProbeContext
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
+from mechopd.probes.cka import StreamingCKA  # noqa: F401  (re-exported: it used to live here)
+from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, option
+from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.runner import ProbeContext
+from mechopd.probes.setup import (  # noqa: F401
+    TEACHER,
+    ProbeItems,
+    ProbeSetup,
+    make_batches,
+    read_responses,
+    sample_responses,  # (make_batches, sample_responses: re-exported, used to live here)
+)
 from mechopd.probes.store import ActivationStore
-from mechopd.probes.setup import (TEACHER, ProbeItems, ProbeSetup, make_batches, read_responses,  # noqa: F401
-                                  sample_responses)  # (make_batches, sample_responses: re-exported, used to live here)
 from mechopd.views import TwoViewBatch
 
 CSV_NAME = "similarity.csv"
@@ -112,45 +120,6 @@ def token_cosine(hx: torch.Tensor, hc: torch.Tensor, eps: float = 1e-12) -> torc
     nx, nc = hx.norm(dim=-1), hc.norm(dim=-1)
     cos = (hx * hc).sum(-1) / (nx * nc).clamp_min(eps)
     return torch.where((nx == 0) & (nc == 0), torch.ones_like(cos), cos)
-
-
-class StreamingCKA:
-    """Linear CKA over tokens from running sums (module docstring). Feed ``[n, d]`` chunks of both views.
-
-    Sums are taken of shifted values (shift = the first chunk's mean), which leaves the centred cross-products
-    unchanged and keeps float32 chunk products accurate; the sums themselves are float64.
-    """
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """x, y: ``[n, d]`` the same tokens in the two views."""
-        if x.shape[0] == 0:
-            return
-        x, y = x.float(), y.float()
-        if self.n == 0:
-            d = x.shape[1]
-            self.mx, self.my = x.mean(0), y.mean(0)
-            kw = dict(dtype=torch.float64, device=x.device)
-            self.sxx, self.syy, self.sxy = (torch.zeros(d, d, **kw) for _ in range(3))
-            self.sx, self.sy = torch.zeros(d, **kw), torch.zeros(d, **kw)
-        xs, ys = x - self.mx, y - self.my  # [n, d]
-        self.sxx += (xs.T @ xs).double()
-        self.syy += (ys.T @ ys).double()
-        self.sxy += (xs.T @ ys).double()
-        self.sx += xs.sum(0).double()
-        self.sy += ys.sum(0).double()
-        self.n += x.shape[0]
-
-    def value(self) -> float:
-        if self.n < 2:
-            return float("nan")
-        cxx = self.sxx - torch.outer(self.sx, self.sx) / self.n  # X~^T X~
-        cyy = self.syy - torch.outer(self.sy, self.sy) / self.n
-        cxy = self.sxy - torch.outer(self.sx, self.sy) / self.n  # X~^T Y~
-        den = math.sqrt(float((cxx**2).sum()) * float((cyy**2).sum()))
-        return float((cxy**2).sum()) / den if den > 0 else float("nan")
 
 
 class _Buffer:
@@ -342,6 +311,18 @@ def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: to
                       "existing .jsonl file of response ids")
 
 
+
+@dataclass(frozen=True)
+class SimilarityOptions:
+    """`mechopd probe similarity`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option()
+    layers: str | None = option(None, "comma-separated decoder layers (default: all sites)")
+    cka: bool = option(False, "also linear CKA over tokens")
+    greedy: bool = greedy_option()
+    cache: str | None = cache_option()
+
+
 def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
                    models: Sequence[str] | Mapping[str, str] | None = None, layers: Sequence[int | str] | None = None,
                    cka: bool = False, greedy: bool = False, device: str | None = None,
@@ -398,3 +379,18 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     stop = {label: [read_float(r.get("cos_stop")) for r in rows] for label, rows in layer_rows.items()}
     SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop).save(out)
     return out / CSV_NAME
+
+
+def cli_run(setup: ProbeSetup, out: Path, *, models: list[str] | None, layers: str | None, cka: bool, greedy: bool,
+            cache: str | None) -> list[str]:
+    """`mechopd probe similarity`: run, then the lines to print."""
+    path = run_similarity(setup, out, models=models, layers=int_list(layers), cka=cka, greedy=greedy, cache=cache)
+    return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "similarity", "layerwise two-view hidden-state cosine (several models, same items, same responses)", cli_run,
+    options=SimilarityOptions, order=10,
+    outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
+    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=SimilaritySummary,
+))

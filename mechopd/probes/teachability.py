@@ -48,15 +48,23 @@ from torch import nn
 from mechopd.artifacts import Summary, read_float, write_csv, write_json
 from mechopd.checks import check_response_ids
 from mechopd.errors import ConfigError, DataError
-from mechopd.probes.teachability_analysis import (BUCKET_SIGNALS, GAINS, Table, high_support_gap,  # noqa: F401
-                                                  quartile_buckets, standardized_regression, summarize)
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.items import sample_responses
-from mechopd.probes.registry import default_of
+from mechopd.probes.options import MODEL_HELP, Role, option
+from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext, items_path, write_items
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
+from mechopd.probes.teachability_analysis import (  # noqa: F401
+    BUCKET_SIGNALS,
+    GAINS,
+    Table,
+    high_support_gap,
+    quartile_buckets,
+    standardized_regression,
+    summarize,
+)
 from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
 from mechopd.views import RenderSpec, build_two_view_batch
 
@@ -290,17 +298,29 @@ def write_table(table: Table, path: str | os.PathLike) -> Path:
     return write_csv(path, (dict(zip(COLUMNS, row)) for row in zip(*(table[c].tolist() for c in COLUMNS))), COLUMNS)
 
 
+
+@dataclass(frozen=True)
+class TeachabilityOptions:
+    """`mechopd probe teachability`'s options (`mechopd.probes.options`)."""
+
+    student: Role | None = option(None, f"the initial student θ0: {MODEL_HELP} (default: base)")
+    trained: Role | None = option(None, f"the trained student θ1: {MODEL_HELP} (default: first trained)")
+    teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
+    bank: str | None = option(None, "an existing bank.json (default: sample one from θ0)")
+    n_boot: int = option(1000, "sequence-bootstrap resamples", range=(0, None))
+
+
 def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: str | None = None,
                      trained: str | None = None, teacher: str | None = None,
                      bank: Bank | str | os.PathLike | None = None, k: int = 16, d_mode: str = "union",
-                     c_mode: str = "exact", n_boot: int = default_of("teachability", "n_boot"),
+                     c_mode: str = "exact", n_boot: int = TeachabilityOptions.n_boot,
                      device: str | None = None) -> dict[str, Any]:
     """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table,
     ``teachability_items.jsonl`` (the runner's exact items) and ``teachability_summary.json`` (`TeachabilitySummary`)
     into ``out_dir``; returns the summary dict.
 
     student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
-    teacher (else base). bank: None = sample ``setup.count`` items (split default "train") with the setup's seed,
+    teacher (else base). bank: None = sample ``setup.n_for`` items (split default "train") with the setup's seed,
     temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
     """
     out = Path(out_dir)
@@ -331,3 +351,18 @@ def run_teachability(setup: ProbeSetup, out_dir: str | os.PathLike, *, student: 
                                        items_file=items_path(out, "teachability").name)
     TeachabilitySummary.from_dict(summary).save(out)
     return summary
+
+
+def cli_run(setup: ProbeSetup, out: Path, *, student: str | None, trained: str | None, teacher: str | None,
+            bank: str | None, n_boot: int) -> list[str]:
+    """`mechopd probe teachability`: run, then the lines to print."""
+    run_teachability(setup, out, student=student, trained=trained, teacher=teacher, bank=bank, n_boot=n_boot)
+    summary = TeachabilitySummary.load(out)  # just written by run_teachability
+    return [f"teachability: {out / TeachabilitySummary.FILE}"] + (summary.lines() if summary is not None else [])
+
+
+register_probe(ProbeSpec(
+    "teachability", "fixed-context token teachability diagnostic (TA-OPD)", cli_run, options=TeachabilityOptions,
+    order=40, outputs=("teachability_summary.json", "teachability_tokens.csv", "bank.json"),
+    demo={"trained": "ta_opd"}, role_options=("trained",), summary=TeachabilitySummary,
+))

@@ -23,6 +23,7 @@ and row key ``layer/module[/draw]`` the pair [correct_x, correct_xc]), ``weightp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,20 @@ from mechopd.artifacts import read_float, write_csv
 from mechopd.errors import ConfigError, DataError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.weightpatch_plan import (ALL, CONTROL, NONE, Donor, Row, parse_layers, parse_modules, patched,
-                                            plan_rows)
+from mechopd.probes.options import Role, models_option, option
+from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.weightpatch_plan import (
+    ALL,
+    CONTROL,
+    MODULES,
+    NONE,
+    Donor,
+    Row,
+    parse_layers,
+    parse_modules,
+    patched,
+    plan_rows,
+)
 from mechopd.removability import batched_metrics, paired_arrays, resample_blocks
 
 DELTAS = ("acc_x", "acc_xc", "harm")
@@ -109,6 +122,24 @@ def weightpatch_model(model, run, label: str, donor: Donor, donor_label: str, ro
     return table, outcomes
 
 
+
+@dataclass(frozen=True)
+class WeightpatchOptions:
+    """`mechopd probe weightpatch`'s options (`mechopd.probes.options`)."""
+
+    models: list[Role] | None = models_option("trained models to patch (default: every trained model of the run)")
+    donor: Role = option("base", "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir "
+                         "(default base: revert to W0)")
+    layers: str | None = option(None, "comma-separated decoder layers and/or 'all' (default: every layer, then all)")
+    modules: str = option(",".join(MODULES), "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
+                          "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
+                          "count: the matched control)")
+    draws: int = option(3, "draws of ctrl_qk (default 3)", flag="--control-draws", range=(1, None))
+    follow: bool = option(False, "also follow_other per row (the task's other contexts; one more generation per item "
+                          "and context)")
+    n_boot: int = option(1000, "paired bootstrap resamples", range=(0, None))
+
+
 def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
                     donor: str | None = None, layers: str | None = None, modules: str | None = None,
                     draws: int | None = None, follow: bool = False, n_boot: int | None = None,
@@ -116,13 +147,11 @@ def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
     """`mechopd probe weightpatch`: every model (default: the run's trained models) patched row by row from ``donor``
     (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the CSV's path."""
     from mechopd.evaluate import EvalConfig
-    from mechopd.probes.registry import default_of
-
-    modules = parse_modules(modules or default_of("weightpatch", "modules"))
+    modules = parse_modules(modules or WeightpatchOptions.modules)
     if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
         parse_layers(layers, 1 << 30)
-    draws = default_of("weightpatch", "draws") if draws is None else draws
-    n_boot = default_of("weightpatch", "n_boot") if n_boot is None else n_boot
+    draws = WeightpatchOptions.draws if draws is None else draws
+    n_boot = WeightpatchOptions.n_boot if n_boot is None else n_boot
     if draws < 1 or n_boot < 0:
         raise ConfigError(f"weightpatch: --control-draws {draws} must be >= 1 and --n-boot {n_boot} >= 0")
     if setup.split not in (None, "test"):
@@ -233,3 +262,20 @@ class WeightpatchSummary(ci.CausalSummary):
 
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
+
+
+def cli_run(setup: Any, out: Path, *, models: list[str] | None, donor: str, layers: str | None, modules: str,
+            draws: int, follow: bool, n_boot: int) -> list[str]:
+    """`mechopd probe weightpatch`: run, then the lines to print."""
+    path = run_weightpatch(setup, out, models=models, donor=donor, layers=layers, modules=modules, draws=draws,
+                           follow=follow, n_boot=n_boot)
+    return [f"weightpatch table: {path}"] + WeightpatchSummary.load(out).lines()
+
+
+register_probe(ProbeSpec(
+    "weightpatch", "revert (or transplant) weights per layer x module group to a donor's, re-evaluate both views",
+    cli_run, options=WeightpatchOptions, order=90,
+    outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),
+    demo={"models": ["opd"], "donor": "base", "layers": "all", "modules": "qk,vo,attn,mlp,ctrl_qk"},
+    role_options=("models", "donor"), summary=WeightpatchSummary,
+))

@@ -18,7 +18,8 @@ from mechopd.artifacts import Summary, read_json
 from mechopd.cli import main
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
-from mechopd.probes.registry import Arg, FigureSpec, ProbeSpec, probe_result, register_probe, unregister_probe
+from mechopd.probes.options import option
+from mechopd.probes.registry import ProbeSpec, probe_result, register_probe, unregister_probe
 from mechopd.study import Study
 from tests.unit.plotting_run import make_run
 
@@ -48,10 +49,14 @@ def plot_toy(run_dir, out_dir: Path) -> list[Path]:
     return [out_dir / "toy.png"]
 
 
-TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, arguments=(Arg(("--model",), dict(default=None)),
-                                                                Arg(("--scale",), dict(type=float, default=2.0))),
+@dataclass(frozen=True)
+class ToyOptions:
+    model: str | None = option(None, "a model")
+    scale: float = option(2.0, "a factor")
+
+
+TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                       outputs=("toy.json",), demo={"model": "nca", "scale": 0.5}, role_options=("model",),
-                      figures=(FigureSpec("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy),),
                       summary=ToySummary)
 
 
@@ -71,6 +76,7 @@ def plot_count(run_dir, out_dir: Path) -> list[Path]:
 @pytest.fixture
 def toys():
     register_probe(TOY_PROBE)
+    register_figure("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy, group="probe")
     register_selector("toy_last", needs_stats=False)(toy_last)
     register_figure("eval_count", "Evaluated models", "How many evaluation reports the run holds (a toy figure).",
                     plot_count)
@@ -78,6 +84,7 @@ def toys():
     unregister_probe("toy")
     unregister_selector("toy_last")
     unregister_figure("eval_count")
+    unregister_figure("toy")
 
 
 def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rules_organism, capsys):
@@ -107,7 +114,10 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
     models = {"base": tmp_path / "b", "opd": tmp_path / "o", "my_nca": tmp_path / "n"}
     from mechopd.probes import registry
 
-    only_toy = {"toy": TOY_PROBE}
+    from dataclasses import replace
+
+    registry.probes()  # the built-ins stay registered (the built-in study names them) but out of the demo
+    only_toy = {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()}, "toy": TOY_PROBE}
     saved, registry._REGISTRY = registry._REGISTRY, only_toy  # the built-ins need real checkpoints
     try:
         demo.run_probes(demo.DemoConfig(fast=True), models, run)

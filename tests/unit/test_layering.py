@@ -111,13 +111,7 @@ def test_the_checker_sees_every_import_form(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- import cycles
 # Known exceptions, each with its owner; the test fails on any other cycle AND when a listed one is gone (drop it).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # issue 30, item 1: the registry loads `builtin` by import_module, and gradients / teachability call
-    # `registry.default_of(...)` in their signatures; goes away with builtin.py, causal_builtin.py and default_of.
-    frozenset({"mechopd.probes.builtin", "mechopd.probes.causal_builtin", "mechopd.probes.gradients",
-               "mechopd.probes.mechanism_builtin", "mechopd.probes.registry", "mechopd.probes.teachability",
-               "mechopd.probes.weightpatch"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none (the probes' builtin.py / default_of cycle went with issue 30)
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mechopd.artifacts import read_json, write_json
 from mechopd.errors import ConfigError
-from mechopd.probes.registry import (Arg, FigureSpec, ProbeSpec, add_probe_parsers, get_probe, probes,
-                                     register_probe, unregister_probe)
+from mechopd.plots.registry import register_figure, unregister_figure
+from mechopd.probes.options import option
+from mechopd.probes.registry import ProbeSpec, add_probe_parsers, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
                "--temperature", "--max-new-tokens", "--n", "--seed", "--batch-size", "--responses-from", "--out")
@@ -42,17 +44,29 @@ def plot_toy(run_dir: Path, out_dir: Path) -> list[Path]:
     return [out_dir / "toy.png"]
 
 
-TOY = ProbeSpec("toy", "a toy probe", run_toy,
-                arguments=(Arg(("--scale",), dict(type=float, default=2.0)), Arg(("--model",), dict(default=None))),
+@dataclass(frozen=True)
+class ToyOptions:
+    scale: float = option(2.0, "a factor", range=(0.0, None))
+    model: str | None = option(None, "a model")
+
+
+@dataclass(frozen=True)
+class ClashOptions:
+    n: int = option(1, "clashes with the setup's --n")
+
+
+TOY = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
                 outputs=("toy.json",), demo={"model": "nca", "scale": 0.5},
-                figures=(FigureSpec("toy", "Toy figure", "The toy probe's value.", plot_toy),), report=toy_lines)
+                report=toy_lines)
 
 
 @pytest.fixture
 def toy():
     register_probe(TOY)
+    register_figure("toy", "Toy figure", "The toy probe's value.", plot_toy, group="probe")
     yield TOY
     unregister_probe("toy")
+    unregister_figure("toy")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,8 +79,12 @@ def test_builtin_probes_are_registered_with_figures_and_report():
     names = [p.name for p in probes()]
     assert names[:4] == ["similarity", "gradients", "deltas", "teachability"]
     for spec in probes()[:4]:
-        assert spec.figures and spec.summary is not None and spec.demo is not None and spec.outputs
+        assert spec.summary is not None and spec.demo is not None and spec.outputs
         assert set(spec.role_options) <= set(spec.demo)  # the demo's models are roles of the study
+    from mechopd.plots import figure_index
+
+    assert {"layer_cosine", "gradient_alignment", "parameter_deltas", "teachability"} <= {
+        f.name for f in figure_index()}  # their figures register in their plot modules
 
 
 PYTHON_API = {"similarity": "mechopd.probes.similarity:run_similarity",
@@ -82,7 +100,7 @@ def test_cli_and_python_defaults_agree():
 
     for name, ref in PYTHON_API.items():
         params = inspect.signature(resolve(ref)).parameters
-        for dest, cli in get_probe(name).options().items():
+        for dest, cli in get_probe(name).values().items():
             if dest in params and params[dest].default is not inspect.Parameter.empty:
                 py = params[dest].default
                 assert (",".join(py) if isinstance(py, tuple) else py) == cli, (name, dest)
@@ -113,13 +131,15 @@ def test_a_registered_probe_is_a_cli_verb_with_its_flags(toy, tmp_path, capsys):
 
 
 def test_options_are_checked_against_the_registration(toy):
-    assert toy.options() == {"scale": 2.0, "model": None}
+    assert toy.values() == {"scale": 2.0, "model": None}
     with pytest.raises(ConfigError, match="unknown option"):
-        toy.options(sclae=1.0)
+        toy.values(sclae=1.0)
+    with pytest.raises(ConfigError, match="--scale -1.0 is out of range"):
+        toy.values(scale=-1.0)
     with pytest.raises(ConfigError, match="already registered"):
         register_probe(ProbeSpec("toy", "another", run_toy))
     with pytest.raises(ConfigError, match="--n is a setup flag"):
-        register_probe(ProbeSpec("toy2", "clashes", run_toy, arguments=(Arg(("--n",), dict(type=int)),)))
+        register_probe(ProbeSpec("toy2", "clashes", run_toy, options=ClashOptions))
     with pytest.raises(ConfigError, match="unknown probe"):
         get_probe("no-such-probe")
 
@@ -129,8 +149,14 @@ def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatc
     from mechopd import demo, plots
     from mechopd.report import write_report_md
 
-    probes()  # built-ins loaded; then keep only the toy (the built-ins need real checkpoints)
-    monkeypatch.setattr("mechopd.probes.registry._REGISTRY", {"toy": TOY})
+    from dataclasses import replace
+
+    from mechopd.probes import registry
+
+    probes()  # built-ins loaded; then only the toy runs in the demo (the built-ins need real checkpoints; they stay
+    # registered, out of the demo, since the built-in study names them)
+    monkeypatch.setattr(registry, "_REGISTRY", {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()},
+                                                "toy": TOY})
     run = tmp_path / "run"
     models = {"base": tmp_path / "base", "opd": tmp_path / "opd", "nca": tmp_path / "nca"}
     demo.run_probes(demo.DemoConfig(fast=True), models, run)

@@ -1,0 +1,39 @@
+"""The memory-bounded gradient sums of the gradients probe (`mechopd.probes.gradients`): term a's gradient copied
+into ONE flat buffer, term b's compared with it slice by slice; per parameter, in float64,
+
+    (<g_a, g_b>, ||g_a||^2, ||g_b||^2)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _grads(value: torch.Tensor, params: list[nn.Parameter], retain: bool) -> list[torch.Tensor | None]:
+    return list(torch.autograd.grad(value, params, retain_graph=retain, allow_unused=True))
+
+
+def _flatten_into(grads: list[torch.Tensor | None], sizes: list[int], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """Copy gradients into one preallocated flat buffer, releasing each autograd tensor as it goes. ``[Σ numel]``."""
+    flat = torch.zeros(sum(sizes), dtype=dtype, device=device)
+    offset = 0
+    for i, size in enumerate(sizes):
+        g = grads[i]
+        if g is not None:
+            flat[offset : offset + size].copy_(g.reshape(-1))
+        grads[i] = None  # drop autograd's copy now
+        offset += size
+    return flat
+
+
+def _param_sums(flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], sizes: list[int]) -> list[tuple[float, ...]]:
+    """Per parameter: ``(<g_a, g_b>, ‖g_a‖², ‖g_b‖²)`` in float64."""
+    out, offset = [], 0
+    for g_b, size in zip(grads_b, sizes):
+        a = flat_a[offset : offset + size].double()
+        b = torch.zeros_like(a) if g_b is None else g_b.reshape(-1).double()
+        out.append((float(a @ b), float(a @ a), float(b @ b)))
+        offset += size
+    return out
