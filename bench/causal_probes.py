@@ -56,7 +56,7 @@ def items(tok, n: int, batch_size: int, seed: int = 0):
     """(batches as a lazy generator factory, context spans) of n rules items with random responses."""
     from mechopd.probes.attention import context_span
     from mechopd.tasks.base import get_task
-    from mechopd.views import RenderSpec, build_two_view_batch
+    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     spec, rng = RenderSpec("system"), random.Random(seed)
     exs = get_task("rules").examples("test", n, seed)

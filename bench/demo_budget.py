@@ -73,7 +73,7 @@ def same_numbers(a: Path, b: Path) -> list[str]:
 
 
 def verdicts(root: Path) -> list[tuple[str, str]]:
-    from mechopd.claims import evaluate_claims
+    from mechopd.report.claims import evaluate_claims
 
     return [(c.claim, c.verdict) for c in evaluate_claims(sorted((root / "runs" / "demo").glob("seed-*")))]
 

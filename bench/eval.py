@@ -1,4 +1,4 @@
-"""Benchmark: both-view evaluation (`mechopd.evaluate.evaluate_model` on the rules task) against a bare batched
+"""Benchmark: both-view evaluation (`mechopd.evaluation.evaluate.evaluate_model` on the rules task) against a bare batched
 `generate` loop over the same prompts, measured interleaved in ONE run.
 
   evaluate   evaluate_model(model, tok, rules, EvalConfig(n=N)): greedy, both views of N held-out items in batched
@@ -61,7 +61,7 @@ def _timed(fn: Any, label: str) -> Any:
 
 def instrument() -> None:
     """Accumulate evaluate_model's generation and summary time in PHASES (wrappers cost microseconds)."""
-    import mechopd.evaluate as ev
+    import mechopd.evaluation.evaluate as ev
 
     ev.sample_rows = _timed(ev.sample_rows, "sample")
     ev.summarize = _timed(ev.summarize, "summarize")
@@ -71,7 +71,7 @@ def instrument() -> None:
 
 def run_evaluate(model: Any, tok: Any, task: Any, n: int) -> tuple[float, float]:
     """Seconds and mean generated tokens per response (both views)."""
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
 
     t0 = time.perf_counter()
     rep = evaluate_model(model, tok, task, EvalConfig(n=n))
@@ -84,7 +84,7 @@ class GenerateLoop:
     """The bare reference: chat template -> batched tokenize -> generate in chunks -> batch_decode."""
 
     def __init__(self, model: Any, tok: Any, task: Any, n: int, batch: int = 256):
-        from mechopd.evaluate import EvalConfig
+        from mechopd.evaluation.evaluate import EvalConfig
         from mechopd.generate.sampler import stop_ids
 
         self.model, self.tok, self.batch = model, tok, batch

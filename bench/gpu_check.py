@@ -56,9 +56,9 @@ def row(name: str, ok: bool | None, value: str, seconds: float) -> None:
 
 def no_context_system(path: str) -> str | None:
     """None when the template renders no system block by itself, else "" (explicit empty system message)."""
-    from mechopd.errors import TaskError
+    from mechopd.core.errors import TaskError
     from mechopd.models import load_tokenizer
-    from mechopd.views import RenderSpec, render_prompt_text
+    from mechopd.core.views import RenderSpec, render_prompt_text
 
     try:
         render_prompt_text(load_tokenizer(path), "q", None, RenderSpec())
@@ -241,7 +241,7 @@ def check_lean_vs_generate(args) -> None:
     from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-    from mechopd.views import RenderSpec, render_prompt_ids
+    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     t0 = time.time()
     tok, model = load_tokenizer(args.model), load_model(args.model, dtype=torch.bfloat16, device=args.device)
@@ -293,10 +293,10 @@ def check_nccl(args, out: Path) -> None:
 
 
 def check_eval(args, real: bool) -> None:
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-    from mechopd.views import RenderSpec
+    from mechopd.core.views import RenderSpec
 
     t0 = time.time()
     task = get_task("jsonl", path=args.data, context_file=args.context, max_new_tokens=256)

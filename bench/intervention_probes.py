@@ -125,7 +125,7 @@ def _acts(pair, b, sites):
 
 
 def setup_svd(model, tmp: Path):
-    from mechopd.sites import ATTN_MODULES, MLP_MODULES
+    from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
 
     model.save_pretrained(tmp / "base")
     moved = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -143,7 +143,7 @@ def setup_svd(model, tmp: Path):
 
 
 def _evaluate(model, ctx):
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.tasks.base import get_task
 
     return evaluate_model(model, ctx["tok"], get_task("rules"), EvalConfig(n=ctx["n"], n_boot=1000))

@@ -130,7 +130,7 @@ def trl_runner(path: Path, root: Path, opts: dict, args) -> Any:
 def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
     from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.views import RenderSpec, render_prompt_ids
+    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     model, tok = load_model(path), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
@@ -148,7 +148,7 @@ def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
 def sim_step(path: Path, opts: dict, args, hf: bool) -> Callable:
     from mechopd.models import load_model, load_tokenizer
     from mechopd.probes.capture import all_sites, run_views
-    from mechopd.views import RenderSpec, build_two_view_batch
+    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     model, tok = load_model(path), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
@@ -201,7 +201,7 @@ def cview_step(path: Path, opts: dict, args) -> Callable:
     """The floor of NCA's extra work: ONE student context-view forward + backward through the shared path."""
     from mechopd.generate.scorer import score_views
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.views import RenderSpec, build_two_view_batch
+    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     model, tok = load_model(path).train(), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         path = build_model(root / "model", args.hidden, args.seed, opts)
         ex = _items(opts, args)[0]
         from mechopd.models import load_tokenizer
-        from mechopd.views import RenderSpec, render_prompt_ids
+        from mechopd.core.views import RenderSpec, render_prompt_ids
 
         tok = load_tokenizer(path)
         lc_ = len(render_prompt_ids(tok, ex.prompt, ex.context, RenderSpec("system")))

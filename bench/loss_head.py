@@ -55,7 +55,7 @@ def setup(a, case: str, variant: str):
     from mechopd.objectives.select import make_selector
     from mechopd.train.headstep import FusedStepScorer
     from mechopd.train.step import StepOptions, StepScorer
-    from mechopd.views import assemble_two_views
+    from mechopd.core.views import assemble_two_views
 
     method, estimator = case.split(":")
     student, teacher = _model(a.vocab, a.hidden, 0), _model(a.vocab, a.hidden, 1).requires_grad_(False)

@@ -58,7 +58,7 @@ class TRLRunner:
 
     def _check_same_views(self, items: list, tok: Any) -> None:
         """TRL's teacher prompt must tokenize exactly as mechopd's context view ("user" placement)."""
-        from mechopd.views import RenderSpec, render_prompt_ids
+        from mechopd.core.views import RenderSpec, render_prompt_ids
 
         b = self.trainer.teacher_context_builder
         trl_ids = self.trainer._tokenize_prompts([b._compose_teacher_prompt([{"role": "user", "content": ex.prompt}],

@@ -38,7 +38,7 @@ from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.organisms.pretrain import organism_vocab  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 
 
 def build(out: Path):

@@ -6,8 +6,8 @@ The Python entry points are plain functions, named after the CLI verbs they mirr
     final = mechopd.run_train({"task": "rules", "method": "nca"}, "runs/nca")      # `mechopd train`
     report = mechopd.run_eval("runs/nca/final", "rules", n=200)                     # `mechopd eval`
 
-(``mechopd.train`` and ``mechopd.evaluate`` are the training package and the evaluation module, importable as usual:
-``mechopd.train.trainer.train``, ``mechopd.evaluate.EvalConfig``. A function cannot share a name with a submodule:
+(``mechopd.train`` and ``mechopd.evaluation.evaluate`` are the training package and the evaluation module, importable as usual:
+``mechopd.train.trainer.train``, ``mechopd.evaluation.evaluate.EvalConfig``. A function cannot share a name with a submodule:
 importing the submodule rebinds the name, which is why the functions are ``run_train`` / ``run_eval``.)
 """
 
@@ -36,8 +36,8 @@ def run_train(config: _Any, out_dir: str | _Path, resume: bool = False, progress
     """Train one run (a `mechopd.config.TrainConfig` or a dict of its fields) into ``out_dir``; returns the final
     checkpoint directory (`mechopd.train.trainer.train`). ``resume=True`` continues the run in ``out_dir`` from its
     latest checkpoint (a new directory starts a new run); ``verbose`` prints the full resolved config. A bad input
-    raises a `mechopd.errors.MechopdError` whose message names these arguments."""
-    from mechopd.errors import MechopdError
+    raises a `mechopd.core.errors.MechopdError` whose message names these arguments."""
+    from mechopd.core.errors import MechopdError
     from mechopd.train.trainer import train
 
     try:
@@ -50,8 +50,8 @@ def run_eval(model: _Any, task: _Any = None, **options: _Any) -> dict[str, _Any]
     """Evaluate a checkpoint (dir, hub id, organism:<task>; or a loaded model with ``tokenizer=``) in both views on
     held-out items of ``task`` (None: the task its training record names), with `mechopd eval`'s checks; options: n,
     seed, samples, temperature, max_new_tokens, engine, no_context_system, chat_template_kwargs, other_contexts,
-    spec, tokenizer, task_options, out (`mechopd.eval_run.evaluate_checkpoint`)."""
-    from mechopd.eval_run import evaluate_checkpoint
+    spec, tokenizer, task_options, out (`mechopd.evaluation.run.evaluate_checkpoint`)."""
+    from mechopd.evaluation.run import evaluate_checkpoint
 
     return evaluate_checkpoint(model, task, **options)
 
@@ -59,10 +59,93 @@ def run_eval(model: _Any, task: _Any = None, **options: _Any) -> dict[str, _Any]
 __all__ = ["__version__", "run_eval", "run_train"]
 
 
-_PUBLIC_MODULES = ("config", "errors", "evaluate", "explore", "models", "plots", "probes", "study", "tasks", "train",
-                   "views")  # what a caller imports (mechopd.probes.lens, mechopd.plots.draw_all, ...)
+_PUBLIC_MODULES = ('config', 'core', 'evaluation', 'models', 'plots', 'probes', 'report', 'study', 'tasks', 'train')  # what a caller imports
 
 
 def __dir__() -> list[str]:
     """The public API only: the entry points and the modules a caller imports (not typing names or helpers)."""
     return sorted(set(__all__) | set(_PUBLIC_MODULES))
+
+
+# --- moved modules (issue 30): the old top-level import paths, kept working
+_MOVED = {
+    'mechopd.errors': 'mechopd.core.errors',
+    'mechopd.checks': 'mechopd.core.checks',
+    'mechopd.artifacts': 'mechopd.core.artifacts',
+    'mechopd.runcheck': 'mechopd.core.runcheck',
+    'mechopd.runlock': 'mechopd.core.runlock',
+    'mechopd.views': 'mechopd.core.views',
+    'mechopd.sites': 'mechopd.core.sites',
+    'mechopd.stats': 'mechopd.core.stats',
+    'mechopd.config_parse': 'mechopd.config.parse',
+    'mechopd.ranges': 'mechopd.config.ranges',
+    'mechopd.options': 'mechopd.config.options',
+    'mechopd.lora': 'mechopd.models.lora',
+    'mechopd.evaluate': 'mechopd.evaluation.evaluate',
+    'mechopd.removability': 'mechopd.evaluation.removability',
+    'mechopd.following': 'mechopd.evaluation.following',
+    'mechopd.records': 'mechopd.evaluation.records',
+    'mechopd.pinning': 'mechopd.evaluation.pinning',
+    'mechopd.eval_run': 'mechopd.evaluation.run',
+    'mechopd.mechanism_stats': 'mechopd.probes.mechanism_stats',
+    'mechopd.study_checks': 'mechopd.study.checks',
+    'mechopd.report_seeds': 'mechopd.report.seeds',
+    'mechopd.claims': 'mechopd.report.claims',
+    'mechopd.claim_rules': 'mechopd.report.claim_rules',
+    'mechopd.claims_probes': 'mechopd.report.claims_probes',
+    'mechopd.following_claims': 'mechopd.report.following_claims',
+    'mechopd.mechanism_claims': 'mechopd.report.mechanism_claims',
+    'mechopd.verdicts': 'mechopd.report.verdicts',
+    'mechopd.seed_items': 'mechopd.report.seed_items',
+    'mechopd.report_items': 'mechopd.report.items',
+    'mechopd.aggregate': 'mechopd.report.aggregate',
+    'mechopd.explore': 'mechopd.report.explore',
+    'mechopd.explore_load': 'mechopd.report.explore_load',
+    'mechopd.study_spec': 'mechopd.pipeline.spec',
+    'mechopd.study_run': 'mechopd.pipeline.run',
+    'mechopd.demo': 'mechopd.pipeline.demo',
+    'mechopd.demo_pool': 'mechopd.pipeline.pool',
+    'mechopd.study_stages': 'mechopd.pipeline.stages',
+    'mechopd.demo_sweep': 'mechopd.pipeline.sweep',
+    'mechopd.cli_common': 'mechopd.cli.common',
+    'mechopd.cli_eval': 'mechopd.cli.eval_cmd',
+}
+
+
+class _MovedModuleFinder:
+    """``import mechopd.<old>`` imports the module at its new path (the same module object) with a
+    DeprecationWarning naming the new path."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: _Any = None, target: _Any = None) -> _Any:
+        if fullname not in _MOVED:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, cls())
+
+    def create_module(self, spec: _Any) -> _Any:
+        import importlib
+        import warnings
+
+        new = _MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: _Any) -> None:
+        """The module ran at its new path; nothing to run."""
+
+
+def __getattr__(name: str) -> _Any:
+    """``mechopd.<old>`` as an attribute (before any import of it) goes through the finder too."""
+    if f"mechopd.{name}" in _MOVED:
+        import importlib
+
+        return importlib.import_module(f"mechopd.{name}")
+    raise AttributeError(f"module 'mechopd' has no attribute {name!r}")
+
+
+import sys as _sys  # noqa: E402
+
+if not any(isinstance(f, type) and f.__name__ == "_MovedModuleFinder" for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _MovedModuleFinder)  # before any installed copy's finder

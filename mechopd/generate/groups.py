@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from mechopd.generate.prefix import MIN_PREFIX_TOKENS
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 GROUP_COST = 32  # token positions one extra forward call is charged (per-call overhead; a choice)
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mechopd.errors import ModelError
+from mechopd.core.errors import ModelError
 from mechopd.generate.prefix import cache_kwargs, output_cache
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -69,7 +69,7 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _lin(proj: Any, x: torch.Tensor) -> torch.Tensor:
     """A projection: its weight and bias for a plain ``nn.Linear``; any other module (a LoRA-adapted projection,
-    `mechopd.lora`) is called, so that its adapter takes part in every decode step."""
+    `mechopd.models.lora`) is called, so that its adapter takes part in every decode step."""
     if type(proj) is torch.nn.Linear:
         return F.linear(x, proj.weight, proj.bias)
     return proj(x)

@@ -5,7 +5,7 @@ When every row of a batch renders its context view as ``prefix + s_i`` (the same
 and values. Exact, not approximate: each row sees the same keys/values at the same positions as in the unshared
 forward; only the floating-point summation order of attention differs (float32: ~1e-7).
 
-Layouts (B rows, prefix length Lp; the unshared one is `views.py`'s left-padded view):
+Layouts (B rows, prefix length Lp; the unshared one is `core/views.py`'s left-padded view):
 
     unshared   row i: [ left pad_i | prefix (pos 0..Lp-1) | s_i | y_i | right pad ]        one forward, [B, L]
     shared     prefix:  [ prefix (pos 0..Lp-1) ]                                             batch 1, [1, Lp]
@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 MODES = ("auto", "off")
 MIN_PREFIX_TOKENS = 8

@@ -22,7 +22,7 @@ from mechopd.generate.lean import LeanDecoder
 from mechopd.generate.prefix import (cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache,
                                      prefix_kv)
 from mechopd.generate.settings import SamplingSettings, stop_ids
-from mechopd.views import left_pad
+from mechopd.core.views import left_pad
 
 __all__ = ["Generation", "SamplingSettings", "Turn", "item_seed", "play_games", "sample", "sample_rows",
            "stable_seed", "stop_ids", "strip_stop"]

@@ -20,7 +20,7 @@ from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import Agree, PrefixStore, cache_kwargs, view_inputs
 from mechopd.generate.settings import check_known_ids
 from mechopd.models import vocab_size
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 # A role is (which model, which view): the three distributions the objectives read (objectives.losses.LossInputs).
 ROLES = {"teacher": ("teacher", "c"), "student_nctx": ("student", "x"), "student_ctx": ("student", "c")}

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from mechopd.views import pad_id
+from mechopd.core.views import pad_id
 
 BUILTIN_ENGINES = ("lean", "hf")  # run by the sampler itself; any other engine is a `RolloutEngine` object
 

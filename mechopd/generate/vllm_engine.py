@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.generate.engines import Generation, cut_at_stop
 
 INSTALL = "pip install mechopd[vllm]"

@@ -1,7 +1,7 @@
 """The ``follow`` term: keep the student reading prompts while it internalises one (docs/method.md "The follow term").
 
 OPD distils the context c into the no-context view; nothing in it asks the student to keep reading OTHER contexts,
-and on the rules organism OPD and NCA students stop doing so (context-deaf, `mechopd.following`). The follow term
+and on the rules organism OPD and NCA students stop doing so (context-deaf, `mechopd.evaluation.following`). The follow term
 self-distils the task's other contexts on-policy, exactly as OPD distils c, but with c′ in both views:
 
     L_follow = E_x E_{c′ ~ U(C′)} E_{y ~ q_θ(·|x,c′)} (1/|y|) Σ_t KL( q_θ(·|x,c′,y<t) ‖ f(·|x,c′,y<t) )
@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TERMS, TermOptions, register_term
 from mechopd.objectives.options import FollowOptions
 from mechopd.tasks.base import OtherContext

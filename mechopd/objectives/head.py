@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import METHODS, TermOptions
 
 FUSED_TERMS = frozenset({"opd", "nca"})  # the terms this head computes; any other term: the logits path

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.divergences import _check_mask
 from mechopd.objectives.options import C_MODES, D_MODES  # declared once, with the config fields
 

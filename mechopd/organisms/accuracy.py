@@ -22,9 +22,9 @@ def pretrain_organism(task: str, out: str | Path | None = None, *, seed: int = 0
                       progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Pretrain (or reuse: same config) the ``task`` organism into ``out`` (default runs/organisms/<task>[-L<n>]),
     evaluate it on ``n`` held-out items (seed ``seed``) and write ``accuracy.json``; returns (its path, the accuracy)."""
-    from mechopd.artifacts import write_json
-    from mechopd.checks import check_out_dir
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.core.artifacts import write_json
+    from mechopd.core.checks import check_out_dir
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
     from mechopd.tasks.base import get_task

@@ -40,7 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from mechopd.errors import ModelError
+from mechopd.core.errors import ModelError
 
 ORGANISM_DIR = "runs/organisms"  # where `organism:<task>` lives unless a config's organism_dir says otherwise
 

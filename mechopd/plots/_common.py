@@ -29,10 +29,10 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mechopd.artifacts import atomic_write
-from mechopd.artifacts import read_csv as artifact_csv
-from mechopd.artifacts import read_json as artifact_json
-from mechopd.errors import DataError
+from mechopd.core.artifacts import atomic_write
+from mechopd.core.artifacts import read_csv as artifact_csv
+from mechopd.core.artifacts import read_json as artifact_json
+from mechopd.core.errors import DataError
 from mechopd.study import Study
 
 log = logging.getLogger("mechopd.plots")
@@ -168,7 +168,7 @@ class RunInfo:
 
 
 def read_json(path: Path) -> Any:
-    """Parsed JSON, or DataError naming the file (`mechopd.artifacts.read_json`: malformed, not UTF-8, too deep)."""
+    """Parsed JSON, or DataError naming the file (`mechopd.core.artifacts.read_json`: malformed, not UTF-8, too deep)."""
     return artifact_json(path)
 
 
@@ -207,7 +207,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
     """Rows of a CSV with a header; DataError naming the first missing column (and, through
-    `mechopd.artifacts.read_csv`, a file that is not UTF-8 or has rows longer or shorter than its header)."""
+    `mechopd.core.artifacts.read_csv`, a file that is not UTF-8 or has rows longer or shorter than its header)."""
     rows = artifact_csv(path)
     with Path(path).open(newline="", encoding="utf-8") as fh:  # read whole above: UTF-8 and CSV already checked
         header = next(csv.reader(fh), [])

@@ -1,4 +1,4 @@
-"""Context-following figure: does each model still read OTHER contexts? (docs/method.md §7, `mechopd.following`).
+"""Context-following figure: does each model still read OTHER contexts? (docs/method.md §7, `mechopd.evaluation.following`).
 
 Artifacts read: ``RUN/eval/<name>.json`` written by ``mechopd eval --other-contexts`` (or the demo): the top-level
 ``other_contexts`` list (``{label, n, follow, stick}``) and ``summary.follow_other`` / ``summary.stick``

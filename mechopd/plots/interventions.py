@@ -98,7 +98,7 @@ def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], li
     """Per site the mean over seeds and the 95 % hierarchical bootstrap interval over seeds and items of the
     teacher-forced Harm after patching (`mechanism_stats.site_harm_stat`, from ``localization_items.jsonl``, as the
     report's table); None when a seed's items file lacks the per-item flips."""
-    from mechopd.mechanism_stats import localization_arrays, site_harm_stat
+    from mechopd.probes.mechanism_stats import localization_arrays, site_harm_stat
 
     with_table = [r for r in runs if (r / "probes" / "localization.csv").is_file()]
     if any(localization_arrays(r) is None for r in with_table):

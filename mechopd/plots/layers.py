@@ -45,7 +45,7 @@ from mechopd.plots._common import (
 from mechopd.plots.registry import register_figure
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
-from mechopd.sites import MODULE_ORDER, site_layer
+from mechopd.core.sites import MODULE_ORDER, site_layer
 
 if TYPE_CHECKING:
     from mechopd.probes.deltas import DeltaRow

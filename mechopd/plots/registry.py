@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 
 Plot = Callable[[Any, Path], list[Path]] | str
 GROUPS = ("run", "probe", "tail")

@@ -1,11 +1,11 @@
 """Removability figures: metric bars per model (fig. 2) and the regime map (fig. 3).
 
-Artifacts read: ``RUN/eval/<name>.json`` (``{"summary": ...}`` as ``mechopd.removability.summarize`` returns it; value,
+Artifacts read: ``RUN/eval/<name>.json`` (``{"summary": ...}`` as ``mechopd.evaluation.removability.summarize`` returns it; value,
 low, high may be null) for ``base`` and every method of ``RUN/demo.json``; the regime thresholds from ``demo.json``
 (else from the first report's ``summary.thresholds``, else the `RegimeThresholds` defaults).
 
 Regime map axes: x = accuracy drop Acc_x − Acc_xc (positive: the context hurts), y = Harm, both in percent. The regions
-follow ``mechopd.removability.classify_regime`` exactly: A where drop ≥ drop_min or Harm ≥ harm_high; B where
+follow ``mechopd.evaluation.removability.classify_regime`` exactly: A where drop ≥ drop_min or Harm ≥ harm_high; B where
 drop ≤ −gain_min and Harm < harm_high; C in between. A model whose Harm is undefined (no item right without c) has
 no place on the map and is left out (logged).
 """
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.plots._common import (
     RunInfo,
     eval_summaries,
@@ -39,7 +39,7 @@ from mechopd.plots._common import (
     styled,
 )
 from mechopd.plots.registry import register_figure
-from mechopd.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
+from mechopd.evaluation.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 from mechopd.study import Study
 
 BARS_NAME = "removability"

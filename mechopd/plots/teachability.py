@@ -2,7 +2,7 @@
 with its bootstrap interval, and the standardized regression of the gain.
 
 Artifact read: ``RUN/probes/teachability_summary.json`` as ``mechopd.probes.teachability.run_teachability`` writes it
-(`mechopd.artifacts.TeachabilitySummary`, NaN / ±inf as null): ``buckets[signal]`` = four quartile rows with ``n`` and ``mean_<gain>``;
+(`mechopd.core.artifacts.TeachabilitySummary`, NaN / ±inf as null): ``buckets[signal]`` = four quartile rows with ``n`` and ``mean_<gain>``;
 ``gap[gain]`` = estimate, ci_low, ci_high, ci, mean_high, mean_low, n_q3; ``regression[gain]`` = coef {H, DL, DI}, r2.
 """
 
@@ -18,7 +18,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
 from mechopd.plots.registry import register_figure
 from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary

@@ -19,7 +19,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from mechopd.errors import DataError
+from mechopd.core.errors import DataError
 from mechopd.plots._common import (
     fitted_legend,
     log,
@@ -75,7 +75,7 @@ def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf
     """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band). The band is clipped
     to the quantity's range [lo, hi] (a t-interval of a proportion over 3 seeds can leave it); ``log_scale``: mean and
     interval of log10(value), i.e. the geometric mean (for positive ratios)."""
-    from mechopd.stats import seed_stat
+    from mechopd.core.stats import seed_stat
 
     common = sorted(set.intersection(*(set(steps) for steps, _ in series))) if series else []
     maps = [dict(zip(steps, vals)) for steps, vals in series]

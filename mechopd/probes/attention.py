@@ -32,14 +32,14 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mechopd.artifacts import write_csv, write_jsonl
-from mechopd.errors import DataError, ModelError
+from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.errors import DataError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import _gather, component_site, forward
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.views import TwoViewBatch, render_prompt_ids, render_prompt_text
+from mechopd.core.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 
 COLUMNS = ("model", "layer", "head", "context_share", "other_share", "n_items", "n_tokens")
 DETAIL_ITEMS = 16
@@ -138,7 +138,7 @@ def attention(model: nn.Module, batches: Iterable[TwoViewBatch], spans: Sequence
     i = 0
     for batch in batches:
         if batch.layout != "left":
-            raise ModelError("the attention probe needs the left-padded layout (views.py)")
+            raise ModelError("the attention probe needs the left-padded layout (core/views.py)")
         acc.add(batch, spans[i : i + batch.batch_size])
         i += batch.batch_size
     return acc.rows(label), [{**d, "model": label} for d in acc.tokens]
@@ -198,7 +198,7 @@ class AttentionSummary(ci.CausalSummary):
     PROBE = "attention"
 
     def share(self, model: str, layer: int, head: int) -> float | None:
-        from mechopd.artifacts import read_float
+        from mechopd.core.artifacts import read_float
 
         row = next((r for r in self.rows if (r["model"], int(r["layer"]), int(r["head"])) == (model, layer, head)),
                    None)

@@ -34,8 +34,8 @@ from torch import nn
 
 from mechopd.models import module_at, num_layers
 from mechopd.probes.capture import component_site
-from mechopd.sites import resid_site
-from mechopd.views import TwoViewBatch
+from mechopd.core.sites import resid_site
+from mechopd.core.views import TwoViewBatch
 
 COMPONENTS = ("resid", "attn", "mlp", "head")
 
@@ -58,7 +58,7 @@ class Site:
 
 
 def sites_of(model: nn.Module, layers: Sequence[int] | None, components: Sequence[str]) -> list[Site]:
-    from mechopd.errors import ConfigError
+    from mechopd.core.errors import ConfigError
 
     bad = [c for c in components if c not in COMPONENTS]
     if bad:

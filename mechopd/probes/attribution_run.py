@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.artifacts import read_float, write_csv
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import read_float, write_csv
+from mechopd.core.errors import ConfigError
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
 from mechopd.probes.options import Role, greedy_option, models_option, option, site_list

@@ -3,7 +3,7 @@ every later probe that reads ``--cache DIR`` (similarity, lens) instead of runni
 
 Items: the causal probes' (`causal_items.resolve`: the setup's examples, ``--n``, ``--seed``, ``--split``, one response
 per item from ``--responses-from``, default the first trained model), saved as ``cache_items.jsonl``. Models: every
-model of the run but the teacher (``--models``), one resident at a time. Sites: ``--sites`` names of `mechopd.sites`
+model of the run but the teacher (``--models``), one resident at a time. Sites: ``--sites`` names of `mechopd.core.sites`
 (residual sites ``embed``, ``layers.{i}.resid_post``, ``final_norm``; components ``layers.{i}.self_attn``,
 ``layers.{i}.mlp``), default every residual site. Per batch, each view runs once (no grad, no KV cache, unshared
 prefix: the lens's forward), one hook per site at the ``"predict_stop"`` positions: each item keeps its n + 1 rows
@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, site_module
 from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
-from mechopd.sites import sites_for
-from mechopd.views import TwoViewBatch
+from mechopd.core.sites import sites_for
+from mechopd.core.views import TwoViewBatch
 
 SHARD_MB = 256
 
@@ -69,7 +69,7 @@ class CacheOptions:
     """`mechopd probe cache`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    sites: str | None = option(None, "comma-separated site names of mechopd.sites or decoder layers (default: every "
+    sites: str | None = option(None, "comma-separated site names of mechopd.core.sites or decoder layers (default: every "
                                "residual site)")
     shard_mb: float = option(float(SHARD_MB), f"megabytes per shard (default {SHARD_MB}; memory is bounded by one "
                              "shard)", metavar="MB")

@@ -1,6 +1,6 @@
 """ONE capture/edit primitive over site names (baukit ``TraceDict``-like), used by every probe that hooks a model.
 
-Sites (named in mechopd.sites; `mechopd.models.module_at` resolves any of them):
+Sites (named in mechopd.core.sites; `mechopd.models.module_at` resolves any of them):
   residual stream, forward order (``depth`` = position in that order, ``layer`` = decoder index i or None)
     ``embed``                  output of ``model.model.embed_tokens``          depth 0
     ``layers.{i}.resid_post``  output of decoder layer i                      depth i + 1
@@ -23,7 +23,7 @@ baukit, what is captured at an edited site is the edited value. ``positions``:
                   A row with n real response tokens has its n predicting states at indices 0..n-1 and the state OF
                   its last token (the stop token when it stopped) at index n: the two-view cosine averages the
                   former and reports the latter apart (no loss trains what the stop token's state predicts).
-Index t means the same token in both views (left padding; views.py), so one view's capture is the other's edit.
+Index t means the same token in both views (left padding; core/views.py), so one view's capture is the other's edit.
 
 What is non-standard here:
   * Captures are gathered (and by default copied) at the positions, so nothing ``[batch, seq, d]`` outlives the call.
@@ -44,12 +44,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
-from mechopd.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
-from mechopd.views import TwoViewBatch
+from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.views import TwoViewBatch
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
@@ -67,7 +67,7 @@ def all_sites(model: nn.Module) -> list[str]:
 
 
 def resolve_sites(model: nn.Module, layers: Sequence[int | str] | None = None) -> list[str]:
-    """Requested residual sites in forward order, deduplicated (`mechopd.sites.sites_for`)."""
+    """Requested residual sites in forward order, deduplicated (`mechopd.core.sites.sites_for`)."""
     return sites_for(len(decoder_layers(model)), layers)
 
 

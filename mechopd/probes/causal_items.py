@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.artifacts import read_json, write_json, write_jsonl
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.artifacts import read_json, write_json, write_jsonl
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, read_responses
-from mechopd.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
+from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
 
 
 def kl_rows(logp_p: torch.Tensor, logp_q: torch.Tensor) -> torch.Tensor:
@@ -175,7 +175,7 @@ class CausalSummary:
     @classmethod
     def load(cls, probes_dir: str | os.PathLike) -> Any:
         """The result in ``probes_dir``; None when the probe did not run there."""
-        from mechopd.artifacts import read_csv
+        from mechopd.core.artifacts import read_csv
 
         doc = load_summary(Path(probes_dir), cls.PROBE)
         return None if doc is None else cls(doc, read_csv(Path(probes_dir) / f"{cls.PROBE}.csv"))

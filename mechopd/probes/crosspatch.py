@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.artifacts import write_csv
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import write_csv
+from mechopd.core.errors import ConfigError
 from mechopd.generate.sampler import stop_ids
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites
-from mechopd.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
+from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
 
 COLUMNS = ("donor", "recipient", "site", "n_items", "logp_of", "logp", "logp_patched", "dlogp", "acc_x", "acc_xc",
            "acc_xc_patched", "harm", "harm_patched", "d_harm")

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from mechopd.artifacts import read_csv, read_float, read_json, write_csv, write_json
-from mechopd.errors import DataError
+from mechopd.core.artifacts import read_csv, read_float, read_json, write_csv, write_json
+from mechopd.core.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class DeltaRow:
 def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]:
     """Write ``<path>.csv`` and ``<path>.json`` atomically (a suffix on ``path`` is replaced); returns both paths.
 
-    The `mechopd.artifacts` policy: CSV floats as repr (``nan``, ``inf``), layer empty when None; JSON a list of
+    The `mechopd.core.artifacts` policy: CSV floats as repr (``nan``, ``inf``), layer empty when None; JSON a list of
     objects with every non-finite value as null (read back as NaN).
     """
     rows, stem = list(rows), Path(path).with_suffix("")

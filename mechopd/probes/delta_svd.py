@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from mechopd.artifacts import read_csv, read_float, write_csv, write_json
-from mechopd.sites import ATTN_MODULES, MLP_MODULES, site_of
+from mechopd.core.artifacts import read_csv, read_float, write_csv, write_json
+from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, site_of
 
 THRESHOLDS = (0.01, 0.1, 1.0)
 SVD_K = 8
@@ -105,8 +105,8 @@ def _read(entry: tuple[str, Path]) -> torch.Tensor:
 
 def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SVD_K) -> list[dict[str, Any]]:
     """One row per (model, decoder weight matrix) in layer order (`COLUMNS`)."""
-    from mechopd.errors import ModelError
-    from mechopd.sites import natural_key
+    from mechopd.core.errors import ModelError
+    from mechopd.core.sites import natural_key
 
     base = _tensors(base_dir)
     rows = []
@@ -155,7 +155,7 @@ def svd_lines(probes_dir: Path) -> list[str]:
 
 def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K) -> list[Path]:
     """Write ``deltas_svd.csv`` (`COLUMNS`) and ``deltas_svd.json`` (settings + `summarize_svd`)."""
-    from mechopd.errors import ConfigError
+    from mechopd.core.errors import ConfigError
 
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"--svd-k {k!r} must be an integer >= 1")
@@ -168,7 +168,7 @@ def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.Pa
 
 def load_svd(probes_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, float]]] | None:
     """(summary per model, table rows with floats) of a probes dir; None when ``--svd`` did not run there."""
-    from mechopd.artifacts import read_json
+    from mechopd.core.artifacts import read_json
 
     p = Path(probes_dir)
     if not (p / JSON).is_file():

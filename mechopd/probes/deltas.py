@@ -22,13 +22,13 @@ Non-standard things here:
     through it, so that the pages it touched leave this process's RSS. The arithmetic runs in cache-sized chunks of
     X = [W0, Δ_1 .. Δ_M, (θ_b - θ_a)] ([R, chunk], float64 by default), one norm per row, summed in float64;
     ⟨Δ_a, Δ_b⟩ comes from ‖Δ_a‖², ‖Δ_b‖², ‖Δ_b - Δ_a‖² (absolute error of cos ~ machine epsilon).
-  * A LoRA checkpoint (``adapter/`` beside merged weights, `mechopd.lora`): each adapted tensor is read as W0 + ΔW with
+  * A LoRA checkpoint (``adapter/`` beside merged weights, `mechopd.models.lora`): each adapted tensor is read as W0 + ΔW with
     ΔW = (α / r) B A from the adapter (`weights.reader_for`), so its update is the adapter's, not a rounded merge.
   * Tied embeddings: a checkpoint is tied when config.json says ``tie_word_embeddings`` (else: when it has no
     lm_head tensor). A tied head is not read (a copy stored next to the embedding is dropped, as transformers ties it
     on load); the table repeats the embedding's values on ``lm_head`` rows with ``tied_to="embed_tokens"``, and
     aggregates skip those rows. A tied and an untied checkpoint in one comparison is an error naming lm_head.weight.
-  * Sites follow mechopd.sites: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``,
+  * Sites follow mechopd.core.sites: ``layers.{i}.self_attn.q_proj`` (layer i, module ``q_proj``), ``embed``,
     ``final_norm``, ``lm_head`` (layer None; modules ``embed_tokens``, ``norm``, ``lm_head``). A bias shares its
     module's site with ``param="bias"``; site aggregates combine weight and bias.
 """
@@ -46,9 +46,9 @@ from typing import Any, ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.artifacts import Summary, read_float
-from mechopd.errors import ConfigError, ModelError
-from mechopd.lora import adapter_dir
+from mechopd.core.artifacts import Summary, read_float
+from mechopd.core.errors import ConfigError, ModelError
+from mechopd.models.lora import adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
 from mechopd.probes.options import MODEL_HELP, Role, models_option, option
 from mechopd.probes.options import pair as two_items
@@ -63,8 +63,8 @@ from mechopd.probes.weights import (
     reader_for,
     tensor_shapes,
 )
-from mechopd.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
-from mechopd.sites import natural_key as _natural_key
+from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.sites import natural_key as _natural_key
 
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")

@@ -49,8 +49,8 @@ from typing import Any, ClassVar, Iterable, Sequence
 import torch
 from torch import nn
 
-from mechopd.artifacts import Summary, write_csv
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import Summary, write_csv
+from mechopd.core.errors import ConfigError
 from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.models import module_kind, num_layers, param_layer
@@ -71,7 +71,7 @@ from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
-from mechopd.views import RenderSpec, TwoViewBatch
+from mechopd.core.views import RenderSpec, TwoViewBatch
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)

@@ -9,7 +9,7 @@
   (``LanguageModel`` is the same class under a deprecated name in 0.8) and `two_view_cosine_nnsight` saves the
   modules' outputs inside ``.trace()``.
 
-Site mapping (models.py names -> backend addresses):
+Site mapping (models/ names -> backend addresses):
   ``embed``                 TL ``hook_embed``                    nnsight ``model.embed_tokens.output``
   ``layers.{i}.resid_post`` TL ``blocks.{i}.hook_resid_post``    nnsight ``model.layers[i].output``
   ``final_norm``            TL ``ln_final.hook_out``             nnsight ``model.norm.output``
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from mechopd.errors import ModelError
+from mechopd.core.errors import ModelError
 from mechopd.models import load_tokenizer, quiet_progress
 from mechopd.probes.capture import site_layer, sites_for
 from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 
 def _checkpoint(path: str | os.PathLike) -> str:

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.artifacts import write_csv, write_jsonl
+from mechopd.core.artifacts import write_csv, write_jsonl
 from mechopd.models import module_at, num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16
@@ -231,7 +231,7 @@ class LensSummary(ci.CausalSummary):
 
     def kl_by_depth(self, model: str) -> list[float]:
         """kl_c_x after each decoder layer and at the output, in depth order (embed left out: 0 by construction)."""
-        from mechopd.artifacts import read_float
+        from mechopd.core.artifacts import read_float
 
         rows = [r for r in self.rows if r["model"] == model and r["site"] != "embed"]
         return [read_float(r["kl_c_x"]) for r in sorted(rows, key=lambda r: int(r["depth"]))]

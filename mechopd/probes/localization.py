@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mechopd.artifacts import read_float, write_csv
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import read_float, write_csv
+from mechopd.core.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.removability import resample_blocks
+from mechopd.evaluation.removability import resample_blocks
 
 SELF = "x"
 COLUMNS = ("model", "donor", "site", "layer", "depth", "harm", "harm_low", "harm_high", "harm_clean", "n_right",

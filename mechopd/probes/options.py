@@ -25,7 +25,7 @@ import types
 import typing
 from typing import Any
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 
 Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"

@@ -2,7 +2,7 @@
 (docs/method.md, "Patching").
 
 Positions: the scored positions (the last prompt token and every response token but the last; index t predicts
-response token t and is the same token in both views: left padding, views.py). The two views have different prompt
+response token t and is the same token in both views: left padding, core/views.py). The two views have different prompt
 lengths; only these response-aligned positions are patched, column for column, so the prompt positions of each view
 keep their own states and attention still reads the recipient's own prompt.
 
@@ -39,15 +39,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.artifacts import write_csv, write_jsonl
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.errors import ConfigError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import component_site, forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 COMPONENTS = ("resid", "attn", "mlp")
 DIRECTIONS = ("c_to_x", "x_to_c")
@@ -253,7 +253,7 @@ class PatchingSummary(ci.CausalSummary):
     PROBE = "patching"
 
     def recovered(self, model: str, site: str, component: str = "resid", direction: str = "c_to_x") -> float | None:
-        from mechopd.artifacts import read_float
+        from mechopd.core.artifacts import read_float
 
         row = next((r for r in self.rows if (r["model"], r["site"], r["component"], r["direction"], r["window"]) ==
                     (model, site, component, direction, "all")), None)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mechopd.artifacts import write_csv
+from mechopd.core.artifacts import write_csv
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
@@ -157,7 +157,7 @@ class PmiSummary(ci.CausalSummary):
 
     @classmethod
     def load(cls, probes_dir):
-        from mechopd.artifacts import read_csv
+        from mechopd.core.artifacts import read_csv
 
         doc = ci.load_summary(Path(probes_dir), cls.PROBE)
         return None if doc is None else cls(doc, read_csv(Path(probes_dir) / "pmi_tokens.csv"))

@@ -12,7 +12,7 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     first seed only is the study's ``first_seed_only``);
   * ``order``: its place in the listings (CLI, report, figures); the built-ins 10, 20, ...; default after them;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
-    (an `mechopd.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
+    (an `mechopd.core.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
     the claims and the figures read (`probe_result`);
   * (its figures register themselves in their plot modules: `mechopd.plots.registry`, group "probe");
   * its report lines ``report(probes_dir) -> list[str]`` (markdown bullets), read by `mechopd.report`; default: the
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.probes.options import add_flags, check, defaults
 
 Ref = Callable[..., Any] | str
@@ -90,7 +90,7 @@ class ProbeSpec:
     def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:
         """Run the probe on ``setup`` into ``out_dir``; returns the lines to print. Its files land as one set
         (`artifacts.FileSet`, named after the probe): all of them or none."""
-        from mechopd.artifacts import FileSet
+        from mechopd.core.artifacts import FileSet
 
         with FileSet(out_dir, self.name) as stage:
             lines = list(resolve(self.run)(setup, stage.dir, **self.values(**options)))
@@ -243,7 +243,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     if taken and not getattr(a, "force", False):  # the run's report and figures read these files
         raise ConfigError(f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
                           "pass --force to replace the probe's files, or --out DIR to write beside them")
-    from mechopd.runlock import hold
+    from mechopd.core.runlock import hold
 
     with hold(out, f"probe {spec.name}"):  # one writer per output directory
         return spec(setup, out, **options)

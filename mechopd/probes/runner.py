@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.artifacts import write_jsonl
-from mechopd.checks import check_response_ids, check_task_vocab
+from mechopd.core.artifacts import write_jsonl
+from mechopd.core.checks import check_response_ids, check_task_vocab
 from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.pinning import check_fits, pin_render
+from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.probes.items import ProbeItems, answer_responses, read_responses, sample_responses
 from mechopd.probes.setup import ProbeSetup
-from mechopd.views import RenderSpec, render_prompt_ids
+from mechopd.core.views import RenderSpec, render_prompt_ids
 
 ITEMS_SUFFIX = "_items.jsonl"
 

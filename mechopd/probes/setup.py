@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.config import check_seed, check_temperature, flag_text
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.organisms.recipes import recorded_model, resolve_organism
 from mechopd.probes.items import (  # noqa: F401
     ProbeItems,
@@ -35,7 +35,7 @@ from mechopd.probes.items import (  # noqa: F401
     read_responses,
     sample_responses,  # (re-exported: they used to live here and in similarity)
 )
-from mechopd.views import PLACEMENTS, RenderSpec
+from mechopd.core.views import PLACEMENTS, RenderSpec
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64
@@ -158,7 +158,7 @@ class ProbeSetup:
         `model` (None or empty: the labels ``default``)."""
         if isinstance(refs, Mapping):
             return {str(k): str(v) for k, v in refs.items()}
-        from mechopd.checks import check_label
+        from mechopd.core.checks import check_label
 
         out: dict[str, str] = {}
         for ref in refs or default:
@@ -211,7 +211,7 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.artifacts import read_json
+    from mechopd.core.artifacts import read_json
     from mechopd.config import TrainConfig, build_config, load_train_config
 
     if (run / "config.yaml").is_file():

@@ -41,8 +41,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mechopd.artifacts import Summary, read_float, write_jsonl, write_rows
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.artifacts import Summary, read_float, write_jsonl, write_rows
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.models import num_layers
 from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
 from mechopd.probes.cka import StreamingCKA  # noqa: F401  (re-exported: it used to live here)
@@ -58,7 +58,7 @@ from mechopd.probes.setup import (  # noqa: F401
     sample_responses,  # (make_batches, sample_responses: re-exported, used to live here)
 )
 from mechopd.probes.store import ActivationStore
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 CSV_NAME = "similarity.csv"
 ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -13,7 +13,7 @@ Positions, per item with n real response tokens: n + 1 rows, row 0 the last prom
 response token 0) and row 1 + t the hidden state OF response token t. Hence ``positions="response"`` = rows 1..n
 and ``positions="predict"`` = rows 0..n-1 (the scorer's and the lens's positions), ``positions="predict_stop"`` =
 all n + 1 (capture.py's: the predicting states, then the last token's own; the two-view cosine's); index t is the same
-token in both views (views.py). Padded slots are not stored.
+token in both views (core/views.py). Padded slots are not stored.
 
 Memory: the writer holds at most one shard (``shard_bytes``, plus the item that closes it); the reader maps one shard
 at a time and hands out ``[items, R, d]`` padded copies of it, so a pass over the store peaks at about two shards,
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from mechopd.artifacts import write_json
-from mechopd.errors import DataError
+from mechopd.core.artifacts import write_json
+from mechopd.core.errors import DataError
 
 FORMAT = "mechopd-activations/1"
 MANIFEST = "cache_manifest.json"

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from mechopd.artifacts import Summary, read_float, write_csv, write_json
-from mechopd.checks import check_response_ids
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.artifacts import Summary, read_float, write_csv, write_json
+from mechopd.core.checks import check_response_ids
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
@@ -66,7 +66,7 @@ from mechopd.probes.teachability_analysis import (  # noqa: F401
     summarize,
 )
 from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
-from mechopd.views import RenderSpec, build_two_view_batch
+from mechopd.core.views import RenderSpec, build_two_view_batch
 
 BANK_NAME = "bank.json"
 TOKENS_NAME = "teachability_tokens.csv"

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.probes.teachability_limits import degeneracy
-from mechopd.removability import resample_blocks
+from mechopd.evaluation.removability import resample_blocks
 
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
 GAINS = ("gain_abs", "gain_rel")

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from mechopd.artifacts import read_float, write_csv
-from mechopd.errors import ConfigError, DataError
+from mechopd.core.artifacts import read_float, write_csv
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, models_option, option
@@ -47,7 +47,7 @@ from mechopd.probes.weightpatch_plan import (
     patched,
     plan_rows,
 )
-from mechopd.removability import batched_metrics, paired_arrays, resample_blocks
+from mechopd.evaluation.removability import batched_metrics, paired_arrays, resample_blocks
 
 DELTAS = ("acc_x", "acc_xc", "harm")
 COLUMNS = ("model", "donor", "layer", "module", "draw", "n_params", "n", "acc_x", "acc_x_low", "acc_x_high",
@@ -81,11 +81,11 @@ def paired_deltas(ref: Sequence[Mapping], rec: Sequence[Mapping], n_boot: int, s
 
 
 def _evaluate(model, run, cfg, follow: bool) -> dict[str, Any]:
-    from mechopd.evaluate import evaluate_model
+    from mechopd.evaluation.evaluate import evaluate_model
 
     rep = evaluate_model(model, run.tokenizer, run.task, cfg, run.items.spec)
     if follow:
-        from mechopd.following import add_following
+        from mechopd.evaluation.following import add_following
 
         add_following(rep, model, run.tokenizer, run.task, cfg, run.items.spec)
     return rep
@@ -146,7 +146,7 @@ def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
                     progress: bool = True) -> Path:
     """`mechopd probe weightpatch`: every model (default: the run's trained models) patched row by row from ``donor``
     (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the CSV's path."""
-    from mechopd.evaluate import EvalConfig
+    from mechopd.evaluation.evaluate import EvalConfig
     modules = parse_modules(modules or WeightpatchOptions.modules)
     if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
         parse_layers(layers, 1 << 30)

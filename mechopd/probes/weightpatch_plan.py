@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mechopd.errors import ConfigError, ModelError
-from mechopd.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, site_of
+from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, site_of
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "q_proj": ("q_proj",), "k_proj": ("k_proj",), "v_proj": ("v_proj",), "o_proj": ("o_proj",),

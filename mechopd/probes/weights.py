@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from mechopd.errors import ModelError
+from mechopd.core.errors import ModelError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -139,7 +139,7 @@ class _Reader:
 
 
 class _AdapterReader:
-    """A LoRA checkpoint (`mechopd.lora`: merged weights + ``adapter/``) read as W0 + ΔW: for every tensor the adapter
+    """A LoRA checkpoint (`mechopd.models.lora`: merged weights + ``adapter/``) read as W0 + ΔW: for every tensor the adapter
     covers, the base's window plus ΔW = (α / r) B A rows [start, stop) from the adapter (float64; the merged weights
     are not read, so the update is the adapter's exactly), every other tensor from the checkpoint itself."""
 
@@ -160,7 +160,7 @@ class _AdapterReader:
 
 def reader_for(ckpt: Checkpoint, base: Checkpoint, window_numel: int) -> _Reader | _AdapterReader:
     """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`."""
-    from mechopd.lora import AdapterDeltas, adapter_dir
+    from mechopd.models.lora import AdapterDeltas, adapter_dir
 
     found = adapter_dir(ckpt.path)
     if found is None:

@@ -12,14 +12,14 @@ the model's reply for that move.
 Context placement (`Task.placement`):
   * ``"system"``: c is a system message (system-prompt QA);
   * ``"user"``: c is spliced in front of the user turn, ``c + "\\n\\n" + x`` (games, as the reference code does).
-For tokenizers without a chat template, views.py renders raw text (see views.py).
+For tokenizers without a chat template, core/views.py renders raw text (see core/views.py).
 
 Split rule (`Task.split_of`): every task says which split an example belongs to, from the example alone, so that the
 evaluation can CHECK that its held-out items are held out (`check_split`) instead of assuming it. `BaseTask`'s default
 is a content hash of the uid (sha1, the first 60 bits read as a fraction, test iff < `test_fraction`).
 
 Other contexts (`Task.other_contexts`): contexts OTHER than the distilled one, each with a label and the target it
-implies (`OtherContext`), for the context-following study (`mechopd.following`, docs/method.md "Context following").
+implies (`OtherContext`), for the context-following study (`mechopd.evaluation.following`, docs/method.md "Context following").
 `BaseTask`'s default is none: context-following is then "not measurable" for the task.
 """
 
@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 
 SPLITS = ("train", "test")
 Corpus = list[tuple[str | None, str, str]]  # (context or None, prompt, response) triples for organism pretraining
@@ -63,7 +63,7 @@ class OtherContext:
     context: the context text, placed where the distilled context goes (`Task.placement`).
     answer:  the target under this context, in the form `Task.score` reads from ``Example.answer``.
     composed: optional; the answer of the distilled context's rule and then this one (rules: apply the distilled rule,
-             then the other), where a task can say it: a reply equal to it MIXES both contexts (`mechopd.following`).
+             then the other), where a task can say it: a reply equal to it MIXES both contexts (`mechopd.evaluation.following`).
     """
 
     label: str
@@ -280,7 +280,7 @@ def option_number(task: str, field: str, value: Any, *, integer: bool, lo: float
 
 def option_temperature(task: str, value: Any) -> float:
     """The one temperature rule (`config.check_temperature`), for a task option."""
-    from mechopd.ranges import check_temperature
+    from mechopd.config.ranges import check_temperature
 
     try:
         return float(check_temperature(value, optional=False))

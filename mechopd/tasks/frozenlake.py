@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.base import register_task
 from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
 from mechopd.tasks.gametask import GameTask, check_int, check_options

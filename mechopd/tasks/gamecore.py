@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple, Protocol
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.tasks.base import SPLITS  # noqa: F401  (the split names, used by the game tasks)
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")

@@ -12,7 +12,7 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.base import BaseTask, Corpus, Example, option_temperature
 from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, MAX_MISSES, SPLITS, Board, GameEpisode, GameState,
                                     Policy, action_text, bfs_path, board_hash, board_header, expert_action, log_line,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.errors import ConfigError, DataError, TaskError
+from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
 from mechopd.tasks.jsonl_answer import choice_letter, normalize_text, parse_answer  # noqa: F401  (public here too)
 from mechopd.tasks.jsonl_other import raw_other, resolve_other, shared_other

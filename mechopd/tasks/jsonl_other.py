@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mechopd.errors import DataError
+from mechopd.core.errors import DataError
 
 PER_ITEM, SHARED = "per-item", "shared"
 

@@ -18,7 +18,7 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, \
     register_task
 from mechopd.tasks.words import split_words

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from mechopd.errors import TaskError
+from mechopd.core.errors import TaskError
 from mechopd.tasks.base import register_task
 from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
 from mechopd.tasks.gametask import GameTask, check_int, check_options

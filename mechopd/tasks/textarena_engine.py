@@ -22,7 +22,7 @@ import copy
 import random
 from typing import Any
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks import frozenlake, sokoban
 import re
 

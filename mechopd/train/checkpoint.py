@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.models import atomic_save
 
 STATE = "trainer_state.json"

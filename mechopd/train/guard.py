@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.train import dist
 
 ADVICE = "the step was not applied and nothing was saved; the newest checkpoint is the last good one — lower lr or " \

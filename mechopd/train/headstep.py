@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.generate.scorer import head_split
 from mechopd.objectives.head import FUSED_TERMS, fused_head_loss
 from mechopd.objectives.losses import LossResult, LossTerm, TermOptions

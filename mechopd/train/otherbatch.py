@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.generate.sampler import sample_rows, stable_seed
 from mechopd.objectives.follow import draw_other
 from mechopd.train import dist
 from mechopd.train.step import StepOptions, StepResult, StepScorer
-from mechopd.views import assemble_two_views
+from mechopd.core.views import assemble_two_views
 
 
 def scorer(tr: Any, opts: StepOptions) -> StepScorer | None:

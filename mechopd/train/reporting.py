@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 
 ALWAYS = ("task", "method", "selector", "steps")
 EVAL_KEYS = (("acc_x", "Acc_x"), ("acc_xc", "Acc_xc"), ("harm", "Harm"), ("help", "Help"))

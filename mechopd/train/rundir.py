@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from mechopd.config import RESUME_MUTABLE, TrainConfig, config_diff
-from mechopd.errors import ConfigError, TrainingError
-from mechopd.runcheck import check_item_count, check_out_place
-from mechopd.runlock import LOCK_NAME, hold
+from mechopd.core.errors import ConfigError, TrainingError
+from mechopd.core.runcheck import check_item_count, check_out_place
+from mechopd.core.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
 from mechopd.train.reporting import Logger  # noqa: F401  (its home before mechopd.train.reporting)
 

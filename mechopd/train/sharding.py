@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.models import decoder_layers
 from mechopd.train import dist
 from mechopd.train.checkpoint import read_optimizer_state

@@ -49,7 +49,7 @@ from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, t
 from mechopd.train import dist
 from mechopd.train.gradstats import TermGrads
 from mechopd.train.profile import StageClock
-from mechopd.views import TwoViewBatch
+from mechopd.core.views import TwoViewBatch
 
 
 

@@ -1,6 +1,6 @@
 """The student and its teacher, for a full or a LoRA student and each ``teacher_mode`` (config fields: docs/scaling.md).
 
-    mode     full student                                   LoRA student (`mechopd.lora`)
+    mode     full student                                   LoRA student (`mechopd.models.lora`)
     frozen   the initial student, loaded once more          the student's base weights, SHARED (no copy): the
              (or the cross-model teacher)                   student with its adapter off (or the cross-model teacher)
     live     the student itself, scored without grad        the student itself (base + current adapter), no grad
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd import lora
+from mechopd.models import lora
 from mechopd.config import TrainConfig
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.models import load_model
 
 EMA_FILE = "teacher_ema.safetensors"

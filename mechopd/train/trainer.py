@@ -34,10 +34,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from mechopd.checks import check_task_vocab, read_config, resolve_device
+from mechopd.core.checks import check_task_vocab, read_config, resolve_device
 from mechopd.config import TrainConfig, adopt_pins, resolve_train_data
-from mechopd.errors import ConfigError, MechopdError, TrainingError
-from mechopd.evaluate import EvalConfig, evaluate_model
+from mechopd.core.errors import ConfigError, MechopdError, TrainingError
+from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
 from mechopd.generate.settings import known_vocab
@@ -55,8 +55,8 @@ from mechopd.train.rundir import RunDir
 from mechopd.train.sharding import make_sharding
 from mechopd.train.headstep import make_scorer
 from mechopd.train.step import StepOptions, enable_checkpointing
-from mechopd.views import assemble_two_views, render_prompt_ids
-from mechopd.pinning import train_render
+from mechopd.core.views import assemble_two_views, render_prompt_ids
+from mechopd.evaluation.pinning import train_render
 
 
 class Trainer:

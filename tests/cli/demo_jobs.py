@@ -26,7 +26,7 @@ class Cfg:
 
 
 def train(cfg: Cfg, student: Path, run: Path, methods: dict) -> None:
-    from mechopd.runlock import hold
+    from mechopd.core.runlock import hold
 
     name = next(iter(methods))
     with hold(run / "train" / name, "train"):
@@ -47,14 +47,14 @@ def finish(cfg: Cfg, student: Path | None = None) -> None:
 
 
 def run(out: str, mode: str) -> None:
-    from mechopd.demo_pool import hold_demo_out, run_seed_runs
+    from mechopd.pipeline.pool import hold_demo_out, run_seed_runs
 
     with hold_demo_out(out):
         run_seed_runs([Cfg(out, mode)], Path(out), 2, lambda m: print(m, flush=True), train, finish)
 
 
 if __name__ == "__main__":
-    from mechopd.errors import MechopdError
+    from mechopd.core.errors import MechopdError
 
     try:
         run(sys.argv[1], sys.argv[2])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
 from mechopd.probes import causal_items as ci
 

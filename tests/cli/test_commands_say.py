@@ -12,7 +12,7 @@ import pytest
 
 import mechopd
 from mechopd.cli import main, make_parser
-from mechopd.errors import MechopdError
+from mechopd.core.errors import MechopdError
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "batch_size=2", "--set", "pool_size=16", "--set", "max_new_tokens=4", "--no-progress"]

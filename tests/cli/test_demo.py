@@ -111,9 +111,9 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
     summation order of the organism-sized matmuls depends on it)."""
     import torch
 
-    from mechopd import demo as demo_mod
-    from mechopd import demo_pool
-    from mechopd.demo import DemoConfig
+    from mechopd.pipeline import demo as demo_mod
+    from mechopd.pipeline import pool as demo_pool
+    from mechopd.pipeline.demo import DemoConfig
 
     seen: dict[str, int] = {}
     monkeypatch.setattr(demo_mod, "organism", lambda cfg: seen.setdefault("organism", torch.get_num_threads())
@@ -135,7 +135,7 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
 
 
 def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_path, capsys):
-    from mechopd.demo import DemoConfig, default_seeds
+    from mechopd.pipeline.demo import DemoConfig, default_seeds
 
     assert DemoConfig().seeds == default_seeds("rules") == 3 and DemoConfig(seed=2).seeds == 1
     assert DemoConfig(fast=True).seeds == 1 and DemoConfig(task="sokoban").seeds == 1
@@ -145,7 +145,7 @@ def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_pat
 
 
 def _failing_train(cfg, student, run, methods):
-    from mechopd.errors import ConfigError
+    from mechopd.core.errors import ConfigError
 
     raise ConfigError(f"boom in {next(iter(methods))}")
 
@@ -155,9 +155,9 @@ def _unused_finish(cfg, student=None):
 
 
 def test_a_failing_job_stops_the_pool_names_the_job_and_keeps_its_traceback(tmp_path):
-    from mechopd.demo import DemoConfig
-    from mechopd.demo_pool import run_seed_runs
-    from mechopd.errors import ConfigError
+    from mechopd.pipeline.demo import DemoConfig
+    from mechopd.pipeline.pool import run_seed_runs
+    from mechopd.core.errors import ConfigError
 
     cfg = DemoConfig(out=str(tmp_path / "d"), fast=True, workers=2)
     lines: list[str] = []

@@ -9,7 +9,7 @@ import pytest
 
 import mechopd
 from mechopd.cli import main
-from mechopd.errors import MechopdError
+from mechopd.core.errors import MechopdError
 
 BAD = [  # (CLI flags after --model MODEL, run_eval keywords, words of the refusal)
     (["--task", "rules", "--n", "0"], {"task": "rules", "n": 0}, "n"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -117,7 +117,7 @@ def test_explorer_page_in_a_headless_browser(run_dir):
 
 
 def test_colouring_by_a_patched_site(run_dir):
-    from mechopd.explore import collect
+    from mechopd.report.explore import collect
 
     assert main(["explore", str(run_dir)]) == 0
     data = collect(run_dir / "probes")
@@ -128,7 +128,7 @@ def test_colouring_by_a_patched_site(run_dir):
 
 
 def test_the_error_hook_catches_a_script_error(run_dir, tmp_path):
-    from mechopd.explore import write_explorer
+    from mechopd.report.explore import write_explorer
 
     page = write_explorer(run_dir, tmp_path / "broken.html")
     page.write_text(page.read_text().replace("</body>", "<script>null.boom();</script></body>"))
@@ -175,7 +175,7 @@ HELP_ITEMS = {"base": [0, 3], "opd": [], "nca": [0]}  # the reverse
 
 def _eval_run(root: Path) -> Path:
     """A run with eval/<model>.json + .csv of known outcomes (summaries by `removability.summarize`, as eval does)."""
-    from mechopd.removability import summarize
+    from mechopd.evaluation.removability import summarize
     from mechopd.study import EvalReport
 
     for m, (xs, xcs) in OUTCOMES.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
 from tests.cli.test_explore import dump_dom
 
@@ -253,7 +253,7 @@ def test_the_payload_check_sees_a_script_that_runs(tmp_path):
 
 
 def test_the_scripts_never_parse_data_as_html():
-    from mechopd.explore import ASSETS
+    from mechopd.report.explore import ASSETS
 
     for js in ASSETS.glob("*.js"):
         code = js.read_text()
@@ -310,7 +310,7 @@ def test_non_utf8_missing_columns_and_bad_out(tmp_path, capsys):
 
 
 def test_page_json_round_trips_and_hides_markup():
-    from mechopd.explore import page_json
+    from mechopd.report.explore import page_json
 
     data = {"s": "</script><!-- & \u2028 \u2029 <b>", "n": [1, 2.5]}
     blob = page_json(data)

@@ -132,7 +132,7 @@ def test_the_same_words_in_every_verb(tiny_rules_organism):
     import argparse
 
     from mechopd.cli import make_parser
-    from mechopd.cli_common import kv as _kv, text as _text
+    from mechopd.cli.common import kv as _kv, text as _text
     from mechopd.config import load_train_config, parse_overrides
 
     sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -145,7 +145,7 @@ def test_the_same_words_in_every_verb(tiny_rules_organism):
 
 
 def test_demo_steps_are_honoured_under_fast():
-    from mechopd.demo import DemoConfig
+    from mechopd.pipeline.demo import DemoConfig
 
     assert (DemoConfig(fast=True, steps=50).steps, DemoConfig(fast=True, batch_size=3).batch_size) == (50, 3)
     assert DemoConfig(fast=True).steps == 6  # --fast's own default when none is given

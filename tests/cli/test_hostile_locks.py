@@ -1,4 +1,4 @@
-"""Hostile inputs, run locks (`mechopd.runlock`): a lock file that cannot be turned against the user.
+"""Hostile inputs, run locks (`mechopd.core.runlock`): a lock file that cannot be turned against the user.
 
 A ``.mechopd.lock`` planted as a symbolic link, a directory, a FIFO or a hard link to a user's file is refused with one
 line naming it, and the file it points to is left as it was; a live holder whose record is malformed is named "an
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.runlock import LOCK_NAME, RunLockedError, hold
+from mechopd.core.runlock import LOCK_NAME, RunLockedError, hold
 from tests.cli.hostile import Hostile, check_in_workspace, train, write
 
 REPO = Path(__file__).resolve().parents[2]

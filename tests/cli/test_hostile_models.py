@@ -144,7 +144,7 @@ def test_a_json_line_holding_u2028_is_one_item(tmp_path):
 
 
 def test_a_one_item_file_names_the_empty_split_not_n_zero(tmp_path):
-    from mechopd.errors import TaskError
+    from mechopd.core.errors import TaskError
     from mechopd.tasks.jsonl import is_test_uid, make_jsonl_task
 
     for k in range(50):  # an item that the content hash puts in train: the test split is empty

@@ -65,10 +65,10 @@ def test_new_inputs_get_the_old_checks(case, tiny_rules_organism, tmp_path, monk
 def test_other_contexts_fit_the_model_like_the_main_one(organism_tokenizer):
     """A 40k-word other context on a model of 2048 positions: refused by the one length rule (`pinning.check_fits`),
     naming the other context; the same items without it pass."""
-    from mechopd.errors import TaskError
-    from mechopd.pinning import check_fits
+    from mechopd.core.errors import TaskError
+    from mechopd.evaluation.pinning import check_fits
     from mechopd.tasks.base import OtherContext, get_task
-    from mechopd.views import RenderSpec
+    from mechopd.core.views import RenderSpec
 
     task = get_task("rules")
     items = task.examples("test", 3, 0)

@@ -1,4 +1,4 @@
-"""A killed demo leaves nothing running (`mechopd.demo_pool`): SIGTERM of the demo, kill -9 of its parent, a worker
+"""A killed demo leaves nothing running (`mechopd.pipeline.pool`): SIGTERM of the demo, kill -9 of its parent, a worker
 that fails (a full disk). The pool runs stand-in jobs (`tests/cli/demo_jobs.py`) that hold their run locks and sleep;
 `test_real_demo_*` (slow) does the same to `mechopd demo --fast`.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.runlock import LOCK_NAME
+from mechopd.core.runlock import LOCK_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -1,5 +1,5 @@
-"""Hostile inputs, study files and the artifacts `figures` / `aggregate` read (`mechopd.study_checks`,
-`mechopd.checks.check_display_label` / `inside_root`, `mechopd.artifacts` readers).
+"""Hostile inputs, study files and the artifacts `figures` / `aggregate` read (`mechopd.study.checks`,
+`mechopd.core.checks.check_display_label` / `inside_root`, `mechopd.core.artifacts` readers).
 
 A study is checked whole before anything is written: a role naming no run, a ``root:`` outside the study file's
 folder, a task that contradicts the runs, a label with a newline or markup, a role or a block missing from one seed,
@@ -123,7 +123,7 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
     comes from the runs."""
     from mechopd.cli import main
     from mechopd.study import Study
-    from mechopd.study_checks import check_study
+    from mechopd.study.checks import check_study
 
     run = make_run(tmp_path / "run")
     spec = _study(tmp_path, {**ROLES, "opd": {"name": "opd", "label": "OPD (ρ=0.10, β=0.5; kept 50%)"}},

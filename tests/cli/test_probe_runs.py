@@ -178,7 +178,7 @@ def _fake_final(d: Path) -> Path:
 
 def test_setup_from_a_demo_dir_and_organism_students(tmp_path):
     from mechopd.config import TrainConfig, dump_yaml
-    from mechopd.errors import ModelError
+    from mechopd.core.errors import ModelError
 
     organisms = tmp_path / "organisms"
     _fake_final(organisms / "rules")

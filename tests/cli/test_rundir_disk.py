@@ -113,7 +113,7 @@ def test_figures_and_aggregate(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_first_write(tiny_rules_organism, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("mechopd.demo.organism", lambda cfg: Path(tiny_rules_organism))
+    monkeypatch.setattr("mechopd.pipeline.demo.organism", lambda cfg: Path(tiny_rules_organism))
     with monkeypatch.context() as m:
         inject_enospc(m, tmp_path, "demo.json")
         assert main(["demo", "--fast", "--out", str(tmp_path / "d")]) == 2

@@ -73,7 +73,7 @@ def test_garbage_organism_record_is_one_line(tmp_path, capsys):
 # -------------------------------------------------------------------------------------------------- item space
 def test_rules_item_space_is_counted():
     """The count is real: drawing exactly all held-out items of a small space works, one more is refused."""
-    from mechopd.errors import TaskError
+    from mechopd.core.errors import TaskError
     from mechopd.tasks.base import get_task
 
     task = get_task("rules", min_len=1, max_len=3)

@@ -1,4 +1,4 @@
-"""One writer per run directory (`mechopd.runlock`): two `train` processes on one --out, stale locks, nesting, and a
+"""One writer per run directory (`mechopd.core.runlock`): two `train` processes on one --out, stale locks, nesting, and a
 refusal that leaves the tree exactly as it was."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mechopd.cli import main
-from mechopd.errors import MechopdError
-from mechopd.runlock import LOCK_NAME, RunLockedError, hold
+from mechopd.core.errors import MechopdError
+from mechopd.core.runlock import LOCK_NAME, RunLockedError, hold
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -66,7 +66,7 @@ def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
 def test_a_lock_of_a_killed_process_is_taken_over(tmp_path):
     """kill -9 of the holder: the kernel drops the flock; the next command takes the directory without any cleanup."""
     p = _holder(f"""
-        from mechopd.runlock import hold
+        from mechopd.core.runlock import hold
         import time
         with hold({str(tmp_path / 'd')!r}, "demo"):
             print("held", flush=True)
@@ -88,7 +88,7 @@ def test_a_dead_holder_whose_child_keeps_the_lock_is_named(tmp_path):
     """A holder that forked a worker and died: the lock is still held, and the error says the child holds it."""
     p = _holder(f"""
         import os, time
-        from mechopd.runlock import hold
+        from mechopd.core.runlock import hold
         ctx = hold({str(tmp_path / 'd')!r}, "train")
         ctx.__enter__()
         if os.fork() == 0:   # the child inherits the open lock file
@@ -128,7 +128,7 @@ def test_every_writing_verb_refuses_a_held_directory(tiny_rules_organism, tmp_pa
     monkeypatch.chdir(tmp_path)
     held = tmp_path / "busy"
     p = _holder(f"""
-        from mechopd.runlock import hold
+        from mechopd.core.runlock import hold
         import time
         with hold({str(held)!r}, "demo"):
             print("held", flush=True)

@@ -93,7 +93,7 @@ def test_eval_default_is_outside_the_checkpoint_and_resume_keeps_foreign_files(t
 
 
 def _fake_demo(d: Path, **cfg) -> None:
-    from mechopd.demo import DemoConfig
+    from mechopd.pipeline.demo import DemoConfig
 
     d.mkdir(parents=True)
     conf = dataclasses.asdict(DemoConfig(out=str(d), **cfg))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.artifacts import FileSet
+from mechopd.core.artifacts import FileSet
 from mechopd.cli import main
 
 
@@ -63,7 +63,7 @@ def test_eval_report_and_compare_are_sets(tiny_rules_organism, tmp_path, monkeyp
 
 def test_demo_skips_only_complete_sets(tmp_path, monkeypatch):
     """A probe killed between its files (the first output present, the set not committed) is run again."""
-    from mechopd import demo as demo_mod
+    from mechopd.pipeline import demo as demo_mod
 
     ran = []
 
@@ -90,7 +90,7 @@ def test_demo_skips_only_complete_sets(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------------ aggregate
 def _demo_run(d: Path, **cfg) -> Path:
-    from mechopd.demo import DemoConfig
+    from mechopd.pipeline.demo import DemoConfig
 
     d.mkdir(parents=True)
     conf = dataclasses.asdict(DemoConfig(out=str(d), **cfg))

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes.attribution import Pair, accumulate, attribute_batch, exact_batch, sites_of
 from mechopd.probes.setup import ProbeSetup

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.models import load_model
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, forward

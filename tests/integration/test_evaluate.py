@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mechopd.errors import TaskError
-from mechopd.evaluate import EvalConfig, evaluate_model
+from mechopd.core.errors import TaskError
+from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from tests.conftest import tiny_model

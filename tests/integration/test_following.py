@@ -109,8 +109,8 @@ def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tm
 
 
 def test_a_game_without_other_contexts_is_not_measurable_said_once(organism_tokenizer):
-    from mechopd import following
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation import following
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.tasks.base import get_task
     from tests.conftest import tiny_model
 

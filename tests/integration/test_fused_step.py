@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TermOptions, method_terms
 from mechopd.objectives.select import make_selector
 from mechopd.train.headstep import FusedStepScorer, use_fused
 from mechopd.train.step import StepOptions, StepScorer
-from mechopd.views import assemble_two_views
+from mechopd.core.views import assemble_two_views
 
 V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 

@@ -10,7 +10,7 @@ from mechopd.models import load_model, load_tokenizer
 from mechopd.organisms.pretrain import OrganismConfig, pretrain
 from mechopd.tasks.base import get_task
 from mechopd.generate.sampler import SamplingSettings, play_games
-from mechopd.views import RenderSpec, render_prompt_ids
+from mechopd.core.views import RenderSpec, render_prompt_ids
 from tests.conftest import TINY_ORGANISM
 
 

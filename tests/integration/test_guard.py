@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError, MechopdError, TaskError, TrainingError
+from mechopd.core.errors import ConfigError, MechopdError, TaskError, TrainingError
 from mechopd.train import checkpoint
 from mechopd.train.trainer import Trainer, train
 

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 
-from mechopd.errors import ModelError  # noqa: E402
+from mechopd.core.errors import ModelError  # noqa: E402
 from mechopd.models import atomic_save, load_model  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
 from mechopd.probes.interop import (to_nnsight, to_transformer_lens, two_view_cosine_nnsight,  # noqa: E402

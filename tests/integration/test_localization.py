@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.models import load_model
 from mechopd.probes.setup import ProbeSetup
 

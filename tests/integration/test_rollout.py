@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
-from mechopd.views import RenderSpec, left_pad, render_prompt_ids
+from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
 from tests.conftest import tiny_model
 
 PROMPTS = ["apply the rule to : 3 1 4", "apply the rule to : 1 5 9 2 6", "apply the rule to : 7", "apply the rule to :"]
@@ -103,7 +103,7 @@ def test_lean_and_hf_decoders_sample_the_same_ids(organism_tokenizer, tiny_qwen3
 def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    from mechopd.errors import ModelError
+    from mechopd.core.errors import ModelError
     from mechopd.generate.lean import LeanDecoder
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
@@ -116,7 +116,7 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
 def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organism_tokenizer):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    from mechopd.errors import ModelError
+    from mechopd.core.errors import ModelError
     from mechopd.generate.lean import LeanDecoder, lean_supported
 
     base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

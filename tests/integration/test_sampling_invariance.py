@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.evaluate import EvalConfig, evaluate_model
+from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.sampler import SamplingSettings, sample, sample_rows, stop_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.views import RenderSpec, render_prompt_ids
+from mechopd.core.views import RenderSpec, render_prompt_ids
 
 
 def _prompts(tok, task, n):

@@ -13,7 +13,7 @@ import torch
 from mechopd.generate.prefix import MIN_PREFIX_TOKENS, PrefixStore, view_inputs, view_prefix_len
 from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from mechopd.generate.scorer import score_views
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from tests.conftest import tiny_model
 
 ATOL = 1e-5
@@ -127,7 +127,7 @@ def test_teacher_store_reuses_and_sees_weight_changes(organism_tokenizer):
 def test_with_context_generation_same_greedy_ids_and_prefill_logits(request, tok_name, arch):
     from mechopd.generate.lean import LeanDecoder
     from mechopd.generate.prefix import expanded_cache, prefix_kv
-    from mechopd.views import left_pad
+    from mechopd.core.views import left_pad
 
     tok = _tokenizer(request, tok_name)
     model = tiny_model(tok, arch, seed=3)
@@ -189,7 +189,7 @@ def test_trainer_losses_and_gradients(tiny_rules_organism, tmp_path):
 
 
 def test_evaluation_with_context_same_records(tiny_rules_organism):
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 

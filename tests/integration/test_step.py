@@ -20,7 +20,7 @@ from mechopd.objectives.losses import LossInputs, method_terms, terms_need, tota
 from mechopd.objectives.select import make_selector
 from mechopd.train import gradstats
 from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
-from mechopd.views import assemble_two_views
+from mechopd.core.views import assemble_two_views
 
 V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 
@@ -182,7 +182,7 @@ def test_bf16_autocast_runs_and_tracks_float32(models, batch):
 
 def test_memory_fields_are_validated():
     from mechopd.config import TrainConfig
-    from mechopd.errors import ConfigError
+    from mechopd.core.errors import ConfigError
 
     assert TrainConfig(micro_batch_size=2, logit_chunk=16, gradient_checkpointing=True).logit_chunk == 16
     for bad in (dict(micro_batch_size=0), dict(logit_chunk=-1), dict(micro_batch_size=1.5),

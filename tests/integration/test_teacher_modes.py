@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mechopd import lora
+from mechopd.models import lora
 from mechopd.config import TrainConfig
 from mechopd.train.teachers import EMA_FILE
 from mechopd.train.trainer import train

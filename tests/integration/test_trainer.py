@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from mechopd.config import TrainConfig
-from mechopd.errors import TrainingError
+from mechopd.core.errors import TrainingError
 from mechopd.train.trainer import train
 
 BASE = dict(task="rules", batch_size=8, steps=3, lr=1e-3, max_new_tokens=8, seed=1, pool_size=64)
@@ -79,7 +79,7 @@ def test_nan_loss_stops_and_names_step_and_term(tiny_rules_organism, tmp_path):
 
 
 def test_nan_teacher_checkpoint_is_refused_at_load(tiny_rules_organism, tmp_path):
-    from mechopd.errors import ModelError
+    from mechopd.core.errors import ModelError
     from mechopd.models import atomic_save, load_model, load_tokenizer
 
     bad = load_model(tiny_rules_organism)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.weightpatch_plan import Donor, patched, plan_rows
@@ -53,7 +53,7 @@ def _outcomes(out: Path) -> list[dict]:
 
 
 def test_reverting_the_moved_weights_gives_the_base(result, models):
-    from mechopd.evaluate import EvalConfig, evaluate_model
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.tasks.base import get_task
 
     base = evaluate_model(load_model(models["base"]), load_tokenizer(models["base"]), get_task("rules"),

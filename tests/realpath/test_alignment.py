@@ -17,7 +17,7 @@ from mechopd.generate.scorer import response_logits
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.testing.zoo import FAMILY, tiny_model, train_bpe, wrap_tokenizer
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
 

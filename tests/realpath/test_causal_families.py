@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes import causal_items as ci
 from mechopd.probes.setup import ProbeSetup

@@ -15,7 +15,7 @@ import torch
 
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.views import RenderSpec
+from mechopd.core.views import RenderSpec
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 

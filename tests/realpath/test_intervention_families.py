@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.probes.setup import ProbeSetup
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS

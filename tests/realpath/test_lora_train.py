@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechopd import lora
+from mechopd.models import lora
 from mechopd.config import load_train_config
 from mechopd.models import load_model, load_tokenizer
 from mechopd.testing.zoo import FAMILY, tiny_model

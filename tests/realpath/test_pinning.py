@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mechopd.models import load_tokenizer
-from mechopd.views import RenderSpec, render_prompt_ids
+from mechopd.core.views import RenderSpec, render_prompt_ids
 
 from .helpers import cli, jsonl_sets
 
@@ -52,7 +52,7 @@ def test_the_zoo_llama_template_reads_the_date_as_the_real_one(zoo, monkeypatch)
 
 
 def test_a_pinned_render_is_identical_on_any_day(zoo, monkeypatch):
-    from mechopd.pinning import pin_render
+    from mechopd.evaluation.pinning import pin_render
 
     tok = load_tokenizer(zoo.student("llama"))
     _freeze(monkeypatch, DAY_A)

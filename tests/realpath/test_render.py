@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from mechopd.errors import TaskError
+from mechopd.core.errors import TaskError
 from mechopd.models import load_tokenizer
 from mechopd.testing.zoo import QWEN_DEFAULT_SYSTEM
-from mechopd.views import RenderSpec, render_prompt_text
+from mechopd.core.views import RenderSpec, render_prompt_text
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 

@@ -117,15 +117,15 @@ def test_bad_study_files_are_one_line_errors_before_any_job(zoo, tmp_path, capsy
 
 
 def test_run_study_of_a_mapping_needs_an_out(zoo):
-    from mechopd.errors import ConfigError
-    from mechopd.study_run import run_study
+    from mechopd.core.errors import ConfigError
+    from mechopd.pipeline.run import run_study
 
     with pytest.raises(ConfigError, match="out="):
         run_study(_study(zoo))
 
 
 def test_the_example_real_model_study_is_valid():
-    from mechopd.study_spec import StudySpec
+    from mechopd.pipeline.spec import StudySpec
 
     root = Path(__file__).resolve().parents[2]
     spec = StudySpec.load(root / "training" / "studies" / "qwen3-1.7b-jsonl.yaml")

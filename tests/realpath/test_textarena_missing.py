@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.tasks.base import get_task
 
 

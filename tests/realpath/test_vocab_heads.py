@@ -14,7 +14,7 @@ from mechopd.generate.scorer import score_views
 from mechopd.generate.settings import known_vocab
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 
 def _padding_loving(model, n: int):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mechopd.artifacts import write_csv
+from mechopd.core.artifacts import write_csv
 from mechopd.probes import attention, lens, patching
-from mechopd.sites import residual_sites, site_depth, site_layer
+from mechopd.core.sites import residual_sites, site_depth, site_layer
 
 MODELS = ("base", "opd", "nca")
 LAYERS, HEADS = 3, 4

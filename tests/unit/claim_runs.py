@@ -8,8 +8,8 @@ import copy
 import json
 from pathlib import Path
 
-from mechopd.following import apply_retention, summarize_following
-from mechopd.removability import summarize
+from mechopd.evaluation.following import apply_retention, summarize_following
+from mechopd.evaluation.removability import summarize
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 METHODS = ["opd", "nca", "nca_const", "ta_opd", "nca_follow"]
@@ -178,9 +178,9 @@ def _write_deltas(path: Path, spec: dict) -> None:
 def _write_weightpatch(probes: Path, wp: dict) -> None:
     """weightpatch.csv / .json / _items.jsonl of OPD as the probe writes them: per row its per-item outcomes
     (`records`), the table's point values from them; the control ctrl_qk with two draws."""
-    from mechopd.artifacts import write_csv, write_json, write_jsonl
+    from mechopd.core.artifacts import write_csv, write_json, write_jsonl
     from mechopd.probes.weightpatch import COLUMNS, summarize
-    from mechopd.removability import batched_metrics, paired_arrays
+    from mechopd.evaluation.removability import batched_metrics, paired_arrays
 
     plan = [("none", "none", "", wp["none"]), ("all", "qk", "", wp["qk"]), ("all", "vo", "", wp["vo"]),
             *(("all", "ctrl_qk", j, wp["ctrl"]) for j in range(2))]
@@ -207,7 +207,7 @@ def _write_weightpatch(probes: Path, wp: dict) -> None:
 
 def _write_svd(probes: Path, svd: dict) -> None:
     """deltas_svd.csv / .json of OPD (one attention and one MLP matrix) through the probe's summary."""
-    from mechopd.artifacts import write_csv, write_json
+    from mechopd.core.artifacts import write_csv, write_json
     from mechopd.probes.delta_svd import COLUMNS, CSV, JSON, summarize_svd
 
     rows = [{"model": "opd", "vs": "base", "site": f"layers.0.{module}", "layer": 0, "module": module, "rows": 16,
@@ -223,7 +223,7 @@ def _write_localization(probes: Path, loc: dict, n: int = 40) -> None:
     through the probe's own row writer."""
     import numpy as np
 
-    from mechopd.artifacts import write_csv, write_json, write_jsonl
+    from mechopd.core.artifacts import write_csv, write_json, write_jsonl
     from mechopd.probes.localization import COLUMNS, curve_rows, removed_at
 
     sites = ("embed", "layers.0.resid_post", "final_norm")

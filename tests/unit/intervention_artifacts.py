@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mechopd.artifacts import write_csv, write_json
+from mechopd.core.artifacts import write_csv, write_json
 from mechopd.probes import localization, pmi, weightpatch
 from mechopd.probes.attribution import Site
 from mechopd.probes.attribution_run import COLUMNS as ATTR_COLUMNS
 from mechopd.probes.attribution_run import table
-from mechopd.sites import residual_sites
+from mechopd.core.sites import residual_sites
 
 LAYERS, HEADS = 3, 4
 MODULES = ("q_proj", "k_proj", "qk", "vo", "attn", "mlp", "norms")

@@ -13,11 +13,11 @@ from safetensors.torch import save_file
 
 from .causal_artifacts import write_causal
 from .intervention_artifacts import write_interventions
-from mechopd.artifacts import json_safe
+from mechopd.core.artifacts import json_safe
 from mechopd.probes import deltas, gradients, similarity, teachability
 from mechopd.probes.capture import sites_for
-from mechopd.following import summarize_following
-from mechopd.removability import summarize
+from mechopd.evaluation.following import summarize_following
+from mechopd.evaluation.removability import summarize
 
 METHODS = ("opd", "nca", "ta_opd")
 LABELS = {"base": "Base", "opd": "OPD", "nca": "NCA", "ta_opd": "TA-OPD"}
@@ -53,7 +53,7 @@ def _write_eval(run: Path, rng: np.random.Generator) -> None:
     for name, (px, pxc) in probs.items():
         recs = _records(rng, px, pxc)
         report = {"summary": summarize(recs, n_boot=40, seed=0), "records": recs, "settings": {"task": "rules"}}
-        fol = {"base": 0.95, "opd": 0.1, "nca": 0.3, "ta_opd": 0.6}[name]  # context following (mechopd.following)
+        fol = {"base": 0.95, "opd": 0.1, "nca": 0.3, "ta_opd": 0.6}[name]  # context following (mechopd.evaluation.following)
         others = [{"uid": f"u{i}", "sample": 0, "label": lab, "follow": bool(rng.random() < fol),
                    "stick": bool(rng.random() < 1 - fol)} for i in range(20) for lab in ("shift:2", "reverse")]
         extra, report["other_contexts"] = summarize_following(others, n_boot=40)

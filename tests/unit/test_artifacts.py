@@ -1,4 +1,4 @@
-"""mechopd.artifacts: one non-finite policy for every writer, atomic files, typed summaries; the report shows the
+"""mechopd.core.artifacts: one non-finite policy for every writer, atomic files, typed summaries; the report shows the
 teachability interval that the probe writes (one schema: ci_low / ci_high)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechopd import artifacts as A
-from mechopd.errors import ConfigError, DataError
+from mechopd.core import artifacts as A
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.probes.deltas import DeltaSummary
 from mechopd.probes.gradients import GradientSummary
 from mechopd.probes.similarity import SimilaritySummary

@@ -1,4 +1,4 @@
-"""Claims table (mechopd.claims): every row reaches every verdict it may give — holds, does not hold, each "not
+"""Claims table (mechopd.report.claims): every row reaches every verdict it may give — holds, does not hold, each "not
 measurable" reason, fragile — from synthetic per-seed runs with per-item records (tests/unit/claim_runs.py); the
 statistics behind them (hierarchical bootstrap, scaled t-intervals, the interval rule)."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechopd import claims
-from mechopd import mechanism_claims as mc
+from mechopd.report import claims
+from mechopd.report import mechanism_claims as mc
 import json
 
-from mechopd.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
-from mechopd.errors import DataError
-from mechopd.stats import hier_bootstrap, scaled_stat
-from mechopd.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
+from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
+from mechopd.core.errors import DataError
+from mechopd.core.stats import hier_bootstrap, scaled_stat
+from mechopd.report.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 
 H, F, U, NA = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE, claims.NA
@@ -285,7 +285,7 @@ def test_aggregate_refuses_runs_of_different_studies(tmp_path: Path) -> None:
 
 
 def test_claim_readers_follow_the_artifact_policy(tmp_path: Path) -> None:
-    """An empty or null cell is NaN (mechopd.artifacts), not a crash; a missing artifact is 'not measurable'."""
+    """An empty or null cell is NaN (mechopd.core.artifacts), not a crash; a missing artifact is 'not measurable'."""
     run = make_run(tmp_path, spec_with())
     path = run / "probes" / "similarity.csv"
     lines = path.read_text().splitlines()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.probes.delta_svd import GAUSS_ENERGY90, eff_rank, energy_fraction, geometry
 from tests.conftest import tiny_model
 

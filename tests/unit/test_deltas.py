@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.probes.deltas import (
     aggregate_deltas,
     checkpoint_tensors,

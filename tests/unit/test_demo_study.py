@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mechopd import demo as D
+from mechopd.pipeline import demo as D
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
-from mechopd.study_spec import STUDIES_DIR, StudySpec, builtin_study
+from mechopd.pipeline.spec import STUDIES_DIR, StudySpec, builtin_study
 
 TASKS = ("rules", "frozenlake", "sokoban")
 SNAPSHOT = json.loads((Path(__file__).parent / "demo_study_snapshot.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from mechopd.artifacts import Summary, read_json
+from mechopd.core.artifacts import Summary, read_json
 from mechopd.cli import main
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
@@ -88,7 +88,7 @@ def toys():
 
 
 def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rules_organism, capsys):
-    from mechopd import demo
+    from mechopd.pipeline import demo
 
     # selector: the config / CLI accept it, it selects what its score says, the trainer trains with it
     mask = torch.tensor([[True, True, True, True], [True, True, False, False]])

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from mechopd.errors import ConfigError, DataError
-from mechopd.following import apply_retention, deaf_verdict, summarize_following
+from mechopd.core.errors import ConfigError, DataError
+from mechopd.evaluation.following import apply_retention, deaf_verdict, summarize_following
 from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint
-from mechopd.removability import compare_table, summarize
+from mechopd.evaluation.removability import compare_table, summarize
 from mechopd.tasks.base import get_task
 from mechopd.tasks.rules import apply_rule
 
@@ -89,7 +89,7 @@ def test_follow_other_is_the_mean_over_contexts_and_its_bootstrap_matches_a_slow
     per = [np.nanmean(follow[:, k]) for k in range(3)]
     assert summary["follow_other"]["value"] == pytest.approx(np.mean(per))
     assert [r["n"] for r in rows] == [30, 30, 20] and rows[2]["follow"] == pytest.approx(per[2])
-    from mechopd.removability import resample_blocks
+    from mechopd.evaluation.removability import resample_blocks
 
     ref = []
     for idx in resample_blocks(30, 200, 4):
@@ -191,14 +191,14 @@ def test_context_following_figure_draws_the_saved_rates(tmp_path):
 
 
 def _following(tmp_path, *per_seed):
-    from mechopd.claims import evaluate_claims
+    from mechopd.report.claims import evaluate_claims
     from tests.unit.claim_runs import seed_runs
 
     return {c.key: c for c in evaluate_claims(seed_runs(tmp_path, *per_seed))}
 
 
 def test_following_rows_read_only_the_held_out_contexts(tmp_path):
-    from mechopd.verdicts import FAILS, HOLDS
+    from mechopd.report.verdicts import FAILS, HOLDS
 
     # following the trained contexts (0.95) but not the held-out ones (0.1): the follow term does not generalise
     got = _following(tmp_path / "a", {"follow": {"nca_follow": (0.95, 0.1), "opd": (0.1, 0.9)}})

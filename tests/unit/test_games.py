@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.words import split_words
 from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.gradients import GradRow, run_gradients, select_parameters, term_gradients
 from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 TASK = get_task("rules")
 TOK = build_tokenizer(TASK.vocab())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.errors import ConfigError, DataError, TaskError
+from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.jsonl import (
     SAMPLE_CONTEXT,
     SAMPLE_QA,

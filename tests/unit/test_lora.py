@@ -1,4 +1,4 @@
-"""`mechopd.lora`: a LoRA student at B = 0 is the full model (loss and gradient), its adapter-off teacher is the base
+"""`mechopd.models.lora`: a LoRA student at B = 0 is the full model (loss and gradient), its adapter-off teacher is the base
 model on shared tensors, the merged checkpoint and the PEFT-format adapter reproduce the adapted student, and the lean
 decoder runs the adapter."""
 
@@ -10,13 +10,13 @@ import random
 import pytest
 import torch
 
-from mechopd import lora
+from mechopd.models import lora
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import method_terms
 from mechopd.objectives.select import make_selector
 from mechopd.train.step import StepOptions, StepScorer
-from mechopd.views import assemble_two_views
+from mechopd.core.views import assemble_two_views
 
 V, T = 61, 0.8
 OPTS = lora.LoraOptions(rank=4, alpha=8.0)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives import losses as L
 
 B, T, V = 2, 3, 7

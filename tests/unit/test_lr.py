@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.train.lr import lr_multiplier
 
 

@@ -1,4 +1,4 @@
-"""The intervention claims (mechopd.mechanism_claims) on synthetic probe artifacts written in the probes' formats:
+"""The intervention claims (mechopd.report.mechanism_claims) on synthetic probe artifacts written in the probes' formats:
 every verdict is reachable and the values come from the files."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from mechopd import mechanism_claims as mc
-from mechopd import mechanism_stats as ms
-from mechopd.artifacts import write_csv, write_json
+from mechopd.report import mechanism_claims as mc
+from mechopd.probes import mechanism_stats as ms
+from mechopd.core.artifacts import write_csv, write_json
 from mechopd.probes.delta_svd import COLUMNS as SVD_COLUMNS
 from mechopd.probes.delta_svd import CSV, JSON, summarize_svd
 from mechopd.probes.weightpatch import COLUMNS, summarize
 from mechopd.study import Study
-from mechopd.verdicts import FAILS, HOLDS, NA, NA_FRAGILE
+from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE
 
 
 def _wp_rows(acc: float, qk: float, vo: float, ctrl: float, harm: float = 0.4, harm_qk: float = 0.0) -> list[dict]:
@@ -122,7 +122,7 @@ def test_claims_have_the_table_shape():
 def _loc_run(root: Path, harms: dict[str, float], clean: float, n: int = 40) -> Study:
     """A seed's localization.csv / .json and localization_items.jsonl: ``n`` items, all right without c, a share
     ``clean`` flipping unpatched and ``harms[site]`` flipping after patching ``site``."""
-    from mechopd.artifacts import write_jsonl
+    from mechopd.core.artifacts import write_jsonl
     from mechopd.probes.localization import COLUMNS as LOC
 
     run = _run(root, None, None)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mechopd.cli import main
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.organisms.pretrain import ORGANISM_TASKS, OrganismConfig, default_config, organism_dir_name, pretrain
 from tests.conftest import TINY_ORGANISM
 
@@ -53,7 +53,7 @@ def test_batched_corpus_encoding_gives_the_per_text_ids(task_name):
     """_encode_corpus tokenizes the prompts and the responses in batched calls: the ids of one call per text."""
     from mechopd.organisms.pretrain import EOS, _encode_corpus, build_tokenizer, organism_vocab
     from mechopd.tasks.base import get_task
-    from mechopd.views import RenderSpec, render_prompt_ids
+    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     task, tok = get_task(task_name), build_tokenizer(organism_vocab())
     spec, eos = RenderSpec(placement=task.placement), tok.convert_tokens_to_ids(EOS)

@@ -16,8 +16,8 @@ from matplotlib.container import ErrorbarContainer
 from PIL import Image
 
 from mechopd import plots
-from mechopd.errors import DataError
-from mechopd.removability import RegimeThresholds, summarize
+from mechopd.core.errors import DataError
+from mechopd.evaluation.removability import RegimeThresholds, summarize
 
 from .plotting_run import EVAL_STEPS, GRAD_STEPS, METHODS, _records, bar_containers, make_run, panels, summary
 

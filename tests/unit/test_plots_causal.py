@@ -19,7 +19,7 @@ def run(tmp_path_factory) -> Path:
 
 
 def _rows(run: Path, name: str) -> list[dict]:
-    from mechopd.artifacts import read_csv
+    from mechopd.core.artifacts import read_csv
 
     return read_csv(run / "probes" / f"{name}.csv")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechopd.artifacts import read_csv
+from mechopd.core.artifacts import read_csv
 from mechopd.plots.interventions import (MODULE_ORDER, figure_attribution, figure_localization, figure_pmi,
                                          figure_weightpatch)
 
@@ -67,8 +67,8 @@ def test_localization_band_over_seeds_is_the_hierarchical_bootstrap_of_the_items
     import json
     import shutil
 
-    from mechopd.artifacts import write_jsonl
-    from mechopd.mechanism_stats import site_harm_stat
+    from mechopd.core.artifacts import write_jsonl
+    from mechopd.probes.mechanism_stats import site_harm_stat
 
     sites = [r["site"] for r in sorted(_rows(run, "localization"), key=lambda r: int(r["depth"]))]
     seeds = []

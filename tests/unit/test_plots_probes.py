@@ -14,7 +14,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.container import ErrorbarContainer
 
 from mechopd import plots
-from mechopd.errors import DataError
+from mechopd.core.errors import DataError
 from mechopd.probes import deltas, gradients, teachability
 
 from .plotting_run import BUDGETS, LABELS, METHODS, MODULES, N_LAYERS, SELECTORS, bar_containers, make_run, panels

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mechopd.artifacts import write_json
+from mechopd.core.artifacts import write_json
 from mechopd.probes.options import Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 

@@ -12,10 +12,10 @@ import torch
 
 from mechopd.cli import main, make_parser
 from mechopd.config import CliValue, TrainConfig, load_train_config, train_facts
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TERMS, LossInputs, TermOutput, config_terms, register_term
 from mechopd.objectives.select import config_selector, register_selector, unregister_selector
-from mechopd.options import GE0, GE1, option, unregister_options
+from mechopd.config.options import GE0, GE1, option, unregister_options
 
 
 # -- the toy loss term: the no-context view's entropy, added to any method when toy_weight > 0 ---------------------------

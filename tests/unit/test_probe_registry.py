@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.artifacts import read_json, write_json
-from mechopd.errors import ConfigError
+from mechopd.core.artifacts import read_json, write_json
+from mechopd.core.errors import ConfigError
 from mechopd.plots.registry import register_figure, unregister_figure
 from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, add_probe_parsers, get_probe, probes, register_probe, unregister_probe
@@ -146,7 +146,8 @@ def test_options_are_checked_against_the_registration(toy):
 
 def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatch):
     """demo.run_probes runs the toy with its demo options; draw_all draws its figure; report.md has its line."""
-    from mechopd import demo, plots
+    from mechopd.pipeline import demo
+    from mechopd import plots
     from mechopd.report import write_report_md
 
     from dataclasses import replace

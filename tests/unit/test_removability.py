@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from mechopd.errors import ConfigError, DataError
-from mechopd.removability import (
+from mechopd.core.errors import ConfigError, DataError
+from mechopd.evaluation.removability import (
     METRICS,
     MIN_VALID_RESAMPLES,
     RegimeThresholds,
@@ -96,7 +96,7 @@ def test_all_items_wrong():
 @pytest.mark.parametrize(("acc_x", "acc_xc", "regime"), [(0.05, 0.05, "X"), (0.0, 0.04, "X"), (0.06, 0.05, "C"),
                                                           (0.0, 1.0, "B"), (1.0, 0.0, "A")])
 def test_collapsed_is_its_own_regime(acc_x, acc_xc, regime):
-    from mechopd.removability import classify_regime
+    from mechopd.evaluation.removability import classify_regime
 
     assert classify_regime(acc_x, acc_xc, None)[0] == regime
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.objectives import select as S
 
 B, T, V = 3, 5, 11

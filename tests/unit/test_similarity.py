@@ -10,14 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from mechopd.errors import ConfigError, ModelError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
 from mechopd.probes.similarity import (StreamingCKA, _Buffer, compare_models, make_batches, run_similarity,
                                        token_cosine, two_view_cosine, write_rows)
 from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
-from mechopd.views import RenderSpec, assemble_two_views, render_prompt_ids
+from mechopd.core.views import RenderSpec, assemble_two_views, render_prompt_ids
 
 ATOL = 2e-5
 
@@ -290,7 +290,7 @@ def test_write_rows_formats(tmp_path):
 def test_sampled_responses_do_not_depend_on_batch_size(organism_tokenizer, tiny_qwen3):
     from mechopd.probes.similarity import sample_responses
     from mechopd.tasks.base import get_task
-    from mechopd.views import RenderSpec
+    from mechopd.core.views import RenderSpec
 
     ex = get_task("rules").examples("test", 5, 0)
     kw = dict(max_new_tokens=6, temperature=1.0, seed=4)

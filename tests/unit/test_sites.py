@@ -1,14 +1,14 @@
-"""One naming table (mechopd.sites): residual sites, parameter sites and module resolution agree everywhere."""
+"""One naming table (mechopd.core.sites): residual sites, parameter sites and module resolution agree everywhere."""
 
 from __future__ import annotations
 
 import pytest
 
-from mechopd.errors import ConfigError
+from mechopd.core.errors import ConfigError
 from mechopd.models import module_at
 from mechopd.plots.layers import site_depth as plot_depth
 from mechopd.probes.capture import all_sites, site_module
-from mechopd.sites import (MODULE_ORDER, module_kind, module_path, param_layer, resid_site, residual_sites, site_depth,
+from mechopd.core.sites import (MODULE_ORDER, module_kind, module_path, param_layer, resid_site, residual_sites, site_depth,
                            site_layer, site_of, sites_for)
 from tests.conftest import tiny_model
 

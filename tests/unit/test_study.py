@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mechopd.claims import claims_json, evaluate_claims
-from mechopd.errors import ConfigError, DataError
+from mechopd.report.claims import claims_json, evaluate_claims
+from mechopd.core.errors import ConfigError, DataError
 from mechopd.report import write_report_md
 from mechopd.study import EvalReport, Study
 from tests.unit.plotting_run import make_run

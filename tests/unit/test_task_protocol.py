@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.errors import ConfigError, TaskError
+from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.base import (_REGISTRY, BaseTask, Episode, Example, Task, check_disjoint, check_split, get_task,
                                 missing_members, register_task, task_names)
 from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA

@@ -10,14 +10,14 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from mechopd.errors import DataError, ModelError
+from mechopd.core.errors import DataError, ModelError
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
 from mechopd.probes.setup import ProbeSetup
-from mechopd.removability import resample_blocks
+from mechopd.evaluation.removability import resample_blocks
 from mechopd.tasks.base import get_task
 from mechopd.objectives.select import normalize_stats, teachability_stats
-from mechopd.views import RenderSpec, build_two_view_batch
+from mechopd.core.views import RenderSpec, build_two_view_batch
 
 TASK = get_task("rules")
 TOK = build_tokenizer(TASK.vocab())

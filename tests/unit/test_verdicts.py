@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mechopd.stats import seed_stat
-from mechopd.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, decide
+from mechopd.core.stats import seed_stat
+from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, decide
 
 
 def test_one_defined_value_of_a_three_seed_study_is_fragile_not_a_verdict():

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from mechopd.errors import TaskError
-from mechopd.views import RenderSpec, build_two_view_batch, render_prompt_ids, render_prompt_text
+from mechopd.core.errors import TaskError
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids, render_prompt_text
 from tests.conftest import LLAMA3_TEMPLATE, QWEN25_TEMPLATE, tiny_model
 
 CTX = "rule : shift every digit by 2 ."
@@ -130,7 +130,7 @@ def test_too_long_context_names_both_lengths(organism_tokenizer):
 
 
 def test_placement_validated():
-    from mechopd.errors import ConfigError
+    from mechopd.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="placement"):
         RenderSpec("assistant")

@@ -14,7 +14,7 @@ from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.models import load_model, load_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from tests.vllm.conftest import max_weight_diff  # noqa: E402
 
 

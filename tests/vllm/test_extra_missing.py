@@ -9,8 +9,8 @@ import pytest
 
 from mechopd.cli import main
 from mechopd.config import TrainConfig
-from mechopd.errors import ConfigError, ModelError, TaskError
-from mechopd.evaluate import EvalConfig
+from mechopd.core.errors import ConfigError, ModelError, TaskError
+from mechopd.evaluation.evaluate import EvalConfig
 from mechopd.generate import vllm_engine
 
 

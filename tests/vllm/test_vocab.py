@@ -11,7 +11,7 @@ pytestmark = pytest.mark.vllm
 from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.views import RenderSpec, render_prompt_ids  # noqa: E402
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 
 
 def test_ids_past_the_tokenizer_are_never_drawn(organism_tokenizer, tmp_path):

@@ -1,0 +1,114 @@
+"""`mechopd eval`: both views (and other contexts) on held-out items for one or more models; thin around
+`mechopd.evaluation.evaluate`. Registered in the command table of `mechopd.cli.common`; `mechopd.cli` builds the parser."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mechopd.core.artifacts import FileSet
+from mechopd.cli.common import command, kv, named, text
+from mechopd.core.errors import ConfigError
+from mechopd.core.runlock import hold
+
+
+# --- eval ---------------------------------------------------------------------------------------------------------------
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir, hub id or organism:<task>; a "
+                   "checkpoint written by mechopd train renders as its final/training.json records")
+    p.add_argument("--run", default=None, metavar="RUN_DIR", help="a training run: its final/ with the run's task, "
+                   "task options and render (config.yaml), as the probes' --run")
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side on "
+                   "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name")
+    p.add_argument("--task", default=None, metavar="TASK", help="rules | frozenlake | sokoban | jsonl | a registered "
+                   "name (default: the task the run or checkpoint records)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
+                   "rule=shift:1, path=data.jsonl)")
+    p.add_argument("--n", type=int, default=200, metavar="INT", help="held-out items, >= 1 (default 200)")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of item choice and sampling (default 0)")
+    p.add_argument("--samples", type=int, default=1, metavar="INT", help="k sampled responses per item and view, >= 1 "
+                   "(default 1 = greedy)")
+    p.add_argument("--temperature", type=float, default=None, metavar="FLOAT", help="sampling temperature, finite and "
+                   "> 0 (default: greedy with --samples 1, else the task's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="INT", help="response cap per prompt (per "
+                   "move for games), >= 1 (default: the task's)")
+    p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
+                   "no-context view (for chat templates that insert a default one; default: the run's)")
+    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE", help="chat template "
+                   "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
+                   "a value that differs from the run's record is refused)")
+    p.add_argument("--engine", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
+                   "(model(...) per step, any causal LM) | vllm (the extra mechopd[vllm])")
+    p.add_argument("--other-contexts", action="store_true", help="also answer every item under each of the task's "
+                   "other contexts: follow_other, stick; with --compare and a model named base: retention, "
+                   "context-deaf (docs/method.md)")
+    p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
+                   "records is written next to it) or an existing directory; --compare: a directory (one report per "
+                   "model + compare.md/.csv)")
+
+
+def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
+    """Report path per label (and the --compare directory), checked writable and clobber-free before any load."""
+    from mechopd.core.checks import INDEX, WEIGHTS, check_out_dir, check_report_target
+    from mechopd.core.runcheck import default_eval_report
+
+    if a.model:
+        out = Path(a.out) if a.out else default_eval_report(a.model, a.task)  # never inside the checkpoint
+        if out.is_dir():
+            out = out / f"{a.task}.json"
+        elif out.suffix != ".json":
+            raise ConfigError(f"--out {a.out}: pass a report path ending in .json (a .csv of the records is written "
+                              "next to it) or an existing directory")
+        return {"model": check_report_target(out)}, None
+    if a.out and Path(a.out).suffix in (".json", ".csv", ".md"):
+        raise ConfigError(f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
+                          "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
+    out_dir = check_out_dir(a.out or f"runs/compare/{a.task}")
+    if any((out_dir / f).exists() for f in ("config.json", WEIGHTS, INDEX)):
+        raise ConfigError(f"--out {out_dir} is a checkpoint directory; --compare writes its reports into a directory "
+                          f"of their own, e.g. --out runs/compare/{a.task}")
+    return {name: check_report_target(out_dir / f"{name}.json") for name in labels}, out_dir
+
+
+@command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
+def _eval(a: argparse.Namespace) -> int:
+    from mechopd.evaluation.run import evaluate_plan, plan_eval
+    from mechopd.evaluation.evaluate import EvalConfig
+
+    if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
+        raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")
+    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
+                     max_new_tokens=a.max_new_tokens, engine=a.engine)
+    models = {"model": a.model or str(Path(a.run or "", "final"))} if not a.compare else named(a.compare, "--compare")
+    a.model = models.get("model")  # --run: its final/ (the default report path sits under it)
+    plan = plan_eval(models, a.task, kv(a.option, "--option"), run=a.run)
+    a.task = plan.task_name
+    targets, out_dir = _eval_targets(a, list(models))
+    ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwarg, "--chat-template-kwarg")
+    with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
+        reports = evaluate_plan(plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs,
+                                other_contexts=a.other_contexts)
+        return _write_reports(a, reports, targets, out_dir)
+
+
+def _write_reports(a: argparse.Namespace, reports: dict[str, Any], targets: dict[str, Path],
+                   out_dir: Path | None) -> int:
+    from mechopd.evaluation import following
+    from mechopd.evaluation.evaluate import compare, format_summary, write_report
+
+    for name, rep in reports.items():
+        print(format_summary(name, rep["summary"]))
+    if a.other_contexts:
+        print(following.format_following(reports))
+    if out_dir is None:
+        written = write_report(reports["model"], targets["model"])  # r.json + r.csv as one set (FileSet)
+        print(f"report: {written[0]} (records: {written[1]})")
+        return 0
+    with FileSet(out_dir, "compare") as stage:  # every report + compare.md/.csv: one set, never mixed runs
+        for name, rep in reports.items():
+            write_report(rep, stage.dir / targets[name].name)
+        md, _, _ = compare(reports, stage.dir)
+    print(md)
+    print(f"table: {out_dir / 'compare.md'} and {out_dir / 'compare.csv'}")
+    return 0

@@ -1,0 +1,284 @@
+"""Options declared once: a config field carries its help, range and choices as dataclass field metadata, and ONE
+binder reads YAML, ``--set KEY=VALUE`` and flags into those dataclasses, checks the values, generates the CLI flags
+and the docs table (TRL's ``field(metadata={"help": ...})``; `mechopd.config.TrainConfig` is built from them).
+
+* ``option(default, help=..., range=..., choices=..., short=...)`` is a ``dataclasses.field`` whose metadata holds the
+  facts; `field_facts(cls)` reads them back.
+* `coerce` turns a YAML value or a command-line `CliValue` into the field's declared type, read from the type hint's
+  structure (``typing.get_origin`` / ``get_args``), never from its text: text fields keep command-line text as typed,
+  numbers and booleans are parsed once, mappings read ``KEY: VALUE`` pairs.
+* `check_value` refuses a value outside the field's range or choices with one line naming the field.
+* `bind(cls, data, sets, flags)`: a file's keys, then the flags, then ``--set`` (the last one wins), coerced and
+  checked, into ``cls``. `add_flags` adds one ``--kebab-name VALUE`` flag per field; `flag_values` reads them back
+  as `CliValue` (parsed once, here, by the field's type).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Union
+
+import yaml
+
+from mechopd.config.parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
+from mechopd.core.errors import ConfigError
+
+META = "mechopd"  # the metadata key under which `option` keeps a field's facts
+
+
+@dataclass(frozen=True)
+class Range:
+    """``lo`` (inclusive unless ``open_lo``) up to ``hi`` (inclusive; None = unbounded)."""
+
+    lo: float
+    hi: float | None = None
+    open_lo: bool = False
+
+    def text(self) -> str:
+        return f"{'>' if self.open_lo else '>='} {self.lo:g}" + (f" and <= {self.hi}" if self.hi is not None else "")
+
+
+GE0, GT0, GE1, UNIT = Range(0), Range(0, open_lo=True), Range(1), Range(0, 1)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One configurable field: its name (= YAML key = ``--set`` key), type hint, default, help, range, choices,
+    ``short`` (listed in the short help), ``onoff`` (a text field that also takes YAML 1.1's bare on/off booleans)."""
+
+    name: str
+    hint: Any
+    default: Any
+    help: str
+    range: Range | None = None
+    choices: tuple[str, ...] | None = None
+    short: bool = False
+    onoff: bool = False
+    section: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def option(default: Any = MISSING, *, help: str, range: Range | None = None, choices: tuple[str, ...] | None = None,
+           short: bool = False, onoff: bool = False, default_factory: Any = MISSING) -> Any:
+    """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default."""
+    meta = {META: {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}}
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def field_facts(cls: type) -> list[Facts]:
+    """Every field of ``cls`` declared with `option`, in field order; ``section``: the dataclass that declares it."""
+    hints = typing.get_type_hints(cls)
+    owner = {}
+    for base in reversed(cls.__mro__):
+        for name in getattr(base, "__annotations__", {}):
+            owner.setdefault(name, base.__name__)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get(META)
+        if meta is None:
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        out.append(Facts(f.name, hints[f.name], default, section=owner.get(f.name, cls.__name__), **meta))
+    return out
+
+
+def _parts(hint: Any) -> tuple[Any, bool]:
+    """``(the type without None, whether None is allowed)`` of a hint such as ``float | None``."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return (args[0] if len(args) == 1 else Union[tuple(args)]), len(args) < len(typing.get_args(hint))
+    return hint, False
+
+
+def coerce(facts: Facts, value: Any, source: str) -> Any:
+    """A YAML or command-line value as the field's declared type (one reading, by the hint's structure)."""
+    base, optional = _parts(facts.hint)
+    origin, name = typing.get_origin(base) or base, facts.name
+    if value is None or (isinstance(value, CliValue) and value in ("null", "~") and optional):
+        if optional:
+            return None
+        raise ConfigError(f"{source}: {name} must not be null")
+    if base is str:
+        if isinstance(value, bool) and facts.onoff:
+            return value  # YAML 1.1's bare off/on; the field reads it (`TrainConfig.__post_init__`)
+        return text_value(value, name, optional, source)
+    if isinstance(value, CliValue) and origin is not dict:
+        value = scalar(value)
+    try:
+        return _typed(base, origin, value)
+    except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):
+        if origin is dict:
+            value = scalar(value) if isinstance(value, CliValue) else value  # as read: task_options=5, not '5'
+            raise ConfigError(f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set "
+                              f"{name}.KEY=VALUE)") from None
+        raise ConfigError(f"{source}: {name}={value!r} is not a valid {getattr(base, '__name__', base)}") from None
+
+
+def _typed(base: Any, origin: Any, value: Any) -> Any:
+    if base is float:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    if base is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    if base is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if not isinstance(value, bool):
+            raise ValueError
+        return value
+    if origin is dict:
+        if isinstance(value, CliValue):
+            value = yaml.load(value, Loader=StrictLoader) if value.strip() else {}  # noqa: S506
+        if not isinstance(value, dict):
+            raise ValueError
+        return typed_options(value)
+    return value  # lists and untyped values: checked by the dataclass (`__post_init__`)
+
+
+def check_value(facts: Facts, value: Any) -> None:
+    """The field's range (numbers: finite, in range; None where the hint allows) and choices; one line naming it."""
+    base, optional = _parts(facts.hint)
+    if value is None and optional:
+        return
+    if base is str and not isinstance(value, str) and not (facts.onoff and isinstance(value, bool)):
+        raise ConfigError(f"{facts.name}={value!r} is not text; pass a string (quote it in YAML)")
+    if base is bool and not isinstance(value, bool):
+        raise ConfigError(f"{facts.name}={value!r} is invalid: use true or false")
+    if typing.get_origin(base) is dict and not isinstance(value, dict):
+        raise ConfigError(f"{facts.name}={value!r} is not a mapping; pass key: value pairs (--set "
+                          f"{facts.name}.KEY=VALUE)")
+    if facts.choices is not None and isinstance(value, str) and value not in facts.choices:
+        raise ConfigError(f"{facts.name}={value!r} is unknown; choose one of {', '.join(facts.choices)}")
+    r = facts.range
+    if r is None:
+        return
+    integer = base is int
+    bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
+    if bad or not math.isfinite(value) or (value <= r.lo if r.open_lo else value < r.lo) or \
+            (r.hi is not None and value > r.hi):
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(f"{facts.name}={value!r} is invalid: it must be {kind} {r.text()}"
+                          f"{' (or null)' if optional else ''}")
+
+
+def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:
+    """`check_value` on every declared field of a dataclass instance (its ``__post_init__`` calls this)."""
+    for f in facts if facts is not None else field_facts(type(obj)):
+        check_value(f, getattr(obj, f.name))
+
+
+def bind(cls: type, data: dict[str, Any] | None = None, sets: dict[str, Any] | None = None,
+         flags: dict[str, Any] | None = None, source: str = "config", fixed: dict[str, Any] | None = None,
+         also: tuple[str, ...] = ()) -> Any:
+    """``cls`` from a file's keys, then flags, then ``--set`` (later wins): unknown keys refused, naming the known
+    ones; every value coerced by its field's type (`coerce`), then checked by the dataclass (its ``__post_init__``).
+    ``fixed``: keyword values passed as they are (already typed; not keys); ``also``: further keys the caller reads
+    (named in the message)."""
+    merged = merge(merge(dict(data or {}), flags or {}), sets or {})
+    facts = {f.name: f for f in _all_facts(cls) if f.name not in (fixed or {})}
+    unknown = sorted(set(merged) - set(facts))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: "
+                          f"{', '.join(sorted({*facts, *also}))}")
+    return cls(**{k: coerce(facts[k], v, source) for k, v in merged.items()}, **(fixed or {}))
+
+
+def _all_facts(cls: type) -> list[Facts]:
+    """`field_facts`, plus a bare entry (no help) for a field declared without `option`, but those whose metadata
+    says ``bound: False`` (not a key: `TrainConfig.plugins`)."""
+    declared = {f.name: f for f in field_facts(cls)}
+    hints = typing.get_type_hints(cls)
+    return [declared.get(f.name) or Facts(f.name, hints[f.name], f.default, "") for f in dataclasses.fields(cls)
+            if f.metadata.get("bound", True)]
+
+
+PLUGINS: dict[type, str] = {}  # plug-in options dataclasses, in registration order -> who registered them
+
+
+def register_options(cls: type, owner: str) -> None:
+    """Make a plug-in's options dataclass (a loss term's, a selector's) bindable: its fields become config keys and
+    flags (`plugin_facts`, which refuses a key that another class or `TrainConfig` already declares)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{owner}: options must be a dataclass, got {cls!r}")
+    PLUGINS[cls] = owner
+
+
+def unregister_options(cls: type) -> None:
+    PLUGINS.pop(cls, None)
+
+
+def plugin_facts(host: type) -> list[Facts]:
+    """The facts of every registered options class that is not a section of ``host`` (its fields are ``host``'s)."""
+    out: list[Facts] = []
+    taken = {f.name for f in dataclasses.fields(host)}
+    for cls, owner in PLUGINS.items():
+        if cls in host.__mro__:
+            continue
+        for f in field_facts(cls):
+            if f.name in taken:
+                raise ConfigError(f"{owner}: option {f.name!r} is already a config key; rename it")
+            taken.add(f.name)
+            out.append(f)
+    return out
+
+
+def add_flags(parser: argparse.ArgumentParser, facts: list[Facts], taken: set[str] = frozenset()) -> None:
+    """One ``--kebab-name VALUE`` flag per field (mappings: ``--set NAME.KEY=VALUE`` instead), help from its facts;
+    the value stays text here and is read once, by `coerce`, through `flag_values`."""
+    for f in facts:
+        base, _ = _parts(f.hint)
+        if typing.get_origin(base) is dict or f.flag in taken:
+            continue
+        metavar = "|".join(f.choices) if f.choices and len(f.choices) <= 4 else \
+            getattr(base, "__name__", "VALUE").upper() if base in (int, float, str, bool) else "VALUE"
+        kw: dict[str, Any] = {"nargs": "?", "const": "true"} if base is bool else {}
+        parser.add_argument(f.flag, dest=f"opt_{f.name}", default=None, metavar=metavar, type=CliValue,
+                            help=f"{flag_help(f)}; same as --set {f.name}=...", **kw)
+
+
+def flag_help(f: Facts) -> str:
+    """A field's help with its default and range or choices (what ``--help`` and docs/config.md show)."""
+    extra = [f"default {f.default!r}"]
+    if f.range is not None:
+        extra.append(f.range.text())
+    if f.choices is not None:
+        extra.append(" | ".join(f.choices))
+    return f"{f.help} ({'; '.join(extra)})".replace("%", "%%")
+
+
+def flag_values(args: argparse.Namespace, facts: list[Facts]) -> dict[str, Any]:
+    """The flags given on the command line, by field name (values still `CliValue`: `bind` reads them once)."""
+    return {f.name: CliValue(v) for f in facts if (v := getattr(args, f"opt_{f.name}", None)) is not None}
+
+
+def docs_table(facts: list[Facts]) -> str:
+    """A Markdown table per section: key, type, default, range or choices, help (docs/config.md)."""
+    lines: list[str] = []
+    section = None
+    for f in facts:
+        if f.section != section:
+            section = f.section
+            lines += ["", f"## {section}", "", "| key / flag | type | default | range / choices | help |",
+                      "|---|---|---|---|---|"]
+        base, optional = _parts(f.hint)
+        kind = (typing.get_origin(base) or base).__name__ if hasattr(typing.get_origin(base) or base, "__name__") \
+            else str(base)
+        kind += " or null" if optional else ""
+        limits = f.range.text() if f.range else " \\| ".join(f.choices) if f.choices else ""
+        flag = f"`--set {f.name}.KEY=VALUE`" if typing.get_origin(base) is dict else f"`{f.flag}`"
+        lines.append(f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | "
+                     f"{f.help.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines).lstrip("\n") + "\n"

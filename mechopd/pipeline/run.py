@@ -1,0 +1,254 @@
+"""`mechopd run STUDY.yaml`: a study file (`mechopd.pipeline.spec`) run as jobs on the demo's worker pool.
+
+The demo's pipeline for any model: per training seed k (``OUT`` with one seed, ``OUT/seed-k`` with several), one
+training job per run of the study (a finished run skipped, a killed one resumed from its last checkpoint), then the
+seed's finish job: base and every run evaluated in both views (and under the task's other contexts), the listed
+probes, every figure the artifacts allow, ``report.md`` (`study_stages.evaluate_all`, `study_stages.run_probes`, `plots.draw_all`,
+`report.write_report_md`). With two or more seeds, the aggregate over seeds and its ``report.md`` with the claims table
+(`aggregate.aggregate`); a claim whose roles the study lacks reads "not measurable here". Jobs run on ``workers``
+processes, one pinned thread each, one log per job in ``<seed run>/logs/`` (`demo_pool`).
+
+``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
+with another study there is refused, naming the keys that differ (probes may be added: they run, the rest is
+reused). When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
+and returns at once.
+
+    from mechopd.pipeline.run import run_study
+    run_study("training/studies/qwen3-1.7b-jsonl.yaml", workers=1)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mechopd.core.artifacts import write_json, write_text
+from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
+from mechopd.core.errors import ConfigError
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.pipeline.spec import StudySpec, default_out
+
+SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
+DONE_FILE = "study_done.json"
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One training seed of a study, as the pool's jobs see it (`demo_pool.Job.cfg`)."""
+
+    spec: StudySpec
+    out: str
+    seed: int
+    student: str              # the resolved base checkpoint (a local dir, or a hub id)
+    study_out: str = ""       # the study's OUT (the seed run's parent with several seeds)
+    job_threads: int = 1
+    full_stages: bool = True  # every seed of a study gets its figures and every listed probe
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def task_options(self) -> dict[str, Any]:
+        return dict(self.spec.task_options)
+
+    @property
+    def eval_n(self) -> int:
+        return self.spec.eval_n
+
+    @property
+    def probe_n(self) -> int | None:
+        return self.spec.probe_n  # a probe's own entry (`probes: {similarity: {n: 16}}`) wins; None: its default
+
+    def methods(self) -> dict[str, dict[str, Any]]:
+        return self.spec.methods()
+
+
+def _log(msg: str) -> None:
+    print(f"[run {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------------- jobs
+def train_runs(cfg: SeedRun, student: Path, run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, Path]:
+    """The training job(s) of one seed: every run named in ``methods`` (finished ones skipped, killed ones resumed)."""
+    finals = {}
+    for role, over in methods.items():
+        finals[role] = train_resumable(role, run / "train" / role,
+                                       lambda role=role: cfg.spec.train_config(role, cfg.seed, str(student)), over)
+    return finals
+
+
+def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
+    """The finish job of one seed: evaluation, the listed probes, figures, report (trainings done: skipped)."""
+    from mechopd.plots import draw_all
+    from mechopd.report import write_report_md
+    from mechopd.core.views import RenderSpec
+
+    spec, run = cfg.spec, Path(cfg.out)
+    student = Path(cfg.student) if student is None else student
+    manifest = write_manifest(cfg)
+    finals = train_runs(cfg, student, run, cfg.methods())
+    manifest["labels"] = labels_for(run, cfg.methods())  # the kept fractions are measured now
+    write_json(run / MANIFEST_FILE, manifest)
+    models = {"base": student, **finals}
+    render = spec.render_fields()
+    placement = render.pop("placement", None) or spec_task_placement(spec)
+    evaluate_all(cfg, models, run, spec=RenderSpec(placement, **render), other_contexts=spec.other_contexts,
+                 eval_fields=spec.eval_fields())
+    teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
+    skip = () if cfg.seed == spec.seeds[0] else tuple(spec.first_seed_only)  # no claim reads them: the first seed
+    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields(), skip=skip)
+    _log(f"{run}: figures")
+    draw_all(run)
+    report = write_report_md(run)
+    _log(f"{run}: report {report}")
+    return report
+
+
+def spec_task_placement(spec: StudySpec) -> str:
+    from mechopd.tasks.base import get_task
+
+    return get_task(spec.task, **spec.task_options).placement
+
+
+def write_manifest(cfg: SeedRun) -> dict[str, Any]:
+    """A seed run's ``demo.json`` (what the study, report, claims and aggregate read) and ``study.yaml``, before any
+    step: a full disk fails first."""
+    from mechopd.evaluation.removability import RegimeThresholds
+
+    run, spec, methods = Path(cfg.out), cfg.spec, cfg.methods()
+    run.mkdir(parents=True, exist_ok=True)
+    tc = spec.train_config(next(iter(spec.runs)), cfg.seed, cfg.student)
+    config = {"seed": cfg.seed, "out": cfg.out, "steps": tc.steps, "batch_size": tc.batch_size, "lr": tc.lr,
+              "lr_schedule": tc.lr_schedule, "eval_n": spec.eval_n, "task_options": dict(spec.task_options),
+              "job_threads": cfg.job_threads, "student": spec.student, "teacher": spec.teacher}
+    manifest = {"task": spec.task, "methods": list(methods), "labels": labels_for(run, methods), "runs": methods,
+                "organism": cfg.student, "thresholds": asdict(RegimeThresholds()), "config": config,
+                "study": str(Path(cfg.study_out) / SPEC_FILE), "out_dir": cfg.study_out,
+                "command": "mechopd " + " ".join(sys.argv[1:])
+                if sys.argv and "mechopd" in sys.argv[0] else None}
+    write_json(run / MANIFEST_FILE, manifest)
+    if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name)
+        Study.from_manifest(run).write()
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------------------- the study
+def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
+    """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads); a
+    local dir -> absolute; anything else (a hub id) unchanged."""
+    from mechopd.organisms.recipes import organism_task, resolve_organism
+
+    if organism_task(model) is not None:
+        from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
+
+        with job_threads(ORGANISM_THREADS):
+            return str(Path(resolve_organism(model, spec.train_config(next(iter(spec.runs)), 0).organism_dir,
+                                             pretrain=pretrain)).resolve())
+    return str(Path(model).resolve()) if Path(model).exists() else model
+
+
+def seed_runs(spec: StudySpec, out: Path, student: str) -> list[SeedRun]:
+    """One seed run per training seed: ``out`` itself with one seed, ``out/seed-k`` with several."""
+    one = len(spec.seeds) == 1
+    return [SeedRun(spec, str(out if one else out / f"seed-{k}"), k, student, study_out=str(out)) for k in spec.seeds]
+
+
+def _normal(doc: Any) -> Any:
+    return json.loads(json.dumps(doc, sort_keys=True, default=str))
+
+
+def check_out(spec: StudySpec, out: Path) -> None:
+    """``out`` holds nothing, or a run of this same study; anything else is refused (nothing is changed)."""
+    from mechopd.core.runcheck import check_out_place
+
+    check_out_place(out, "run")
+    recorded = out / SPEC_FILE
+    if not recorded.is_file():
+        if (out / MANIFEST_FILE).is_file():
+            raise ConfigError(f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
+                              "another --out (nothing was changed)")
+        return
+    from mechopd.config import load_yaml
+
+    old = _normal(load_yaml(recorded))
+    new = _normal(spec.to_mapping())
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old_probes, new_probes = old.get("probes") or {}, new.get("probes") or {}
+    if diff == ["probes"] and all(new_probes.get(k) == v for k, v in old_probes.items()):
+        return  # probes added to a finished study: they run, everything else is reused
+    if diff:
+        raise ConfigError(f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
+                          "finished stages would be reused as this one's: pass another --out")
+
+
+def is_done(spec: StudySpec, out: Path) -> bool:
+    """Every stage finished: the done record written last, every run's final checkpoint, every report."""
+    from mechopd.pipeline.pool import finished
+
+    from mechopd.core.artifacts import read_json
+
+    if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
+        return False
+    if read_json(out / DONE_FILE).get("run") != _normal(spec.to_mapping()):  # e.g. a probe added since
+        return False
+    for r in seed_runs(spec, out, spec.student):
+        if not (Path(r.out) / "report.md").is_file() or not all(finished(Path(r.out) / "train" / role)
+                                                                  for role in spec.runs):
+            return False
+    return True
+
+
+def run_study(study: str | os.PathLike | Mapping[str, Any], out: str | os.PathLike | None = None,
+              workers: int | None = None) -> Path:
+    """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
+    (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
+    from mechopd.pipeline.pool import default_workers
+    from mechopd.core.runlock import hold
+
+    spec = StudySpec.load(study)
+    if out is None and isinstance(study, Mapping):
+        raise ConfigError("run_study(mapping): pass out=DIR (a study file's run defaults to its folder / its stem)")
+    out = Path(out) if out is not None else default_out(study)  # type: ignore[arg-type]
+    workers = default_workers(1) if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
+    check_out(spec, out)
+    if is_done(spec, out):
+        _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
+        return out / "report.md"
+    with hold(out, "run"):
+        return _run(spec, out, workers)
+
+
+def _run(spec: StudySpec, out: Path, workers: int) -> Path:
+    from mechopd.pipeline.pool import run_seed_runs
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / SPEC_FILE, f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
+               + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True))
+    student = resolve_model(spec.student, spec, pretrain=True)
+    runs = seed_runs(spec, out, student)
+    for r in runs:  # every seed run's manifest before the first job
+        write_manifest(r)
+    _log(f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}) on {workers} worker(s)"
+         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}")
+    run_seed_runs(runs, Path(student), workers, _log, train_runs, finish_seed)
+    report = out / "report.md"
+    if len(runs) > 1:
+        from mechopd.report.aggregate import aggregate
+
+        report = aggregate([Path(r.out) for r in runs], out)
+    write_json(out / DONE_FILE, {"study": spec.source, "report": str(report), "wall_s": round(time.time() - t0, 1),
+                                 "run": _normal(spec.to_mapping())})
+    _log(f"report: {report} ({time.time() - t0:.0f} s)")
+    return report

@@ -1,0 +1,311 @@
+"""The study file of `mechopd run STUDY.yaml`: one comparison on any model, declared once and checked before any job.
+
+    task: jsonl                      # any registered task
+    task_options: {path: mechopd/data/sample_qa.jsonl, context_file: mechopd/data/sample_context.txt}
+    render: {placement: system, no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
+    student: Qwen/Qwen3-1.7B         # a checkpoint dir, a hub id, or organism:<task>
+    teacher: null                    # null: self-distillation (the frozen initial student)
+    seeds: [0, 1, 2]                 # training seeds; two or more: RUN/seed-k and the aggregate over seeds
+    train: {steps: 100, batch_size: 32, lr: 1.0e-4}   # shared training fields (any TrainConfig field)
+    runs:                            # one entry per compared run, by ROLE (opd, nca, ta_opd, nca_follow, or yours)
+      opd: {method: opd}
+      nca: {method: nca, beta: 0.5}
+    eval: {n: 200, other_contexts: true}             # n, other_contexts, and any other EvalConfig field but seed
+    probes: {similarity: {n: 16}, deltas: {}}        # registered probes: setup fields (n, batch_size, split, ...)
+                                                     # and the probe's own options (its `mechopd probe NAME` flags)
+    probe_n: 64                      # optional: every probe's items unless its entry sets n (null: each probe's own)
+    first_seed_only: [patching]      # optional: probes run on the first seed only (no claim reads them)
+
+The built-in studies of `mechopd demo` are such files (``mechopd/data/studies/<task>.yaml``, `builtin_study`).
+
+A run's training config is ``train``, then its ``runs`` entry, then the study's task, student, teacher, render and
+seed (`StudySpec.train_config`); an organism student takes its recipe (`organisms.recipes`) under what the file sets,
+as `mechopd train` does. A run writes a checkpoint at half its steps unless ``save_every`` is set, so a killed study
+resumes. Relative paths (task options, student) are read against the current directory, as in every training YAML.
+Every value is checked when the file is read: unknown keys, a role that is not an identifier, a training field of no
+`TrainConfig` (each run's config is built), an unknown probe or probe option, a probe whose roles the study lacks.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from mechopd.core.errors import ConfigError
+
+RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
+STUDY_SET = ("task", "task_options", "student", "teacher", "seed", "no_context_system", "chat_template_kwargs")
+PROBE_SETUP_KEYS = ("n", "batch_size", "split", "temperature", "max_new_tokens", "responses_from")
+RESERVED_ROLES = ("base", "teacher")
+
+
+@dataclass
+class StudySpec:
+    """A study file (module docstring); validated in `__post_init__`, errors name the key and the fix."""
+
+    task: str
+    student: str
+    runs: dict[str, dict[str, Any]]
+    task_options: dict[str, Any] = field(default_factory=dict)
+    render: dict[str, Any] = field(default_factory=dict)
+    teacher: str | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    probes: dict[str, Any] = field(default_factory=dict)
+    probe_n: int | None = None
+    first_seed_only: list[str] = field(default_factory=list)
+    source: str = field(default="study", repr=False, compare=False)  # the file it came from (error messages)
+
+    def __post_init__(self) -> None:
+        w = self.source
+        for key in ("task", "student"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key).strip():
+                raise ConfigError(f"{w}: {key} must be a non-empty string, e.g. {key}: "
+                                  f"{'jsonl' if key == 'task' else 'Qwen/Qwen3-1.7B'}")
+        if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
+            raise ConfigError(f"{w}: teacher must be a checkpoint dir or hub id, or null for self-distillation")
+        for key in ("student", "teacher"):  # a local path that is not there (a hub id is checked when loaded)
+            value = getattr(self, key)
+            if value and value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
+                raise ConfigError(f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id or "
+                                  "organism:<task>")
+        for key in ("task_options", "render", "train", "runs", "eval", "probes"):
+            if getattr(self, key) is None:
+                setattr(self, key, {})
+            if not isinstance(getattr(self, key), Mapping):
+                raise ConfigError(f"{w}: {key} must be a mapping of key: value pairs (see mechopd/pipeline/spec.py)")
+        self._check_seeds()
+        task = self._check_task()
+        self._check_render(task)
+        self._check_runs()
+        self._check_eval(task)
+        self._check_probes()
+        self._check_probe_extras()
+
+    # -- checks ------------------------------------------------------------------------------------------------------
+    def _check_seeds(self) -> None:
+        seeds = self.seeds
+        if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                                            for s in seeds):
+            raise ConfigError(f"{self.source}: seeds={seeds!r} must be a non-empty list of integers >= 0, e.g. "
+                              "seeds: [0, 1, 2]")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"{self.source}: seeds={seeds!r} lists a seed twice; list each training seed once")
+
+    def _check_task(self) -> Any:
+        from mechopd.core.errors import MechopdError
+        from mechopd.tasks.base import get_task
+
+        try:
+            return get_task(self.task, **self.task_options)
+        except MechopdError as e:
+            raise type(e)(f"{self.source}: task / task_options: {e}") from None
+
+    def _check_render(self, task: Any) -> None:
+        from mechopd.core.views import PLACEMENTS
+
+        unknown = sorted(set(self.render) - set(RENDER_KEYS))
+        if unknown:
+            raise ConfigError(f"{self.source}: render.{unknown[0]} is unknown; use {', '.join(RENDER_KEYS)}")
+        placement = self.render.get("placement", task.placement)
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"{self.source}: render.placement={placement!r}; choose one of {', '.join(PLACEMENTS)}")
+        if placement != task.placement:
+            raise ConfigError(f"{self.source}: render.placement={placement!r} but task {self.task!r} places its "
+                              f"context in {task.placement!r} (training follows the task); set it in task_options "
+                              "(jsonl: placement) or drop render.placement")
+
+    def _check_runs(self) -> None:
+        from mechopd.core.checks import check_label
+
+        if not self.runs:
+            raise ConfigError(f"{self.source}: runs is empty; name one run per role, e.g. runs: {{opd: {{method: "
+                              "opd}}, nca: {{method: nca, beta: 0.5}}}}")
+        set_here = sorted(set(self.train) & set(STUDY_SET))
+        if set_here:
+            raise ConfigError(f"{self.source}: train.{set_here[0]} is set by the study itself; use the top-level "
+                              "key (seed: the seeds list; render for no_context_system, chat_template_kwargs)")
+        for role, over in self.runs.items():
+            if not isinstance(role, str) or not role.isidentifier() or role in RESERVED_ROLES:
+                raise ConfigError(f"{self.source}: runs.{role} is not a usable role; name it with an identifier "
+                                  f"other than {', '.join(RESERVED_ROLES)} (e.g. opd, nca, ta_opd)")
+            check_label(role, f"{self.source}: runs.{role}")
+            if over is not None and not isinstance(over, Mapping):
+                raise ConfigError(f"{self.source}: runs.{role} must be a mapping of training fields, e.g. "
+                                  "{method: nca, beta: 0.5}")
+            self.runs[role] = dict(over or {})
+            bad = sorted(set(self.runs[role]) & set(STUDY_SET))
+            if bad:
+                raise ConfigError(f"{self.source}: runs.{role}.{bad[0]} is set by the study itself; use the top-level "
+                                  "key")
+            self.train_config(role, self.seeds[0])  # every field checked now, before any job
+
+    def _check_eval(self, task: Any) -> None:
+        from mechopd.evaluation.evaluate import EvalConfig
+
+        known = [f.name for f in fields(EvalConfig) if f.name not in ("seed", "thresholds")] + ["other_contexts"]
+        unknown = sorted(set(self.eval) - set(known))
+        if unknown:
+            raise ConfigError(f"{self.source}: eval.{unknown[0]} is unknown; use {', '.join(known)}")
+        if not isinstance(self.eval.get("other_contexts", True), bool):
+            raise ConfigError(f"{self.source}: eval.other_contexts must be true or false")
+        n = self.eval.get("n", 200)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. 200)")
+        held_out = (task.split_sizes() if hasattr(task, "split_sizes") else {}).get("test")
+        if held_out is not None and n > held_out:
+            raise ConfigError(f"{self.source}: eval.n={n} but task {self.task!r} holds {held_out} held-out items; "
+                              f"set eval.n to at most {held_out}")
+        try:
+            EvalConfig(**self.eval_fields(), n=n)
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"{self.source}: eval: {e}") from None
+
+    def _check_probes(self) -> None:
+        from mechopd.probes.registry import demo_options, get_probe
+        from mechopd.probes.setup import ProbeSetup
+
+        roles = {"base", *self.runs, *(["teacher"] if self.teacher else [])}
+        study = _Roles(roles)
+        for name, given in self.probes.items():
+            spec = get_probe(str(name))  # unknown: ConfigError naming the known probes
+            if given is not None and not isinstance(given, Mapping):
+                raise ConfigError(f"{self.source}: probes.{name} must be a mapping of options, e.g. {{n: 16}}, or {{}}")
+            setup, own = self.probe_plan_of(name)
+            try:
+                spec.values(**own)
+                ProbeSetup(task=self.task, **setup)
+            except ConfigError as e:
+                raise ConfigError(f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
+                                  ) from None
+            if demo_options(_Demo({**(spec.demo or {}), **own}, spec.role_options), study) is None:
+                need = [str((spec.demo or {}).get(k)) for k in spec.role_options if k not in own]
+                raise ConfigError(f"{self.source}: probes.{name} reads the role(s) {', '.join(need)}, which the study "
+                                  f"lacks ({', '.join(sorted(roles))}); add that run or give the probe's "
+                                  f"{', '.join(spec.role_options)} option a role of the study")
+
+    def _check_probe_extras(self) -> None:
+        from mechopd.probes.registry import get_probe
+
+        n = self.probe_n
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"{self.source}: probe_n={n!r} must be an integer >= 1 (items per probe), or null")
+        if not isinstance(self.first_seed_only, list):
+            raise ConfigError(f"{self.source}: first_seed_only must be a list of probe names, e.g. [patching]")
+        for name in self.first_seed_only:
+            get_probe(str(name))  # unknown: ConfigError naming the known probes
+
+    # -- what the runner reads -----------------------------------------------------------------------------------------
+    def train_config(self, role: str, seed: int, student: str | None = None) -> Any:
+        """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint)."""
+        from mechopd.config import TrainConfig, build_config, resolve_train_data
+
+        data = {**self.train, **self.runs[role], "task": self.task, "task_options": dict(self.task_options),
+                "student": self.student, "teacher": self.teacher, "seed": seed,
+                **{k: self.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in self.render}}
+        data = resolve_train_data(data)  # an organism student: its recipe under what the file sets
+        data.setdefault("save_every", max(1, int(data.get("steps", TrainConfig.steps)) // 2))  # resumable
+        if student is not None:
+            data["student"] = student
+        try:
+            return build_config(TrainConfig, data, source=f"{self.source}: runs.{role}")
+        except ConfigError as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(self.source) else f"{self.source}: runs.{role}: {msg}") from None
+
+    def methods(self) -> dict[str, dict[str, Any]]:
+        """role -> the run's training fields (shared ``train`` under its own): the manifest's ``runs``."""
+        return {role: {**self.train, **over} for role, over in self.runs.items()}
+
+    @property
+    def eval_n(self) -> int:
+        return int(self.eval.get("n", 200))
+
+    @property
+    def other_contexts(self) -> bool:
+        return bool(self.eval.get("other_contexts", True))
+
+    def eval_fields(self) -> dict[str, Any]:
+        return {k: v for k, v in self.eval.items() if k not in ("n", "other_contexts")}
+
+    def render_fields(self) -> dict[str, Any]:
+        return dict(self.render)
+
+    def probe_plan_of(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(setup fields, the probe's own options) of a listed probe."""
+        given = dict(self.probes.get(name) or {})
+        return ({k: v for k, v in given.items() if k in PROBE_SETUP_KEYS},
+                {k: v for k, v in given.items() if k not in PROBE_SETUP_KEYS})
+
+    def probe_plan(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        return {str(name): self.probe_plan_of(name) for name in self.probes}
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The study as a mapping of its file's keys (recorded in the output; compared by a rerun)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, study: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
+        """A study file's path or its parsed mapping; unknown or missing keys refused, naming the known ones."""
+        from mechopd.config import load_yaml
+
+        if isinstance(study, Mapping):
+            doc, where = dict(study), "study"
+        else:
+            doc, where = load_yaml(study), str(study)
+        known = [f.name for f in fields(cls) if f.name != "source"]
+        unknown = sorted(set(doc) - set(known))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a study has {', '.join(known)}")
+        missing = [k for k in ("task", "student", "runs") if k not in doc]
+        if missing:
+            raise ConfigError(f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method:"
+                              " opd}}}})")
+        return cls(**doc, source=where)
+
+
+@dataclass(frozen=True)
+class _Roles:
+    """The study's roles as `probes.registry.demo_options` reads them (role = run name in a study file)."""
+
+    roles: frozenset[str] | set[str]
+
+    def name(self, role: str) -> str | None:
+        return role if role in self.roles else None
+
+
+@dataclass(frozen=True)
+class _Demo:
+    demo: dict[str, Any]
+    role_options: tuple[str, ...]
+
+
+STUDIES_DIR = Path(__file__).parent.parent / "data" / "studies"  # the built-in studies, one per organism task
+
+
+def builtin_study(task: str) -> StudySpec:
+    """The built-in study of an organism task (``mechopd/data/studies/<task>.yaml``): what `mechopd demo` runs
+    (read and checked once per process; each call returns its own copy)."""
+    return copy.deepcopy(_load_builtin(task))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_builtin(task: str) -> StudySpec:
+    path = STUDIES_DIR / f"{task}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))
+        raise ConfigError(f"no built-in study for task {task!r}; choose one of {', '.join(known)}")
+    return StudySpec.load(path)
+
+
+def default_out(study: str | os.PathLike) -> Path:
+    """Where a study file's run goes by default: its folder / its stem (``studies/qwen.yaml`` -> ``studies/qwen``)."""
+    p = Path(study)
+    return p.parent / p.stem

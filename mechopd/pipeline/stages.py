@@ -1,0 +1,133 @@
+"""The stages `mechopd demo` and `mechopd run` share, per seed run: a training skipped when finished or resumed, every
+model evaluated in both views (and under the other contexts), the probes of the study, and the runs' display labels.
+``cfg`` is either runner's seed config (`demo.DemoConfig`, `study_run.SeedRun`): task, task_options, seed, eval_n,
+probe_n, full_stages."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from mechopd.core.artifacts import FileSet, write_json
+from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
+
+
+def _log(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
+    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
+    if over.get("method") == "nca":
+        start, gate = over.get("nca_start", 0), over.get("nca_gate")
+        when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
+        follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
+        return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
+    if over.get("selector", "full") != "full":
+        kept_text = "n/a" if kept is None else f"{kept:.2f}"
+        k = f", K={over['k']}" if over.get("k") is not None else ""
+        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
+    return "OPD" if name == "opd" else name
+
+
+def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
+    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run / "train" / m))
+                               for m, over in methods.items()}}
+
+
+def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
+    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh."""
+    from mechopd.pipeline.pool import finished
+    from mechopd.train.checkpoint import latest_checkpoint
+    from mechopd.train.trainer import train
+
+    if finished(out):
+        _log(f"train {name}: done, skipped")
+        return out / "final"
+    resume = latest_checkpoint(out) is not None
+    if out.exists() and not resume:
+        shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
+    tc = config()
+    _log(f"train {name}: {what} ({'resuming' if resume else 'new'})")
+    return train(tc, out, resume=resume)
+
+
+def evaluate_all(cfg: Any, models: dict[str, Path], run: Path, spec: Any = None, other_contexts: bool = True,
+                 eval_fields: dict[str, Any] | None = None) -> dict[str, EvalReport]:
+    """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
+    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model, format_summary
+    from mechopd.models import load_model, load_tokenizer
+    from mechopd.tasks.base import get_task
+
+    from mechopd.evaluation import following
+
+    task = get_task(cfg.task, **(cfg.task_options or {}))
+    out = {}
+    for name, path in models.items():
+        target = run / "eval" / f"{name}.json"
+        if FileSet.complete(target.parent, name, (target.name, f"{name}.csv")):  # the whole set, not one file
+            out[name] = EvalReport.load(target)
+            continue
+        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
+        model, tok = load_model(path), load_tokenizer(path)
+        raw = evaluate_model(model, tok, task, ecfg, spec)
+        raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
+        if other_contexts:
+            following.add_following(raw, model, tok, task, ecfg, spec)  # rules: the family's other rules
+        rep = EvalReport.from_dict(raw, name)
+        rep.save(target)  # the JSON and the CSV as one file set
+        out[name] = rep
+        print(format_summary(name, rep.summary.to_dict()), flush=True)
+    docs = {name: rep.to_dict() for name, rep in out.items()}
+    following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
+    for name, doc in docs.items():
+        out[name] = EvalReport.from_dict(doc, name)
+        out[name].save(run / "eval" / f"{name}.json")
+    if other_contexts:
+        print(following.format_following(docs), flush=True)
+    return out
+
+
+def run_probes(cfg: Any, models: dict[str, Path], run: Path, chosen: dict[str, Any] | None = None,
+               setup_fields: dict[str, Any] | None = None, skip: tuple[str, ...] = ()) -> None:
+    """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
+    the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
+    (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
+    the study lacks, is skipped (and says so). ``chosen``: a study's name -> (setup fields, options over the demo's);
+    ``skip``: probes not run here (a study's ``first_seed_only`` on a later seed)."""
+    from mechopd.probes.registry import demo_options
+    from mechopd.probes.registry import probes as registered
+    from mechopd.probes.setup import ProbeSetup
+
+    from mechopd.probes.teachability import informative_checkpoint
+
+    out = run / "probes"
+    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
+    informative = None
+    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
+        informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
+        write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
+    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
+                       models={k: str(v) for k, v in models.items()}, run=str(run), **(setup_fields or {}))
+    for spec in registered():
+        own_setup, own = (chosen or {}).get(spec.name, ({}, {}))
+        if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
+                out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
+            continue
+        if spec.name in skip:
+            continue
+        roles = getattr(spec, "role_options", ())
+        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
+        if options is None:
+            _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
+                 f"{study.roles})")
+            continue
+        if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
+            options["trained"] = str(informative)
+        _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
+        spec(replace(setup, **own_setup) if own_setup else setup, out, **options)

@@ -1,0 +1,255 @@
+"""The claims table: one row per claim of the two papers (and of this suite's context-following study), the paper's
+figure, the value measured on this study's seed runs, a verdict by a criterion fixed in the row, and a one-sentence
+finding (docs/method.md §8).
+
+Verdicts: ``holds``, ``does not hold``, ``not measurable here`` (with its reason: the artifact is absent, the quantity
+is undefined, the organism cannot answer the question, the base model does not use the context), and
+``not measurable here (fragile)`` (the interval holds the bar). Every row is decided by the interval rule
+(`mechopd.report.verdicts.decide`): it holds (does not hold) only when the whole 95 % interval of its statistic is on the
+passing (failing) side of the bar. The statistics (docs/method.md §8):
+
+  * bounded item-level quantities (Acc, Harm, follow_other and their paired differences): mean over seeds with a
+    hierarchical bootstrap interval over seeds and items (`mechopd.report.seed_items`), so no interval leaves [0, 1] and a
+    seed that disagrees widens it; two models of a seed compared item by item;
+  * "no worse than" claims as NON-INFERIORITY tests with a stated margin: the interval of the paired difference
+    must lie above −margin; at the ceiling (both models right on every item) that is shown, never assumed;
+  * positive probe quantities on paired log ratios, cosines on log(1 − c) (`mechopd.report.claims_probes`);
+  * the FLOOR rule, study-wide: when the base model does not use the context (its Acc_xc − Acc_x does not clear
+    `FLOOR_GAIN`), no row is decided — there is no context effect to distil, remove or harm.
+
+Every value is read through the typed study (`mechopd.study.Study`) by ROLE, never by a run's name.
+
+    from mechopd.report.claims import evaluate_claims, claims_markdown
+    print(claims_markdown(evaluate_claims(["runs/demo/seed-0", "runs/demo/seed-1"])))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mechopd.report import claims_probes as cp
+from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
+from mechopd.report.following_claims import FOLLOWING_CLAIMS
+from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
+from mechopd.evaluation.removability import RegimeThresholds
+from mechopd.report.seed_items import diff_stat, metric_of, metric_stat, paired_stat
+from mechopd.core.stats import fmt_stat
+from mechopd.study import Study, studies
+from mechopd.report.verdicts import (
+    FAILS, HOLDS, NA, NA_CEILING, NA_FRAGILE, RULE, Decision, all_of, any_of, decide)
+
+__all__ = ["CLAIMS", "Claim", "FAILS", "HOLDS", "NA", "NA_CEILING", "NA_FRAGILE", "claims_json", "claims_markdown",
+           "evaluate_claims", "findings", "fragile_claims", "grad_steps", "layer_cosines", "lens_kls",
+           "quartile_spread", "update_norms"]  # the verdict words and the per-run readers are re-exported
+
+NCA_MAX_ACC_LOSS = 0.05       # non-inferiority margin: NCA's Acc_x ≥ OPD's − 0.05
+TA_OPD_MARGIN = 0.05          # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.05
+HARM_REDUCTION = 0.5          # NCA's harm ≤ half of OPD's
+FLOOR_GAIN = 0.2              # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
+NA_FLOOR = NA + " (floor: the base does not use the context)"
+
+
+@dataclass
+class Claim:
+    """One row: ``key``, the claim, the paper's figure, the measured value (text), the verdict, the criterion, and a
+    short ``headline`` (the number a finding cites)."""
+
+    key: str
+    claim: str
+    paper: str
+    measured: str
+    verdict: str
+    criterion: str
+    headline: str = ""
+
+
+def _row(key: str, measured: str, d: Decision | str, crit: str, headline: str = "") -> Claim:
+    """A decided row: a `Decision`'s note (fragile parts, or one seed) joins the measured cell."""
+    if isinstance(d, str):
+        return Claim(key, "", "", measured, d, crit, headline)
+    return Claim(key, "", "", measured + d.note, d.verdict, crit, headline)
+
+
+def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
+    """`` (per seed 0.215, 0.615, 0.665)`` with two or more seeds, else empty."""
+    return f" (per seed {', '.join(f'{v:.{digits}f}' for v in stat['values'])})" if stat["n"] >= 2 else ""
+
+
+def _seeds(runs: Sequence[Study]) -> str:
+    return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+
+
+def _thresholds(runs: Sequence[Study]) -> dict[str, float]:
+    return runs[0].thresholds or asdict(RegimeThresholds())
+
+
+# ------------------------------------------------------------------------------------------------ removability rows
+def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
+    """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm ≥ harm_high), each by the interval rule on the
+    hierarchical bootstrap, Kleene OR; returns (decision, harm stat, drop stat)."""
+    th = _thresholds(runs)
+    harm = metric_stat(runs, "opd", "harm")
+    drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"))
+    if harm["mean"] is None and drop["mean"] is None:
+        return Decision(NA), harm, drop
+    d = any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), decide(harm, th["harm_high"], ">=", "Harm"))
+    return d, harm, drop
+
+
+def claim_degradation(runs: Sequence[Study]) -> Claim:
+    th = _thresholds(runs)
+    d, harm, drop = degradation(runs)
+    crit = f"OPD in regime A: Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}; {RULE}"
+    measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
+                f"({_seeds(runs)})")
+    return _row("degradation", measured, d, crit, f"OPD's Harm {fmt_stat(harm)}")
+
+
+def claim_nca_removes(runs: Sequence[Study]) -> Claim:
+    """Given OPD's degradation: paired per seed and item, Harm_NCA − 0.5 · Harm_OPD ≤ 0 AND Harm_NCA − Harm_OPD < 0.
+    Without a degradation to remove: not measurable (nothing to remove)."""
+    nca = metric_stat(runs, "nca", "harm")
+    half = diff_stat(runs, "nca", "opd", "harm", HARM_REDUCTION)
+    lower = diff_stat(runs, "nca", "opd", "harm")
+    crit = (f"given OPD's degradation (the row above), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD "
+            f"Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}")
+    measured = (f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
+                f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}")
+    gate = degradation(runs)[0]
+    if gate.verdict == FAILS:
+        return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
+    if half["mean"] is None or lower["mean"] is None or gate.verdict == NA:
+        return _row("nca_removes", measured, NA, crit)
+    d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
+    return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
+
+
+def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what: str) -> Claim:
+    """Non-inferiority, paired per seed and item: Acc_x(role) − Acc_x(OPD) ≥ −margin (interval rule)."""
+    diff = diff_stat(runs, role, "opd", "acc_x")
+    acc = metric_stat(runs, role, "acc_x")
+    both = all(r.value(role, "acc_x") == 1 and r.value("opd", "acc_x") == 1 for r in runs)  # every item, every seed
+    crit = (f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); "
+            f"{RULE}")
+    ceiling = " (both right on every item of every seed: no loss, and no room to show a gain)" \
+        if both else ""
+    measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}{ceiling}"
+    if diff["mean"] is None:
+        return _row(key, measured, NA, crit)
+    return _row(key, measured, decide(diff, -margin, ">="), crit, f"{what} − OPD Acc_x {fmt_stat(diff, signed=True)}")
+
+
+def claim_nca_keeps(runs: Sequence[Study]) -> Claim:
+    return _noninferior(runs, "nca_keeps", "nca", NCA_MAX_ACC_LOSS, "NCA")
+
+
+def claim_ta_opd(runs: Sequence[Study]) -> Claim:
+    row = _noninferior(runs, "ta_opd", "ta_opd", TA_OPD_MARGIN, "TA-OPD")
+    kept = [r.kept_fraction("ta_opd") for r in runs]
+    if any(k is not None for k in kept):
+        row.measured += f"; kept fraction {', '.join('n/a' if k is None else f'{k:.3f}' for k in kept)}"
+    return row
+
+
+def _probe(key: str, fn: Callable[[Sequence[Study]], dict[str, Any]]) -> Callable[[Sequence[Study]], Claim]:
+    def run(runs: Sequence[Study]) -> Claim:
+        r = fn(runs)
+        return Claim(key, "", "", r["measured"], r["verdict"], r["criterion"], r.get("headline", ""))
+    return run
+
+
+# (key, claim, paper's figure, evaluator)
+CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
+    ("degradation", "OPD causes context-induced degradation", "games: Harm 22–41 %; regime A in 7 of 12 settings",
+     claim_degradation),
+    ("nca_removes", "NCA removes the degradation", "Harm 15.7 % → 1.6 % (Llama-3.2-3B MedMCQA); lower in 11 of 12",
+     claim_nca_removes),
+    ("nca_keeps", "NCA keeps no-context accuracy (non-inferior to OPD)", "12-setting mean Acc_x: NCA 70 vs OPD 68",
+     claim_nca_keeps),
+    ("cosine_order", "two-view hidden-state cosine: base < OPD < NCA", "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
+     _probe("cosine_order", cp.claim_cosine_order)),
+    ("nca_cosine", "NCA's two-view cosine ≥ 0.997 at every layer", "NCA ≥ 0.997 at every layer",
+     _probe("nca_cosine", cp.claim_nca_cosine)),
+    ("nca_lens", "NCA's removability holds at the level of representations (logit lens, every depth)",
+     "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer",
+     _probe("nca_lens", cp.claim_nca_lens)),
+    ("orthogonal", "OPD and NCA gradients nearly orthogonal at an OPD-converged checkpoint",
+     "“nearly orthogonal” (no number)", _probe("orthogonal", cp.claim_orthogonal)),
+    ("shallow", "updates concentrated in shallow layers", "shallow layers (36-layer Qwen3-4B; no number)",
+     _probe("shallow", cp.claim_shallow)),
+    ("qk", "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)", "q_proj, k_proj (no number)",
+     _probe("qk", cp.claim_qk)),
+    *((key, claim, paper, _probe(key, fn)) for key, claim, paper, fn in MECHANISM_CLAIMS),  # causal: weight patching
+    ("ta_opd", "TA-OPD at ρ = 10 % is no worse than full OPD", "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs",
+     claim_ta_opd),
+    ("teachability", "D^L predicts the fixed-context gain better than raw KL",
+     "gain rises with D^L; high-support gap ≈ +0.08", _probe("teachability", cp.claim_teachability)),
+    *((key, claim, paper, _probe(key, fn)) for key, claim, paper, fn in FOLLOWING_CLAIMS),
+)
+
+
+def floor(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any]]:
+    """Does the base use the context? Acc_xc − Acc_x of the base ≥ `FLOOR_GAIN` (interval rule)."""
+    gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"))
+    return (decide(gain, FLOOR_GAIN, ">=") if gain["mean"] is not None else Decision(NA)), gain
+
+
+def evaluate_claims(runs: Sequence[str | Path | Study], study: str | Path | None = None) -> list[Claim]:
+    """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, marked).
+    ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names).
+    When the base does not use the context (`floor`), every row is measured but none is decided."""
+    seeds = studies(runs, study)
+    base_ok, gain = floor(seeds)
+    out = []
+    for key, claim, paper, fn in CLAIMS:
+        row = fn(seeds)
+        row.key, row.claim, row.paper = key, claim, paper
+        if base_ok.verdict != HOLDS and base_ok.verdict != NA:
+            row.verdict = NA_FLOOR
+            row.measured += f"; base Acc_xc − Acc_x {fmt_stat(gain, signed=True)} (floor {FLOOR_GAIN})"
+        out.append(row)
+    return out
+
+
+def findings(claims: Sequence[Claim]) -> list[str]:
+    """One sentence per row, verdict first: what the report opens with."""
+    out = []
+    for c in claims:
+        num = f" ({c.headline})" if c.headline and c.verdict in (HOLDS, FAILS) else ""
+        why = c.verdict.split("(", 1)[1].rstrip(")") if "(" in c.verdict else ""
+        if c.verdict == HOLDS:
+            out.append(f"- **Holds**: {c.claim}{num}.")
+        elif c.verdict == FAILS:
+            out.append(f"- **Does not hold**: {c.claim}{num}.")
+        else:
+            out.append(f"- **Not measurable here{' — ' + why if why else ''}**: {c.claim}.")
+    return out
+
+
+def claims_markdown(claims: Sequence[Claim]) -> str:
+    """The claims table (markdown), verdict in the second column, with a line on how the intervals are made."""
+    lines = ["| claim | verdict | measured here | paper | criterion |", "|---|:---:|---|---|---|"]
+    for c in claims:
+        cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
+        lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
+    lines += ["", "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
+              "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
+              "or two patched rows are compared), a "
+              "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
+              "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
+              f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
+              "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and `report/following_claims.py` before any run "
+              "(docs/method.md §8)."]
+    return "\n".join(lines) + "\n"
+
+
+def fragile_claims(claims: Sequence[Claim]) -> list[Claim]:
+    """The rows whose verdict is `NA_FRAGILE`: the interval holds the bar."""
+    return [c for c in claims if c.verdict == NA_FRAGILE]
+
+
+def claims_json(claims: Sequence[Claim]) -> list[dict[str, str]]:
+    return [asdict(c) for c in claims]

@@ -1,0 +1,164 @@
+"""Item-level statistics over training seeds: the per-item outcomes of each seed's evaluation reports, read by ROLE
+through the typed study, and their mean over seeds with a hierarchical (seeds × items) bootstrap interval
+(`mechopd.core.stats.hier_bootstrap`, docs/method.md §8).
+
+Every bounded quantity the report and the claims show (Acc_x, Acc_xc, Harm, Help, BothCorrect, follow_other, ...) is
+a statistic of per-item outcomes, so its interval is made by resampling seeds and items, never by a Student-t
+interval on the seeds' point estimates (which leaves [0, 1] at 3 seeds: e.g. Acc_xc 0.945 [0.851, 1.039]). Two
+models of one seed are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together.
+
+    from mechopd.report.seed_items import metric_stat, paired_stat
+    metric_stat(runs, "opd", "harm")                                   # mean over seeds [hierarchical interval]
+    paired_stat(runs, ("nca", "opd"), lambda a: harm(a[0:2]) - 0.5 * harm(a[2:4]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mechopd.evaluation.following import _matrices, _mean_over_contexts
+from mechopd.evaluation.removability import batched_metrics, paired_arrays
+from mechopd.core.stats import hier_bootstrap
+from mechopd.study import Study
+
+Arrays = tuple[np.ndarray, ...]
+FIELDS = 4  # per role: correct_x, correct_xc, len_x, len_xc
+
+
+def _keyed(study: Study, role: str) -> dict[tuple[str, int], tuple[bool, bool, float, float]] | None:
+    """(uid, sample) -> (correct_x, correct_xc, len_x, len_xc) of the role's evaluation report; None without one."""
+    rep = study.eval(role)
+    if rep is None or not rep.records:
+        return None
+    cx, cxc, lx, lxc = paired_arrays(rep.records)
+    keys = [(str(r.get("uid")), int(r.get("sample", 0) or 0)) for r in rep.records]
+    return {k: (bool(a), bool(b), float(c), float(d)) for k, a, b, c, d in zip(keys, cx, cxc, lx, lxc)}
+
+
+def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
+    """Per role in order, ``correct_x, correct_xc, len_x, len_xc`` (``[n]`` each) on the items every role evaluated
+    (sorted by key, so pairs line up); None when a role lacks its report or no item is shared."""
+    keyed = [_keyed(study, r) for r in roles]
+    if any(k is None for k in keyed):
+        return None
+    common = sorted(set.intersection(*(set(k) for k in keyed)))  # type: ignore[arg-type]
+    if not common:
+        return None
+    out: list[np.ndarray] = []
+    for k in keyed:
+        rows = np.array([k[key] for key in common], dtype=float)  # type: ignore[index]
+        out += [rows[:, 0] > 0.5, rows[:, 1] > 0.5, rows[:, 2], rows[:, 3]]
+    return tuple(out)
+
+
+def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
+    """``metric`` (`removability.METRICS`) of role number ``role`` of `eval_arrays` output, batched ``[B, n]``."""
+    return batched_metrics(*arrays[FIELDS * role: FIELDS * role + FIELDS])[metric]
+
+
+def paired_stat(runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray],
+                seed: int = 0) -> dict[str, Any]:
+    """Mean over seeds of ``fn`` on the roles' paired item arrays, hierarchical bootstrap interval; ``"of"``: the
+    study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""
+    return {**hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed), "of": len(runs)}
+
+
+def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
+    """One role's removability metric over seeds (hierarchical bootstrap over seeds and items)."""
+    return paired_stat(runs, (role,), lambda a: metric_of(a, metric))
+
+
+def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float = 1.0) -> dict[str, Any]:
+    """Paired per seed and item: metric(a) − scale_b · metric(b), on the items both evaluated."""
+    return paired_stat(runs, (a, b), lambda x: metric_of(x, metric, 0) - scale_b * metric_of(x, metric, 1))
+
+
+# ----------------------------------------------------------------------------------------------- other contexts
+def other_matrix(study: Study, role: str, field: str = "follow", labels: Sequence[str] | None = None,
+                 ) -> np.ndarray | None:
+    """``[units, contexts]`` of the role's other-context records (``field``: follow, stick, compose, other as 0/1;
+    NaN where a unit lacks a context), restricted to ``labels`` when given; None without records."""
+    rep = study.eval(role)
+    records = [r for r in (rep.extra.get("other_records") or [] if rep else [])
+               if labels is None or r.get("label") in labels]
+    if not records or any(field not in r for r in records):
+        return None
+    names, follow, _ = _matrices([{**r, "follow": r[field], "stick": False} for r in records])
+    return follow
+
+
+def other_stat(runs: Sequence[Study], role: str, field: str = "follow",
+               labels: Sequence[str] | None = None) -> dict[str, Any]:
+    """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (hierarchical
+    bootstrap: seeds, then units)."""
+    seeds = [other_matrix(r, role, field, labels) for r in runs]
+    return {**hier_bootstrap([None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0])),
+            "of": len(runs)}
+
+
+def other_diff_stat(runs: Sequence[Study], a: str, b: str, field: str = "follow",
+                    labels: Sequence[str] | None = None, scale_b: float = 1.0) -> dict[str, Any]:
+    """Paired per seed and unit: mean over contexts of ``field`` for role a minus ``scale_b`` × that of role b."""
+    def pair(study: Study) -> Arrays | None:
+        ma, mb = other_matrix(study, a, field, labels), other_matrix(study, b, field, labels)
+        if ma is None or mb is None or ma.shape != mb.shape:
+            return None
+        return ma, mb
+
+    return {**hier_bootstrap([pair(r) for r in runs],
+                             lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1])),
+            "of": len(runs)}
+
+
+# ---------------------------------------------------------------------------------------- probes' per-item tables
+def probe_items(study: Study, file: str, value: str, roles: Sequence[str], sites: Sequence[str],
+                mean_column: bool = False) -> Arrays | None:
+    """``(sums, counts)``, each ``[items, roles, sites]``, of a probe's per-item table (``similarity_examples.csv``:
+    ``cos_mean`` per item and site, ``mean_column=True``; ``lens_examples.csv``: ``kl_sum``), so that a per-token mean
+    over any resample of the items is ``sums.sum(0) / counts.sum(0)``. Items every role has, in uid order; None when
+    the table, a role or a site is missing (or a cell is not a finite number)."""
+    import csv
+    import math
+
+    path = study.probes_dir / file
+    if not path.is_file() or not sites:
+        return None
+    names = [study.name(r) for r in roles]
+    cells: dict[tuple[str, str, str], tuple[float, int]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                n, v = int(row["n_tokens"]), float(row[value])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if not math.isfinite(v):
+                return None
+            cells[(row["model"], row["uid"], row["site"])] = (v * n if mean_column else v, n)
+    uids = sorted({u for (m, u, _) in cells if m == names[0]})
+    if not uids or any(n is None for n in names) or any((m, u, s) not in cells for m in names for u in uids
+                                                         for s in sites):
+        return None
+    sums = np.array([[[cells[(m, u, s)][0] for s in sites] for m in names] for u in uids], float)
+    counts = np.array([[[cells[(m, u, s)][1] for s in sites] for m in names] for u in uids], float)
+    return sums, counts
+
+
+def token_means(arrays: Arrays) -> np.ndarray:
+    """``[B, items, roles, sites]`` resampled sums and counts -> ``[B, roles, sites]`` per-token means."""
+    sums, counts = arrays
+    return sums.sum(1) / np.maximum(counts.sum(1), 1)
+
+
+def probe_tables(runs: Sequence[Study], file: str, value: str, roles: Sequence[str],
+                 sites_of: Callable[[Study], Sequence[str]], mean_column: bool = False) -> list[Arrays | None]:
+    """Per seed, `probe_items` of one probe table (read once; every statistic of a row bootstraps these)."""
+    return [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
+
+
+def table_stat(tables: Sequence[Arrays | None], fn: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+    """Mean over seeds of ``fn(per-token means [B, roles, sites])`` with the hierarchical bootstrap (seeds, then the
+    probe's items) on `probe_tables` output."""
+    return {**hier_bootstrap(list(tables), lambda a: fn(token_means(a))), "of": len(tables)}
