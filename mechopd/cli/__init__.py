@@ -37,7 +37,7 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
 def _pretrain(a: argparse.Namespace) -> int:
     import time
 
-    from mechopd.organisms.accuracy import pretrain_organism
+    from mechopd.pipeline.pretrain import pretrain_organism
 
     t0 = time.time()
     path, acc = pretrain_organism(a.task, a.out, seed=a.seed, arch=a.arch, steps=a.steps, n=a.n, layers=a.layers,
@@ -63,7 +63,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="print the full resolved config (default: one line and the "
                    "path of the run's config.yaml)")
     from mechopd.config import train_facts
-    from mechopd.config.options import add_flags
+    from mechopd.core.options import add_flags
 
     add_flags(p, train_facts())  # one flag per config key (mechopd.config: help, range and choices declared once)
 
@@ -87,7 +87,7 @@ def _train(a: argparse.Namespace) -> int:
 def _train_locked(a: argparse.Namespace) -> int:
     from mechopd.core.checks import check_out_dir
     from mechopd.config import load_train_config, merge, parse_overrides, train_facts
-    from mechopd.config.options import flag_values
+    from mechopd.core.options import flag_values
     from mechopd.train.trainer import train
 
     flags = merge(flag_values(a, train_facts()), parse_overrides([f"task_options.{kv}" for kv in a.option], "--option"))

@@ -2,10 +2,10 @@
 
 `TrainConfig` is built from sections (run, the loss terms' options, the selector's, rollout, optim, log, render, scale,
 LoRA, teacher); its fields stay flat (``cfg.beta``, YAML ``beta:``, ``--beta``, ``--set beta=``). Every field is
-declared once, with `mechopd.config.options.option`: its default, help, range and choices; the binder (`mechopd.config.options.bind`)
+declared once, with `mechopd.core.options.option`: its default, help, range and choices; the binder (`mechopd.core.options.bind`)
 reads YAML / ``--set`` / flags into it, and the CLI flags and docs/config.md are generated from it. A loss term or
 selector registers its options section (`losses.register_term(..., options=)`, `select.register_selector(...,
-options=)`); a plug-in's sections are bound the same way (`mechopd.config.options.register_options`), their keys kept in
+options=)`); a plug-in's sections are bound the same way (`mechopd.core.options.register_options`), their keys kept in
 ``TrainConfig.plugins`` and read as attributes. Defaults are the papers' (docs/method.md). A student
 ``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key, unless the key
 is set explicitly (`resolve_train_data`). Every value is validated once, here, in ``TrainConfig.__post_init__``.
@@ -20,14 +20,14 @@ from typing import Any
 
 import yaml
 
-from mechopd.config import options as _opts
-from mechopd.config.parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
+from mechopd.core import options as _opts
+from mechopd.core.config_parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
                                    parse_options, parse_overrides, scalar, text_value, typed_options)
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.options import (C_MODES, D_MODES, ESTIMATORS, TIE_BREAKS, EstimatorOptions,  # noqa: F401
                                         FollowOptions, NCAOptions, SelectionOptions, SignalOptions)
-from mechopd.config.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
-from mechopd.config.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE,  # noqa: F401
+from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
+from mechopd.core.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE,  # noqa: F401
                             check_seed, check_temperature)
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
@@ -171,7 +171,7 @@ class TrainConfig(TeacherOptions, LoraOptions, ScaleOptions, RenderOptions, LogO
     """One training run: the sections' fields, flat (docs/config.md lists them; `field_facts(TrainConfig)`).
 
     plugins: the values of plug-in options (a loss term or selector registered with its own options dataclass,
-    `mechopd.config.options.register_options`), by key; read as attributes (``cfg.toy_weight``) and saved flat."""
+    `mechopd.core.options.register_options`), by key; read as attributes (``cfg.toy_weight``) and saved flat."""
 
     plugins: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"bound": False})
 
@@ -306,7 +306,7 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ..
 
 
 def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any:
-    """Instantiate a config dataclass from a mapping (`mechopd.config.options.bind`: unknown keys named, values coerced)."""
+    """Instantiate a config dataclass from a mapping (`mechopd.core.options.bind`: unknown keys named, values coerced)."""
     if cls is TrainConfig:
         return bind_train(data, source=source)
     return _opts.bind(cls, data, source=source)
@@ -314,7 +314,7 @@ def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any
 
 def bind_train(data: dict[str, Any], sets: dict[str, Any] | None = None, flags: dict[str, Any] | None = None,
                source: str = "train config") -> TrainConfig:
-    """`TrainConfig` from a file's keys, flags and ``--set`` (`mechopd.config.options.bind`); plug-in keys into ``plugins``."""
+    """`TrainConfig` from a file's keys, flags and ``--set`` (`mechopd.core.options.bind`); plug-in keys into ``plugins``."""
     merged = merge(merge(dict(data), flags or {}), sets or {})
     facts = {f.name: f for f in _opts.plugin_facts(TrainConfig)}
     plugins = {k: _opts.coerce(facts[k], merged.pop(k), source) for k in list(merged) if k in facts}

@@ -16,7 +16,7 @@ What is non-standard here:
   are registered by name (``@register_term``, ``TERMS``) and ``METHODS`` maps a method to its term names; the config,
   the CLI, the gradients probe and the trainer read these two tables.
 * A term registers its options dataclass (``register_term(..., options=NCAOptions, weight="beta")``): its fields
-  are config keys and CLI flags (`mechopd.config.options`), declared once there with their defaults; `config_terms` builds
+  are config keys and CLI flags (`mechopd.core.options`), declared once there with their defaults; `config_terms` builds
   a config's terms from them. Values are validated once, by ``mechopd.config.TrainConfig``; the functions here
   assume valid options (``k >= 1``; ``renormalize`` and ``tail`` exclusive).
 """
@@ -149,8 +149,8 @@ def register_term(name: str, anchor: bool = False, selectable: bool | Callable[[
                   batch: str = "main", *, options: type | None = None, weight: str | None = None,
                   added: bool = False):
     """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
-    adds a term); ``options`` (a dataclass of `mechopd.config.options.option` fields) become config keys and CLI flags."""
-    from mechopd.config.options import register_options
+    adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags."""
+    from mechopd.core.options import register_options
 
     def deco(build):
         if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)

@@ -1,12 +1,12 @@
-"""The built-in loss terms' and selectors' options, declared once (`mechopd.config.options.option`): a leaf (it imports
-only `mechopd.config.options`), so `mechopd.config` composes `TrainConfig` from these sections and `objectives.losses`,
+"""The built-in loss terms' and selectors' options, declared once (`mechopd.core.options.option`): a leaf (it imports
+only `mechopd.core.options`), so `mechopd.config` composes `TrainConfig` from these sections and `objectives.losses`,
 `objectives.follow` and `objectives.select` register them with their terms and selectors (no import cycle)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mechopd.config.options import GE0, GE1, GT0, UNIT, Range, option
+from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option
 
 ESTIMATORS = ("topk", "full", "sampled")  # L_OPD's forms (`objectives.losses`)
 C_MODES, D_MODES = ("exact", "lower_bound"), ("union", "floored")  # TA-OPD signals (`objectives.signals`)

@@ -40,7 +40,7 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     _fp32,
     teachability_stats,
 )
-from mechopd.config.options import register_options
+from mechopd.core.options import register_options
 
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
 
@@ -143,7 +143,7 @@ def register_selector(name: str, *, needs_stats: bool = True, replace: bool = Fa
                       options: type | None = None) -> Callable[[Score], Score]:
     """Decorator: register ``score(normed, mask, generator)`` as the selector ``name`` (`TrainConfig.selector`,
     ``--selector``, `make_selector`). A taken name raises unless ``replace``. ``options``: a dataclass of
-    `mechopd.config.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``."""
+    `mechopd.core.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``."""
 
     def deco(fn: Score) -> Score:
         global SELECTORS

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.config.ranges import check_seed
+from mechopd.core.ranges import check_seed
 from mechopd.core.errors import ConfigError, TrainingError
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer

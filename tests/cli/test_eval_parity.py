@@ -59,8 +59,8 @@ def test_run_eval_and_mechopd_eval_give_the_same_report(tiny_rules_organism, tmp
                                            (["--task", "rules", "--n", "0"], {"task": "rules", "n": 0}),
                                            (["--task", "rules", "--layers", "0"], {"task": "rules", "layers": 0})])
 def test_pretrain_organism_and_mechopd_pretrain_refuse_the_same_bad_input(flags, kwargs, tmp_path, capsys):
-    """`mechopd pretrain` is a thin call of `organisms.accuracy.pretrain_organism`: same refusal, nothing written."""
-    from mechopd.organisms.accuracy import pretrain_organism
+    """`mechopd pretrain` is a thin call of `pipeline.pretrain.pretrain_organism`: same refusal, nothing written."""
+    from mechopd.pipeline.pretrain import pretrain_organism
 
     assert main(["pretrain", "--out", str(tmp_path / "o"), *flags]) == 2
     cli_error = capsys.readouterr().err.strip().removeprefix("error: ")

@@ -49,7 +49,7 @@ def test_bad_values_name_the_field(over, needle):
                                        ("beta_warmup", -2), ("grad_stats_every", -1), ("q_low", -0.1),
                                        ("q_high", 1.1), ("batch_size", 0), ("pool_size", 0), ("steps", 0)])
 def test_every_numeric_field_has_a_range(key, value):
-    from mechopd.config.options import field_facts
+    from mechopd.core.options import field_facts
 
     assert next(f for f in field_facts(TrainConfig) if f.name == key).range is not None
     with pytest.raises(ConfigError, match=rf"^{key}=.* is invalid: it must be"):
@@ -110,7 +110,7 @@ def test_config_diff_names_changed_keys_except_the_mutable_ones():
 def test_every_numeric_field_declares_a_range():
     import typing
 
-    from mechopd.config.options import field_facts
+    from mechopd.core.options import field_facts
 
     facts = field_facts(TrainConfig)
     numeric = {f.name for f in facts if any(t in (int, float) for t in typing.get_args(f.hint) or (f.hint,))}

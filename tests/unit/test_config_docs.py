@@ -1,4 +1,4 @@
-"""docs/config.md is generated from the training config's field metadata (`mechopd.config.options.docs_table`): this test
+"""docs/config.md is generated from the training config's field metadata (`mechopd.core.options.docs_table`): this test
 fails when a field's default, help, range or choices changed without regenerating it. Regenerate with
 ``python -m tests.unit.test_config_docs``."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 HEAD = """# Training config keys
 
-Generated from the field metadata of `mechopd.config.TrainConfig` (`mechopd.config.options.docs_table`); do not edit by
+Generated from the field metadata of `mechopd.config.TrainConfig` (`mechopd.core.options.docs_table`); do not edit by
 hand: regenerate with `python -m tests.unit.test_config_docs`. Every key is a YAML key, a `--set KEY=VALUE` override
 and (but mappings: `--set KEY.SUB=VALUE`) a `mechopd train --kebab-key VALUE` flag. A registered loss term's or
 selector's options add their own keys (`register_term(..., options=)`, `register_selector(..., options=)`).
@@ -18,7 +18,7 @@ selector's options add their own keys (`register_term(..., options=)`, `register
 
 def render() -> str:
     from mechopd.config import TrainConfig
-    from mechopd.config.options import docs_table, field_facts
+    from mechopd.core.options import docs_table, field_facts
 
     return HEAD + "\n" + docs_table(field_facts(TrainConfig))
 
@@ -29,7 +29,7 @@ def test_config_docs_are_up_to_date():
 
 def test_every_key_is_documented_with_its_help_range_and_choices():
     from mechopd.config import TrainConfig
-    from mechopd.config.options import field_facts
+    from mechopd.core.options import field_facts
 
     text = render()
     for f in field_facts(TrainConfig):

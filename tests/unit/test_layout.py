@@ -27,8 +27,6 @@ KNOWN_UPWARD = {
     ("config", "objectives"): "TrainConfig checks method/estimator/selector names against the objectives' registries",
     ("config", "organisms"): "config.recipe resolves an organism's recipe (organisms.recipes.recipe_for)",
     ("config", "models"): "TrainConfig checks lora fields with models.lora.require_peft",
-    ("tasks", "organisms"): "tasks.rules/gametask split words with organisms.tokenizer.split_words (issue 30 item 3: "
-                            "the tasks <-> organisms mutual import goes)",
 }
 
 

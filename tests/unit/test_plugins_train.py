@@ -15,7 +15,7 @@ from mechopd.config import CliValue, TrainConfig, load_train_config, train_facts
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TERMS, LossInputs, TermOutput, config_terms, register_term
 from mechopd.objectives.select import config_selector, register_selector, unregister_selector
-from mechopd.config.options import GE0, GE1, option, unregister_options
+from mechopd.core.options import GE0, GE1, option, unregister_options
 
 
 # -- the toy loss term: the no-context view's entropy, added to any method when toy_weight > 0 ---------------------------

@@ -1,6 +1,6 @@
 """`mechopd pretrain` as a library call: pretrain (or reuse) an organism, then its held-out accuracy in both views.
 
-    from mechopd.organisms.accuracy import pretrain_organism
+    from mechopd.pipeline.pretrain import pretrain_organism
     path, acc = pretrain_organism("rules", n=200)   # acc: {"acc_xc", "acc_x", "n"}, also in path/accuracy.json
 
 Acc_xc and Acc_x are the greedy accuracies with and without the context (docs/method.md §2) on ``n`` held-out items.

@@ -26,7 +26,7 @@ MAX_NESTING = 64  # brackets a config file may open in a row (20k of them would 
 
 class CliValue(str):
     """A value typed at the command line (``--set``, ``--option``): text until the field's declared type reads it
-    (`mechopd.config.options.coerce`), so a value meant as text stays text (``no_context_system=Note: be brief.``, ``date_string=2024-07-26``)."""
+    (`mechopd.core.options.coerce`), so a value meant as text stays text (``no_context_system=Note: be brief.``, ``date_string=2024-07-26``)."""
 
 
 def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, Any]:

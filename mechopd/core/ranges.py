@@ -1,7 +1,7 @@
 """The value rules every verb shares (a leaf: it imports only `mechopd.core.errors`).
 
 One seed rule and one temperature rule for train, eval, the probes, pretraining and task options; `config/`
-re-exports them; every other training field declares its range with its field (`mechopd.config.options.option`).
+re-exports them; every other training field declares its range with its field (`mechopd.core.options.option`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import yaml
 
-from mechopd.config.parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
+from mechopd.core.config_parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
 from mechopd.core.errors import ConfigError
 
 META = "mechopd"  # the metadata key under which `option` keeps a field's facts
