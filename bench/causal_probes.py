@@ -45,18 +45,27 @@ def build(hidden: int, layers: int):
     from mechopd.tasks.base import get_task
 
     tok = build_tokenizer(get_task("rules").vocab())
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
-                      pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).eval(), tok
 
 
 def items(tok, n: int, batch_size: int, seed: int = 0):
     """(batches as a lazy generator factory, context spans) of n rules items with random responses."""
+    from mechopd.core.views import RenderSpec, build_two_view_batch
     from mechopd.probes.attention import context_span
     from mechopd.tasks.base import get_task
-    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     spec, rng = RenderSpec("system"), random.Random(seed)
     exs = get_task("rules").examples("test", n, seed)
@@ -66,8 +75,9 @@ def items(tok, n: int, batch_size: int, seed: int = 0):
     def batches():
         for i in range(0, n, batch_size):
             chunk = exs[i : i + batch_size]
-            yield build_two_view_batch(tok, [e.prompt for e in chunk], [e.context for e in chunk],
-                                       resp[i : i + batch_size], spec)
+            yield build_two_view_batch(
+                tok, [e.prompt for e in chunk], [e.context for e in chunk], resp[i : i + batch_size], spec
+            )
 
     return batches, spans
 
@@ -131,15 +141,17 @@ def timing(args) -> None:
         if name == "attention":
             model.set_attn_implementation("eager")
         for r in range(args.repeats):
-            for method in (["mechopd", "hf"] if r % 2 == 0 else ["hf", "mechopd"]):
+            for method in ["mechopd", "hf"] if r % 2 == 0 else ["hf", "mechopd"]:
                 fn = ours if method == "mechopd" else hf
                 t0 = time.perf_counter()
                 fn(name, model, pre, spans)
                 times[method].append(time.perf_counter() - t0)
         model.set_attn_implementation("sdpa")
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{name:>10}: mechopd {med['mechopd']:.3f} s, hf {med['hf']:.3f} s, mechopd/hf "
-              f"{med['mechopd'] / med['hf']:.2f}")
+        print(
+            f"{name:>10}: mechopd {med['mechopd']:.3f} s, hf {med['hf']:.3f} s, mechopd/hf "
+            f"{med['mechopd'] / med['hf']:.2f}"
+        )
 
 
 def child(args) -> None:
@@ -155,12 +167,26 @@ def memory(args) -> None:
     for name in PROBES:
         peaks = []
         for n in (args.n, 10 * args.n):
-            cmd = [sys.executable, __file__, "--child", name, "--n", str(n), "--batch-size", str(args.batch_size),
-                   "--hidden", str(args.hidden), "--layers", str(args.layers)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                name,
+                "--n",
+                str(n),
+                "--batch-size",
+                str(args.batch_size),
+                "--hidden",
+                str(args.hidden),
+                "--layers",
+                str(args.layers),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ})
             peaks.append(json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"])
-        print(f"{name:>10}: peak RSS {peaks[0]:.0f} MB at N={args.n}, {peaks[1]:.0f} MB at 10N; 10N/N "
-              f"{peaks[1] / peaks[0]:.3f} ({'met' if peaks[1] / peaks[0] <= 1.1 else 'NOT met'}: <= 1.1)")
+        print(
+            f"{name:>10}: peak RSS {peaks[0]:.0f} MB at N={args.n}, {peaks[1]:.0f} MB at 10N; 10N/N "
+            f"{peaks[1] / peaks[0]:.3f} ({'met' if peaks[1] / peaks[0] <= 1.1 else 'NOT met'}: <= 1.1)"
+        )
 
 
 def main() -> None:

@@ -40,8 +40,9 @@ ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "A
 def run_demo(where: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> tuple[float, str]:
     where.mkdir(parents=True)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", "demo", *args], cwd=where, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mechopd.cli", "demo", *args], cwd=where, env=env, capture_output=True, text=True
+    )
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"mechopd demo failed in {where} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -89,8 +90,10 @@ def main() -> int:
     try:
         env = dict(os.environ)
         wall, log = run_demo(root / "default", env)
-        print(f"mechopd demo from an empty directory: {wall:.0f} s; budget {BUDGET_S:.0f} s; ratio "
-              f"{wall / BUDGET_S:.2f}: {'PASS' if wall <= BUDGET_S else 'FAIL'}")
+        print(
+            f"mechopd demo from an empty directory: {wall:.0f} s; budget {BUDGET_S:.0f} s; ratio "
+            f"{wall / BUDGET_S:.2f}: {'PASS' if wall <= BUDGET_S else 'FAIL'}"
+        )
         for line in log.splitlines():
             if re.search(r"organism:|seed runs on|finish done|report:", line):
                 print("  " + line)
@@ -102,8 +105,10 @@ def main() -> int:
         diffs = same_numbers(root / "default", root / f"omp{a.threads}")
         v1, v2 = verdicts(root / "default"), verdicts(root / f"omp{a.threads}")
         flips = [c for (c, x), (_, y) in zip(v1, v2) if x != y]
-        print(f"OMP_NUM_THREADS={a.threads}: {wall2:.0f} s; files with other numbers: {len(diffs)} "
-              f"{diffs[:5]}; verdicts that differ: {len(flips)} of {len(v1)} {flips}")
+        print(
+            f"OMP_NUM_THREADS={a.threads}: {wall2:.0f} s; files with other numbers: {len(diffs)} "
+            f"{diffs[:5]}; verdicts that differ: {len(flips)} of {len(v1)} {flips}"
+        )
         return 0 if wall <= BUDGET_S and not diffs and not flips else 1
     finally:
         if not a.keep:
@@ -119,10 +124,12 @@ def other_float_order(root: Path, env: dict[str, str], a: argparse.Namespace, wa
     v1, v2 = verdicts(root / "default"), verdicts(root / name)
     flips = [f"{c}: {x} -> {y}" for (c, x), (_, y) in zip(v1, v2) if x != y]
     decided = sum(v in ("holds", "does not hold") for _, v in v1)
-    print(f"{name}: {wall2:.0f} s; files with other numbers: {len(diffs)} (the float order "
-          f"{'changed' if diffs else 'did NOT change here: the check says nothing'}); verdicts that differ: "
-          f"{len(flips)} of {len(v1)} {flips}; decided {decided} of {len(v1)}: "
-          f"{'PASS' if diffs and not flips else 'FAIL' if flips else 'NOT MEASURED'}")
+    print(
+        f"{name}: {wall2:.0f} s; files with other numbers: {len(diffs)} (the float order "
+        f"{'changed' if diffs else 'did NOT change here: the check says nothing'}); verdicts that differ: "
+        f"{len(flips)} of {len(v1)} {flips}; decided {decided} of {len(v1)}: "
+        f"{'PASS' if diffs and not flips else 'FAIL' if flips else 'NOT MEASURED'}"
+    )
     return 0 if wall <= BUDGET_S and diffs and not flips else 1
 
 

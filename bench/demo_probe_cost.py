@@ -32,8 +32,9 @@ PROBES = ("weightpatch", "localization")
 
 def _run(args: list[str], cwd: Path) -> float:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "mechopd.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mechopd.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise SystemExit(f"mechopd {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return time.time() - t0
@@ -67,8 +68,16 @@ def main() -> int:
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="mechopd-probe-cost-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        demo = ["demo", "--out", "runs/demo", "--seeds", str(a.seeds), "--workers", "1", *([] if a.full else
-                                                                                          ["--fast"])]
+        demo = [
+            "demo",
+            "--out",
+            "runs/demo",
+            "--seeds",
+            str(a.seeds),
+            "--workers",
+            "1",
+            *([] if a.full else ["--fast"]),
+        ]
         wall = _run(demo, root)
         extra = 0.0
         for k in range(1, a.seeds):
@@ -77,9 +86,11 @@ def main() -> int:
                 t = time_probe(name, run)
                 extra += t
                 print(f"  seed-{k} {name}: {t:.1f} s (rerun in process, the demo's options)")
-        print(f"mechopd demo {'' if a.full else '--fast '}--seeds {a.seeds} --workers 1: {wall:.1f} s; the two probes "
-              f"on seeds >= 1: {extra:.1f} s; share of the demo {extra / wall:.3f}; demo with / without them "
-              f"{wall / max(wall - extra, 1e-9):.3f}")
+        print(
+            f"mechopd demo {'' if a.full else '--fast '}--seeds {a.seeds} --workers 1: {wall:.1f} s; the two probes "
+            f"on seeds >= 1: {extra:.1f} s; share of the demo {extra / wall:.3f}; demo with / without them "
+            f"{wall / max(wall - extra, 1e-9):.3f}"
+        )
         return 0
     finally:
         if not a.keep:

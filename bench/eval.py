@@ -104,11 +104,17 @@ class GenerateLoop:
         self.model.eval()
         n_new, decoded = 0, []
         for s in range(0, len(ids), self.batch):
-            enc = self.tok.pad({"input_ids": ids[s: s + self.batch]}, padding=True, padding_side="left",
-                               return_tensors="pt")
-            out = self.model.generate(**enc, max_new_tokens=self.max_new, do_sample=False, eos_token_id=self.stop,
-                                      pad_token_id=self.tok.pad_token_id)
-            new = out[:, enc["input_ids"].shape[1]:]
+            enc = self.tok.pad(
+                {"input_ids": ids[s : s + self.batch]}, padding=True, padding_side="left", return_tensors="pt"
+            )
+            out = self.model.generate(
+                **enc,
+                max_new_tokens=self.max_new,
+                do_sample=False,
+                eos_token_id=self.stop,
+                pad_token_id=self.tok.pad_token_id,
+            )
+            new = out[:, enc["input_ids"].shape[1] :]
             n_new += int((~torch.isin(new, torch.tensor(self.stop + [self.tok.pad_token_id]))).sum())
             decoded += self.tok.batch_decode(new, skip_special_tokens=True)
         return time.perf_counter() - t0, n_new / len(ids)
@@ -132,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     from mechopd.tasks.base import get_task
 
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"n {args.n} items ({2 * args.n} prompts), {args.rounds} rounds")
+    print(
+        f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"n {args.n} items ({2 * args.n} prompts), {args.rounds} rounds"
+    )
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-eval-") as tmp:
         path = build_organism(Path(tmp) / "organism", args.seed)
         tok = AutoTokenizer.from_pretrained(path)
@@ -184,9 +192,11 @@ def report(n: int, times: dict, lens: dict, phases: dict) -> int:
     overall = ev / statistics.median(times["generate"])
     good = paired <= TARGET and same
     unsure = " (CI straddles the bound)" if lo <= TARGET <= hi else ""
-    print(f"\nevaluate / generate time: paired {paired:.3f} [95% CI {lo:.3f}, {hi:.3f}], overall {overall:.3f} "
-          f"(per-round {min(per_round):.3f}..{max(per_round):.3f}); target <= {TARGET}: "
-          f"{'PASS' if good else 'FAIL'}{unsure}")
+    print(
+        f"\nevaluate / generate time: paired {paired:.3f} [95% CI {lo:.3f}, {hi:.3f}], overall {overall:.3f} "
+        f"(per-round {min(per_round):.3f}..{max(per_round):.3f}); target <= {TARGET}: "
+        f"{'PASS' if good else 'FAIL'}{unsure}"
+    )
     load = os.getloadavg()
     print(f"load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0 if good else 1

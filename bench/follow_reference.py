@@ -41,23 +41,42 @@ def reference_follow(path: str, items: list, task) -> float:
         keep = [(ex, o) for ex, o in zip(items, own) if apply_rule(rule, ex.meta["digits"]) != o]
         if not keep:
             continue
-        texts = [tok.apply_chat_template([{"role": "system", "content": rule_text(rule)},
-                                          {"role": "user", "content": ex.prompt}], add_generation_prompt=True,
-                                         tokenize=False) for ex, _ in keep]
+        texts = [
+            tok.apply_chat_template(
+                [{"role": "system", "content": rule_text(rule)}, {"role": "user", "content": ex.prompt}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for ex, _ in keep
+        ]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            gen = model.generate(**enc, do_sample=False, max_new_tokens=24, eos_token_id=stops,
-                                 pad_token_id=tok.pad_token_id)
-        replies = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        right = [r.split() == [str(d) for d in apply_rule(rule, ex.meta["digits"])]
-                 for r, (ex, _) in zip(replies, keep)]
+            gen = model.generate(
+                **enc, do_sample=False, max_new_tokens=24, eos_token_id=stops, pad_token_id=tok.pad_token_id
+            )
+        replies = tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        right = [
+            r.split() == [str(d) for d in apply_rule(rule, ex.meta["digits"])] for r, (ex, _) in zip(replies, keep)
+        ]
         per_rule.append(sum(right) / len(right))
     return sum(per_rule) / len(per_rule)
 
 
 def run(models: dict[str, str], n: int, out: Path) -> bool:
-    code = mechopd_main(["eval", "--task", "rules", "--n", str(n), "--other-contexts", "--compare",
-                         *[f"{k}={v}" for k, v in models.items()], "--out", str(out)])
+    code = mechopd_main(
+        [
+            "eval",
+            "--task",
+            "rules",
+            "--n",
+            str(n),
+            "--other-contexts",
+            "--compare",
+            *[f"{k}={v}" for k, v in models.items()],
+            "--out",
+            str(out),
+        ]
+    )
     if code != 0:
         raise SystemExit(code)
     task = get_task("rules")
@@ -70,8 +89,10 @@ def run(models: dict[str, str], n: int, out: Path) -> bool:
         agree = abs(mine - ref) <= BAR
         ok &= agree
         deaf = "context-deaf" if summary.get("context_deaf") else ""
-        print(f"{name:>10}  {mine:20.3f}  {ref:20.3f}  {abs(mine - ref):.3f}  {deaf:12s} "
-              f"{'PASS' if agree else 'FAIL'} (bar {BAR})")
+        print(
+            f"{name:>10}  {mine:20.3f}  {ref:20.3f}  {abs(mine - ref):.3f}  {deaf:12s} "
+            f"{'PASS' if agree else 'FAIL'} (bar {BAR})"
+        )
     return ok
 
 

@@ -57,8 +57,8 @@ def row(name: str, ok: bool | None, value: str, seconds: float) -> None:
 def no_context_system(path: str) -> str | None:
     """None when the template renders no system block by itself, else "" (explicit empty system message)."""
     from mechopd.core.errors import TaskError
-    from mechopd.models import load_tokenizer
     from mechopd.core.views import RenderSpec, render_prompt_text
+    from mechopd.models import load_tokenizer
 
     try:
         render_prompt_text(load_tokenizer(path), "q", None, RenderSpec())
@@ -71,10 +71,21 @@ def train_cfg(args, method: str, steps: int = 2) -> dict:
     from mechopd.tasks.base import get_task
 
     pool = min(64, get_task("jsonl", path=args.data, context_file=args.context).split_sizes()["train"])
-    return {"task": "jsonl", "task_options": {"path": args.data, "context_file": args.context, "max_new_tokens": 64},
-            "student": args.model, "teacher": args.teacher, "method": method, "steps": steps, "batch_size": 8,
-            "pool_size": pool, "lr": 5e-6, "dtype": "bfloat16", "device": args.device, "seed": 0,
-            "no_context_system": no_context_system(args.model)}
+    return {
+        "task": "jsonl",
+        "task_options": {"path": args.data, "context_file": args.context, "max_new_tokens": 64},
+        "student": args.model,
+        "teacher": args.teacher,
+        "method": method,
+        "steps": steps,
+        "batch_size": 8,
+        "pool_size": pool,
+        "lr": 5e-6,
+        "dtype": "bfloat16",
+        "device": args.device,
+        "seed": 0,
+        "no_context_system": no_context_system(args.model),
+    }
 
 
 def check_train(args, method: str, out: Path, label: str = "", **extra) -> None:
@@ -94,8 +105,13 @@ def check_train(args, method: str, out: Path, label: str = "", **extra) -> None:
     moved = any(not torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     ok = len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))) and moved
     stages = " ".join(f"{k.split('/')[1]} {v:.0f}" for k, v in recs[-1].items() if k.startswith("tokens_per_s/") and v)
-    row(f"bf16 train {name}", ok, f"losses {', '.join(f'{x:.4f}' for x in losses)}; moved={moved}; peak {peak:.2f} "
-        f"GiB; trainable {recs[-1].get('trainable_share', 1.0):.4f}; tok/s {stages}", time.time() - t0)
+    row(
+        f"bf16 train {name}",
+        ok,
+        f"losses {', '.join(f'{x:.4f}' for x in losses)}; moved={moved}; peak {peak:.2f} "
+        f"GiB; trainable {recs[-1].get('trainable_share', 1.0):.4f}; tok/s {stages}",
+        time.time() - t0,
+    )
 
 
 def check_loss_head(args) -> None:
@@ -130,8 +146,10 @@ def check_loss_head(args) -> None:
             loss = (x @ ww.T).sum()
         else:
             lq = to_logp((x @ ww.T)[None], 1.0)
-            loss = (reverse_kl_full(lq, to_logp((ht @ wt.T)[None], 1.0)) + 0.5 * nca_anchor(lq, to_logp(
-                (c @ ww.T)[None], 1.0))).mean()
+            loss = (
+                reverse_kl_full(lq, to_logp((ht @ wt.T)[None], 1.0))
+                + 0.5 * nca_anchor(lq, to_logp((c @ ww.T)[None], 1.0))
+            ).mean()
         loss.backward()
         return float(loss.detach()), x.grad
 
@@ -142,9 +160,14 @@ def check_loss_head(args) -> None:
     t_floor = res["floor"][1]
     rel = abs(got - ref) / abs(ref)
     grel = float((g_got - g_ref).norm() / g_ref.norm())
-    row("fused loss head (NCA, V=151936)", rel < 1e-4 and grel < 1e-3, f"loss rel {rel:.1e}, grad rel {grel:.1e}; "
+    row(
+        "fused loss head (NCA, V=151936)",
+        rel < 1e-4 and grel < 1e-3,
+        f"loss rel {rel:.1e}, grad rel {grel:.1e}; "
         f"time {t_f * 1e3:.1f} ms = {t_f / t_floor:.2f}x matmul floor, {t_f / t_ref:.2f}x reference; peak "
-        f"{m_f:.2f} GiB = {m_f / m_ref:.2f}x reference", time.time() - t0)
+        f"{m_f:.2f} GiB = {m_f / m_ref:.2f}x reference",
+        time.time() - t0,
+    )
 
 
 def check_head_estimators(args) -> None:
@@ -168,8 +191,18 @@ def check_head_estimators(args) -> None:
         for kind in ("logits", "fused"):
             x, c = hx.clone().requires_grad_(), hc.clone().requires_grad_()
             if kind == "fused":
-                loss = fused_head_loss(x, w, ht, wt, torch.full((n,), 1.0 / n, device=dev), hc=c, beta=0.5,
-                                       chunk=256, options=TermOptions(**est), tokens=y).loss
+                loss = fused_head_loss(
+                    x,
+                    w,
+                    ht,
+                    wt,
+                    torch.full((n,), 1.0 / n, device=dev),
+                    hc=c,
+                    beta=0.5,
+                    chunk=256,
+                    options=TermOptions(**est),
+                    tokens=y,
+                ).loss
             else:
                 lq, lc, lf = (to_logp((h @ m.T)[None], 1.0) for h, m in ((x, w), (c, w), (ht, wt)))
                 inputs = LossInputs(student_nctx=lq, student_ctx=lc, teacher=lf, tokens=y[None]).with_tokens()
@@ -179,8 +212,12 @@ def check_head_estimators(args) -> None:
         (ref, g_ref), (got, g_got) = grads
         worst.append((est["estimator"], abs(got - ref) / abs(ref), float((g_got - g_ref).norm() / g_ref.norm())))
     ok = all(r < 1e-4 and gr < 1e-3 for _, r, gr in worst)
-    row("fused head estimators (NCA)", ok, "; ".join(f"{e}: loss rel {r:.1e}, grad rel {gr:.1e}" for e, r, gr in worst),
-        time.time() - t0)
+    row(
+        "fused head estimators (NCA)",
+        ok,
+        "; ".join(f"{e}: loss rel {r:.1e}, grad rel {gr:.1e}" for e, r, gr in worst),
+        time.time() - t0,
+    )
 
 
 def check_step_heads(args, out: Path) -> None:
@@ -201,9 +238,14 @@ def check_step_heads(args, out: Path) -> None:
             recs[head] = {**rec, "peak": peak}
         a, b = recs["logits"], recs["fused"]
         rel = abs(b["loss"] - a["loss"]) / max(abs(a["loss"]), 1e-12)
-        row(f"train step loss_head fused{label}", rel < 1e-2, f"loss {b['loss']:.5f} vs {a['loss']:.5f} (rel "
+        row(
+            f"train step loss_head fused{label}",
+            rel < 1e-2,
+            f"loss {b['loss']:.5f} vs {a['loss']:.5f} (rel "
             f"{rel:.1e}); loss stage {b['time/loss']:.3f} vs {a['time/loss']:.3f} s, step {b['step_s']:.2f} vs "
-            f"{a['step_s']:.2f} s; peak {b['peak']:.2f} vs {a['peak']:.2f} GiB", time.time() - t0)
+            f"{a['step_s']:.2f} s; peak {b['peak']:.2f} vs {a['peak']:.2f} GiB",
+            time.time() - t0,
+        )
 
 
 PAPER_MEMORY = {"micro_batch_size": 2, "logit_chunk": 128, "gradient_checkpointing": True}
@@ -214,8 +256,8 @@ def check_paper_step(args, real: bool, out: Path) -> None:
     if not real or args.device != "cuda":
         row("paper-size step", None, "needs a real checkpoint on CUDA", 0.0)
         return
-    from mechopd.train.trainer import Trainer
     from mechopd.config import TrainConfig
+    from mechopd.train.trainer import Trainer
 
     def one_step(name: str, batch: int, new: int, extra: dict) -> dict:
         cfg = {**train_cfg(args, "nca", steps=1), "batch_size": batch, **extra}
@@ -228,20 +270,30 @@ def check_paper_step(args, real: bool, out: Path) -> None:
     t0 = time.time()
     big = one_step("paper", 16, 512, PAPER_MEMORY)
     ok = bool(torch.isfinite(torch.tensor(big["loss"])))
-    row("paper-size step", ok, f"NCA 16 x 512 (mean len {big['response_len']:.0f}): loss {big['loss']:.4f}, peak "
-        f"{big['peak']:.1f} GiB, step {big['step_s']:.1f} s", time.time() - t0)
+    row(
+        "paper-size step",
+        ok,
+        f"NCA 16 x 512 (mean len {big['response_len']:.0f}): loss {big['loss']:.4f}, peak "
+        f"{big['peak']:.1f} GiB, step {big['step_s']:.1f} s",
+        time.time() - t0,
+    )
     t0 = time.time()
     ref, got = one_step("oneshot", 4, 64, {}), one_step("saving", 4, 64, PAPER_MEMORY)
     rel = abs(got["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-12)
-    row("paper settings == one-shot", rel <= 1e-2, f"4 x 64: loss {got['loss']:.6f} vs {ref['loss']:.6f} (rel "
-        f"{rel:.1e}); peak {got['peak']:.1f} vs {ref['peak']:.1f} GiB", time.time() - t0)
+    row(
+        "paper settings == one-shot",
+        rel <= 1e-2,
+        f"4 x 64: loss {got['loss']:.6f} vs {ref['loss']:.6f} (rel "
+        f"{rel:.1e}); peak {got['peak']:.1f} vs {ref['peak']:.1f} GiB",
+        time.time() - t0,
+    )
 
 
 def check_lean_vs_generate(args) -> None:
+    from mechopd.core.views import RenderSpec, render_prompt_ids
     from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     t0 = time.time()
     tok, model = load_tokenizer(args.model), load_model(args.model, dtype=torch.bfloat16, device=args.device)
@@ -254,8 +306,13 @@ def check_lean_vs_generate(args) -> None:
     lean = sample(model, ids, settings).responses
     same, first = 0, []  # first: index of the first differing token, per diverging response
     for p, r in zip(ids, lean):
-        out = model.generate(torch.tensor([p], device=args.device), max_new_tokens=64, do_sample=False,
-                             eos_token_id=stop, pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+        out = model.generate(
+            torch.tensor([p], device=args.device),
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=stop,
+            pad_token_id=tok.pad_token_id,
+        )[0, len(p) :].tolist()
         ref = out[: next((i + 1 for i, t in enumerate(out) if t in stop), len(out))]
         mine = r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))]
         same += int(ref == mine)
@@ -281,8 +338,23 @@ def check_nccl(args, out: Path) -> None:
 
     yaml_path.write_text(yaml.safe_dump({**cfg, "device": "auto" if args.device == "cuda" else args.device}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "mechopd.cli",
-                         "train", str(yaml_path), "--out", str(out / "two"), "--no-progress"], env=env).returncode
+    rc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "mechopd.cli",
+            "train",
+            str(yaml_path),
+            "--out",
+            str(out / "two"),
+            "--no-progress",
+        ],
+        env=env,
+    ).returncode
     if rc != 0:
         row(label, False, f"torchrun exited {rc}", time.time() - t0)
         return
@@ -293,21 +365,32 @@ def check_nccl(args, out: Path) -> None:
 
 
 def check_eval(args, real: bool) -> None:
+    from mechopd.core.views import RenderSpec
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-    from mechopd.core.views import RenderSpec
 
     t0 = time.time()
     task = get_task("jsonl", path=args.data, context_file=args.context, max_new_tokens=256)
     model = load_model(args.model, dtype=torch.bfloat16, device=args.device)
-    rep = evaluate_model(model, load_tokenizer(args.model), task, EvalConfig(n=args.n, n_boot=200),
-                         RenderSpec("system", no_context_system(args.model)))
+    rep = evaluate_model(
+        model,
+        load_tokenizer(args.model),
+        task,
+        EvalConfig(n=args.n, n_boot=200),
+        RenderSpec("system", no_context_system(args.model)),
+    )
     s = rep["summary"]
-    value = (f"Acc_x {s['acc_x']['value']:.3f}, Acc_xc {s['acc_xc']['value']:.3f}, Harm {s['harm']['value']}, "
-             f"unparseable {s['unparseable_x']}/{s['unparseable_xc']} (n={s['n']})")
-    row("real checkpoint eval" if real else "eval (zoo fixture, not a real checkpoint)", True if real else None, value,
-        time.time() - t0)
+    value = (
+        f"Acc_x {s['acc_x']['value']:.3f}, Acc_xc {s['acc_xc']['value']:.3f}, Harm {s['harm']['value']}, "
+        f"unparseable {s['unparseable_x']}/{s['unparseable_xc']} (n={s['n']})"
+    )
+    row(
+        "real checkpoint eval" if real else "eval (zoo fixture, not a real checkpoint)",
+        True if real else None,
+        value,
+        time.time() - t0,
+    )
 
 
 def main() -> int:
@@ -335,19 +418,23 @@ def main() -> int:
     print(f"gpu_check on {where}: model {args.model}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        for name, fn in (("bf16 train opd", lambda: check_train(args, "opd", out)),
-                         ("bf16 train nca", lambda: check_train(args, "nca", out)),
-                         ("bf16 train nca lora", lambda: check_train(args, "nca", out, "-lora16", lora_rank=16)),
-                         ("bf16 train nca ema", lambda: check_train(args, "nca", out, "-ema", teacher_mode="ema")),
-                         ("bf16 train nca lora live", lambda: check_train(args, "nca", out, "-lora-live",
-                                                                          lora_rank=16, teacher_mode="live")),
-                         ("fused loss head", lambda: check_loss_head(args)),
-                         ("fused head estimators", lambda: check_head_estimators(args)),
-                         ("train step loss_head", lambda: check_step_heads(args, out)),
-                         ("lean vs generate (bf16)", lambda: check_lean_vs_generate(args)),
-                         ("NCCL two-process", lambda: check_nccl(args, out)),
-                         ("eval", lambda: check_eval(args, real)),
-                         ("paper-size step", lambda: check_paper_step(args, real, out))):
+        for name, fn in (
+            ("bf16 train opd", lambda: check_train(args, "opd", out)),
+            ("bf16 train nca", lambda: check_train(args, "nca", out)),
+            ("bf16 train nca lora", lambda: check_train(args, "nca", out, "-lora16", lora_rank=16)),
+            ("bf16 train nca ema", lambda: check_train(args, "nca", out, "-ema", teacher_mode="ema")),
+            (
+                "bf16 train nca lora live",
+                lambda: check_train(args, "nca", out, "-lora-live", lora_rank=16, teacher_mode="live"),
+            ),
+            ("fused loss head", lambda: check_loss_head(args)),
+            ("fused head estimators", lambda: check_head_estimators(args)),
+            ("train step loss_head", lambda: check_step_heads(args, out)),
+            ("lean vs generate (bf16)", lambda: check_lean_vs_generate(args)),
+            ("NCCL two-process", lambda: check_nccl(args, out)),
+            ("eval", lambda: check_eval(args, real)),
+            ("paper-size step", lambda: check_paper_step(args, real, out)),
+        ):
             try:
                 fn()
             except Exception as e:  # a check that crashes is a FAIL row, the others still run

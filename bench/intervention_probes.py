@@ -134,8 +134,11 @@ def setup_svd(model, tmp: Path):
         for p in model.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=g))
     model.save_pretrained(tmp / "moved")
-    mats = [(moved[n], p.detach().clone()) for n, p in model.named_parameters()
-            if n.split(".")[-2] in ATTN_MODULES + MLP_MODULES and p.dim() == 2]
+    mats = [
+        (moved[n], p.detach().clone())
+        for n, p in model.named_parameters()
+        if n.split(".")[-2] in ATTN_MODULES + MLP_MODULES and p.dim() == 2
+    ]
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(moved[n])
@@ -167,16 +170,21 @@ def ref_weightpatch(model, batches, ctx):
         _evaluate(model, ctx)
 
 
-PAIRS = {"weightpatch": (run_weightpatch, ref_weightpatch), "localization": (run_localization, ref_localization),
-         "attribution": (run_attribution, ref_attribution),
-         "attribution_exact": (run_exact, run_attribution), "pmi": (run_pmi, ref_pmi), "deltas_svd": (run_svd, ref_svd)}
+PAIRS = {
+    "weightpatch": (run_weightpatch, ref_weightpatch),
+    "localization": (run_localization, ref_localization),
+    "attribution": (run_attribution, ref_attribution),
+    "attribution_exact": (run_exact, run_attribution),
+    "pmi": (run_pmi, ref_pmi),
+    "deltas_svd": (run_svd, ref_svd),
+}
 
 
 def timed_pair(name, model, pre, ctx, repeats):
     ours, ref = PAIRS[name]
     times: dict[str, list[float]] = {"mechopd": [], "ref": []}
     for r in range(repeats):
-        for method in (["mechopd", "ref"] if r % 2 == 0 else ["ref", "mechopd"]):
+        for method in ["mechopd", "ref"] if r % 2 == 0 else ["ref", "mechopd"]:
             t0 = time.perf_counter()
             (ours if method == "mechopd" else ref)(model, pre, ctx)
             times[method].append(time.perf_counter() - t0)
@@ -204,13 +212,17 @@ def main(argv=None) -> int:
             med = timed_pair(name, model, pre, ctx, a.repeats)
             ratio = med["mechopd"] / med["ref"]
             if name == "attribution_exact":
-                print(f"{name:>18}: exact patching {med['mechopd']:.3f} s / attribution {med['ref']:.3f} s = "
-                      f"{ratio:.2f}x (how much attribution saves; no target)")
+                print(
+                    f"{name:>18}: exact patching {med['mechopd']:.3f} s / attribution {med['ref']:.3f} s = "
+                    f"{ratio:.2f}x (how much attribution saves; no target)"
+                )
                 continue
             passed = ratio <= TARGETS[name]
             ok &= passed
-            print(f"{name:>18}: mechopd {med['mechopd']:.3f} s, reference {med['ref']:.3f} s, ratio {ratio:.2f} "
-                  f"(target <= {TARGETS[name]}) {'PASS' if passed else 'FAIL'}")
+            print(
+                f"{name:>18}: mechopd {med['mechopd']:.3f} s, reference {med['ref']:.3f} s, ratio {ratio:.2f} "
+                f"(target <= {TARGETS[name]}) {'PASS' if passed else 'FAIL'}"
+            )
     return 0 if ok else 1
 
 

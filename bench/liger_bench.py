@@ -84,8 +84,9 @@ def _floor(hs, w, ht, wt) -> float:
 def _liger(hs, w, ht, wt) -> float:
     from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
 
-    fn = LigerFusedLinearJSDLoss(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=1.0, temperature=1.0,
-                                 compiled=False, chunk_size=CHUNK)
+    fn = LigerFusedLinearJSDLoss(
+        weight_hard_loss=0.0, weight_soft_loss=1.0, beta=1.0, temperature=1.0, compiled=False, chunk_size=CHUNK
+    )
     loss = fn(hs, w, ht, wt, torch.zeros(hs.shape[0], dtype=torch.long))
     loss.backward()
     return float(loss)
@@ -104,37 +105,54 @@ def variant(name: str, n: int, vocab: int) -> dict:
         value = fn(hs, w, ht, wt) if fn else _mechopd(hs, w, ht, wt, n if name.endswith("shot") else CHUNK)
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"peak": peak - before, "s": statistics.median(times), "loss": value,
-            "grad": float(hs.grad.norm()) if hs.grad is not None else None}
+    return {
+        "peak": peak - before,
+        "s": statistics.median(times),
+        "loss": value,
+        "grad": float(hs.grad.norm()) if hs.grad is not None else None,
+    }
 
 
 def liger_vs_mechopd(n: int, vocab: int, threads: int = 1) -> None:
-    print(f"\n[liger] the loss alone: N={n} positions, V={vocab}, d={D}; peak in float32 [N, V] units "
-          f"({4 * n * vocab / 2**20:.0f} MiB)")
+    print(
+        f"\n[liger] the loss alone: N={n} positions, V={vocab}, d={D}; peak in float32 [N, V] units "
+        f"({4 * n * vocab / 2**20:.0f} MiB)"
+    )
     try:
         import liger_kernel  # noqa: F401
+
         names = ["mechopd-one-shot", "mechopd-chunked", "mechopd-fused", "matmul-floor", "liger"]
     except ImportError:
-        print("  liger-kernel does not import here (pip install --no-deps liger-kernel into a --target dir and put it "
-              "on PYTHONPATH); mechopd only")
+        print(
+            "  liger-kernel does not import here (pip install --no-deps liger-kernel into a --target dir and put it "
+            "on PYTHONPATH); mechopd only"
+        )
         names = ["mechopd-one-shot", "mechopd-chunked", "mechopd-fused", "matmul-floor"]
     res = {}
     for name in names:
-        out = subprocess.run([sys.executable, __file__, "--variant", name, "--n", str(n), "--vocab", str(vocab)],
-                             capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+        out = subprocess.run(
+            [sys.executable, __file__, "--variant", name, "--n", str(n), "--vocab", str(vocab)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+        )
         if out.returncode != 0:
             print(f"  {name}: failed: {out.stderr.strip().splitlines()[-1]}")
             continue
         res[name] = json.loads(out.stdout.strip().splitlines()[-1])
     unit = 4 * n * vocab
     for name, r in res.items():
-        print(f"  {name:<18} peak {r['peak'] / unit:5.2f} x   time {r['s'] * 1e3:8.1f} ms   loss {r['loss']:.6f}   "
-              f"|grad h| {r['grad']:.6f}")
+        print(
+            f"  {name:<18} peak {r['peak'] / unit:5.2f} x   time {r['s'] * 1e3:8.1f} ms   loss {r['loss']:.6f}   "
+            f"|grad h| {r['grad']:.6f}"
+        )
     for name in ("mechopd-chunked", "mechopd-fused"):
         if "liger" in res and name in res:
             a, b = res[name], res["liger"]
-            print(f"  {name} / liger: memory {a['peak'] / b['peak']:.2f}, time {a['s'] / b['s']:.2f} "
-                  "(goal for the fused head: memory <= 1.0, time <= 0.8)")
+            print(
+                f"  {name} / liger: memory {a['peak'] / b['peak']:.2f}, time {a['s'] / b['s']:.2f} "
+                "(goal for the fused head: memory <= 1.0, time <= 0.8)"
+            )
     for name in ("mechopd-fused", "liger"):
         if "matmul-floor" in res and name in res:
             print(f"  {name} / matmul floor: time {res[name]['s'] / res['matmul-floor']['s']:.2f}")
@@ -150,8 +168,12 @@ def interleaved(n: int, vocab: int, rounds: int) -> None:
     except ImportError:
         names.remove("liger")
     hs, w, ht, wt = _inputs(n, vocab)
-    fns = {"liger": _liger, "mechopd-fused": _fused, "matmul-floor": _floor,
-           "mechopd-chunked": lambda *a: _mechopd(*a, CHUNK)}
+    fns = {
+        "liger": _liger,
+        "mechopd-fused": _fused,
+        "matmul-floor": _floor,
+        "mechopd-chunked": lambda *a: _mechopd(*a, CHUNK),
+    }
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds + 1):  # round 0 warms up and is dropped
         for name in names:
@@ -163,12 +185,19 @@ def interleaved(n: int, vocab: int, rounds: int) -> None:
     print(f"\n[interleaved] {rounds} rounds in one process, threads 1, load average {os.getloadavg()[0]:.1f}")
     for name in names:
         print(f"  {name:<18} median {statistics.median(times[name]) * 1e3:8.1f} ms")
-    for a, b in (("mechopd-fused", "liger"), ("mechopd-chunked", "liger"), ("mechopd-fused", "matmul-floor"),
-                 ("liger", "matmul-floor"), ("mechopd-fused", "mechopd-chunked")):
+    for a, b in (
+        ("mechopd-fused", "liger"),
+        ("mechopd-chunked", "liger"),
+        ("mechopd-fused", "matmul-floor"),
+        ("liger", "matmul-floor"),
+        ("mechopd-fused", "mechopd-chunked"),
+    ):
         if a in times and b in times:
             paired = sorted(x / y for x, y in zip(times[a], times[b]))
-            print(f"  {a} / {b}: median of paired ratios {statistics.median(paired):.3f} "
-                  f"[{paired[0]:.3f}, {paired[-1]:.3f}]")
+            print(
+                f"  {a} / {b}: median of paired ratios {statistics.median(paired):.3f} "
+                f"[{paired[0]:.3f}, {paired[-1]:.3f}]"
+            )
 
 
 if __name__ == "__main__":

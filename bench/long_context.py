@@ -33,13 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-import train_step as ts  # noqa: E402  (bench/train_step.py: BareLoop, TRLRunner, pick_threads, _ratio_line, quiet)
-
 import torch  # noqa: E402
+import train_step as ts  # noqa: E402  (bench/train_step.py: BareLoop, TRLRunner, pick_threads, _ratio_line, quiet)
 
 TARGETS = [  # (label, numerator, denominator, bound, op, floor numerator, floor denominator)
     ("TRL / OPD (OPD steps/s over TRL's)", "trl", "opd", 3.0, ">=", "trl", "bare"),
@@ -47,9 +47,13 @@ TARGETS = [  # (label, numerator, denominator, bound, op, floor numerator, floor
     ("eval unshared / shared", "eval_off", "eval", 2.0, ">=", None, None),
     ("similarity HF unshared / shared", "sim_hf", "sim", 1.5, ">=", None, None),
 ]
-INFO = [("student context view fwd+bwd / OPD", "cview", "opd"), ("OPD / OPD unshared", "opd", "opd_off"),
-        ("NCA / NCA unshared", "nca", "nca_off"), ("OPD / bare", "opd", "bare"),
-        ("NCA unshared / OPD unshared", "nca_off", "opd_off")]
+INFO = [
+    ("student context view fwd+bwd / OPD", "cview", "opd"),
+    ("OPD / OPD unshared", "opd", "opd_off"),
+    ("NCA / NCA unshared", "nca", "nca_off"),
+    ("OPD / bare", "opd", "bare"),
+    ("NCA unshared / OPD unshared", "nca_off", "opd_off"),
+]
 
 
 def write_task(root: Path, n: int, seed: int, context_words: int = 512, stem_words: int = 8) -> dict[str, str]:
@@ -91,8 +95,9 @@ def build_model(out: Path, hidden: int, seed: int, opts: dict) -> Path:
 
 def trainer_step(path: Path, root: Path, name: str, method: str, mode: str, opts: dict, args) -> Callable:
     """bench/train_step.py's timed `Trainer.train_step()` on the long-context JSONL task."""
-    return ts.make_trainer_step(path, root, name, args, task="jsonl", task_options=opts, method=method,
-                                selector="full", shared_prefix=mode)
+    return ts.make_trainer_step(
+        path, root, name, args, task="jsonl", task_options=opts, method=method, selector="full", shared_prefix=mode
+    )
 
 
 def _items(opts: dict, args) -> list:
@@ -128,9 +133,9 @@ def trl_runner(path: Path, root: Path, opts: dict, args) -> Any:
 
 
 def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
+    from mechopd.core.views import RenderSpec, render_prompt_ids
     from mechopd.generate.sampler import SamplingSettings, sample
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     model, tok = load_model(path), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
@@ -146,15 +151,20 @@ def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
 
 
 def sim_step(path: Path, opts: dict, args, hf: bool) -> Callable:
+    from mechopd.core.views import RenderSpec, build_two_view_batch
     from mechopd.models import load_model, load_tokenizer
     from mechopd.probes.capture import all_sites, run_views
-    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     model, tok = load_model(path), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
     resp = [tok(ex.answer, add_special_tokens=False)["input_ids"] * args.new_tokens for ex in items]
-    batch = build_two_view_batch(tok, [e.prompt for e in items], [e.context for e in items],
-                                 [r[: args.new_tokens] for r in resp], RenderSpec("system"))
+    batch = build_two_view_batch(
+        tok,
+        [e.prompt for e in items],
+        [e.context for e in items],
+        [r[: args.new_tokens] for r in resp],
+        RenderSpec("system"),
+    )
     sites = all_sites(model)
 
     def step() -> tuple[float, float]:
@@ -199,14 +209,15 @@ def measure_peak(step: Callable, n: int = 3) -> float:
 
 def cview_step(path: Path, opts: dict, args) -> Callable:
     """The floor of NCA's extra work: ONE student context-view forward + backward through the shared path."""
+    from mechopd.core.views import RenderSpec, build_two_view_batch
     from mechopd.generate.scorer import score_views
     from mechopd.models import load_model, load_tokenizer
-    from mechopd.core.views import RenderSpec, build_two_view_batch
 
     model, tok = load_model(path).train(), load_tokenizer(path)
     items = _items(opts, args)[: args.batch]
-    resp = [(tok(ex.answer, add_special_tokens=False)["input_ids"] * args.new_tokens)[: args.new_tokens]
-            for ex in items]
+    resp = [
+        (tok(ex.answer, add_special_tokens=False)["input_ids"] * args.new_tokens)[: args.new_tokens] for ex in items
+    ]
     batch = build_two_view_batch(tok, [e.prompt for e in items], [e.context for e in items], resp, RenderSpec("system"))
 
     def step() -> tuple[float, float]:
@@ -221,12 +232,14 @@ def cview_step(path: Path, opts: dict, args) -> Callable:
 
 def peak_memory(path: Path, opts: dict, args, mode: str) -> float:
     """`measure_peak` of an OPD step (shared_prefix `mode`), in a fresh process."""
-    code = (f"import sys, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); torch.set_num_threads(1)\n"
-            "import long_context as lc, argparse, pathlib\n"
-            f"a = argparse.Namespace(**{vars(args)!r})\n"
-            f"st = lc.trainer_step(pathlib.Path({str(path)!r}), pathlib.Path({tempfile.mkdtemp()!r}), 'm', 'opd', "
-            f"{mode!r}, {opts!r}, a)\n"
-            "print(lc.measure_peak(st))\n")
+    code = (
+        f"import sys, torch; sys.path.insert(0, {str(Path(__file__).parent)!r}); torch.set_num_threads(1)\n"
+        "import long_context as lc, argparse, pathlib\n"
+        f"a = argparse.Namespace(**{vars(args)!r})\n"
+        f"st = lc.trainer_step(pathlib.Path({str(path)!r}), pathlib.Path({tempfile.mkdtemp()!r}), 'm', 'opd', "
+        f"{mode!r}, {opts!r}, a)\n"
+        "print(lc.measure_peak(st))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
@@ -276,15 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         opts = write_task(root, args.pool + 32, args.seed)
         path = build_model(root / "model", args.hidden, args.seed, opts)
         ex = _items(opts, args)[0]
-        from mechopd.models import load_tokenizer
         from mechopd.core.views import RenderSpec, render_prompt_ids
+        from mechopd.models import load_tokenizer
 
         tok = load_tokenizer(path)
         lc_ = len(render_prompt_ids(tok, ex.prompt, ex.context, RenderSpec("system")))
         lx = len(render_prompt_ids(tok, ex.prompt, None, RenderSpec("system")))
-        print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}, hidden "
-              f"{args.hidden}, batch {args.batch}, new tokens {args.new_tokens}; context-view prompt {lc_} tokens, "
-              f"no-context prompt {lx} tokens; {args.steps} steps after {args.warmup} warm-up")
+        print(
+            f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}, hidden "
+            f"{args.hidden}, batch {args.batch}, new tokens {args.new_tokens}; context-view prompt {lc_} tokens, "
+            f"no-context prompt {lx} tokens; {args.steps} steps after {args.warmup} warm-up"
+        )
         build = {
             "opd": lambda: trainer_step(path, root, "opd", "opd", "auto", opts, args),
             "opd_off": lambda: trainer_step(path, root, "opd_off", "opd", "off", opts, args),
@@ -293,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             "bare": lambda: bare_loop(path, opts, args, nca=False),
             "bare_nca": lambda: bare_loop(path, opts, args, nca=True),
             "trl": lambda: trl_runner(path, root, opts, args),
-            "eval": lambda: eval_step(path, opts, args, "auto"), "eval_off": lambda: eval_step(path, opts, args, "off"),
-            "sim": lambda: sim_step(path, opts, args, hf=False), "sim_hf": lambda: sim_step(path, opts, args, hf=True),
+            "eval": lambda: eval_step(path, opts, args, "auto"),
+            "eval_off": lambda: eval_step(path, opts, args, "off"),
+            "sim": lambda: sim_step(path, opts, args, hf=False),
+            "sim_hf": lambda: sim_step(path, opts, args, hf=True),
             "cview": lambda: cview_step(path, opts, args),
         }
         variants = {n: build[n]() for n in args.variants.split(",")}
@@ -303,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory:
             on, off = peak_memory(path, opts, args, "auto"), peak_memory(path, opts, args, "off")
             ratio = on / off if off > 0 else float("nan")
-            print(f"peak memory of an OPD step: shared {on:.1f} MiB, unshared {off:.1f} MiB, ratio {ratio:.3f} "
-                  f"(target <= 0.6 {'PASS' if ratio <= 0.6 else 'FAIL'})")
+            print(
+                f"peak memory of an OPD step: shared {on:.1f} MiB, unshared {off:.1f} MiB, ratio {ratio:.3f} "
+                f"(target <= 0.6 {'PASS' if ratio <= 0.6 else 'FAIL'})"
+            )
             ok &= ratio <= 0.6
     print(f"overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -42,20 +42,29 @@ VARIANTS = ("logits", "logits-chunked", "fused")
 def _model(vocab: int, hidden: int, seed: int):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=0)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
 def setup(a, case: str, variant: str):
     """(scorer, batch) for one method:estimator case and variant (same models and batch for every variant)."""
+    from mechopd.core.views import assemble_two_views
     from mechopd.objectives.losses import TermOptions, method_terms
     from mechopd.objectives.select import make_selector
     from mechopd.train.headstep import FusedStepScorer
     from mechopd.train.step import StepOptions, StepScorer
-    from mechopd.core.views import assemble_two_views
 
     method, estimator = case.split(":")
     student, teacher = _model(a.vocab, a.hidden, 0), _model(a.vocab, a.hidden, 1).requires_grad_(False)
@@ -101,15 +110,21 @@ def _status(key: str) -> int:
 def memory(a, case: str) -> dict:
     res, unit = {}, 4 * a.rows * a.resp * a.vocab
     for name in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, "--variant", name, "--cases", case, *_flags(a)],
-                             capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        out = subprocess.run(
+            [sys.executable, __file__, "--variant", name, "--cases", case, *_flags(a)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
         if out.returncode != 0:
             print(f"  {name}: failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
             continue
         res[name] = json.loads(out.stdout.strip().splitlines()[-1])
     for name, r in res.items():
-        print(f"  {name:<15} peak {r['peak'] / unit:5.2f} x   one step {r['s'] * 1e3:8.1f} ms   loss {r['loss']:.6f}   "
-              f"|grad| {r['grad']:.6f}")
+        print(
+            f"  {name:<15} peak {r['peak'] / unit:5.2f} x   one step {r['s'] * 1e3:8.1f} ms   loss {r['loss']:.6f}   "
+            f"|grad| {r['grad']:.6f}"
+        )
     for ref in ("logits", "logits-chunked"):
         if "fused" in res and ref in res:
             print(f"  fused / {ref}: peak memory {res['fused']['peak'] / res[ref]['peak']:.2f}")
@@ -117,8 +132,18 @@ def memory(a, case: str) -> dict:
 
 
 def _flags(a) -> list[str]:
-    return ["--vocab", str(a.vocab), "--rows", str(a.rows), "--resp", str(a.resp), "--hidden", str(a.hidden),
-            "--chunk", str(a.chunk)]
+    return [
+        "--vocab",
+        str(a.vocab),
+        "--rows",
+        str(a.rows),
+        "--resp",
+        str(a.resp),
+        "--hidden",
+        str(a.hidden),
+        "--chunk",
+        str(a.chunk),
+    ]
 
 
 def interleaved(a, case: str) -> None:
@@ -135,8 +160,10 @@ def interleaved(a, case: str) -> None:
         print(f"    {name:<15} median {statistics.median(times[name]) * 1e3:8.1f} ms")
     for ref in ("logits", "logits-chunked"):
         paired = sorted(x / y for x, y in zip(times["fused"], times[ref]))
-        print(f"    fused / {ref}: median of paired ratios {statistics.median(paired):.3f} "
-              f"[{paired[0]:.3f}, {paired[-1]:.3f}]")
+        print(
+            f"    fused / {ref}: median of paired ratios {statistics.median(paired):.3f} "
+            f"[{paired[0]:.3f}, {paired[-1]:.3f}]"
+        )
 
 
 def main() -> None:
@@ -155,8 +182,10 @@ def main() -> None:
         print(json.dumps(variant(a, a.cases, a.variant)))
         return
     for case in a.cases.split(","):
-        print(f"\n[{case}] V={a.vocab}, N={a.rows}x{a.resp}={a.rows * a.resp} positions, hidden {a.hidden}, chunk "
-              f"{a.chunk}; peak in float32 [N, V] units ({4 * a.rows * a.resp * a.vocab / 2**20:.0f} MiB)")
+        print(
+            f"\n[{case}] V={a.vocab}, N={a.rows}x{a.resp}={a.rows * a.resp} positions, hidden {a.hidden}, chunk "
+            f"{a.chunk}; peak in float32 [N, V] units ({4 * a.rows * a.resp * a.vocab / 2**20:.0f} MiB)"
+        )
         if not a.no_memory:
             memory(a, case)
         if a.rounds:

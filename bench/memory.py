@@ -47,7 +47,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-
 from projection import project_recipes  # noqa: E402  (bench/projection.py)
 
 VOCAB = 151936
@@ -66,10 +65,19 @@ def build(out: Path, vocab: int, seed: int) -> Path:
     n_base = len(build_tokenizer(words))
     tok = build_tokenizer(words + [f"w{i}" for i in range(max(0, vocab - n_base))])  # as many ids as head rows:
     assert len(tok) == vocab, (len(tok), vocab)  # the trainer scores the ids the tokenizer knows (known_vocab)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -97,9 +105,23 @@ def worker(spec: dict) -> dict:
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer
 
-    cfg = {**dict(student=spec["student"], teacher=spec["teacher"], task="rules", task_options={"placement": "user"},
-                  method=spec["method"], estimator="topk", batch_size=spec["B"], max_new_tokens=spec["R"],
-                  steps=10**6, lr=1e-5, seed=0, pool_size=64), **spec.get("set", {})}
+    cfg = {
+        **dict(
+            student=spec["student"],
+            teacher=spec["teacher"],
+            task="rules",
+            task_options={"placement": "user"},
+            method=spec["method"],
+            estimator="topk",
+            batch_size=spec["B"],
+            max_new_tokens=spec["R"],
+            steps=10**6,
+            lr=1e-5,
+            seed=0,
+            pool_size=64,
+        ),
+        **spec.get("set", {}),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(TrainConfig(**cfg), out_dir=Path(tmp) / "run", progress=False)
         before = rss_now()
@@ -112,9 +134,17 @@ def worker(spec: dict) -> dict:
             recs.append(trainer.train_step())
         peak = max_rss()
     first = recs[0] if recs else {}
-    return {"peak": peak, "before": before, "step_peak": peak - before, "loss": first.get("loss"),
-            "grad_norm": first.get("grad_norm"), "step_s": [r["step_s"] for r in recs],
-            "rollout_s": [r["rollout_s"] for r in recs], "response_len": first.get("response_len"), "profile": profile}
+    return {
+        "peak": peak,
+        "before": before,
+        "step_peak": peak - before,
+        "loss": first.get("loss"),
+        "grad_norm": first.get("grad_norm"),
+        "step_s": [r["step_s"] for r in recs],
+        "rollout_s": [r["rollout_s"] for r in recs],
+        "response_len": first.get("response_len"),
+        "profile": profile,
+    }
 
 
 def profiled(trainer) -> dict:
@@ -127,21 +157,26 @@ def profiled(trainer) -> dict:
     wall = time.perf_counter() - t0
     ev = prof.key_averages()
     labels = {e.key: e.cpu_time_total / 1e3 for e in ev if e.key.startswith("mechopd.")}
-    ops = sorted(((e.key, e.self_cpu_time_total / 1e3) for e in ev if e.key.startswith("aten::")),
-                 key=lambda kv: -kv[1])[:12]
+    ops = sorted(
+        ((e.key, e.self_cpu_time_total / 1e3) for e in ev if e.key.startswith("aten::")), key=lambda kv: -kv[1]
+    )[:12]
     return {"wall_ms": wall * 1e3, "rollout_ms": rec["rollout_s"] * 1e3, "labels": labels, "ops": ops}
 
 
 def run_point(spec: dict) -> dict:
     """`worker(spec)` in a fresh subprocess (its ru_maxrss is this point's alone)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONPATH=os.pathsep.join(
-        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
-                         env=env, timeout=3600)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(spec["threads"]),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    res = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, env=env, timeout=3600
+    )
     if res.returncode != 0:
         raise SystemExit(f"worker failed for {spec}:\n{res.stderr[-3000:]}")
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def fit(points: list[tuple[int, int, int]]) -> tuple[float, float]:
@@ -168,8 +203,9 @@ def section_grid(args, base: dict) -> dict[str, float]:
             for R in Rs:
                 got = {v: run_point({**base, "method": method, "B": B, "R": R, "set": s}) for v, s in variants.items()}
                 one_shot.append((B, R, got["one-shot"]["step_peak"]))
-                cells = "".join(f"   peak {g['peak'] / GiB:6.2f} step {g['step_peak'] / GiB:6.2f}"
-                                for g in got.values())
+                cells = "".join(
+                    f"   peak {g['peak'] / GiB:6.2f} step {g['step_peak'] / GiB:6.2f}" for g in got.values()
+                )
                 ratio = " ".join(f"{got[v]['peak'] / got['one-shot']['peak']:.3f}" for v in list(variants)[1:])
                 print(f"  {B:>3} {R:>4}{cells}   {ratio}", flush=True)
         a, b = fit(one_shot)
@@ -187,13 +223,19 @@ def section_target(args, base: dict) -> None:
     dg = abs(got["grad_norm"] - ref["grad_norm"]) / abs(ref["grad_norm"])
     ok = ratio <= 0.35 and dl <= 1e-4 and dg <= 1e-3
     print(f"\n[target] NCA B {B} x R {R}, V={VOCAB}: --set micro_batch_size=2 --set logit_chunk=16 vs one-shot")
-    print(f"  peak {got['peak'] / GiB:.3f} GiB vs {ref['peak'] / GiB:.3f} GiB: ratio {ratio:.3f} (target <= 0.35); "
-          f"step's own peak {got['step_peak'] / GiB:.3f} vs {ref['step_peak'] / GiB:.3f} GiB "
-          f"({got['step_peak'] / ref['step_peak']:.3f})")
-    print(f"  step-1 loss {got['loss']:.8g} vs {ref['loss']:.8g} (rel {dl:.1e}, <= 1e-4); grad norm "
-          f"{got['grad_norm']:.8g} vs {ref['grad_norm']:.8g} (rel {dg:.1e}, <= 1e-3)  {'PASS' if ok else 'FAIL'}")
-    print(f"  response length {got['response_len']:.1f} / {ref['response_len']:.1f}; step s {got['step_s'][0]:.2f} "
-          f"vs {ref['step_s'][0]:.2f}")
+    print(
+        f"  peak {got['peak'] / GiB:.3f} GiB vs {ref['peak'] / GiB:.3f} GiB: ratio {ratio:.3f} (target <= 0.35); "
+        f"step's own peak {got['step_peak'] / GiB:.3f} vs {ref['step_peak'] / GiB:.3f} GiB "
+        f"({got['step_peak'] / ref['step_peak']:.3f})"
+    )
+    print(
+        f"  step-1 loss {got['loss']:.8g} vs {ref['loss']:.8g} (rel {dl:.1e}, <= 1e-4); grad norm "
+        f"{got['grad_norm']:.8g} vs {ref['grad_norm']:.8g} (rel {dg:.1e}, <= 1e-3)  {'PASS' if ok else 'FAIL'}"
+    )
+    print(
+        f"  response length {got['response_len']:.1f} / {ref['response_len']:.1f}; step s {got['step_s'][0]:.2f} "
+        f"vs {ref['step_s'][0]:.2f}"
+    )
     return ok
 
 
@@ -207,8 +249,11 @@ def section_time(args, base: dict, small: dict) -> None:
             sm = run_point({**small, "method": method, "B": B, "R": R, "set": s, "steps": n})
             tb, ts = statistics.median(big["step_s"][1:]), statistics.median(sm["step_s"][1:])
             rb, rs = statistics.median(big["rollout_s"][1:]), statistics.median(sm["rollout_s"][1:])
-            print(f"  {method} {label:>12}: V=151936 {tb:6.2f} s [{rb:5.2f}]   V=171 {ts:6.3f} s [{rs:5.3f}]   "
-                  f"ratio {tb / ts:6.1f}x", flush=True)
+            print(
+                f"  {method} {label:>12}: V=151936 {tb:6.2f} s [{rb:5.2f}]   V=171 {ts:6.3f} s [{rs:5.3f}]   "
+                f"ratio {tb / ts:6.1f}x",
+                flush=True,
+            )
 
 
 def section_profile(args, base: dict) -> None:
@@ -216,8 +261,10 @@ def section_profile(args, base: dict) -> None:
     for method, s in (("nca", {}), ("nca", SAVING), ("opd", {"estimator": "sampled"})):
         got = run_point({**base, "method": method, "B": B, "R": R, "set": s, "steps": 2, "profile": True})
         p = got["profile"]
-        print(f"\n[profile] {method} {s or 'one-shot'} B {B} x R {R}, V={VOCAB}: step {p['wall_ms']:.0f} ms, rollout "
-              f"{p['rollout_ms']:.0f} ms (CPU ms per label, inclusive; labels nest)")
+        print(
+            f"\n[profile] {method} {s or 'one-shot'} B {B} x R {R}, V={VOCAB}: step {p['wall_ms']:.0f} ms, rollout "
+            f"{p['rollout_ms']:.0f} ms (CPU ms per label, inclusive; labels nest)"
+        )
         for k, v in sorted(p["labels"].items(), key=lambda kv: -kv[1]):
             print(f"  {k:<34} {v:9.1f}  {100 * v / p['wall_ms']:5.1f} %")
         print("  top aten ops by self time: " + ", ".join(f"{k[6:]} {v:.0f}" for k, v in p["ops"][:8]))
@@ -257,8 +304,11 @@ def main() -> int:
         if sections == ["project"]:
             project_recipes(ROOT / "training" / "paper", parse_per_element(args.per_element))
             return 0
-        base = {"student": str(build(root / "s", VOCAB, 0)), "teacher": str(build(root / "t", VOCAB, 1)),
-                "threads": args.threads}
+        base = {
+            "student": str(build(root / "s", VOCAB, 0)),
+            "teacher": str(build(root / "t", VOCAB, 1)),
+            "threads": args.threads,
+        }
         per_elem = {"opd": None, "nca": None}
         if args.per_element:
             per_elem = parse_per_element(args.per_element)
@@ -272,8 +322,11 @@ def main() -> int:
             from mechopd.organisms.tokenizer import build_tokenizer
 
             n = len(build_tokenizer(organism_vocab()))
-            small = {**base, "student": str(build(root / "s_small", n, 0)),
-                     "teacher": str(build(root / "t_small", n, 1))}
+            small = {
+                **base,
+                "student": str(build(root / "s_small", n, 0)),
+                "teacher": str(build(root / "t_small", n, 1)),
+            }
             section_time(args, base, small)
         if "profile" in sections:
             section_profile(args, base)

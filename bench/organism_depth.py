@@ -51,8 +51,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--cycles", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--reference-s", type=float, default=52.0,
-                   help="the default organism's measured pretraining time (s) for the estimate (rules: 52 s)")
+    p.add_argument(
+        "--reference-s",
+        type=float,
+        default=52.0,
+        help="the default organism's measured pretraining time (s) for the estimate (rules: 52 s)",
+    )
     a = p.parse_args()
     torch.set_num_threads(1)
     shallow, deep = default_config(a.task), default_config(a.task, layers=a.layers)
@@ -62,7 +66,7 @@ def main() -> None:
     models = {"L3": build(shallow, tokenizer), f"L{a.layers}": build(deep, tokenizer)}
     times: dict[str, list[float]] = {k: [] for k in models}
     for c in range(a.cycles + a.warmup):
-        batch = _batch(corpus[c * shallow.batch_size:(c + 1) * shallow.batch_size], tokenizer.pad_token_id)
+        batch = _batch(corpus[c * shallow.batch_size : (c + 1) * shallow.batch_size], tokenizer.pad_token_id)
         for name, (model, opt) in models.items():
             t = step(model, opt, *batch)
             if c >= a.warmup:
@@ -77,8 +81,10 @@ def main() -> None:
     print(f"  L3           median step {1e3 * statistics.median(t3):8.1f} ms")
     print(f"  L{a.layers:<2}          median step {1e3 * statistics.median(td):8.1f} ms")
     print(f"  ratio L{a.layers}/L3   {r:.2f} [{lo:.2f}, {hi:.2f}] (paired median, bootstrap 95 %)")
-    print(f"  estimated L{a.layers} pretraining: {r * a.reference_s:.0f} s of training "
-          f"({shallow.steps} steps; the 3-layer organism: {a.reference_s:.0f} s)")
+    print(
+        f"  estimated L{a.layers} pretraining: {r * a.reference_s:.0f} s of training "
+        f"({shallow.steps} steps; the 3-layer organism: {a.reference_s:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

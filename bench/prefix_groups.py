@@ -25,18 +25,19 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import long_context as lc  # noqa: E402  (build_model)
+import torch  # noqa: E402
 import train_step as ts  # noqa: E402  (_ratio_line, pick_threads, quiet, run_interleaved)
 
-import torch  # noqa: E402
-
 DATA = Path(__file__).resolve().parents[1] / "mechopd" / "data"
-TARGETS = [("mixed contexts: unshared / groups", "nca_mixed_off", "nca_mixed", 1.6),
-           ("one context: unshared / shared", "nca_one_off", "nca_one", 1.8)]
+TARGETS = [
+    ("mixed contexts: unshared / groups", "nca_mixed_off", "nca_mixed", 1.6),
+    ("one context: unshared / shared", "nca_one_off", "nca_one", 1.8),
+]
 
 
 def task_options(root: Path) -> dict[str, dict]:
@@ -47,17 +48,32 @@ def task_options(root: Path) -> dict[str, dict]:
     one.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "context"}) + "\n" for r in rows))
     ctx = str(DATA / "sample_context.txt")
     print(f"sample data: {len(rows)} items, {own} with their own context")
-    return {"mixed": {"path": str(DATA / "sample_qa.jsonl"), "context_file": ctx},
-            "one": {"path": str(one), "context_file": ctx}}
+    return {
+        "mixed": {"path": str(DATA / "sample_qa.jsonl"), "context_file": ctx},
+        "one": {"path": str(one), "context_file": ctx},
+    }
 
 
 def nca_step(path: Path, root: Path, name: str, opts: dict, mode: str, args, log: dict) -> Callable:
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer
 
-    cfg = TrainConfig(student=str(path), task="jsonl", task_options=opts, method="nca", estimator="full",
-                      batch_size=args.batch, max_new_tokens=args.new_tokens, steps=10**6, lr=1e-5, seed=args.seed,
-                      shared_prefix=mode, eval_every=0, save_every=0, pool_size=31)  # the 31 train items
+    cfg = TrainConfig(
+        student=str(path),
+        task="jsonl",
+        task_options=opts,
+        method="nca",
+        estimator="full",
+        batch_size=args.batch,
+        max_new_tokens=args.new_tokens,
+        steps=10**6,
+        lr=1e-5,
+        seed=args.seed,
+        shared_prefix=mode,
+        eval_every=0,
+        save_every=0,
+        pool_size=31,
+    )  # the 31 train items
     trainer = Trainer(cfg, out_dir=root / name, progress=False)
     log[name] = []
 
@@ -78,8 +94,10 @@ def report(times: dict, log: dict, batch: int) -> bool:
     print(f"\n{'variant':>14} {'median ms':>10} {'shared tokens':>14} {'shared rows':>12}")
     for k, t in times.items():
         recs = log[k]
-        print(f"{k:>14} {statistics.median(t) * 1e3:10.1f} {statistics.median(r['shared_prefix'] for r in recs):14.0f}"
-              f" {statistics.fmean(r['prefix/shared_rows'] for r in recs):9.1f}/{batch}")
+        print(
+            f"{k:>14} {statistics.median(t) * 1e3:10.1f} {statistics.median(r['shared_prefix'] for r in recs):14.0f}"
+            f" {statistics.fmean(r['prefix/shared_rows'] for r in recs):9.1f}/{batch}"
+        )
     print(f"\n{'ratio':<38} {'paired':>7} {'95% CI':>13} {'overall':>8}  target")
     for label, num, den, bound in TARGETS:
         (paired, _, _), line = ts._ratio_line(label, times[num], times[den])
@@ -91,8 +109,10 @@ def report(times: dict, log: dict, batch: int) -> bool:
         worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
         good = first <= 1e-4 and worst <= 1e-5
         ok &= good
-        print(f"losses {data}: step 1 {a[0]['loss']:.6g} vs {b[0]['loss']:.6g} (relative {first:.1e}); max |loss "
-              f"shared - unshared| over {len(a)} steps {worst:.1e}  (<= 1e-4 rel, 1e-5 abs {'PASS' if good else 'FAIL'})")
+        print(
+            f"losses {data}: step 1 {a[0]['loss']:.6g} vs {b[0]['loss']:.6g} (relative {first:.1e}); max |loss "
+            f"shared - unshared| over {len(a)} steps {worst:.1e}  (<= 1e-4 rel, 1e-5 abs {'PASS' if good else 'FAIL'})"
+        )
     return ok
 
 
@@ -112,12 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         opts = task_options(root)
         path = lc.build_model(root / "model", args.hidden, args.seed, opts["mixed"])
-        print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}, hidden "
-              f"{args.hidden}, batch {args.batch}, new tokens {args.new_tokens}; {args.steps} steps after "
-              f"{args.warmup} warm-up")
+        print(
+            f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}, hidden "
+            f"{args.hidden}, batch {args.batch}, new tokens {args.new_tokens}; {args.steps} steps after "
+            f"{args.warmup} warm-up"
+        )
         log: dict[str, list] = {}
-        variants = {f"nca_{d}{s}": nca_step(path, root, f"nca_{d}{s}", opts[d], m, args, log)
-                    for d in ("mixed", "one") for s, m in (("", "auto"), ("_off", "off"))}
+        variants = {
+            f"nca_{d}{s}": nca_step(path, root, f"nca_{d}{s}", opts[d], m, args, log)
+            for d in ("mixed", "one")
+            for s, m in (("", "auto"), ("_off", "off"))
+        }
         times, _ = ts.run_interleaved(variants, args.steps, args.warmup)
         ok = report(times, log, args.batch)
     print(f"overall: {'PASS' if ok else 'FAIL'}")

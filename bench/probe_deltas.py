@@ -34,9 +34,17 @@ GB = 1e9  # decimal gigabytes, as the targets are stated
 def qwen3_06b_config(layers: int = 28):
     from transformers import Qwen3Config
 
-    return Qwen3Config(hidden_size=1024, num_hidden_layers=layers, intermediate_size=3072, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-                       max_position_embeddings=40960)
+    return Qwen3Config(
+        hidden_size=1024,
+        num_hidden_layers=layers,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    )
 
 
 def tensor_specs(cfg) -> list[tuple[str, tuple[int, ...]]]:
@@ -118,8 +126,12 @@ def child_read(dirs: list[str]) -> dict:
                 t = f.get_tensor(name).clone()
                 nbytes += t.numel() * t.element_size()
                 del t
-    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "gb": nbytes / GB,
-            "vmhwm_gb": _vmhwm_gb()}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cpu": time.process_time() - c0,
+        "gb": nbytes / GB,
+        "vmhwm_gb": _vmhwm_gb(),
+    }
 
 
 def child_deltas(base: str, models: list[str], pair: bool, dtype: str) -> dict:
@@ -128,10 +140,16 @@ def child_deltas(base: str, models: list[str], pair: bool, dtype: str) -> dict:
     labelled = dict(m.split("=", 1) for m in models)
     start_gb = _vmhwm_gb()
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = parameter_deltas(base, labelled, ("opd", "nca") if pair else None, dtype=getattr(torch, dtype),
-                            progress=False)
-    return {"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "rows": len(rows),
-            "vmhwm_gb": _vmhwm_gb(), "start_gb": start_gb}
+    rows = parameter_deltas(
+        base, labelled, ("opd", "nca") if pair else None, dtype=getattr(torch, dtype), progress=False
+    )
+    return {
+        "seconds": time.perf_counter() - t0,
+        "cpu": time.process_time() - c0,
+        "rows": len(rows),
+        "vmhwm_gb": _vmhwm_gb(),
+        "start_gb": start_gb,
+    }
 
 
 def _run_child(args: list[str]) -> dict:
@@ -151,21 +169,30 @@ def measure(dirs: dict[str, Path], repeats: int, dtype: str) -> None:
         for _ in range(repeats):
             reads.append(_run_child(["read", *[str(dirs[k]) for k in keys]]))
             models = [f"{k}={dirs[k]}" for k in keys[1:]]
-            deltas.append(_run_child(["deltas", str(dirs["base"]), *models, *(["--pair"] if pair else []),
-                                      "--dtype", dtype]))
+            deltas.append(
+                _run_child(["deltas", str(dirs["base"]), *models, *(["--pair"] if pair else []), "--dtype", dtype])
+            )
         t_read, t_delta = (sorted(r["seconds"] for r in runs) for runs in (reads, deltas))
         c_read, c_delta = (statistics.median(r["cpu"] for r in runs) for runs in (reads, deltas))
         peak = max(r["vmhwm_gb"] for r in deltas)
-        print(f"{title}: reference read of {reads[0]['gb']:.2f} GB {t_read[0]:.2f} s best / "
-              f"{statistics.median(t_read):.2f} s median; parameter_deltas {t_delta[0]:.2f} s / "
-              f"{statistics.median(t_delta):.2f} s")
-        print(f"    time ratio (target <= 1.5): {t_delta[0] / t_read[0]:.2f} best, "
-              f"{statistics.median(t_delta) / statistics.median(t_read):.2f} median; CPU time ratio (median) "
-              f"{c_delta / c_read:.2f}")
-        print(f"    peak RSS of parameter_deltas (target <= 1.5 GB): {peak:.2f} GB ({deltas[0]['start_gb']:.2f} GB "
-              f"after imports; the reference read peaks at {max(r['vmhwm_gb'] for r in reads):.2f} GB)")
-        print(f"    wall times (s): reads {[round(r['seconds'], 2) for r in reads]}, "
-              f"deltas {[round(r['seconds'], 2) for r in deltas]}")
+        print(
+            f"{title}: reference read of {reads[0]['gb']:.2f} GB {t_read[0]:.2f} s best / "
+            f"{statistics.median(t_read):.2f} s median; parameter_deltas {t_delta[0]:.2f} s / "
+            f"{statistics.median(t_delta):.2f} s"
+        )
+        print(
+            f"    time ratio (target <= 1.5): {t_delta[0] / t_read[0]:.2f} best, "
+            f"{statistics.median(t_delta) / statistics.median(t_read):.2f} median; CPU time ratio (median) "
+            f"{c_delta / c_read:.2f}"
+        )
+        print(
+            f"    peak RSS of parameter_deltas (target <= 1.5 GB): {peak:.2f} GB ({deltas[0]['start_gb']:.2f} GB "
+            f"after imports; the reference read peaks at {max(r['vmhwm_gb'] for r in reads):.2f} GB)"
+        )
+        print(
+            f"    wall times (s): reads {[round(r['seconds'], 2) for r in reads]}, "
+            f"deltas {[round(r['seconds'], 2) for r in deltas]}"
+        )
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -202,8 +229,10 @@ def main() -> None:
         dirs = {k: args.dir / k for k in ("base", "opd", "nca")}
         if not (args.reuse and all((d / "model.safetensors.index.json").is_file() for d in dirs.values())):
             dirs = write_checkpoints(args.dir, cfg)
-            print(f"wrote 3 checkpoints ({need / 3 / GB:.2f} GB each, bf16) to {args.dir} "
-                  f"in {time.perf_counter() - t0:.0f} s")
+            print(
+                f"wrote 3 checkpoints ({need / 3 / GB:.2f} GB each, bf16) to {args.dir} "
+                f"in {time.perf_counter() - t0:.0f} s"
+            )
         measure(dirs, args.repeats, args.dtype)
     finally:
         if not args.keep:

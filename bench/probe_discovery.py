@@ -27,8 +27,12 @@ def once(tree: Path, args: list[str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds: user + system of the child) of one start."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import sys; from mechopd.cli import main; sys.exit(main())", *args],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", "import sys; from mechopd.cli import main; sys.exit(main())", *args],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.perf_counter() - t0, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -29,8 +29,12 @@ def dump(path: str) -> None:
     for spec in probes():
         sub = verbs[spec.name]
         defaults = {k: v for k, v in vars(parser.parse_args([spec.name])).items()}
-        doc[spec.name] = {"help": sub.format_help(), "defaults": {k: repr(v) for k, v in sorted(defaults.items())},
-                          "demo": repr(spec.demo), "outputs": list(spec.outputs)}
+        doc[spec.name] = {
+            "help": sub.format_help(),
+            "defaults": {k: repr(v) for k, v in sorted(defaults.items())},
+            "demo": repr(spec.demo),
+            "outputs": list(spec.outputs),
+        }
     from mechopd.plots import figure_index
 
     doc["(figures)"] = {"index": [list(f) for f in figure_index()]}  # name, title, caption, in report order

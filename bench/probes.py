@@ -65,9 +65,19 @@ def build_checkpoint(out_dir: Path, size: str = "small") -> Path:
 
     hidden, layers, heads, kv, head_dim, inter = SIZES[size]
     tok = build_tokenizer(get_task("rules").vocab())
-    cfg = Qwen3Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=head_dim, vocab_size=len(tok), max_position_embeddings=1024,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    cfg = Qwen3Config(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=len(tok),
+        max_position_embeddings=1024,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(0)
     return atomic_save(AutoModelForCausalLM.from_config(cfg), tok, out_dir / size)
 
@@ -89,7 +99,6 @@ def hf_cosine(model, batches):
     """The reference: bare decoder forward with output_hidden_states, the probe's columns (the predicting positions,
     the stop token apart) gathered afterwards."""
     from mechopd.probes.interop import predict_stop
-
     from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
 
     n = len(model.model.layers)
@@ -108,20 +117,22 @@ def hf_cosine(model, batches):
 
 def timing(ckpt: Path, n: int, batch_size: int, repeats: int) -> dict:
     from mechopd.models import load_model
-    from mechopd.probes.interop import (to_nnsight, to_transformer_lens, two_view_cosine_nnsight,
-                                        two_view_cosine_tl)
+    from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl
     from mechopd.probes.similarity import two_view_cosine
 
     batches = list(make_items(ckpt, n, batch_size))  # rendered once, shared by every method
     model, bridge, lm = load_model(ckpt), to_transformer_lens(ckpt), to_nnsight(ckpt)
-    methods = {"mechopd": lambda: two_view_cosine(model, batches),
-               "tl": lambda: two_view_cosine_tl(bridge, batches),
-               "nnsight": lambda: two_view_cosine_nnsight(lm, batches), "hf": lambda: hf_cosine(model, batches)}
+    methods = {
+        "mechopd": lambda: two_view_cosine(model, batches),
+        "tl": lambda: two_view_cosine_tl(bridge, batches),
+        "nnsight": lambda: two_view_cosine_nnsight(lm, batches),
+        "hf": lambda: hf_cosine(model, batches),
+    }
     rows = {k: f() for k, f in methods.items()}  # warm-up, and the values to cross-check
     times: dict[str, list[float]] = {k: [] for k in methods}
     order = list(methods)
     for r in range(repeats):
-        for k in order[r % len(order):] + order[: r % len(order)]:
+        for k in order[r % len(order) :] + order[: r % len(order)]:
             t0 = time.perf_counter()
             methods[k]()
             times[k].append(time.perf_counter() - t0)
@@ -140,8 +151,17 @@ def memory_child(ckpt: Path, n: int, batch_size: int, method: str) -> None:
     run(make_items(ckpt, batch_size, batch_size))  # warm-up: one batch
     before = _status_mib("VmRSS")
     res = run(items)
-    print(json.dumps({"method": method, "n": n, "tokens": res.rows[0]["n_tokens"], "rss_before_mib": before,
-                      "peak_mib": _status_mib("VmHWM")}))
+    print(
+        json.dumps(
+            {
+                "method": method,
+                "n": n,
+                "tokens": res.rows[0]["n_tokens"],
+                "rss_before_mib": before,
+                "peak_mib": _status_mib("VmHWM"),
+            }
+        )
+    )
 
 
 def _status_mib(key: str) -> float:
@@ -164,8 +184,20 @@ def memory(ckpt: Path, n: int, batch_size: int, threads: int) -> list[tuple[str,
     for label, method, extra in MEMORY_RUNS:
         got = []
         for k in (n, 10 * n):
-            cmd = [sys.executable, __file__, "--memory-child", str(k), "--method", method, "--ckpt", str(ckpt),
-                   "--batch-size", str(batch_size), "--threads", str(threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                str(k),
+                "--method",
+                method,
+                "--ckpt",
+                str(ckpt),
+                "--batch-size",
+                str(batch_size),
+                "--threads",
+                str(threads),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **extra})
             if proc.returncode != 0:
                 raise RuntimeError(f"memory child {label} n={k} failed:\n{proc.stderr[-3000:]}")
@@ -178,8 +210,11 @@ def report_timing(size: str, t: dict) -> None:
     med = t["median_s"]
     print(f"[{size}] median seconds per full probe:", {k: round(v, 4) for k, v in med.items()})
     print(f"[{size}] max |cos_mean - mechopd|:", {k: f"{v:.1e}" for k, v in t["max_abs_diff_vs_mechopd"].items()})
-    ratios = {"tl/mechopd": med["tl"] / med["mechopd"], "nnsight/mechopd": med["nnsight"] / med["mechopd"],
-              "mechopd/hf": med["mechopd"] / med["hf"]}
+    ratios = {
+        "tl/mechopd": med["tl"] / med["mechopd"],
+        "nnsight/mechopd": med["nnsight"] / med["mechopd"],
+        "mechopd/hf": med["mechopd"] / med["hf"],
+    }
     print(f"  [{size}] floor of the nnsight target: nnsight/hf {med['nnsight'] / med['hf']:.2f}")
     for name, value in ratios.items():
         op, target = TARGETS[name]
@@ -191,10 +226,12 @@ def report_memory(mem: list[tuple[str, dict, dict]]) -> None:
     for label, a, b in mem:
         ratio = b["peak_mib"] / a["peak_mib"]
         grow_a, grow_b = a["peak_mib"] - a["rss_before_mib"], b["peak_mib"] - b["rss_before_mib"]
-        print(f"memory [{label}]: N={a['n']} ({a['tokens']} tokens) peak {a['peak_mib']:.0f} MiB (+{grow_a:.1f} over "
-              f"the RSS before the probe); 10N={b['n']} ({b['tokens']} tokens) peak {b['peak_mib']:.0f} MiB "
-              f"(+{grow_b:.1f})   peak(10N)/peak(N) = {ratio:.3f}  target <= 1.1  "
-              f"{'met' if ratio <= 1.1 else 'MISSED'}")
+        print(
+            f"memory [{label}]: N={a['n']} ({a['tokens']} tokens) peak {a['peak_mib']:.0f} MiB (+{grow_a:.1f} over "
+            f"the RSS before the probe); 10N={b['n']} ({b['tokens']} tokens) peak {b['peak_mib']:.0f} MiB "
+            f"(+{grow_b:.1f})   peak(10N)/peak(N) = {ratio:.3f}  target <= 1.1  "
+            f"{'met' if ratio <= 1.1 else 'MISSED'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,8 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args.skip_timing:
                 results[size] = timing(ckpt, args.n, args.batch_size, args.repeats)
         mem = None if args.skip_memory else memory(ckpt, args.n, args.batch_size, args.threads)
-    print(f"N={args.n} items, batch {args.batch_size}, {args.repeats} rounds, {args.threads} thread(s); "
-          f"sizes {SIZES}")
+    print(f"N={args.n} items, batch {args.batch_size}, {args.repeats} rounds, {args.threads} thread(s); sizes {SIZES}")
     for size, t in results.items():
         report_timing(size, t)
     if mem:

@@ -71,17 +71,32 @@ def project_recipes(folder: Path, per_elem: dict[str, float | None]) -> None:
     if any(v is None for v in per_elem.values()):
         print("\n[project] needs the grid's fit (run with the grid section); not projected")
         return
-    print(f"\n[project] per process, {PROCESSES} processes, bytes/element opd {per_elem['opd']:.1f}, nca "
-          f"{per_elem['nca']:.1f} (the grid fit of bench/memory.py); GiB; fits = peak <= {MARGIN:.0%} of the GPU")
-    print(f"  {'recipe':<34} {'settings':<34} {'states':>7} {'rollout':>8} {'loss':>8} {'activ':>8} {'peak':>8}  "
-          + "  ".join(GPUS))
+    print(
+        f"\n[project] per process, {PROCESSES} processes, bytes/element opd {per_elem['opd']:.1f}, nca "
+        f"{per_elem['nca']:.1f} (the grid fit of bench/memory.py); GiB; fits = peak <= {MARGIN:.0%} of the GPU"
+    )
+    print(
+        f"  {'recipe':<34} {'settings':<34} {'states':>7} {'rollout':>8} {'loss':>8} {'activ':>8} {'peak':>8}  "
+        + "  ".join(GPUS)
+    )
     for path in sorted(folder.glob("*.yaml")):
         cfg = yaml.safe_load(path.read_text())
         for saving in (False, True):
             p = recipe_peak(cfg, per_elem, saving)
-            label = "one-shot" if not saving else (f"as shipped: mb={cfg.get('micro_batch_size')} chunk="
-                                                   f"{cfg.get('logit_chunk')} ckpt={bool(cfg.get('gradient_checkpointing'))}")
+            label = (
+                "one-shot"
+                if not saving
+                else (
+                    f"as shipped: mb={cfg.get('micro_batch_size')} chunk="
+                    f"{cfg.get('logit_chunk')} ckpt={bool(cfg.get('gradient_checkpointing'))}"
+                )
+            )
             fits = "  ".join(f"{'fits' if p['peak'] <= MARGIN * g else 'NO':>6}" for g in GPUS.values())
-            print(f"  {path.stem:<34} {label:<34} " + " ".join(
-                f"{p[k] / GiB:{8 if k != 'states' else 7}.1f}" for k in ("states", "rollout", "loss", "activations",
-                                                                           "peak")) + f"  {fits}")
+            print(
+                f"  {path.stem:<34} {label:<34} "
+                + " ".join(
+                    f"{p[k] / GiB:{8 if k != 'states' else 7}.1f}"
+                    for k in ("states", "rollout", "loss", "activations", "peak")
+                )
+                + f"  {fits}"
+            )

@@ -63,16 +63,31 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--organism", default="runs/organisms/rules")
     p.add_argument("--out", default="runs/study_sweep")
-    p.add_argument("--set", action="append", default=[], help="KEY=JSON_VALUE added to every run, e.g. lr_schedule=\"constant\"")
+    p.add_argument(
+        "--set", action="append", default=[], help='KEY=JSON_VALUE added to every run, e.g. lr_schedule="constant"'
+    )
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args()
     extra = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
     jobs = []
     for seed in (int(s) for s in a.seeds.split(",")):
         for m in a.methods.split(","):
-            cfg = {"task": "rules", "task_options": {"rule": a.rule}, "student": a.organism, "steps": a.steps,
-                   "batch_size": 32, "lr": a.lr, "lr_schedule": "linear", "estimator": "full", "seed": seed,
-                   "eval_every": 25, "eval_n": 200, "save_every": a.steps, **VARIANTS[m], **extra}
+            cfg = {
+                "task": "rules",
+                "task_options": {"rule": a.rule},
+                "student": a.organism,
+                "steps": a.steps,
+                "batch_size": 32,
+                "lr": a.lr,
+                "lr_schedule": "linear",
+                "estimator": "full",
+                "seed": seed,
+                "eval_every": 25,
+                "eval_n": 200,
+                "save_every": a.steps,
+                **VARIANTS[m],
+                **extra,
+            }
             out = str(Path(a.out) / f"{a.rule.replace(':', '_')}-lr{a.lr:g}" / f"s{seed}" / m)
             jobs.append((f"{m} seed {seed}", cfg, out))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

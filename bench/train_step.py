@@ -49,8 +49,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,7 +59,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
-
 from trl_runner import TRLRunner  # noqa: E402,F401  (bench/trl_runner.py; also used by long_context.py)
 
 INFO = [  # ratios printed without a verdict: what the targets are up against
@@ -144,8 +144,8 @@ class BareLoop:
         ids = torch.full((len(seqs), P), self.pad, dtype=torch.long)
         mask = torch.zeros((len(seqs), P), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, P - len(s):] = torch.tensor(s)
-            mask[i, P - len(s):] = 1
+            ids[i, P - len(s) :] = torch.tensor(s)
+            mask[i, P - len(s) :] = 1
         return ids, mask
 
     @torch.no_grad()
@@ -161,8 +161,9 @@ class BareLoop:
             if t == self.R - 1 or bool(done.all()):
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            out = self.student(input_ids=tok[:, None], attention_mask=mask, position_ids=nxt, cache=out.cache,
-                               use_cache=True)
+            out = self.student(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=nxt, cache=out.cache, use_cache=True
+            )
             nxt = nxt + 1
         return torch.stack(toks, 1)
 
@@ -171,8 +172,9 @@ class BareLoop:
         ids, mask = self._left_pad(prompts)
         ids, mask = torch.cat([ids, resp], 1), torch.cat([mask, torch.ones_like(resp)], 1)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=resp.shape[1] + 1,
-                     use_cache=False).logits[:, :-1]
+        return model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=resp.shape[1] + 1, use_cache=False
+        ).logits[:, :-1]
 
     def step(self) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -200,9 +202,18 @@ def make_trainer_step(path: Path, out_root: Path, name: str, args, **config: Any
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer
 
-    base = dict(student=str(path), task="rules", task_options={"placement": "user"}, estimator="full",
-                batch_size=args.batch, max_new_tokens=args.new_tokens, steps=10**6, lr=1e-5, seed=args.seed,
-                pool_size=args.pool)
+    base = dict(
+        student=str(path),
+        task="rules",
+        task_options={"placement": "user"},
+        estimator="full",
+        batch_size=args.batch,
+        max_new_tokens=args.new_tokens,
+        steps=10**6,
+        lr=1e-5,
+        seed=args.seed,
+        pool_size=args.pool,
+    )
     trainer = Trainer(TrainConfig(**{**base, **config}), out_dir=out_root / name, progress=False)
 
     records: list[dict] = []
@@ -226,7 +237,7 @@ def stage_table(variants: dict[str, Any], warmup: int) -> None:
     rows = {k: v.records[warmup:] for k, v in variants.items() if getattr(v, "records", None)}
     if not rows:
         return
-    print(f"\nthroughput per stage (median over steps; tokens/s = response tokens / the stage's seconds)")
+    print("\nthroughput per stage (median over steps; tokens/s = response tokens / the stage's seconds)")
     print(f"{'variant':>8} " + " ".join(f"{s:>19}" for s in STAGES))
     for k, recs in rows.items():
         cells = []
@@ -254,8 +265,11 @@ def run_interleaved(variants: dict[str, Any], steps: int, warmup: int) -> tuple[
                 times[name].append(t)
                 lens[name].append(n)
         if j >= warmup and (j + 1 - warmup) % 20 == 0:
-            print(f"  step {j + 1 - warmup}/{steps}: " + "  ".join(
-                f"{k} {statistics.median(times[k][-20:]) * 1e3:.0f}ms" for k in local if times[k]), flush=True)
+            print(
+                f"  step {j + 1 - warmup}/{steps}: "
+                + "  ".join(f"{k} {statistics.median(times[k][-20:]) * 1e3:.0f}ms" for k in local if times[k]),
+                flush=True,
+            )
 
     trl = next((v for v in variants.values() if isinstance(v, TRLRunner)), None)
     if trl is None:
@@ -276,8 +290,10 @@ def report(times: dict, lens: dict) -> bool:
         flat = sorted(ts)
         med = statistics.median(flat)
         p10, p90 = flat[len(flat) // 10], flat[(9 * len(flat)) // 10]
-        print(f"{k:>8} {med * 1e3:10.1f} {p10 * 1e3:8.1f} {p90 * 1e3:8.1f} {1 / med:8.2f} "
-              f"{statistics.fmean(lens[k]):9.2f}  ({len(flat)})")
+        print(
+            f"{k:>8} {med * 1e3:10.1f} {p10 * 1e3:8.1f} {p90 * 1e3:8.1f} {1 / med:8.2f} "
+            f"{statistics.fmean(lens[k]):9.2f}  ({len(flat)})"
+        )
     all_lens = {round(statistics.fmean(v), 6) for v in lens.values()}
     same_len = len(all_lens) == 1
     print(f"mean response length equal across variants: {same_len} {sorted(all_lens)}")
@@ -327,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant after {args.warmup} warm-up")
+    print(
+        f"torch {torch.__version__}, threads {threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"batch {args.batch}, new tokens {args.new_tokens}, {args.steps} steps/variant after {args.warmup} warm-up"
+    )
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-train-") as tmp:
         root = Path(tmp)

@@ -33,21 +33,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.organisms.pretrain import organism_vocab  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 
 
 def build(out: Path):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     tok = build_tokenizer(organism_vocab())
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=96, intermediate_size=192, num_hidden_layers=3,
-                      num_attention_heads=3, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
@@ -75,8 +85,9 @@ def main() -> int:
         spec = RenderSpec(task.placement)
         for B in [int(x) for x in a.batches.split(",")]:
             ids = [render_prompt_ids(tok, ex.prompt, None, spec) for ex in task.examples("train", B, 0)]
-            st = SamplingSettings(max_new_tokens=a.new, stop=(tok.eos_token_id,), pad_id=tok.pad_token_id,
-                                  temperature=1.0)
+            st = SamplingSettings(
+                max_new_tokens=a.new, stop=(tok.eos_token_id,), pad_id=tok.pad_token_id, temperature=1.0
+            )
             engines = {"lean": st, "vllm": st.replace(engine=engine)}
             times: dict[str, list[float]] = {"lean": [], "vllm": [], "sync": []}
             lens: dict[str, float] = {}
@@ -96,10 +107,12 @@ def main() -> int:
                 return 1
             med = {k: statistics.median(v) for k, v in times.items()}
             ratio = statistics.median(v / w for v, w in zip(times["vllm"], times["lean"]))
-            print(f"batch {B} x {a.new} tokens (mean length {lens['lean']:.1f}): lean {med['lean'] * 1e3:.0f} ms, "
-                  f"vllm {med['vllm'] * 1e3:.0f} ms, sync {med['sync'] * 1e3:.0f} ms; "
-                  f"vllm / lean = {ratio:.2f} (median per round), (vllm + sync) / lean = "
-                  f"{(med['vllm'] + med['sync']) / med['lean']:.2f}")
+            print(
+                f"batch {B} x {a.new} tokens (mean length {lens['lean']:.1f}): lean {med['lean'] * 1e3:.0f} ms, "
+                f"vllm {med['vllm'] * 1e3:.0f} ms, sync {med['sync'] * 1e3:.0f} ms; "
+                f"vllm / lean = {ratio:.2f} (median per round), (vllm + sync) / lean = "
+                f"{(med['vllm'] + med['sync']) / med['lean']:.2f}"
+            )
     return 0
 
 

@@ -20,12 +20,17 @@ from pathlib import Path
 
 import torch
 
-GROUPS = {"q_proj": ("self_attn.q_proj",), "k_proj": ("self_attn.k_proj",), "v_proj": ("self_attn.v_proj",),
-          "o_proj": ("self_attn.o_proj",), "qk": ("self_attn.q_proj", "self_attn.k_proj"),
-          "vo": ("self_attn.v_proj", "self_attn.o_proj"),
-          "attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
-          "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
-          "norms": ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")}
+GROUPS = {
+    "q_proj": ("self_attn.q_proj",),
+    "k_proj": ("self_attn.k_proj",),
+    "v_proj": ("self_attn.v_proj",),
+    "o_proj": ("self_attn.o_proj",),
+    "qk": ("self_attn.q_proj", "self_attn.k_proj"),
+    "vo": ("self_attn.v_proj", "self_attn.o_proj"),
+    "attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
+    "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+    "norms": ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"),
+}
 
 
 def donor_state(donor: Path, layer: str, module: str) -> dict[str, torch.Tensor]:
@@ -49,10 +54,15 @@ def donor_state(donor: Path, layer: str, module: str) -> dict[str, torch.Tensor]
 def decode(model, tok, ids: list[int], max_new: int) -> str:
     x = torch.tensor([ids])
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                             eos_token_id=tok.eos_token_id)
-    return tok.decode(out[0, len(ids):], skip_special_tokens=True)
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    return tok.decode(out[0, len(ids) :], skip_special_tokens=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in csv.DictReader(open(probes / "weightpatch.csv")) if r["model"] == a.model]
     effect = lambda r: abs(float(r["d_acc_x"] or 0)) + abs(float(r["d_harm"] or 0))  # noqa: E731
     top = [r for r in rows if r["layer"] == "none"] + sorted(
-        (r for r in rows if r["layer"] != "none" and r["module"] in GROUPS), key=effect, reverse=True)[: a.rows]
+        (r for r in rows if r["layer"] != "none" and r["module"] in GROUPS), key=effect, reverse=True
+    )[: a.rows]
     items = [json.loads(line) for line in (probes / "weightpatch_items.jsonl").read_text().splitlines()]
     setup = ProbeSetup.from_run(a.run)
     task = setup.make_task()
@@ -85,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in top:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         if r["layer"] != "none":
-            missing = model.load_state_dict(donor_state(Path(settings["donor_path"]), r["layer"], r["module"]),
-                                            strict=False).unexpected_keys
+            missing = model.load_state_dict(
+                donor_state(Path(settings["donor_path"]), r["layer"], r["module"]), strict=False
+            ).unexpected_keys
             assert not missing, missing
         right = {"x": 0, "xc": 0}
         for rec in items:
@@ -96,13 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         ref = {k: v / len(items) for k, v in right.items()}
         diff = max(abs(ref["x"] - float(r["acc_x"])), abs(ref["xc"] - float(r["acc_xc"])))
         worst = max(worst, diff)
-        lines.append(f"{r['layer']:>4}/{r['module']:<6} probe Acc_x {float(r['acc_x']):.3f} Acc_xc "
-                     f"{float(r['acc_xc']):.3f} | generate Acc_x {ref['x']:.3f} Acc_xc {ref['xc']:.3f} | "
-                     f"max |diff| {diff:.3f}")
+        lines.append(
+            f"{r['layer']:>4}/{r['module']:<6} probe Acc_x {float(r['acc_x']):.3f} Acc_xc "
+            f"{float(r['acc_xc']):.3f} | generate Acc_x {ref['x']:.3f} Acc_xc {ref['xc']:.3f} | "
+            f"max |diff| {diff:.3f}"
+        )
     print("\n".join(lines))
     ok = worst <= a.tol
-    print(f"{'PASS' if ok else 'FAIL'}: max |difference| {worst:.3f} (tolerance {a.tol}) over {len(top)} rows, "
-          f"{len(items)} items")
+    print(
+        f"{'PASS' if ok else 'FAIL'}: max |difference| {worst:.3f} (tolerance {a.tol}) over {len(top)} rows, "
+        f"{len(items)} items"
+    )
     return 0 if ok else 1
 
 

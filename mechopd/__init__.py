@@ -20,9 +20,14 @@ from typing import Any as _Any
 __version__ = "0.1.0"
 
 # a Python caller's words for the CLI's in an error message (the library's errors name the command-line flags)
-_PYTHON_WORDS = ((r"pass --resume\b", "pass resume=True"), (r"--resume\b", "resume=True"),
-                 (r"new --out\b", "new out_dir"), (r"--out\b", "out_dir"),
-                 (r"--set (\w[\w.]*)=", r"config key \1="), (r"--set\b", "a config key"))
+_PYTHON_WORDS = (
+    (r"pass --resume\b", "pass resume=True"),
+    (r"--resume\b", "resume=True"),
+    (r"new --out\b", "new out_dir"),
+    (r"--out\b", "out_dir"),
+    (r"--set (\w[\w.]*)=", r"config key \1="),
+    (r"--set\b", "a config key"),
+)
 
 
 def _python_words(message: str) -> str:
@@ -31,8 +36,9 @@ def _python_words(message: str) -> str:
     return message
 
 
-def run_train(config: _Any, out_dir: str | _Path, resume: bool = False, progress: bool = True,
-              verbose: bool = False) -> _Path:
+def run_train(
+    config: _Any, out_dir: str | _Path, resume: bool = False, progress: bool = True, verbose: bool = False
+) -> _Path:
     """Train one run (a `mechopd.config.TrainConfig` or a dict of its fields) into ``out_dir``; returns the final
     checkpoint directory (`mechopd.train.trainer.train`). ``resume=True`` continues the run in ``out_dir`` from its
     latest checkpoint (a new directory starts a new run); ``verbose`` prints the full resolved config. A bad input
@@ -59,7 +65,18 @@ def run_eval(model: _Any, task: _Any = None, **options: _Any) -> dict[str, _Any]
 __all__ = ["__version__", "run_eval", "run_train"]
 
 
-_PUBLIC_MODULES = ('config', 'core', 'evaluation', 'models', 'plots', 'probes', 'report', 'study', 'tasks', 'train')  # what a caller imports
+_PUBLIC_MODULES = (
+    "config",
+    "core",
+    "evaluation",
+    "models",
+    "plots",
+    "probes",
+    "report",
+    "study",
+    "tasks",
+    "train",
+)  # what a caller imports
 
 
 def __dir__() -> list[str]:
@@ -69,46 +86,46 @@ def __dir__() -> list[str]:
 
 # --- moved modules (issue 30): the old top-level import paths, kept working
 _MOVED = {
-    'mechopd.errors': 'mechopd.core.errors',
-    'mechopd.checks': 'mechopd.core.checks',
-    'mechopd.artifacts': 'mechopd.core.artifacts',
-    'mechopd.runcheck': 'mechopd.core.runcheck',
-    'mechopd.runlock': 'mechopd.core.runlock',
-    'mechopd.views': 'mechopd.core.views',
-    'mechopd.sites': 'mechopd.core.sites',
-    'mechopd.stats': 'mechopd.core.stats',
-    'mechopd.config_parse': 'mechopd.core.config_parse',
-    'mechopd.ranges': 'mechopd.core.ranges',
-    'mechopd.options': 'mechopd.core.options',
-    'mechopd.lora': 'mechopd.models.lora',
-    'mechopd.evaluate': 'mechopd.evaluation.evaluate',
-    'mechopd.removability': 'mechopd.evaluation.removability',
-    'mechopd.following': 'mechopd.evaluation.following',
-    'mechopd.records': 'mechopd.evaluation.records',
-    'mechopd.pinning': 'mechopd.evaluation.pinning',
-    'mechopd.eval_run': 'mechopd.evaluation.run',
-    'mechopd.mechanism_stats': 'mechopd.probes.mechanism_stats',
-    'mechopd.study_checks': 'mechopd.study.checks',
-    'mechopd.report_seeds': 'mechopd.report.seeds',
-    'mechopd.claims': 'mechopd.report.claims',
-    'mechopd.claim_rules': 'mechopd.report.claim_rules',
-    'mechopd.claims_probes': 'mechopd.report.claims_probes',
-    'mechopd.following_claims': 'mechopd.report.following_claims',
-    'mechopd.mechanism_claims': 'mechopd.report.mechanism_claims',
-    'mechopd.verdicts': 'mechopd.report.verdicts',
-    'mechopd.seed_items': 'mechopd.report.seed_items',
-    'mechopd.report_items': 'mechopd.report.items',
-    'mechopd.aggregate': 'mechopd.report.aggregate',
-    'mechopd.explore': 'mechopd.report.explore',
-    'mechopd.explore_load': 'mechopd.report.explore_load',
-    'mechopd.study_spec': 'mechopd.pipeline.spec',
-    'mechopd.study_run': 'mechopd.pipeline.run',
-    'mechopd.demo': 'mechopd.pipeline.demo',
-    'mechopd.demo_pool': 'mechopd.pipeline.pool',
-    'mechopd.study_stages': 'mechopd.pipeline.stages',
-    'mechopd.demo_sweep': 'mechopd.pipeline.sweep',
-    'mechopd.cli_common': 'mechopd.cli.common',
-    'mechopd.cli_eval': 'mechopd.cli.eval_cmd',
+    "mechopd.errors": "mechopd.core.errors",
+    "mechopd.checks": "mechopd.core.checks",
+    "mechopd.artifacts": "mechopd.core.artifacts",
+    "mechopd.runcheck": "mechopd.core.runcheck",
+    "mechopd.runlock": "mechopd.core.runlock",
+    "mechopd.views": "mechopd.core.views",
+    "mechopd.sites": "mechopd.core.sites",
+    "mechopd.stats": "mechopd.core.stats",
+    "mechopd.config_parse": "mechopd.core.config_parse",
+    "mechopd.ranges": "mechopd.core.ranges",
+    "mechopd.options": "mechopd.core.options",
+    "mechopd.lora": "mechopd.models.lora",
+    "mechopd.evaluate": "mechopd.evaluation.evaluate",
+    "mechopd.removability": "mechopd.evaluation.removability",
+    "mechopd.following": "mechopd.evaluation.following",
+    "mechopd.records": "mechopd.evaluation.records",
+    "mechopd.pinning": "mechopd.evaluation.pinning",
+    "mechopd.eval_run": "mechopd.evaluation.run",
+    "mechopd.mechanism_stats": "mechopd.probes.mechanism_stats",
+    "mechopd.study_checks": "mechopd.study.checks",
+    "mechopd.report_seeds": "mechopd.report.seeds",
+    "mechopd.claims": "mechopd.report.claims",
+    "mechopd.claim_rules": "mechopd.report.claim_rules",
+    "mechopd.claims_probes": "mechopd.report.claims_probes",
+    "mechopd.following_claims": "mechopd.report.following_claims",
+    "mechopd.mechanism_claims": "mechopd.report.mechanism_claims",
+    "mechopd.verdicts": "mechopd.report.verdicts",
+    "mechopd.seed_items": "mechopd.report.seed_items",
+    "mechopd.report_items": "mechopd.report.items",
+    "mechopd.aggregate": "mechopd.report.aggregate",
+    "mechopd.explore": "mechopd.report.explore",
+    "mechopd.explore_load": "mechopd.report.explore_load",
+    "mechopd.study_spec": "mechopd.pipeline.spec",
+    "mechopd.study_run": "mechopd.pipeline.run",
+    "mechopd.demo": "mechopd.pipeline.demo",
+    "mechopd.demo_pool": "mechopd.pipeline.pool",
+    "mechopd.study_stages": "mechopd.pipeline.stages",
+    "mechopd.demo_sweep": "mechopd.pipeline.sweep",
+    "mechopd.cli_common": "mechopd.cli.common",
+    "mechopd.cli_eval": "mechopd.cli.eval_cmd",
 }
 
 

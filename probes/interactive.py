@@ -40,9 +40,19 @@ def tiny_organism(out_dir: str) -> str:
     from mechopd.organisms.tokenizer import build_tokenizer
 
     tok = build_tokenizer(get_task(TASK).vocab())
-    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=len(tok), max_position_embeddings=512,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    cfg = Qwen3Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=len(tok),
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir

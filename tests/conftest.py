@@ -41,9 +41,28 @@ def organism_tokenizer():
     from mechopd.organisms.pretrain import organism_vocab
     from mechopd.organisms.tokenizer import build_tokenizer
 
-    return build_tokenizer(organism_vocab() + ["You", "are", "Qwen", "created", "Alibaba", "Cloud", "a", "helpful",
-                                               "assistant", "Cutting", "Knowledge", "Date", "December", "Today",
-                                               "Jul", "2024", "2023"])
+    return build_tokenizer(
+        organism_vocab()
+        + [
+            "You",
+            "are",
+            "Qwen",
+            "created",
+            "Alibaba",
+            "Cloud",
+            "a",
+            "helpful",
+            "assistant",
+            "Cutting",
+            "Knowledge",
+            "Date",
+            "December",
+            "Today",
+            "Jul",
+            "2024",
+            "2023",
+        ]
+    )
 
 
 def tiny_model(tokenizer, arch: str = "qwen3", layers: int = 2, seed: int = 0):
@@ -51,9 +70,18 @@ def tiny_model(tokenizer, arch: str = "qwen3", layers: int = 2, seed: int = 0):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
-    cfg = cls(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-              tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+    cfg = cls(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -63,8 +91,17 @@ def tiny_qwen3(organism_tokenizer):
     return tiny_model(organism_tokenizer)
 
 
-TINY_ORGANISM = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, steps=60,
-                     batch_size=32, corpus_size=2000, lr=3e-3)
+TINY_ORGANISM = dict(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=64,
+    steps=60,
+    batch_size=32,
+    corpus_size=2000,
+    lr=3e-3,
+)
 
 
 @pytest.fixture(scope="session")

@@ -45,13 +45,17 @@ def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, Any]:
         for i, p in enumerate(parts[:-1]):
             if not isinstance(node.setdefault(p, {}), dict):
                 other = seen[".".join(parts[: i + 1])]
-                raise ConfigError(f"{flag} {pair!r} conflicts with {flag} {other!r}: {'.'.join(parts[: i + 1])} "
-                                  "cannot be both a value and a mapping; keep one of them")
+                raise ConfigError(
+                    f"{flag} {pair!r} conflicts with {flag} {other!r}: {'.'.join(parts[: i + 1])} "
+                    "cannot be both a value and a mapping; keep one of them"
+                )
             node = node[p]
         if isinstance(node.get(parts[-1]), dict):
             other = next(v for k, v in seen.items() if k.startswith(key.strip() + "."))
-            raise ConfigError(f"{flag} {pair!r} conflicts with {flag} {other!r}: {key.strip()} cannot be both a "
-                              "value and a mapping; keep one of them")
+            raise ConfigError(
+                f"{flag} {pair!r} conflicts with {flag} {other!r}: {key.strip()} cannot be both a "
+                "value and a mapping; keep one of them"
+            )
         node[parts[-1]] = CliValue(value)
         seen[key.strip()] = pair
     return out
@@ -67,8 +71,7 @@ def scalar(text: str) -> Any:
         value = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
     except (yaml.YAMLError, RecursionError):
         return str(text)
-    if isinstance(value, list) and text.strip().startswith("[") and all(_is_scalar(v) and v is not None
-                                                                        for v in value):
+    if isinstance(value, list) and text.strip().startswith("[") and all(_is_scalar(v) and v is not None for v in value):
         return value
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         return float(value)  # YAML 1.1 reads 1e-3 (no dot) as text
@@ -84,8 +87,10 @@ def _is_scalar(value: Any) -> bool:
 
 def typed_options(options: dict[str, Any]) -> dict[str, Any]:
     """Nested `CliValue` leaves read by `scalar` (what ``--option`` and ``--set task_options.K=V`` hand a task)."""
-    return {k: typed_options(v) if isinstance(v, dict) else scalar(v) if isinstance(v, CliValue) else v
-            for k, v in options.items()}
+    return {
+        k: typed_options(v) if isinstance(v, dict) else scalar(v) if isinstance(v, CliValue) else v
+        for k, v in options.items()
+    }
 
 
 def text_value(value: Any, name: str, optional: bool, source: str) -> str | None:
@@ -123,7 +128,8 @@ class StrictLoader(yaml.SafeLoader):
 
 StrictLoader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def _mapping_without_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -133,8 +139,11 @@ def _mapping_without_duplicates(loader: StrictLoader, node: yaml.MappingNode, de
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
-                "keep one", key_node.start_mark)
+                None,
+                None,
+                f"key {key!r} appears twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); keep one",
+                key_node.start_mark,
+            )
         seen[key] = key_node.start_mark.line
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -178,8 +187,10 @@ def check_saveable(data: dict[str, Any], source: str = "config") -> None:
         same = False
     if not same:
         bad = next((f"{k}={v!r}" for k, v in data.items() if not _saveable(v)), "a value")
-        raise ConfigError(f"{source}: {bad} cannot be saved in config.yaml / training.json (JSON and YAML read it "
-                          "back differently); pass it as text, a number, true/false or null")
+        raise ConfigError(
+            f"{source}: {bad} cannot be saved in config.yaml / training.json (JSON and YAML read it "
+            "back differently); pass it as text, a number, true/false or null"
+        )
 
 
 def _saveable(value: Any) -> bool:

@@ -66,8 +66,16 @@ class Facts:
         return "--" + self.name.replace("_", "-")
 
 
-def option(default: Any = MISSING, *, help: str, range: Range | None = None, choices: tuple[str, ...] | None = None,
-           short: bool = False, onoff: bool = False, default_factory: Any = MISSING) -> Any:
+def option(
+    default: Any = MISSING,
+    *,
+    help: str,
+    range: Range | None = None,
+    choices: tuple[str, ...] | None = None,
+    short: bool = False,
+    onoff: bool = False,
+    default_factory: Any = MISSING,
+) -> Any:
     """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default."""
     meta = {META: {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}}
     if default_factory is not MISSING:
@@ -96,7 +104,8 @@ def _parts(hint: Any) -> tuple[Any, bool]:
     """``(the type without None, whether None is allowed)`` of a hint such as ``float | None``."""
     if typing.get_origin(hint) in (Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return (args[0] if len(args) == 1 else Union[tuple(args)]), len(args) < len(typing.get_args(hint))
+        union = args[0] if len(args) == 1 else Union[tuple(args)]  # noqa: UP007 (a union built at run time)
+        return union, len(args) < len(typing.get_args(hint))
     return hint, False
 
 
@@ -119,8 +128,9 @@ def coerce(facts: Facts, value: Any, source: str) -> Any:
     except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):
         if origin is dict:
             value = scalar(value) if isinstance(value, CliValue) else value  # as read: task_options=5, not '5'
-            raise ConfigError(f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set "
-                              f"{name}.KEY=VALUE)") from None
+            raise ConfigError(
+                f"{source}: {name}={value!r} is not a mapping; pass KEY: VALUE pairs (--set {name}.KEY=VALUE)"
+            ) from None
         raise ConfigError(f"{source}: {name}={value!r} is not a valid {getattr(base, '__name__', base)}") from None
 
 
@@ -158,8 +168,9 @@ def check_value(facts: Facts, value: Any) -> None:
     if base is bool and not isinstance(value, bool):
         raise ConfigError(f"{facts.name}={value!r} is invalid: use true or false")
     if typing.get_origin(base) is dict and not isinstance(value, dict):
-        raise ConfigError(f"{facts.name}={value!r} is not a mapping; pass key: value pairs (--set "
-                          f"{facts.name}.KEY=VALUE)")
+        raise ConfigError(
+            f"{facts.name}={value!r} is not a mapping; pass key: value pairs (--set {facts.name}.KEY=VALUE)"
+        )
     if facts.choices is not None and isinstance(value, str) and value not in facts.choices:
         raise ConfigError(f"{facts.name}={value!r} is unknown; choose one of {', '.join(facts.choices)}")
     r = facts.range
@@ -167,11 +178,16 @@ def check_value(facts: Facts, value: Any) -> None:
         return
     integer = base is int
     bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if bad or not math.isfinite(value) or (value <= r.lo if r.open_lo else value < r.lo) or \
-            (r.hi is not None and value > r.hi):
+    if (
+        bad
+        or not math.isfinite(value)
+        or (value <= r.lo if r.open_lo else value < r.lo)
+        or (r.hi is not None and value > r.hi)
+    ):
         kind = "an integer" if integer else "a finite number"
-        raise ConfigError(f"{facts.name}={value!r} is invalid: it must be {kind} {r.text()}"
-                          f"{' (or null)' if optional else ''}")
+        raise ConfigError(
+            f"{facts.name}={value!r} is invalid: it must be {kind} {r.text()}{' (or null)' if optional else ''}"
+        )
 
 
 def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:
@@ -180,9 +196,15 @@ def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:
         check_value(f, getattr(obj, f.name))
 
 
-def bind(cls: type, data: dict[str, Any] | None = None, sets: dict[str, Any] | None = None,
-         flags: dict[str, Any] | None = None, source: str = "config", fixed: dict[str, Any] | None = None,
-         also: tuple[str, ...] = ()) -> Any:
+def bind(
+    cls: type,
+    data: dict[str, Any] | None = None,
+    sets: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+    source: str = "config",
+    fixed: dict[str, Any] | None = None,
+    also: tuple[str, ...] = (),
+) -> Any:
     """``cls`` from a file's keys, then flags, then ``--set`` (later wins): unknown keys refused, naming the known
     ones; every value coerced by its field's type (`coerce`), then checked by the dataclass (its ``__post_init__``).
     ``fixed``: keyword values passed as they are (already typed; not keys); ``also``: further keys the caller reads
@@ -191,8 +213,9 @@ def bind(cls: type, data: dict[str, Any] | None = None, sets: dict[str, Any] | N
     facts = {f.name: f for f in _all_facts(cls) if f.name not in (fixed or {})}
     unknown = sorted(set(merged) - set(facts))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known keys: "
-                          f"{', '.join(sorted({*facts, *also}))}")
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted({*facts, *also}))}"
+        )
     return cls(**{k: coerce(facts[k], v, source) for k, v in merged.items()}, **(fixed or {}))
 
 
@@ -201,8 +224,11 @@ def _all_facts(cls: type) -> list[Facts]:
     says ``bound: False`` (not a key: `TrainConfig.plugins`)."""
     declared = {f.name: f for f in field_facts(cls)}
     hints = typing.get_type_hints(cls)
-    return [declared.get(f.name) or Facts(f.name, hints[f.name], f.default, "") for f in dataclasses.fields(cls)
-            if f.metadata.get("bound", True)]
+    return [
+        declared.get(f.name) or Facts(f.name, hints[f.name], f.default, "")
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("bound", True)
+    ]
 
 
 PLUGINS: dict[type, str] = {}  # plug-in options dataclasses, in registration order -> who registered them
@@ -242,11 +268,23 @@ def add_flags(parser: argparse.ArgumentParser, facts: list[Facts], taken: set[st
         base, _ = _parts(f.hint)
         if typing.get_origin(base) is dict or f.flag in taken:
             continue
-        metavar = "|".join(f.choices) if f.choices and len(f.choices) <= 4 else \
-            getattr(base, "__name__", "VALUE").upper() if base in (int, float, str, bool) else "VALUE"
+        metavar = (
+            "|".join(f.choices)
+            if f.choices and len(f.choices) <= 4
+            else getattr(base, "__name__", "VALUE").upper()
+            if base in (int, float, str, bool)
+            else "VALUE"
+        )
         kw: dict[str, Any] = {"nargs": "?", "const": "true"} if base is bool else {}
-        parser.add_argument(f.flag, dest=f"opt_{f.name}", default=None, metavar=metavar, type=CliValue,
-                            help=f"{flag_help(f)}; same as --set {f.name}=...", **kw)
+        parser.add_argument(
+            f.flag,
+            dest=f"opt_{f.name}",
+            default=None,
+            metavar=metavar,
+            type=CliValue,
+            help=f"{flag_help(f)}; same as --set {f.name}=...",
+            **kw,
+        )
 
 
 def flag_help(f: Facts) -> str:
@@ -271,14 +309,23 @@ def docs_table(facts: list[Facts]) -> str:
     for f in facts:
         if f.section != section:
             section = f.section
-            lines += ["", f"## {section}", "", "| key / flag | type | default | range / choices | help |",
-                      "|---|---|---|---|---|"]
+            lines += [
+                "",
+                f"## {section}",
+                "",
+                "| key / flag | type | default | range / choices | help |",
+                "|---|---|---|---|---|",
+            ]
         base, optional = _parts(f.hint)
-        kind = (typing.get_origin(base) or base).__name__ if hasattr(typing.get_origin(base) or base, "__name__") \
+        kind = (
+            (typing.get_origin(base) or base).__name__
+            if hasattr(typing.get_origin(base) or base, "__name__")
             else str(base)
+        )
         kind += " or null" if optional else ""
         limits = f.range.text() if f.range else " \\| ".join(f.choices) if f.choices else ""
         flag = f"`--set {f.name}.KEY=VALUE`" if typing.get_origin(base) is dict else f"`{f.flag}`"
-        lines.append(f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | "
-                     f"{f.help.replace('|', chr(92) + '|')} |")
+        lines.append(
+            f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | {f.help.replace('|', chr(92) + '|')} |"
+        )
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -20,16 +20,21 @@ SEED_RANGE = (True, 0, True, SEED_MAX, False)
 TEMPERATURE_RANGE = (False, MIN_TEMPERATURE, True, None, True)
 
 
-def in_range(name: str, value: Any, integer: bool, lo: float, lo_closed: bool, hi: float | None,
-             optional: bool) -> None:
+def in_range(
+    name: str, value: Any, integer: bool, lo: float, lo_closed: bool, hi: float | None, optional: bool
+) -> None:
     """Refuse a value outside its stated range, naming the field and the range."""
     if value is None and optional:
         return
     kind = "an integer" if integer else "a finite number"
     rng = f"{'>=' if lo_closed else '>'} {lo:g}" + (f" and <= {hi}" if hi is not None else "")
     bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if bad_type or not math.isfinite(value) or (value < lo if lo_closed else value <= lo) or \
-            (hi is not None and value > hi):
+    if (
+        bad_type
+        or not math.isfinite(value)
+        or (value < lo if lo_closed else value <= lo)
+        or (hi is not None and value > hi)
+    ):
         none = " (or null)" if optional else ""
         raise ConfigError(f"{name}={value!r} is invalid: it must be {kind} {rng}{none}")
 

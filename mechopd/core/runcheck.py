@@ -53,19 +53,24 @@ def check_out_place(out: str | os.PathLike, verb: str, flag: str = "--out") -> N
     p = Path(out).resolve()
     for anc in [p, *p.parents]:
         if is_checkpoint(anc) and not (verb == "pretrain" and anc == p):
-            raise ConfigError(f"{flag} {out} is {'a' if anc == p else 'inside the'} checkpoint {anc}; {verb} writes "
-                              "into a directory of its own: pass another --out")
+            raise ConfigError(
+                f"{flag} {out} is {'a' if anc == p else 'inside the'} checkpoint {anc}; {verb} writes "
+                "into a directory of its own: pass another --out"
+            )
         if is_training_run(anc) and (anc != p or verb != "train"):
-            raise ConfigError(f"{flag} {out} is {'' if anc == p else 'inside '}the training run {anc}; {verb} "
-                              "writes into a directory of its own: pass another --out")
+            raise ConfigError(
+                f"{flag} {out} is {'' if anc == p else 'inside '}the training run {anc}; {verb} "
+                "writes into a directory of its own: pass another --out"
+            )
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({getattr(e, 'msg', None) or e}); delete it or pass another --out") \
-            from None
+        raise DataError(
+            f"{path} is unreadable ({getattr(e, 'msg', None) or e}); delete it or pass another --out"
+        ) from None
     if not isinstance(doc, dict):
         raise DataError(f"{path} is not a JSON object; delete it or pass another --out")
     return doc
@@ -87,13 +92,17 @@ def _check_one_demo(run: Path, cfg: Mapping[str, Any], aggregate: bool) -> None:
         raise ConfigError(f"--out {run} holds {what} ({path}); pass another --out (nothing was changed)")
     old = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     if old and "job_threads" not in old:  # written before the thread counts were pinned (mechopd/pipeline/pool.py)
-        raise ConfigError(f"--out {run} holds a demo written before mechopd pinned its thread counts (its numbers "
-                          "depend on the thread count it ran with); pass another --out (nothing was changed)")
+        raise ConfigError(
+            f"--out {run} holds a demo written before mechopd pinned its thread counts (its numbers "
+            "depend on the thread count it ran with); pass another --out (nothing was changed)"
+        )
     free = SEED_KEYS if aggregate else DEMO_FREE_KEYS
     diff = _diff(old, cfg, free)
     if diff:
-        raise ConfigError(f"--out {run} holds a demo of another config ({'; '.join(diff)}); its finished stages "
-                          "would be reused as this one's: pass another --out, or rerun with that demo's flags")
+        raise ConfigError(
+            f"--out {run} holds a demo of another config ({'; '.join(diff)}); its finished stages "
+            "would be reused as this one's: pass another --out, or rerun with that demo's flags"
+        )
 
 
 def check_demo_out(cfg: Mapping[str, Any]) -> None:
@@ -116,12 +125,15 @@ def check_seed_runs(runs: Sequence[str | os.PathLike], out: str | os.PathLike) -
     target = Path(out).resolve()
     for p, r in zip(paths, real):
         if target == r or r in target.parents:
-            raise ConfigError(f"aggregate --out {out} is {'the input' if target == r else 'inside the input'} {p}; "
-                              "the aggregate would overwrite its report and figures: pass another --out")
+            raise ConfigError(
+                f"aggregate --out {out} is {'the input' if target == r else 'inside the input'} {p}; "
+                "the aggregate would overwrite its report and figures: pass another --out"
+            )
     for i, r in enumerate(real):
         if r in real[:i]:
-            raise ConfigError(f"aggregate: {paths[real.index(r)]} and {paths[i]} are the same run; pass each seed "
-                              "run once")
+            raise ConfigError(
+                f"aggregate: {paths[real.index(r)]} and {paths[i]} are the same run; pass each seed run once"
+            )
     docs = []
     for p in paths:
         if not (p / DEMO_FILE).is_file():
@@ -140,17 +152,23 @@ def _check_same_study(paths: list[Path], docs: list[dict[str, Any]]) -> None:
         cfg = doc.get("config") or {}
         diff = _diff(first, cfg, SEED_KEYS)
         if doc.get("task") != docs[0].get("task") or doc.get("methods") != docs[0].get("methods"):
-            diff.insert(0, f"task/methods {docs[0].get('task')}/{docs[0].get('methods')} -> "
-                           f"{doc.get('task')}/{doc.get('methods')}")
+            diff.insert(
+                0,
+                f"task/methods {docs[0].get('task')}/{docs[0].get('methods')} -> "
+                f"{doc.get('task')}/{doc.get('methods')}",
+            )
         if diff:
-            raise ConfigError(f"aggregate: {paths[0]} and {p} are not seeds of one study ({'; '.join(diff)}); "
-                              "aggregate runs that differ only in --seed")
+            raise ConfigError(
+                f"aggregate: {paths[0]} and {p} are not seeds of one study ({'; '.join(diff)}); "
+                "aggregate runs that differ only in --seed"
+            )
         seed = cfg.get("seed")
         if seed is None:  # a run dir not written by `mechopd demo` (hand-made, synthetic): no seed to compare
             continue
         if seed in seeds:
-            raise ConfigError(f"aggregate: {seeds[seed]} and {p} are both seed {seed} (a copy of one run?); "
-                              "aggregate distinct seeds")
+            raise ConfigError(
+                f"aggregate: {seeds[seed]} and {p} are both seed {seed} (a copy of one run?); aggregate distinct seeds"
+            )
         seeds[seed] = p
 
 
@@ -163,8 +181,10 @@ def disk_error(err: BaseException) -> MechopdError | None:
         return None
     where = f" writing {err.filename}" if err.filename else ""
     what = "no space left on the device" if err.errno == errno.ENOSPC else "disk quota exceeded"
-    return DiskFullError(f"{what}{where}; the earlier artifacts are intact (every write is atomic): free space, then "
-                         "rerun the same command (a training run: add --resume)")
+    return DiskFullError(
+        f"{what}{where}; the earlier artifacts are intact (every write is atomic): free space, then "
+        "rerun the same command (a training run: add --resume)"
+    )
 
 
 def as_disk_error(err: BaseException) -> BaseException:
@@ -182,8 +202,10 @@ def check_item_count(task: Any, split: str, n: int) -> None:
     """Refuse ``n`` items of ``split`` when the task's item space (`Task.max_items`) holds fewer."""
     size = task.max_items(split, n) if hasattr(task, "max_items") else None
     if size is not None and n > size:
-        raise TaskError(f"task {task.name!r} has at most {size} {split} items, asked for {n}; ask for at most {size} "
-                        "(eval/probe --n, train pool_size / eval_n) or widen the task's item space (--option)")
+        raise TaskError(
+            f"task {task.name!r} has at most {size} {split} items, asked for {n}; ask for at most {size} "
+            "(eval/probe --n, train pool_size / eval_n) or widen the task's item space (--option)"
+        )
 
 
 # ------------------------------------------------------------------------------------------- default report places

@@ -97,8 +97,9 @@ def _open(lock: Path) -> int:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP or lock.is_symlink():
-            raise MechopdError(f"the run lock {lock} is a symbolic link (mechopd never writes through one); {fix}"
-                               ) from None
+            raise MechopdError(
+                f"the run lock {lock} is a symbolic link (mechopd never writes through one); {fix}"
+            ) from None
         if e.errno in (errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM, errno.EROFS):
             kind = "a directory" if lock.is_dir() else "not writable (read-only, immutable or another user's)"
             raise MechopdError(f"the run lock {lock} is {kind}; {fix}") from None
@@ -129,10 +130,13 @@ def _open_locked(lock: Path, wait: bool) -> int:
             holder = _holder(fd, lock)
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLockedError(f"{lock.parent} is in use by {holder}; wait for it to finish or pass "
-                                     "another --out") from None
-            raise MechopdError(f"cannot lock {lock} ({e.strerror}): this file system has no lock support; set "
-                               "MECHOPD_NO_LOCK=1 to run without the run-directory lock") from None
+                raise RunLockedError(
+                    f"{lock.parent} is in use by {holder}; wait for it to finish or pass another --out"
+                ) from None
+            raise MechopdError(
+                f"cannot lock {lock} ({e.strerror}): this file system has no lock support; set "
+                "MECHOPD_NO_LOCK=1 to run without the run-directory lock"
+            ) from None
         try:  # the holder before us may have unlinked the file after we opened it: lock the file at the path
             same = os.fstat(fd).st_ino == os.stat(lock).st_ino
         except FileNotFoundError:
@@ -168,8 +172,10 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
                 del _HELD[key]
         return
     if not lockable(root):
-        raise MechopdError(f"{root} cannot be created or written (a file or a read-only directory is in the way); "
-                           "pass a directory you can write to")
+        raise MechopdError(
+            f"{root} cannot be created or written (a file or a read-only directory is in the way); "
+            "pass a directory you can write to"
+        )
     created = _created_dirs(root)
     parent_times = {p.parent: p.parent.stat() for p in created[-1:]}
     root.mkdir(parents=True, exist_ok=True)
@@ -183,8 +189,17 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
         raise
     try:
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "verb": verb,
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "verb": verb,
+                    "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                }
+            ).encode(),
+        )
     except OSError:  # a full disk: the lock is held all the same, the record is only for the error message
         pass
     _HELD[key] = 1
@@ -241,6 +256,7 @@ def held(directory: str | os.PathLike) -> bool:
 
 
 if sys.platform == "win32":  # pragma: no cover - no fcntl: locking is a POSIX feature here
+
     @contextlib.contextmanager
     def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterator[Path]:  # noqa: F811
         yield Path(directory)

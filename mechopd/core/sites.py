@@ -28,8 +28,19 @@ ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 NORM_MODULES = ("input_layernorm", "post_attention_layernorm")
 QK_NORMS = ("q_norm", "k_norm")  # Qwen3 only
-MODULE_ORDER = ("input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
-                "post_attention_layernorm", "gate_proj", "up_proj", "down_proj")  # forward order, for tables/plots
+MODULE_ORDER = (
+    "input_layernorm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "q_norm",
+    "k_norm",
+    "o_proj",
+    "post_attention_layernorm",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)  # forward order, for tables/plots
 # site <-> HF module path, for the sites outside the decoder layers
 TOP_SITES = {"embed": "model.embed_tokens", "final_norm": "model.norm", "lm_head": "lm_head"}
 TOP_MODULES = {"embed_tokens": "embed", "norm": "final_norm", "lm_head": "lm_head"}  # last path part -> site
@@ -93,11 +104,15 @@ def _one_site(item: int | str, n: int) -> str:
         if idx is None and item.lstrip("-").isdigit():
             idx = int(item)
     if idx is None:
-        raise ConfigError(f"layers: {item!r} is not a site; use a decoder layer index, 'embed', "
-                          "'layers.{i}.resid_post' or 'final_norm'")
+        raise ConfigError(
+            f"layers: {item!r} is not a site; use a decoder layer index, 'embed', "
+            "'layers.{i}.resid_post' or 'final_norm'"
+        )
     if not -n <= idx < n:
-        raise ConfigError(f"layers: layer {idx} is out of range; the model has {n} decoder layers "
-                          f"(0..{n - 1}, or -{n}..-1 from the end)")
+        raise ConfigError(
+            f"layers: layer {idx} is out of range; the model has {n} decoder layers "
+            f"(0..{n - 1}, or -{n}..-1 from the end)"
+        )
     return resid_site(idx % n)
 
 

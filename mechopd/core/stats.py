@@ -26,7 +26,7 @@ def _t_cdf(x: float, df: int) -> float:
     """P(T ≤ x) for Student's t with `df` degrees of freedom (x ≥ 0), by Simpson's rule on the density."""
     logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     grid = np.linspace(0.0, x, 4001)
-    dens = np.exp(logc - (df + 1) / 2 * np.log1p(grid ** 2 / df))
+    dens = np.exp(logc - (df + 1) / 2 * np.log1p(grid**2 / df))
     h = x / 4000
     area = h / 3 * (dens[0] + dens[-1] + 4 * dens[1:-1:2].sum() + 2 * dens[2:-1:2].sum())
     return 0.5 + float(area)
@@ -124,8 +124,9 @@ N_BOOT = 1000
 ItemFn = Callable[[tuple[np.ndarray, ...]], np.ndarray]  # per-item arrays [B, n] each -> one value per row [B]
 
 
-def hier_bootstrap(seeds: Sequence[tuple[np.ndarray, ...] | None], fn: ItemFn, n_boot: int = N_BOOT,
-                   seed: int = 0, ci: float = CI) -> dict[str, Any]:
+def hier_bootstrap(
+    seeds: Sequence[tuple[np.ndarray, ...] | None], fn: ItemFn, n_boot: int = N_BOOT, seed: int = 0, ci: float = CI
+) -> dict[str, Any]:
     """Mean over seeds of a per-seed statistic of item outcomes, with a two-level percentile bootstrap interval.
 
     seeds: per training seed, the item arrays the statistic reads (each ``[n_k]``, aligned item for item; None: the
@@ -139,8 +140,14 @@ def hier_bootstrap(seeds: Sequence[tuple[np.ndarray, ...] | None], fn: ItemFn, n
     have = [(k, a) for k, a in enumerate(seeds) if a is not None and len(a[0]) > 0]
     values = [float(fn(tuple(x[None, :] for x in a))[0]) for _, a in have]
     defined = [v for v in values if math.isfinite(v)]
-    out: dict[str, Any] = {"mean": (sum(defined) / len(defined)) if defined else None, "low": None, "high": None,
-                           "n": len(defined), "values": defined, "method": "hierarchical bootstrap (seeds, items)"}
+    out: dict[str, Any] = {
+        "mean": (sum(defined) / len(defined)) if defined else None,
+        "low": None,
+        "high": None,
+        "n": len(defined),
+        "values": defined,
+        "method": "hierarchical bootstrap (seeds, items)",
+    }
     if not defined or n_boot < 1:
         return out
     rng = np.random.default_rng(seed)

@@ -24,8 +24,9 @@ Pinned renders (a chat template that reads the date, a template that drops the c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -169,7 +170,7 @@ class TwoViewBatch:
         """``[batch, L, d]`` -> ``[batch, R, d]``: index t holds the hidden state at response token t."""
         return self._take(hidden, which, 0)
 
-    def to(self, device: torch.device | str) -> "TwoViewBatch":
+    def to(self, device: torch.device | str) -> TwoViewBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return TwoViewBatch(**moved)
 

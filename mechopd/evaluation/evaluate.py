@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.config import check_seed, check_temperature
+from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import RegimeThresholds, compare_table, summarize
-from mechopd.tasks.base import Example, check_split
 from mechopd.generate.lean import DECODERS
 from mechopd.generate.prefix import MODES as PREFIX_MODES
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
-from mechopd.evaluation.pinning import check_fits, pin_render
-from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.tasks.base import Example, check_split
 
 
 @dataclass
@@ -64,8 +64,10 @@ class EvalConfig:
         for name, low in (("max_new_tokens", 1), ("batch_size", 1), ("n_boot", 0)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= low):
-                raise ConfigError(f"{name}={value!r} is invalid: must be an integer >= {low}"
-                                  + (" (omit it for the task's)" if name == "max_new_tokens" else ""))
+                raise ConfigError(
+                    f"{name}={value!r} is invalid: must be an integer >= {low}"
+                    + (" (omit it for the task's)" if name == "max_new_tokens" else "")
+                )
         if self.shared_prefix not in PREFIX_MODES:
             raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
 
@@ -95,10 +97,15 @@ def sampling_settings(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig, en
     if cfg.engine == "vllm" and engine is None:
         raise ConfigError("engine=vllm: pass the vLLM engine to evaluate_model(..., engine=VllmEngine(model_dir))")
     return SamplingSettings.for_model(
-        tokenizer, model, max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
-        temperature=cfg.temperature or task.temperature, greedy=cfg.samples == 1 and cfg.temperature is None,
-        engine=engine if engine is not None else cfg.engine, shared_prefix=cfg.shared_prefix,
-        batch_size=cfg.batch_size)
+        tokenizer,
+        model,
+        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
+        temperature=cfg.temperature or task.temperature,
+        greedy=cfg.samples == 1 and cfg.temperature is None,
+        engine=engine if engine is not None else cfg.engine,
+        shared_prefix=cfg.shared_prefix,
+        batch_size=cfg.batch_size,
+    )
 
 
 def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, st: SamplingSettings):
@@ -145,8 +152,9 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
         res = {}
         for c, tag in ((False, "x"), (True, "xc")):
             seeds = [hash_seed(cfg.seed, ex.uid, j, c) % (2**31) for ex in items]
-            eps, turns = play_games(model, tokenizer, task, items, render, st, with_context=c,
-                                    seeds=None if st.greedy else seeds)
+            eps, turns = play_games(
+                model, tokenizer, task, items, render, st, with_context=c, seeds=None if st.greedy else seeds
+            )
             lens = {g: [] for g in range(len(items))}
             texts = {g: [] for g in range(len(items))}
             for t in turns:
@@ -168,9 +176,15 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
 
 
 @torch.inference_mode()
-def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None = None,
-                   spec: RenderSpec | None = None, train_uids: set[str] | None = None,
-                   engine: Any = None) -> dict[str, Any]:
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    cfg: EvalConfig | None = None,
+    spec: RenderSpec | None = None,
+    train_uids: set[str] | None = None,
+    engine: Any = None,
+) -> dict[str, Any]:
     """Both-view evaluation of one model on `cfg.n` held-out items; returns {"summary", "records", "settings"}.
 
     train_uids: if given, the held-out items are checked to be disjoint from them (games: board hashes).
@@ -188,8 +202,10 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     if train_uids is not None:
         overlap = {ex.uid for ex in items} & set(train_uids)
         if overlap:
-            raise TaskError(f"{len(overlap)} held-out items of task {task.name!r} also appear in training "
-                            f"(e.g. {sorted(overlap)[0]}); the split is broken")
+            raise TaskError(
+                f"{len(overlap)} held-out items of task {task.name!r} also appear in training "
+                f"(e.g. {sorted(overlap)[0]}); the split is broken"
+            )
     st = sampling_settings(model, tokenizer, task, cfg, engine)
     greedy, T = st.greedy, st.temperature
     was_training = model.training
@@ -202,10 +218,18 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig | None
     key = "invalid_moves" if task.is_game else "unparseable"
     summary[f"{key}_x"] = int(sum(int(r["unparseable_x"]) for r in records))
     summary[f"{key}_xc"] = int(sum(int(r["unparseable_xc"]) for r in records))
-    settings = {"task": task.name, "n": cfg.n, "seed": cfg.seed, "samples": cfg.samples, "greedy": greedy,
-                "temperature": None if greedy else T, "placement": spec.placement,
-                "no_context_system": spec.no_context_system, "chat_template_kwargs": dict(spec.chat_template_kwargs),
-                "shared_prefix": cfg.shared_prefix}
+    settings = {
+        "task": task.name,
+        "n": cfg.n,
+        "seed": cfg.seed,
+        "samples": cfg.samples,
+        "greedy": greedy,
+        "temperature": None if greedy else T,
+        "placement": spec.placement,
+        "no_context_system": spec.no_context_system,
+        "chat_template_kwargs": dict(spec.chat_template_kwargs),
+        "shared_prefix": cfg.shared_prefix,
+    }
     return {"summary": summary, "records": records, "settings": settings}
 
 
@@ -236,8 +260,9 @@ def format_summary(name: str, s: dict[str, Any]) -> str:
         ci = "" if e.get("low") is None else f"  [{e['low']:.3f}, {e['high']:.3f}]"
         return f"{k:>13}: {e['value']:.3f}{ci}"
 
-    lines = [f"== {name}: n={s['n']}"] + [cell(k) for k in ("acc_x", "acc_xc", "harm", "help", "both_correct",
-                                                            "delta_len")]
+    lines = [f"== {name}: n={s['n']}"] + [
+        cell(k) for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")
+    ]
     lines.append(f"{'regime':>13}: {s['regime']} — {s['regime_reason']}")
     return "\n".join(lines)
 
@@ -253,9 +278,19 @@ def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[st
     return md, out / "compare.md", out / "compare.csv"
 
 
-def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int = 1,
-             temperature: float | None = None, spec: RenderSpec | None = None, tokenizer: Any = None,
-             task_options: dict[str, Any] | None = None, out: str | Path | None = None) -> dict[str, Any]:
+def evaluate(
+    model: Any,
+    task: Any,
+    *,
+    n: int = 200,
+    seed: int = 0,
+    samples: int = 1,
+    temperature: float | None = None,
+    spec: RenderSpec | None = None,
+    tokenizer: Any = None,
+    task_options: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
     """A loaded model (with `tokenizer`) or a checkpoint dir, `task` a name (with `task_options`) or a task object,
     in both views with the render ``spec`` as given (no training record read: `mechopd.run_eval` and `mechopd eval`
     read it, `mechopd.evaluation.run`). Writes the report to `out` when given."""
@@ -269,8 +304,9 @@ def evaluate(model: Any, task: Any, *, n: int = 200, seed: int = 0, samples: int
         raise TaskError("evaluate: pass tokenizer= with a loaded model (or pass a checkpoint directory)")
     if isinstance(task, str):
         task = get_task(task, **(task_options or {}))
-    rep = evaluate_model(model, tokenizer, task, EvalConfig(n=n, seed=seed, samples=samples,
-                                                            temperature=temperature), spec)
+    rep = evaluate_model(
+        model, tokenizer, task, EvalConfig(n=n, seed=seed, samples=samples, temperature=temperature), spec
+    )
     if out is not None:
         write_report(rep, out)
     return rep

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.evaluate import sampling_settings
-from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed, strip_stop
 from mechopd.evaluation.pinning import check_fits
 from mechopd.evaluation.removability import MIN_VALID_RESAMPLES, resample_blocks
-from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed, strip_stop
 
 DEAF_RATIO = 0.5  # context-deaf: follow_other at most this share of the base model's
 DEAF_LABEL = "context-deaf"
@@ -52,13 +52,17 @@ def other_jobs(task: Any, items: list) -> list[tuple[int, Any]]:
 def _generate(model, tokenizer, task, items, jobs, cfg, spec: RenderSpec, st: SamplingSettings):
     rows = [(i, oc, j) for j in range(cfg.samples) for i, oc in jobs]
     ids = [render_prompt_ids(tokenizer, items[i].prompt, oc.context, spec) for i, oc, _ in rows]
-    seeds = None if st.greedy else [stable_seed(cfg.seed, items[i].uid, j, f"other|{oc.label}") % (2**31)
-                                    for i, oc, j in rows]
+    seeds = (
+        None
+        if st.greedy
+        else [stable_seed(cfg.seed, items[i].uid, j, f"other|{oc.label}") % (2**31) for i, oc, j in rows]
+    )
     return rows, [strip_stop(r, st.stop) for r in sample_rows(model, ids, seeds, st)]
 
 
-def other_context_records(model: Any, tokenizer: Any, task: Any, items: list, cfg: Any, spec: RenderSpec,
-                          st: SamplingSettings) -> list[dict[str, Any]]:
+def other_context_records(
+    model: Any, tokenizer: Any, task: Any, items: list, cfg: Any, spec: RenderSpec, st: SamplingSettings
+) -> list[dict[str, Any]]:
     """One record per (item, other context, sample): uid, sample, label, follow, stick, compose, other, reply (the
     class: follows / sticks / composes / other, in that order of precedence), len, response."""
     if task.is_game:
@@ -73,9 +77,20 @@ def other_context_records(model: Any, tokenizer: Any, task: Any, items: list, cf
         follow, stick = bool(task.score(oc.example(items[i]), text)), bool(task.score(items[i], text))
         compose = oc.composed is not None and bool(task.score(replace(oc.example(items[i]), answer=oc.composed), text))
         reply = "follows" if follow else "sticks" if stick else "composes" if compose else "other"
-        records.append({"uid": items[i].uid, "sample": j, "label": oc.label, "follow": follow, "stick": stick,
-                        "compose": reply == "composes", "other": reply == "other", "reply": reply, "len": len(resp),
-                        "response": text})
+        records.append(
+            {
+                "uid": items[i].uid,
+                "sample": j,
+                "label": oc.label,
+                "follow": follow,
+                "stick": stick,
+                "compose": reply == "composes",
+                "other": reply == "other",
+                "reply": reply,
+                "len": len(resp),
+                "response": text,
+            }
+        )
     return records
 
 
@@ -114,22 +129,32 @@ def _entry(m: np.ndarray, n_boot: int, seed: int, ci: float) -> dict[str, Any]:
 
 def not_measurable(task: Any) -> str:
     kind = "game" if task.is_game else "task"
-    return (f"context following not measurable: {kind} {task.name!r} defines no other contexts "
-            "(Task.other_contexts returns none)")
+    return (
+        f"context following not measurable: {kind} {task.name!r} defines no other contexts "
+        "(Task.other_contexts returns none)"
+    )
 
 
-def summarize_following(records: list[dict], n_boot: int = 1000, seed: int = 0, ci: float = 0.95,
-                        note: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def summarize_following(
+    records: list[dict], n_boot: int = 1000, seed: int = 0, ci: float = 0.95, note: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(summary keys ``follow_other``, ``stick``, ``other_contexts_n``; per-context rows ``{label, n, follow, stick}``).
 
     No records: both entries None and ``following_note`` says why (said once, not per model row)."""
     if not records:
         empty = {"value": None, "low": None, "high": None, "n_boot_valid": 0}
-        return {"follow_other": empty, "stick": dict(empty), "other_contexts_n": 0,
-                "following_note": note or "context following not measurable: no other contexts"}, []
+        return {
+            "follow_other": empty,
+            "stick": dict(empty),
+            "other_contexts_n": 0,
+            "following_note": note or "context following not measurable: no other contexts",
+        }, []
     labels, follow, stick = _matrices(records)
-    summary = {"follow_other": _entry(follow, n_boot, seed, ci), "stick": _entry(stick, n_boot, seed, ci),
-               "other_contexts_n": len(labels)}
+    summary = {
+        "follow_other": _entry(follow, n_boot, seed, ci),
+        "stick": _entry(stick, n_boot, seed, ci),
+        "other_contexts_n": len(labels),
+    }
     extra = {}
     if all("compose" in r for r in records):  # records of an older release have no reply classes
         for key, field in (("compose", "compose"), ("other_reply", "other")):
@@ -138,14 +163,21 @@ def summarize_following(records: list[dict], n_boot: int = 1000, seed: int = 0, 
     rows = []
     for k, label in enumerate(labels):
         have = np.isfinite(follow[:, k])
-        rows.append({"label": label, "n": int(have.sum()), "follow": float(follow[have, k].mean()),
-                     "stick": float(stick[have, k].mean()),
-                     **{f: float(m[have, k].mean()) for f, m in extra.items()}})
+        rows.append(
+            {
+                "label": label,
+                "n": int(have.sum()),
+                "follow": float(follow[have, k].mean()),
+                "stick": float(stick[have, k].mean()),
+                **{f: float(m[have, k].mean()) for f, m in extra.items()},
+            }
+        )
     return summary, rows
 
 
-def add_following(report: dict[str, Any], model: Any, tokenizer: Any, task: Any, cfg: Any,
-                  spec: RenderSpec | None = None) -> dict[str, Any]:
+def add_following(
+    report: dict[str, Any], model: Any, tokenizer: Any, task: Any, cfg: Any, spec: RenderSpec | None = None
+) -> dict[str, Any]:
     """Evaluate `model` under every other context of the report's items (same items, seed and decoding as the
     report's removability evaluation) and add ``summary.follow_other``, ``summary.stick``, the top-level
     ``other_contexts`` list and ``other_records`` to `report` (in place; returned)."""
@@ -156,8 +188,9 @@ def add_following(report: dict[str, Any], model: Any, tokenizer: Any, task: Any,
     if not items:
         raise TaskError(f"task {task.name!r} produced no held-out items; check the task's data")
     st = sampling_settings(model, tokenizer, task, cfg)  # the evaluation's own: same decoding as the two views
-    check_fits(tokenizer, items, spec, st.max_new_tokens, getattr(model.config, "max_position_embeddings", None),
-               task)  # every other context fits the model's positions, as the main one (never truncated)
+    check_fits(
+        tokenizer, items, spec, st.max_new_tokens, getattr(model.config, "max_position_embeddings", None), task
+    )  # every other context fits the model's positions, as the main one (never truncated)
     was_training = model.training
     model.eval()
     import torch
@@ -166,8 +199,7 @@ def add_following(report: dict[str, Any], model: Any, tokenizer: Any, task: Any,
         records = other_context_records(model, tokenizer, task, items, cfg, spec, st)
     if was_training:
         model.train()
-    summary, rows = summarize_following(records, cfg.n_boot, cfg.seed, note=None if records else
-                                        not_measurable(task))
+    summary, rows = summarize_following(records, cfg.n_boot, cfg.seed, note=None if records else not_measurable(task))
     report["summary"].update(summary)
     report["other_contexts"] = rows
     report["other_records"] = records
@@ -198,11 +230,15 @@ def following_word(summary: dict[str, Any]) -> str:
 def deaf_reason(summary: dict[str, Any], base_follow: float) -> str:
     """The regime line of a context-deaf model: the deafness first, then the removability regime it qualifies."""
     fo = summary["follow_other"]["value"]
-    head = (f"{DEAF_LABEL} ({following_word(summary)} other contexts): follow_other {fo:.3f} ≤ {DEAF_RATIO:g} × base "
-            f"{base_follow:.3f} (retention {summary['retention']:.3f}); ")
+    head = (
+        f"{DEAF_LABEL} ({following_word(summary)} other contexts): follow_other {fo:.3f} ≤ {DEAF_RATIO:g} × base "
+        f"{base_follow:.3f} (retention {summary['retention']:.3f}); "
+    )
     if summary["regime"] == "C":
-        return head + ("the views agree because other contexts are ignored, not because the context was removed "
-                       "cleanly — " + summary["regime_reason"])
+        return head + (
+            "the views agree because other contexts are ignored, not because the context was removed "
+            "cleanly — " + summary["regime_reason"]
+        )
     return head + summary["regime_reason"]
 
 

@@ -13,10 +13,11 @@ model's ``max_position_embeddings``.
 from __future__ import annotations
 
 import contextlib
-import re
 import datetime as _dt
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from mechopd.config import DATE_PIN
 from mechopd.core.errors import ConfigError, TaskError
@@ -25,8 +26,18 @@ from mechopd.core.views import RenderSpec, render_prompt_ids, render_prompt_text
 DATE_FORMAT = "%d %b %Y"  # Llama-3's own format ("26 Jul 2024")
 AMBIENT = ("strftime_now",)  # template globals whose value depends on when the template renders
 # what apply_chat_template itself passes (a chat_template_kwargs entry of that name would collide with it)
-RESERVED = ("messages", "add_generation_prompt", "tools", "documents", "continue_final_message", "bos_token",
-            "eos_token", "raise_exception", "namespace", "dict")
+RESERVED = (
+    "messages",
+    "add_generation_prompt",
+    "tools",
+    "documents",
+    "continue_final_message",
+    "bos_token",
+    "eos_token",
+    "raise_exception",
+    "namespace",
+    "dict",
+)
 
 
 def template_variables(tokenizer: Any) -> set[str] | None:
@@ -47,8 +58,9 @@ def template_variables(tokenizer: Any) -> set[str] | None:
     try:
         names = set(jinja2.meta.find_undeclared_variables(env.parse(template)))
     except jinja2.TemplateSyntaxError as e:
-        raise TaskError(f"the chat template of {_name(tokenizer)} does not parse ({e.message}, line {e.lineno}); fix "
-                        "the template") from None
+        raise TaskError(
+            f"the chat template of {_name(tokenizer)} does not parse ({e.message}, line {e.lineno}); fix the template"
+        ) from None
     return names | {g for g in AMBIENT if re.search(rf"\b{g}\b", template)}  # env globals are not "undeclared"
 
 
@@ -84,33 +96,44 @@ def pin_render(tokenizer: Any, spec: RenderSpec, prompt: str, context: str) -> t
     kwargs, note = dict(spec.chat_template_kwargs), None
     if names is None:
         if kwargs:
-            raise ConfigError(f"chat_template_kwargs {sorted(kwargs)} given but the tokenizer has no chat template "
-                              "(prompts are raw text); drop them")
+            raise ConfigError(
+                f"chat_template_kwargs {sorted(kwargs)} given but the tokenizer has no chat template "
+                "(prompts are raw text); drop them"
+            )
         return spec, None
     readable = names - set(AMBIENT) - set(RESERVED)
     unknown = sorted(set(kwargs) - readable)
     if unknown:
-        raise ConfigError(f"chat_template_kwargs: the chat template does not take {', '.join(unknown)} (a typo, or "
-                          f"a name mechopd sets itself); it reads: {', '.join(sorted(readable)) or 'nothing'}")
+        raise ConfigError(
+            f"chat_template_kwargs: the chat template does not take {', '.join(unknown)} (a typo, or "
+            f"a name mechopd sets itself); it reads: {', '.join(sorted(readable)) or 'nothing'}"
+        )
     if names & set(AMBIENT) and DATE_PIN in names and DATE_PIN not in kwargs:
         day = _today().strftime(DATE_FORMAT)
         kwargs[DATE_PIN] = day
-        note = (f"render: the chat template reads today's date; pinned chat_template_kwargs.{DATE_PIN}={day!r} "
-                "(recorded with the run)")
+        note = (
+            f"render: the chat template reads today's date; pinned chat_template_kwargs.{DATE_PIN}={day!r} "
+            "(recorded with the run)"
+        )
     spec = replace(spec, chat_template_kwargs=kwargs)
-    views = {day: _both_views(tokenizer, spec, prompt, context, _dt.datetime(*day)) for day in ((2000, 1, 1),
-                                                                                               (2001, 2, 3))}
+    views = {
+        day: _both_views(tokenizer, spec, prompt, context, _dt.datetime(*day)) for day in ((2000, 1, 1), (2001, 2, 3))
+    }
     if len(set(views.values())) > 1:
-        raise TaskError(f"the chat template of {_name(tokenizer)} renders differently on different days (it reads the "
-                        f"date) and mechopd cannot pin it; pass its date variable in chat_template_kwargs or fix the "
-                        "template")
+        raise TaskError(
+            f"the chat template of {_name(tokenizer)} renders differently on different days (it reads the "
+            f"date) and mechopd cannot pin it; pass its date variable in chat_template_kwargs or fix the "
+            "template"
+        )
     x, c = next(iter(views.values()))
     if not x.strip() or not c.strip():
         raise TaskError(f"the chat template of {_name(tokenizer)} renders an empty prompt; fix the template")
     if x == c:
-        raise TaskError(f"the chat template of {_name(tokenizer)} renders both views identically: it drops the "
-                        f"context (placement {spec.placement!r}), so the context could have no effect; use "
-                        "placement user (probe: --placement user) or a template that renders system messages")
+        raise TaskError(
+            f"the chat template of {_name(tokenizer)} renders both views identically: it drops the "
+            f"context (placement {spec.placement!r}), so the context could have no effect; use "
+            "placement user (probe: --placement user) or a template that renders system messages"
+        )
     return spec, note
 
 
@@ -130,16 +153,26 @@ def _both_views(tokenizer: Any, spec: RenderSpec, prompt: str, context: str, day
 
     try:
         with frozen_today(day):
-            return (render_prompt_text(tokenizer, prompt, None, spec), render_prompt_text(tokenizer, prompt, context,
-                                                                                          spec))
+            return (
+                render_prompt_text(tokenizer, prompt, None, spec),
+                render_prompt_text(tokenizer, prompt, context, spec),
+            )
     except (jinja2.TemplateError, TypeError, ValueError) as e:
         hint = " (use placement user: the context spliced into the user turn)" if spec.placement == "system" else ""
-        raise TaskError(f"the chat template of {_name(tokenizer)} fails to render a prompt: "
-                        f"{' '.join(str(e).split()) or type(e).__name__}{hint}") from None
+        raise TaskError(
+            f"the chat template of {_name(tokenizer)} fails to render a prompt: "
+            f"{' '.join(str(e).split()) or type(e).__name__}{hint}"
+        ) from None
 
 
-def check_fits(tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, max_new_tokens: int,
-               limit: int | None, others: Any = None) -> None:
+def check_fits(
+    tokenizer: Any,
+    examples: Sequence[Any],
+    spec: RenderSpec,
+    max_new_tokens: int,
+    limit: int | None,
+    others: Any = None,
+) -> None:
     """The one length rule of every verb: the longest context view plus `max_new_tokens` fits the model's
     `limit` (max_position_embeddings); the context is never truncated silently. `others`: a task whose other
     contexts (`Task.other_contexts`) of the examples reach the model too (following, the follow term)."""
@@ -147,13 +180,19 @@ def check_fits(tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, max_ne
         return
     longest, what = max((len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)), "context") for ex in examples)
     if others is not None:
-        longest, what = max([(longest, what)] + [(len(render_prompt_ids(tokenizer, prompt, ctx, spec)),
-                                                  f"other context {label!r}")
-                                                 for label, prompt, ctx in _longest_views(examples, others)])
+        longest, what = max(
+            [(longest, what)]
+            + [
+                (len(render_prompt_ids(tokenizer, prompt, ctx, spec)), f"other context {label!r}")
+                for label, prompt, ctx in _longest_views(examples, others)
+            ]
+        )
     if longest + max_new_tokens > limit:
-        raise TaskError(f"{what} + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
-                        f"model's maximum length {limit}; shorten the context or prompt, or lower max_new_tokens "
-                        "(the context is never truncated silently)")
+        raise TaskError(
+            f"{what} + prompt ({longest} tokens) plus max_new_tokens {max_new_tokens} exceeds the "
+            f"model's maximum length {limit}; shorten the context or prompt, or lower max_new_tokens "
+            "(the context is never truncated silently)"
+        )
 
 
 def _longest_views(examples: Sequence[Any], task: Any, per_context: int = 3) -> list[tuple[str, str, str]]:
@@ -165,12 +204,16 @@ def _longest_views(examples: Sequence[Any], task: Any, per_context: int = 3) -> 
     for ex in examples:
         for oc in task.other_contexts(ex):
             by_context.setdefault(oc.context, []).append((len(ex.prompt), ex.prompt, oc.label))
-    return [(label, prompt, ctx) for ctx, views in by_context.items()
-            for _, prompt, label in sorted(set(views), reverse=True)[:per_context]]
+    return [
+        (label, prompt, ctx)
+        for ctx, views in by_context.items()
+        for _, prompt, label in sorted(set(views), reverse=True)[:per_context]
+    ]
 
 
-def train_render(tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_new_tokens: int,
-                 model_config: Any) -> tuple[RenderSpec, str | None]:
+def train_render(
+    tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_new_tokens: int, model_config: Any
+) -> tuple[RenderSpec, str | None]:
     """A training run's pinned spec (`pin_render` on its first item), recorded in ``cfg.chat_template_kwargs`` (so
     config.yaml and training.json hold it), and `check_fits` over its pool (single-turn tasks; a game's later moves
     are checked per batch) — all before any model loads."""
@@ -178,6 +221,12 @@ def train_render(tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_n
     spec, note = pin_render(tokenizer, spec, pool[0].prompt, pool[0].context)
     cfg.chat_template_kwargs = dict(spec.chat_template_kwargs)
     if not task.is_game:
-        check_fits(tokenizer, pool, spec, max_new_tokens, getattr(model_config, "max_position_embeddings", None),
-                   task if getattr(cfg, "follow_weight", 0) else None)  # the follow term's rollouts under c′ too
+        check_fits(
+            tokenizer,
+            pool,
+            spec,
+            max_new_tokens,
+            getattr(model_config, "max_position_embeddings", None),
+            task if getattr(cfg, "follow_weight", 0) else None,
+        )  # the follow term's rollouts under c′ too
     return spec, note

@@ -41,27 +41,36 @@ def recorded_config(path: str | Path) -> tuple[dict[str, Any], Path] | None:
     return None
 
 
-def recorded_render(record: tuple[dict[str, Any], Path] | None, placement: str, no_context_system: str | None,
-                    chat_template_kwargs: dict[str, Any]) -> RenderSpec:
+def recorded_render(
+    record: tuple[dict[str, Any], Path] | None,
+    placement: str,
+    no_context_system: str | None,
+    chat_template_kwargs: dict[str, Any],
+) -> RenderSpec:
     """The render of a recorded run, or of the flags when nothing is recorded; flags that differ are refused."""
     if record is None:
         return RenderSpec(placement, no_context_system, dict(chat_template_kwargs))
     cfg, file = record
     ncs, kwargs = cfg.get("no_context_system"), dict(cfg.get("chat_template_kwargs") or {})
     if no_context_system is not None and no_context_system != ncs:
-        raise ConfigError(f"--no-context-system {no_context_system!r} differs from the run's no_context_system "
-                          f"{ncs!r} ({file}); omit the flag to evaluate with the render the run was trained with")
+        raise ConfigError(
+            f"--no-context-system {no_context_system!r} differs from the run's no_context_system "
+            f"{ncs!r} ({file}); omit the flag to evaluate with the render the run was trained with"
+        )
     differ = sorted(k for k, v in chat_template_kwargs.items() if k not in kwargs or kwargs[k] != v)
     if differ:
         k = differ[0]
-        raise ConfigError(f"--chat-template-kwarg {k}={chat_template_kwargs[k]!r} differs from the run's "
-                          f"chat_template_kwargs {kwargs} ({file}); omit the flag to evaluate with the render the run "
-                          "was trained with")
+        raise ConfigError(
+            f"--chat-template-kwarg {k}={chat_template_kwargs[k]!r} differs from the run's "
+            f"chat_template_kwargs {kwargs} ({file}); omit the flag to evaluate with the render the run "
+            "was trained with"
+        )
     return RenderSpec(placement, ncs, kwargs)
 
 
-def recorded_task(records: dict[str, tuple[dict[str, Any], Path] | None], task: str | None,
-                  options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def recorded_task(
+    records: dict[str, tuple[dict[str, Any], Path] | None], task: str | None, options: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
     """The task to evaluate: ``--task`` (with ``--option``), else the one task every model's record names (its
     options, ``--option`` on top); the record's options also apply under ``--task`` naming that same task."""
     recs = [r for r in records.values() if r is not None]
@@ -71,19 +80,28 @@ def recorded_task(records: dict[str, tuple[dict[str, Any], Path] | None], task: 
         if task in (None, rec_task):
             return str(rec_task), {**json.loads(rec_options), **options}
     if task is None:
-        raise ConfigError("--task is required: the model records no training task (or the models record different "
-                          "ones); e.g. --task rules")
+        raise ConfigError(
+            "--task is required: the model records no training task (or the models record different "
+            "ones); e.g. --task rules"
+        )
     return task, options
 
 
-def checked_renders(task: Any, paths: dict[str, str], records: dict[str, Any], no_context_system: str | None,
-                    chat_template_kwargs: dict[str, Any], seed: int, max_new_tokens: int | None):
+def checked_renders(
+    task: Any,
+    paths: dict[str, str],
+    records: dict[str, Any],
+    no_context_system: str | None,
+    chat_template_kwargs: dict[str, Any],
+    seed: int,
+    max_new_tokens: int | None,
+):
     """Every model's tokenizer and pinned render (the record's, else the flags'), checked before the first model
     loads: the task's vocabulary, the render (`pinning.pin_render`) and the first item's length. Prints what was
     pinned. Returns (tokenizers, specs) by label."""
     from mechopd.core.checks import check_task_vocab, read_config
-    from mechopd.models import load_tokenizer
     from mechopd.evaluation.pinning import check_fits, pin_render
+    from mechopd.models import load_tokenizer
 
     toks, specs = {}, {}
     for name, path in paths.items():
@@ -92,8 +110,13 @@ def checked_renders(task: Any, paths: dict[str, str], records: dict[str, Any], n
         first = task.examples("test", 1, seed)[0]
         spec = recorded_render(records[name], task.placement, no_context_system, chat_template_kwargs)
         specs[name], note = pin_render(toks[name], spec, first.prompt, first.context)
-        check_fits(toks[name], [first], specs[name], max_new_tokens or task.max_new_tokens,  # every item: later
-                   getattr(read_config(path), "max_position_embeddings", None))
+        check_fits(
+            toks[name],
+            [first],
+            specs[name],
+            max_new_tokens or task.max_new_tokens,  # every item: later
+            getattr(read_config(path), "max_position_embeddings", None),
+        )
         if note:
             print(f"{name}: {note}", flush=True)
     return toks, specs

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -179,20 +180,30 @@ def classify_regime(
     gap = acc_xc - acc_x
     harm_txt = "undefined (no item right without c)" if harm is None else f"{harm:.3f}"
     if acc_x <= COLLAPSED_MAX + _TOL and acc_xc <= COLLAPSED_MAX + _TOL:
-        return "X", (f"X ({REGIME_NAMES['X']}): Acc_x {acc_x:.3f} and Acc_xc {acc_xc:.3f} both ≤ {COLLAPSED_MAX} "
-                     f"(Acc_xc − Acc_x = {gap:+.3f}; harm {harm_txt} rests on "
-                     f"{'no' if harm is None else 'a handful of'} items)")
+        return "X", (
+            f"X ({REGIME_NAMES['X']}): Acc_x {acc_x:.3f} and Acc_xc {acc_xc:.3f} both ≤ {COLLAPSED_MAX} "
+            f"(Acc_xc − Acc_x = {gap:+.3f}; harm {harm_txt} rests on "
+            f"{'no' if harm is None else 'a handful of'} items)"
+        )
     if gap <= -t.drop_min + _TOL:
-        return "A", (f"A ({REGIME_NAMES['A']}): Acc_xc − Acc_x = {gap:+.3f} ≤ −drop_min = {-t.drop_min:+.3f} "
-                     f"(Acc_x {acc_x:.3f}, Acc_xc {acc_xc:.3f}; harm {harm_txt})")
+        return "A", (
+            f"A ({REGIME_NAMES['A']}): Acc_xc − Acc_x = {gap:+.3f} ≤ −drop_min = {-t.drop_min:+.3f} "
+            f"(Acc_x {acc_x:.3f}, Acc_xc {acc_xc:.3f}; harm {harm_txt})"
+        )
     if harm is not None and harm >= t.harm_high - _TOL:
-        return "A", (f"A ({REGIME_NAMES['A']}): harm = {harm:.3f} ≥ harm_high = {t.harm_high:.3f} "
-                     f"although Acc_xc − Acc_x = {gap:+.3f}")
+        return "A", (
+            f"A ({REGIME_NAMES['A']}): harm = {harm:.3f} ≥ harm_high = {t.harm_high:.3f} "
+            f"although Acc_xc − Acc_x = {gap:+.3f}"
+        )
     if gap >= t.gain_min - _TOL:
-        return "B", (f"B ({REGIME_NAMES['B']}): Acc_xc − Acc_x = {gap:+.3f} ≥ gain_min = {t.gain_min:.3f} "
-                     f"and harm {harm_txt} < harm_high = {t.harm_high:.3f}")
-    return "C", (f"C ({REGIME_NAMES['C']}): −drop_min = {-t.drop_min:+.3f} < Acc_xc − Acc_x = {gap:+.3f} "
-                 f"< gain_min = {t.gain_min:.3f} and harm {harm_txt} < harm_high = {t.harm_high:.3f}")
+        return "B", (
+            f"B ({REGIME_NAMES['B']}): Acc_xc − Acc_x = {gap:+.3f} ≥ gain_min = {t.gain_min:.3f} "
+            f"and harm {harm_txt} < harm_high = {t.harm_high:.3f}"
+        )
+    return "C", (
+        f"C ({REGIME_NAMES['C']}): −drop_min = {-t.drop_min:+.3f} < Acc_xc − Acc_x = {gap:+.3f} "
+        f"< gain_min = {t.gain_min:.3f} and harm {harm_txt} < harm_high = {t.harm_high:.3f}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- summary
@@ -224,16 +235,26 @@ def summarize(
     n_right = int(arrays[0].sum())
     regime, reason = classify_regime(point["acc_x"], point["acc_xc"], out["harm"]["value"], thresholds)
     out.update(
-        n=len(arrays[0]), n_right_x=n_right, n_wrong_x=len(arrays[0]) - n_right, regime=regime,
-        regime_reason=reason, thresholds=asdict(thresholds),
+        n=len(arrays[0]),
+        n_right_x=n_right,
+        n_wrong_x=len(arrays[0]) - n_right,
+        regime=regime,
+        regime_reason=reason,
+        thresholds=asdict(thresholds),
         bootstrap={"n_boot": int(n_boot), "seed": seed, "ci": ci, "method": "paired percentile, items resampled"},
     )
     return out
 
 
 # -------------------------------------------------------------------------------------------------- comparison
-LABELS = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "harm": "Harm", "help": "Help", "both_correct": "BothCorrect",
-          "delta_len": "Δlen"}
+LABELS = {
+    "acc_x": "Acc_x",
+    "acc_xc": "Acc_xc",
+    "harm": "Harm",
+    "help": "Help",
+    "both_correct": "BothCorrect",
+    "delta_len": "Δlen",
+}
 
 
 def _fmt(value: float | None, signed: bool = False) -> str:
@@ -286,8 +307,7 @@ FOLLOW_LABELS = ("follow_other", "stick", "retention")
 def _follow_cells(s: Mapping[str, Any]) -> list[str]:
     """Context-following cells (`mechopd.evaluation.following`): n/a where a model was not measured or has no base."""
     empty = {"value": None, "low": None}
-    return [_cell(s.get("follow_other", empty), False), _cell(s.get("stick", empty), False),
-            _fmt(s.get("retention"))]
+    return [_cell(s.get("follow_other", empty), False), _cell(s.get("stick", empty), False), _fmt(s.get("retention"))]
 
 
 def _regime_cell(s: Mapping[str, Any]) -> str:
@@ -305,15 +325,21 @@ def _csv(named_summaries: Mapping[str, Mapping[str, Any]]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     columns = [c for m in METRICS for c in (m, f"{m}_ci_low", f"{m}_ci_high")]
     follow = any("follow_other" in s for s in named_summaries.values())
-    extra = ["follow_other", "follow_other_ci_low", "follow_other_ci_high", "stick", "retention",
-             "context_deaf"] if follow else []
+    extra = (
+        ["follow_other", "follow_other_ci_low", "follow_other_ci_high", "stick", "retention", "context_deaf"]
+        if follow
+        else []
+    )
     writer.writerow(["model", "n", *columns, *extra, "regime", *(f"threshold_{k}" for k in THRESHOLD_KEYS)])
     for name, s in named_summaries.items():
         values = [_csv_number(s[m][k]) for m in METRICS for k in ("value", "low", "high")]
         if follow:
             fo = s.get("follow_other") or {}
             values += [_csv_number(fo.get(k)) for k in ("value", "low", "high")]
-            values += [_csv_number((s.get("stick") or {}).get("value")), _csv_number(s.get("retention")),
-                       "" if s.get("context_deaf") is None else str(bool(s["context_deaf"])).lower()]
+            values += [
+                _csv_number((s.get("stick") or {}).get("value")),
+                _csv_number(s.get("retention")),
+                "" if s.get("context_deaf") is None else str(bool(s["context_deaf"])).lower(),
+            ]
         writer.writerow([name, s["n"], *values, s["regime"], *(s["thresholds"][k] for k in THRESHOLD_KEYS)])
     return buffer.getvalue()

@@ -21,24 +21,53 @@ from mechopd.core.errors import ConfigError
 from mechopd.evaluation.evaluate import EvalConfig, evaluate, evaluate_model, write_report
 
 
-def evaluate_checkpoint(model: Any, task: Any = None, *, n: int = 200, seed: int = 0, samples: int = 1,
-                        temperature: float | None = None, max_new_tokens: int | None = None, engine: str = "lean",
-                        no_context_system: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                        other_contexts: bool = False, task_options: dict[str, Any] | None = None,
-                        out: str | Path | None = None, spec: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    model: Any,
+    task: Any = None,
+    *,
+    n: int = 200,
+    seed: int = 0,
+    samples: int = 1,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+    engine: str = "lean",
+    no_context_system: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    other_contexts: bool = False,
+    task_options: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    spec: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
     """``mechopd.run_eval``: a checkpoint dir, hub id or organism:<task> through `mechopd eval`'s checks (``task``
     None: the task its record names); a loaded model (with ``tokenizer``), a task object or an explicit render
     ``spec`` go to `evaluate.evaluate` as given. Writes the report to ``out`` when given."""
     if not isinstance(model, (str, Path)) or tokenizer is not None or spec is not None or hasattr(task, "examples"):
         if task is None:
             raise ConfigError("run_eval: pass task= (a name or a task object) with a loaded model")
-        return evaluate(model, task, n=n, seed=seed, samples=samples, temperature=temperature, spec=spec,
-                        tokenizer=tokenizer, task_options=task_options, out=out)
-    cfg = EvalConfig(n=n, seed=seed, samples=samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                     engine=engine)  # every setting validated before any work
+        return evaluate(
+            model,
+            task,
+            n=n,
+            seed=seed,
+            samples=samples,
+            temperature=temperature,
+            spec=spec,
+            tokenizer=tokenizer,
+            task_options=task_options,
+            out=out,
+        )
+    cfg = EvalConfig(
+        n=n, seed=seed, samples=samples, temperature=temperature, max_new_tokens=max_new_tokens, engine=engine
+    )  # every setting validated before any work
     plan = plan_eval({"model": str(model)}, task, task_options)
-    rep = evaluate_plan(plan, cfg, no_context_system=no_context_system, chat_template_kwargs=chat_template_kwargs,
-                        other_contexts=other_contexts)["model"]
+    rep = evaluate_plan(
+        plan,
+        cfg,
+        no_context_system=no_context_system,
+        chat_template_kwargs=chat_template_kwargs,
+        other_contexts=other_contexts,
+    )["model"]
     if out is not None:
         write_report(rep, out)
     return rep
@@ -56,8 +85,12 @@ class EvalPlan:
     records: dict[str, Any]
 
 
-def plan_eval(models: dict[str, str], task: str | None = None, task_options: dict[str, Any] | None = None,
-              run: str | Path | None = None) -> EvalPlan:
+def plan_eval(
+    models: dict[str, str],
+    task: str | None = None,
+    task_options: dict[str, Any] | None = None,
+    run: str | Path | None = None,
+) -> EvalPlan:
     """The checked plan of an evaluation of ``models`` (label -> checkpoint dir, hub id or organism:<task>); ``run``:
     a training run whose record (config.yaml) stands for its final/ checkpoint."""
     from mechopd.evaluation.records import recorded_config, recorded_task
@@ -70,20 +103,32 @@ def plan_eval(models: dict[str, str], task: str | None = None, task_options: dic
     return EvalPlan(name, options, get_task(name, **options), dict(models), records)
 
 
-def evaluate_plan(plan: EvalPlan, cfg: EvalConfig, *, no_context_system: str | None = None,
-                  chat_template_kwargs: dict[str, Any] | None = None,
-                  other_contexts: bool = False) -> dict[str, dict[str, Any]]:
+def evaluate_plan(
+    plan: EvalPlan,
+    cfg: EvalConfig,
+    *,
+    no_context_system: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    other_contexts: bool = False,
+) -> dict[str, dict[str, Any]]:
     """Every model of ``plan`` in both views (and under the task's other contexts: following, retention against a
     model named base): each checkpoint checked, each render pinned to its training record and checked against the
     task (`records.checked_renders`) before the first model loads. Returns the reports by label (not written)."""
     from mechopd.evaluation.following import add_following, apply_retention
+    from mechopd.evaluation.records import checked_renders
     from mechopd.models import check_model, load_model
     from mechopd.organisms.recipes import resolve_organism
-    from mechopd.evaluation.records import checked_renders
 
     paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in plan.models.items()}
-    toks, specs = checked_renders(plan.task, paths, plan.records, no_context_system, dict(chat_template_kwargs or {}),
-                                  cfg.seed, cfg.max_new_tokens)
+    toks, specs = checked_renders(
+        plan.task,
+        paths,
+        plan.records,
+        no_context_system,
+        dict(chat_template_kwargs or {}),
+        cfg.seed,
+        cfg.max_new_tokens,
+    )
     reports = {}
     for name, path in paths.items():
         model, engine = load_model(path), None
@@ -92,8 +137,9 @@ def evaluate_plan(plan: EvalPlan, cfg: EvalConfig, *, no_context_system: str | N
 
             engine = VllmEngine(path)
         reports[name] = evaluate_model(model, toks[name], plan.task, cfg, specs[name], engine=engine)
-        reports[name]["settings"].update(model=str(Path(path).resolve()) if Path(path).exists() else str(path),
-                                         task_options=plan.task_options)
+        reports[name]["settings"].update(
+            model=str(Path(path).resolve()) if Path(path).exists() else str(path), task_options=plan.task_options
+        )
         if other_contexts:
             add_following(reports[name], model, toks[name], plan.task, cfg, specs[name])
     if other_contexts:

@@ -8,8 +8,9 @@ models to engines. The built-in engines "lean" and "hf" are names the sampler ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -31,8 +32,9 @@ class RolloutEngine(Protocol):
 
     name: str
 
-    def sample(self, prompt_ids: Sequence[Sequence[int]], settings: Any,
-               row_seeds: Sequence[int] | None) -> Generation: ...
+    def sample(
+        self, prompt_ids: Sequence[Sequence[int]], settings: Any, row_seeds: Sequence[int] | None
+    ) -> Generation: ...
 
 
 def cut_at_stop(rows: list[list[int]], stop: Sequence[int], shared: int = 0) -> Generation:

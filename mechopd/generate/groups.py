@@ -20,12 +20,12 @@ must run the same forwards.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from mechopd.generate.prefix import MIN_PREFIX_TOKENS
 from mechopd.core.views import TwoViewBatch
+from mechopd.generate.prefix import MIN_PREFIX_TOKENS
 
 GROUP_COST = 32  # token positions one extra forward call is charged (per-call overhead; a choice)
 

@@ -91,18 +91,26 @@ class LeanDecoder:
         reason = lean_supported(model)
         if reason is not None:
             raise ModelError(f"lean decoding cannot run this model: {reason}; pass decoder='hf'")
-        sharded = next((n for n, p in model.named_parameters() if type(p).__name__ == "DTensor"
-                        or type(getattr(p, "data", None)).__name__ == "DTensor"), None)
+        sharded = next(
+            (
+                n
+                for n, p in model.named_parameters()
+                if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor"
+            ),
+            None,
+        )
         if sharded is not None:
-            raise ModelError(f"lean decoding got a sharded parameter ({sharded}); sample inside "
-                             "`sharding.gathered(model)` (the trainer does) so that every weight is whole")
+            raise ModelError(
+                f"lean decoding got a sharded parameter ({sharded}); sample inside "
+                "`sharding.gathered(model)` (the trainer does) so that every weight is whole"
+            )
         self.model = model
         inner = model.model
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.norm = (inner.norm.weight, _eps(inner.norm))
@@ -113,26 +121,39 @@ class LeanDecoder:
             qk_norm = None
             if hasattr(at, "q_norm"):
                 qk_norm = (at.q_norm.weight, _eps(at.q_norm), at.k_norm.weight, _eps(at.k_norm))
-            self.layers.append((
-                layer.input_layernorm.weight, _eps(layer.input_layernorm),
-                at.q_proj, at.k_proj, at.v_proj, at.o_proj, qk_norm,
-                layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
-                mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn,
-            ))
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    _eps(layer.input_layernorm),
+                    at.q_proj,
+                    at.k_proj,
+                    at.v_proj,
+                    at.o_proj,
+                    qk_norm,
+                    layer.post_attention_layernorm.weight,
+                    _eps(layer.post_attention_layernorm),
+                    mlp.gate_proj,
+                    mlp.up_proj,
+                    mlp.down_proj,
+                    mlp.act_fn,
+                )
+            )
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.bias = torch.empty(0)
         self.t = 0
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
-                cache: Any = None) -> torch.Tensor:
+    def prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, max_new_tokens: int, cache: Any = None
+    ) -> torch.Tensor:
         """One ordinary forward over the prompts; returns the last position's logits ``[B, V]``.
 
         cache: a shared prefix's keys/values (generate/prefix.py); then `ids`/`pos` are the suffixes ``[B, S]`` and
         `mask` covers prefix + suffix ``[B, Lp + S]``."""
         extra = {} if cache is None else cache_kwargs(self.model, cache)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **extra)  # the LM head on the last column only: [B, P, V] would be GBs on real models
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **extra
+        )  # the LM head on the last column only: [B, P, V] would be GBs on real models
         cache = output_cache(out)
         B, P = mask.shape
         total = P + max_new_tokens
@@ -180,8 +201,9 @@ class LeanDecoder:
             V[:, :, t : t + 1] = v
             # one query per row: plain matmuls beat the fused kernel here; the query heads of a kv group share it
             qg = q.reshape(B, self.n_kv, groups, self.head_dim)
-            w = torch.softmax(torch.matmul(qg, K[:, :, : t + 1].transpose(-1, -2)) * self.scale + bias, dim=-1,
-                              dtype=torch.float32).to(q.dtype)  # [B, kv, groups, t + 1]
+            w = torch.softmax(
+                torch.matmul(qg, K[:, :, : t + 1].transpose(-1, -2)) * self.scale + bias, dim=-1, dtype=torch.float32
+            ).to(q.dtype)  # [B, kv, groups, t + 1]
             a = torch.matmul(w, V[:, :, : t + 1])  # [B, kv, groups, head_dim] = heads in order
             h = h + _lin(o_proj, a.reshape(B, 1, -1))
             x = _rms(h, w2, e2)

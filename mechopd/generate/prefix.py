@@ -37,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -57,14 +58,16 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     return {_cache_arg(type(model)): cache}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_arg(cls: type) -> str:
     params = inspect.signature(cls.forward).parameters
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise TypeError(f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`; it cannot reuse a "
-                    "shared prefix (set shared_prefix: off)")
+    raise TypeError(
+        f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`; it cannot reuse a "
+        "shared prefix (set shared_prefix: off)"
+    )
 
 
 def output_cache(out: Any) -> Any:
@@ -122,9 +125,14 @@ def prefix_kv(model: Any, prefix_ids: torch.Tensor, stop_at: Any = None) -> KV:
     cache = DynamicCache(config=model.config)
     handle = stop_at.register_forward_hook(_raise_stop) if stop_at is not None else None
     try:
-        model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
-              position_ids=torch.arange(L, device=prefix_ids.device)[None], logits_to_keep=1,
-              **cache_kwargs(model, cache))
+        model(
+            input_ids=prefix_ids,
+            attention_mask=torch.ones_like(prefix_ids),
+            use_cache=True,
+            position_ids=torch.arange(L, device=prefix_ids.device)[None],
+            logits_to_keep=1,
+            **cache_kwargs(model, cache),
+        )
     except _Stop:
         pass
     finally:
@@ -207,15 +215,26 @@ def plan_view(batch: TwoViewBatch, which: str, length: int) -> ViewPlan:
     idx = j + length * (j >= start)  # left pad kept in place, the prefix columns skipped
     prefix_ids = ids[:1, int(start[0]) : int(start[0]) + length]
     full_mask = torch.cat([mask.new_ones(B, length), mask.gather(1, idx)], 1)
-    suffix = {f"input_ids_{which}": ids.gather(1, idx), f"attention_mask_{which}": full_mask,
-              f"position_ids_{which}": pos.gather(1, idx),
-              f"cols_{which}": (batch.cols_x if which == "x" else batch.cols_c) - length}
+    suffix = {
+        f"input_ids_{which}": ids.gather(1, idx),
+        f"attention_mask_{which}": full_mask,
+        f"position_ids_{which}": pos.gather(1, idx),
+        f"cols_{which}": (batch.cols_x if which == "x" else batch.cols_c) - length,
+    }
     return ViewPlan(length, prefix_ids, dataclasses.replace(batch, **suffix))
 
 
-def view_inputs(model: Any, batch: TwoViewBatch, which: str, *, mode: str = "auto", agree: Agree | None = None,
-                store: PrefixStore | None = None, stop_at: Any = None,
-                length: int | None = None) -> tuple[TwoViewBatch, dict[str, Any], int]:
+def view_inputs(
+    model: Any,
+    batch: TwoViewBatch,
+    which: str,
+    *,
+    mode: str = "auto",
+    agree: Agree | None = None,
+    store: PrefixStore | None = None,
+    stop_at: Any = None,
+    length: int | None = None,
+) -> tuple[TwoViewBatch, dict[str, Any], int]:
     """What to run for view `which`: ``(batch', extra kwargs, shared length)``; then
     ``model(**batch'.view(which), **extra)`` gives outputs that ``batch'.response_logits/response_hidden(..., which)``
     index exactly as the unshared forward's (hook-friendly: the prefix forward, if any, has already run here).

@@ -11,21 +11,31 @@ instead of the loop here; the sampler knows it only through that protocol.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
+from mechopd.core.views import left_pad
 from mechopd.generate.engines import Generation, cut_at_stop
 from mechopd.generate.groups import Group, group_prompts
 from mechopd.generate.lean import LeanDecoder
-from mechopd.generate.prefix import (cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache,
-                                     prefix_kv)
+from mechopd.generate.prefix import cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache, prefix_kv
 from mechopd.generate.settings import SamplingSettings, stop_ids
-from mechopd.core.views import left_pad
 
-__all__ = ["Generation", "SamplingSettings", "Turn", "item_seed", "play_games", "sample", "sample_rows",
-           "stable_seed", "stop_ids", "strip_stop"]
+__all__ = [
+    "Generation",
+    "SamplingSettings",
+    "Turn",
+    "item_seed",
+    "play_games",
+    "sample",
+    "sample_rows",
+    "stable_seed",
+    "stop_ids",
+    "strip_stop",
+]
 
 
 def stable_seed(*parts: object) -> int:
@@ -41,8 +51,9 @@ def item_seed(seed: int, uid: object) -> int:
 
 
 @torch.inference_mode()
-def sample(model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSettings,
-           row_seeds: Sequence[int] | None = None) -> Generation:
+def sample(
+    model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSettings, row_seeds: Sequence[int] | None = None
+) -> Generation:
     """Sample one response per prompt (left-padded batch, KV cache) under `settings`.
 
     prompt_ids: ``[batch]`` lists of ids. Returns ids per row, cut after the first stop token.
@@ -70,8 +81,11 @@ def sample(model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSe
     toks = []
     for step in range(st.max_new_tokens):
         u = None if greedy else uniforms[:, step : step + 1]
-        tok = torch.where(done, torch.full_like(done, st.pad_id, dtype=torch.long),
-                          _next_token(logits[:, : st.vocab], u, st.temperature))  # ids >= vocab: never drawn
+        tok = torch.where(
+            done,
+            torch.full_like(done, st.pad_id, dtype=torch.long),
+            _next_token(logits[:, : st.vocab], u, st.temperature),
+        )  # ids >= vocab: never drawn
         toks.append(tok)
         done = done | torch.isin(tok, stop_t)
         if bool(done.all()) or step == st.max_new_tokens - 1:
@@ -80,8 +94,13 @@ def sample(model: Any, prompt_ids: Sequence[Sequence[int]], settings: SamplingSe
             logits = lean.step(tok, next_pos)
         else:
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True,
-                        **cache_kwargs(model, past))
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                use_cache=True,
+                **cache_kwargs(model, past),
+            )
             past, logits = output_cache(out), out.logits[:, -1]
         next_pos = next_pos + 1
     return cut_at_stop(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], st.stop, n)
@@ -124,8 +143,9 @@ def _row_uniforms(row_seeds: Sequence[int] | None, B: int, steps: int, device: t
         raise ValueError("sample needs row_seeds (one per prompt) unless settings.greedy")
     if len(row_seeds) != B:
         raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {B} prompts")
-    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
-                        for s in row_seeds]).to(device)
+    return torch.stack(
+        [torch.rand(steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64) for s in row_seeds]
+    ).to(device)
 
 
 def shared_len(prompt_ids: Sequence[Sequence[int]], shared_prefix: str | int, agree: Any = None) -> int:
@@ -139,8 +159,9 @@ def shared_len(prompt_ids: Sequence[Sequence[int]], shared_prefix: str | int, ag
     return decide(len(prompt_ids), candidate, shared_prefix, agree)
 
 
-def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str | int,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
+def _prefill_inputs(
+    model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int, shared_prefix: str | int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
     """The prefill's ids/positions ``[B, S]``, mask ``[B, n + S]``, the shared prefix's cache (None) and length n."""
     B = len(prompt_ids)
     n = shared_len(prompt_ids, shared_prefix)
@@ -154,8 +175,15 @@ def _prefill_inputs(model: Any, prompt_ids: Sequence[Sequence[int]], pad_id: int
     return ids, mask, pos, cache, n
 
 
-def sample_rows(model: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int] | None,
-                settings: SamplingSettings, *, paths: list[int] | None = None, agree: Any = None) -> list[list[int]]:
+def sample_rows(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int] | None,
+    settings: SamplingSettings,
+    *,
+    paths: list[int] | None = None,
+    agree: Any = None,
+) -> list[list[int]]:
     """One response per prompt, ``settings.batch_size`` prompts per `sample` call; row i samples with ``seeds[i]``.
 
     The one entry point every caller (trainer, evaluation, probes) samples through: per-row seeds make a row's
@@ -181,8 +209,7 @@ def sample_rows(model: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence
         chunk = settings.replace(shared_prefix=g.length)
         for s in range(0, len(g.rows), size):
             rows = g.rows[s : s + size]
-            gen = sample(model, [prompt_ids[i] for i in rows], chunk,
-                         None if greedy else [int(seeds[i]) for i in rows])  # type: ignore[index]
+            gen = sample(model, [prompt_ids[i] for i in rows], chunk, None if greedy else [int(seeds[i]) for i in rows])  # type: ignore[index]
             for i, resp in zip(rows, gen.responses):
                 out[i] = resp
             if paths is not None:
@@ -206,9 +233,17 @@ class Turn:
     response: list[int]
 
 
-def play_games(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], render: Any,
-               settings: SamplingSettings, *, with_context: bool,
-               seeds: Sequence[int] | None = None) -> tuple[list[Any], list[Turn]]:
+def play_games(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    examples: Sequence[Any],
+    render: Any,
+    settings: SamplingSettings,
+    *,
+    with_context: bool,
+    seeds: Sequence[int] | None = None,
+) -> tuple[list[Any], list[Turn]]:
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
     render(prompt_text, context_or_None) -> prompt ids. seeds: one per game; move m of game g samples with row seed

@@ -12,23 +12,31 @@ view) line up index for index. The trainer, the gradients probe and the teachabi
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from mechopd.core.views import TwoViewBatch
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import Agree, PrefixStore, cache_kwargs, view_inputs
 from mechopd.generate.settings import check_known_ids
 from mechopd.models import vocab_size
-from mechopd.core.views import TwoViewBatch
 
 # A role is (which model, which view): the three distributions the objectives read (objectives.losses.LossInputs).
 ROLES = {"teacher": ("teacher", "c"), "student_nctx": ("student", "x"), "student_ctx": ("student", "c")}
 
 
-def response_logits(model: Any, batch: TwoViewBatch, which: str, *, shared_prefix: str = "off",
-                    agree: Agree | None = None, store: PrefixStore | None = None,
-                    info: dict[str, int] | None = None) -> torch.Tensor:
+def response_logits(
+    model: Any,
+    batch: TwoViewBatch,
+    which: str,
+    *,
+    shared_prefix: str = "off",
+    agree: Agree | None = None,
+    store: PrefixStore | None = None,
+    info: dict[str, int] | None = None,
+) -> torch.Tensor:
     """``[batch, R, V]``: index t holds the logits that predict response token t in view `which` ("x" | "c").
 
     shared_prefix "auto": a token prefix common to every row is computed once at batch size 1 (generate/prefix.py,
@@ -40,24 +48,41 @@ def response_logits(model: Any, batch: TwoViewBatch, which: str, *, shared_prefi
     return _grouped(model, batch, which, shared_prefix, agree, store, info, hidden=False)
 
 
-def response_hidden(model: Any, batch: TwoViewBatch, which: str, *, shared_prefix: str = "off",
-                    agree: Agree | None = None, store: PrefixStore | None = None,
-                    info: dict[str, int] | None = None) -> torch.Tensor:
+def response_hidden(
+    model: Any,
+    batch: TwoViewBatch,
+    which: str,
+    *,
+    shared_prefix: str = "off",
+    agree: Agree | None = None,
+    store: PrefixStore | None = None,
+    info: dict[str, int] | None = None,
+) -> torch.Tensor:
     """``[batch, R, d]``: the final (normed) hidden state whose head output predicts response token t (the trunk
     only; `head_logits` finishes it). The model must have a `head_split`. Prefix options as `response_logits`."""
     return _grouped(model, batch, which, shared_prefix, agree, store, info, hidden=True)
 
 
-def _grouped(model: Any, batch: TwoViewBatch, which: str, shared_prefix: str, agree: Agree | None,
-             store: PrefixStore | None, info: dict[str, int] | None, hidden: bool) -> torch.Tensor:
+def _grouped(
+    model: Any,
+    batch: TwoViewBatch,
+    which: str,
+    shared_prefix: str,
+    agree: Agree | None,
+    store: PrefixStore | None,
+    info: dict[str, int] | None,
+    hidden: bool,
+) -> torch.Tensor:
     """`response_logits` / `response_hidden` over the batch's prefix groups (one group: the whole batch)."""
     groups = view_groups(batch, which, shared_prefix, agree)
     if groups is None:
         out, n = _forward(model, batch, which, shared_prefix, agree, store, None, hidden)
         lengths, rows = [n], (batch.batch_size if n else 0)
     else:
-        parts = [_forward(model, take_rows(batch, g.rows), which, shared_prefix, None, store, g.length, hidden)
-                 for g in groups]
+        parts = [
+            _forward(model, take_rows(batch, g.rows), which, shared_prefix, None, store, g.length, hidden)
+            for g in groups
+        ]
         out, lengths = ungroup([p for p, _ in parts], groups), [n for _, n in parts]
         rows = sum(len(g.rows) for g, (_, n) in zip(groups, parts) if n)
     if info is not None:
@@ -65,8 +90,16 @@ def _grouped(model: Any, batch: TwoViewBatch, which: str, shared_prefix: str, ag
     return out
 
 
-def _forward(model: Any, batch: TwoViewBatch, which: str, mode: str, agree: Agree | None,
-             store: PrefixStore | None, length: int | None, hidden: bool) -> tuple[torch.Tensor, int]:
+def _forward(
+    model: Any,
+    batch: TwoViewBatch,
+    which: str,
+    mode: str,
+    agree: Agree | None,
+    store: PrefixStore | None,
+    length: int | None,
+    hidden: bool,
+) -> tuple[torch.Tensor, int]:
     b, extra, n = view_inputs(model, batch, which, mode=mode, agree=agree, store=store, length=length)
     if hidden:
         base = model.base_model
@@ -91,6 +124,7 @@ def _left_columns(batch: TwoViewBatch, which: str) -> torch.Tensor:
 # Supported where the head is a plain ``nn.Linear`` over the base model's last hidden state (Llama, Qwen2, Qwen3,
 # Mistral; Gemma-2's final soft-capping is applied). Any other causal LM, and FSDP-wrapped models (whose root holds the
 # head), score through the full forward (`response_logits`) and cannot be chunked (`head_split` returns None).
+
 
 def head_split(model: Any) -> torch.nn.Linear | None:
     """The LM head when `model` can be split into trunk + head, else None (see above)."""
@@ -137,9 +171,19 @@ def common_vocab_size(*models: Any) -> int:
     return min(vocab_size(m) for m in models)
 
 
-def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c"), *, temperature: float,
-                vocab: int | None = None, grad: bool = True, shared_prefix: str = "auto", agree: Agree | None = None,
-                store: PrefixStore | None = None, info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+def score_views(
+    model: Any,
+    batch: TwoViewBatch,
+    views: Sequence[str] = ("x", "c"),
+    *,
+    temperature: float,
+    vocab: int | None = None,
+    grad: bool = True,
+    shared_prefix: str = "auto",
+    agree: Agree | None = None,
+    store: PrefixStore | None = None,
+    info: dict[str, int] | None = None,
+) -> dict[str, torch.Tensor]:
     """``{view: [batch, R, vocab] log-probs}`` of `model` on each requested view ("x" no context, "c" context).
 
     grad=False: the forwards run under ``torch.no_grad()`` (no graph, no saved activations): ordinary tensors, usable
@@ -148,18 +192,29 @@ def score_views(model: Any, batch: TwoViewBatch, views: Sequence[str] = ("x", "c
     """
     check_known_ids(batch.response_ids, batch.response_mask, vocab if vocab is not None else vocab_size(model))
     out: dict[str, torch.Tensor] = {}
-    with (contextlib.nullcontext() if grad else torch.no_grad()):  # no_grad, not inference_mode: no clone after
+    with contextlib.nullcontext() if grad else torch.no_grad():  # no_grad, not inference_mode: no clone after
         for v in views:
-            logits = response_logits(model, batch, v, shared_prefix=shared_prefix, agree=agree,
-                                     store=None if grad else store, info=info)
+            logits = response_logits(
+                model, batch, v, shared_prefix=shared_prefix, agree=agree, store=None if grad else store, info=info
+            )
             out[v] = to_logp(logits, temperature, vocab)
     return out
 
 
-def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: Sequence[str], *, temperature: float,
-                vocab: int | None = None, shared_prefix: str = "auto", agree: Agree | None = None,
-                teacher_store: PrefixStore | None = None, student_shared_prefix: str | None = None,
-                info: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+def score_roles(
+    student: Any,
+    teacher: Any | None,
+    batch: TwoViewBatch,
+    roles: Sequence[str],
+    *,
+    temperature: float,
+    vocab: int | None = None,
+    shared_prefix: str = "auto",
+    agree: Agree | None = None,
+    teacher_store: PrefixStore | None = None,
+    student_shared_prefix: str | None = None,
+    info: dict[str, int] | None = None,
+) -> dict[str, torch.Tensor]:
     """``{role: [batch, R, vocab] log-probs}`` for the requested roles of `ROLES` (the objectives' inputs).
 
     The teacher scores the context view without grad (its shared prefix reused from `teacher_store` if given); the
@@ -180,8 +235,9 @@ def score_roles(student: Any, teacher: Any | None, batch: TwoViewBatch, roles: S
     paths: dict[str, int] = {}
     if "teacher" in roles:
         t_info: dict[str, int] = {}
-        out["teacher"] = score_views(teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info,
-                                     shared_prefix=shared_prefix, **kw)["c"]
+        out["teacher"] = score_views(
+            teacher, batch, ("c",), grad=False, store=teacher_store, info=t_info, shared_prefix=shared_prefix, **kw
+        )["c"]
         paths["teacher"], paths["teacher:rows"] = t_info["c"], t_info["c:rows"]
     student_views = [ROLES[r][1] for r in ("student_nctx", "student_ctx") if r in roles]
     s_info: dict[str, int] = {}

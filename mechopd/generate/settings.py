@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mechopd.core.views import pad_id
 
@@ -55,8 +56,10 @@ def check_known_ids(ids: Any, mask: Any, vocab: int) -> None:
     real = ids[mask.bool()]
     if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
         bad = int(real.max()) if int(real.max()) >= vocab else int(real.min())
-        raise ValueError(f"response id {bad} is outside the scored vocabulary [0, {vocab}) (ids the tokenizer and "
-                         "every model's head know); sample with SamplingSettings.for_model(..., others=(teacher,))")
+        raise ValueError(
+            f"response id {bad} is outside the scored vocabulary [0, {vocab}) (ids the tokenizer and "
+            "every model's head know); sample with SamplingSettings.for_model(..., others=(teacher,))"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,24 +98,35 @@ class SamplingSettings:
         if not self.greedy and not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be finite and > 0 unless greedy, got {self.temperature!r}")
         if isinstance(self.engine, str) and self.engine not in BUILTIN_ENGINES:
-            hint = (" (vLLM: pass the engine itself, SamplingSettings(engine=VllmEngine(model_dir)))"
-                    if self.engine == "vllm" else "")
-            raise ValueError(f"engine must be one of {', '.join(BUILTIN_ENGINES)} or a RolloutEngine object, "
-                             f"got {self.engine!r}{hint}")
+            hint = (
+                " (vLLM: pass the engine itself, SamplingSettings(engine=VllmEngine(model_dir)))"
+                if self.engine == "vllm"
+                else ""
+            )
+            raise ValueError(
+                f"engine must be one of {', '.join(BUILTIN_ENGINES)} or a RolloutEngine object, "
+                f"got {self.engine!r}{hint}"
+            )
         if not isinstance(self.engine, str) and not callable(getattr(self.engine, "sample", None)):
             raise ValueError(f"engine {self.engine!r} has no sample(prompt_ids, settings, row_seeds)")
         sp = self.shared_prefix
         if not (sp in ("auto", "off") or (isinstance(sp, int) and not isinstance(sp, bool) and sp >= 0)):
             raise ValueError(f"shared_prefix must be 'auto', 'off' or a length >= 0, got {sp!r}")
 
-    def replace(self, **changes: Any) -> "SamplingSettings":
+    def replace(self, **changes: Any) -> SamplingSettings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def for_model(cls, tokenizer: Any, model: Any, *, max_new_tokens: int, others: Sequence[Any] = (),
-                  **kw: Any) -> "SamplingSettings":
+    def for_model(
+        cls, tokenizer: Any, model: Any, *, max_new_tokens: int, others: Sequence[Any] = (), **kw: Any
+    ) -> SamplingSettings:
         """Settings for sampling from `model` with `tokenizer`: its stop ids, the pad id (`views.pad_id`: eos when
         the tokenizer has none), ``vocab = known_vocab(tokenizer, model, *others)`` (`others`: e.g. the teacher that
         will score the responses). `kw`: the remaining fields."""
-        return cls(max_new_tokens=max_new_tokens, stop=tuple(stop_ids(tokenizer, model)), pad_id=pad_id(tokenizer),
-                   vocab=known_vocab(tokenizer, model, *others), **kw)
+        return cls(
+            max_new_tokens=max_new_tokens,
+            stop=tuple(stop_ids(tokenizer, model)),
+            pad_id=pad_id(tokenizer),
+            vocab=known_vocab(tokenizer, model, *others),
+            **kw,
+        )

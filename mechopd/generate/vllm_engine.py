@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -39,12 +40,18 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 def require_vllm(field: str = "rollout_engine") -> None:
     """Raise a one-line `ConfigError` naming the install command if vLLM is not importable."""
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"{field}=vllm needs vLLM, which is not installed; install the extra: {INSTALL} "
-                          f"(or choose {field}=lean)")
+        raise ConfigError(
+            f"{field}=vllm needs vLLM, which is not installed; install the extra: {INSTALL} (or choose {field}=lean)"
+        )
 
 
-OPTIONS = ("gpu_memory_utilization", "enforce_eager", "max_model_len", "max_num_seqs",
-           "kv_cache_memory_bytes")  # TrainConfig.vllm_options
+OPTIONS = (
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_memory_bytes",
+)  # TrainConfig.vllm_options
 CPU_KV_CACHE_BYTES = 1 << 30  # the KV cache on a CPU unless gpu_memory_utilization / kv_cache_memory_bytes is set
 
 
@@ -62,11 +69,13 @@ def check_shape(config: Any, device: str) -> None:
     """vLLM's CPU attention supports a fixed set of head sizes: refuse others with the constraint and the sizes."""
     hd = head_dim_of(config)
     if device == "cpu" and hd not in CPU_HEAD_SIZES:
-        raise ModelError(f"rollout_engine=vllm: vLLM's CPU attention does not support head_dim {hd} (this model: "
-                         f"hidden_size {config.hidden_size} / {config.num_attention_heads} heads); supported head "
-                         f"sizes: {', '.join(map(str, CPU_HEAD_SIZES))}. Use a model whose head_dim is one of them "
-                         "(organism: `mechopd pretrain --task rules --num-heads 3 --num-kv-heads 1`: head_dim 32) or "
-                         "rollout_engine=lean")
+        raise ModelError(
+            f"rollout_engine=vllm: vLLM's CPU attention does not support head_dim {hd} (this model: "
+            f"hidden_size {config.hidden_size} / {config.num_attention_heads} heads); supported head "
+            f"sizes: {', '.join(map(str, CPU_HEAD_SIZES))}. Use a model whose head_dim is one of them "
+            "(organism: `mechopd pretrain --task rules --num-heads 3 --num-kv-heads 1`: head_dim 32) or "
+            "rollout_engine=lean"
+        )
 
 
 class VllmEngine:
@@ -77,10 +86,20 @@ class VllmEngine:
 
     name = "vllm"
 
-    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", seed: int = 0, device: str = "cpu",
-                 max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
-                 enforce_eager: bool = True, max_num_seqs: int = 256, world: int = 1,
-                 kv_cache_memory_bytes: int | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        device: str = "cpu",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool = True,
+        max_num_seqs: int = 256,
+        world: int = 1,
+        kv_cache_memory_bytes: int | None = None,
+    ):
         require_vllm()
         from transformers import AutoConfig
 
@@ -105,14 +124,24 @@ class VllmEngine:
             gpu_memory_utilization = 0.05 if device == "cpu" else 0.3  # GPU: TRL's colocate default
         if world > 1:  # one engine per training process, in the trainer's own process group (TRL's colocate mode)
             kw["distributed_executor_backend"] = "external_launcher"
-        self.llm = LLM(model=str(model_dir), dtype=dtype, seed=seed, enforce_eager=enforce_eager,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                       max_num_seqs=max_num_seqs, generation_config="vllm", skip_tokenizer_init=False, **kw)
+        self.llm = LLM(
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            generation_config="vllm",
+            skip_tokenizer_init=False,
+            **kw,
+        )
         self.loads = 0  # how many weight loads this engine received (logged; tests)
 
     # -- sampling ------------------------------------------------------------------------------------------------------
-    def sample(self, prompt_ids: Sequence[Sequence[int]], settings: Any,
-               row_seeds: Sequence[int] | None = None) -> Generation:
+    def sample(
+        self, prompt_ids: Sequence[Sequence[int]], settings: Any, row_seeds: Sequence[int] | None = None
+    ) -> Generation:
         """One response per prompt (``[batch]`` lists of ids) under `settings` (a `settings.SamplingSettings`; its
         engine, shared_prefix and batch_size are the sampler's business: vLLM caches prefixes and batches itself).
         Ids ``>= settings.vocab`` are masked out (``allowed_token_ids``) when the head has more rows than that."""
@@ -127,10 +156,20 @@ class VllmEngine:
 
         def params(row: int) -> Any:
             seed = None if (greedy or row_seeds is None) else int(row_seeds[row]) % (2**63)
-            return SamplingParams(n=1, temperature=0.0 if greedy else float(settings.temperature), top_p=1.0,
-                                  top_k=0, min_p=0.0, max_tokens=int(settings.max_new_tokens), stop_token_ids=stop,
-                                  ignore_eos=True, seed=seed, detokenize=False, skip_special_tokens=False,
-                                  allowed_token_ids=allowed)
+            return SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else float(settings.temperature),
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                max_tokens=int(settings.max_new_tokens),
+                stop_token_ids=stop,
+                ignore_eos=True,
+                seed=seed,
+                detokenize=False,
+                skip_special_tokens=False,
+                allowed_token_ids=allowed,
+            )
 
         outs = []
         for rows in _chunks([len(p) for p in prompt_ids], self.budget, self.max_num_seqs):
@@ -144,8 +183,9 @@ class VllmEngine:
         named = list(_full_named_parameters(model))
         # vLLM's in-place reload: checkpoint-format names through the model's own load_weights, then the same
         # post-load processing as at start-up (the CPU backend repacks linear weights after loading)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named),
-                                                         "is_checkpoint_format": True})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(named), "is_checkpoint_format": True}
+        )
         self.llm.apply_model(_refresh_embeddings)
         self.llm.reset_prefix_cache()  # cached keys/values belong to the old weights
         self.loads += 1
@@ -160,8 +200,7 @@ class VllmEngine:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """vLLM's own parameters (fused names: ``qkv_proj``, ``gate_up_proj``), copied to the CPU (tests)."""
-        return self.llm.apply_model(lambda m: {n: p.detach().float().cpu().clone()
-                                               for n, p in m.named_parameters()})[0]
+        return self.llm.apply_model(lambda m: {n: p.detach().float().cpu().clone() for n, p in m.named_parameters()})[0]
 
 
 def _refresh_embeddings(vmodel: torch.nn.Module) -> None:

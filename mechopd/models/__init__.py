@@ -17,11 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.core.checks import (check_checkpoint, check_finite, check_loading_info, check_tokenizer, read_config,
-                            resolve_device, umask_mode)
+from mechopd.core.checks import (
+    check_checkpoint,
+    check_finite,
+    check_loading_info,
+    check_tokenizer,
+    read_config,
+    resolve_device,
+    umask_mode,
+)
 from mechopd.core.errors import ModelError
-from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_path
-from mechopd.core.sites import module_kind, param_layer  # noqa: F401  (parameter naming lives in mechopd.core.sites)
+from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_kind, module_path, param_layer  # noqa: F401  (parameter naming lives in mechopd.core.sites)
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
@@ -42,10 +48,12 @@ def _check_source(path: str | os.PathLike) -> str:
     if _looks_like_hub_id(s):
         return s
     parent = Path(s).parent
-    where = f" ({parent}/ exists, so this is read as a local path)" if str(parent) not in ("", ".") and \
-        parent.is_dir() else ""
-    raise ModelError(f"model path {s!r} does not exist{where} and is not a hub id like 'Qwen/Qwen3-4B'; check the "
-                     "path")
+    where = (
+        f" ({parent}/ exists, so this is read as a local path)"
+        if str(parent) not in ("", ".") and parent.is_dir()
+        else ""
+    )
+    raise ModelError(f"model path {s!r} does not exist{where} and is not a hub id like 'Qwen/Qwen3-4B'; check the path")
 
 
 @contextlib.contextmanager
@@ -77,8 +85,10 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(src)
     except Exception as e:  # noqa: BLE001 - tokenizers / transformers raise many types for a damaged file
-        raise ModelError(f"no usable tokenizer at {src} ({type(e).__name__}); save it next to the model with "
-                         "tokenizer.save_pretrained(DIR)") from None
+        raise ModelError(
+            f"no usable tokenizer at {src} ({type(e).__name__}); save it next to the model with "
+            "tokenizer.save_pretrained(DIR)"
+        ) from None
     check_tokenizer(tok, src)  # not empty, not another model's
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token  # explicit: padding is masked everywhere, so the id only needs to exist
@@ -93,8 +103,9 @@ def check_model(path: str | os.PathLike) -> str:
     return src
 
 
-def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
-               device: str | torch.device | None = None) -> nn.Module:
+def load_model(
+    path: str | os.PathLike, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None
+) -> nn.Module:
     """A causal LM from a path or hub id, in eval mode, after `checks.check_checkpoint` (weights readable and as
     config.json describes; pickles refused) and `checks.check_finite` (no NaN/inf weight). Failures -> `ModelError`.
 
@@ -108,11 +119,13 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = Non
     files = check_checkpoint(src, config)
     try:
         with quiet_progress(Path(src).exists()):
-            model, info = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=dtype or torch.float32,
-                                                               use_safetensors=True, output_loading_info=True)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                src, config=config, dtype=dtype or torch.float32, use_safetensors=True, output_loading_info=True
+            )
     except ValueError as e:
-        raise ModelError(f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: "
-                         f"{str(e).splitlines()[0]}") from None
+        raise ModelError(
+            f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: {str(e).splitlines()[0]}"
+        ) from None
     except OSError as e:  # a hub id without safetensors / not cached
         raise ModelError(f"cannot load weights for {src}: {str(e).splitlines()[0]}") from None
     check_loading_info(src, info)
@@ -122,8 +135,13 @@ def load_model(path: str | os.PathLike, *, dtype: torch.dtype | str | None = Non
     return model.eval()
 
 
-def atomic_save(model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, extra: dict[str, str] | None = None,
-                writer: Any = None) -> Path:
+def atomic_save(
+    model: nn.Module,
+    tokenizer: Any,
+    out_dir: str | os.PathLike,
+    extra: dict[str, str] | None = None,
+    writer: Any = None,
+) -> Path:
     """`save_pretrained` (safetensors) into a temp dir next to `out_dir`, then rename into place.
 
     A killed process never leaves a half-written checkpoint at `out_dir`. `extra` maps file names to text contents;
@@ -219,6 +237,8 @@ def check_same_tokenizer(tok_a: Any, tok_b: Any, name_a: str = "student", name_b
     va, vb = tok_a.get_vocab(), tok_b.get_vocab()
     common = set(va) & set(vb)
     if any(va[w] != vb[w] for w in common) or len(common) < 0.99 * max(len(va), len(vb)):
-        raise ModelError(f"the {name_a} and {name_b} tokenizers differ ({len(va)} vs {len(vb)} entries, "
-                         f"{sum(va[w] != vb[w] for w in common)} shared words with different ids); cross-model "
-                         "distillation needs a shared tokenizer")
+        raise ModelError(
+            f"the {name_a} and {name_b} tokenizers differ ({len(va)} vs {len(vb)} entries, "
+            f"{sum(va[w] != vb[w] for w in common)} shared words with different ids); cross-model "
+            "distillation needs a shared tokenizer"
+        )

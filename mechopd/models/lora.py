@@ -60,9 +60,15 @@ def require_peft() -> Any:
 
 def peft_config(opts: LoraOptions, base: str | None = None) -> Any:
     peft = require_peft()
-    return peft.LoraConfig(r=opts.rank, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
-                           target_modules=list(opts.targets), bias="none", task_type="CAUSAL_LM",
-                           base_model_name_or_path=base)
+    return peft.LoraConfig(
+        r=opts.rank,
+        lora_alpha=opts.alpha,
+        lora_dropout=opts.dropout,
+        target_modules=list(opts.targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base,
+    )
 
 
 def shared_base(model: nn.Module) -> nn.Module:
@@ -80,8 +86,9 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
     missing = [t for t in opts.targets if t not in linear]
     if missing:
-        raise ConfigError(f"lora_targets {missing} match no linear module of this model; choose from "
-                          f"{', '.join(linear)}")
+        raise ConfigError(
+            f"lora_targets {missing} match no linear module of this model; choose from {', '.join(linear)}"
+        )
     model.requires_grad_(False)
     peft.inject_adapter_in_model(peft_config(opts), model, adapter_name=NAME)
     for n, p in model.named_parameters():
@@ -114,8 +121,11 @@ def trainable_share(model: nn.Module) -> tuple[int, int]:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's tensors in PEFT's file layout: ``base_model.model.<module>.lora_A.weight`` (CPU, contiguous)."""
-    return {"base_model.model." + n.replace(f".{NAME}.", "."): p.detach().cpu().contiguous()
-            for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    return {
+        "base_model.model." + n.replace(f".{NAME}.", "."): p.detach().cpu().contiguous()
+        for n, p in model.named_parameters()
+        if ".lora_A." in n or ".lora_B." in n
+    }
 
 
 def load_adapter_state(model: nn.Module, tensors: dict[str, torch.Tensor], source: Path) -> None:
@@ -123,8 +133,10 @@ def load_adapter_state(model: nn.Module, tensors: dict[str, torch.Tensor], sourc
     params = dict(model.named_parameters())
     want = {"base_model.model." + n.replace(f".{NAME}.", "."): n for n in params if ".lora_" in n}
     if set(want) != set(tensors):
-        raise ModelError(f"{source}: the adapter's tensors do not match this run's adapter (lora_rank / lora_targets "
-                         "changed?); resume with the run's own config")
+        raise ModelError(
+            f"{source}: the adapter's tensors do not match this run's adapter (lora_rank / lora_targets "
+            "changed?); resume with the run's own config"
+        )
     with torch.no_grad():
         for key, name in want.items():
             params[name].copy_(tensors[key])
@@ -187,7 +199,7 @@ class AdapterDeltas:
         self.pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for key, a in tensors.items():
             if key.endswith(".lora_A.weight"):
-                module = key[len("base_model.model."):-len(".lora_A.weight")]
+                module = key[len("base_model.model.") : -len(".lora_A.weight")]
                 self.pairs[module + ".weight"] = (a, tensors[key.replace(".lora_A.", ".lora_B.")])
 
     def delta(self, name: str) -> torch.Tensor:

@@ -11,7 +11,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Vocabulary alignment and reduction
 # ---------------------------------------------------------------------------------------------------------------------
@@ -138,8 +137,10 @@ def sampled_token_kl_on_tokens(student_token_logp: Tensor, teacher_token_logp: T
     """`sampled_token_kl` from ``log q_x(y_t)`` and ``log f(y_t)`` alone (``[batch, seq]`` each; the trainer computes
     them as ``z_y/T − logsumexp(z/T)``, never the full ``[batch, seq, vocab]`` log-probabilities)."""
     if student_token_logp.shape != teacher_token_logp.shape or student_token_logp.dim() != 2:
-        raise ValueError(f"expected two [batch, seq] token log-probs of one shape, got "
-                         f"{tuple(student_token_logp.shape)} and {tuple(teacher_token_logp.shape)}")
+        raise ValueError(
+            f"expected two [batch, seq] token log-probs of one shape, got "
+            f"{tuple(student_token_logp.shape)} and {tuple(teacher_token_logp.shape)}"
+        )
     log_ratio = (student_token_logp - teacher_token_logp.detach()).detach()
     advantage = -log_ratio
     return SampledKL(-advantage * student_token_logp, log_ratio)

@@ -20,7 +20,8 @@ extra rollout, one student forward + backward and one teacher forward per step.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TERMS, TermOptions, register_term
@@ -38,12 +39,16 @@ def check_follow_contexts(task: Any, pool: Sequence[Any], labels: Sequence[str] 
     """Refuse a follow term the task cannot feed: no other contexts at all, or a label no training item has."""
     seen = {oc.label for ex in pool for oc in task.other_contexts(ex)}
     if not seen:
-        raise ConfigError(f"follow_weight > 0 or follow_contexts given, but task {task.name!r} defines no other "
-                          "contexts on its training items (Task.other_contexts); drop them or use a task that has them")
+        raise ConfigError(
+            f"follow_weight > 0 or follow_contexts given, but task {task.name!r} defines no other "
+            "contexts on its training items (Task.other_contexts); drop them or use a task that has them"
+        )
     missing = sorted(set(labels or ()) - seen)
     if missing:
-        raise ConfigError(f"follow_contexts: {missing[0]!r} is not an other context of task {task.name!r}; choose "
-                          f"from {', '.join(sorted(seen))}")
+        raise ConfigError(
+            f"follow_contexts: {missing[0]!r} is not an other context of task {task.name!r}; choose "
+            f"from {', '.join(sorted(seen))}"
+        )
 
 
 def draw_other(task: Any, example: Any, labels: Sequence[str] | None, seed: int) -> OtherContext | None:

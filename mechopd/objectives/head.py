@@ -52,8 +52,9 @@ class ChunkOut(NamedTuple):
 
 
 # (hx, hc | None, ht, w, wt [V, d], tokens [c], m_opd [c], m_nca [c], T, beta, estimator options) -> ChunkOut
-ChunkKernel = Callable[[Tensor, Tensor | None, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, float,
-                        TermOptions], ChunkOut]
+ChunkKernel = Callable[
+    [Tensor, Tensor | None, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, float, TermOptions], ChunkOut
+]
 
 
 def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
@@ -62,11 +63,15 @@ def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
         return
     other = [t for t in METHODS.get(method, ()) if t not in FUSED_TERMS]
     if other:
-        raise ConfigError(f"loss_head=fused computes the opd and nca terms only; method={method} needs "
-                          f"{', '.join(other)}: set loss_head=logits (or auto)")
+        raise ConfigError(
+            f"loss_head=fused computes the opd and nca terms only; method={method} needs "
+            f"{', '.join(other)}: set loss_head=logits (or auto)"
+        )
     if sharding != "none":
-        raise ConfigError("loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
-                          "loss_head=logits (or auto) or sharding=none")
+        raise ConfigError(
+            "loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
+            "loss_head=logits (or auto) or sharding=none"
+        )
 
 
 def _logp_(z: Tensor, T: float) -> Tensor:
@@ -90,8 +95,13 @@ def _topk_parts(lq: Tensor, lf: Tensor, o: TermOptions) -> tuple[Tensor, ...]:
     ls, lt = lq.gather(-1, ids), lf.gather(-1, ids)
     if not (o.tail and not o.renormalize and o.topk < V):
         return ids, ls, lt
-    return (ids, ls, lt, lq.scatter(-1, ids, float("-inf")).logsumexp(-1),
-            lf.scatter(-1, ids, float("-inf")).logsumexp(-1))
+    return (
+        ids,
+        ls,
+        lt,
+        lq.scatter(-1, ids, float("-inf")).logsumexp(-1),
+        lf.scatter(-1, ids, float("-inf")).logsumexp(-1),
+    )
 
 
 def _topk_grad(parts: tuple[Tensor, ...], d: Tensor, q: Tensor, o: TermOptions) -> tuple[Tensor, Tensor, Tensor]:
@@ -114,8 +124,19 @@ def _topk_grad(parts: tuple[Tensor, ...], d: Tensor, q: Tensor, o: TermOptions) 
     return d.copy_(q).mul_(coef[:, None]).scatter_add_(-1, ids, gs), val, mass
 
 
-def chunk_kernel(hx: Tensor, hc: Tensor | None, ht: Tensor, w: Tensor, wt: Tensor, y: Tensor, mo: Tensor,
-                 ma: Tensor, T: float, beta: float, o: TermOptions) -> ChunkOut:
+def chunk_kernel(
+    hx: Tensor,
+    hc: Tensor | None,
+    ht: Tensor,
+    w: Tensor,
+    wt: Tensor,
+    y: Tensor,
+    mo: Tensor,
+    ma: Tensor,
+    T: float,
+    beta: float,
+    o: TermOptions,
+) -> ChunkOut:
     """One chunk of c positions (module docstring). hx, hc, ht: ``[c, d]``; w, wt: ``[V, d]`` (the common vocabulary);
     y ``[c]`` the sampled ids; mo / ma ``[c]`` the OPD / anchor weights."""
     three = hc is not None
@@ -183,8 +204,9 @@ class FusedHeadLoss(torch.autograd.Function):
                 torch.mm(out.gzc, wf, out=g_hc[s])
                 if grad_w:
                     g_w.addmm_(out.gzc.T, c)
-            sums += torch.stack([(mo_ * out.opd).sum(), (ma_ * out.nca).sum(), (ms_ * out.kl).sum(),
-                                 (ms_ * out.stat).sum()])
+            sums += torch.stack(
+                [(mo_ * out.opd).sum(), (ma_ * out.nca).sum(), (ms_ * out.kl).sum(), (ms_ * out.stat).sum()]
+            )
             del out
         ctx.save_for_backward(g_hx, *(() if g_hc is None else (g_hc,)), *(() if g_w is None else (g_w,)))
         ctx.has_c, ctx.grad_w, ctx.dtypes = g_hc is not None, grad_w, (hx.dtype, w.dtype)
@@ -201,25 +223,59 @@ class FusedHeadLoss(torch.autograd.Function):
         return g_hx, g_hc, None, g_w, *([None] * 10)
 
 
-def fused_head_loss(hx: Tensor, w: Tensor, ht: Tensor, wt: Tensor, weights: Tensor, *, temperature: float = 1.0,
-                    hc: Tensor | None = None, beta: float = 0.0, chunk: int = 1024,
-                    options: TermOptions | None = None, tokens: Tensor | None = None,
-                    anchor_weights: Tensor | None = None, stats_weights: Tensor | None = None,
-                    kernel: ChunkKernel = chunk_kernel) -> HeadLoss:
+def fused_head_loss(
+    hx: Tensor,
+    w: Tensor,
+    ht: Tensor,
+    wt: Tensor,
+    weights: Tensor,
+    *,
+    temperature: float = 1.0,
+    hc: Tensor | None = None,
+    beta: float = 0.0,
+    chunk: int = 1024,
+    options: TermOptions | None = None,
+    tokens: Tensor | None = None,
+    anchor_weights: Tensor | None = None,
+    stats_weights: Tensor | None = None,
+    kernel: ChunkKernel = chunk_kernel,
+) -> HeadLoss:
     """OPD (``hc`` None) or NCA (``hc`` given, weight ``beta``) loss from hidden states ``[N, d]`` and heads ``[V, d]``
     (module docstring), L_OPD in ``options``' estimator (None: "full"; ``tokens`` ``[N]``: the sampled ids, needed by "sampled").
     weights ``[N]``: the OPD term's (mask / token count); anchor_weights: the NCA term's, stats_weights: the logged
     KL's and the estimator statistic's (both default to ``weights``). Backward fills hx, hc and w."""
     n, options = hx.shape[0], options or TermOptions("full")
-    if not (ht.shape[0] == n and weights.shape == (n,) and w.shape[0] == wt.shape[0]
-            and (hc is None or hc.shape == hx.shape)):
-        raise ValueError(f"fused_head_loss: shapes hx {tuple(hx.shape)}, ht {tuple(ht.shape)}, weights "
-                         f"{tuple(weights.shape)}, w {tuple(w.shape)}, wt {tuple(wt.shape)} do not line up")
+    if not (
+        ht.shape[0] == n
+        and weights.shape == (n,)
+        and w.shape[0] == wt.shape[0]
+        and (hc is None or hc.shape == hx.shape)
+    ):
+        raise ValueError(
+            f"fused_head_loss: shapes hx {tuple(hx.shape)}, ht {tuple(ht.shape)}, weights "
+            f"{tuple(weights.shape)}, w {tuple(w.shape)}, wt {tuple(wt.shape)} do not line up"
+        )
     if tokens is None:
         if options.estimator == "sampled":
             raise ValueError("fused_head_loss: the sampled estimator needs tokens (the sampled ids, [N])")
         tokens = torch.zeros(n, dtype=torch.long, device=hx.device)
     ma = weights if anchor_weights is None else anchor_weights
     ms = weights if stats_weights is None else stats_weights
-    return HeadLoss(*FusedHeadLoss.apply(hx, hc, ht, w, wt, tokens.long(), weights, ma, ms, float(temperature),
-                                         float(beta), int(chunk), kernel, options))
+    return HeadLoss(
+        *FusedHeadLoss.apply(
+            hx,
+            hc,
+            ht,
+            w,
+            wt,
+            tokens.long(),
+            weights,
+            ma,
+            ms,
+            float(temperature),
+            float(beta),
+            int(chunk),
+            kernel,
+            options,
+        )
+    )

@@ -24,8 +24,9 @@ What is non-standard here:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -74,16 +75,19 @@ class LossInputs:
     student_nctx_token: Tensor | None = None
     teacher_token: Tensor | None = None
 
-    def with_tokens(self) -> "LossInputs":
+    def with_tokens(self) -> LossInputs:
         """The token views gathered from the full ones at ``tokens`` (for callers that scored full tensors)."""
         if self.tokens is None:
             return self
         idx = self.tokens.long().unsqueeze(-1)
         pick = lambda t: None if t is None else t.gather(-1, idx).squeeze(-1)  # noqa: E731
-        return dataclasses.replace(self, student_nctx_token=self.student_nctx_token
-                                   if self.student_nctx_token is not None else pick(self.student_nctx),
-                                   teacher_token=self.teacher_token if self.teacher_token is not None
-                                   else pick(self.teacher))
+        return dataclasses.replace(
+            self,
+            student_nctx_token=self.student_nctx_token
+            if self.student_nctx_token is not None
+            else pick(self.student_nctx),
+            teacher_token=self.teacher_token if self.teacher_token is not None else pick(self.teacher),
+        )
 
     def get(self, name: str) -> Tensor:
         value = getattr(self, name)
@@ -145,9 +149,16 @@ class TermSpec:
 TERMS: dict[str, TermSpec] = {}
 
 
-def register_term(name: str, anchor: bool = False, selectable: bool | Callable[[Any], bool] = False,
-                  batch: str = "main", *, options: type | None = None, weight: str | None = None,
-                  added: bool = False):
+def register_term(
+    name: str,
+    anchor: bool = False,
+    selectable: bool | Callable[[Any], bool] = False,
+    batch: str = "main",
+    *,
+    options: type | None = None,
+    weight: str | None = None,
+    added: bool = False,
+):
     """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
     adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags."""
     from mechopd.core.options import register_options
@@ -172,8 +183,9 @@ def _opd_term(o: TermOptions):
 
         return fn, frozenset({"student_nctx", "teacher"})
     if o.estimator == "full":
-        return (lambda x: TermOutput(reverse_kl_full(x.get("student_nctx"), x.get("teacher")))), \
-            frozenset({"student_nctx", "teacher"})
+        return (lambda x: TermOutput(reverse_kl_full(x.get("student_nctx"), x.get("teacher")))), frozenset(
+            {"student_nctx", "teacher"}
+        )
 
     def sampled(x: LossInputs) -> TermOutput:
         loss, log_ratio = sampled_token_kl_on_tokens(x.get("student_nctx_token"), x.get("teacher_token"))
@@ -182,12 +194,14 @@ def _opd_term(o: TermOptions):
     return sampled, frozenset({"student_nctx_token", "teacher_token"})
 
 
-@register_term("nca", anchor=True, options=NCAOptions, weight="beta",
-               selectable=lambda own: own.nca_positions == "selected")
+@register_term(
+    "nca", anchor=True, options=NCAOptions, weight="beta", selectable=lambda own: own.nca_positions == "selected"
+)
 def _nca_term(o: TermOptions, own: NCAOptions | None = None):
     """KL(sg[q_x] ‖ q_c)."""
-    return (lambda x: TermOutput(nca_anchor(x.get("student_nctx"), x.get("student_ctx")))), \
-        frozenset({"student_nctx", "student_ctx"})
+    return (lambda x: TermOutput(nca_anchor(x.get("student_nctx"), x.get("student_ctx")))), frozenset(
+        {"student_nctx", "student_ctx"}
+    )
 
 
 @register_term("dual")
@@ -200,15 +214,17 @@ def _dual_term(o: TermOptions):
             return TermOutput(kl, {"topk_mass": mass})
 
         return fn, frozenset({"student_ctx", "teacher"})
-    return (lambda x: TermOutput(dual_opd_ctx(x.get("student_ctx"), x.get("teacher")))), \
-        frozenset({"student_ctx", "teacher"})
+    return (lambda x: TermOutput(dual_opd_ctx(x.get("student_ctx"), x.get("teacher")))), frozenset(
+        {"student_ctx", "teacher"}
+    )
 
 
 @register_term("sym", anchor=True, options=NCAOptions, weight="beta")
 def _sym_term(o: TermOptions, own: NCAOptions | None = None):
     """½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]."""
-    return (lambda x: TermOutput(sym_kl(x.get("student_nctx"), x.get("student_ctx")))), \
-        frozenset({"student_nctx", "student_ctx"})
+    return (lambda x: TermOutput(sym_kl(x.get("student_nctx"), x.get("student_ctx")))), frozenset(
+        {"student_nctx", "student_ctx"}
+    )
 
 
 METHODS: dict[str, tuple[str, ...]] = {
@@ -219,11 +235,17 @@ METHODS: dict[str, tuple[str, ...]] = {
 }
 
 
-def make_term(name: str, options: TermOptions = TermOptions(), weight: float = 1.0,
-              schedule: Callable[[int], float] | None = None, selectable: bool | None = None,
-              own: Any = None) -> LossTerm:
+def make_term(
+    name: str,
+    options: TermOptions | None = None,
+    weight: float = 1.0,
+    schedule: Callable[[int], float] | None = None,
+    selectable: bool | None = None,
+    own: Any = None,
+) -> LossTerm:
     """The registered term ``name`` as a ``LossTerm`` (``selectable`` None = the registration's rule, read on ``own``,
-    the term's own options; None = their defaults)."""
+    the term's own options; None = their defaults; ``options`` None = the estimator's defaults)."""
+    options = TermOptions() if options is None else options
     if name not in TERMS:
         raise ValueError(f"loss term {name!r} is not registered (registered: {', '.join(TERMS)})")
     spec = TERMS[name]
@@ -259,15 +281,29 @@ def config_terms(cfg: Any, schedule: Callable[[int], float] | None = None) -> li
     return terms
 
 
-def method_terms(method: str, beta: float = NCAOptions.beta, estimator: str = TermOptions.estimator,
-                 topk: int = TermOptions.topk, renormalize: bool = False, tail: bool = False, *,
-                 nca_positions: str = NCAOptions.nca_positions, schedule: Callable[[int], float] | None = None
-                 ) -> list[LossTerm]:
+def method_terms(
+    method: str,
+    beta: float = NCAOptions.beta,
+    estimator: str = TermOptions.estimator,
+    topk: int = TermOptions.topk,
+    renormalize: bool = False,
+    tail: bool = False,
+    *,
+    nca_positions: str = NCAOptions.nca_positions,
+    schedule: Callable[[int], float] | None = None,
+) -> list[LossTerm]:
     """The loss terms of ``method`` from keyword options (tests, notebooks): `config_terms` on a view of them
     (added terms off). estimator picks L_OPD's form: "topk" (the student's top-``topk`` ids, optionally renormalised
     or with a tail bucket), "full" or "sampled"."""
-    values = dict(method=method, beta=beta, estimator=estimator, topk=topk, renormalize=renormalize, tail=tail,
-                  nca_positions=nca_positions)
+    values = dict(
+        method=method,
+        beta=beta,
+        estimator=estimator,
+        topk=topk,
+        renormalize=renormalize,
+        tail=tail,
+        nca_positions=nca_positions,
+    )
     return config_terms(_Values(values), schedule)
 
 
@@ -346,13 +382,16 @@ def total_loss(
         weighted[term.name] = w * value
         logs[f"loss/{term.name}"] = value.detach()
         for key, stat in out.stats.items():
-            logs[f"{term.name}/{key}"] = _masked_share(stat.detach(), mask, count,
-                                                       None if denominators is None else denominators[0])
+            logs[f"{term.name}/{key}"] = _masked_share(
+                stat.detach(), mask, count, None if denominators is None else denominators[0]
+            )
     loss = sum(weighted.values())
     return LossResult(loss, logs, weighted, weights)
 
 
-def _masked_share(per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tensor], den: Tensor | None = None) -> Tensor:
+def _masked_share(
+    per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tensor], den: Tensor | None = None
+) -> Tensor:
     """``Σ per_pos·mask / count(mask)`` (or ``/ den``; padded positions may hold inf/nan: selected out, never
     multiplied)."""
     _check_mask(mask, per_pos.shape)
@@ -360,5 +399,3 @@ def _masked_share(per_pos: Tensor, mask: Tensor, count: Callable[[Tensor], Tenso
     if float(den) == 0:
         raise ValueError("total_loss: the mask selects no response token (all responses empty or fully masked)")
     return torch.where(mask, per_pos, torch.zeros_like(per_pos)).sum() / den
-
-

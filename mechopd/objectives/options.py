@@ -19,32 +19,48 @@ class NCAOptions:
 
     beta: float = option(0.5, range=GE0, short=True, help="β, the NCA / SymKL anchor weight")
     nca_start: int = option(0, range=GE0, help="steps with β = 0 before the anchor starts")
-    beta_warmup: int = option(0, range=GE0, help="steps of a linear ramp 0 → β after nca_start (both 0: the papers' "
-                              "constant β)")
-    nca_gate: float | None = option(None, range=GT0, help="null = no gate; a level in nats: the anchor starts no "
-                                    "earlier than the step after the mean KL(q_x ‖ f) of the last nca_gate_window "
-                                    "steps falls to it (`objectives.schedule.AnchorGate`)")
+    beta_warmup: int = option(
+        0, range=GE0, help="steps of a linear ramp 0 → β after nca_start (both 0: the papers' constant β)"
+    )
+    nca_gate: float | None = option(
+        None,
+        range=GT0,
+        help="null = no gate; a level in nats: the anchor starts no "
+        "earlier than the step after the mean KL(q_x ‖ f) of the last nca_gate_window "
+        "steps falls to it (`objectives.schedule.AnchorGate`)",
+    )
     nca_gate_window: int = option(5, range=GE1, help="steps averaged by the gate")
-    nca_positions: str = option("all", choices=("all", "selected"), help="all: the NCA term covers every response "
-                                "token; selected: only the selector's kept tokens")
+    nca_positions: str = option(
+        "all",
+        choices=("all", "selected"),
+        help="all: the NCA term covers every response token; selected: only the selector's kept tokens",
+    )
 
 
 @dataclass
 class FollowOptions:
     """The follow term's options: L += follow_weight · KL(q_θ(·|x,c′) ‖ f(·|x,c′)) (`objectives.follow`)."""
 
-    follow_weight: float = option(0.0, range=GE0, help="0 = off; > 0 adds the follow term (on-policy "
-                                  "self-distillation under the task's OTHER contexts) to any method")
-    follow_contexts: list[str] | None = option(None, help="labels of Task.other_contexts the follow term draws from; "
-                                               "null = all of them")
+    follow_weight: float = option(
+        0.0,
+        range=GE0,
+        help="0 = off; > 0 adds the follow term (on-policy "
+        "self-distillation under the task's OTHER contexts) to any method",
+    )
+    follow_contexts: list[str] | None = option(
+        None, help="labels of Task.other_contexts the follow term draws from; null = all of them"
+    )
 
 
 @dataclass
 class EstimatorOptions:
     """L_OPD's form (and the dual / follow terms', which share it)."""
 
-    estimator: str = option("topk", choices=ESTIMATORS, help="topk: sum over the student's top-k ids; full: the "
-                            "whole vocabulary; sampled: per-token advantage on y_t")
+    estimator: str = option(
+        "topk",
+        choices=ESTIMATORS,
+        help="topk: sum over the student's top-k ids; full: the whole vocabulary; sampled: per-token advantage on y_t",
+    )
     topk: int = option(256, range=GE1, help="k of the student-top-k reverse KL")
     renormalize: bool = option(False, help="renormalise the top-k distributions (exclusive with tail)")
     tail: bool = option(False, help="add the tail bucket (mass outside the top k) to the top-k KL")
@@ -54,12 +70,19 @@ class EstimatorOptions:
 class SelectionOptions:
     """Which tokens the selectable terms train on (docs/method.md §3)."""
 
-    selector: str = option("full", short=True, help="token selector: full | random | entropy | divergence | tip | "
-                           "compat | ta_opd | ta_opd_ent | a registered name")
+    selector: str = option(
+        "full",
+        short=True,
+        help="token selector: full | random | entropy | divergence | tip | "
+        "compat | ta_opd | ta_opd_ent | a registered name",
+    )
     budget: float = option(0.10, range=Range(0, 1, open_lo=True), short=True, help="TA-OPD token budget ρ")
     tie_break: str = option("position", choices=TIE_BREAKS, help="order among equal scores")
-    min_one_per_response: bool = option(False, help="false: exactly the top ⌈ρN⌉ (the paper's text); true: the "
-                                        "released code's ≥ 1 token per response, added on top")
+    min_one_per_response: bool = option(
+        False,
+        help="false: exactly the top ⌈ρN⌉ (the paper's text); true: the "
+        "released code's ≥ 1 token per response, added on top",
+    )
 
 
 @dataclass

@@ -37,7 +37,7 @@ class AnchorGate:
         """Feed the KL of 0-based optimizer step ``step`` (just taken); returns what to log for that step."""
         if self.open_step is not None:
             return {}
-        self.history = (self.history + [float(kl)])[-self.window:]
+        self.history = (self.history + [float(kl)])[-self.window :]
         mean = sum(self.history) / len(self.history)
         logs: dict[str, Any] = {"nca_gate/kl_mean": mean}
         if len(self.history) == self.window and mean <= self.level:  # a NaN mean never opens it
@@ -46,8 +46,7 @@ class AnchorGate:
         return logs
 
     def state(self) -> dict[str, Any]:
-        return {"level": self.level, "window": self.window, "history": list(self.history),
-                "open_step": self.open_step}
+        return {"level": self.level, "window": self.window, "history": list(self.history), "open_step": self.open_step}
 
     def load(self, state: dict[str, Any] | None) -> None:
         """Restore `state` (from a checkpoint); None (a checkpoint written without a gate) is refused."""

@@ -38,12 +38,7 @@ class TeachabilityStats:
 
 
 def teachability_stats(
-    student_logp: Tensor,
-    teacher_logp: Tensor,
-    mask: Tensor,
-    k: int = 16,
-    c_mode: str = "exact",
-    d_mode: str = "union",
+    student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, k: int = 16, c_mode: str = "exact", d_mode: str = "union"
 ) -> TeachabilityStats:
     """Per-position TA-OPD signals (no gradient). ``K = min(k, vocab)``.
 

@@ -37,20 +37,46 @@ has moved the no-context view. FrozenLake's recipe keeps the constant β and bot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mechopd.core.errors import ModelError
 
 ORGANISM_DIR = "runs/organisms"  # where `organism:<task>` lives unless a config's organism_dir says otherwise
 
 ORGANISM_RECIPES: dict[str, dict[str, Any]] = {
-    "rules": {"estimator": "full", "batch_size": 32, "lr": 2e-3, "steps": 100, "eval_every": 25, "eval_n": 200,
-              "save_every": 50, "nca_start": 30, "lr_schedule": "linear", "task_options": {"rule": "reverse"}},
-    "frozenlake": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,
-                   "save_every": 60},
-    "sokoban": {"estimator": "full", "batch_size": 32, "lr": 5e-4, "steps": 120, "eval_every": 20, "eval_n": 100,
-                "save_every": 60, "nca_gate": 0.1},
+    "rules": {
+        "estimator": "full",
+        "batch_size": 32,
+        "lr": 2e-3,
+        "steps": 100,
+        "eval_every": 25,
+        "eval_n": 200,
+        "save_every": 50,
+        "nca_start": 30,
+        "lr_schedule": "linear",
+        "task_options": {"rule": "reverse"},
+    },
+    "frozenlake": {
+        "estimator": "full",
+        "batch_size": 32,
+        "lr": 5e-4,
+        "steps": 120,
+        "eval_every": 20,
+        "eval_n": 100,
+        "save_every": 60,
+    },
+    "sokoban": {
+        "estimator": "full",
+        "batch_size": 32,
+        "lr": 5e-4,
+        "steps": 120,
+        "eval_every": 20,
+        "eval_n": 100,
+        "save_every": 60,
+        "nca_gate": 0.1,
+    },
 }
 
 
@@ -65,8 +91,15 @@ def recipe_for(student: str) -> dict[str, Any]:
     return dict(ORGANISM_RECIPES.get(task, {})) if task else {}
 
 
-def resolve_organism(spec: str, organism_dir: str = ORGANISM_DIR, *, pretrain: bool = False, progress: bool = True,
-                     main: bool = True, barrier: Callable[[], None] = lambda: None) -> str:
+def resolve_organism(
+    spec: str,
+    organism_dir: str = ORGANISM_DIR,
+    *,
+    pretrain: bool = False,
+    progress: bool = True,
+    main: bool = True,
+    barrier: Callable[[], None] = lambda: None,
+) -> str:
     """``organism:<task>`` -> ``<organism_dir>/<task>``; any other spec unchanged.
 
     pretrain=True: pretrain the organism now unless it is cached (on the ``main`` process, then ``barrier()`` so
@@ -77,7 +110,8 @@ def resolve_organism(spec: str, organism_dir: str = ORGANISM_DIR, *, pretrain: b
         return spec
     path = Path(organism_dir) / task
     if pretrain:
-        from mechopd.organisms.pretrain import default_config, pretrain as run_pretraining
+        from mechopd.organisms.pretrain import default_config
+        from mechopd.organisms.pretrain import pretrain as run_pretraining
 
         if main:
             run_pretraining(default_config(task, seed=0), path, progress=progress)
@@ -97,8 +131,10 @@ def run_path(value: str, run_dir: str | Path, key: str = "organism_dir") -> str:
         return str(p)
     here = Path(run_dir) / p
     if not here.exists() and p.exists():
-        raise ModelError(f"{run_dir} records {key} {value!r} relative to the directory it was started from (an older "
-                         f"mechopd); write the absolute path {p.resolve()} into the run's file, then rerun")
+        raise ModelError(
+            f"{run_dir} records {key} {value!r} relative to the directory it was started from (an older "
+            f"mechopd); write the absolute path {p.resolve()} into the run's file, then rerun"
+        )
     return str(here.resolve())
 
 

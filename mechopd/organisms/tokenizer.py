@@ -9,7 +9,7 @@ rows stay visible to the model. Decoding joins words with single spaces.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast

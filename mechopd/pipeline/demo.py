@@ -37,11 +37,19 @@ from typing import Any
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 
-__all__ = ["DemoConfig", "demo", "demo_one", "evaluate_all", "labels_for", "method_label", "run_probes",
-           "train_resumable"]
+__all__ = [
+    "DemoConfig",
+    "demo",
+    "demo_one",
+    "evaluate_all",
+    "labels_for",
+    "method_label",
+    "run_probes",
+    "train_resumable",
+]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
@@ -89,14 +97,14 @@ class DemoConfig:
     out: str = "runs/demo"
     fast: bool = False
     sweep: bool = False
-    full_stages: bool = True        # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
+    full_stages: bool = True  # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
     seed: int = 0
-    seeds: int | None = None        # None: the built-in study's seeds (with --fast: 1)
-    workers: int | None = None      # worker processes (None: torch.get_num_threads(); pipeline/pool.py)
-    job_threads: int = 1            # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
+    seeds: int | None = None  # None: the built-in study's seeds (with --fast: 1)
+    workers: int | None = None  # worker processes (None: torch.get_num_threads(); pipeline/pool.py)
+    job_threads: int = 1  # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
     organism_seed: int = 0
-    layers: int | None = None       # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
-    steps: int | None = None        # None: the task's built-in study's (as for the five below, `task_defaults`)
+    layers: int | None = None  # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
+    steps: int | None = None  # None: the task's built-in study's (as for the five below, `task_defaults`)
     batch_size: int | None = None
     lr: float | None = None
     lr_schedule: str | None = None
@@ -105,8 +113,8 @@ class DemoConfig:
     probe_n: int | None = None
     nca_gate: float = NCA_GATE
     nca_gate_window: int = NCA_GATE_WINDOW
-    nca_start: int | None = None    # NCA's anchor from this step (None: the KL gate above); rules: 30
-    ta_opd_k: int | None = None     # TA-OPD's support K (None: the paper's 16); rules: 2
+    nca_start: int | None = None  # NCA's anchor from this step (None: the KL gate above); rules: 30
+    ta_opd_k: int | None = None  # TA-OPD's support K (None: the paper's 16); rules: 2
     follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
     organism_dir: str = "runs/organisms"
@@ -121,8 +129,10 @@ class DemoConfig:
         if self.seeds is None:  # a chosen training seed means one seed run
             self.seeds = 1 if (self.fast or self.seed != 0) else default_seeds(self.task)
         if isinstance(self.seeds, int) and self.seeds > 1 and self.seed != 0:
-            raise ConfigError(f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
-                              "--seed, or pass --seeds 1 for that one seed")
+            raise ConfigError(
+                f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
+                "--seed, or pass --seeds 1 for that one seed"
+            )
         if self.workers is None:
             from mechopd.pipeline.pool import default_workers
 
@@ -133,15 +143,23 @@ class DemoConfig:
             raise ConfigError(f"demo --job-threads {self.job_threads!r}: must be an integer >= 1 (default 1)")
         if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
             raise ConfigError(f"demo --seeds {self.seeds!r}: must be an integer >= 1 (training seeds 0..N-1)")
-        if self.layers is not None and (self.fast or isinstance(self.layers, bool) or not isinstance(self.layers, int)
-                                        or not 1 <= self.layers <= 48):
-            raise ConfigError(f"demo --layers {self.layers!r}: pass an integer in 1..48, without --fast (whose "
-                              "organism has its own 2 layers)")
+        if self.layers is not None and (
+            self.fast or isinstance(self.layers, bool) or not isinstance(self.layers, int) or not 1 <= self.layers <= 48
+        ):
+            raise ConfigError(
+                f"demo --layers {self.layers!r}: pass an integer in 1..48, without --fast (whose "
+                "organism has its own 2 layers)"
+            )
         for key in ("steps", "batch_size"):  # honoured as given, --fast or not
-            if getattr(self, key) is not None and (isinstance(getattr(self, key), bool)
-                                                   or not isinstance(getattr(self, key), int) or getattr(self, key) < 1):
-                raise ConfigError(f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
-                                  "it for the recipe's)")
+            if getattr(self, key) is not None and (
+                isinstance(getattr(self, key), bool)
+                or not isinstance(getattr(self, key), int)
+                or getattr(self, key) < 1
+            ):
+                raise ConfigError(
+                    f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
+                    "it for the recipe's)"
+                )
         given = {k: getattr(self, k) for k in ("steps", "batch_size") if getattr(self, k) is not None}
         for key, value in task_defaults(self.task).items():
             if getattr(self, key) is None:
@@ -200,21 +218,32 @@ def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, 
 
     finals = {}
     for name, over in methods.items():
+
         def config(name: str = name, over: dict[str, Any] = over) -> TrainConfig:
-            return TrainConfig(task=cfg.task, task_options=dict(cfg.task_options or {}), student=str(student),
-                               steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, lr_schedule=cfg.lr_schedule,
-                               estimator="full",  # as the organism recipes (training/organisms/*.yaml)
-                               seed=cfg.seed, eval_every=cfg.eval_every, eval_n=cfg.eval_n,
-                               save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's
-                               **{**over, **cfg.train_overrides})
+            return TrainConfig(
+                task=cfg.task,
+                task_options=dict(cfg.task_options or {}),
+                student=str(student),
+                steps=cfg.steps,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                lr_schedule=cfg.lr_schedule,
+                estimator="full",  # as the organism recipes (training/organisms/*.yaml)
+                seed=cfg.seed,
+                eval_every=cfg.eval_every,
+                eval_n=cfg.eval_n,
+                save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's
+                **{**over, **cfg.train_overrides},
+            )
+
         finals[name] = train_resumable(name, run / "train" / name, config, over)
     return finals
 
 
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
-    from mechopd.pipeline.pool import hold_demo_out
     from mechopd.core.runcheck import check_demo_out
+    from mechopd.pipeline.pool import hold_demo_out
 
     check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
     if demo_done(cfg):
@@ -235,9 +264,11 @@ def _demo(cfg: DemoConfig) -> Path:
     runs = seed_configs(cfg)
     for r in runs:  # every seed run's manifest before the first job: what it will save is checked first
         write_manifest(r, Path(student))
-    _log(f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {cfg.workers} worker"
-         f"{'s' if cfg.workers > 1 else ''} ({cfg.job_threads} intra-op thread{'s' if cfg.job_threads > 1 else ''} "
-         f"per job{'; job logs in <run>/logs/' if cfg.workers > 1 else ''})")
+    _log(
+        f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {cfg.workers} worker"
+        f"{'s' if cfg.workers > 1 else ''} ({cfg.job_threads} intra-op thread{'s' if cfg.job_threads > 1 else ''} "
+        f"per job{'; job logs in <run>/logs/' if cfg.workers > 1 else ''})"
+    )
     run_seed_runs(runs, student, cfg.workers, _log, train_methods, demo_one)
     if cfg.seeds > 1:
         from mechopd.report.aggregate import aggregate
@@ -255,7 +286,8 @@ def demo_done(cfg: DemoConfig) -> bool:
 
     out = Path(cfg.out)
     if not all((out / f).is_file() for f in ("report.md", MANIFEST_FILE)) or "wall_s" not in read_json(
-            out / MANIFEST_FILE):
+        out / MANIFEST_FILE
+    ):
         return False
     for r in seed_configs(cfg):
         run, methods = Path(r.out), r.methods()
@@ -311,10 +343,16 @@ def write_manifest(cfg: DemoConfig, student: Path) -> dict[str, Any]:
 
     run, methods = Path(cfg.out), cfg.methods()
     run.mkdir(parents=True, exist_ok=True)
-    manifest = {"task": cfg.task, "methods": list(methods), "labels": labels_for(run, methods),
-                "runs": methods, "organism": str(Path(student).resolve()), "thresholds": asdict(RegimeThresholds()),
-                "config": asdict(cfg),
-                "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None}
+    manifest = {
+        "task": cfg.task,
+        "methods": list(methods),
+        "labels": labels_for(run, methods),
+        "runs": methods,
+        "organism": str(Path(student).resolve()),
+        "thresholds": asdict(RegimeThresholds()),
+        "config": asdict(cfg),
+        "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None,
+    }
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (a user may rename a run here)
         Study.from_manifest(run).write()

@@ -51,12 +51,12 @@ from typing import Any
 
 from mechopd.core.errors import TrainingError
 
-JOB_THREADS = 1       # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
+JOB_THREADS = 1  # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
 ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there, 1.5x), pinned whatever OMP says
 # Relative cost of a training run (measured wall time on the rules organism, 150 steps, OPD = 1): longest first.
 EXPECTED_COST = {"nca_follow": 2.5, "ta_opd": 1.8, "nca_const": 1.5, "nca": 1.3, "opd": 1.0}
-PARENT_POLL_S = 0.5   # a worker checks this often whether its parent is still alive
-STOP_GRACE_S = 5.0    # a stopped worker's job gets this long to unwind (locks released) before os._exit
+PARENT_POLL_S = 0.5  # a worker checks this often whether its parent is still alive
+STOP_GRACE_S = 5.0  # a stopped worker's job gets this long to unwind (locks released) before os._exit
 
 
 class Terminated(KeyboardInterrupt):
@@ -72,7 +72,7 @@ class Job:
     """One unit of work: ``kind`` "train" (``method`` of seed run ``cfg``) or "finish" (the rest of that seed run)."""
 
     kind: str
-    cfg: Any            # the seed run's DemoConfig (seeds = 1, out = the seed run's directory)
+    cfg: Any  # the seed run's DemoConfig (seeds = 1, out = the seed run's directory)
     student: str
     fn: Callable[..., Any]  # train: fn(cfg, student, run, {method: overrides}); finish: fn(cfg, student=...)
     method: str = ""
@@ -251,8 +251,14 @@ def training_jobs(seed_cfgs: Sequence[Any], student: Path, train: Callable[..., 
     return jobs
 
 
-def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: Any, train: Callable[..., Any],
-                  finish: Callable[..., Any]) -> None:
+def run_seed_runs(
+    seed_cfgs: Sequence[Any],
+    student: Path,
+    workers: int,
+    log: Any,
+    train: Callable[..., Any],
+    finish: Callable[..., Any],
+) -> None:
     """Every seed run's trainings (`train`), then its finish job (`finish`), on `workers` processes (1: in this
     process, in order). At most `workers` jobs are in flight; a free worker takes a ready finish job before the next
     training. The functions travel to the workers by name (module-level functions of `mechopd.pipeline.demo`)."""
@@ -269,8 +275,12 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
             log(f"{job.cfg.out}: {job.name} done ({run_job(job, redirect=False):.0f} s)")
         return
     ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(list(sys.argv), seed_cfgs[0].job_threads, os.getpid())) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(list(sys.argv), seed_cfgs[0].job_threads, os.getpid()),
+    ) as pool:
         running: dict[Future, Job] = {}
         job = None
         try:
@@ -293,9 +303,10 @@ def run_seed_runs(seed_cfgs: Sequence[Any], student: Path, workers: int, log: An
                 proc.terminate()
             pool.shutdown(wait=False, cancel_futures=True)
             if isinstance(e, BrokenProcessPool) and job is not None:
-                raise TrainingError(f"a demo worker died while running {job.cfg.out}: {job.name} (killed by the "
-                                    "system, e.g. out of memory); rerun `mechopd demo` to resume, or pass --workers 1"
-                                    ) from None
+                raise TrainingError(
+                    f"a demo worker died while running {job.cfg.out}: {job.name} (killed by the "
+                    "system, e.g. out of memory); rerun `mechopd demo` to resume, or pass --workers 1"
+                ) from None
             raise
 
 
@@ -303,6 +314,7 @@ def seed_configs(cfg: Any) -> list[Any]:
     """The seed runs of a demo config: itself with one seed, ``OUT/seed-k`` (seed k, seeds 1) with several."""
     if cfg.seeds <= 1:
         return [cfg]
-    return [replace(cfg, out=str(Path(cfg.out) / f"seed-{k}"), seed=k, seeds=1, full_stages=k == 0)
-            for k in range(cfg.seeds)]
-
+    return [
+        replace(cfg, out=str(Path(cfg.out) / f"seed-{k}"), seed=k, seeds=1, full_stages=k == 0)
+        for k in range(cfg.seeds)
+    ]

@@ -16,10 +16,19 @@ from typing import Any
 ACCURACY_FILE = "accuracy.json"
 
 
-def pretrain_organism(task: str, out: str | Path | None = None, *, seed: int = 0, arch: str = "qwen3",
-                      steps: int | None = None, n: int = 200, layers: int | None = None,
-                      num_heads: int | None = None, num_kv_heads: int | None = None,
-                      progress: bool = True) -> tuple[Path, dict[str, Any]]:
+def pretrain_organism(
+    task: str,
+    out: str | Path | None = None,
+    *,
+    seed: int = 0,
+    arch: str = "qwen3",
+    steps: int | None = None,
+    n: int = 200,
+    layers: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    progress: bool = True,
+) -> tuple[Path, dict[str, Any]]:
     """Pretrain (or reuse: same config) the ``task`` organism into ``out`` (default runs/organisms/<task>[-L<n>]),
     evaluate it on ``n`` held-out items (seed ``seed``) and write ``accuracy.json``; returns (its path, the accuracy)."""
     from mechopd.core.artifacts import write_json

@@ -31,10 +31,10 @@ from typing import Any
 import yaml
 
 from mechopd.core.artifacts import write_json, write_text
-from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
 from mechopd.core.errors import ConfigError
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 from mechopd.pipeline.spec import StudySpec, default_out
+from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
+from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 
 SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
@@ -47,8 +47,8 @@ class SeedRun:
     spec: StudySpec
     out: str
     seed: int
-    student: str              # the resolved base checkpoint (a local dir, or a hub id)
-    study_out: str = ""       # the study's OUT (the seed run's parent with several seeds)
+    student: str  # the resolved base checkpoint (a local dir, or a hub id)
+    study_out: str = ""  # the study's OUT (the seed run's parent with several seeds)
     job_threads: int = 1
     full_stages: bool = True  # every seed of a study gets its figures and every listed probe
 
@@ -81,16 +81,17 @@ def train_runs(cfg: SeedRun, student: Path, run: Path, methods: dict[str, dict[s
     """The training job(s) of one seed: every run named in ``methods`` (finished ones skipped, killed ones resumed)."""
     finals = {}
     for role, over in methods.items():
-        finals[role] = train_resumable(role, run / "train" / role,
-                                       lambda role=role: cfg.spec.train_config(role, cfg.seed, str(student)), over)
+        finals[role] = train_resumable(
+            role, run / "train" / role, lambda role=role: cfg.spec.train_config(role, cfg.seed, str(student)), over
+        )
     return finals
 
 
 def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     """The finish job of one seed: evaluation, the listed probes, figures, report (trainings done: skipped)."""
+    from mechopd.core.views import RenderSpec
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
-    from mechopd.core.views import RenderSpec
 
     spec, run = cfg.spec, Path(cfg.out)
     student = Path(cfg.student) if student is None else student
@@ -101,8 +102,14 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     models = {"base": student, **finals}
     render = spec.render_fields()
     placement = render.pop("placement", None) or spec_task_placement(spec)
-    evaluate_all(cfg, models, run, spec=RenderSpec(placement, **render), other_contexts=spec.other_contexts,
-                 eval_fields=spec.eval_fields())
+    evaluate_all(
+        cfg,
+        models,
+        run,
+        spec=RenderSpec(placement, **render),
+        other_contexts=spec.other_contexts,
+        eval_fields=spec.eval_fields(),
+    )
     teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
     skip = () if cfg.seed == spec.seeds[0] else tuple(spec.first_seed_only)  # no claim reads them: the first seed
     run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields(), skip=skip)
@@ -127,14 +134,31 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     run, spec, methods = Path(cfg.out), cfg.spec, cfg.methods()
     run.mkdir(parents=True, exist_ok=True)
     tc = spec.train_config(next(iter(spec.runs)), cfg.seed, cfg.student)
-    config = {"seed": cfg.seed, "out": cfg.out, "steps": tc.steps, "batch_size": tc.batch_size, "lr": tc.lr,
-              "lr_schedule": tc.lr_schedule, "eval_n": spec.eval_n, "task_options": dict(spec.task_options),
-              "job_threads": cfg.job_threads, "student": spec.student, "teacher": spec.teacher}
-    manifest = {"task": spec.task, "methods": list(methods), "labels": labels_for(run, methods), "runs": methods,
-                "organism": cfg.student, "thresholds": asdict(RegimeThresholds()), "config": config,
-                "study": str(Path(cfg.study_out) / SPEC_FILE), "out_dir": cfg.study_out,
-                "command": "mechopd " + " ".join(sys.argv[1:])
-                if sys.argv and "mechopd" in sys.argv[0] else None}
+    config = {
+        "seed": cfg.seed,
+        "out": cfg.out,
+        "steps": tc.steps,
+        "batch_size": tc.batch_size,
+        "lr": tc.lr,
+        "lr_schedule": tc.lr_schedule,
+        "eval_n": spec.eval_n,
+        "task_options": dict(spec.task_options),
+        "job_threads": cfg.job_threads,
+        "student": spec.student,
+        "teacher": spec.teacher,
+    }
+    manifest = {
+        "task": spec.task,
+        "methods": list(methods),
+        "labels": labels_for(run, methods),
+        "runs": methods,
+        "organism": cfg.student,
+        "thresholds": asdict(RegimeThresholds()),
+        "config": config,
+        "study": str(Path(cfg.study_out) / SPEC_FILE),
+        "out_dir": cfg.study_out,
+        "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None,
+    }
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name)
         Study.from_manifest(run).write()
@@ -151,8 +175,11 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
         from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
 
         with job_threads(ORGANISM_THREADS):
-            return str(Path(resolve_organism(model, spec.train_config(next(iter(spec.runs)), 0).organism_dir,
-                                             pretrain=pretrain)).resolve())
+            return str(
+                Path(
+                    resolve_organism(model, spec.train_config(next(iter(spec.runs)), 0).organism_dir, pretrain=pretrain)
+                ).resolve()
+            )
     return str(Path(model).resolve()) if Path(model).exists() else model
 
 
@@ -174,8 +201,10 @@ def check_out(spec: StudySpec, out: Path) -> None:
     recorded = out / SPEC_FILE
     if not recorded.is_file():
         if (out / MANIFEST_FILE).is_file():
-            raise ConfigError(f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
-                              "another --out (nothing was changed)")
+            raise ConfigError(
+                f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
+                "another --out (nothing was changed)"
+            )
         return
     from mechopd.config import load_yaml
 
@@ -186,33 +215,36 @@ def check_out(spec: StudySpec, out: Path) -> None:
     if diff == ["probes"] and all(new_probes.get(k) == v for k, v in old_probes.items()):
         return  # probes added to a finished study: they run, everything else is reused
     if diff:
-        raise ConfigError(f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
-                          "finished stages would be reused as this one's: pass another --out")
+        raise ConfigError(
+            f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
+            "finished stages would be reused as this one's: pass another --out"
+        )
 
 
 def is_done(spec: StudySpec, out: Path) -> bool:
     """Every stage finished: the done record written last, every run's final checkpoint, every report."""
-    from mechopd.pipeline.pool import finished
-
     from mechopd.core.artifacts import read_json
+    from mechopd.pipeline.pool import finished
 
     if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
         return False
     if read_json(out / DONE_FILE).get("run") != _normal(spec.to_mapping()):  # e.g. a probe added since
         return False
     for r in seed_runs(spec, out, spec.student):
-        if not (Path(r.out) / "report.md").is_file() or not all(finished(Path(r.out) / "train" / role)
-                                                                  for role in spec.runs):
+        if not (Path(r.out) / "report.md").is_file() or not all(
+            finished(Path(r.out) / "train" / role) for role in spec.runs
+        ):
             return False
     return True
 
 
-def run_study(study: str | os.PathLike | Mapping[str, Any], out: str | os.PathLike | None = None,
-              workers: int | None = None) -> Path:
+def run_study(
+    study: str | os.PathLike | Mapping[str, Any], out: str | os.PathLike | None = None, workers: int | None = None
+) -> Path:
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
-    from mechopd.pipeline.pool import default_workers
     from mechopd.core.runlock import hold
+    from mechopd.pipeline.pool import default_workers
 
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
@@ -234,21 +266,33 @@ def _run(spec: StudySpec, out: Path, workers: int) -> Path:
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / SPEC_FILE, f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
-               + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True))
+    write_text(
+        out / SPEC_FILE,
+        f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
+        + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True),
+    )
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
     for r in runs:  # every seed run's manifest before the first job
         write_manifest(r)
-    _log(f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}) on {workers} worker(s)"
-         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}")
+    _log(
+        f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}) on {workers} worker(s)"
+        f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
+    )
     run_seed_runs(runs, Path(student), workers, _log, train_runs, finish_seed)
     report = out / "report.md"
     if len(runs) > 1:
         from mechopd.report.aggregate import aggregate
 
         report = aggregate([Path(r.out) for r in runs], out)
-    write_json(out / DONE_FILE, {"study": spec.source, "report": str(report), "wall_s": round(time.time() - t0, 1),
-                                 "run": _normal(spec.to_mapping())})
+    write_json(
+        out / DONE_FILE,
+        {
+            "study": spec.source,
+            "report": str(report),
+            "wall_s": round(time.time() - t0, 1),
+            "run": _normal(spec.to_mapping()),
+        },
+    )
     _log(f"report: {report} ({time.time() - t0:.0f} s)")
     return report

@@ -66,15 +66,18 @@ class StudySpec:
         w = self.source
         for key in ("task", "student"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key).strip():
-                raise ConfigError(f"{w}: {key} must be a non-empty string, e.g. {key}: "
-                                  f"{'jsonl' if key == 'task' else 'Qwen/Qwen3-1.7B'}")
+                raise ConfigError(
+                    f"{w}: {key} must be a non-empty string, e.g. {key}: "
+                    f"{'jsonl' if key == 'task' else 'Qwen/Qwen3-1.7B'}"
+                )
         if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
             raise ConfigError(f"{w}: teacher must be a checkpoint dir or hub id, or null for self-distillation")
         for key in ("student", "teacher"):  # a local path that is not there (a hub id is checked when loaded)
             value = getattr(self, key)
             if value and value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
-                raise ConfigError(f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id or "
-                                  "organism:<task>")
+                raise ConfigError(
+                    f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id or organism:<task>"
+                )
         for key in ("task_options", "render", "train", "runs", "eval", "probes"):
             if getattr(self, key) is None:
                 setattr(self, key, {})
@@ -91,10 +94,14 @@ class StudySpec:
     # -- checks ------------------------------------------------------------------------------------------------------
     def _check_seeds(self) -> None:
         seeds = self.seeds
-        if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                            for s in seeds):
-            raise ConfigError(f"{self.source}: seeds={seeds!r} must be a non-empty list of integers >= 0, e.g. "
-                              "seeds: [0, 1, 2]")
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+        ):
+            raise ConfigError(
+                f"{self.source}: seeds={seeds!r} must be a non-empty list of integers >= 0, e.g. seeds: [0, 1, 2]"
+            )
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"{self.source}: seeds={seeds!r} lists a seed twice; list each training seed once")
 
@@ -117,33 +124,43 @@ class StudySpec:
         if placement not in PLACEMENTS:
             raise ConfigError(f"{self.source}: render.placement={placement!r}; choose one of {', '.join(PLACEMENTS)}")
         if placement != task.placement:
-            raise ConfigError(f"{self.source}: render.placement={placement!r} but task {self.task!r} places its "
-                              f"context in {task.placement!r} (training follows the task); set it in task_options "
-                              "(jsonl: placement) or drop render.placement")
+            raise ConfigError(
+                f"{self.source}: render.placement={placement!r} but task {self.task!r} places its "
+                f"context in {task.placement!r} (training follows the task); set it in task_options "
+                "(jsonl: placement) or drop render.placement"
+            )
 
     def _check_runs(self) -> None:
         from mechopd.core.checks import check_label
 
         if not self.runs:
-            raise ConfigError(f"{self.source}: runs is empty; name one run per role, e.g. runs: {{opd: {{method: "
-                              "opd}}, nca: {{method: nca, beta: 0.5}}}}")
+            raise ConfigError(
+                f"{self.source}: runs is empty; name one run per role, e.g. runs: {{opd: {{method: "
+                "opd}}, nca: {{method: nca, beta: 0.5}}}}"
+            )
         set_here = sorted(set(self.train) & set(STUDY_SET))
         if set_here:
-            raise ConfigError(f"{self.source}: train.{set_here[0]} is set by the study itself; use the top-level "
-                              "key (seed: the seeds list; render for no_context_system, chat_template_kwargs)")
+            raise ConfigError(
+                f"{self.source}: train.{set_here[0]} is set by the study itself; use the top-level "
+                "key (seed: the seeds list; render for no_context_system, chat_template_kwargs)"
+            )
         for role, over in self.runs.items():
             if not isinstance(role, str) or not role.isidentifier() or role in RESERVED_ROLES:
-                raise ConfigError(f"{self.source}: runs.{role} is not a usable role; name it with an identifier "
-                                  f"other than {', '.join(RESERVED_ROLES)} (e.g. opd, nca, ta_opd)")
+                raise ConfigError(
+                    f"{self.source}: runs.{role} is not a usable role; name it with an identifier "
+                    f"other than {', '.join(RESERVED_ROLES)} (e.g. opd, nca, ta_opd)"
+                )
             check_label(role, f"{self.source}: runs.{role}")
             if over is not None and not isinstance(over, Mapping):
-                raise ConfigError(f"{self.source}: runs.{role} must be a mapping of training fields, e.g. "
-                                  "{method: nca, beta: 0.5}")
+                raise ConfigError(
+                    f"{self.source}: runs.{role} must be a mapping of training fields, e.g. {{method: nca, beta: 0.5}}"
+                )
             self.runs[role] = dict(over or {})
             bad = sorted(set(self.runs[role]) & set(STUDY_SET))
             if bad:
-                raise ConfigError(f"{self.source}: runs.{role}.{bad[0]} is set by the study itself; use the top-level "
-                                  "key")
+                raise ConfigError(
+                    f"{self.source}: runs.{role}.{bad[0]} is set by the study itself; use the top-level key"
+                )
             self.train_config(role, self.seeds[0])  # every field checked now, before any job
 
     def _check_eval(self, task: Any) -> None:
@@ -160,8 +177,10 @@ class StudySpec:
             raise ConfigError(f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. 200)")
         held_out = (task.split_sizes() if hasattr(task, "split_sizes") else {}).get("test")
         if held_out is not None and n > held_out:
-            raise ConfigError(f"{self.source}: eval.n={n} but task {self.task!r} holds {held_out} held-out items; "
-                              f"set eval.n to at most {held_out}")
+            raise ConfigError(
+                f"{self.source}: eval.n={n} but task {self.task!r} holds {held_out} held-out items; "
+                f"set eval.n to at most {held_out}"
+            )
         try:
             EvalConfig(**self.eval_fields(), n=n)
         except (ConfigError, TypeError) as e:
@@ -182,13 +201,16 @@ class StudySpec:
                 spec.values(**own)
                 ProbeSetup(task=self.task, **setup)
             except ConfigError as e:
-                raise ConfigError(f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
-                                  ) from None
+                raise ConfigError(
+                    f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
+                ) from None
             if demo_options(_Demo({**(spec.demo or {}), **own}, spec.role_options), study) is None:
                 need = [str((spec.demo or {}).get(k)) for k in spec.role_options if k not in own]
-                raise ConfigError(f"{self.source}: probes.{name} reads the role(s) {', '.join(need)}, which the study "
-                                  f"lacks ({', '.join(sorted(roles))}); add that run or give the probe's "
-                                  f"{', '.join(spec.role_options)} option a role of the study")
+                raise ConfigError(
+                    f"{self.source}: probes.{name} reads the role(s) {', '.join(need)}, which the study "
+                    f"lacks ({', '.join(sorted(roles))}); add that run or give the probe's "
+                    f"{', '.join(spec.role_options)} option a role of the study"
+                )
 
     def _check_probe_extras(self) -> None:
         from mechopd.probes.registry import get_probe
@@ -206,9 +228,16 @@ class StudySpec:
         """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint)."""
         from mechopd.config import TrainConfig, build_config, resolve_train_data
 
-        data = {**self.train, **self.runs[role], "task": self.task, "task_options": dict(self.task_options),
-                "student": self.student, "teacher": self.teacher, "seed": seed,
-                **{k: self.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in self.render}}
+        data = {
+            **self.train,
+            **self.runs[role],
+            "task": self.task,
+            "task_options": dict(self.task_options),
+            "student": self.student,
+            "teacher": self.teacher,
+            "seed": seed,
+            **{k: self.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in self.render},
+        }
         data = resolve_train_data(data)  # an organism student: its recipe under what the file sets
         data.setdefault("save_every", max(1, int(data.get("steps", TrainConfig.steps)) // 2))  # resumable
         if student is not None:
@@ -240,8 +269,10 @@ class StudySpec:
     def probe_plan_of(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(setup fields, the probe's own options) of a listed probe."""
         given = dict(self.probes.get(name) or {})
-        return ({k: v for k, v in given.items() if k in PROBE_SETUP_KEYS},
-                {k: v for k, v in given.items() if k not in PROBE_SETUP_KEYS})
+        return (
+            {k: v for k, v in given.items() if k in PROBE_SETUP_KEYS},
+            {k: v for k, v in given.items() if k not in PROBE_SETUP_KEYS},
+        )
 
     def probe_plan(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         return {str(name): self.probe_plan_of(name) for name in self.probes}
@@ -266,8 +297,9 @@ class StudySpec:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a study has {', '.join(known)}")
         missing = [k for k in ("task", "student", "runs") if k not in doc]
         if missing:
-            raise ConfigError(f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method:"
-                              " opd}}}})")
+            raise ConfigError(
+                f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}}}}}})"
+            )
         return cls(**doc, source=where)
 
 
@@ -296,7 +328,7 @@ def builtin_study(task: str) -> StudySpec:
     return copy.deepcopy(_load_builtin(task))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_builtin(task: str) -> StudySpec:
     path = STUDIES_DIR / f"{task}.yaml"
     if not path.is_file():

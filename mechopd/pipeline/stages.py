@@ -36,8 +36,10 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
-    return {"base": "base", **{m: method_label(m, over, mean_kept_fraction(run / "train" / m))
-                               for m, over in methods.items()}}
+    return {
+        "base": "base",
+        **{m: method_label(m, over, mean_kept_fraction(run / "train" / m)) for m, over in methods.items()},
+    }
 
 
 def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
@@ -57,14 +59,19 @@ def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
     return train(tc, out, resume=resume)
 
 
-def evaluate_all(cfg: Any, models: dict[str, Path], run: Path, spec: Any = None, other_contexts: bool = True,
-                 eval_fields: dict[str, Any] | None = None) -> dict[str, EvalReport]:
+def evaluate_all(
+    cfg: Any,
+    models: dict[str, Path],
+    run: Path,
+    spec: Any = None,
+    other_contexts: bool = True,
+    eval_fields: dict[str, Any] | None = None,
+) -> dict[str, EvalReport]:
     """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
+    from mechopd.evaluation import following
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model, format_summary
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
-
-    from mechopd.evaluation import following
 
     task = get_task(cfg.task, **(cfg.task_options or {}))
     out = {}
@@ -93,8 +100,14 @@ def evaluate_all(cfg: Any, models: dict[str, Path], run: Path, spec: Any = None,
     return out
 
 
-def run_probes(cfg: Any, models: dict[str, Path], run: Path, chosen: dict[str, Any] | None = None,
-               setup_fields: dict[str, Any] | None = None, skip: tuple[str, ...] = ()) -> None:
+def run_probes(
+    cfg: Any,
+    models: dict[str, Path],
+    run: Path,
+    chosen: dict[str, Any] | None = None,
+    setup_fields: dict[str, Any] | None = None,
+    skip: tuple[str, ...] = (),
+) -> None:
     """Every registered probe that has a place in the demo (`ProbeSpec.demo`: its options, the models by ROLE), on
     the demo's setup (task, probe_n items, seed; models base + methods). The roles are the run's study's
     (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
@@ -103,7 +116,6 @@ def run_probes(cfg: Any, models: dict[str, Path], run: Path, chosen: dict[str, A
     from mechopd.probes.registry import demo_options
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
-
     from mechopd.probes.teachability import informative_checkpoint
 
     out = run / "probes"
@@ -112,20 +124,30 @@ def run_probes(cfg: Any, models: dict[str, Path], run: Path, chosen: dict[str, A
     if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
         informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
         write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
-    setup = ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options or {}), n=cfg.probe_n, seed=cfg.seed,
-                       models={k: str(v) for k, v in models.items()}, run=str(run), **(setup_fields or {}))
+    setup = ProbeSetup(
+        task=cfg.task,
+        task_options=dict(cfg.task_options or {}),
+        n=cfg.probe_n,
+        seed=cfg.seed,
+        models={k: str(v) for k, v in models.items()},
+        run=str(run),
+        **(setup_fields or {}),
+    )
     for spec in registered():
         own_setup, own = (chosen or {}).get(spec.name, ({}, {}))
         if (spec.demo is None if chosen is None else spec.name not in chosen) or FileSet.complete(
-                out, spec.name, spec.outputs):  # not in the demo / the study; all its files there, or it reruns
+            out, spec.name, spec.outputs
+        ):  # not in the demo / the study; all its files there, or it reruns
             continue
         if spec.name in skip:
             continue
         roles = getattr(spec, "role_options", ())
         options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
         if options is None:
-            _log(f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
-                 f"{study.roles})")
+            _log(
+                f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
+                f"{study.roles})"
+            )
             continue
         if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
             options["trained"] = str(informative)

@@ -31,11 +31,24 @@ def sweep(cfg: Any, student: Path, run: Path, train_methods: Callable[..., dict[
             if (sel, rho) in done:
                 continue
             name = f"{sel}-{rho:g}"
-            final = train_methods(sub, student, run / "sweep", {name: {"method": "opd", "selector": sel,
-                                                                       "budget": rho}})[name]
+            final = train_methods(
+                sub, student, run / "sweep", {name: {"method": "opd", "selector": sel, "budget": rho}}
+            )[name]
             task = get_task(cfg.task, **(cfg.task_options or {}))
-            s = EvalReport.from_dict(evaluate_model(load_model(final), load_tokenizer(final), task,
-                                                    EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)), name).summary
-            rows.append({"selector": sel, "budget": rho, "acc_x": s.value("acc_x"), "acc_xc": s.value("acc_xc"),
-                         "harm": s.value("harm"), "kept": mean_kept_fraction(run / "sweep" / "train" / name)})
+            s = EvalReport.from_dict(
+                evaluate_model(
+                    load_model(final), load_tokenizer(final), task, EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=0)
+                ),
+                name,
+            ).summary
+            rows.append(
+                {
+                    "selector": sel,
+                    "budget": rho,
+                    "acc_x": s.value("acc_x"),
+                    "acc_xc": s.value("acc_xc"),
+                    "harm": s.value("harm"),
+                    "kept": mean_kept_fraction(run / "sweep" / "train" / name),
+                }
+            )
             write_json(target, {"rows": rows})

@@ -14,10 +14,10 @@ Non-standard things here:
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import math
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,8 +91,16 @@ def label_bars(ax: Any, xs: Sequence[float], heights: Sequence[float], fontsize:
     """Tell a zero bar from a missing one: "0" over a bar of height 0, "n/a" where the value is undefined (NaN)."""
     for x, h in zip(xs, heights):
         if math.isnan(h) or h == 0:
-            ax.text(x, 0, "n/a" if math.isnan(h) else "0", ha="center", va="bottom", fontsize=fontsize,
-                    rotation=90 if math.isnan(h) else 0, color="0.25")
+            ax.text(
+                x,
+                0,
+                "n/a" if math.isnan(h) else "0",
+                ha="center",
+                va="bottom",
+                fontsize=fontsize,
+                rotation=90 if math.isnan(h) else 0,
+                color="0.25",
+            )
 
 
 def save(fig: Figure | None, out_dir: Path, name: str) -> list[Path]:
@@ -195,8 +203,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(f"{path} line {i}: not valid JSON ({err.msg}); each line must be one JSON object") \
-                from None
+            raise DataError(f"{path} line {i}: not valid JSON ({err.msg}); each line must be one JSON object") from None
         except RecursionError:
             raise DataError(f"{path} line {i}: nests too deeply; each line must be one flat JSON object") from None
         if not isinstance(rec, dict):
@@ -213,8 +220,10 @@ def read_csv(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
         header = next(csv.reader(fh), [])
     absent = [c for c in required if c not in header]
     if absent:
-        raise DataError(f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
-                        "rewrite it with the mechopd probe that owns it")
+        raise DataError(
+            f"{path} lacks column {absent[0]!r} (has {', '.join(header) or 'no header'}); "
+            "rewrite it with the mechopd probe that owns it"
+        )
     return rows
 
 

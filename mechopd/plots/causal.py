@@ -1,10 +1,10 @@
 """Figures of the causal probes, from their tables only (nothing recomputed; the probe modules own the formats):
 
-  ``RUN/probes/lens.csv``       model, site, depth, kl_c_x, top1_agree        -> ``lens_kl``: KL by depth per model
-  ``RUN/probes/patching.csv``   model, site, component, direction, window, recovered -> ``patching``: site x component
-                                heatmap of ``recovered`` (c_to_x, window "all"), one panel per model
-  ``RUN/probes/attention.csv``  model, layer, head, context_share               -> ``attention_context``: layer x head
-                                heatmap per model and the NCA − OPD difference (when both are present)
+``RUN/probes/lens.csv``       model, site, depth, kl_c_x, top1_agree        -> ``lens_kl``: KL by depth per model
+``RUN/probes/patching.csv``   model, site, component, direction, window, recovered -> ``patching``: site x component
+                              heatmap of ``recovered`` (c_to_x, window "all"), one panel per model
+``RUN/probes/attention.csv``  model, layer, head, context_share               -> ``attention_context``: layer x head
+                              heatmap per model and the NCA − OPD difference (when both are present)
 """
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
     ticks: dict[float, str] = {}
     values = []
     for m in models:
-        pts = sorted((site_depth(r["site"], r["depth"], n_layers), to_float(r["kl_c_x"])) for r in rows
-                     if r["model"] == m)
+        pts = sorted(
+            (site_depth(r["site"], r["depth"], n_layers), to_float(r["kl_c_x"])) for r in rows if r["model"] == m
+        )
         ticks.update({d: site_label(r["site"]) for r in rows for d in [site_depth(r["site"], r["depth"], n_layers)]})
-        ax.plot([d for d, _ in pts], [v for _, v in pts], marker="o", markersize=3.5, color=colours[m],
-                label=info.label(m))
+        ax.plot(
+            [d for d, _ in pts], [v for _, v in pts], marker="o", markersize=3.5, color=colours[m], label=info.label(m)
+        )
         values += [v for _, v in pts if v > 0 and math.isfinite(v)]
     ax.set_ylabel("KL(p_c ‖ p_x) of the lens, nats per position")
     _kl_scale(ax, values, [to_float(r["kl_c_x"]) for r in rows])
@@ -88,8 +90,10 @@ def _kl_scale(ax, positive: list[float], every: list[float]) -> None:
         ax.set_yscale("symlog", linthresh=lo, linscale=0.5)
         ax.set_ylim(0.0, hi * 2.0)
         ax.set_yticks([0.0] + [10.0**k for k in range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1)])
-        ax.set_ylabel(f"KL(p_c ‖ p_x) of the lens, nats per position\n(symlog: linear below {min(positive):.1e}; "
-                      "0 = identical views)")
+        ax.set_ylabel(
+            f"KL(p_c ‖ p_x) of the lens, nats per position\n(symlog: linear below {min(positive):.1e}; "
+            "0 = identical views)"
+        )
     else:
         ax.set_yscale("log")
 
@@ -98,8 +102,19 @@ def plot_lens_kl(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_lens_kl(run_dir), out_dir, LENS)
 
 
-def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: list[str], title: str, *, cmap: str,
-             vmin: float, vmax: float, annotate: bool) -> None:
+def _heatmap(
+    fig: Figure,
+    ax,
+    grid: np.ndarray,
+    xlabels: list[str],
+    ylabels: list[str],
+    title: str,
+    *,
+    cmap: str,
+    vmin: float,
+    vmax: float,
+    annotate: bool,
+) -> None:
     mesh = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
     ax.grid(False)
     ax.set_xticks(range(len(xlabels)), xlabels)
@@ -114,8 +129,14 @@ def _heatmap(fig: Figure, ax, grid: np.ndarray, xlabels: list[str], ylabels: lis
     fig.colorbar(mesh, ax=ax, shrink=0.8)
 
 
-def _panel_row(panels: list[tuple], ticks: tuple[list[str], list[str]], labels: tuple[str, str], annotate: bool,
-               size: tuple[float, float], title: str) -> Figure:
+def _panel_row(
+    panels: list[tuple],
+    ticks: tuple[list[str], list[str]],
+    labels: tuple[str, str],
+    annotate: bool,
+    size: tuple[float, float],
+    title: str,
+) -> Figure:
     """One row of heatmap panels ``(title, grid [rows, cols], cmap, vmin, vmax)`` sharing tick labels."""
     fig = new_figure(size[0] * len(panels) + 1.0, size[1] * len(ticks[1]) + 2.2)
     for k, (name, grid, cmap, lo, hi) in enumerate(panels):
@@ -136,8 +157,9 @@ def figure_patching(run_dir: Path) -> Figure | None:
         return None
     rows = [r for r in rows if r["direction"] == "c_to_x" and r.get("window", "all") == "all"]
     models = _model_order(info, (r["model"] for r in rows))
-    sites = sorted(dict.fromkeys(r["site"] for r in rows), key=lambda s: to_float(
-        next(r["depth"] for r in rows if r["site"] == s)))
+    sites = sorted(
+        dict.fromkeys(r["site"] for r in rows), key=lambda s: to_float(next(r["depth"] for r in rows if r["site"] == s))
+    )
     comps = [c for c in COMPONENT_ORDER if any(r["component"] == c for r in rows)]
     lo = min([0.0] + [v for r in rows for v in [to_float(r["recovered"])] if math.isfinite(v)])  # one scale
     panels = []
@@ -147,8 +169,14 @@ def figure_patching(run_dir: Path) -> Figure | None:
             if r["model"] == m:
                 grid[sites.index(r["site"]), comps.index(r["component"])] = to_float(r["recovered"])
         panels.append((f"{info.label(m)}: recovered (c→x)", grid, "viridis", lo, 1.0))
-    return _panel_row(panels, (comps, [site_label(s) for s in sites]), ("component", "site"), True, (3.2, 0.35),
-                      f"Activation patching between the views — {info.task}")
+    return _panel_row(
+        panels,
+        (comps, [site_label(s) for s in sites]),
+        ("component", "site"),
+        True,
+        (3.2, 0.35),
+        f"Activation patching between the views — {info.task}",
+    )
 
 
 def plot_patching(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -174,8 +202,14 @@ def figure_attention_context(run_dir: Path) -> Figure | None:
         diff = grids["nca"] - grids["opd"]
         lim = max(1e-6, float(np.nanmax(np.abs(diff))))
         panels.append((f"{info.label('nca')} − {info.label('opd')}", diff, "coolwarm", -lim, lim))
-    return _panel_row(panels, ([str(h) for h in range(H)], [str(i) for i in range(L)]), ("head", "layer"),
-                      L * H <= 48, (2.6, 0.3), f"Attention on the context (context view, share of attention) — {info.task}")
+    return _panel_row(
+        panels,
+        ([str(h) for h in range(H)], [str(i) for i in range(L)]),
+        ("head", "layer"),
+        L * H <= 48,
+        (2.6, 0.3),
+        f"Attention on the context (context view, share of attention) — {info.task}",
+    )
 
 
 def plot_attention_context(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -184,22 +218,32 @@ def plot_attention_context(run_dir: Path, out_dir: Path) -> list[Path]:
 
 # -- this module's figures (`mechopd.plots.registry`)
 register_figure(
-    "lens_kl", "Logit lens: KL between the views by depth",
+    "lens_kl",
+    "Logit lens: KL between the views by depth",
     "Mean over the scored positions (the last prompt token and every response token but the last) of "
     "KL(p_c ‖ p_x) between the context and no-context views' distributions, the residual at each site decoded "
     "through the model's final norm and LM head (at the final norm: the output); one line per model.",
     plot_lens_kl,
-    group="probe", order=50)
+    group="probe",
+    order=50,
+)
 register_figure(
-    "patching", "Activation patching between the views",
+    "patching",
+    "Activation patching between the views",
     "Recovered share of the output KL between the views when the no-context view's activation at the scored "
     "positions is replaced by the context view's (c→x): 1 − KL(p_c ‖ p_x patched)/KL(p_c ‖ p_x), per site and "
     "component (resid: the residual stream at the site; attn / mlp: that layer's attention / MLP output); one "
-    "panel per model.", plot_patching,
-    group="probe", order=60)
+    "panel per model.",
+    plot_patching,
+    group="probe",
+    order=60,
+)
 register_figure(
-    "attention_context", "Attention on the context per layer and head",
+    "attention_context",
+    "Attention on the context per layer and head",
     "In the context view, mean attention weight the scored positions put on the context's tokens, per decoder "
     "layer and head, one panel per model, and the NCA − OPD difference (blue: NCA attends less to the context).",
     plot_attention_context,
-    group="probe", order=70)
+    group="probe",
+    order=70,
+)

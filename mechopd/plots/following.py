@@ -72,14 +72,16 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
         xs = np.arange(len(labels)) + (k - (len(reps) - 1) / 2) * width
         deaf = " (context-deaf)" if rep["summary"].get("context_deaf") else ""
         heights = [percent(per.get(lab)) for lab in labels]  # NaN: this model has no result for that context
-        left.bar(xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colours[name],
-                 label=info.label(name) + deaf)
+        left.bar(
+            xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colours[name], label=info.label(name) + deaf
+        )
         label_bars(left, xs, heights)
         for j, key in enumerate(("follow_other", "stick")):
             v, lo, hi = _err(rep["summary"][key])
             x = j + (k - (len(reps) - 1) / 2) * width
-            right.bar(x, 0.0 if np.isnan(v) else v, width, color=colours[name], yerr=[[lo], [hi]], ecolor="0.15",
-                      capsize=2)
+            right.bar(
+                x, 0.0 if np.isnan(v) else v, width, color=colours[name], yerr=[[lo], [hi]], ecolor="0.15", capsize=2
+            )
             label_bars(right, [x], [v])
     left.set_xticks(np.arange(len(labels)), labels, rotation=30, ha="right")
     left.set_ylabel("% of items right for that context's target")
@@ -91,8 +93,15 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
         ax.set_ylim(0, 105)
         ax.grid(axis="x", visible=False)
     handles, names = left.get_legend_handles_labels()  # below both panels: long labels never squeeze the axes
-    fitted_legend(fig, min(3, len(reps)), handles=handles, labels=names, loc="outside lower center", frameon=False,
-                  fontsize="small")
+    fitted_legend(
+        fig,
+        min(3, len(reps)),
+        handles=handles,
+        labels=names,
+        loc="outside lower center",
+        frameon=False,
+        fontsize="small",
+    )
     log.info("figure %s: %d models, %d other contexts", NAME, len(reps), len(labels))
     return fig
 
@@ -103,9 +112,14 @@ def plot_context_following(run_dir: Path | Study, out_dir: Path) -> list[Path]:
 
 
 # -- this module's figures (`mechopd.plots.registry`)
-register_figure("context_following", "Context following: other contexts, each against its own target",
-                "Left: share of held-out items answered right for each OTHER context of the task (rules: the "
-                "family's other rules), one bar per model; a model whose follow_other is at most half the base's is "
-                "marked context-deaf. Right: follow_other (mean over the other contexts) and stick (replies that "
-                "give the distilled context's answer anyway), 95 % paired bootstrap over items.",
-                plot_context_following, group="run", order=50)
+register_figure(
+    "context_following",
+    "Context following: other contexts, each against its own target",
+    "Left: share of held-out items answered right for each OTHER context of the task (rules: the "
+    "family's other rules), one bar per model; a model whose follow_other is at most half the base's is "
+    "marked context-deaf. Right: follow_other (mean over the other contexts) and stick (replies that "
+    "give the distilled context's answer anyway), 95 % paired bootstrap over items.",
+    plot_context_following,
+    group="run",
+    order=50,
+)

@@ -1,12 +1,12 @@
 """Figures of the intervention probes, from their tables only (nothing recomputed; the probe modules own the formats):
 
-  ``RUN/probes/weightpatch.csv``   model, layer, module, draw, acc_x, harm  -> ``weightpatch``: layer x module heatmaps
-                                   of Acc_x and Harm per model (ctrl_qk: mean over draws; top row: unpatched)
-  ``RUN/probes/localization.csv``  model, donor, layer, harm, harm_low, harm_high, seed -> ``localization``: Harm
-                                   after patching the donor's residual at each layer, with its interval
-  ``RUN/probes/attribution.csv``   model, pair, layer, component, head, attribution -> ``attribution``: layer x
-                                   component heatmap of the summed attribution per pair
-  ``RUN/probes/pmi_tokens.csv``    pmi, kl, harm_flip                     -> ``pmi``: PMI distribution by flip status
+``RUN/probes/weightpatch.csv``   model, layer, module, draw, acc_x, harm  -> ``weightpatch``: layer x module heatmaps
+                                 of Acc_x and Harm per model (ctrl_qk: mean over draws; top row: unpatched)
+``RUN/probes/localization.csv``  model, donor, layer, harm, harm_low, harm_high, seed -> ``localization``: Harm
+                                 after patching the donor's residual at each layer, with its interval
+``RUN/probes/attribution.csv``   model, pair, layer, component, head, attribution -> ``attribution``: layer x
+                                 component heatmap of the summed attribution per pair
+``RUN/probes/pmi_tokens.csv``    pmi, kl, harm_flip                     -> ``pmi``: PMI distribution by flip status
 """
 
 from __future__ import annotations
@@ -53,13 +53,21 @@ def figure_weightpatch(run_dir: Path) -> Figure | None:
     for m in models:
         mine = [r for r in rows if r["model"] == m]
         donor = mine[0].get("donor", "donor")
-        panels.append((f"{info.label(m)} ← {donor}: Acc_x", _mean_grid(mine, layers, modules, "acc_x"), "viridis",
-                       0.0, 1.0))
-        panels.append((f"{info.label(m)} ← {donor}: Harm", _mean_grid(mine, layers, modules, "harm"), "rocket_r",
-                       0.0, 1.0))
+        panels.append(
+            (f"{info.label(m)} ← {donor}: Acc_x", _mean_grid(mine, layers, modules, "acc_x"), "viridis", 0.0, 1.0)
+        )
+        panels.append(
+            (f"{info.label(m)} ← {donor}: Harm", _mean_grid(mine, layers, modules, "harm"), "rocket_r", 0.0, 1.0)
+        )
     ylabels = ["unpatched" if lay == "none" else lay for lay in layers]
-    fig = _panel_row(panels, (modules, ylabels), ("module group reverted", "decoder layer"), True, (4.4, 0.4),
-                     f"Weight patching: which weights carry the rule and the harm — {info.task}")
+    fig = _panel_row(
+        panels,
+        (modules, ylabels),
+        ("module group reverted", "decoder layer"),
+        True,
+        (4.4, 0.4),
+        f"Weight patching: which weights carry the rule and the harm — {info.task}",
+    )
     for ax in fig.axes[::2]:  # the heatmaps (every other axis is a colour bar)
         ax.tick_params(axis="x", labelrotation=45)
     return fig
@@ -133,8 +141,13 @@ def figure_localization(run_dir: Path) -> Figure | None:
     ax = fig.add_subplot()
     ax.plot(x, y, marker="o", label=f"{info.label(rows[0]['model'])} ← {rows[0].get('donor', 'donor')}")
     if all(math.isfinite(v) for v in lo + hi):
-        ax.fill_between(x, lo, hi, alpha=0.25, label="95 % hierarchical bootstrap (seeds, items)" if seeds > 1
-                        else "95 % item bootstrap")
+        ax.fill_between(
+            x,
+            lo,
+            hi,
+            alpha=0.25,
+            label="95 % hierarchical bootstrap (seeds, items)" if seeds > 1 else "95 % item bootstrap",
+        )
     ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched (first seed)")
     ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
     ax.set_ylim(-0.02, 1.02)
@@ -156,8 +169,12 @@ ATTRIBUTION = "attribution"
 def figure_attribution(run_dir: Path) -> Figure | None:
     """recovered_attr (position all) per layer (rows) x component / head (columns), one panel per model and pair."""
     info = run_info(run_dir)
-    rows = _table(info, "attribution.csv", ATTRIBUTION, ["model", "pair", "layer", "component", "head", "position",
-                                                         "recovered_attr", "recovered_exact"])
+    rows = _table(
+        info,
+        "attribution.csv",
+        ATTRIBUTION,
+        ["model", "pair", "layer", "component", "head", "position", "recovered_attr", "recovered_exact"],
+    )
     if rows is None:
         return None
     rows = [r for r in rows if r["position"] == "all"]
@@ -178,8 +195,14 @@ def figure_attribution(run_dir: Path) -> Figure | None:
         corr = f", r = {np.corrcoef(a, b)[0, 1]:.2f} vs exact" if ok else ""
         lim = max(1e-6, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
         panels.append((f"{info.label(key[0])} {key[1]}{corr}", grid, "coolwarm", -lim, lim))
-    return _panel_row(panels, (cols, [str(i) for i in layers]), ("component / head", "decoder layer"), True,
-                      (0.5 * len(cols) + 1.5, 0.45), f"Attribution patching (estimated recovered share) — {info.task}")
+    return _panel_row(
+        panels,
+        (cols, [str(i) for i in layers]),
+        ("component / head", "decoder layer"),
+        True,
+        (0.5 * len(cols) + 1.5, 0.45),
+        f"Attribution patching (estimated recovered share) — {info.task}",
+    )
 
 
 def plot_attribution(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -200,8 +223,14 @@ def figure_pmi(run_dir: Path) -> Figure | None:
     ax = fig.add_subplot()
     for flip, colour, label in ((False, "tab:blue", "other tokens"), (True, "tab:red", "flip under Harm")):
         mine = [r for r in rows if (r["flip"] == "True") == flip]
-        ax.scatter([to_float(r["pmi"]) for r in mine], [to_float(r["opd"]) for r in mine], s=10, alpha=0.6,
-                   color=colour, label=f"{label} ({len(mine)})")
+        ax.scatter(
+            [to_float(r["pmi"]) for r in mine],
+            [to_float(r["opd"]) for r in mine],
+            s=10,
+            alpha=0.6,
+            color=colour,
+            label=f"{label} ({len(mine)})",
+        )
     ax.axvline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("teacher PMI with the context, log f(y|c,x) − log f(y|x) (nats)")
     ax.set_ylabel("OPD loss at the token, KL(q_x ‖ f_c) (nats)")
@@ -216,30 +245,46 @@ def plot_pmi(run_dir: Path, out_dir: Path) -> list[Path]:
 
 # -- this module's figures (`mechopd.plots.registry`)
 register_figure(
-    "weightpatch", "Weight patching: Acc_x and Harm by layer and module group",
+    "weightpatch",
+    "Weight patching: Acc_x and Harm by layer and module group",
     "Each trained model with one module group of one decoder layer (row 'all': of every layer) reverted to the "
     "donor's weights (default: the base W0), both views decoded greedily on the same held-out items. Left: "
     "Acc_x (a drop: the group carries internalised rule); right: Harm (a drop: the group carries the harm). "
     "ctrl_qk: random rows of the other matrices with q_proj+k_proj's parameter count (mean over draws); the "
-    "top row is the unpatched model.", plot_weightpatch,
-    group="probe", order=90)
+    "top row is the unpatched model.",
+    plot_weightpatch,
+    group="probe",
+    order=90,
+)
 register_figure(
-    "localization", "Localization: Harm after patching the donor's residual, by depth",
+    "localization",
+    "Localization: Harm after patching the donor's residual, by depth",
     "The model's context view fed its own correct no-context reply, the residual stream at one site replaced at "
     "every response position by the donor's (its own no-context view, or another model's context view); "
     "teacher-forced Harm = share of the items right without c whose greedy choice leaves the reply, with its "
-    "95 % item-bootstrap interval; dashed: unpatched.", plot_localization,
-    group="probe", order=100)
+    "95 % item-bootstrap interval; dashed: unpatched.",
+    plot_localization,
+    group="probe",
+    order=100,
+)
 register_figure(
-    "attribution", "Attribution patching by layer, component and head",
+    "attribution",
+    "Attribution patching by layer, component and head",
     "Estimated recovered share of the output KL between the views (c→x) when one site's activation at every "
     "scored position takes the context view's value: −(a_c − a_x)·∂KL/∂a / KL, per decoder layer and component "
     "(resid, attn, mlp) and per query head (o_proj's input); the panel title gives its Pearson correlation with "
-    "exact patching on the same sites.", plot_attribution,
-    group="probe", order=110)
+    "exact patching on the same sites.",
+    plot_attribution,
+    group="probe",
+    order=110,
+)
 register_figure(
-    "pmi", "The teacher's pointwise mutual information with the context",
+    "pmi",
+    "The teacher's pointwise mutual information with the context",
     "Per response token of the trained student's reply: the teacher's log f(y|c,x) − log f(y|x) against the OPD "
     "loss KL(q_x ‖ f_c) at that token; red: the token where the context view of a student right without c first "
-    "leaves its reply (Harm's token).", plot_pmi,
-    group="probe", order=120)
+    "leaves its reply (Harm's token).",
+    plot_pmi,
+    group="probe",
+    order=120,
+)

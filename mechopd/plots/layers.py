@@ -29,6 +29,7 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from mechopd.core.sites import MODULE_ORDER, site_layer
 from mechopd.plots._common import (
     BASE,
     RunInfo,
@@ -45,7 +46,6 @@ from mechopd.plots._common import (
 from mechopd.plots.registry import register_figure
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
-from mechopd.core.sites import MODULE_ORDER, site_layer
 
 if TYPE_CHECKING:
     from mechopd.probes.deltas import DeltaRow
@@ -87,8 +87,18 @@ def _text_colour(rgba: tuple[float, ...]) -> str:
     return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.408 else "white"
 
 
-def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *, cmap: str | Colormap, vmin: float,
-            vmax: float, label: str | None, fontsize: float = 6) -> QuadMesh:
+def heatmap(
+    ax: Axes,
+    layers: list[int],
+    modules: list[str],
+    grid: np.ndarray,
+    *,
+    cmap: str | Colormap,
+    vmin: float,
+    vmax: float,
+    label: str | None,
+    fontsize: float = 6,
+) -> QuadMesh:
     """Layer × module heatmap (rows = layers, layer 0 on top) as one QuadMesh with a colour bar; NaN cells blank.
 
     grid: ``[len(layers), len(modules)]``. Cells carry their value as text up to MAX_ANNOTATED_CELLS cells.
@@ -102,8 +112,15 @@ def heatmap(ax: Axes, layers: list[int], modules: list[str], grid: np.ndarray, *
     if grid.size <= MAX_ANNOTATED_CELLS:
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j + 0.5, i + 0.5, f"{v:.2f}", ha="center", va="center", fontsize=fontsize,
-                        color=_text_colour(cmap(norm(v))))
+                ax.text(
+                    j + 0.5,
+                    i + 0.5,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=fontsize,
+                    color=_text_colour(cmap(norm(v))),
+                )
     ax.set_xticks(np.arange(len(modules)) + 0.5, modules, rotation=60, ha="right", rotation_mode="anchor")
     ax.set_yticks(np.arange(len(layers)) + 0.5, [str(layer) for layer in layers])
     ax.set_xlim(0, len(modules))
@@ -163,8 +180,14 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     ax = fig.add_subplot()
     for model in models:
         depths = sorted(by_model[model])
-        ax.plot(depths, [by_model[model][d] for d in depths], marker="o", markersize=3.5, color=colours[model],
-                label=info.label(model))
+        ax.plot(
+            depths,
+            [by_model[model][d] for d in depths],
+            marker="o",
+            markersize=3.5,
+            color=colours[model],
+            label=info.label(model),
+        )
     positions = sorted(ticks)
     every = max(1, math.ceil(len(positions) / 16))
     shown = [d for i, d in enumerate(positions) if i % every == 0 or i == len(positions) - 1]
@@ -196,9 +219,14 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
         return None
     rows = read_csv(path, GRAD_COLUMNS)
     pairs = list(dict.fromkeys((r["term_a"], r["term_b"]) for r in rows))
-    cells = {p: {(int(r["layer"]), r["module"]): to_float(r["cos"]) for r in rows
-                 if (r["term_a"], r["term_b"]) == p and r["scope"] == "layer_module" and r["layer"] not in ("", "None")}
-             for p in pairs}
+    cells = {
+        p: {
+            (int(r["layer"]), r["module"]): to_float(r["cos"])
+            for r in rows
+            if (r["term_a"], r["term_b"]) == p and r["scope"] == "layer_module" and r["layer"] not in ("", "None")
+        }
+        for p in pairs
+    }
     pairs = [p for p in pairs if cells[p]]
     if not pairs:
         log.info("figure %s skipped: %s has no layer_module rows", GRADIENT_NAME, path)
@@ -209,13 +237,23 @@ def figure_gradient_alignment(run_dir: Path) -> Figure | None:
     cmap = sns.color_palette("vlag", as_cmap=True)
     for ax, (a, b) in zip(axes, pairs):
         layers, modules, grid = layer_grid(cells[(a, b)])
-        heatmap(ax, layers, modules, grid, cmap=cmap, vmin=-1.0, vmax=1.0,
-                label=f"cos(∇{_term(a)}, ∇{_term(b)})\n(unitless)")
+        heatmap(
+            ax,
+            layers,
+            modules,
+            grid,
+            cmap=cmap,
+            vmin=-1.0,
+            vmax=1.0,
+            label=f"cos(∇{_term(a)}, ∇{_term(b)})\n(unitless)",
+        )
         glob = next((r for r in rows if (r["term_a"], r["term_b"]) == (a, b) and r["scope"] == "global"), None)
         head = f"cos(∇L_{_term(a)}, ∇L_{_term(b)})"
         if glob is not None:
-            head += (f"\nglobal cos = {to_float(glob['cos']):+.3f}, "
-                     f"‖∇{_term(a)}‖/‖∇{_term(b)}‖ = {to_float(glob['norm_ratio']):.3g}")
+            head += (
+                f"\nglobal cos = {to_float(glob['cos']):+.3f}, "
+                f"‖∇{_term(a)}‖/‖∇{_term(b)}‖ = {to_float(glob['norm_ratio']):.3g}"
+            )
         ax.set_title(head, fontsize="medium")
     fig.suptitle(f"Gradient alignment per layer × module — {info.task}")
     return fig
@@ -233,8 +271,10 @@ def site_and_overall(rows: list[DeltaRow]) -> tuple[list[DeltaRow], list[DeltaRo
 
     if all(r.param != "*" for r in rows):
         return aggregate_deltas(rows, "site"), aggregate_deltas(rows, "all")
-    return ([r for r in rows if r.param == "*" and r.layer is not None and "*" not in r.site],
-            [r for r in rows if r.site == "*"])
+    return (
+        [r for r in rows if r.param == "*" and r.layer is not None and "*" not in r.site],
+        [r for r in rows if r.site == "*"],
+    )
 
 
 def delta_panels(rows: list[DeltaRow], info: RunInfo) -> list[tuple[str, str, dict[tuple[int, str], float]]]:
@@ -297,20 +337,32 @@ def plot_parameter_deltas(run_dir: Path, out_dir: Path) -> list[Path]:
 
 # -- this module's figures (`mechopd.plots.registry`)
 register_figure(
-    "layer_cosine", "Two-view hidden-state cosine per layer",
+    "layer_cosine",
+    "Two-view hidden-state cosine per layer",
     "Cosine between the hidden states of the same response token with and without the context, per-token mean "
     "over the response tokens, at the embedding, after each decoder layer and after the final norm; one line "
-    "per model.", plot_layer_cosine,
-    group="probe", order=10)
+    "per model.",
+    plot_layer_cosine,
+    group="probe",
+    order=10,
+)
 register_figure(
-    "gradient_alignment", "Gradient alignment of the OPD and NCA terms",
+    "gradient_alignment",
+    "Gradient alignment of the OPD and NCA terms",
     "Cosine between the gradients of the two loss terms on the same batch, per decoder layer and module (blue "
     "negative, red positive); the panel title gives the global cosine over all parameters and the ratio of the "
-    "gradient norms.", plot_gradient_alignment,
-    group="probe", order=20)
+    "gradient norms.",
+    plot_gradient_alignment,
+    group="probe",
+    order=20,
+)
 register_figure(
-    "parameter_deltas", "Parameter updates per layer and module",
+    "parameter_deltas",
+    "Parameter updates per layer and module",
     "Relative Frobenius norm of the update ‖θ − W0‖/‖W0‖ per decoder layer and module for each trained model, "
     "and of the difference between two trained models (e.g. NCA − OPD, with the cosine between their updates), "
-    "on one colour scale.", plot_parameter_deltas,
-    group="probe", order=30)
+    "on one colour scale.",
+    plot_parameter_deltas,
+    group="probe",
+    order=30,
+)

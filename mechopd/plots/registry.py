@@ -40,8 +40,16 @@ _REGISTRY: dict[str, _Entry] = {}
 _loaded = False
 
 
-def register_figure(name: str, title: str, caption: str, plot: Plot, *, group: str = "tail", order: float = 1000.0,
-                    replace: bool = False) -> FigureInfo:
+def register_figure(
+    name: str,
+    title: str,
+    caption: str,
+    plot: Plot,
+    *,
+    group: str = "tail",
+    order: float = 1000.0,
+    replace: bool = False,
+) -> FigureInfo:
     """Add a figure to `mechopd.plots.draw_all`, `figure_index` and ``report.md``: ``plot(run_dir, out_dir)`` (or
     ``"module:function"``). ``group``: run | probe | tail; ``order``: its place inside the group. A taken name
     raises unless ``replace``."""

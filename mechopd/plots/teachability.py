@@ -26,8 +26,12 @@ from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySumma
 NAME = "teachability"
 SUMMARY_NAME = TeachabilitySummary.FILE  # the names the probe writes, read from the probe (one schema)
 # Plain Unicode, no mathtext: mathtext parsing would cost more than the rest of the figure.
-SIGNAL_LABELS = {"C_norm": "compatibility C̃", "DL": "learnable Dᴸ = D̃·C̃", "DI": "incompatible Dᴵ = D̃·(1 − C̃)",
-                 "kl_full": "raw KL(p_teacher ‖ p_θ₀)"}
+SIGNAL_LABELS = {
+    "C_norm": "compatibility C̃",
+    "DL": "learnable Dᴸ = D̃·C̃",
+    "DI": "incompatible Dᴵ = D̃·(1 − C̃)",
+    "kl_full": "raw KL(p_teacher ‖ p_θ₀)",
+}
 GAIN_UNITS = {"gain_abs": "mean gain KL₀ − KL₁ (nats)", "gain_rel": "mean relative gain (KL₀ − KL₁)/KL₀"}
 PREDICTORS = ("H", "DL", "DI")
 
@@ -56,8 +60,14 @@ def _bars(ax: Axes, labels: list[str], heights: list[float], colour, errors: dic
             ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize="x-small")
     for i, (lo, hi) in errors.items():
         if not (math.isnan(lo) or math.isnan(hi) or math.isnan(heights[i])):
-            ax.errorbar([xs[i]], [heights[i]], yerr=[[max(0.0, heights[i] - lo)], [max(0.0, hi - heights[i])]],
-                        fmt="none", ecolor="0.15", capsize=3)
+            ax.errorbar(
+                [xs[i]],
+                [heights[i]],
+                yerr=[[max(0.0, heights[i] - lo)], [max(0.0, hi - heights[i])]],
+                fmt="none",
+                ecolor="0.15",
+                capsize=3,
+            )
     ax.set_xticks(xs, labels)
     ax.axhline(0.0, color="0.3", linewidth=0.8)
 
@@ -83,8 +93,9 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
         rows = sorted(s["buckets"].get(signal) or [], key=lambda r: r["quartile"])
         if len(rows) != 4:
             raise DataError(f"{path}: buckets.{signal} must hold 4 quartile rows, found {len(rows)}")
-        _bars(ax, [f"Q{r['quartile']}\nn={r['n']}" for r in rows], [_num(r.get(f"mean_{gain}")) for r in rows],
-              colour, {})
+        _bars(
+            ax, [f"Q{r['quartile']}\nn={r['n']}" for r in rows], [_num(r.get(f"mean_{gain}")) for r in rows], colour, {}
+        )
         ax.set_title(f"by quartile of {SIGNAL_LABELS.get(signal, signal)}")
         ax.set_xlabel("quartile before the update (Q1 = lowest)")
         ax.set_ylabel(GAIN_UNITS.get(gain, gain))
@@ -94,8 +105,10 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     means = [_num(gap.get("mean_low")), _num(gap.get("mean_high")), est]
     _bars(ax, ["low-C\ntercile", "high-C\ntercile", "gap"], means, cb[4], {2: (lo, hi)})
     ci = gap.get("ci")
-    ax.set_title(f"high-support gain gap (Q3 cell, n = {gap.get('n_q3')} tokens)\n"
-                 f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}], {'' if ci is None else f'{ci:.0%} '}CI over sequences")
+    ax.set_title(
+        f"high-support gain gap (Q3 cell, n = {gap.get('n_q3')} tokens)\n"
+        f"{est:+.3g} [{lo:+.3g}, {hi:+.3g}], {'' if ci is None else f'{ci:.0%} '}CI over sequences"
+    )
     ax.set_xlabel("C tercile inside Q3 (low entropy, high divergence)")
     ax.set_ylabel(GAIN_UNITS.get(gain, gain))
     reg = s["regression"][gain]
@@ -105,8 +118,10 @@ def figure_teachability(run_dir: Path, gain: str = "gain_abs") -> Figure | None:
     ax.set_title(f"regression of the gain, R² = {_num(reg.get('r2')):.3f}")
     ax.set_xlabel("predictor (z-scored, before the update)")
     ax.set_ylabel("standardized coefficient (SD / SD)")
-    fig.suptitle(f"Teachability: gain on fixed contexts by pre-update signal — {info.task} "
-                 f"({s.get('n_tokens', '?')} tokens, {s.get('n_sequences', '?')} sequences)")
+    fig.suptitle(
+        f"Teachability: gain on fixed contexts by pre-update signal — {info.task} "
+        f"({s.get('n_tokens', '?')} tokens, {s.get('n_sequences', '?')} sequences)"
+    )
     return fig
 
 
@@ -117,9 +132,13 @@ def plot_teachability(run_dir: Path, out_dir: Path) -> list[Path]:
 
 # -- this module's figures (`mechopd.plots.registry`)
 register_figure(
-    "teachability", "Teachability of teacher–student disagreement",
+    "teachability",
+    "Teachability of teacher–student disagreement",
     "Fixed-context gain (KL to the teacher before minus after training, same token ids) by quartile of the "
     "pre-update compatibility C̃, learnable D^L, incompatible D^I and raw KL; the high-support gain gap inside "
     "the low-entropy / high-divergence cell with its sequence-bootstrap interval; the standardized regression "
-    "coefficients of the gain.", plot_teachability,
-    group="probe", order=40)
+    "coefficients of the gain.",
+    plot_teachability,
+    group="probe",
+    order=40,
+)

@@ -70,8 +70,9 @@ def seed_runs(run_dir: Path) -> list[Path]:
 Band = tuple[list[int], list[float], list[float], list[float]]  # steps, mean, low, high (low/high NaN: no band)
 
 
-def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf, hi: float = math.inf,
-              log_scale: bool = False) -> Band:
+def seed_band(
+    series: list[tuple[list[int], list[float]]], lo: float = -math.inf, hi: float = math.inf, log_scale: bool = False
+) -> Band:
     """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band). The band is clipped
     to the quantity's range [lo, hi] (a t-interval of a proportion over 3 seeds can leave it); ``log_scale``: mean and
     interval of log10(value), i.e. the geometric mean (for positive ratios)."""
@@ -79,11 +80,15 @@ def seed_band(series: list[tuple[list[int], list[float]]], lo: float = -math.inf
 
     common = sorted(set.intersection(*(set(steps) for steps, _ in series))) if series else []
     maps = [dict(zip(steps, vals)) for steps, vals in series]
-    f, inv = (math.log10, lambda v: 10.0 ** v) if log_scale else (float, float)
+    f, inv = (math.log10, lambda v: 10.0**v) if log_scale else (float, float)
     stats = [seed_stat([f(m[s]) if not log_scale or m[s] > 0 else None for m in maps]) for s in common]
     clip = lambda v: math.nan if v is None else min(hi, max(lo, inv(v)))  # noqa: E731
-    return (common, [clip(st["mean"]) for st in stats], [clip(st["low"]) for st in stats],
-            [clip(st["high"]) for st in stats])
+    return (
+        common,
+        [clip(st["mean"]) for st in stats],
+        [clip(st["low"]) for st in stats],
+        [clip(st["high"]) for st in stats],
+    )
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -145,13 +150,19 @@ def figure_training_curves(run_dir: Path) -> Figure | None:
         shift = dodge(ax, k, len(curves))
         for key, view, dash in VIEWS:
             if bands[key][0]:
-                _draw_band(ax, bands[key], colours[method], f"{info.label(method)}, {view}", dash,
-                           MARKERS[k % len(MARKERS)], shift)
+                _draw_band(
+                    ax,
+                    bands[key],
+                    colours[method],
+                    f"{info.label(method)}, {view}",
+                    dash,
+                    MARKERS[k % len(MARKERS)],
+                    shift,
+                )
     steps = [x for bands in curves.values() for b in bands.values() for x in b[0]]  # a shifted transform does not
     pad = 0.04 * max(1, max(steps) - min(steps))  # update the data limits: set them from the logged steps
     ax.set_xlim(min(steps) - pad, max(steps) + pad)
-    ax.set_xlabel(f"training step (optimizer steps; methods drawn {DODGE_PT:g} pt apart so equal curves stay "
-                  "visible)")
+    ax.set_xlabel(f"training step (optimizer steps; methods drawn {DODGE_PT:g} pt apart so equal curves stay visible)")
     ax.set_ylabel("held-out accuracy (%)")
     ax.set_ylim(-5.0, 105.0)  # the whole range (runs compare at a glance), with room for the dodged curves at 0 and 100
     seeds = f", {len(runs)} seeds" if len(runs) > 1 else ""
@@ -169,7 +180,7 @@ def grad_series(path: Path) -> dict[str, tuple[list[int], list[float], list[floa
         for key, cos in rec.items():
             if not key.startswith("grad/cos/") or cos is None:
                 continue
-            pair = key[len("grad/cos/"):]
+            pair = key[len("grad/cos/") :]
             a, _, b = pair.partition("__")
             na, nb = rec.get(f"grad/norm/{a}"), rec.get(f"grad/norm/{b}")
             ratio = float(na) / float(nb) if na is not None and nb else math.nan
@@ -231,7 +242,7 @@ def sweep_curves(path: Path) -> dict[str, tuple[list[float], list[float]]]:
     data = read_json(path)
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list):
-        raise DataError(f"{path}: expected {{\"rows\": [{{\"selector\", \"budget\", \"acc_x\"}}, ...]}}")
+        raise DataError(f'{path}: expected {{"rows": [{{"selector", "budget", "acc_x"}}, ...]}}')
     curves: dict[str, dict[float, float]] = {}
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or any(k not in row for k in ("selector", "budget", "acc_x")):
@@ -272,8 +283,14 @@ def figure_budget_curve(run_dir: Path) -> Figure | None:
         ax.plot(budgets, acc, marker="o", color=colours[selector], label=info.label(selector))
         for b, a in zip(budgets, acc):
             if b in kept.get(selector, {}):  # the share of positions the run actually trained on
-                ax.annotate(f"kept {kept[selector][b]:.2f}", (b, a), textcoords="offset points", xytext=(3, 3),
-                            fontsize=6, color=colours[selector])
+                ax.annotate(
+                    f"kept {kept[selector][b]:.2f}",
+                    (b, a),
+                    textcoords="offset points",
+                    xytext=(3, 3),
+                    fontsize=6,
+                    color=colours[selector],
+                )
     ticks = sorted({b for budgets, _ in curves.values() for b in budgets})
     ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
     ax.margins(x=0.12)  # room for the "kept" notes of the last budget inside the panel
@@ -290,17 +307,35 @@ def plot_budget_curve(run_dir: Path, out_dir: Path) -> list[Path]:
 
 
 # -- this module's figures (`mechopd.plots.registry`)
-register_figure("training_curves", "Accuracy without and with the context during training",
-                "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
-                "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
-                "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band "
-                "(clipped to 0–100 %).", plot_training_curves, group="run", order=10)
-register_figure("gradient_training", "Gradient alignment over training",
-                "On the gradient-statistics steps of each run: the cosine between the two loss terms' gradients "
-                "(left) and the ratio of their norms (right, log scale) against the training step; one line per run "
-                "and term pair (with several seeds: the mean — geometric for the ratio — with a shaded 95 % Student-t "
-                "band). Only runs with two weighted terms have a cosine: NCA's term is 0 before its start step and "
-                "an OPD run has one term.", plot_gradient_training, group="run", order=20)
-register_figure("budget_curve", "TA-OPD budget sweep",
-                "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
-                "loss) for each token selector.", plot_budget_curve, group="tail", order=10)
+register_figure(
+    "training_curves",
+    "Accuracy without and with the context during training",
+    "Held-out accuracy of each method over optimizer steps, evaluated in both views: solid lines without "
+    "the context (Acc_x), dashed lines with it re-inserted (Acc_xc); one colour per method. Step 0 is "
+    "the model before training. With several seeds: the mean over seeds, shaded 95 % Student-t band "
+    "(clipped to 0–100 %).",
+    plot_training_curves,
+    group="run",
+    order=10,
+)
+register_figure(
+    "gradient_training",
+    "Gradient alignment over training",
+    "On the gradient-statistics steps of each run: the cosine between the two loss terms' gradients "
+    "(left) and the ratio of their norms (right, log scale) against the training step; one line per run "
+    "and term pair (with several seeds: the mean — geometric for the ratio — with a shaded 95 % Student-t "
+    "band). Only runs with two weighted terms have a cosine: NCA's term is 0 before its start step and "
+    "an OPD run has one term.",
+    plot_gradient_training,
+    group="run",
+    order=20,
+)
+register_figure(
+    "budget_curve",
+    "TA-OPD budget sweep",
+    "Final no-context accuracy against the token budget ρ (share of response positions kept in the "
+    "loss) for each token selector.",
+    plot_budget_curve,
+    group="tail",
+    order=10,
+)

@@ -23,23 +23,23 @@ stops after the last layer's attention. Kept: two ``[H]`` float64 sums per layer
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from mechopd.core.artifacts import write_csv, write_jsonl
 from mechopd.core.errors import DataError, ModelError
+from mechopd.core.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import _gather, component_site, forward
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.core.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 
 COLUMNS = ("model", "layer", "head", "context_share", "other_share", "n_items", "n_tokens")
 DETAIL_ITEMS = 16
@@ -49,8 +49,9 @@ TOP_HEADS = 5
 def context_span(tokenizer: Any, prompt: str, context: str, spec: Any) -> tuple[int, int]:
     """``(start, end)`` token indices of the context inside the context view's prompt ids (`render_prompt_ids`)."""
     text = render_prompt_text(tokenizer, prompt, context, spec)
-    enc = tokenizer(text, add_special_tokens=not bool(getattr(tokenizer, "chat_template", None)),
-                    return_offsets_mapping=True)
+    enc = tokenizer(
+        text, add_special_tokens=not bool(getattr(tokenizer, "chat_template", None)), return_offsets_mapping=True
+    )
     if list(enc["input_ids"]) != render_prompt_ids(tokenizer, prompt, context, spec):
         raise DataError("the context view's ids differ when tokenized with offsets; use a fast tokenizer")
     a = text.find(context)
@@ -126,13 +127,29 @@ class AttentionAccumulator:
 
     def rows(self, label: str) -> list[dict[str, Any]]:
         n = max(self.n, 1)
-        return [{"model": label, "layer": layer, "head": h, "context_share": float(self.ctx[layer, h] / n),
-                 "other_share": float(self.other[layer, h] / n), "n_items": self.items, "n_tokens": self.n}
-                for layer in range(self.L) for h in range(self.H)]
+        return [
+            {
+                "model": label,
+                "layer": layer,
+                "head": h,
+                "context_share": float(self.ctx[layer, h] / n),
+                "other_share": float(self.other[layer, h] / n),
+                "n_items": self.items,
+                "n_tokens": self.n,
+            }
+            for layer in range(self.L)
+            for h in range(self.H)
+        ]
 
 
-def attention(model: nn.Module, batches: Iterable[TwoViewBatch], spans: Sequence[tuple[int, int]], *,
-              label: str = "model", detail: int = DETAIL_ITEMS) -> tuple[list[dict], list[dict]]:
+def attention(
+    model: nn.Module,
+    batches: Iterable[TwoViewBatch],
+    spans: Sequence[tuple[int, int]],
+    *,
+    label: str = "model",
+    detail: int = DETAIL_ITEMS,
+) -> tuple[list[dict], list[dict]]:
     """(rows per layer x head, per-token detail) of one model over a batch stream; ``spans`` one per item in order."""
     acc = AttentionAccumulator(model.eval(), detail)
     i = 0
@@ -147,12 +164,22 @@ def attention(model: nn.Module, batches: Iterable[TwoViewBatch], spans: Sequence
 def changed_heads(rows: Sequence[Mapping[str, Any]], a: str, b: str, k: int = TOP_HEADS) -> list[dict[str, Any]]:
     """The k heads whose context share changed most from model `a` to model `b` (|share_b − share_a|, largest first)."""
     share = {(r["model"], r["layer"], r["head"]): r["context_share"] for r in rows}
-    diffs = [{"layer": l_, "head": h, a: share[(a, l_, h)], b: share[(b, l_, h)], "delta": share[(b, l_, h)] -
-              share[(a, l_, h)]} for (m, l_, h) in share if m == a and (b, l_, h) in share]
+    diffs = [
+        {
+            "layer": l_,
+            "head": h,
+            a: share[(a, l_, h)],
+            b: share[(b, l_, h)],
+            "delta": share[(b, l_, h)] - share[(a, l_, h)],
+        }
+        for (m, l_, h) in share
+        if m == a and (b, l_, h) in share
+    ]
     return sorted(diffs, key=lambda d: -abs(d["delta"]))[:k]
 
 
 # ------------------------------------------------------------------------------------- `mechopd probe attention`
+
 
 @dataclass(frozen=True)
 class AttentionOptions:
@@ -163,9 +190,16 @@ class AttentionOptions:
     detail: int = detail_option(DETAIL_ITEMS)
 
 
-def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
-                  greedy: bool = False, detail: int = DETAIL_ITEMS, device: str | None = None,
-                  dtype: torch.dtype | None = None) -> Path:
+def run_attention(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    greedy: bool = False,
+    detail: int = DETAIL_ITEMS,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Every model on the same items; writes attention.csv, attention_tokens.jsonl, attention_items.jsonl (with each
     item's ``context_span``) and attention.json (the most-changed heads per model pair)."""
     run = ci.resolve(setup, models, probe="attention", out=out_dir, greedy=greedy, device=device, dtype=dtype)
@@ -176,19 +210,36 @@ def run_attention(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Ma
         rows, tokens = rows + r, tokens + t
     out = Path(out_dir)
     write_csv(out / "attention.csv", rows, COLUMNS)
-    ctx_ids = [render_prompt_ids(run.tokenizer, ex.prompt, ex.context, run.items.spec)[a:b]
-               for ex, (a, b) in zip(run.items.examples, spans)]
-    write_jsonl(out / "attention_tokens.jsonl", [{**t, "uid": run.items.examples[t["item"]].uid,
-                                                  "ctx_tokens": [run.tokenizer.decode([i]) for i in ctx_ids[t["item"]]]}
-                                                 for t in tokens])
+    ctx_ids = [
+        render_prompt_ids(run.tokenizer, ex.prompt, ex.context, run.items.spec)[a:b]
+        for ex, (a, b) in zip(run.items.examples, spans)
+    ]
+    write_jsonl(
+        out / "attention_tokens.jsonl",
+        [
+            {
+                **t,
+                "uid": run.items.examples[t["item"]].uid,
+                "ctx_tokens": [run.tokenizer.decode([i]) for i in ctx_ids[t["item"]]],
+            }
+            for t in tokens
+        ],
+    )
     labels = list(run.models)
     pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
-    summary = {"models": labels, "changed": {f"{b}-{a}": changed_heads(rows, a, b) for a, b in pairs},
-               "mean_share": {m: sum(r["context_share"] for r in rows if r["model"] == m) /
-                              max(1, sum(1 for r in rows if r["model"] == m)) for m in labels}}
+    summary = {
+        "models": labels,
+        "changed": {f"{b}-{a}": changed_heads(rows, a, b) for a, b in pairs},
+        "mean_share": {
+            m: sum(r["context_share"] for r in rows if r["model"] == m)
+            / max(1, sum(1 for r in rows if r["model"] == m))
+            for m in labels
+        },
+    }
     records = ci.item_records(run, context_span=[list(s) for s in spans])
-    ci.save(out, "attention", run, run.settings(greedy=greedy, detail_items=detail, attention="eager"), summary,
-            records)
+    ci.save(
+        out, "attention", run, run.settings(greedy=greedy, detail_items=detail, attention="eager"), summary, records
+    )
     return out / "attention.csv"
 
 
@@ -200,20 +251,24 @@ class AttentionSummary(ci.CausalSummary):
     def share(self, model: str, layer: int, head: int) -> float | None:
         from mechopd.core.artifacts import read_float
 
-        row = next((r for r in self.rows if (r["model"], int(r["layer"]), int(r["head"])) == (model, layer, head)),
-                   None)
+        row = next(
+            (r for r in self.rows if (r["model"], int(r["layer"]), int(r["head"])) == (model, layer, head)), None
+        )
         return None if row is None else read_float(row["context_share"])
 
     def lines(self) -> list[str]:
         s = self.summary
         mean = "; ".join(f"{m} {v:.3f}" for m, v in s["mean_share"].items())
-        lines = [f"- Attention on the context (context view, mean over layers × heads): {mean} "
-                 "(`probes/attention.csv`)"]
+        lines = [
+            f"- Attention on the context (context view, mean over layers × heads): {mean} (`probes/attention.csv`)"
+        ]
         for pair, heads in s["changed"].items():
             if heads:
                 h = heads[0]
-                lines.append(f"- Head whose context share changed most, {pair}: layer {h['layer']} head {h['head']} "
-                             f"(Δ {h['delta']:+.3f})")
+                lines.append(
+                    f"- Head whose context share changed most, {pair}: layer {h['layer']} head {h['head']} "
+                    f"(Δ {h['delta']:+.3f})"
+                )
         return lines
 
 
@@ -228,9 +283,16 @@ def cli_run(setup: Any, out: Path, *, models: list[str] | None, greedy: bool, de
     return [f"attention table: {path}"] + report(out)
 
 
-register_probe(ProbeSpec(
-    "attention", "attention mass on the context span per layer x head (context view, eager attention)", cli_run,
-    options=AttentionOptions, order=70,
-    outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
-    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=AttentionSummary,
-))
+register_probe(
+    ProbeSpec(
+        "attention",
+        "attention mass on the context span per layer x head (context view, eager attention)",
+        cli_run,
+        options=AttentionOptions,
+        order=70,
+        outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),
+        demo={"models": ["base", "opd", "nca"]},
+        role_options=("models",),
+        summary=AttentionSummary,
+    )
+)

@@ -23,19 +23,19 @@ recovered over the shared sites, per component and over all, with the wall time 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from mechopd.models import module_at, num_layers
-from mechopd.probes.capture import component_site
 from mechopd.core.sites import resid_site
 from mechopd.core.views import TwoViewBatch
+from mechopd.models import module_at, num_layers
+from mechopd.probes.capture import component_site
 
 COMPONENTS = ("resid", "attn", "mlp", "head")
 
@@ -49,9 +49,15 @@ class Site:
 
     @property
     def name(self) -> str:
-        return resid_site(self.layer) if self.component == "resid" else (
-            f"layers.{self.layer}.self_attn.o_proj" if self.component == "head" else
-            component_site(self.layer, self.component))
+        return (
+            resid_site(self.layer)
+            if self.component == "resid"
+            else (
+                f"layers.{self.layer}.self_attn.o_proj"
+                if self.component == "head"
+                else component_site(self.layer, self.component)
+            )
+        )
 
     def module(self, model: nn.Module) -> nn.Module:
         return module_at(model, self.name)
@@ -69,10 +75,18 @@ def sites_of(model: nn.Module, layers: Sequence[int] | None, components: Sequenc
 
 
 @contextmanager
-def hooked(model: nn.Module, sites: Sequence[Site], start: int, width: int, store: dict,
-           values: dict | None = None, leaves: dict | None = None) -> Iterator[None]:
+def hooked(
+    model: nn.Module,
+    sites: Sequence[Site],
+    start: int,
+    width: int,
+    store: dict,
+    values: dict | None = None,
+    leaves: dict | None = None,
+) -> Iterator[None]:
     """Hooks that keep each site's ``[B, width, d]`` activation at columns ``start..start+width`` in ``store``,
     replace it by ``values[site]`` when given, and (``leaves`` not None) make the used value a grad leaf."""
+
     def swap(site: Site, h: torch.Tensor) -> torch.Tensor | None:
         seg = h[:, start : start + width]
         store[site] = seg.detach().clone()
@@ -90,16 +104,22 @@ def hooked(model: nn.Module, sites: Sequence[Site], start: int, width: int, stor
             h = output if isinstance(output, torch.Tensor) else output[0]
             h2 = swap(site, h)
             return None if h2 is None else (h2 if isinstance(output, torch.Tensor) else (h2, *output[1:]))
+
         return fn
 
     def pre_hook(site: Site):
         def fn(_m, args):
             h2 = swap(site, args[0])
             return None if h2 is None else (h2, *args[1:])
+
         return fn
 
-    handles = [s.module(model).register_forward_pre_hook(pre_hook(s)) if s.component == "head" else
-               s.module(model).register_forward_hook(out_hook(s)) for s in sites]
+    handles = [
+        s.module(model).register_forward_pre_hook(pre_hook(s))
+        if s.component == "head"
+        else s.module(model).register_forward_hook(out_hook(s))
+        for s in sites
+    ]
     try:
         yield
     finally:
@@ -141,20 +161,24 @@ def _donor(pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float) -> 
     return {s: v.clone() for s, v in store.items()}, target.clone()
 
 
-def _grads(pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], target: torch.Tensor, T: float,
-           values: dict | None = None) -> tuple[dict[Site, torch.Tensor], float, dict]:
+def _grads(
+    pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], target: torch.Tensor, T: float, values: dict | None = None
+) -> tuple[dict[Site, torch.Tensor], float, dict]:
     """∂M/∂a at every site's scored positions in ONE backward (a zero leaf ADDED to each site's value, so no path
     through a later site is cut), M, and the activations used (``values`` replace some sites' activations first)."""
     store, leaves = {}, {}
-    with torch.enable_grad(), hooked(pair.recipient, sites, pair.start(batch), batch.response_ids.shape[1], store,
-                                     values, leaves):
+    with (
+        torch.enable_grad(),
+        hooked(pair.recipient, sites, pair.start(batch), batch.response_ids.shape[1], store, values, leaves),
+    ):
         m = _kl(target, _logits(pair.recipient, batch, pair.view_r), batch.response_mask.double(), T)
         got = torch.autograd.grad(m, [leaves[s] for s in sites])
     return dict(zip(sites, (g.detach() for g in got))), float(m.detach()), store
 
 
-def attribute_batch(pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, ig_steps: int = 0
-                    ) -> tuple[dict[Site, torch.Tensor], float, dict, dict]:
+def attribute_batch(
+    pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, ig_steps: int = 0
+) -> tuple[dict[Site, torch.Tensor], float, dict, dict]:
     """Per site the ``[B, R]`` (heads ``[B, R, H]``) attribution, M_clean, and the donor / recipient activations.
     ig_steps K > 0: per site, K passes with that site at a_R + α_j (a_D − a_R) (heads: all of the layer's together)."""
     a_d, target = _donor(pair, batch, sites, T)
@@ -179,8 +203,9 @@ def _dot(site: Site, diff: torch.Tensor, grad: torch.Tensor, model: nn.Module) -
     return prod.sum(-1)  # [B, R]
 
 
-def exact_batch(pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, a_d: dict, a_r: dict
-                ) -> dict[tuple[Site, int | None], float]:
+def exact_batch(
+    pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, a_d: dict, a_r: dict
+) -> dict[tuple[Site, int | None], float]:
     """M_patched per site (heads: per (site, head)), one patched forward each: a_R := a_D at every scored position."""
     mask = batch.response_mask.double()
     target = _donor(pair, batch, [], T)[1]
@@ -230,8 +255,9 @@ def timed(fn, *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def accumulate(pair: Pair, batches: Iterable[TwoViewBatch], sites: Sequence[Site], T: float, ig_steps: int,
-               exact: bool) -> dict[str, Any]:
+def accumulate(
+    pair: Pair, batches: Iterable[TwoViewBatch], sites: Sequence[Site], T: float, ig_steps: int, exact: bool
+) -> dict[str, Any]:
     """Sums over a stream of batches: per (site, head, position) attribution, per (site, head) exact M_patched,
     M_clean, token and item counts, the seconds of each method."""
     attr: dict[tuple, float] = {}
@@ -246,7 +272,7 @@ def accumulate(pair: Pair, batches: Iterable[TwoViewBatch], sites: Sequence[Site
             v = v * mask.reshape(*mask.shape, *([1] * (v.dim() - 2))).double()
             sums = v.sum(0)  # [R] or [R, H]
             for t in range(sums.shape[0]):
-                for h in ([None] if sums.dim() == 1 else range(sums.shape[1])):
+                for h in [None] if sums.dim() == 1 else range(sums.shape[1]):
                     key = (site, h, t)
                     attr[key] = attr.get(key, 0.0) + float(sums[t] if h is None else sums[t, h])
         if exact:
@@ -257,5 +283,12 @@ def accumulate(pair: Pair, batches: Iterable[TwoViewBatch], sites: Sequence[Site
         m_clean += m0
         n_tok += int(mask.sum())
         n_items += batch.batch_size
-    return {"attr": attr, "patched": patched, "m_clean": m_clean, "n_tokens": n_tok, "n_items": n_items,
-            "seconds_attribution": t_attr, "seconds_exact": t_exact}
+    return {
+        "attr": attr,
+        "patched": patched,
+        "m_clean": m_clean,
+        "n_tokens": n_tok,
+        "n_items": n_items,
+        "seconds_attribution": t_attr,
+        "seconds_exact": t_exact,
+    }

@@ -24,51 +24,97 @@ from mechopd.probes.options import Role, greedy_option, models_option, option, s
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.registry import ProbeSpec, register_probe
 
-COLUMNS = ("model", "pair", "site", "layer", "component", "head", "position", "attribution", "recovered_attr",
-           "recovered_exact", "m_clean", "n_items", "n_tokens")
+COLUMNS = (
+    "model",
+    "pair",
+    "site",
+    "layer",
+    "component",
+    "head",
+    "position",
+    "attribution",
+    "recovered_attr",
+    "recovered_exact",
+    "m_clean",
+    "n_items",
+    "n_tokens",
+)
 
 
 def table(label: str, pair: str, acc: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of one pair from `accumulate`'s sums: per position, then ``all`` per (site, head)."""
     m0 = acc["m_clean"]
-    rec = (lambda v: -v / m0 if m0 > 0 else None)  # noqa: E731  (recovered = −ΔM / M_clean)
+    rec = lambda v: -v / m0 if m0 > 0 else None  # noqa: E731  (recovered = −ΔM / M_clean)
     common = {"model": label, "pair": pair, "m_clean": m0, "n_items": acc["n_items"], "n_tokens": acc["n_tokens"]}
     rows, totals = [], {}
     for (site, head, t), v in acc["attr"].items():
         key = (site, head)
         totals[key] = totals.get(key, 0.0) + v
-        rows.append({**common, "site": site.name, "layer": site.layer, "component": site.component,
-                     "head": "" if head is None else head, "position": t, "attribution": v, "recovered_attr": rec(v),
-                     "recovered_exact": None})
+        rows.append(
+            {
+                **common,
+                "site": site.name,
+                "layer": site.layer,
+                "component": site.component,
+                "head": "" if head is None else head,
+                "position": t,
+                "attribution": v,
+                "recovered_attr": rec(v),
+                "recovered_exact": None,
+            }
+        )
     for (site, head), v in totals.items():
         exact = acc["patched"].get((site, head))
-        rows.append({**common, "site": site.name, "layer": site.layer, "component": site.component,
-                     "head": "" if head is None else head, "position": "all", "attribution": v,
-                     "recovered_attr": rec(v), "recovered_exact": None if exact is None or m0 <= 0 else 1 - exact / m0})
+        rows.append(
+            {
+                **common,
+                "site": site.name,
+                "layer": site.layer,
+                "component": site.component,
+                "head": "" if head is None else head,
+                "position": "all",
+                "attribution": v,
+                "recovered_attr": rec(v),
+                "recovered_exact": None if exact is None or m0 <= 0 else 1 - exact / m0,
+            }
+        )
     return rows
 
 
 def faithfulness(rows: Sequence[Mapping[str, Any]], acc: dict[str, Any]) -> dict[str, Any]:
     """Correlations over the ``all`` rows holding both numbers, over all sites and per component; the cost."""
-    both = [r for r in rows if r["position"] == "all" and r["recovered_exact"] is not None
-            and r["recovered_attr"] is not None]
-    out: dict[str, Any] = {"all": correlations([r["recovered_attr"] for r in both],
-                                               [r["recovered_exact"] for r in both])}
+    both = [
+        r
+        for r in rows
+        if r["position"] == "all" and r["recovered_exact"] is not None and r["recovered_attr"] is not None
+    ]
+    out: dict[str, Any] = {
+        "all": correlations([r["recovered_attr"] for r in both], [r["recovered_exact"] for r in both])
+    }
     for comp in COMPONENTS:
         mine = [r for r in both if r["component"] == comp]
         if mine:
             out[comp] = correlations([r["recovered_attr"] for r in mine], [r["recovered_exact"] for r in mine])
     ta, te = acc["seconds_attribution"], acc["seconds_exact"]
-    out.update(seconds_attribution=ta, seconds_exact=te, cost_ratio=ta / te if te > 0 else None,
-               sites=len(both))
+    out.update(seconds_attribution=ta, seconds_exact=te, cost_ratio=ta / te if te > 0 else None, sites=len(both))
     return out
 
 
 def _top(rows: Sequence[Mapping[str, Any]], k: int = 3) -> list[dict[str, Any]]:
-    alls = sorted((r for r in rows if r["position"] == "all" and r["recovered_attr"] is not None),
-                  key=lambda r: -abs(r["recovered_attr"]))
-    return [{"site": r["site"], "component": r["component"], "head": r["head"],
-             "recovered_attr": r["recovered_attr"], "recovered_exact": r["recovered_exact"]} for r in alls[:k]]
+    alls = sorted(
+        (r for r in rows if r["position"] == "all" and r["recovered_attr"] is not None),
+        key=lambda r: -abs(r["recovered_attr"]),
+    )
+    return [
+        {
+            "site": r["site"],
+            "component": r["component"],
+            "head": r["head"],
+            "recovered_attr": r["recovered_attr"],
+            "recovered_exact": r["recovered_exact"],
+        }
+        for r in alls[:k]
+    ]
 
 
 def _pairs(run, label: str, cross: tuple[str, str] | None) -> list[tuple[str, str, Pair]]:
@@ -81,28 +127,40 @@ def _pairs(run, label: str, cross: tuple[str, str] | None) -> list[tuple[str, st
     return out
 
 
-
 @dataclass(frozen=True)
 class AttributionOptions:
     """`mechopd probe attribution`'s options (`mechopd.probes.options`)."""
 
-    models: list[Role] | None = models_option("models whose c→x pair is attributed (default: every model of the run "
-                                              "but the teacher)")
-    cross: str | None = option(None, "also DONOR's context view into RECIPIENT's, e.g. nca,opd",
-                               metavar="DONOR,RECIPIENT")
+    models: list[Role] | None = models_option(
+        "models whose c→x pair is attributed (default: every model of the run but the teacher)"
+    )
+    cross: str | None = option(
+        None, "also DONOR's context view into RECIPIENT's, e.g. nca,opd", metavar="DONOR,RECIPIENT"
+    )
     layers: str | None = option(None, "comma-separated decoder layers (default: all)")
-    components: str = option(",".join(COMPONENTS), "comma-separated of resid,attn,mlp,head (head: o_proj's input, "
-                             "per query head)")
-    ig_steps: int = option(0, "integrated-gradient steps per site (default 0: plain attribution patching)",
-                           range=(0, None))
+    components: str = option(
+        ",".join(COMPONENTS), "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
+    )
+    ig_steps: int = option(
+        0, "integrated-gradient steps per site (default 0: plain attribution patching)", range=(0, None)
+    )
     no_exact: bool = option(False, "skip exact patching (no faithfulness record)")
     greedy: bool = greedy_option()
 
 
-def run_attribution(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
-                    cross: tuple[str, str] | None = None, layers: Sequence[int] | None = None,
-                    components: Sequence[str] = COMPONENTS, ig_steps: int = 0, exact: bool = True,
-                    greedy: bool = False, device: str | None = None) -> Path:
+def run_attribution(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    cross: tuple[str, str] | None = None,
+    layers: Sequence[int] | None = None,
+    components: Sequence[str] = COMPONENTS,
+    ig_steps: int = 0,
+    exact: bool = True,
+    greedy: bool = False,
+    device: str | None = None,
+) -> Path:
     """Every model's c → x pair (and ``cross``); writes attribution.csv / .json / _items.jsonl; returns the CSV."""
     if ig_steps < 0:
         raise ConfigError(f"--ig-steps {ig_steps} must be >= 0 (0: plain attribution patching)")
@@ -110,8 +168,9 @@ def run_attribution(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
     if cross is not None:
         missing = [c for c in cross if c not in picked and c not in setup.models]
         if missing:
-            raise ConfigError(f"--cross {','.join(cross)}: {missing[0]!r} is not a model of the run "
-                              f"({', '.join(setup.models)})")
+            raise ConfigError(
+                f"--cross {','.join(cross)}: {missing[0]!r} is not a model of the run ({', '.join(setup.models)})"
+            )
         picked = {**picked, **{c: setup.models.get(c, picked.get(c)) for c in cross}}
     run = ci.resolve(setup, picked, probe="attribution", out=out_dir, greedy=greedy, device=device)
     rows, summary = [], {"pairs": {}}
@@ -121,15 +180,30 @@ def run_attribution(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
             acc = accumulate(pair, run.items, sites, run.temperature, ig_steps, exact)
             mine = table(recipient, name, acc)
             rows += mine
-            summary["pairs"][f"{recipient}:{name}"] = {"model": recipient, "pair": name, "m_clean": acc["m_clean"],
-                                                       "top": _top(mine), "faithfulness": faithfulness(mine, acc)}
+            summary["pairs"][f"{recipient}:{name}"] = {
+                "model": recipient,
+                "pair": name,
+                "m_clean": acc["m_clean"],
+                "top": _top(mine),
+                "faithfulness": faithfulness(mine, acc),
+            }
     first = next(iter(summary["pairs"].values()))
     summary["faithfulness"] = first["faithfulness"]  # the first model's c → x: the headline record
     out = Path(out_dir)
     write_csv(out / "attribution.csv", rows, COLUMNS)
-    ci.save(out, "attribution", run, run.settings(cross=list(cross) if cross else None, ig_steps=ig_steps,
-                                                    exact=exact, components=list(components), greedy=greedy),
-            summary)
+    ci.save(
+        out,
+        "attribution",
+        run,
+        run.settings(
+            cross=list(cross) if cross else None,
+            ig_steps=ig_steps,
+            exact=exact,
+            components=list(components),
+            greedy=greedy,
+        ),
+        summary,
+    )
     return out / "attribution.csv"
 
 
@@ -153,11 +227,13 @@ class AttributionSummary(ci.CausalSummary):
             a = f.get("all", {})
             low = a.get("pearson") is not None and a["pearson"] < 0.5
             top = ", ".join(_site(t) for t in p["top"])
-            out.append(f"- **Attribution patching** {p['model']} {p['pair']} (`probes/attribution.csv`): top sites "
-                       f"{top or 'none'}; faithfulness against exact patching on {f.get('sites', 0)} sites: Pearson "
-                       f"{_f(a.get('pearson'))}, Spearman {_f(a.get('spearman'))}"
-                       + (" — LOW: read the attribution as a ranking hint, not an effect size" if low else "")
-                       + f"; cost {_f(f.get('cost_ratio'))} × exact patching's")
+            out.append(
+                f"- **Attribution patching** {p['model']} {p['pair']} (`probes/attribution.csv`): top sites "
+                f"{top or 'none'}; faithfulness against exact patching on {f.get('sites', 0)} sites: Pearson "
+                f"{_f(a.get('pearson'))}, Spearman {_f(a.get('spearman'))}"
+                + (" — LOW: read the attribution as a ranking hint, not an effect size" if low else "")
+                + f"; cost {_f(f.get('cost_ratio'))} × exact patching's"
+            )
         return out
 
 
@@ -165,19 +241,44 @@ def _site(t: Mapping[str, Any]) -> str:
     return t["site"] + ("" if t["head"] in ("", None) else f" head {t['head']}")
 
 
-def cli_run(setup: Any, out: Path, *, models: list[str] | None, cross: str | None, layers: str | None,
-            components: str, ig_steps: int, no_exact: bool, greedy: bool) -> list[str]:
+def cli_run(
+    setup: Any,
+    out: Path,
+    *,
+    models: list[str] | None,
+    cross: str | None,
+    layers: str | None,
+    components: str,
+    ig_steps: int,
+    no_exact: bool,
+    greedy: bool,
+) -> list[str]:
     """`mechopd probe attribution`: run, then the lines to print."""
-    path = run_attribution(setup, out, models=models, cross=two_models(cross), layers=site_list(layers, "--layers"),
-                           components=site_list(components, "--components") or [], ig_steps=ig_steps,
-                           exact=not no_exact, greedy=greedy)
+    path = run_attribution(
+        setup,
+        out,
+        models=models,
+        cross=two_models(cross),
+        layers=site_list(layers, "--layers"),
+        components=site_list(components, "--components") or [],
+        ig_steps=ig_steps,
+        exact=not no_exact,
+        greedy=greedy,
+    )
     return [f"attribution table: {path}"] + AttributionSummary.load(out).lines()
 
 
-register_probe(ProbeSpec(
-    "attribution", "attribution patching (gradient x activation difference) per layer x component x head x position, "
-    "with its faithfulness against exact patching", cli_run, options=AttributionOptions, order=110,
-    outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),
-    demo=None,  # on demand (`mechopd probe attribution --run RUN`): the demo's 5-minute budget has no room for it
-    role_options=("models",), summary=AttributionSummary,
-))
+register_probe(
+    ProbeSpec(
+        "attribution",
+        "attribution patching (gradient x activation difference) per layer x component x head x position, "
+        "with its faithfulness against exact patching",
+        cli_run,
+        options=AttributionOptions,
+        order=110,
+        outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),
+        demo=None,  # on demand (`mechopd probe attribution --run RUN`): the demo's 5-minute budget has no room for it
+        role_options=("models",),
+        summary=AttributionSummary,
+    )
+)

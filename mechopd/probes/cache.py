@@ -22,14 +22,14 @@ import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.sites import sites_for
+from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, site_module
 from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
-from mechopd.core.sites import sites_for
-from mechopd.core.views import TwoViewBatch
 
 SHARD_MB = 256
 
@@ -59,9 +59,9 @@ def capture_items(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str]) -
         with torch.inference_mode(), tr:
             model.model(**batch.view(which), use_cache=False)
         per_view[which] = tr
-    return [{(s, v): per_view[v][s][j, : n[j] + 1].clone() for s in sites for v in VIEWS}
-            for j in range(batch.batch_size)]
-
+    return [
+        {(s, v): per_view[v][s][j, : n[j] + 1].clone() for s in sites for v in VIEWS} for j in range(batch.batch_size)
+    ]
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,26 @@ class CacheOptions:
     """`mechopd probe cache`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    sites: str | None = option(None, "comma-separated site names of mechopd.core.sites or decoder layers (default: every "
-                               "residual site)")
-    shard_mb: float = option(float(SHARD_MB), f"megabytes per shard (default {SHARD_MB}; memory is bounded by one "
-                             "shard)", metavar="MB")
+    sites: str | None = option(
+        None, "comma-separated site names of mechopd.core.sites or decoder layers (default: every residual site)"
+    )
+    shard_mb: float = option(
+        float(SHARD_MB), f"megabytes per shard (default {SHARD_MB}; memory is bounded by one shard)", metavar="MB"
+    )
     greedy: bool = greedy_option()
 
 
-def run_cache(setup, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
-              sites: Sequence[int | str] | None = None, shard_mb: float = SHARD_MB, greedy: bool = False,
-              device: str | None = None, dtype: torch.dtype | None = None) -> Path:
+def run_cache(
+    setup,
+    out_dir: str | Path,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    sites: Sequence[int | str] | None = None,
+    shard_mb: float = SHARD_MB,
+    greedy: bool = False,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write the store into `out_dir` (see the module docstring); returns the manifest's path."""
     if not shard_mb > 0:
         raise ConfigError(f"--shard-mb {shard_mb} must be > 0 (megabytes per shard, e.g. 256)")
@@ -92,22 +102,39 @@ def run_cache(setup, out_dir: str | Path, *, models: Sequence[str] | Mapping[str
         for batch in run.items:
             for acts in capture_items(model, batch, picked):
                 writer.add(acts)
-        records[label] = {"path": run.models[label], "sha256": weight_hashes(run.models[label]),
-                          "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                          "shards": writer.close()}
+        records[label] = {
+            "path": run.models[label],
+            "sha256": weight_hashes(run.models[label]),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "shards": writer.close(),
+        }
     dtypes = {r["dtype"] for r in records.values()}
-    return write_manifest(out, picked, ",".join(sorted(dtypes)), records, len(run.items.examples),
-                          run.settings(sites=picked, shard_mb=shard_mb, greedy=greedy))
+    return write_manifest(
+        out,
+        picked,
+        ",".join(sorted(dtypes)),
+        records,
+        len(run.items.examples),
+        run.settings(sites=picked, shard_mb=shard_mb, greedy=greedy),
+    )
 
 
-def cli_run(setup: Any, out: Path, *, models: list[str] | None, sites: str | None, shard_mb: float,
-            greedy: bool) -> list[str]:
+def cli_run(
+    setup: Any, out: Path, *, models: list[str] | None, sites: str | None, shard_mb: float, greedy: bool
+) -> list[str]:
     """`mechopd probe cache`: run, then the lines to print."""
     path = run_cache(setup, out, models=models, sites=site_list(sites, "--sites"), shard_mb=shard_mb, greedy=greedy)
     return [f"activation store: {path} (read it with: mechopd probe similarity|lens --cache {out})"]
 
 
-register_probe(ProbeSpec(
-    "cache", "activation store: both views' activations at the response positions, per model, in safetensors shards",
-    cli_run, options=CacheOptions, order=80, outputs=("cache_manifest.json", "cache_items.jsonl"), demo=None,
-))
+register_probe(
+    ProbeSpec(
+        "cache",
+        "activation store: both views' activations at the response positions, per model, in safetensors shards",
+        cli_run,
+        options=CacheOptions,
+        order=80,
+        outputs=("cache_manifest.json", "cache_items.jsonl"),
+        demo=None,
+    )
+)

@@ -37,19 +37,19 @@ What is non-standard here:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.views import TwoViewBatch
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
-from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
-from mechopd.core.views import TwoViewBatch
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
@@ -84,8 +84,10 @@ def site_module(model: nn.Module, site: str) -> nn.Module:
         return module_at(model, site)
     if site.startswith("layers.") and site.rsplit(".", 1)[-1] in COMPONENTS.values():
         return module_at(model, site)
-    raise ConfigError(f"{site!r} is not a site to hook: use embed, layers.{{i}}.resid_post, final_norm, "
-                      "layers.{i}.self_attn or layers.{i}.mlp")
+    raise ConfigError(
+        f"{site!r} is not a site to hook: use embed, layers.{{i}}.resid_post, final_norm, "
+        "layers.{i}.self_attn or layers.{i}.mlp"
+    )
 
 
 def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
@@ -111,11 +113,22 @@ class Trace(dict):
     copy: captures are fresh copies (False: views valid during the hook call only, for a consumer that is done then).
     """
 
-    def __init__(self, model: nn.Module, batch: TwoViewBatch, which: str, *, capture: Sequence[str] = (),
-                 edit: Mapping[str, torch.Tensor] | None = None, positions: str = "response",
-                 mask: torch.Tensor | None = None, on_capture: OnCapture | None = None,
-                 on_output: OnOutput | None = None, extra: Sequence[str] = (), copy: bool = True,
-                 stop_after_last: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: TwoViewBatch,
+        which: str,
+        *,
+        capture: Sequence[str] = (),
+        edit: Mapping[str, torch.Tensor] | None = None,
+        positions: str = "response",
+        mask: torch.Tensor | None = None,
+        on_capture: OnCapture | None = None,
+        on_output: OnOutput | None = None,
+        extra: Sequence[str] = (),
+        copy: bool = True,
+        stop_after_last: bool = False,
+    ) -> None:
         super().__init__()
         if which not in ("x", "c"):
             raise ValueError(f"view must be 'x' or 'c', got {which!r}")
@@ -157,15 +170,17 @@ class Trace(dict):
 
     def _write(self, h: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
-            raise ModelError(f"edit values have shape {tuple(values.shape)}; expected "
-                             f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)")
+            raise ModelError(
+                f"edit values have shape {tuple(values.shape)}; expected "
+                f"{(h.shape[0], cols.shape[1], h.shape[-1])} (batch, response length, hidden)"
+            )
         rows = torch.arange(h.shape[0], device=h.device)[:, None].expand_as(cols)  # [B, R]
         keep = self.mask.to(h.device)
         out = h.clone()
         out[rows[keep], cols.to(h.device)[keep]] = values.to(h.device, h.dtype)[keep]
         return out
 
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         try:
             for s in self.sites:
                 self._handles.append(site_module(self.model, s).register_forward_hook(self._hook(s)))
@@ -206,18 +221,43 @@ def forward(model: nn.Module, batch: TwoViewBatch, which: str, *, head: bool = T
 
 
 @contextmanager
-def capture_hooks(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str],
-                  on_capture: OnCapture, *, stop_after_last: bool = True, copy: bool = True,
-                  positions: str = "response") -> Iterator[None]:
+def capture_hooks(
+    model: nn.Module,
+    batch: TwoViewBatch,
+    which: str,
+    sites: Sequence[str],
+    on_capture: OnCapture,
+    *,
+    stop_after_last: bool = True,
+    copy: bool = True,
+    positions: str = "response",
+) -> Iterator[None]:
     """`Trace` capturing ``[batch, R, d]`` states of each site at ``positions`` into `on_capture` (see `Trace`)."""
-    tr = Trace(model, batch, which, capture=sites, on_capture=on_capture, copy=copy,
-               stop_after_last=stop_after_last, positions=positions)
+    tr = Trace(
+        model,
+        batch,
+        which,
+        capture=sites,
+        on_capture=on_capture,
+        copy=copy,
+        stop_after_last=stop_after_last,
+        positions=positions,
+    )
     with tr:
         yield
 
 
-def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture, *,
-             copy: bool = True, shared_prefix: str = "auto", positions: str = "response") -> None:
+def run_view(
+    model: nn.Module,
+    batch: TwoViewBatch,
+    which: str,
+    sites: Sequence[str],
+    on_capture: OnCapture,
+    *,
+    copy: bool = True,
+    shared_prefix: str = "auto",
+    positions: str = "response",
+) -> None:
     """One view through the decoder stack (no lm_head), stopping after the last requested site; captures at
     ``positions`` (`Trace`).
 
@@ -232,19 +272,38 @@ def run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[
     if groups is not None:
         got: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
         for g in groups:
-            _run_view(model, take_rows(batch, g.rows), which, sites, lambda s, h: got[s].append(h), True,
-                      shared_prefix, g.length, positions)
+            _run_view(
+                model,
+                take_rows(batch, g.rows),
+                which,
+                sites,
+                lambda s, h: got[s].append(h),
+                True,
+                shared_prefix,
+                g.length,
+                positions,
+            )
         for s in sites:
             on_capture(s, ungroup(got.pop(s), groups))
         return
     _run_view(model, batch, which, sites, on_capture, copy, shared_prefix, None, positions)
 
 
-def _run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence[str], on_capture: OnCapture,
-              copy: bool, shared_prefix: str, length: int | None, positions: str = "response") -> None:
+def _run_view(
+    model: nn.Module,
+    batch: TwoViewBatch,
+    which: str,
+    sites: Sequence[str],
+    on_capture: OnCapture,
+    copy: bool,
+    shared_prefix: str,
+    length: int | None,
+    positions: str = "response",
+) -> None:
     with torch.inference_mode():
-        view_batch, extra, _ = view_inputs(model, batch, which, mode=shared_prefix, length=length,
-                                           stop_at=site_module(model, sites[-1]))
+        view_batch, extra, _ = view_inputs(
+            model, batch, which, mode=shared_prefix, length=length, stop_at=site_module(model, sites[-1])
+        )
         with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy, positions=positions):
             model.model(**{**view_batch.view(which), "use_cache": False, **extra})
 
@@ -252,8 +311,9 @@ def _run_view(model: nn.Module, batch: TwoViewBatch, which: str, sites: Sequence
 PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None
 
 
-def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture,
-              positions: str = "response") -> None:
+def run_views(
+    model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pair: PairCapture, positions: str = "response"
+) -> None:
     """Both views through the decoder stack, one forward each; `on_pair(site, h_x, h_c)` gets each site's response
     states. The no-context captures are copied and held until the context view's hook of the same site consumes them;
     `h_c` is a view of the module output, valid during the call only. (Two forwards, not one over both views stacked:
@@ -264,9 +324,14 @@ def run_views(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str], on_pa
     run_view(model, batch, "c", sites, lambda s, hc: on_pair(s, xs.pop(s), hc), copy=False, positions=positions)
 
 
-def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | str] | None = None,
-                  *, device: str | torch.device | None = "cpu",
-                  shared_prefix: str = "auto") -> dict[str, dict[str, torch.Tensor]]:
+def capture_views(
+    model: nn.Module,
+    batch: TwoViewBatch,
+    layers: Sequence[int | str] | None = None,
+    *,
+    device: str | torch.device | None = "cpu",
+    shared_prefix: str = "auto",
+) -> dict[str, dict[str, torch.Tensor]]:
     """Both views' residual streams at the response positions, for interactive work (shared_prefix: `run_view`).
 
     Returns ``{"x": {site: [batch, R, d]}, "c": {site: [batch, R, d]}}`` (moved to `device`; None keeps them where
@@ -286,8 +351,9 @@ def capture_views(model: nn.Module, batch: TwoViewBatch, layers: Sequence[int | 
 
 
 @contextmanager
-def patch_response(model: nn.Module, batch: TwoViewBatch, which: str, site: str, values: torch.Tensor, *,
-                   positions: str = "response") -> Iterator[None]:
+def patch_response(
+    model: nn.Module, batch: TwoViewBatch, which: str, site: str, values: torch.Tensor, *, positions: str = "response"
+) -> Iterator[None]:
     """Replace the site's output at the view's positions with `values` while the context is open (a `Trace` edit).
 
     values: ``[batch, R, d]`` (e.g. the OTHER view's capture at the same site: index t is the same token in both

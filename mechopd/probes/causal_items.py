@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ from torch import nn
 
 from mechopd.core.artifacts import read_json, write_json, write_jsonl
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
-from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup, read_responses
 from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
+from mechopd.models import load_model
+from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup
 
 
 def kl_rows(logp_p: torch.Tensor, logp_q: torch.Tensor) -> torch.Tensor:
@@ -75,15 +75,25 @@ class CausalRun:
 
     def settings(self, **extra: Any) -> dict[str, Any]:
         """The runner's record (every model's path, task, spec, split, n, seed, ...) plus the causal probes' own."""
-        return self.context.settings(models=dict(self.models), responses_from=self.source,
-                                     dtype=str(self.dtype or torch.float32),
-                                     positions="predict: the last prompt token and every response token but the last",
-                                     **extra)
+        return self.context.settings(
+            models=dict(self.models),
+            responses_from=self.source,
+            dtype=str(self.dtype or torch.float32),
+            positions="predict: the last prompt token and every response token but the last",
+            **extra,
+        )
 
 
-def resolve(setup: ProbeSetup, models: Sequence[str] | Mapping[str, str] | None = None, *, probe: str,
-            out: str | os.PathLike, greedy: bool = False, device: str | None = None,
-            dtype: torch.dtype | None = None) -> CausalRun:
+def resolve(
+    setup: ProbeSetup,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    *,
+    probe: str,
+    out: str | os.PathLike,
+    greedy: bool = False,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> CausalRun:
     """Models (default every model of the setup but the teacher), resolved by the one probe runner
     (`ProbeContext`: one tokenizer for all, task, render spec, items saved as ``<probe>_items.jsonl``), and the items
     with one response each."""
@@ -102,8 +112,10 @@ def resolve(setup: ProbeSetup, models: Sequence[str] | Mapping[str, str] | None 
     elif src.endswith(".jsonl") and Path(src).is_file():
         items = ctx.given(src)
     else:
-        raise ConfigError(f"--responses-from {src!r} is not a model label ({', '.join(picked)}), 'answers' or an "
-                          "existing .jsonl file of response ids")
+        raise ConfigError(
+            f"--responses-from {src!r} is not a model label ({', '.join(picked)}), 'answers' or an "
+            "existing .jsonl file of response ids"
+        )
     return CausalRun(setup, picked, ctx.tokenizer, ctx.task, items, src, ctx.device, dtype, ctx)
 
 
@@ -112,16 +124,25 @@ def item_records(run: CausalRun, **per_item: Sequence[Any]) -> list[dict[str, An
     tok, spec = run.tokenizer, run.items.spec
     out = []
     for i, (ex, resp) in enumerate(zip(run.items.examples, run.items.responses)):
-        rec = {"uid": ex.uid, "prompt_ids_x": render_prompt_ids(tok, ex.prompt, None, spec),
-               "prompt_ids_c": render_prompt_ids(tok, ex.prompt, ex.context, spec),
-               "response_ids": [int(t) for t in resp]}
+        rec = {
+            "uid": ex.uid,
+            "prompt_ids_x": render_prompt_ids(tok, ex.prompt, None, spec),
+            "prompt_ids_c": render_prompt_ids(tok, ex.prompt, ex.context, spec),
+            "response_ids": [int(t) for t in resp],
+        }
         rec.update({k: v[i] for k, v in per_item.items()})
         out.append(rec)
     return out
 
 
-def save(out: Path, probe: str, run: CausalRun, settings: dict[str, Any], summary: dict[str, Any],
-         records: list[dict[str, Any]] | None = None) -> Path:
+def save(
+    out: Path,
+    probe: str,
+    run: CausalRun,
+    settings: dict[str, Any],
+    summary: dict[str, Any],
+    records: list[dict[str, Any]] | None = None,
+) -> Path:
     """``out/<probe>.json`` (settings + summary), and ``out/<probe>_items.jsonl`` again when ``records`` add columns
     to the runner's items (which `resolve` already saved). Returns the JSON's path."""
     if records is not None:
@@ -151,8 +172,12 @@ def batches_of(records: Sequence[Mapping[str, Any]], pad: int, batch_size: int =
     """The saved items as `TwoViewBatch`es (left layout), in file order: the exact ids the probe scored."""
     for i in range(0, len(records), batch_size):
         chunk = records[i : i + batch_size]
-        yield assemble_two_views([r["prompt_ids_x"] for r in chunk], [r["prompt_ids_c"] for r in chunk],
-                                 [r["response_ids"] for r in chunk], pad)
+        yield assemble_two_views(
+            [r["prompt_ids_x"] for r in chunk],
+            [r["prompt_ids_c"] for r in chunk],
+            [r["response_ids"] for r in chunk],
+            pad,
+        )
 
 
 def load_summary(probes_dir: Path, probe: str) -> dict[str, Any] | None:
@@ -184,5 +209,16 @@ class CausalSummary:
         raise NotImplementedError
 
 
-__all__ = ["CausalRun", "CausalSummary", "batches_of", "item_records", "kl_rows", "load_summary", "logp", "pad_id", "read_items",
-           "resolve", "save"]
+__all__ = [
+    "CausalRun",
+    "CausalSummary",
+    "batches_of",
+    "item_records",
+    "kl_rows",
+    "load_summary",
+    "logp",
+    "pad_id",
+    "read_items",
+    "resolve",
+    "save",
+]

@@ -1,6 +1,6 @@
 """Linear CKA over tokens from running sums (the similarity probe's ``--cka``; docs/method.md):
 
-    CKA(X, Y) = ||X~^T Y~||_F^2 / (||X~^T X~||_F ||Y~^T Y~||_F),   X~ = X - mean(X) (centred over tokens)
+CKA(X, Y) = ||X~^T Y~||_F^2 / (||X~^T X~||_F ||Y~^T Y~||_F),   X~ = X - mean(X) (centred over tokens)
 """
 
 from __future__ import annotations

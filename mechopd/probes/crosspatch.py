@@ -25,13 +25,27 @@ from torch import nn
 
 from mechopd.core.artifacts import write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
 from mechopd.generate.sampler import stop_ids
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites
-from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
 
-COLUMNS = ("donor", "recipient", "site", "n_items", "logp_of", "logp", "logp_patched", "dlogp", "acc_x", "acc_xc",
-           "acc_xc_patched", "harm", "harm_patched", "d_harm")
+COLUMNS = (
+    "donor",
+    "recipient",
+    "site",
+    "n_items",
+    "logp_of",
+    "logp",
+    "logp_patched",
+    "dlogp",
+    "acc_x",
+    "acc_xc",
+    "acc_xc_patched",
+    "harm",
+    "harm_patched",
+    "d_harm",
+)
 
 
 def _donor_edit(donor: nn.Module | None, batch: TwoViewBatch, site: str | None) -> dict[str, torch.Tensor]:
@@ -40,16 +54,27 @@ def _donor_edit(donor: nn.Module | None, batch: TwoViewBatch, site: str | None) 
     return {site: forward(donor, batch, "c", head=False, capture=[site], positions="predict")[site]}
 
 
-def answer_logp(recipient: nn.Module, donor: nn.Module | None, batch: TwoViewBatch, site: str | None,
-                temperature: float) -> torch.Tensor:
+def answer_logp(
+    recipient: nn.Module, donor: nn.Module | None, batch: TwoViewBatch, site: str | None, temperature: float
+) -> torch.Tensor:
     """``[B]`` Σ_t log p(y_t) of the batch's responses in the recipient's context view (patched when `donor`)."""
     out = forward(recipient, batch, "c", edit=_donor_edit(donor, batch, site), positions="predict")
     lp = ci.logp(out.logits, temperature).gather(-1, batch.response_ids[..., None]).squeeze(-1)  # [B, R]
     return (lp * batch.response_mask).sum(1)
 
 
-def greedy(recipient: nn.Module, tok: Any, examples: Sequence[Any], spec: Any, which: str, max_new_tokens: int, *,
-           donor: nn.Module | None = None, site: str | None = None, batch_size: int = 8) -> list[str]:
+def greedy(
+    recipient: nn.Module,
+    tok: Any,
+    examples: Sequence[Any],
+    spec: Any,
+    which: str,
+    max_new_tokens: int,
+    *,
+    donor: nn.Module | None = None,
+    site: str | None = None,
+    batch_size: int = 8,
+) -> list[str]:
     """Greedy responses of `recipient` in view `which` (the donor's context-view residual patched at `site` at every
     step when given): the module docstring's uncached loop."""
     stop, pad = set(stop_ids(tok, recipient)), pad_id(tok)
@@ -86,18 +111,23 @@ def run_cross(run: Any, out: Path, pair: tuple[str, str], sites: Sequence[int | 
     a, b = pair
     for label in pair:
         if label not in run.models:
-            raise ConfigError(f"--cross {a},{b}: {label!r} is not a compared model ({', '.join(run.models)}); add it "
-                              "to --models")
+            raise ConfigError(
+                f"--cross {a},{b}: {label!r} is not a compared model ({', '.join(run.models)}); add it to --models"
+            )
     donor, recipient = run.load(a), run.load(b)
     task, tok, spec = run.task, run.tokenizer, run.items.spec
     examples = run.items.examples
     has_answers = all(getattr(e, "answer", None) is not None for e in examples)
     scored = run.setup.items(tok, "answers", task) if has_answers else run.items
     kw = dict(batch_size=run.setup.batch_size)
-    right_x = [bool(task.score(e, t)) for e, t in
-               zip(examples, greedy(recipient, tok, examples, spec, "x", task.max_new_tokens, **kw))]
-    right_c = [bool(task.score(e, t)) for e, t in
-               zip(examples, greedy(recipient, tok, examples, spec, "c", task.max_new_tokens, **kw))]
+    right_x = [
+        bool(task.score(e, t))
+        for e, t in zip(examples, greedy(recipient, tok, examples, spec, "x", task.max_new_tokens, **kw))
+    ]
+    right_c = [
+        bool(task.score(e, t))
+        for e, t in zip(examples, greedy(recipient, tok, examples, spec, "c", task.max_new_tokens, **kw))
+    ]
     base = torch.cat([answer_logp(recipient, None, bt, None, run.temperature) for bt in scored])
     rows = []
     for site in resolve_sites(recipient, sites):
@@ -105,11 +135,23 @@ def run_cross(run: Any, out: Path, pair: tuple[str, str], sites: Sequence[int | 
         texts = greedy(recipient, tok, examples, spec, "c", task.max_new_tokens, donor=donor, site=site, **kw)
         right_p = [bool(task.score(e, t)) for e, t in zip(examples, texts)]
         h0, h1 = harm(right_x, right_c), harm(right_x, right_p)
-        rows.append({"donor": a, "recipient": b, "site": site, "n_items": len(examples),
-                     "logp_of": "answers" if has_answers else "responses", "logp": float(base.mean()),
-                     "logp_patched": float(patched.mean()), "dlogp": float((patched - base).mean()),
-                     "acc_x": sum(right_x) / len(examples), "acc_xc": sum(right_c) / len(examples),
-                     "acc_xc_patched": sum(right_p) / len(examples), "harm": h0, "harm_patched": h1,
-                     "d_harm": h1 - h0})
+        rows.append(
+            {
+                "donor": a,
+                "recipient": b,
+                "site": site,
+                "n_items": len(examples),
+                "logp_of": "answers" if has_answers else "responses",
+                "logp": float(base.mean()),
+                "logp_patched": float(patched.mean()),
+                "dlogp": float((patched - base).mean()),
+                "acc_x": sum(right_x) / len(examples),
+                "acc_xc": sum(right_c) / len(examples),
+                "acc_xc_patched": sum(right_p) / len(examples),
+                "harm": h0,
+                "harm_patched": h1,
+                "d_harm": h1 - h0,
+            }
+        )
     write_csv(out / "patching_cross.csv", rows, COLUMNS)
     return {"donor": a, "recipient": b, "rows": sorted(rows, key=lambda r: -abs(r["dlogp"]))[:3]}

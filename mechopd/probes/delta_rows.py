@@ -40,8 +40,10 @@ def write_table(rows: Iterable[DeltaRow], path: str | os.PathLike) -> list[Path]
     """
     rows, stem = list(rows), Path(path).with_suffix("")
     cols = [f.name for f in fields(DeltaRow)]
-    return [write_csv(stem.with_name(stem.name + ".csv"), rows, cols),
-            write_json(stem.with_name(stem.name + ".json"), rows, indent=0)]
+    return [
+        write_csv(stem.with_name(stem.name + ".csv"), rows, cols),
+        write_json(stem.with_name(stem.name + ".json"), rows, indent=0),
+    ]
 
 
 def read_table(path: str | os.PathLike) -> list[DeltaRow]:
@@ -51,8 +53,16 @@ def read_table(path: str | os.PathLike) -> list[DeltaRow]:
         raise DataError(f"table {p} does not exist; write it with mechopd probe deltas")
     records = read_json(p) if p.suffix == ".json" else read_csv(p)
     try:
-        return [DeltaRow(**{**{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
-                            "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
-                            "numel": int(rec["numel"]), "value": read_float(rec["value"])}) for rec in records]
+        return [
+            DeltaRow(
+                **{
+                    **{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
+                    "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
+                    "numel": int(rec["numel"]),
+                    "value": read_float(rec["value"]),
+                }
+            )
+            for rec in records
+        ]
     except (KeyError, ValueError, TypeError, AttributeError, DataError) as err:
         raise DataError(f"{p} is not a parameter-delta table ({err!r}); rewrite it with write_table") from None

@@ -38,9 +38,24 @@ GAUSS_ENERGY90 = 0.4445  # share of the entries of an i.i.d. Gaussian matrix hol
 MATRICES = ATTN_MODULES + MLP_MODULES
 CSV = "deltas_svd.csv"
 JSON = "deltas_svd.json"
-COLUMNS = ("model", "vs", "site", "layer", "module", "rows", "cols", "k", "eff_rank", "topk_energy",
-           *(f"frac_above_{t:g}" for t in THRESHOLDS), "energy90_frac", "overlap_k", "overlap_random",
-           "delta_sq", "w0_sq")
+COLUMNS = (
+    "model",
+    "vs",
+    "site",
+    "layer",
+    "module",
+    "rows",
+    "cols",
+    "k",
+    "eff_rank",
+    "topk_energy",
+    *(f"frac_above_{t:g}" for t in THRESHOLDS),
+    "energy90_frac",
+    "overlap_k",
+    "overlap_random",
+    "delta_sq",
+    "w0_sq",
+)
 
 
 def eff_rank(s: torch.Tensor) -> float:
@@ -73,8 +88,13 @@ def geometry(w0: torch.Tensor, theta: torch.Tensor, k: int = SVD_K) -> dict[str,
     k = min(k, m, n)
     energy = s_d.square()
     total = float(energy.sum())
-    out: dict[str, Any] = {"rows": m, "cols": n, "k": k, "eff_rank": eff_rank(s_d),
-                           "topk_energy": float(energy[:k].sum()) / total if total > 0 else math.nan}
+    out: dict[str, Any] = {
+        "rows": m,
+        "cols": n,
+        "k": k,
+        "eff_rank": eff_rank(s_d),
+        "topk_energy": float(energy[:k].sum()) / total if total > 0 else math.nan,
+    }
     for t in THRESHOLDS:
         out[f"frac_above_{t:g}"] = float((d.abs() > t * a.abs()).double().mean())
     out["energy90_frac"] = energy_fraction(d)
@@ -117,8 +137,16 @@ def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SV
                 raise ModelError(f"{path} has no tensor {base[key][0]}; compare checkpoints of one architecture")
             w0, theta = _read(base[key]), _read(mine[key])
             s = site_of(base[key][0])
-            rows.append({"model": label, "vs": "base", "site": s.site, "layer": s.layer, "module": s.module,
-                         **geometry(w0, theta, k)})
+            rows.append(
+                {
+                    "model": label,
+                    "vs": "base",
+                    "site": s.site,
+                    "layer": s.layer,
+                    "module": s.module,
+                    **geometry(w0, theta, k),
+                }
+            )
     return rows
 
 
@@ -133,24 +161,33 @@ def summarize_svd(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mlp = [r for r in mine if r["module"] in MLP_MODULES]
         defined = [(r, n) for r, n in zip(mine, numel) if r["energy90_frac"] == r["energy90_frac"]]
         mean = lambda key, mine=mine: (lambda v: sum(v) / len(v) if v else math.nan)(  # noqa: E731
-            [r[key] for r in mine if r[key] == r[key]])
-        out[m] = {"mlp_energy_share": sum(r["delta_sq"] for r in mlp) / dsq if dsq > 0 else math.nan,
-                  "mlp_param_share": sum(r["rows"] * r["cols"] for r in mlp) / max(1, sum(numel)),
-                  "energy90_frac": (sum(r["energy90_frac"] * n for r, n in defined) / sum(n for _, n in defined)
-                                    if defined else math.nan),
-                  "gauss_energy90": GAUSS_ENERGY90, "overlap_k": mean("overlap_k"),
-                  "overlap_random": mean("overlap_random"), "eff_rank": mean("eff_rank"), "matrices": len(mine)}
+            [r[key] for r in mine if r[key] == r[key]]
+        )
+        out[m] = {
+            "mlp_energy_share": sum(r["delta_sq"] for r in mlp) / dsq if dsq > 0 else math.nan,
+            "mlp_param_share": sum(r["rows"] * r["cols"] for r in mlp) / max(1, sum(numel)),
+            "energy90_frac": (
+                sum(r["energy90_frac"] * n for r, n in defined) / sum(n for _, n in defined) if defined else math.nan
+            ),
+            "gauss_energy90": GAUSS_ENERGY90,
+            "overlap_k": mean("overlap_k"),
+            "overlap_random": mean("overlap_random"),
+            "eff_rank": mean("eff_rank"),
+            "matrices": len(mine),
+        }
     return out
 
 
 def svd_lines(probes_dir: Path) -> list[str]:
     """The report's lines of the update geometry (none when ``--svd`` did not run there)."""
     got = load_svd(probes_dir)
-    return [f"- **Update geometry** {m} (`probes/{CSV}`): mean eff_rank {s['eff_rank']:.2f}; MLP share of "
-            f"‖ΔW‖² {s['mlp_energy_share']:.2f} (of the parameters {s['mlp_param_share']:.2f}); 90 % of "
-            f"‖ΔW‖² in {s['energy90_frac']:.2f} of the entries (dense Gaussian {GAUSS_ENERGY90:.2f}); "
-            f"top-k overlap with W0's subspace {s['overlap_k']:.3f} (random {s['overlap_random']:.3f})"
-            for m, s in (got[0] if got else {}).items()]
+    return [
+        f"- **Update geometry** {m} (`probes/{CSV}`): mean eff_rank {s['eff_rank']:.2f}; MLP share of "
+        f"‖ΔW‖² {s['mlp_energy_share']:.2f} (of the parameters {s['mlp_param_share']:.2f}); 90 % of "
+        f"‖ΔW‖² in {s['energy90_frac']:.2f} of the entries (dense Gaussian {GAUSS_ENERGY90:.2f}); "
+        f"top-k overlap with W0's subspace {s['overlap_k']:.3f} (random {s['overlap_random']:.3f})"
+        for m, s in (got[0] if got else {}).items()
+    ]
 
 
 def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K) -> list[Path]:
@@ -161,8 +198,10 @@ def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.Pa
         raise ConfigError(f"--svd-k {k!r} must be an integer >= 1")
     rows = svd_rows(base_dir, models, k)
     out = Path(out_dir)
-    doc = {"settings": {"base": base_dir, "models": dict(models), "k": k, "thresholds": list(THRESHOLDS)},
-           "summary": summarize_svd(rows)}
+    doc = {
+        "settings": {"base": base_dir, "models": dict(models), "k": k, "thresholds": list(THRESHOLDS)},
+        "summary": summarize_svd(rows),
+    }
     return [write_csv(out / CSV, rows, COLUMNS), write_json(out / JSON, doc)]
 
 
@@ -173,6 +212,8 @@ def load_svd(probes_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[s
     p = Path(probes_dir)
     if not (p / JSON).is_file():
         return None
-    rows = [{k: (v if k in ("model", "vs", "site", "module") else read_float(v)) for k, v in r.items()}
-            for r in read_csv(p / CSV)]
+    rows = [
+        {k: (v if k in ("model", "vs", "site", "module") else read_float(v)) for k, v in r.items()}
+        for r in read_csv(p / CSV)
+    ]
     return read_json(p / JSON)["summary"], rows

@@ -28,10 +28,11 @@ def markdown() -> str:
     """The text of docs/probes.md."""
     parts = [HEADER]
     for spec in probes():
-        demo = ("not in the demo (on demand)" if spec.demo is None else
-                f"demo options `{spec.demo}`")
-        parts.append(f"## `mechopd probe {spec.name}`\n\n{spec.help}.\n\n{demo}; writes "
-                     f"{', '.join(f'`{o}`' for o in spec.outputs)}.\n")
+        demo = "not in the demo (on demand)" if spec.demo is None else f"demo options `{spec.demo}`"
+        parts.append(
+            f"## `mechopd probe {spec.name}`\n\n{spec.help}.\n\n{demo}; writes "
+            f"{', '.join(f'`{o}`' for o in spec.outputs)}.\n"
+        )
         rows = docs_rows(spec.options)
         if rows:
             parts.append("| flag | type | default | help |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")

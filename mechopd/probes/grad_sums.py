@@ -14,8 +14,9 @@ def _grads(value: torch.Tensor, params: list[nn.Parameter], retain: bool) -> lis
     return list(torch.autograd.grad(value, params, retain_graph=retain, allow_unused=True))
 
 
-def _flatten_into(grads: list[torch.Tensor | None], sizes: list[int], dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
+def _flatten_into(
+    grads: list[torch.Tensor | None], sizes: list[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Copy gradients into one preallocated flat buffer, releasing each autograd tensor as it goes. ``[Σ numel]``."""
     flat = torch.zeros(sum(sizes), dtype=dtype, device=device)
     offset = 0

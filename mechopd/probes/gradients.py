@@ -44,7 +44,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -59,7 +60,6 @@ from mechopd.objectives.losses import (
     LossInputs,
     LossTerm,
     TermOptions,
-    common_vocab,
     make_term,
     terms_need,
     token_mean,

@@ -27,17 +27,19 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ModelError
+from mechopd.core.views import TwoViewBatch
 from mechopd.models import load_tokenizer, quiet_progress
 from mechopd.probes.capture import site_layer, sites_for
 from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
-from mechopd.core.views import TwoViewBatch
 
 
 def _checkpoint(path: str | os.PathLike) -> str:
     p = str(path)
     if not os.path.isfile(os.path.join(p, "config.json")):
-        raise ModelError(f"{p} is not a checkpoint directory (no config.json); pass a directory the trainer wrote, "
-                         "e.g. runs/NAME/final")
+        raise ModelError(
+            f"{p} is not a checkpoint directory (no config.json); pass a directory the trainer wrote, "
+            "e.g. runs/NAME/final"
+        )
     return p
 
 
@@ -55,8 +57,9 @@ def tl_hook_name(site: str) -> str:
     return f"blocks.{site_layer(site)}.hook_resid_post"
 
 
-def to_transformer_lens(checkpoint_dir: str | os.PathLike, *, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> Any:
+def to_transformer_lens(
+    checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Any:
     """A TransformerLens ``TransformerBridge`` on a local checkpoint, compatibility names, no weight processing."""
     path = _checkpoint(checkpoint_dir)
     try:
@@ -65,8 +68,9 @@ def to_transformer_lens(checkpoint_dir: str | os.PathLike, *, device: str = "cpu
         raise ModelError("transformer-lens is not installed; pip install 'transformer-lens>=4'") from None
     try:
         with quiet_progress():  # no per-load progress bar (as mechopd.models.load_model)
-            bridge = TransformerBridge.boot_transformers(path, device=device, dtype=dtype,
-                                                         tokenizer=load_tokenizer(path))
+            bridge = TransformerBridge.boot_transformers(
+                path, device=device, dtype=dtype, tokenizer=load_tokenizer(path)
+            )
     except (ValueError, OSError, KeyError, NotImplementedError) as e:
         raise ModelError(f"TransformerLens cannot load {path}: {_first_line(e)}") from None
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
@@ -82,8 +86,14 @@ def to_nnsight(checkpoint_dir: str | os.PathLike, *, device: str = "cpu", dtype:
         raise ModelError("nnsight is not installed (or older than 0.8); pip install 'nnsight>=0.8'") from None
     try:
         with quiet_progress():
-            lm = TransformersModel(path, task="text-generation", tokenizer=load_tokenizer(path), dispatch=True,
-                                   device_map=device, dtype=dtype)
+            lm = TransformersModel(
+                path,
+                task="text-generation",
+                tokenizer=load_tokenizer(path),
+                dispatch=True,
+                device_map=device,
+                dtype=dtype,
+            )
     except (ValueError, OSError, KeyError) as e:
         raise ModelError(f"nnsight cannot load {path}: {_first_line(e)}") from None
     lm.eval()
@@ -101,8 +111,14 @@ def _views(batch: TwoViewBatch):
         yield which, batch.view(which)
 
 
-def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
-                       *, label: str = "transformer_lens", uids: Sequence[str] | None = None) -> SimilarityResult:
+def two_view_cosine_tl(
+    bridge: Any,
+    batches: Iterable[TwoViewBatch],
+    layers: Sequence[int | str] | None = None,
+    *,
+    label: str = "transformer_lens",
+    uids: Sequence[str] | None = None,
+) -> SimilarityResult:
     """`similarity.two_view_cosine` (no CKA) through ``bridge.run_with_cache`` with the view's attention mask and
     position ids."""
     n = int(bridge.cfg.n_layers)
@@ -118,8 +134,12 @@ def two_view_cosine_tl(bridge: Any, batches: Iterable[TwoViewBatch], layers: Seq
         got = {}
         for which, kw in _views(batch):
             with torch.inference_mode():
-                _, cache = bridge.run_with_cache(kw["input_ids"], attention_mask=kw["attention_mask"],
-                                                 position_ids=kw["position_ids"], names_filter=names)
+                _, cache = bridge.run_with_cache(
+                    kw["input_ids"],
+                    attention_mask=kw["attention_mask"],
+                    position_ids=kw["position_ids"],
+                    names_filter=names,
+                )
             got[which] = {s: predict_stop(batch, cache[h], which) for s, h in zip(sites, names)}  # [B, R + 1, d]
             del cache
         for s in sites:
@@ -145,8 +165,14 @@ def _trace_outputs(lm: Any, inputs: dict, sites: Sequence[str]) -> list:
     return saved
 
 
-def two_view_cosine_nnsight(lm: Any, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
-                            *, label: str = "nnsight", uids: Sequence[str] | None = None) -> SimilarityResult:
+def two_view_cosine_nnsight(
+    lm: Any,
+    batches: Iterable[TwoViewBatch],
+    layers: Sequence[int | str] | None = None,
+    *,
+    label: str = "nnsight",
+    uids: Sequence[str] | None = None,
+) -> SimilarityResult:
     """`similarity.two_view_cosine` (no CKA) through ``lm.trace(...)``, saving each site's module output."""
     n = len(lm.model.layers)
     sites = sites_for(n, layers)

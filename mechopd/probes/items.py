@@ -18,9 +18,9 @@ from torch import nn
 
 from mechopd.core.checks import check_response_ids, check_task_vocab
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
-from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.core.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
+from mechopd.evaluation.pinning import check_fits, pin_render
+from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
 
 
 @dataclass
@@ -65,9 +65,15 @@ class ProbeItems:
     def __iter__(self) -> Iterator[TwoViewBatch]:
         for i in range(0, len(self.examples), self.batch_size):
             exs = self.examples[i : i + self.batch_size]
-            yield build_two_view_batch(self.tokenizer, [e.prompt for e in exs], [e.context for e in exs],
-                                       self.responses[i : i + self.batch_size], self.spec, layout=self.layout,
-                                       max_length=self.max_length)
+            yield build_two_view_batch(
+                self.tokenizer,
+                [e.prompt for e in exs],
+                [e.context for e in exs],
+                self.responses[i : i + self.batch_size],
+                self.spec,
+                layout=self.layout,
+                max_length=self.max_length,
+            )
 
 
 def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
@@ -75,8 +81,10 @@ def answer_responses(tokenizer, examples: Sequence) -> list[list[int]]:
     out = []
     for ex in examples:
         if ex.answer is None:
-            raise TaskError(f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
-                            "from a model instead (responses_from=LABEL)")
+            raise TaskError(
+                f"example {ex.uid!r} has no reference answer (games have none); sample the responses "
+                "from a model instead (responses_from=LABEL)"
+            )
         ids = tokenizer(str(ex.answer), add_special_tokens=False)["input_ids"]
         out.append(list(ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
     return out
@@ -93,17 +101,30 @@ def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int
             rec = json.loads(line)
             by_uid[str(rec["uid"])] = [int(t) for t in rec["response_ids"]]
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise DataError(f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)") \
-                from None
+            raise DataError(
+                f"{path} line {i}: expected a JSON object with 'uid' and 'response_ids' (token ids)"
+            ) from None
     missing = [ex.uid for ex in examples if ex.uid not in by_uid]
     if missing:
-        raise DataError(f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
-                        "task, n and seed as the run that wrote it")
+        raise DataError(
+            f"{path} has no response for {len(missing)} item(s) (first uid {missing[0]!r}); use the same "
+            "task, n and seed as the run that wrote it"
+        )
     return [by_uid[ex.uid] for ex in examples]
 
 
-def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: RenderSpec, *, max_new_tokens: int,
-                     temperature: float, seed: int, batch_size: int, greedy: bool = False) -> list[list[int]]:
+def sample_responses(
+    model: nn.Module,
+    tokenizer,
+    examples: Sequence,
+    spec: RenderSpec,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int,
+    greedy: bool = False,
+) -> list[list[int]]:
     """One response per example sampled from `model` on the NO-context view (as the student samples in OPD): the ONE
     response sampler of the probes (the runner, `gradients.sample_batch` and `teachability.build_bank` call it).
 
@@ -112,14 +133,25 @@ def sample_responses(model: nn.Module, tokenizer, examples: Sequence, spec: Rend
     """
     prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples]
     seeds = [item_seed(seed, e.uid) for e in examples]
-    settings = SamplingSettings.for_model(tokenizer, model, max_new_tokens=max_new_tokens, temperature=temperature,
-                                          greedy=greedy, batch_size=batch_size)
+    settings = SamplingSettings.for_model(
+        tokenizer, model, max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, batch_size=batch_size
+    )
     return sample_rows(model, prompts, seeds, settings)
 
 
-def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
-                 responses_from: nn.Module | str | Sequence[Sequence[int]], spec: RenderSpec | None = None, *,
-                 split: str = "test", greedy: bool = False, layout: str = "left") -> ProbeItems:
+def make_batches(
+    tokenizer,
+    task,
+    n: int,
+    seed: int,
+    batch_size: int,
+    responses_from: nn.Module | str | Sequence[Sequence[int]],
+    spec: RenderSpec | None = None,
+    *,
+    split: str = "test",
+    greedy: bool = False,
+    layout: str = "left",
+) -> ProbeItems:
     """`n` items of `task` with one response each, as a re-iterable source of `TwoViewBatch`es.
 
     responses_from: a model (responses sampled from it on the no-context view with `rollout.sample`, the task's
@@ -134,10 +166,24 @@ def make_batches(tokenizer, task, n: int, seed: int, batch_size: int,
     examples = task.examples(split, n, seed)
     spec, _ = pin_render(tokenizer, spec, examples[0].prompt, examples[0].context)  # before any sampling
     if isinstance(responses_from, nn.Module):
-        check_fits(tokenizer, examples, spec, task.max_new_tokens,  # before sampling past the model's positions
-                   getattr(responses_from.config, "max_position_embeddings", None))
-        responses = sample_responses(responses_from, tokenizer, examples, spec, max_new_tokens=task.max_new_tokens,
-                                     temperature=task.temperature, seed=seed, batch_size=batch_size, greedy=greedy)
+        check_fits(
+            tokenizer,
+            examples,
+            spec,
+            task.max_new_tokens,  # before sampling past the model's positions
+            getattr(responses_from.config, "max_position_embeddings", None),
+        )
+        responses = sample_responses(
+            responses_from,
+            tokenizer,
+            examples,
+            spec,
+            max_new_tokens=task.max_new_tokens,
+            temperature=task.temperature,
+            seed=seed,
+            batch_size=batch_size,
+            greedy=greedy,
+        )
         max_length = getattr(responses_from.config, "max_position_embeddings", None)
     elif isinstance(responses_from, str):
         if responses_from != "answers":

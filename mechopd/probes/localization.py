@@ -33,16 +33,28 @@ import torch
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.evaluation.removability import resample_blocks
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.evaluation.removability import resample_blocks
 
 SELF = "x"
-COLUMNS = ("model", "donor", "site", "layer", "depth", "harm", "harm_low", "harm_high", "harm_clean", "n_right",
-           "n_items", "flip_all")
+COLUMNS = (
+    "model",
+    "donor",
+    "site",
+    "layer",
+    "depth",
+    "harm",
+    "harm_low",
+    "harm_high",
+    "harm_clean",
+    "n_right",
+    "n_items",
+    "flip_all",
+)
 
 
 def _flips(logits: torch.Tensor, batch) -> torch.Tensor:
@@ -76,17 +88,37 @@ def _interval(flips: np.ndarray, n_boot: int, seed: int) -> tuple[float | None, 
     return float(lo), float(hi)
 
 
-def curve_rows(label: str, donor: str, right: np.ndarray, clean: np.ndarray, patched: dict[str, np.ndarray],
-               n_layers: int, n_boot: int, seed: int) -> list[dict[str, Any]]:
+def curve_rows(
+    label: str,
+    donor: str,
+    right: np.ndarray,
+    clean: np.ndarray,
+    patched: dict[str, np.ndarray],
+    n_layers: int,
+    n_boot: int,
+    seed: int,
+) -> list[dict[str, Any]]:
     base = clean[right]
     rows = []
     for s, flips in patched.items():
         f = flips[right]
         lo, hi = _interval(f, n_boot, seed)
-        rows.append({"model": label, "donor": donor, "site": s, "layer": site_layer(s),
-                     "depth": site_depth(s, n_layers), "harm": float(f.mean()) if len(f) else None,
-                     "harm_low": lo, "harm_high": hi, "harm_clean": float(base.mean()) if len(base) else None,
-                     "n_right": int(right.sum()), "n_items": len(right), "flip_all": float(flips.mean())})
+        rows.append(
+            {
+                "model": label,
+                "donor": donor,
+                "site": s,
+                "layer": site_layer(s),
+                "depth": site_depth(s, n_layers),
+                "harm": float(f.mean()) if len(f) else None,
+                "harm_low": lo,
+                "harm_high": hi,
+                "harm_clean": float(base.mean()) if len(base) else None,
+                "n_right": int(right.sum()),
+                "n_items": len(right),
+                "flip_all": float(flips.mean()),
+            }
+        )
     return rows
 
 
@@ -101,29 +133,41 @@ def removed_at(rows: Sequence[dict[str, Any]], removed_share: float) -> str | No
 
 def _right(run) -> np.ndarray:
     tok, task = run.tokenizer, run.task
-    return np.array([bool(task.score(ex, tok.decode(r, skip_special_tokens=True)))
-                     for ex, r in zip(run.items.examples, run.items.responses)])
-
+    return np.array(
+        [
+            bool(task.score(ex, tok.decode(r, skip_special_tokens=True)))
+            for ex, r in zip(run.items.examples, run.items.responses)
+        ]
+    )
 
 
 @dataclass(frozen=True)
 class LocalizationOptions:
     """`mechopd probe localization`'s options (`mechopd.probes.options`)."""
 
-    model: Role | None = option(None, "the model whose harm is localized: a label or dir (default: the first trained "
-                                "model)")
-    donor: Role = option(SELF, "x: the model's own no-context view (default), or a label / dir whose context view is "
-                         "the donor (e.g. nca)")
+    model: Role | None = option(
+        None, "the model whose harm is localized: a label or dir (default: the first trained model)"
+    )
+    donor: Role = option(
+        SELF,
+        "x: the model's own no-context view (default), or a label / dir whose context view is the donor (e.g. nca)",
+    )
     layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
-    removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)",
-                                  range=(0.0, 1.0))
+    removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)", range=(0.0, 1.0))
     n_boot: int = option(1000, "item bootstrap resamples", range=(0, None))
 
 
-def run_localization(setup: Any, out_dir: str | Path, *, model: str | None = None, donor: str = SELF,
-                     layers: Sequence[int | str] | None = None,
-                     removed_share: float = LocalizationOptions.removed_share,
-                     n_boot: int = LocalizationOptions.n_boot, device: str | None = None) -> Path:
+def run_localization(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    model: str | None = None,
+    donor: str = SELF,
+    layers: Sequence[int | str] | None = None,
+    removed_share: float = LocalizationOptions.removed_share,
+    n_boot: int = LocalizationOptions.n_boot,
+    device: str | None = None,
+) -> Path:
     """`mechopd probe localization`: writes localization.csv / .json / _items.jsonl; returns the CSV's path."""
     if not 0 < removed_share <= 1:
         raise ConfigError(f"--removed-share {removed_share} must lie in (0, 1]")
@@ -131,8 +175,9 @@ def run_localization(setup: Any, out_dir: str | Path, *, model: str | None = Non
     models = {label: path}
     if donor != SELF:
         models[donor] = setup.model(donor, "trained")[1]
-    run = ci.resolve(setup.replace(responses_from=label), models, probe="localization", out=out_dir, greedy=True,
-                     device=device)
+    run = ci.resolve(
+        setup.replace(responses_from=label), models, probe="localization", out=out_dir, greedy=True, device=device
+    )
     recipient = run.load(label)
     sites = resolve_sites(recipient, layers)
     donor_model = None if donor == SELF else run.load(donor)
@@ -141,14 +186,33 @@ def run_localization(setup: Any, out_dir: str | Path, *, model: str | None = Non
     rows = curve_rows(label, donor, right, clean, patched, num_layers(recipient), n_boot, setup.seed)
     out = Path(out_dir)
     write_csv(out / "localization.csv", rows, COLUMNS)
-    summary = {"model": label, "donor": donor, "harm_clean": rows[0]["harm_clean"] if rows else None,
-               "n_right": int(right.sum()), "removed_share": removed_share,
-               "removed_at": removed_at(rows, removed_share)}
-    records = ci.item_records(run, right_x=[bool(v) for v in right], flips_clean=[bool(v) for v in clean],
-                              flips=[{s: bool(f[i]) for s, f in patched.items()} for i in range(len(right))])
-    ci.save(out, "localization", run, run.settings(donor=donor, removed_share=removed_share, n_boot=n_boot,
-                                                      decode="greedy y from the model's no-context view; "
-                                                             "teacher-forced context view"), summary, records)
+    summary = {
+        "model": label,
+        "donor": donor,
+        "harm_clean": rows[0]["harm_clean"] if rows else None,
+        "n_right": int(right.sum()),
+        "removed_share": removed_share,
+        "removed_at": removed_at(rows, removed_share),
+    }
+    records = ci.item_records(
+        run,
+        right_x=[bool(v) for v in right],
+        flips_clean=[bool(v) for v in clean],
+        flips=[{s: bool(f[i]) for s, f in patched.items()} for i in range(len(right))],
+    )
+    ci.save(
+        out,
+        "localization",
+        run,
+        run.settings(
+            donor=donor,
+            removed_share=removed_share,
+            n_boot=n_boot,
+            decode="greedy y from the model's no-context view; teacher-forced context view",
+        ),
+        summary,
+        records,
+    )
     return out / "localization.csv"
 
 
@@ -171,24 +235,43 @@ class LocalizationSummary(ci.CausalSummary):
         clean = "n/a" if s["harm_clean"] is None else f"{s['harm_clean']:.3f}"
         where = s["removed_at"] or "no site"
         if not s["harm_clean"]:
-            return [f"- **Localization** {s['model']} (`probes/localization.csv`): teacher-forced Harm {clean} on "
-                    f"{s['n_right']} items right without c: no harm to localize"]
-        return [f"- **Localization** {s['model']} (`probes/localization.csv`): the residual of {donor} patched into "
-                f"the context view at every response position; teacher-forced Harm {clean} on {s['n_right']} items "
-                f"right without c; {int(100 * s['removed_share'])} % of it removed from {where} on"]
+            return [
+                f"- **Localization** {s['model']} (`probes/localization.csv`): teacher-forced Harm {clean} on "
+                f"{s['n_right']} items right without c: no harm to localize"
+            ]
+        return [
+            f"- **Localization** {s['model']} (`probes/localization.csv`): the residual of {donor} patched into "
+            f"the context view at every response position; teacher-forced Harm {clean} on {s['n_right']} items "
+            f"right without c; {int(100 * s['removed_share'])} % of it removed from {where} on"
+        ]
 
 
-def cli_run(setup: Any, out: Path, *, model: str | None, donor: str, layers: str | None, removed_share: float,
-            n_boot: int) -> list[str]:
+def cli_run(
+    setup: Any, out: Path, *, model: str | None, donor: str, layers: str | None, removed_share: float, n_boot: int
+) -> list[str]:
     """`mechopd probe localization`: run, then the lines to print."""
-    path = run_localization(setup, out, model=model, donor=donor, layers=site_list(layers, "--layers"),
-                            removed_share=removed_share, n_boot=n_boot)
+    path = run_localization(
+        setup,
+        out,
+        model=model,
+        donor=donor,
+        layers=site_list(layers, "--layers"),
+        removed_share=removed_share,
+        n_boot=n_boot,
+    )
     return [f"localization table: {path}"] + LocalizationSummary.load(out).lines()
 
 
-register_probe(ProbeSpec(
-    "localization", "the depth at which a donor's residual removes the harm from the context view", cli_run,
-    options=LocalizationOptions, order=100,
-    outputs=("localization.csv", "localization.json", "localization_items.jsonl"),
-    demo={"model": "opd", "donor": "x"}, role_options=("model",), summary=LocalizationSummary,
-))
+register_probe(
+    ProbeSpec(
+        "localization",
+        "the depth at which a donor's residual removes the harm from the context view",
+        cli_run,
+        options=LocalizationOptions,
+        order=100,
+        outputs=("localization.csv", "localization.json", "localization_items.jsonl"),
+        demo={"model": "opd", "donor": "x"},
+        role_options=("model",),
+        summary=LocalizationSummary,
+    )
+)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from mechopd.probes.weightpatch_plan import CONTROL, NONE
 from mechopd.core.stats import hier_bootstrap
+from mechopd.probes.weightpatch_plan import CONTROL, NONE
 from mechopd.study import Study
 
 QK_KEY = "all/qk"
@@ -94,6 +94,7 @@ def _margin_fn(key: str):
     def fn(a: Arrays) -> np.ndarray:
         ctrl = np.mean([metric(a[j], a[j + 1]) for j in range(2, len(a), 2)], axis=0)
         return ctrl - metric(a[0], a[1])
+
     return fn
 
 
@@ -106,15 +107,19 @@ def qk_margin_stat(runs: Sequence[Study], role: str, control: str, key: str = "r
 def group_stat(runs: Sequence[Study], role: str, group: str, metric: str) -> dict[str, Any]:
     """``metric`` (acc_x, acc_xc, harm) of ``role``'s model with the row group ``layer/module`` reverted (a drawn
     control: the mean over its draws), over seeds and items; ``none/none``: the unpatched model."""
+
     def arrays(study: Study) -> Arrays | None:
         out = weightpatch_outcomes(study, role)
         keys = [] if out is None else [k for k in out if k == group or k.startswith(group + "/")]
         return tuple(a for k in keys for a in out[k]) if keys else None  # type: ignore[index]
 
     fn = METRIC[metric]
-    return {**hier_bootstrap([arrays(r) for r in runs],
-                             lambda a: np.mean([fn(a[j], a[j + 1]) for j in range(0, len(a), 2)], axis=0)),
-            "of": len(runs)}
+    return {
+        **hier_bootstrap(
+            [arrays(r) for r in runs], lambda a: np.mean([fn(a[j], a[j + 1]) for j in range(0, len(a), 2)], axis=0)
+        ),
+        "of": len(runs),
+    }
 
 
 def unpatched_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
@@ -169,9 +174,20 @@ def site_harm_stat(runs: Sequence[Study | Path], site: str | None) -> dict[str, 
 
 def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[str, Any]:
     """Paired per seed and item: Harm_tf(site) − (1 − share) · Harm_tf(unpatched); ≤ 0 removes ``share`` of it."""
-    return {**hier_bootstrap(_site_arrays(runs, site),
-                             lambda a: _tf_harm(a[0], a[2]) - (1 - share) * _tf_harm(a[0], a[1])), "of": len(runs)}
+    return {
+        **hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2]) - (1 - share) * _tf_harm(a[0], a[1])),
+        "of": len(runs),
+    }
 
 
-__all__ = ["CONTROL", "group_stat", "localization_arrays", "qk_margin_stat", "removal_stat", "row_groups",
-           "site_harm_stat", "unpatched_stat", "weightpatch_outcomes"]
+__all__ = [
+    "CONTROL",
+    "group_stat",
+    "localization_arrays",
+    "qk_margin_stat",
+    "removal_stat",
+    "row_groups",
+    "site_harm_stat",
+    "unpatched_stat",
+    "weightpatch_outcomes",
+]

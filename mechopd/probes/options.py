@@ -32,9 +32,15 @@ MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
 MODELS_METAVAR = "LABEL|NAME=DIR"
 
 
-def option(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None,
-           range: tuple[float | None, float | None] | None = None,  # noqa: A002  (the metadata key)
-           choices: tuple[Any, ...] | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    range: tuple[float | None, float | None] | None = None,  # noqa: A002  (the metadata key)
+    choices: tuple[Any, ...] | None = None,
+) -> Any:
     """A dataclass field with its CLI facts in ``metadata`` (``flag``: the CLI spelling when it is not the name)."""
     meta = {"help": help, "flag": flag, "metavar": metavar, "range": range, "choices": choices}
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
@@ -100,8 +106,12 @@ def add_flags(parser: argparse.ArgumentParser, cls: type | None) -> None:
 
 def defaults(cls: type | None) -> dict[str, Any]:
     """Field name -> default (a fresh copy of list defaults)."""
-    return {f.name: (list(f.default) if isinstance(f.default, (list, tuple)) and not isinstance(f.default, str)
-                     else f.default) for f, _ in (_fields(cls) if cls is not None else [])}
+    return {
+        f.name: (
+            list(f.default) if isinstance(f.default, (list, tuple)) and not isinstance(f.default, str) else f.default
+        )
+        for f, _ in (_fields(cls) if cls is not None else [])
+    }
 
 
 def check(probe: str, cls: type | None, values: dict[str, Any]) -> None:
@@ -175,8 +185,10 @@ def cross(text: str | None) -> tuple[str, str] | None:
     if parts is not None and (len(parts) != 2 or not all(isinstance(p, str) for p in parts)):
         raise ConfigError(f"--cross {text!r} must name two models, donor then recipient, e.g. --cross nca,opd")
     if parts is not None and parts[0] == parts[1]:
-        raise ConfigError(f"--cross {text!r} names one model twice; cross-model patching needs two different models, "
-                          "donor then recipient, e.g. --cross nca,opd")
+        raise ConfigError(
+            f"--cross {text!r} names one model twice; cross-model patching needs two different models, "
+            "donor then recipient, e.g. --cross nca,opd"
+        )
     return None if parts is None else (parts[0], parts[1])
 
 
@@ -190,10 +202,19 @@ def greedy_option() -> Any:
 
 
 def detail_option(default: int = 16) -> Any:
-    return option(default, f"items whose per-token values are kept for `mechopd explore` (default {default})",
-                  flag="--detail-items", metavar="N", range=(0, None))
+    return option(
+        default,
+        f"items whose per-token values are kept for `mechopd explore` (default {default})",
+        flag="--detail-items",
+        metavar="N",
+        range=(0, None),
+    )
 
 
 def cache_option() -> Any:
-    return option(None, "an activation store written by `mechopd probe cache`: its items, responses and activations "
-                  "instead of forwards (same numbers)", metavar="DIR")
+    return option(
+        None,
+        "an activation store written by `mechopd probe cache`: its items, responses and activations "
+        "instead of forwards (same numbers)",
+        metavar="DIR",
+    )

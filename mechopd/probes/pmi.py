@@ -70,11 +70,23 @@ def token_rows(teacher, student, batch, T: float, right: Sequence[bool], uids: S
         wrong = ((q_c_choice[b] != y[b]) & mask[b]).nonzero().flatten().tolist()
         first = wrong[0] if (wrong and right[b]) else None
         for t in range(int(mask[b].sum())):
-            rows.append({"uid": uids[b], "position": t, "token": tok.convert_ids_to_tokens(int(y[b, t])),
-                         "pmi": float(pmi[b, t]), "opd": float(opd[b, t]), "kl_x": float(kl_x[b, t]),
-                         "ctx": float(ctx[b, t]), "sampled": float(sampled[b, t]),
-                         "C": float(stats.C[b, t]), "D": float(stats.D[b, t]), "DL": None, "right_x": bool(right[b]),
-                         "flip": t == first})
+            rows.append(
+                {
+                    "uid": uids[b],
+                    "position": t,
+                    "token": tok.convert_ids_to_tokens(int(y[b, t])),
+                    "pmi": float(pmi[b, t]),
+                    "opd": float(opd[b, t]),
+                    "kl_x": float(kl_x[b, t]),
+                    "ctx": float(ctx[b, t]),
+                    "sampled": float(sampled[b, t]),
+                    "C": float(stats.C[b, t]),
+                    "D": float(stats.D[b, t]),
+                    "DL": None,
+                    "right_x": bool(right[b]),
+                    "flip": t == first,
+                }
+            )
     return rows
 
 
@@ -97,18 +109,23 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     others = np.array([r["uid"] in flipped_items and not r["flip"] for r in rows])
     total = col["opd"].sum()
     top = sorted(rows, key=lambda r: -r["pmi"])[:5]
-    return {"n_tokens": len(rows), "n_items": len({r["uid"] for r in rows}), "mean_pmi": float(col["pmi"].mean()),
-            "mean_opd": float(col["opd"].mean()), "mean_kl_x": float(col["kl_x"].mean()),
-            "mean_ctx": float(col["ctx"].mean()),
-            "pmi_share": float(col["ctx"].sum() / total) if col["opd"].mean() >= MIN_OPD else None,
-            "corr_opd": correlations(col["pmi"], col["opd"]), "corr_DL": correlations(col["pmi"], dl),
-            "corr_C": correlations(col["pmi"], col["C"]), "n_flips": int(flip.sum()),
-            "n_right_x_tokens": int(on_right.sum()),
-            "pmi_flip": float(col["pmi"][flip].mean()) if flip.any() else None,
-            "pmi_flip_items_other": float(col["pmi"][others].mean()) if others.any() else None,
-            "top_tokens": [{"uid": r["uid"], "position": r["position"], "token": r["token"], "pmi": r["pmi"]}
-                           for r in top]}
-
+    return {
+        "n_tokens": len(rows),
+        "n_items": len({r["uid"] for r in rows}),
+        "mean_pmi": float(col["pmi"].mean()),
+        "mean_opd": float(col["opd"].mean()),
+        "mean_kl_x": float(col["kl_x"].mean()),
+        "mean_ctx": float(col["ctx"].mean()),
+        "pmi_share": float(col["ctx"].sum() / total) if col["opd"].mean() >= MIN_OPD else None,
+        "corr_opd": correlations(col["pmi"], col["opd"]),
+        "corr_DL": correlations(col["pmi"], dl),
+        "corr_C": correlations(col["pmi"], col["C"]),
+        "n_flips": int(flip.sum()),
+        "n_right_x_tokens": int(on_right.sum()),
+        "pmi_flip": float(col["pmi"][flip].mean()) if flip.any() else None,
+        "pmi_flip_items_other": float(col["pmi"][others].mean()) if others.any() else None,
+        "top_tokens": [{"uid": r["uid"], "position": r["position"], "token": r["token"], "pmi": r["pmi"]} for r in top],
+    }
 
 
 @dataclass(frozen=True)
@@ -120,18 +137,28 @@ class PmiOptions:
     sampled: bool = option(False, "sampled replies (the training temperature) instead of greedy ones")
 
 
-def run_pmi(setup: Any, out_dir: str | Path, *, student: str | None = None, teacher: str | None = None,
-            sampled: bool = False, device: str | None = None) -> Path:
+def run_pmi(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    student: str | None = None,
+    teacher: str | None = None,
+    sampled: bool = False,
+    device: str | None = None,
+) -> Path:
     """`mechopd probe pmi`: writes pmi_tokens.csv / pmi.json / pmi_items.jsonl; returns the CSV's path."""
     s_label, s_path = setup.model(student, "trained")
     t_label, t_path = setup.model(teacher, "teacher")
     models: Mapping[str, str] = {s_label: s_path, **({} if t_label == s_label else {t_label: t_path})}
-    run = ci.resolve(setup.replace(responses_from=s_label), models, probe="pmi", out=out_dir, greedy=not sampled,
-                     device=device)
+    run = ci.resolve(
+        setup.replace(responses_from=s_label), models, probe="pmi", out=out_dir, greedy=not sampled, device=device
+    )
     stu, tea = run.load(s_label), run.load(t_label)
     tok, task = run.tokenizer, run.task
-    right = [bool(task.score(ex, tok.decode(r, skip_special_tokens=True)))
-             for ex, r in zip(run.items.examples, run.items.responses)]
+    right = [
+        bool(task.score(ex, tok.decode(r, skip_special_tokens=True)))
+        for ex, r in zip(run.items.examples, run.items.responses)
+    ]
     rows, i = [], 0
     for batch in run.items:
         n = batch.batch_size
@@ -141,8 +168,13 @@ def run_pmi(setup: Any, out_dir: str | Path, *, student: str | None = None, teac
     summary = {"student": s_label, "teacher": t_label, **summarize(rows)}
     out = Path(out_dir)
     write_csv(out / "pmi_tokens.csv", rows, COLUMNS)
-    ci.save(out, "pmi", run, run.settings(student=s_label, teacher=t_label, responses="sampled" if sampled else
-                                          "greedy"), summary)
+    ci.save(
+        out,
+        "pmi",
+        run,
+        run.settings(student=s_label, teacher=t_label, responses="sampled" if sampled else "greedy"),
+        summary,
+    )
     return out / "pmi_tokens.csv"
 
 
@@ -166,13 +198,15 @@ class PmiSummary(ci.CausalSummary):
         s = self.summary
         if not s.get("n_tokens"):
             return []
-        return [f"- **Teacher PMI with the context** ({s['teacher']} → {s['student']}, `probes/pmi_tokens.csv`): mean "
-                f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; OPD loss {_f(s.get('mean_opd'))} = "
-                f"KL(q_x ‖ f_x) {_f(s.get('mean_kl_x'))} + context part {_f(s.get('mean_ctx'))} (PMI share "
-                f"{_f(s.get('pmi_share'), '.2f')}); Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
-                f"with D^L {_f(s['corr_DL'].get('spearman'), '.2f')}, with C {_f(s['corr_C'].get('spearman'), '.2f')}; "
-                f"at the {s['n_flips']} tokens that flip under Harm {_f(s['pmi_flip'])} (other tokens of those items "
-                f"{_f(s['pmi_flip_items_other'])})"]
+        return [
+            f"- **Teacher PMI with the context** ({s['teacher']} → {s['student']}, `probes/pmi_tokens.csv`): mean "
+            f"{_f(s['mean_pmi'])} nats per token over {s['n_tokens']} tokens; OPD loss {_f(s.get('mean_opd'))} = "
+            f"KL(q_x ‖ f_x) {_f(s.get('mean_kl_x'))} + context part {_f(s.get('mean_ctx'))} (PMI share "
+            f"{_f(s.get('pmi_share'), '.2f')}); Spearman with the OPD KL {_f(s['corr_opd'].get('spearman'), '.2f')}, "
+            f"with D^L {_f(s['corr_DL'].get('spearman'), '.2f')}, with C {_f(s['corr_C'].get('spearman'), '.2f')}; "
+            f"at the {s['n_flips']} tokens that flip under Harm {_f(s['pmi_flip'])} (other tokens of those items "
+            f"{_f(s['pmi_flip_items_other'])})"
+        ]
 
 
 def cli_run(setup: Any, out: Path, *, student: str | None, teacher: str | None, sampled: bool) -> list[str]:
@@ -181,10 +215,17 @@ def cli_run(setup: Any, out: Path, *, student: str | None, teacher: str | None, 
     return [f"pmi table: {path}"] + PmiSummary.load(out).lines()
 
 
-register_probe(ProbeSpec(
-    "pmi", "the teacher's pointwise mutual information with the context per response token, against the OPD loss, "
-    "D^L / C and the tokens that flip under Harm", cli_run, options=PmiOptions, order=120,
-    outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
-    demo=None,  # on demand (`mechopd probe pmi --run RUN`): the demo's 5-minute budget has no room for it
-    role_options=("student",), summary=PmiSummary,
-))
+register_probe(
+    ProbeSpec(
+        "pmi",
+        "the teacher's pointwise mutual information with the context per response token, against the OPD loss, "
+        "D^L / C and the tokens that flip under Harm",
+        cli_run,
+        options=PmiOptions,
+        order=120,
+        outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),
+        demo=None,  # on demand (`mechopd probe pmi --run RUN`): the demo's 5-minute budget has no room for it
+        role_options=("student",),
+        summary=PmiSummary,
+    )
+)

@@ -81,8 +81,10 @@ class ProbeSpec:
         known = defaults(self.options)
         unknown = sorted(set(given) - set(known))
         if unknown:
-            raise ConfigError(f"probe {self.name}: unknown option(s) {', '.join(unknown)}; known: "
-                              f"{', '.join(sorted(known)) or 'none'}")
+            raise ConfigError(
+                f"probe {self.name}: unknown option(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(known)) or 'none'}"
+            )
         out = {**known, **given}
         check(self.name, self.options, out)
         return out
@@ -124,8 +126,10 @@ def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
     try:
         add_flags(clash, spec.options)
     except argparse.ArgumentError as err:
-        raise ConfigError(f"probe {spec.name!r}: flag {err.argument_name} is a setup flag every probe has (or is "
-                          "given twice); read it from the setup instead, or rename it") from None
+        raise ConfigError(
+            f"probe {spec.name!r}: flag {err.argument_name} is a setup flag every probe has (or is "
+            "given twice); read it from the setup instead, or rename it"
+        ) from None
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -200,23 +204,40 @@ def report_lines(probes_dir: str | Path) -> list[str]:
 # -- the CLI: `mechopd probe <name>` for every registered probe ------------------------------------------------------
 def add_setup_arguments(p: argparse.ArgumentParser) -> None:
     """The setup flags of every `mechopd probe` verb (all optional; they override what --run says)."""
-    p.add_argument("--run", default=None, metavar="RUN_DIR",
-                   help="a training run or demo dir: task, options, render spec and models come from it")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="RUN_DIR",
+        help="a training run or demo dir: task, options, render spec and models come from it",
+    )
     p.add_argument("--task", default=None, help="task name (default: the run's; rules without --run)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="task option, e.g. --option path=qa.jsonl --option rule=shift:2")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task option, e.g. --option path=qa.jsonl --option rule=shift:2",
+    )
     p.add_argument("--placement", default=None, help="system | user: where the context goes (default: the task's)")
     p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
-    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="chat-template variable, e.g. --chat-template-kwarg enable_thinking=false")
+    p.add_argument(
+        "--chat-template-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="chat-template variable, e.g. --chat-template-kwarg enable_thinking=false",
+    )
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's/task's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the run's / task's)")
     p.add_argument("--n", type=int, default=None, help="items (default 64, or the demo's)")
     p.add_argument("--seed", type=int, default=None, help="item and sampling seed (default 0, or the run's)")
     p.add_argument("--batch-size", type=int, default=None, help="items per forward (default 8)")
     p.add_argument("--split", default=None, help="train | test: item split (default: the probe's)")
-    p.add_argument("--responses-from", default=None,
-                   help="model label, 'answers' or a responses .jsonl (probes that score given responses)")
+    p.add_argument(
+        "--responses-from",
+        default=None,
+        help="model label, 'answers' or a responses .jsonl (probes that score given responses)",
+    )
     p.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
 
 
@@ -227,8 +248,12 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
         add_setup_arguments(q)
         add_flags(q, spec.options)
-        q.add_argument("--force", action="store_true", help="replace this probe's files in the output directory "
-                       f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused")
+        q.add_argument(
+            "--force",
+            action="store_true",
+            help="replace this probe's files in the output directory "
+            f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused",
+        )
 
 
 def run_from_args(a: argparse.Namespace) -> list[str]:
@@ -241,8 +266,10 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
     taken = [name for name in spec.outputs if (out / name).exists()]
     if taken and not getattr(a, "force", False):  # the run's report and figures read these files
-        raise ConfigError(f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
-                          "pass --force to replace the probe's files, or --out DIR to write beside them")
+        raise ConfigError(
+            f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
+            "pass --force to replace the probe's files, or --out DIR to write beside them"
+        )
     from mechopd.core.runlock import hold
 
     with hold(out, f"probe {spec.name}"):  # one writer per output directory

@@ -25,11 +25,11 @@ from typing import Any
 
 from mechopd.core.artifacts import write_jsonl
 from mechopd.core.checks import check_response_ids, check_task_vocab
-from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
+from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.pinning import check_fits, pin_render
+from mechopd.models import check_same_tokenizer, load_model, load_tokenizer
 from mechopd.probes.items import ProbeItems, answer_responses, read_responses, sample_responses
 from mechopd.probes.setup import ProbeSetup
-from mechopd.core.views import RenderSpec, render_prompt_ids
 
 ITEMS_SUFFIX = "_items.jsonl"
 
@@ -38,13 +38,26 @@ def items_path(out_dir: str | os.PathLike, probe: str) -> Path:
     return Path(out_dir) / f"{probe}{ITEMS_SUFFIX}"
 
 
-def write_items(path: str | os.PathLike, tokenizer: Any, spec: RenderSpec, uids: Sequence[str],
-                prompts: Sequence[Any], contexts: Sequence[Any], responses: Sequence[Sequence[int]]) -> Path:
+def write_items(
+    path: str | os.PathLike,
+    tokenizer: Any,
+    spec: RenderSpec,
+    uids: Sequence[str],
+    prompts: Sequence[Any],
+    contexts: Sequence[Any],
+    responses: Sequence[Sequence[int]],
+) -> Path:
     """One line per item: ``uid``, ``prompt_ids_x``, ``prompt_ids_c`` (both views rendered with ``spec``) and
     ``response_ids`` (the ids both views share)."""
-    rows = ({"uid": u, "prompt_ids_x": render_prompt_ids(tokenizer, x, None, spec),
-             "prompt_ids_c": render_prompt_ids(tokenizer, x, c, spec), "response_ids": [int(t) for t in r]}
-            for u, x, c, r in zip(uids, prompts, contexts, responses))
+    rows = (
+        {
+            "uid": u,
+            "prompt_ids_x": render_prompt_ids(tokenizer, x, None, spec),
+            "prompt_ids_c": render_prompt_ids(tokenizer, x, c, spec),
+            "response_ids": [int(t) for t in r],
+        }
+        for u, x, c, r in zip(uids, prompts, contexts, responses)
+    )
     return write_jsonl(path, rows)
 
 
@@ -65,15 +78,25 @@ class ProbeContext:
     items: ProbeItems | None = None
 
     @classmethod
-    def prepare(cls, setup: ProbeSetup, probe: str, out_dir: str | os.PathLike,
-                models: Mapping[str, tuple[str | None, str] | str], *, default_split: str = "test",
-                with_items: bool = True, device: str | None = None) -> ProbeContext:
+    def prepare(
+        cls,
+        setup: ProbeSetup,
+        probe: str,
+        out_dir: str | os.PathLike,
+        models: Mapping[str, tuple[str | None, str] | str],
+        *,
+        default_split: str = "test",
+        with_items: bool = True,
+        device: str | None = None,
+    ) -> ProbeContext:
         """Resolve everything once. models: slot -> ``(ref, role)`` (a label / dir / None for the role's default,
         `ProbeSetup.model`) or a checkpoint dir already resolved (its label = the slot)."""
         import torch
 
-        resolved = {slot: (slot, str(ref)) if isinstance(ref, (str, os.PathLike)) else setup.model(*ref)
-                    for slot, ref in models.items()}
+        resolved = {
+            slot: (slot, str(ref)) if isinstance(ref, (str, os.PathLike)) else setup.model(*ref)
+            for slot, ref in models.items()
+        }
         tok = None
         for slot, (_label, path) in resolved.items():
             other = load_tokenizer(path)
@@ -88,8 +111,18 @@ class ProbeContext:
         spec = setup.spec(task)
         if examples:  # a date-reading template is pinned before anything is sampled or saved
             spec, _ = pin_render(tok, spec, examples[0].prompt, examples[0].context)
-        return cls(probe, setup, Path(out_dir), task, spec, setup.split or default_split, resolved, tok,
-                   device or ("cuda" if torch.cuda.is_available() else "cpu"), examples)
+        return cls(
+            probe,
+            setup,
+            Path(out_dir),
+            task,
+            spec,
+            setup.split or default_split,
+            resolved,
+            tok,
+            device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            examples,
+        )
 
     # -- models ------------------------------------------------------------------------------------------------------
     def path(self, slot: str) -> str:
@@ -107,12 +140,24 @@ class ProbeContext:
         """One response per item from ``model`` on the no-context view (the setup's temperature, max_new_tokens and
         seed; ``greedy`` for argmax); ``batch_size``: rows per sampling call (default the setup's; the ids do not
         depend on it). The items are saved (`save_items`)."""
-        check_fits(self.tokenizer, self.examples, self.spec, self.task.max_new_tokens,  # before sampling past the
-                   getattr(getattr(model, "config", None), "max_position_embeddings", None))  # model's positions
-        responses = sample_responses(model, self.tokenizer, self.examples, self.spec,
-                                     max_new_tokens=self.task.max_new_tokens, temperature=self.task.temperature,
-                                     seed=self.setup.seed, batch_size=batch_size or self.setup.batch_size,
-                                     greedy=greedy)
+        check_fits(
+            self.tokenizer,
+            self.examples,
+            self.spec,
+            self.task.max_new_tokens,  # before sampling past the
+            getattr(getattr(model, "config", None), "max_position_embeddings", None),
+        )  # model's positions
+        responses = sample_responses(
+            model,
+            self.tokenizer,
+            self.examples,
+            self.spec,
+            max_new_tokens=self.task.max_new_tokens,
+            temperature=self.task.temperature,
+            seed=self.setup.seed,
+            batch_size=batch_size or self.setup.batch_size,
+            greedy=greedy,
+        )
         max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         return self._attach(responses, max_length)
 
@@ -129,28 +174,45 @@ class ProbeContext:
         return self._attach(responses)
 
     def _attach(self, responses: list[list[int]], max_length: int | None = None) -> ProbeItems:
-        self.items = ProbeItems(self.tokenizer, self.examples, responses, self.spec, self.setup.batch_size,
-                                max_length=max_length)
+        self.items = ProbeItems(
+            self.tokenizer, self.examples, responses, self.spec, self.setup.batch_size, max_length=max_length
+        )
         self.save_items()
         return self.items
 
     def save_items(self) -> Path:
         """``<probe>_items.jsonl``: the exact items scored (uid, prompt ids of both views, response ids)."""
         exs = self.items.examples
-        return write_items(items_path(self.out, self.probe), self.tokenizer, self.spec, [e.uid for e in exs],
-                           [e.prompt for e in exs], [e.context for e in exs], self.items.responses)
+        return write_items(
+            items_path(self.out, self.probe),
+            self.tokenizer,
+            self.spec,
+            [e.uid for e in exs],
+            [e.prompt for e in exs],
+            [e.context for e in exs],
+            self.items.responses,
+        )
 
     # -- the record -------------------------------------------------------------------------------------------------
     def settings(self, **extra: Any) -> dict[str, Any]:
         """Every resolved setting of this run (the probe's own in ``extra``; they win on a clash)."""
         s = self.setup
         out: dict[str, Any] = {
-            "probe": self.probe, "task": s.task, "task_options": dict(s.task_options), "split": self.split,
-            "n": len(self.examples), "seed": s.seed, "batch_size": s.batch_size, "spec": asdict(self.spec),
-            "temperature": self.task.temperature, "max_new_tokens": self.task.max_new_tokens,
+            "probe": self.probe,
+            "task": s.task,
+            "task_options": dict(s.task_options),
+            "split": self.split,
+            "n": len(self.examples),
+            "seed": s.seed,
+            "batch_size": s.batch_size,
+            "spec": asdict(self.spec),
+            "temperature": self.task.temperature,
+            "max_new_tokens": self.task.max_new_tokens,
             "model_paths": {slot: path for slot, (_, path) in self.models.items()},
-            "model_labels": {slot: label for slot, (label, _) in self.models.items()}, "device": self.device,
-            "run": s.run}
+            "model_labels": {slot: label for slot, (label, _) in self.models.items()},
+            "device": self.device,
+            "run": s.run,
+        }
         if self.items is not None:
             out["items_file"] = items_path(self.out, self.probe).name
         return {**out, **extra}

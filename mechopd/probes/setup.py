@@ -27,6 +27,7 @@ from typing import Any
 
 from mechopd.config import check_seed, check_temperature, flag_text
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.organisms.recipes import recorded_model, resolve_organism
 from mechopd.probes.items import (  # noqa: F401
     ProbeItems,
@@ -35,7 +36,6 @@ from mechopd.probes.items import (  # noqa: F401
     read_responses,
     sample_responses,  # (re-exported: they used to live here and in similarity)
 )
-from mechopd.core.views import PLACEMENTS, RenderSpec
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64
@@ -94,8 +94,10 @@ class ProbeSetup:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
         if self.split not in (None, "train", "test"):
             raise ConfigError(f"split={self.split!r} is invalid: use train or test")
-        self.models = {str(k): str(Path(v).resolve()) if Path(str(v)).exists() else str(v)  # recorded absolute
-                       for k, v in self.models.items()}
+        self.models = {
+            str(k): str(Path(v).resolve()) if Path(str(v)).exists() else str(v)  # recorded absolute
+            for k, v in self.models.items()
+        }
 
     # -- what the probes read ------------------------------------------------------------------------------------------
     def make_task(self) -> TaskView:
@@ -131,8 +133,17 @@ class ProbeSetup:
         """
         task = task or self.make_task()
         split = self.split or "test"
-        return make_batches(tokenizer, task, self.n_for(task, split), self.seed, self.batch_size, source,
-                            self.spec(task), split=split, greedy=greedy)
+        return make_batches(
+            tokenizer,
+            task,
+            self.n_for(task, split),
+            self.seed,
+            self.batch_size,
+            source,
+            self.spec(task),
+            split=split,
+            greedy=greedy,
+        )
 
     # -- models ------------------------------------------------------------------------------------------------------
     @property
@@ -150,8 +161,10 @@ class ProbeSetup:
         if ref.startswith("organism:") or os.sep in ref or Path(ref).exists():
             return Path(ref).name or ref, resolve_organism(ref)
         known = ", ".join(self.models) or "none"
-        raise ConfigError(f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
-                          "pass --run RUN_DIR or a path")
+        raise ConfigError(
+            f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
+            "pass --run RUN_DIR or a path"
+        )
 
     def pick(self, refs: Sequence[str] | Mapping[str, str] | None, default: Sequence[str]) -> dict[str, str]:
         """label -> dir of several models: a mapping as given; else labels, dirs or ``NAME=DIR`` items resolved with
@@ -167,12 +180,15 @@ class ProbeSetup:
             check_label(label, "--models")
             dup = next((k for k in out if k.lower() == label.lower()), None)
             if dup is not None:
-                raise ConfigError(f"--models names {label!r} twice ({dup}={out[dup]} and {ref}); give each model its "
-                                  "own label")
+                raise ConfigError(
+                    f"--models names {label!r} twice ({dup}={out[dup]} and {ref}); give each model its own label"
+                )
             out[label] = path
         if not out:
-            raise ConfigError("no models given: pass --run RUN_DIR or the probe's model flags, e.g. --models "
-                              "base=runs/organisms/rules opd=runs/opd/final")
+            raise ConfigError(
+                "no models given: pass --run RUN_DIR or the probe's model flags, e.g. --models "
+                "base=runs/organisms/rules opd=runs/opd/final"
+            )
         return out
 
     def _default(self, role: str) -> str:
@@ -182,8 +198,10 @@ class ProbeSetup:
             return BASE
         if role == "trained" and self.trained:
             return self.trained[0]
-        raise ConfigError(f"no {role} model: pass --run RUN_DIR (a training or demo run) or the probe's model flags "
-                          "(see mechopd probe NAME --help)")
+        raise ConfigError(
+            f"no {role} model: pass --run RUN_DIR (a training or demo run) or the probe's model flags "
+            "(see mechopd probe NAME --help)"
+        )
 
     def replace(self, **changes: Any) -> ProbeSetup:
         """A copy with ``changes`` (None values are ignored; task_options / chat_template_kwargs / models merged)."""
@@ -211,19 +229,22 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.core.artifacts import read_json
     from mechopd.config import TrainConfig, build_config, load_train_config
+    from mechopd.core.artifacts import read_json
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")
     if (run / "final" / "training.json").is_file():
         doc = read_json(run / "final" / "training.json")
         if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
-            raise ConfigError(f"{run / 'final' / 'training.json'} has no 'config' object; pass a run written by "
-                              "mechopd train")
+            raise ConfigError(
+                f"{run / 'final' / 'training.json'} has no 'config' object; pass a run written by mechopd train"
+            )
         return build_config(TrainConfig, doc["config"], source=str(run / "final" / "training.json"))
-    raise ConfigError(f"--run {run} holds neither config.yaml, final/training.json nor demo.json; pass a run dir "
-                      "written by mechopd train or mechopd demo")
+    raise ConfigError(
+        f"--run {run} holds neither config.yaml, final/training.json nor demo.json; pass a run dir "
+        "written by mechopd train or mechopd demo"
+    )
 
 
 def _final(run: Path) -> str:
@@ -233,9 +254,18 @@ def _final(run: Path) -> str:
 
 
 def _setup_of_config(cfg: Any, models: dict[str, str], run: Path, **extra: Any) -> ProbeSetup:
-    return ProbeSetup(task=cfg.task, task_options=dict(cfg.task_options), no_context_system=cfg.no_context_system,
-                      chat_template_kwargs=dict(cfg.chat_template_kwargs), temperature=cfg.temperature,
-                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, models=models, run=str(run), **extra)
+    return ProbeSetup(
+        task=cfg.task,
+        task_options=dict(cfg.task_options),
+        no_context_system=cfg.no_context_system,
+        chat_template_kwargs=dict(cfg.chat_template_kwargs),
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        models=models,
+        run=str(run),
+        **extra,
+    )
 
 
 def _from_training(run: Path) -> ProbeSetup:
@@ -262,8 +292,10 @@ def _from_demo(run: Path) -> ProbeSetup:
     models.update({r.name: _final(r.train_dir) for r in trained})
     probe_n = study.config.get("probe_n")
     if probe_n is not None and (isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 1):
-        raise ConfigError(f"{run / DEMO_FILE}: config.probe_n={probe_n!r} is not an integer >= 1; restore the file "
-                          "(mechopd demo writes it)")
+        raise ConfigError(
+            f"{run / DEMO_FILE}: config.probe_n={probe_n!r} is not an integer >= 1; restore the file "
+            "(mechopd demo writes it)"
+        )
     return _setup_of_config(cfg, models, run, **({"n": probe_n} if probe_n else {}))
 
 
@@ -280,8 +312,17 @@ def setup_from_args(a: Any) -> ProbeSetup:
     task_changed = a.task is not None and a.task != base.task
     if task_changed:  # another task: the run's options belong to its own task
         base = dataclasses.replace(base, task_options={})
-    return base.replace(task=a.task, task_options=_kv(a.option, "--option"), placement=a.placement,
-                        no_context_system=flag_text(a.no_context_system, "--no-context-system"),
-                        chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"),
-                        temperature=a.temperature, max_new_tokens=a.max_new_tokens, n=a.n, seed=a.seed,
-                        batch_size=a.batch_size, split=a.split, responses_from=a.responses_from)
+    return base.replace(
+        task=a.task,
+        task_options=_kv(a.option, "--option"),
+        placement=a.placement,
+        no_context_system=flag_text(a.no_context_system, "--no-context-system"),
+        chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"),
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens,
+        n=a.n,
+        seed=a.seed,
+        batch_size=a.batch_size,
+        split=a.split,
+        responses_from=a.responses_from,
+    )

@@ -83,8 +83,7 @@ class StoreWriter:
         tensors = {f"{s}|{v}": torch.cat(self.rows[(s, v)]).contiguous() for s in self.sites for v in VIEWS}
         tensors["offsets"] = torch.tensor(self.offsets, dtype=torch.int64)
         save_file(tensors, str(self.dir / name))
-        self.shards.append({"file": name, "first": self.first, "count": count,
-                            "bytes": self.bytes})
+        self.shards.append({"file": name, "first": self.first, "count": count, "bytes": self.bytes})
         self._reset(self.first + count)
 
     def close(self) -> list[dict[str, Any]]:
@@ -92,13 +91,28 @@ class StoreWriter:
         return self.shards
 
 
-def write_manifest(root: Path, sites: Sequence[str], dtype: str, models: dict[str, dict[str, Any]],
-                   n_items: int, settings: dict[str, Any]) -> Path:
-    return write_json(Path(root) / MANIFEST, {"format": FORMAT, "sites": list(sites), "dtype": dtype,
-                                               "positions": "n + 1 rows per item: last prompt token, then response "
-                                                            "tokens (response = rows 1.., predict = rows ..n-1)",
-                                               "items_file": ITEMS, "n_items": n_items, "models": models,
-                                               "settings": settings})
+def write_manifest(
+    root: Path,
+    sites: Sequence[str],
+    dtype: str,
+    models: dict[str, dict[str, Any]],
+    n_items: int,
+    settings: dict[str, Any],
+) -> Path:
+    return write_json(
+        Path(root) / MANIFEST,
+        {
+            "format": FORMAT,
+            "sites": list(sites),
+            "dtype": dtype,
+            "positions": "n + 1 rows per item: last prompt token, then response "
+            "tokens (response = rows 1.., predict = rows ..n-1)",
+            "items_file": ITEMS,
+            "n_items": n_items,
+            "models": models,
+            "settings": settings,
+        },
+    )
 
 
 class ActivationStore:
@@ -111,11 +125,15 @@ class ActivationStore:
             self.manifest = json.loads((self.root / MANIFEST).read_text())
             self.items = [json.loads(x) for x in (self.root / ITEMS).read_text().splitlines() if x.strip()]
         except (OSError, ValueError) as e:
-            raise DataError(f"--cache {self.root}: not an activation store ({type(e).__name__}: no readable "
-                            f"{MANIFEST} / {ITEMS}); write one with mechopd probe cache --out DIR") from None
+            raise DataError(
+                f"--cache {self.root}: not an activation store ({type(e).__name__}: no readable "
+                f"{MANIFEST} / {ITEMS}); write one with mechopd probe cache --out DIR"
+            ) from None
         if self.manifest.get("format") != FORMAT:
-            raise DataError(f"--cache {self.root}: format {self.manifest.get('format')!r} is not {FORMAT!r}; "
-                            "rewrite it with this version's mechopd probe cache")
+            raise DataError(
+                f"--cache {self.root}: format {self.manifest.get('format')!r} is not {FORMAT!r}; "
+                "rewrite it with this version's mechopd probe cache"
+            )
         self.sites, self.labels = list(self.manifest["sites"]), list(self.manifest["models"])
 
     @classmethod
@@ -144,8 +162,10 @@ class ActivationStore:
         for what, asked, have in (("model", labels, self.labels), ("site", sites, self.sites)):
             missing = [a for a in asked if a not in have]
             if missing:
-                raise DataError(f"--cache {self.root} holds no {what} {missing[0]!r} (it holds {', '.join(have)}); "
-                                f"run mechopd probe cache with it, or drop --cache")
+                raise DataError(
+                    f"--cache {self.root} holds no {what} {missing[0]!r} (it holds {', '.join(have)}); "
+                    f"run mechopd probe cache with it, or drop --cache"
+                )
 
     def check_items(self, items_file: str | Path) -> None:
         """The probe's saved items (``<probe>_items.jsonl``: uid and both views' prompt ids) are the store's, in order
@@ -153,9 +173,11 @@ class ActivationStore:
         mine = [json.loads(x) for x in Path(items_file).read_text().splitlines() if x.strip()]
         keys = ("uid", "prompt_ids_x", "prompt_ids_c", "response_ids")
         if [[r[k] for k in keys] for r in mine] != [[it[k] for k in keys] for it in self.items]:
-            raise DataError(f"--cache {self.root} holds other items than this probe's ({len(self.items)} vs "
-                            f"{len(mine)}; written for {self.manifest['settings'].get('run')}); use the --run / --n / "
-                            "--seed / --split / render it was written with, or drop --cache")
+            raise DataError(
+                f"--cache {self.root} holds other items than this probe's ({len(self.items)} vs "
+                f"{len(mine)}; written for {self.manifest['settings'].get('run')}); use the --run / --n / "
+                "--seed / --split / render it was written with, or drop --cache"
+            )
 
     def responses_file(self) -> str:
         """The store's items file, as a ``--responses-from`` source (uid + response_ids per line)."""

@@ -39,9 +39,9 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
+from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.probes.teachability_limits import degeneracy
 from mechopd.evaluation.removability import resample_blocks
+from mechopd.probes.teachability_limits import degeneracy
 
 BUCKET_SIGNALS = ("C_norm", "DL", "DI", "kl_full")
 GAINS = ("gain_abs", "gain_rel")
@@ -38,8 +38,13 @@ def quartile_buckets(table: Table, signal: str, gains: Sequence[str] = GAINS) ->
     out = []
     for q in range(4):
         sel = bucket == q
-        row: dict[str, Any] = {"signal": signal, "quartile": q + 1, "lo": bounds[q], "hi": bounds[q + 1],
-                               "n": int(sel.sum())}
+        row: dict[str, Any] = {
+            "signal": signal,
+            "quartile": q + 1,
+            "lo": bounds[q],
+            "hi": bounds[q + 1],
+            "n": int(sel.sum()),
+        }
         for g in gains:
             values = _check_column(table, g)[sel]
             row[f"mean_{g}"] = float(values.mean()) if values.size else float("nan")
@@ -75,8 +80,9 @@ def _resampled_tokens(order: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     return order[offsets + np.arange(lens.sum())]
 
 
-def high_support_gap(table: Table, n_boot: int = 1000, seed: int = 0, gain: str = "gain_abs", c_col: str = "C_exact",
-                     ci: float = 0.95) -> dict[str, Any]:
+def high_support_gap(
+    table: Table, n_boot: int = 1000, seed: int = 0, gain: str = "gain_abs", c_col: str = "C_exact", ci: float = 0.95
+) -> dict[str, Any]:
     """Q3 (low H, high D) high-C minus low-C tercile mean gain, with a sequence bootstrap CI (see module docstring)."""
     if n_boot < 0:
         raise ConfigError(f"n_boot={n_boot} is invalid: it must be >= 0")
@@ -90,10 +96,25 @@ def high_support_gap(table: Table, n_boot: int = 1000, seed: int = 0, gain: str 
             idx = _resampled_tokens(order, starts, lengths, row)
             boots.append(_gap(H[idx], D[idx], C[idx], G[idx])[0])
     valid = np.asarray([b for b in boots if math.isfinite(b)])
-    lo, hi = (np.quantile(valid, [(1 - ci) / 2, 1 - (1 - ci) / 2]).tolist() if valid.size else (math.nan, math.nan))
-    return {"estimate": est, "ci_low": lo, "ci_high": hi, "ci": ci, "n_boot": n_boot, "n_boot_valid": int(valid.size),
-            "seed": seed, "gain": gain, "c_col": c_col, "n_tokens": int(H.size), "n_sequences": int(len(starts)),
-            "n_q3": n_q3, "n_high": n_high, "n_low": n_low, "mean_high": m_high, "mean_low": m_low}
+    lo, hi = np.quantile(valid, [(1 - ci) / 2, 1 - (1 - ci) / 2]).tolist() if valid.size else (math.nan, math.nan)
+    return {
+        "estimate": est,
+        "ci_low": lo,
+        "ci_high": hi,
+        "ci": ci,
+        "n_boot": n_boot,
+        "n_boot_valid": int(valid.size),
+        "seed": seed,
+        "gain": gain,
+        "c_col": c_col,
+        "n_tokens": int(H.size),
+        "n_sequences": int(len(starts)),
+        "n_q3": n_q3,
+        "n_high": n_high,
+        "n_low": n_low,
+        "mean_high": m_high,
+        "mean_low": m_low,
+    }
 
 
 def _z(x: np.ndarray) -> np.ndarray | None:
@@ -101,8 +122,9 @@ def _z(x: np.ndarray) -> np.ndarray | None:
     return None if not sd > 1e-12 else (x - x.mean()) / sd
 
 
-def standardized_regression(table: Table, gain: str = "gain_abs",
-                            predictors: Sequence[str] = ("H", "DL", "DI")) -> dict[str, Any]:
+def standardized_regression(
+    table: Table, gain: str = "gain_abs", predictors: Sequence[str] = ("H", "DL", "DI")
+) -> dict[str, Any]:
     """OLS ``z(G) = b0 + Σ_j b_j z(X_j)`` (numpy lstsq): standardized coefficients, intercept, R², n."""
     zg = _z(_check_column(table, gain))
     zs = {p: _z(_check_column(table, p)) for p in predictors}

@@ -20,10 +20,10 @@ import numpy as np
 
 Table = dict[str, np.ndarray]  # column -> [n_tokens] (probes.teachability's token table)
 
-C_LOW = 0.5               # a token whose compatibility mass C_exact is below this: C says something there
-C_LOW_SHARE_MIN = 0.01    # fewer than 1 % of the tokens below C_LOW: C carries no information (D^L = D̃ times noise)
-CONVERGED_RATIO = 0.01    # mean kl1 / mean kl0 below this: the rescored model has converged
-GAIN_KL0_CORR = 0.999     # corr(gain, kl0) above this: the gain is the initial KL
+C_LOW = 0.5  # a token whose compatibility mass C_exact is below this: C says something there
+C_LOW_SHARE_MIN = 0.01  # fewer than 1 % of the tokens below C_LOW: C carries no information (D^L = D̃ times noise)
+CONVERGED_RATIO = 0.01  # mean kl1 / mean kl0 below this: the rescored model has converged
+GAIN_KL0_CORR = 0.999  # corr(gain, kl0) above this: the gain is the initial KL
 INFORMATIVE = (0.1, 0.9)  # informative checkpoint: KL(q_x ‖ f) at the step over the first step's, in this range
 
 
@@ -38,17 +38,32 @@ def degeneracy(table: Table) -> dict[str, Any]:
     corr = float(np.corrcoef(gain, kl0)[0, 1]) if len(kl0) > 1 and gain.std() > 0 and kl0.std() > 0 else math.nan
     reasons = []
     if low < C_LOW_SHARE_MIN:
-        reasons.append(f"C carries no information: {100 * low:.2f} % of the tokens have C_exact < {C_LOW} (< "
-                       f"{100 * C_LOW_SHARE_MIN:g} %; q05/q50/q95 = {q05:.5f}/{q50:.5f}/{q95:.5f})")
+        reasons.append(
+            f"C carries no information: {100 * low:.2f} % of the tokens have C_exact < {C_LOW} (< "
+            f"{100 * C_LOW_SHARE_MIN:g} %; q05/q50/q95 = {q05:.5f}/{q50:.5f}/{q95:.5f})"
+        )
     if math.isfinite(ratio) and ratio < CONVERGED_RATIO:
-        reasons.append(f"the rescored model has converged: mean KL after / before = {ratio:.4f} < {CONVERGED_RATIO}"
-                       " (the gain is the initial KL)")
+        reasons.append(
+            f"the rescored model has converged: mean KL after / before = {ratio:.4f} < {CONVERGED_RATIO}"
+            " (the gain is the initial KL)"
+        )
     elif math.isfinite(corr) and corr > GAIN_KL0_CORR:
         reasons.append(f"the gain is the initial KL: corr(gain, KL before) = {corr:.5f} > {GAIN_KL0_CORR}")
-    return {"measurable": not reasons, "reasons": reasons, "c_quantiles": [q05, q50, q95], "c_spread": q95 - q05,
-            "c_low_share": low, "kl_ratio": ratio, "corr_gain_kl0": corr,
-            "thresholds": {"c_low": C_LOW, "c_low_share_min": C_LOW_SHARE_MIN, "converged_ratio": CONVERGED_RATIO,
-                           "gain_kl0_corr": GAIN_KL0_CORR}}
+    return {
+        "measurable": not reasons,
+        "reasons": reasons,
+        "c_quantiles": [q05, q50, q95],
+        "c_spread": q95 - q05,
+        "c_low_share": low,
+        "kl_ratio": ratio,
+        "corr_gain_kl0": corr,
+        "thresholds": {
+            "c_low": C_LOW,
+            "c_low_share_min": C_LOW_SHARE_MIN,
+            "converged_ratio": CONVERGED_RATIO,
+            "gain_kl0_corr": GAIN_KL0_CORR,
+        },
+    }
 
 
 def informative_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, str]:
@@ -61,14 +76,22 @@ def informative_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, str]:
             rec = json.loads(line) if line.strip() else {}
             if "kl/teacher_student" in rec:
                 kl[int(rec["step"])] = float(rec["kl/teacher_student"])
-    steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*")
-                   if p.name.split("-")[1].isdigit()) if (run / "checkpoints").is_dir() else []
+    steps = (
+        sorted(
+            int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()
+        )
+        if (run / "checkpoints").is_dir()
+        else []
+    )
     first = kl.get(min(kl)) if kl else None
     for step in steps:
         if first and step in kl and INFORMATIVE[0] <= kl[step] / first <= INFORMATIVE[1]:
             return run / "checkpoints" / f"step-{step}", (
                 f"step {step}: training KL {kl[step]:.4f} / step-1 KL {first:.4f} = {kl[step] / first:.3f} in "
-                f"[{INFORMATIVE[0]}, {INFORMATIVE[1]}], the earliest saved step that moved but did not converge")
+                f"[{INFORMATIVE[0]}, {INFORMATIVE[1]}], the earliest saved step that moved but did not converge"
+            )
     ratios = ", ".join(f"step {s}: {kl[s] / first:.3f}" for s in steps if first and s in kl) or "none saved"
-    return run / "final", (f"no saved step has training KL / step-1 KL in [{INFORMATIVE[0]}, {INFORMATIVE[1]}] "
-                           f"({ratios}): the final model, so the degeneracy check decides")
+    return run / "final", (
+        f"no saved step has training KL / step-1 KL in [{INFORMATIVE[0]}, {INFORMATIVE[1]}] "
+        f"({ratios}): the final model, so the degeneracy check decides"
+    )

@@ -33,8 +33,14 @@ from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, site_of
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "q_proj": ("q_proj",), "k_proj": ("k_proj",), "v_proj": ("v_proj",), "o_proj": ("o_proj",),
-    "qk": ("q_proj", "k_proj"), "vo": ("v_proj", "o_proj"), "attn": ATTN_MODULES, "mlp": MLP_MODULES,
+    "q_proj": ("q_proj",),
+    "k_proj": ("k_proj",),
+    "v_proj": ("v_proj",),
+    "o_proj": ("o_proj",),
+    "qk": ("q_proj", "k_proj"),
+    "vo": ("v_proj", "o_proj"),
+    "attn": ATTN_MODULES,
+    "mlp": MLP_MODULES,
     "norms": NORM_MODULES + QK_NORMS,
 }
 CONTROL = "ctrl_qk"
@@ -79,8 +85,9 @@ def parse_modules(text: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in MODULES]
     if not items or bad:
-        raise ConfigError(f"--modules {text!r}: {', '.join(bad) or 'nothing named'} unknown; choose from "
-                          f"{', '.join(MODULES)}")
+        raise ConfigError(
+            f"--modules {text!r}: {', '.join(bad) or 'nothing named'} unknown; choose from {', '.join(MODULES)}"
+        )
     return list(dict.fromkeys(items))
 
 
@@ -117,8 +124,12 @@ def _layer_params(model: nn.Module, layer: str, modules: Sequence[str]) -> list[
 def control_targets(model: nn.Module, layer: str, count: int, seed: int) -> tuple[Target, ...]:
     """Random rows of the layer(s)' v/o/gate/up/down weight matrices, in a seeded order, until ``count`` parameters."""
     params = dict(model.named_parameters())
-    pool = [(n, r) for n in _layer_params(model, layer, CONTROL_POOL) if params[n].dim() == 2
-            for r in range(params[n].shape[0])]
+    pool = [
+        (n, r)
+        for n in _layer_params(model, layer, CONTROL_POOL)
+        if params[n].dim() == 2
+        for r in range(params[n].shape[0])
+    ]
     g = torch.Generator().manual_seed(seed)
     chosen: dict[str, list[int]] = {}
     total = 0
@@ -129,8 +140,10 @@ def control_targets(model: nn.Module, layer: str, count: int, seed: int) -> tupl
         chosen.setdefault(name, []).append(r)
         total += params[name].shape[1]
     if total < count:
-        raise ConfigError(f"weightpatch: layer {layer} has fewer other parameters than q_proj + k_proj ({count}); "
-                          f"drop {CONTROL} from --modules")
+        raise ConfigError(
+            f"weightpatch: layer {layer} has fewer other parameters than q_proj + k_proj ({count}); "
+            f"drop {CONTROL} from --modules"
+        )
     return tuple(Target(n, tuple(sorted(rows))) for n, rows in chosen.items())
 
 
@@ -144,8 +157,9 @@ def plan_rows(model: nn.Module, layers: Sequence[str], modules: Sequence[str], d
             if module == CONTROL:
                 qk = Row(layer, "qk", tuple(Target(n) for n in _layer_params(model, layer, GROUPS["qk"])))
                 count = qk.n_params(shapes)
-                rows += [Row(layer, CONTROL, control_targets(model, layer, count, seed * 1000 + j), j)
-                         for j in range(draws)]
+                rows += [
+                    Row(layer, CONTROL, control_targets(model, layer, count, seed * 1000 + j), j) for j in range(draws)
+                ]
                 continue
             names = _layer_params(model, layer, GROUPS[module])
             if names:
@@ -174,15 +188,19 @@ class Donor:
         key = self._key(name)
         if key not in self.cache:
             if key not in self.files:
-                raise ModelError(f"donor {self.path} has no tensor for {name}; the donor must be a checkpoint of the "
-                                 "same architecture (e.g. the run's base)")
+                raise ModelError(
+                    f"donor {self.path} has no tensor for {name}; the donor must be a checkpoint of the "
+                    "same architecture (e.g. the run's base)"
+                )
             stored, file = self.files[key]
             with safe_open(str(file), framework="pt") as f:
                 self.cache[key] = f.get_tensor(stored)
         t = self.cache[key]
         if t.shape != like.shape:
-            raise ModelError(f"donor {self.path}: {name} has shape {tuple(t.shape)}, the model {tuple(like.shape)}; "
-                             "patch between checkpoints of one architecture")
+            raise ModelError(
+                f"donor {self.path}: {name} has shape {tuple(t.shape)}, the model {tuple(like.shape)}; "
+                "patch between checkpoints of one architecture"
+            )
         return t.to(device=like.device, dtype=like.dtype)
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import ExitStack
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,10 @@ def checkpoint_tensors(path: str | os.PathLike) -> dict[str, Path]:
     if (d / INDEX_FILE).is_file():
         return _sharded_index(d / INDEX_FILE)
     if any(d.glob("*.bin")) or any(d.glob("*.pt")):
-        raise ModelError(f"{d} holds PyTorch .bin/.pt weights but no safetensors; load it and re-save it with "
-                         f"save_pretrained(dir, safe_serialization=True)")
+        raise ModelError(
+            f"{d} holds PyTorch .bin/.pt weights but no safetensors; load it and re-save it with "
+            f"save_pretrained(dir, safe_serialization=True)"
+        )
     raise ModelError(f"{d} has no {SINGLE_FILE} or {INDEX_FILE}; pass a checkpoint saved with save_pretrained")
 
 
@@ -93,17 +95,22 @@ def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b:
     """Same tensor names, shapes and embedding tying, or a ModelError naming the first offending tensor."""
     if a.tied != b.tied:
         tied, untied = (a, b) if a.tied else (b, a)
-        raise ModelError(f"tensor 'lm_head.weight': {tied.path} ties it to the embeddings but {untied.path} does not; "
-                         f"compare checkpoints with the same tie_word_embeddings")
+        raise ModelError(
+            f"tensor 'lm_head.weight': {tied.path} ties it to the embeddings but {untied.path} does not; "
+            f"compare checkpoints with the same tie_word_embeddings"
+        )
     for x, y in ((a, b), (b, a)):
         missing = sorted(set(x.files) - set(y.files))
         if missing:
-            raise ModelError(f"tensor {missing[0]!r} is in {x.path} but not in {y.path}; "
-                             f"compare checkpoints of one architecture")
+            raise ModelError(
+                f"tensor {missing[0]!r} is in {x.path} but not in {y.path}; compare checkpoints of one architecture"
+            )
     for name in sorted(a.files):
         if shapes_a[name] != shapes_b[name]:
-            raise ModelError(f"tensor {name!r} has shape {list(shapes_a[name])} in {a.path} but "
-                             f"{list(shapes_b[name])} in {b.path}; compare checkpoints of one architecture and size")
+            raise ModelError(
+                f"tensor {name!r} has shape {list(shapes_a[name])} in {a.path} but "
+                f"{list(shapes_b[name])} in {b.path}; compare checkpoints of one architecture and size"
+            )
 
 
 class _Reader:

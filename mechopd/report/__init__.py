@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import read_json
-from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims
-from mechopd.report.following_claims import following_table
-from mechopd.report.mechanism_claims import localization_table, weightpatch_table
+from mechopd.core.stats import fmt_stat, scaled_stat
+from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
-from mechopd.evaluation.removability import LABELS, METRICS, compare_table
+from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims
+from mechopd.report.following_claims import following_table
 from mechopd.report.items import items_lines, link_item_claims
+from mechopd.report.mechanism_claims import localization_table, weightpatch_table
 from mechopd.report.seeds import probe_lines
-from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
 
@@ -33,10 +33,13 @@ def _figure_lines(root: Path) -> list[str]:
 def _demo_flags(cfg: dict[str, Any]) -> str:
     """The `mechopd demo` flags that reproduce a run's organism, budget and float order (beyond --task, --out,
     --seed / --seeds): steps and batch size always (a default may change), job threads when not 1."""
-    return ((" --fast" if cfg.get("fast") else "") + (" --sweep" if cfg.get("sweep") else "")
-            + (f" --layers {cfg['layers']}" if cfg.get("layers") else "")
-            + "".join(f" --{k.replace('_', '-')} {cfg[k]}" for k in ("steps", "batch_size") if cfg.get(k))
-            + (f" --job-threads {cfg['job_threads']}" if cfg.get("job_threads", 1) != 1 else ""))
+    return (
+        (" --fast" if cfg.get("fast") else "")
+        + (" --sweep" if cfg.get("sweep") else "")
+        + (f" --layers {cfg['layers']}" if cfg.get("layers") else "")
+        + "".join(f" --{k.replace('_', '-')} {cfg[k]}" for k in ("steps", "batch_size") if cfg.get(k))
+        + (f" --job-threads {cfg['job_threads']}" if cfg.get("job_threads", 1) != 1 else "")
+    )
 
 
 def _study_line(manifest: dict[str, Any], root: Path) -> str | None:
@@ -77,21 +80,29 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
         return [f"- **The anchor's schedule**{wait.replace('; in ', ': in ', 1)}."] if wait else []
     n_opd = scaled_stat([float(g["grad/norm/opd"]) for g in grads], "log")  # positive: geometric mean, log interval
     n_nca = scaled_stat([float(g["grad/norm/nca"]) for g in grads], "log")
-    ratio = scaled_stat([float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads
-                         if float(g["grad/norm/opd"]) > 0], "log")
+    ratio = scaled_stat(
+        [float(g["grad/norm/nca"]) / float(g["grad/norm/opd"]) for g in grads if float(g["grad/norm/opd"]) > 0], "log"
+    )
     steps = sorted({int(g["step"]) for g in grads})
-    text = (f"- **Why the two NCA runs differ.** In {runs[0].label('nca_const')} the anchor is on from step "
-            f"0, when the two views start maximally apart: at step {'/'.join(map(str, steps))} its gradient norm is "
-            f"{fmt_stat(n_nca, 3)} against the OPD term's {fmt_stat(n_opd, 4)} (ratio {fmt_stat(ratio, 1)}; "
-            f"`grad/norm/*` in `{_log_path(runs[0], 'nca_const')}`)")
+    text = (
+        f"- **Why the two NCA runs differ.** In {runs[0].label('nca_const')} the anchor is on from step "
+        f"0, when the two views start maximally apart: at step {'/'.join(map(str, steps))} its gradient norm is "
+        f"{fmt_stat(n_nca, 3)} against the OPD term's {fmt_stat(n_opd, 4)} (ratio {fmt_stat(ratio, 1)}; "
+        f"`grad/norm/*` in `{_log_path(runs[0], 'nca_const')}`)"
+    )
     if ratio["mean"] is not None:  # the words follow the measured ratio; the numbers are above
-        text += (", so the anchor's update dominates" if ratio["mean"] >= 10 else
-                 ", the same order as OPD's: on this run the anchor does not dominate by size")
+        text += (
+            ", so the anchor's update dominates"
+            if ratio["mean"] >= 10
+            else ", the same order as OPD's: on this run the anchor does not dominate by size"
+        )
     evals = [e for e in (_first_eval_after_start(r, "nca_const") for r in runs) if e is not None]
     if evals:
         per = lambda key: " / ".join(f"{e[key]:.3f}" for e in evals)  # noqa: E731  (per seed: no interval to leave [0, 1])
-        text += (f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {per('eval/acc_xc')} and Acc_x "
-                 f"{per('eval/acc_x')} (per seed)")
+        text += (
+            f"; at the first evaluation (step {evals[0]['step']}) Acc_xc is {per('eval/acc_xc')} and Acc_x "
+            f"{per('eval/acc_x')} (per seed)"
+        )
     return [text + _anchor_wait_text(runs) + "."]
 
 
@@ -112,13 +123,17 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     if over.get("nca_gate") is not None:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
-        return (f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', 5)} steps "
-                f"is at most {over['nca_gate']:g} nats per token (the anchor gate; it opened after step "
-                f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
-                "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it")
+        return (
+            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', 5)} steps "
+            f"is at most {over['nca_gate']:g} nats per token (the anchor gate; it opened after step "
+            f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
+            "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it"
+        )
     if over.get("nca_start"):
-        return (f"; in {label} β = 0 for the first {over['nca_start']} steps, so OPD moves the no-context view "
-                "before the anchor pulls the context view toward it")
+        return (
+            f"; in {label} β = 0 for the first {over['nca_start']} steps, so OPD moves the no-context view "
+            "before the anchor pulls the context view toward it"
+        )
     return ""
 
 
@@ -127,10 +142,12 @@ def _kept_lines(study: Study) -> list[str]:
     for run in study:
         over = run.settings
         if over and over.get("selector", "full") != "full":
-            out.append(f"- **{run.label}**: budget ρ = {over.get('budget')}, the share of response "
-                       "positions it actually trained on is the kept fraction (mean of `kept_fraction` over its "
-                       f"steps); extra token per response: {'yes' if over.get('min_one_per_response') else 'no'} "
-                       "(the paper's rule: none).")
+            out.append(
+                f"- **{run.label}**: budget ρ = {over.get('budget')}, the share of response "
+                "positions it actually trained on is the kept fraction (mean of `kept_fraction` over its "
+                f"steps); extra token per response: {'yes' if over.get('min_one_per_response') else 'no'} "
+                "(the paper's rule: none)."
+            )
     return out
 
 
@@ -138,9 +155,16 @@ def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     """The report's opening: each claim's verdict in one sentence with its number, and the decided count."""
     decided = sum(c.verdict in ("holds", "does not hold") for c in rows)
     seeds = f"{len(runs)} training seed{'s' if len(runs) != 1 else ''}"
-    return ["## Findings", "", f"{decided} of {len(rows)} claims decided over {seeds} (the interval rule; the claims "
-            "table below gives each criterion and its numbers). Per-seed numbers change with the CPU's float order; "
-            "a decided verdict is one whose whole interval clears its bar.", "", *findings(rows), ""]
+    return [
+        "## Findings",
+        "",
+        f"{decided} of {len(rows)} claims decided over {seeds} (the interval rule; the claims "
+        "table below gives each criterion and its numbers). Per-seed numbers change with the CPU's float order; "
+        "a decided verdict is one whose whole interval clears its bar.",
+        "",
+        *findings(rows),
+        "",
+    ]
 
 
 def _claims_lines(rows: Sequence[Any]) -> list[str]:
@@ -170,10 +194,13 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     md_table, _ = compare_table(summaries) if summaries else ("(no evaluation found)", "")
     cfg = s.config
     out = [f"# mechopd report — {s.task}", ""]
-    out += [f"Organism: `{s.manifest.get('organism')}`. Every method trained from it with the same seed "
-            f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
-            f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
-            "(without the context, and with it re-inserted).", ""]
+    out += [
+        f"Organism: `{s.manifest.get('organism')}`. Every method trained from it with the same seed "
+        f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
+        f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
+        "(without the context, and with it re-inserted).",
+        "",
+    ]
     if s.manifest.get("wall_s"):
         out += [f"Wall time of the last `mechopd demo` invocation: {s.manifest['wall_s']:.0f} s.", ""]
     rows = evaluate_claims([s])  # once: the findings and the claims table read the same rows
@@ -201,8 +228,10 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")
     names = " ".join(f"{k}={rep.settings.get('model')}" for k, rep in evals.items())
     opts = "".join(f" --option {k}={v}" for k, v in (cfg.get("task_options") or {}).items())
-    out.append(f"mechopd eval --task {s.task}{opts} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} "
-               f"--other-contexts --compare {names}")
+    out.append(
+        f"mechopd eval --task {s.task}{opts} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} "
+        f"--other-contexts --compare {names}"
+    )
     out += ["```", ""]
     path = root / "report.md"
     path.write_text("\n".join(out))
@@ -229,22 +258,38 @@ def write_aggregate_report(out: str | Path) -> Path:
     summary = read_json(out / "aggregate.json")
     runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
     cfg = agg.config
-    lines = [f"# mechopd report — {agg.task}, {len(runs)} training seeds", "",
-             f"Organism: `{agg.manifest.get('organism')}` (one organism; the training seed varies: "
-             f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
-             f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
-             "(item-bootstrap intervals, probes) is in its directory.", "",
-             *_wall_lines(agg), *_findings_lines(rows := evaluate_claims(runs), runs),
-             "## Context removability over seeds", "", *_seed_table(summary, agg), ""]
+    lines = [
+        f"# mechopd report — {agg.task}, {len(runs)} training seeds",
+        "",
+        f"Organism: `{agg.manifest.get('organism')}` (one organism; the training seed varies: "
+        f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
+        f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
+        "(item-bootstrap intervals, probes) is in its directory.",
+        "",
+        *_wall_lines(agg),
+        *_findings_lines(rows := evaluate_claims(runs), runs),
+        "## Context removability over seeds",
+        "",
+        *_seed_table(summary, agg),
+        "",
+    ]
     if runs:  # the kept-fraction lines and labels of the aggregate (kept fraction: the seed mean)
         runs[0].runs = {role: _relabelled(r, agg) for role, r in runs[0].runs.items()}
     lines += (_kept_lines(runs[0]) + _nca_lines(runs)) if runs else []
     lines += ["", *following_table(runs), "", *probe_lines(runs)]
     link_item_claims(rows, runs, out)  # each seed's explore.html, filtered to the claim's items
-    lines += [*_claims_lines(rows), *_figure_lines(out), "## Reproduce", "", "```bash",
-              _study_line(agg.manifest, out) or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}"
-              f"{_demo_flags(cfg)}",
-              f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}", "```", ""]
+    lines += [
+        *_claims_lines(rows),
+        *_figure_lines(out),
+        "## Reproduce",
+        "",
+        "```bash",
+        _study_line(agg.manifest, out)
+        or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
+        f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}",
+        "```",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -255,9 +300,12 @@ def _wall_lines(agg: Study) -> list[str]:
     m = agg.manifest
     if not m.get("wall_s"):
         return []
-    return [f"Wall time of the last `mechopd demo` invocation: {m['wall_s']:.0f} s (organism stage "
-            f"{m.get('organism_s', 0):.0f} s; {m.get('workers', 1)} worker process(es), "
-            f"{agg.config.get('job_threads', 1)} intra-op thread(s) per job).", ""]
+    return [
+        f"Wall time of the last `mechopd demo` invocation: {m['wall_s']:.0f} s (organism stage "
+        f"{m.get('organism_s', 0):.0f} s; {m.get('workers', 1)} worker process(es), "
+        f"{agg.config.get('job_threads', 1)} intra-op thread(s) per job).",
+        "",
+    ]
 
 
 def _relabelled(run: Any, agg: Study) -> Any:

@@ -24,8 +24,8 @@ from typing import Any
 from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
 from mechopd.core.runcheck import check_seed_runs
-from mechopd.report.seed_items import metric_stat
 from mechopd.core.stats import CI, INTERVAL_NAME, fmt_stat, seed_stat, t_quantile  # noqa: F401  (the statistics leaf)
+from mechopd.report.seed_items import metric_stat
 from mechopd.study import MANIFEST_FILE, Study, studies
 from mechopd.study.checks import check_seeds
 
@@ -50,8 +50,10 @@ def check_runs(runs: Sequence[Study]) -> Study:
     first = runs[0]
     for s in runs:
         if s.task != first.task or s.roles != first.roles:
-            raise DataError(f"aggregate: {s.root} has task {s.task!r} and roles {s.roles}, but {first.root} has "
-                            f"{first.task!r} and {first.roles}; aggregate runs of one study")
+            raise DataError(
+                f"aggregate: {s.root} has task {s.task!r} and roles {s.roles}, but {first.root} has "
+                f"{first.task!r} and {first.roles}; aggregate runs of one study"
+            )
     return first
 
 
@@ -72,14 +74,19 @@ def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None 
         table[run.name] = row
     trained = [r for r in first if r.role != "base"]
     kept = {r.name: seed_stat([s.kept_fraction(r.role) for s in seeds]) for r in trained}
-    return {"task": first.task, "methods": first.methods, "models": table,
-            "kept_fraction": {m: s for m, s in kept.items() if s["n"]},
-            "interval": "95 % hierarchical bootstrap over seeds and items",
-            "runs": [str(s.root) for s in seeds]}
+    return {
+        "task": first.task,
+        "methods": first.methods,
+        "models": table,
+        "kept_fraction": {m: s for m, s in kept.items() if s["n"]},
+        "interval": "95 % hierarchical bootstrap over seeds and items",
+        "runs": [str(s.root) for s in seeds],
+    }
 
 
-def aggregate(runs: Sequence[str | Path], out: str | Path, study: str | Path | None = None,
-              report: bool = True) -> Path:
+def aggregate(
+    runs: Sequence[str | Path], out: str | Path, study: str | Path | None = None, report: bool = True
+) -> Path:
     """Write ``out/aggregate.json``, ``out/demo.json`` (``seed_runs`` lists the runs), ``out/study.yaml`` (the seed
     runs' roles), the seed-band figures and ``out/report.md``; returns the report path. ``study``: a study YAML
     applied to every run dir (roles -> run names)."""
@@ -109,4 +116,4 @@ def relabel_kept(label: str, kept: float | None) -> str:
     if kept is None or "kept " not in label:
         return label
     head, _, tail = label.partition("kept ")
-    return f"{head}kept {kept:.2f}{tail[tail.find(')'):] if ')' in tail else ''}"
+    return f"{head}kept {kept:.2f}{tail[tail.find(')') :] if ')' in tail else ''}"

@@ -19,8 +19,8 @@ from pathlib import Path
 from mechopd.probes.registry import probe_result
 from mechopd.study import Study
 
-NOISE_NORM_RATIO = 1e-3       # a gradient below 1e-3 of the other's norm is noise: that step is left out
-MIN_LAYERS_FOR_DEPTH = 6      # "shallow vs deep" needs at least two layers in each third of the depth
+NOISE_NORM_RATIO = 1e-3  # a gradient below 1e-3 of the other's norm is noise: that step is left out
+MIN_LAYERS_FOR_DEPTH = 6  # "shallow vs deep" needs at least two layers in each third of the depth
 QK = ("q_proj", "k_proj")
 OTHER_PROJ = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

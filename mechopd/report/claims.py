@@ -30,25 +30,40 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mechopd.core.stats import fmt_stat
+from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
-from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report.seed_items import diff_stat, metric_of, metric_stat, paired_stat
-from mechopd.core.stats import fmt_stat
+from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_CEILING, NA_FRAGILE, RULE, Decision, all_of, any_of, decide
 from mechopd.study import Study, studies
-from mechopd.report.verdicts import (
-    FAILS, HOLDS, NA, NA_CEILING, NA_FRAGILE, RULE, Decision, all_of, any_of, decide)
 
-__all__ = ["CLAIMS", "Claim", "FAILS", "HOLDS", "NA", "NA_CEILING", "NA_FRAGILE", "claims_json", "claims_markdown",
-           "evaluate_claims", "findings", "fragile_claims", "grad_steps", "layer_cosines", "lens_kls",
-           "quartile_spread", "update_norms"]  # the verdict words and the per-run readers are re-exported
+__all__ = [
+    "CLAIMS",
+    "Claim",
+    "FAILS",
+    "HOLDS",
+    "NA",
+    "NA_CEILING",
+    "NA_FRAGILE",
+    "claims_json",
+    "claims_markdown",
+    "evaluate_claims",
+    "findings",
+    "fragile_claims",
+    "grad_steps",
+    "layer_cosines",
+    "lens_kls",
+    "quartile_spread",
+    "update_norms",
+]  # the verdict words and the per-run readers are re-exported
 
-NCA_MAX_ACC_LOSS = 0.05       # non-inferiority margin: NCA's Acc_x ≥ OPD's − 0.05
-TA_OPD_MARGIN = 0.05          # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.05
-HARM_REDUCTION = 0.5          # NCA's harm ≤ half of OPD's
-FLOOR_GAIN = 0.2              # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
+NCA_MAX_ACC_LOSS = 0.05  # non-inferiority margin: NCA's Acc_x ≥ OPD's − 0.05
+TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.05
+HARM_REDUCTION = 0.5  # NCA's harm ≤ half of OPD's
+FLOOR_GAIN = 0.2  # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
 NA_FLOOR = NA + " (floor: the base does not use the context)"
 
 
@@ -103,8 +118,9 @@ def claim_degradation(runs: Sequence[Study]) -> Claim:
     th = _thresholds(runs)
     d, harm, drop = degradation(runs)
     crit = f"OPD in regime A: Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}; {RULE}"
-    measured = (f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
-                f"({_seeds(runs)})")
+    measured = (
+        f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} ({_seeds(runs)})"
+    )
     return _row("degradation", measured, d, crit, f"OPD's Harm {fmt_stat(harm)}")
 
 
@@ -114,10 +130,14 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     nca = metric_stat(runs, "nca", "harm")
     half = diff_stat(runs, "nca", "opd", "harm", HARM_REDUCTION)
     lower = diff_stat(runs, "nca", "opd", "harm")
-    crit = (f"given OPD's degradation (the row above), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD "
-            f"Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}")
-    measured = (f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
-                f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}")
+    crit = (
+        f"given OPD's degradation (the row above), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD "
+        f"Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}"
+    )
+    measured = (
+        f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
+        f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}"
+    )
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
@@ -132,10 +152,8 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     diff = diff_stat(runs, role, "opd", "acc_x")
     acc = metric_stat(runs, role, "acc_x")
     both = all(r.value(role, "acc_x") == 1 and r.value("opd", "acc_x") == 1 for r in runs)  # every item, every seed
-    crit = (f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); "
-            f"{RULE}")
-    ceiling = " (both right on every item of every seed: no loss, and no room to show a gain)" \
-        if both else ""
+    crit = f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}"
+    ceiling = " (both right on every item of every seed: no loss, and no room to show a gain)" if both else ""
     measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}{ceiling}"
     if diff["mean"] is None:
         return _row(key, measured, NA, crit)
@@ -158,35 +176,79 @@ def _probe(key: str, fn: Callable[[Sequence[Study]], dict[str, Any]]) -> Callabl
     def run(runs: Sequence[Study]) -> Claim:
         r = fn(runs)
         return Claim(key, "", "", r["measured"], r["verdict"], r["criterion"], r.get("headline", ""))
+
     return run
 
 
 # (key, claim, paper's figure, evaluator)
 CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
-    ("degradation", "OPD causes context-induced degradation", "games: Harm 22–41 %; regime A in 7 of 12 settings",
-     claim_degradation),
-    ("nca_removes", "NCA removes the degradation", "Harm 15.7 % → 1.6 % (Llama-3.2-3B MedMCQA); lower in 11 of 12",
-     claim_nca_removes),
-    ("nca_keeps", "NCA keeps no-context accuracy (non-inferior to OPD)", "12-setting mean Acc_x: NCA 70 vs OPD 68",
-     claim_nca_keeps),
-    ("cosine_order", "two-view hidden-state cosine: base < OPD < NCA", "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
-     _probe("cosine_order", cp.claim_cosine_order)),
-    ("nca_cosine", "NCA's two-view cosine ≥ 0.997 at every layer", "NCA ≥ 0.997 at every layer",
-     _probe("nca_cosine", cp.claim_nca_cosine)),
-    ("nca_lens", "NCA's removability holds at the level of representations (logit lens, every depth)",
-     "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer",
-     _probe("nca_lens", cp.claim_nca_lens)),
-    ("orthogonal", "OPD and NCA gradients nearly orthogonal at an OPD-converged checkpoint",
-     "“nearly orthogonal” (no number)", _probe("orthogonal", cp.claim_orthogonal)),
-    ("shallow", "updates concentrated in shallow layers", "shallow layers (36-layer Qwen3-4B; no number)",
-     _probe("shallow", cp.claim_shallow)),
-    ("qk", "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)", "q_proj, k_proj (no number)",
-     _probe("qk", cp.claim_qk)),
+    (
+        "degradation",
+        "OPD causes context-induced degradation",
+        "games: Harm 22–41 %; regime A in 7 of 12 settings",
+        claim_degradation,
+    ),
+    (
+        "nca_removes",
+        "NCA removes the degradation",
+        "Harm 15.7 % → 1.6 % (Llama-3.2-3B MedMCQA); lower in 11 of 12",
+        claim_nca_removes,
+    ),
+    (
+        "nca_keeps",
+        "NCA keeps no-context accuracy (non-inferior to OPD)",
+        "12-setting mean Acc_x: NCA 70 vs OPD 68",
+        claim_nca_keeps,
+    ),
+    (
+        "cosine_order",
+        "two-view hidden-state cosine: base < OPD < NCA",
+        "base ≈ 0.953, OPD ≈ 0.985 (Qwen3-4B)",
+        _probe("cosine_order", cp.claim_cosine_order),
+    ),
+    (
+        "nca_cosine",
+        "NCA's two-view cosine ≥ 0.997 at every layer",
+        "NCA ≥ 0.997 at every layer",
+        _probe("nca_cosine", cp.claim_nca_cosine),
+    ),
+    (
+        "nca_lens",
+        "NCA's removability holds at the level of representations (logit lens, every depth)",
+        "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer",
+        _probe("nca_lens", cp.claim_nca_lens),
+    ),
+    (
+        "orthogonal",
+        "OPD and NCA gradients nearly orthogonal at an OPD-converged checkpoint",
+        "“nearly orthogonal” (no number)",
+        _probe("orthogonal", cp.claim_orthogonal),
+    ),
+    (
+        "shallow",
+        "updates concentrated in shallow layers",
+        "shallow layers (36-layer Qwen3-4B; no number)",
+        _probe("shallow", cp.claim_shallow),
+    ),
+    (
+        "qk",
+        "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)",
+        "q_proj, k_proj (no number)",
+        _probe("qk", cp.claim_qk),
+    ),
     *((key, claim, paper, _probe(key, fn)) for key, claim, paper, fn in MECHANISM_CLAIMS),  # causal: weight patching
-    ("ta_opd", "TA-OPD at ρ = 10 % is no worse than full OPD", "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs",
-     claim_ta_opd),
-    ("teachability", "D^L predicts the fixed-context gain better than raw KL",
-     "gain rises with D^L; high-support gap ≈ +0.08", _probe("teachability", cp.claim_teachability)),
+    (
+        "ta_opd",
+        "TA-OPD at ρ = 10 % is no worse than full OPD",
+        "44.89 vs 42.37 (Qwen3-4B→1.7B); 4 of 4 pairs",
+        claim_ta_opd,
+    ),
+    (
+        "teachability",
+        "D^L predicts the fixed-context gain better than raw KL",
+        "gain rises with D^L; high-support gap ≈ +0.08",
+        _probe("teachability", cp.claim_teachability),
+    ),
     *((key, claim, paper, _probe(key, fn)) for key, claim, paper, fn in FOLLOWING_CLAIMS),
 )
 
@@ -235,14 +297,17 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
     for c in claims:
         cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
-    lines += ["", "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
-              "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
-              "or two patched rows are compared), a "
-              "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
-              "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
-              f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
-              "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and `report/following_claims.py` before any run "
-              "(docs/method.md §8)."]
+    lines += [
+        "",
+        "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
+        "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
+        "or two patched rows are compared), a "
+        "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
+        "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
+        f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
+        "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and `report/following_claims.py` before any run "
+        "(docs/method.md §8).",
+    ]
     return "\n".join(lines) + "\n"
 
 

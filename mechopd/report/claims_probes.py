@@ -18,21 +18,29 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mechopd.report.claim_rules import (
-    MIN_LAYERS_FOR_DEPTH, depth_ratio, layer_cosines, lens_kls, mean_cos, qk_ratio, quartile_spread, update_norms)
 import numpy as np
 
-from mechopd.probes.registry import probe_result
-from mechopd.report.seed_items import probe_tables, table_stat
 from mechopd.core.stats import fmt_stat, scaled_stat, seed_stat
-from mechopd.study import Study
+from mechopd.probes.registry import probe_result
+from mechopd.report.claim_rules import (
+    MIN_LAYERS_FOR_DEPTH,
+    depth_ratio,
+    layer_cosines,
+    lens_kls,
+    mean_cos,
+    qk_ratio,
+    quartile_spread,
+    update_norms,
+)
+from mechopd.report.seed_items import probe_tables, table_stat
 from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, RULE, Decision, all_of, decide
+from mechopd.study import Study
 
-NCA_COSINE_FLOOR = 0.997      # the paper: NCA ≥ 0.997 at every layer
-ORTHOGONAL_ABS_COS = 0.1      # "nearly orthogonal": |cos| ≤ 0.1 (a stated convention; the paper gives no number)
-LENS_BASE_SHARE = 0.1         # a lens site speaks where the BASE's views differ: its KL ≥ 10 % of its output KL
-LENS_BASE_OUTPUT = 0.1        # ... and only when the base's output KL between views is at least 0.1 nats
-Row = dict[str, Any]          # {"measured", "verdict", "criterion", "headline"}
+NCA_COSINE_FLOOR = 0.997  # the paper: NCA ≥ 0.997 at every layer
+ORTHOGONAL_ABS_COS = 0.1  # "nearly orthogonal": |cos| ≤ 0.1 (a stated convention; the paper gives no number)
+LENS_BASE_SHARE = 0.1  # a lens site speaks where the BASE's views differ: its KL ≥ 10 % of its output KL
+LENS_BASE_OUTPUT = 0.1  # ... and only when the base's output KL between views is at least 0.1 nats
+Row = dict[str, Any]  # {"measured", "verdict", "criterion", "headline"}
 
 
 def _stat(runs: Sequence[Study], values: Sequence[float | None], scale: str = "linear") -> dict[str, Any]:
@@ -67,22 +75,32 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
     roles = ("base", "opd", "nca")
     ratio = lambda lo, hi: lambda m: (1 - m[:, hi].mean(-1)) / np.maximum(1 - m[:, lo].mean(-1), 1e-12)  # noqa: E731
     tables = _cos_tables(runs, roles)  # read once: every statistic below bootstraps the same items
-    steps = {f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)))
-             for lo, hi in (("base", "opd"), ("opd", "nca"))}
+    steps = {
+        f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)))
+        for lo, hi in (("base", "opd"), ("opd", "nca"))
+    }
     cos = {m: table_stat(tables, lambda a, k=k: a[:, k].mean(-1)) for k, m in enumerate(roles)}
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):  # no per-item table: seed-level
         cos = {m: _stat(runs, [mean_cos(r, m) for r in runs], "log1m") for m in roles}
-        steps = {f"{hi}/{lo}": _stat(runs, [_ratio(_dist(mean_cos(r, hi)), _dist(mean_cos(r, lo))) for r in runs],
-                                     "log") for lo, hi in (("base", "opd"), ("opd", "nca"))}
-    crit = ("two-view cosine c averaged over decoder layers (predicting positions), paired per seed and item on the "
-            f"distance 1 − c: OPD's / base's < 1 and NCA's / OPD's < 1; {RULE}")
+        steps = {
+            f"{hi}/{lo}": _stat(runs, [_ratio(_dist(mean_cos(r, hi)), _dist(mean_cos(r, lo))) for r in runs], "log")
+            for lo, hi in (("base", "opd"), ("opd", "nca"))
+        }
+    crit = (
+        "two-view cosine c averaged over decoder layers (predicting positions), paired per seed and item on the "
+        f"distance 1 − c: OPD's / base's < 1 and NCA's / OPD's < 1; {RULE}"
+    )
     measured = ", ".join(f"{m} {fmt_stat(s, 4)}" for m, s in cos.items())
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):
         return _row(measured, NA, crit, "n/a")
     measured += "; distance ratio " + ", ".join(f"{k} {fmt_stat(s, 3)}" for k, s in steps.items())
     d = all_of(*(decide(s, 1.0, "<", f"(1 − c) {k}") for k, s in steps.items()))
-    return _row(measured, d, crit, f"cosine base {cos['base']['mean']:.4f} → OPD {cos['opd']['mean']:.4f} → NCA "
-                f"{cos['nca']['mean']:.4f}")
+    return _row(
+        measured,
+        d,
+        crit,
+        f"cosine base {cos['base']['mean']:.4f} → OPD {cos['opd']['mean']:.4f} → NCA {cos['nca']['mean']:.4f}",
+    )
 
 
 def claim_nca_cosine(runs: Sequence[Study]) -> Row:
@@ -114,9 +132,11 @@ def _lens_site(i: int, n: int) -> str:
 
 def claim_nca_lens(runs: Sequence[Study]) -> Row:
     """At every site where the base's views differ, paired per seed and item: KL_NCA / KL_OPD < 1."""
-    crit = (f"logit-lens KL(p_c ‖ p_x) between views, paired per seed and item: NCA / OPD < 1 at every site where the "
-            f"base's views differ (base KL ≥ {LENS_BASE_SHARE:g} × its output KL; the last decoder layer is the "
-            f"output, counted once); {RULE}")
+    crit = (
+        f"logit-lens KL(p_c ‖ p_x) between views, paired per seed and item: NCA / OPD < 1 at every site where the "
+        f"base's views differ (base KL ≥ {LENS_BASE_SHARE:g} × its output KL; the last decoder layer is the "
+        f"output, counted once); {RULE}"
+    )
     per = [(lens_sites(r), lens_kls(r, "opd"), lens_kls(r, "nca")) for r in runs]
     if any(not o or not n for _, o, n in per):
         return _row("n/a", NA, crit, "n/a")
@@ -125,8 +145,9 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
         return _row("the base's views differ at no site", NA, crit, "n/a")
     n_all = len(per[0][1])
     names = {i: "output" if i == n_all - 1 else f"layer {i}" for i in sites}
-    tables = probe_tables(runs, "lens_examples.csv", "kl_sum", ("opd", "nca"),
-                          lambda r: [_lens_site(i, n_all) for i in sites])  # read once, every site's column
+    tables = probe_tables(
+        runs, "lens_examples.csv", "kl_sum", ("opd", "nca"), lambda r: [_lens_site(i, n_all) for i in sites]
+    )  # read once, every site's column
     stats = {}
     for k, i in enumerate(sites):  # per item where the tables exist, else seed-level log ratios
         st = table_stat(tables, lambda m, k=k: m[:, 1, k] / np.maximum(m[:, 0, k], 1e-300))
@@ -136,7 +157,7 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
     return _row(measured, d, crit, f"NCA/OPD lens KL at the output {fmt_stat(stats[sites[-1]], 3)}")
 
 
-CONVERGED_ACC = 0.95          # an OPD checkpoint is "converged" where its Acc_x (no context) is at least this
+CONVERGED_ACC = 0.95  # an OPD checkpoint is "converged" where its Acc_x (no context) is at least this
 
 
 def _grad(study: Study) -> tuple[float | None, float | None]:
@@ -160,19 +181,26 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     cos = _stat(runs, [c for c, _ in per], "logit")  # |cos| in (0, 1): its interval stays there
     null = _stat(runs, [n for _, n in per], "fisher")  # a cosine in (−1, 1): its interval stays there
     gap = {**seed_stat([None if c is None or n is None else n - c for c, n in per]), "of": len(runs)}
-    crit = (f"at the OPD checkpoint (gradients probe) of the seeds where OPD converged (Acc_x ≥ {CONVERGED_ACC}): "
-            f"|cos(∇OPD, ∇NCA)| ≤ {ORTHOGONAL_ABS_COS}; {RULE}; measurable where the OPD gradient is not noise: its "
-            "split-half null cos(∇OPD[even], ∇OPD[odd]) exceeds |cos| (paired per seed)")
+    crit = (
+        f"at the OPD checkpoint (gradients probe) of the seeds where OPD converged (Acc_x ≥ {CONVERGED_ACC}): "
+        f"|cos(∇OPD, ∇NCA)| ≤ {ORTHOGONAL_ABS_COS}; {RULE}; measurable where the OPD gradient is not noise: its "
+        "split-half null cos(∇OPD[even], ∇OPD[odd]) exceeds |cos| (paired per seed)"
+    )
     skipped = len(runs) - len(ok)
-    measured = (f"|cos| {fmt_stat(cos)}; split-half null {fmt_stat(null)}; null − |cos| {fmt_stat(gap, signed=True)}"
-                + (f"; {skipped} of {len(runs)} seeds left out: OPD did not converge there" if skipped else ""))
+    measured = f"|cos| {fmt_stat(cos)}; split-half null {fmt_stat(null)}; null − |cos| {fmt_stat(gap, signed=True)}" + (
+        f"; {skipped} of {len(runs)} seeds left out: OPD did not converge there" if skipped else ""
+    )
     if cos["mean"] is None or gap["mean"] is None:
         return _row(measured, NA, crit, "n/a")
     signal = decide(gap, 0.0, ">", "null − |cos|")
     if signal.verdict == FAILS:
         return _row(measured, NA + " (the OPD gradient cannot be told from noise here)", crit, "n/a")
-    return _row(measured, all_of(signal, decide(cos, ORTHOGONAL_ABS_COS, "<=", "|cos|")), crit,
-                f"|cos| {fmt_stat(cos)} against a split-half null of {fmt_stat(null)}")
+    return _row(
+        measured,
+        all_of(signal, decide(cos, ORTHOGONAL_ABS_COS, "<=", "|cos|")),
+        crit,
+        f"|cos| {fmt_stat(cos)} against a split-half null of {fmt_stat(null)}",
+    )
 
 
 def claim_shallow(runs: Sequence[Study]) -> Row:
@@ -180,20 +208,28 @@ def claim_shallow(runs: Sequence[Study]) -> Row:
     stats = {m: _stat(runs, [depth_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
     norms = update_norms(runs[0], "opd")
     depth = len(norms[0]) if norms else 0
-    crit = (f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third > 1 for OPD and NCA (log-ratio "
-            f"interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} decoder layers")
+    crit = (
+        f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third > 1 for OPD and NCA (log-ratio "
+        f"interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} decoder layers"
+    )
     measured = f"{depth} decoder layers; " + ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items())
     if any(s["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
-    return _row(measured, all_of(*(decide(s, 1.0, ">", m) for m, s in stats.items())), crit,
-                ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items()))
+    return _row(
+        measured,
+        all_of(*(decide(s, 1.0, ">", m) for m, s in stats.items())),
+        crit,
+        ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items()),
+    )
 
 
 def claim_qk(runs: Sequence[Study]) -> Row:
     """q,k / other-projection update ratio > 1 for OPD AND for NCA (log-ratio interval on each)."""
     stats = {m: _stat(runs, [qk_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
-    crit = (f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj > 1 for OPD and NCA (log-ratio "
-            f"interval); {RULE}")
+    crit = (
+        f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj > 1 for OPD and NCA (log-ratio "
+        f"interval); {RULE}"
+    )
     measured = ", ".join(f"{m} q,k / other {fmt_stat(s, 2)}" for m, s in stats.items())
     if any(s["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
@@ -210,14 +246,26 @@ def claim_teachability(runs: Sequence[Study]) -> Row:
     (degeneracy counted per seed, never a veto of the others)."""
     bad = {k: _degenerate(r) for k, r in enumerate(runs)}
     ok = [r for k, r in enumerate(runs) if not bad[k]]
-    diff = {**seed_stat([None if (a := quartile_spread(r, "DL")) is None or (b := quartile_spread(r, "kl_full"))
-                         is None else a - b for r in ok]), "of": len(runs)}
-    crit = (f"mean gain of the top minus the bottom quartile, paired per seed: D^L's spread − raw KL's > 0; {RULE}; "
-            "decided on the seeds where C carries information and the rescored model has not converged")
+    diff = {
+        **seed_stat(
+            [
+                None
+                if (a := quartile_spread(r, "DL")) is None or (b := quartile_spread(r, "kl_full")) is None
+                else a - b
+                for r in ok
+            ]
+        ),
+        "of": len(runs),
+    }
+    crit = (
+        f"mean gain of the top minus the bottom quartile, paired per seed: D^L's spread − raw KL's > 0; {RULE}; "
+        "decided on the seeds where C carries information and the rescored model has not converged"
+    )
     n_bad = sum(bool(v) for v in bad.values())
     why = "; ".join(sorted({w for v in bad.values() for w in v}))
-    measured = (f"D^L − raw KL spread {fmt_stat(diff, 3, True)} on {len(ok)} of {len(runs)} seeds"
-                + (f"; degenerate on {n_bad}: {why}" if n_bad else ""))
+    measured = f"D^L − raw KL spread {fmt_stat(diff, 3, True)} on {len(ok)} of {len(runs)} seeds" + (
+        f"; degenerate on {n_bad}: {why}" if n_bad else ""
+    )
     if not ok:
         return _row(measured, NA, crit, "n/a")
     if diff["mean"] is None:
@@ -225,6 +273,18 @@ def claim_teachability(runs: Sequence[Study]) -> Row:
     return _row(measured, decide(diff, 0.0, ">"), crit, f"D^L − raw KL spread {fmt_stat(diff, 3, True)}")
 
 
-__all__ = ["NCA_COSINE_FLOOR", "ORTHOGONAL_ABS_COS", "LENS_BASE_SHARE", "HOLDS", "NA_FRAGILE", "claim_cosine_order",
-           "claim_nca_cosine", "claim_nca_lens", "claim_orthogonal", "claim_shallow", "claim_qk",
-           "claim_teachability", "lens_sites"]
+__all__ = [
+    "NCA_COSINE_FLOOR",
+    "ORTHOGONAL_ABS_COS",
+    "LENS_BASE_SHARE",
+    "HOLDS",
+    "NA_FRAGILE",
+    "claim_cosine_order",
+    "claim_nca_cosine",
+    "claim_nca_lens",
+    "claim_orthogonal",
+    "claim_shallow",
+    "claim_qk",
+    "claim_teachability",
+    "lens_sites",
+]

@@ -27,9 +27,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mechopd.report import explore_load as load
 from mechopd.core.artifacts import atomic_write
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.report import explore_load as load
 
 PAGE = "explore.html"
 SUMMARY_KEYS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len", "follow_other")
@@ -61,13 +61,21 @@ def _probe_data(pdir: Path | None) -> tuple[list[str], list[str], dict[str, dict
     for r in lens:
         it = items.setdefault(r["uid"], {"tokens": r["tokens"], "m": {}})
         if it["tokens"] != r["tokens"]:
-            raise DataError(f"{pdir / 'lens_tokens.jsonl'}: item {r['uid']!r} has different tokens for model "
-                            f"{r['model']!r}; every model is scored on the same response (rerun mechopd probe lens)")
+            raise DataError(
+                f"{pdir / 'lens_tokens.jsonl'}: item {r['uid']!r} has different tokens for model "
+                f"{r['model']!r}; every model is scored on the same response (rerun mechopd probe lens)"
+            )
         a = attn.get((r["model"], r["uid"]), {})
-        it["m"][r["model"]] = {"kl": r["kl"], "top_x": r["top_x"], "top_c": r["top_c"],
-                               "patched": patch.get((r["model"], r["uid"]), {}).get("kl_patched", {}),
-                               "ctx": a.get("ctx_share", {}), "heads": a.get("heads", {}), "keys": a.get("keys", {}),
-                               "ctx_tokens": a.get("ctx_tokens", [])}
+        it["m"][r["model"]] = {
+            "kl": r["kl"],
+            "top_x": r["top_x"],
+            "top_c": r["top_c"],
+            "patched": patch.get((r["model"], r["uid"]), {}).get("kl_patched", {}),
+            "ctx": a.get("ctx_share", {}),
+            "heads": a.get("heads", {}),
+            "keys": a.get("keys", {}),
+            "ctx_tokens": a.get("ctx_tokens", []),
+        }
     sites = list(lens[0]["kl"]) if lens else []
     return list(dict.fromkeys(r["model"] for r in lens)), sites, items
 
@@ -94,8 +102,13 @@ def _eval_data(edir: Path | None) -> tuple[dict[str, Any], dict[str, dict[str, A
             for k in ("prompt", "context", "target"):
                 if it[k] is None and rec.get(k) is not None:
                     it[k] = rec[k] if isinstance(rec[k], str) else json.dumps(rec[k])
-            it["out"][model] = {"x": rec["response_x"], "xc": rec["response_xc"], "cx": rec["correct_x"],
-                                "cxc": rec["correct_xc"], "other": other.get(rec["uid"], [])}
+            it["out"][model] = {
+                "x": rec["response_x"],
+                "xc": rec["response_xc"],
+                "cx": rec["correct_x"],
+                "cxc": rec["correct_xc"],
+                "other": other.get(rec["uid"], []),
+            }
     return summaries, items
 
 
@@ -121,8 +134,16 @@ def collect(run_dir: str | Path) -> dict[str, Any]:
     items = []
     for uid in dict.fromkeys([*eval_items, *probe_items]):
         e = eval_items.get(uid, {})
-        items.append({"uid": uid, "prompt": e.get("prompt"), "context": e.get("context"), "target": e.get("target"),
-                      "out": e.get("out", {}), "probe": probe_items.get(uid)})
+        items.append(
+            {
+                "uid": uid,
+                "prompt": e.get("prompt"),
+                "context": e.get("context"),
+                "target": e.get("target"),
+                "out": e.get("out", {}),
+                "probe": probe_items.get(uid),
+            }
+        )
     return {"models": models, "summary": summaries, "sites": sites, "items": items, "tables": _tables(pdir)}
 
 
@@ -139,8 +160,7 @@ def page_json(data: dict[str, Any]) -> str:
     """The data as JSON safe inside a <script> element: no ``<``, ``>``, ``&`` or line separators appear raw, so no
     string of the data can close the element or open a comment (``</script>``, ``<!--``)."""
     blob = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
-                    ("\u2029", "\\u2029")):
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         blob = blob.replace(ch, esc)
     return blob
 
@@ -149,21 +169,25 @@ def render(data: dict[str, Any], title: str) -> str:
     """The HTML page (inline data, CSS and script); the script builds every element with textContent."""
     css = (ASSETS / "explore.css").read_text()
     js = "\n".join((ASSETS / name).read_text() for name in ("explore.js", "explore_items.js"))
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
-            "<pre id=\"errors\"></pre><div id=\"tip\" class=\"tip\"></div><div id=\"summary\"></div>"
-            "<div id=\"controls\"></div><div id=\"heads\"></div><div id=\"items\"></div>"
-            "<details><summary>the probes' tables (the CSVs' values)</summary><div id=\"tables\"></div></details>"
-            f"<script type=\"application/json\" id=\"data\">{page_json(data)}</script><script>{js}</script>"
-            "</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
+        '<pre id="errors"></pre><div id="tip" class="tip"></div><div id="summary"></div>'
+        '<div id="controls"></div><div id="heads"></div><div id="items"></div>'
+        "<details><summary>the probes' tables (the CSVs' values)</summary><div id=\"tables\"></div></details>"
+        f'<script type="application/json" id="data">{page_json(data)}</script><script>{js}</script>'
+        "</body></html>\n"
+    )
 
 
 def write_explorer(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the explorer page (default ``RUN/explore.html``); returns its path."""
     run = Path(run_dir)
     if not run.is_dir():
-        raise ConfigError(f"{run} is not a directory; pass a run dir (with eval/ or probes/), its probes/ dir or a "
-                          "mechopd eval --compare directory")
+        raise ConfigError(
+            f"{run} is not a directory; pass a run dir (with eval/ or probes/), its probes/ dir or a "
+            "mechopd eval --compare directory"
+        )
     target = Path(out) if out is not None else _run_root(run) / PAGE
     if target.is_dir():
         raise ConfigError(f"--out {target} is a directory; pass a file name, e.g. --out {target / PAGE}")
@@ -171,9 +195,11 @@ def write_explorer(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise ConfigError(f"--out {target}: the explorer is one HTML page; pass a path ending in .html")
     data = collect(run)
     if not data["items"]:
-        raise ConfigError(f"{run} holds no evaluation reports (eval/*.json) and no probes/lens_tokens.jsonl with "
-                          f"items; run `mechopd eval --compare ... --out {run}/eval` or `mechopd probe lens --run {run}`"
-                          " first")
+        raise ConfigError(
+            f"{run} holds no evaluation reports (eval/*.json) and no probes/lens_tokens.jsonl with "
+            f"items; run `mechopd eval --compare ... --out {run}/eval` or `mechopd probe lens --run {run}`"
+            " first"
+        )
     data["probe_source"] = _probe_source(probes_dir(run))
     text = render(data, f"mechopd explorer — {_run_root(run).resolve().name}")
     return atomic_write(target, lambda fh: fh.write(text))

@@ -27,17 +27,20 @@ from typing import Any
 from mechopd.core.errors import DataError
 
 EVAL_FIELDS = ("uid", "correct_x", "correct_xc", "response_x", "response_xc")
-TABLES = {"lens": ("model", "site", "kl_c_x", "top1_agree"),
-          "patching": ("model", "site", "component", "direction", "window", "recovered"),
-          "attention": ("model", "layer", "head", "context_share")}
+TABLES = {
+    "lens": ("model", "site", "kl_c_x", "top1_agree"),
+    "patching": ("model", "site", "component", "direction", "window", "recovered"),
+    "attention": ("model", "layer", "head", "context_share"),
+}
 
 
 def read_text(path: Path) -> str:
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); rewrite it as UTF-8 or rerun the command "
-                        "that wrote it") from None
+        raise DataError(
+            f"{path} is not UTF-8 text (byte {e.start}); rewrite it as UTF-8 or rerun the command that wrote it"
+        ) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -81,8 +84,9 @@ def read_table(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
 
 
 def _finite_list(v: Any, n: int | None, where: str) -> list[float]:
-    ok = isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                     for x in v)
+    ok = isinstance(v, list) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v
+    )
     if not ok or (n is not None and len(v) != n):
         raise DataError(f"{where}: expected a list of {n if n is not None else 'the'} finite numbers; rerun the probe")
     return v
@@ -112,10 +116,22 @@ def token_record(rec: dict[str, Any], where: str) -> tuple[str, int, str, list[s
 def _tops(v: Any, n: int, where: str) -> list[Any]:
     if v is None:
         return []
-    ok = isinstance(v, list) and len(v) == n and all(
-        isinstance(pos, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and
-                                      isinstance(p[1], (int, float)) and math.isfinite(p[1]) for p in pos)
-        for pos in v)
+    ok = (
+        isinstance(v, list)
+        and len(v) == n
+        and all(
+            isinstance(pos, list)
+            and all(
+                isinstance(p, list)
+                and len(p) == 2
+                and isinstance(p[0], str)
+                and isinstance(p[1], (int, float))
+                and math.isfinite(p[1])
+                for p in pos
+            )
+            for pos in v
+        )
+    )
     if not ok:
         raise DataError(f"{where}: top tokens must be one list of [token, probability] pairs per response token")
     return v
@@ -128,9 +144,17 @@ def lens_records(path: Path) -> list[dict[str, Any]]:
         where = f"{path} record {i}"
         model, item, uid, tokens = token_record(rec, where)
         kl = _series(rec, "kl", len(tokens), where, required=True)
-        out.append({"model": model, "item": item, "uid": uid, "tokens": tokens, "kl": kl,
-                    "top_x": _tops(rec.get("top_x"), len(tokens), where),
-                    "top_c": _tops(rec.get("top_c"), len(tokens), where)})
+        out.append(
+            {
+                "model": model,
+                "item": item,
+                "uid": uid,
+                "tokens": tokens,
+                "kl": kl,
+                "top_x": _tops(rec.get("top_x"), len(tokens), where),
+                "top_c": _tops(rec.get("top_c"), len(tokens), where),
+            }
+        )
     return out
 
 
@@ -139,8 +163,9 @@ def _matrix(v: Any, where: str) -> dict[str, list[list[float]]]:
         return {}
     if not isinstance(v, dict):
         raise DataError(f"{where}: expected an object of per-layer matrices; rerun mechopd probe attention")
-    return {str(k): [_finite_list(row, None, where) for row in (m if isinstance(m, list) else [None])]
-            for k, m in v.items()}
+    return {
+        str(k): [_finite_list(row, None, where) for row in (m if isinstance(m, list) else [None])] for k, m in v.items()
+    }
 
 
 def side_records(path: Path, key: str, n_tokens: dict[tuple[str, str], int]) -> dict[tuple[str, str], dict]:
@@ -179,10 +204,16 @@ def _eval_record(rec: Any, where: str) -> dict[str, Any]:
 
 def _other(rec: Any, where: str) -> dict[str, Any]:
     keys = ("uid", "label", "response", "follow", "stick")
-    if not isinstance(rec, dict) or any(k not in rec for k in keys) or not all(
-            isinstance(rec[k], str) for k in keys[:3]) or not all(isinstance(rec[k], bool) for k in keys[3:]):
-        raise DataError(f"{where}: an other-context record needs string uid, label, response and boolean follow, "
-                        "stick; rerun mechopd eval --other-contexts")
+    if (
+        not isinstance(rec, dict)
+        or any(k not in rec for k in keys)
+        or not all(isinstance(rec[k], str) for k in keys[:3])
+        or not all(isinstance(rec[k], bool) for k in keys[3:])
+    ):
+        raise DataError(
+            f"{where}: an other-context record needs string uid, label, response and boolean follow, "
+            "stick; rerun mechopd eval --other-contexts"
+        )
     return rec
 
 

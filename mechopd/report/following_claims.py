@@ -15,15 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mechopd.core.stats import fmt_stat
 from mechopd.evaluation.following import DEAF_LABEL, DEAF_RATIO, following_word
 from mechopd.report.seed_items import diff_stat, other_diff_stat, other_stat
-from mechopd.core.stats import fmt_stat
-from mechopd.study import Study
 from mechopd.report.verdicts import CEILING, NA, NA_CEILING, RULE, Decision, all_of, decide
+from mechopd.study import Study
 
-FOLLOW_RUN = "nca_follow"     # the demo's NCA + follow-term run
-HARM_MARGIN = 0.05            # claim 3: the follow run's Harm ≤ NCA's + this
-ACC_MARGIN = 0.05             # claim 3: the follow run's Acc_x ≥ OPD's − this
+FOLLOW_RUN = "nca_follow"  # the demo's NCA + follow-term run
+HARM_MARGIN = 0.05  # claim 3: the follow run's Harm ≤ NCA's + this
+ACC_MARGIN = 0.05  # claim 3: the follow run's Acc_x ≥ OPD's − this
 
 
 def _report(study: Study, role: str) -> dict[str, Any] | None:
@@ -49,8 +49,9 @@ def held_out(runs: Sequence[Study]) -> list[str] | None:
     labels = [r["label"] for r in rep.get("other_contexts", [])]
     if not labels:
         return None
-    trained = set(((runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") or [])
-                  if runs[0].run(FOLLOW_RUN) else [])
+    trained = set(
+        ((runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") or []) if runs[0].run(FOLLOW_RUN) else []
+    )
     return [lab for lab in labels if lab not in trained]
 
 
@@ -71,13 +72,16 @@ def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
     labels = held_out(runs)
     d_ret = other_diff_stat(runs, "opd", "base", "follow", labels, scale_b=DEAF_RATIO)
     fo, base = other_stat(runs, "opd", "follow", labels), other_stat(runs, "base", "follow", labels)
-    crit = (f"held-out other contexts ({_labels(labels)}), paired per seed and item: OPD follow_other − {DEAF_RATIO} × "
-            f"base's > 0 (retention > {DEAF_RATIO}, not {DEAF_LABEL}); {RULE}")
+    crit = (
+        f"held-out other contexts ({_labels(labels)}), paired per seed and item: OPD follow_other − {DEAF_RATIO} × "
+        f"base's > 0 (retention > {DEAF_RATIO}, not {DEAF_LABEL}); {RULE}"
+    )
     measured = f"OPD follow_other {fmt_stat(fo)} (base {fmt_stat(base)}); {_replies(runs, 'opd', labels)}"
     if d_ret["mean"] is None or not labels:
         return _na(measured, crit)
-    return _decided(measured, decide(d_ret, 0.0, ">"), crit, f"OPD follow_other {fmt_stat(fo)} vs base "
-                    f"{fmt_stat(base)}")
+    return _decided(
+        measured, decide(d_ret, 0.0, ">"), crit, f"OPD follow_other {fmt_stat(fo)} vs base {fmt_stat(base)}"
+    )
 
 
 def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
@@ -85,8 +89,10 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     labels = held_out(runs)
     diff = other_diff_stat(runs, "nca", "opd", "follow", labels)
     both = [other_stat(runs, m, "follow", labels) for m in ("nca", "opd")]
-    crit = (f"held-out other contexts ({_labels(labels)}), paired per seed and item: follow_other(NCA) − "
-            f"follow_other(OPD) > 0; {RULE}; both ≥ 0.995: ceiling")
+    crit = (
+        f"held-out other contexts ({_labels(labels)}), paired per seed and item: follow_other(NCA) − "
+        f"follow_other(OPD) > 0; {RULE}; both ≥ 0.995: ceiling"
+    )
     measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}; NCA: {_replies(runs, 'nca', labels)}"
     if diff["mean"] is None or not labels:
         return _na(measured, crit)
@@ -103,17 +109,24 @@ def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
     d_ret = other_diff_stat(runs, FOLLOW_RUN, "base", "follow", labels, scale_b=DEAF_RATIO)
     fo = other_stat(runs, FOLLOW_RUN, "follow", labels)
     d_harm, d_acc = diff_stat(runs, FOLLOW_RUN, "nca", "harm"), diff_stat(runs, FOLLOW_RUN, "opd", "acc_x")
-    crit = (f"NCA + follow, trained on {_labels(trained) if trained else 'every other context'}: on the held-out "
-            f"contexts ({_labels(labels)}) follow_other − {DEAF_RATIO} × base's > 0, and non-inferiority paired per "
-            f"seed and item: Harm − NCA's ≤ {HARM_MARGIN}, Acc_x − OPD's ≥ −{ACC_MARGIN}; {RULE} (each part)")
-    measured = (f"NCA + follow held-out follow_other {fmt_stat(fo)}; Harm − NCA's {fmt_stat(d_harm, signed=True)}, "
-                f"Acc_x − OPD's {fmt_stat(d_acc, signed=True)}")
+    crit = (
+        f"NCA + follow, trained on {_labels(trained) if trained else 'every other context'}: on the held-out "
+        f"contexts ({_labels(labels)}) follow_other − {DEAF_RATIO} × base's > 0, and non-inferiority paired per "
+        f"seed and item: Harm − NCA's ≤ {HARM_MARGIN}, Acc_x − OPD's ≥ −{ACC_MARGIN}; {RULE} (each part)"
+    )
+    measured = (
+        f"NCA + follow held-out follow_other {fmt_stat(fo)}; Harm − NCA's {fmt_stat(d_harm, signed=True)}, "
+        f"Acc_x − OPD's {fmt_stat(d_acc, signed=True)}"
+    )
     if not trained:
         return _na(measured, crit, NA + " (the follow term saw every other context: nothing held out)")
     if any(s["mean"] is None for s in (d_ret, d_harm, d_acc)) or not labels:
         return _na(measured, crit)
-    d = all_of(decide(d_ret, 0.0, ">", "held-out following"), decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),
-               decide(d_acc, -ACC_MARGIN, ">=", "Acc_x − OPD's"))
+    d = all_of(
+        decide(d_ret, 0.0, ">", "held-out following"),
+        decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),
+        decide(d_acc, -ACC_MARGIN, ">=", "Acc_x − OPD's"),
+    )
     return _decided(measured, d, crit, f"held-out follow_other {fmt_stat(fo)}")
 
 
@@ -123,8 +136,10 @@ def _word(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str
     own, base = other_stat(runs, role, "follow", labels)["mean"], other_stat(runs, "base", "follow", labels)["mean"]
     if own is None or not base:
         return ""
-    shares = {k: {"value": other_stat(runs, role, f, labels)["mean"]} for k, f in
-              (("stick", "stick"), ("compose", "compose"), ("other_reply", "other"))}
+    shares = {
+        k: {"value": other_stat(runs, role, f, labels)["mean"]}
+        for k, f in (("stick", "stick"), ("compose", "compose"), ("other_reply", "other"))
+    }
     return following_word({"context_deaf": own <= DEAF_RATIO * base, **shares}) + " (held out)"
 
 
@@ -139,11 +154,19 @@ def _replies(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> 
 
 
 FOLLOWING_CLAIMS = (
-    ("keeps_following", "the distilled student keeps following other contexts", "not asked by either paper",
-     claim_keeps_following),
+    (
+        "keeps_following",
+        "the distilled student keeps following other contexts",
+        "not asked by either paper",
+        claim_keeps_following,
+    ),
     ("nca_follows", "NCA keeps it better than OPD", "not asked by either paper", claim_nca_follows_better),
-    ("follow_term", "the follow term keeps it without bringing the harm back", "new (objectives/follow.py)",
-     claim_follow_term),
+    (
+        "follow_term",
+        "the follow term keeps it without bringing the harm back",
+        "new (objectives/follow.py)",
+        claim_follow_term,
+    ),
 )
 
 
@@ -158,21 +181,34 @@ def following_table(runs: Sequence[Study]) -> list[str]:
     if not have:
         return []
     held = held_out(runs)
-    out = ["## Context following", "", "| model | follow_other | held-out | sticks | composes | other | retention | |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    out = [
+        "## Context following",
+        "",
+        "| model | follow_other | held-out | sticks | composes | other | retention | |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for m in have:
         cells = [fmt_stat(other_stat(runs, m, "follow")), fmt_stat(other_stat(runs, m, "follow", held))]
         cells += [fmt_stat(other_stat(runs, m, f)) for f in ("stick", "compose", "other")]
         own, base = other_stat(runs, m, "follow")["mean"], other_stat(runs, "base", "follow")["mean"]
         cells.append("n/a" if own is None or not base else f"{own / base:.3f}")  # ratio of the seed means
-        out.append(f"| {labels.get(m, m)} | " + " | ".join(cells) + f" | {_word(runs, m, held) if m != 'base' else ''} |")
+        out.append(
+            f"| {labels.get(m, m)} | " + " | ".join(cells) + f" | {_word(runs, m, held) if m != 'base' else ''} |"
+        )
     first = _report(runs[0], have[0]) or {}
     ctx = ", ".join(r["label"] for r in first.get("other_contexts", []))
-    out += ["", f"Other contexts: {ctx}; held out from the follow term's training: {_labels(held)}. Each reply is "
-            "scored against that context's target (follows), else the distilled context's (sticks), else both rules "
-            "composed (composes), else other; retention = follow_other / base's (of the seed means); a model whose "
-            f"held-out follow_other is at most {DEAF_RATIO} × the base's is {DEAF_LABEL} there, and the word says how: "
-            "ignores (sticks), mixes (composes), breaks (other) (docs/method.md §7). "
-            + ("Intervals: 95 % bootstrap over items." if len(runs) == 1 else
-               "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]."), ""]
+    out += [
+        "",
+        f"Other contexts: {ctx}; held out from the follow term's training: {_labels(held)}. Each reply is "
+        "scored against that context's target (follows), else the distilled context's (sticks), else both rules "
+        "composed (composes), else other; retention = follow_other / base's (of the seed means); a model whose "
+        f"held-out follow_other is at most {DEAF_RATIO} × the base's is {DEAF_LABEL} there, and the word says how: "
+        "ignores (sticks), mixes (composes), breaks (other) (docs/method.md §7). "
+        + (
+            "Intervals: 95 % bootstrap over items."
+            if len(runs) == 1
+            else "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]."
+        ),
+        "",
+    ]
     return out

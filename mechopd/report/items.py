@@ -50,7 +50,7 @@ def _outcome_text(model: str, outcome: str, hits: list[tuple[int, str]], base: i
     if not hits:
         return head
     links = ", ".join(f"[{i}]({PAGE}#item-{i})" for i, _ in hits[:MAX_LINKS])
-    more = (f", … [all {len(hits)}]({PAGE}#filter={outcome}&model={model})" if len(hits) > MAX_LINKS else "")
+    more = f", … [all {len(hits)}]({PAGE}#filter={outcome}&model={model})" if len(hits) > MAX_LINKS else ""
     return f"{head}: {links}{more}"
 
 
@@ -64,11 +64,17 @@ def items_lines(root: str | os.PathLike, label: Callable[[str], str] = str) -> l
         data = collect(root)
     except (ConfigError, DataError) as e:  # e.g. eval reports without the per-item answers: said in the report
         return ["## Items", "", f"No explorer page: {e}.", ""]
-    out = ["## Items", "",
-           (f"The explorer page [`{PAGE}`]({PAGE}) (`mechopd explore {root}`) shows each item's prompt, context, "
-           "target and every model's answers without and with the context, with the probes' token views. Harm items "
-           "(right without the context, wrong with it) and Help items (the reverse) per model, sample 0 of each item; "
-           "each number links to the item on the page."), ""]
+    out = [
+        "## Items",
+        "",
+        (
+            f"The explorer page [`{PAGE}`]({PAGE}) (`mechopd explore {root}`) shows each item's prompt, context, "
+            "target and every model's answers without and with the context, with the probes' token views. Harm items "
+            "(right without the context, wrong with it) and Help items (the reverse) per model, sample 0 of each item; "
+            "each number links to the item on the page."
+        ),
+        "",
+    ]
     for model in data["models"]:
         if not any(model in it["out"] for it in data["items"]):
             continue
@@ -86,7 +92,7 @@ def link_item_claims(rows: Sequence[Any], runs: Sequence[Any], report_dir: str |
             continue
         outcome, role = ITEM_CLAIMS[row.key]
         links = []
-        for k, study in enumerate(runs):
+        for study in runs:
             name, page = study.name(role), Path(study.root) / PAGE
             if name is None or not page.is_file():
                 continue

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mechopd.core.stats import fmt_stat, seed_stat
 from mechopd.probes import mechanism_stats as ms
 from mechopd.probes.delta_svd import GAUSS_ENERGY90, load_svd
 from mechopd.probes.registry import probe_result
-from mechopd.core.stats import fmt_stat, seed_stat
-from mechopd.study import Study
 from mechopd.report.verdicts import HOLDS, NA, RULE, Decision, all_of, decide
+from mechopd.study import Study
 
 MODEL = "opd"
 CONTROLS = ("ctrl_qk", "vo")
@@ -76,12 +76,16 @@ def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict
     margins = {c: ms.qk_margin_stat(runs, MODEL, c, key) for c in CONTROLS}
     base = ms.unpatched_stat(runs, MODEL, base_key)
     empty = NA_NO_RULE if base_key == "acc_x" else NA_NO_HARM
-    crit = (f"OPD, every layer reverted to W0: the {what} removed by q_proj+k_proj minus that removed by the same "
-            f"number of other parameters > 0, against both controls (ctrl_qk: random rows of v/o/gate/up/down; vo: "
-            f"v_proj+o_proj), paired per seed and item; {RULE}; not measurable when OPD's unpatched {base_key} is 0 "
-            f"in every seed")
-    measured = (f"OPD {base_key} {fmt_stat(base)}; q+k − random rows {fmt_stat(margins['ctrl_qk'], signed=True)}, "
-                f"q+k − v+o {fmt_stat(margins['vo'], signed=True)}")
+    crit = (
+        f"OPD, every layer reverted to W0: the {what} removed by q_proj+k_proj minus that removed by the same "
+        f"number of other parameters > 0, against both controls (ctrl_qk: random rows of v/o/gate/up/down; vo: "
+        f"v_proj+o_proj), paired per seed and item; {RULE}; not measurable when OPD's unpatched {base_key} is 0 "
+        f"in every seed"
+    )
+    measured = (
+        f"OPD {base_key} {fmt_stat(base)}; q+k − random rows {fmt_stat(margins['ctrl_qk'], signed=True)}, "
+        f"q+k − v+o {fmt_stat(margins['vo'], signed=True)}"
+    )
     if base["mean"] is None:
         legacy = any(probe_result("weightpatch", r.probes_dir) is not None for r in runs)
         return {"measured": measured, "verdict": NA_NO_ITEMS if legacy else NA, "criterion": crit}
@@ -110,11 +114,15 @@ def claim_sparse_update(runs: Sequence[Study]) -> dict[str, str]:
     e90 = _stat(runs, lambda r: svd_value(r, MODEL, "energy90_frac"))
     ovl = _stat(runs, lambda r: _sub(svd_value(r, MODEL, "overlap_k"), svd_value(r, MODEL, "overlap_random")))
     bar = SPARSE_SHARE * GAUSS_ENERGY90
-    crit = (f"OPD's ΔW over the decoder matrices (deltas --svd): MLP share of ‖ΔW‖² − MLP share of parameters > 0, "
-            f"AND share of entries holding 90 % of ‖ΔW‖² < {bar:.3f} ({SPARSE_SHARE} × a dense Gaussian's), AND "
-            f"top-k overlap with W0's left singular subspace − a random subspace's < 0; {RULE} (each part)")
-    measured = (f"MLP excess share {fmt_stat(mlp, signed=True)}, energy90 share {fmt_stat(e90)}, overlap − random "
-                f"{fmt_stat(ovl, signed=True)}")
+    crit = (
+        f"OPD's ΔW over the decoder matrices (deltas --svd): MLP share of ‖ΔW‖² − MLP share of parameters > 0, "
+        f"AND share of entries holding 90 % of ‖ΔW‖² < {bar:.3f} ({SPARSE_SHARE} × a dense Gaussian's), AND "
+        f"top-k overlap with W0's left singular subspace − a random subspace's < 0; {RULE} (each part)"
+    )
+    measured = (
+        f"MLP excess share {fmt_stat(mlp, signed=True)}, energy90 share {fmt_stat(e90)}, overlap − random "
+        f"{fmt_stat(ovl, signed=True)}"
+    )
     if any(s["mean"] is None for s in (mlp, e90, ovl)):
         return {"measured": measured, "verdict": NA, "criterion": crit}
     d = all_of(decide(mlp, 0.0, ">", "MLP excess"), decide(e90, bar, "<", "energy90"), decide(ovl, 0.0, "<", "overlap"))
@@ -126,12 +134,24 @@ def _sub(a: float | None, b: float | None) -> float | None:
 
 
 MECHANISM_CLAIMS = (
-    ("qk_causal_rule", "reverting q_proj / k_proj removes more of the internalised rule than as many other parameters",
-     "q_proj, k_proj carry the update (correlational in the paper)", claim_qk_causal_rule),
-    ("qk_causal_harm", "reverting q_proj / k_proj removes more of the harm than as many other parameters",
-     "not asked by either paper", claim_qk_causal_harm),
-    ("sparse_update", "OPD's update is sparse, MLP-heavy and away from W0's principal directions",
-     "“Dense Supervision, Sparse Updates” (arXiv 2606.13657)", claim_sparse_update),
+    (
+        "qk_causal_rule",
+        "reverting q_proj / k_proj removes more of the internalised rule than as many other parameters",
+        "q_proj, k_proj carry the update (correlational in the paper)",
+        claim_qk_causal_rule,
+    ),
+    (
+        "qk_causal_harm",
+        "reverting q_proj / k_proj removes more of the harm than as many other parameters",
+        "not asked by either paper",
+        claim_qk_causal_harm,
+    ),
+    (
+        "sparse_update",
+        "OPD's update is sparse, MLP-heavy and away from W0's principal directions",
+        "“Dense Supervision, Sparse Updates” (arXiv 2606.13657)",
+        claim_sparse_update,
+    ),
 )
 
 
@@ -154,17 +174,26 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
     share = float(s0["removed_share"])
     clean = ms.site_harm_stat(runs, None)
     if clean["mean"] is None:
-        why = ("no item is right without c in any seed: no harm to localize" if any(
-            ms.localization_arrays(r) is not None for r in runs) else
-               "localization_items.jsonl holds no per-item flips: rerun `mechopd probe localization`")
+        why = (
+            "no item is right without c in any seed: no harm to localize"
+            if any(ms.localization_arrays(r) is not None for r in runs)
+            else "localization_items.jsonl holds no per-item flips: rerun `mechopd probe localization`"
+        )
         return ["## Where the harm lives (localization)", "", f"{s0['model']}: {why}.", ""]
-    out = ["## Where the harm lives (localization)", "",
-           (f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
-           f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, "
-           f"\"Interventions and update geometry\"). Unpatched: {fmt_stat(clean)}. A site removes the harm when the "
-           f"whole interval of Harm after patching − {1 - share:.2f} × unpatched Harm (paired per seed and item) is "
-           f"≤ 0 ({round(100 * share)} % removed)."), "",
-           f"| site | Harm after patching | − {1 - share:.2f} × unpatched | removes |", "|---|---:|---:|:---:|"]
+    out = [
+        "## Where the harm lives (localization)",
+        "",
+        (
+            f"{s0['model']}'s context view fed its own correct no-context reply; the residual at one site replaced at "
+            f"every response position by {_donor_text(s0['donor'])}; teacher-forced Harm (docs/method.md, "
+            f'"Interventions and update geometry"). Unpatched: {fmt_stat(clean)}. A site removes the harm when the '
+            f"whole interval of Harm after patching − {1 - share:.2f} × unpatched Harm (paired per seed and item) is "
+            f"≤ 0 ({round(100 * share)} % removed)."
+        ),
+        "",
+        f"| site | Harm after patching | − {1 - share:.2f} × unpatched | removes |",
+        "|---|---:|---:|:---:|",
+    ]
     first = None
     for site in sites:
         harm, margin = ms.site_harm_stat(runs, site), ms.removal_stat(runs, site, share)
@@ -172,10 +201,14 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
         first = first or (site if verdict == HOLDS else None)
         out.append(f"| {site} | {fmt_stat(harm)} | {fmt_stat(margin, signed=True)} | {verdict} |")
     where = [x.summary.get("removed_at") or "none" for x in results]
-    out += ["", f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
-            f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
-            "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]"
-            + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."), ""]
+    out += [
+        "",
+        f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
+        f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
+        "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]"
+        + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."),
+        "",
+    ]
     return out
 
 
@@ -188,20 +221,30 @@ def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
         return []
     wp = probe_result("weightpatch", with_items[0].probes_dir)
     donor = (wp.summary.get("donor") if wp is not None else None) or "the donor"
-    out = ["## Which weights carry the rule (weight patching)", "",
-           (f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
-           f"held-out items (`probes/weightpatch.csv`; docs/method.md, \"Interventions and update geometry\"). "
-           "`all/qk` against `all/vo` and `all/ctrl_qk` (as many parameters: v_proj+o_proj; random rows of the other "
-           "matrices) is what the q/k claim rows read."), "", "| layer | group | Acc_x | Acc_xc | Harm |",
-           "|---|---|---:|---:|---:|"]
+    out = [
+        "## Which weights carry the rule (weight patching)",
+        "",
+        (
+            f"{with_items[0].label(role)} with one group of weights set to {donor}'s, both views decoded greedily on the "
+            f'held-out items (`probes/weightpatch.csv`; docs/method.md, "Interventions and update geometry"). '
+            "`all/qk` against `all/vo` and `all/ctrl_qk` (as many parameters: v_proj+o_proj; random rows of the other "
+            "matrices) is what the q/k claim rows read."
+        ),
+        "",
+        "| layer | group | Acc_x | Acc_xc | Harm |",
+        "|---|---|---:|---:|---:|",
+    ]
     for group in ms.row_groups(with_items[0], role):
         layer, module = group.split("/")
         cells = [fmt_stat(ms.group_stat(runs, role, group, m)) for m in ("acc_x", "acc_xc", "harm")]
         out.append(f"| {layer} | {module} | " + " | ".join(cells) + " |")
     seeds = len(with_items)
-    out += ["", f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % hierarchical bootstrap over seeds and "
-            "items]" + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
-            ""]
+    out += [
+        "",
+        f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % hierarchical bootstrap over seeds and "
+        "items]" + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
+        "",
+    ]
     return out
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from mechopd.core.stats import hier_bootstrap
 from mechopd.evaluation.following import _matrices, _mean_over_contexts
 from mechopd.evaluation.removability import batched_metrics, paired_arrays
-from mechopd.core.stats import hier_bootstrap
 from mechopd.study import Study
 
 Arrays = tuple[np.ndarray, ...]
@@ -56,11 +56,12 @@ def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
 
 def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
     """``metric`` (`removability.METRICS`) of role number ``role`` of `eval_arrays` output, batched ``[B, n]``."""
-    return batched_metrics(*arrays[FIELDS * role: FIELDS * role + FIELDS])[metric]
+    return batched_metrics(*arrays[FIELDS * role : FIELDS * role + FIELDS])[metric]
 
 
-def paired_stat(runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray],
-                seed: int = 0) -> dict[str, Any]:
+def paired_stat(
+    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = 0
+) -> dict[str, Any]:
     """Mean over seeds of ``fn`` on the roles' paired item arrays, hierarchical bootstrap interval; ``"of"``: the
     study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""
     return {**hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed), "of": len(runs)}
@@ -77,45 +78,61 @@ def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float
 
 
 # ----------------------------------------------------------------------------------------------- other contexts
-def other_matrix(study: Study, role: str, field: str = "follow", labels: Sequence[str] | None = None,
-                 ) -> np.ndarray | None:
+def other_matrix(
+    study: Study, role: str, field: str = "follow", labels: Sequence[str] | None = None
+) -> np.ndarray | None:
     """``[units, contexts]`` of the role's other-context records (``field``: follow, stick, compose, other as 0/1;
     NaN where a unit lacks a context), restricted to ``labels`` when given; None without records."""
     rep = study.eval(role)
-    records = [r for r in (rep.extra.get("other_records") or [] if rep else [])
-               if labels is None or r.get("label") in labels]
+    records = [
+        r for r in (rep.extra.get("other_records") or [] if rep else []) if labels is None or r.get("label") in labels
+    ]
     if not records or any(field not in r for r in records):
         return None
     names, follow, _ = _matrices([{**r, "follow": r[field], "stick": False} for r in records])
     return follow
 
 
-def other_stat(runs: Sequence[Study], role: str, field: str = "follow",
-               labels: Sequence[str] | None = None) -> dict[str, Any]:
+def other_stat(
+    runs: Sequence[Study], role: str, field: str = "follow", labels: Sequence[str] | None = None
+) -> dict[str, Any]:
     """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (hierarchical
     bootstrap: seeds, then units)."""
     seeds = [other_matrix(r, role, field, labels) for r in runs]
-    return {**hier_bootstrap([None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0])),
-            "of": len(runs)}
+    return {
+        **hier_bootstrap([None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0])),
+        "of": len(runs),
+    }
 
 
-def other_diff_stat(runs: Sequence[Study], a: str, b: str, field: str = "follow",
-                    labels: Sequence[str] | None = None, scale_b: float = 1.0) -> dict[str, Any]:
+def other_diff_stat(
+    runs: Sequence[Study],
+    a: str,
+    b: str,
+    field: str = "follow",
+    labels: Sequence[str] | None = None,
+    scale_b: float = 1.0,
+) -> dict[str, Any]:
     """Paired per seed and unit: mean over contexts of ``field`` for role a minus ``scale_b`` × that of role b."""
+
     def pair(study: Study) -> Arrays | None:
         ma, mb = other_matrix(study, a, field, labels), other_matrix(study, b, field, labels)
         if ma is None or mb is None or ma.shape != mb.shape:
             return None
         return ma, mb
 
-    return {**hier_bootstrap([pair(r) for r in runs],
-                             lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1])),
-            "of": len(runs)}
+    return {
+        **hier_bootstrap(
+            [pair(r) for r in runs], lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1])
+        ),
+        "of": len(runs),
+    }
 
 
 # ---------------------------------------------------------------------------------------- probes' per-item tables
-def probe_items(study: Study, file: str, value: str, roles: Sequence[str], sites: Sequence[str],
-                mean_column: bool = False) -> Arrays | None:
+def probe_items(
+    study: Study, file: str, value: str, roles: Sequence[str], sites: Sequence[str], mean_column: bool = False
+) -> Arrays | None:
     """``(sums, counts)``, each ``[items, roles, sites]``, of a probe's per-item table (``similarity_examples.csv``:
     ``cos_mean`` per item and site, ``mean_column=True``; ``lens_examples.csv``: ``kl_sum``), so that a per-token mean
     over any resample of the items is ``sums.sum(0) / counts.sum(0)``. Items every role has, in uid order; None when
@@ -138,8 +155,11 @@ def probe_items(study: Study, file: str, value: str, roles: Sequence[str], sites
                 return None
             cells[(row["model"], row["uid"], row["site"])] = (v * n if mean_column else v, n)
     uids = sorted({u for (m, u, _) in cells if m == names[0]})
-    if not uids or any(n is None for n in names) or any((m, u, s) not in cells for m in names for u in uids
-                                                         for s in sites):
+    if (
+        not uids
+        or any(n is None for n in names)
+        or any((m, u, s) not in cells for m in names for u in uids for s in sites)
+    ):
         return None
     sums = np.array([[[cells[(m, u, s)][0] for s in sites] for m in names] for u in uids], float)
     counts = np.array([[[cells[(m, u, s)][1] for s in sites] for m in names] for u in uids], float)
@@ -152,8 +172,14 @@ def token_means(arrays: Arrays) -> np.ndarray:
     return sums.sum(1) / np.maximum(counts.sum(1), 1)
 
 
-def probe_tables(runs: Sequence[Study], file: str, value: str, roles: Sequence[str],
-                 sites_of: Callable[[Study], Sequence[str]], mean_column: bool = False) -> list[Arrays | None]:
+def probe_tables(
+    runs: Sequence[Study],
+    file: str,
+    value: str,
+    roles: Sequence[str],
+    sites_of: Callable[[Study], Sequence[str]],
+    mean_column: bool = False,
+) -> list[Arrays | None]:
     """Per seed, `probe_items` of one probe table (read once; every statistic of a row bootstraps these)."""
     return [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
 

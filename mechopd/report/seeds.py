@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mechopd.report.mechanism_claims import localization_table, weightpatch_table
-from mechopd.probes.registry import probe_result
 from mechopd.core.stats import fmt_stat, scaled_stat
+from mechopd.probes.registry import probe_result
+from mechopd.report.mechanism_claims import localization_table, weightpatch_table
 from mechopd.study import Study
 
 COSINE_ROLES = ("base", "opd", "nca")
@@ -42,8 +42,7 @@ def cosine_table(runs: Sequence[Study]) -> list[str]:
     aparts = {r: [c[r][1] if r in c else {} for c in per_seed] for r in roles}
     depth = max(len(v) for r in roles for v in layers[r])
     apart = sorted({site for r in roles for a in aparts[r] for site in a})
-    head = ([f"layer {i}" for i in range(depth)] + ["mean over decoder layers"]
-            + [f"{site} (apart)" for site in apart])
+    head = [f"layer {i}" for i in range(depth)] + ["mean over decoder layers"] + [f"{site} (apart)" for site in apart]
     out = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for role in roles:
         cos = lambda vals: fmt_stat(scaled_stat(vals, "log1m"), 4)  # noqa: E731  (the interval never passes 1)
@@ -59,10 +58,14 @@ def _mean(vals: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _over_seeds(runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Study, str], float | None],
-                digits: int = 4) -> str:
-    return "; ".join(f"{runs[0].label(r)} {fmt_stat(scaled_stat([fn(s, r) for s in runs], 'log'), digits)}"
-                     for r in roles if any(fn(s, r) is not None for s in runs))
+def _over_seeds(
+    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Study, str], float | None], digits: int = 4
+) -> str:
+    return "; ".join(
+        f"{runs[0].label(r)} {fmt_stat(scaled_stat([fn(s, r) for s in runs], 'log'), digits)}"
+        for r in roles
+        if any(fn(s, r) is not None for s in runs)
+    )
 
 
 def _lens_output(study: Study, role: str) -> float | None:
@@ -82,13 +85,22 @@ def probe_lines(runs: Sequence[Study]) -> list[str]:
         return interventions
     out = ["## Mechanistic probes over seeds", ""]
     if table:
-        out += ["**Two-view hidden-state cosine** (per-token mean over the predicting positions, after each decoder "
-                "layer, and "
-                "their mean over decoder layers: the number the claims read; `embed` — 1 by construction, both views "
-                "embed the same response tokens — and `final_norm` reported apart):", "", *table, ""]
+        out += [
+            "**Two-view hidden-state cosine** (per-token mean over the predicting positions, after each decoder "
+            "layer, and "
+            "their mean over decoder layers: the number the claims read; `embed` — 1 by construction, both views "
+            "embed the same response tokens — and `final_norm` reported apart):",
+            "",
+            *table,
+            "",
+        ]
     if lens:
         out += [f"- Logit-lens output KL(p_c ‖ p_x) between views: {lens} (`seed-k/probes/lens.csv`, per depth)."]
-    out += ["- Every probe of each seed (patching, attention, gradients, deltas, teachability): `seed-k/report.md`.",
-            "", "Cells: mean over seeds [95 % Student-t interval over seeds, made on log(1 − c) for cosines and on log "
-            "for KLs (geometric means), so no interval leaves the quantity's range].", ""]
+    out += [
+        "- Every probe of each seed (patching, attention, gradients, deltas, teachability): `seed-k/report.md`.",
+        "",
+        "Cells: mean over seeds [95 % Student-t interval over seeds, made on log(1 − c) for cosines and on log "
+        "for KLs (geometric means), so no interval leaves the quantity's range].",
+        "",
+    ]
     return out + interventions

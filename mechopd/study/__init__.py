@@ -36,8 +36,16 @@ from typing import Any
 
 import yaml
 
-from mechopd.core.artifacts import (FileSet, finite_or_none, mean_kept_fraction, metric_lines, read_json,  # noqa: F401
-                               write_csv, write_json, write_text)
+from mechopd.core.artifacts import (  # noqa: F401
+    FileSet,
+    finite_or_none,
+    mean_kept_fraction,
+    metric_lines,
+    read_json,
+    write_csv,
+    write_json,
+    write_text,
+)
 from mechopd.core.checks import inside_root
 from mechopd.core.errors import ConfigError, DataError
 
@@ -108,8 +116,12 @@ class EvalReport:
         if not isinstance(doc, Mapping):
             raise DataError(f"{where}: expected a JSON object written by mechopd eval")
         extra = {k: v for k, v in doc.items() if k not in ("summary", "records", "settings")}
-        return cls(EvalSummary.from_dict(doc.get("summary"), f"{where}: summary"), list(doc.get("records") or []),
-                   dict(doc.get("settings") or {}), extra)
+        return cls(
+            EvalSummary.from_dict(doc.get("summary"), f"{where}: summary"),
+            list(doc.get("records") or []),
+            dict(doc.get("settings") or {}),
+            extra,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> EvalReport:
@@ -139,9 +151,9 @@ class Run:
     label: str
     train_dir: Path
     eval_path: Path
-    model: str | None = None            # checkpoint dir (base: the organism; else train_dir/final when None)
+    model: str | None = None  # checkpoint dir (base: the organism; else train_dir/final when None)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the demo's training overrides of this run
-    label_given: bool = False           # the label comes from the study file or demo.json (not the default)
+    label_given: bool = False  # the label comes from the study file or demo.json (not the default)
 
     @property
     def checkpoint(self) -> str:
@@ -209,8 +221,9 @@ class Study:
     def thresholds(self) -> dict[str, float] | None:
         th = self.manifest.get("thresholds")
         if th is not None and not isinstance(th, Mapping):
-            raise DataError(f"{self.root / MANIFEST_FILE}: 'thresholds' must be an object (drop_min, harm_high, "
-                            "gain_min)")
+            raise DataError(
+                f"{self.root / MANIFEST_FILE}: 'thresholds' must be an object (drop_min, harm_high, gain_min)"
+            )
         return None if th is None else dict(th)
 
     @property
@@ -246,11 +259,11 @@ class Study:
         if study is None and p.is_file():
             return cls.from_yaml(p)
         if not p.is_dir():
-            raise ConfigError(f"{p} is neither a run directory nor a study YAML; pass a dir written by mechopd demo "
-                              "or a study.yaml")
+            raise ConfigError(
+                f"{p} is neither a run directory nor a study YAML; pass a dir written by mechopd demo or a study.yaml"
+            )
         if study is not None:
-            doc, where = (dict(study), "study") if isinstance(study, Mapping) else (_read_yaml(Path(study)),
-                                                                                   str(study))
+            doc, where = (dict(study), "study") if isinstance(study, Mapping) else (_read_yaml(Path(study)), str(study))
             return cls.from_mapping(doc, root=p, where=where, own_root=False)
         if (p / STUDY_FILE).is_file():
             return cls.from_mapping(_read_yaml(p / STUDY_FILE), root=p, where=str(p / STUDY_FILE))
@@ -266,8 +279,9 @@ class Study:
         """A parsed study YAML; ``root``: the YAML's folder (its ``root`` key, relative to it, wins when
         ``own_root``) or the run dir it is applied to."""
         if not isinstance(doc.get("runs"), Mapping) or not doc["runs"]:
-            raise ConfigError(f"{where}: needs a 'runs' mapping of role -> run name, e.g. runs: {{opd: opd, nca: "
-                              "my_nca}}")
+            raise ConfigError(
+                f"{where}: needs a 'runs' mapping of role -> run name, e.g. runs: {{opd: opd, nca: my_nca}}}}"
+            )
         root = inside_root(root, doc.get("root"), where) if own_root else root  # outputs stay in the study's folder
         manifest = _manifest(root)
         runs = {str(role): _run(str(role), spec, root, manifest, where) for role, spec in doc["runs"].items()}
@@ -289,7 +303,8 @@ class Study:
             names = [str(m) for m in manifest["methods"]]
         else:
             names = sorted(p.name for p in (root / "train").glob("*") if p.is_dir()) or sorted(
-                p.stem for p in (root / "eval").glob("*.json") if p.stem != BASE)
+                p.stem for p in (root / "eval").glob("*.json") if p.stem != BASE
+            )
         runs = {n: _run(n, n, root, manifest, str(root)) for n in [BASE] + [n for n in names if n != BASE]}
         return cls(root, str(manifest.get("task", root.name)), runs, manifest, str(root / MANIFEST_FILE))
 
@@ -339,7 +354,7 @@ def _manifest(root: Path) -> dict[str, Any]:
         return {}
     doc = read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("methods"), list):
-        raise DataError(f"{path}: expected an object with a 'methods' list, e.g. {{\"methods\": [\"opd\"]}}")
+        raise DataError(f'{path}: expected an object with a \'methods\' list, e.g. {{"methods": ["opd"]}}')
     return doc
 
 
@@ -349,8 +364,9 @@ def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: s
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name", role), str):
-        raise ConfigError(f"{where}: runs.{role} must be a run name or a mapping with 'name' (and optionally label, "
-                          "dir, eval, model)")
+        raise ConfigError(
+            f"{where}: runs.{role} must be a run name or a mapping with 'name' (and optionally label, dir, eval, model)"
+        )
     unknown = sorted(set(spec) - {"name", "label", "dir", "eval", "model"})
     if unknown:
         raise ConfigError(f"{where}: runs.{role} has unknown key {unknown[0]!r}; use name, label, dir, eval, model")
@@ -358,9 +374,16 @@ def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: s
     labels = manifest.get("labels") or {}
     given = check_display_label(spec.get("label") or labels.get(name), f"{where}: runs.{role}.label")
     model = spec.get("model") or (manifest.get("organism") if role == BASE else None)
-    return Run(role, name, str(given or name), _path(root, spec.get("dir"), Path("train") / name),
-               _path(root, spec.get("eval"), Path("eval") / f"{name}.json"), None if model is None else str(model),
-               dict((manifest.get("runs") or {}).get(name) or {}), given is not None)
+    return Run(
+        role,
+        name,
+        str(given or name),
+        _path(root, spec.get("dir"), Path("train") / name),
+        _path(root, spec.get("eval"), Path("eval") / f"{name}.json"),
+        None if model is None else str(model),
+        dict((manifest.get("runs") or {}).get(name) or {}),
+        given is not None,
+    )
 
 
 def _path(root: Path, given: Any, default: Path) -> Path:

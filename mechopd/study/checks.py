@@ -30,18 +30,24 @@ def check_study(study: Study) -> Study:
         if run.role == BASE or run.train_dir.is_dir() or run.eval_path.is_file():
             continue
         known = sorted(p.name for p in (study.root / "train").glob("*") if p.is_dir())
-        raise ConfigError(f"{study.source}: role {run.role!r} names run {run.name!r}, but neither {run.train_dir} nor "
-                          f"{run.eval_path} exists (runs in {study.root / 'train'}: {', '.join(known) or 'none'}); "
-                          f"fix runs.{run.role}")
+        raise ConfigError(
+            f"{study.source}: role {run.role!r} names run {run.name!r}, but neither {run.train_dir} nor "
+            f"{run.eval_path} exists (runs in {study.root / 'train'}: {', '.join(known) or 'none'}); "
+            f"fix runs.{run.role}"
+        )
     tasks = _run_tasks(study)
     if len(tasks) == 1 and study.task == study.root.name and study.task not in tasks:  # no task given: the runs'
         study = replace(study, task=next(iter(tasks)))
     if tasks and study.task not in tasks:
-        raise ConfigError(f"{study.source}: task {study.task!r}, but the runs were trained on {', '.join(sorted(tasks))}"
-                          f"; drop the task: line (the task comes from the runs) or name runs of task {study.task!r}")
+        raise ConfigError(
+            f"{study.source}: task {study.task!r}, but the runs were trained on {', '.join(sorted(tasks))}"
+            f"; drop the task: line (the task comes from the runs) or name runs of task {study.task!r}"
+        )
     if len(tasks) > 1:
-        raise ConfigError(f"{study.source}: the runs were trained on several tasks ({', '.join(sorted(tasks))}); a "
-                          "study compares runs of one task")
+        raise ConfigError(
+            f"{study.source}: the runs were trained on several tasks ({', '.join(sorted(tasks))}); a "
+            "study compares runs of one task"
+        )
     return study
 
 
@@ -59,9 +65,11 @@ def check_seeds(seeds: Sequence[Study]) -> list[Study]:
             if r is None or not r.eval_path.is_file():
                 if all(x.run(run.role) is None or not x.run(run.role).eval_path.is_file() for x in seeds):
                     break  # measured in no seed: the role has no row, as before
-                raise DataError(f"aggregate: role {run.role!r} has no evaluation in seed run {s.root} (expected "
-                                f"{r.eval_path if r else 'a run for it'}); evaluate it there (rerun mechopd demo) or "
-                                "leave that seed out")
+                raise DataError(
+                    f"aggregate: role {run.role!r} has no evaluation in seed run {s.root} (expected "
+                    f"{r.eval_path if r else 'a run for it'}); evaluate it there (rerun mechopd demo) or "
+                    "leave that seed out"
+                )
             reports[k] = _checked_summary(s.eval(run.role).to_dict(), r.eval_path)
         _same_blocks(reports, seeds, run.role)
     return seeds
@@ -80,8 +88,10 @@ def _checked_summary(doc: dict, path: Path) -> set[str]:
             low, high = (0.0, 1.0) if key in RATES else (-MAX_ABS, MAX_ABS)
             if not low <= x <= high:
                 name = key if part == "value" else f"{key}.{part}"
-                raise DataError(f"{path}: summary.{name} = {x!r} is outside [{low}, {high}]; rewrite the report with "
-                                "mechopd eval (or rerun mechopd demo)")
+                raise DataError(
+                    f"{path}: summary.{name} = {x!r} is outside [{low}, {high}]; rewrite the report with "
+                    "mechopd eval (or rerun mechopd demo)"
+                )
     return set(summary) | ({"other_contexts"} if doc.get("other_contexts") is not None else set())
 
 
@@ -91,10 +101,12 @@ def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[Study], role: str
         missing = sorted((every - keys) & (set(BLOCKS) | {"other_contexts"}))
         if missing:
             has = next((seeds[j].root for j, ks in reports.items() if set(missing) <= ks), "another seed")
-            raise DataError(f"aggregate: seed run {seeds[k].root} has no {', '.join(missing)} for role {role!r} "
-                            f"(written by an older mechopd), but {has} has; a mean over the seeds that have it would "
-                            f"shrink silently: re-evaluate that seed with --other-contexts (rerun mechopd demo) or "
-                            "leave it out")
+            raise DataError(
+                f"aggregate: seed run {seeds[k].root} has no {', '.join(missing)} for role {role!r} "
+                f"(written by an older mechopd), but {has} has; a mean over the seeds that have it would "
+                f"shrink silently: re-evaluate that seed with --other-contexts (rerun mechopd demo) or "
+                "leave it out"
+            )
 
 
 def _run_tasks(study: Study) -> set[str]:

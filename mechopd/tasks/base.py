@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from mechopd.core.errors import ConfigError, TaskError
 
@@ -73,8 +74,13 @@ class OtherContext:
 
     def example(self, example: Example) -> Example:
         """`example` with this context and its answer (what `Task.score` then scores against)."""
-        return Example(uid=example.uid, prompt=example.prompt, context=self.context, answer=self.answer,
-                       meta={**example.meta, "other_label": self.label})
+        return Example(
+            uid=example.uid,
+            prompt=example.prompt,
+            context=self.context,
+            answer=self.answer,
+            meta={**example.meta, "other_label": self.label},
+        )
 
 
 @runtime_checkable
@@ -184,16 +190,20 @@ class BaseTask(ABC):
         return []
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
-        raise TaskError(f"task {self.name!r} has no organism pretraining corpus; organisms exist for rules, "
-                        "frozenlake and sokoban: pass a real model as --student")
+        raise TaskError(
+            f"task {self.name!r} has no organism pretraining corpus; organisms exist for rules, "
+            "frozenlake and sokoban: pass a real model as --student"
+        )
 
 
 def check_split(task: Task, examples: list[Example], split: str) -> None:
     """Raise `TaskError` if any of `examples` belongs to another split by the task's own rule (`Task.split_of`)."""
     leaked = [ex.uid for ex in examples if task.split_of(ex) != split]
     if leaked:
-        raise TaskError(f"{len(leaked)} {split} items of task {task.name!r} belong to another split by the task's "
-                        f"split_of (e.g. uid {leaked[0]}); the task's examples() and split_of() disagree")
+        raise TaskError(
+            f"{len(leaked)} {split} items of task {task.name!r} belong to another split by the task's "
+            f"split_of (e.g. uid {leaked[0]}); the task's examples() and split_of() disagree"
+        )
 
 
 def check_disjoint(a: list[Example], b: list[Example]) -> None:
@@ -248,8 +258,10 @@ def get_task(name: str, **options: Any) -> Task:
     task = factory(**options)
     gaps = missing_members(task)
     if gaps:
-        raise TaskError(f"task {name!r} lacks {', '.join(gaps)} of the Task protocol; subclass "
-                        "mechopd.tasks.base.BaseTask for the defaults")
+        raise TaskError(
+            f"task {name!r} lacks {', '.join(gaps)} of the Task protocol; subclass "
+            "mechopd.tasks.base.BaseTask for the defaults"
+        )
     return task
 
 
@@ -270,11 +282,17 @@ def option_number(task: str, field: str, value: Any, *, integer: bool, lo: float
     import math
 
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < lo or \
-            (hi is not None and value > hi):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
         rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
-        raise ConfigError(f"{task} task: {field}={value!r} is invalid; pass {'an integer' if integer else 'a number'} "
-                          f"{rng}")
+        raise ConfigError(
+            f"{task} task: {field}={value!r} is invalid; pass {'an integer' if integer else 'a number'} {rng}"
+        )
     return value if integer else float(value)
 
 

@@ -96,8 +96,14 @@ class FrozenLakeBoard:
 
     def to_meta(self) -> dict[str, Any]:
         rc = lambda i: list(divmod(i, self.size))  # noqa: E731
-        return {"game": self.game, "size": self.size, "holes": [rc(h) for h in sorted(self.holes)],
-                "start": rc(self.start), "goal": rc(self.goal), "rows": self.render(self.start).split("\n")}
+        return {
+            "game": self.game,
+            "size": self.size,
+            "holes": [rc(h) for h in sorted(self.holes)],
+            "start": rc(self.start),
+            "goal": rc(self.goal),
+            "rows": self.render(self.start).split("\n"),
+        }
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> FrozenLakeBoard:
@@ -106,7 +112,9 @@ class FrozenLakeBoard:
             cell = lambda rc: _cell(n, rc, "meta")  # noqa: E731
             board = cls(n, frozenset(cell(h) for h in meta["holes"]), cell(meta["start"]), cell(meta["goal"]))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
-            raise TaskError(f"frozenlake: example meta is not a board ({e}); use meta from FrozenLakeTask.examples") from e
+            raise TaskError(
+                f"frozenlake: example meta is not a board ({e}); use meta from FrozenLakeTask.examples"
+            ) from e
         if board.start == board.goal or {board.start, board.goal} & board.holes:
             raise TaskError(f"frozenlake: example meta has start/goal on a hole or on each other: {meta}")
         return board
@@ -127,8 +135,16 @@ def shortest_path_length(board: FrozenLakeBoard, max_depth: int | None = None) -
     return None if path is None else len(path)
 
 
-def generate_board(rng: random.Random, size: int, holes: int, start: int | None, goal: int | None,
-                   min_path: int, max_path: int, tries: int = 10_000) -> FrozenLakeBoard:
+def generate_board(
+    rng: random.Random,
+    size: int,
+    holes: int,
+    start: int | None,
+    goal: int | None,
+    min_path: int,
+    max_path: int,
+    tries: int = 10_000,
+) -> FrozenLakeBoard:
     """A random board whose shortest safe path has min_path..max_path moves (start/goal None = random)."""
     cells = range(size * size)
     fixed = [c for c in (start, goal) if c is not None]
@@ -169,9 +185,20 @@ class FrozenLakeTask(GameTask):
     outcomes = (MOVED, EDGE, HOLE, GOAL)
     symbols = ("P", "F", "H", "G")
 
-    def __init__(self, size: int = 4, holes: int = 3, start: Any = "random", goal: Any = "random",
-                 min_path: int = 3, step_budget: int = 5, context: str | None = None, weak_policy: str = "random",
-                 max_new_tokens: int = 24, temperature: float = 0.7, readout: bool = True):
+    def __init__(
+        self,
+        size: int = 4,
+        holes: int = 3,
+        start: Any = "random",
+        goal: Any = "random",
+        min_path: int = 3,
+        step_budget: int = 5,
+        context: str | None = None,
+        weak_policy: str = "random",
+        max_new_tokens: int = 24,
+        temperature: float = 0.7,
+        readout: bool = True,
+    ):
         super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
         self.readout = bool(readout)  # the per-move read-out line under the board (module docstring)
         self.size = check_int(self.name, "size", size, 3, 6)
@@ -186,8 +213,11 @@ class FrozenLakeTask(GameTask):
         """Hole sets x start cells x goal cells (fixed start / goal: one choice each)."""
         cells, fixed = self.size * self.size, sum(c is not None for c in (self.start, self.goal))
         free = cells - self.holes
-        return (math.comb(cells - fixed, self.holes) * (1 if self.start is not None else free)
-                * (1 if self.goal is not None else free - 1))
+        return (
+            math.comb(cells - fixed, self.holes)
+            * (1 if self.start is not None else free)
+            * (1 if self.goal is not None else free - 1)
+        )
 
     def generate_board(self, rng: random.Random) -> FrozenLakeBoard:
         return generate_board(rng, self.size, self.holes, self.start, self.goal, self.min_path, self.step_budget)
@@ -213,4 +243,6 @@ def make_frozenlake(**options: Any) -> FrozenLakeTask:
 
     Reference setting: ``make_frozenlake(**REFERENCE)``.
     """
-    return with_engine("frozenlake", options, lambda o: FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, o)))  # engine= too
+    return with_engine(
+        "frozenlake", options, lambda o: FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, o))
+    )  # engine= too

@@ -243,7 +243,8 @@ def with_engine(game: str, options: dict[str, Any], embedded: Callable[[dict[str
     if engine == EMBEDDED:
         return embedded(rest)
     if engine not in ENGINES:
-        raise ConfigError(f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or "
-                          f"{' or '.join(repr(e) for e in ENGINES)}")
+        raise ConfigError(
+            f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or "
+            f"{' or '.join(repr(e) for e in ENGINES)}"
+        )
     return ENGINES[engine](game, **rest)
-

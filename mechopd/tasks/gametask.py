@@ -14,9 +14,27 @@ from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks.base import BaseTask, Corpus, Example, option_temperature
-from mechopd.tasks.gamecore import (ACTIONS, ALIASES, INVALID, MAX_MISSES, SPLITS, Board, GameEpisode, GameState,
-                                    Policy, action_text, bfs_path, board_hash, board_header, expert_action, log_line,
-                                    optimal_actions, parse_action, play, split_of)
+from mechopd.tasks.gamecore import (
+    ACTIONS,
+    ALIASES,
+    INVALID,
+    MAX_MISSES,
+    SPLITS,
+    Board,
+    GameEpisode,
+    GameState,
+    Policy,
+    action_text,
+    bfs_path,
+    board_hash,
+    board_header,
+    expert_action,
+    log_line,
+    optimal_actions,
+    parse_action,
+    play,
+    split_of,
+)
 from mechopd.tasks.words import split_words
 
 WEAK_POLICIES = ("random", "greedy")
@@ -53,8 +71,9 @@ class GameTask(BaseTask):
         """Texts the read-out line can contain (for the vocabulary); none when the task has no read-out."""
         return []
 
-    def __init__(self, step_budget: int, context: str | None, weak_policy: str, max_new_tokens: int,
-                 temperature: float):
+    def __init__(
+        self, step_budget: int, context: str | None, weak_policy: str, max_new_tokens: int, temperature: float
+    ):
         self.step_budget = check_int(self.name, "step_budget", step_budget, 1, 20)
         if context is not None and (not isinstance(context, str) or not context.strip()):
             raise ConfigError(f"{self.name} task: context={context!r} must be non-empty text; omit it for the default")
@@ -113,8 +132,7 @@ class GameTask(BaseTask):
 
     def example_for(self, uid: str, board: Board) -> Example:
         path = bfs_path(board, board.initial_key())
-        meta = {**board.to_meta(), "optimal_moves": len(path or []), "solution": path,
-                "step_budget": self.step_budget}
+        meta = {**board.to_meta(), "optimal_moves": len(path or []), "solution": path, "step_budget": self.step_budget}
         prompt = GameEpisode(board, self.intro, self.step_budget, self.readout).prompt()
         return Example(uid=uid, prompt=prompt, context=self.context, answer=None, meta=meta)
 
@@ -123,8 +141,10 @@ class GameTask(BaseTask):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise TaskError(f"{self.name}: asked for n={n!r} examples; pass n >= 1")
         if self.max_items(split, n) is not None:
-            raise TaskError(f"{self.name}: at most {self.board_space()} boards exist for {self.size_params()} (asked "
-                            f"for {n} {split} boards); ask for fewer, or use a larger board (--option size=...)")
+            raise TaskError(
+                f"{self.name}: at most {self.board_space()} boards exist for {self.size_params()} (asked "
+                f"for {n} {split} boards); ask for fewer, or use a larger board (--option size=...)"
+            )
         out = []
         for uid, board in self.board_stream(split, seed):
             out.append(self.example_for(uid, board))

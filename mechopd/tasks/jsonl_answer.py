@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import unicodedata
 
-
 _SPAN_RE = re.compile(r"<\s*answer\s*>((?:(?!<\s*answer\s*>).)*?)<\s*/\s*answer\s*>", re.IGNORECASE | re.DOTALL)
 _CHOICE_RE = re.compile(r"^[(\[]?\s*([A-Za-z])\s*(?:[)\]]|[.:)](?:\s.*)?)?$", re.DOTALL)
 

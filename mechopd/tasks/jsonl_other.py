@@ -30,22 +30,31 @@ def raw_other(obj: dict, where: str) -> tuple[str | None, str | None]:
     return out[0], out[1]
 
 
-def resolve_other(other_context: str | None, other_answer: str | None, shared: str | None,
-                  options: dict[str, str] | None, where: str, letter_of: Any) -> dict[str, str] | None:
+def resolve_other(
+    other_context: str | None,
+    other_answer: str | None,
+    shared: str | None,
+    options: dict[str, str] | None,
+    where: str,
+    letter_of: Any,
+) -> dict[str, str] | None:
     """The item's other context as ``{"label", "context", "answer"}`` (answer: the option letter for multiple
     choice), or None when the item gives no ``other_answer``."""
     if other_answer is None:
         return None
     context = other_context or shared
     if context is None:
-        raise DataError(f"{where} field 'other_answer' has no other context; add 'other_context' to the item or "
-                        "pass other_context= / other_context_file= to the task")
+        raise DataError(
+            f"{where} field 'other_answer' has no other context; add 'other_context' to the item or "
+            "pass other_context= / other_context_file= to the task"
+        )
     answer = other_answer
     if options:
         answer = letter_of(other_answer, options)
         if answer not in options:
-            raise DataError(f"{where} field 'other_answer' = {other_answer!r} names no option; use one of "
-                            f"{', '.join(options)}")
+            raise DataError(
+                f"{where} field 'other_answer' = {other_answer!r} names no option; use one of {', '.join(options)}"
+            )
     return {"label": PER_ITEM if other_context else SHARED, "context": context, "answer": answer}
 
 

@@ -19,8 +19,7 @@ import random
 from dataclasses import dataclass
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, \
-    register_task
+from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, register_task
 from mechopd.tasks.words import split_words
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
@@ -83,10 +82,13 @@ def _count_items(min_len: int, max_len: int, split: str) -> int | None:
     return None if test is None else test if split == "test" else total - test
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _count_test(min_len: int, max_len: int) -> int:
-    return sum(item_split(list(d)) == "test" for k in range(min_len, max_len + 1)
-               for d in itertools.product(range(10), repeat=k))
+    return sum(
+        item_split(list(d)) == "test"
+        for k in range(min_len, max_len + 1)
+        for d in itertools.product(range(10), repeat=k)
+    )
 
 
 @dataclass
@@ -137,9 +139,11 @@ class RulesTask(BaseTask):
             raise TaskError(f"the evaluation set is empty (n={n}); pass --n 1 or more")
         size = self.max_items(split, n)
         if size is not None and n > size:
-            raise TaskError(f"task 'rules' has only {size} {split} items (digit lists of length {self.min_len}.."
-                            f"{self.max_len}, 1 in 10 held out), asked for {n}; ask for at most {size} (eval/probe "
-                            "--n, train pool_size / eval_n) or widen the space (--option max_len=...)")
+            raise TaskError(
+                f"task 'rules' has only {size} {split} items (digit lists of length {self.min_len}.."
+                f"{self.max_len}, 1 in 10 held out), asked for {n}; ask for at most {size} (eval/probe "
+                "--n, train pool_size / eval_n) or widen the space (--option max_len=...)"
+            )
         rng = random.Random(f"rules|{split}|{seed}")
         seen: dict[str, Example] = {}
         while len(seen) < n:
@@ -175,8 +179,11 @@ class RulesTask(BaseTask):
         distilled rule's is left out (it would not tell following from sticking)."""
         digits = list(example.meta["digits"])
         own = apply_rule(self.rule, digits)
-        return [OtherContext(r, rule_text(r), _fmt(apply_rule(r, digits)), _fmt(apply_rule(r, own)))
-                for r in dict.fromkeys(self.family) if r != self.rule and apply_rule(r, digits) != own]
+        return [
+            OtherContext(r, rule_text(r), _fmt(apply_rule(r, digits)), _fmt(apply_rule(r, own)))
+            for r in dict.fromkeys(self.family)
+            if r != self.rule and apply_rule(r, digits) != own
+        ]
 
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         """(context or None, prompt, response): with a context any family rule applied; without, the identity."""

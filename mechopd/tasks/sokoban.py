@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any, ClassVar
 
 from mechopd.core.errors import TaskError
@@ -30,11 +30,20 @@ from mechopd.tasks.gametask import GameTask, check_int, check_options
 Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
 MOVED, WALL, BLOCKED = "moved", "bumped into a wall", "could not push the box"
 PUSHED, ON_TARGET = "pushed a box", "pushed a box onto a target"
-SYMBOL_OF = {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√", "player": "P",
-             "player_on_target": "S"}
+SYMBOL_OF = {
+    "wall": "#",
+    "floor": "_",
+    "target": "O",
+    "box": "X",
+    "box_on_target": "√",
+    "player": "P",
+    "player_on_target": "S",
+}
 
-INTRO = ("Sokoban. Push the box X onto the target O. P is you, S is you on O, # is a wall, _ is floor, "
-         "√ is a box on O. Reply [up] [down] [left] or [right]")
+INTRO = (
+    "Sokoban. Push the box X onto the target O. P is you, S is you on O, # is a wall, _ is floor, "
+    "√ is a box on O. Reply [up] [down] [left] or [right]"
+)
 CONTEXT = (  # short on purpose: the organisms pay for every prompt token on a CPU
     "Experience:\n"
     "1. Walking into X pushes it. A box is never pulled.\n"
@@ -101,16 +110,21 @@ class SokobanBoard:
             target = min(self.targets - set(boxes), key=lambda t: _manhattan(n, box, t), default=None)
             for a in ACTIONS:
                 d = DELTAS[a][0] * n + DELTAS[a][1]
-                if target is not None and _manhattan(n, box + d, target) < _manhattan(n, box, target) \
-                        and box + d not in self.walls and box + d not in boxes \
-                        and box - d not in self.walls and box - d not in boxes:
+                if (
+                    target is not None
+                    and _manhattan(n, box + d, target) < _manhattan(n, box, target)
+                    and box + d not in self.walls
+                    and box + d not in boxes
+                    and box - d not in self.walls
+                    and box - d not in boxes
+                ):
                     pushes[a] = box - d
         # walking distance to the nearest push spot, for every cell at once (one BFS from all spots; the grid is
         # undirected, so distance from a spot equals distance to it)
         spot_dist = _walk(n, set(pushes.values()), self.walls | set(boxes))
 
         def to_spot(cell: int) -> int:
-            return spot_dist.get(cell, 10 ** 6)
+            return spot_dist.get(cell, 10**6)
 
         here, out = to_spot(player), []
         for a in ACTIONS:
@@ -176,7 +190,7 @@ def _walk(n: int, starts: set[int], blocked: set[int] | frozenset[int]) -> dict[
     return dist
 
 
-@lru_cache(maxsize=None)
+@cache
 def interior_neighbours(size: int) -> dict[int, tuple[int, ...]]:
     """For every cell inside the outer walls, its neighbours inside the outer walls (action order)."""
     inner = range(1, size - 1)
@@ -202,8 +216,15 @@ def carve_room(rng: random.Random, size: int, min_floor: int) -> frozenset[int]:
     return frozenset(floor)
 
 
-def reverse_play(rng: random.Random, size: int, floor: frozenset[int], boxes: set[int], player: int,
-                 steps: int, pull_prob: float = 0.5) -> Key:
+def reverse_play(
+    rng: random.Random,
+    size: int,
+    floor: frozenset[int],
+    boxes: set[int],
+    player: int,
+    steps: int,
+    pull_prob: float = 0.5,
+) -> Key:
     """Walk the player backwards `steps` times from a solved state, pulling the box behind it with `pull_prob`."""
     boxes = set(boxes)
     for _ in range(steps):
@@ -219,8 +240,9 @@ def reverse_play(rng: random.Random, size: int, floor: frozenset[int], boxes: se
     return player, tuple(sorted(boxes))
 
 
-def generate_board(rng: random.Random, size: int, n_boxes: int, min_moves: int, max_moves: int,
-                   tries: int = 10_000) -> SokobanBoard:
+def generate_board(
+    rng: random.Random, size: int, n_boxes: int, min_moves: int, max_moves: int, tries: int = 10_000
+) -> SokobanBoard:
     """A reverse-played board whose shortest solution has min_moves..max_moves moves."""
     steps = [DELTAS[a][0] * size + DELTAS[a][1] for a in ACTIONS]
     for _ in range(tries):
@@ -253,8 +275,10 @@ def greedy_action(state: GameState) -> str:
     def cost(a: str) -> tuple[int, int]:
         player, boxes = board.step(state.key, a)[0]
         loose = [b for b in boxes if b not in board.targets] or list(boxes)
-        return (sum(min(_manhattan(n, b, t) for t in board.targets) for b in boxes),
-                min(_manhattan(n, player, b) for b in loose))
+        return (
+            sum(min(_manhattan(n, b, t) for t in board.targets) for b in boxes),
+            min(_manhattan(n, player, b) for b in loose),
+        )
 
     return min(ACTIONS, key=cost)
 
@@ -268,9 +292,18 @@ class SokobanTask(GameTask):
     outcomes = (MOVED, WALL, BLOCKED, PUSHED, ON_TARGET)
     symbols = tuple(SYMBOL_OF.values())
 
-    def __init__(self, size: int = 6, boxes: int = 1, min_moves: int = 2, step_budget: int = 5,
-                 context: str | None = None, weak_policy: str = "random", max_new_tokens: int = 24,
-                 temperature: float = 0.7, readout: bool = True):
+    def __init__(
+        self,
+        size: int = 6,
+        boxes: int = 1,
+        min_moves: int = 2,
+        step_budget: int = 5,
+        context: str | None = None,
+        weak_policy: str = "random",
+        max_new_tokens: int = 24,
+        temperature: float = 0.7,
+        readout: bool = True,
+    ):
         super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
         self.readout = bool(readout)
         self.size = check_int(self.name, "size", size, 5, 8)
@@ -302,4 +335,6 @@ class SokobanTask(GameTask):
 def make_sokoban(**options: Any) -> SokobanTask:
     """``--task sokoban``; options: size (6), boxes (1), min_moves (2), step_budget (5), context, weak_policy,
     max_new_tokens (24), temperature (0.7), readout (True)."""
-    return with_engine("sokoban", options, lambda o: SokobanTask(**check_options("sokoban", SokobanTask, o)))  # engine= too
+    return with_engine(
+        "sokoban", options, lambda o: SokobanTask(**check_options("sokoban", SokobanTask, o))
+    )  # engine= too

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks import frozenlake, sokoban
-import re
-
 from mechopd.tasks.base import BaseTask, Example
 from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, register_engine, split_of
 
@@ -115,8 +114,9 @@ class TextArenaGameTask(BaseTask):
 
     placement, is_game = "user", True
 
-    def __init__(self, game: str, size: int, count: int, step_budget: int, context: str, max_new_tokens: int,
-                 temperature: float):
+    def __init__(
+        self, game: str, size: int, count: int, step_budget: int, context: str, max_new_tokens: int, temperature: float
+    ):
         self.name, self.size, self.count, self.step_budget = game, size, count, step_budget
         self.context, self.max_new_tokens, self.temperature = context, max_new_tokens, temperature
         self.env_id = {"frozenlake": "FrozenLake-v0", "sokoban": "Sokoban-v0"}[game]
@@ -146,8 +146,10 @@ class TextArenaGameTask(BaseTask):
             misses = 0
             out.append(ex)
         if len(out) < n:
-            raise TaskError(f"{self.name} (textarena): only {len(out)} unique {split} boards of size {self.size} "
-                            f"exist (asked for {n}); ask for fewer or use a larger board")
+            raise TaskError(
+                f"{self.name} (textarena): only {len(out)} unique {split} boards of size {self.size} "
+                f"exist (asked for {n}); ask for fewer or use a larger board"
+            )
         return out
 
     def new_episode(self, example: Example) -> TextArenaEpisode:
@@ -175,28 +177,50 @@ class TextArenaGameTask(BaseTask):
 
 
 @register_engine("textarena")
-def make_textarena_task(game: str, *, size: int | None = None, holes: int = 3,
-                        boxes: int = 1, step_budget: int = 5, context: str | None = None, max_new_tokens: int = 1024,
-                        temperature: float = 0.7, readout: bool = False, **unknown: Any) -> TextArenaGameTask:
+def make_textarena_task(
+    game: str,
+    *,
+    size: int | None = None,
+    holes: int = 3,
+    boxes: int = 1,
+    step_budget: int = 5,
+    context: str | None = None,
+    max_new_tokens: int = 1024,
+    temperature: float = 0.7,
+    readout: bool = False,
+    **unknown: Any,
+) -> TextArenaGameTask:
     """The ``engine: textarena`` variant of ``frozenlake`` / ``sokoban``. Options: size (FrozenLake 4, Sokoban 6, as
     FrozenLake-v0 / Sokoban-v0), holes (FrozenLake), boxes (Sokoban), step_budget, context, max_new_tokens,
     temperature; ``readout: false`` is accepted (TextArena has no read-out line). The embedded-only options
     (readout: true, start, goal, min_path, weak_policy ...) are refused."""
     if readout:
-        raise ConfigError(f"{game} task: readout=true is an embedded-organism option; TextArena's boards have no "
-                          "read-out line (set readout: false or drop it with engine: textarena)")
+        raise ConfigError(
+            f"{game} task: readout=true is an embedded-organism option; TextArena's boards have no "
+            "read-out line (set readout: false or drop it with engine: textarena)"
+        )
     if unknown:
-        raise ConfigError(f"{game} task: option(s) {sorted(unknown)} do not apply to engine: textarena; its options "
-                          "are size, holes (frozenlake), boxes (sokoban), step_budget, context, max_new_tokens, "
-                          "temperature")
+        raise ConfigError(
+            f"{game} task: option(s) {sorted(unknown)} do not apply to engine: textarena; its options "
+            "are size, holes (frozenlake), boxes (sokoban), step_budget, context, max_new_tokens, "
+            "temperature"
+        )
     size = size if size is not None else (4 if game == "frozenlake" else 6)
     default_ctx = frozenlake.CONTEXT if game == "frozenlake" else sokoban.CONTEXT
     if context is not None and not str(context).strip():
         raise ConfigError(f"{game} task: context is empty; omit it for the default experience items")
     if not (isinstance(step_budget, int) and 1 <= step_budget <= 100) or not 4 <= int(max_new_tokens) <= 4096:
-        raise ConfigError(f"{game} task: step_budget={step_budget!r} must be 1..100 and max_new_tokens="
-                          f"{max_new_tokens!r} 4..4096")
+        raise ConfigError(
+            f"{game} task: step_budget={step_budget!r} must be 1..100 and max_new_tokens={max_new_tokens!r} 4..4096"
+        )
     if not float(temperature) > 0:
         raise ConfigError(f"{game} task: temperature={temperature!r} must be > 0")
-    return TextArenaGameTask(game, int(size), int(holes if game == "frozenlake" else boxes), step_budget,
-                             context or default_ctx, int(max_new_tokens), float(temperature))
+    return TextArenaGameTask(
+        game,
+        int(size),
+        int(holes if game == "frozenlake" else boxes),
+        step_budget,
+        context or default_ctx,
+        int(max_new_tokens),
+        float(temperature),
+    )

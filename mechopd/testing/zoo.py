@@ -42,8 +42,14 @@ PADDED_HEAD = {"qwen2": 151936}  # rows of the real checkpoints' heads (Qwen2.5-
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN3_SPECIALS = QWEN_SPECIALS + ["<think>", "</think>"]
-LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                  "<|finetune_right_pad_id|>"]
+LLAMA_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|finetune_right_pad_id|>",
+]
 
 QWEN25_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}"
@@ -99,12 +105,15 @@ class Family:
 
 
 FAMILY = {
-    "qwen3": Family("qwen3", "Qwen3Config", tuple(QWEN3_SPECIALS), QWEN3_TEMPLATE, None, "<|im_end|>",
-                    "<|endoftext|>", True),
-    "qwen2": Family("qwen2", "Qwen2Config", tuple(QWEN_SPECIALS), QWEN25_TEMPLATE, None, "<|im_end|>",
-                    "<|endoftext|>", True),
-    "llama": Family("llama", "LlamaConfig", tuple(LLAMA_SPECIALS), LLAMA3_TEMPLATE, "<|begin_of_text|>",
-                    "<|eot_id|>", None, True),
+    "qwen3": Family(
+        "qwen3", "Qwen3Config", tuple(QWEN3_SPECIALS), QWEN3_TEMPLATE, None, "<|im_end|>", "<|endoftext|>", True
+    ),
+    "qwen2": Family(
+        "qwen2", "Qwen2Config", tuple(QWEN_SPECIALS), QWEN25_TEMPLATE, None, "<|im_end|>", "<|endoftext|>", True
+    ),
+    "llama": Family(
+        "llama", "LlamaConfig", tuple(LLAMA_SPECIALS), LLAMA3_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", None, True
+    ),
 }
 
 
@@ -134,10 +143,34 @@ class Zoo:
 
 
 # ----------------------------------------------------------------------------------------------------------- data
-_DRUGS = ["arvelin", "bostrazine", "calumet", "dorvanide", "elquinol", "fentrazole", "gavimab", "hextorin",
-          "isoprane", "jorvadil", "kelmisone", "lutrexin"]
-_CONDITIONS = ["migraine", "gout", "asthma", "angina", "eczema", "anaemia", "vertigo", "psoriasis", "sepsis",
-               "glaucoma", "rickets", "tetanus"]
+_DRUGS = [
+    "arvelin",
+    "bostrazine",
+    "calumet",
+    "dorvanide",
+    "elquinol",
+    "fentrazole",
+    "gavimab",
+    "hextorin",
+    "isoprane",
+    "jorvadil",
+    "kelmisone",
+    "lutrexin",
+]
+_CONDITIONS = [
+    "migraine",
+    "gout",
+    "asthma",
+    "angina",
+    "eczema",
+    "anaemia",
+    "vertigo",
+    "psoriasis",
+    "sepsis",
+    "glaucoma",
+    "rickets",
+    "tetanus",
+]
 _ROUTES = ["oral", "intravenous", "topical", "inhaled"]
 
 
@@ -146,8 +179,10 @@ def context_text(sentences: int) -> str:
     lines = ["Formulary of the Northgate clinic. Follow these rules when answering."]
     for i in range(sentences):
         d, c, r = _DRUGS[i % 12], _CONDITIONS[(i * 5) % 12], _ROUTES[i % 4]
-        lines.append(f"Rule {i + 1}: for {c}, the first-line drug is {d}, given by the {r} route, "
-                     f"at {10 * (i % 7 + 1)} mg every {4 + i % 3 * 2} hours.")
+        lines.append(
+            f"Rule {i + 1}: for {c}, the first-line drug is {d}, given by the {r} route, "
+            f"at {10 * (i % 7 + 1)} mg every {4 + i % 3 * 2} hours."
+        )
     return "\n".join(lines)
 
 
@@ -162,8 +197,16 @@ def medmcqa_items(n: int = N_ITEMS, seed: int = 0) -> list[dict]:
         opts = wrong[:]
         cop = rng.randrange(4)
         opts.insert(cop, right)
-        items.append({"question": f"Case {i}: which drug is first-line for {c} at the Northgate clinic?",
-                      "opa": opts[0], "opb": opts[1], "opc": opts[2], "opd": opts[3], "cop": cop})
+        items.append(
+            {
+                "question": f"Case {i}: which drug is first-line for {c} at the Northgate clinic?",
+                "opa": opts[0],
+                "opb": opts[1],
+                "opc": opts[2],
+                "opd": opts[3],
+                "cop": cop,
+            }
+        )
     return items
 
 
@@ -174,9 +217,17 @@ def training_text(context: str, items: list[dict]) -> list[str]:
         lines.append(it["question"])
         lines += [f"{k.upper()}. {it[f'op{k}']}" for k in "abcd"]
         lines.append(f"<answer>{'ABCD'[it['cop']]}</answer>")
-    lines += ["Think it through, then give the letter of the correct option inside <answer> and </answer>.",
-              "system", "user", "assistant", QWEN_DEFAULT_SYSTEM, "Cutting Knowledge Date: December 2023",
-              "Today Date: 26 Jul 2024", "[up] [down] [left] [right]", "0123456789 shift repeat reverse"]
+    lines += [
+        "Think it through, then give the letter of the correct option inside <answer> and </answer>.",
+        "system",
+        "user",
+        "assistant",
+        QWEN_DEFAULT_SYSTEM,
+        "Cutting Knowledge Date: December 2023",
+        "Today Date: 26 Jul 2024",
+        "[up] [down] [left] [right]",
+        "0123456789 shift repeat reverse",
+    ]
     return lines
 
 
@@ -192,8 +243,12 @@ def train_bpe(texts: list[str], specials: list[str], vocab_size: int = VOCAB, us
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
@@ -203,8 +258,9 @@ def wrap_tokenizer(tok, family: Family):
     from transformers import PreTrainedTokenizerFast
 
     kw = {"eos_token": family.eos, "bos_token": family.bos, "pad_token": family.pad}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
-                                   **{k: v for k, v in kw.items() if v is not None})
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, clean_up_tokenization_spaces=False, **{k: v for k, v in kw.items() if v is not None}
+    )
     fast.add_special_tokens({"additional_special_tokens": [s for s in family.specials if s not in kw.values()]})
     fast.chat_template = family.template
     return fast
@@ -221,11 +277,23 @@ def tiny_model(family: Family, tokenizer, vocab_size: int, seed: int, hidden: in
     import transformers
 
     cls = getattr(transformers, family.config_class)
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in
-           (("bos_token_id", family.bos), ("eos_token_id", family.eos), ("pad_token_id", family.pad)) if tok}
-    cfg = cls(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=2048,
-              tie_word_embeddings=family.tie, **ids)
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in (("bos_token_id", family.bos), ("eos_token_id", family.eos), ("pad_token_id", family.pad))
+        if tok
+    }
+    cfg = cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=family.tie,
+        **ids,
+    )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     model.generation_config.eos_token_id = ids["eos_token_id"]
@@ -287,8 +355,9 @@ def build_zoo(root: str | os.PathLike | None = None) -> Zoo:
         texts = training_text(ctx, items)
         for name in FAMILIES:
             _build_family(FAMILY[name], texts, tmp / name)
-        (tmp / "zoo.json").write_text(json.dumps({"key": zoo_key(), "families": list(FAMILIES),
-                                                   "context_tokens_qwen3_probe": n_ctx}, indent=1))
+        (tmp / "zoo.json").write_text(
+            json.dumps({"key": zoo_key(), "families": list(FAMILIES), "context_tokens_qwen3_probe": n_ctx}, indent=1)
+        )
         (tmp / "DONE").write_text("ok\n")
         try:
             os.rename(tmp, root)

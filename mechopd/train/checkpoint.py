@@ -37,8 +37,9 @@ def _optimizer_tensors(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dic
     return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
 
 
-def save_checkpoint(out: Path, model: Any, tokenizer: Any, optim_state: dict[str, Any], sched: Any,
-                    state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    out: Path, model: Any, tokenizer: Any, optim_state: dict[str, Any], sched: Any, state: dict[str, Any]
+) -> Path:
     """Write ``out`` atomically: weights, tokenizer, trainer_state.json (incl. `state`), optimizer.safetensors.
 
     optim_state: the optimizer's full state in ``opt.state_dict()`` layout (state keyed by parameter index; a sharded
@@ -56,11 +57,18 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, optim_state: dict[str
         save_file({f"rng.{k}": v for k, v in rng.items()}, str(tmp / "rng.safetensors"))
 
     try:
-        return atomic_save(model_to_save, tokenizer, out, extra={STATE: json.dumps(full_state, indent=1, default=str)},
-                           writer=extra_files)
+        return atomic_save(
+            model_to_save,
+            tokenizer,
+            out,
+            extra={STATE: json.dumps(full_state, indent=1, default=str)},
+            writer=extra_files,
+        )
     except OSError as e:  # disk full, quota, permissions: the temp dir is gone, older checkpoints untouched
-        raise TrainingError(f"writing checkpoint {out} failed: {e.strerror or e}; the older checkpoints are kept — "
-                            "free disk space, then --resume") from None
+        raise TrainingError(
+            f"writing checkpoint {out} failed: {e.strerror or e}; the older checkpoints are kept — "
+            "free disk space, then --resume"
+        ) from None
 
 
 def _py_rng() -> list:
@@ -88,8 +96,10 @@ def read_optimizer_state(ckpt: Path, tensors: bool = True) -> dict[str, Any]:
 
 def _damaged(path: Path, why: str) -> TrainingError:
     ckpt = path.parent
-    return TrainingError(f"{path} {why}: checkpoint {ckpt} is damaged; delete {ckpt} to resume from the previous "
-                         "checkpoint (or start a new --out)")
+    return TrainingError(
+        f"{path} {why}: checkpoint {ckpt} is damaged; delete {ckpt} to resume from the previous "
+        "checkpoint (or start a new --out)"
+    )
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
@@ -99,8 +109,12 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise _damaged(ckpt / STATE, f"is unreadable ({type(e).__name__})") from None
     need = ("step", "position", "scheduler", "python_rng", "optimizer")
-    if not isinstance(state, dict) or any(k not in state for k in need) \
-            or not isinstance(state["optimizer"], dict) or not {"scalars", "param_groups"} <= set(state["optimizer"]):
+    if (
+        not isinstance(state, dict)
+        or any(k not in state for k in need)
+        or not isinstance(state["optimizer"], dict)
+        or not {"scalars", "param_groups"} <= set(state["optimizer"])
+    ):
         raise _damaged(ckpt / STATE, f"lacks the resume state ({', '.join(need)})")
     return state
 
@@ -113,8 +127,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise _damaged(path, f"is truncated or not safetensors ({str(e).splitlines()[0][:80] if str(e) else ''})") \
-            from None
+        raise _damaged(
+            path, f"is truncated or not safetensors ({str(e).splitlines()[0][:80] if str(e) else ''})"
+        ) from None
 
 
 def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer | None, sched: Any) -> dict[str, Any]:
@@ -146,6 +161,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = run_dir / "checkpoints"
     if not root.exists():
         return None
-    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := re.fullmatch(r"step-(\d+)", p.name))
-             and (p / STATE).exists()]
+    steps = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / STATE).exists()
+    ]
     return max(steps)[1] if steps else None

@@ -4,16 +4,18 @@ after every optimizer step (in place, no checkpoint round trip; FSDP: one gather
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from mechopd.config import TrainConfig
 
 
-def rollout_engine(cfg: TrainConfig, student: Any, shard: Any, path: str | Path, device: torch.device,
-                   world: int) -> Any:
+def rollout_engine(
+    cfg: TrainConfig, student: Any, shard: Any, path: str | Path, device: torch.device, world: int
+) -> Any:
     """None unless ``rollout_engine: vllm``; else a vLLM engine over `path` (the student's own directory, never a
     checkpoint dir: vLLM would read its optimizer files), synced with `student` now (a resumed run's weights). The
     trainer puts it in its `SamplingSettings` (``engine=``): rollouts and the periodic evaluation sample with it."""
@@ -33,8 +35,9 @@ def sync_engine(engine: Any, student: Any, shard: Any) -> None:
             engine.load_weights(student)
 
 
-def engine_organism(cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool,
-                    barrier: Callable[[], None]) -> str | None:
+def engine_organism(
+    cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool, barrier: Callable[[], None]
+) -> str | None:
     """``organism:<task>`` with ``rollout_engine: vllm`` on a CPU: the organism's head_dim-32 variant
     (``<organism_dir>/<task>-hd32``: 3 query heads of 32, 1 key/value head, the same hidden size; pretrained on demand,
     cached), since vLLM's CPU attention refuses the default organisms' head_dim 24 (`vllm_engine.CPU_HEAD_SIZES`).
@@ -50,17 +53,18 @@ def engine_organism(cfg: TrainConfig, device: torch.device, *, progress: bool, m
         return None  # no head_dim-32 split of this width: vllm_engine.check_shape refuses it with the fix
     path = Path(cfg.organism_dir) / f"{task}-hd32"
     if main:
-        pretrain(dataclasses.replace(base, num_heads=base.hidden_size // 32, num_kv_heads=1), path,
-                 progress=progress)
+        pretrain(dataclasses.replace(base, num_heads=base.hidden_size // 32, num_kv_heads=1), path, progress=progress)
     barrier()
     return str(path)
 
 
-def resolve_student(cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool,
-                    barrier: Callable[[], None]) -> str:
+def resolve_student(
+    cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool, barrier: Callable[[], None]
+) -> str:
     """The student's directory: `engine_organism` where it applies, else `recipes.resolve_organism` (an
     ``organism:<task>`` pretrained on demand on the `main` process; any other spec unchanged)."""
     from mechopd.organisms.recipes import resolve_organism
 
     return engine_organism(cfg, device, progress=progress, main=main, barrier=barrier) or resolve_organism(
-        cfg.student, cfg.organism_dir, pretrain=True, progress=progress, main=main, barrier=barrier)
+        cfg.student, cfg.organism_dir, pretrain=True, progress=progress, main=main, barrier=barrier
+    )

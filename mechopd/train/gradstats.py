@@ -62,13 +62,13 @@ def grad_stats(grads: dict[str, list[Tensor]], param_names: list[str]) -> dict[s
     for t in names:
         rec[f"grad/norm/{t}"] = float(flats[t].double().norm())
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             fa, fb = flats[a].double(), flats[b].double()
             rec[f"grad/cos/{a}__{b}"] = _cos(float(fa @ fb), float(fa @ fa), float(fb @ fb))
             acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
             offset = 0
             for group, size in zip(groups, sizes):
-                sa, sb = fa[offset:offset + size], fb[offset:offset + size]
+                sa, sb = fa[offset : offset + size], fb[offset : offset + size]
                 s = acc[group]
                 s[0] += float(sa @ sb)
                 s[1] += float(sa @ sa)
@@ -91,7 +91,9 @@ def _dominance(names: list[str], flats: dict[str, Tensor]) -> dict[str, float | 
 def term_norms(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) -> dict[str, float]:
     """Each weighted term's gradient norm over all processes (failure diagnosis: pass freshly computed terms)."""
     grads = term_grads(weighted, params)
-    return {t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()}
+    return {
+        t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()
+    }
 
 
 class TermGrads:
@@ -112,8 +114,9 @@ class TermGrads:
                 acc[i] = g.detach() if acc[i] is None else acc[i] + g.detach()
 
     def result(self) -> dict[str, list[Tensor]]:
-        return {n: [torch.zeros_like(p) if g is None else g for g, p in zip(gs, self.params)]
-                for n, gs in self._g.items()}
+        return {
+            n: [torch.zeros_like(p) if g is None else g for g, p in zip(gs, self.params)] for n, gs in self._g.items()
+        }
 
 
 def norms(grads: dict[str, list[Tensor]]) -> dict[str, float]:

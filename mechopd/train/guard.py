@@ -15,15 +15,17 @@ Every failure is a ``TrainingError`` naming the step; the newest checkpoint on d
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from mechopd.core.errors import TrainingError
 from mechopd.train import dist
 
-ADVICE = "the step was not applied and nothing was saved; the newest checkpoint is the last good one — lower lr or " \
-         "check the teacher, then --resume"
+ADVICE = (
+    "the step was not applied and nothing was saved; the newest checkpoint is the last good one — lower lr or "
+    "check the teacher, then --resume"
+)
 
 
 def check_losses(values: dict[str, float], step: int) -> None:
@@ -42,8 +44,11 @@ def check_grad_norm(norm: float, step: int, term_norms: Callable[[], dict[str, f
         norms = term_norms()
         bad = [t for t, v in norms.items() if not math.isfinite(v)]
         shown = ", ".join(f"{t}={v:.3g}" for t, v in norms.items())
-        culprit = f"term {' and '.join(repr(t) for t in bad)} (gradient norms {shown})" if bad else \
-            f"the summed gradient (every term's own norm is finite: {shown})"
+        culprit = (
+            f"term {' and '.join(repr(t) for t in bad)} (gradient norms {shown})"
+            if bad
+            else f"the summed gradient (every term's own norm is finite: {shown})"
+        )
     raise TrainingError(f"gradient norm became {norm} at step {step}, from {culprit}; {ADVICE}")
 
 
@@ -58,5 +63,7 @@ def check_weights(params: list[torch.nn.Parameter], step: int, what: str = "afte
     """Refuse non-finite weights (called after every update and before every save)."""
     n = nonfinite_weights(params)
     if n:
-        raise TrainingError(f"{n} weight tensor(s) are non-finite {what} at step {step}; they were not saved, the "
-                            "newest checkpoint is the last good one — lower lr, then --resume")
+        raise TrainingError(
+            f"{n} weight tensor(s) are non-finite {what} at step {step}; they were not saved, the "
+            "newest checkpoint is the last good one — lower lr, then --resume"
+        )

@@ -57,8 +57,16 @@ def use_fused(loss_head: str, terms: list[LossTerm], student: Any, teacher: Any,
     return why is None and (loss_head == "fused" or vocab >= FUSED_MIN_VOCAB)
 
 
-def make_scorer(cfg: Any, student: Any, teacher: Any, terms: list[LossTerm], selector: Any, params: list,
-                opts: Any, store: Any = None) -> StepScorer:
+def make_scorer(
+    cfg: Any,
+    student: Any,
+    teacher: Any,
+    terms: list[LossTerm],
+    selector: Any,
+    params: list,
+    opts: Any,
+    store: Any = None,
+) -> StepScorer:
     """The main batch's scorer: `FusedStepScorer` when ``cfg.loss_head`` resolves to fused, else `StepScorer`."""
     if use_fused(cfg.loss_head, terms, student, teacher, opts.vocab, cfg.sharding):
         options = TermOptions(cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
@@ -78,8 +86,17 @@ class FusedStepScorer(StepScorer):
         if blocker:
             raise ConfigError(f"loss_head=fused cannot run here: {blocker}; set loss_head=logits (or auto)")
 
-    def _loss(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, mask: Tensor, keep: Tensor | None,
-              den: tuple, step: int, acc: Any) -> None:
+    def _loss(
+        self,
+        leaves: dict[str, Tensor],
+        th: Tensor,
+        tokens: Tensor,
+        mask: Tensor,
+        keep: Tensor | None,
+        den: tuple,
+        step: int,
+        acc: Any,
+    ) -> None:
         pos = mask.nonzero(as_tuple=True)  # the real response positions of this micro-batch: [n] rows, [n] columns
         terms = {t.name: t for t in self.terms}
         nca = terms.get("nca")
@@ -93,10 +110,21 @@ class FusedStepScorer(StepScorer):
         w, wt = head_split(self.student).weight[:vocab], head_split(self.teacher).weight[:vocab]
 
         def head(wo: Tensor, hc_: Tensor | None, beta_: float):
-            return fused_head_loss(leaves["student_nctx"][pos], w, th[pos], wt, wo, temperature=self.opts.temperature,
-                                   hc=hc_, beta=beta_, chunk=self.opts.logit_chunk or DEFAULT_CHUNK,
-                                   options=self.options, tokens=tokens[pos],
-                                   anchor_weights=pick(nca) if nca is not None else None, stats_weights=w_all)
+            return fused_head_loss(
+                leaves["student_nctx"][pos],
+                w,
+                th[pos],
+                wt,
+                wo,
+                temperature=self.opts.temperature,
+                hc=hc_,
+                beta=beta_,
+                chunk=self.opts.logit_chunk or DEFAULT_CHUNK,
+                options=self.options,
+                tokens=tokens[pos],
+                anchor_weights=pick(nca) if nca is not None else None,
+                stats_weights=w_all,
+            )
 
         wo = pick(terms["opd"])
         if acc.per_term and nca is not None:  # one call per term: their gradients stay apart

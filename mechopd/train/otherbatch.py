@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import TrainingError
+from mechopd.core.views import assemble_two_views
 from mechopd.generate.sampler import sample_rows, stable_seed
 from mechopd.objectives.follow import draw_other
 from mechopd.train import dist
 from mechopd.train.step import StepOptions, StepResult, StepScorer
-from mechopd.core.views import assemble_two_views
 
 
 def scorer(tr: Any, opts: StepOptions) -> StepScorer | None:
@@ -47,11 +47,18 @@ def rollout(tr: Any, examples: list, rows: range) -> tuple[list[list[int]], list
             picked.append((tr._render(examples[i].prompt, oc.context), seed))
     ids = [p for p, _ in picked]
     if not ids and dist.active():
-        raise TrainingError(f"step {tr.step + 1}: no row of this process has an other context, so the follow term "
-                            "cannot run in step with the others; use a task whose training items all define other "
-                            "contexts, or follow_weight=0")
-    responses = sample_rows(tr.student, ids, [s for _, s in picked], tr.sampling.replace(batch_size=max(1, len(ids))),
-                            agree=tr._agree) if ids else []  # the main rollout's settings (engine, temperature, stops)
+        raise TrainingError(
+            f"step {tr.step + 1}: no row of this process has an other context, so the follow term "
+            "cannot run in step with the others; use a task whose training items all define other "
+            "contexts, or follow_weight=0"
+        )
+    responses = (
+        sample_rows(
+            tr.student, ids, [s for _, s in picked], tr.sampling.replace(batch_size=max(1, len(ids))), agree=tr._agree
+        )
+        if ids
+        else []
+    )  # the main rollout's settings (engine, temperature, stops)
     return ids, responses
 
 
@@ -63,8 +70,10 @@ def step(tr: Any, batch: Any, other: tuple[list[list[int]], list[list[int]]] | N
     ids, responses = other
     if not ids:  # one process, no row with an other context this step: the other terms contribute 0
         zero = {f"loss/{t.name}": torch.zeros(()) for t in tr.other_terms}
-        return main._replace(logs={**main.logs, **zero}, weights={**main.weights, **{t.name: t.weight_at(tr.step)
-                                                                                      for t in tr.other_terms}})
+        return main._replace(
+            logs={**main.logs, **zero},
+            weights={**main.weights, **{t.name: t.weight_at(tr.step) for t in tr.other_terms}},
+        )
     obatch = assemble_two_views(ids, ids, responses, tr.tokenizer.pad_token_id, max_length=tr.max_len).to(tr.device)
     res = tr.other_scoring.step(obatch, tr.step, per_term=per_term)
     return merge(main, res)
@@ -74,5 +83,9 @@ def merge(main: StepResult, other: StepResult) -> StepResult:
     """One `StepResult`: losses summed, logs / weights / per-term gradients united (term names are distinct)."""
     logs = {("kl/other_teacher_student" if k == "kl/teacher_student" else k): v for k, v in other.logs.items()}
     grads = None if main.term_grads is None else {**main.term_grads, **(other.term_grads or {})}
-    return main._replace(loss=main.loss + other.loss, logs={**main.logs, **logs},
-                         weights={**main.weights, **other.weights}, term_grads=grads)
+    return main._replace(
+        loss=main.loss + other.loss,
+        logs={**main.logs, **logs},
+        weights={**main.weights, **other.weights},
+        term_grads=grads,
+    )

@@ -11,8 +11,8 @@ On a GPU every stage boundary synchronises the device (a few syncs per step), so
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -53,8 +53,13 @@ def config_line(cfg: Any, config_path: Path, resume_from: Path | None) -> str:
     """One line: task, method, selector, steps, then every field that differs from `TrainConfig`'s defaults, and the
     path of the full record."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
-    defaults.update({f.name: f.default_factory() for f in dataclasses.fields(cfg)  # type: ignore[misc]
-                     if f.default_factory is not dataclasses.MISSING})
+    defaults.update(
+        {
+            f.name: f.default_factory()
+            for f in dataclasses.fields(cfg)  # type: ignore[misc]
+            if f.default_factory is not dataclasses.MISSING
+        }
+    )
     values = cfg.to_dict()
     changed = [k for k in values if k not in ALWAYS and k in defaults and values[k] != defaults[k]]
     pairs = " ".join(f"{k}={_short(values[k])}" for k in (*ALWAYS, *changed))
@@ -80,8 +85,10 @@ def eval_line(step: int, steps: int, summary: dict[str, Any]) -> str:
 def final_line(step: int, steps: int, last: tuple[int, dict[str, Any]] | None, run_dir: Path) -> str:
     """The end of a run: the last evaluation with its intervals (or why there is none)."""
     if last is None:
-        return (f"done: step {step}/{steps}; no periodic evaluation (eval_every=0): mechopd eval --run {run_dir} "
-                "evaluates the final model")
+        return (
+            f"done: step {step}/{steps}; no periodic evaluation (eval_every=0): mechopd eval --run {run_dir} "
+            "evaluates the final model"
+        )
     at, s = last
     cells = " · ".join(f"{name} {_value(s, key, True)}" for key, name in EVAL_KEYS)
     note = "" if at == step else f" (evaluated at step {at}, not the final step: mechopd eval --run {run_dir})"
@@ -97,8 +104,10 @@ def _tensorboard(run: Path, config: dict[str, Any], fresh: bool) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ConfigError('log_tensorboard=true needs the tensorboard package: pip install -e ".[tensorboard]" '
-                          "(or pip install tensorboard), or drop log_tensorboard") from None
+        raise ConfigError(
+            'log_tensorboard=true needs the tensorboard package: pip install -e ".[tensorboard]" '
+            "(or pip install tensorboard), or drop log_tensorboard"
+        ) from None
     tb = SummaryWriter(str(run / "tensorboard"))
     if fresh:  # the config once per run (a resume writes into the same directory)
         tb.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
@@ -109,18 +118,36 @@ def _wandb(run: Path, config: dict[str, Any], project: str) -> Any:
     try:
         import wandb
     except ImportError:
-        raise ConfigError('log_wandb=true needs the wandb package: pip install -e ".[wandb]" (or pip install wandb), '
-                          "or drop log_wandb") from None
+        raise ConfigError(
+            'log_wandb=true needs the wandb package: pip install -e ".[wandb]" (or pip install wandb), '
+            "or drop log_wandb"
+        ) from None
     run_id = hashlib.sha1(str(run.resolve()).encode()).hexdigest()[:16]  # one W&B run per run dir: a resume continues
-    return wandb.init(project=project, name=run.name, id=run_id, resume="allow", dir=str(run), config=config,
-                      mode=os.environ.get("WANDB_MODE", "offline"), reinit=True)
+    return wandb.init(
+        project=project,
+        name=run.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run),
+        config=config,
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        reinit=True,
+    )
 
 
 class Logger:
     """metrics.jsonl always; TensorBoard and W&B only when asked (same metric names and steps as metrics.jsonl)."""
 
-    def __init__(self, path: Path, enabled: bool, tensorboard: bool = False, wandb: bool = False,
-                 config: dict[str, Any] | None = None, fresh: bool = True, project: str = "mechopd") -> None:
+    def __init__(
+        self,
+        path: Path,
+        enabled: bool,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        config: dict[str, Any] | None = None,
+        fresh: bool = True,
+        project: str = "mechopd",
+    ) -> None:
         self.path, self.enabled, self.tb, self.wb = path, enabled, None, None
         if enabled and tensorboard:
             self.tb = _tensorboard(path.parent, config or {}, fresh)

@@ -66,7 +66,9 @@ def remove_stale_temps(root: Path) -> list[Path]:
     stale = []
     for parent in (root, root / "checkpoints"):
         if parent.is_dir():
-            stale += [p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)]
+            stale += [
+                p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
+            ]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return stale
@@ -99,11 +101,15 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
     if not has_files:  # --resume on a new directory starts the run (so one command line starts and continues it)
         return False, (f"--resume: {root} holds no run yet; starting a new run" if resume else None)
     if unfinished(run):
-        return False, (f"{root} holds a run that stopped before its first complete checkpoint; restarting it from "
-                       "step 0 (its metrics were dropped)")
+        return False, (
+            f"{root} holds a run that stopped before its first complete checkpoint; restarting it from "
+            "step 0 (its metrics were dropped)"
+        )
     if not resume:
-        raise TrainingError(f"--out {root} already holds a run; pass --resume to continue it or choose another "
-                            "--out (nothing was overwritten)")
+        raise TrainingError(
+            f"--out {root} already holds a run; pass --resume to continue it or choose another "
+            "--out (nothing was overwritten)"
+        )
     if latest_checkpoint(root) is None:
         raise TrainingError(_no_checkpoint(run))
     check_same_config(run, cfg)
@@ -119,11 +125,15 @@ def _no_checkpoint(run: RunDir) -> str:
     except (OSError, ValueError):
         step = None
     if step is not None:
-        return (f"--resume: {run.root} finished at step {step} (its model is {run.final}) and kept no checkpoint to "
-                "continue from (save_every was 0); to train further, start a new --out from that model (--set "
-                f"student={run.final}), and set save_every (e.g. --set save_every=50) to make a run resumable")
-    return (f"--resume: {run.root} has no complete checkpoint (checkpoints/step-N) and no final model; start a new "
-            "--out, with save_every set (e.g. --set save_every=50) to make the run resumable")
+        return (
+            f"--resume: {run.root} finished at step {step} (its model is {run.final}) and kept no checkpoint to "
+            "continue from (save_every was 0); to train further, start a new --out from that model (--set "
+            f"student={run.final}), and set save_every (e.g. --set save_every=50) to make a run resumable"
+        )
+    return (
+        f"--resume: {run.root} has no complete checkpoint (checkpoints/step-N) and no final model; start a new "
+        "--out, with save_every set (e.g. --set save_every=50) to make the run resumable"
+    )
 
 
 def clear_unfinished(run: RunDir) -> None:
@@ -142,8 +152,10 @@ def check_same_config(run: RunDir, cfg: TrainConfig) -> None:
     mutable = RESUME_MUTABLE if cfg.lr_schedule == "constant" else tuple(k for k in RESUME_MUTABLE if k != "steps")
     diff = config_diff(old, cfg.to_dict(), mutable)  # a decaying lr is laid out over `steps`: it cannot grow
     if diff:
-        raise ConfigError(f"--resume {run.root}: the config differs from the run's config.yaml in {'; '.join(diff)}; "
-                          f"only {', '.join(mutable)} may change on resume — start a new --out instead")
+        raise ConfigError(
+            f"--resume {run.root}: the config differs from the run's config.yaml in {'; '.join(diff)}; "
+            f"only {', '.join(mutable)} may change on resume — start a new --out instead"
+        )
 
 
 def truncate_metrics(path: Path, step: int) -> str | None:
@@ -173,8 +185,9 @@ def read_metrics(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], str | No
                 continue
             raise TrainingError(f"{path} line {i + 1} is not JSON; repair or delete the line, then --resume") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("step", 0), int):
-            raise TrainingError(f"{path} line {i + 1} is not a metrics record ({ln[:40]!r}); repair or delete the "
-                                "line, then --resume")
+            raise TrainingError(
+                f"{path} line {i + 1} is not a metrics record ({ln[:40]!r}); repair or delete the line, then --resume"
+            )
         records.append((ln, rec))
     return records, note
 
@@ -184,14 +197,18 @@ def read_run_config(run: RunDir) -> dict[str, Any]:
     try:
         data = yaml.safe_load(run.config.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise TrainingError(f"{run.config} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                            "restore it (checkpoints/step-N/trainer_state.json holds the run's config) or start a "
-                            "new --out") from None
+        raise TrainingError(
+            f"{run.config} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "restore it (checkpoints/step-N/trainer_state.json holds the run's config) or start a "
+            "new --out"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise TrainingError(f"{run.config} holds a {type(data).__name__}, not the run's config mapping; restore it "
-                            "(checkpoints/step-N/trainer_state.json holds the run's config) or start a new --out")
+        raise TrainingError(
+            f"{run.config} holds a {type(data).__name__}, not the run's config mapping; restore it "
+            "(checkpoints/step-N/trainer_state.json holds the run's config) or start a new --out"
+        )
     return data
 
 
@@ -216,11 +233,17 @@ def record_paths(cfg: TrainConfig, run: RunDir, resume: bool) -> tuple[TrainConf
     if resume and run.config.is_file():
         old = read_run_config(run)
         old_opts = old.get("task_options") if isinstance(old.get("task_options"), dict) else {}
-        pairs = [(k, getattr(cfg, k), old.get(k)) for k in PATH_KEYS] + \
-                [(f"task_options.{k}", v, old_opts.get(k)) for k, v in cfg.task_options.items() if k in DATA_OPTIONS]
+        pairs = [(k, getattr(cfg, k), old.get(k)) for k in PATH_KEYS] + [
+            (f"task_options.{k}", v, old_opts.get(k)) for k, v in cfg.task_options.items() if k in DATA_OPTIONS
+        ]
         for key, typed, recorded in pairs:
-            if not isinstance(typed, str) or not isinstance(recorded, str) or Path(typed).is_absolute() \
-                    or typed.startswith("organism:") or typed == recorded:
+            if (
+                not isinstance(typed, str)
+                or not isinstance(recorded, str)
+                or Path(typed).is_absolute()
+                or typed.startswith("organism:")
+                or typed == recorded
+            ):
                 continue
             mine = str(Path(typed).resolve()) if _local(typed) or key == "organism_dir" else typed
             if mine != recorded:

@@ -18,9 +18,10 @@ With one process there is nothing to shard: both layouts are the plain model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,8 +30,6 @@ from mechopd.core.errors import TrainingError
 from mechopd.models import decoder_layers
 from mechopd.train import dist
 from mechopd.train.checkpoint import read_optimizer_state
-
-from mechopd.config import SHARDINGS  # noqa: E402  (one list of layouts, validated in the config)
 
 
 class Replicated:
@@ -124,8 +123,10 @@ class FSDP(Replicated):
         _materialise_buffers(plain, model)
         missing = [n for n, t in [*plain.named_parameters(), *plain.named_buffers()] if t.is_meta]
         if missing:
-            raise TrainingError(f"gathering the sharded student for saving left {', '.join(missing[:3])} unset; "
-                                "the checkpoint was not written (report this with the model's architecture)")
+            raise TrainingError(
+                f"gathering the sharded student for saving left {', '.join(missing[:3])} unset; "
+                "the checkpoint was not written (report this with the model's architecture)"
+            )
         plain.generation_config = model.generation_config
         return plain
 
@@ -136,8 +137,10 @@ class FSDP(Replicated):
         if dist.rank() != 0:
             return {}
         index = {name: i for i, name in enumerate(n for g in sd["param_groups"] for n in g["params"])}
-        return {"state": {index[k]: v for k, v in sd["state"].items()},
-                "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in sd["param_groups"]]}
+        return {
+            "state": {index[k]: v for k, v in sd["state"].items()},
+            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in sd["param_groups"]],
+        }
 
     def load_optimizer_state(self, model: nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> None:
         """Rank 0 reads the full state and broadcasts it; each process keeps its shards (no full copy per process)."""
@@ -148,8 +151,10 @@ class FSDP(Replicated):
             sd = read_optimizer_state(ckpt)
             name_of = {id(p): n for n, p in model.named_parameters()}
             names = [name_of[id(p)] for g in opt.param_groups for p in g["params"]]
-            full = {"state": {names[int(i)]: v for i, v in sd["state"].items()},
-                    "param_groups": [dict(g, params=[names[int(i)] for i in g["params"]]) for g in sd["param_groups"]]}
+            full = {
+                "state": {names[int(i)]: v for i, v in sd["state"].items()},
+                "param_groups": [dict(g, params=[names[int(i)] for i in g["params"]]) for g in sd["param_groups"]],
+            }
         set_optimizer_state_dict(model, opt, full, options=_full(broadcast_from_rank0=True))
         for group, saved in zip(opt.param_groups, read_optimizer_state(ckpt, tensors=False)["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})  # lr etc. on every process alike

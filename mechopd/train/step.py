@@ -39,18 +39,24 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from mechopd.core.views import TwoViewBatch
 from mechopd.generate.prefix import PrefixStore
-from mechopd.generate.scorer import ROLES, head_logits, head_split, response_hidden, response_logits, to_logp, \
-    token_logp
 from mechopd.generate.sampler import stable_seed
+from mechopd.generate.scorer import (
+    ROLES,
+    head_logits,
+    head_split,
+    response_hidden,
+    response_logits,
+    to_logp,
+    token_logp,
+)
 from mechopd.objectives.divergences import _kl
 from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
 from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
 from mechopd.train import dist
 from mechopd.train.gradstats import TermGrads
 from mechopd.train.profile import StageClock
-from mechopd.core.views import TwoViewBatch
-
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,16 @@ def enable_checkpointing(model: Any) -> None:
 class StepScorer:
     """Scores, selects and back-propagates one two-view batch (module docstring). Build once per run."""
 
-    def __init__(self, student: Any, teacher: Any, terms: list[LossTerm], selector: Selector,
-                 params: list[torch.nn.Parameter], opts: StepOptions, teacher_store: PrefixStore | None = None):
+    def __init__(
+        self,
+        student: Any,
+        teacher: Any,
+        terms: list[LossTerm],
+        selector: Selector,
+        params: list[torch.nn.Parameter],
+        opts: StepOptions,
+        teacher_store: PrefixStore | None = None,
+    ):
         self.student, self.teacher, self.terms, self.selector = student, teacher, terms, selector
         self.params, self.opts, self.store = params, opts, teacher_store
         self.clock = StageClock()  # seconds per stage (`train.profile`); the trainer resets it every step
@@ -125,14 +139,24 @@ class StepScorer:
         which, view = ROLES[role]
         teacher = which == "teacher"
         model = self.teacher if teacher else self.student
-        mode = self.opts.shared_prefix if teacher or self.opts.student_shared_prefix is None \
+        mode = (
+            self.opts.shared_prefix
+            if teacher or self.opts.student_shared_prefix is None
             else self.opts.student_shared_prefix
+        )
         fn = response_hidden if self.split[id(model)] else response_logits
         sub: dict[str, int] = {}
         stage = "teacher" if teacher else "student_fwd"
         with self._amp(), record_function(f"mechopd.trunk.{role}"), self.clock(stage):
-            out = fn(model, mb, view, shared_prefix=mode, agree=dist.agree_prefix if dist.active() else None,
-                     store=self.store if teacher else None, info=sub)
+            out = fn(
+                model,
+                mb,
+                view,
+                shared_prefix=mode,
+                agree=dist.agree_prefix if dist.active() else None,
+                store=self.store if teacher else None,
+                info=sub,
+            )
         info[role], info[f"{role}:rows"] = sub[view], sub.get(f"{view}:rows", 0)
         return out
 
@@ -155,8 +179,9 @@ class StepScorer:
             n = int(dist.all_gather_rows(torch.tensor([[float(n)]]))[0].max())
         return [(slice(i * m, min((i + 1) * m, B)), True) if i * m < B else (slice(0, 1), False) for i in range(n)]
 
-    def _inputs(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, c: slice,
-                exact_kl: bool) -> tuple[LossInputs, Tensor]:
+    def _inputs(
+        self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, c: slice, exact_kl: bool
+    ) -> tuple[LossInputs, Tensor]:
         """The terms' inputs on chunk `c` (student ones with grad through the leaves) and the per-position KL log."""
         T, need = self.opts.temperature, self.needs
         vals: dict[str, Tensor | None] = {"tokens": tokens[:, c]}
@@ -181,8 +206,9 @@ class StepScorer:
         return LossInputs(**{k: vals.get(k) for k in LossInputs.__dataclass_fields__}), kl
 
     # -- phases ----------------------------------------------------------------------------------------------------
-    def _select(self, batch: TwoViewBatch, micro: list, teacher_h: list, cached: Tensor | None,
-                step: int) -> tuple[Tensor | None, float]:
+    def _select(
+        self, batch: TwoViewBatch, micro: list, teacher_h: list, cached: Tensor | None, step: int
+    ) -> tuple[Tensor | None, float]:
         """Keep-mask ``[B, R]`` for the selectable terms over the whole batch of all processes (None: no selectable
         term) and the kept fraction."""
         if not any(t.selectable for t in self.terms):
@@ -233,8 +259,7 @@ class StepScorer:
         if len(micro) == 1:  # the grad pass serves the selection too
             cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.student_roles}
         with record_function("mechopd.select"), self.clock("loss"):
-            keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"],
-                                      step)
+            keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"], step)
         den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
         acc = _Acc(self.terms, self.params, self._head_params(), per_term)
         for i, (sl, real) in enumerate(micro):
@@ -252,13 +277,23 @@ class StepScorer:
                 acc.trunk(hs, leaves)
         return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
 
-    def _loss(self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, mask: Tensor, keep: Tensor | None,
-              den: tuple, step: int, acc: "_Acc") -> None:
+    def _loss(
+        self,
+        leaves: dict[str, Tensor],
+        th: Tensor,
+        tokens: Tensor,
+        mask: Tensor,
+        keep: Tensor | None,
+        den: tuple,
+        step: int,
+        acc: _Acc,
+    ) -> None:
         """One micro-batch's loss, per chunk of positions, into `acc` (backward into the leaves and the head)."""
         for c in self._chunks(mask.shape[1]):
             inputs, kl = self._inputs(leaves, th, tokens, c, self.exact_kl)
-            res = total_loss(self.terms, inputs, mask[:, c], None if keep is None else keep[:, c], step=step,
-                             denominators=den)
+            res = total_loss(
+                self.terms, inputs, mask[:, c], None if keep is None else keep[:, c], step=step, denominators=den
+            )
             acc.chunk(res, leaves, torch.where(mask[:, c], kl, 0.0).sum() / den[0])
             del inputs, res
 
@@ -303,13 +338,14 @@ class _Acc:
             return
         terms = list(res.weighted)
         for j, t in enumerate(terms):
-            g = torch.autograd.grad(res.weighted[t], leaf_list + self.head_params, retain_graph=j < len(terms) - 1,
-                                    allow_unused=True)
+            g = torch.autograd.grad(
+                res.weighted[t], leaf_list + self.head_params, retain_graph=j < len(terms) - 1, allow_unused=True
+            )
             acc = self.leaf_grads.setdefault(t, {})
             for n, gl in zip(names, g[: len(names)]):
                 if gl is not None:
                     acc[n] = gl if n not in acc else acc[n] + gl
-            self.grads.add(t, self.head_params, g[len(names):])
+            self.grads.add(t, self.head_params, g[len(names) :])
 
     def trunk(self, hs: dict[str, Tensor], leaves: dict[str, Tensor]) -> None:
         """One backward through the trunk(s) of this micro-batch (per term on a per-term step)."""
@@ -322,7 +358,12 @@ class _Acc:
         todo = [(t, [(hs[r], g) for r, g in lg.items() if hs[r].requires_grad]) for t, lg in self.leaf_grads.items()]
         todo = [(t, p) for t, p in todo if p]
         for j, (t, pairs) in enumerate(todo):
-            g = torch.autograd.grad([p[0] for p in pairs], self.grads.params, [p[1] for p in pairs],
-                                    retain_graph=j < len(todo) - 1, allow_unused=True)
+            g = torch.autograd.grad(
+                [p[0] for p in pairs],
+                self.grads.params,
+                [p[1] for p in pairs],
+                retain_graph=j < len(todo) - 1,
+                allow_unused=True,
+            )
             self.grads.add(t, self.grads.params, g)
         self.leaf_grads = {}

@@ -23,10 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.models import lora
 from mechopd.config import TrainConfig
 from mechopd.core.errors import TrainingError
-from mechopd.models import load_model
+from mechopd.models import load_model, lora
 
 EMA_FILE = "teacher_ema.safetensors"
 
@@ -106,8 +105,15 @@ class _Writer:
             save_file(m.ema_state(), str(path / EMA_FILE))
 
 
-def build(cfg: TrainConfig, student_path: str, teacher_path: str, resume_from: Path | None, dtype: torch.dtype,
-          shard: Any, device: torch.device) -> Models:
+def build(
+    cfg: TrainConfig,
+    student_path: str,
+    teacher_path: str,
+    resume_from: Path | None,
+    dtype: torch.dtype,
+    shard: Any,
+    device: torch.device,
+) -> Models:
     """Load the student (a resume's weights: its checkpoint, or the base + its adapter) and make the teacher."""
     opts = lora_options(cfg)
     student = load_model(resume_from if resume_from is not None and opts is None else student_path, dtype=dtype)
@@ -121,8 +127,7 @@ def build(cfg: TrainConfig, student_path: str, teacher_path: str, resume_from: P
     if opts is not None:
         lora.add_adapter(student, opts)
         if resume_from is not None:
-            lora.load_adapter_state(student, _read(resume_from / lora.ADAPTER_DIR / lora.ADAPTER_WEIGHTS),
-                                    resume_from)
+            lora.load_adapter_state(student, _read(resume_from / lora.ADAPTER_DIR / lora.ADAPTER_WEIGHTS), resume_from)
         if mode == "ema":
             lora.add_adapter(teacher, opts)
             _copy_trainable(student, teacher)
@@ -135,8 +140,10 @@ def build(cfg: TrainConfig, student_path: str, teacher_path: str, resume_from: P
         with torch.no_grad():
             for n, t, _ in ema:
                 if n not in saved:
-                    raise TrainingError(f"{resume_from / EMA_FILE} lacks {n}: checkpoint {resume_from} is damaged; "
-                                        "delete it to resume from the previous one")
+                    raise TrainingError(
+                        f"{resume_from / EMA_FILE} lacks {n}: checkpoint {resume_from} is damaged; "
+                        "delete it to resume from the previous one"
+                    )
                 t.copy_(saved[n])
     return models
 
@@ -161,5 +168,7 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (OSError, ValueError, RuntimeError) as e:
-        raise TrainingError(f"{path} is missing or unreadable ({type(e).__name__}): checkpoint {path.parent} is "
-                            "damaged; delete it to resume from the previous one") from None
+        raise TrainingError(
+            f"{path} is missing or unreadable ({type(e).__name__}): checkpoint {path.parent} is "
+            "damaged; delete it to resume from the previous one"
+        ) from None

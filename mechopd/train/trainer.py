@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from mechopd.core.checks import check_task_vocab, read_config, resolve_device

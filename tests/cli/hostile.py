@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tests.cli.test_reliability import Case, _run, snapshot  # noqa: F401  (the one harness)
 
@@ -38,8 +38,9 @@ def check_in_workspace(case: Hostile, org: Path, tmp_path: Path, monkeypatch, ca
 def check(case: Hostile, org: Path, ws: Path, capsys) -> str:
     argv = case.argv(org, ws)
     before = snapshot(ws, org)
-    code, err = _run(Case(case.cls, case.name, lambda o, w: argv, case.needle, subprocess=case.subprocess), argv, ws,
-                     capsys)
+    code, err = _run(
+        Case(case.cls, case.name, lambda o, w: argv, case.needle, subprocess=case.subprocess), argv, ws, capsys
+    )
     after = snapshot(ws, org)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2, (code, err[-2000:])
@@ -67,8 +68,19 @@ def write(ws: Path, name: str, data: str | bytes) -> Path:
 
 
 def train(org: Path, ws: Path, *more: str) -> list[str]:
-    return ["train", "--student", str(org), "--out", str(ws / "run"), "--steps", "1", "--batch-size", "2",
-            "--no-progress", *more]
+    return [
+        "train",
+        "--student",
+        str(org),
+        "--out",
+        str(ws / "run"),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        *more,
+    ]
 
 
 def evaluate(org: Path, *more: str) -> list[str]:

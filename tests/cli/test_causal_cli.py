@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
+from mechopd.core.artifacts import read_csv
 from mechopd.probes import causal_items as ci
 
 from .test_probe_runs import jsonl_run, rules_run  # noqa: F401  (module-scoped fixtures)
@@ -27,7 +27,10 @@ def test_causal_probes_from_the_run_dir(which, rules_run, jsonl_run, tmp_path, c
         recs = ci.read_items(out / f"{name}_items.jsonl")
         assert len(recs) == 4 and all(r["response_ids"] for r in recs)
     assert {r["model"] for r in read_csv(out / "lens.csv")} == {"base", trained}
-    rec = {(r["model"], r["site"], r["component"], r["direction"]): float(r["recovered"])
-           for r in read_csv(out / "patching.csv") if r["window"] == "all"}
+    rec = {
+        (r["model"], r["site"], r["component"], r["direction"]): float(r["recovered"])
+        for r in read_csv(out / "patching.csv")
+        if r["window"] == "all"
+    }
     assert rec[(trained, "final_norm", "resid", "c_to_x")] == pytest.approx(1.0, abs=1e-6)
     assert main(["explore", str(out)]) == 0 and (tmp_path / "explore.html").is_file()

@@ -49,16 +49,18 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch, argv, needl
 def test_eval_empty_set_and_missing_context_file(capsys, tiny_rules_organism, tmp_path):
     code, err = _err(capsys, ["eval", "--task", "rules", "--model", str(tiny_rules_organism), "--n", "0"])
     assert code == 2 and "evaluation set is empty" in err
-    code, err = _err(capsys, ["eval", "--task", "jsonl", "--option", "path=/no/such.jsonl", "--model",
-                              str(tiny_rules_organism)])
+    code, err = _err(
+        capsys, ["eval", "--task", "jsonl", "--option", "path=/no/such.jsonl", "--model", str(tiny_rules_organism)]
+    )
     assert code == 2 and "/no/such.jsonl" in err
 
 
 def test_eval_refuses_model_lacking_task_tokens(capsys, tiny_rules_organism, tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"prompt": "zyzzyva quux?", "answer": "blorp", "context": "frobnicate"}) + "\n")
-    code, err = _err(capsys, ["eval", "--task", "jsonl", "--option", f"path={data}", "--model",
-                              str(tiny_rules_organism)])
+    code, err = _err(
+        capsys, ["eval", "--task", "jsonl", "--option", f"path={data}", "--model", str(tiny_rules_organism)]
+    )
     assert code == 2 and "lacks tokens" in err
 
 
@@ -82,6 +84,7 @@ def test_eval_writes_report_and_summary(capsys, tiny_rules_organism, tmp_path):
 
 
 def test_console_script_exit_code(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "mechopd.cli", "train", "--method", "ppo"], capture_output=True,
-                         text=True, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "mechopd.cli", "train", "--method", "ppo"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "ppo" in res.stderr

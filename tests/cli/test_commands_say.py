@@ -25,10 +25,24 @@ def _err(capsys) -> str:
 
 
 def test_resume_on_a_new_directory_starts_and_a_finished_run_without_checkpoints_says_what_to_do(
-        tiny_rules_organism, tmp_path, capsys):
+    tiny_rules_organism, tmp_path, capsys
+):
     out = tmp_path / "x"
-    argv = ["train", "--student", str(tiny_rules_organism), "--set", "beta=0.1", "--set", "selector=ta_opd",
-            "--steps", "1", *SMALL, "--out", str(out), "--resume"]  # the README's line, small
+    argv = [
+        "train",
+        "--student",
+        str(tiny_rules_organism),
+        "--set",
+        "beta=0.1",
+        "--set",
+        "selector=ta_opd",
+        "--steps",
+        "1",
+        *SMALL,
+        "--out",
+        str(out),
+        "--resume",
+    ]  # the README's line, small
     assert main(argv) == 0
     assert f"--resume: {out} holds no run yet; starting a new run" in capsys.readouterr().out
     assert (out / "final" / "config.json").is_file()
@@ -36,8 +50,11 @@ def test_resume_on_a_new_directory_starts_and_a_finished_run_without_checkpoints
     err = _err(capsys)
     assert f"finished at step 1 (its model is {out / 'final'})" in err and "save_every" in err
     with pytest.raises(MechopdError) as e:  # the same refusal in Python names Python arguments
-        mechopd.run_train({"student": str(tiny_rules_organism), "steps": 1, "batch_size": 2, "pool_size": 16,
-                           "max_new_tokens": 4}, out, progress=False)
+        mechopd.run_train(
+            {"student": str(tiny_rules_organism), "steps": 1, "batch_size": 2, "pool_size": 16, "max_new_tokens": 4},
+            out,
+            progress=False,
+        )
     assert "resume=True" in str(e.value) and "--resume" not in str(e.value) and "--out" not in str(e.value)
 
 
@@ -55,8 +72,11 @@ def test_method_lists_agree_between_the_error_and_the_help(capsys):
     assert main(["train", "--method", "follow", "--out", "unused"]) == 2
     err = _err(capsys)
     assert f"choose one of {', '.join(method_names())}" in err and "--set follow_weight=1" in err
-    train = next(a for a in make_parser()._subparsers._group_actions[0].choices["train"]._actions
-                 if "--method" in a.option_strings)
+    train = next(
+        a
+        for a in make_parser()._subparsers._group_actions[0].choices["train"]._actions
+        if "--method" in a.option_strings
+    )
     assert re.findall(r"[a-z_]+", train.help.split("(")[0]) == method_names()
     assert "follow_weight=1" in (ROOT / "README.md").read_text()
 
@@ -66,8 +86,16 @@ def test_a_probe_does_not_replace_a_runs_files_without_force(tiny_qwen3, organis
         tiny_qwen3.save_pretrained(tmp_path / name)
         organism_tokenizer.save_pretrained(tmp_path / name)
     out = tmp_path / "run" / "probes"
-    argv = ["probe", "deltas", "--base", str(tmp_path / "base"), "--models", f"opd={tmp_path / 'opd'}", "--out",
-            str(out)]
+    argv = [
+        "probe",
+        "deltas",
+        "--base",
+        str(tmp_path / "base"),
+        "--models",
+        f"opd={tmp_path / 'opd'}",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     before = (out / "deltas.csv").read_bytes()
     capsys.readouterr()
@@ -79,5 +107,6 @@ def test_a_probe_does_not_replace_a_runs_files_without_force(tiny_qwen3, organis
 def test_the_namespace_is_the_public_api():
     names = dir(mechopd)
     assert {"run_train", "run_eval", "__version__", "probes", "plots"} <= set(names)
-    assert not {"Any", "Path", "annotations", "re"} & set(names) and not [n for n in names if n.startswith("_")
-                                                                          and n != "__version__"]
+    assert not {"Any", "Path", "annotations", "re"} & set(names) and not [
+        n for n in names if n.startswith("_") and n != "__version__"
+    ]

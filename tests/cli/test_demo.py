@@ -23,17 +23,37 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     for m in ("opd", "nca", "ta_opd", "nca_follow"):
         assert (run / "train" / m / "final" / "model.safetensors").exists()
         rep = json.loads((run / "eval" / f"{m}.json").read_text())
-        assert set(rep["summary"]) >= {"acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len", "regime",
-                                       "follow_other", "stick", "retention"}
-        assert [r["label"] for r in rep["other_contexts"]] == ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5",
-                                                               "repeat:2", "repeat:3"]  # the distilled rule: reverse
+        assert set(rep["summary"]) >= {
+            "acc_x",
+            "acc_xc",
+            "harm",
+            "help",
+            "both_correct",
+            "delta_len",
+            "regime",
+            "follow_other",
+            "stick",
+            "retention",
+        }
+        assert [r["label"] for r in rep["other_contexts"]] == [
+            "shift:1",
+            "shift:2",
+            "shift:3",
+            "shift:4",
+            "shift:5",
+            "repeat:2",
+            "repeat:3",
+        ]  # the distilled rule: reverse
     for f in ("similarity.csv", "gradients.csv", "deltas.csv", "teachability_summary.json"):
         assert (run / "probes" / f).exists(), f
     report = (run / "report.md").read_text()
     assert "Context removability" in report and "regime" in report and "figures/" in report
     labels = json.loads((run / "demo.json").read_text())["labels"]
-    kept = [json.loads(line)["kept_fraction"] for line in (run / "train" / "ta_opd" / "metrics.jsonl").open()
-            if "kept_fraction" in json.loads(line)]
+    kept = [
+        json.loads(line)["kept_fraction"]
+        for line in (run / "train" / "ta_opd" / "metrics.jsonl").open()
+        if "kept_fraction" in json.loads(line)
+    ]
     assert labels["ta_opd"] == f"TA-OPD (ρ=0.10, K=2, kept {sum(kept) / len(kept):.2f})" and labels["ta_opd"] in report
     assert labels["nca"] == "NCA (β=0.5, from step 2)" and "nca_const" not in labels
     assert "## The papers' claims" in report and "The anchor's schedule" in report
@@ -45,8 +65,16 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     assert "## Context following" in report and "Teachability checkpoint" in report
     assert "the distilled student keeps following other contexts" in report
     before = _digests(run / "figures")
-    expected = {"training_curves", "gradient_training", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",
-                "teachability", "context_following"}  # the regime map needs a defined Harm (an item right without the context)
+    expected = {
+        "training_curves",
+        "gradient_training",
+        "removability",
+        "layer_cosine",
+        "gradient_alignment",
+        "parameter_deltas",
+        "teachability",
+        "context_following",
+    }  # the regime map needs a defined Harm (an item right without the context)
     assert expected <= {n[:-4] for n in before}
     # a second demo skips every finished stage
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
@@ -116,12 +144,17 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
     from mechopd.pipeline.demo import DemoConfig
 
     seen: dict[str, int] = {}
-    monkeypatch.setattr(demo_mod, "organism", lambda cfg: seen.setdefault("organism", torch.get_num_threads())
-                        and tmp_path / "org")
-    monkeypatch.setattr(demo_mod, "train_methods", lambda cfg, s, r, m: seen.setdefault(f"train-{next(iter(m))}",
-                                                                                         torch.get_num_threads()))
-    monkeypatch.setattr(demo_mod, "demo_one", lambda cfg, student=None: seen.setdefault("finish",
-                                                                                       torch.get_num_threads()))
+    monkeypatch.setattr(
+        demo_mod, "organism", lambda cfg: seen.setdefault("organism", torch.get_num_threads()) and tmp_path / "org"
+    )
+    monkeypatch.setattr(
+        demo_mod,
+        "train_methods",
+        lambda cfg, s, r, m: seen.setdefault(f"train-{next(iter(m))}", torch.get_num_threads()),
+    )
+    monkeypatch.setattr(
+        demo_mod, "demo_one", lambda cfg, student=None: seen.setdefault("finish", torch.get_num_threads())
+    )
     monkeypatch.setattr(demo_mod, "record_wall_time", lambda *a: tmp_path / "report.md")
     before = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -155,9 +188,9 @@ def _unused_finish(cfg, student=None):
 
 
 def test_a_failing_job_stops_the_pool_names_the_job_and_keeps_its_traceback(tmp_path):
+    from mechopd.core.errors import ConfigError
     from mechopd.pipeline.demo import DemoConfig
     from mechopd.pipeline.pool import run_seed_runs
-    from mechopd.core.errors import ConfigError
 
     cfg = DemoConfig(out=str(tmp_path / "d"), fast=True, workers=2)
     lines: list[str] = []

@@ -18,16 +18,19 @@ BAD = [  # (CLI flags after --model MODEL, run_eval keywords, words of the refus
     (["--task", "rules", "--engine", "warp"], {"task": "rules", "engine": "warp"}, "warp"),
     (["--task", "chess"], {"task": "chess"}, "chess"),
     (["--task", "rules", "--option", "rule=nope:9"], {"task": "rules", "task_options": {"rule": "nope:9"}}, "nope"),
-    (["--task", "rules", "--chat-template-kwarg", "date_string=x"], {"task": "rules",
-                                                                    "chat_template_kwargs": {"date_string": "x"}},
-     "date_string"),
+    (
+        ["--task", "rules", "--chat-template-kwarg", "date_string=x"],
+        {"task": "rules", "chat_template_kwargs": {"date_string": "x"}},
+        "date_string",
+    ),
     ([], {}, "--task is required"),  # a plain checkpoint records no task
 ]
 
 
 @pytest.mark.parametrize("flags, kwargs, words", BAD, ids=[b[2] for b in BAD])
-def test_run_eval_and_mechopd_eval_refuse_the_same_bad_input(flags, kwargs, words, tiny_rules_organism, tmp_path,
-                                                             capsys):
+def test_run_eval_and_mechopd_eval_refuse_the_same_bad_input(
+    flags, kwargs, words, tiny_rules_organism, tmp_path, capsys
+):
     model = str(tiny_rules_organism)
     assert main(["eval", "--model", model, "--out", str(tmp_path / "r.json"), *flags]) == 2
     cli_error = capsys.readouterr().err.strip()
@@ -55,9 +58,14 @@ def test_run_eval_and_mechopd_eval_give_the_same_report(tiny_rules_organism, tmp
     assert cli["summary"] == json.loads(json.dumps(py["summary"])) and cli["settings"] == py["settings"]
 
 
-@pytest.mark.parametrize("flags, kwargs", [(["--task", "chess"], {"task": "chess"}),
-                                           (["--task", "rules", "--n", "0"], {"task": "rules", "n": 0}),
-                                           (["--task", "rules", "--layers", "0"], {"task": "rules", "layers": 0})])
+@pytest.mark.parametrize(
+    "flags, kwargs",
+    [
+        (["--task", "chess"], {"task": "chess"}),
+        (["--task", "rules", "--n", "0"], {"task": "rules", "n": 0}),
+        (["--task", "rules", "--layers", "0"], {"task": "rules", "layers": 0}),
+    ],
+)
 def test_pretrain_organism_and_mechopd_pretrain_refuse_the_same_bad_input(flags, kwargs, tmp_path, capsys):
     """`mechopd pretrain` is a thin call of `pipeline.pretrain.pretrain_organism`: same refusal, nothing written."""
     from mechopd.pipeline.pretrain import pretrain_organism

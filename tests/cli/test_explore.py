@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
+from mechopd.core.artifacts import read_csv
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -22,14 +22,26 @@ def browser() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.skip(f"no headless browser on PATH (looked for {', '.join(BROWSERS)}); `apt-get install chromium` "
-                "(.ci/run does it when absent)")
+    pytest.skip(
+        f"no headless browser on PATH (looked for {', '.join(BROWSERS)}); `apt-get install chromium` "
+        "(.ci/run does it when absent)"
+    )
 
 
 def dump_dom(page: Path, fragment: str = "") -> tuple[str, str]:
     """(the DOM after the page's scripts ran, chromium's stderr with the console messages)."""
-    cmd = [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-           "--v=0", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri() + fragment]
+    cmd = [
+        browser(),
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        page.resolve().as_uri() + fragment,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, done.stderr
@@ -74,8 +86,18 @@ def run_dir(organism_tokenizer, tmp_path_factory) -> Path:
         model.save_pretrained(root / label)
         organism_tokenizer.save_pretrained(root / label)
         flags.append(f"{label}={root / label}")
-    common = ["--models", *flags, "--n", "5", "--batch-size", "3", "--max-new-tokens", "5", "--out",
-              str(root / "run" / "probes")]
+    common = [
+        "--models",
+        *flags,
+        "--n",
+        "5",
+        "--batch-size",
+        "3",
+        "--max-new-tokens",
+        "5",
+        "--out",
+        str(root / "run" / "probes"),
+    ]
     for probe in ("lens", "patching", "attention"):
         assert main(["probe", probe, *common]) == 0
     return root / "run"
@@ -102,8 +124,12 @@ def test_explorer_page_in_a_headless_browser(run_dir):
     want = [v for rec in sorted(tokens, key=lambda r: (r["item"], order[r["model"]])) for v in rec["kl"]["final_norm"]]
     assert shown == want and len(tokens) == 15
     # the tables' numbers are the CSVs' (lens: kl_c_x and top1_agree; patching c_to_x: recovered; attention: share)
-    for name, col in (("lens", "kl_c_x"), ("lens", "top1_agree"), ("patching", "recovered"),
-                      ("attention", "context_share")):
+    for name, col in (
+        ("lens", "kl_c_x"),
+        ("lens", "top1_agree"),
+        ("patching", "recovered"),
+        ("attention", "context_share"),
+    ):
         rows = read_csv(run_dir / "probes" / f"{name}.csv")
         if name == "patching":
             rows = [r for r in rows if r["direction"] == "c_to_x" and r["window"] == "all"]
@@ -146,9 +172,21 @@ def test_screenshot_for_the_gallery(run_dir, tmp_path):
     if not page.is_file():
         main(["explore", str(run_dir)])
     shot = tmp_path / "explorer.png"
-    subprocess.run([browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1400,900", f"--screenshot={shot}", page.resolve().as_uri()],
-                   capture_output=True, timeout=180, check=True)
+    subprocess.run(
+        [
+            browser(),
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,900",
+            f"--screenshot={shot}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -179,11 +217,25 @@ def _eval_run(root: Path) -> Path:
     from mechopd.study import EvalReport
 
     for m, (xs, xcs) in OUTCOMES.items():
-        recs = [{"uid": f"u{i}", "sample": 0, "correct_x": x == "1", "correct_xc": xc == "1", "len_x": 3, "len_xc": 3,
-                 "response_x": f"a{i}", "response_xc": f"b{i}", "prompt": f"p{i}", "context": "c", "target": f"t{i}"}
-                for i, (x, xc) in enumerate(zip(xs, xcs))]
-        EvalReport.from_dict({"summary": summarize(recs, n_boot=20), "records": recs,
-                              "settings": {"model": m}}).save(root / "eval" / f"{m}.json")
+        recs = [
+            {
+                "uid": f"u{i}",
+                "sample": 0,
+                "correct_x": x == "1",
+                "correct_xc": xc == "1",
+                "len_x": 3,
+                "len_xc": 3,
+                "response_x": f"a{i}",
+                "response_xc": f"b{i}",
+                "prompt": f"p{i}",
+                "context": "c",
+                "target": f"t{i}",
+            }
+            for i, (x, xc) in enumerate(zip(xs, xcs))
+        ]
+        EvalReport.from_dict({"summary": summarize(recs, n_boot=20), "records": recs, "settings": {"model": m}}).save(
+            root / "eval" / f"{m}.json"
+        )
     return root
 
 

@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.core.artifacts import read_csv
 from mechopd.cli import main
+from mechopd.core.artifacts import read_csv
 from tests.cli.test_explore import dump_dom
 
 MARK = "data-pwned"
-PAYLOADS = [f'<script>document.body.setAttribute("{MARK}","1")</script>',
-            f'</script><script>document.body.setAttribute("{MARK}","2")</script>',
-            "<!-- an open comment",
-            f"<img src=x onerror=\"document.body.setAttribute('{MARK}','3')\">",
-            "&lt;b&gt; entity & </textarea></pre>",
-            f"\u2028 separator <svg onload=\"document.body.setAttribute('{MARK}','4')\">"]
+PAYLOADS = [
+    f'<script>document.body.setAttribute("{MARK}","1")</script>',
+    f'</script><script>document.body.setAttribute("{MARK}","2")</script>',
+    "<!-- an open comment",
+    f"<img src=x onerror=\"document.body.setAttribute('{MARK}','3')\">",
+    "&lt;b&gt; entity & </textarea></pre>",
+    f"\u2028 separator <svg onload=\"document.body.setAttribute('{MARK}','4')\">",
+]
 
 
 class Page(HTMLParser):
@@ -79,17 +81,41 @@ def payload_run(tmp_path_factory) -> Path:
     zoo = build_zoo()
     root = tmp_path_factory.mktemp("explore_payloads")
     data = root / "qa.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Q{i} {p} what?", "answer": f"A{i} <b>{i}</b>",
-                                        "context": f"Rule {i}: {p} answer A{i}."}) + "\n"
-                            for i, p in enumerate(PAYLOADS)))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"prompt": f"Q{i} {p} what?", "answer": f"A{i} <b>{i}</b>", "context": f"Rule {i}: {p} answer A{i}."}
+            )
+            + "\n"
+            for i, p in enumerate(PAYLOADS)
+        )
+    )
     task = ["--task", "jsonl", "--option", f"path={data}", "--option", "test_fraction=0.99"]
     models = [f"base={zoo.student('qwen3')}", f"opd={zoo.teacher('qwen3')}"]
     run = root / "run"
-    assert main(["eval", "--compare", *models, *task, "--n", "6", "--max-new-tokens", "6", "--out",
-                 str(run / "eval")]) == 0
+    assert (
+        main(["eval", "--compare", *models, *task, "--n", "6", "--max-new-tokens", "6", "--out", str(run / "eval")])
+        == 0
+    )
     for probe in ("lens", "patching", "attention"):
-        assert main(["probe", probe, "--models", *models, *task, "--n", "4", "--max-new-tokens", "5", "--out",
-                     str(run / "probes")]) == 0
+        assert (
+            main(
+                [
+                    "probe",
+                    probe,
+                    "--models",
+                    *models,
+                    *task,
+                    "--n",
+                    "4",
+                    "--max-new-tokens",
+                    "5",
+                    "--out",
+                    str(run / "probes"),
+                ]
+            )
+            == 0
+        )
     assert main(["explore", str(run)]) == 0
     return run
 
@@ -121,10 +147,14 @@ def test_items_texts_and_outcomes_equal_the_reports(payload_run):
     # the summary cells are the reports' values
     for m in ("base", "opd"):
         summary = json.loads((payload_run / "eval" / f"{m}.json").read_text())["summary"]
-        row = next(i for i, (t, a) in enumerate(page.elements) if t == "tr" and a.get("data-model") == m and
-                   "class" not in a)
-        end = next(i for i in range(row + 1, len(page.elements)) if page.elements[i][0] in ("tr", "table", "div")
-                   and page.elements[i][1].get("class") != "ci")
+        row = next(
+            i for i, (t, a) in enumerate(page.elements) if t == "tr" and a.get("data-model") == m and "class" not in a
+        )
+        end = next(
+            i
+            for i in range(row + 1, len(page.elements))
+            if page.elements[i][0] in ("tr", "table", "div") and page.elements[i][1].get("class") != "ci"
+        )
         cells = {a["data-key"]: a["data-value"] for t, a in page.elements[row + 1 : end] if "data-key" in a}
         for key in ("acc_x", "acc_xc", "help", "both_correct", "delta_len"):
             assert float(cells[key]) == summary[key]["value"]
@@ -154,12 +184,16 @@ def _counts(run: Path, flag: str, model: str) -> int:
     recs = {m: {r["uid"]: r for r in read_csv(run / "eval" / f"{m}.csv")} for m in ("base", "opd")}
     uids = list(recs["base"])
     ms = ("base", "opd") if model == "any" else (model,)
-    return sum(any(_flag(recs[m][u]["correct_x"] == "True", recs[m][u]["correct_xc"] == "True") == flag
-                   for m in ms) for u in uids)
+    return sum(
+        any(_flag(recs[m][u]["correct_x"] == "True", recs[m][u]["correct_xc"] == "True") == flag for m in ms)
+        for u in uids
+    )
 
 
-@pytest.mark.parametrize("flag,name,model", [("both_wrong", "both wrong", "any"), ("harm", "Harm", "opd"),
-                                             ("both_right", "both right", "base")])
+@pytest.mark.parametrize(
+    "flag,name,model",
+    [("both_wrong", "both wrong", "any"), ("harm", "Harm", "opd"), ("both_right", "both right", "base")],
+)
 def test_filter_by_outcome_and_model(payload_run, flag, name, model):
     page = load(payload_run / "explore.html", f"#filter={flag}&model={model}")
     box = next(a for _, a in page.elements if a.get("id") == "items")
@@ -182,22 +216,55 @@ def _hostile_artifacts(run: Path) -> None:
     (run / "eval").mkdir(parents=True)
     (run / "probes").mkdir()
     model = "<img src=x onerror=alert(1)>"
-    recs = [{"uid": p, "sample": 0, "correct_x": i % 2 == 0, "correct_xc": i % 3 == 0, "response_x": p,
-             "response_xc": "ok " + p, "prompt": p, "context": p, "target": p} for i, p in enumerate(PAYLOADS)]
+    recs = [
+        {
+            "uid": p,
+            "sample": 0,
+            "correct_x": i % 2 == 0,
+            "correct_xc": i % 3 == 0,
+            "response_x": p,
+            "response_xc": "ok " + p,
+            "prompt": p,
+            "context": p,
+            "target": p,
+        }
+        for i, p in enumerate(PAYLOADS)
+    ]
     other = [{"uid": p, "sample": 0, "label": p, "response": p, "follow": True, "stick": False} for p in PAYLOADS]
     for m in ("base", model):
-        (run / "eval" / f"{m}.json").write_text(json.dumps({"summary": {"acc_x": {"value": 0.5}}, "records": recs,
-                                                            "other_records": other}))
+        (run / "eval" / f"{m}.json").write_text(
+            json.dumps({"summary": {"acc_x": {"value": 0.5}}, "records": recs, "other_records": other})
+        )
     toks = [PAYLOADS[0], "</script>", "<!--"]
-    lens = [{"model": m, "item": i, "uid": p, "tokens": toks,
-             "kl": {"embed": [0, 0, 0], "final_norm": [0.1, 0.2, 0.3] if i == 0 else [0.1 * ((i * 7 + k) % 5) for k in
-                                                                                     range(3)]},
-             "top_x": [[[t, 0.5]] for t in toks], "top_c": [[[t, 0.5]] for t in toks]}
-            for m in ("base", model) for i, p in enumerate(PAYLOADS)]
+    lens = [
+        {
+            "model": m,
+            "item": i,
+            "uid": p,
+            "tokens": toks,
+            "kl": {
+                "embed": [0, 0, 0],
+                "final_norm": [0.1, 0.2, 0.3] if i == 0 else [0.1 * ((i * 7 + k) % 5) for k in range(3)],
+            },
+            "top_x": [[[t, 0.5]] for t in toks],
+            "top_c": [[[t, 0.5]] for t in toks],
+        }
+        for m in ("base", model)
+        for i, p in enumerate(PAYLOADS)
+    ]
     (run / "probes" / "lens_tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lens))
-    attn = [{"model": r["model"], "item": r["item"], "uid": r["uid"], "ctx_share": {"0": [0.1, 0.2, 0.3]},
-             "ctx_heads": {"0": [[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]}, "ctx_keys": {"0": [[0.05, 0.05], [0.1, 0.1]]},
-             "ctx_tokens": ["<script>", "</script>"]} for r in lens]
+    attn = [
+        {
+            "model": r["model"],
+            "item": r["item"],
+            "uid": r["uid"],
+            "ctx_share": {"0": [0.1, 0.2, 0.3]},
+            "ctx_heads": {"0": [[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]},
+            "ctx_keys": {"0": [[0.05, 0.05], [0.1, 0.1]]},
+            "ctx_tokens": ["<script>", "</script>"],
+        }
+        for r in lens
+    ]
     (run / "probes" / "attention_tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in attn))
 
 
@@ -218,8 +285,9 @@ def test_payloads_in_uids_labels_and_tokens_run_no_script(tmp_path):
 HAND = {"Harm": [2, 4], "Help": [3], "both wrong": [1, 5], "both right": [0]}  # i % 2 == 0 right without c, i % 3 with
 
 
-@pytest.mark.parametrize("flag,name", [("harm", "Harm"), ("help", "Help"), ("both_wrong", "both wrong"),
-                                       ("differ", None)])
+@pytest.mark.parametrize(
+    "flag,name", [("harm", "Harm"), ("help", "Help"), ("both_wrong", "both wrong"), ("differ", None)]
+)
 def test_filters_on_known_outcomes(tmp_path, flag, name):
     run = tmp_path / "run"
     _hostile_artifacts(run)
@@ -229,7 +297,8 @@ def test_filters_on_known_outcomes(tmp_path, flag, name):
     assert [a["data-uid"] for a in page.all(**{"class": "item"})] == [PAYLOADS[i] for i in want]
     rows = page.all(**{"class": "orow"})
     assert [r["data-flag"] for r in rows if r["data-model"] == "base"] == [
-        next(k for k, v in HAND.items() if i in v) for i in want]
+        next(k for k, v in HAND.items() if i in v) for i in want
+    ]
 
 
 def test_sort_by_kl_on_known_values(tmp_path):
@@ -269,19 +338,28 @@ def _one_line_error(capsys, argv: list[str], *words: str) -> None:
         assert w in err, err
 
 
-@pytest.mark.parametrize("name,edit,words", [
-    ("lens_tokens.jsonl", lambda t: t.replace("0.1,", "NaN,", 1), ("NaN",)),
-    ("lens_tokens.jsonl", lambda t: t.replace("0.1,", "Infinity,", 1), ("Infinity",)),
-    ("lens_tokens.jsonl", lambda t: t.replace('"kl": {', '"kl": [{', 1).replace("}, \"top_x\"", "}], \"top_x\"", 1),
-     ("kl",)),
-    ("lens_tokens.jsonl", lambda t: t.replace('"tokens": [', '"tokens": [7, ', 1), ("tokens",)),
-    ("lens_tokens.jsonl", lambda t: t.replace('"final_norm": [0.1, 0.2, 0.3]', '"final_norm": [0.1]', 1),
-     ("final_norm",)),
-    ("attention_tokens.jsonl", lambda t: t.replace('"ctx_tokens": [', '"ctx_tokens": [1, ', 1), ("ctx_tokens",)),
-    ("base.json", lambda t: t.replace('"correct_x": true', '"correct_x": "yes"', 1), ("correct_x",)),
-    ("base.json", lambda t: t.replace('"records": [', '"records": [3, ', 1), ("record 1",)),
-    ("base.json", lambda t: t.replace('0.5', 'NaN', 1), ("NaN",)),
-])
+@pytest.mark.parametrize(
+    "name,edit,words",
+    [
+        ("lens_tokens.jsonl", lambda t: t.replace("0.1,", "NaN,", 1), ("NaN",)),
+        ("lens_tokens.jsonl", lambda t: t.replace("0.1,", "Infinity,", 1), ("Infinity",)),
+        (
+            "lens_tokens.jsonl",
+            lambda t: t.replace('"kl": {', '"kl": [{', 1).replace('}, "top_x"', '}], "top_x"', 1),
+            ("kl",),
+        ),
+        ("lens_tokens.jsonl", lambda t: t.replace('"tokens": [', '"tokens": [7, ', 1), ("tokens",)),
+        (
+            "lens_tokens.jsonl",
+            lambda t: t.replace('"final_norm": [0.1, 0.2, 0.3]', '"final_norm": [0.1]', 1),
+            ("final_norm",),
+        ),
+        ("attention_tokens.jsonl", lambda t: t.replace('"ctx_tokens": [', '"ctx_tokens": [1, ', 1), ("ctx_tokens",)),
+        ("base.json", lambda t: t.replace('"correct_x": true', '"correct_x": "yes"', 1), ("correct_x",)),
+        ("base.json", lambda t: t.replace('"records": [', '"records": [3, ', 1), ("record 1",)),
+        ("base.json", lambda t: t.replace("0.5", "NaN", 1), ("NaN",)),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, capsys, name, edit, words):
     run = tmp_path / "run"
     _hostile_artifacts(run)

@@ -19,67 +19,169 @@ def _yaml(ws: Path, text: str | bytes) -> str:
 
 CASES = [
     # config files and --set typing
-    Hostile("config", "yaml-not-utf8", lambda o, w: ["train", _yaml(w, b"lr: 1e-3\nno_context_system: \xff\xfe\n"),
-                                                     "--out", str(w / "run")], "is not UTF-8"),
-    Hostile("config", "yaml-is-directory", lambda o, w: ["train", str((w / "d.yaml").mkdir() or w / "d.yaml"),
-                                                         "--out", str(w / "run")], "is not a file"),
-    Hostile("config", "yaml-20k-brackets", lambda o, w: ["train", _yaml(w, "task_options: " + "[" * 20000 +
-                                                                        "]" * 20000 + "\n"), "--out", str(w / "run")],
-            "nests too deeply"),
-    Hostile("config", "yaml-duplicate-key", lambda o, w: ["train", _yaml(w, "lr: 1e-3\nsteps: 2\nlr: 1e-1\n"), "--out",
-                                                          str(w / "run")], "key 'lr' appears twice"),
-    Hostile("config", "yaml-number-as-text-field", lambda o, w: ["train", _yaml(w, "no_context_system: 123\n"),
-                                                                 "--out", str(w / "run")], "is not text; quote it"),
-    Hostile("config", "set-value-then-mapping", lambda o, w: train(o, w, "--set", "lr=1e-3", "--set", "lr.x=2"),
-            "lr cannot be both a value and a mapping"),
-    Hostile("config", "set-mapping-then-value", lambda o, w: train(o, w, "--set", "lr.x=2", "--set", "lr=1e-3"),
-            "lr cannot be both a value and a mapping"),
-    Hostile("config", "set-rule-number", lambda o, w: train(o, w, "--set", "task_options.rule=2"),
-            "rule=2 is not text"),
+    Hostile(
+        "config",
+        "yaml-not-utf8",
+        lambda o, w: ["train", _yaml(w, b"lr: 1e-3\nno_context_system: \xff\xfe\n"), "--out", str(w / "run")],
+        "is not UTF-8",
+    ),
+    Hostile(
+        "config",
+        "yaml-is-directory",
+        lambda o, w: ["train", str((w / "d.yaml").mkdir() or w / "d.yaml"), "--out", str(w / "run")],
+        "is not a file",
+    ),
+    Hostile(
+        "config",
+        "yaml-20k-brackets",
+        lambda o, w: ["train", _yaml(w, "task_options: " + "[" * 20000 + "]" * 20000 + "\n"), "--out", str(w / "run")],
+        "nests too deeply",
+    ),
+    Hostile(
+        "config",
+        "yaml-duplicate-key",
+        lambda o, w: ["train", _yaml(w, "lr: 1e-3\nsteps: 2\nlr: 1e-1\n"), "--out", str(w / "run")],
+        "key 'lr' appears twice",
+    ),
+    Hostile(
+        "config",
+        "yaml-number-as-text-field",
+        lambda o, w: ["train", _yaml(w, "no_context_system: 123\n"), "--out", str(w / "run")],
+        "is not text; quote it",
+    ),
+    Hostile(
+        "config",
+        "set-value-then-mapping",
+        lambda o, w: train(o, w, "--set", "lr=1e-3", "--set", "lr.x=2"),
+        "lr cannot be both a value and a mapping",
+    ),
+    Hostile(
+        "config",
+        "set-mapping-then-value",
+        lambda o, w: train(o, w, "--set", "lr.x=2", "--set", "lr=1e-3"),
+        "lr cannot be both a value and a mapping",
+    ),
+    Hostile(
+        "config", "set-rule-number", lambda o, w: train(o, w, "--set", "task_options.rule=2"), "rule=2 is not text"
+    ),
     Hostile("config", "option-rule-number", lambda o, w: train(o, w, "--option", "rule=2"), "rule=2 is not text"),
-    Hostile("config", "set-method-list", lambda o, w: train(o, w, "--set", "method=[opd]"),
-            "method='[opd]' is unknown"),
-    Hostile("config", "set-mapping-field-scalar", lambda o, w: train(o, w, "--set", "task_options=5"),
-            "task_options=5 is not a mapping"),
-    Hostile("config", "set-empty-key", lambda o, w: train(o, w, "--set", "task_options..rule=shift:1"),
-            "is not key=value"),
-    Hostile("config", "vllm-options-typo", lambda o, w: train(o, w, "--set", "vllm_options.gpu_memory_utilisation=.5"),
-            "vllm_options: unknown key(s) gpu_memory_utilisation"),
-    Hostile("config", "template-kwarg-typo-train", lambda o, w: train(o, w, "--set",
-                                                                      "chat_template_kwargs.enable_thinkng=false"),
-            "does not take enable_thinkng"),
-    Hostile("config", "template-kwarg-typo-eval", lambda o, w: evaluate(o, "--chat-template-kwarg", "date_strng=x"),
-            "does not take date_strng"),
-    Hostile("config", "template-kwarg-reserved", lambda o, w: evaluate(o, "--chat-template-kwarg",
-                                                                       "add_generation_prompt=false"),
-            "does not take add_generation_prompt"),
+    Hostile(
+        "config", "set-method-list", lambda o, w: train(o, w, "--set", "method=[opd]"), "method='[opd]' is unknown"
+    ),
+    Hostile(
+        "config",
+        "set-mapping-field-scalar",
+        lambda o, w: train(o, w, "--set", "task_options=5"),
+        "task_options=5 is not a mapping",
+    ),
+    Hostile(
+        "config", "set-empty-key", lambda o, w: train(o, w, "--set", "task_options..rule=shift:1"), "is not key=value"
+    ),
+    Hostile(
+        "config",
+        "vllm-options-typo",
+        lambda o, w: train(o, w, "--set", "vllm_options.gpu_memory_utilisation=.5"),
+        "vllm_options: unknown key(s) gpu_memory_utilisation",
+    ),
+    Hostile(
+        "config",
+        "template-kwarg-typo-train",
+        lambda o, w: train(o, w, "--set", "chat_template_kwargs.enable_thinkng=false"),
+        "does not take enable_thinkng",
+    ),
+    Hostile(
+        "config",
+        "template-kwarg-typo-eval",
+        lambda o, w: evaluate(o, "--chat-template-kwarg", "date_strng=x"),
+        "does not take date_strng",
+    ),
+    Hostile(
+        "config",
+        "template-kwarg-reserved",
+        lambda o, w: evaluate(o, "--chat-template-kwarg", "add_generation_prompt=false"),
+        "does not take add_generation_prompt",
+    ),
     # numbers: one rule per field in every verb, checked before the work
     Hostile("numbers", "eval-seed-negative", lambda o, w: evaluate(o, "--seed", "-1"), "seed=-1 is invalid"),
     Hostile("numbers", "eval-seed-2**64", lambda o, w: evaluate(o, "--seed", str(2**64)), "seed=18446744073709551616"),
     Hostile("numbers", "train-seed-2**64", lambda o, w: train(o, w, "--seed", str(2**64)), "seed=18446744073709551616"),
-    Hostile("numbers", "pretrain-seed-2**64", lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"),
-                                                            "--seed", str(2**64)], "seed=18446744073709551616"),
-    Hostile("numbers", "pretrain-heads-zero", lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"),
-                                                            "--num-heads", "0"], "num_heads=0 is invalid"),
-    Hostile("numbers", "pretrain-kv-heads-zero", lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"),
-                                                               "--num-kv-heads", "0"], "num_kv_heads=0 is invalid"),
-    Hostile("numbers", "pretrain-heads-negative", lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"),
-                                                                "--num-heads", "-4"], "num_heads=-4 is invalid"),
-    Hostile("numbers", "eval-temperature-denormal", lambda o, w: evaluate(o, "--temperature", "1e-310", "--samples",
-                                                                          "2"), "temperature=1e-310 is invalid"),
-    Hostile("numbers", "train-temperature-denormal", lambda o, w: train(o, w, "--set", "temperature=1e-310"),
-            "temperature=1e-310 is invalid"),
-    Hostile("numbers", "option-temperature-nan", lambda o, w: evaluate(o, "--task", "frozenlake", "--option",
-                                                                       "temperature=.nan"), "temperature=nan"),
-    Hostile("numbers", "train-max-new-tokens-huge", lambda o, w: train(o, w, "--set", "max_new_tokens=100000"),
-            "plus max_new_tokens 100000 exceeds the model's maximum length"),
-    Hostile("numbers", "eval-max-new-tokens-huge", lambda o, w: evaluate(o, "--max-new-tokens", "100000"),
-            "plus max_new_tokens 100000 exceeds the model's maximum length"),
-    Hostile("numbers", "demo-batch-size-zero", lambda o, w: ["demo", "--out", str(w / "demo"), "--batch-size", "0"],
-            "--batch-size 0"),
-    Hostile("numbers", "probe-temperature-denormal", lambda o, w: [
-        "probe", "similarity", "--task", "rules", "--models", f"a={o}", "--temperature", "1e-310", "--out",
-        str(w / "sim")], "temperature=1e-310 is invalid"),
+    Hostile(
+        "numbers",
+        "pretrain-seed-2**64",
+        lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"), "--seed", str(2**64)],
+        "seed=18446744073709551616",
+    ),
+    Hostile(
+        "numbers",
+        "pretrain-heads-zero",
+        lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"), "--num-heads", "0"],
+        "num_heads=0 is invalid",
+    ),
+    Hostile(
+        "numbers",
+        "pretrain-kv-heads-zero",
+        lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"), "--num-kv-heads", "0"],
+        "num_kv_heads=0 is invalid",
+    ),
+    Hostile(
+        "numbers",
+        "pretrain-heads-negative",
+        lambda o, w: ["pretrain", "--task", "rules", "--out", str(w / "o"), "--num-heads", "-4"],
+        "num_heads=-4 is invalid",
+    ),
+    Hostile(
+        "numbers",
+        "eval-temperature-denormal",
+        lambda o, w: evaluate(o, "--temperature", "1e-310", "--samples", "2"),
+        "temperature=1e-310 is invalid",
+    ),
+    Hostile(
+        "numbers",
+        "train-temperature-denormal",
+        lambda o, w: train(o, w, "--set", "temperature=1e-310"),
+        "temperature=1e-310 is invalid",
+    ),
+    Hostile(
+        "numbers",
+        "option-temperature-nan",
+        lambda o, w: evaluate(o, "--task", "frozenlake", "--option", "temperature=.nan"),
+        "temperature=nan",
+    ),
+    Hostile(
+        "numbers",
+        "train-max-new-tokens-huge",
+        lambda o, w: train(o, w, "--set", "max_new_tokens=100000"),
+        "plus max_new_tokens 100000 exceeds the model's maximum length",
+    ),
+    Hostile(
+        "numbers",
+        "eval-max-new-tokens-huge",
+        lambda o, w: evaluate(o, "--max-new-tokens", "100000"),
+        "plus max_new_tokens 100000 exceeds the model's maximum length",
+    ),
+    Hostile(
+        "numbers",
+        "demo-batch-size-zero",
+        lambda o, w: ["demo", "--out", str(w / "demo"), "--batch-size", "0"],
+        "--batch-size 0",
+    ),
+    Hostile(
+        "numbers",
+        "probe-temperature-denormal",
+        lambda o, w: [
+            "probe",
+            "similarity",
+            "--task",
+            "rules",
+            "--models",
+            f"a={o}",
+            "--temperature",
+            "1e-310",
+            "--out",
+            str(w / "sim"),
+        ],
+        "temperature=1e-310 is invalid",
+    ),
 ]
 
 
@@ -93,26 +195,38 @@ def test_the_refusal_happens_before_the_model_loads_end_to_end(tiny_rules_organi
     ws = tmp_path / "ws"
     ws.mkdir()
     monkeypatch.chdir(ws)
-    case = Hostile("config", "subprocess", lambda o, w: train(o, w, "--set", "chat_template_kwargs.x=1"),
-                   "does not take x", subprocess=True)
+    case = Hostile(
+        "config",
+        "subprocess",
+        lambda o, w: train(o, w, "--set", "chat_template_kwargs.x=1"),
+        "does not take x",
+        subprocess=True,
+    )
     check(case, Path(tiny_rules_organism), ws, None)
 
 
-@pytest.mark.parametrize("pairs,field,value", [
-    (["no_context_system=Note: be brief."], "no_context_system", "Note: be brief."),
-    (["no_context_system=123"], "no_context_system", "123"),
-    (["no_context_system="], "no_context_system", ""),
-    (["no_context_system=null"], "no_context_system", None),
-    (["teacher=null"], "teacher", None),
-    (["chat_template_kwargs.date_string=2024-07-26"], "chat_template_kwargs", {"date_string": "2024-07-26"}),
-    (["chat_template_kwargs.enable_thinking=false"], "chat_template_kwargs", {"enable_thinking": False}),
-    (["task_options.rule=shift:2"], "task_options", {"rule": "shift:2"}),
-    (["task_options.family=[shift:1, reverse]"], "task_options", {"rule": "reverse", "family": ["shift:1", "reverse"]}),
-    # (the key is merged into the rules recipe's own task_options: its distilled rule stays)
-    (["lr=1e-3"], "lr", 1e-3),
-    (["steps=7"], "steps", 7),
-    (["lr=1e-3", "lr=1e-2"], "lr", 1e-2),  # given again: the last one wins, as flags do
-])
+@pytest.mark.parametrize(
+    "pairs,field,value",
+    [
+        (["no_context_system=Note: be brief."], "no_context_system", "Note: be brief."),
+        (["no_context_system=123"], "no_context_system", "123"),
+        (["no_context_system="], "no_context_system", ""),
+        (["no_context_system=null"], "no_context_system", None),
+        (["teacher=null"], "teacher", None),
+        (["chat_template_kwargs.date_string=2024-07-26"], "chat_template_kwargs", {"date_string": "2024-07-26"}),
+        (["chat_template_kwargs.enable_thinking=false"], "chat_template_kwargs", {"enable_thinking": False}),
+        (["task_options.rule=shift:2"], "task_options", {"rule": "shift:2"}),
+        (
+            ["task_options.family=[shift:1, reverse]"],
+            "task_options",
+            {"rule": "reverse", "family": ["shift:1", "reverse"]},
+        ),
+        # (the key is merged into the rules recipe's own task_options: its distilled rule stays)
+        (["lr=1e-3"], "lr", 1e-3),
+        (["steps=7"], "steps", 7),
+        (["lr=1e-3", "lr=1e-2"], "lr", 1e-2),  # given again: the last one wins, as flags do
+    ],
+)
 def test_text_stays_text_and_numbers_are_numbers(pairs, field, value):
     """Type-directed reading: the field's declared type decides; text fields never become dicts or dates."""
     import json
@@ -132,7 +246,8 @@ def test_the_same_words_in_every_verb(tiny_rules_organism):
     import argparse
 
     from mechopd.cli import make_parser
-    from mechopd.cli.common import kv as _kv, text as _text
+    from mechopd.cli.common import kv as _kv
+    from mechopd.cli.common import text as _text
     from mechopd.config import load_train_config, parse_overrides
 
     sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices

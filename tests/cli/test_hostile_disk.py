@@ -21,8 +21,10 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OF
 def _tmpfs_works(where: Path) -> bool:
     if shutil.which("unshare") is None:
         return False
-    res = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {shlex.quote(str(where))}"],
-                         capture_output=True)
+    res = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {shlex.quote(str(where))}"],
+        capture_output=True,
+    )
     return res.returncode == 0
 
 
@@ -33,11 +35,32 @@ def test_train_on_a_real_full_tmpfs_is_one_error_line(tiny_rules_organism, tmp_p
         pytest.skip("no unprivileged user + mount namespaces here (unshare -rm)")
     weights = (Path(tiny_rules_organism) / "model.safetensors").stat().st_size
     size = max(64 * 1024, weights // 2)  # the run's config and metrics fit, its first checkpoint does not
-    cli = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "mechopd.cli", "train", "--student",
-                                            str(tiny_rules_organism), "--out", str(mnt / "run"), "--steps", "2",
-                                            "--batch-size", "2", "--no-progress"])
-    res = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(mnt))}"
-                          f" && {cli}"], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600)
+    cli = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "mechopd.cli",
+            "train",
+            "--student",
+            str(tiny_rules_organism),
+            "--out",
+            str(mnt / "run"),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--no-progress",
+        ]
+    )
+    res = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(mnt))} && {cli}"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=tmp_path,
+        timeout=600,
+    )
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:], lines

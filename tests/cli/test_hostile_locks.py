@@ -40,10 +40,8 @@ def _planted(ws: Path, how: str) -> Path:
 
 
 CASES = [
-    Hostile("lock", "symlink-to-a-file", lambda o, w: (_planted(w, "symlink"), train(o, w))[1],
-            "is a symbolic link"),
-    Hostile("lock", "dangling-symlink", lambda o, w: (_planted(w, "dangling"), train(o, w))[1],
-            "is a symbolic link"),
+    Hostile("lock", "symlink-to-a-file", lambda o, w: (_planted(w, "symlink"), train(o, w))[1], "is a symbolic link"),
+    Hostile("lock", "dangling-symlink", lambda o, w: (_planted(w, "dangling"), train(o, w))[1], "is a symbolic link"),
     Hostile("lock", "directory", lambda o, w: (_planted(w, "dir"), train(o, w))[1], "is a directory"),
     Hostile("lock", "fifo", lambda o, w: (_planted(w, "fifo"), train(o, w))[1], "is not a regular file"),
     Hostile("lock", "hardlink-to-a-file", lambda o, w: (_planted(w, "hardlink"), train(o, w))[1], "is a hard link"),
@@ -51,8 +49,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_a_planted_lock_file_is_refused_and_nothing_written(case, tiny_rules_organism, tmp_path, monkeypatch,
-                                                            capsys):
+def test_a_planted_lock_file_is_refused_and_nothing_written(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
     line = check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
     assert LOCK_NAME in line and "remove" in line
     ws = tmp_path / "ws"
@@ -73,8 +70,18 @@ def test_an_immutable_lock_file_is_refused(tmp_path):
         subprocess.run(["chattr", "-i", str(lock)])
 
 
-@pytest.mark.parametrize("record", ['{"pid": "abc", "host": "h"}', '{"pid": 99999999999999999999}', '{"pid": -3}',
-                                    '[1, 2]', '{"pid": true}', '\xff\xfe not json', '{"host": "h"}'])
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"pid": "abc", "host": "h"}',
+        '{"pid": 99999999999999999999}',
+        '{"pid": -3}',
+        "[1, 2]",
+        '{"pid": true}',
+        "\xff\xfe not json",
+        '{"host": "h"}',
+    ],
+)
 def test_a_live_holder_with_a_malformed_record_is_an_unknown_process(tmp_path, record):
     """The holder keeps the flock while its record is garbage: the second process refuses with one line."""
     lock = tmp_path / "d" / LOCK_NAME
@@ -83,7 +90,7 @@ def test_a_live_holder_with_a_malformed_record_is_an_unknown_process(tmp_path, r
         import fcntl, os, time
         fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, {record.encode('utf-8', 'surrogateescape')!r})
+        os.write(fd, {record.encode("utf-8", "surrogateescape")!r})
         print("held", flush=True)
         time.sleep(600)
         """)
@@ -105,9 +112,16 @@ def test_a_held_lock_with_a_huge_newline_laden_record_is_one_short_line(tmp_path
     lock.parent.mkdir()
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)
     os.write(fd, ('{"pid": 1, "host": "x", "verb": "' + "a\\n# injected\\n" * 10 + '"}').encode())
-    p = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, time\nfd = os.open({str(lock)!r}, os.O_RDWR)\n"
-                          "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(600)"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, os, time\nfd = os.open({str(lock)!r}, os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert p.stdout.readline().strip() == "held"
         with pytest.raises(RunLockedError) as e:

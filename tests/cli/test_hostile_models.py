@@ -15,8 +15,10 @@ import pytest
 
 from tests.cli.hostile import Hostile, check_in_workspace, copy_org, edit_json, evaluate, set_template, train, write
 
-RAISES = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
-          "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+RAISES = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
 DROPS_SYSTEM = "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] + '\\n' }}{% endif %}{% endfor %}"
 NOT_UTF8 = b"rule \xff\xfe"
 DATE_NO_PIN = "{{ strftime_now('%d %b %Y') }}{% for m in messages %}{{ m['content'] + '\\n' }}{% endfor %}"
@@ -61,8 +63,9 @@ def _bank(o: Path, w: Path, token: int) -> Path:
     from mechopd.tasks.base import get_task
 
     items = get_task("rules").examples("test", 2, 0)
-    return write(w, "resp.jsonl", "".join(json.dumps({"uid": ex.uid, "response_ids": [3, token]}) + "\n"
-                                          for ex in items))
+    return write(
+        w, "resp.jsonl", "".join(json.dumps({"uid": ex.uid, "response_ids": [3, token]}) + "\n" for ex in items)
+    )
 
 
 def _sim(o, w: Path, *more: str) -> list[str]:
@@ -71,55 +74,144 @@ def _sim(o, w: Path, *more: str) -> list[str]:
 
 CASES = [
     # model directories
-    Hostile("models", "vocab-size-zero", lambda o, w: evaluate(edit_json(copy_org(o, w), "config.json",
-                                                                         vocab_size=0)), "vocab_size"),
+    Hostile(
+        "models",
+        "vocab-size-zero",
+        lambda o, w: evaluate(edit_json(copy_org(o, w), "config.json", vocab_size=0)),
+        "vocab_size",
+    ),
     Hostile("models", "tokenizer-deleted", lambda o, w: evaluate(_no_tokenizer(o, w)), "has no tokenizer files"),
     Hostile("models", "tokenizer-deleted-train", lambda o, w: train(_no_tokenizer(o, w), w), "has no tokenizer files"),
-    Hostile("models", "foreign-tokenizer", lambda o, w: evaluate(_foreign_tokenizer(o, w)),
-            "belongs to another model"),
-    Hostile("models", "template-renders-nothing", lambda o, w: evaluate(set_template(copy_org(o, w), "{{ '' }}")),
-            "renders an empty prompt"),
-    Hostile("models", "template-raises", lambda o, w: evaluate(set_template(copy_org(o, w), RAISES)),
-            "System role not supported (use placement user"),
-    Hostile("models", "template-drops-system", lambda o, w: evaluate(set_template(copy_org(o, w), DROPS_SYSTEM)),
-            "renders both views identically"),
-    Hostile("models", "template-drops-system-train", lambda o, w: train(set_template(copy_org(o, w), DROPS_SYSTEM),
-                                                                        w), "renders both views identically"),
-    Hostile("models", "template-date-unpinnable", lambda o, w: evaluate(set_template(copy_org(o, w), DATE_NO_PIN)),
-            "renders differently on different days"),
+    Hostile("models", "foreign-tokenizer", lambda o, w: evaluate(_foreign_tokenizer(o, w)), "belongs to another model"),
+    Hostile(
+        "models",
+        "template-renders-nothing",
+        lambda o, w: evaluate(set_template(copy_org(o, w), "{{ '' }}")),
+        "renders an empty prompt",
+    ),
+    Hostile(
+        "models",
+        "template-raises",
+        lambda o, w: evaluate(set_template(copy_org(o, w), RAISES)),
+        "System role not supported (use placement user",
+    ),
+    Hostile(
+        "models",
+        "template-drops-system",
+        lambda o, w: evaluate(set_template(copy_org(o, w), DROPS_SYSTEM)),
+        "renders both views identically",
+    ),
+    Hostile(
+        "models",
+        "template-drops-system-train",
+        lambda o, w: train(set_template(copy_org(o, w), DROPS_SYSTEM), w),
+        "renders both views identically",
+    ),
+    Hostile(
+        "models",
+        "template-date-unpinnable",
+        lambda o, w: evaluate(set_template(copy_org(o, w), DATE_NO_PIN)),
+        "renders differently on different days",
+    ),
     Hostile("models", "shard-outside-dir", lambda o, w: evaluate(_index_outside(o, w)), "lies outside"),
-    Hostile("models", "tokenizer-file-outside", lambda o, w: evaluate(edit_json(copy_org(o, w), "tokenizer_config.json",
-                                                                                tokenizer_file="/etc/hostname")),
-            "lies outside"),
-    Hostile("models", "train-out-is-a-model", lambda o, w: train(o, w, "--out", str(copy_org(o, w))),
-            "is a model directory"),
+    Hostile(
+        "models",
+        "tokenizer-file-outside",
+        lambda o, w: evaluate(edit_json(copy_org(o, w), "tokenizer_config.json", tokenizer_file="/etc/hostname")),
+        "lies outside",
+    ),
+    Hostile(
+        "models", "train-out-is-a-model", lambda o, w: train(o, w, "--out", str(copy_org(o, w))), "is a model directory"
+    ),
     # task data and probes
-    Hostile("tasks", "context-file-not-utf8", lambda o, w: evaluate(
-        o, "--task", "jsonl", "--option", f"path={_jsonl(w)}", "--option",
-        f"context_file={write(w, 'ctx.txt', NOT_UTF8)}"), "context file is not UTF-8"),
-    Hostile("tasks", "max-new-tokens-text", lambda o, w: evaluate(o, "--task", "jsonl", "--option",
-                                                                  f"path={_jsonl(w)}", "--option", "max_new_tokens=abc"),
-            "max_new_tokens='abc' is invalid"),
-    Hostile("tasks", "rule-superscript", lambda o, w: evaluate(o, "--option", "rule=shift:²"),
-            "rule 'shift:²' is not valid"),
+    Hostile(
+        "tasks",
+        "context-file-not-utf8",
+        lambda o, w: evaluate(
+            o,
+            "--task",
+            "jsonl",
+            "--option",
+            f"path={_jsonl(w)}",
+            "--option",
+            f"context_file={write(w, 'ctx.txt', NOT_UTF8)}",
+        ),
+        "context file is not UTF-8",
+    ),
+    Hostile(
+        "tasks",
+        "max-new-tokens-text",
+        lambda o, w: evaluate(o, "--task", "jsonl", "--option", f"path={_jsonl(w)}", "--option", "max_new_tokens=abc"),
+        "max_new_tokens='abc' is invalid",
+    ),
+    Hostile(
+        "tasks", "rule-superscript", lambda o, w: evaluate(o, "--option", "rule=shift:²"), "rule 'shift:²' is not valid"
+    ),
     Hostile("tasks", "rule-number", lambda o, w: evaluate(o, "--option", "rule=2"), "rule=2 is not text"),
-    Hostile("tasks", "jsonl-temperature-nan", lambda o, w: evaluate(o, "--task", "jsonl", "--option",
-                                                                    f"path={_jsonl(w)}", "--option", "temperature=.nan"),
-            "temperature=nan"),
-    Hostile("tasks", "similarity-context-too-long", lambda o, w: _sim(
-        edit_json(copy_org(o, w), "config.json", max_position_embeddings=12), w, "--responses-from", "answers"),
-        "exceeds the model's maximum length"),
-    Hostile("tasks", "similarity-unk", lambda o, w: ["probe", "similarity", "--task", "jsonl", "--option",
-                                                     f"path={write(w, 'q.jsonl', _zz())}", "--models", f"a={o}",
-                                                     "--responses-from", "answers", "--out", str(w / "sim")],
-            "lacks tokens"),
-    Hostile("tasks", "response-id-huge", lambda o, w: _sim(o, w, "--responses-from", str(_bank(o, w, 10**9))),
-            "token id 1000000000, outside"),
-    Hostile("tasks", "response-id-negative", lambda o, w: _sim(o, w, "--responses-from", str(_bank(o, w, -1))),
-            "token id -1, outside"),
-    Hostile("tasks", "terms-duplicate", lambda o, w: ["probe", "gradients", "--task", "rules", "--model", str(o),
-                                                      "--teacher", str(o), "--terms", "opd,opd", "--out",
-                                                      str(w / "g")], "names 'opd' twice"),
+    Hostile(
+        "tasks",
+        "jsonl-temperature-nan",
+        lambda o, w: evaluate(o, "--task", "jsonl", "--option", f"path={_jsonl(w)}", "--option", "temperature=.nan"),
+        "temperature=nan",
+    ),
+    Hostile(
+        "tasks",
+        "similarity-context-too-long",
+        lambda o, w: _sim(
+            edit_json(copy_org(o, w), "config.json", max_position_embeddings=12), w, "--responses-from", "answers"
+        ),
+        "exceeds the model's maximum length",
+    ),
+    Hostile(
+        "tasks",
+        "similarity-unk",
+        lambda o, w: [
+            "probe",
+            "similarity",
+            "--task",
+            "jsonl",
+            "--option",
+            f"path={write(w, 'q.jsonl', _zz())}",
+            "--models",
+            f"a={o}",
+            "--responses-from",
+            "answers",
+            "--out",
+            str(w / "sim"),
+        ],
+        "lacks tokens",
+    ),
+    Hostile(
+        "tasks",
+        "response-id-huge",
+        lambda o, w: _sim(o, w, "--responses-from", str(_bank(o, w, 10**9))),
+        "token id 1000000000, outside",
+    ),
+    Hostile(
+        "tasks",
+        "response-id-negative",
+        lambda o, w: _sim(o, w, "--responses-from", str(_bank(o, w, -1))),
+        "token id -1, outside",
+    ),
+    Hostile(
+        "tasks",
+        "terms-duplicate",
+        lambda o, w: [
+            "probe",
+            "gradients",
+            "--task",
+            "rules",
+            "--model",
+            str(o),
+            "--teacher",
+            str(o),
+            "--terms",
+            "opd,opd",
+            "--out",
+            str(w / "g"),
+        ],
+        "names 'opd' twice",
+    ),
 ]
 
 
@@ -136,8 +228,11 @@ def test_a_json_line_holding_u2028_is_one_item(tmp_path):
     """U+2028 inside a JSON string is valid JSON on one line: read as one item (str.splitlines would cut it)."""
     from mechopd.tasks.jsonl import read_items
 
-    p = write(tmp_path, "qa.jsonl", json.dumps({"prompt": "a\u2028b", "answer": "c", "context": "d"},
-                                               ensure_ascii=False) + "\n")
+    p = write(
+        tmp_path,
+        "qa.jsonl",
+        json.dumps({"prompt": "a\u2028b", "answer": "c", "context": "d"}, ensure_ascii=False) + "\n",
+    )
     assert "\u2028" in p.read_text(encoding="utf-8")
     (item,) = read_items(p)
     assert item.stem == "a\u2028b"

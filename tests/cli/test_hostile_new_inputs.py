@@ -16,8 +16,11 @@ def _demo_dir(w: Path, probe_n, organism: str) -> Path:
     """A demo dir as `probe --run` reads it: demo.json (config.probe_n, organism), one trained run's config and
     final/."""
     d = w / "demo"
-    write(d, "demo.json", json.dumps({"task": "rules", "methods": ["opd"], "organism": organism,
-                                      "config": {"probe_n": probe_n}}))
+    write(
+        d,
+        "demo.json",
+        json.dumps({"task": "rules", "methods": ["opd"], "organism": organism, "config": {"probe_n": probe_n}}),
+    )
     write(d, "train/opd/config.yaml", "task: rules\n")
     write(d, "train/opd/final/config.json", "{}")
     return d
@@ -38,22 +41,65 @@ def _cwd_relative_organism(o: Path, w: Path) -> list[str]:
 DEEP = "[" * 100000 + "]" * 100000
 
 CASES = [
-    Hostile("follow", "follow-contexts-unknown-weight-0", lambda o, w: train(o, w, "--set", "follow_contexts=[nope]"),
-            "follow_contexts: 'nope' is not an other context", before_load=False),
-    Hostile("causal", "cross-one-model-twice", lambda o, w: ["probe", "patching", "--task", "rules", "--models",
-                                                             f"opd={o}", "--n", "2", "--cross", "opd,opd", "--out",
-                                                             str(w / "p")], "names one model twice"),
+    Hostile(
+        "follow",
+        "follow-contexts-unknown-weight-0",
+        lambda o, w: train(o, w, "--set", "follow_contexts=[nope]"),
+        "follow_contexts: 'nope' is not an other context",
+        before_load=False,
+    ),
+    Hostile(
+        "causal",
+        "cross-one-model-twice",
+        lambda o, w: [
+            "probe",
+            "patching",
+            "--task",
+            "rules",
+            "--models",
+            f"opd={o}",
+            "--n",
+            "2",
+            "--cross",
+            "opd,opd",
+            "--out",
+            str(w / "p"),
+        ],
+        "names one model twice",
+    ),
     Hostile("demo-json", "probe-n-text", lambda o, w: _sim_run(o, w, "8x"), "config.probe_n='8x' is not an integer"),
     Hostile("demo-json", "probe-n-float", lambda o, w: _sim_run(o, w, 2.5), "config.probe_n=2.5 is not an integer"),
     Hostile("demo-json", "organism-relative-to-the-cwd", _cwd_relative_organism, "relative"),
-    Hostile("eval", "csv-name-is-a-directory", lambda o, w: evaluate(o, "--out", str(w / "r.json"))
-            if (w / "r.csv").mkdir() is None else [], "where the records CSV goes, is a directory"),
-    Hostile("jsonl", "task-data-100000-deep", lambda o, w: evaluate(o, "--task", "jsonl", "--option",
-                                                                    f"path={write(w, 'deep.jsonl', DEEP + chr(10))}"),
-            "line 1: nests too deeply"),
-    Hostile("yaml", "config-alias-bomb", lambda o, w: ["train", str(write(w, "cfg.yaml", "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")))), "--out", str(w / "run")],
-            "more than 20 aliases"),
+    Hostile(
+        "eval",
+        "csv-name-is-a-directory",
+        lambda o, w: evaluate(o, "--out", str(w / "r.json")) if (w / "r.csv").mkdir() is None else [],
+        "where the records CSV goes, is a directory",
+    ),
+    Hostile(
+        "jsonl",
+        "task-data-100000-deep",
+        lambda o, w: evaluate(o, "--task", "jsonl", "--option", f"path={write(w, 'deep.jsonl', DEEP + chr(10))}"),
+        "line 1: nests too deeply",
+    ),
+    Hostile(
+        "yaml",
+        "config-alias-bomb",
+        lambda o, w: [
+            "train",
+            str(
+                write(
+                    w,
+                    "cfg.yaml",
+                    "a: &a [x,x,x,x,x,x,x,x,x]\n"
+                    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+                )
+            ),
+            "--out",
+            str(w / "run"),
+        ],
+        "more than 20 aliases",
+    ),
 ]
 
 
@@ -66,9 +112,9 @@ def test_other_contexts_fit_the_model_like_the_main_one(organism_tokenizer):
     """A 40k-word other context on a model of 2048 positions: refused by the one length rule (`pinning.check_fits`),
     naming the other context; the same items without it pass."""
     from mechopd.core.errors import TaskError
+    from mechopd.core.views import RenderSpec
     from mechopd.evaluation.pinning import check_fits
     from mechopd.tasks.base import OtherContext, get_task
-    from mechopd.core.views import RenderSpec
 
     task = get_task("rules")
     items = task.examples("test", 3, 0)
@@ -79,8 +125,11 @@ def test_other_contexts_fit_the_model_like_the_main_one(organism_tokenizer):
 
     spec = RenderSpec(placement=task.placement)
     check_fits(organism_tokenizer, items, spec, 8, 2048, task)
-    with pytest.raises(TaskError, match="other context 'huge' \\+ prompt \\(\\d+ tokens\\) plus max_new_tokens 8 "
-                                        "exceeds the model's maximum length 2048"):
+    with pytest.raises(
+        TaskError,
+        match="other context 'huge' \\+ prompt \\(\\d+ tokens\\) plus max_new_tokens 8 "
+        "exceeds the model's maximum length 2048",
+    ):
         check_fits(organism_tokenizer, items, spec, 8, 2048, Long())
 
 

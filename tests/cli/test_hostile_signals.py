@@ -48,8 +48,15 @@ def wait_until(predicate, timeout: float) -> bool:
 
 
 def start(out: Path, mode: str = "sleep") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.cli.demo_jobs", str(out), mode], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.cli.demo_jobs", str(out), mode],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def both_started(out: Path) -> bool:
@@ -70,8 +77,9 @@ def test_no_worker_survives_the_demo(tmp_path, how):
     out = tmp_path / "run"
     proc = start(out)
     try:
-        assert wait_until(lambda: both_started(out) or proc.poll() is not None, 120) and proc.poll() is None, \
+        assert wait_until(lambda: both_started(out) or proc.poll() is not None, 120) and proc.poll() is None, (
             proc.stderr.read() if proc.poll() is not None else "slow"
+        )
         assert len(session_pids(proc.pid)) >= 3  # the parent and two workers (and the resource tracker)
         os.kill(proc.pid, signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         code = proc.wait(timeout=30)
@@ -109,16 +117,24 @@ def test_a_worker_with_a_full_disk_is_one_error_line(tmp_path, mode):
 
 
 def _demo(cwd: Path, out: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mechopd.cli", "demo", "--fast", "--workers", "2", "--out", out],
-                            cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mechopd.cli", "demo", "--fast", "--workers", "2", "--out", out],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _evals(run: Path) -> dict[str, dict]:
     import json
 
-    return {p.name: {k: v for k, v in json.loads(p.read_text()).items() if k in ("summary", "other_contexts")}
-            for p in sorted((run / "eval").glob("*.json"))}
+    return {
+        p.name: {k: v for k, v in json.loads(p.read_text()).items() if k in ("summary", "other_contexts")}
+        for p in sorted((run / "eval").glob("*.json"))
+    }
 
 
 @pytest.mark.slow

@@ -43,12 +43,14 @@ def _drop(*keys):
     def fn(doc):
         for k in keys:
             doc["summary"].pop(k, None) if k != "other_contexts" else doc.pop(k, None)
+
     return fn
 
 
 def _set(key, value):
     def fn(doc):
         doc["summary"][key]["value"] = value
+
     return fn
 
 
@@ -58,50 +60,147 @@ def _metrics_line(run: Path, line: str) -> None:
 
 
 FIGURES = [
-    Hostile("study", "role-names-no-run", lambda o, w: ["figures", "--study", _study(w, {**ROLES, "nca": "ghost"})],
-            "role 'nca' names run 'ghost'"),
-    Hostile("study", "root-outside-the-study-folder", lambda o, w: ["figures", "--study", _study(w, ROLES, "studies/s.yaml",
-                                                                                       root="../run/rules")],
-            "leads outside the study file's folder"),
-    Hostile("study", "root-absolute-elsewhere", lambda o, w: ["figures", "--study", _study(w, ROLES, "studies/s.yaml",
-                                                                                 root=str(w / "run" / "rules"))],
-            "leads outside the study file's folder"),
-    Hostile("study", "task-contradicts-the-runs", lambda o, w: ["figures", "--study", _study(w, ROLES, task="sokoban")],
-            "task 'sokoban', but the runs were trained on rules"),
-    Hostile("study", "label-with-newline", lambda o, w: ["figures", "--study", _study(
-        w, {**ROLES, "opd": {"name": "opd", "label": "OPD\n# Injected\n<img src=x onerror=alert(1)>"}})],
-            "runs.opd.label 'OPD\\n# Injected"),
-    Hostile("study", "label-with-html", lambda o, w: ["figures", "--study", _study(
-        w, {**ROLES, "opd": {"name": "opd", "label": "<script>alert(1)</script>"}})], "contains '<'"),
-    Hostile("study", "label-with-table-bar", lambda o, w: ["figures", "--study", _study(
-        w, {**ROLES, "opd": {"name": "opd", "label": "OPD | 1.000 | fake"}})], "contains '|'"),
-    Hostile("study", "label-with-link", lambda o, w: ["figures", "--study", _study(
-        w, {**ROLES, "opd": {"name": "opd", "label": "[click](javascript:x)"}})], "contains '['"),
-    Hostile("study", "yaml-alias-bomb", lambda o, w: ["figures", "--study", str(write(w, "run/rules/study.yaml", "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "runs: {opd: opd}\n"))],
-            "aliases"),
+    Hostile(
+        "study",
+        "role-names-no-run",
+        lambda o, w: ["figures", "--study", _study(w, {**ROLES, "nca": "ghost"})],
+        "role 'nca' names run 'ghost'",
+    ),
+    Hostile(
+        "study",
+        "root-outside-the-study-folder",
+        lambda o, w: ["figures", "--study", _study(w, ROLES, "studies/s.yaml", root="../run/rules")],
+        "leads outside the study file's folder",
+    ),
+    Hostile(
+        "study",
+        "root-absolute-elsewhere",
+        lambda o, w: ["figures", "--study", _study(w, ROLES, "studies/s.yaml", root=str(w / "run" / "rules"))],
+        "leads outside the study file's folder",
+    ),
+    Hostile(
+        "study",
+        "task-contradicts-the-runs",
+        lambda o, w: ["figures", "--study", _study(w, ROLES, task="sokoban")],
+        "task 'sokoban', but the runs were trained on rules",
+    ),
+    Hostile(
+        "study",
+        "label-with-newline",
+        lambda o, w: [
+            "figures",
+            "--study",
+            _study(w, {**ROLES, "opd": {"name": "opd", "label": "OPD\n# Injected\n<img src=x onerror=alert(1)>"}}),
+        ],
+        "runs.opd.label 'OPD\\n# Injected",
+    ),
+    Hostile(
+        "study",
+        "label-with-html",
+        lambda o, w: [
+            "figures",
+            "--study",
+            _study(w, {**ROLES, "opd": {"name": "opd", "label": "<script>alert(1)</script>"}}),
+        ],
+        "contains '<'",
+    ),
+    Hostile(
+        "study",
+        "label-with-table-bar",
+        lambda o, w: [
+            "figures",
+            "--study",
+            _study(w, {**ROLES, "opd": {"name": "opd", "label": "OPD | 1.000 | fake"}}),
+        ],
+        "contains '|'",
+    ),
+    Hostile(
+        "study",
+        "label-with-link",
+        lambda o, w: [
+            "figures",
+            "--study",
+            _study(w, {**ROLES, "opd": {"name": "opd", "label": "[click](javascript:x)"}}),
+        ],
+        "contains '['",
+    ),
+    Hostile(
+        "study",
+        "yaml-alias-bomb",
+        lambda o, w: [
+            "figures",
+            "--study",
+            str(
+                write(
+                    w,
+                    "run/rules/study.yaml",
+                    "a: &a [x,x,x,x,x,x,x,x,x]\n"
+                    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+                    + "runs: {opd: opd}\n",
+                )
+            ),
+        ],
+        "aliases",
+    ),
 ]
 
 AGGREGATE = [
-    Hostile("aggregate", "role-missing-from-a-seed", lambda o, w: _seeds(w, lambda r: (r / "eval" / "nca.json").unlink()),
-            "role 'nca' has no evaluation in seed run"),
-    Hostile("aggregate", "older-seed-without-following", lambda o, w: _seeds(
-        w, lambda r: _edit_eval(r, "opd", _drop("follow_other", "stick", "retention", "other_contexts"))),
-            "has no follow_other, other_contexts, stick for role 'opd' (written by an older mechopd)"),
-    Hostile("aggregate", "number-1e308", lambda o, w: _seeds(w, lambda r: _edit_eval(r, "opd", _set("acc_x", 1e308))),
-            "summary.acc_x = 1e+308 is outside [0.0, 1.0]"),
-    Hostile("aggregate", "number-minus-1e308", lambda o, w: _seeds(
-        w, lambda r: _edit_eval(r, "opd", _set("delta_len", -1e308))), "summary.delta_len = -1e+308 is outside"),
-    Hostile("aggregate", "text-for-a-number", lambda o, w: _seeds(w, lambda r: _edit_eval(r, "nca", _set("harm", "lots"))),
-            "'lots' is not a number"),
-    Hostile("aggregate", "metrics-line-bare-number", lambda o, w: _seeds(w, lambda r: _metrics_line(r, "42")),
-            "metrics.jsonl line 8: not a metrics record"),
-    Hostile("aggregate", "metrics-line-100000-deep", lambda o, w: _seeds(
-        w, lambda r: _metrics_line(r, "[" * 100000 + "]" * 100000)), "not a metrics record"),
-    Hostile("aggregate", "eval-json-100000-deep", lambda o, w: _seeds(
-        w, lambda r: (r / "eval" / "nca.json").write_text("[" * 100000 + "]" * 100000)), "nests too deeply"),
-    Hostile("aggregate", "eval-json-not-utf8", lambda o, w: _seeds(
-        w, lambda r: (r / "eval" / "nca.json").write_bytes(b'{"summary": "\xff\xfe"}')), "is not UTF-8"),
+    Hostile(
+        "aggregate",
+        "role-missing-from-a-seed",
+        lambda o, w: _seeds(w, lambda r: (r / "eval" / "nca.json").unlink()),
+        "role 'nca' has no evaluation in seed run",
+    ),
+    Hostile(
+        "aggregate",
+        "older-seed-without-following",
+        lambda o, w: _seeds(
+            w, lambda r: _edit_eval(r, "opd", _drop("follow_other", "stick", "retention", "other_contexts"))
+        ),
+        "has no follow_other, other_contexts, stick for role 'opd' (written by an older mechopd)",
+    ),
+    Hostile(
+        "aggregate",
+        "number-1e308",
+        lambda o, w: _seeds(w, lambda r: _edit_eval(r, "opd", _set("acc_x", 1e308))),
+        "summary.acc_x = 1e+308 is outside [0.0, 1.0]",
+    ),
+    Hostile(
+        "aggregate",
+        "number-minus-1e308",
+        lambda o, w: _seeds(w, lambda r: _edit_eval(r, "opd", _set("delta_len", -1e308))),
+        "summary.delta_len = -1e+308 is outside",
+    ),
+    Hostile(
+        "aggregate",
+        "text-for-a-number",
+        lambda o, w: _seeds(w, lambda r: _edit_eval(r, "nca", _set("harm", "lots"))),
+        "'lots' is not a number",
+    ),
+    Hostile(
+        "aggregate",
+        "metrics-line-bare-number",
+        lambda o, w: _seeds(w, lambda r: _metrics_line(r, "42")),
+        "metrics.jsonl line 8: not a metrics record",
+    ),
+    Hostile(
+        "aggregate",
+        "metrics-line-100000-deep",
+        lambda o, w: _seeds(w, lambda r: _metrics_line(r, "[" * 100000 + "]" * 100000)),
+        "not a metrics record",
+    ),
+    Hostile(
+        "aggregate",
+        "eval-json-100000-deep",
+        lambda o, w: _seeds(w, lambda r: (r / "eval" / "nca.json").write_text("[" * 100000 + "]" * 100000)),
+        "nests too deeply",
+    ),
+    Hostile(
+        "aggregate",
+        "eval-json-not-utf8",
+        lambda o, w: _seeds(w, lambda r: (r / "eval" / "nca.json").write_bytes(b'{"summary": "\xff\xfe"}')),
+        "is not UTF-8",
+    ),
 ]
 
 
@@ -126,8 +225,12 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
     from mechopd.study.checks import check_study
 
     run = make_run(tmp_path / "run")
-    spec = _study(tmp_path, {**ROLES, "opd": {"name": "opd", "label": "OPD (ρ=0.10, β=0.5; kept 50%)"}},
-                  "run/study.yaml", root="rules")
+    spec = _study(
+        tmp_path,
+        {**ROLES, "opd": {"name": "opd", "label": "OPD (ρ=0.10, β=0.5; kept 50%)"}},
+        "run/study.yaml",
+        root="rules",
+    )
     assert check_study(Study.load(spec)).task == "rules"
     assert main(["figures", "--study", spec]) == 0, capsys.readouterr().err
     assert "OPD (ρ=0.10, β=0.5; kept 50%)" in (run / "report.md").read_text()
@@ -140,14 +243,17 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
 def _drop_column(p: Path, col: str) -> None:
     rows = [ln.split(",") for ln in p.read_text().splitlines()]
     i = rows[0].index(col)
-    p.write_text("".join(",".join(r[:i] + r[i + 1:]) + "\n" for r in rows))
+    p.write_text("".join(",".join(r[:i] + r[i + 1 :]) + "\n" for r in rows))
 
 
-@pytest.mark.parametrize("damage, needle", [
-    (lambda p: _drop_column(p, "layer"), "similarity.csv has no column 'layer'"),
-    (lambda p: p.write_text(p.read_text() + "opd,extra,1,2,3,4,5,6,7,8,9\n"), "more cells than its header"),
-    (lambda p: p.write_bytes(p.read_bytes() + b"opd,\xff\xfe\n"), "similarity.csv is not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda p: _drop_column(p, "layer"), "similarity.csv has no column 'layer'"),
+        (lambda p: p.write_text(p.read_text() + "opd,extra,1,2,3,4,5,6,7,8,9\n"), "more cells than its header"),
+        (lambda p: p.write_bytes(p.read_bytes() + b"opd,\xff\xfe\n"), "similarity.csv is not UTF-8"),
+    ],
+)
 def test_a_damaged_probe_csv_is_one_error_line(tmp_path, capsys, damage, needle):
     """The CSV readers of the figures and the report (`artifacts.read_csv`): a missing column, a row with extra
     cells, bytes that are not UTF-8 -> one line naming the file and the fix; no figure left half-written."""

@@ -34,8 +34,8 @@ def _jsonl_model(tmp: Path):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from mechopd.organisms.tokenizer import build_tokenizer
-    from mechopd.tasks.words import split_words
     from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, make_jsonl_task
+    from mechopd.tasks.words import split_words
 
     task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
     words = set(task.vocab())
@@ -43,9 +43,18 @@ def _jsonl_model(tmp: Path):
         for e in task.examples(split, size, 0):
             words.update(split_words(f"{e.prompt}\n{e.context}\n{e.answer}"))
     tok = build_tokenizer(sorted(words))
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+    )
     dirs = {}
     for name, seed in (("base", 0), ("final", 1)):
         torch.manual_seed(seed)
@@ -66,9 +75,15 @@ def jsonl_run(tmp_path_factory) -> Path:
     run = root / "run"
     run.mkdir()
     (dirs["final"]).rename(run / "final")
-    cfg = TrainConfig(task="jsonl", task_options={"path": str(SAMPLE_QA), "context_file": str(SAMPLE_CONTEXT)},
-                      student=str(dirs["base"]), method="nca", max_new_tokens=5, seed=2,
-                      chat_template_kwargs={})  # a variable the template never reads is refused (test_hostile_*)
+    cfg = TrainConfig(
+        task="jsonl",
+        task_options={"path": str(SAMPLE_QA), "context_file": str(SAMPLE_CONTEXT)},
+        student=str(dirs["base"]),
+        method="nca",
+        max_new_tokens=5,
+        seed=2,
+        chat_template_kwargs={},
+    )  # a variable the template never reads is refused (test_hostile_*)
     (run / "final" / "training.json").write_text(json.dumps({"step": 3, "config": cfg.to_dict()}))
     return run
 
@@ -111,9 +126,11 @@ def _check_outputs(run: Path, trained: str) -> None:
 
 def _check_items(out: Path, trained: str, run: Path) -> None:
     """The runner saved the exact items each probe scored, and every model's path is in the probe's settings."""
-    settings = {"similarity": json.loads((out / "similarity.json").read_text())["settings"],
-                "gradients": json.loads((out / "gradients.json").read_text())["settings"],
-                "teachability": json.loads((out / "teachability_summary.json").read_text())["settings"]}
+    settings = {
+        "similarity": json.loads((out / "similarity.json").read_text())["settings"],
+        "gradients": json.loads((out / "gradients.json").read_text())["settings"],
+        "teachability": json.loads((out / "teachability_summary.json").read_text())["settings"],
+    }
     for probe, s in settings.items():
         items = [json.loads(x) for x in (out / f"{probe}_items.jsonl").read_text().splitlines()]
         assert s["items_file"] == f"{probe}_items.jsonl" and len(items) == s["n"] > 0
@@ -148,8 +165,22 @@ def test_every_probe_runs_from_the_run_dir_alone(which, rules_run, jsonl_run, ca
 
 def test_flags_override_the_run(rules_run, tmp_path, capsys):
     out = tmp_path / "sim"
-    args = ["probe", "similarity", "--run", str(rules_run), "--n", "3", "--option", "rule=reverse", "--placement",
-            "user", "--no-context-system", "", "--out", str(out)]
+    args = [
+        "probe",
+        "similarity",
+        "--run",
+        str(rules_run),
+        "--n",
+        "3",
+        "--option",
+        "rule=reverse",
+        "--placement",
+        "user",
+        "--no-context-system",
+        "",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0, capsys.readouterr().err
     settings = json.loads((out / "similarity.json").read_text())["settings"]
     assert settings["n"] == 3 and settings["task_options"] == {"rule": "reverse"}
@@ -185,10 +216,20 @@ def test_setup_from_a_demo_dir_and_organism_students(tmp_path):
     run = tmp_path / "demo"
     for m, kw in (("opd", {}), ("ta_opd", {"selector": "ta_opd"})):
         _fake_final(run / "train" / m / "final")
-        dump_yaml(TrainConfig(student="organism:rules", organism_dir=str(organisms), seed=5, **kw),
-                  run / "train" / m / "config.yaml")
-    (run / "demo.json").write_text(json.dumps({"task": "rules", "methods": ["opd", "ta_opd"],
-                                               "organism": str(organisms / "rules"), "config": {"probe_n": 7}}))
+        dump_yaml(
+            TrainConfig(student="organism:rules", organism_dir=str(organisms), seed=5, **kw),
+            run / "train" / m / "config.yaml",
+        )
+    (run / "demo.json").write_text(
+        json.dumps(
+            {
+                "task": "rules",
+                "methods": ["opd", "ta_opd"],
+                "organism": str(organisms / "rules"),
+                "config": {"probe_n": 7},
+            }
+        )
+    )
     s = ProbeSetup.from_run(run)
     assert list(s.models) == ["base", "opd", "ta_opd"] and s.models["base"] == str(organisms / "rules")
     assert (s.n, s.seed, s.trained) == (7, 5, ["opd", "ta_opd"])

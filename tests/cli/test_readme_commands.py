@@ -34,15 +34,23 @@ ROOT = Path(__file__).resolve().parents[2]
 # command (as in the README, comment stripped) -> why CI does not run it
 NOT_RUN = {
     "mechopd pretrain --task rules": "pretrains the full rules organism (600 steps, 62-69 s of the demo's budget, "
-                                     "docs/results.md); the test's world holds the fast demo's organism instead",
+    "docs/results.md); the test's world holds the fast demo's organism instead",
     "mechopd pretrain --task sokoban --layers 8": "pretrains an 8-layer Sokoban organism (minutes: docs/organisms.md)",
-    "mechopd train training/organisms/rules.yaml --method nca --set follow_weight=1":
-        "the recipe's student is organism:rules, the full organism (pretrained on first use), then 100 steps x 32 "
-        "prompts",
+    "mechopd train training/organisms/rules.yaml --method nca --set follow_weight=1": "the recipe's student is organism:rules, the full organism (pretrained on first use), then 100 steps x 32 "
+    "prompts",
 }
 
-CONFIG = {"task": "rules", "method": "opd", "steps": 2, "batch_size": 4, "pool_size": 16, "max_new_tokens": 6,
-          "lr": 1e-3, "eval_every": 0, "save_every": 0}
+CONFIG = {
+    "task": "rules",
+    "method": "opd",
+    "steps": 2,
+    "batch_size": 4,
+    "pool_size": 16,
+    "max_new_tokens": 6,
+    "lr": 1e-3,
+    "eval_every": 0,
+    "save_every": 0,
+}
 
 
 def readme_commands() -> list[str]:
@@ -57,7 +65,7 @@ def argv_of(cmd: str) -> list[str]:
     """The argv after the program (``mechopd`` or ``torchrun ... -m mechopd.cli``)."""
     argv = shlex.split(cmd)
     if argv[0] == "torchrun":
-        return argv[argv.index("mechopd.cli") + 1:]
+        return argv[argv.index("mechopd.cli") + 1 :]
     assert argv[0] == "mechopd", f"a README command that is not mechopd or torchrun: {cmd}"
     return argv[1:]
 
@@ -78,8 +86,9 @@ def _world(root: Path) -> list[str]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(["demo", "--fast", "--seeds", "3", "--out", "runs/demo"]) == 0
     shutil.copytree(root / "runs" / "organisms" / "rules-fast", root / "runs" / "organisms" / "rules")
-    (root / "CONFIG.yaml").write_text("".join(f"{k}: {v}\n" for k, v in
-                                              {**CONFIG, "student": "runs/organisms/rules"}.items()))
+    (root / "CONFIG.yaml").write_text(
+        "".join(f"{k}: {v}\n" for k, v in {**CONFIG, "student": "runs/organisms/rules"}.items())
+    )
     context = (ROOT / "mechopd" / "data" / "sample_context.txt").read_text()
     with (root / "qa.jsonl").open("w") as fh:
         for line in (ROOT / "mechopd" / "data" / "sample_qa.jsonl").read_text().splitlines():
@@ -101,9 +110,18 @@ def _jsonl_models(root: Path, path: Path) -> list[str]:
         for e in task.examples(split, size, 0):
             words.update(split_words(f"{e.prompt}\n{e.context}\n{e.answer}"))
     tok = build_tokenizer(sorted(words))
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+    )
     dirs = []
     for seed in range(3):
         d = root / "jsonl-models" / f"m{seed}"
@@ -122,8 +140,11 @@ def _run(cmd: str, dirs: list[str]) -> tuple[int, str]:
     if cmd.startswith("torchrun"):
         if shutil.which("torchrun") is None:
             return -1, "torchrun is not on PATH (it comes with torch)"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+        }
         words = shlex.split(cmd)
         prefix = words[: words.index("mechopd.cli") + 1]
         done = subprocess.run([*prefix, *argv], check=False, capture_output=True, text=True, env=env, timeout=300)
@@ -175,8 +196,10 @@ def test_the_seed_and_aggregate_reports_link_their_explorer_pages(ran):
     for k in range(3):
         seed = root / "runs" / "demo" / f"seed-{k}"
         assert (seed / "explore.html").is_file() and "## Items" in (seed / "report.md").read_text()
-    for report, prefix in ((root / "runs" / "demo" / "report.md", ""), (root / "runs" / "agg" / "report.md",
-                                                                         "../demo/")):
+    for report, prefix in (
+        (root / "runs" / "demo" / "report.md", ""),
+        (root / "runs" / "agg" / "report.md", "../demo/"),
+    ):
         row = next(ln for ln in report.read_text().splitlines() if ln.startswith("| OPD causes context-induced"))
         for k in range(3):
             assert f"]({prefix}seed-{k}/explore.html#filter=harm&model=opd)" in row, (report, row)

@@ -22,8 +22,11 @@ TRAIN = ("--batch-size", "2", "--set", "save_every=2", "--no-progress")
 
 def _digest(root: Path) -> dict[str, str]:
     """path -> sha256 of every file under root, the lock file excluded."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != ".mechopd.lock"}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".mechopd.lock"
+    }
 
 
 def inject_enospc(monkeypatch, root: Path, name: str) -> None:
@@ -92,12 +95,22 @@ def test_eval(tiny_rules_organism, tmp_path, monkeypatch, capsys):
 
 
 def test_probe(tiny_rules_organism, tmp_path, monkeypatch, capsys):
-    from tests.cli.test_reliability import poison
     import shutil
 
+    from tests.cli.test_reliability import poison
+
     trained = poison(Path(shutil.copytree(tiny_rules_organism, tmp_path / "t")), 0.5)
-    argv = ["probe", "deltas", "--base", str(tiny_rules_organism), "--models", f"opd={trained}",
-            "--out", str(tmp_path / "p"), "--force"]  # the rerun replaces the probe's own files
+    argv = [
+        "probe",
+        "deltas",
+        "--base",
+        str(tiny_rules_organism),
+        "--models",
+        f"opd={trained}",
+        "--out",
+        str(tmp_path / "p"),
+        "--force",
+    ]  # the rerun replaces the probe's own files
     assert main(argv) == 0
     _full_then_free(monkeypatch, capsys, tmp_path, "deltas.csv", argv, tmp_path / "p")
 

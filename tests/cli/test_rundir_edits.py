@@ -24,8 +24,11 @@ def finished_run(tiny_rules_organism, tmp_path_factory) -> Path:
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _truncate(p: Path) -> None:
@@ -38,11 +41,15 @@ EDITS = {
     "list-config": (lambda r: (r / "config.yaml").write_text("- a\n- b\n"), "holds a list"),
     "garbage-state": (lambda r: (r / CKPT / "trainer_state.json").write_text("garbage"), "trainer_state.json is"),
     "list-state": (lambda r: (r / CKPT / "trainer_state.json").write_text("[]"), "lacks the resume state"),
-    "truncated-optimizer": (lambda r: _truncate(r / CKPT / "optimizer.safetensors"), "optimizer.safetensors is "
-                            "truncated"),
+    "truncated-optimizer": (
+        lambda r: _truncate(r / CKPT / "optimizer.safetensors"),
+        "optimizer.safetensors is truncated",
+    ),
     "deleted-rng": (lambda r: (r / CKPT / "rng.safetensors").unlink(), "rng.safetensors is missing"),
-    "metrics-42": (lambda r: (r / "metrics.jsonl").write_text("42\n" + (r / "metrics.jsonl").read_text()),
-                   "line 1 is not a metrics record"),
+    "metrics-42": (
+        lambda r: (r / "metrics.jsonl").write_text("42\n" + (r / "metrics.jsonl").read_text()),
+        "line 1 is not a metrics record",
+    ),
 }
 
 
@@ -53,8 +60,7 @@ def test_resume_of_an_edited_run_is_one_line(finished_run, tiny_rules_organism, 
     change(run)
     before = _digest(run)
     capsys.readouterr()
-    code = main(["train", "--student", str(tiny_rules_organism), "--out", str(run), "--steps", "4", *TRAIN,
-                 "--resume"])
+    code = main(["train", "--student", str(tiny_rules_organism), "--out", str(run), "--steps", "4", *TRAIN, "--resume"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and err and err[-1].startswith("error:") and needle in err[-1], err
     assert not any("Traceback" in ln for ln in err)
@@ -93,10 +99,14 @@ def test_eval_probe_train_refuse_more_items_than_exist(tiny_rules_organism, tmp_
     test_n, train_n = (get_task("rules").max_items(s, 10**7) for s in ("test", "train"))
     cases = [
         (["eval", "--task", "rules", "--model", org, "--n", "200000"], f"has only {test_n} test items"),
-        (["probe", "similarity", "--models", f"base={org}", "--n", "200000", "--split", "test"],
-         f"has only {test_n} test items"),
-        (["train", "--student", org, "--out", "r", "--steps", "1", "--set", "pool_size=2000000", "--no-progress"],
-         f"has at most {train_n} train items"),
+        (
+            ["probe", "similarity", "--models", f"base={org}", "--n", "200000", "--split", "test"],
+            f"has only {test_n} test items",
+        ),
+        (
+            ["train", "--student", org, "--out", "r", "--steps", "1", "--set", "pool_size=2000000", "--no-progress"],
+            f"has at most {train_n} train items",
+        ),
     ]
     for argv, needle in cases:
         assert main(argv) == 2, argv
@@ -120,9 +130,24 @@ def test_games_refuse_more_boards_than_their_space(tiny_rules_organism, tmp_path
 
     assert get_task("frozenlake").board_space() == 560 * 13 * 12
     assert get_task("sokoban", size=5).board_space() == 2**9 * 9**3
-    for argv, needle in ((["--task", "frozenlake"], "at most 87360 boards"),
-                         (["--task", "sokoban", "--option", "size=5"], "at most 373248 boards")):
-        assert main(["eval", *argv, "--model", str(tiny_rules_organism), "--n", "1000000",
-                     "--out", str(tmp_path / "e.json")]) == 2
+    for argv, needle in (
+        (["--task", "frozenlake"], "at most 87360 boards"),
+        (["--task", "sokoban", "--option", "size=5"], "at most 373248 boards"),
+    ):
+        assert (
+            main(
+                [
+                    "eval",
+                    *argv,
+                    "--model",
+                    str(tiny_rules_organism),
+                    "--n",
+                    "1000000",
+                    "--out",
+                    str(tmp_path / "e.json"),
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error:") and needle in err[-1], err

@@ -23,14 +23,21 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*argv: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mechopd.cli", *map(str, argv)], cwd=cwd, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mechopd.cli", *map(str, argv)],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _holder(code: str, cwd: Path) -> subprocess.Popen:
     """A python process that takes a lock and sleeps (prints 'held' once it holds it)."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=ENV, stdout=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> None:
@@ -43,8 +50,18 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
 def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
     """The second `train --out r` refuses at once (exit 2, one line naming pid, host and the fix); the first run
     finishes intact (metrics steps 1..N once each)."""
-    argv = ("train", "--student", tiny_rules_organism, "--out", "r", "--steps", "8", "--batch-size", "2",
-            "--no-progress")
+    argv = (
+        "train",
+        "--student",
+        tiny_rules_organism,
+        "--out",
+        "r",
+        "--steps",
+        "8",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    )
     first = _cli(*argv, cwd=tmp_path)
     _wait_for(lambda: (tmp_path / "r" / LOCK_NAME).is_file() and (tmp_path / "r" / LOCK_NAME).read_text())
     t0 = time.time()
@@ -65,13 +82,16 @@ def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
 
 def test_a_lock_of_a_killed_process_is_taken_over(tmp_path):
     """kill -9 of the holder: the kernel drops the flock; the next command takes the directory without any cleanup."""
-    p = _holder(f"""
+    p = _holder(
+        f"""
         from mechopd.core.runlock import hold
         import time
-        with hold({str(tmp_path / 'd')!r}, "demo"):
+        with hold({str(tmp_path / "d")!r}, "demo"):
             print("held", flush=True)
             time.sleep(600)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert p.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError, match=f"in use by mechopd demo \\(pid {p.pid}"):
         with hold(tmp_path / "d", "eval"):
@@ -86,16 +106,19 @@ def test_a_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 def test_a_dead_holder_whose_child_keeps_the_lock_is_named(tmp_path):
     """A holder that forked a worker and died: the lock is still held, and the error says the child holds it."""
-    p = _holder(f"""
+    p = _holder(
+        f"""
         import os, time
         from mechopd.core.runlock import hold
-        ctx = hold({str(tmp_path / 'd')!r}, "train")
+        ctx = hold({str(tmp_path / "d")!r}, "train")
         ctx.__enter__()
         if os.fork() == 0:   # the child inherits the open lock file
             time.sleep(600)
         print("held", flush=True)
         os._exit(0)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert p.stdout.readline().strip() == "held"
     p.wait()
     try:
@@ -127,20 +150,25 @@ def test_every_writing_verb_refuses_a_held_directory(tiny_rules_organism, tmp_pa
     """eval, probe, demo, aggregate, figures: exit 2 with the holder's line while another process holds the dir."""
     monkeypatch.chdir(tmp_path)
     held = tmp_path / "busy"
-    p = _holder(f"""
+    p = _holder(
+        f"""
         from mechopd.core.runlock import hold
         import time
         with hold({str(held)!r}, "demo"):
             print("held", flush=True)
             time.sleep(600)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert p.stdout.readline().strip() == "held"
     try:
         (held / "demo.json").write_text("{}")
-        cases = [["eval", "--task", "rules", "--model", str(tiny_rules_organism), "--n", "2", "--out", str(held)],
-                 ["probe", "deltas", "--models", f"base={tiny_rules_organism}", "--out", str(held)],
-                 ["demo", "--fast", "--out", str(held)],
-                 ["figures", str(held)]]
+        cases = [
+            ["eval", "--task", "rules", "--model", str(tiny_rules_organism), "--n", "2", "--out", str(held)],
+            ["probe", "deltas", "--models", f"base={tiny_rules_organism}", "--out", str(held)],
+            ["demo", "--fast", "--out", str(held)],
+            ["figures", str(held)],
+        ]
         for argv in cases:
             assert main(argv) == 2, argv
             err = capsys.readouterr().err

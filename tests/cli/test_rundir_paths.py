@@ -39,8 +39,26 @@ def test_resume_from_another_directory_gives_the_same_run(tiny_rules_organism, t
     a, b = _workspace(Path(tiny_rules_organism), tmp_path)
     monkeypatch.chdir(a)
     assert main(["train", "--student", "org", "--out", "straight", *TRAIN]) == 0  # the reference: 4 steps at once
-    assert main(["train", "--student", "org", "--out", "split", *TRAIN[:0], "--steps", "2", "--batch-size", "2",
-                 "--set", "save_every=2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                "org",
+                "--out",
+                "split",
+                *TRAIN[:0],
+                "--steps",
+                "2",
+                "--batch-size",
+                "2",
+                "--set",
+                "save_every=2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     cfg = (a / "split" / "config.yaml").read_text()
     assert f"student: {a / 'org'}" in cfg and f"organism_dir: {a / 'runs' / 'organisms'}" in cfg  # absolute
     capsys.readouterr()
@@ -74,18 +92,54 @@ def test_probe_run_from_another_directory_same_numbers(tiny_rules_organism, tmp_
     assert "relative to the directory it was started from" in err and str(b / "org") in err
 
 
-def test_eval_default_is_outside_the_checkpoint_and_resume_keeps_foreign_files(tiny_rules_organism, tmp_path,
-                                                                               monkeypatch, capsys):
+def test_eval_default_is_outside_the_checkpoint_and_resume_keeps_foreign_files(
+    tiny_rules_organism, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--student", str(tiny_rules_organism), "--out", "r", "--steps", "2", "--batch-size", "2",
-                 "--set", "save_every=2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                "--out",
+                "r",
+                "--steps",
+                "2",
+                "--batch-size",
+                "2",
+                "--set",
+                "save_every=2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert main(["eval", "--task", "rules", "--model", "r/final", "--n", "4"]) == 0
     assert (tmp_path / "r" / "eval" / "rules.json").is_file() and not (tmp_path / "r" / "final" / "eval").exists()
     (tmp_path / "r" / "final" / "NOTES.md").write_text("mine")  # a file the run did not write
     (tmp_path / "r" / "final" / "eval").mkdir()
     (tmp_path / "r" / "final" / "eval" / "old.json").write_text("{}")
-    assert main(["train", "--student", str(tiny_rules_organism), "--out", "r", "--steps", "4", "--batch-size", "2",
-                 "--set", "save_every=2", "--no-progress", "--resume"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                "--out",
+                "r",
+                "--steps",
+                "4",
+                "--batch-size",
+                "2",
+                "--set",
+                "save_every=2",
+                "--no-progress",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "r" / "final" / "training.json").read_text())["step"] == 4
     assert (tmp_path / "r" / "final" / "NOTES.md").read_text() == "mine"
     assert (tmp_path / "r" / "final" / "eval" / "old.json").read_text() == "{}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.core.artifacts import FileSet
 from mechopd.cli import main
+from mechopd.core.artifacts import FileSet
 
 
 def _write_set(d: Path, name: str, content: str) -> None:
@@ -98,14 +98,17 @@ def _demo_run(d: Path, **cfg) -> Path:
     return d
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("same-run-twice", "are the same run"),
-    ("copy-of-a-seed", "are both seed 0"),
-    ("fast-and-full", "fast True -> False"),
-    ("out-is-an-input", "is the input"),
-    ("out-inside-an-input", "inside the input"),
-    ("an-aggregate-as-input", "is itself an aggregate"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("same-run-twice", "are the same run"),
+        ("copy-of-a-seed", "are both seed 0"),
+        ("fast-and-full", "fast True -> False"),
+        ("out-is-an-input", "is the input"),
+        ("out-inside-an-input", "inside the input"),
+        ("an-aggregate-as-input", "is itself an aggregate"),
+    ],
+)
 def test_aggregate_refuses_non_seeds_and_writing_into_inputs(tmp_path, monkeypatch, capsys, case, needle):
     monkeypatch.chdir(tmp_path)
     s0 = _demo_run(tmp_path / "s0", fast=True, seed=0)

@@ -21,8 +21,20 @@ from mechopd.train.trainer import train
 @pytest.fixture(scope="module")
 def run(tiny_rules_organism, tmp_path_factory):
     out = tmp_path_factory.mktemp("store") / "nca"
-    train(TrainConfig(student=str(tiny_rules_organism), task="rules", method="nca", steps=2, batch_size=4, lr=3e-3,
-                      max_new_tokens=6, pool_size=16), out, progress=False)
+    train(
+        TrainConfig(
+            student=str(tiny_rules_organism),
+            task="rules",
+            method="nca",
+            steps=2,
+            batch_size=4,
+            lr=3e-3,
+            max_new_tokens=6,
+            pool_size=16,
+        ),
+        out,
+        progress=False,
+    )
     return out
 
 
@@ -43,8 +55,10 @@ def store(run, tmp_path_factory):
 
 def test_similarity_and_lens_from_the_store_equal_the_forwards(run, store, tmp_path):
     sim_cols = ("cos_mean", "cos_median", "cos_example_mean", "cos_stop")
-    for probe, table, cols in (("similarity", "similarity.csv", sim_cols),
-                               ("lens", "lens.csv", ("kl_c_x", "top1_agree"))):
+    for probe, table, cols in (
+        ("similarity", "similarity.csv", sim_cols),
+        ("lens", "lens.csv", ("kl_c_x", "top1_agree")),
+    ):
         args = ["--run", run, "--n", "6", "--batch-size", "4"]
         assert _probe(probe, *args, "--out", tmp_path / probe) == 0
         assert _probe(probe, *args, "--cache", store, "--out", tmp_path / f"{probe}-cached") == 0
@@ -74,7 +88,7 @@ def test_shards_are_bounded_and_the_manifest_names_what_it_holds(run, store):
                 off = f.get_tensor("offsets")
                 per_row = sum(f.get_slice(k).get_shape()[1] * 4 for k in f.keys() if k != "offsets")
             item_bytes += [(b - a) * per_row for a, b in zip(off.tolist(), off[1:].tolist())]
-            assert sh["bytes"] == sum(item_bytes[-sh["count"]:])
+            assert sh["bytes"] == sum(item_bytes[-sh["count"] :])
             assert sh["bytes"] - item_bytes[-1] < limit  # closed by the item that reached the limit
         path = rec["path"]
         want = hashlib.sha256(open(f"{path}/model.safetensors", "rb").read()).hexdigest()
@@ -94,8 +108,24 @@ def test_a_store_of_other_items_or_sites_is_refused(run, store, tmp_path, capsys
     assert "holds other items" in capsys.readouterr().err
     assert not (tmp_path / "a" / "similarity.csv").exists()
     part = tmp_path / "part"
-    assert _probe("cache", "--run", run, "--n", "6", "--batch-size", "4", "--sites", "0,layers.1.mlp",
-                  "--models", "nca", "--out", part) == 0
+    assert (
+        _probe(
+            "cache",
+            "--run",
+            run,
+            "--n",
+            "6",
+            "--batch-size",
+            "4",
+            "--sites",
+            "0,layers.1.mlp",
+            "--models",
+            "nca",
+            "--out",
+            part,
+        )
+        == 0
+    )
     assert ActivationStore(part).sites == ["layers.0.resid_post", "layers.1.mlp"]
     assert _probe("similarity", "--run", run, "--n", "6", "--cache", part, "--out", tmp_path / "b") == 2
     assert "holds no" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def test_plain_attribution_is_gradient_times_difference(models, batch):
 
     def hook(_m, _i, out):  # decoder layer 1's output, the scored columns shifted by the leaf
         h = out if isinstance(out, torch.Tensor) else out[0]
-        h = torch.cat([h[:, :start], h[:, start:start + R] + leaf, h[:, start + R:]], 1)
+        h = torch.cat([h[:, :start], h[:, start : start + R] + leaf, h[:, start + R :]], 1)
         return h if isinstance(out, torch.Tensor) else (h, *out[1:])
 
     handle = model.model.layers[1].register_forward_hook(hook)
@@ -78,8 +78,10 @@ def test_exact_patch_of_the_last_resid_matches_the_patching_probe(models, batch)
     pair = Pair(model, "x", model, "c")
     sites = sites_of(model, None, ["resid", "mlp"])
     acc = accumulate(pair, [batch], sites, 1.0, 0, True)
-    ref = {(r["site"], r["component"]): r["kl_patched"] * r["n_tokens"]
-           for r in patching(model, [batch], temperature=1.0, components=["resid", "mlp"], directions=["c_to_x"]).rows}
+    ref = {
+        (r["site"], r["component"]): r["kl_patched"] * r["n_tokens"]
+        for r in patching(model, [batch], temperature=1.0, components=["resid", "mlp"], directions=["c_to_x"]).rows
+    }
     for site in sites:
         key = (site.name if site.component == "resid" else f"layers.{site.layer}.resid_post", site.component)
         assert acc["patched"][(site, None)] == pytest.approx(ref[key], rel=1e-6), key
@@ -90,8 +92,28 @@ def test_cli_writes_faithfulness_and_cross(models, tmp_path):
     from mechopd.plots.interventions import plot_attribution
 
     out = tmp_path / "run" / "probes"
-    assert main(["probe", "attribution", "--task", "rules", "--n", "4", "--max-new-tokens", "6", "--models",
-                 f"base={models['base']}", f"opd={models['opd']}", "--cross", "base,opd", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "attribution",
+                "--task",
+                "rules",
+                "--n",
+                "4",
+                "--max-new-tokens",
+                "6",
+                "--models",
+                f"base={models['base']}",
+                f"opd={models['opd']}",
+                "--cross",
+                "base,opd",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "attribution.json").read_text())
     f = doc["summary"]["faithfulness"]
     assert {"pearson", "spearman"} <= set(f["all"]) and f["cost_ratio"] > 0 and f["sites"] == 2 * (3 + 4)

@@ -34,8 +34,11 @@ def _copy(src: Path, dst: Path, seed: int, scale: float = 0.3) -> str:
 @pytest.fixture(scope="module")
 def models(tiny_rules_organism, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("causal")
-    return {"base": str(tiny_rules_organism), "opd": _copy(tiny_rules_organism, root / "opd", 1),
-            "nca": _copy(tiny_rules_organism, root / "nca", 2)}
+    return {
+        "base": str(tiny_rules_organism),
+        "opd": _copy(tiny_rules_organism, root / "opd", 1),
+        "nca": _copy(tiny_rules_organism, root / "nca", 2),
+    }
 
 
 def _setup(models: dict[str, str], **kw) -> ProbeSetup:
@@ -87,17 +90,27 @@ def test_patching_fixed_points_and_windows(models, tmp_path):
 
     run_patching(_setup(models), tmp_path, models=["base", "opd"], window=2, detail=2)
     rows = read_csv(tmp_path / "patching.csv")
+
     def pick(m, s, c, d, w="all"):
-        return float(next(r["recovered"] for r in rows
-                          if (r["model"], r["site"], r["component"], r["direction"], r["window"]) == (m, s, c, d, w)))
+        return float(
+            next(
+                r["recovered"]
+                for r in rows
+                if (r["model"], r["site"], r["component"], r["direction"], r["window"]) == (m, s, c, d, w)
+            )
+        )
+
     for m in ("base", "opd"):
         assert pick(m, "final_norm", "resid", "c_to_x") == pytest.approx(1.0, abs=1e-6)
         assert pick(m, "final_norm", "resid", "x_to_c") == pytest.approx(1.0, abs=1e-6)
         assert pick(m, "embed", "resid", "c_to_x") == pytest.approx(0.0, abs=1e-3)
         mid = pick(m, "layers.0.resid_post", "resid", "c_to_x")
         assert -1.0 < mid < 1.0 and mid != 0.0
-    windows = [r for r in rows if r["window"] != "all" and r["site"] == "final_norm" and r["direction"] == "c_to_x"
-               and r["model"] == "base"]
+    windows = [
+        r
+        for r in rows
+        if r["window"] != "all" and r["site"] == "final_norm" and r["direction"] == "c_to_x" and r["model"] == "base"
+    ]
     assert len(windows) >= 2
     # the windows partition the positions and KL at final_norm is per position: their patched KLs add up
     clean = float(windows[0]["kl_clean"])
@@ -150,11 +163,35 @@ def test_cli_probes_and_figures(models, tmp_path):
     from mechopd.cli import main
     from mechopd.plots.causal import plot_attention_context, plot_lens_kl, plot_patching
 
-    flags = ["--models", *(f"{k}={v}" for k, v in models.items()), "--n", "4", "--batch-size", "2",
-             "--max-new-tokens", "4", "--out", str(tmp_path / "probes")]
+    flags = [
+        "--models",
+        *(f"{k}={v}" for k, v in models.items()),
+        "--n",
+        "4",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(tmp_path / "probes"),
+    ]
     assert main(["probe", "lens", *flags]) == 0
-    assert main(["probe", "patching", *flags, "--components", "resid,mlp", "--cross", "nca,opd",
-                 "--cross-sites", "0,final_norm"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "patching",
+                *flags,
+                "--components",
+                "resid,mlp",
+                "--cross",
+                "nca,opd",
+                "--cross-sites",
+                "0,final_norm",
+            ]
+        )
+        == 0
+    )
     assert main(["probe", "attention", *flags]) == 0
     cross = read_csv(tmp_path / "probes" / "patching_cross.csv")
     assert [r["site"] for r in cross] == ["layers.0.resid_post", "final_norm"]

@@ -58,8 +58,11 @@ def test_package_level_entry_points(tiny_rules_organism, tmp_path):
 
     rep = mechopd.run_eval(str(tiny_rules_organism), "rules", n=5, out=tmp_path / "r.json")
     assert rep["summary"]["n"] == 5 and (tmp_path / "r.json").exists() and (tmp_path / "r.csv").exists()
-    final = mechopd.run_train({"student": str(tiny_rules_organism), "steps": 1, "batch_size": 4, "max_new_tokens": 6,
-                           "pool_size": 16}, tmp_path / "run", progress=False)
+    final = mechopd.run_train(
+        {"student": str(tiny_rules_organism), "steps": 1, "batch_size": 4, "max_new_tokens": 6, "pool_size": 16},
+        tmp_path / "run",
+        progress=False,
+    )
     assert (final / "model.safetensors").exists()
 
 

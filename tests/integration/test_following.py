@@ -18,8 +18,16 @@ from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.rules import apply_rule, rule_text
 
 FAMILY = ["shift:1", "shift:2", "reverse"]
-SIZE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, batch_size=32,
-            corpus_size=4000, lr=3e-3)
+SIZE = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    batch_size=32,
+    corpus_size=4000,
+    lr=3e-3,
+)
 N = 24
 
 
@@ -28,10 +36,16 @@ def organisms(tmp_path_factory):
     from mechopd.organisms.pretrain import OrganismConfig, pretrain
 
     root = tmp_path_factory.mktemp("following")
-    base = pretrain(OrganismConfig(task="rules", steps=400, task_options={"family": FAMILY, "max_len": 4}, **SIZE),
-                    root / "base", progress=False)
-    deaf = pretrain(OrganismConfig(task="rules", steps=200, task_options={"family": ["shift:1"], "max_len": 4},
-                                   **SIZE), root / "deaf", progress=False)
+    base = pretrain(
+        OrganismConfig(task="rules", steps=400, task_options={"family": FAMILY, "max_len": 4}, **SIZE),
+        root / "base",
+        progress=False,
+    )
+    deaf = pretrain(
+        OrganismConfig(task="rules", steps=200, task_options={"family": ["shift:1"], "max_len": 4}, **SIZE),
+        root / "deaf",
+        progress=False,
+    )
     return {"base": base, "deaf": deaf}
 
 
@@ -63,9 +77,25 @@ def test_eval_other_contexts_matches_independent_decoder_and_names_the_deaf(orga
     from mechopd.tasks.base import get_task
 
     out = tmp_path / "cmp"
-    code = main(["eval", "--task", "rules", "--option", f"family=[{', '.join(FAMILY)}]", "--option", "max_len=4",
-                 "--n", str(N), "--other-contexts", "--compare", f"base={organisms['base']}",
-                 f"deaf={organisms['deaf']}", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--task",
+            "rules",
+            "--option",
+            f"family=[{', '.join(FAMILY)}]",
+            "--option",
+            "max_len=4",
+            "--n",
+            str(N),
+            "--other-contexts",
+            "--compare",
+            f"base={organisms['base']}",
+            f"deaf={organisms['deaf']}",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     screen = capsys.readouterr().out
     items = get_task("rules", family=FAMILY, max_len=4).examples("test", N, 0)
@@ -84,17 +114,31 @@ def test_eval_other_contexts_matches_independent_decoder_and_names_the_deaf(orga
     assert "context-deaf" in (out / "compare.md").read_text() and "context-deaf" in screen
 
 
-@pytest.mark.parametrize("method,selector,micro", [("opd", "full", {}), ("nca", "ta_opd", {}),
-                                                   ("nca", "ta_opd", {"micro_batch_size": 2, "logit_chunk": 3})])
+@pytest.mark.parametrize(
+    "method,selector,micro",
+    [("opd", "full", {}), ("nca", "ta_opd", {}), ("nca", "ta_opd", {"micro_batch_size": 2, "logit_chunk": 3})],
+)
 def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tmp_path, method, selector, micro):
     """Student = teacher at step 1, so L_follow = 0 exactly; the logged loss is Σ weight · term at every step, with
     NCA and with the TA-OPD selector alike; follow_contexts limits what is drawn (a bad label is refused)."""
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import train
 
-    cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), method=method, selector=selector, beta=0.5,
-                      estimator="full", batch_size=6, lr=1e-2, steps=3, follow_weight=2.0,
-                      follow_contexts=["shift:2", "reverse"], grad_stats_every=3, **micro)
+    cfg = TrainConfig(
+        task="rules",
+        student=str(tiny_rules_organism),
+        method=method,
+        selector=selector,
+        beta=0.5,
+        estimator="full",
+        batch_size=6,
+        lr=1e-2,
+        steps=3,
+        follow_weight=2.0,
+        follow_contexts=["shift:2", "reverse"],
+        grad_stats_every=3,
+        **micro,
+    )
     train(cfg, tmp_path / "run", progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # 0 up to the float order of the micro-batched kernels (3.7e-9 measured with micro_batch_size=2, logit_chunk=3)
@@ -103,8 +147,21 @@ def test_follow_term_starts_at_zero_and_adds_to_the_loss(tiny_rules_organism, tm
         terms = r["loss/opd"] + (0.5 * r["loss/nca"] if method == "nca" else 0.0) + 2.0 * r["loss/follow"]
         assert r["loss"] == pytest.approx(terms, rel=1e-5, abs=1e-7)
     assert "grad/norm/follow" in rows[-1]
-    code = main(["train", "--set", f"student={tiny_rules_organism}", "--set", "follow_weight=1",
-                 "--set", "follow_contexts=[shift:9]", "--steps", "1", "--out", str(tmp_path / "bad")])
+    code = main(
+        [
+            "train",
+            "--set",
+            f"student={tiny_rules_organism}",
+            "--set",
+            "follow_weight=1",
+            "--set",
+            "follow_contexts=[shift:9]",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "bad"),
+        ]
+    )
     assert code == 2 and not (tmp_path / "bad").exists()
 
 
@@ -118,8 +175,9 @@ def test_a_game_without_other_contexts_is_not_measurable_said_once(organism_toke
     reps = {}
     for name in ("base", "opd"):
         model = tiny_model(organism_tokenizer, seed=len(name))
-        reps[name] = following.add_following(evaluate_model(model, organism_tokenizer, task, cfg), model,
-                                             organism_tokenizer, task, cfg)
+        reps[name] = following.add_following(
+            evaluate_model(model, organism_tokenizer, task, cfg), model, organism_tokenizer, task, cfg
+        )
     following.apply_retention(reps)
     assert reps["opd"]["summary"]["follow_other"]["value"] is None and reps["opd"]["other_contexts"] == []
     assert "context_deaf" not in reps["opd"]["summary"]
@@ -135,8 +193,20 @@ def test_follow_gradients_add_the_same_under_micro_batches_and_chunks(tiny_rules
 
     runs = {}
     for name, micro in (("one", {}), ("micro", {"micro_batch_size": 2, "logit_chunk": 3})):
-        cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), method="nca", beta=0.5, estimator="full",
-                          batch_size=6, lr=1e-2, steps=3, follow_weight=1.0, grad_stats_every=2, seed=3, **micro)
+        cfg = TrainConfig(
+            task="rules",
+            student=str(tiny_rules_organism),
+            method="nca",
+            beta=0.5,
+            estimator="full",
+            batch_size=6,
+            lr=1e-2,
+            steps=3,
+            follow_weight=1.0,
+            grad_stats_every=2,
+            seed=3,
+            **micro,
+        )
         train(cfg, tmp_path / name, progress=False)
         runs[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     one, mic = runs["one"], runs["micro"]

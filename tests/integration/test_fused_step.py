@@ -13,11 +13,11 @@ import torch
 
 from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
+from mechopd.core.views import assemble_two_views
 from mechopd.objectives.losses import TermOptions, method_terms
 from mechopd.objectives.select import make_selector
 from mechopd.train.headstep import FusedStepScorer, use_fused
 from mechopd.train.step import StepOptions, StepScorer
-from mechopd.core.views import assemble_two_views
 
 V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 
@@ -25,9 +25,19 @@ V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 def _model(vocab: int, seed: int):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                      tie_word_embeddings=True, pad_token_id=0, initializer_range=0.25)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        initializer_range=0.25,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -71,8 +81,9 @@ def _scorers(models, case, mb, chunk):
     method, opts, sel = CASES[case]
     terms = method_terms(method, 0.7, **opts)
     options = TermOptions(**{k: v for k, v in opts.items() if k != "nca_positions"})
-    o = StepOptions(temperature=T, vocab=V, budget=BUDGET, seed=SEED, micro_batch_size=mb, logit_chunk=chunk,
-                    shared_prefix="off")
+    o = StepOptions(
+        temperature=T, vocab=V, budget=BUDGET, seed=SEED, micro_batch_size=mb, logit_chunk=chunk, shared_prefix="off"
+    )
     args = (student, teacher, terms, make_selector(sel, k=4), _params(student), o)
     return StepScorer(*args), FusedStepScorer(*args, options=options)
 
@@ -121,8 +132,9 @@ def test_loss_head_is_resolved_and_refused_as_documented(models):
     assert use_fused("fused", opd, student, teacher, V, "none")
     assert not use_fused("auto", opd, student, teacher, V, "none")  # V = 61 < 8192: the logits path
     assert use_fused("auto", opd, student, teacher, 8192, "none")
-    assert not use_fused("auto", sym, student, teacher, 8192, "none") and not use_fused("logits", opd, student,
-                                                                                         teacher, 8192, "none")
+    assert not use_fused("auto", sym, student, teacher, 8192, "none") and not use_fused(
+        "logits", opd, student, teacher, 8192, "none"
+    )
     with pytest.raises(ConfigError, match="not sym"):
         use_fused("fused", sym, student, teacher, V, "none")
     for bad in (dict(method="sym_kl"), dict(method="dual_opd"), dict(sharding="fsdp"), dict(loss_head="fast")):
@@ -150,11 +162,25 @@ def test_training_run_is_the_same_with_either_loss_head(tmp_path, family):
     zoo = build_zoo()
     out = {}
     for head in ("logits", "fused"):
-        cfg = TrainConfig(task="jsonl", task_options=zoo.jsonl_options(max_new_tokens=6), student=str(zoo.student(
-            family)), method="nca", estimator="topk", topk=16, tail=True, batch_size=3, steps=2, lr=1e-3,
-            pool_size=6, micro_batch_size=2, logit_chunk=4, loss_head=head, temperature=1.0,
+        cfg = TrainConfig(
+            task="jsonl",
+            task_options=zoo.jsonl_options(max_new_tokens=6),
+            student=str(zoo.student(family)),
+            method="nca",
+            estimator="topk",
+            topk=16,
+            tail=True,
+            batch_size=3,
+            steps=2,
+            lr=1e-3,
+            pool_size=6,
+            micro_batch_size=2,
+            logit_chunk=4,
+            loss_head=head,
+            temperature=1.0,
             no_context_system="" if family == "llama" else None,  # its template renders a system block always
-            chat_template_kwargs={"date_string": "26 Jul 2024"} if family == "llama" else {"enable_thinking": False})
+            chat_template_kwargs={"date_string": "26 Jul 2024"} if family == "llama" else {"enable_thinking": False},
+        )
         tr = Trainer(cfg, tmp_path / head, progress=False)
         assert type(tr.scoring).__name__ == ("FusedStepScorer" if head == "fused" else "StepScorer")
         tr.run()

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.generate.sampler import SamplingSettings, play_games
 from mechopd.models import load_model, load_tokenizer
 from mechopd.organisms.pretrain import OrganismConfig, pretrain
 from mechopd.tasks.base import get_task
-from mechopd.generate.sampler import SamplingSettings, play_games
-from mechopd.core.views import RenderSpec, render_prompt_ids
 from tests.conftest import TINY_ORGANISM
 
 
@@ -34,8 +34,11 @@ def test_game_organism_pretrains_and_trains(tmp_path, game):
 
     import mechopd
 
-    final = mechopd.run_train({"task": game, "student": str(path), "method": "nca", "steps": 2, "batch_size": 2,
-                           "pool_size": 8, "lr": 1e-3}, tmp_path / "run", progress=False)
+    final = mechopd.run_train(
+        {"task": game, "student": str(path), "method": "nca", "steps": 2, "batch_size": 2, "pool_size": 8, "lr": 1e-3},
+        tmp_path / "run",
+        progress=False,
+    )
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["samples"] >= 2 and "loss/nca" in r for r in rows)
     assert (final / "model.safetensors").exists()

@@ -69,8 +69,9 @@ def test_disk_full_during_a_checkpoint_keeps_the_older_ones(tiny_rules_organism,
 
     monkeypatch.setattr(checkpoint, "save_file", full_disk)
     run = tmp_path / "r"
-    with pytest.raises(TrainingError, match=r"writing checkpoint .*step-2 failed: No space left on device; the older") \
-            as e:
+    with pytest.raises(
+        TrainingError, match=r"writing checkpoint .*step-2 failed: No space left on device; the older"
+    ) as e:
         train(_cfg(tiny_rules_organism, save_every=1), run, progress=False)
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]  # no temp dir left either

@@ -19,8 +19,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
 from mechopd.core.errors import ModelError  # noqa: E402
 from mechopd.models import atomic_save, load_model  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
-from mechopd.probes.interop import (to_nnsight, to_transformer_lens, two_view_cosine_nnsight,  # noqa: E402
-                                    two_view_cosine_tl)
+from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl  # noqa: E402
 from mechopd.probes.similarity import make_batches, two_view_cosine  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
 
@@ -34,9 +33,19 @@ def checkpoint(tmp_path_factory) -> Path:
     """An organism checkpoint as the trainer writes it (atomic_save: safetensors + tokenizer)."""
     task = get_task("rules")
     tok = build_tokenizer(task.vocab())
-    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, vocab_size=len(tok), max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    cfg = Qwen3Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=len(tok),
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(0)
     return atomic_save(AutoModelForCausalLM.from_config(cfg), tok, tmp_path_factory.mktemp("run") / "final")
 
@@ -82,11 +91,17 @@ def test_loaders_refuse_a_directory_without_a_checkpoint(tmp_path):
 
 
 def test_notebook_runs_as_a_script(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     env.pop("MECHOPD_CHECKPOINT", None)
-    proc = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(NOTEBOOK)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "cos_mean" in out and "KL(p_c || p_x)" in out and out.rstrip().endswith("done")
@@ -101,10 +116,15 @@ def test_the_docs_bridge_example_runs_on_a_checkpoint(checkpoint, tmp_path):
     assert 'CKPT = "runs/demo/seed-0/train/nca/final"' in code
     script = tmp_path / "bridges.py"
     script.write_text(code.replace('"runs/demo/seed-0/train/nca/final"', repr(str(checkpoint))))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "TL: layer-0 cosine at the last prompt token" in proc.stdout
     assert "equals TL: True" in proc.stdout, proc.stdout
@@ -119,8 +139,13 @@ def percent_cells(text: str) -> list[tuple[str, str]]:
             cells.append(("markdown" if m.group(1) else "code", []))
         elif cells:
             kind, body = cells[-1]
-            body.append(line[2:] if kind == "markdown" and line.startswith("# ") else
-                        "" if kind == "markdown" and line == "#" else line)
+            body.append(
+                line[2:]
+                if kind == "markdown" and line.startswith("# ")
+                else ""
+                if kind == "markdown" and line == "#"
+                else line
+            )
     return [(kind, "\n".join(body).strip("\n")) for kind, body in cells]
 
 
@@ -133,8 +158,10 @@ def percent_to_ipynb(text: str) -> dict:
         if kind == "code":
             cell.update(execution_count=None, outputs=[])
         cells.append(cell)
-    meta = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"}}
+    meta = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
     return {"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
 
 

@@ -18,8 +18,11 @@ from .test_weightpatch import _perturb_attention
 @pytest.fixture(scope="module")
 def models(tiny_rules_organism, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("loc")
-    return {"base": str(tiny_rules_organism), "opd": _perturb_attention(tiny_rules_organism, root / "opd", scale=0.2),
-            "nca": _perturb_attention(tiny_rules_organism, root / "nca", seed=5, scale=0.2)}
+    return {
+        "base": str(tiny_rules_organism),
+        "opd": _perturb_attention(tiny_rules_organism, root / "opd", scale=0.2),
+        "nca": _perturb_attention(tiny_rules_organism, root / "nca", seed=5, scale=0.2),
+    }
 
 
 def _setup(models):
@@ -59,9 +62,31 @@ def test_cross_model_donor_and_figure(models, tmp_path):
     from mechopd.plots.interventions import plot_localization
 
     out = tmp_path / "run" / "probes"
-    assert main(["probe", "localization", "--task", "rules", "--n", "6", "--max-new-tokens", "6", "--model",
-                 models["opd"], "--donor", models["nca"], "--layers", "0,final_norm", "--out", str(out),
-                 "--n-boot", "20"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "localization",
+                "--task",
+                "rules",
+                "--n",
+                "6",
+                "--max-new-tokens",
+                "6",
+                "--model",
+                models["opd"],
+                "--donor",
+                models["nca"],
+                "--layers",
+                "0,final_norm",
+                "--out",
+                str(out),
+                "--n-boot",
+                "20",
+            ]
+        )
+        == 0
+    )
     rows = read_csv(out / "localization.csv")
     assert [r["site"] for r in rows] == ["layers.0.resid_post", "final_norm"]
     assert plot_localization(tmp_path / "run", tmp_path / "run" / "figures")

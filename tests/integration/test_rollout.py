@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
+from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from tests.conftest import tiny_model
 
 PROMPTS = ["apply the rule to : 3 1 4", "apply the rule to : 1 5 9 2 6", "apply the rule to : 7", "apply the rule to :"]
@@ -24,8 +24,14 @@ def test_greedy_matches_generate(organism_tokenizer, arch):
     stop = stop_ids(tok, model)
     ours = sample(model, ids, SamplingSettings(max_new_tokens=10, stop=stop, pad_id=tok.pad_token_id, greedy=True))
     x, m = left_pad(ids, tok.pad_token_id)
-    ref = model.generate(input_ids=x, attention_mask=m, max_new_tokens=10, do_sample=False, eos_token_id=stop,
-                         pad_token_id=tok.pad_token_id)[:, x.shape[1]:].tolist()
+    ref = model.generate(
+        input_ids=x,
+        attention_mask=m,
+        max_new_tokens=10,
+        do_sample=False,
+        eos_token_id=stop,
+        pad_token_id=tok.pad_token_id,
+    )[:, x.shape[1] :].tolist()
     for got, want in zip(ours.responses, ref):
         cut = next((i for i, t in enumerate(want) if t in stop), None)
         want = want[: cut + 1] if cut is not None else want
@@ -38,8 +44,10 @@ def test_row_seeds_make_sampling_batch_invariant(organism_tokenizer, tiny_qwen3)
     stop = stop_ids(tok, tiny_qwen3)
     st = SamplingSettings(max_new_tokens=12, stop=stop, pad_id=tok.pad_token_id, temperature=1.0)
     full = sample(tiny_qwen3, ids, st, row_seeds=[11, 12, 13, 14]).responses
-    halves = sample(tiny_qwen3, ids[:2], st, row_seeds=[11, 12]).responses + \
-        sample(tiny_qwen3, ids[2:], st, row_seeds=[13, 14]).responses
+    halves = (
+        sample(tiny_qwen3, ids[:2], st, row_seeds=[11, 12]).responses
+        + sample(tiny_qwen3, ids[2:], st, row_seeds=[13, 14]).responses
+    )
     assert full == halves
     other = sample(tiny_qwen3, ids, st, row_seeds=[21, 22, 23, 24]).responses
     assert other != full  # the seeds matter
@@ -50,8 +58,12 @@ def test_inverse_cdf_sampling_follows_the_distribution(organism_tokenizer, tiny_
     tok = organism_tokenizer
     ids = [_ids(tok)[0]] * 2000
     stop = stop_ids(tok, tiny_qwen3)
-    out = sample(tiny_qwen3, ids, SamplingSettings(max_new_tokens=1, stop=stop, pad_id=tok.pad_token_id,
-                                                   temperature=0.7), row_seeds=list(range(2000))).responses
+    out = sample(
+        tiny_qwen3,
+        ids,
+        SamplingSettings(max_new_tokens=1, stop=stop, pad_id=tok.pad_token_id, temperature=0.7),
+        row_seeds=list(range(2000)),
+    ).responses
     first = torch.tensor([r[0] for r in out])
     with torch.no_grad():
         x, m = left_pad(ids[:1], tok.pad_token_id)
@@ -96,8 +108,10 @@ def test_lean_decoder_matches_the_model_step_by_step(organism_tokenizer, arch):
 def test_lean_and_hf_decoders_sample_the_same_ids(organism_tokenizer, tiny_qwen3):
     tok = organism_tokenizer
     st = SamplingSettings(max_new_tokens=12, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id)
-    assert sample(tiny_qwen3, _ids(tok), st.replace(engine="lean"), [1, 2, 3, 4]).responses == \
-        sample(tiny_qwen3, _ids(tok), st.replace(engine="hf"), [1, 2, 3, 4]).responses
+    assert (
+        sample(tiny_qwen3, _ids(tok), st.replace(engine="lean"), [1, 2, 3, 4]).responses
+        == sample(tiny_qwen3, _ids(tok), st.replace(engine="hf"), [1, 2, 3, 4]).responses
+    )
 
 
 def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
@@ -119,10 +133,24 @@ def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organi
     from mechopd.core.errors import ModelError
     from mechopd.generate.lean import LeanDecoder, lean_supported
 
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256)
-    longrope = LlamaConfig(**base, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4,
-                                                 "long_factor": [2.0] * 4, "original_max_position_embeddings": 64})
+    base = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    longrope = LlamaConfig(
+        **base,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 4,
+            "long_factor": [2.0] * 4,
+            "original_max_position_embeddings": 64,
+        },
+    )
     with pytest.raises(ModelError, match="longrope"):
         LeanDecoder(AutoModelForCausalLM.from_config(longrope))
     sliding = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=0)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
 from mechopd.generate.sampler import SamplingSettings, sample, sample_rows, stop_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.core.views import RenderSpec, render_prompt_ids
 
 
 def _prompts(tok, task, n):
@@ -45,12 +45,12 @@ def test_sample_rows_shares_one_prefix_for_every_chunk(organism_tokenizer, tiny_
     st = SamplingSettings(max_new_tokens=4, stop=stop_ids(tok, tiny_qwen3), pad_id=tok.pad_token_id, temperature=1.0)
     for batch_size in (1, 4, 6):
         paths: list[int] = []
-        sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="auto"),
-                    paths=paths)
+        sample_rows(
+            tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="auto"), paths=paths
+        )
         assert len(set(paths)) == 1 and paths[0] >= 8, (batch_size, paths)  # one decision, the prefix really shared
         off: list[int] = []
-        sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="off"),
-                    paths=off)
+        sample_rows(tiny_qwen3, ids, list(range(6)), st.replace(batch_size=batch_size, shared_prefix="off"), paths=off)
         assert set(off) == {0}
 
 
@@ -63,8 +63,15 @@ def test_trainer_rollout_honours_shared_prefix_off(tiny_rules_organism, tmp_path
     real = T.sample_rows
     monkeypatch.setattr(T, "sample_rows", lambda *a, **k: seen.append(a[3].shared_prefix) or real(*a, **k))
     for mode in ("off", "auto"):
-        cfg = TrainConfig(task="rules", student=str(tiny_rules_organism), steps=1, batch_size=4, lr=1e-3,
-                          shared_prefix=mode, pool_size=8)
+        cfg = TrainConfig(
+            task="rules",
+            student=str(tiny_rules_organism),
+            steps=1,
+            batch_size=4,
+            lr=1e-3,
+            shared_prefix=mode,
+            pool_size=8,
+        )
         tr = T.Trainer(cfg, tmp_path / mode, progress=False)
         tr.rollout(tr._examples(), range(4))
     assert seen == ["off", "auto"]
@@ -74,8 +81,9 @@ def test_trainer_rollout_batch_one_equals_batch_n(tiny_rules_organism, tmp_path)
     from mechopd.config import TrainConfig
     from mechopd.train.trainer import Trainer
 
-    cfg = TrainConfig(student=str(tiny_rules_organism), steps=1, batch_size=5, max_new_tokens=6, pool_size=16,
-                      temperature=1.0)
+    cfg = TrainConfig(
+        student=str(tiny_rules_organism), steps=1, batch_size=5, max_new_tokens=6, pool_size=16, temperature=1.0
+    )
     tr = Trainer(cfg, tmp_path / "run", progress=False)
     examples = tr._examples()
     full = tr.rollout(examples, range(0, 5))

@@ -10,15 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.generate.prefix import MIN_PREFIX_TOKENS, PrefixStore, view_inputs, view_prefix_len
 from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
 from mechopd.generate.scorer import score_views
-from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from tests.conftest import tiny_model
 
 ATOL = 1e-5
-WORDS = ("rule shift every digit by reverse the items repeat times apply to : . , and then a list of "
-         "numbers guideline you must answer with one word only context question what is next").split()
+WORDS = (
+    "rule shift every digit by reverse the items repeat times apply to : . , and then a list of "
+    "numbers guideline you must answer with one word only context question what is next"
+).split()
 SHORT = "rule : shift every digit by 2 ."
 LONG = " ".join([SHORT, "then reverse the items .", "apply the rule to every item ,", "answer with one word ."] * 4)
 
@@ -34,12 +36,18 @@ def bpe_tokenizer():
     tk.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     corpus = [" ".join(WORDS[i:] + WORDS[:i]) + " 0 1 2 3 4 5 6 7 8 9" for i in range(len(WORDS))]
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=special,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = ("{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-                         "'<|im_end|>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
-                         "{{ '<|im_start|>assistant\n' }}{%- endif -%}")
+    tok.chat_template = (
+        "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+        "'<|im_end|>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
+        "{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+    )
     return tok
 
 
@@ -49,8 +57,11 @@ def _tokenizer(request, name):
 
 def _batch(tok, context, n=4, contexts=None):
     prompts = [f"apply the rule to : {' '.join(str((3 * i + j) % 10) for j in range(2 + i))}" for i in range(n)]
-    responses = [tok(" ".join(str(j) for j in range(1 + (i % 3) * 2)), add_special_tokens=False)["input_ids"]
-                 + [tok.eos_token_id] for i in range(n)]
+    responses = [
+        tok(" ".join(str(j) for j in range(1 + (i % 3) * 2)), add_special_tokens=False)["input_ids"]
+        + [tok.eos_token_id]
+        for i in range(n)
+    ]
     return build_two_view_batch(tok, prompts, contexts or [context] * n, responses, RenderSpec("system"))
 
 
@@ -84,8 +95,9 @@ def test_student_context_view_scores_and_gradients(request, tok_name, arch, cont
 
 def test_prefix_length_grows_with_the_context(organism_tokenizer):
     short, long = _batch(organism_tokenizer, SHORT), _batch(organism_tokenizer, LONG)
-    assert view_prefix_len(long, "c") - view_prefix_len(short, "c") == \
-        len(organism_tokenizer(LONG)["input_ids"]) - len(organism_tokenizer(SHORT)["input_ids"])
+    assert view_prefix_len(long, "c") - view_prefix_len(short, "c") == len(organism_tokenizer(LONG)["input_ids"]) - len(
+        organism_tokenizer(SHORT)["input_ids"]
+    )
 
 
 def test_mixed_contexts_fall_back_and_partial_prefixes_stay_exact(organism_tokenizer, tiny_qwen3):
@@ -99,8 +111,9 @@ def test_mixed_contexts_fall_back_and_partial_prefixes_stay_exact(organism_token
     b = score_views(tiny_qwen3, late, ("c",), temperature=1.0, shared_prefix="auto", grad=False, info=info)["c"]
     assert info["c"] >= MIN_PREFIX_TOKENS  # the common part of the contexts is shared, the rest is per row
     torch.testing.assert_close(b[late.response_mask], a[late.response_mask], atol=ATOL, rtol=0)
-    right = build_two_view_batch(tok, ["apply the rule to : 1 2"] * 3, [LONG] * 3, [[5, 6]] * 3,
-                                 RenderSpec("system"), layout="right")
+    right = build_two_view_batch(
+        tok, ["apply the rule to : 1 2"] * 3, [LONG] * 3, [[5, 6]] * 3, RenderSpec("system"), layout="right"
+    )
     assert view_prefix_len(right, "c") == 0
 
 
@@ -125,17 +138,20 @@ def test_teacher_store_reuses_and_sees_weight_changes(organism_tokenizer):
 @pytest.mark.parametrize("tok_name", ["organism", "bpe"])
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_with_context_generation_same_greedy_ids_and_prefill_logits(request, tok_name, arch):
+    from mechopd.core.views import left_pad
     from mechopd.generate.lean import LeanDecoder
     from mechopd.generate.prefix import expanded_cache, prefix_kv
-    from mechopd.core.views import left_pad
 
     tok = _tokenizer(request, tok_name)
     model = tiny_model(tok, arch, seed=3)
-    ids = [render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", ctx, RenderSpec("system"))
-           for i, ctx in enumerate([LONG, LONG, LONG, LONG, LONG])]
+    ids = [
+        render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", ctx, RenderSpec("system"))
+        for i, ctx in enumerate([LONG, LONG, LONG, LONG, LONG])
+    ]
     for decoder in ("lean", "hf"):
-        st = SamplingSettings(max_new_tokens=10, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True,
-                              engine=decoder)
+        st = SamplingSettings(
+            max_new_tokens=10, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True, engine=decoder
+        )
         off, auto = sample(model, ids, st.replace(shared_prefix="off")), sample(model, ids, st)
         assert off.shared_prefix == 0 and auto.shared_prefix >= MIN_PREFIX_TOKENS
         assert auto.responses == off.responses
@@ -145,8 +161,9 @@ def test_with_context_generation_same_greedy_ids_and_prefill_logits(request, tok
         n = auto.shared_prefix
         s, sm = left_pad([p[n:] for p in ids], tok.pad_token_id)
         cache = expanded_cache(model, prefix_kv(model, torch.tensor([ids[0][:n]])), len(ids))
-        shared = LeanDecoder(model).prefill(s, torch.cat([sm.new_ones(len(ids), n), sm], 1),
-                                            n + (sm.cumsum(-1) - 1).clamp(min=0), 4, cache=cache)
+        shared = LeanDecoder(model).prefill(
+            s, torch.cat([sm.new_ones(len(ids), n), sm], 1), n + (sm.cumsum(-1) - 1).clamp(min=0), 4, cache=cache
+        )
     torch.testing.assert_close(shared, full, atol=ATOL, rtol=0)
 
 
@@ -174,8 +191,18 @@ def test_trainer_losses_and_gradients(tiny_rules_organism, tmp_path):
 
     out = {}
     for mode in ("off", "auto"):
-        cfg = TrainConfig(student=str(tiny_rules_organism), steps=1, batch_size=6, max_new_tokens=6, pool_size=16,
-                          method="nca", beta=0.5, estimator="full", lr=1e-3, shared_prefix=mode)
+        cfg = TrainConfig(
+            student=str(tiny_rules_organism),
+            steps=1,
+            batch_size=6,
+            max_new_tokens=6,
+            pool_size=16,
+            method="nca",
+            beta=0.5,
+            estimator="full",
+            lr=1e-3,
+            shared_prefix=mode,
+        )
         tr = Trainer(cfg, tmp_path / mode, progress=False)
         rec = tr.train_step()
         out[mode] = rec, {k: p.grad.clone() for k, p in tr.student.named_parameters()}
@@ -247,8 +274,10 @@ def test_prefix_groups_in_sampling_equal_unshared_and_batch_size_invariant(organ
     tok = organism_tokenizer
     model = tiny_model(tok, "qwen3", seed=3)
     ctxs = [LONG, OWN[0], LONG, LONG, OWN[1], LONG]
-    ids = [render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", c, RenderSpec("system"))
-           for i, c in enumerate(ctxs)]
+    ids = [
+        render_prompt_ids(tok, f"apply the rule to : {' '.join('1234567'[: 2 + i])}", c, RenderSpec("system"))
+        for i, c in enumerate(ctxs)
+    ]
     st = SamplingSettings(max_new_tokens=6, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, temperature=1.0)
     off = sample_rows(model, ids, list(range(6)), st.replace(shared_prefix="off"))
     for size in (1, 4, 6):

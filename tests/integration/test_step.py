@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from mechopd.core.views import assemble_two_views
 from mechopd.generate.sampler import stable_seed
 from mechopd.generate.scorer import score_roles
 from mechopd.objectives.divergences import _kl, token_mean
@@ -20,7 +21,6 @@ from mechopd.objectives.losses import LossInputs, method_terms, terms_need, tota
 from mechopd.objectives.select import make_selector
 from mechopd.train import gradstats
 from mechopd.train.step import StepOptions, StepScorer, enable_checkpointing
-from mechopd.core.views import assemble_two_views
 
 V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 
@@ -28,9 +28,19 @@ V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
 def _model(vocab: int, seed: int):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                      tie_word_embeddings=True, pad_token_id=0, initializer_range=0.25)
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        initializer_range=0.25,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -84,8 +94,12 @@ def reference(student, teacher, batch, terms, selector, shared: str):
     if any(t.selectable for t in terms):
         gen = torch.Generator().manual_seed(stable_seed(SEED, 0, -1) % (2**31))
         keep = selector(sc["student_nctx"].detach(), sc["teacher"], mask, BUDGET, gen).keep
-    inputs = LossInputs(student_nctx=sc["student_nctx"], student_ctx=sc.get("student_ctx"), teacher=sc["teacher"],
-                        tokens=batch.response_ids).with_tokens()
+    inputs = LossInputs(
+        student_nctx=sc["student_nctx"],
+        student_ctx=sc.get("student_ctx"),
+        teacher=sc["teacher"],
+        tokens=batch.response_ids,
+    ).with_tokens()
     res = total_loss(terms, inputs, mask, keep)
     kl = token_mean(_kl(sc["student_nctx"].detach(), sc["teacher"]), mask)
     return res, keep, kl
@@ -98,8 +112,16 @@ def _close_grad(got, want, where: str) -> None:
 
 
 def _scorer(student, teacher, terms, selector, mb, chunk, shared, **kw):
-    opts = StepOptions(temperature=T, vocab=V, budget=BUDGET, seed=SEED, micro_batch_size=mb, logit_chunk=chunk,
-                       shared_prefix=shared, **kw)
+    opts = StepOptions(
+        temperature=T,
+        vocab=V,
+        budget=BUDGET,
+        seed=SEED,
+        micro_batch_size=mb,
+        logit_chunk=chunk,
+        shared_prefix=shared,
+        **kw,
+    )
     return StepScorer(student, teacher, terms, selector, _params(student), opts)
 
 
@@ -160,8 +182,9 @@ def test_activation_checkpointing_gives_the_same_gradients(batch):
         if ckpt:
             enable_checkpointing(student)
         student.zero_grad(set_to_none=True)
-        res = _scorer(student, teacher, terms, selector, 2, 3, "auto",
-                      student_shared_prefix="off" if ckpt else None).step(batch, 0)
+        res = _scorer(
+            student, teacher, terms, selector, 2, 3, "auto", student_shared_prefix="off" if ckpt else None
+        ).step(batch, 0)
         out.append((res.loss, [p.grad.clone() for p in _params(student)]))
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=0)
     for a, b in zip(out[1][1], out[0][1]):
@@ -185,7 +208,12 @@ def test_memory_fields_are_validated():
     from mechopd.core.errors import ConfigError
 
     assert TrainConfig(micro_batch_size=2, logit_chunk=16, gradient_checkpointing=True).logit_chunk == 16
-    for bad in (dict(micro_batch_size=0), dict(logit_chunk=-1), dict(micro_batch_size=1.5),
-                dict(gradient_checkpointing="yes"), dict(logit_chunk=8, sharding="fsdp")):
+    for bad in (
+        dict(micro_batch_size=0),
+        dict(logit_chunk=-1),
+        dict(micro_batch_size=1.5),
+        dict(gradient_checkpointing="yes"),
+        dict(logit_chunk=8, sharding="fsdp"),
+    ):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             TrainConfig(**bad)

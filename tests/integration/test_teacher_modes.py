@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mechopd.models import lora
 from mechopd.config import TrainConfig
+from mechopd.models import lora
 from mechopd.train.teachers import EMA_FILE
 from mechopd.train.trainer import train
 
@@ -30,8 +30,18 @@ def _lines(run):
 @pytest.mark.parametrize("mode", ["frozen", "live", "ema"])
 @pytest.mark.parametrize("rank", [0, 4])
 def test_gate_and_grad_stats_run_with_every_teacher_mode(tiny_rules_organism, tmp_path, mode, rank):
-    train(_cfg(tiny_rules_organism, teacher_mode=mode, lora_rank=rank, nca_gate=100.0, nca_gate_window=1,
-               grad_stats_every=1), tmp_path / "r", progress=False)
+    train(
+        _cfg(
+            tiny_rules_organism,
+            teacher_mode=mode,
+            lora_rank=rank,
+            nca_gate=100.0,
+            nca_gate_window=1,
+            grad_stats_every=1,
+        ),
+        tmp_path / "r",
+        progress=False,
+    )
     recs = _lines(tmp_path / "r")
     assert [r["step"] for r in recs] == [1, 2]
     assert recs[0]["beta_eff"] == 0.0 and recs[1]["beta_eff"] == 0.5  # the gate opened after step 1's KL
@@ -59,9 +69,30 @@ def test_lora_ema_resume_equals_uninterrupted(tiny_rules_organism, tmp_path):
 def test_cli_teacher_mode_ema_trains(tiny_rules_organism, tmp_path):
     from mechopd.cli import main
 
-    rc = main(["train", "--student", str(tiny_rules_organism), "--task", "rules", "--method", "nca", "--steps", "2",
-               "--batch-size", "4", "--no-progress", "--set", "max_new_tokens=6", "--set", "pool_size=16",
-               "--set", "teacher_mode=ema", "--out", str(tmp_path / "ema")])
+    rc = main(
+        [
+            "train",
+            "--student",
+            str(tiny_rules_organism),
+            "--task",
+            "rules",
+            "--method",
+            "nca",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--no-progress",
+            "--set",
+            "max_new_tokens=6",
+            "--set",
+            "pool_size=16",
+            "--set",
+            "teacher_mode=ema",
+            "--out",
+            str(tmp_path / "ema"),
+        ]
+    )
     assert rc == 0
     recs = _lines(tmp_path / "ema")
     assert [r["step"] for r in recs] == [1, 2] and all(r["trainable_share"] == 1.0 for r in recs)
@@ -76,10 +107,27 @@ def test_two_processes_equal_one_with_a_moving_teacher(tiny_rules_organism, tmp_
     test_two_process.py for the frozen teacher)."""
     from tests.integration.test_two_process import _assert_same, _run, _torchrun
 
-    args = ["train", "--student", str(tiny_rules_organism), "--set", "batch_size=8", "--set", "lr=1e-3",
-            "--set", "max_new_tokens=8", "--set", "seed=2", "--set", "pool_size=64", "--set", "method=nca",
-            "--set", "steps=2", "--no-progress", *[x for s in sets for x in ("--set", s)]]
+    args = [
+        "train",
+        "--student",
+        str(tiny_rules_organism),
+        "--set",
+        "batch_size=8",
+        "--set",
+        "lr=1e-3",
+        "--set",
+        "max_new_tokens=8",
+        "--set",
+        "seed=2",
+        "--set",
+        "pool_size=64",
+        "--set",
+        "method=nca",
+        "--set",
+        "steps=2",
+        "--no-progress",
+        *[x for s in sets for x in ("--set", s)],
+    ]
     _run([sys.executable, "-m", "mechopd.cli", *args, "--out", str(tmp_path / "one")], tmp_path)
     _run([*_torchrun(29541 + len(sets)), *args, "--out", str(tmp_path / "two")], tmp_path)
     _assert_same(tmp_path / "one", tmp_path / "two")
-

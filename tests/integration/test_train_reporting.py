@@ -12,8 +12,21 @@ import pytest
 
 from mechopd.cli import main
 
-ARGS = ["--steps", "2", "--eval-every", "1", "--set", "eval_n=4", "--set", "batch_size=4", "--set", "pool_size=32",
-        "--set", "max_new_tokens=6", "--no-progress"]
+ARGS = [
+    "--steps",
+    "2",
+    "--eval-every",
+    "1",
+    "--set",
+    "eval_n=4",
+    "--set",
+    "batch_size=4",
+    "--set",
+    "pool_size=32",
+    "--set",
+    "max_new_tokens=6",
+    "--no-progress",
+]
 
 
 def _train(org: Path, out: Path, *extra: str) -> None:
@@ -39,8 +52,10 @@ def test_train_prints_the_config_line_and_every_evaluation(tiny_rules_organism, 
     evals = [m for m in _metrics(out) if "eval/acc_x" in m]
     assert [m["step"] for m in evals] == [0, 1, 2]
     for m in evals:  # the printed numbers are the logged ones
-        want = (f"step {m['step']}/2 · eval (n=4): Acc_x {_fmt(m['eval/acc_x'])} · Acc_xc {_fmt(m['eval/acc_xc'])} · "
-                f"Harm {_fmt(m['eval/harm'])} · Help {_fmt(m['eval/help'])}")
+        want = (
+            f"step {m['step']}/2 · eval (n=4): Acc_x {_fmt(m['eval/acc_x'])} · Acc_xc {_fmt(m['eval/acc_xc'])} · "
+            f"Harm {_fmt(m['eval/harm'])} · Help {_fmt(m['eval/help'])}"
+        )
         assert want in lines
     done = [ln for ln in lines if ln.startswith("done: step 2/2 · eval (n=4, 95 % paired bootstrap): Acc_x ")]
     assert len(done) == 1 and "evaluated at step" not in done[0]
@@ -50,8 +65,24 @@ def test_train_prints_the_config_line_and_every_evaluation(tiny_rules_organism, 
 
 def test_verbose_prints_the_full_config_and_a_late_evaluation_is_named(tiny_rules_organism, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "steps=3", "--set", "eval_every=2",
-                 "--out", str(out), "--verbose"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                *ARGS,
+                "--set",
+                "steps=3",
+                "--set",
+                "eval_every=2",
+                "--out",
+                str(out),
+                "--verbose",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "resolved config (new run" in text and "\n  eval_n: 4\n" in text
     assert "done: step 3/3" in text and f"(evaluated at step 2, not the final step: mechopd eval --run {out})" in text
@@ -60,16 +91,20 @@ def test_verbose_prints_the_full_config_and_a_late_evaluation_is_named(tiny_rule
 def test_run_train_in_python_prints_one_config_line(tiny_rules_organism, tmp_path, capsys):
     import mechopd
 
-    mechopd.run_train({"student": str(tiny_rules_organism), "steps": 1, "batch_size": 2, "pool_size": 16,
-                       "max_new_tokens": 4}, tmp_path / "py", progress=False)
+    mechopd.run_train(
+        {"student": str(tiny_rules_organism), "steps": 1, "batch_size": 2, "pool_size": 16, "max_new_tokens": 4},
+        tmp_path / "py",
+        progress=False,
+    )
     text = capsys.readouterr().out
     assert "resolved config" not in text and text.count("config (new run):") == 1
     assert "no periodic evaluation (eval_every=0)" in text
 
 
 def test_tensorboard_run_writes_the_jsonl_metrics_and_the_config_once(tiny_rules_organism, tmp_path):
-    pytest.importorskip("tensorboard", reason='the extra mechopd[tensorboard] is not installed '
-                                              '(pip install -e ".[tensorboard]")')
+    pytest.importorskip(
+        "tensorboard", reason='the extra mechopd[tensorboard] is not installed (pip install -e ".[tensorboard]")'
+    )
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"

@@ -23,8 +23,9 @@ def _weights(d):
     return load_file(str(d / "model.safetensors"))
 
 
-@pytest.mark.parametrize("method,selector", [("opd", "full"), ("nca", "full"), ("opd", "ta_opd"), ("dual_opd", "full"),
-                                             ("sym_kl", "random")])
+@pytest.mark.parametrize(
+    "method,selector", [("opd", "full"), ("nca", "full"), ("opd", "ta_opd"), ("dual_opd", "full"), ("sym_kl", "random")]
+)
 def test_methods_run_and_log(tiny_rules_organism, tmp_path, method, selector):
     final = train(_cfg(tiny_rules_organism, method=method, selector=selector), tmp_path / "run", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -50,8 +51,9 @@ def test_loss_falls_on_rules_organism(tiny_rules_organism, tmp_path):
 def test_resume_equals_uninterrupted(tiny_rules_organism, tmp_path):
     full = train(_cfg(tiny_rules_organism, steps=4, save_every=2, method="nca"), tmp_path / "a", progress=False)
     train(_cfg(tiny_rules_organism, steps=2, save_every=2, method="nca"), tmp_path / "b", progress=False)
-    resumed = train(_cfg(tiny_rules_organism, steps=4, save_every=2, method="nca"), tmp_path / "b", resume=True,
-                    progress=False)
+    resumed = train(
+        _cfg(tiny_rules_organism, steps=4, save_every=2, method="nca"), tmp_path / "b", resume=True, progress=False
+    )
     wa, wb = _weights(full), _weights(resumed)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=1e-5)
@@ -104,8 +106,20 @@ def test_anchor_schedule_beta_zero_equals_opd_and_ramps_with_a_selector(tiny_rul
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=0, rtol=0)
     assert [r["beta_eff"] for r in _records(tmp_path / "late")] == [0.0, 0.0]
-    train(_cfg(tiny_rules_organism, steps=4, method="nca", beta=0.5, nca_start=1, beta_warmup=2, selector="ta_opd",
-               nca_positions="selected"), tmp_path / "ramp", progress=False)
+    train(
+        _cfg(
+            tiny_rules_organism,
+            steps=4,
+            method="nca",
+            beta=0.5,
+            nca_start=1,
+            beta_warmup=2,
+            selector="ta_opd",
+            nca_positions="selected",
+        ),
+        tmp_path / "ramp",
+        progress=False,
+    )
     recs = _records(tmp_path / "ramp")
     assert [r["beta_eff"] for r in recs] == [0.0, 0.25, 0.5, 0.5]
     assert all(r["kept_fraction"] < 0.5 for r in recs)
@@ -118,24 +132,33 @@ def test_ta_opd_kept_fraction_is_the_true_fraction_of_response_tokens(tiny_rules
     for r in _records(tmp_path / "r"):
         n = r["response_tokens"]
         assert round(r["kept_fraction"] * n) == math.ceil(0.1 * n)  # exactly ⌈ρN⌉ (the paper's text) by default
-    train(_cfg(tiny_rules_organism, steps=1, selector="ta_opd", budget=0.1, min_one_per_response=True),
-          tmp_path / "m", progress=False)
+    train(
+        _cfg(tiny_rules_organism, steps=1, selector="ta_opd", budget=0.1, min_one_per_response=True),
+        tmp_path / "m",
+        progress=False,
+    )
     r = _records(tmp_path / "m")[0]
     assert round(r["kept_fraction"] * r["response_tokens"]) >= r["samples"]  # the released code's ≥ 1 per response
 
 
 def test_grad_stats_steps_log_the_stats_and_apply_the_same_update(tiny_rules_organism, tmp_path):
     plain = train(_cfg(tiny_rules_organism, steps=2, method="nca"), tmp_path / "a", progress=False)
-    stats = train(_cfg(tiny_rules_organism, steps=2, method="nca", grad_stats_every=2), tmp_path / "b",
-                  progress=False)
+    stats = train(_cfg(tiny_rules_organism, steps=2, method="nca", grad_stats_every=2), tmp_path / "b", progress=False)
     wa, wb = _weights(plain), _weights(stats)
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)  # Σ of per-term grads = the total's grad
     first, second = _records(tmp_path / "b")
     assert not any(k.startswith("grad/") for k in first)
     keys = {k for k in second if k.startswith("grad/")}
-    assert {"grad/norm/opd", "grad/norm/nca", "grad/cos/opd__nca", "grad/dominance/opd", "grad/dominance/nca",
-            "grad/cos_group/opd__nca/0.q_proj", "grad/cos_group/opd__nca/none.embed_tokens"} <= keys
+    assert {
+        "grad/norm/opd",
+        "grad/norm/nca",
+        "grad/cos/opd__nca",
+        "grad/dominance/opd",
+        "grad/dominance/nca",
+        "grad/cos_group/opd__nca/0.q_proj",
+        "grad/cos_group/opd__nca/none.embed_tokens",
+    } <= keys
     assert all(k.startswith(("grad/norm/", "grad/cos/", "grad/cos_group/opd__nca/", "grad/dominance/")) for k in keys)
     assert abs(second["grad/dominance/opd"] + second["grad/dominance/nca"] - 1) < 1e-9
     assert -1 <= second["grad/cos/opd__nca"] <= 1 and second["grad/norm/nca"] > 0
@@ -149,7 +172,9 @@ def test_anchor_gate_opens_from_the_logged_kl_and_resumes(tiny_rules_organism, t
     recs = _records(tmp_path / "a")
     assert [r["beta_eff"] for r in recs] == [0.0, 0.0, 0.5, 0.5]  # open after step 2 (a window of 2)
     assert [r.get("nca_gate/open_step") for r in recs] == [None, 2, None, None]
-    assert recs[1]["nca_gate/kl_mean"] == pytest.approx((recs[0]["kl/teacher_student"] + recs[1]["kl/teacher_student"]) / 2)
+    assert recs[1]["nca_gate/kl_mean"] == pytest.approx(
+        (recs[0]["kl/teacher_student"] + recs[1]["kl/teacher_student"]) / 2
+    )
     assert json.loads((full / "training.json").read_text())["nca_gate"]["open_step"] == 2
     train(_cfg(tiny_rules_organism, **{**cfg, "steps": 2}), tmp_path / "b", progress=False)  # stops with the gate open
     resumed = train(_cfg(tiny_rules_organism, **cfg), tmp_path / "b", resume=True, progress=False)
@@ -174,8 +199,19 @@ def test_anchor_gate_that_never_opens_warns_and_trains_as_opd(tiny_rules_organis
 
 def test_anchor_gate_with_a_selector(tiny_rules_organism, tmp_path):
     """NCA + TA-OPD with the gate: the gate reads the all-token KL (not the selected tokens'), the anchor follows."""
-    train(_cfg(tiny_rules_organism, steps=3, method="nca", selector="ta_opd", nca_gate=1e6, nca_gate_window=1,
-               nca_positions="selected"), tmp_path / "r", progress=False)
+    train(
+        _cfg(
+            tiny_rules_organism,
+            steps=3,
+            method="nca",
+            selector="ta_opd",
+            nca_gate=1e6,
+            nca_gate_window=1,
+            nca_positions="selected",
+        ),
+        tmp_path / "r",
+        progress=False,
+    )
     recs = _records(tmp_path / "r")
     assert [r["beta_eff"] for r in recs] == [0.0, 0.5, 0.5] and all(r["kept_fraction"] < 0.5 for r in recs)
     assert recs[0]["nca_gate/kl_mean"] == recs[0]["kl/teacher_student"]

@@ -17,10 +17,29 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ARGS = ["--set", "batch_size=8", "--set", "lr=1e-3", "--set", "max_new_tokens=8", "--set", "seed=2",
-        "--set", "pool_size=64", "--set", "method=nca", "--set", "selector=ta_opd", "--set", "budget=0.3",
-        "--set", "grad_clip=0.02", "--no-progress",  # below the largest global gradient norm: clipping is exercised
-        "--set", "shared_prefix=off"]  # TA-OPD's selection on KL ~ 1e-6 flips on float rounding: see the test below
+ARGS = [
+    "--set",
+    "batch_size=8",
+    "--set",
+    "lr=1e-3",
+    "--set",
+    "max_new_tokens=8",
+    "--set",
+    "seed=2",
+    "--set",
+    "pool_size=64",
+    "--set",
+    "method=nca",
+    "--set",
+    "selector=ta_opd",
+    "--set",
+    "budget=0.3",
+    "--set",
+    "grad_clip=0.02",
+    "--no-progress",  # below the largest global gradient norm: clipping is exercised
+    "--set",
+    "shared_prefix=off",
+]  # TA-OPD's selection on KL ~ 1e-6 flips on float rounding: see the test below
 STEPS = ["--set", "steps=3"]
 
 
@@ -31,8 +50,17 @@ def _run(cmd, cwd):
 
 
 def _torchrun(port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-            "-m", "mechopd.cli"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "mechopd.cli",
+    ]
 
 
 def _weights(run_dir):
@@ -56,8 +84,21 @@ def _metrics(run_dir):
 def one_process(tiny_rules_organism, tmp_path_factory):
     """The reference: one process, 3 steps at global batch 8."""
     out = tmp_path_factory.mktemp("one") / "run"
-    _run([sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *ARGS, *STEPS,
-          "--out", str(out)], out.parent)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "mechopd.cli",
+            "train",
+            "--student",
+            str(tiny_rules_organism),
+            *ARGS,
+            *STEPS,
+            "--out",
+            str(out),
+        ],
+        out.parent,
+    )
     one, init = _weights(out), load_file(str(tiny_rules_organism / "model.safetensors"))
     assert max(float((one[k] - init[k]).abs().max()) for k in one) > 1e-4  # training changed the weights
     keys, values = _metrics(out)
@@ -81,8 +122,19 @@ def _assert_same(one_dir, other_dir):
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tiny_rules_organism, one_process, tmp_path):
-    _run([*_torchrun(29533), "train", "--student", str(tiny_rules_organism), *ARGS, *STEPS,
-          "--out", str(tmp_path / "two")], tmp_path)
+    _run(
+        [
+            *_torchrun(29533),
+            "train",
+            "--student",
+            str(tiny_rules_organism),
+            *ARGS,
+            *STEPS,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        tmp_path,
+    )
     _assert_same(one_process, tmp_path / "two")
 
 
@@ -98,8 +150,7 @@ def test_fsdp_two_processes_equal_one_and_resume(tiny_rules_organism, one_proces
     _run([*fsdp, *STEPS, "--out", str(run), "--resume"], tmp_path)
     _assert_same(one_process, run)
     # the FSDP checkpoint resumed by ONE unsharded process: same format, same result
-    _run([sys.executable, "-m", "mechopd.cli", *base, *STEPS, "--out", str(tmp_path / "cross"), "--resume"],
-         tmp_path)
+    _run([sys.executable, "-m", "mechopd.cli", *base, *STEPS, "--out", str(tmp_path / "cross"), "--resume"], tmp_path)
     _assert_same(one_process, tmp_path / "cross")
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
@@ -125,8 +176,9 @@ def test_grad_stats_are_summed_over_processes(tiny_rules_organism, tmp_path):
     args = ["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "steps=1", "--set", "grad_stats_every=1"]
     _run([sys.executable, "-m", "mechopd.cli", *args, "--out", str(tmp_path / "one")], tmp_path)
     _run([*_torchrun(29535), *args, "--out", str(tmp_path / "two")], tmp_path)
-    one, two = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()][0]
-                for d in ("one", "two"))
+    one, two = (
+        [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()][0] for d in ("one", "two")
+    )
     stats = sorted(k for k in one if k.startswith("grad/"))
     assert "grad/cos/opd__nca" in stats and "grad/cos_group/opd__nca/0.q_proj" in stats
     assert stats == sorted(k for k in two if k.startswith("grad/"))
@@ -145,12 +197,26 @@ def test_shared_prefix_two_processes_equal_one(tiny_rules_organism, tmp_path):
     pins shared == unshared per step)."""
     args = [*ARGS, "--set", "selector=full", "--set", "shared_prefix=auto", "--set", "steps=2"]
     one = tmp_path / "one"
-    _run([sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *args,
-          "--out", str(one)], tmp_path)
+    _run(
+        [sys.executable, "-m", "mechopd.cli", "train", "--student", str(tiny_rules_organism), *args, "--out", str(one)],
+        tmp_path,
+    )
     keys, values = _metrics(one)
     assert float(values[:, keys.index("shared_prefix")].min()) > 0  # the shared path ran at every step
     for port, layout in ((29535, "none"), (29536, "fsdp")):
         out = tmp_path / layout
-        _run([*_torchrun(port), "train", "--student", str(tiny_rules_organism), *args, "--set", f"sharding={layout}",
-              "--out", str(out)], tmp_path)
+        _run(
+            [
+                *_torchrun(port),
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                *args,
+                "--set",
+                f"sharding={layout}",
+                "--out",
+                str(out),
+            ],
+            tmp_path,
+        )
         _assert_same(one, out)

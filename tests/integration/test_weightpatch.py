@@ -43,8 +43,16 @@ def result(models, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("wp_out")
     setup = ProbeSetup(task="rules", n=12, batch_size=4, max_new_tokens=6, seed=1, models=models)
-    run_weightpatch(setup, out, models=["opd"], layers="0,all", modules="q_proj,qk,attn,mlp,ctrl_qk", draws=2,
-                    n_boot=50, progress=False)
+    run_weightpatch(
+        setup,
+        out,
+        models=["opd"],
+        layers="0,all",
+        modules="q_proj,qk,attn,mlp,ctrl_qk",
+        draws=2,
+        n_boot=50,
+        progress=False,
+    )
     return out
 
 
@@ -56,8 +64,12 @@ def test_reverting_the_moved_weights_gives_the_base(result, models):
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.tasks.base import get_task
 
-    base = evaluate_model(load_model(models["base"]), load_tokenizer(models["base"]), get_task("rules"),
-                          EvalConfig(n=12, seed=1, n_boot=0, max_new_tokens=6))
+    base = evaluate_model(
+        load_model(models["base"]),
+        load_tokenizer(models["base"]),
+        get_task("rules"),
+        EvalConfig(n=12, seed=1, n_boot=0, max_new_tokens=6),
+    )
     items = _outcomes(result)
     got = [rec["outcomes"]["opd"] for rec in items]
     base_pairs = [[r["correct_x"], r["correct_xc"]] for r in base["records"]]
@@ -69,7 +81,8 @@ def test_reverting_the_moved_weights_gives_the_base(result, models):
     mlp = next(r for r in rows if (r["layer"], r["module"]) == ("all", "mlp"))
     assert float(mlp["d_acc_x"]) == 0.0 and float(none["d_acc_x"]) == 0.0
     assert float(next(r for r in rows if (r["layer"], r["module"]) == ("all", "attn"))["acc_x"]) == pytest.approx(
-        base["summary"]["acc_x"]["value"])
+        base["summary"]["acc_x"]["value"]
+    )
 
 
 def test_patch_restores_bitwise_and_control_matches_count(models):
@@ -110,10 +123,17 @@ def test_an_independent_greedy_decoder_agrees(result, models):
         for view in ("prompt_ids_x", "prompt_ids_c"):
             ids = torch.tensor([rec[view]])
             with torch.no_grad():
-                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            got.append(bool(task.score(examples[rec["uid"]], tok.decode(gen[0, ids.shape[1]:],
-                                                                          skip_special_tokens=True))))
+                gen = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=6,
+                    do_sample=False,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                )
+            got.append(
+                bool(task.score(examples[rec["uid"]], tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)))
+            )
         assert got == rec["outcomes"]["opd"]["all/attn"], rec["uid"]
 
 
@@ -132,14 +152,33 @@ def test_summary_and_figure(result, tmp_path):
     assert plot_weightpatch(run, run / "figures")
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--modules", "qk,foo"], "--modules"), (["--layers", "0,x"], "--layers"), (["--control-draws", "0"], "draws"),
-    (["--donor", "nope"], "nope")])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--modules", "qk,foo"], "--modules"),
+        (["--layers", "0,x"], "--layers"),
+        (["--control-draws", "0"], "draws"),
+        (["--donor", "nope"], "nope"),
+    ],
+)
 def test_bad_flags_are_one_error_line(models, tmp_path, capsys, flags, words):
     from mechopd.cli import main
 
-    code = main(["probe", "weightpatch", "--task", "rules", "--n", "2", "--models", f"opd={models['opd']}",
-                 "--out", str(tmp_path / "p"), *flags])
+    code = main(
+        [
+            "probe",
+            "weightpatch",
+            "--task",
+            "rules",
+            "--n",
+            "2",
+            "--models",
+            f"opd={models['opd']}",
+            "--out",
+            str(tmp_path / "p"),
+            *flags,
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and words in err[0]
     assert not (tmp_path / "p" / "weightpatch.csv").exists()

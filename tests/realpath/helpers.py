@@ -14,8 +14,10 @@ TEMPLATE_KWARGS = {"qwen3": {"enable_thinking": False}, "qwen2": {}, "llama": {"
 
 def render_sets(family: str) -> list[str]:
     """``--set`` overrides that make a train run of `family` explicit about what "no context" is."""
-    out = [f"chat_template_kwargs.{k}={str(v).lower() if isinstance(v, bool) else v}"
-           for k, v in TEMPLATE_KWARGS[family].items()]
+    out = [
+        f"chat_template_kwargs.{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in TEMPLATE_KWARGS[family].items()
+    ]
     if NO_CONTEXT_SYSTEM[family] is not None:
         out.append(f"no_context_system={NO_CONTEXT_SYSTEM[family]}")
     return out

@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.generate.sampler import SamplingSettings, sample
 from mechopd.generate.scorer import response_logits
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.testing.zoo import FAMILY, tiny_model, train_bpe, wrap_tokenizer
-from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
 
@@ -54,7 +54,10 @@ def test_the_built_tokenizer_merges_across_the_boundary(boundary_checkpoint):
 def test_boundary_merges_cannot_shift_the_response(boundary_checkpoint):
     tok, model = load_tokenizer(boundary_checkpoint), load_model(boundary_checkpoint)
     prompts, contexts = ["Which drug is first-line?", "Formulary rule one."], ["Formulary rule one.", "system"]
-    responses = [tok(ANSWER, add_special_tokens=False)["input_ids"], tok("B</answer>", add_special_tokens=False)["input_ids"]]
+    responses = [
+        tok(ANSWER, add_special_tokens=False)["input_ids"],
+        tok("B</answer>", add_special_tokens=False)["input_ids"],
+    ]
     spec = RenderSpec()
     batch = build_two_view_batch(tok, prompts, contexts, responses, spec)
     for i, r in enumerate(responses):
@@ -81,12 +84,23 @@ def test_the_trainer_never_retokenises_responses(boundary_checkpoint, zoo, tmp_p
     real_sample, real_assemble = tr.sample_rows, tr.assemble_two_views
     monkeypatch.setattr(tr, "sample_rows", lambda *a, **k: sampled.append(real_sample(*a, **k)) or sampled[-1])
     monkeypatch.setattr(tr, "assemble_two_views", lambda *a, **k: scored.append(real_assemble(*a, **k)) or scored[-1])
-    cfg = TrainConfig(task="jsonl", task_options=zoo.jsonl_options(max_new_tokens=6), student=str(boundary_checkpoint),
-                      method="nca", batch_size=3, steps=1, lr=1e-3, pool_size=6)
+    cfg = TrainConfig(
+        task="jsonl",
+        task_options=zoo.jsonl_options(max_new_tokens=6),
+        student=str(boundary_checkpoint),
+        method="nca",
+        batch_size=3,
+        steps=1,
+        lr=1e-3,
+        pool_size=6,
+    )
     trainer = tr.Trainer(cfg, tmp_path / "run", progress=False)
     real_call = type(trainer.tokenizer).__call__
-    monkeypatch.setattr(type(trainer.tokenizer), "__call__",
-                        lambda self, text, *a, **k: texts.append(text) or real_call(self, text, *a, **k))
+    monkeypatch.setattr(
+        type(trainer.tokenizer),
+        "__call__",
+        lambda self, text, *a, **k: texts.append(text) or real_call(self, text, *a, **k),
+    )
     trainer.train_step()
     batch, responses = scored[0], sampled[0]
     assert len(responses) == 3 and any(responses)

@@ -13,14 +13,29 @@ from pathlib import Path
 import pytest
 import torch
 
+from mechopd.core.views import RenderSpec
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.core.views import RenderSpec
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 
-TRAIN = ["--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=6",
-         "--set", "pool_size=8", "--set", "eval_every=2", "--set", "eval_n=2"]
+TRAIN = [
+    "--steps",
+    "2",
+    "--batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--set",
+    "max_new_tokens=6",
+    "--set",
+    "pool_size=8",
+    "--set",
+    "eval_every=2",
+    "--set",
+    "eval_n=2",
+]
 METHODS = {"opd": ["--method", "opd"], "nca": ["--method", "nca"], "ta_opd": ["--method", "ta_opd"]}
 
 
@@ -36,8 +51,20 @@ def run(request, zoo, tmp_path_factory):
     sets = [x for s in render_sets(family) for x in ("--set", s)]
     for method, flags in METHODS.items():
         teacher = ["--teacher", zoo.teacher(family)] if method == "nca" else []  # cross-model, padded vocabulary
-        cli("train", "--task", "jsonl", *flags, "--student", zoo.student(family), *teacher, *TRAIN,
-            *jsonl_sets(zoo), *sets, "--out", root / "train" / method)
+        cli(
+            "train",
+            "--task",
+            "jsonl",
+            *flags,
+            "--student",
+            zoo.student(family),
+            *teacher,
+            *TRAIN,
+            *jsonl_sets(zoo),
+            *sets,
+            "--out",
+            root / "train" / method,
+        )
     return family, root
 
 
@@ -67,20 +94,46 @@ def test_eval_both_views_and_probes_then_figures(run, zoo, capsys):
     models = {"base": zoo.student(family), **{m: root / "train" / m / "final" for m in METHODS}}
     opts = [x for k, v in zoo.jsonl_options(max_new_tokens=6).items() for x in ("--option", f"{k}={v}")]
     nocs = [] if NO_CONTEXT_SYSTEM[family] is None else ["--no-context-system", NO_CONTEXT_SYSTEM[family]]
-    cli("eval", "--task", "jsonl", *opts, "--n", "4", *nocs, "--out", root / "eval",
-        "--compare", *[f"{k}={v}" for k, v in models.items()])
+    cli(
+        "eval",
+        "--task",
+        "jsonl",
+        *opts,
+        "--n",
+        "4",
+        *nocs,
+        "--out",
+        root / "eval",
+        "--compare",
+        *[f"{k}={v}" for k, v in models.items()],
+    )
     rep = json.loads((root / "eval" / "opd.json").read_text())
     assert rep["summary"]["n"] == 4 and len(rep["records"]) == 4
     assert {"correct_x", "correct_xc", "len_x", "len_xc"} <= set(rep["records"][0])
     assert rep["settings"]["no_context_system"] == NO_CONTEXT_SYSTEM[family]
     _probes_on_jsonl(family, root, zoo, models)
-    cli("probe", "deltas", "--base", zoo.student(family), "--models", f"opd={models['opd']}",
-        f"nca={models['nca']}", "--out", root / "probes")
+    cli(
+        "probe",
+        "deltas",
+        "--base",
+        zoo.student(family),
+        "--models",
+        f"opd={models['opd']}",
+        f"nca={models['nca']}",
+        "--out",
+        root / "probes",
+    )
     capsys.readouterr()
     cli("figures", root)
     drawn = {p.stem for p in (root / "figures").glob("*.png")}
-    assert {"training_curves", "removability", "layer_cosine", "gradient_alignment", "parameter_deltas",
-            "teachability"} <= drawn, drawn
+    assert {
+        "training_curves",
+        "removability",
+        "layer_cosine",
+        "gradient_alignment",
+        "parameter_deltas",
+        "teachability",
+    } <= drawn, drawn
     assert (root / "report.md").read_text().strip()
 
 
@@ -103,14 +156,51 @@ def _probes_on_jsonl(family: str, root: Path, zoo, models: dict) -> None:
 def test_probe_cli_on_a_bpe_checkpoint(family, zoo, tmp_path):
     """The probe commands as a user types them today (the option-less rules task; byte-level BPE covers its text)."""
     s = zoo.student(family)
-    cli("probe", "similarity", "--models", f"a={s}", f"b={zoo.teacher(family)}", "--task", "rules", "--n", "3",
-        "--out", tmp_path / "sim")
+    cli(
+        "probe",
+        "similarity",
+        "--models",
+        f"a={s}",
+        f"b={zoo.teacher(family)}",
+        "--task",
+        "rules",
+        "--n",
+        "3",
+        "--out",
+        tmp_path / "sim",
+    )
     with open(tmp_path / "sim" / "similarity.csv") as f:
         assert {r["model"] for r in csv.DictReader(f)} == {"a", "b"}
-    cli("probe", "gradients", "--model", s, "--teacher", zoo.teacher(family), "--task", "rules", "--n", "2",
-        "--out", tmp_path / "grad")
-    cli("probe", "teachability", "--student", s, "--trained", zoo.teacher(family), "--teacher", s, "--task", "rules",
-        "--n", "3", "--out", tmp_path / "teach")
+    cli(
+        "probe",
+        "gradients",
+        "--model",
+        s,
+        "--teacher",
+        zoo.teacher(family),
+        "--task",
+        "rules",
+        "--n",
+        "2",
+        "--out",
+        tmp_path / "grad",
+    )
+    cli(
+        "probe",
+        "teachability",
+        "--student",
+        s,
+        "--trained",
+        zoo.teacher(family),
+        "--teacher",
+        s,
+        "--task",
+        "rules",
+        "--n",
+        "3",
+        "--out",
+        tmp_path / "teach",
+    )
     assert (tmp_path / "grad" / "gradients.csv").exists() and (tmp_path / "teach" / "bank.json").exists()
 
 
@@ -119,8 +209,20 @@ def test_probe_cli_refuses_an_implicit_no_context_view(family, zoo, tmp_path, ca
     """Without a render spec on the CLI, a template that renders a system block is refused, not silently used."""
     from mechopd.cli import main
 
-    rc = main(["probe", "similarity", "--models", f"a={zoo.student(family)}", "--task", "rules", "--n", "2",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "probe",
+            "similarity",
+            "--models",
+            f"a={zoo.student(family)}",
+            "--task",
+            "rules",
+            "--n",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and "no_context_system" in errors[0]
 
@@ -128,16 +230,17 @@ def test_probe_cli_refuses_an_implicit_no_context_view(family, zoo, tmp_path, ca
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_transformer_lens_and_nnsight_agree_with_our_hooks(family, zoo):
-    from mechopd.probes.interop import (to_nnsight, to_transformer_lens, two_view_cosine_nnsight,
-                                        two_view_cosine_tl)
+    from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl
     from mechopd.probes.similarity import make_batches, two_view_cosine
 
     path = zoo.student(family)
     task = get_task("jsonl", **zoo.jsonl_options(max_new_tokens=5))
     items = make_batches(load_tokenizer(path), task, 3, 0, 3, load_model(path), spec_of(family))
     ours = two_view_cosine(load_model(path), items).rows
-    for rows in (two_view_cosine_tl(to_transformer_lens(path), items).rows,
-                 two_view_cosine_nnsight(to_nnsight(path), items).rows):
+    for rows in (
+        two_view_cosine_tl(to_transformer_lens(path), items).rows,
+        two_view_cosine_nnsight(to_nnsight(path), items).rows,
+    ):
         assert [r["site"] for r in rows] == [r["site"] for r in ours]
         for a, b in zip(rows, ours):
             assert abs(a["cos_mean"] - b["cos_mean"]) <= 1e-4, (family, a["site"], a["cos_mean"], b["cos_mean"])

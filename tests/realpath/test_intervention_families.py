@@ -15,10 +15,17 @@ from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS
 
 
 def _setup(zoo, family: str) -> ProbeSetup:
-    return ProbeSetup(task="jsonl", task_options=zoo.jsonl_options(max_new_tokens=4), placement="system",
-                      no_context_system=NO_CONTEXT_SYSTEM[family], chat_template_kwargs=dict(TEMPLATE_KWARGS[family]),
-                      n=3, batch_size=2, seed=0, models={"base": str(zoo.student(family)),
-                                                         "other": str(zoo.teacher(family))})
+    return ProbeSetup(
+        task="jsonl",
+        task_options=zoo.jsonl_options(max_new_tokens=4),
+        placement="system",
+        no_context_system=NO_CONTEXT_SYSTEM[family],
+        chat_template_kwargs=dict(TEMPLATE_KWARGS[family]),
+        n=3,
+        batch_size=2,
+        seed=0,
+        models={"base": str(zoo.student(family)), "other": str(zoo.teacher(family))},
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -27,8 +34,16 @@ def test_weightpatch_and_localization_on_real_architectures(zoo, family, tmp_pat
     from mechopd.probes.weightpatch import run_weightpatch
 
     setup = _setup(zoo, family)
-    run_weightpatch(setup, tmp_path, models=["other"], layers="1,all", modules="qk,attn,norms,ctrl_qk", draws=1,
-                    n_boot=20, progress=False)
+    run_weightpatch(
+        setup,
+        tmp_path,
+        models=["other"],
+        layers="1,all",
+        modules="qk,attn,norms,ctrl_qk",
+        draws=1,
+        n_boot=20,
+        progress=False,
+    )
     rows = read_csv(tmp_path / "weightpatch.csv")
     n_params = {(r["layer"], r["module"]): int(r["n_params"]) for r in rows}
     hidden, kv = 32, 2 * 8  # zoo: hidden 32, 2 key/value heads of 8
@@ -46,11 +61,10 @@ def test_weightpatch_and_localization_on_real_architectures(zoo, family, tmp_pat
 
 @pytest.mark.parametrize("family", ["qwen2"])
 def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
-    from mechopd.probes.deltas import run_deltas
-
     import torch
 
     from mechopd.models import load_model
+    from mechopd.probes.deltas import run_deltas
 
     model = load_model(zoo.student(family))  # a trained copy: every weight moved a little
     g = torch.Generator().manual_seed(0)
@@ -60,8 +74,9 @@ def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
     model.save_pretrained(tmp_path / "moved")
     run_deltas(_setup(zoo, family), tmp_path, models={"moved": str(tmp_path / "moved")}, svd=True, progress=False)
     rows = read_csv(tmp_path / "deltas_svd.csv")
-    assert len(rows) == 2 * 7 and all(1.0 <= float(r["eff_rank"]) <= min(int(r["rows"]), int(r["cols"])) + 1e-9
-                                      for r in rows)
+    assert len(rows) == 2 * 7 and all(
+        1.0 <= float(r["eff_rank"]) <= min(int(r["rows"]), int(r["cols"])) + 1e-9 for r in rows
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,16 +14,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechopd.models import lora
 from mechopd.config import load_train_config
-from mechopd.models import load_model, load_tokenizer
+from mechopd.models import load_model, load_tokenizer, lora
 from mechopd.testing.zoo import FAMILY, tiny_model
 from mechopd.train.trainer import Trainer
 
 from .helpers import cli, jsonl_sets, render_sets
 
-TRAIN = ["--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=6",
-         "--set", "pool_size=8"]
+TRAIN = [
+    "--steps",
+    "2",
+    "--batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--set",
+    "max_new_tokens=6",
+    "--set",
+    "pool_size=8",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +59,19 @@ def _metrics(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def lora_run(zoo, wide_llama, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("lora-run") / "nca-lora"
-    cli("train", "--task", "jsonl", "--method", "nca", "--student", wide_llama, *TRAIN,
-        *_sets(zoo, "lora_rank=8"), "--out", run)
+    cli(
+        "train",
+        "--task",
+        "jsonl",
+        "--method",
+        "nca",
+        "--student",
+        wide_llama,
+        *TRAIN,
+        *_sets(zoo, "lora_rank=8"),
+        "--out",
+        run,
+    )
     return run
 
 
@@ -66,11 +87,14 @@ def test_nca_with_lora_rank_8_trains_and_its_checkpoint_opens_in_eval_and_deltas
     cli("probe", "deltas", "--run", run, "--out", tmp_path / "probes")
     settings = json.loads((tmp_path / "probes" / "deltas_summary.json").read_text())["settings"]
     assert settings["adapters"] == {"nca": str(adapter)}
-    rows = {r["site"]: float(r["value"]) for r in csv.DictReader(open(tmp_path / "probes" / "deltas.csv"))
-            if r["metric"] == "delta_norm" and r["model"] == "nca"}
+    rows = {
+        r["site"]: float(r["value"])
+        for r in csv.DictReader(open(tmp_path / "probes" / "deltas.csv"))
+        if r["metric"] == "delta_norm" and r["model"] == "nca"
+    }
     deltas = lora.AdapterDeltas(adapter)
     for name in deltas.pairs:  # ‖ΔW‖ of every adapted projection is the adapter's (α/r)‖B A‖, and it moved
-        site = name[len("model."):-len(".weight")]
+        site = name[len("model.") : -len(".weight")]
         assert rows[site] == pytest.approx(float(deltas.delta(name).norm()), rel=1e-9) and rows[site] > 0
     assert rows["embed"] == 0 and rows["layers.0.input_layernorm"] == 0  # nothing else trained
 
@@ -79,9 +103,20 @@ def _trainer(zoo, tmp_path: Path, name: str, *extra: str) -> Trainer:
     from mechopd.config import parse_overrides
 
     sets = _sets(zoo, *extra)[1::2]  # the KEY=VALUE of every --set
-    cfg = load_train_config(None, {**parse_overrides(sets), "task": "jsonl", "method": "nca", "steps": 2,
-                                   "student": str(zoo.student("llama")), "batch_size": 2, "lr": 1e-2,
-                                   "max_new_tokens": 6, "pool_size": 8})
+    cfg = load_train_config(
+        None,
+        {
+            **parse_overrides(sets),
+            "task": "jsonl",
+            "method": "nca",
+            "steps": 2,
+            "student": str(zoo.student("llama")),
+            "batch_size": 2,
+            "lr": 1e-2,
+            "max_new_tokens": 6,
+            "pool_size": 8,
+        },
+    )
     return Trainer(cfg, tmp_path / name, progress=False)
 
 

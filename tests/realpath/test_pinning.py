@@ -16,13 +16,24 @@ import os
 import pytest
 import yaml
 
-from mechopd.models import load_tokenizer
 from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.models import load_tokenizer
 
 from .helpers import cli, jsonl_sets
 
-ONE_STEP = ["--steps", "1", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=4",
-            "--set", "pool_size=4"]
+ONE_STEP = [
+    "--steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--set",
+    "max_new_tokens=4",
+    "--set",
+    "pool_size=4",
+]
 
 
 def _freeze(monkeypatch, day: dt.datetime) -> None:
@@ -74,15 +85,28 @@ def test_a_run_pins_records_and_its_eval_and_probes_reuse_the_date(zoo, tmp_path
     _freeze(monkeypatch, DAY_A)
     old = os.umask(0o022)
     try:
-        cli("train", "--task", "jsonl", "--student", zoo.student("llama"), *ONE_STEP, *jsonl_sets(zoo), "--set",
-            "no_context_system=Note: be brief.", "--out", run)
+        cli(
+            "train",
+            "--task",
+            "jsonl",
+            "--student",
+            zoo.student("llama"),
+            *ONE_STEP,
+            *jsonl_sets(zoo),
+            "--set",
+            "no_context_system=Note: be brief.",
+            "--out",
+            run,
+        )
     finally:
         os.umask(old)
     assert "pinned chat_template_kwargs.date_string='04 Mar 2031'" in capsys.readouterr().out
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     saved = json.loads((run / "final" / "training.json").read_text())["config"]
     for c in (cfg, saved):
-        assert c["chat_template_kwargs"] == {"date_string": "04 Mar 2031"} and c["no_context_system"] == "Note: be brief."
+        assert (
+            c["chat_template_kwargs"] == {"date_string": "04 Mar 2031"} and c["no_context_system"] == "Note: be brief."
+        )
     assert (run / "final").stat().st_mode & 0o777 == 0o755  # umask 022, not mkdtemp's 0700
     assert all(f.stat().st_mode & 0o777 == 0o644 for f in (run / "final").iterdir())
     _freeze(monkeypatch, DAY_B)
@@ -96,14 +120,30 @@ def test_a_run_pins_records_and_its_eval_and_probes_reuse_the_date(zoo, tmp_path
 
 def test_an_iso_date_and_a_colon_stay_text_through_the_run(zoo, tmp_path):
     run = tmp_path / "iso"
-    cli("train", "--task", "jsonl", "--student", zoo.student("llama"), *ONE_STEP, *jsonl_sets(zoo), "--set",
-        "chat_template_kwargs.date_string=2024-07-26", "--set", "no_context_system=Note: be brief.", "--out", run)
+    cli(
+        "train",
+        "--task",
+        "jsonl",
+        "--student",
+        zoo.student("llama"),
+        *ONE_STEP,
+        *jsonl_sets(zoo),
+        "--set",
+        "chat_template_kwargs.date_string=2024-07-26",
+        "--set",
+        "no_context_system=Note: be brief.",
+        "--out",
+        run,
+    )
     saved = json.loads((run / "final" / "training.json").read_text())["config"]
     assert saved["chat_template_kwargs"] == {"date_string": "2024-07-26"}
     assert yaml.safe_load((run / "config.yaml").read_text())["chat_template_kwargs"] == {"date_string": "2024-07-26"}
     tok = load_tokenizer(run / "final")
-    text = tok.decode(render_prompt_ids(tok, "q", None, RenderSpec("system", saved["no_context_system"],
-                                                                    saved["chat_template_kwargs"])))
+    text = tok.decode(
+        render_prompt_ids(
+            tok, "q", None, RenderSpec("system", saved["no_context_system"], saved["chat_template_kwargs"])
+        )
+    )
     assert "Today Date: 2024-07-26\n\nNote: be brief.<|eot_id|>" in text
 
 
@@ -111,16 +151,38 @@ def test_eval_takes_the_runs_thinking_switch_and_refuses_a_contradiction(zoo, tm
     from mechopd.cli import main
 
     run = tmp_path / "qwen3"
-    cli("train", "--task", "jsonl", "--student", zoo.student("qwen3"), *ONE_STEP, *jsonl_sets(zoo), "--set",
-        "chat_template_kwargs.enable_thinking=false", "--out", run)
+    cli(
+        "train",
+        "--task",
+        "jsonl",
+        "--student",
+        zoo.student("qwen3"),
+        *ONE_STEP,
+        *jsonl_sets(zoo),
+        "--set",
+        "chat_template_kwargs.enable_thinking=false",
+        "--out",
+        run,
+    )
     for how in (["--run", run], ["--model", run / "final"]):
         out = tmp_path / f"{how[0][2:]}.json"
         cli("eval", *how, "--n", "2", "--max-new-tokens", "2", "--out", out)
         settings = json.loads(out.read_text())["settings"]
         assert settings["chat_template_kwargs"] == {"enable_thinking": False} and settings["task"] == "jsonl"
     capsys.readouterr()
-    rc = main(["eval", "--model", str(run / "final"), "--n", "2", "--chat-template-kwarg", "enable_thinking=true",
-               "--out", str(tmp_path / "x.json")])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(run / "final"),
+            "--n",
+            "2",
+            "--chat-template-kwarg",
+            "enable_thinking=true",
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "differs from the run's chat_template_kwargs" in err and "Loading weights" not in err
     assert not (tmp_path / "x.json").exists()
@@ -131,9 +193,21 @@ def test_the_default_system_refusal_names_the_real_flag_before_any_load(zoo, tmp
     from mechopd.cli import main
 
     opts = [x for k, v in zoo.jsonl_options().items() for x in ("--option", f"{k}={v}")]
-    argv = (["train", "--task", "jsonl", "--student", str(zoo.student("qwen2")), *ONE_STEP, *opts, "--out",
-             str(tmp_path / "r")] if verb == "train" else
-            ["eval", "--task", "jsonl", "--model", str(zoo.student("qwen2")), *opts, "--n", "2"])
+    argv = (
+        [
+            "train",
+            "--task",
+            "jsonl",
+            "--student",
+            str(zoo.student("qwen2")),
+            *ONE_STEP,
+            *opts,
+            "--out",
+            str(tmp_path / "r"),
+        ]
+        if verb == "train"
+        else ["eval", "--task", "jsonl", "--model", str(zoo.student("qwen2")), *opts, "--n", "2"]
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -149,7 +223,24 @@ def test_a_real_size_head_over_a_smaller_tokenizer_evaluates(zoo, tmp_path):
     d = zoo.padded("qwen2")
     tok = load_tokenizer(d)
     assert AutoConfig.from_pretrained(d).vocab_size == 151936 > len(tok)
-    cli("eval", "--task", "jsonl", "--model", d, "--option", f"path={zoo.data}", "--option", "context=Formulary.",
-        "--option", "max_new_tokens=3", "--n", "2", "--no-context-system", "", "--out", tmp_path / "p.json")
+    cli(
+        "eval",
+        "--task",
+        "jsonl",
+        "--model",
+        d,
+        "--option",
+        f"path={zoo.data}",
+        "--option",
+        "context=Formulary.",
+        "--option",
+        "max_new_tokens=3",
+        "--n",
+        "2",
+        "--no-context-system",
+        "",
+        "--out",
+        tmp_path / "p.json",
+    )
     settings = json.loads((tmp_path / "p.json").read_text())["settings"]
     assert settings["no_context_system"] == "" and settings["chat_template_kwargs"] == {}

@@ -14,8 +14,15 @@ from .helpers import cli
 
 PAPER = Path(__file__).resolve().parents[2] / "training" / "paper"
 RECIPES = sorted(PAPER.glob("*.yaml"))
-SHRINK = {"steps": 1, "batch_size": 2, "max_new_tokens": 4, "eval_every": 1, "eval_n": 2, "save_every": 1,
-          "pool_size": 8}
+SHRINK = {
+    "steps": 1,
+    "batch_size": 2,
+    "max_new_tokens": 4,
+    "eval_every": 1,
+    "eval_n": 2,
+    "save_every": 1,
+    "pool_size": 8,
+}
 
 
 def family_of(recipe: dict) -> str:

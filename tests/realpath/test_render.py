@@ -8,14 +8,25 @@ import json
 import pytest
 
 from mechopd.core.errors import TaskError
+from mechopd.core.views import RenderSpec, render_prompt_text
 from mechopd.models import load_tokenizer
 from mechopd.testing.zoo import QWEN_DEFAULT_SYSTEM
-from mechopd.core.views import RenderSpec, render_prompt_text
 
 from .helpers import FAMILIES, NO_CONTEXT_SYSTEM, TEMPLATE_KWARGS, cli, jsonl_sets, render_sets
 
-ONE_STEP = ["--steps", "1", "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--set", "max_new_tokens=4",
-            "--set", "pool_size=4"]
+ONE_STEP = [
+    "--steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--set",
+    "max_new_tokens=4",
+    "--set",
+    "pool_size=4",
+]
 
 
 def test_qwen25_default_system_prompt_is_refused_until_no_context_system_is_set(zoo, tmp_path, capsys):
@@ -25,8 +36,19 @@ def test_qwen25_default_system_prompt_is_refused_until_no_context_system_is_set(
     with pytest.raises(TaskError, match="no_context_system"):
         render_prompt_text(tok, "Which drug?", None, RenderSpec("system"))
     out = tmp_path / "refused"
-    rc = main(["train", "--task", "jsonl", "--student", str(zoo.student("qwen2")), *ONE_STEP, *jsonl_sets(zoo),
-               "--out", str(out)])
+    rc = main(
+        [
+            "train",
+            "--task",
+            "jsonl",
+            "--student",
+            str(zoo.student("qwen2")),
+            *ONE_STEP,
+            *jsonl_sets(zoo),
+            "--out",
+            str(out),
+        ]
+    )
     errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and "no_context_system" in errors[0]
     assert not (out / "final").exists()
@@ -61,7 +83,9 @@ def test_context_placement_in_both_views(zoo, family, placement):
     user_header = "<|start_header_id|>user<|end_header_id|>\n\n" if family == "llama" else "<|im_start|>user\n"
     assert ctx not in x and c.count(ctx) == 1
     head, _, turn = c.partition(user_header)
-    assert (ctx in head) == (placement == "system") and (turn.startswith(ctx + "\n\nWhich drug?")) == (placement == "user")
+    assert (ctx in head) == (placement == "system") and (turn.startswith(ctx + "\n\nWhich drug?")) == (
+        placement == "user"
+    )
     if placement == "user":  # only the user turn differs
         assert c.replace(ctx + "\n\n", "", 1) == x
 
@@ -70,10 +94,24 @@ def test_context_placement_in_both_views(zoo, family, placement):
 def test_train_and_eval_with_the_context_as_a_user_turn_prefix(zoo, family, tmp_path):
     sets = [x for s in render_sets(family) for x in ("--set", s)]
     out = tmp_path / "user"
-    cli("train", "--task", "jsonl", "--method", "nca", "--student", zoo.student(family), *ONE_STEP,
-        *jsonl_sets(zoo, placement="user"), *sets, "--out", out)
+    cli(
+        "train",
+        "--task",
+        "jsonl",
+        "--method",
+        "nca",
+        "--student",
+        zoo.student(family),
+        *ONE_STEP,
+        *jsonl_sets(zoo, placement="user"),
+        *sets,
+        "--out",
+        out,
+    )
     assert "placement: user" in (out / "config.yaml").read_text()
-    opts = [x for k, v in zoo.jsonl_options(max_new_tokens=4, placement="user").items() for x in ("--option", f"{k}={v}")]
+    opts = [
+        x for k, v in zoo.jsonl_options(max_new_tokens=4, placement="user").items() for x in ("--option", f"{k}={v}")
+    ]
     nocs = [] if NO_CONTEXT_SYSTEM[family] is None else ["--no-context-system", NO_CONTEXT_SYSTEM[family]]
     cli("eval", "--model", out / "final", "--task", "jsonl", *opts, "--n", "2", *nocs, "--out", tmp_path / "e.json")
     assert json.loads((tmp_path / "e.json").read_text())["settings"]["placement"] == "user"

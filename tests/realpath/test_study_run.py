@@ -44,14 +44,13 @@ def test_a_study_runs_end_to_end_on_a_real_architecture_and_a_rerun_is_done(zoo,
             assert (seed / "train" / role / "final" / "training.json").is_file()
             assert (seed / "eval" / f"{role}.json").is_file()
         assert (seed / "eval" / "base.json").is_file()
-        assert sorted(p.name for p in (seed / "logs").glob("*.log")) == ["finish.log", "train-nca.log",
-                                                                          "train-opd.log"]
+        assert sorted(p.name for p in (seed / "logs").glob("*.log")) == ["finish.log", "train-nca.log", "train-opd.log"]
         assert (seed / "probes" / "similarity.csv").is_file() and (seed / "probes" / "similarity.json").is_file()
         assert not (seed / "probes" / "deltas.csv").exists()  # only the listed probes run
         assert "## The papers' claims" in (seed / "report.md").read_text()
     report = (out / "report.md").read_text()
     assert "2 training seeds" in report and "## The papers' claims" in report
-    table = report[report.index("## The papers' claims"):]
+    table = report[report.index("## The papers' claims") :]
     ta_row = next(line for line in table.splitlines() if line.startswith("| TA-OPD"))
     assert "not measurable" in ta_row and "TA-OPD Acc_x n/a" in ta_row  # the study has no ta_opd run
     assert "NCA Acc_x 0" in table or "NCA Acc_x 1" in table  # the roles it has are measured (per seed values)
@@ -89,20 +88,23 @@ def test_a_study_with_another_config_is_refused_in_a_finished_out(zoo, tmp_path,
     assert err.startswith("error:") and "another study" in err and "seeds" in err
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda d: d.update(colour="red"), ["unknown key 'colour'"]),
-    (lambda d: d["runs"].update({"2nd": {"method": "opd"}}), ["runs.2nd", "identifier"]),
-    (lambda d: d["runs"]["nca"].update(betta=0.5), ["runs.nca", "betta"]),
-    (lambda d: d["runs"]["nca"].update(beta=-1.0), ["runs.nca", "beta"]),
-    (lambda d: d["train"].update(seed=3), ["train.seed", "top-level"]),
-    (lambda d: d["probes"].update(no_such_probe={}), ["no_such_probe"]),
-    (lambda d: d["probes"]["similarity"].update(colour=1), ["probes.similarity", "colour"]),
-    (lambda d: d["probes"].update(teachability={}), ["probes.teachability", "ta_opd"]),
-    (lambda d: d.update(seeds=[0, 0]), ["seeds", "twice"]),
-    (lambda d: d["eval"].update(n=10_000), ["eval.n"]),
-    (lambda d: d["render"].update(placement="user"), ["render.placement"]),
-    (lambda d: d.update(student="./no/such/checkpoint"), ["student", "does not exist"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda d: d.update(colour="red"), ["unknown key 'colour'"]),
+        (lambda d: d["runs"].update({"2nd": {"method": "opd"}}), ["runs.2nd", "identifier"]),
+        (lambda d: d["runs"]["nca"].update(betta=0.5), ["runs.nca", "betta"]),
+        (lambda d: d["runs"]["nca"].update(beta=-1.0), ["runs.nca", "beta"]),
+        (lambda d: d["train"].update(seed=3), ["train.seed", "top-level"]),
+        (lambda d: d["probes"].update(no_such_probe={}), ["no_such_probe"]),
+        (lambda d: d["probes"]["similarity"].update(colour=1), ["probes.similarity", "colour"]),
+        (lambda d: d["probes"].update(teachability={}), ["probes.teachability", "ta_opd"]),
+        (lambda d: d.update(seeds=[0, 0]), ["seeds", "twice"]),
+        (lambda d: d["eval"].update(n=10_000), ["eval.n"]),
+        (lambda d: d["render"].update(placement="user"), ["render.placement"]),
+        (lambda d: d.update(student="./no/such/checkpoint"), ["student", "does not exist"]),
+    ],
+)
 def test_bad_study_files_are_one_line_errors_before_any_job(zoo, tmp_path, capsys, change, words):
     doc = _study(zoo)
     change(doc)

@@ -74,8 +74,16 @@ def play_both(game: str, env, seed: int, moves: int = 10) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("game,size,count,n", [("frozenlake", 4, 3, 300), ("frozenlake", 3, 2, 100),
-                                                ("sokoban", 6, 1, 200), ("sokoban", 6, 2, 50), ("sokoban", 6, 3, 20)])
+@pytest.mark.parametrize(
+    "game,size,count,n",
+    [
+        ("frozenlake", 4, 3, 300),
+        ("frozenlake", 3, 2, 100),
+        ("sokoban", 6, 1, 200),
+        ("sokoban", 6, 2, 50),
+        ("sokoban", 6, 3, 20),
+    ],
+)
 def test_embedded_game_follows_textarena_rules(game, size, count, n):
     """FrozenLake-v0 (4x4, 3 holes), the papers' 3x3 / 2 holes; Sokoban 6x6 with the papers' 1 box, 2, and
     Sokoban-v0's 3 boxes."""
@@ -160,9 +168,18 @@ def test_paper_sokoban_recipe_on_the_textarena_engine(zoo, tmp_path):
     from .helpers import cli
 
     recipe = Path(__file__).resolve().parents[2] / "training" / "paper" / "qwen3-4b-sokoban-nca.yaml"
-    sets = {"student": zoo.student("qwen3"), "task_options.engine": "textarena", "task_options.max_new_tokens": 4,
-            "steps": 1, "batch_size": 2, "max_new_tokens": 4, "eval_every": 1, "eval_n": 2, "save_every": 0,
-            "pool_size": 4}
+    sets = {
+        "student": zoo.student("qwen3"),
+        "task_options.engine": "textarena",
+        "task_options.max_new_tokens": 4,
+        "steps": 1,
+        "batch_size": 2,
+        "max_new_tokens": 4,
+        "eval_every": 1,
+        "eval_n": 2,
+        "save_every": 0,
+        "pool_size": 4,
+    }
     out = tmp_path / "ta"
     cli("train", recipe, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")], "--out", out, "--no-progress")
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.generate.sampler import SamplingSettings, sample
 from mechopd.generate.scorer import score_views
 from mechopd.generate.settings import known_vocab
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
-from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 
 def _padding_loving(model, n: int):
@@ -49,16 +49,17 @@ def test_scorer_refuses_target_ids_outside_the_vocabulary(zoo):
     tok = load_tokenizer(zoo.student("qwen3"))
     model = load_model(zoo.student("qwen3"))
     ex = get_task("jsonl", **zoo.jsonl_options()).examples("test", 2, 0)
-    ok = build_two_view_batch(tok, [e.prompt for e in ex], [e.context for e in ex], [[5, 6], [7]],
-                              RenderSpec("system"))
+    ok = build_two_view_batch(tok, [e.prompt for e in ex], [e.context for e in ex], [[5, 6], [7]], RenderSpec("system"))
     score_views(model, ok, ("x",), temperature=1.0, vocab=len(tok), grad=False)
-    bad = build_two_view_batch(tok, [e.prompt for e in ex], [e.context for e in ex], [[5, len(tok)], [7]],
-                               RenderSpec("system"))
+    bad = build_two_view_batch(
+        tok, [e.prompt for e in ex], [e.context for e in ex], [[5, len(tok)], [7]], RenderSpec("system")
+    )
     with pytest.raises(ValueError, match=f"response id {len(tok)} is outside the scored vocabulary"):
         score_views(model, bad, ("x",), temperature=1.0, vocab=len(tok), grad=False)
     big = model.config.vocab_size  # past the head itself (what crashed a smaller teacher's embedding)
-    worse = build_two_view_batch(tok, [e.prompt for e in ex], [e.context for e in ex], [[5, big], [7]],
-                                 RenderSpec("system"))
+    worse = build_two_view_batch(
+        tok, [e.prompt for e in ex], [e.context for e in ex], [[5, big], [7]], RenderSpec("system")
+    )
     with pytest.raises(ValueError, match="outside the scored vocabulary"):
         score_views(model, worse, ("c",), temperature=1.0, grad=False)
 
@@ -76,9 +77,18 @@ def test_student_head_larger_than_the_teacher_trains_on_the_common_ids(zoo, tmp_
     drawn: list[int] = []
     real = T.sample_rows
     monkeypatch.setattr(T, "sample_rows", lambda *a, **k: [drawn.extend(r) or r for r in real(*a, **k)])
-    cfg = TrainConfig(task="jsonl", task_options=zoo.jsonl_options(max_new_tokens=8), student=str(big),
-                      teacher=str(small), method="nca", batch_size=4, steps=2, lr=1e-3, pool_size=8,
-                      temperature=2.0)
+    cfg = TrainConfig(
+        task="jsonl",
+        task_options=zoo.jsonl_options(max_new_tokens=8),
+        student=str(big),
+        teacher=str(small),
+        method="nca",
+        batch_size=4,
+        steps=2,
+        lr=1e-3,
+        pool_size=8,
+        temperature=2.0,
+    )
     tr = T.Trainer(cfg, tmp_path / "run", progress=False)
     assert tr.vocab == known_vocab(tok) == len(tok) and tr.sampling.vocab == tr.vocab
     tr.run()

@@ -11,9 +11,11 @@ from mechopd.models import load_model, load_tokenizer
 from mechopd.testing.zoo import FAMILIES, QWEN_DEFAULT_SYSTEM, build_zoo, zoo_key
 
 ARCH = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-SPECIALS = {"qwen3": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"],
-            "qwen2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-            "llama": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
+SPECIALS = {
+    "qwen3": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"],
+    "qwen2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+    "llama": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+}
 USER = [{"role": "user", "content": "Which drug?"}]
 
 
@@ -56,8 +58,9 @@ def test_qwen3_thinking_blocks(zoo):
     off = tok.apply_chat_template(USER, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert "system" not in plain and plain.endswith("<|im_start|>assistant\n")
     assert off == plain + "<think>\n\n</think>\n\n"
-    hist = tok.apply_chat_template(USER + [{"role": "assistant", "content": "<think>\nhmm\n</think>\n\nA"}],
-                                   tokenize=False)
+    hist = tok.apply_chat_template(
+        USER + [{"role": "assistant", "content": "<think>\nhmm\n</think>\n\nA"}], tokenize=False
+    )
     assert "hmm" not in hist and "<think>\n\n</think>\n\nA<|im_end|>" in hist  # past reasoning is dropped
 
 

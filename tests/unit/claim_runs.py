@@ -22,9 +22,16 @@ GOOD: dict = {
     "acc_xc": {"base": 1.0, "opd": 0.65, "nca": 0.96, "nca_const": 0.9, "ta_opd": 0.8, "nca_follow": 0.96},
     "harm": {"base": None, "opd": 0.3, "nca": 0.0, "nca_const": 0.0, "ta_opd": 0.15, "nca_follow": 0.0},
     # other contexts: per role, the share of replies that follow (trained / held-out contexts), then stick, compose
-    "follow": {"base": (1.0, 1.0), "opd": (0.9, 0.9), "nca": (0.95, 0.95), "nca_const": (0.5, 0.5),
-               "ta_opd": (0.9, 0.9), "nca_follow": (0.95, 0.9)},
-    "stick": {}, "compose": {},
+    "follow": {
+        "base": (1.0, 1.0),
+        "opd": (0.9, 0.9),
+        "nca": (0.95, 0.95),
+        "nca_const": (0.5, 0.5),
+        "ta_opd": (0.9, 0.9),
+        "nca_follow": (0.95, 0.9),
+    },
+    "stick": {},
+    "compose": {},
     "follow_contexts": TRAINED,
     "cos": {"base": [0.9, 0.8, 0.7], "opd": [0.99, 0.97, 0.95], "nca": [0.999, 0.998, 0.9975]},
     "lens": {"base": [0.05, 2.0, 3.0, 3.0], "opd": [0.04, 0.5, 0.6, 0.6], "nca": [0.04, 0.05, 0.1, 0.1]},
@@ -38,8 +45,13 @@ GOOD: dict = {
     "kept": 0.1,
     # weight patching of OPD (every layer): per row (acc_x, acc_xc, harm) of the patched model; "items": False leaves
     # the per-item outcomes out of weightpatch_items.jsonl (an items file of an older probe)
-    "wp": {"none": (0.95, 0.65, 0.3), "qk": (0.2, 0.2, 0.0), "vo": (0.9, 0.6, 0.3), "ctrl": (0.93, 0.63, 0.3),
-           "items": True},
+    "wp": {
+        "none": (0.95, 0.65, 0.3),
+        "qk": (0.2, 0.2, 0.0),
+        "vo": (0.9, 0.6, 0.3),
+        "ctrl": (0.93, 0.63, 0.3),
+        "items": True,
+    },
     # OPD's update geometry (deltas --svd): MLP ‖ΔW‖² per unit of q_proj's, energy90 share, top-k overlap
     "svd": {"mlp": 9.0, "e90": 0.05, "overlap": 0.1},
     # localization of OPD's harm: the unpatched flip share and per site (embed, layers.0, final_norm) after patching
@@ -83,9 +95,20 @@ def other_records(role: str, spec: dict) -> list[dict]:
         cuts = [round(f * N), round((f + stick) * N), round((f + stick + compose) * N)]
         for i in range(N):
             reply = "follows" if i < cuts[0] else "sticks" if i < cuts[1] else "composes" if i < cuts[2] else "other"
-            out.append({"uid": f"u{i:03d}", "sample": 0, "label": label, "follow": reply == "follows",
-                        "stick": reply == "sticks", "compose": reply == "composes", "other": reply == "other",
-                        "reply": reply, "len": 5, "response": "1 2 3"})
+            out.append(
+                {
+                    "uid": f"u{i:03d}",
+                    "sample": 0,
+                    "label": label,
+                    "follow": reply == "follows",
+                    "stick": reply == "sticks",
+                    "compose": reply == "composes",
+                    "other": reply == "other",
+                    "reply": reply,
+                    "len": 5,
+                    "response": "1 2 3",
+                }
+            )
     return out
 
 
@@ -110,24 +133,44 @@ def _reports(spec: dict) -> dict[str, dict]:
 def _probes(run: Path, spec: dict) -> None:
     probes = run / "probes"
     cos, null = spec["gcos"]
-    (probes / "gradients.json").write_text(json.dumps({
-        "term_a": "opd", "term_b": "nca", "model": "opd", "cos": cos, "norm_ratio": 0.5, "value_a": 0.1,
-        "value_b": 0.2, "response_tokens": 100, "null_cos": null}))
+    (probes / "gradients.json").write_text(
+        json.dumps(
+            {
+                "term_a": "opd",
+                "term_b": "nca",
+                "model": "opd",
+                "cos": cos,
+                "norm_ratio": 0.5,
+                "value_a": 0.1,
+                "value_b": 0.2,
+                "response_tokens": 100,
+                "null_cos": null,
+            }
+        )
+    )
     with (probes / "similarity.csv").open("w") as fh:
         fh.write("model,site,layer,cos_mean\n")
         for model, vals in spec["cos"].items():
             fh.write(f"{model},embed,,1.0\n")
             fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
     _examples(probes, spec)
-    (probes / "similarity.json").write_text(json.dumps({
-        "models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1}))
+    (probes / "similarity.json").write_text(
+        json.dumps({"models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1})
+    )
     with (probes / "lens.csv").open("w") as fh:
         fh.write("model,site,depth,kl_c_x\n")
         for model, vals in spec["lens"].items():
             sites = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(vals) - 1)] + ["final_norm"]
             fh.writelines(f"{model},{s},{d},{v}\n" for d, (s, v) in enumerate(zip(sites, [0.0, *vals])))
-    (probes / "lens.json").write_text(json.dumps({
-        "probe": "lens", "settings": {}, "summary": {"models": list(spec["lens"]), "output_kl": {}, "promoted": {}}}))
+    (probes / "lens.json").write_text(
+        json.dumps(
+            {
+                "probe": "lens",
+                "settings": {},
+                "summary": {"models": list(spec["lens"]), "output_kl": {}, "promoted": {}},
+            }
+        )
+    )
     _write_deltas(probes / "deltas.csv", spec)
     if spec["wp"] is not None:
         _write_weightpatch(probes, spec["wp"])
@@ -135,11 +178,23 @@ def _probes(run: Path, spec: dict) -> None:
         _write_svd(probes, spec["svd"])
     if spec["loc"] is not None:
         _write_localization(probes, spec["loc"])
-    buckets = {sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
-               for sig, spread in spec["spread"].items()}
-    (probes / "teachability_summary.json").write_text(json.dumps({
-        "buckets": buckets, "n_tokens": 1, "n_sequences": 1, "means": {}, "gap": {}, "regression": {},
-        "degeneracy": {"reasons": spec["degenerate"]}}))
+    buckets = {
+        sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
+        for sig, spread in spec["spread"].items()
+    }
+    (probes / "teachability_summary.json").write_text(
+        json.dumps(
+            {
+                "buckets": buckets,
+                "n_tokens": 1,
+                "n_sequences": 1,
+                "means": {},
+                "gap": {},
+                "regression": {},
+                "degeneracy": {"reasons": spec["degenerate"]},
+            }
+        )
+    )
 
 
 def _examples(probes: Path, spec: dict, items: int = 8) -> None:
@@ -150,8 +205,11 @@ def _examples(probes: Path, spec: dict, items: int = 8) -> None:
     with (probes / "similarity_examples.csv").open("w") as fh:
         fh.write("model,example,uid,site,depth,layer,n_tokens,cos_mean\n")
         for model, vals in spec["cos"].items():
-            fh.writelines(f"{model},{k},u{k:03d},layers.{i}.resid_post,{i + 1},{i},5,{v}\n"
-                          for k in range(items) for i, v in enumerate(vals))
+            fh.writelines(
+                f"{model},{k},u{k:03d},layers.{i}.resid_post,{i + 1},{i},5,{v}\n"
+                for k in range(items)
+                for i, v in enumerate(vals)
+            )
     with (probes / "lens_examples.csv").open("w") as fh:
         fh.write("model,example,uid,site,n_tokens,kl_sum\n")
         for model, vals in spec["lens"].items():
@@ -179,11 +237,15 @@ def _write_weightpatch(probes: Path, wp: dict) -> None:
     """weightpatch.csv / .json / _items.jsonl of OPD as the probe writes them: per row its per-item outcomes
     (`records`), the table's point values from them; the control ctrl_qk with two draws."""
     from mechopd.core.artifacts import write_csv, write_json, write_jsonl
-    from mechopd.probes.weightpatch import COLUMNS, summarize
     from mechopd.evaluation.removability import batched_metrics, paired_arrays
+    from mechopd.probes.weightpatch import COLUMNS, summarize
 
-    plan = [("none", "none", "", wp["none"]), ("all", "qk", "", wp["qk"]), ("all", "vo", "", wp["vo"]),
-            *(("all", "ctrl_qk", j, wp["ctrl"]) for j in range(2))]
+    plan = [
+        ("none", "none", "", wp["none"]),
+        ("all", "qk", "", wp["qk"]),
+        ("all", "vo", "", wp["vo"]),
+        *(("all", "ctrl_qk", j, wp["ctrl"]) for j in range(2)),
+    ]
     ref = None
     rows, outcomes = [], {}
     for layer, module, draw, (ax, axc, harm) in plan:
@@ -191,18 +253,40 @@ def _write_weightpatch(probes: Path, wp: dict) -> None:
         m = {k: float(v[0]) for k, v in batched_metrics(*(x[None] for x in paired_arrays(recs))).items()}
         ref = ref or m
         row = {c: None for c in COLUMNS}
-        row.update(model="opd", donor="base", layer=layer, module=module, draw=draw, n_params=100, n=N,
-                   acc_x=m["acc_x"], acc_xc=m["acc_xc"], harm=m["harm"], d_acc_x=m["acc_x"] - ref["acc_x"],
-                   d_acc_xc=m["acc_xc"] - ref["acc_xc"], d_harm=m["harm"] - ref["harm"])
+        row.update(
+            model="opd",
+            donor="base",
+            layer=layer,
+            module=module,
+            draw=draw,
+            n_params=100,
+            n=N,
+            acc_x=m["acc_x"],
+            acc_xc=m["acc_xc"],
+            harm=m["harm"],
+            d_acc_x=m["acc_x"] - ref["acc_x"],
+            d_acc_xc=m["acc_xc"] - ref["acc_xc"],
+            d_harm=m["harm"] - ref["harm"],
+        )
         rows.append(row)
-        outcomes[f"{layer}/{module}" + (f"/{draw}" if draw != "" else "")] = [[r["correct_x"], r["correct_xc"]]
-                                                                             for r in recs]
+        outcomes[f"{layer}/{module}" + (f"/{draw}" if draw != "" else "")] = [
+            [r["correct_x"], r["correct_xc"]] for r in recs
+        ]
     write_csv(probes / "weightpatch.csv", rows, COLUMNS)
     write_json(probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": summarize(rows)})
-    write_jsonl(probes / "weightpatch_items.jsonl", [
-        {"uid": f"u{i:03d}", "prompt_ids_x": [1], "prompt_ids_c": [2, 1], "response_ids": [3],
-         **({"outcomes": {"opd": {k: v[i] for k, v in outcomes.items()}}} if wp.get("items", True) else {})}
-        for i in range(N)])
+    write_jsonl(
+        probes / "weightpatch_items.jsonl",
+        [
+            {
+                "uid": f"u{i:03d}",
+                "prompt_ids_x": [1],
+                "prompt_ids_c": [2, 1],
+                "response_ids": [3],
+                **({"outcomes": {"opd": {k: v[i] for k, v in outcomes.items()}}} if wp.get("items", True) else {}),
+            }
+            for i in range(N)
+        ],
+    )
 
 
 def _write_svd(probes: Path, svd: dict) -> None:
@@ -210,10 +294,29 @@ def _write_svd(probes: Path, svd: dict) -> None:
     from mechopd.core.artifacts import write_csv, write_json
     from mechopd.probes.delta_svd import COLUMNS, CSV, JSON, summarize_svd
 
-    rows = [{"model": "opd", "vs": "base", "site": f"layers.0.{module}", "layer": 0, "module": module, "rows": 16,
-             "cols": 16, "k": 4, "eff_rank": 3.0, "topk_energy": 0.9, "frac_above_0.01": 1.0, "frac_above_0.1": 0.5,
-             "frac_above_1": 0.0, "energy90_frac": svd["e90"], "overlap_k": svd["overlap"], "overlap_random": 0.25,
-             "delta_sq": dsq, "w0_sq": 10.0} for module, dsq in (("q_proj", 1.0), ("down_proj", svd["mlp"]))]
+    rows = [
+        {
+            "model": "opd",
+            "vs": "base",
+            "site": f"layers.0.{module}",
+            "layer": 0,
+            "module": module,
+            "rows": 16,
+            "cols": 16,
+            "k": 4,
+            "eff_rank": 3.0,
+            "topk_energy": 0.9,
+            "frac_above_0.01": 1.0,
+            "frac_above_0.1": 0.5,
+            "frac_above_1": 0.0,
+            "energy90_frac": svd["e90"],
+            "overlap_k": svd["overlap"],
+            "overlap_random": 0.25,
+            "delta_sq": dsq,
+            "w0_sq": 10.0,
+        }
+        for module, dsq in (("q_proj", 1.0), ("down_proj", svd["mlp"]))
+    ]
     write_csv(probes / CSV, rows, COLUMNS)
     write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(rows)})
 
@@ -231,12 +334,36 @@ def _write_localization(probes: Path, loc: dict, n: int = 40) -> None:
     flips = {s: np.arange(n) < round(h * n) for s, h in zip(sites, loc["sites"])}
     rows = curve_rows("opd", "x", right, clean, flips, 1, 50, 0)
     write_csv(probes / "localization.csv", rows, COLUMNS)
-    write_json(probes / "localization.json", {"probe": "localization", "settings": {}, "summary": {
-        "model": "opd", "donor": "x", "harm_clean": rows[0]["harm_clean"], "n_right": n, "removed_share": 0.9,
-        "removed_at": removed_at(rows, 0.9)}})
-    write_jsonl(probes / "localization_items.jsonl", [
-        {"uid": f"u{i:03d}", "prompt_ids_x": [1], "prompt_ids_c": [2, 1], "response_ids": [3], "right_x": True,
-         "flips_clean": bool(clean[i]), "flips": {s: bool(f[i]) for s, f in flips.items()}} for i in range(n)])
+    write_json(
+        probes / "localization.json",
+        {
+            "probe": "localization",
+            "settings": {},
+            "summary": {
+                "model": "opd",
+                "donor": "x",
+                "harm_clean": rows[0]["harm_clean"],
+                "n_right": n,
+                "removed_share": 0.9,
+                "removed_at": removed_at(rows, 0.9),
+            },
+        },
+    )
+    write_jsonl(
+        probes / "localization_items.jsonl",
+        [
+            {
+                "uid": f"u{i:03d}",
+                "prompt_ids_x": [1],
+                "prompt_ids_c": [2, 1],
+                "response_ids": [3],
+                "right_x": True,
+                "flips_clean": bool(clean[i]),
+                "flips": {s: bool(f[i]) for s, f in flips.items()},
+            }
+            for i in range(n)
+        ],
+    )
 
 
 def make_run(root: Path, spec: dict, name: str = "run") -> Path:
@@ -244,11 +371,21 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
     run = root / name
     (run / "eval").mkdir(parents=True)
     (run / "probes").mkdir()
-    runs = {"ta_opd": {"selector": "ta_opd", "budget": 0.1},
-            "nca_follow": {"method": "nca", "follow_weight": 1.0, "follow_contexts": spec["follow_contexts"]}}
-    (run / "demo.json").write_text(json.dumps({
-        "task": "rules", "methods": METHODS, "labels": {"ta_opd": "TA-OPD (ρ=0.10, kept 0.50)"},
-        "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02}, "runs": runs}))
+    runs = {
+        "ta_opd": {"selector": "ta_opd", "budget": 0.1},
+        "nca_follow": {"method": "nca", "follow_weight": 1.0, "follow_contexts": spec["follow_contexts"]},
+    }
+    (run / "demo.json").write_text(
+        json.dumps(
+            {
+                "task": "rules",
+                "methods": METHODS,
+                "labels": {"ta_opd": "TA-OPD (ρ=0.10, kept 0.50)"},
+                "thresholds": {"drop_min": 0.02, "harm_high": 0.1, "gain_min": 0.02},
+                "runs": runs,
+            }
+        )
+    )
     for role, rep in _reports(spec).items():
         (run / "eval" / f"{role}.json").write_text(json.dumps(rep))
     _probes(run, spec)

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from mechopd.core.artifacts import write_csv, write_json
+from mechopd.core.sites import residual_sites
 from mechopd.probes import localization, pmi, weightpatch
 from mechopd.probes.attribution import Site
 from mechopd.probes.attribution_run import COLUMNS as ATTR_COLUMNS
 from mechopd.probes.attribution_run import table
-from mechopd.core.sites import residual_sites
 
 LAYERS, HEADS = 3, 4
 MODULES = ("q_proj", "k_proj", "qk", "vo", "attn", "mlp", "norms")
@@ -21,33 +21,72 @@ MODULES = ("q_proj", "k_proj", "qk", "vo", "attn", "mlp", "norms")
 def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
     rng = np.random.default_rng(seed)
     wp = []
-    for layer, module, draw in [("none", "none", "")] + [(str(i), m, "") for i in range(LAYERS) for m in MODULES] + [
-            ("all", m, "") for m in MODULES] + [("all", "ctrl_qk", j) for j in range(3)]:
+    for layer, module, draw in (
+        [("none", "none", "")]
+        + [(str(i), m, "") for i in range(LAYERS) for m in MODULES]
+        + [("all", m, "") for m in MODULES]
+        + [("all", "ctrl_qk", j) for j in range(3)]
+    ):
         r = {c: None for c in weightpatch.COLUMNS}
         acc, harm = float(rng.uniform(0, 1)), float(rng.uniform(0, 1))
-        r.update(model="opd", donor="base", layer=layer, module=module, draw=draw, n_params=100, n=40, acc_x=acc,
-                 acc_xc=0.5, harm=harm, d_acc_x=acc - 0.9, d_harm=harm - 0.3)
+        r.update(
+            model="opd",
+            donor="base",
+            layer=layer,
+            module=module,
+            draw=draw,
+            n_params=100,
+            n=40,
+            acc_x=acc,
+            acc_xc=0.5,
+            harm=harm,
+            d_acc_x=acc - 0.9,
+            d_harm=harm - 0.3,
+        )
         wp.append(r)
     write_csv(probes / "weightpatch.csv", wp, weightpatch.COLUMNS)
-    write_json(probes / "weightpatch.json",
-               {"probe": "weightpatch", "settings": {}, "summary": weightpatch.summarize(wp)})
+    write_json(
+        probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": weightpatch.summarize(wp)}
+    )
     sites = residual_sites(LAYERS)
     right = rng.uniform(size=20) < 0.7
     clean = rng.uniform(size=20) < 0.5
     patched = {s: rng.uniform(size=20) < 0.5 * (1 - d / (LAYERS + 1)) for d, s in enumerate(sites)}
     loc = localization.curve_rows("opd", "x", right, clean, patched, LAYERS, 50, 0)
     write_csv(probes / "localization.csv", loc, localization.COLUMNS)
-    acc = {"attr": {(Site(i, c), h, t): float(rng.normal()) for i in range(LAYERS) for c in ("resid", "attn", "mlp",
-                                                                                              "head")
-                    for h in ([None] if c != "head" else range(HEADS)) for t in range(4)},
-           "m_clean": 2.0, "n_items": 8, "n_tokens": 32}
+    acc = {
+        "attr": {
+            (Site(i, c), h, t): float(rng.normal())
+            for i in range(LAYERS)
+            for c in ("resid", "attn", "mlp", "head")
+            for h in ([None] if c != "head" else range(HEADS))
+            for t in range(4)
+        },
+        "m_clean": 2.0,
+        "n_items": 8,
+        "n_tokens": 32,
+    }
     acc["patched"] = {(s, h): float(rng.uniform(0, 2)) for (s, h, _) in acc["attr"]}
     attr = table("opd", "c_to_x", acc)
     write_csv(probes / "attribution.csv", attr, ATTR_COLUMNS)
-    tokens = [{"uid": f"u{i // 5}", "position": i % 5, "token": "a", "pmi": float(rng.normal()),
-               "opd": float(rng.uniform(0, 1)), "kl_x": 0.1, "ctx": 0.2, "sampled": float(rng.normal()),
-               "C": float(rng.uniform()),
-               "D": float(rng.uniform()), "DL": None, "right_x": True, "flip": i % 5 == 2} for i in range(30)]
+    tokens = [
+        {
+            "uid": f"u{i // 5}",
+            "position": i % 5,
+            "token": "a",
+            "pmi": float(rng.normal()),
+            "opd": float(rng.uniform(0, 1)),
+            "kl_x": 0.1,
+            "ctx": 0.2,
+            "sampled": float(rng.normal()),
+            "C": float(rng.uniform()),
+            "D": float(rng.uniform()),
+            "DL": None,
+            "right_x": True,
+            "flip": i % 5 == 2,
+        }
+        for i in range(30)
+    ]
     pmi.summarize(tokens)
     write_csv(probes / "pmi_tokens.csv", tokens, pmi.COLUMNS)
     return {"weightpatch": wp, "localization": loc, "attribution": attr, "pmi": tokens}

@@ -11,13 +11,14 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
-from .causal_artifacts import write_causal
-from .intervention_artifacts import write_interventions
 from mechopd.core.artifacts import json_safe
-from mechopd.probes import deltas, gradients, similarity, teachability
-from mechopd.probes.capture import sites_for
 from mechopd.evaluation.following import summarize_following
 from mechopd.evaluation.removability import summarize
+from mechopd.probes import deltas, gradients, similarity, teachability
+from mechopd.probes.capture import sites_for
+
+from .causal_artifacts import write_causal
+from .intervention_artifacts import write_interventions
 
 METHODS = ("opd", "nca", "ta_opd")
 LABELS = {"base": "Base", "opd": "OPD", "nca": "NCA", "ta_opd": "TA-OPD"}
@@ -43,8 +44,15 @@ def _param_names() -> list[str]:
 
 def _records(rng: np.random.Generator, p_x: float, p_xc: float, n: int = 40) -> list[dict]:
     cx, cxc = rng.random(n) < p_x, rng.random(n) < p_xc
-    return [{"correct_x": bool(a), "correct_xc": bool(b), "len_x": float(rng.integers(5, 15)),
-             "len_xc": float(rng.integers(5, 20))} for a, b in zip(cx, cxc)]
+    return [
+        {
+            "correct_x": bool(a),
+            "correct_xc": bool(b),
+            "len_x": float(rng.integers(5, 15)),
+            "len_xc": float(rng.integers(5, 20)),
+        }
+        for a, b in zip(cx, cxc)
+    ]
 
 
 def _write_eval(run: Path, rng: np.random.Generator) -> None:
@@ -53,9 +61,20 @@ def _write_eval(run: Path, rng: np.random.Generator) -> None:
     for name, (px, pxc) in probs.items():
         recs = _records(rng, px, pxc)
         report = {"summary": summarize(recs, n_boot=40, seed=0), "records": recs, "settings": {"task": "rules"}}
-        fol = {"base": 0.95, "opd": 0.1, "nca": 0.3, "ta_opd": 0.6}[name]  # context following (mechopd.evaluation.following)
-        others = [{"uid": f"u{i}", "sample": 0, "label": lab, "follow": bool(rng.random() < fol),
-                   "stick": bool(rng.random() < 1 - fol)} for i in range(20) for lab in ("shift:2", "reverse")]
+        fol = {"base": 0.95, "opd": 0.1, "nca": 0.3, "ta_opd": 0.6}[
+            name
+        ]  # context following (mechopd.evaluation.following)
+        others = [
+            {
+                "uid": f"u{i}",
+                "sample": 0,
+                "label": lab,
+                "follow": bool(rng.random() < fol),
+                "stick": bool(rng.random() < 1 - fol),
+            }
+            for i in range(20)
+            for lab in ("shift:2", "reverse")
+        ]
         extra, report["other_contexts"] = summarize_following(others, n_boot=40)
         report["summary"].update(extra)
         (run / "eval" / f"{name}.json").write_text(json.dumps(report))
@@ -73,8 +92,13 @@ def _write_metrics(run: Path, rng: np.random.Generator) -> None:
             if method == "ta_opd" and step == 3:
                 rec["eval/acc_xc"] = None  # undefined: dropped from the dashed curve
             if method in GRAD_METHODS and step in GRAD_STEPS:
-                rec.update({"grad/norm/opd": float(rng.random()) + 0.1, "grad/norm/nca": float(rng.random()) + 0.1,
-                            "grad/cos/opd__nca": float(rng.random() * 2 - 1)})
+                rec.update(
+                    {
+                        "grad/norm/opd": float(rng.random()) + 0.1,
+                        "grad/norm/nca": float(rng.random()) + 0.1,
+                        "grad/cos/opd__nca": float(rng.random() * 2 - 1),
+                    }
+                )
             lines.append(json.dumps(rec))
         (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -110,16 +134,19 @@ def _checkpoints(root: Path) -> dict[str, Path]:
     for label, scale in (("base", 0.0), ("opd", 0.05), ("nca", 0.08)):
         d = root / label
         d.mkdir(parents=True)
-        save_file({n: (w + scale * torch.randn(4, 4, generator=gen)).contiguous() for n, w in base.items()},
-                  str(d / "model.safetensors"))
+        save_file(
+            {n: (w + scale * torch.randn(4, 4, generator=gen)).contiguous() for n, w in base.items()},
+            str(d / "model.safetensors"),
+        )
         (d / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
         out[label] = d
     return out
 
 
 def _write_deltas(probes: Path, ckpts: dict[str, Path]) -> None:
-    rows = deltas.parameter_deltas(ckpts["base"], {"opd": ckpts["opd"], "nca": ckpts["nca"]}, pair=("opd", "nca"),
-                                   progress=False)
+    rows = deltas.parameter_deltas(
+        ckpts["base"], {"opd": ckpts["opd"], "nca": ckpts["nca"]}, pair=("opd", "nca"), progress=False
+    )
     deltas.write_table(rows, probes / "deltas")
     deltas.summarize_deltas(rows, ("opd", "nca"), {"synthetic": True}).save(probes)
 
@@ -134,8 +161,11 @@ def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
 
 
 def _write_sweep(run: Path, rng: np.random.Generator) -> None:
-    rows = [{"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random()),
-             "kept": b + 0.01} for s in SELECTORS for b in BUDGETS]
+    rows = [
+        {"selector": s, "budget": b, "acc_x": float(rng.random()), "acc_xc": float(rng.random()), "kept": b + 0.01}
+        for s in SELECTORS
+        for b in BUDGETS
+    ]
     rows.append({"selector": "random", "budget": 1.0, "acc_x": None, "acc_xc": None})  # null: left out
     (run / "sweep").mkdir()
     (run / "sweep" / "sweep.json").write_text(json.dumps({"rows": rows}))
@@ -146,8 +176,9 @@ def make_run(root: Path, task: str = "rules", seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     run = root / task
     run.mkdir(parents=True)
-    (run / "demo.json").write_text(json.dumps({"task": task, "methods": list(METHODS), "labels": LABELS,
-                                               "thresholds": THRESHOLDS}))
+    (run / "demo.json").write_text(
+        json.dumps({"task": task, "methods": list(METHODS), "labels": LABELS, "thresholds": THRESHOLDS})
+    )
     _write_metrics(run, rng)
     _write_eval(run, rng)
     probes = run / "probes"
@@ -160,7 +191,6 @@ def make_run(root: Path, task: str = "rules", seed: int = 0) -> Path:
     write_interventions(probes, seed)  # its own generator: the other tables' values do not move
     _write_sweep(run, rng)
     return run
-
 
 
 def panels(fig: Figure) -> list:

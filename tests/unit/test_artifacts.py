@@ -25,8 +25,12 @@ def _strict(text: str):
 
 
 def test_json_writes_every_non_finite_value_as_null(tmp_path):
-    doc = {"x": [math.nan, math.inf, -math.inf, 0.25], "y": np.float64("nan"), "z": (1, np.int64(2)),
-           "p": tmp_path / "f"}
+    doc = {
+        "x": [math.nan, math.inf, -math.inf, 0.25],
+        "y": np.float64("nan"),
+        "z": (1, np.int64(2)),
+        "p": tmp_path / "f",
+    }
     back = _strict(A.write_json(tmp_path / "d.json", doc).read_text())
     assert back == {"x": [None, None, None, 0.25], "y": None, "z": [1, 2], "p": str(tmp_path / "f")}
     assert [A.read_float(v) for v in back["x"]][3] == 0.25 and math.isnan(A.read_float(None))
@@ -89,12 +93,21 @@ def test_summaries_round_trip_with_nan_as_null(tmp_path):
 
 def _teach_summary(ci_low, ci_high) -> dict:
     gap = {"estimate": 0.0123, "ci_low": ci_low, "ci_high": ci_high, "ci": 0.95, "n_boot": 50}
-    return {"n_tokens": 10, "n_sequences": 4, "means": {}, "buckets": {}, "gap": {"gain_abs": gap, "gain_rel": gap},
-            "regression": {}, "settings": {}}
+    return {
+        "n_tokens": 10,
+        "n_sequences": 4,
+        "means": {},
+        "buckets": {},
+        "gap": {"gain_abs": gap, "gain_rel": gap},
+        "regression": {},
+        "settings": {},
+    }
 
 
-@pytest.mark.parametrize("low,high,shown", [(0.001, 0.0456, "0.0123 [0.0010, 0.0456] (95% sequence bootstrap)"),
-                                            (None, None, "0.0123 (interval undefined")])
+@pytest.mark.parametrize(
+    "low,high,shown",
+    [(0.001, 0.0456, "0.0123 [0.0010, 0.0456] (95% sequence bootstrap)"), (None, None, "0.0123 (interval undefined")],
+)
 def test_report_shows_the_teachability_interval(tmp_path: Path, low, high, shown):
     """report.md reads the interval the probe writes (ci_low / ci_high), not keys it never writes."""
     from mechopd.report import write_report_md

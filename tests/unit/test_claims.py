@@ -4,19 +4,18 @@ statistics behind them (hierarchical bootstrap, scaled t-intervals, the interval
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mechopd.report import claims
-from mechopd.report import mechanism_claims as mc
-import json
-
-from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
 from mechopd.core.errors import DataError
 from mechopd.core.stats import hier_bootstrap, scaled_stat
+from mechopd.report import claims
+from mechopd.report import mechanism_claims as mc
+from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
 from mechopd.report.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 
@@ -33,39 +32,81 @@ DENSE = {"svd": {"e90": 0.4}}
 # row -> verdict -> per-seed changes to GOOD (one dict per seed). "na" verdicts are matched by their full text.
 CASES: dict[str, dict[str, list[dict]]] = {
     "degradation": {H: [{}], F: [NO_DEGRADATION], NA: [{"acc_x": {"opd": None}}], U: [{}, NO_DEGRADATION]},
-    "nca_removes": {H: [{}], F: [{"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
-                    NA + " (OPD shows no degradation to remove)": [NO_DEGRADATION],
-                    U: [{}, {"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}]},
+    "nca_removes": {
+        H: [{}],
+        F: [{"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
+        NA + " (OPD shows no degradation to remove)": [NO_DEGRADATION],
+        U: [{}, {"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
+    },
     "nca_keeps": {H: [{}], F: [BAD_NCA], NA: [{"acc_x": {"nca": None}}], U: [{}, BAD_NCA]},
     "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], U: [{}, BAD_TA]},
-    "cosine_order": {H: [{}], F: [{"cos": {"opd": [0.85, 0.75, 0.65]}}],
-                     NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}], U: [{}, {"cos": {"nca": [0.95, 0.9, 0.85]}}]},
-    "nca_cosine": {H: [{}], F: [{"cos": {"nca": [0.999, 0.998, 0.99]}}],
-                   NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}], U: [{}, {"cos": {"nca": [0.999, 0.998, 0.99]}}]},
-    "nca_lens": {H: [{}], F: [{"lens": {"nca": [0.04, 0.05, 0.1, 0.9]}}],
-                 NA: [{"lens": {"base": [0.01, 0.01, 0.01, 0.01]}}],
-                 U: [{}, {"lens": {"nca": [0.04, 0.9, 0.1, 0.1]}}]},
-    "orthogonal": {H: [{}], F: [{"gcos": (0.3, 0.6)}],
-                   NA + " (the OPD gradient cannot be told from noise here)": [{"gcos": (0.05, 0.01)}],
-                   U: [{"gcos": (0.05, 0.4)}, {"gcos": (0.2, 0.4)}]},
+    "cosine_order": {
+        H: [{}],
+        F: [{"cos": {"opd": [0.85, 0.75, 0.65]}}],
+        NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}],
+        U: [{}, {"cos": {"nca": [0.95, 0.9, 0.85]}}],
+    },
+    "nca_cosine": {
+        H: [{}],
+        F: [{"cos": {"nca": [0.999, 0.998, 0.99]}}],
+        NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}],
+        U: [{}, {"cos": {"nca": [0.999, 0.998, 0.99]}}],
+    },
+    "nca_lens": {
+        H: [{}],
+        F: [{"lens": {"nca": [0.04, 0.05, 0.1, 0.9]}}],
+        NA: [{"lens": {"base": [0.01, 0.01, 0.01, 0.01]}}],
+        U: [{}, {"lens": {"nca": [0.04, 0.9, 0.1, 0.1]}}],
+    },
+    "orthogonal": {
+        H: [{}],
+        F: [{"gcos": (0.3, 0.6)}],
+        NA + " (the OPD gradient cannot be told from noise here)": [{"gcos": (0.05, 0.01)}],
+        U: [{"gcos": (0.05, 0.4)}, {"gcos": (0.2, 0.4)}],
+    },
     "shallow": {H: [SHALLOW], F: [DEEP], NA: [{}], U: [SHALLOW, DEEP]},
     "qk": {H: [{}], F: [{"qk_factor": 0.5}], U: [{}, {"qk_factor": 0.5}]},
-    "qk_causal_rule": {H: [{}], F: [BAD_QK], NA: [{"wp": None}], mc.NA_NO_ITEMS: [NO_ITEMS],
-                       mc.NA_NO_RULE: [{"wp": {"none": (0.0, 0.65, None)}}], U: [{}, BAD_QK]},
-    "qk_causal_harm": {H: [{}], F: [BAD_QK], NA: [{"wp": None}], mc.NA_NO_ITEMS: [NO_ITEMS],
-                       mc.NA_NO_HARM: [{"wp": {"none": (0.95, 0.95, 0.0)}}], U: [{}, BAD_QK]},
+    "qk_causal_rule": {
+        H: [{}],
+        F: [BAD_QK],
+        NA: [{"wp": None}],
+        mc.NA_NO_ITEMS: [NO_ITEMS],
+        mc.NA_NO_RULE: [{"wp": {"none": (0.0, 0.65, None)}}],
+        U: [{}, BAD_QK],
+    },
+    "qk_causal_harm": {
+        H: [{}],
+        F: [BAD_QK],
+        NA: [{"wp": None}],
+        mc.NA_NO_ITEMS: [NO_ITEMS],
+        mc.NA_NO_HARM: [{"wp": {"none": (0.95, 0.95, 0.0)}}],
+        U: [{}, BAD_QK],
+    },
     "sparse_update": {H: [{}], F: [DENSE], NA: [{"svd": None}], U: [{}, DENSE]},
-    "teachability": {H: [{}], F: [{"spread": {"DL": 1.0, "kl_full": 3.0}}],
-                     NA: [{"degenerate": ["C carries no information"]}],
-                     U: [{}, {"spread": {"DL": 1.0, "kl_full": 3.0}}]},
-    "keeps_following": {H: [{}], F: [{"follow": {"opd": (0.2, 0.2)}}], NA: [{"follow": {"opd": None}}],
-                        U: [{}, {"follow": {"opd": (0.2, 0.2)}}]},
-    "nca_follows": {H: [{}], F: [{"follow": {"nca": (0.5, 0.5)}}],
-                    claims.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
-                    U: [{}, {"follow": {"nca": (0.5, 0.5)}}]},
-    "follow_term": {H: [{}], F: [{"follow": {"nca_follow": (0.95, 0.1)}}],
-                    NA + " (the follow term saw every other context: nothing held out)": [{"follow_contexts": None}],
-                    U: [{}, {"follow": {"nca_follow": (0.95, 0.1)}}]},
+    "teachability": {
+        H: [{}],
+        F: [{"spread": {"DL": 1.0, "kl_full": 3.0}}],
+        NA: [{"degenerate": ["C carries no information"]}],
+        U: [{}, {"spread": {"DL": 1.0, "kl_full": 3.0}}],
+    },
+    "keeps_following": {
+        H: [{}],
+        F: [{"follow": {"opd": (0.2, 0.2)}}],
+        NA: [{"follow": {"opd": None}}],
+        U: [{}, {"follow": {"opd": (0.2, 0.2)}}],
+    },
+    "nca_follows": {
+        H: [{}],
+        F: [{"follow": {"nca": (0.5, 0.5)}}],
+        claims.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
+        U: [{}, {"follow": {"nca": (0.5, 0.5)}}],
+    },
+    "follow_term": {
+        H: [{}],
+        F: [{"follow": {"nca_follow": (0.95, 0.1)}}],
+        NA + " (the follow term saw every other context: nothing held out)": [{"follow_contexts": None}],
+        U: [{}, {"follow": {"nca_follow": (0.95, 0.1)}}],
+    },
 }
 
 
@@ -146,8 +187,11 @@ def test_aggregate_report_opens_with_findings_and_bounded_intervals(tmp_path: Pa
 def _intervals(text: str) -> list[tuple[float, float]]:
     import re
 
-    return [(float(a), float(b)) for a, b in re.findall(r"\[([+-]?[0-9.]+), ([+-]?[0-9.]+)\]", text)
-            if not a.startswith("+") and not a.startswith("-")]
+    return [
+        (float(a), float(b))
+        for a, b in re.findall(r"\[([+-]?[0-9.]+), ([+-]?[0-9.]+)\]", text)
+        if not a.startswith("+") and not a.startswith("-")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -159,7 +203,7 @@ def test_t_quantile_matches_the_tables() -> None:
 
 def test_seed_stat_is_mean_plus_minus_t_sd_over_root_n_and_skips_undefined() -> None:
     st = seed_stat([0.2, None, 0.4, 0.9])
-    sd = math.sqrt(((0.2 - 0.5) ** 2 + (0.4 - 0.5) ** 2 + 0.4 ** 2) / 2)
+    sd = math.sqrt(((0.2 - 0.5) ** 2 + (0.4 - 0.5) ** 2 + 0.4**2) / 2)
     assert st["n"] == 3 and st["mean"] == pytest.approx(0.5)
     assert st["high"] - st["mean"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
     one = seed_stat([0.7])
@@ -204,14 +248,33 @@ ENDS_AT_BAR = {"mean": 0.2, "low": 0.1, "high": 0.3, "n": 3}  # non-strict: hold
 H, F, U = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE
 
 
-@pytest.mark.parametrize(("stat", "op", "verdict"), [
-    (AT, ">=", H), (AT, ">", F), (AT, "<=", H), (AT, "<", F),
-    (ABOVE, ">=", H), (ABOVE, ">", H), (ABOVE, "<=", F), (ABOVE, "<", F),
-    (BELOW, ">=", F), (BELOW, ">", F), (BELOW, "<=", H), (BELOW, "<", H),
-    (ACROSS, ">=", U), (ACROSS, ">", U), (ACROSS, "<=", U), (ACROSS, "<", U),
-    (ENDS_AT_BAR, ">=", H), (ENDS_AT_BAR, ">", U), (ENDS_AT_BAR, "<=", U), (ENDS_AT_BAR, "<", F),
-    (_st(0.1 + 1e-12), ">", F), (_st(0.1 - 1e-12), ">=", H),  # within the tolerance: at the bar
-])
+@pytest.mark.parametrize(
+    ("stat", "op", "verdict"),
+    [
+        (AT, ">=", H),
+        (AT, ">", F),
+        (AT, "<=", H),
+        (AT, "<", F),
+        (ABOVE, ">=", H),
+        (ABOVE, ">", H),
+        (ABOVE, "<=", F),
+        (ABOVE, "<", F),
+        (BELOW, ">=", F),
+        (BELOW, ">", F),
+        (BELOW, "<=", H),
+        (BELOW, "<", H),
+        (ACROSS, ">=", U),
+        (ACROSS, ">", U),
+        (ACROSS, "<=", U),
+        (ACROSS, "<", U),
+        (ENDS_AT_BAR, ">=", H),
+        (ENDS_AT_BAR, ">", U),
+        (ENDS_AT_BAR, "<=", U),
+        (ENDS_AT_BAR, "<", F),
+        (_st(0.1 + 1e-12), ">", F),
+        (_st(0.1 - 1e-12), ">=", H),  # within the tolerance: at the bar
+    ],
+)
 def test_decide_for_each_op_at_above_below_and_across_the_bar(stat: dict, op: str, verdict: str) -> None:
     d = decide(stat, 0.1, op, "x")
     assert d.verdict == verdict
@@ -227,11 +290,23 @@ def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
         decide(_st(0.2), 0.1, "==")
 
 
-@pytest.mark.parametrize(("a", "b", "and_", "or_"), [
-    (H, H, H, H), (H, F, F, H), (F, H, F, H), (F, F, F, F),
-    (H, U, U, H), (U, H, U, H), (F, U, F, U), (U, F, F, U), (U, U, U, U),
-    (claims.NA, U, claims.NA, claims.NA), (claims.NA, F, F, claims.NA), (claims.NA, H, claims.NA, H),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "and_", "or_"),
+    [
+        (H, H, H, H),
+        (H, F, F, H),
+        (F, H, F, H),
+        (F, F, F, F),
+        (H, U, U, H),
+        (U, H, U, H),
+        (F, U, F, U),
+        (U, F, F, U),
+        (U, U, U, U),
+        (claims.NA, U, claims.NA, claims.NA),
+        (claims.NA, F, F, claims.NA),
+        (claims.NA, H, claims.NA, H),
+    ],
+)
 def test_all_of_and_any_of_are_kleene_and_or(a: str, b: str, and_: str, or_: str) -> None:
     da, db = (Decision(v, (f"{name} part",) if v == U else ()) for v, name in ((a, "a"), (b, "b")))
     assert all_of(da, db).verdict == and_ and any_of(da, db).verdict == or_
@@ -264,8 +339,10 @@ def test_aggregate_tables_labels_and_report(tmp_path: Path) -> None:
     assert "0.300 [" in report and "## The papers' claims" in report and "3 training seeds" in report
     # the intervention sections over seeds and items: weight patching, and localization with the shallowest site
     assert "## Which weights carry the rule (weight patching)" in report and "| all | qk |" in report
-    assert "## Where the harm lives (localization)" in report and "removes the harm (interval rule, 3 seeds): " \
-        "**final_norm**" in report
+    assert (
+        "## Where the harm lives (localization)" in report
+        and "removes the harm (interval rule, 3 seeds): **final_norm**" in report
+    )
     from mechopd.report import write_report_md
 
     one = write_report_md(runs[0]).read_text()

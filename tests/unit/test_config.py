@@ -30,24 +30,55 @@ def test_method_alias_sets_selector():
     assert (cfg.method, cfg.selector) == ("opd", "ta_opd")
 
 
-@pytest.mark.parametrize("over,needle", [({"steps": 2.5}, "steps"), ({"beta": float("nan")}, "beta"),
-                                         ({"estimator": "exact"}, "estimator"), ({"nca_positions": "x"}, "nca_pos"),
-                                         ({"sharding": "zero3"}, "sharding='zero3' is unknown; choose one of none, fsdp"),
-                                         ({"rollout_engine": "sglang"},
-                                          "rollout_engine='sglang' is unknown; choose one of lean, hf, vllm")])
+@pytest.mark.parametrize(
+    "over,needle",
+    [
+        ({"steps": 2.5}, "steps"),
+        ({"beta": float("nan")}, "beta"),
+        ({"estimator": "exact"}, "estimator"),
+        ({"nca_positions": "x"}, "nca_pos"),
+        ({"sharding": "zero3"}, "sharding='zero3' is unknown; choose one of none, fsdp"),
+        ({"rollout_engine": "sglang"}, "rollout_engine='sglang' is unknown; choose one of lean, hf, vllm"),
+    ],
+)
 def test_bad_values_name_the_field(over, needle):
     with pytest.raises(ConfigError, match=needle):
         load_train_config(None, over)
 
 
-@pytest.mark.parametrize("key,value", [("weight_decay", -0.1), ("max_new_tokens", 0), ("save_every", -1),
-                                       ("warmup", -1), ("eval_every", -1), ("eval_n", -1), ("grad_clip", 0.0),
-                                       ("grad_clip", float("inf")), ("temperature", float("nan")),
-                                       ("temperature", -1.0), ("temperature", 0.0), ("topk", 0), ("k", 0),
-                                       ("beta", -0.1), ("beta", float("inf")), ("budget", 0.0), ("budget", 1.5),
-                                       ("lr", 0.0), ("lr", float("nan")), ("seed", -1), ("nca_start", -1),
-                                       ("beta_warmup", -2), ("grad_stats_every", -1), ("q_low", -0.1),
-                                       ("q_high", 1.1), ("batch_size", 0), ("pool_size", 0), ("steps", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("weight_decay", -0.1),
+        ("max_new_tokens", 0),
+        ("save_every", -1),
+        ("warmup", -1),
+        ("eval_every", -1),
+        ("eval_n", -1),
+        ("grad_clip", 0.0),
+        ("grad_clip", float("inf")),
+        ("temperature", float("nan")),
+        ("temperature", -1.0),
+        ("temperature", 0.0),
+        ("topk", 0),
+        ("k", 0),
+        ("beta", -0.1),
+        ("beta", float("inf")),
+        ("budget", 0.0),
+        ("budget", 1.5),
+        ("lr", 0.0),
+        ("lr", float("nan")),
+        ("seed", -1),
+        ("nca_start", -1),
+        ("beta_warmup", -2),
+        ("grad_stats_every", -1),
+        ("q_low", -0.1),
+        ("q_high", 1.1),
+        ("batch_size", 0),
+        ("pool_size", 0),
+        ("steps", 0),
+    ],
+)
 def test_every_numeric_field_has_a_range(key, value):
     from mechopd.core.options import field_facts
 

@@ -39,11 +39,27 @@ def test_eff_rank_equals_a_direct_svd_through_the_cli(checkpoints, tmp_path):
     from mechopd.cli import main
 
     out = tmp_path / "p"
-    assert main(["probe", "deltas", "--base", str(checkpoints / "base"), "--models", f"opd={checkpoints / 'opd'}",
-                 "--svd", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "deltas",
+                "--base",
+                str(checkpoints / "base"),
+                "--models",
+                f"opd={checkpoints / 'opd'}",
+                "--svd",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {r["site"]: r for r in read_csv(out / "deltas_svd.csv")}
-    w0, w1 = load_file(str(checkpoints / "base" / "model.safetensors")), load_file(
-        str(checkpoints / "opd" / "model.safetensors"))
+    w0, w1 = (
+        load_file(str(checkpoints / "base" / "model.safetensors")),
+        load_file(str(checkpoints / "opd" / "model.safetensors")),
+    )
     assert len(rows) == 2 * 7  # 2 layers x (q, k, v, o, gate, up, down)
     for site, r in rows.items():
         name = f"model.{site}.weight"

@@ -23,14 +23,23 @@ from mechopd.probes.deltas import (
     write_table,
 )
 
-DIMS = dict(hidden_size=32, num_hidden_layers=2, vocab_size=64, intermediate_size=48, num_attention_heads=4,
-            num_key_value_heads=2)
+DIMS = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    vocab_size=64,
+    intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def tiny(arch: str = "qwen3", tie: bool = True, seed: int = 0, **over) -> torch.nn.Module:
     kw = {**DIMS, "tie_word_embeddings": tie, **over}
-    cfg = {"qwen3": lambda: Qwen3Config(**{"head_dim": 8, **kw}), "qwen2": lambda: Qwen2Config(**kw),
-           "llama": lambda: LlamaConfig(**kw)}[arch]()
+    cfg = {
+        "qwen3": lambda: Qwen3Config(**{"head_dim": 8, **kw}),
+        "qwen2": lambda: Qwen2Config(**kw),
+        "llama": lambda: LlamaConfig(**kw),
+    }[arch]()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # norms start at 1 and biases at 0: make every tensor generic
@@ -109,21 +118,29 @@ def run(trio, pair=("opd", "nca"), **kw):
 
 
 # ------------------------------------------------------------------------------------------------------ site names
-@pytest.mark.parametrize("name, want", [
-    ("model.layers.3.self_attn.q_proj.weight", ("layers.3.self_attn.q_proj", 3, "q_proj", "weight")),
-    ("model.layers.0.self_attn.k_proj.bias", ("layers.0.self_attn.k_proj", 0, "k_proj", "bias")),
-    ("model.layers.11.mlp.down_proj.weight", ("layers.11.mlp.down_proj", 11, "down_proj", "weight")),
-    ("model.layers.2.self_attn.q_norm.weight", ("layers.2.self_attn.q_norm", 2, "q_norm", "weight")),
-    ("model.layers.2.post_attention_layernorm.weight",
-     ("layers.2.post_attention_layernorm", 2, "post_attention_layernorm", "weight")),
-    ("model.embed_tokens.weight", ("embed", None, "embed_tokens", "weight")),
-    ("model.norm.weight", ("final_norm", None, "norm", "weight")),
-    ("lm_head.weight", ("lm_head", None, "lm_head", "weight")),
-    ("layers.1.mlp.up_proj.weight", ("layers.1.mlp.up_proj", 1, "up_proj", "weight")),
-    ("base_model.model.model.layers.4.self_attn.v_proj.weight", ("layers.4.self_attn.v_proj", 4, "v_proj", "weight")),
-    ("model.language_model.layers.0.self_attn.o_proj.weight", ("layers.0.self_attn.o_proj", 0, "o_proj", "weight")),
-    ("model.visual.blocks.0.attn.qkv.weight", ("visual.blocks.0.attn.qkv", None, "qkv", "weight")),
-])
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        ("model.layers.3.self_attn.q_proj.weight", ("layers.3.self_attn.q_proj", 3, "q_proj", "weight")),
+        ("model.layers.0.self_attn.k_proj.bias", ("layers.0.self_attn.k_proj", 0, "k_proj", "bias")),
+        ("model.layers.11.mlp.down_proj.weight", ("layers.11.mlp.down_proj", 11, "down_proj", "weight")),
+        ("model.layers.2.self_attn.q_norm.weight", ("layers.2.self_attn.q_norm", 2, "q_norm", "weight")),
+        (
+            "model.layers.2.post_attention_layernorm.weight",
+            ("layers.2.post_attention_layernorm", 2, "post_attention_layernorm", "weight"),
+        ),
+        ("model.embed_tokens.weight", ("embed", None, "embed_tokens", "weight")),
+        ("model.norm.weight", ("final_norm", None, "norm", "weight")),
+        ("lm_head.weight", ("lm_head", None, "lm_head", "weight")),
+        ("layers.1.mlp.up_proj.weight", ("layers.1.mlp.up_proj", 1, "up_proj", "weight")),
+        (
+            "base_model.model.model.layers.4.self_attn.v_proj.weight",
+            ("layers.4.self_attn.v_proj", 4, "v_proj", "weight"),
+        ),
+        ("model.language_model.layers.0.self_attn.o_proj.weight", ("layers.0.self_attn.o_proj", 0, "o_proj", "weight")),
+        ("model.visual.blocks.0.attn.qkv.weight", ("visual.blocks.0.attn.qkv", None, "qkv", "weight")),
+    ],
+)
 def test_site_of(name, want):
     assert tuple(site_of(name)) == want
 
@@ -182,7 +199,8 @@ def test_other_architectures_match_full_state_dicts(tmp_path, arch, tie):
     assert_close(got, reference(dirs["base"], {"opd": dirs["opd"], "nca": dirs["nca"]}, ("opd", "nca")))
     if arch == "qwen2":  # q/k/v biases are their own rows, on the projection's site
         assert {r.site for r in rows if r.param == "bias"} == {
-            f"layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "k_proj", "v_proj")}
+            f"layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "k_proj", "v_proj")
+        }
 
 
 def test_cosine_of_an_update_with_itself_and_its_negative(tmp_path):
@@ -211,7 +229,8 @@ def test_sharded_checkpoints_give_the_same_table(trio, tmp_path):
     assert not (sharded["base"] / "model.safetensors").exists()
     want, got = run(trio), run(sharded)
     assert [r.__class__(**{**r.__dict__, "value": 0}) for r in got] == [
-        r.__class__(**{**r.__dict__, "value": 0}) for r in want]
+        r.__class__(**{**r.__dict__, "value": 0}) for r in want
+    ]
     assert_close(by_key(got), by_key(want), rel=1e-12)
 
 
@@ -291,8 +310,10 @@ def test_missing_or_pickled_checkpoints_raise_model_error(tmp_path, trio):
         checkpoint_tensors(broken)
 
 
-@pytest.mark.parametrize("models, pair", [({}, None), ({"base": "x"}, None), ({"opd": "x"}, ("opd", "nca")),
-                                          ({"opd": "x", "nca": "y"}, ("opd", "opd"))])
+@pytest.mark.parametrize(
+    "models, pair",
+    [({}, None), ({"base": "x"}, None), ({"opd": "x"}, ("opd", "nca")), ({"opd": "x", "nca": "y"}, ("opd", "opd"))],
+)
 def test_bad_labels_raise_config_error(models, pair, trio):
     with pytest.raises(ConfigError):
         parameter_deltas(trio["base"], models, pair, progress=False)
@@ -306,19 +327,32 @@ def group_reference(trio, key) -> dict[tuple, float]:
     for name, w in w0.items():
         g = sums.setdefault(key(site_of(name)), [0.0] * 6)
         da, db = a[name] - w, b[name] - w
-        for i, v in enumerate(((w * w).sum(), (da * da).sum(), (db * db).sum(), (da * db).sum(),
-                               ((db - da) ** 2).sum(), w.numel())):
+        for i, v in enumerate(
+            ((w * w).sum(), (da * da).sum(), (db * db).sum(), (da * db).sum(), ((db - da) ** 2).sum(), w.numel())
+        ):
             g[i] += float(v)
-    return {k: (math.sqrt(s[0]), math.sqrt(s[1]), math.sqrt(s[2]), s[3] / math.sqrt(s[1] * s[2]), math.sqrt(s[4]),
-                int(s[5])) for k, s in sums.items()}
+    return {
+        k: (
+            math.sqrt(s[0]),
+            math.sqrt(s[1]),
+            math.sqrt(s[2]),
+            s[3] / math.sqrt(s[1] * s[2]),
+            math.sqrt(s[4]),
+            int(s[5]),
+        )
+        for k, s in sums.items()
+    }
 
 
-@pytest.mark.parametrize("by, key", [
-    ("site", lambda s: s.site),
-    ("layer", lambda s: f"layers.{s.layer}" if s.layer is not None else s.site),
-    ("module", lambda s: "layers.*." + s.site.split(".", 2)[2] if s.layer is not None else s.site),
-    ("all", lambda s: "*"),
-])
+@pytest.mark.parametrize(
+    "by, key",
+    [
+        ("site", lambda s: s.site),
+        ("layer", lambda s: f"layers.{s.layer}" if s.layer is not None else s.site),
+        ("module", lambda s: "layers.*." + s.site.split(".", 2)[2] if s.layer is not None else s.site),
+        ("all", lambda s: "*"),
+    ],
+)
 def test_aggregates_sum_squares_over_tensors(trio, by, key):
     rows = aggregate_deltas(run(trio), by)
     want = group_reference(trio, key)
@@ -336,8 +370,19 @@ def test_aggregates_sum_squares_over_tensors(trio, by, key):
 def test_site_aggregate_is_a_layer_by_module_grid(trio):
     rows = [r for r in aggregate_deltas(run(trio), "site") if r.model == "opd" and r.metric == "rel_delta"]
     grid = {(r.layer, r.module) for r in rows if r.layer is not None}
-    modules = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "gate_proj", "up_proj", "down_proj",
-               "input_layernorm", "post_attention_layernorm"}
+    modules = {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "q_norm",
+        "k_norm",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    }
     assert grid == {(i, m) for i in range(2) for m in modules} and len(rows) == len(grid) + 2  # + embed, final_norm
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.pipeline import demo as D
 from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
+from mechopd.pipeline import demo as D
 from mechopd.pipeline.spec import STUDIES_DIR, StudySpec, builtin_study
 
 TASKS = ("rules", "frozenlake", "sokoban")
@@ -53,7 +53,8 @@ def test_the_demo_resolves_the_configs_main_held_in_python(key, monkeypatch):
     for run, fields in got.items():  # a field added to TrainConfig since the snapshot: the demo leaves its default
         assert {k: v for k, v in fields.items() if k in want["train_configs"][run]} == want["train_configs"][run]
         assert {k: v for k, v in fields.items() if k not in want["train_configs"][run]} == {
-            k: defaults[k] for k in fields if k not in want["train_configs"][run]}, run
+            k: defaults[k] for k in fields if k not in want["train_configs"][run]
+        }, run
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -84,9 +85,14 @@ def test_the_studies_agree_with_the_organism_recipes(task):
         assert spec.runs["nca"]["nca_gate"] == ORGANISM_RECIPES["sokoban"]["nca_gate"] == D.NCA_GATE
 
 
-@pytest.mark.parametrize("change, words", [({"probe_n": 0}, "probe_n=0"),
-                                           ({"first_seed_only": ["nope"]}, "nope"),
-                                           ({"first_seed_only": "patching"}, "first_seed_only must be a list")])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"probe_n": 0}, "probe_n=0"),
+        ({"first_seed_only": ["nope"]}, "nope"),
+        ({"first_seed_only": "patching"}, "first_seed_only must be a list"),
+    ],
+)
 def test_bad_probe_n_and_first_seed_only_are_refused(change, words):
     doc = {**builtin_study("rules").to_mapping(), **change}
     with pytest.raises(ConfigError, match=words):

@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from mechopd.core.artifacts import Summary, read_json
 from mechopd.cli import main
+from mechopd.core.artifacts import Summary, read_json
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
 from mechopd.probes.options import option
@@ -55,9 +55,16 @@ class ToyOptions:
     scale: float = option(2.0, "a factor")
 
 
-TOY_PROBE = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
-                      outputs=("toy.json",), demo={"model": "nca", "scale": 0.5}, role_options=("model",),
-                      summary=ToySummary)
+TOY_PROBE = ProbeSpec(
+    "toy",
+    "a toy probe",
+    run_toy,
+    options=ToyOptions,
+    outputs=("toy.json",),
+    demo={"model": "nca", "scale": 0.5},
+    role_options=("model",),
+    summary=ToySummary,
+)
 
 
 # -- the toy selector: keep the LAST positions of each response -------------------------------------------------------
@@ -78,8 +85,9 @@ def toys():
     register_probe(TOY_PROBE)
     register_figure("toy", "Toy probe figure", "The toy probe's value, drawn.", plot_toy, group="probe")
     register_selector("toy_last", needs_stats=False)(toy_last)
-    register_figure("eval_count", "Evaluated models", "How many evaluation reports the run holds (a toy figure).",
-                    plot_count)
+    register_figure(
+        "eval_count", "Evaluated models", "How many evaluation reports the run holds (a toy figure).", plot_count
+    )
     yield
     unregister_probe("toy")
     unregister_selector("toy_last")
@@ -95,26 +103,72 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
     keep = make_selector("toy_last")(None, None, mask, 0.5).keep
     assert keep.tolist() == [[False, True, True, True], [False, False, False, False]]  # ⌈0.5·6⌉ = 3 latest; tie: row 0
     out = tmp_path / "train"
-    assert main(["train", "--student", str(tiny_rules_organism), "--selector", "toy_last", "--budget", "0.5",
-                 "--steps", "1", "--batch-size", "2", "--set", "max_new_tokens=4", "--set", "pool_size=8",
-                 "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
-    kept = [json.loads(x)["kept_fraction"] for x in (out / "metrics.jsonl").read_text().splitlines()
-            if "kept_fraction" in json.loads(x)]
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                "--selector",
+                "toy_last",
+                "--budget",
+                "0.5",
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--set",
+                "max_new_tokens=4",
+                "--set",
+                "pool_size=8",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
+    kept = [
+        json.loads(x)["kept_fraction"]
+        for x in (out / "metrics.jsonl").read_text().splitlines()
+        if "kept_fraction" in json.loads(x)
+    ]
     assert kept and all(0 < k <= 0.5 + 1e-9 or math.isclose(k, 0.5) for k in kept)
     # probe: a CLI verb with its flags; the demo resolves its ROLE through the study (nca -> my_nca)
     run = make_run(tmp_path / "study")
-    assert main(["probe", "toy", "--task", "rules", "--n", "4", "--scale", "3", "--model", str(out / "final"),
-                 "--out", str(tmp_path / "cli")]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "toy",
+                "--task",
+                "rules",
+                "--n",
+                "4",
+                "--scale",
+                "3",
+                "--model",
+                str(out / "final"),
+                "--out",
+                str(tmp_path / "cli"),
+            ]
+        )
+        == 0
+    )
     assert read_json(tmp_path / "cli" / "toy.json")["value"] == 12.0
-    for old, new in ((run / "train" / "nca", run / "train" / "my_nca"), (run / "eval" / "nca.json", run / "eval" / "my_nca.json")):
+    for old, new in (
+        (run / "train" / "nca", run / "train" / "my_nca"),
+        (run / "eval" / "nca.json", run / "eval" / "my_nca.json"),
+    ):
         if old.exists():  # the role's run lives under its own name (a study naming a missing run is refused)
             old.rename(new)
-    (run / "study.yaml").write_text(yaml.safe_dump({"runs": {"base": "base", "opd": "opd", "nca": "my_nca"}},
-                                                   sort_keys=False))
+    (run / "study.yaml").write_text(
+        yaml.safe_dump({"runs": {"base": "base", "opd": "opd", "nca": "my_nca"}}, sort_keys=False)
+    )
     models = {"base": tmp_path / "b", "opd": tmp_path / "o", "my_nca": tmp_path / "n"}
-    from mechopd.probes import registry
-
     from dataclasses import replace
+
+    from mechopd.probes import registry
 
     registry.probes()  # the built-ins stay registered (the built-in study names them) but out of the demo
     only_toy = {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()}, "toy": TOY_PROBE}

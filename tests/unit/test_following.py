@@ -11,8 +11,8 @@ import pytest
 
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.evaluation.following import apply_retention, deaf_verdict, summarize_following
-from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint
 from mechopd.evaluation.removability import compare_table, summarize
+from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint
 from mechopd.tasks.base import get_task
 from mechopd.tasks.rules import apply_rule
 
@@ -44,11 +44,13 @@ def _jsonl(tmp_path, rows):
 
 
 def test_jsonl_other_context_per_item_overrides_the_file_level_one(tmp_path):
-    rows = [{"question": f"q{i}?", "options": ["red", "blue"], "answer": "A", "other_answer": "blue"}
-            for i in range(12)]
+    rows = [
+        {"question": f"q{i}?", "options": ["red", "blue"], "answer": "A", "other_answer": "blue"} for i in range(12)
+    ]
     rows.append({"prompt": "p?", "answer": "x", "other_context": "own", "other_answer": "y"})
-    task = get_task("jsonl", path=str(_jsonl(tmp_path, rows)), context="ctx", other_context="shared one",
-                    test_fraction=0.5)
+    task = get_task(
+        "jsonl", path=str(_jsonl(tmp_path, rows)), context="ctx", other_context="shared one", test_fraction=0.5
+    )
     every = task._splits["test"] + task._splits["train"]
     got = {e.prompt.split("\n")[0]: task.other_contexts(e) for e in every}
     assert got["p?"][0].label == "per-item" and got["p?"][0].context == "own" and got["p?"][0].answer == "y"
@@ -58,13 +60,19 @@ def test_jsonl_other_context_per_item_overrides_the_file_level_one(tmp_path):
     assert task.score(mc.example(ex), "<answer>B</answer>") and not task.score(ex, "<answer>B</answer>")
 
 
-@pytest.mark.parametrize("row,opts,needle", [
-    ({"prompt": "p", "answer": "x", "other_answer": "y"}, {}, "has no other context"),
-    ({"prompt": "p", "answer": "x", "other_context": "c"}, {}, "has no 'other_answer'"),
-    ({"question": "q", "options": ["a", "b"], "answer": "A", "other_answer": "zzz"}, {"other_context": "o"},
-     "names no option"),
-    ({"prompt": "p", "answer": "x", "other_answer": 3}, {"other_context": "o"}, "non-empty string"),
-])
+@pytest.mark.parametrize(
+    "row,opts,needle",
+    [
+        ({"prompt": "p", "answer": "x", "other_answer": "y"}, {}, "has no other context"),
+        ({"prompt": "p", "answer": "x", "other_context": "c"}, {}, "has no 'other_answer'"),
+        (
+            {"question": "q", "options": ["a", "b"], "answer": "A", "other_answer": "zzz"},
+            {"other_context": "o"},
+            "names no option",
+        ),
+        ({"prompt": "p", "answer": "x", "other_answer": 3}, {"other_context": "o"}, "non-empty string"),
+    ],
+)
 def test_jsonl_bad_other_fields_name_line_and_fix(tmp_path, row, opts, needle):
     with pytest.raises(DataError, match=needle):
         get_task("jsonl", path=str(_jsonl(tmp_path, [row])), context="ctx", **opts)
@@ -75,8 +83,15 @@ def _records(follow: np.ndarray, stick: np.ndarray, labels: list[str]) -> list[d
     for u in range(follow.shape[0]):
         for k, lab in enumerate(labels):
             if not math.isnan(follow[u, k]):
-                out.append({"uid": f"u{u}", "sample": 0, "label": lab, "follow": bool(follow[u, k]),
-                            "stick": bool(stick[u, k])})
+                out.append(
+                    {
+                        "uid": f"u{u}",
+                        "sample": 0,
+                        "label": lab,
+                        "follow": bool(follow[u, k]),
+                        "stick": bool(stick[u, k]),
+                    }
+                )
     return out
 
 
@@ -165,8 +180,9 @@ def test_teachability_degeneracy_names_each_reason():
 
 def test_informative_checkpoint_is_the_earliest_step_that_moved_but_did_not_converge(tmp_path):
     kl = {1: 8.0, 25: 4.0, 50: 0.5, 75: 0.05}
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "kl/teacher_student": v})
-                                                      for s, v in kl.items()))
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"step": s, "kl/teacher_student": v}) for s, v in kl.items())
+    )
     for s in (25, 50, 75):
         (tmp_path / "checkpoints" / f"step-{s}").mkdir(parents=True)
     path, why = informative_checkpoint(tmp_path)
@@ -177,8 +193,8 @@ def test_informative_checkpoint_is_the_earliest_step_that_moved_but_did_not_conv
 
 
 def test_context_following_figure_draws_the_saved_rates(tmp_path):
-    from tests.unit.plotting_run import make_run
     from mechopd.plots.following import figure_context_following
+    from tests.unit.plotting_run import make_run
 
     run = make_run(tmp_path)
     fig = figure_context_following(run)
@@ -207,8 +223,9 @@ def test_following_rows_read_only_the_held_out_contexts(tmp_path):
     assert "trained on shift:2, shift:3" in got["follow_term"].criterion
 
 
-@pytest.mark.parametrize(("stick", "compose", "word"), [(0.6, 0.1, "ignores"), (0.1, 0.6, "mixes"),
-                                                         (0.1, 0.1, "breaks")])
+@pytest.mark.parametrize(
+    ("stick", "compose", "word"), [(0.6, 0.1, "ignores"), (0.1, 0.6, "mixes"), (0.1, 0.1, "breaks")]
+)
 def test_a_deaf_model_gets_the_word_its_replies_support(tmp_path, stick, compose, word):
     from tests.unit.claim_runs import make_run, spec_with
 

@@ -16,14 +16,22 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.words import split_words
 from mechopd.tasks import frozenlake as fl
 from mechopd.tasks import sokoban as sk
-from mechopd.tasks.base import Episode, Example, get_task
-from mechopd.tasks.base import check_disjoint
-from mechopd.tasks.gamecore import (ACTIONS, GameState, bfs_path, board_hash, split_of, expert_action,
-                                    optimal_actions, parse_action, readout_line)
+from mechopd.tasks.base import Episode, Example, check_disjoint, get_task
+from mechopd.tasks.gamecore import (
+    ACTIONS,
+    GameState,
+    bfs_path,
+    board_hash,
+    expert_action,
+    optimal_actions,
+    parse_action,
+    readout_line,
+    split_of,
+)
 from mechopd.tasks.gametask import policy_win_rate
+from mechopd.tasks.words import split_words
 
 
 def brute_force(board, key, max_len: int) -> list[str] | None:
@@ -51,11 +59,25 @@ def random_frozenlake(rng: random.Random, n: int) -> fl.FrozenLakeBoard:
 # ------------------------------------------------------------------ parsing
 
 
-@pytest.mark.parametrize("text, action", [
-    ("[up]", "up"), ("I go [left] then [right]", "right"), ("[UP]", "up"), ("[ right ]", "right"),
-    ("[ d ]", "right"), ("[w]", "up"), ("[a] [s]", "down"), ("[down] and then [foo]", "down"),
-    ("go right", None), ("[upp]", None), ("", None), ("[]", None), ("[r ight]", None), ("up]", None),
-])
+@pytest.mark.parametrize(
+    "text, action",
+    [
+        ("[up]", "up"),
+        ("I go [left] then [right]", "right"),
+        ("[UP]", "up"),
+        ("[ right ]", "right"),
+        ("[ d ]", "right"),
+        ("[w]", "up"),
+        ("[a] [s]", "down"),
+        ("[down] and then [foo]", "down"),
+        ("go right", None),
+        ("[upp]", None),
+        ("", None),
+        ("[]", None),
+        ("[r ight]", None),
+        ("up]", None),
+    ],
+)
 def test_parse_action(text, action):
     assert parse_action(text) == action
 
@@ -125,7 +147,7 @@ def test_bfs_matches_brute_force_sokoban():
     rng = random.Random(1)
     for ex in task.examples("train", 12, 3) + sk.make_sokoban(boxes=2, size=5).examples("train", 6, 3):
         board = sk.SokobanBoard.from_meta(ex.meta)
-        floor = [c for c in range(board.size ** 2) if c not in board.walls and c not in board.boxes]
+        floor = [c for c in range(board.size**2) if c not in board.walls and c not in board.boxes]
         for player in [board.player, rng.choice(floor)]:  # also start the player elsewhere
             key = (player, board.boxes)
             assert bfs_path(board, key, max_depth=5) == brute_force(board, key, 5)
@@ -177,13 +199,15 @@ def test_generated_boards_satisfy_their_options():
 
 def test_board_hash_is_sha1_of_params_and_render():
     b = fl.FrozenLakeBoard(3, frozenset({1, 5}), 0, 8)
-    want = hashlib.sha1("frozenlake|holes=2,size=3\nP H F\nF F H\nF F G".encode()).hexdigest()
+    want = hashlib.sha1(b"frozenlake|holes=2,size=3\nP H F\nF F H\nF F G").hexdigest()
     assert board_hash(b) == want and split_of(want) == ("test" if int(want[:8], 16) % 10 == 0 else "train")
 
 
 def test_hashes_stable_across_processes():
-    code = ("from mechopd.tasks.sokoban import make_sokoban; from mechopd.tasks.frozenlake import make_frozenlake;"
-            "print(*[e.uid for t in (make_sokoban(), make_frozenlake()) for e in t.examples('test', 3, 9)])")
+    code = (
+        "from mechopd.tasks.sokoban import make_sokoban; from mechopd.tasks.frozenlake import make_frozenlake;"
+        "print(*[e.uid for t in (make_sokoban(), make_frozenlake()) for e in t.examples('test', 3, 9)])"
+    )
     repo = str(Path(fl.__file__).resolve().parents[2])  # the directory holding mechopd/
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": path}
@@ -203,8 +227,11 @@ def test_splits_disjoint_by_construction(make):
 
 
 def test_reference_frozenlake_has_19_boards_and_no_test_split():
-    valid = [h for h in itertools.combinations(range(1, 8), 2)
-             if brute_force(fl.FrozenLakeBoard(3, frozenset(h), 0, 8), 0, 8) is not None]
+    valid = [
+        h
+        for h in itertools.combinations(range(1, 8), 2)
+        if brute_force(fl.FrozenLakeBoard(3, frozenset(h), 0, 8), 0, 8) is not None
+    ]
     task = fl.make_frozenlake(**fl.REFERENCE)
     n_train, n_test = (len(list(task.board_stream(s, 0))) for s in ("train", "test"))
     assert len(valid) == 19 == n_train + n_test

@@ -11,11 +11,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.gradients import GradRow, run_gradients, select_parameters, term_gradients
 from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
-from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 
 TASK = get_task("rules")
 TOK = build_tokenizer(TASK.vocab())
@@ -24,9 +24,19 @@ SPEC = RenderSpec(placement="system")
 
 def tiny(seed: int, layers: int = 2, tok=TOK) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, initializer_range=0.3)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        initializer_range=0.3,
+    )
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -65,15 +75,15 @@ def test_module_and_layer_sums_match_global():
     assert -1 < g.cos < 1 and g.norm_a > 0 and g.norm_b > 0
     for scope in ("module", "layer_module"):
         part = [r for r in rows if r.scope == scope]
-        assert sum(r.norm_a ** 2 for r in part) == pytest.approx(g.norm_a ** 2, rel=1e-9)
-        assert sum(r.norm_b ** 2 for r in part) == pytest.approx(g.norm_b ** 2, rel=1e-9)
+        assert sum(r.norm_a**2 for r in part) == pytest.approx(g.norm_a**2, rel=1e-9)
+        assert sum(r.norm_b**2 for r in part) == pytest.approx(g.norm_b**2, rel=1e-9)
         assert sum(r.dot for r in part) == pytest.approx(g.dot, rel=1e-6, abs=1e-12)
         assert sum(r.numel for r in part) == g.numel
     layer_rows = {r.layer: r for r in rows if r.scope == "layer"}
     assert sorted(layer_rows) == [0, 1]
     for i, lr in layer_rows.items():
         part = [r for r in rows if r.scope == "layer_module" and r.layer == i]
-        assert sum(r.norm_a ** 2 for r in part) == pytest.approx(lr.norm_a ** 2, rel=1e-9)
+        assert sum(r.norm_a**2 for r in part) == pytest.approx(lr.norm_a**2, rel=1e-9)
     for r in rows:
         assert r.cos == pytest.approx(r.dot / (r.norm_a * r.norm_b), rel=1e-12)
         assert r.norm_ratio == pytest.approx(r.norm_a / r.norm_b, rel=1e-12)
@@ -88,6 +98,7 @@ def _kl(p_logp: torch.Tensor, q_logp: torch.Tensor) -> torch.Tensor:
 
 def _reference_grads(student, teacher, examples, responses, temperature):
     """Per sequence, unpadded forwards; per token explicit KLs; loss.backward() per term -> {name: grad} per term."""
+
     def logp(model, prompt_ids, resp):
         ids = torch.tensor([prompt_ids + resp])
         logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(resp)]
@@ -124,9 +135,11 @@ def test_against_slow_reference_one_layer():
     assert glob.norm_a == pytest.approx(float(ga.norm()), rel=1e-4)
     assert glob.norm_b == pytest.approx(float(gb.norm()), rel=1e-4)
     assert glob.cos == pytest.approx(float(ga @ gb / (ga.norm() * gb.norm())), abs=1e-4)
-    for name, site in (("model.layers.0.self_attn.q_proj.weight", (0, "q_proj")),
-                       ("model.layers.0.mlp.down_proj.weight", (0, "down_proj")),
-                       ("model.embed_tokens.weight", (None, "embed_tokens"))):
+    for name, site in (
+        ("model.layers.0.self_attn.q_proj.weight", (0, "q_proj")),
+        ("model.layers.0.mlp.down_proj.weight", (0, "down_proj")),
+        ("model.embed_tokens.weight", (None, "embed_tokens")),
+    ):
         a, b = ref["opd"][name].double().reshape(-1), ref["nca"][name].double().reshape(-1)
         r = rows[("layer_module", *site)]
         assert r.norm_a == pytest.approx(float(a.norm()), rel=1e-4)
@@ -148,8 +161,9 @@ def test_layer_restriction_matches_unrestricted_rows():
             assert r.norm_a == pytest.approx(ref.norm_a, rel=1e-5)
     g = by_key(only)[("global", None, "")]
     assert g.norm_a == pytest.approx(full[("layer", 1, "")].norm_a, rel=1e-5)
-    with_globals = by_key(term_gradients(student, teacher, batch, ("opd", "dual"), estimator="full", layers=[1],
-                                         include_non_layer=True))
+    with_globals = by_key(
+        term_gradients(student, teacher, batch, ("opd", "dual"), estimator="full", layers=[1], include_non_layer=True)
+    )
     assert ("module", None, "embed_tokens") in with_globals and ("layer", 0, "") not in with_globals
     assert all(p.requires_grad for p in student.parameters())  # restored
 
@@ -237,8 +251,9 @@ def test_split_half_null_is_one_on_duplicated_halves_and_matches_two_separate_gr
     from mechopd.probes.gradients import split_half_cos
 
     examples, responses, _ = fixed_batch(2)
-    dup = _batch_of([examples[0], examples[0], examples[1], examples[1]], [responses[0], responses[0],
-                                                                        responses[1], responses[1]])
+    dup = _batch_of(
+        [examples[0], examples[0], examples[1], examples[1]], [responses[0], responses[0], responses[1], responses[1]]
+    )
     assert split_half_cos(tiny(0), tiny(1), dup, "opd", estimator="full") == pytest.approx(1.0, abs=1e-6)
     # distinct halves: the cosine of the two halves' gradients, each computed on its own batch (a slow reference)
     student, teacher = tiny(0), tiny(1)
@@ -247,12 +262,13 @@ def test_split_half_null_is_one_on_duplicated_halves_and_matches_two_separate_gr
     for k in (0, 1):
         half = _batch_of([examples[k]], [responses[k]])
         student.zero_grad()
-        from mechopd.probes.gradients import _score_inputs, loss_term
         from mechopd.objectives.losses import terms_need, token_mean
+        from mechopd.probes.gradients import _score_inputs, loss_term
 
         term = loss_term("opd", "full")
-        value = token_mean(term.fn(_score_inputs(student, teacher, half, terms_need([term]), 1.0)).per_pos,
-                           half.response_mask)
+        value = token_mean(
+            term.fn(_score_inputs(student, teacher, half, terms_need([term]), 1.0)).per_pos, half.response_mask
+        )
         value.backward()
         grads.append(torch.cat([p.grad.reshape(-1).clone() for p in student.parameters()]))
     ref = float(torch.nn.functional.cosine_similarity(grads[0].double(), grads[1].double(), dim=0))

@@ -14,8 +14,11 @@ from mechopd.train import gradstats
 def _terms(model, seed=0):
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(seed))
     logits = model(input_ids=ids).logits
-    return {"opd": 0.7 * logits.pow(2).mean(), "nca": 0.3 * logits[..., :5].logsumexp(-1).mean(),
-            "sym": logits[:, -1].tanh().sum()}
+    return {
+        "opd": 0.7 * logits.pow(2).mean(),
+        "nca": 0.3 * logits[..., :5].logsumexp(-1).mean(),
+        "sym": logits[:, -1].tanh().sum(),
+    }
 
 
 def _reference(model, seed):

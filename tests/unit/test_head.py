@@ -41,8 +41,9 @@ def test_fused_head_equals_the_reference_loss_and_gradients(three, T, chunk):
     want = {"hx": hx.grad.clone(), "w": w.grad.clone(), "hc": hc.grad.clone() if three else None}
     hx.grad = w.grad = hc.grad = None
     weights = mask.float() / mask.sum()
-    loss, opd, nca, *_ = fused_head_loss(hx, w[:V], ht, wt[:V], weights, temperature=T, hc=hc if three else None,
-                                     beta=beta, chunk=chunk)
+    loss, opd, nca, *_ = fused_head_loss(
+        hx, w[:V], ht, wt[:V], weights, temperature=T, hc=hc if three else None, beta=beta, chunk=chunk
+    )
     (2.0 * loss).backward()  # the incoming gradient scales every result
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(loss, opd + beta * nca, rtol=1e-6, atol=1e-7)
@@ -121,8 +122,21 @@ def test_every_estimator_equals_the_logits_path(method, case, T, chunk, selected
     den, den_k = mask.sum(), (mask & keep).sum()
     wo = (mask & keep).double() / den_k  # the OPD term is selectable: a keep-mask applies
     wa = wo if selected else mask.double() / den
-    out = fused_head_loss(hx, w[:V], ht, wt[:V], wo, temperature=T, hc=hc if three else None, beta=beta, chunk=chunk,
-                          options=TermOptions(**opts), tokens=y, anchor_weights=wa, stats_weights=mask.double() / den)
+    out = fused_head_loss(
+        hx,
+        w[:V],
+        ht,
+        wt[:V],
+        wo,
+        temperature=T,
+        hc=hc if three else None,
+        beta=beta,
+        chunk=chunk,
+        options=TermOptions(**opts),
+        tokens=y,
+        anchor_weights=wa,
+        stats_weights=mask.double() / den,
+    )
     out.loss.backward()
     close = dict(rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(out.loss, ref.loss.detach(), **close)
@@ -133,8 +147,11 @@ def test_every_estimator_equals_the_logits_path(method, case, T, chunk, selected
     if stat:
         torch.testing.assert_close(out.stat, ref.logs[stat], **close)
     lq, lf = _lp64(hx @ w.T, T), _lp64(ht @ wt.T, T)
-    kl = reverse_kl_full(lq, lf)[0] if opts["estimator"] != "sampled" else (
-        lq[0].gather(-1, y[:, None]) - lf[0].gather(-1, y[:, None]))[:, 0]
+    kl = (
+        reverse_kl_full(lq, lf)[0]
+        if opts["estimator"] != "sampled"
+        else (lq[0].gather(-1, y[:, None]) - lf[0].gather(-1, y[:, None]))[:, 0]
+    )
     torch.testing.assert_close(out.kl, (kl * mask).sum().detach() / den, **close)
     torch.testing.assert_close(hx.grad, want["hx"], **close)
     torch.testing.assert_close(w.grad[:V], want["w"][:V], **close)

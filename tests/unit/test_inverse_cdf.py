@@ -36,8 +36,9 @@ def test_ids_without_mass_are_never_returned():
     logits[:, BLOCK - 3 : BLOCK + 3] = -float("inf")
     logits[:, -40:] = -float("inf")
     probs = torch.softmax(logits, -1)
-    u = torch.tensor([[0.0], [1e-300], [0.5], [1 - 1e-16], [0.999999], [float.fromhex("0x1.fffffffffffffp-1")]],
-                     dtype=torch.float64)
+    u = torch.tensor(
+        [[0.0], [1e-300], [0.5], [1 - 1e-16], [0.999999], [float.fromhex("0x1.fffffffffffffp-1")]], dtype=torch.float64
+    )
     ids = _inverse_cdf(probs, u)
     assert bool((probs.gather(1, ids[:, None]) > 0).all()), ids
 

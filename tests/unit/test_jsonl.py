@@ -10,14 +10,7 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.jsonl import (
-    SAMPLE_CONTEXT,
-    SAMPLE_QA,
-    choice_letter,
-    make_jsonl_task,
-    normalize_text,
-    parse_answer,
-)
+from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, choice_letter, make_jsonl_task, normalize_text, parse_answer
 
 MC = {"question": "Pick one", "options": ["red", "green", "blue"], "answer": "B"}
 FREE = {"prompt": "Capital of Freedonia?", "answer": "Fredville"}
@@ -175,8 +168,10 @@ def test_path_is_required():
 
 
 # --------------------------------------------------------------------------------------------- conversion, context
-@pytest.mark.parametrize(("cop", "cop_base", "letter"), [(0, 0, "A"), (2, 0, "C"), (3, 0, "D"), (1, 1, "A"),
-                                                         (4, 1, "D"), ("c", 0, "C"), ("B", 1, "B")])
+@pytest.mark.parametrize(
+    ("cop", "cop_base", "letter"),
+    [(0, 0, "A"), (2, 0, "C"), (3, 0, "D"), (1, 1, "A"), (4, 1, "D"), ("c", 0, "C"), ("B", 1, "B")],
+)
 def test_medmcqa_conversion(tmp_path, cop, cop_base, letter):
     task = load(write_lines(tmp_path, [{**MED, "cop": cop}]), cop_base=cop_base)
     (e,) = all_examples(task, "train") + all_examples(task, "test")
@@ -189,8 +184,10 @@ def test_medmcqa_conversion(tmp_path, cop, cop_base, letter):
 
 
 def test_options_dict_is_sorted_and_text_answer_maps_to_letter(tmp_path):
-    items = [{"question": "Q1", "options": {"c": "third", "a": "first", "b": "second"}, "answer": "second"},
-             {"question": "Q2", "options": ["x", "y"], "answer": "b"}]
+    items = [
+        {"question": "Q1", "options": {"c": "third", "a": "first", "b": "second"}, "answer": "second"},
+        {"question": "Q2", "options": ["x", "y"], "answer": "b"},
+    ]
     task = load(write_lines(tmp_path, items))
     by_stem = {e.prompt.split("\n")[0]: e for e in all_examples(task, "train") + all_examples(task, "test")}
     assert "A. first\nB. second\nC. third" in by_stem["Q1"].prompt
@@ -227,9 +224,26 @@ def test_parse_answer(text, expected):
 
 @pytest.mark.parametrize(
     ("span", "letter"),
-    [("B", "B"), ("b", "B"), ("B.", "B"), ("(B)", "B"), ("( b )", "B"), ("[B]", "B"), ("B)", "B"),
-     ("B. green", "B"), ("B: green", "B"), ("(B) green", "B"), ("green", "B"), ("GREEN.", "B"), ("E", "E"),
-     ("Blue", "C"), ("I think B", None), ("B green", None), ("BC", None), ("purple", None)],
+    [
+        ("B", "B"),
+        ("b", "B"),
+        ("B.", "B"),
+        ("(B)", "B"),
+        ("( b )", "B"),
+        ("[B]", "B"),
+        ("B)", "B"),
+        ("B. green", "B"),
+        ("B: green", "B"),
+        ("(B) green", "B"),
+        ("green", "B"),
+        ("GREEN.", "B"),
+        ("E", "E"),
+        ("Blue", "C"),
+        ("I think B", None),
+        ("B green", None),
+        ("BC", None),
+        ("purple", None),
+    ],
 )
 def test_choice_letter_forms(span, letter):
     assert choice_letter(span, {"A": "red", "B": "green", "C": "blue"}) == letter

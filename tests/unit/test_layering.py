@@ -16,8 +16,7 @@ from pathlib import Path
 import mechopd
 
 ROOT = Path(mechopd.__file__).parent
-FORBIDDEN_SOURCES = ("mechopd.probes", "mechopd.evaluation", "mechopd.config", "mechopd.generate",
-                     "mechopd.objectives")
+FORBIDDEN_SOURCES = ("mechopd.probes", "mechopd.evaluation", "mechopd.config", "mechopd.generate", "mechopd.objectives")
 TARGET = "mechopd.train"
 
 
@@ -60,13 +59,23 @@ def import_statements(path: Path, root: Path = ROOT):
 def _import_module_literal(node: ast.AST, package: str) -> str | None:
     """The module named by ``importlib.import_module("x")`` / ``import_module("x")`` with a literal name (``".x"``
     resolved against the file's package), else None."""
-    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)):
+    if not (
+        isinstance(node, ast.Call)
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
         return None
     func = node.func
-    if not ((isinstance(func, ast.Name) and func.id == "import_module")
-            or (isinstance(func, ast.Attribute) and func.attr == "import_module"
-                and isinstance(func.value, ast.Name) and func.value.id == "importlib")):
+    if not (
+        (isinstance(func, ast.Name) and func.id == "import_module")
+        or (
+            isinstance(func, ast.Attribute)
+            and func.attr == "import_module"
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "importlib"
+        )
+    ):
         return None
     name = node.args[0].value
     if name.startswith("."):
@@ -106,8 +115,12 @@ def test_the_checker_sees_every_import_form(tmp_path):
     (pkg / "evaluation").mkdir()
     (pkg / "evaluation" / "evaluate.py").write_text("from ..train.checkpoint import latest\n")
     arrows = forbidden_arrows(pkg)
-    assert {src for src, _ in arrows} == {"mechopd.probes.a", "mechopd.probes.b", "mechopd.probes.c",
-                                         "mechopd.evaluation.evaluate"}
+    assert {src for src, _ in arrows} == {
+        "mechopd.probes.a",
+        "mechopd.probes.b",
+        "mechopd.probes.c",
+        "mechopd.evaluation.evaluate",
+    }
 
 
 # ------------------------------------------------------------------------------------------------- import cycles
@@ -177,7 +190,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_no_import_cycle_inside_mechopd():
     cycles = set(import_cycles(import_graph()))
     assert cycles - KNOWN_CYCLES == set(), "import cycles (function-local imports count): " + "; ".join(
-        " <-> ".join(sorted(c)) for c in cycles - KNOWN_CYCLES)
+        " <-> ".join(sorted(c)) for c in cycles - KNOWN_CYCLES
+    )
     assert KNOWN_CYCLES <= cycles, "a known cycle is fixed: remove it from KNOWN_CYCLES"
 
 
@@ -192,8 +206,9 @@ def test_the_cycle_checker_sees_function_local_and_relative_imports(tmp_path):
     (pkg / "stats.py").write_text("import math\n")
     graph = import_graph(pkg)
     assert graph["mechopd.plots.training"] == {"mechopd.aggregate"} and graph["mechopd.report"] == {"mechopd.plots"}
-    assert import_cycles(graph) == [frozenset({"mechopd.plots", "mechopd.plots.training", "mechopd.aggregate",
-                                               "mechopd.report"})]
+    assert import_cycles(graph) == [
+        frozenset({"mechopd.plots", "mechopd.plots.training", "mechopd.aggregate", "mechopd.report"})
+    ]
     (pkg / "plots" / "training.py").write_text("def f():\n    from ..stats import math\n")  # the statistics leaf
     assert import_cycles(import_graph(pkg)) == []
 
@@ -204,19 +219,23 @@ def test_the_checkers_see_import_module_with_a_literal_name(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "probes" / "__init__.py").write_text("")
     (pkg / "probes" / "registry.py").write_text(
-        "import importlib\ndef load():\n    importlib.import_module('mechopd.probes.builtin')\n")
-    (pkg / "probes" / "builtin.py").write_text("from importlib import import_module\nimport_module('.gradients', "
-                                               "__package__)\nimportlib.import_module(NAME)\n")
+        "import importlib\ndef load():\n    importlib.import_module('mechopd.probes.builtin')\n"
+    )
+    (pkg / "probes" / "builtin.py").write_text(
+        "from importlib import import_module\nimport_module('.gradients', __package__)\nimportlib.import_module(NAME)\n"
+    )
     (pkg / "probes" / "gradients.py").write_text("from mechopd.probes import registry\n")
     (pkg / "train.py").write_text("")
     (pkg / "evaluation").mkdir()
-    (pkg / "evaluation" / "evaluate.py").write_text("def f():\n    return __import__('x') or "
-                                                    "importlib.import_module('mechopd.train')\n")
+    (pkg / "evaluation" / "evaluate.py").write_text(
+        "def f():\n    return __import__('x') or importlib.import_module('mechopd.train')\n"
+    )
     graph = import_graph(pkg)
     assert graph["mechopd.probes.registry"] == {"mechopd.probes.builtin"}
     assert graph["mechopd.probes.builtin"] == {"mechopd.probes.gradients"}  # a non-literal name is not followed
-    assert import_cycles(graph) == [frozenset({"mechopd.probes.registry", "mechopd.probes.builtin",
-                                               "mechopd.probes.gradients"})]
+    assert import_cycles(graph) == [
+        frozenset({"mechopd.probes.registry", "mechopd.probes.builtin", "mechopd.probes.gradients"})
+    ]
     assert forbidden_arrows(pkg) == [("mechopd.evaluation.evaluate", "mechopd.train")]
 
 
@@ -229,16 +248,21 @@ def top_level_unit(module: str) -> str:
 def mutual_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """Pairs of top-level units (packages or modules of mechopd/) that import each other, each pair once, sorted;
     ``mechopd/__init__.py`` (the public re-exports) is left out."""
-    edges = {(top_level_unit(a), top_level_unit(b)) for a, bs in graph.items() for b in bs
-             if "mechopd" not in (a, b) and top_level_unit(a) != top_level_unit(b)}
+    edges = {
+        (top_level_unit(a), top_level_unit(b))
+        for a, bs in graph.items()
+        for b in bs
+        if "mechopd" not in (a, b) and top_level_unit(a) != top_level_unit(b)
+    }
     return sorted((a, b) for a, b in edges if a < b and (b, a) in edges)
 
 
 def test_no_two_top_level_packages_import_each_other():
     pairs = mutual_imports(import_graph())
-    assert pairs == [], ("top-level units of mechopd/ that import each other (function-local imports count; move "
-                         "the shared piece into the lower one or below both): "
-                         + "; ".join(f"{a} <-> {b}" for a, b in pairs))
+    assert pairs == [], (
+        "top-level units of mechopd/ that import each other (function-local imports count; move "
+        "the shared piece into the lower one or below both): " + "; ".join(f"{a} <-> {b}" for a, b in pairs)
+    )
 
 
 def test_the_mutual_import_checker_sees_packages(tmp_path):
@@ -260,8 +284,11 @@ def test_the_public_entry_points_are_plain_functions_without_module_tricks():
     import types
 
     assert isinstance(mechopd.run_train, types.FunctionType) and isinstance(mechopd.run_eval, types.FunctionType)
-    swaps = [str(p) for p in ROOT.rglob("*.py")
-             for node in ast.walk(ast.parse(p.read_text()))
-             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "__class__"
-                                                     for t in node.targets)]
+    swaps = [
+        str(p)
+        for p in ROOT.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in node.targets)
+    ]
     assert swaps == []  # no `sys.modules[__name__].__class__ = ...`

@@ -18,8 +18,23 @@ import pytest
 import mechopd
 
 ROOT = Path(mechopd.__file__).parent
-LAYERS = ("core", "config", "models", "tasks", "organisms", "generate", "objectives", "evaluation", "train", "study",
-          "probes", "plots", "report", "pipeline", "cli")
+LAYERS = (
+    "core",
+    "config",
+    "models",
+    "tasks",
+    "organisms",
+    "generate",
+    "objectives",
+    "evaluation",
+    "train",
+    "study",
+    "probes",
+    "plots",
+    "report",
+    "pipeline",
+    "cli",
+)
 TOP = {"testing"}  # test helpers (tiny models for tests and benches): may import any layer, nothing imports them
 # (from layer, to layer): an upward arrow allowed, with the reason. Fix one: drop it (the test fails while it is listed).
 KNOWN_UPWARD = {
@@ -50,8 +65,13 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             out.update([base, *(f"{base}.{a.name}" for a in node.names)])
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             out.add(node.args[0].value)
     return out
 
@@ -77,8 +97,11 @@ def upward_arrows(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
 
 
 def test_the_top_level_is_short():
-    top = sorted(p.stem if p.is_file() else p.name for p in ROOT.iterdir()
-                 if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file())
+    top = sorted(
+        p.stem if p.is_file() else p.name
+        for p in ROOT.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()
+    )
     assert len(top) <= 16, f"{len(top)} modules at mechopd/'s top level (at most 16): {top}"
     assert set(top) <= set(LAYERS) | TOP, f"a top-level name outside LAYERS: {sorted(set(top) - set(LAYERS) - TOP)}"
 
@@ -86,8 +109,10 @@ def test_the_top_level_is_short():
 def test_imports_go_down_the_layers():
     arrows = upward_arrows()
     unknown = {k: v for k, v in arrows.items() if k not in KNOWN_UPWARD}
-    assert not unknown, "upward imports (add the module to a lower layer, or the arrow to KNOWN_UPWARD with a " \
-                        "reason): " + "; ".join(", ".join(v) for v in unknown.values())
+    assert not unknown, (
+        "upward imports (add the module to a lower layer, or the arrow to KNOWN_UPWARD with a "
+        "reason): " + "; ".join(", ".join(v) for v in unknown.values())
+    )
     fixed = set(KNOWN_UPWARD) - set(arrows)
     assert not fixed, f"a known upward arrow is gone: remove it from KNOWN_UPWARD: {sorted(fixed)}"
 
@@ -108,8 +133,10 @@ def test_the_checker_sees_literal_import_module_and_function_imports(tmp_path):
     (pkg / "core" / "b.py").write_text("def g():\n    from ..report import claims\n")
     (pkg / "core" / "c.py").write_text("from importlib import import_module\nM = import_module('mechopd.core.a')\n")
     arrows = upward_arrows(pkg)
-    assert arrows == {("core", "cli"): ["mechopd.core.a -> mechopd.cli.x"],
-                      ("core", "report"): ["mechopd.core.b -> mechopd.report", "mechopd.core.b -> mechopd.report.claims"]}
+    assert arrows == {
+        ("core", "cli"): ["mechopd.core.a -> mechopd.cli.x"],
+        ("core", "report"): ["mechopd.core.b -> mechopd.report", "mechopd.core.b -> mechopd.report.claims"],
+    }
 
 
 @pytest.mark.parametrize("old", sorted(mechopd._MOVED))

@@ -10,13 +10,13 @@ import random
 import pytest
 import torch
 
-from mechopd.models import lora
 from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
+from mechopd.core.views import assemble_two_views
+from mechopd.models import lora
 from mechopd.objectives.losses import method_terms
 from mechopd.objectives.select import make_selector
 from mechopd.train.step import StepOptions, StepScorer
-from mechopd.core.views import assemble_two_views
 
 V, T = 61, 0.8
 OPTS = lora.LoraOptions(rank=4, alpha=8.0)
@@ -25,9 +25,19 @@ OPTS = lora.LoraOptions(rank=4, alpha=8.0)
 def _llama(seed: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=128, tie_word_embeddings=True,
-                      pad_token_id=0, initializer_range=0.25)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        initializer_range=0.25,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -104,10 +114,12 @@ def test_lora_gradients_equal_the_one_shot_step_with_the_memory_options(batch, m
     if ckpt:
         enable_checkpointing(other)
     params = [p for p in other.parameters() if p.requires_grad]
-    opts = StepOptions(temperature=T, vocab=V, budget=1.0, seed=0, shared_prefix="off", micro_batch_size=micro,
-                       logit_chunk=chunk)
-    got = StepScorer(other, teacher, method_terms("nca", 0.5, estimator="full"), make_selector("full"), params,
-                     opts).step(batch, 0)
+    opts = StepOptions(
+        temperature=T, vocab=V, budget=1.0, seed=0, shared_prefix="off", micro_batch_size=micro, logit_chunk=chunk
+    )
+    got = StepScorer(
+        other, teacher, method_terms("nca", 0.5, estimator="full"), make_selector("full"), params, opts
+    ).step(batch, 0)
     torch.testing.assert_close(got.loss, ref.loss, rtol=1e-5, atol=1e-7)
     for n, p in other.named_parameters():
         if p.requires_grad:
@@ -168,14 +180,22 @@ def test_unknown_lora_target_is_refused():
         lora.add_adapter(_llama(0), lora.LoraOptions(rank=2, targets=("q_projx",)))
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(lora_rank=-1), "lora_rank"), (dict(lora_rank=4, lora_alpha=0), "lora_alpha"),
-    (dict(lora_rank=4, lora_dropout=1.0), "lora_dropout"), (dict(lora_targets=[]), "lora_targets"),
-    (dict(lora_targets=["q_proj", "q_proj"]), "lora_targets"), (dict(lora_rank=4, sharding="fsdp"), "sharding"),
-    (dict(lora_rank=4, rollout_engine="vllm"), "vllm"), (dict(teacher_mode="swa"), "teacher_mode"),
-    (dict(teacher_mode="ema", teacher="some/teacher"), "self-distillation"),
-    (dict(teacher_mode="live", sharding="fsdp"), "sharding"), (dict(ema_decay=1.5), "ema_decay"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(lora_rank=-1), "lora_rank"),
+        (dict(lora_rank=4, lora_alpha=0), "lora_alpha"),
+        (dict(lora_rank=4, lora_dropout=1.0), "lora_dropout"),
+        (dict(lora_targets=[]), "lora_targets"),
+        (dict(lora_targets=["q_proj", "q_proj"]), "lora_targets"),
+        (dict(lora_rank=4, sharding="fsdp"), "sharding"),
+        (dict(lora_rank=4, rollout_engine="vllm"), "vllm"),
+        (dict(teacher_mode="swa"), "teacher_mode"),
+        (dict(teacher_mode="ema", teacher="some/teacher"), "self-distillation"),
+        (dict(teacher_mode="live", sharding="fsdp"), "sharding"),
+        (dict(ema_decay=1.5), "ema_decay"),
+    ],
+)
 def test_lora_and_teacher_fields_are_validated(kw, match):
     with pytest.raises(ConfigError, match=match):
         TrainConfig(**kw)

@@ -9,7 +9,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechopd.core.errors import ConfigError
 from mechopd.objectives import losses as L
 
 B, T, V = 2, 3, 7
@@ -244,8 +243,12 @@ def test_token_mean_raises_on_empty_mask():
 
 @pytest.mark.parametrize(
     "method,names,weights_",
-    [("opd", ["opd"], [1.0]), ("nca", ["opd", "nca"], [1.0, 0.3]), ("dual_opd", ["opd", "dual"], [1.0, 1.0]),
-     ("sym_kl", ["opd", "sym"], [1.0, 0.3])],
+    [
+        ("opd", ["opd"], [1.0]),
+        ("nca", ["opd", "nca"], [1.0, 0.3]),
+        ("dual_opd", ["opd", "dual"], [1.0, 1.0]),
+        ("sym_kl", ["opd", "sym"], [1.0, 0.3]),
+    ],
 )
 def test_method_terms_shape(method, names, weights_):
     terms = L.method_terms(method, beta=0.3)
@@ -341,5 +344,6 @@ def test_sampled_estimator_on_token_log_probs_equals_the_full_form():
     f32 = dict(rtol=1e-5, atol=1e-5)  # token_logp computes in float32, as the scorer does
     torch.testing.assert_close(part.loss, full.loss.float(), **f32)
     torch.testing.assert_close(part.log_ratio, full.log_ratio.float(), **f32)
-    torch.testing.assert_close(torch.autograd.grad(part.loss.sum(), x, retain_graph=True)[0],
-                               torch.autograd.grad(full.loss.sum(), x)[0], **f32)
+    torch.testing.assert_close(
+        torch.autograd.grad(part.loss.sum(), x, retain_graph=True)[0], torch.autograd.grad(full.loss.sum(), x)[0], **f32
+    )

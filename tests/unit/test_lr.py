@@ -13,8 +13,9 @@ from mechopd.train.lr import lr_multiplier
 
 def test_constant_is_the_old_warmup_rule():
     for warmup in (0, 1, 3):
-        assert [lr_multiplier(s, 10, warmup) for s in range(10)] == [min(1.0, (s + 1) / max(1, warmup))
-                                                                   for s in range(10)]
+        assert [lr_multiplier(s, 10, warmup) for s in range(10)] == [
+            min(1.0, (s + 1) / max(1, warmup)) for s in range(10)
+        ]
 
 
 def test_linear_and_cosine_decay_to_zero_after_warmup():

@@ -7,34 +7,68 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.report import mechanism_claims as mc
-from mechopd.probes import mechanism_stats as ms
 from mechopd.core.artifacts import write_csv, write_json
+from mechopd.probes import mechanism_stats as ms
 from mechopd.probes.delta_svd import COLUMNS as SVD_COLUMNS
 from mechopd.probes.delta_svd import CSV, JSON, summarize_svd
 from mechopd.probes.weightpatch import COLUMNS, summarize
-from mechopd.study import Study
+from mechopd.report import mechanism_claims as mc
 from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE
+from mechopd.study import Study
 
 
 def _wp_rows(acc: float, qk: float, vo: float, ctrl: float, harm: float = 0.4, harm_qk: float = 0.0) -> list[dict]:
     def row(layer, module, acc_x, h, draw=""):
         r = {c: None for c in COLUMNS}
-        r.update(model="opd", donor="base", layer=layer, module=module, draw=draw, n_params=100, n=50, acc_x=acc_x,
-                 acc_xc=0.5, harm=h, d_acc_x=acc_x - acc, d_harm=None if h is None else h - harm)
+        r.update(
+            model="opd",
+            donor="base",
+            layer=layer,
+            module=module,
+            draw=draw,
+            n_params=100,
+            n=50,
+            acc_x=acc_x,
+            acc_xc=0.5,
+            harm=h,
+            d_acc_x=acc_x - acc,
+            d_harm=None if h is None else h - harm,
+        )
         return r
 
-    return [row("none", "none", acc, harm), row("all", "qk", acc - qk, harm_qk), row("all", "vo", acc - vo, harm),
-            *(row("all", "ctrl_qk", acc - ctrl + 0.01 * j, harm, j) for j in range(3))]
+    return [
+        row("none", "none", acc, harm),
+        row("all", "qk", acc - qk, harm_qk),
+        row("all", "vo", acc - vo, harm),
+        *(row("all", "ctrl_qk", acc - ctrl + 0.01 * j, harm, j) for j in range(3)),
+    ]
 
 
 def _svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
     rows = []
     for module, dsq in (("q_proj", 1.0), ("down_proj", mlp_dsq)):
-        rows.append({"model": "opd", "vs": "base", "site": f"layers.0.{module}", "layer": 0, "module": module,
-                     "rows": 16, "cols": 16, "k": 4, "eff_rank": 3.0, "topk_energy": 0.9, "frac_above_0.01": 1.0,
-                     "frac_above_0.1": 0.5, "frac_above_1": 0.0, "energy90_frac": e90, "overlap_k": overlap,
-                     "overlap_random": 0.25, "delta_sq": dsq, "w0_sq": 10.0})
+        rows.append(
+            {
+                "model": "opd",
+                "vs": "base",
+                "site": f"layers.0.{module}",
+                "layer": 0,
+                "module": module,
+                "rows": 16,
+                "cols": 16,
+                "k": 4,
+                "eff_rank": 3.0,
+                "topk_energy": 0.9,
+                "frac_above_0.01": 1.0,
+                "frac_above_0.1": 0.5,
+                "frac_above_1": 0.0,
+                "energy90_frac": e90,
+                "overlap_k": overlap,
+                "overlap_random": 0.25,
+                "delta_sq": dsq,
+                "w0_sq": 10.0,
+            }
+        )
     return rows
 
 
@@ -56,16 +90,26 @@ def _items_run(root: Path, qk: float, vo: float, ctrl: float, harm_qk: float = 0
     from tests.unit.claim_runs import _write_weightpatch
 
     run = _run(root, None, None)
-    _write_weightpatch(run.probes_dir, {"none": (0.95, 0.65, 0.3), "qk": (0.95 - qk, 0.65 - qk, harm_qk),
-                                        "vo": (0.95 - vo, 0.65 - vo, 0.3), "ctrl": (0.95 - ctrl, 0.65 - ctrl, 0.3)})
+    _write_weightpatch(
+        run.probes_dir,
+        {
+            "none": (0.95, 0.65, 0.3),
+            "qk": (0.95 - qk, 0.65 - qk, harm_qk),
+            "vo": (0.95 - vo, 0.65 - vo, 0.3),
+            "ctrl": (0.95 - ctrl, 0.65 - ctrl, 0.3),
+        },
+    )
     return run
 
 
-@pytest.mark.parametrize("qk, vo, ctrl, verdict", [
-    ([0.6, 0.5, 0.55], [0.1, 0.0, 0.05], [0.0, 0.05, 0.02], HOLDS),
-    ([0.0, 0.05, 0.0], [0.5, 0.4, 0.6], [0.5, 0.45, 0.4], FAILS),
-    ([0.6, 0.0, 0.3], [0.1, 0.5, 0.05], [0.0, 0.4, 0.02], NA_FRAGILE),
-])
+@pytest.mark.parametrize(
+    "qk, vo, ctrl, verdict",
+    [
+        ([0.6, 0.5, 0.55], [0.1, 0.0, 0.05], [0.0, 0.05, 0.02], HOLDS),
+        ([0.0, 0.05, 0.0], [0.5, 0.4, 0.6], [0.5, 0.45, 0.4], FAILS),
+        ([0.6, 0.0, 0.3], [0.1, 0.5, 0.05], [0.0, 0.4, 0.02], NA_FRAGILE),
+    ],
+)
 def test_qk_causal_rule_verdicts_from_items(tmp_path, qk, vo, ctrl, verdict):
     runs = [_items_run(tmp_path / f"s{i}", qk[i], vo[i], ctrl[i]) for i in range(3)]
     row = mc.claim_qk_causal_rule(runs)
@@ -98,16 +142,21 @@ def test_qk_claims_not_measurable(tmp_path):
 def _write_zero(run: Study) -> None:
     from tests.unit.claim_runs import _write_weightpatch
 
-    _write_weightpatch(run.probes_dir, {"none": (0.0, 0.6, None), "qk": (0.0, 0.5, None), "vo": (0.0, 0.5, None),
-                                        "ctrl": (0.0, 0.5, None)})
+    _write_weightpatch(
+        run.probes_dir,
+        {"none": (0.0, 0.6, None), "qk": (0.0, 0.5, None), "vo": (0.0, 0.5, None), "ctrl": (0.0, 0.5, None)},
+    )
 
 
-@pytest.mark.parametrize("mlp, e90, overlap, verdict", [
-    (9.0, 0.05, 0.1, HOLDS),   # MLP-heavy, sparse, away from W0's directions
-    (9.0, 0.40, 0.1, FAILS),   # dense
-    (0.5, 0.05, 0.1, FAILS),   # not MLP-heavy
-    (9.0, 0.05, 0.6, FAILS),   # aligned with W0's directions
-])
+@pytest.mark.parametrize(
+    "mlp, e90, overlap, verdict",
+    [
+        (9.0, 0.05, 0.1, HOLDS),  # MLP-heavy, sparse, away from W0's directions
+        (9.0, 0.40, 0.1, FAILS),  # dense
+        (0.5, 0.05, 0.1, FAILS),  # not MLP-heavy
+        (9.0, 0.05, 0.6, FAILS),  # aligned with W0's directions
+    ],
+)
 def test_sparse_update_verdicts(tmp_path, mlp, e90, overlap, verdict):
     runs = [_run(tmp_path / f"s{i}", None, _svd_rows(mlp * (1 + 0.01 * i), e90 + 0.001 * i, overlap)) for i in range(3)]
     assert mc.claim_sparse_update(runs)["verdict"] == verdict
@@ -126,22 +175,49 @@ def _loc_run(root: Path, harms: dict[str, float], clean: float, n: int = 40) -> 
     from mechopd.probes.localization import COLUMNS as LOC
 
     run = _run(root, None, None)
-    rows = [{c: None for c in LOC} | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d, "harm": h,
-                                       "harm_clean": clean} for d, (s, h) in enumerate(harms.items())]
+    rows = [
+        {c: None for c in LOC}
+        | {"model": "opd", "donor": "x", "site": s, "layer": None, "depth": d, "harm": h, "harm_clean": clean}
+        for d, (s, h) in enumerate(harms.items())
+    ]
     write_csv(run.probes_dir / "localization.csv", rows, LOC)
-    write_json(run.probes_dir / "localization.json", {"summary": {"model": "opd", "donor": "x", "harm_clean": clean,
-               "n_right": n, "removed_share": 0.9, "removed_at": "final_norm"}, "settings": {}})
-    write_jsonl(run.probes_dir / "localization_items.jsonl", [
-        {"uid": f"u{i}", "prompt_ids_x": [1], "prompt_ids_c": [2], "response_ids": [3], "right_x": True,
-         "flips_clean": i < round(clean * n), "flips": {s: i < round(h * n) for s, h in harms.items()}}
-        for i in range(n)])
+    write_json(
+        run.probes_dir / "localization.json",
+        {
+            "summary": {
+                "model": "opd",
+                "donor": "x",
+                "harm_clean": clean,
+                "n_right": n,
+                "removed_share": 0.9,
+                "removed_at": "final_norm",
+            },
+            "settings": {},
+        },
+    )
+    write_jsonl(
+        run.probes_dir / "localization_items.jsonl",
+        [
+            {
+                "uid": f"u{i}",
+                "prompt_ids_x": [1],
+                "prompt_ids_c": [2],
+                "response_ids": [3],
+                "right_x": True,
+                "flips_clean": i < round(clean * n),
+                "flips": {s: i < round(h * n) for s, h in harms.items()},
+            }
+            for i in range(n)
+        ],
+    )
     return run
 
 
 def test_localization_table_bootstraps_over_seeds_and_items(tmp_path):
     sites = ("embed", "layers.0.resid_post", "final_norm")
-    runs = [_loc_run(tmp_path / f"s{i}", dict(zip(sites, h)), 0.6) for i, h in enumerate(([0.5, 0.4, 0.0],
-                                                                                            [0.6, 0.3, 0.0]))]
+    runs = [
+        _loc_run(tmp_path / f"s{i}", dict(zip(sites, h)), 0.6) for i, h in enumerate(([0.5, 0.4, 0.0], [0.6, 0.3, 0.0]))
+    ]
     lines = mc.localization_table(runs)
     text = "\n".join(lines)
     row = next(line for line in lines if line.startswith("| layers.0.resid_post"))

@@ -20,8 +20,9 @@ def test_default_organisms_keep_their_config_and_key(task):
     assert default_config(task, layers=3).key() == default.key()
     deep = default_config(task, layers=8)
     assert deep.num_layers == 8 and deep.key() != default.key()
-    assert {k: v for k, v in vars(deep).items() if k != "num_layers"} == \
-        {k: v for k, v in vars(default).items() if k != "num_layers"}  # only the depth changes
+    assert {k: v for k, v in vars(deep).items() if k != "num_layers"} == {
+        k: v for k, v in vars(default).items() if k != "num_layers"
+    }  # only the depth changes
 
 
 def test_organism_dir_names():
@@ -51,9 +52,9 @@ def test_deeper_organism_checkpoint_has_its_layers(tmp_path):
 @pytest.mark.parametrize("task_name", ["rules", "frozenlake"])
 def test_batched_corpus_encoding_gives_the_per_text_ids(task_name):
     """_encode_corpus tokenizes the prompts and the responses in batched calls: the ids of one call per text."""
+    from mechopd.core.views import RenderSpec, render_prompt_ids
     from mechopd.organisms.pretrain import EOS, _encode_corpus, build_tokenizer, organism_vocab
     from mechopd.tasks.base import get_task
-    from mechopd.core.views import RenderSpec, render_prompt_ids
 
     task, tok = get_task(task_name), build_tokenizer(organism_vocab())
     spec, eos = RenderSpec(placement=task.placement), tok.convert_tokens_to_ids(EOS)

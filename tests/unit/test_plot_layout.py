@@ -26,13 +26,17 @@ TOL = 0.5  # pixels
 
 
 def _tick_label_ids(fig: Figure) -> set[int]:
-    return {id(lab) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
-            for tick in axis.get_major_ticks() + axis.get_minor_ticks() for lab in (tick.label1, tick.label2)}
+    return {
+        id(lab)
+        for ax in fig.axes
+        for axis in (ax.xaxis, ax.yaxis)
+        for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+        for lab in (tick.label1, tick.label2)
+    }
 
 
 def _inside(bb: Bbox, outer: Bbox) -> bool:
-    return (bb.x0 >= outer.x0 - TOL and bb.y0 >= outer.y0 - TOL and bb.x1 <= outer.x1 + TOL
-            and bb.y1 <= outer.y1 + TOL)
+    return bb.x0 >= outer.x0 - TOL and bb.y0 >= outer.y0 - TOL and bb.x1 <= outer.x1 + TOL and bb.y1 <= outer.y1 + TOL
 
 
 def _overlap(a: Bbox, b: Bbox) -> bool:
@@ -68,10 +72,16 @@ def layout_problems(fig: Figure) -> list[str]:
 
 def _data_points(ax) -> np.ndarray:
     """Display coordinates of every drawn data point of ``ax`` (line vertices, scatter offsets)."""
-    pts = [ln.get_transform().transform(np.column_stack(ln.get_data()).astype(float)) for ln in ax.get_lines()
-           if ln.get_visible() and len(ln.get_xdata())]
-    pts += [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
-            if isinstance(c, PathCollection) and c.get_visible() and len(c.get_offsets())]
+    pts = [
+        ln.get_transform().transform(np.column_stack(ln.get_data()).astype(float))
+        for ln in ax.get_lines()
+        if ln.get_visible() and len(ln.get_xdata())
+    ]
+    pts += [
+        c.get_offset_transform().transform(c.get_offsets())
+        for c in ax.collections
+        if isinstance(c, PathCollection) and c.get_visible() and len(c.get_offsets())
+    ]
     pts = [p for p in pts if len(p)]
     return np.concatenate(pts) if pts else np.empty((0, 2))
 
@@ -84,7 +94,7 @@ def _legends_over_data(fig: Figure, r) -> list[str]:
         bb = lg.get_window_extent(r)
         for ax in fig.axes:
             pts = _data_points(ax)
-            inside = ((pts[:, 0] > bb.x0) & (pts[:, 0] < bb.x1) & (pts[:, 1] > bb.y0) & (pts[:, 1] < bb.y1))
+            inside = (pts[:, 0] > bb.x0) & (pts[:, 0] < bb.x1) & (pts[:, 1] > bb.y0) & (pts[:, 1] < bb.y1)
             if np.isfinite(pts).all(1)[inside].any():
                 out.append(f"a legend covers data of the panel {ax.get_title()[:30]!r}")
     return out
@@ -158,8 +168,12 @@ def test_the_check_finds_a_clipped_label(checked) -> None:
     assert any("clipped" in p for p in layout_problems(fig))
 
 
-DEMO_LABELS = {"base": "base", "opd": "OPD", "nca": "NCA (β=0.5, KL gate 0.1) + follow (w=1)",
-               "ta_opd": "TA-OPD (ρ=0.10, kept 0.10)"}  # as long as `mechopd demo`'s
+DEMO_LABELS = {
+    "base": "base",
+    "opd": "OPD",
+    "nca": "NCA (β=0.5, KL gate 0.1) + follow (w=1)",
+    "ta_opd": "TA-OPD (ρ=0.10, kept 0.10)",
+}  # as long as `mechopd demo`'s
 
 
 def test_the_regime_map_with_the_demos_labels(tmp_path: Path, checked) -> None:

@@ -50,8 +50,18 @@ def test_png_has_no_timestamp_or_version_metadata(drawn: dict[str, list[Path]]) 
     assert b"CreationDate" not in drawn["removability"][1].read_bytes()
 
 
-BUILTIN_FIGURES = ("training_curves", "gradient_training", "removability", "regime_map", "context_following", "layer_cosine",
-                   "gradient_alignment", "parameter_deltas", "teachability", "budget_curve")
+BUILTIN_FIGURES = (
+    "training_curves",
+    "gradient_training",
+    "removability",
+    "regime_map",
+    "context_following",
+    "layer_cosine",
+    "gradient_alignment",
+    "parameter_deltas",
+    "teachability",
+    "budget_curve",
+)
 
 
 def test_figure_index_names_title_and_caption_for_each_figure() -> None:
@@ -104,8 +114,14 @@ def test_training_curves_over_seeds_draw_the_mean_and_a_t_band(run_dir: Path, tm
     (agg / "demo.json").write_text(json.dumps({**meta, "seed_runs": [str(run_dir), str(other)]}))
     ax = panels(plots.figure_training_curves(agg))[0]
     solid = {ln.get_label(): ln for ln in ax.get_lines()}["OPD, without context"]
-    vals = [[json.loads(s)["eval/acc_x"] for s in (r / "train" / "opd" / "metrics.jsonl").read_text().splitlines()
-             if "eval/acc_x" in json.loads(s)] for r in (run_dir, other)]
+    vals = [
+        [
+            json.loads(s)["eval/acc_x"]
+            for s in (r / "train" / "opd" / "metrics.jsonl").read_text().splitlines()
+            if "eval/acc_x" in json.loads(s)
+        ]
+        for r in (run_dir, other)
+    ]
     np.testing.assert_allclose(solid.get_ydata(), 50 * (np.array(vals[0]) + np.array(vals[1])))
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert len(bands) >= len(METHODS)  # one band per method and view with a defined interval
@@ -121,13 +137,15 @@ def test_removability_bars_heights_and_skipped_error_bars(run_dir: Path) -> None
     assert len(bar_containers(left)) == len(models) and len(bar_containers(right)) == len(models)
     for name, bars, dl in zip(models, bar_containers(left), bar_containers(right)):
         s = summary(run_dir, name)
-        expected = [0.0 if s[m]["value"] is None else 100 * s[m]["value"]
-                    for m in ("acc_x", "acc_xc", "harm", "both_correct")]
+        expected = [
+            0.0 if s[m]["value"] is None else 100 * s[m]["value"] for m in ("acc_x", "acc_xc", "harm", "both_correct")
+        ]
         np.testing.assert_allclose([p.get_height() for p in bars.patches], expected)
         assert dl.patches[0].get_height() == pytest.approx(100 * s["delta_len"]["value"])
     errbars = [c for c in left.containers if isinstance(c, ErrorbarContainer)]
-    n_intervals = sum(summary(run_dir, n)[m]["low"] is not None for n in models
-                      for m in ("acc_x", "acc_xc", "harm", "both_correct"))
+    n_intervals = sum(
+        summary(run_dir, n)[m]["low"] is not None for n in models for m in ("acc_x", "acc_xc", "harm", "both_correct")
+    )
     assert sum(len(c.lines[2][0].get_segments()) for c in errbars) == n_intervals
     assert summary(run_dir, "ta_opd")["harm"]["value"] is None
     assert "n/a" in [t.get_text() for t in left.texts]
@@ -169,8 +187,11 @@ def test_regime_thresholds_come_from_demo_json_else_from_the_reports(tmp_path: P
     rng = np.random.default_rng(3)
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
-    (run / "demo.json").write_text(json.dumps({"task": "rules", "methods": ["opd"],
-                                               "thresholds": {"drop_min": 0.07, "harm_high": 0.3, "gain_min": 0.04}}))
+    (run / "demo.json").write_text(
+        json.dumps(
+            {"task": "rules", "methods": ["opd"], "thresholds": {"drop_min": 0.07, "harm_high": 0.3, "gain_min": 0.04}}
+        )
+    )
     recs = _records(rng, 0.8, 0.6)
     own = RegimeThresholds(drop_min=0.05, harm_high=0.2, gain_min=0.01)
     (run / "eval" / "opd.json").write_text(json.dumps({"summary": summarize(recs, n_boot=0, thresholds=own)}))

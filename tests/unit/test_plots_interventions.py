@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 from mechopd.core.artifacts import read_csv
-from mechopd.plots.interventions import (MODULE_ORDER, figure_attribution, figure_localization, figure_pmi,
-                                         figure_weightpatch)
+from mechopd.plots.interventions import (
+    MODULE_ORDER,
+    figure_attribution,
+    figure_localization,
+    figure_pmi,
+    figure_weightpatch,
+)
 
 from .intervention_artifacts import HEADS, LAYERS
 from .plotting_run import make_run, panels
@@ -75,10 +80,21 @@ def test_localization_band_over_seeds_is_the_hierarchical_bootstrap_of_the_items
     for k in range(2):
         seed = shutil.copytree(run, tmp_path / f"seed-{k}")
         rng = np.random.default_rng(k)
-        write_jsonl(seed / "probes" / "localization_items.jsonl", [
-            {"uid": f"u{i}", "prompt_ids_x": [1], "prompt_ids_c": [2], "response_ids": [3], "right_x": i % 4 != 0,
-             "flips_clean": bool(rng.random() < 0.6), "flips": {s: bool(rng.random() < 0.6 - 0.1 * d)
-                                                                for d, s in enumerate(sites)}} for i in range(30)])
+        write_jsonl(
+            seed / "probes" / "localization_items.jsonl",
+            [
+                {
+                    "uid": f"u{i}",
+                    "prompt_ids_x": [1],
+                    "prompt_ids_c": [2],
+                    "response_ids": [3],
+                    "right_x": i % 4 != 0,
+                    "flips_clean": bool(rng.random() < 0.6),
+                    "flips": {s: bool(rng.random() < 0.6 - 0.1 * d) for d, s in enumerate(sites)},
+                }
+                for i in range(30)
+            ],
+        )
         seeds.append(seed)
     agg = tmp_path / "agg"
     agg.mkdir()

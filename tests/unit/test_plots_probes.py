@@ -39,8 +39,9 @@ def test_gradient_heatmap_matches_layer_module_rows(run_dir: Path) -> None:
     assert len(meshes) == 1
     with open(run_dir / "probes" / "gradients.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    cells = {(int(r["layer"]), r["module"]): float(r["cos"]) for r in rows
-             if r["scope"] == "layer_module" and r["layer"]}
+    cells = {
+        (int(r["layer"]), r["module"]): float(r["cos"]) for r in rows if r["scope"] == "layer_module" and r["layer"]
+    }
     modules = [t.get_text() for t in ax.get_xticklabels()]
     assert modules == [m for m in deltas.MODULE_ORDER if m in MODULES]
     expected = np.array([[cells[(i, m)] for m in modules] for i in range(N_LAYERS)])
@@ -66,8 +67,15 @@ def test_parameter_delta_panels_match_norms_from_the_weights(run_dir: Path) -> N
     ckpts = {k: run_dir.parent / "rules_ckpts" / k for k in ("base", "opd", "nca")}
     modules = [t.get_text() for t in axes[-1].get_xticklabels()]  # named once, under the last panel
     assert modules and all(modules)
-    sub = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+    sub = {
+        "q_proj": "self_attn",
+        "k_proj": "self_attn",
+        "v_proj": "self_attn",
+        "o_proj": "self_attn",
+        "gate_proj": "mlp",
+        "up_proj": "mlp",
+        "down_proj": "mlp",
+    }
     for ax, (a, b) in zip(axes, (("base", "opd"), ("base", "nca"), ("opd", "nca"))):
         grid = np.asarray([c for c in ax.collections if isinstance(c, QuadMesh)][0].get_array())
         grid = grid.reshape(N_LAYERS, len(modules))
@@ -108,12 +116,18 @@ def test_parameter_deltas_from_an_already_aggregated_table(run_dir: Path, tmp_pa
     run = tmp_path / "agg"
     (run / "probes").mkdir(parents=True)
     (run / "demo.json").write_text((run_dir / "demo.json").read_text())
-    deltas.write_table(deltas.aggregate_deltas(per_tensor, "site") + deltas.aggregate_deltas(per_tensor, "all"),
-                       run / "probes" / "deltas")
-    grids = [[np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
-             for ax in panels(plots.figure_parameter_deltas(run))]
-    expected = [[np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
-                for ax in panels(plots.figure_parameter_deltas(run_dir))]
+    deltas.write_table(
+        deltas.aggregate_deltas(per_tensor, "site") + deltas.aggregate_deltas(per_tensor, "all"),
+        run / "probes" / "deltas",
+    )
+    grids = [
+        [np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
+        for ax in panels(plots.figure_parameter_deltas(run))
+    ]
+    expected = [
+        [np.asarray(c.get_array()) for c in ax.collections if isinstance(c, QuadMesh)][0]
+        for ax in panels(plots.figure_parameter_deltas(run_dir))
+    ]
     assert len(grids) == 3
     for got, want in zip(grids, expected):
         np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -138,8 +152,11 @@ def test_column_names_kept_in_plots_match_the_probe_writers() -> None:
     from mechopd.plots import teachability as plot_teach
 
     assert plot_layers.GRAD_COLUMNS == tuple(f.name for f in fields(gradients.GradRow))
-    assert (plot_teach.SUMMARY_NAME, plot_teach.BUCKET_SIGNALS, plot_teach.GAINS) == \
-        (teachability.SUMMARY_NAME, teachability.BUCKET_SIGNALS, teachability.GAINS)
+    assert (plot_teach.SUMMARY_NAME, plot_teach.BUCKET_SIGNALS, plot_teach.GAINS) == (
+        teachability.SUMMARY_NAME,
+        teachability.BUCKET_SIGNALS,
+        teachability.GAINS,
+    )
     assert plot_layers.BASE == deltas.BASE
 
 
@@ -159,8 +176,10 @@ def test_one_missing_artifact_skips_only_its_figure(tmp_path: Path) -> None:
     (run / "sweep" / "sweep.json").unlink()
     assert plots.plot_budget_curve(run, tmp_path / "out") == []
     assert plots.figure_budget_curve(run) is None
-    assert [p.name for p in plots.plot_training_curves(run, tmp_path / "out")] == ["training_curves.png",
-                                                                                    "training_curves.pdf"]
+    assert [p.name for p in plots.plot_training_curves(run, tmp_path / "out")] == [
+        "training_curves.png",
+        "training_curves.pdf",
+    ]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["training_curves.pdf", "training_curves.png"]
 
 

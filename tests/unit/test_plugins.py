@@ -15,7 +15,7 @@ from mechopd.plots import draw_all, figure_index
 from mechopd.plots.registry import unregister_figure
 from mechopd.probes.registry import get_probe, unregister_probe
 
-TOY_PROBE = '''
+TOY_PROBE = """
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,9 +40,9 @@ def run_toy(setup, out, *, models, scale, mode, loud):
 
 
 register_probe(ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions, outputs=("toy.json",)))
-'''
+"""
 
-TOY_FIGURE = '''
+TOY_FIGURE = """
 from __future__ import annotations
 
 from pathlib import Path
@@ -60,7 +60,7 @@ def plot_toy(run_dir, out_dir: Path) -> list[Path]:
 
 
 register_figure("toy_figure", "Toy figure", "The toy probe's value.", plot_toy, group="probe")
-'''
+"""
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import torch
 from mechopd.cli import main, make_parser
 from mechopd.config import CliValue, TrainConfig, load_train_config, train_facts
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE0, GE1, option, unregister_options
 from mechopd.objectives.losses import TERMS, LossInputs, TermOutput, config_terms, register_term
 from mechopd.objectives.select import config_selector, register_selector, unregister_selector
-from mechopd.core.options import GE0, GE1, option, unregister_options
 
 
 # -- the toy loss term: the no-context view's entropy, added to any method when toy_weight > 0 ---------------------------
@@ -99,8 +99,10 @@ def test_the_old_spellings_of_beta_keep_working(tmp_path):
     assert TrainConfig().beta == 0.5 and TrainConfig().to_dict()["beta"] == 0.5  # the default, declared once
 
 
-@pytest.mark.parametrize("argv,beta", [(["--beta", "0.7"], 0.7), (["--set", "beta=0.3"], 0.3),
-                                        (["--beta", "0.7", "--set", "beta=0.3"], 0.3), ([], 0.5)])
+@pytest.mark.parametrize(
+    "argv,beta",
+    [(["--beta", "0.7"], 0.7), (["--set", "beta=0.3"], 0.3), (["--beta", "0.7", "--set", "beta=0.3"], 0.3), ([], 0.5)],
+)
 def test_beta_flag_and_set_reach_the_config(argv, beta, monkeypatch, tmp_path):
     from mechopd.train import trainer
 
@@ -112,9 +114,29 @@ def test_beta_flag_and_set_reach_the_config(argv, beta, monkeypatch, tmp_path):
 
 def test_a_toy_term_trains_from_its_flag(toys, tmp_path, tiny_rules_organism, capsys):
     out = tmp_path / "run"
-    assert main(["train", "--student", str(tiny_rules_organism), "--toy-weight", "0.5", "--steps", "1",
-                 "--batch-size", "2", "--max-new-tokens", "4", "--pool-size", "8", "--out", str(out),
-                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "train",
+                "--student",
+                str(tiny_rules_organism),
+                "--toy-weight",
+                "0.5",
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--pool-size",
+                "8",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("loss/toy" in r for r in rows)
     assert "toy_weight: 0.5" in (out / "config.yaml").read_text()

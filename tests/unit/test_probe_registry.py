@@ -16,17 +16,39 @@ from mechopd.plots.registry import register_figure, unregister_figure
 from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, add_probe_parsers, get_probe, probes, register_probe, unregister_probe
 
-SETUP_FLAGS = ("--run", "--task", "--option", "--placement", "--no-context-system", "--chat-template-kwarg",
-               "--temperature", "--max-new-tokens", "--n", "--seed", "--batch-size", "--responses-from", "--out")
+SETUP_FLAGS = (
+    "--run",
+    "--task",
+    "--option",
+    "--placement",
+    "--no-context-system",
+    "--chat-template-kwarg",
+    "--temperature",
+    "--max-new-tokens",
+    "--n",
+    "--seed",
+    "--batch-size",
+    "--responses-from",
+    "--out",
+)
 
 
 def run_toy(setup, out: Path, *, scale: float, model: str | None) -> list[str]:
     label, path = setup.model(model, "trained")
     task = setup.make_task()
     value = scale * len(setup.examples(task))
-    write_json(out / "toy.json", {"value": value, "model": label, "path": path, "task": setup.task,
-                                  "options": setup.task_options, "placement": setup.spec(task).placement,
-                                  "kwargs": setup.chat_template_kwargs})
+    write_json(
+        out / "toy.json",
+        {
+            "value": value,
+            "model": label,
+            "path": path,
+            "task": setup.task,
+            "options": setup.task_options,
+            "placement": setup.spec(task).placement,
+            "kwargs": setup.chat_template_kwargs,
+        },
+    )
     return [f"toy value {value}"]
 
 
@@ -55,9 +77,15 @@ class ClashOptions:
     n: int = option(1, "clashes with the setup's --n")
 
 
-TOY = ProbeSpec("toy", "a toy probe", run_toy, options=ToyOptions,
-                outputs=("toy.json",), demo={"model": "nca", "scale": 0.5},
-                report=toy_lines)
+TOY = ProbeSpec(
+    "toy",
+    "a toy probe",
+    run_toy,
+    options=ToyOptions,
+    outputs=("toy.json",),
+    demo={"model": "nca", "scale": 0.5},
+    report=toy_lines,
+)
 
 
 @pytest.fixture
@@ -84,12 +112,16 @@ def test_builtin_probes_are_registered_with_figures_and_report():
     from mechopd.plots import figure_index
 
     assert {"layer_cosine", "gradient_alignment", "parameter_deltas", "teachability"} <= {
-        f.name for f in figure_index()}  # their figures register in their plot modules
+        f.name for f in figure_index()
+    }  # their figures register in their plot modules
 
 
-PYTHON_API = {"similarity": "mechopd.probes.similarity:run_similarity",
-              "gradients": "mechopd.probes.gradients:run_gradients", "deltas": "mechopd.probes.deltas:run_deltas",
-              "teachability": "mechopd.probes.teachability:run_teachability"}
+PYTHON_API = {
+    "similarity": "mechopd.probes.similarity:run_similarity",
+    "gradients": "mechopd.probes.gradients:run_gradients",
+    "deltas": "mechopd.probes.deltas:run_deltas",
+    "teachability": "mechopd.probes.teachability:run_teachability",
+}
 
 
 def test_cli_and_python_defaults_agree():
@@ -121,9 +153,28 @@ def test_a_registered_probe_is_a_cli_verb_with_its_flags(toy, tmp_path, capsys):
     a = _parser().parse_args(["toy", "--scale", "3", "--option", "rule=reverse"])
     assert (a.probe, a.scale, a.option) == ("toy", 3.0, ["rule=reverse"])
     opd = tmp_path / "o"
-    code = main(["probe", "toy", "--task", "rules", "--n", "4", "--scale", "3", "--option", "rule=reverse",
-                 "--placement", "user", "--chat-template-kwarg", "enable_thinking=false", "--out", str(tmp_path / "p"),
-                 "--model", str(opd)])
+    code = main(
+        [
+            "probe",
+            "toy",
+            "--task",
+            "rules",
+            "--n",
+            "4",
+            "--scale",
+            "3",
+            "--option",
+            "rule=reverse",
+            "--placement",
+            "user",
+            "--chat-template-kwarg",
+            "enable_thinking=false",
+            "--out",
+            str(tmp_path / "p"),
+            "--model",
+            str(opd),
+        ]
+    )
     assert code == 0 and "toy value 12.0" in capsys.readouterr().out
     doc = read_json(tmp_path / "p" / "toy.json")
     assert doc["options"] == {"rule": "reverse"} and doc["placement"] == "user"
@@ -146,18 +197,18 @@ def test_options_are_checked_against_the_registration(toy):
 
 def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatch):
     """demo.run_probes runs the toy with its demo options; draw_all draws its figure; report.md has its line."""
-    from mechopd.pipeline import demo
-    from mechopd import plots
-    from mechopd.report import write_report_md
-
     from dataclasses import replace
 
+    from mechopd import plots
+    from mechopd.pipeline import demo
     from mechopd.probes import registry
+    from mechopd.report import write_report_md
 
     probes()  # built-ins loaded; then only the toy runs in the demo (the built-ins need real checkpoints; they stay
     # registered, out of the demo, since the built-in study names them)
-    monkeypatch.setattr(registry, "_REGISTRY", {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()},
-                                                "toy": TOY})
+    monkeypatch.setattr(
+        registry, "_REGISTRY", {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()}, "toy": TOY}
+    )
     run = tmp_path / "run"
     models = {"base": tmp_path / "base", "opd": tmp_path / "opd", "nca": tmp_path / "nca"}
     demo.run_probes(demo.DemoConfig(fast=True), models, run)

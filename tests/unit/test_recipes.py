@@ -39,7 +39,9 @@ def test_every_method_runs_on_the_task_recipe(task, over, want):
     assert (cfg.task, cfg.student) == (task, f"organism:{task}")
     assert (cfg.method, cfg.selector) == want
     schedule = ("estimator", "batch_size", "lr", "steps", "eval_every", "eval_n", "save_every", "seed")
-    assert [getattr(cfg, k) for k in schedule] == [getattr(base, k) for k in schedule]  # the flags change the method only
+    assert [getattr(cfg, k) for k in schedule] == [
+        getattr(base, k) for k in schedule
+    ]  # the flags change the method only
 
 
 @pytest.mark.parametrize("task", ORGANISM_TASKS)
@@ -63,8 +65,22 @@ def test_recipe_leaves_the_papers_defaults_for_the_method(task):
 
 # ------------------------------------------------------------------------------------------------- probe recipes
 PROBE_RECIPES = sorted((ROOT / "probes").glob("*.yaml"))
-SETUP_KEYS = {"task", "task_options", "placement", "no_context_system", "chat_template_kwargs", "temperature",
-              "max_new_tokens", "n", "seed", "batch_size", "split", "responses_from", "models", "run"}  # ProbeSetup
+SETUP_KEYS = {
+    "task",
+    "task_options",
+    "placement",
+    "no_context_system",
+    "chat_template_kwargs",
+    "temperature",
+    "max_new_tokens",
+    "n",
+    "seed",
+    "batch_size",
+    "split",
+    "responses_from",
+    "models",
+    "run",
+}  # ProbeSetup
 STUDY_PROBES = {"similarity", "gradients", "deltas", "teachability"}
 
 

@@ -93,8 +93,10 @@ def test_all_items_wrong():
     assert s["regime"] == "X" and "collapsed" in s["regime_reason"]  # never "views agree"
 
 
-@pytest.mark.parametrize(("acc_x", "acc_xc", "regime"), [(0.05, 0.05, "X"), (0.0, 0.04, "X"), (0.06, 0.05, "C"),
-                                                          (0.0, 1.0, "B"), (1.0, 0.0, "A")])
+@pytest.mark.parametrize(
+    ("acc_x", "acc_xc", "regime"),
+    [(0.05, 0.05, "X"), (0.0, 0.04, "X"), (0.06, 0.05, "C"), (0.0, 1.0, "B"), (1.0, 0.0, "A")],
+)
 def test_collapsed_is_its_own_regime(acc_x, acc_xc, regime):
     from mechopd.evaluation.removability import classify_regime
 

@@ -182,7 +182,11 @@ def test_normalized_decomposition_and_selector_scores():
     torch.testing.assert_close(n.DL + n.DI, n.D)
     torch.testing.assert_close(n.DL, n.D * n.C)
     expected = {
-        "entropy": n.H, "divergence": n.D, "tip": n.H + n.D - n.H * n.D, "compat": n.C, "ta_opd": n.D * n.C,
+        "entropy": n.H,
+        "divergence": n.D,
+        "tip": n.H + n.D - n.H * n.D,
+        "compat": n.C,
+        "ta_opd": n.D * n.C,
         "ta_opd_ent": n.H + n.D * n.C - n.H * n.D * n.C,
     }
     for name, value in expected.items():
@@ -266,8 +270,9 @@ def test_default_keeps_exactly_the_budget_as_the_paper_says():
 
 def test_one_token_responses_and_batch_of_one():
     single = make_mask([1, 1, 1])
-    keep = S.select_top_budget(torch.tensor([[0.1] * T, [0.9] * T, [0.5] * T]), single, rho=0.1,
-                               min_one_per_response=True)
+    keep = S.select_top_budget(
+        torch.tensor([[0.1] * T, [0.9] * T, [0.5] * T]), single, rho=0.1, min_one_per_response=True
+    )
     assert torch.equal(keep, single)  # budget 1 plus one per response
     one = make_mask([4], seq=4)
     keep = S.select_top_budget(torch.tensor([[0.2, 0.7, 0.7, 0.1]]), one, rho=0.5)
@@ -305,13 +310,20 @@ def test_rho_one_keeps_every_valid_position(name):
 def test_score_selectors_end_to_end_match_reference(name, d_mode, min_one):
     student, teacher = make_logp(8, (4, 6, V)), make_logp(9, (4, 6, V))
     mask = make_mask([6, 4, 1, 3], seq=6)
-    sel = S.select(name, student, teacher, mask, rho=0.3, d_mode=d_mode, c_mode="lower_bound", k=4,
-                   min_one_per_response=min_one)
+    sel = S.select(
+        name, student, teacher, mask, rho=0.3, d_mode=d_mode, c_mode="lower_bound", k=4, min_one_per_response=min_one
+    )
     ref = ref_stats(student, teacher, mask, 4)
     m = mask.numpy()
     h, d, c = (ref_norm(ref[key], m) for key in ("H", f"D_{d_mode}", "C_lower_bound"))
-    score = {"entropy": h, "divergence": d, "tip": h + d - h * d, "compat": c, "ta_opd": d * c,
-             "ta_opd_ent": h + d * c - h * d * c}[name]
+    score = {
+        "entropy": h,
+        "divergence": d,
+        "tip": h + d - h * d,
+        "compat": c,
+        "ta_opd": d * c,
+        "ta_opd_ent": h + d * c - h * d * c,
+    }[name]
     np.testing.assert_allclose(sel.score.numpy(), score, atol=1e-9)
     np.testing.assert_array_equal(sel.keep.numpy(), ref_select(sel.score.numpy(), m, 0.3, "position", min_one))
     if not min_one:
@@ -335,8 +347,15 @@ def test_random_selector_is_reproducible_and_respects_the_budget():
 def test_make_selector_validates_names_and_options():
     with pytest.raises(ConfigError, match="full, random, entropy, divergence, tip, compat, ta_opd, ta_opd_ent"):
         S.make_selector("greedy")
-    bad_options = ({"k": 0}, {"k": -3}, {"c_mode": "x"}, {"d_mode": "x"}, {"tie_break": "x"}, {"q_low": 0.96},
-                   {"q_high": 1.5})
+    bad_options = (
+        {"k": 0},
+        {"k": -3},
+        {"c_mode": "x"},
+        {"d_mode": "x"},
+        {"tie_break": "x"},
+        {"q_low": 0.96},
+        {"q_high": 1.5},
+    )
     for bad in bad_options:
         with pytest.raises(ConfigError):
             S.make_selector("ta_opd", **bad)

@@ -11,13 +11,21 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.views import RenderSpec, assemble_two_views, render_prompt_ids
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
-from mechopd.probes.similarity import (StreamingCKA, _Buffer, compare_models, make_batches, run_similarity,
-                                       token_cosine, two_view_cosine, write_rows)
 from mechopd.probes.setup import ProbeSetup
+from mechopd.probes.similarity import (
+    StreamingCKA,
+    _Buffer,
+    compare_models,
+    make_batches,
+    run_similarity,
+    token_cosine,
+    two_view_cosine,
+    write_rows,
+)
 from mechopd.tasks.base import get_task
-from mechopd.core.views import RenderSpec, assemble_two_views, render_prompt_ids
 
 ATOL = 2e-5
 
@@ -33,9 +41,19 @@ def tok(task):
 
 
 def tiny(tok, layers: int = 2, hidden: int = 32, seed: int = 0):
-    cfg = Qwen3Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, vocab_size=len(tok), max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    cfg = Qwen3Config(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=len(tok),
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).eval()
 
@@ -133,8 +151,9 @@ def test_batched_equals_one_by_one(tok, task, model, items):
         for k in ("cos_mean", "cos_median", "cos_example_mean", "cka"):
             assert a[k] == pytest.approx(b[k], abs=ATOL), (a["site"], k)
         assert a["n_tokens"] == b["n_tokens"]
-    assert [r["cos_mean"] for r in big.example_rows] == pytest.approx([r["cos_mean"] for r in small.example_rows],
-                                                                      abs=ATOL)
+    assert [r["cos_mean"] for r in big.example_rows] == pytest.approx(
+        [r["cos_mean"] for r in small.example_rows], abs=ATOL
+    )
 
 
 def test_left_and_right_padding_agree(tok, task, model, items):
@@ -160,8 +179,11 @@ def test_model_against_itself_on_identical_views_is_one_everywhere(tok, model):
 def test_token_cosine_and_streaming_cka_against_references():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50, 6, generator=g, dtype=torch.float64) + 5.0  # far from centred: the shift matters
-    y = x @ torch.randn(6, 6, generator=g, dtype=torch.float64) + 0.3 * torch.randn(50, 6, generator=g,
-                                                                                    dtype=torch.float64) - 2.0
+    y = (
+        x @ torch.randn(6, 6, generator=g, dtype=torch.float64)
+        + 0.3 * torch.randn(50, 6, generator=g, dtype=torch.float64)
+        - 2.0
+    )
     cos = token_cosine(x, y)
     for i in range(50):
         assert float(cos[i]) == pytest.approx(float(x[i] @ y[i] / (x[i].norm() * y[i].norm())), abs=1e-6)
@@ -213,8 +235,12 @@ def test_patching_the_last_layer_makes_the_no_context_view_agree(model, items):
 def test_compare_models_runs_every_model_on_the_same_batches(tok, model, items):
     other = tiny(tok, seed=1)
     res = compare_models({"a": model, "b": other}, iter(list(items)), layers=[0, "final_norm"])  # one-shot iterator
-    assert [(r["model"], r["site"]) for r in res.rows] == [("a", "layers.0.resid_post"), ("a", "final_norm"),
-                                                           ("b", "layers.0.resid_post"), ("b", "final_norm")]
+    assert [(r["model"], r["site"]) for r in res.rows] == [
+        ("a", "layers.0.resid_post"),
+        ("a", "final_norm"),
+        ("b", "layers.0.resid_post"),
+        ("b", "final_norm"),
+    ]
     alone = two_view_cosine(other, items, layers=[0, "final_norm"])
     assert [r["cos_mean"] for r in res.rows[2:]] == pytest.approx([r["cos_mean"] for r in alone.rows], abs=1e-7)
     assert res.rows[0]["cos_mean"] != pytest.approx(res.rows[2]["cos_mean"], abs=1e-4)
@@ -225,8 +251,15 @@ def test_bad_input_names_the_problem(tok, model, items):
         compare_models({"a": model, "b": tiny(tok, hidden=48)}, items)
     with pytest.raises(ModelError, match="num_hidden_layers"):
         compare_models({"a": model, "b": tiny(tok, layers=3)}, items)
-    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "head_dim", "vocab_size")
+    shape = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+    )
     llama = LlamaConfig(**{k: getattr(model.config, k) for k in shape})
     with pytest.raises(ModelError, match="model_type"):
         compare_models({"a": model, "b": AutoModelForCausalLM.from_config(llama)}, items)
@@ -258,8 +291,12 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
     assert len(examples) == 2 * 4 * 4
     settings = json.loads((tmp_path / "sim" / "similarity.json").read_text())
     assert settings["responses_from"] == "opd" and settings["sites"][-1] == "final_norm"
-    again = run_similarity(setup.replace(responses_from=str(tmp_path / "sim" / "similarity_responses.jsonl"),
-                                         batch_size=4), tmp_path / "sim2", cka=True, progress=False)
+    again = run_similarity(
+        setup.replace(responses_from=str(tmp_path / "sim" / "similarity_responses.jsonl"), batch_size=4),
+        tmp_path / "sim2",
+        cka=True,
+        progress=False,
+    )
     rows2 = list(csv.DictReader(again.open()))
     assert [float(r["cos_mean"]) for r in rows2] == pytest.approx([float(r["cos_mean"]) for r in rows], abs=ATOL)
     with pytest.raises(ConfigError, match="not a model label"):
@@ -288,14 +325,13 @@ def test_write_rows_formats(tmp_path):
 
 
 def test_sampled_responses_do_not_depend_on_batch_size(organism_tokenizer, tiny_qwen3):
+    from mechopd.core.views import RenderSpec
     from mechopd.probes.similarity import sample_responses
     from mechopd.tasks.base import get_task
-    from mechopd.core.views import RenderSpec
 
     ex = get_task("rules").examples("test", 5, 0)
     kw = dict(max_new_tokens=6, temperature=1.0, seed=4)
     a = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=2, **kw)
     b = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **kw)
-    c = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5,
-                         **{**kw, "seed": 5})
+    c = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **{**kw, "seed": 5})
     assert a == b and a != c

@@ -5,11 +5,21 @@ from __future__ import annotations
 import pytest
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.sites import (
+    MODULE_ORDER,
+    module_kind,
+    module_path,
+    param_layer,
+    resid_site,
+    residual_sites,
+    site_depth,
+    site_layer,
+    site_of,
+    sites_for,
+)
 from mechopd.models import module_at
 from mechopd.plots.layers import site_depth as plot_depth
 from mechopd.probes.capture import all_sites, site_module
-from mechopd.core.sites import (MODULE_ORDER, module_kind, module_path, param_layer, resid_site, residual_sites, site_depth,
-                           site_layer, site_of, sites_for)
 from tests.conftest import tiny_model
 
 
@@ -18,8 +28,11 @@ def test_residual_sites_in_forward_order():
     assert [site_depth(s, 2) for s in residual_sites(2)] == [0, 1, 2, 3]
     assert [site_layer(s) for s in residual_sites(2)] == [None, 0, 1, None]
     assert resid_site(7) == "layers.7.resid_post" and site_layer(resid_site(7)) == 7
-    assert sites_for(4, [-1, "embed", 0, "layers.0.resid_post"]) == ["embed", "layers.0.resid_post",
-                                                                       "layers.3.resid_post"]
+    assert sites_for(4, [-1, "embed", 0, "layers.0.resid_post"]) == [
+        "embed",
+        "layers.0.resid_post",
+        "layers.3.resid_post",
+    ]
     for bad in ([4], ["layers.x.resid_post"], []):
         with pytest.raises(ConfigError):
             sites_for(4, bad)
@@ -27,10 +40,16 @@ def test_residual_sites_in_forward_order():
         site_depth("layers.0.self_attn.q_proj", 4)
 
 
-@pytest.mark.parametrize("site, path", [
-    ("embed", "model.embed_tokens"), ("final_norm", "model.norm"), ("lm_head", "lm_head"),
-    ("layers.3.resid_post", "model.layers.3"), ("layers.3.self_attn.q_proj", "model.layers.3.self_attn.q_proj"),
-])
+@pytest.mark.parametrize(
+    "site, path",
+    [
+        ("embed", "model.embed_tokens"),
+        ("final_norm", "model.norm"),
+        ("lm_head", "lm_head"),
+        ("layers.3.resid_post", "model.layers.3"),
+        ("layers.3.self_attn.q_proj", "model.layers.3.self_attn.q_proj"),
+    ],
+)
 def test_module_path(site, path):
     assert module_path(site) == path
 

@@ -41,14 +41,18 @@ def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[t
 
 def test_no_file_over_the_limit():
     found = long_files()
-    assert found == [], (f"files over {MAX_FILE_LINES} lines (CONTRIBUTING.md: split the file by responsibility): "
-                         + "; ".join(f"{p} has {n}" for p, n in found))
+    assert found == [], (
+        f"files over {MAX_FILE_LINES} lines (CONTRIBUTING.md: split the file by responsibility): "
+        + "; ".join(f"{p} has {n}" for p, n in found)
+    )
 
 
 def test_no_function_over_the_limit():
     found = long_functions()
-    assert found == [], (f"functions over {MAX_FUNCTION_LINES} lines (CONTRIBUTING.md: split the function): "
-                         + "; ".join(f"{f} has {n}" for f, n in found))
+    assert found == [], (
+        f"functions over {MAX_FUNCTION_LINES} lines (CONTRIBUTING.md: split the function): "
+        + "; ".join(f"{f} has {n}" for f, n in found)
+    )
 
 
 def test_the_size_checks_see_long_files_and_functions(tmp_path):
@@ -57,8 +61,10 @@ def test_the_size_checks_see_long_files_and_functions(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(59))
     (pkg / "ok.py").write_text(f"def f():\n{body}")  # 60 lines: at the limit
     method = body.replace("    ", "        ")
-    (pkg / "sub" / "long.py").write_text(f"@decorator\ndef g():\n{body}\n\nclass C:\n    async def h(self):\n{method}"
-                                         "        pass\n    def short(self):\n        pass\n")
+    (pkg / "sub" / "long.py").write_text(
+        f"@decorator\ndef g():\n{body}\n\nclass C:\n    async def h(self):\n{method}"
+        "        pass\n    def short(self):\n        pass\n"
+    )
     assert long_functions(pkg) == [("mechopd/sub/long.py:2 g", 61), ("mechopd/sub/long.py:65 h", 61)]
     (pkg / "big.py").write_text("x = 1\n" * 401)
     (pkg / "edge.py").write_text("x = 1\n" * 400)

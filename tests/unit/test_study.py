@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mechopd.report.claims import claims_json, evaluate_claims
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.report import write_report_md
+from mechopd.report.claims import claims_json, evaluate_claims
 from mechopd.study import EvalReport, Study
 from tests.unit.plotting_run import make_run
 
@@ -65,10 +65,16 @@ def test_renaming_a_run_through_the_study_changes_no_number(tmp_path):
     # without the study the NCA role is missing: the NCA claims cannot be measured (the mapping is what matters)
     plain = {c["key"]: c["verdict"] for c in claims_json(evaluate_claims([other]))}
     assert plain["nca_removes"] == plain["cosine_order"] == "not measurable here"
-    (other / "study.yaml").write_text(yaml.safe_dump({"task": "rules", "runs": {
-        "base": "base", "opd": "opd", "nca": "my_nca", "ta_opd": "ta_opd"}}, sort_keys=False))
-    assert Study.load(other).name("nca") == "my_nca" and Study.load(other).run("nca").train_dir == other / "train" / \
-        "my_nca"
+    (other / "study.yaml").write_text(
+        yaml.safe_dump(
+            {"task": "rules", "runs": {"base": "base", "opd": "opd", "nca": "my_nca", "ta_opd": "ta_opd"}},
+            sort_keys=False,
+        )
+    )
+    assert (
+        Study.load(other).name("nca") == "my_nca"
+        and Study.load(other).run("nca").train_dir == other / "train" / "my_nca"
+    )
     assert claims_json(evaluate_claims([other])) == before_claims
     after = write_report_md(other).read_text()
     assert _numbers(after, other) == _numbers(before, run)
@@ -79,8 +85,12 @@ def test_a_study_file_applied_to_a_run_dir_and_a_study_yaml_on_its_own(tmp_path)
     run = make_run(tmp_path / "a")
     other = renamed_copy(run, tmp_path / "b" / "rules")
     spec = tmp_path / "elsewhere.yaml"
-    spec.write_text(yaml.safe_dump({"runs": {"opd": "opd", "nca": {"name": "my_nca", "label": "anchored"}},
-                                    "root": str(other)}, sort_keys=False))
+    spec.write_text(
+        yaml.safe_dump(
+            {"runs": {"opd": "opd", "nca": {"name": "my_nca", "label": "anchored"}}, "root": str(other)},
+            sort_keys=False,
+        )
+    )
     by_file = Study.load(spec)
     applied = Study.load(other, spec)
     assert by_file.root == other and applied.root == other
@@ -89,12 +99,15 @@ def test_a_study_file_applied_to_a_run_dir_and_a_study_yaml_on_its_own(tmp_path)
     assert by_file.value("nca", "acc_x") == Study.load(run).value("nca", "acc_x")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("runs: [opd]\n", "'runs' mapping"),
-    ("runs: {nca: {name: x, colour: red}}\n", "unknown key 'colour'"),
-    ("runs: {nca: ../escape}\n", "not a plain name"),
-    ("runs: {opd: x, nca: x}\n", "plays two roles"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("runs: [opd]\n", "'runs' mapping"),
+        ("runs: {nca: {name: x, colour: red}}\n", "unknown key 'colour'"),
+        ("runs: {nca: ../escape}\n", "not a plain name"),
+        ("runs: {opd: x, nca: x}\n", "plays two roles"),
+    ],
+)
 def test_bad_study_files_are_refused(tmp_path, text, message):
     bad = tmp_path / "s.yaml"
     bad.write_text(text)
@@ -129,8 +142,12 @@ def test_figures_cli_takes_a_study_file(tmp_path, capsys):
     before = (run / "report.md").read_text()
     other = renamed_copy(run, tmp_path / "b" / "rules")
     spec = tmp_path / "roles.yaml"
-    spec.write_text(yaml.safe_dump({"root": str(other), "runs": {"base": "base", "opd": "opd", "nca": "my_nca",
-                                                                 "ta_opd": "ta_opd"}}, sort_keys=False))
+    spec.write_text(
+        yaml.safe_dump(
+            {"root": str(other), "runs": {"base": "base", "opd": "opd", "nca": "my_nca", "ta_opd": "ta_opd"}},
+            sort_keys=False,
+        )
+    )
     assert main(["figures", "--study", str(spec)]) == 0, capsys.readouterr().err
     after = (other / "report.md").read_text().replace(str(spec), "STUDY")
     assert _numbers(after, other) == _numbers(before, run) and (other / "figures" / "layer_cosine.png").is_file()

@@ -8,8 +8,19 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.base import (_REGISTRY, BaseTask, Episode, Example, Task, check_disjoint, check_split, get_task,
-                                missing_members, register_task, task_names)
+from mechopd.tasks.base import (
+    _REGISTRY,
+    BaseTask,
+    Episode,
+    Example,
+    Task,
+    check_disjoint,
+    check_split,
+    get_task,
+    missing_members,
+    register_task,
+    task_names,
+)
 from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA
 
 README = Path(__file__).resolve().parents[2] / "docs" / "tasks.md"  # the custom-task example
@@ -60,20 +71,25 @@ def test_every_registered_task_satisfies_the_protocol(name):
     if name in ORGANISM_TASKS:
         corpus = task.pretrain_corpus(8, 0)
         assert len(corpus) == 8
-        assert all((c is None or isinstance(c, str)) and isinstance(p, str) and isinstance(r, str) for c, p, r in corpus)
+        assert all(
+            (c is None or isinstance(c, str)) and isinstance(p, str) and isinstance(r, str) for c, p, r in corpus
+        )
         assert {c is None for c, _, _ in corpus} == {True, False}  # both views are pretrained
     else:
         with pytest.raises(TaskError, match="no organism pretraining corpus"):
             task.pretrain_corpus(8, 0)
 
 
-@pytest.mark.parametrize("name, response, parsed", [
-    ("rules", " 2 3 4 ", "2 3 4"),
-    ("jsonl", "I think <answer> B </answer>", "B"),
-    ("jsonl", "B", None),
-    ("frozenlake", "up H far , down F toward [down]", "down"),
-    ("sokoban", "no move here", None),
-])
+@pytest.mark.parametrize(
+    "name, response, parsed",
+    [
+        ("rules", " 2 3 4 ", "2 3 4"),
+        ("jsonl", "I think <answer> B </answer>", "B"),
+        ("jsonl", "B", None),
+        ("frozenlake", "up H far , down F toward [down]", "down"),
+        ("sokoban", "no move here", None),
+    ],
+)
 def test_parse_answer_is_what_score_reads(name, response, parsed):
     assert get_task(name, **OPTIONS.get(name, {})).parse_answer(response) == parsed
 
@@ -95,10 +111,17 @@ def test_get_task_names_the_missing_members(registry_guard):
     class Partial:  # no split_of, parse_answer, pretrain_corpus
         name, placement, is_game, max_new_tokens, temperature = "partial", "system", False, 8, 1.0
 
-        def examples(self, split, n, seed): return []
-        def score(self, example, text): return False
-        def new_episode(self, example): raise TaskError("single-turn")
-        def vocab(self): return []
+        def examples(self, split, n, seed):
+            return []
+
+        def score(self, example, text):
+            return False
+
+        def new_episode(self, example):
+            raise TaskError("single-turn")
+
+        def vocab(self):
+            return []
 
     register_task("partial")(lambda: Partial())
     assert not isinstance(Partial(), Task)
@@ -110,8 +133,11 @@ def test_base_task_split_is_a_stable_hash():
     class T(BaseTask):
         name = "t"
 
-        def examples(self, split, n, seed): return []
-        def score(self, example, text): return False
+        def examples(self, split, n, seed):
+            return []
+
+        def score(self, example, text):
+            return False
 
     uids = [f"item-{i}" for i in range(2000)]
     split = [T().split_of(Example(u, "", "")) for u in uids]

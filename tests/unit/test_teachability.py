@@ -11,13 +11,13 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from mechopd.core.errors import DataError, ModelError
+from mechopd.core.views import build_two_view_batch
+from mechopd.evaluation.removability import resample_blocks
+from mechopd.objectives.select import normalize_stats, teachability_stats
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
 from mechopd.probes.setup import ProbeSetup
-from mechopd.evaluation.removability import resample_blocks
 from mechopd.tasks.base import get_task
-from mechopd.objectives.select import normalize_stats, teachability_stats
-from mechopd.core.views import RenderSpec, build_two_view_batch
 
 TASK = get_task("rules")
 TOK = build_tokenizer(TASK.vocab())
@@ -25,9 +25,19 @@ TOK = build_tokenizer(TASK.vocab())
 
 def tiny(seed: int, tok=TOK) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, initializer_range=0.3)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        initializer_range=0.3,
+    )
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -58,8 +68,9 @@ def test_empty_or_bad_bank_is_a_data_error(bank, tmp_path, content):
     if content == "EMPTY_ITEMS":
         T.save_bank(T.Bank([], [], [], [], bank.tokenizer_sha), path)
     elif content == "EMPTY_RESPONSES":
-        T.save_bank(T.Bank(bank.prompts, bank.contexts, [[] for _ in bank.prompts], bank.uids, bank.tokenizer_sha),
-                    path)
+        T.save_bank(
+            T.Bank(bank.prompts, bank.contexts, [[] for _ in bank.prompts], bank.uids, bank.tokenizer_sha), path
+        )
     elif content is not None:
         path.write_text(content)
     with pytest.raises(DataError, match="bank"):
@@ -77,8 +88,10 @@ def _direct(bank, student0, student1, teacher, temperature):
     """The whole bank as ONE batch: direct teachability_stats / normalize_stats calls."""
     batch = build_two_view_batch(TOK, bank.prompts, bank.contexts, bank.responses, bank.spec, layout="right")
     with torch.no_grad():
-        lp = [torch.log_softmax(batch.response_logits(m(**batch.view(v)).logits, v) / temperature, -1)
-              for m, v in ((student0, "x"), (student1, "x"), (teacher, "c"))]
+        lp = [
+            torch.log_softmax(batch.response_logits(m(**batch.view(v)).logits, v) / temperature, -1)
+            for m, v in ((student0, "x"), (student1, "x"), (teacher, "c"))
+        ]
     mask = batch.response_mask
     exact = teachability_stats(lp[0], lp[2], mask, 16, "exact")
     lower = teachability_stats(lp[0], lp[2], mask, 16, "lower_bound")
@@ -95,9 +108,20 @@ def test_rescore_equals_direct_stats(bank, models):
     np.testing.assert_array_equal(table["seq"], seq.numpy())
     np.testing.assert_array_equal(table["pos"], pos.numpy())
     np.testing.assert_array_equal(table["token"], [bank.responses[s][p] for s, p in zip(seq.tolist(), pos.tolist())])
-    pairs = {"H": exact.H, "D": exact.D, "kl_full": exact.kl_full, "kl0": exact.kl_full, "C_exact": exact.C,
-             "C_lower": lower.C, "H_norm": normed.H, "D_norm": normed.D, "C_norm": normed.C, "DL": normed.DL,
-             "DI": normed.DI, "kl1": kl1}
+    pairs = {
+        "H": exact.H,
+        "D": exact.D,
+        "kl_full": exact.kl_full,
+        "kl0": exact.kl_full,
+        "C_exact": exact.C,
+        "C_lower": lower.C,
+        "H_norm": normed.H,
+        "D_norm": normed.D,
+        "C_norm": normed.C,
+        "DL": normed.DL,
+        "DI": normed.DI,
+        "kl1": kl1,
+    }
     for name, ref in pairs.items():
         np.testing.assert_allclose(table[name], ref[mask].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     np.testing.assert_allclose(table["gain_abs"], table["kl0"].astype(float) - table["kl1"], rtol=1e-6)
@@ -119,8 +143,16 @@ def synthetic(n_seq: int = 40, seed: int = 0) -> dict[str, np.ndarray]:
     lengths = rng.integers(1, 12, n_seq)
     seq = np.repeat(np.arange(n_seq), lengths)
     n = len(seq)
-    cols = {"seq": seq, "H": rng.random(n), "D": rng.random(n), "C_exact": rng.random(n), "DL": rng.random(n),
-            "DI": rng.random(n), "kl_full": rng.gamma(2.0, size=n), "C_norm": np.clip(rng.random(n) * 1.5, 0, 1)}
+    cols = {
+        "seq": seq,
+        "H": rng.random(n),
+        "D": rng.random(n),
+        "C_exact": rng.random(n),
+        "DL": rng.random(n),
+        "DI": rng.random(n),
+        "kl_full": rng.gamma(2.0, size=n),
+        "C_norm": np.clip(rng.random(n) * 1.5, 0, 1),
+    }
     cols["gain_abs"] = 0.5 * cols["C_exact"] + rng.normal(0, 0.3, n)
     cols["gain_rel"] = cols["gain_abs"] / (1 + cols["kl_full"])
     return cols
@@ -215,5 +247,6 @@ def test_run_teachability_refuses_other_teacher_tokenizer(models, tmp_path):
     s0 = _save(models[0], TOK, tmp_path / "s0")
     t = _save(tiny(1, tok=other), other, tmp_path / "t")
     with pytest.raises(ModelError, match="tokenizers differ"):
-        T.run_teachability(ProbeSetup(task="rules", n=2), tmp_path / "out", student=str(s0), trained=str(s0),
-                           teacher=str(t))
+        T.run_teachability(
+            ProbeSetup(task="rules", n=2), tmp_path / "out", student=str(s0), trained=str(s0), teacher=str(t)
+        )

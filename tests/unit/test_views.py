@@ -108,8 +108,9 @@ def test_batched_equals_one_by_one(organism_tokenizer, tiny_qwen3, which):
     b = _batch(tok)
     full = _resp_logits(tiny_qwen3, b, which)
     for i, p in enumerate(PROMPTS):
-        one = build_two_view_batch(tok, [p], [CTX], [b.response_ids[i][b.response_mask[i]].tolist()],
-                                   RenderSpec("system"))
+        one = build_two_view_batch(
+            tok, [p], [CTX], [b.response_ids[i][b.response_mask[i]].tolist()], RenderSpec("system")
+        )
         r = int(b.response_mask[i].sum())
         torch.testing.assert_close(full[i, :r], _resp_logits(tiny_qwen3, one, which)[0, :r], atol=1e-5, rtol=1e-4)
 
@@ -120,8 +121,9 @@ def test_left_and_right_padding_give_same_response_logits(organism_tokenizer, ar
     left, right = _batch(organism_tokenizer, "left"), _batch(organism_tokenizer, "right")
     m = left.response_mask
     for which in ("x", "c"):
-        torch.testing.assert_close(_resp_logits(model, left, which)[m], _resp_logits(model, right, which)[m],
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            _resp_logits(model, left, which)[m], _resp_logits(model, right, which)[m], atol=1e-5, rtol=1e-4
+        )
 
 
 def test_too_long_context_names_both_lengths(organism_tokenizer):

@@ -14,8 +14,17 @@ import torch
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-HD32_ORGANISM = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, steps=60,
-                     batch_size=32, corpus_size=2000, lr=3e-3)  # head_dim 32
+HD32_ORGANISM = dict(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    steps=60,
+    batch_size=32,
+    corpus_size=2000,
+    lr=3e-3,
+)  # head_dim 32
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +42,20 @@ def hd32_model_dir(tmp_path_factory, organism_tokenizer):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     tok = organism_tokenizer
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      initializer_range=0.1)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        initializer_range=0.1,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     out = tmp_path_factory.mktemp("hd32")

@@ -12,11 +12,11 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: pip install -e .[vllm])")
 pytestmark = pytest.mark.vllm
 
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.models import load_model, load_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 
 
 def test_default_kernels_follow_every_weight_after_loading(hd32_model_dir):

@@ -10,11 +10,11 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: pip install -e .[vllm])")
 pytestmark = pytest.mark.vllm
 
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.models import load_model, load_tokenizer  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from tests.vllm.conftest import max_weight_diff  # noqa: E402
 
 
@@ -30,8 +30,9 @@ def setup(hd32_model_dir, readable_weights):
 
 
 def _greedy(model, tok, ids, engine):
-    return sample(model, ids, SamplingSettings.for_model(tok, model, max_new_tokens=16, greedy=True,
-                                                         engine=engine)).responses
+    return sample(
+        model, ids, SamplingSettings.for_model(tok, model, max_new_tokens=16, greedy=True, engine=engine)
+    ).responses
 
 
 def test_greedy_ids_equal_the_lean_decoder(setup):
@@ -62,8 +63,9 @@ def test_sampled_tokens_follow_the_model_softmax(setup):
     """One decode step sampled N times with seeds 0..N-1: Pearson's chi-square against softmax(logits / T)."""
     model, tok, engine, ids = setup
     prompt, T, N = ids[0], 1.0, 3000
-    gen = engine.sample([prompt] * N, SamplingSettings(max_new_tokens=1, stop=(), pad_id=0, temperature=T),
-                        row_seeds=list(range(N)))
+    gen = engine.sample(
+        [prompt] * N, SamplingSettings(max_new_tokens=1, stop=(), pad_id=0, temperature=T), row_seeds=list(range(N))
+    )
     drawn = torch.tensor([r[0] for r in gen.responses])
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1]  # [V]

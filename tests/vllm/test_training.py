@@ -16,8 +16,19 @@ from tests.vllm.conftest import max_weight_diff  # noqa: E402
 
 
 def _cfg(student, steps: int) -> TrainConfig:
-    return TrainConfig(task="rules", student=str(student), method="nca", estimator="full", batch_size=4, steps=steps,
-                       lr=1e-2, save_every=2, eval_every=0, seed=3, rollout_engine="vllm")
+    return TrainConfig(
+        task="rules",
+        student=str(student),
+        method="nca",
+        estimator="full",
+        batch_size=4,
+        steps=steps,
+        lr=1e-2,
+        save_every=2,
+        eval_every=0,
+        seed=3,
+        rollout_engine="vllm",
+    )
 
 
 def _greedy(trainer: Trainer, decoder: str) -> list[list[int]]:

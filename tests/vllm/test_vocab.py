@@ -8,10 +8,10 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: pip install -e .[vllm])")
 pytestmark = pytest.mark.vllm
 
+from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
-from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
 
 
 def test_ids_past_the_tokenizer_are_never_drawn(organism_tokenizer, tmp_path):
@@ -20,9 +20,19 @@ def test_ids_past_the_tokenizer_are_never_drawn(organism_tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     tok, n = organism_tokenizer, len(organism_tokenizer)
-    cfg = Qwen3Config(vocab_size=n + 16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                      tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = Qwen3Config(
+        vocab_size=n + 16,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # logit of a padding row: +-50 * sum(h), one sign of the two wins
