@@ -102,6 +102,18 @@ def _localization_curves(run_dir: Path) -> tuple[list[dict[str, str]], list[list
     return first, per_site
 
 
+def _unpatched_harm(runs: list[Path]) -> float:
+    """The unpatched teacher-forced Harm (``harm_clean``), averaged over the seed runs that have the table, so the
+    dashed line is on the same footing as the curve (a mean over seeds)."""
+    values = []
+    for r in runs:
+        table = r / "probes" / "localization.csv"
+        if table.is_file():
+            values += [to_float(row["harm_clean"]) for row in read_csv(table, ["harm_clean"])[:1]]
+    values = [v for v in values if math.isfinite(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
 def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], list[float], list[float]] | None:
     """Per site the mean over seeds and the 95 % hierarchical bootstrap interval over seeds and items of the
     teacher-forced Harm after patching (`mechanism_stats.site_harm_stat`, from ``localization_items.jsonl``, as the
@@ -148,7 +160,10 @@ def figure_localization(run_dir: Path) -> Figure | None:
             alpha=0.25,
             label="95 % hierarchical bootstrap (seeds, items)" if seeds > 1 else "95 % item bootstrap",
         )
-    ax.axhline(to_float(rows[0]["harm_clean"]), linestyle="--", color="grey", label="unpatched (first seed)")
+    clean = _unpatched_harm(seed_runs(info.root))
+    ax.axhline(
+        clean, linestyle="--", color="grey", label="unpatched" + (f" (mean of {seeds} seeds)" if seeds > 1 else "")
+    )
     ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("site whose residual is patched (all response positions)")
