@@ -353,4 +353,5 @@ def adopt_pins(cfg: TrainConfig, run_config: Path, resume: bool = True) -> dict[
 
 
 def dump_yaml(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    flat = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)  # TrainConfig: plug-ins flattened
+    Path(path).write_text(yaml.safe_dump(flat, sort_keys=False))

@@ -6,9 +6,8 @@ What is non-standard here:
   ``logp = torch.log_softmax(logits.float() / temperature, -1)`` with shape ``[batch, seq, vocab]``, already
   restricted to the response positions. The three views (student without context ``q_x``, student with context
   ``q_c``, teacher ``f``) are aligned column for column: position ``t`` is the same response token ``y_t`` in all.
-* A teacher whose vocabulary differs from the student's only by padding rows is compared on the common ids:
-  call :func:`common_vocab` on the LOGITS, before ``log_softmax``, so every distribution is normalised over the
-  same ids.
+* A teacher whose vocabulary differs from the student's only by padding rows is compared on the common ids: call
+  :func:`common_vocab` on the LOGITS, before ``log_softmax``, so every distribution is normalised over the same ids.
 * Every per-position function returns ``[batch, seq]``; :func:`token_mean` reduces over the real response tokens
   of the whole batch. Gradients are analytic through the student's distribution (no REINFORCE term) except for the
   sampled-token estimator, which is a per-token policy gradient by design.

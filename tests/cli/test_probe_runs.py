@@ -101,7 +101,7 @@ def test_setup_from_training_json_only(jsonl_run):
     assert s.trained == ["nca"] and s.chat_template_kwargs == {}
     task = s.make_task()
     assert task.max_new_tokens == 5 and s.spec(task).placement == "system"
-    assert s.count(task, "test") == task.split_sizes()["test"] < 64  # the whole small split by default
+    assert s.n_for(task, "test") == task.split_sizes()["test"] < 64  # the whole small split by default
 
 
 def _table(path: Path) -> list[dict[str, str]]:
