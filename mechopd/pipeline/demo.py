@@ -28,9 +28,10 @@ measured: docs/results.md, "Choosing the default study"; the schedule's reasons:
 
 from __future__ import annotations
 
+import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,31 +214,42 @@ def organism(cfg: DemoConfig) -> Path:
     return pretrain(oc, out)
 
 
+def demo_study(cfg: DemoConfig, student: Path | str, methods: dict[str, dict[str, Any]]) -> Any:
+    """The built-in study (`builtin_study`) with this config's schedule, task options, seed and ``methods`` as its
+    runs: one `StudySpec.train_config` builds every training config, for `mechopd run` and the demo alike. A run
+    saves at half its steps (TA-OPD: every tenth, the checkpoints teachability chooses from)."""
+    from mechopd.pipeline.spec import builtin_study
+
+    spec = builtin_study(cfg.task)
+    train = {**spec.train, **{k: getattr(cfg, k) for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}}
+    runs = {
+        _role(name): {**over, "save_every": max(1, cfg.steps // (10 if name == "ta_opd" else 2)), **cfg.train_overrides}
+        for name, over in methods.items()
+    }
+    return replace(
+        spec,
+        student=str(student),
+        task_options=dict(cfg.task_options or {}),
+        train={**train, "eval_n": cfg.eval_n},
+        runs=runs,
+        seeds=[cfg.seed],
+    )
+
+
 def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, Path]:
-    from mechopd.config import TrainConfig
+    """Train (or resume, or skip) every run of ``methods`` for ``cfg.seed``, on `demo_study`'s configs."""
+    spec = demo_study(cfg, student, methods)
+    return {
+        name: train_resumable(
+            name, run / "train" / name, lambda name=name: spec.train_config(_role(name), cfg.seed), over
+        )
+        for name, over in methods.items()
+    }
 
-    finals = {}
-    for name, over in methods.items():
 
-        def config(name: str = name, over: dict[str, Any] = over) -> TrainConfig:
-            return TrainConfig(
-                task=cfg.task,
-                task_options=dict(cfg.task_options or {}),
-                student=str(student),
-                steps=cfg.steps,
-                batch_size=cfg.batch_size,
-                lr=cfg.lr,
-                lr_schedule=cfg.lr_schedule,
-                estimator="full",  # as the organism recipes (training/organisms/*.yaml)
-                seed=cfg.seed,
-                eval_every=cfg.eval_every,
-                eval_n=cfg.eval_n,
-                save_every=max(1, cfg.steps // (10 if name == "ta_opd" else 2)),  # teachability's
-                **{**over, **cfg.train_overrides},
-            )
-
-        finals[name] = train_resumable(name, run / "train" / name, config, over)
-    return finals
+def _role(name: str) -> str:
+    """A run name as a study role (an identifier): the sweep's ``ta_opd-0.1`` -> ``ta_opd_0_1``."""
+    return re.sub(r"\W", "_", name)
 
 
 def demo(cfg: DemoConfig) -> Path:

@@ -116,14 +116,9 @@ def run_probes(
     from mechopd.probes.registry import demo_options
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
-    from mechopd.probes.teachability import informative_checkpoint
 
     out = run / "probes"
     study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
-    informative = None
-    if study.name("ta_opd") in models:  # teachability rescores a step that moved, not converged (docs/method.md §8)
-        informative, why = informative_checkpoint(run / "train" / study.name("ta_opd"))
-        write_json(run / "teachability_checkpoint.json", {"checkpoint": str(informative), "why": why})
     setup = ProbeSetup(
         task=cfg.task,
         task_options=dict(cfg.task_options or {}),
@@ -149,7 +144,21 @@ def run_probes(
                 f"{study.roles})"
             )
             continue
-        if informative is not None and spec.name == "teachability" and options.get("trained") == study.name("ta_opd"):
-            options["trained"] = str(informative)
+        options.update(_chosen_checkpoints(spec, options, models, run))
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
         spec(replace(setup, **own_setup) if own_setup else setup, out, **options)
+
+
+def _chosen_checkpoints(spec: Any, options: dict[str, Any], models: dict[str, Path], run: Path) -> dict[str, str]:
+    """A probe with a ``checkpoint`` rule (`ProbeSpec.checkpoint`): each role option naming a trained run of ``run``
+    -> the checkpoint the rule picks, recorded with its reason in ``RUN/<probe>_checkpoint.json``."""
+    from mechopd.probes.registry import resolve
+
+    picked = {}
+    for opt in getattr(spec, "role_options", ()) if spec.checkpoint is not None else ():
+        name = options.get(opt)
+        if name in models and name != "base" and (run / "train" / name).is_dir():
+            checkpoint, why = resolve(spec.checkpoint)(run / "train" / name)
+            write_json(run / f"{spec.name}_checkpoint.json", {"checkpoint": str(checkpoint), "why": why})
+            picked[opt] = str(checkpoint)
+    return picked

@@ -9,7 +9,9 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
     named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
     demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
-    first seed only is the study's ``first_seed_only``);
+    first seed only is the study's ``first_seed_only``); ``checkpoint``: which saved step of a study run its role
+    options read, ``checkpoint(train_dir) -> (checkpoint_dir, why)`` (None: the run's final checkpoint; the choice is
+    recorded in ``RUN/<name>_checkpoint.json``);
   * ``order``: its place in the listings (CLI, report, figures); the built-ins 10, 20, ...; default after them;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.core.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
@@ -68,6 +70,7 @@ class ProbeSpec:
     summary: Ref | None = None
     role_options: tuple[str, ...] = ()
     order: float = 1000.0
+    checkpoint: Ref | None = None
 
     def parser(self) -> argparse.ArgumentParser:
         """A parser of this probe's own flags (for defaults; the CLI adds them to its subparser)."""

@@ -365,4 +365,5 @@ register_probe(ProbeSpec(
     "teachability", "fixed-context token teachability diagnostic (TA-OPD)", cli_run, options=TeachabilityOptions,
     order=40, outputs=("teachability_summary.json", "teachability_tokens.csv", "bank.json"),
     demo={"trained": "ta_opd"}, role_options=("trained",), summary=TeachabilitySummary,
+    checkpoint=informative_checkpoint,  # a run's step that moved, not converged (docs/method.md §8)
 ))
