@@ -47,14 +47,28 @@ def fused_blocker(terms: list[LossTerm], student: Any, teacher: Any) -> str | No
     return None
 
 
-def use_fused(loss_head: str, terms: list[LossTerm], student: Any, teacher: Any, vocab: int, sharding: str) -> bool:
-    """``loss_head`` resolved for this run (module docstring); ``fused`` where it cannot run: `ConfigError`."""
+def head_choice(
+    loss_head: str, terms: list[LossTerm], student: Any, teacher: Any, vocab: int, sharding: str
+) -> tuple[bool, str]:
+    """``loss_head`` resolved for this run (module docstring): (fused?, why, as the trainer prints it);
+    ``fused`` where it cannot run: `ConfigError`."""
     if loss_head == "logits":
-        return False
+        return False, "loss_head=logits"
     why = "sharding is not none" if sharding != "none" else fused_blocker(terms, student, teacher)
     if loss_head == "fused" and why:
         raise ConfigError(f"loss_head=fused cannot run here: {why}; set loss_head=logits (or auto)")
-    return why is None and (loss_head == "fused" or vocab >= FUSED_MIN_VOCAB)
+    if loss_head == "fused":
+        return True, "loss_head=fused"
+    if why:
+        return False, f"auto: {why}"
+    if vocab < FUSED_MIN_VOCAB:
+        return False, f"auto: vocabulary {vocab} < {FUSED_MIN_VOCAB}, where the logits path is as fast"
+    return True, f"auto: vocabulary {vocab} >= {FUSED_MIN_VOCAB}, opd/nca terms, plain linear LM heads"
+
+
+def use_fused(loss_head: str, terms: list[LossTerm], student: Any, teacher: Any, vocab: int, sharding: str) -> bool:
+    """Whether `head_choice` takes the fused head."""
+    return head_choice(loss_head, terms, student, teacher, vocab, sharding)[0]
 
 
 def make_scorer(
@@ -68,10 +82,14 @@ def make_scorer(
     store: Any = None,
 ) -> StepScorer:
     """The main batch's scorer: `FusedStepScorer` when ``cfg.loss_head`` resolves to fused, else `StepScorer`."""
-    if use_fused(cfg.loss_head, terms, student, teacher, opts.vocab, cfg.sharding):
+    fused, why = head_choice(cfg.loss_head, terms, student, teacher, opts.vocab, cfg.sharding)
+    if fused:
         options = TermOptions(cfg.estimator, cfg.topk, cfg.renormalize, cfg.tail)
-        return FusedStepScorer(student, teacher, terms, selector, params, opts, store, options=options)
-    return StepScorer(student, teacher, terms, selector, params, opts, store)
+        scorer: StepScorer = FusedStepScorer(student, teacher, terms, selector, params, opts, store, options=options)
+    else:
+        scorer = StepScorer(student, teacher, terms, selector, params, opts, store)
+    scorer.head_line = f"loss head: {'fused' if fused else 'logits'} ({why})"
+    return scorer
 
 
 class FusedStepScorer(StepScorer):

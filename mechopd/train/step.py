@@ -107,6 +107,8 @@ def enable_checkpointing(model: Any) -> None:
 class StepScorer:
     """Scores, selects and back-propagates one two-view batch (module docstring). Build once per run."""
 
+    head_line = "loss head: logits"  # `train.headstep.make_scorer` says which head and why
+
     def __init__(
         self,
         student: Any,

@@ -165,6 +165,7 @@ class Trainer:
                            autocast=dtype if dtype in (torch.bfloat16, torch.float16) else None)
         self.scoring = make_scorer(cfg, self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
                                    self.selector, self.params, opts, self.teacher_store)  # loss_head: train.headstep
+        self._say(self.scoring.head_line)  # which head `loss_head` resolved to, and why
         self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
         self.clock = self.scoring.clock  # seconds per stage (train.profile), shared by both scorers
         if cfg.logit_chunk is not None and not all(self.scoring.split.values()):

@@ -16,7 +16,7 @@ from mechopd.core.errors import ConfigError
 from mechopd.core.views import assemble_two_views
 from mechopd.objectives.losses import TermOptions, method_terms
 from mechopd.objectives.select import make_selector
-from mechopd.train.headstep import FusedStepScorer, use_fused
+from mechopd.train.headstep import FusedStepScorer, head_choice, use_fused
 from mechopd.train.step import StepOptions, StepScorer
 
 V, PAD_ROWS, T, BUDGET, SEED = 61, 7, 0.8, 0.3, 3
@@ -143,6 +143,21 @@ def test_loss_head_is_resolved_and_refused_as_documented(models):
     assert TrainConfig(loss_head="auto", method="sym_kl", sharding="fsdp").loss_head == "auto"
 
 
+def test_loss_head_choice_says_which_head_and_why(models):
+    student, teacher = models
+    opd, sym = method_terms("opd"), method_terms("sym_kl")
+    assert head_choice("auto", opd, student, teacher, V, "none") == (
+        False,
+        "auto: vocabulary 61 < 8192, where the logits path is as fast",
+    )
+    fused, why = head_choice("auto", opd, student, teacher, 8192, "none")
+    assert fused and why.startswith("auto: vocabulary 8192 >= 8192")
+    fused, why = head_choice("auto", sym, student, teacher, 8192, "none")
+    assert not fused and why == "auto: it computes the opd and nca terms only, not sym"
+    assert head_choice("auto", opd, student, teacher, 8192, "fsdp") == (False, "auto: sharding is not none")
+    assert head_choice("logits", opd, student, teacher, 8192, "none") == (False, "loss_head=logits")
+
+
 def test_cli_refuses_fused_with_a_method_it_cannot_do(tmp_path, capsys):
     from mechopd.cli import main
 
@@ -194,3 +209,41 @@ def test_training_run_is_the_same_with_either_loss_head(tmp_path, family):
     for k, v in wa.items():  # AdamW turns float-order noise in a ~0 gradient into steps up to lr: a few entries move
         diff = (wb[k] - v).abs()  # (measured: max 2e-5 on 0.7 % of the tied head rows), a wrong gradient moves most
         assert float(diff.max()) < 0.05 * 1e-3 and float((diff > 1e-6).float().mean()) < 0.02, k
+
+
+def _zoo_cfg(zoo, **kw):
+    return TrainConfig(
+        task="jsonl",
+        task_options=zoo.jsonl_options(max_new_tokens=6),
+        student=str(zoo.student("qwen3")),
+        method="nca",
+        batch_size=3,
+        lr=1e-3,
+        pool_size=6,
+        temperature=1.0,
+        chat_template_kwargs={"enable_thinking": False},
+        **kw,
+    )
+
+
+def test_a_resume_may_change_the_loss_head(tmp_path, capsys):
+    """loss_head is resume-mutable (config.RESUME_MUTABLE): two steps on the logits path, resumed for a third on the
+    fused head, give the losses of three steps on the logits path; the trainer prints which head each leg took."""
+    from mechopd.testing.zoo import build_zoo
+    from mechopd.train.trainer import Trainer
+
+    zoo = build_zoo()
+    Trainer(_zoo_cfg(zoo, steps=3, loss_head="logits"), tmp_path / "ref", progress=False).run()
+    Trainer(_zoo_cfg(zoo, steps=2, save_every=2, loss_head="logits"), tmp_path / "r", progress=False).run()
+    tr = Trainer(_zoo_cfg(zoo, steps=3, save_every=2, loss_head="fused"), tmp_path / "r", resume=True, progress=False)
+    assert type(tr.scoring).__name__ == "FusedStepScorer"
+    tr.run()
+    printed = capsys.readouterr().out
+    assert "loss head: logits (loss_head=logits)" in printed and "loss head: fused (loss_head=fused)" in printed
+    ref, got = (
+        [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        for d in ("ref", "r")
+    )
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for ra, rb in zip(ref, got):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
