@@ -10,6 +10,7 @@ from typing import Any
 from mechopd.core.artifacts import FileSet
 from mechopd.cli.common import command, kv, named, text
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import add_flags, bind, flag_values
 from mechopd.core.runlock import hold
 
 
@@ -25,21 +26,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    "name (default: the task the run or checkpoint records)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
                    "rule=shift:1, path=data.jsonl)")
-    p.add_argument("--n", type=int, default=200, metavar="INT", help="held-out items, >= 1 (default 200)")
-    p.add_argument("--seed", type=int, default=0, metavar="INT", help="seed of item choice and sampling (default 0)")
-    p.add_argument("--samples", type=int, default=1, metavar="INT", help="k sampled responses per item and view, >= 1 "
-                   "(default 1 = greedy)")
-    p.add_argument("--temperature", type=float, default=None, metavar="FLOAT", help="sampling temperature, finite and "
-                   "> 0 (default: greedy with --samples 1, else the task's)")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="INT", help="response cap per prompt (per "
-                   "move for games), >= 1 (default: the task's)")
     p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
                    "no-context view (for chat templates that insert a default one; default: the run's)")
     p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE", help="chat template "
                    "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
                    "a value that differs from the run's record is refused)")
-    p.add_argument("--engine", default="lean", metavar="NAME", help="lean (default; Llama/Qwen2/Qwen3) | hf "
-                   "(model(...) per step, any causal LM) | vllm (the extra mechopd[vllm])")
+    from mechopd.evaluation.evaluate import EVAL_FACTS
+
+    add_flags(p, EVAL_FACTS, sets=False)  # --n, --seed, --samples, --temperature, ...: declared once, on EvalConfig
     p.add_argument("--other-contexts", action="store_true", help="also answer every item under each of the task's "
                    "other contexts: follow_other, stick; with --compare and a model named base: retention, "
                    "context-deaf (docs/method.md)")
@@ -74,12 +68,11 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
     from mechopd.evaluation.run import evaluate_plan, plan_eval
-    from mechopd.evaluation.evaluate import EvalConfig
+    from mechopd.evaluation.evaluate import EVAL_FACTS, EvalConfig
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
         raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")
-    cfg = EvalConfig(n=a.n, seed=a.seed, samples=a.samples, temperature=a.temperature,
-                     max_new_tokens=a.max_new_tokens, engine=a.engine)
+    cfg = bind(EvalConfig, flags=flag_values(a, EVAL_FACTS), source="eval")
     models = {"model": a.model or str(Path(a.run or "", "final"))} if not a.compare else named(a.compare, "--compare")
     a.model = models.get("model")  # --run: its final/ (the default report path sits under it)
     plan = plan_eval(models, a.task, kv(a.option, "--option"), run=a.run)

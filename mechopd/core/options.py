@@ -261,9 +261,12 @@ def plugin_facts(host: type) -> list[Facts]:
     return out
 
 
-def add_flags(parser: argparse.ArgumentParser, facts: list[Facts], taken: set[str] = frozenset()) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser, facts: list[Facts], taken: set[str] = frozenset(), sets: bool = True
+) -> None:
     """One ``--kebab-name VALUE`` flag per field (mappings: ``--set NAME.KEY=VALUE`` instead), help from its facts;
-    the value stays text here and is read once, by `coerce`, through `flag_values`."""
+    the value stays text here and is read once, by `coerce`, through `flag_values`. ``sets``: the verb also takes
+    ``--set KEY=VALUE`` (its help says so)."""
     for f in facts:
         base, _ = _parts(f.hint)
         if typing.get_origin(base) is dict or f.flag in taken:
@@ -282,7 +285,7 @@ def add_flags(parser: argparse.ArgumentParser, facts: list[Facts], taken: set[st
             default=None,
             metavar=metavar,
             type=CliValue,
-            help=f"{flag_help(f)}; same as --set {f.name}=...",
+            help=f"{flag_help(f)}; same as --set {f.name}=..." if sets else flag_help(f),
             **kw,
         )
 

@@ -24,6 +24,8 @@ import torch
 from mechopd.config import check_seed, check_temperature
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import GE0, GE1, GT0, Range, check_fields, field_facts, option
+from mechopd.core.ranges import SEED_MAX
 from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import RegimeThresholds, compare_table, summarize
@@ -35,17 +37,29 @@ from mechopd.tasks.base import Example, check_split
 
 @dataclass
 class EvalConfig:
-    """n held-out items (split "test"), seed, greedy unless samples > 1, batch_size prompts per generation call."""
+    """n held-out items (split "test"), seed, greedy unless samples > 1, batch_size prompts per generation call.
+    Each field's help, range and choices are declared once here (`mechopd.core.options.option`): `mechopd eval`'s
+    flags and their checks are generated from them (`EVAL_FACTS`)."""
 
-    n: int = 200
-    seed: int = 0
-    samples: int = 1
-    temperature: float | None = None
-    batch_size: int = 256
-    max_new_tokens: int | None = None
-    n_boot: int = 1000
-    engine: str = "lean"  # sampler.sample's engine: lean (Llama/Qwen2/Qwen3) | hf (model(...) per step) | vllm
-    shared_prefix: str = "auto"  # auto: a prompt prefix common to a batch is prefilled once (exact) | off
+    n: int = option(200, help="held-out items", range=GE1)
+    seed: int = option(0, help="seed of item choice and sampling", range=Range(0, SEED_MAX))
+    samples: int = option(1, help="k sampled responses per item and view (1 = greedy unless --temperature)", range=GE1)
+    temperature: float | None = option(
+        None, help="sampling temperature (omit it: greedy with --samples 1, else the task's)", range=GT0
+    )
+    batch_size: int = option(256, help="prompts per generation call", range=GE1)
+    max_new_tokens: int | None = option(
+        None, help="response cap per prompt (per move for games; omit it for the task's)", range=GE1
+    )
+    n_boot: int = option(1000, help="bootstrap resamples of the intervals (0: none)", range=GE0)
+    engine: str = option(
+        "lean",
+        help="decoder: lean (Llama/Qwen2/Qwen3), hf (model(...) per step, any causal LM), vllm (the extra mechopd[vllm])",
+        choices=DECODERS,
+    )
+    shared_prefix: str = option(
+        "auto", help="a prompt prefix common to a batch is prefilled once (exact) | off", choices=PREFIX_MODES
+    )
     thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
 
     def __post_init__(self) -> None:
@@ -61,15 +75,12 @@ class EvalConfig:
             require_vllm("engine")
         check_seed(self.seed)  # before the evaluation, not after it (the bootstrap seeds numpy with it)
         check_temperature(self.temperature)  # omit it for greedy decoding
-        for name, low in (("max_new_tokens", 1), ("batch_size", 1), ("n_boot", 0)):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and value >= low):
-                raise ConfigError(
-                    f"{name}={value!r} is invalid: must be an integer >= {low}"
-                    + (" (omit it for the task's)" if name == "max_new_tokens" else "")
-                )
         if self.shared_prefix not in PREFIX_MODES:
             raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
+        check_fields(self, EVAL_FACTS)  # every declared range and choice (max_new_tokens, batch_size, n_boot, ...)
+
+
+EVAL_FACTS = field_facts(EvalConfig)  # the declared fields: `mechopd eval`'s flags (cli/eval_cmd.py)
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
