@@ -33,14 +33,21 @@ META = "mechopd"  # the metadata key under which `option` keeps a field's facts
 
 @dataclass(frozen=True)
 class Range:
-    """``lo`` (inclusive unless ``open_lo``) up to ``hi`` (inclusive; None = unbounded)."""
+    """``lo`` (inclusive unless ``open_lo``) up to ``hi`` (inclusive); None = unbounded on that side."""
 
-    lo: float
+    lo: float | None
     hi: float | None = None
     open_lo: bool = False
 
     def text(self) -> str:
-        return f"{'>' if self.open_lo else '>='} {self.lo:g}" + (f" and <= {self.hi}" if self.hi is not None else "")
+        hi = f"{self.hi:g}" if isinstance(self.hi, float) else f"{self.hi}"  # 1.0 -> 1; an integer bound as written
+        if self.lo is None:
+            return f"<= {hi}"
+        return f"{'>' if self.open_lo else '>='} {self.lo:g}" + (f" and <= {hi}" if self.hi is not None else "")
+
+    def holds(self, value: float) -> bool:
+        low = self.lo is None or (value > self.lo if self.open_lo else value >= self.lo)
+        return low and (self.hi is None or value <= self.hi)
 
 
 GE0, GT0, GE1, UNIT = Range(0), Range(0, open_lo=True), Range(1), Range(0, 1)
@@ -49,7 +56,8 @@ GE0, GT0, GE1, UNIT = Range(0), Range(0, open_lo=True), Range(1), Range(0, 1)
 @dataclass(frozen=True)
 class Facts:
     """One configurable field: its name (= YAML key = ``--set`` key), type hint, default, help, range, choices,
-    ``short`` (listed in the short help), ``onoff`` (a text field that also takes YAML 1.1's bare on/off booleans)."""
+    ``short`` (listed in the short help), ``onoff`` (a text field that also takes YAML 1.1's bare on/off booleans),
+    ``flag`` (its command-line spelling; default ``--kebab-name``), ``metavar`` (its value's name in ``--help``)."""
 
     name: str
     hint: Any
@@ -60,10 +68,12 @@ class Facts:
     short: bool = False
     onoff: bool = False
     section: str = ""
+    flag: str = ""
+    metavar: str | None = None
 
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+    def __post_init__(self) -> None:
+        if not self.flag:
+            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
 
 
 def option(
@@ -75,9 +85,13 @@ def option(
     short: bool = False,
     onoff: bool = False,
     default_factory: Any = MISSING,
+    flag: str = "",
+    metavar: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default."""
-    meta = {META: {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}}
+    """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default; ``flag`` /
+    ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name (probe options)."""
+    facts = {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}
+    meta = {META: {**facts, **({"flag": flag} if flag else {}), **({"metavar": metavar} if metavar else {})}}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -158,36 +172,29 @@ def _typed(base: Any, origin: Any, value: Any) -> Any:
     return value  # lists and untyped values: checked by the dataclass (`__post_init__`)
 
 
-def check_value(facts: Facts, value: Any) -> None:
-    """The field's range (numbers: finite, in range; None where the hint allows) and choices; one line naming it."""
+def check_value(facts: Facts, value: Any, subject: str = "") -> None:
+    """The field's range (numbers: finite, in range; None where the hint allows) and choices; one line naming it:
+    ``NAME=VALUE`` or, given, ``subject`` (a probe's ``probe NAME: --flag VALUE``)."""
     base, optional = _parts(facts.hint)
     if value is None and optional:
         return
+    who = subject or f"{facts.name}={value!r}"
     if base is str and not isinstance(value, str) and not (facts.onoff and isinstance(value, bool)):
-        raise ConfigError(f"{facts.name}={value!r} is not text; pass a string (quote it in YAML)")
+        raise ConfigError(f"{who} is not text; pass a string (quote it in YAML)")
     if base is bool and not isinstance(value, bool):
-        raise ConfigError(f"{facts.name}={value!r} is invalid: use true or false")
+        raise ConfigError(f"{who} is invalid: use true or false")
     if typing.get_origin(base) is dict and not isinstance(value, dict):
-        raise ConfigError(
-            f"{facts.name}={value!r} is not a mapping; pass key: value pairs (--set {facts.name}.KEY=VALUE)"
-        )
+        raise ConfigError(f"{who} is not a mapping; pass key: value pairs (--set {facts.name}.KEY=VALUE)")
     if facts.choices is not None and isinstance(value, str) and value not in facts.choices:
-        raise ConfigError(f"{facts.name}={value!r} is unknown; choose one of {', '.join(facts.choices)}")
+        raise ConfigError(f"{who} is unknown; choose one of {', '.join(facts.choices)}")
     r = facts.range
     if r is None:
         return
     integer = base is int
     bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if (
-        bad
-        or not math.isfinite(value)
-        or (value <= r.lo if r.open_lo else value < r.lo)
-        or (r.hi is not None and value > r.hi)
-    ):
+    if bad or not math.isfinite(value) or not r.holds(value):
         kind = "an integer" if integer else "a finite number"
-        raise ConfigError(
-            f"{facts.name}={value!r} is invalid: it must be {kind} {r.text()}{' (or null)' if optional else ''}"
-        )
+        raise ConfigError(f"{who} is invalid: it must be {kind} {r.text()}{' (or null)' if optional else ''}")
 
 
 def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:
@@ -271,7 +278,7 @@ def add_flags(
         base, _ = _parts(f.hint)
         if typing.get_origin(base) is dict or f.flag in taken:
             continue
-        metavar = (
+        metavar = f.metavar or (
             "|".join(f.choices)
             if f.choices and len(f.choices) <= 4
             else getattr(base, "__name__", "VALUE").upper()
