@@ -1,11 +1,13 @@
-"""A probe's options, declared once: one dataclass per probe, each field's help, flag, range and choices in its
-``metadata`` (TRL's ``field(metadata={"help": ...})`` style). The binder turns it into
+"""A probe's options, declared once: one dataclass per probe, each field's help, flag, range and choices held as
+`mechopd.core.options` facts (the one format every configurable field has: `field_facts` reads them, `check_value`
+checks them). This module's `option` keeps the probes' short call; the binder turns the dataclass into
 
-  * the ``mechopd probe NAME`` flags (`add_flags`): ``--<name-with-dashes>`` (or ``metadata["flag"]``), the field's
-    name as ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``;
+  * the ``mechopd probe NAME`` flags (`add_flags`): ``--<name-with-dashes>`` (or ``flag=``), the field's name as
+    ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``;
   * the defaults of the probe's Python function (``run_x(..., n_boot: int = XOptions.n_boot)``: a field's default is
     its class attribute), and of `ProbeSpec.options` (`defaults`);
-  * the checks (`check`: ``range`` = (lo, hi) inclusive, None = open; ``choices``), one-line `ConfigError`s;
+  * the checks (`check`: ``range`` = (lo, hi) inclusive, None = open, and ``choices``, through
+    `mechopd.core.options.check_value`), one-line `ConfigError`s naming the probe and the flag;
   * the docs table (`docs_rows`, docs/probes.md, written by ``python -m mechopd.probes.docs``).
 
     @dataclass(frozen=True)
@@ -25,7 +27,9 @@ import types
 import typing
 from typing import Any
 
+from mechopd.core import options as core
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import Facts, Range, check_value, field_facts
 
 Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
@@ -41,20 +45,26 @@ def option(
     range: tuple[float | None, float | None] | None = None,  # noqa: A002  (the metadata key)
     choices: tuple[Any, ...] | None = None,
 ) -> Any:
-    """A dataclass field with its CLI facts in ``metadata`` (``flag``: the CLI spelling when it is not the name)."""
-    meta = {"help": help, "flag": flag, "metavar": metavar, "range": range, "choices": choices}
-    return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
+    """A dataclass field with its facts (`mechopd.core.options.option`: help, `Range`, choices; ``flag``: the CLI
+    spelling when it is not ``--<name-with-dashes>``, ``metavar``: the value's name in ``--help``)."""
+    bounds = None if range is None or range == (None, None) else Range(range[0], range[1])
+    return core.option(default, help=help, range=bounds, choices=choices, flag=flag or "", metavar=metavar)
 
 
-def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+def facts_of(cls: type | None) -> list[Facts]:
+    """The facts of every field of ``cls`` (none when ``cls`` is None); a field declared without `option` refused."""
+    if cls is None:
+        return []
     if not dataclasses.is_dataclass(cls):
         raise ConfigError(f"probe options {cls!r} must be a dataclass (see mechopd.probes.options)")
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    facts = field_facts(cls)
+    bare = sorted({f.name for f in dataclasses.fields(cls)} - {f.name for f in facts})
+    if bare:
+        raise ConfigError(
+            f"probe options {cls.__name__}: field(s) {', '.join(bare)} carry no help; declare each with "
+            "mechopd.probes.options.option(default, help)"
+        )
+    return facts
 
 
 def _bare(hint: Any) -> Any:
@@ -81,27 +91,27 @@ def type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def argparse_kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
+def argparse_kwargs(f: Facts) -> dict[str, Any]:
     """The ``add_argument`` keywords of one field (dest = the field's name)."""
-    kind = _kind(hint)
+    kind = _kind(f.hint)
     kw: dict[str, Any] = {"dest": f.name}
     if kind is bool:
-        return {**kw, "action": "store_true", "help": f.metadata["help"]}
+        return {**kw, "action": "store_true", "help": f.help}
     kw["default"] = f.default
     if kind is list:
         kw["nargs"] = "+"
     elif kind in (int, float):
         kw["type"] = kind
-    if "metavar" in f.metadata:
-        kw["metavar"] = f.metadata["metavar"]
-    kw["help"] = f.metadata["help"]
+    if f.metavar is not None:
+        kw["metavar"] = f.metavar
+    kw["help"] = f.help
     return kw
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type | None) -> None:
     """One flag per field of ``cls`` (none when ``cls`` is None)."""
-    for f, hint in _fields(cls) if cls is not None else []:
-        parser.add_argument(flag_of(f), **argparse_kwargs(f, hint))
+    for f in facts_of(cls):
+        parser.add_argument(f.flag, **argparse_kwargs(f))
 
 
 def defaults(cls: type | None) -> dict[str, Any]:
@@ -110,39 +120,30 @@ def defaults(cls: type | None) -> dict[str, Any]:
         f.name: (
             list(f.default) if isinstance(f.default, (list, tuple)) and not isinstance(f.default, str) else f.default
         )
-        for f, _ in (_fields(cls) if cls is not None else [])
+        for f in facts_of(cls)
     }
 
 
 def check(probe: str, cls: type | None, values: dict[str, Any]) -> None:
-    """``range`` and ``choices`` of every field; a value out of them raises one line naming the flag and the fix."""
-    for f, _ in _fields(cls) if cls is not None else []:
-        value, flag = values.get(f.name), flag_of(f)
-        if value is None or isinstance(value, bool):
-            continue
-        lo, hi = f.metadata.get("range", (None, None))
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            bound = " and ".join(t for t in (lo is not None and f">= {lo}", hi is not None and f"<= {hi}") if t)
-            raise ConfigError(f"probe {probe}: {flag} {value} is out of range; pass a value {bound}")
-        choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            raise ConfigError(f"probe {probe}: {flag} {value!r} is unknown; choose one of {', '.join(choices)}")
+    """The ``range`` and ``choices`` of every field that declares them, by the one checker
+    (`mechopd.core.options.check_value`): one line ``probe NAME: --flag VALUE ...`` naming the fix."""
+    for f in facts_of(cls):
+        if f.range is not None or f.choices is not None:
+            value = values.get(f.name)
+            check_value(f, value, subject=f"probe {probe}: {f.flag} {value!r}")
 
 
 def docs_rows(cls: type | None) -> list[str]:
-    """Markdown rows ``| flag | type | default | help |`` of ``cls`` (docs/probes.md)."""
+    """Markdown rows ``| flag | type | default | help |`` of ``cls`` (docs/probes.md); the range and choices in
+    docs/config.md's words (``>= 0``, ``a | b``)."""
     rows = []
-    for f, hint in _fields(cls) if cls is not None else []:
-        kind, typ = _kind(hint), type_name(hint)
-        extra = []
-        if "range" in f.metadata:
-            lo, hi = f.metadata["range"]
-            extra.append(f"range [{'' if lo is None else lo}, {'' if hi is None else hi}]")
-        if "choices" in f.metadata:
-            extra.append("one of " + ", ".join(map(str, f.metadata["choices"])))
-        help_text = f.metadata["help"].replace("|", "\\|") + (f" ({'; '.join(extra)})" if extra else "")
-        default = "" if kind is bool else f"`{f.default!r}`".replace("|", "\\|")
-        rows.append(f"| `{flag_of(f)}` | {typ} | {default} | {help_text} |")
+    for f in facts_of(cls):
+        extra = [f.range.text()] if f.range is not None else []
+        if f.choices is not None:
+            extra.append(" | ".join(map(str, f.choices)))
+        help_text = (f.help + (f" ({'; '.join(extra)})" if extra else "")).replace("|", "\\|")
+        default = "" if _kind(f.hint) is bool else f"`{f.default!r}`".replace("|", "\\|")
+        rows.append(f"| `{f.flag}` | {type_name(f.hint)} | {default} | {help_text} |")
     return rows
 
 

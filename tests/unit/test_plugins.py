@@ -95,9 +95,13 @@ def test_its_options_are_checked_and_it_runs(plugins, tmp_path, capsys):
     assert main(["probe", "toy", "--task", "rules", "--n", "4", "--scale", "3", "--out", str(tmp_path / "p")]) == 0
     assert "toy value 12.0" in capsys.readouterr().out
     assert main(["probe", "toy", "--task", "rules", "--scale", "11", "--out", str(tmp_path / "q")]) == 2
-    assert "--scale 11.0 is out of range; pass a value >= 0.0 and <= 10.0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "probe toy: --scale 11.0 is invalid: it must be a finite number >= 0 and <= 10" in err
+    assert len(err.strip().splitlines()) == 1, err
     assert main(["probe", "toy", "--task", "rules", "--mode", "mean", "--out", str(tmp_path / "q")]) == 2
-    assert "--mode 'mean' is unknown; choose one of sum, max" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "probe toy: --mode 'mean' is unknown; choose one of sum, max" in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_figure_in_one_file_is_drawn_and_indexed(plugins, tmp_path):

@@ -185,7 +185,7 @@ def test_options_are_checked_against_the_registration(toy):
     assert toy.values() == {"scale": 2.0, "model": None}
     with pytest.raises(ConfigError, match="unknown option"):
         toy.values(sclae=1.0)
-    with pytest.raises(ConfigError, match="--scale -1.0 is out of range"):
+    with pytest.raises(ConfigError, match="probe toy: --scale -1.0 is invalid: it must be a finite number >= 0"):
         toy.values(scale=-1.0)
     with pytest.raises(ConfigError, match="already registered"):
         register_probe(ProbeSpec("toy", "another", run_toy))
@@ -193,6 +193,56 @@ def test_options_are_checked_against_the_registration(toy):
         register_probe(ProbeSpec("toy2", "clashes", run_toy, options=ClashOptions))
     with pytest.raises(ConfigError, match="unknown probe"):
         get_probe("no-such-probe")
+
+
+@dataclass(frozen=True)
+class CheckedOptions:
+    share: float = option(0.5, "a share", flag="--kept-share", range=(0.0, 1.0))
+    how: str = option("sum", "how to combine", choices=("sum", "max"))
+    draws: int = option(3, "draws", range=(1, None))
+
+
+def test_probe_options_are_core_facts_checked_by_the_one_checker(monkeypatch):
+    """A probe's options are `mechopd.core.options` facts (one format); a value out of range or an unknown choice is
+    refused by its one checker, `check_value`, in one line naming the probe, the flag and the fix."""
+    from mechopd.core import options as core
+    from mechopd.probes import options as probe_options
+
+    facts = {f.name: f for f in core.field_facts(CheckedOptions)}
+    assert facts["share"].range == core.Range(0.0, 1.0) and facts["share"].flag == "--kept-share"
+    assert facts["how"].choices == ("sum", "max") and facts["draws"].range == core.Range(1)
+    assert facts["how"].help == "how to combine" and facts["draws"].flag == "--draws"
+    checked = []
+
+    def spy(f, value, subject=""):
+        checked.append(f.name)
+        return core.check_value(f, value, subject)
+
+    monkeypatch.setattr(probe_options, "check_value", spy)
+    spec = ProbeSpec("checked", "a checked probe", run_toy, options=CheckedOptions)
+    assert spec.values(share=1.0, how="max", draws=1) == {"share": 1.0, "how": "max", "draws": 1}
+    assert sorted(checked) == ["draws", "how", "share"]
+    cases = [
+        ({"share": 1.5}, "probe checked: --kept-share 1.5 is invalid: it must be a finite number >= 0 and <= 1"),
+        ({"share": float("nan")}, "probe checked: --kept-share nan is invalid: it must be a finite number >= 0"),
+        ({"draws": 0}, "probe checked: --draws 0 is invalid: it must be an integer >= 1"),
+        ({"draws": 2.5}, "probe checked: --draws 2.5 is invalid: it must be an integer >= 1"),
+        ({"how": "mean"}, "probe checked: --how 'mean' is unknown; choose one of sum, max"),
+    ]
+    for given, message in cases:
+        with pytest.raises(ConfigError) as err:
+            spec.values(**given)
+        assert str(err.value).startswith(message) and "\n" not in str(err.value), (given, str(err.value))
+        assert str(err.value).endswith((">= 1", "<= 1", "sum, max")), str(err.value)  # the whole line: no more
+
+
+def test_a_probe_field_without_option_is_refused():
+    @dataclass(frozen=True)
+    class Bare:
+        scale: float = 1.0
+
+    with pytest.raises(ConfigError, match="Bare: field.s. scale carry no help; declare each with"):
+        ProbeSpec("bare", "bare", run_toy, options=Bare).values()
 
 
 def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatch):
