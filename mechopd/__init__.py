@@ -13,6 +13,7 @@ importing the submodule rebinds the name, which is why the functions are ``run_t
 
 from __future__ import annotations
 
+import importlib.abc as _importlib_abc
 import re as _re
 from pathlib import Path as _Path
 from typing import Any as _Any
@@ -129,7 +130,7 @@ _MOVED = {
 }
 
 
-class _MovedModuleFinder:
+class _MovedModuleFinder(_importlib_abc.Loader):
     """``import mechopd.<old>`` imports the module at its new path (the same module object) with a
     DeprecationWarning naming the new path."""
 

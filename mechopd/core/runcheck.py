@@ -90,7 +90,8 @@ def _check_one_demo(run: Path, cfg: Mapping[str, Any], aggregate: bool) -> None:
     if bool(doc.get("aggregate")) != aggregate:
         what = "the aggregate of a multi-seed demo" if doc.get("aggregate") else "a single-seed demo"
         raise ConfigError(f"--out {run} holds {what} ({path}); pass another --out (nothing was changed)")
-    old = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    recorded = doc.get("config")
+    old = recorded if isinstance(recorded, dict) else {}
     if old and "job_threads" not in old:  # written before the thread counts were pinned (mechopd/pipeline/pool.py)
         raise ConfigError(
             f"--out {run} holds a demo written before mechopd pinned its thread counts (its numbers "

@@ -171,7 +171,9 @@ class TwoViewBatch:
         return self._take(hidden, which, 0)
 
     def to(self, device: torch.device | str) -> TwoViewBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved: dict[str, Any] = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()
+        }
         return TwoViewBatch(**moved)
 
 

@@ -79,11 +79,11 @@ def frozen_today(day: _dt.datetime) -> Iterator[None]:
         def now(cls, tz: Any = None) -> _dt.datetime:
             return day
 
-    ctu.datetime = _Frozen
+    ctu.datetime = _Frozen  # type: ignore[misc]  # monkeypatch: transformers' module-level datetime class
     try:
         yield
     finally:
-        ctu.datetime = real
+        ctu.datetime = real  # type: ignore[misc]  # restores the class replaced above
 
 
 def pin_render(tokenizer: Any, spec: RenderSpec, prompt: str, context: str) -> tuple[RenderSpec, str | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -103,7 +104,9 @@ def take_rows(batch: TwoViewBatch, rows: Sequence[int]) -> TwoViewBatch:
     """The sub-batch of `rows`, with the leading columns that are padding in every one of them dropped (each view;
     positions are explicit, so the real tokens keep theirs). Response ids and columns keep their width R."""
     idx = torch.tensor(list(rows), dtype=torch.long, device=batch.response_ids.device)
-    fields = {k: (v.index_select(0, idx) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+    fields: dict[str, Any] = {
+        k: (v.index_select(0, idx) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()
+    }
     if batch.layout == "left":
         for w in ("x", "c"):
             k = int(fields[f"attention_mask_{w}"].argmax(1).min())  # first column real in some row

@@ -55,11 +55,12 @@ def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` under the name this transformers version's ``forward`` takes: ``cache`` (5.24 on) or
     ``past_key_values`` (before). The other name would land in ``**kwargs`` and be ignored SILENTLY (a prefill
     without its prefix), so the name is read from the signature, never assumed (once per model class)."""
-    return {_cache_arg(type(model)): cache}
+    model_cls: type = type(model)  # a plain `type` is Hashable to functools.cache's wrapper (type[Any] is not)
+    return {_cache_arg(model_cls): cache}
 
 
 @functools.cache
-def _cache_arg(cls: type) -> str:
+def _cache_arg(cls: type[Any]) -> str:
     params = inspect.signature(cls.forward).parameters
     for name in ("cache", "past_key_values"):
         if name in params:
@@ -120,6 +121,7 @@ def prefix_kv(model: Any, prefix_ids: torch.Tensor, stop_at: Any = None) -> KV:
     stop_at: a module after which nothing is needed (a probe's last site): the forward stops there and only the
     layers below it hold keys/values (the suffix forward stops at the same module)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import CacheLayerMixin
 
     L = prefix_ids.shape[1]
     cache = DynamicCache(config=model.config)
@@ -138,7 +140,17 @@ def prefix_kv(model: Any, prefix_ids: torch.Tensor, stop_at: Any = None) -> KV:
     finally:
         if handle is not None:
             handle.remove()
-    return [(layer.keys, layer.values) for layer in cache.layers if layer.is_initialized]
+    kv: KV = []
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin):
+            raise TypeError(
+                f"prefix_kv: cache layer {type(layer).__name__} holds no keys/values (linear-attention or cache-less "
+                "layer); a shared prefix needs attention layers, set shared_prefix: off"
+            )
+        if layer.is_initialized:
+            assert layer.keys is not None and layer.values is not None  # set together by lazy_initialization
+            kv.append((layer.keys, layer.values))
+    return kv
 
 
 def expanded_cache(model: Any, kv: KV, batch_size: int) -> Any:
@@ -215,7 +227,7 @@ def plan_view(batch: TwoViewBatch, which: str, length: int) -> ViewPlan:
     idx = j + length * (j >= start)  # left pad kept in place, the prefix columns skipped
     prefix_ids = ids[:1, int(start[0]) : int(start[0]) + length]
     full_mask = torch.cat([mask.new_ones(B, length), mask.gather(1, idx)], 1)
-    suffix = {
+    suffix: dict[str, Any] = {
         f"input_ids_{which}": ids.gather(1, idx),
         f"attention_mask_{which}": full_mask,
         f"position_ids_{which}": pos.gather(1, idx),

@@ -80,7 +80,7 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks = []
     for step in range(st.max_new_tokens):
-        u = None if greedy else uniforms[:, step : step + 1]
+        u = None if uniforms is None else uniforms[:, step : step + 1]  # None exactly when greedy
         tok = torch.where(
             done,
             torch.full_like(done, st.pad_id, dtype=torch.long),

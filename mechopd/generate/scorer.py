@@ -140,6 +140,8 @@ def head_split(model: Any) -> torch.nn.Linear | None:
 def head_logits(model: Any, hidden: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
     """``[..., d] -> [..., vocab]``: the LM head on hidden states, only its first `vocab` rows (no slice after)."""
     head = head_split(model)
+    if head is None:
+        raise ValueError("head_logits: this model has no separate LM head (head_split(model) is None); score it whole")
     w = head.weight if vocab is None else head.weight[:vocab]
     bias = None if head.bias is None else (head.bias if vocab is None else head.bias[:vocab])
     logits = torch.nn.functional.linear(hidden, w, bias)
@@ -231,7 +233,7 @@ def score_roles(
     if vocab is None:
         vocab = common_vocab_size(*([student] + ([teacher] if "teacher" in roles else [])))
     out: dict[str, torch.Tensor] = {}
-    kw = dict(temperature=temperature, vocab=vocab, agree=agree)
+    kw: dict[str, Any] = dict(temperature=temperature, vocab=vocab, agree=agree)
     paths: dict[str, int] = {}
     if "teacher" in roles:
         t_info: dict[str, int] = {}

@@ -110,7 +110,8 @@ class VllmEngine:
 
         # vLLM 0.32 on CPU crashes when a SEEDED request's prefill is split over steps ("CPU Generator does not use
         # offset"): the step budget covers the longest prompt, and `sample` submits at most a budget of prompt tokens
-        self.budget = max(4096, int(max_model_len or getattr(hf_config, "max_position_embeddings", 4096)))
+        longest = max_model_len if max_model_len else getattr(hf_config, "max_position_embeddings", 4096)
+        self.budget = max(4096, int(longest))
         self.max_num_seqs = max_num_seqs
         self.head_rows = int(hf_config.vocab_size)  # ids its logits cover; `sample` masks those >= settings.vocab
         kw: dict[str, Any] = {"max_num_batched_tokens": self.budget}

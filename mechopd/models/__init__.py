@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -119,9 +119,11 @@ def load_model(
     files = check_checkpoint(src, config)
     try:
         with quiet_progress(Path(src).exists()):
-            model, info = AutoModelForCausalLM.from_pretrained(
+            # output_loading_info=True: (model, info), which transformers' return annotation (the model) omits
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 src, config=config, dtype=dtype or torch.float32, use_safetensors=True, output_loading_info=True
             )
+            model, info = loaded
     except ValueError as e:
         raise ModelError(
             f"{src} (model_type {getattr(config, 'model_type', '?')!r}) is not a causal LM: {str(e).splitlines()[0]}"
@@ -136,16 +138,13 @@ def load_model(
 
 
 def atomic_save(
-    model: nn.Module,
-    tokenizer: Any,
-    out_dir: str | os.PathLike,
-    extra: dict[str, str] | None = None,
-    writer: Any = None,
+    model: Any, tokenizer: Any, out_dir: str | os.PathLike, extra: dict[str, str] | None = None, writer: Any = None
 ) -> Path:
     """`save_pretrained` (safetensors) into a temp dir next to `out_dir`, then rename into place.
 
     A killed process never leaves a half-written checkpoint at `out_dir`. `extra` maps file names to text contents;
-    `writer(tmp_dir)` may write more files before the rename.
+    `writer(tmp_dir)` may write more files before the rename. `model`: anything with transformers'
+    ``save_pretrained`` (a model, or `train.teachers`' savable view of one).
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +166,7 @@ def atomic_save(
             full = as_disk_error(e)
             if full is e:
                 raise
+            assert isinstance(full, OSError)  # as_disk_error returns its argument or a new OSError
             raise OSError(full.errno, full.strerror, str(tmp)) from None
         for f in tmp.rglob("*"):  # save_pretrained writes the weights 0600 (a temp file renamed): respect the umask
             f.chmod(umask_mode(directory=f.is_dir()))
@@ -193,7 +193,8 @@ def model_type(model: nn.Module) -> str:
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of a Llama / Qwen2 / Qwen3 causal LM (``model.model.layers``)."""
     model_type(model)
-    return model.model.layers
+    # the supported architectures (checked above) keep their decoder layers in a ModuleList at model.layers
+    return cast(nn.ModuleList, model.get_submodule("model.layers"))
 
 
 def num_layers(model: nn.Module) -> int:
@@ -228,7 +229,7 @@ def module_at(model: nn.Module, site: str) -> nn.Module:
         raise ModelError(f"no module at site {site!r}; sites look like 'layers.0.self_attn.q_proj', 'embed'") from None
 
 
-def vocab_size(model: nn.Module) -> int:
+def vocab_size(model: Any) -> int:  # a transformers causal LM (get_output_embeddings)
     return int(model.get_output_embeddings().weight.shape[0])
 
 

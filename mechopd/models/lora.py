@@ -25,13 +25,16 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
 
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter, beside its merged weights
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -98,7 +101,7 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     return model
 
 
-def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+def lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
     """``{module path: peft LoRA layer}`` of the adapted projections."""
     from peft.tuners.lora import LoraLayer
 
@@ -142,10 +145,12 @@ def load_adapter_state(model: nn.Module, tensors: dict[str, torch.Tensor], sourc
             params[name].copy_(tensors[key])
 
 
-def delta_weight(layer: nn.Module) -> torch.Tensor:
+def delta_weight(layer: LoraLayer) -> torch.Tensor:
     """ΔW = (α / r) B A of one LoRA layer, float32 ``[d_out, d_in]``."""
-    a = layer.lora_A[NAME].weight.detach().float()
-    b = layer.lora_B[NAME].weight.detach().float()
+    lin_a, lin_b = layer.lora_A[NAME], layer.lora_B[NAME]
+    assert isinstance(lin_a, nn.Linear) and isinstance(lin_b, nn.Linear)  # peft's A / B of an adapted nn.Linear
+    a = lin_a.weight.detach().float()
+    b = lin_b.weight.detach().float()
     return (b @ a) * float(layer.scaling[NAME])
 
 

@@ -158,7 +158,7 @@ def chunk_kernel(
         else:
             g, opd, stat = d.sub_(kl[:, None]).mul_(q), kl, torch.zeros_like(kl)
     g.mul_((mo / T)[:, None])  # ∂L/∂z_x
-    if not three:
+    if hc is None:  # not three
         return ChunkOut(g, None, opd, torch.zeros_like(opd), kl, stat)
     lqc = _logp_(hc @ w.T, T)  # [c, V] log q_c
     nca = _rowdot(q, lq) - _rowdot(q, lqc)  # [c] KL(q_x ‖ q_c)

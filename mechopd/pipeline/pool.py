@@ -270,9 +270,9 @@ def run_seed_runs(
             log(f"{cfg.out}: train {', '.join(done)}: done, skipped")
     ready = [Job("finish", cfg, str(student), finish) for cfg in seed_cfgs if left[cfg.out] == 0]
     if workers <= 1:
-        for job in queue + [Job("finish", cfg, str(student), finish) for cfg in seed_cfgs if left[cfg.out]] + ready:
-            log(f"{job.cfg.out}: {job.name} ...")
-            log(f"{job.cfg.out}: {job.name} done ({run_job(job, redirect=False):.0f} s)")
+        for serial in queue + [Job("finish", cfg, str(student), finish) for cfg in seed_cfgs if left[cfg.out]] + ready:
+            log(f"{serial.cfg.out}: {serial.name} ...")
+            log(f"{serial.cfg.out}: {serial.name} done ({run_job(serial, redirect=False):.0f} s)")
         return
     ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state
     with ProcessPoolExecutor(
@@ -282,14 +282,14 @@ def run_seed_runs(
         initargs=(list(sys.argv), seed_cfgs[0].job_threads, os.getpid()),
     ) as pool:
         running: dict[Future, Job] = {}
-        job = None
+        job: Job | None = None
         try:
             while queue or ready or running:
                 while len(running) < workers and (ready or queue):
                     job = ready.pop(0) if ready else queue.pop(0)
                     running[pool.submit(run_job, job)] = job
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
                     job = running.pop(fut)
                     log(f"{job.cfg.out}: {job.name} done ({fut.result():.0f} s)")  # re-raises the job's error
                     if job.kind == "train":

@@ -41,7 +41,9 @@ def pretrain_organism(
     ecfg = EvalConfig(n=n, seed=seed, n_boot=0)  # every setting validated before any work
     cfg = default_config(task, seed=seed, arch=arch, steps=steps, layers=layers)
     target = check_out_dir(out or f"runs/organisms/{organism_dir_name(task, layers)}")
-    heads = {k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)) if v is not None}
+    heads: dict[str, Any] = {
+        k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)) if v is not None
+    }
     if heads:
         cfg = dataclasses.replace(cfg, **heads)
     path = Path(pretrain(cfg, target, progress=progress))

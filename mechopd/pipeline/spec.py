@@ -228,7 +228,7 @@ class StudySpec:
         """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint)."""
         from mechopd.config import TrainConfig, build_config, resolve_train_data
 
-        data = {
+        data: dict[str, Any] = {
             **self.train,
             **self.runs[role],
             "task": self.task,
@@ -290,7 +290,7 @@ class StudySpec:
         if isinstance(study, Mapping):
             doc, where = dict(study), "study"
         else:
-            doc, where = load_yaml(study), str(study)
+            doc, where = load_yaml(os.fspath(study)), str(study)
         known = [f.name for f in fields(cls) if f.name != "source"]
         unknown = sorted(set(doc) - set(known))
         if unknown:

@@ -78,7 +78,7 @@ def new_figure(width: float, height: float) -> Figure:
 def fitted_legend(fig: Figure, ncols: int, **kwargs: Any) -> Any:
     """``fig.legend(ncols=k, **kwargs)`` with the largest k ≤ ``ncols`` whose legend fits inside the figure's width
     (long model labels otherwise run off both edges of an ``outside lower center`` legend)."""
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas has it; FigureCanvasBase's stub not
     for k in range(max(1, ncols), 0, -1):
         legend = fig.legend(ncols=k, **kwargs)
         if k == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:

@@ -75,7 +75,7 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
         left.bar(
             xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colours[name], label=info.label(name) + deaf
         )
-        label_bars(left, xs, heights)
+        label_bars(left, list(xs), heights)
         for j, key in enumerate(("follow_other", "stick")):
             v, lo, hi = _err(rep["summary"][key])
             x = j + (k - (len(reps) - 1) / 2) * width

@@ -124,7 +124,8 @@ def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], li
     if any(localization_arrays(r) is None for r in with_table):
         return None
     stats = [site_harm_stat(with_table, r["site"]) for r in rows]
-    return tuple([math.nan if s[k] is None else s[k] for s in stats] for k in ("mean", "low", "high"))
+    mean, low, high = ([math.nan if s[k] is None else s[k] for s in stats] for k in ("mean", "low", "high"))
+    return mean, low, high
 
 
 @styled

@@ -57,7 +57,7 @@ def _bars(ax: Axes, labels: list[str], heights: list[float], colour, errors: dic
     ax.bar(xs, [0.0 if math.isnan(h) else h for h in heights], 0.65, color=colour)
     for x, h in zip(xs, heights):
         if math.isnan(h):
-            ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize="x-small")
+            ax.text(float(x), 0, "n/a", ha="center", va="bottom", fontsize="x-small")
     for i, (lo, hi) in errors.items():
         if not (math.isnan(lo) or math.isnan(hi) or math.isnan(heights[i])):
             ax.errorbar(

@@ -210,10 +210,10 @@ def figure_gradient_training(run_dir: Path) -> Figure | None:
     colours = palette(info.models)
     fig = new_figure(9.0, 4.4)
     ax_cos, ax_ratio = fig.subplots(1, 2)
-    for (method, pair), series in lines.items():
+    for (method, pair), per_seed in lines.items():
         label = f"{info.label(method)}: {pair.replace('__', ' vs ')}"
-        _draw_band(ax_cos, seed_band([(s, c) for s, c, _ in series], -1.0, 1.0), colours[method], label)
-        _draw_band(ax_ratio, seed_band([(s, r) for s, _, r in series], log_scale=True), colours[method], label)
+        _draw_band(ax_cos, seed_band([(s, c) for s, c, _ in per_seed], -1.0, 1.0), colours[method], label)
+        _draw_band(ax_ratio, seed_band([(s, r) for s, _, r in per_seed], log_scale=True), colours[method], label)
     ax_cos.axhline(0.0, color="0.5", linewidth=0.8)
     ax_cos.set_ylabel("cosine of the two terms' gradients")
     ax_ratio.set_yscale("log")

@@ -67,6 +67,7 @@ def _first_eval_after_start(study: Study, role: str) -> dict[str, Any] | None:
 
 def _log_path(study: Study, role: str) -> str:
     run = study.run(role)
+    assert run is not None  # the caller read this role's grad/norm rows from its metrics log
     path = run.train_dir / "metrics.jsonl"
     return str(path.relative_to(study.root)) if path.is_relative_to(study.root) else str(path)
 

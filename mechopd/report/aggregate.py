@@ -69,7 +69,7 @@ def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None 
         reps = [s.eval(run.role) for s in seeds]
         if all(r is None for r in reps):
             continue
-        row = {m: metric_stat(seeds, run.role, m) for m in METRICS}  # hierarchical: seeds, then items
+        row: dict[str, Any] = {m: metric_stat(seeds, run.role, m) for m in METRICS}  # hierarchical: seeds, then items
         row["regimes"] = [r.summary.regime if r else None for r in reps]
         table[run.name] = row
     trained = [r for r in first if r.role != "base"]

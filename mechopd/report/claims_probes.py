@@ -15,7 +15,7 @@ update sits, teachability. Criteria fixed here before any run (docs/method.md §
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,16 @@ ORTHOGONAL_ABS_COS = 0.1  # "nearly orthogonal": |cos| ≤ 0.1 (a stated convent
 LENS_BASE_SHARE = 0.1  # a lens site speaks where the BASE's views differ: its KL ≥ 10 % of its output KL
 LENS_BASE_OUTPUT = 0.1  # ... and only when the base's output KL between views is at least 0.1 nats
 Row = dict[str, Any]  # {"measured", "verdict", "criterion", "headline"}
+
+
+def _column_mean(k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Per-token means ``[B, roles, sites]`` -> role k's mean over sites ``[B]``."""
+    return lambda a: a[:, k].mean(-1)
+
+
+def _site_ratio(k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Per-token means ``[B, 2, sites]`` -> site k's ratio of role 1 to role 0 ``[B]``."""
+    return lambda m: m[:, 1, k] / np.maximum(m[:, 0, k], 1e-300)
 
 
 def _stat(runs: Sequence[Study], values: Sequence[float | None], scale: str = "linear") -> dict[str, Any]:
@@ -79,7 +89,7 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
         f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)))
         for lo, hi in (("base", "opd"), ("opd", "nca"))
     }
-    cos = {m: table_stat(tables, lambda a, k=k: a[:, k].mean(-1)) for k, m in enumerate(roles)}
+    cos = {m: table_stat(tables, _column_mean(k)) for k, m in enumerate(roles)}
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):  # no per-item table: seed-level
         cos = {m: _stat(runs, [mean_cos(r, m) for r in runs], "log1m") for m in roles}
         steps = {
@@ -150,7 +160,7 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
     )  # read once, every site's column
     stats = {}
     for k, i in enumerate(sites):  # per item where the tables exist, else seed-level log ratios
-        st = table_stat(tables, lambda m, k=k: m[:, 1, k] / np.maximum(m[:, 0, k], 1e-300))
+        st = table_stat(tables, _site_ratio(k))
         stats[i] = st if st["mean"] is not None else _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log")
     d = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
     measured = "NCA/OPD lens KL " + ", ".join(f"{names[i]} {fmt_stat(stats[i], 3)}" for i in sites)

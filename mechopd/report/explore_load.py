@@ -178,7 +178,7 @@ def side_records(path: Path, key: str, n_tokens: dict[tuple[str, str], int]) -> 
         where = f"{path} record {i}"
         model, _, uid, _ = token_record({"tokens": [], **rec}, where)
         n = n_tokens.get((model, uid))
-        got = {key: _series(rec, key, n, where, required=True) if n is not None else {}}
+        got: dict[str, Any] = {key: _series(rec, key, n, where, required=True) if n is not None else {}}
         if key == "ctx_share":
             got.update(heads=_matrix(rec.get("ctx_heads"), where), keys=_matrix(rec.get("ctx_keys"), where))
             toks = rec.get("ctx_tokens", [])

@@ -49,9 +49,8 @@ def held_out(runs: Sequence[Study]) -> list[str] | None:
     labels = [r["label"] for r in rep.get("other_contexts", [])]
     if not labels:
         return None
-    trained = set(
-        ((runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") or []) if runs[0].run(FOLLOW_RUN) else []
-    )
+    follow = runs[0].run(FOLLOW_RUN)
+    trained = set(((follow.settings or {}).get("follow_contexts") or []) if follow else [])
     return [lab for lab in labels if lab not in trained]
 
 
@@ -105,7 +104,8 @@ def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
     """On the NCA + follow run F, Kleene AND of: follow_other_F − 0.5 × base's > 0 on contexts F was NOT trained on;
     non-inferiority Harm_F − Harm_NCA ≤ 0.05 and Acc_x,F − Acc_x,OPD ≥ −0.05 (paired per seed and item)."""
     labels = held_out(runs)
-    trained = (runs[0].run(FOLLOW_RUN).settings or {}).get("follow_contexts") if runs[0].run(FOLLOW_RUN) else None
+    follow = runs[0].run(FOLLOW_RUN)
+    trained = (follow.settings or {}).get("follow_contexts") if follow else None
     d_ret = other_diff_stat(runs, FOLLOW_RUN, "base", "follow", labels, scale_b=DEAF_RATIO)
     fo = other_stat(runs, FOLLOW_RUN, "follow", labels)
     d_harm, d_acc = diff_stat(runs, FOLLOW_RUN, "nca", "harm"), diff_stat(runs, FOLLOW_RUN, "opd", "acc_x")

@@ -42,14 +42,15 @@ def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
     """Per role in order, ``correct_x, correct_xc, len_x, len_xc`` (``[n]`` each) on the items every role evaluated
     (sorted by key, so pairs line up); None when a role lacks its report or no item is shared."""
     keyed = [_keyed(study, r) for r in roles]
-    if any(k is None for k in keyed):
+    present = [k for k in keyed if k is not None]
+    if len(present) != len(keyed):
         return None
-    common = sorted(set.intersection(*(set(k) for k in keyed)))  # type: ignore[arg-type]
+    common = sorted(set.intersection(*(set(k) for k in present)))
     if not common:
         return None
     out: list[np.ndarray] = []
-    for k in keyed:
-        rows = np.array([k[key] for key in common], dtype=float)  # type: ignore[index]
+    for k in present:
+        rows = np.array([k[key] for key in common], dtype=np.float64)
         out += [rows[:, 0] > 0.5, rows[:, 1] > 0.5, rows[:, 2], rows[:, 3]]
     return tuple(out)
 
@@ -155,14 +156,11 @@ def probe_items(
                 return None
             cells[(row["model"], row["uid"], row["site"])] = (v * n if mean_column else v, n)
     uids = sorted({u for (m, u, _) in cells if m == names[0]})
-    if (
-        not uids
-        or any(n is None for n in names)
-        or any((m, u, s) not in cells for m in names for u in uids for s in sites)
-    ):
+    known = [n for n in names if n is not None]
+    if not uids or len(known) != len(names) or any((m, u, s) not in cells for m in known for u in uids for s in sites):
         return None
-    sums = np.array([[[cells[(m, u, s)][0] for s in sites] for m in names] for u in uids], float)
-    counts = np.array([[[cells[(m, u, s)][1] for s in sites] for m in names] for u in uids], float)
+    sums = np.array([[[cells[(m, u, s)][0] for s in sites] for m in known] for u in uids], np.float64)
+    counts = np.array([[[cells[(m, u, s)][1] for s in sites] for m in known] for u in uids], np.float64)
     return sums, counts
 
 

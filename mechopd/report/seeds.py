@@ -53,9 +53,9 @@ def cosine_table(runs: Sequence[Study]) -> list[str]:
     return out
 
 
-def _mean(vals: list[float | None]) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
+def _mean(vals: Sequence[float | None]) -> float | None:
+    kept = [v for v in vals if v is not None]
+    return sum(kept) / len(kept) if kept else None
 
 
 def _over_seeds(

@@ -63,14 +63,16 @@ def check_seeds(seeds: Sequence[Study]) -> list[Study]:
         for k, s in enumerate(seeds):
             r = s.run(run.role)
             if r is None or not r.eval_path.is_file():
-                if all(x.run(run.role) is None or not x.run(run.role).eval_path.is_file() for x in seeds):
+                if all((xr := x.run(run.role)) is None or not xr.eval_path.is_file() for x in seeds):
                     break  # measured in no seed: the role has no row, as before
                 raise DataError(
                     f"aggregate: role {run.role!r} has no evaluation in seed run {s.root} (expected "
                     f"{r.eval_path if r else 'a run for it'}); evaluate it there (rerun mechopd demo) or "
                     "leave that seed out"
                 )
-            reports[k] = _checked_summary(s.eval(run.role).to_dict(), r.eval_path)
+            report = s.eval(run.role)
+            assert report is not None  # r.eval_path is a file (checked above), so the report loads
+            reports[k] = _checked_summary(report.to_dict(), r.eval_path)
         _same_blocks(reports, seeds, run.role)
     return seeds
 

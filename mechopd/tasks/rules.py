@@ -188,7 +188,7 @@ class RulesTask(BaseTask):
     def pretrain_corpus(self, n: int, seed: int) -> Corpus:
         """(context or None, prompt, response): with a context any family rule applied; without, the identity."""
         rng = random.Random(f"rules-pretrain|{seed}")
-        out = []
+        out: Corpus = []
         for _ in range(n):
             d = self._digits(rng, "train")
             if rng.random() < self.context_prob:

@@ -135,7 +135,9 @@ class TextArenaGameTask(BaseTask):
         """`n` unique boards of `split` from seeds ``seed * 1_000_003 + i``; TaskError when the space runs out."""
         if split not in SPLITS:
             raise TaskError(f"{self.name}: split must be 'train' or 'test', got {split!r}")
-        out, seen, misses, i = [], set(), 0, 0
+        out: list[Example] = []
+        seen: set[str] = set()
+        misses, i = 0, 0
         while len(out) < n and misses < MAX_MISSES:
             ex = self._board_example(seed * 1_000_003 + i)
             i += 1

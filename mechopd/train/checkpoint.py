@@ -144,6 +144,7 @@ def load_checkpoint(ckpt: Path, opt: torch.optim.Optimizer | None, sched: Any) -
     optim = read_optimizer_state(ckpt) if opt is not None else None
     try:
         if opt is not None:
+            assert optim is not None  # read above whenever opt is given
             opt.load_state_dict(optim)
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(rng["rng.torch_cpu"])

@@ -40,7 +40,9 @@ def term_grads(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) ->
 def set_summed_grads(params: list[torch.nn.Parameter], grads: dict[str, list[Tensor]]) -> None:
     """``p.grad = Σ_terms g_term`` (this process's gradient of the total loss)."""
     for k, p in enumerate(params):
-        p.grad = sum(g[k] for g in grads.values()).detach()
+        total = sum(g[k] for g in grads.values())
+        assert isinstance(total, Tensor)  # `grads` holds at least one term
+        p.grad = total.detach()
 
 
 def _flat(grads: list[Tensor]) -> Tensor:
@@ -91,9 +93,7 @@ def _dominance(names: list[str], flats: dict[str, Tensor]) -> dict[str, float | 
 def term_norms(weighted: dict[str, Tensor], params: list[torch.nn.Parameter]) -> dict[str, float]:
     """Each weighted term's gradient norm over all processes (failure diagnosis: pass freshly computed terms)."""
     grads = term_grads(weighted, params)
-    return {
-        t: math.sqrt(float(dist.all_sum(sum((x.detach().double() ** 2).sum() for x in g)))) for t, g in grads.items()
-    }
+    return {t: math.sqrt(float(dist.all_sum(_squares([x.detach() for x in g])))) for t, g in grads.items()}
 
 
 class TermGrads:
@@ -121,4 +121,9 @@ class TermGrads:
 
 def norms(grads: dict[str, list[Tensor]]) -> dict[str, float]:
     """Each term's gradient norm over all processes, from per-term gradients (`TermGrads.result`)."""
-    return {t: math.sqrt(float(dist.all_sum(sum((x.double() ** 2).sum() for x in g)))) for t, g in grads.items()}
+    return {t: math.sqrt(float(dist.all_sum(_squares(g)))) for t, g in grads.items()}
+
+
+def _squares(g: list[Tensor]) -> Tensor:
+    """``Σ_x Σ x²`` in float64 over this process's tensors (a 0-d tensor; 0 for none)."""
+    return sum(((x.double() ** 2).sum() for x in g), torch.zeros((), dtype=torch.float64))

@@ -54,11 +54,7 @@ def config_line(cfg: Any, config_path: Path, resume_from: Path | None) -> str:
     path of the full record."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
     defaults.update(
-        {
-            f.name: f.default_factory()
-            for f in dataclasses.fields(cfg)  # type: ignore[misc]
-            if f.default_factory is not dataclasses.MISSING
-        }
+        {f.name: f.default_factory() for f in dataclasses.fields(cfg) if f.default_factory is not dataclasses.MISSING}
     )
     values = cfg.to_dict()
     changed = [k for k in values if k not in ALWAYS and k in defaults and values[k] != defaults[k]]
@@ -130,7 +126,7 @@ def _wandb(run: Path, config: dict[str, Any], project: str) -> Any:
         resume="allow",
         dir=str(run),
         config=config,
-        mode=os.environ.get("WANDB_MODE", "offline"),
+        mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]  # the user's string; wandb checks it
         reinit=True,
     )
 

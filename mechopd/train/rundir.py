@@ -232,7 +232,8 @@ def record_paths(cfg: TrainConfig, run: RunDir, resume: bool) -> tuple[TrainConf
     notes = []
     if resume and run.config.is_file():
         old = read_run_config(run)
-        old_opts = old.get("task_options") if isinstance(old.get("task_options"), dict) else {}
+        recorded = old.get("task_options")
+        old_opts = recorded if isinstance(recorded, dict) else {}
         pairs = [(k, getattr(cfg, k), old.get(k)) for k in PATH_KEYS] + [
             (f"task_options.{k}", v, old_opts.get(k)) for k, v in cfg.task_options.items() if k in DATA_OPTIONS
         ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from mechopd.core.errors import TrainingError
 from mechopd.models import decoder_layers
 from mechopd.train import dist
 from mechopd.train.checkpoint import read_optimizer_state
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 class Replicated:
@@ -116,8 +119,10 @@ class FSDP(Replicated):
         sd = get_model_state_dict(model, options=_full())  # rank 0: full CPU tensors; others: {}
         if dist.rank() != 0:
             return None
+        first = next(iter(sd.values()))
+        assert isinstance(first, torch.Tensor)  # a full model state dict: name -> tensor
         with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(model.config, dtype=next(iter(sd.values())).dtype)
+            plain = AutoModelForCausalLM.from_config(model.config, dtype=first.dtype)
         plain.load_state_dict(sd, strict=False, assign=True)  # tied LM head: one key may be absent
         plain.tie_weights()
         _materialise_buffers(plain, model)
@@ -136,10 +141,12 @@ class FSDP(Replicated):
         sd = get_optimizer_state_dict(model, opt, options=_full())  # keyed by parameter name
         if dist.rank() != 0:
             return {}
-        index = {name: i for i, name in enumerate(n for g in sd["param_groups"] for n in g["params"])}
+        # torch's layout of a keyed-by-name optimizer state: {"state": {name: ...}, "param_groups": [{"params": [name]}]}
+        state, groups = cast(dict[str, Any], sd["state"]), cast(list[dict[str, Any]], sd["param_groups"])
+        index = {name: i for i, name in enumerate(n for g in groups for n in g["params"])}
         return {
-            "state": {index[k]: v for k, v in sd["state"].items()},
-            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in sd["param_groups"]],
+            "state": {index[k]: v for k, v in state.items()},
+            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in groups],
         }
 
     def load_optimizer_state(self, model: nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> None:
@@ -163,10 +170,11 @@ class FSDP(Replicated):
 def _full(**kw: bool) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(**{"full_state_dict": True, "cpu_offload": True, **kw})
+    options: dict[str, Any] = {"full_state_dict": True, "cpu_offload": True, **kw}
+    return StateDictOptions(**options)
 
 
-def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
+def _fsdp_modules(model: nn.Module) -> list[FSDPModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]

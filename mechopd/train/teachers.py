@@ -89,7 +89,7 @@ class Models:
 class _Writer:
     """Duck-types ``save_pretrained`` for `models.atomic_save` / `checkpoint.save_checkpoint`."""
 
-    def __init__(self, models: Models, model: nn.Module, checkpoint: bool):
+    def __init__(self, models: Models, model: Any, checkpoint: bool):  # model: a transformers model
         self.models, self.model, self.checkpoint = models, model, checkpoint
 
     def save_pretrained(self, path: str | Path, safe_serialization: bool = True) -> None:
@@ -129,10 +129,15 @@ def build(
         if resume_from is not None:
             lora.load_adapter_state(student, _read(resume_from / lora.ADAPTER_DIR / lora.ADAPTER_WEIGHTS), resume_from)
         if mode == "ema":
+            assert teacher is not None  # loaded above for every mode but "live"
             lora.add_adapter(teacher, opts)
             _copy_trainable(student, teacher)
     student = shard.wrap(student.train(), device)
-    teacher = student if mode == "live" else shard.wrap(teacher.eval().requires_grad_(False), device)
+    if mode == "live":
+        teacher = student
+    else:
+        assert teacher is not None  # loaded above for every mode but "live"
+        teacher = shard.wrap(teacher.eval().requires_grad_(False), device)
     ema = _ema_pairs(student, teacher) if mode == "ema" else None
     models = Models(student, teacher, opts, ema, cfg.ema_decay, str(student_path))
     if ema is not None and resume_from is not None:
