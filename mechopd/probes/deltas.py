@@ -46,12 +46,7 @@ from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.models.lora import adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
-from mechopd.probes.delta_sums import (  # noqa: F401  (re-exported)
-    AGGREGATE_BY,
-    aggregate_deltas,
-    open_checkpoint,
-    parameter_deltas,
-)
+from mechopd.probes.delta_sums import AGGREGATE_BY, aggregate_deltas, open_checkpoint, parameter_deltas  # noqa: F401  (re-exported)
 from mechopd.probes.options import MODEL_HELP, Role, models_option, option
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe

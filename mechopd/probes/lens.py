@@ -33,12 +33,12 @@ import torch
 from torch import nn
 
 from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.core.views import TwoViewBatch
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16

@@ -55,7 +55,6 @@ from mechopd.probes.patch_views import (  # noqa: F401  (re-exported)
 )
 from mechopd.probes.registry import ProbeSpec, register_probe
 
-
 # -------------------------------------------------------------------------------------- `mechopd probe patching`
 
 

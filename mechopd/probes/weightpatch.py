@@ -35,13 +35,7 @@ from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, models_option, option
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.probes.weightpatch_eval import (  # noqa: F401  (re-exported)
-    DELTAS,
-    _evaluate,
-    _row,
-    paired_deltas,
-    weightpatch_model,
-)
+from mechopd.probes.weightpatch_eval import DELTAS, _evaluate, _row, paired_deltas, weightpatch_model  # noqa: F401  (re-exported)
 from mechopd.probes.weightpatch_plan import ALL, CONTROL, MODULES, NONE, Donor, parse_layers, parse_modules, plan_rows
 
 COLUMNS = (
