@@ -41,41 +41,35 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
-from collections.abc import Iterable, Sequence
 
-import torch
 from torch import nn
 
 from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
-from mechopd.generate.groups import take_rows
-from mechopd.generate.scorer import ROLES, score_roles
-from mechopd.models import module_kind, num_layers, param_layer
-from mechopd.objectives.losses import (
-    ESTIMATORS,
-    LossInputs,
-    LossTerm,
-    TermOptions,
-    make_term,
-    terms_need,
-    token_mean,
+from mechopd.core.views import RenderSpec, TwoViewBatch
+from mechopd.objectives.losses import ESTIMATORS
+from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
+    SCOPES,
+    TERMS,
+    WARN_RATIO,
+    GradRow,
+    _score_inputs,
+    aggregate,
+    loss_term,
+    select_parameters,
+    split_half_cos,
+    term_gradients,
 )
-from mechopd.objectives.losses import TERMS as TERM_REGISTRY
-from mechopd.probes.grad_sums import _flatten_into, _grads, _param_sums
 from mechopd.probes.items import ProbeItems, sample_responses
 from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
-from mechopd.core.views import RenderSpec, TwoViewBatch
 
-TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
-WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
-SCOPES = ("global", "layer", "module", "layer_module")
 CSV_NAME = "gradients.csv"
 
 
@@ -100,194 +94,16 @@ class GradientSummary(Summary):
 
     def lines(self) -> list[str]:
         a, b = self.term_a, self.term_b
-        null = "" if not math.isfinite(self.null_cos) else \
-            f"; split-half null cos(∇{a}[even], ∇{a}[odd]) = {self.null_cos:.3f}"
-        return [f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
-                f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}{null}; "
-                f"{self.response_tokens} response tokens)."]
-
-
-@dataclass(frozen=True)
-class GradRow:
-    """One parameter group's alignment between terms a and b (see the module docstring for the formulas).
-
-    value_a / value_b: the terms' scalar values on the batch (the same on every row, for reference);
-    warning: "" or e.g. "norm_a < 1e-3 x norm_b" when one norm is below ``WARN_RATIO`` of the other.
-    """
-
-    term_a: str
-    term_b: str
-    scope: str
-    layer: int | None
-    module: str
-    numel: int
-    dot: float
-    norm_a: float
-    norm_b: float
-    cos: float
-    norm_ratio: float
-    value_a: float
-    value_b: float
-    warning: str = ""
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Terms and parameters
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def loss_term(name: str, estimator: str = "topk", topk: int = 256) -> LossTerm:
-    """The registered ``LossTerm`` called ``name`` (one of TERMS, `losses.register_term`), unweighted."""
-    if name not in TERMS:
-        raise ConfigError(f"gradient term {name!r} is unknown: use one of {', '.join(TERMS)} (e.g. --terms opd,nca)")
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"estimator={estimator!r} is unknown: use one of {', '.join(ESTIMATORS)}")
-    return make_term(name, TermOptions(estimator=estimator, topk=topk))
-
-
-def select_parameters(
-    model: nn.Module, layers: Sequence[int] | None = None, include_non_layer: bool = False
-) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` pairs to differentiate: all of them, or only ``layers`` (+ non-layer ones if asked).
-
-    Tied weights appear once (``named_parameters`` de-duplicates; see the module docstring). Layers out of range raise
-    ``ConfigError`` naming the valid range.
-    """
-    named = list(model.named_parameters())
-    if layers is None:
-        return named
-    n = num_layers(model)
-    bad = [i for i in layers if not (isinstance(i, int) and 0 <= i < n)]
-    if bad or not layers:
-        raise ConfigError(f"layers={list(layers)} is invalid: the model has {n} decoder layers (0..{n - 1}); "
-                          "pass --layers with indices in that range")
-    wanted = set(layers)
-    return [(k, p) for k, p in named if (param_layer(k) in wanted) or (include_non_layer and param_layer(k) is None)]
-
-
-def _score_inputs(student: nn.Module, teacher: nn.Module | None, batch: TwoViewBatch, needs: frozenset[str],
-                  temperature: float) -> LossInputs:
-    """The log-probabilities the terms need, aligned ``[batch, R, vocab]`` (common vocab), student ones with grad:
-    the one scorer (``generate.scorer.score_roles``), as the trainer scores."""
-    if needs & {"teacher", "teacher_token"} and teacher is None:
-        raise ConfigError("a gradient term needs the teacher (opd, dual) but no teacher was given")
-    roles = [r for r in ROLES if r in needs or f"{r}_token" in needs]  # a token view is read off its full one
-    logp = score_roles(student, teacher, batch, roles, temperature=temperature)
-    return LossInputs(student_nctx=logp.get("student_nctx"), student_ctx=logp.get("student_ctx"),
-                      teacher=logp.get("teacher"), tokens=batch.response_ids).with_tokens()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Gradients and their inner products
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _row(term_a: str, term_b: str, scope: str, layer: int | None, module: str, sums: list[float],
-         values: tuple[float, float]) -> GradRow:
-    numel, dot, sq_a, sq_b = sums
-    na, nb = math.sqrt(sq_a), math.sqrt(sq_b)
-    cos = dot / (na * nb) if na > 0 and nb > 0 else float("nan")
-    ratio = na / nb if nb > 0 else float("nan")
-    warning = f"norm_a < {WARN_RATIO:g} x norm_b" if na < WARN_RATIO * nb else \
-        (f"norm_b < {WARN_RATIO:g} x norm_a" if nb < WARN_RATIO * na else "")
-    return GradRow(term_a, term_b, scope, layer, module, int(numel), dot, na, nb, cos, ratio, *values, warning)
-
-
-def aggregate(names: list[str], sums: list[tuple[float, ...]], sizes: list[int], term_a: str, term_b: str,
-              values: tuple[float, float]) -> list[GradRow]:
-    """Per-parameter sums -> rows for every scope (global, layer, module, layer_module), in a stable order."""
-    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
-    for name, (dot, sq_a, sq_b), size in zip(names, sums, sizes):
-        layer, module = param_layer(name), module_kind(name)
-        keys = [("global", None, ""), ("module", None, module), ("layer_module", layer, module)]
-        if layer is not None:
-            keys.append(("layer", layer, ""))
-        for key in keys:
-            acc = groups[key]
-            acc[0] += size
-            acc[1] += dot
-            acc[2] += sq_a
-            acc[3] += sq_b
-
-    def order(key: tuple) -> tuple:
-        scope, layer, module = key
-        return (SCOPES.index(scope), -1 if layer is None else layer, module)
-
-    return [_row(term_a, term_b, *key, groups[key], values) for key in sorted(groups, key=order)]
-
-
-def term_gradients(
-    student: nn.Module,
-    teacher: nn.Module | None,
-    batch: TwoViewBatch,
-    terms: Sequence[str] = ("opd", "nca"),
-    *,
-    estimator: str = "topk",
-    topk: int = 256,
-    temperature: float = 1.0,
-    layers: Sequence[int] | None = None,
-    include_non_layer: bool = False,
-) -> list[GradRow]:
-    """Cosine and norm ratio of ∇θ of two loss terms on one batch, globally, per layer, per module type.
-
-    student: the model whose gradients are taken (its parameters get ``requires_grad`` for the call, then restored);
-    teacher: scores the context view (None is fine when neither term needs it: nca, sym);
-    batch: a `TwoViewBatch` on the student's device; terms: two names from TERMS (the same name twice is allowed:
-    cosine 1 by construction); estimator / topk: L_OPD's form (losses.method_terms); temperature: divides all logits;
-    layers / include_non_layer: see `select_parameters`.
-    """
-    if len(terms) != 2:
-        raise ConfigError(f"terms={list(terms)} is invalid: gradient alignment compares exactly two terms "
-                          "(e.g. --terms opd,nca)")
-    if not temperature > 0:
-        raise ConfigError(f"temperature={temperature} is invalid: it must be > 0 (docs/method.md: 1.0 QA, 0.7 games)")
-    loss_terms = [loss_term(t, estimator, topk) for t in terms]
-    named = select_parameters(student, layers, include_non_layer)
-    names, params = [k for k, _ in named], [p for _, p in named]
-    sizes = [p.numel() for p in params]
-    was = [p.requires_grad for p in params]
-    try:
-        for p in params:
-            p.requires_grad_(True)
-        inputs = _score_inputs(student, teacher, batch, terms_need(loss_terms), temperature)
-        mask = batch.response_mask
-        value_a = token_mean(loss_terms[0].fn(inputs).per_pos, mask)
-        value_b = token_mean(loss_terms[1].fn(inputs).per_pos, mask)
-        buf_dtype = torch.promote_types(params[0].dtype, torch.float32)
-        flat_a = _flatten_into(_grads(value_a, params, retain=True), sizes, buf_dtype, params[0].device)
-        sums = _param_sums(flat_a, _grads(value_b, params, retain=False), sizes)
-    finally:
-        for p, w in zip(params, was):
-            p.requires_grad_(w)
-    values = (float(value_a.detach()), float(value_b.detach()))
-    return aggregate(names, sums, sizes, terms[0], terms[1], values)
-
-
-def split_half_cos(student: nn.Module, teacher: nn.Module | None, batch: TwoViewBatch, term: str = "opd", *,
-                   estimator: str = "topk", topk: int = 256, temperature: float = 1.0,
-                   layers: Sequence[int] | None = None, include_non_layer: bool = False) -> float:
-    """cos(∇L[even items], ∇L[odd items]) of one term over the selected parameters (the null of module docstring);
-    NaN with fewer than two items or a zero gradient."""
-    if batch.batch_size < 2:
-        return math.nan
-    term_fn = loss_term(term, estimator, topk)
-    params = [p for _, p in select_parameters(student, layers, include_non_layer)]
-    sizes, was = [p.numel() for p in params], [p.requires_grad for p in params]
-    halves = [take_rows(batch, range(k, batch.batch_size, 2)) for k in (0, 1)]
-    try:
-        for p in params:
-            p.requires_grad_(True)
-        grads = []
-        for half in halves:
-            inputs = _score_inputs(student, teacher, half, terms_need([term_fn]), temperature)
-            grads.append(_grads(token_mean(term_fn.fn(inputs).per_pos, half.response_mask), params, retain=False))
-        flat = _flatten_into(grads[0], sizes, torch.promote_types(params[0].dtype, torch.float32), params[0].device)
-        sums = _param_sums(flat, grads[1], sizes)
-    finally:
-        for p, w in zip(params, was):
-            p.requires_grad_(w)
-    dot, sq_a, sq_b = (sum(v[i] for v in sums) for i in range(3))
-    return dot / math.sqrt(sq_a * sq_b) if sq_a > 0 and sq_b > 0 else math.nan
+        null = (
+            ""
+            if not math.isfinite(self.null_cos)
+            else f"; split-half null cos(∇{a}[even], ∇{a}[odd]) = {self.null_cos:.3f}"
+        )
+        return [
+            f"- **Gradient alignment** cos(∇{a}, ∇{b}) at the {self.model} checkpoint: {self.cos:.3f} "
+            f"(gradient norm ratio ‖∇{a}‖/‖∇{b}‖ = {self.norm_ratio:.3g}{null}; "
+            f"{self.response_tokens} response tokens)."
+        ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -295,16 +111,38 @@ def split_half_cos(student: nn.Module, teacher: nn.Module | None, batch: TwoView
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def sample_batch(student: nn.Module, tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, *,
-                 temperature: float, max_new_tokens: int, seed: int, batch_size: int | None = None) -> TwoViewBatch:
+def sample_batch(
+    student: nn.Module,
+    tokenizer: Any,
+    examples: Sequence[Any],
+    spec: RenderSpec,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int | None = None,
+) -> TwoViewBatch:
     """Responses sampled from the student on the no-context view (the one sampler, `items.sample_responses`: a
     response depends on (seed, example), not on `batch_size`), as ONE batch of both views on the student's device."""
-    responses = sample_responses(student, tokenizer, examples, spec, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed, batch_size=batch_size or max(1, len(examples)))
-    items = ProbeItems(tokenizer, list(examples), responses, spec, max(1, len(examples)),
-                       max_length=getattr(student.config, "max_position_embeddings", None))
+    responses = sample_responses(
+        student,
+        tokenizer,
+        examples,
+        spec,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size or max(1, len(examples)),
+    )
+    items = ProbeItems(
+        tokenizer,
+        list(examples),
+        responses,
+        spec,
+        max(1, len(examples)),
+        max_length=getattr(student.config, "max_position_embeddings", None),
+    )
     return next(iter(items)).to(next(student.parameters()).device)
-
 
 
 @dataclass(frozen=True)
@@ -318,11 +156,19 @@ class GradientsOptions:
     estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
 
 
-def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str | None = None,
-                  teacher: str | None = None, terms: Sequence[str] = ("opd", "nca"),
-                  estimator: str = GradientsOptions.estimator, topk: int = 256,
-                  layers: Sequence[int] | None = None, include_non_layer: bool = False,
-                  device: str | None = None) -> list[GradRow]:
+def run_gradients(
+    setup: ProbeSetup,
+    out_dir: str | os.PathLike,
+    *,
+    model: str | None = None,
+    teacher: str | None = None,
+    terms: Sequence[str] = ("opd", "nca"),
+    estimator: str = GradientsOptions.estimator,
+    topk: int = 256,
+    layers: Sequence[int] | None = None,
+    include_non_layer: bool = False,
+    device: str | None = None,
+) -> list[GradRow]:
     """Sample one response of the student per setup item (split default "train"), measure the alignment of
     ``terms``, write ``gradients.csv``, ``gradients.json`` (`GradientSummary` + rows) and ``gradients_items.jsonl``.
 
@@ -332,43 +178,79 @@ def run_gradients(setup: ProbeSetup, out_dir: str | os.PathLike, *, model: str |
     """
     for name in terms:
         loss_term(name, estimator, topk)  # validate before loading anything
-    ctx = ProbeContext.prepare(setup, "gradients", out_dir,
-                               {"model": (model, "trained"), "teacher": (teacher, TEACHER)}, default_split="train",
-                               device=device)
+    ctx = ProbeContext.prepare(
+        setup,
+        "gradients",
+        out_dir,
+        {"model": (model, "trained"), "teacher": (teacher, TEACHER)},
+        default_split="train",
+        device=device,
+    )
     student = ctx.load("model")
     select_parameters(student, layers, include_non_layer)  # layers out of range: fail before sampling
     teacher_model = ctx.load("teacher")
     items = ctx.sample(student, batch_size=max(1, len(ctx.examples)))  # one sampling call over every item
     batch = next(iter(replace(items, batch_size=max(1, len(items.examples))))).to(ctx.device)
-    rows = term_gradients(student, teacher_model, batch, terms, estimator=estimator, topk=topk,
-                          temperature=ctx.task.temperature, layers=layers, include_non_layer=include_non_layer)
-    null = split_half_cos(student, teacher_model, batch, terms[0], estimator=estimator, topk=topk,
-                          temperature=ctx.task.temperature, layers=layers, include_non_layer=include_non_layer)
-    settings = ctx.settings(model=ctx.path("model"), teacher=ctx.path("teacher"), terms=list(terms),
-                            estimator=estimator, topk=topk, layers=None if layers is None else list(layers),
-                            include_non_layer=include_non_layer, response_tokens=int(batch.response_mask.sum()),
-                            null_cos=null, null="cos of term a's gradient on the even vs the odd items")
+    kw: dict[str, Any] = dict(
+        estimator=estimator,
+        topk=topk,
+        temperature=ctx.task.temperature,
+        layers=layers,
+        include_non_layer=include_non_layer,
+    )  # the same for both measurements
+    rows = term_gradients(student, teacher_model, batch, terms, **kw)
+    null = split_half_cos(student, teacher_model, batch, terms[0], **kw)
+    settings = ctx.settings(
+        model=ctx.path("model"),
+        teacher=ctx.path("teacher"),
+        terms=list(terms),
+        estimator=estimator,
+        topk=topk,
+        layers=None if layers is None else list(layers),
+        include_non_layer=include_non_layer,
+        response_tokens=int(batch.response_mask.sum()),
+        null_cos=null,
+        null="cos of term a's gradient on the even vs the odd items",
+    )
     write_gradients(rows, out_dir, settings, model=ctx.label("model"))
     return rows
 
 
-def write_gradients(rows: Iterable[GradRow], out_dir: str | os.PathLike, settings: dict[str, Any],
-                    model: str = "model") -> Path:
+def write_gradients(
+    rows: Iterable[GradRow], out_dir: str | os.PathLike, settings: dict[str, Any], model: str = "model"
+) -> Path:
     """Write ``gradients.csv`` (one row per group) and ``gradients.json`` (`GradientSummary` of the global row, with
     the settings and every row); returns the CSV path. ``model``: the label of the differentiated checkpoint."""
     out = Path(out_dir)
     rows = list(rows)
     write_csv(out / CSV_NAME, rows, [f.name for f in fields(GradRow)])
     g = next(r for r in rows if r.scope == "global")
-    summary = GradientSummary(g.term_a, g.term_b, model, g.cos, g.norm_ratio, g.value_a, g.value_b,
-                              int(settings.get("response_tokens", 0)), settings,
-                              float(settings.get("null_cos", math.nan)))
+    summary = GradientSummary(
+        g.term_a,
+        g.term_b,
+        model,
+        g.cos,
+        g.norm_ratio,
+        g.value_a,
+        g.value_b,
+        int(settings.get("response_tokens", 0)),
+        settings,
+        float(settings.get("null_cos", math.nan)),
+    )
     summary.save(out, rows=rows)
     return out / CSV_NAME
 
 
-def cli_run(setup: ProbeSetup, out: Path, *, model: str | None, teacher: str | None, terms: str, layers: str | None,
-            estimator: str) -> list[str]:
+def cli_run(
+    setup: ProbeSetup,
+    out: Path,
+    *,
+    model: str | None,
+    teacher: str | None,
+    terms: str,
+    layers: str | None,
+    estimator: str,
+) -> list[str]:
     """`mechopd probe gradients`: run, then the lines to print."""
     try:
         two = pair(terms, "--terms")
@@ -378,12 +260,21 @@ def cli_run(setup: ProbeSetup, out: Path, *, model: str | None, teacher: str | N
         raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
     run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
     s = GradientSummary.load(out)
-    return [f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
-            f"table: {out / CSV_NAME}"]
+    return [
+        f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; table: {out / CSV_NAME}"
+    ]
 
 
-register_probe(ProbeSpec(
-    "gradients", "alignment of two loss terms' gradients (global, per layer, per module)", cli_run,
-    options=GradientsOptions, order=20, outputs=("gradients.csv", "gradients.json"),
-    demo={"model": "opd", "terms": "opd,nca", "estimator": "full"}, role_options=("model",), summary=GradientSummary,
-))
+register_probe(
+    ProbeSpec(
+        "gradients",
+        "alignment of two loss terms' gradients (global, per layer, per module)",
+        cli_run,
+        options=GradientsOptions,
+        order=20,
+        outputs=("gradients.csv", "gradients.json"),
+        demo={"model": "opd", "terms": "opd,nca", "estimator": "full"},
+        role_options=("model",),
+        summary=GradientSummary,
+    )
+)

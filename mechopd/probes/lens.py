@@ -33,12 +33,12 @@ import torch
 from torch import nn
 
 from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.core.views import TwoViewBatch
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16
@@ -116,11 +116,13 @@ class LensAccumulator:
             lp_c = ci.logp(lens_logits(self.model, site, hc), self.T)
             self._accumulate(site, lp_x, lp_c, mask, detail)
 
-        forward(self.model, batch, "c", head=False, capture=self.sites, positions="predict", on_capture=on_c,
-                copy=False)
+        forward(
+            self.model, batch, "c", head=False, capture=self.sites, positions="predict", on_capture=on_c, copy=False
+        )
 
-    def _accumulate(self, site: str, lp_x: torch.Tensor, lp_c: torch.Tensor, mask: torch.Tensor,
-                    detail: list[dict]) -> None:
+    def _accumulate(
+        self, site: str, lp_x: torch.Tensor, lp_c: torch.Tensor, mask: torch.Tensor, detail: list[dict]
+    ) -> None:
         st = self.stats[site]
         kl = ci.kl_rows(lp_c, lp_x)  # [B, R]
         agree = lp_c.argmax(-1) == lp_x.argmax(-1)  # [B, R]
@@ -140,15 +142,26 @@ class LensAccumulator:
         rows, promoted = [], {}
         for s in self.sites:
             st = self.stats[s]
-            rows.append({"model": label, "site": s, "depth": site_depth(s, n_layers), "layer": site_layer(s),
-                         "n_items": self.items, "n_tokens": st.n,
-                         "kl_c_x": st.kl / st.n if st.n else float("nan"),
-                         "top1_agree": st.agree / st.n if st.n else float("nan")})
+            rows.append(
+                {
+                    "model": label,
+                    "site": s,
+                    "depth": site_depth(s, n_layers),
+                    "layer": site_layer(s),
+                    "n_items": self.items,
+                    "n_tokens": st.n,
+                    "kl_c_x": st.kl / st.n if st.n else float("nan"),
+                    "top1_agree": st.agree / st.n if st.n else float("nan"),
+                }
+            )
             if st.gain is not None and st.n:
                 vals, ids = (st.gain / st.n).topk(min(PROMOTED, st.gain.numel()))
                 promoted[s] = [(int(i), float(v)) for i, v in zip(ids, vals)]
-        examples = [{"model": label, "example": i, "site": s, "n_tokens": n, "kl_sum": v}
-                    for s in self.sites for i, (v, n) in enumerate(self.stats[s].per_item)]
+        examples = [
+            {"model": label, "example": i, "site": s, "n_tokens": n, "kl_sum": v}
+            for s in self.sites
+            for i, (v, n) in enumerate(self.stats[s].per_item)
+        ]
         return LensResult(rows, promoted, [{**d, "model": label} for d in self.tokens], examples)
 
 
@@ -158,9 +171,16 @@ def _top(lp: torch.Tensor, k: int = TOP_K) -> list[list[list[float]]]:
     return [[[int(i), round(float(v), 5)] for i, v in zip(ii, vv)] for ii, vv in zip(ids, vals.exp())]
 
 
-def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: float,
-         sites: Sequence[int | str] | None = None, label: str = "model", detail: int = DETAIL_ITEMS,
-         store: Any = None) -> LensResult:
+def lens(
+    model: nn.Module,
+    batches: Iterable[TwoViewBatch],
+    *,
+    temperature: float,
+    sites: Sequence[int | str] | None = None,
+    label: str = "model",
+    detail: int = DETAIL_ITEMS,
+    store: Any = None,
+) -> LensResult:
     """The lens statistics of one model over a stream of batches (module docstring): a pure function of both.
     store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards."""
     model.eval()
@@ -175,6 +195,7 @@ def lens(model: nn.Module, batches: Iterable[TwoViewBatch], *, temperature: floa
 
 # ------------------------------------------------------------------------------------------ `mechopd probe lens`
 
+
 @dataclass(frozen=True)
 class LensOptions:
     """`mechopd probe lens`'s options (`mechopd.probes.options`)."""
@@ -186,38 +207,72 @@ class LensOptions:
     cache: str | None = cache_option()
 
 
-def run_lens(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
-             layers: Sequence[int | str] | None = None, greedy: bool = False, detail: int = DETAIL_ITEMS,
-             device: str | None = None, dtype: torch.dtype | None = None, cache: str | None = None) -> Path:
+def run_lens(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    layers: Sequence[int | str] | None = None,
+    greedy: bool = False,
+    detail: int = DETAIL_ITEMS,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    cache: str | None = None,
+) -> Path:
     """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json.
     cache: an activation store (`mechopd probe cache`): its items, responses and residuals (the head still runs)."""
     from mechopd.probes.store import ActivationStore
 
     store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
-    run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device,
-                     dtype=dtype)
+    run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device, dtype=dtype)
     out = Path(out_dir)
     if store is not None:
         store.check(list(run.models), [])
         store.check_items(out / "lens_items.jsonl")
-    results = {label: lens(model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail,
-                           store=store) for label, model in run.each_model()}
+    results = {
+        label: lens(
+            model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail, store=store
+        )
+        for label, model in run.each_model()
+    }
     write_csv(out / "lens.csv", [r for res in results.values() for r in res.rows], COLUMNS)
-    write_csv(out / "lens_examples.csv", [{**e, "uid": run.items.examples[e["example"]].uid}
-                                          for res in results.values() for e in res.examples],
-              ["model", "example", "uid", "site", "n_tokens", "kl_sum"])  # per item: the claims' item bootstrap
+    write_csv(
+        out / "lens_examples.csv",
+        [{**e, "uid": run.items.examples[e["example"]].uid} for res in results.values() for e in res.examples],
+        ["model", "example", "uid", "site", "n_tokens", "kl_sum"],
+    )  # per item: the claims' item bootstrap
     tok = run.tokenizer
-    recs = [{**t, "uid": run.items.examples[t["item"]].uid,
-             "tokens": [tok.decode([i]) for i in run.items.responses[t["item"]]],
-             **{k: [[[tok.decode([i]), p] for i, p in pos] for pos in t[k]] for k in ("top_x", "top_c") if k in t}}
-            for res in results.values() for t in res.tokens]
-    write_jsonl(out / "lens_tokens.jsonl", recs)
-    summary = {"models": list(results), "output_kl": {m: _at(r.rows, "final_norm") for m, r in results.items()},
-               "promoted": {m: {s: [[tok.decode([i]), g] for i, g in v] for s, v in r.promoted.items()}
-                            for m, r in results.items()}}
-    ci.save(out, "lens", run, run.settings(sites=[r["site"] for r in next(iter(results.values())).rows],
-                                           greedy=greedy, detail_items=detail), summary)
+    write_jsonl(out / "lens_tokens.jsonl", _token_records(results, run))
+    summary = {
+        "models": list(results),
+        "output_kl": {m: _at(r.rows, "final_norm") for m, r in results.items()},
+        "promoted": {
+            m: {s: [[tok.decode([i]), g] for i, g in v] for s, v in r.promoted.items()} for m, r in results.items()
+        },
+    }
+    ci.save(
+        out,
+        "lens",
+        run,
+        run.settings(sites=[r["site"] for r in next(iter(results.values())).rows], greedy=greedy, detail_items=detail),
+        summary,
+    )
     return out / "lens.csv"
+
+
+def _token_records(results: Mapping[str, LensResult], run: Any) -> list[dict[str, Any]]:
+    """The detail items' per-token records of ``lens_tokens.jsonl``: tokens and top-k pairs decoded."""
+    tok = run.tokenizer
+    return [
+        {
+            **t,
+            "uid": run.items.examples[t["item"]].uid,
+            "tokens": [tok.decode([i]) for i in run.items.responses[t["item"]]],
+            **{k: [[[tok.decode([i]), p] for i, p in pos] for pos in t[k]] for k in ("top_x", "top_c") if k in t},
+        }
+        for res in results.values()
+        for t in res.tokens
+    ]
 
 
 def _at(rows: list[dict], site: str) -> float | None:
@@ -240,8 +295,10 @@ class LensSummary(ci.CausalSummary):
         s = self.summary
         parts = [f"{m} {v:.4f}" for m, v in s["output_kl"].items() if v is not None]
         top = {m: ", ".join(repr(t) for t, _ in v.get("final_norm", [])[:3]) for m, v in s["promoted"].items()}
-        return [f"- Logit lens: output KL(p_c ‖ p_x) between views {'; '.join(parts)} (`probes/lens.csv`, per "
-                "depth); tokens the context promotes most: " + "; ".join(f"{m}: {t}" for m, t in top.items())]
+        return [
+            f"- Logit lens: output KL(p_c ‖ p_x) between views {'; '.join(parts)} (`probes/lens.csv`, per "
+            "depth); tokens the context promotes most: " + "; ".join(f"{m}: {t}" for m, t in top.items())
+        ]
 
 
 def report(probes_dir: Path) -> list[str]:
@@ -250,16 +307,26 @@ def report(probes_dir: Path) -> list[str]:
     return result.lines() if result is not None else []
 
 
-def cli_run(setup: Any, out: Path, *, models: list[str] | None, layers: str | None, greedy: bool, detail: int,
-            cache: str | None) -> list[str]:
+def cli_run(
+    setup: Any, out: Path, *, models: list[str] | None, layers: str | None, greedy: bool, detail: int, cache: str | None
+) -> list[str]:
     """`mechopd probe lens`: run, then the lines to print."""
-    path = run_lens(setup, out, models=models, layers=site_list(layers, "--layers"), greedy=greedy, detail=detail,
-                    cache=cache)
+    path = run_lens(
+        setup, out, models=models, layers=site_list(layers, "--layers"), greedy=greedy, detail=detail, cache=cache
+    )
     return [f"lens table: {path}"] + report(out)
 
 
-register_probe(ProbeSpec(
-    "lens", "logit lens per view: KL between the views' decoded residual at every depth", cli_run, options=LensOptions,
-    order=50, outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
-    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=LensSummary,
-))
+register_probe(
+    ProbeSpec(
+        "lens",
+        "logit lens per view: KL between the views' decoded residual at every depth",
+        cli_run,
+        options=LensOptions,
+        order=50,
+        outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
+        demo={"models": ["base", "opd", "nca"]},
+        role_options=("models",),
+        summary=LensSummary,
+    )
+)

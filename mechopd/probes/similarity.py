@@ -31,7 +31,7 @@ last requested site (capture.py), so a request without ``final_norm`` skips the 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,12 +39,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from mechopd.core.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.models import num_layers
-from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer, sites_for
+from mechopd.probes.capture import sites_for
 from mechopd.probes.cka import StreamingCKA  # noqa: F401  (re-exported: it used to live here)
 from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, option
 from mechopd.probes.registry import ProbeSpec, register_probe
@@ -58,11 +56,19 @@ from mechopd.probes.setup import (  # noqa: F401
     sample_responses,  # (make_batches, sample_responses: re-exported, used to live here)
 )
 from mechopd.probes.store import ActivationStore
-from mechopd.core.views import TwoViewBatch
+from mechopd.probes.view_cosine import (  # noqa: F401  (re-exported: they used to live here)
+    ARCH_FIELDS,
+    CosineAccumulator,
+    SimilarityResult,
+    _Buffer,
+    _SiteStats,
+    check_same_architecture,
+    compare_models,
+    token_cosine,
+    two_view_cosine,
+)
 
 CSV_NAME = "similarity.csv"
-ARCH_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-               "head_dim", "intermediate_size")
 
 
 @dataclass
@@ -92,14 +98,20 @@ class SimilaritySummary(Summary):
             layers = " / ".join(f"{v:.4f}" for v in self.per_layer.get(m, []))
             other = ", ".join(f"{site} {v:.4f}" for site, v in self.apart.get(m, {}).items())
             stop = " / ".join(f"{v:.4f}" for v in self.stop.get(m, []))
-            return (f"{m} {self.mean_cos[m]:.4f} (layers {layers or 'n/a'}"
-                    + (f"; apart: {other}" if other else "") + (f"; stop token {stop}" if stop else "") + ")")
+            return (
+                f"{m} {self.mean_cos[m]:.4f} (layers {layers or 'n/a'}"
+                + (f"; apart: {other}" if other else "")
+                + (f"; stop token {stop}" if stop else "")
+                + ")"
+            )
 
         means = "; ".join(row(m) for m in self.models if m in self.mean_cos)
-        return [f"- **Two-view hidden-state cosine** (per-token mean over the predicting positions after each decoder "
-                f"layer and their mean over decoder layers, the number the claims read; embed — 1 by construction — "
-                f"and final_norm apart; the stop token's own state apart, per layer; "
-                f"{self.n_items} items, responses from {self.responses_from}): {means}."]
+        return [
+            f"- **Two-view hidden-state cosine** (per-token mean over the predicting positions after each decoder "
+            f"layer and their mean over decoder layers, the number the claims read; embed — 1 by construction — "
+            f"and final_norm apart; the stop token's own state apart, per layer; "
+            f"{self.n_items} items, responses from {self.responses_from}): {means}."
+        ]
 
     def layer_cosines(self, model: str) -> list[float]:
         """Per-token mean two-view cosine of ``model`` after each decoder layer (``layers.{i}.resid_post``), in layer
@@ -108,179 +120,6 @@ class SimilaritySummary(Summary):
             return []
         rows = [r for r in self.table(CSV_NAME) if r["model"] == model and r["site"].endswith("resid_post")]
         return [read_float(r["cos_mean"]) for r in sorted(rows, key=lambda r: int(r["layer"]))]
-
-
-def token_cosine(hx: torch.Tensor, hc: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """``[..., d]`` x ``[..., d]`` -> ``[...]`` cosine per token, computed in float32.
-
-    Two zero vectors (e.g. the embedding of a pad id that a sampled response contains) count as identical: 1; a zero
-    vector against a non-zero one gives 0.
-    """
-    hx, hc = hx.float(), hc.float()
-    nx, nc = hx.norm(dim=-1), hc.norm(dim=-1)
-    cos = (hx * hc).sum(-1) / (nx * nc).clamp_min(eps)
-    return torch.where((nx == 0) & (nc == 0), torch.ones_like(cos), cos)
-
-
-class _Buffer:
-    """An append-only 1-D CPU tensor that doubles its capacity: O(log n) long-lived allocations.
-
-    (Appending one small tensor per batch instead interleaves long-lived small blocks with a forward's large transient
-    ones; the heap fragments and the process's RSS creeps with the number of batches.)
-    """
-
-    def __init__(self, dtype: torch.dtype, capacity: int = 4096) -> None:
-        self.data, self.n = torch.empty(capacity, dtype=dtype), 0
-
-    def append(self, values: torch.Tensor) -> None:
-        k = values.numel()
-        if self.n + k > self.data.numel():
-            grown = torch.empty(max(2 * self.data.numel(), self.n + k), dtype=self.data.dtype)
-            grown[: self.n] = self.data[: self.n]
-            self.data = grown
-        self.data[self.n : self.n + k] = values.reshape(-1)  # copies off the device
-        self.n += k
-
-    def values(self) -> torch.Tensor:
-        return self.data[: self.n]
-
-
-@dataclass
-class _SiteStats:
-    tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.float32))  # per-token cosines
-    example_means: _Buffer = field(default_factory=lambda: _Buffer(torch.float64, 256))  # per example (NaN: empty)
-    example_tokens: _Buffer = field(default_factory=lambda: _Buffer(torch.int64, 256))  # response tokens per example
-    stop: _Buffer = field(default_factory=lambda: _Buffer(torch.float32, 256))  # the last token's own state, per row
-    cka: StreamingCKA | None = None
-
-
-class CosineAccumulator:
-    """Running per-site aggregates of the two-view cosine for one model (see the module docstring's memory model)."""
-
-    def __init__(self, sites: Sequence[str], n_layers: int, cka: bool = False) -> None:
-        self.sites, self.n_layers = list(sites), n_layers
-        self.stats = {s: _SiteStats(cka=StreamingCKA() if cka else None) for s in sites}
-
-    def add(self, site: str, hx: torch.Tensor, hc: torch.Tensor, mask: torch.Tensor) -> None:
-        """hx, hc: ``[batch, R + 1, d]`` states of both views at the ``"predict_stop"`` positions (capture.py: index t
-        < n predicts token t, index n is the last token's own state) or ``[batch, R, d]`` (every index averaged);
-        mask: ``[batch, R]`` real response tokens."""
-        st = self.stats[site]
-        mask = mask.to(hx.device)
-        cos = token_cosine(hx, hc)  # [B, R (+ 1)]
-        if cos.shape[1] == mask.shape[1] + 1:  # predicting positions, then the last token's own state apart
-            n = mask.sum(1)  # [B]
-            stop = torch.nn.functional.one_hot(n, cos.shape[1]).bool() & (n > 0)[:, None]  # [B, R + 1]
-            st.stop.append(cos[stop])
-            mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)  # [B, R + 1]
-        counts = mask.sum(1)  # [B]
-        means = (cos * mask).sum(1).double() / counts.clamp_min(1)  # [B]
-        st.tokens.append(cos[mask])
-        st.example_means.append(torch.where(counts > 0, means, torch.nan))
-        st.example_tokens.append(counts)
-        if st.cka is not None:
-            st.cka.add(hx[mask], hc[mask])  # [n_valid, d] each
-
-    def site_rows(self, label: str) -> list[dict]:
-        """One row per site: model, site, depth, layer, n_examples, n_tokens, cos_mean, cos_median, ..."""
-        rows = []
-        for s in self.sites:
-            st = self.stats[s]
-            vals = st.tokens.values().double().numpy()
-            ex = st.example_means.values().numpy()
-            ex = ex[~np.isnan(ex)]
-            row = {"model": label, "site": s, "depth": site_depth(s, self.n_layers), "layer": site_layer(s),
-                   "n_examples": int(ex.size), "n_tokens": int(vals.size),
-                   "cos_mean": float(vals.mean()) if vals.size else float("nan"),
-                   "cos_median": float(np.median(vals)) if vals.size else float("nan"),
-                   "cos_example_mean": float(ex.mean()) if ex.size else float("nan"),
-                   "cos_stop": float(st.stop.values().double().mean()) if st.stop.n else float("nan")}
-            if st.cka is not None:
-                row["cka"] = st.cka.value()
-            rows.append(row)
-        return rows
-
-    def example_rows(self, label: str, uids: Sequence[str] | None = None) -> list[dict]:
-        """One row per (example, site): model, example, uid, site, depth, layer, n_tokens, cos_mean."""
-        rows = []
-        for s in self.sites:
-            st = self.stats[s]
-            means, counts = st.example_means.values().tolist(), st.example_tokens.values().tolist()
-            for i, (m, c) in enumerate(zip(means, counts)):
-                rows.append({"model": label, "example": i, "uid": uids[i] if uids is not None else str(i), "site": s,
-                             "depth": site_depth(s, self.n_layers), "layer": site_layer(s), "n_tokens": int(c),
-                             "cos_mean": float(m)})
-        return rows
-
-
-@dataclass
-class SimilarityResult:
-    """``rows``: one per (model, site); ``example_rows``: one per (model, example, site). Tidy, CSV-ready."""
-
-    rows: list[dict]
-    example_rows: list[dict]
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _add_batch(model: nn.Module, acc: CosineAccumulator, batch: TwoViewBatch) -> None:
-    """Both views of one batch through the model; cosines per site computed as the context view's hooks fire."""
-    batch = batch.to(_device(model))
-    run_views(model, batch, acc.sites, lambda s, hx, hc: acc.add(s, hx, hc, batch.response_mask),
-              positions="predict_stop")
-
-
-def two_view_cosine(model: nn.Module, batches: Iterable[TwoViewBatch], layers: Sequence[int | str] | None = None,
-                    cka: bool = False, *, label: str = "model", uids: Sequence[str] | None = None,
-                    progress: bool = False) -> SimilarityResult:
-    """Per-site two-view cosine (and optional CKA) of one model over a stream of batches (module docstring).
-
-    layers: None = every site; else decoder indices and/or site names (`capture.resolve_sites`).
-    uids: one per example in iteration order (for the per-example table); default: the example's index.
-    """
-    model.eval()
-    acc = CosineAccumulator(resolve_sites(model, layers), num_layers(model), cka)
-    for batch in tqdm(batches, desc=f"similarity {label}", disable=not progress, leave=False):
-        _add_batch(model, acc, batch)
-    return SimilarityResult(acc.site_rows(label), acc.example_rows(label, uids))
-
-
-def check_same_architecture(configs: Mapping[str, object]) -> None:
-    """Refuse models of different architectures or shapes in one comparison (`ModelError` naming the field)."""
-    items = list(configs.items())
-    (ref_label, ref), rest = items[0], items[1:]
-    for label, cfg in rest:
-        for f in ARCH_FIELDS:
-            a, b = getattr(ref, f, None), getattr(cfg, f, None)
-            if a != b:
-                raise ModelError(f"models {ref_label!r} and {label!r} differ in {f} ({a} vs {b}); a similarity "
-                                 "comparison needs checkpoints of one architecture and shape")
-
-
-def compare_models(models: Mapping[str, nn.Module], batches: Iterable[TwoViewBatch],
-                   layers: Sequence[int | str] | None = None, cka: bool = False, *,
-                   uids: Sequence[str] | None = None, progress: bool = False) -> SimilarityResult:
-    """`two_view_cosine` for several models on the same batches (same items, same responses).
-
-    Iterates the batches once (batch-outer, model-inner), so a one-shot generator works; every model is resident.
-    To hold one model at a time, call `two_view_cosine` per model on a re-iterable batch source (`ProbeItems`).
-    """
-    if not models:
-        raise ModelError("compare_models got no models; pass e.g. {'base': model_a, 'opd': model_b}")
-    check_same_architecture({k: m.config for k, m in models.items()})
-    for m in models.values():
-        m.eval()
-    first = next(iter(models.values()))
-    sites, n = resolve_sites(first, layers), num_layers(first)
-    accs = {label: CosineAccumulator(sites, n, cka) for label in models}
-    for batch in tqdm(batches, desc="similarity", disable=not progress, leave=False):
-        for label, model in models.items():
-            _add_batch(model, accs[label], batch)
-    rows = [r for label, a in accs.items() for r in a.site_rows(label)]
-    ex_rows = [r for label, a in accs.items() for r in a.example_rows(label, uids)]
-    return SimilarityResult(rows, ex_rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -293,8 +132,10 @@ def _read_config(label: str, path: str):
     try:
         return AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"model {label!r}: cannot read the config at {path} ({type(e).__name__}); pass a directory "
-                         "written by save_pretrained") from None
+        raise ModelError(
+            f"model {label!r}: cannot read the config at {path} ({type(e).__name__}); pass a directory "
+            "written by save_pretrained"
+        ) from None
 
 
 def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: torch.dtype | None) -> ProbeItems:
@@ -307,9 +148,10 @@ def _items(ctx: ProbeContext, src: str, loaded: dict, *, greedy: bool, dtype: to
         return ctx.answers()
     if src.endswith(".jsonl") and Path(src).is_file():
         return ctx.given(src)
-    raise ConfigError(f"responses_from {src!r} is not a model label ({', '.join(ctx.models)}), 'answers' or an "
-                      "existing .jsonl file of response ids")
-
+    raise ConfigError(
+        f"responses_from {src!r} is not a model label ({', '.join(ctx.models)}), 'answers' or an "
+        "existing .jsonl file of response ids"
+    )
 
 
 @dataclass(frozen=True)
@@ -323,10 +165,19 @@ class SimilarityOptions:
     cache: str | None = cache_option()
 
 
-def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
-                   models: Sequence[str] | Mapping[str, str] | None = None, layers: Sequence[int | str] | None = None,
-                   cka: bool = False, greedy: bool = False, device: str | None = None,
-                   dtype: torch.dtype | None = None, progress: bool = True, cache: str | None = None) -> Path:
+def run_similarity(
+    setup: ProbeSetup,
+    out_dir: str | os.PathLike,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    layers: Sequence[int | str] | None = None,
+    cka: bool = False,
+    greedy: bool = False,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    cache: str | None = None,
+) -> Path:
     """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
     models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
@@ -348,6 +199,27 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
     loaded: dict[str, nn.Module] = {}
     items = _items(ctx, src, loaded, greedy=greedy, dtype=dtype)
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
+    results = _measure(ctx, items, labels, configs, sites, loaded, store, cka=cka, dtype=dtype, progress=progress)
+    out = Path(out_dir)
+    _write_tables(out, ctx, items, labels, results)
+    _summary(ctx, items, models, labels, results, sites, src, greedy=greedy, cka=cka, dtype=dtype).save(out)
+    return out / CSV_NAME
+
+
+def _measure(
+    ctx: ProbeContext,
+    items: ProbeItems,
+    labels: list[str],
+    configs: dict,
+    sites: list[str],
+    loaded: dict[str, nn.Module],
+    store: ActivationStore | None,
+    *,
+    cka: bool,
+    dtype: torch.dtype | None,
+    progress: bool,
+) -> dict[str, SimilarityResult]:
+    """Each compared model's `SimilarityResult`, one model resident at a time (a cache's rows instead of forwards)."""
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
         if store is not None:  # the store's rows instead of forwards (same numbers), shard by shard
@@ -358,39 +230,91 @@ def run_similarity(setup: ProbeSetup, out_dir: str | os.PathLike, *,
         model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
         results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
         del model
-    out = Path(out_dir)
+    return results
+
+
+def _write_tables(
+    out: Path, ctx: ProbeContext, items: ProbeItems, labels: list[str], results: dict[str, SimilarityResult]
+) -> None:
+    """``similarity.csv``, ``similarity_examples.csv`` and ``similarity_responses.jsonl``."""
     rows = [r for label in labels for r in results[label].rows]
     write_rows(rows, out / CSV_NAME)
     write_rows([r for label in labels for r in results[label].example_rows], out / "similarity_examples.csv")
-    write_jsonl(out / "similarity_responses.jsonl", ({"uid": ex.uid, "response_ids": r,
-                                                      "response": ctx.tokenizer.decode(r)}
-                                                     for ex, r in zip(items.examples, items.responses)))
-    layer_rows = {label: sorted((r for r in results[label].rows if str(r["site"]).endswith("resid_post")),
-                                key=lambda r: int(r["layer"])) for label in labels}
+    write_jsonl(
+        out / "similarity_responses.jsonl",
+        (
+            {"uid": ex.uid, "response_ids": r, "response": ctx.tokenizer.decode(r)}
+            for ex, r in zip(items.examples, items.responses)
+        ),
+    )
+
+
+def _summary(
+    ctx: ProbeContext,
+    items: ProbeItems,
+    models: Mapping[str, str],
+    labels: list[str],
+    results: dict[str, SimilarityResult],
+    sites: list[str],
+    src: str,
+    *,
+    greedy: bool,
+    cka: bool,
+    dtype: torch.dtype | None,
+) -> SimilaritySummary:
+    """The `SimilaritySummary` of the results: per decoder layer, their mean, the other sites and the stop token."""
+    layer_rows = {
+        label: sorted(
+            (r for r in results[label].rows if str(r["site"]).endswith("resid_post")), key=lambda r: int(r["layer"])
+        )
+        for label in labels
+    }
     per_layer = {label: [float(r["cos_mean"]) for r in rows] for label, rows in layer_rows.items()}
     mean_cos = {label: float(np.mean(v)) if v else float("nan") for label, v in per_layer.items()}  # decoder layers
-    apart = {label: {r["site"]: float(r["cos_mean"]) for r in results[label].rows
-                     if not str(r["site"]).endswith("resid_post")} for label in labels}  # embed, final_norm
-    settings = ctx.settings(models=dict(models), greedy=greedy, cka=cka, dtype=str(dtype or torch.float32),
-                            aggregate="cos_mean: per-token mean over the predicting positions; cos_stop: the "
-                            "state of the response's last token (the stop token), apart",
-                            files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl",
-                                   "similarity_items.jsonl"])
+    apart = {
+        label: {
+            r["site"]: float(r["cos_mean"]) for r in results[label].rows if not str(r["site"]).endswith("resid_post")
+        }
+        for label in labels
+    }  # embed, final_norm
+    settings = ctx.settings(
+        models=dict(models),
+        greedy=greedy,
+        cka=cka,
+        dtype=str(dtype or torch.float32),
+        aggregate="cos_mean: per-token mean over the predicting positions; cos_stop: the "
+        "state of the response's last token (the stop token), apart",
+        files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity_items.jsonl"],
+    )
     stop = {label: [read_float(r.get("cos_stop")) for r in rows] for label, rows in layer_rows.items()}
-    SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop).save(out)
-    return out / CSV_NAME
+    return SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop)
 
 
-def cli_run(setup: ProbeSetup, out: Path, *, models: list[str] | None, layers: str | None, cka: bool, greedy: bool,
-            cache: str | None) -> list[str]:
+def cli_run(
+    setup: ProbeSetup,
+    out: Path,
+    *,
+    models: list[str] | None,
+    layers: str | None,
+    cka: bool,
+    greedy: bool,
+    cache: str | None,
+) -> list[str]:
     """`mechopd probe similarity`: run, then the lines to print."""
     path = run_similarity(setup, out, models=models, layers=int_list(layers), cka=cka, greedy=greedy, cache=cache)
     return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
 
 
-register_probe(ProbeSpec(
-    "similarity", "layerwise two-view hidden-state cosine (several models, same items, same responses)", cli_run,
-    options=SimilarityOptions, order=10,
-    outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
-    demo={"models": ["base", "opd", "nca"]}, role_options=("models",), summary=SimilaritySummary,
-))
+register_probe(
+    ProbeSpec(
+        "similarity",
+        "layerwise two-view hidden-state cosine (several models, same items, same responses)",
+        cli_run,
+        options=SimilarityOptions,
+        order=10,
+        outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
+        demo={"models": ["base", "opd", "nca"]},
+        role_options=("models",),
+        summary=SimilaritySummary,
+    )
+)

@@ -35,92 +35,34 @@ from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, models_option, option
 from mechopd.probes.registry import ProbeSpec, register_probe
-from mechopd.probes.weightpatch_plan import (
-    ALL,
-    CONTROL,
-    MODULES,
-    NONE,
-    Donor,
-    Row,
-    parse_layers,
-    parse_modules,
-    patched,
-    plan_rows,
+from mechopd.probes.weightpatch_eval import DELTAS, _evaluate, _row, paired_deltas, weightpatch_model  # noqa: F401  (re-exported)
+from mechopd.probes.weightpatch_plan import ALL, CONTROL, MODULES, NONE, Donor, parse_layers, parse_modules, plan_rows
+
+COLUMNS = (
+    "model",
+    "donor",
+    "layer",
+    "module",
+    "draw",
+    "n_params",
+    "n",
+    "acc_x",
+    "acc_x_low",
+    "acc_x_high",
+    "acc_xc",
+    "acc_xc_low",
+    "acc_xc_high",
+    "harm",
+    "harm_low",
+    "harm_high",
+    "help",
+    "both_correct",
+    *(f"d_{m}{s}" for m in DELTAS for s in ("", "_low", "_high")),
+    "follow_other",
+    "follow_other_low",
+    "follow_other_high",
+    "regime",
 )
-from mechopd.evaluation.removability import batched_metrics, paired_arrays, resample_blocks
-
-DELTAS = ("acc_x", "acc_xc", "harm")
-COLUMNS = ("model", "donor", "layer", "module", "draw", "n_params", "n", "acc_x", "acc_x_low", "acc_x_high",
-           "acc_xc", "acc_xc_low", "acc_xc_high", "harm", "harm_low", "harm_high", "help", "both_correct",
-           *(f"d_{m}{s}" for m in DELTAS for s in ("", "_low", "_high")),
-           "follow_other", "follow_other_low", "follow_other_high", "regime")
-
-
-def paired_deltas(ref: Sequence[Mapping], rec: Sequence[Mapping], n_boot: int, seed: int,
-                  ci_level: float = 0.95) -> dict[str, tuple[float | None, float | None, float | None]]:
-    """metric -> (value, low, high) of metric(rec) − metric(ref) for acc_x, acc_xc, harm on the same items; the
-    percentile interval over the same item resamples (a resample where either Harm is undefined is skipped)."""
-    a, b = paired_arrays(ref), paired_arrays(rec)
-    if len(a[0]) != len(b[0]):
-        raise DataError("paired_deltas: the two evaluations hold different numbers of items")
-    point = {m: batched_metrics(*(x[None] for x in b))[m][0] - batched_metrics(*(x[None] for x in a))[m][0]
-             for m in DELTAS}
-    parts: dict[str, list[np.ndarray]] = {m: [] for m in DELTAS}
-    for idx in resample_blocks(len(a[0]), n_boot, seed):
-        ma, mb = batched_metrics(*(x[idx] for x in a)), batched_metrics(*(x[idx] for x in b))
-        for m in DELTAS:
-            parts[m].append(mb[m] - ma[m])
-    out = {}
-    for m in DELTAS:
-        v = np.concatenate(parts[m]) if parts[m] else np.empty(0)
-        v = v[np.isfinite(v)]
-        lo, hi = (np.quantile(v, [(1 - ci_level) / 2, 1 - (1 - ci_level) / 2]) if len(v) >= 10 else (None, None))
-        out[m] = (None if not np.isfinite(point[m]) else float(point[m]),
-                  None if lo is None else float(lo), None if hi is None else float(hi))
-    return out
-
-
-def _evaluate(model, run, cfg, follow: bool) -> dict[str, Any]:
-    from mechopd.evaluation.evaluate import evaluate_model
-
-    rep = evaluate_model(model, run.tokenizer, run.task, cfg, run.items.spec)
-    if follow:
-        from mechopd.evaluation.following import add_following
-
-        add_following(rep, model, run.tokenizer, run.task, cfg, run.items.spec)
-    return rep
-
-
-def _row(label: str, donor: str, row: Row, n_params: int, rep: dict, ref: dict | None, cfg) -> dict[str, Any]:
-    s = rep["summary"]
-    out: dict[str, Any] = {"model": label, "donor": donor, "layer": row.layer, "module": row.module,
-                           "draw": "" if row.draw is None else row.draw, "n_params": n_params, "n": s["n"],
-                           "help": s["help"]["value"], "both_correct": s["both_correct"]["value"],
-                           "regime": s["regime"]}
-    for m in ("acc_x", "acc_xc", "harm", "follow_other"):
-        e = s.get(m) or {}
-        out.update({m: e.get("value"), f"{m}_low": e.get("low"), f"{m}_high": e.get("high")})
-    deltas = paired_deltas(ref["records"] if ref else rep["records"], rep["records"], cfg.n_boot, cfg.seed)
-    for m, (v, lo, hi) in deltas.items():
-        out.update({f"d_{m}": v, f"d_{m}_low": lo, f"d_{m}_high": hi})
-    return out
-
-
-def weightpatch_model(model, run, label: str, donor: Donor, donor_label: str, rows: Sequence[Row], cfg,
-                      follow: bool = False, progress: bool = True) -> tuple[list[dict], dict[str, list]]:
-    """Every row on one loaded model (patched in place, restored after each); (table rows, outcomes by row key)."""
-    from tqdm.auto import tqdm
-
-    shapes = {n: p.shape for n, p in model.named_parameters()}
-    table, outcomes, ref = [], {}, None
-    for row in tqdm(rows, desc=f"weightpatch {label}", disable=not progress):
-        with patched(model, donor, row):
-            rep = _evaluate(model, run, cfg, follow)
-        ref = ref or rep  # the first row is the unpatched model
-        table.append(_row(label, donor_label, row, row.n_params(shapes), rep, ref, cfg))
-        outcomes[row.key] = [[bool(r["correct_x"]), bool(r["correct_xc"])] for r in rep["records"]]
-    return table, outcomes
-
 
 
 @dataclass(frozen=True)
@@ -128,25 +70,41 @@ class WeightpatchOptions:
     """`mechopd probe weightpatch`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option("trained models to patch (default: every trained model of the run)")
-    donor: Role = option("base", "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir "
-                         "(default base: revert to W0)")
+    donor: Role = option(
+        "base",
+        "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir (default base: revert to W0)",
+    )
     layers: str | None = option(None, "comma-separated decoder layers and/or 'all' (default: every layer, then all)")
-    modules: str = option(",".join(MODULES), "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
-                          "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
-                          "count: the matched control)")
+    modules: str = option(
+        ",".join(MODULES),
+        "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
+        "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
+        "count: the matched control)",
+    )
     draws: int = option(3, "draws of ctrl_qk (default 3)", flag="--control-draws", range=(1, None))
-    follow: bool = option(False, "also follow_other per row (the task's other contexts; one more generation per item "
-                          "and context)")
+    follow: bool = option(
+        False, "also follow_other per row (the task's other contexts; one more generation per item and context)"
+    )
     n_boot: int = option(1000, "paired bootstrap resamples", range=(0, None))
 
 
-def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | Mapping[str, str] | None = None,
-                    donor: str | None = None, layers: str | None = None, modules: str | None = None,
-                    draws: int | None = None, follow: bool = False, n_boot: int | None = None,
-                    progress: bool = True) -> Path:
+def run_weightpatch(
+    setup: Any,
+    out_dir: str | Path,
+    *,
+    models: Sequence[str] | Mapping[str, str] | None = None,
+    donor: str | None = None,
+    layers: str | None = None,
+    modules: str | None = None,
+    draws: int | None = None,
+    follow: bool = False,
+    n_boot: int | None = None,
+    progress: bool = True,
+) -> Path:
     """`mechopd probe weightpatch`: every model (default: the run's trained models) patched row by row from ``donor``
     (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the CSV's path."""
     from mechopd.evaluation.evaluate import EvalConfig
+
     modules = parse_modules(modules or WeightpatchOptions.modules)
     if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
         parse_layers(layers, 1 << 30)
@@ -170,10 +128,22 @@ def run_weightpatch(setup: Any, out_dir: str | Path, *, models: Sequence[str] | 
         outcomes[label] = o
     out = Path(out_dir)
     write_csv(out / "weightpatch.csv", table, COLUMNS)
-    records = ci.item_records(run, outcomes=[{m: {k: v[i] for k, v in o.items()} for m, o in outcomes.items()}
-                                             for i in range(len(run.items.examples))])
-    settings = run.settings(donor=donor_label, donor_path=donor_dir, modules=modules, layers=layers, draws=draws,
-                            follow=follow, n_boot=n_boot, decoding="greedy, both views (evaluate.evaluate_model)")
+    records = ci.item_records(
+        run,
+        outcomes=[
+            {m: {k: v[i] for k, v in o.items()} for m, o in outcomes.items()} for i in range(len(run.items.examples))
+        ],
+    )
+    settings = run.settings(
+        donor=donor_label,
+        donor_path=donor_dir,
+        modules=modules,
+        layers=layers,
+        draws=draws,
+        follow=follow,
+        n_boot=n_boot,
+        decoding="greedy, both views (evaluate.evaluate_model)",
+    )
     ci.save(out, "weightpatch", run, settings, summarize(table), records)
     return out / "weightpatch.csv"
 
@@ -182,8 +152,9 @@ def _check_items(run, cfg) -> None:
     """The evaluation draws task.examples("test", n, seed): the items the runner saved, checked uid by uid."""
     drawn = [e.uid for e in run.task.examples("test", cfg.n, cfg.seed)]
     if drawn != [e.uid for e in run.items.examples]:
-        raise DataError("weightpatch: the evaluation's held-out items differ from the probe's items; rerun without "
-                        "--split")
+        raise DataError(
+            "weightpatch: the evaluation's held-out items differ from the probe's items; rerun without --split"
+        )
 
 
 # --------------------------------------------------------------------------------------------------------- summary
@@ -202,29 +173,50 @@ def qk_control(rows: Sequence[Mapping[str, Any]], model: str, layer: str = ALL) 
         if not g:
             continue
         mean = lambda key, g=g: (lambda v: float(np.mean(v)) if v else None)(  # noqa: E731
-            [x for x in (_f(r[key]) for r in g) if x is not None])
+            [x for x in (_f(r[key]) for r in g) if x is not None]
+        )
         dx, dh = mean("d_acc_x"), mean("d_harm")
-        out[group] = {"rule_removed": None if dx is None else 0.0 - dx,
-                      "harm_removed": None if dh is None else 0.0 - dh,
-                      "n_params": int(float(g[0]["n_params"])), "draws": len(g)}
+        out[group] = {
+            "rule_removed": None if dx is None else 0.0 - dx,
+            "harm_removed": None if dh is None else 0.0 - dh,
+            "n_params": int(float(g[0]["n_params"])),
+            "draws": len(g),
+        }
     return out if "qk" in out else None
 
 
 def _top(rows: Sequence[Mapping[str, Any]], model: str, key: str, k: int = 3) -> list[dict[str, Any]]:
     mine = [r for r in rows if r["model"] == model and r["layer"] != NONE and _f(r[key]) is not None]
     mine.sort(key=lambda r: -abs(_f(r[key])))
-    return [{"layer": r["layer"], "module": r["module"], "draw": r["draw"], key: _f(r[key]),
-             "acc_x": _f(r["acc_x"]), "acc_xc": _f(r["acc_xc"]), "harm": _f(r["harm"])} for r in mine[:k]]
+    return [
+        {
+            "layer": r["layer"],
+            "module": r["module"],
+            "draw": r["draw"],
+            key: _f(r[key]),
+            "acc_x": _f(r["acc_x"]),
+            "acc_xc": _f(r["acc_xc"]),
+            "harm": _f(r["harm"]),
+        }
+        for r in mine[:k]
+    ]
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     models = list(dict.fromkeys(r["model"] for r in rows))
-    return {"models": models, "donor": rows[0]["donor"] if rows else None,
-            "unpatched": {m: {k: _f(r[k]) for k in ("acc_x", "acc_xc", "harm")} for m in models
-                          for r in rows if r["model"] == m and r["layer"] == NONE},
-            "top_acc_x": {m: _top(rows, m, "d_acc_x") for m in models},
-            "top_harm": {m: _top(rows, m, "d_harm") for m in models},
-            "qk_control": {m: qk_control(rows, m) for m in models}}
+    return {
+        "models": models,
+        "donor": rows[0]["donor"] if rows else None,
+        "unpatched": {
+            m: {k: _f(r[k]) for k in ("acc_x", "acc_xc", "harm")}
+            for m in models
+            for r in rows
+            if r["model"] == m and r["layer"] == NONE
+        },
+        "top_acc_x": {m: _top(rows, m, "d_acc_x") for m in models},
+        "top_harm": {m: _top(rows, m, "d_harm") for m in models},
+        "qk_control": {m: qk_control(rows, m) for m in models},
+    }
 
 
 class WeightpatchSummary(ci.CausalSummary):
@@ -245,18 +237,22 @@ class WeightpatchSummary(ci.CausalSummary):
             u = s["unpatched"].get(m) or {}
             top = s["top_acc_x"].get(m) or []
             parts = [f"{t['layer']}/{t['module']} Acc_x {_fmt(t['acc_x'])}, Harm {_fmt(t['harm'])}" for t in top]
-            out.append(f"- **Weight patching** {m} ← {s['donor']} (`probes/weightpatch.csv`): unpatched Acc_x "
-                       f"{_fmt(u.get('acc_x'))}, Acc_xc {_fmt(u.get('acc_xc'))}, Harm {_fmt(u.get('harm'))}; "
-                       f"largest Acc_x changes: {'; '.join(parts) or 'none'}")
+            out.append(
+                f"- **Weight patching** {m} ← {s['donor']} (`probes/weightpatch.csv`): unpatched Acc_x "
+                f"{_fmt(u.get('acc_x'))}, Acc_xc {_fmt(u.get('acc_xc'))}, Harm {_fmt(u.get('harm'))}; "
+                f"largest Acc_x changes: {'; '.join(parts) or 'none'}"
+            )
             qk = s["qk_control"].get(m)
             if qk and CONTROL in qk:
-                out.append(f"  - reverting q_proj+k_proj ({qk['layer']} layers, {qk['qk']['n_params']} parameters) "
-                           f"removes rule {_fmt(qk['qk']['rule_removed'], '+.3f')} / harm "
-                           f"{_fmt(qk['qk']['harm_removed'], '+.3f')}; v+o: rule "
-                           f"{_fmt((qk.get('vo') or {}).get('rule_removed'), '+.3f')}; random rows of the other "
-                           f"matrices ({qk[CONTROL]['n_params']} parameters, mean of {qk[CONTROL]['draws']}): rule "
-                           f"{_fmt(qk[CONTROL]['rule_removed'], '+.3f')} / harm "
-                           f"{_fmt(qk[CONTROL]['harm_removed'], '+.3f')}")
+                out.append(
+                    f"  - reverting q_proj+k_proj ({qk['layer']} layers, {qk['qk']['n_params']} parameters) "
+                    f"removes rule {_fmt(qk['qk']['rule_removed'], '+.3f')} / harm "
+                    f"{_fmt(qk['qk']['harm_removed'], '+.3f')}; v+o: rule "
+                    f"{_fmt((qk.get('vo') or {}).get('rule_removed'), '+.3f')}; random rows of the other "
+                    f"matrices ({qk[CONTROL]['n_params']} parameters, mean of {qk[CONTROL]['draws']}): rule "
+                    f"{_fmt(qk[CONTROL]['rule_removed'], '+.3f')} / harm "
+                    f"{_fmt(qk[CONTROL]['harm_removed'], '+.3f')}"
+                )
         return out
 
 
@@ -264,18 +260,43 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def cli_run(setup: Any, out: Path, *, models: list[str] | None, donor: str, layers: str | None, modules: str,
-            draws: int, follow: bool, n_boot: int) -> list[str]:
+def cli_run(
+    setup: Any,
+    out: Path,
+    *,
+    models: list[str] | None,
+    donor: str,
+    layers: str | None,
+    modules: str,
+    draws: int,
+    follow: bool,
+    n_boot: int,
+) -> list[str]:
     """`mechopd probe weightpatch`: run, then the lines to print."""
-    path = run_weightpatch(setup, out, models=models, donor=donor, layers=layers, modules=modules, draws=draws,
-                           follow=follow, n_boot=n_boot)
+    path = run_weightpatch(
+        setup,
+        out,
+        models=models,
+        donor=donor,
+        layers=layers,
+        modules=modules,
+        draws=draws,
+        follow=follow,
+        n_boot=n_boot,
+    )
     return [f"weightpatch table: {path}"] + WeightpatchSummary.load(out).lines()
 
 
-register_probe(ProbeSpec(
-    "weightpatch", "revert (or transplant) weights per layer x module group to a donor's, re-evaluate both views",
-    cli_run, options=WeightpatchOptions, order=90,
-    outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),
-    demo={"models": ["opd"], "donor": "base", "layers": "all", "modules": "qk,vo,attn,mlp,ctrl_qk"},
-    role_options=("models", "donor"), summary=WeightpatchSummary,
-))
+register_probe(
+    ProbeSpec(
+        "weightpatch",
+        "revert (or transplant) weights per layer x module group to a donor's, re-evaluate both views",
+        cli_run,
+        options=WeightpatchOptions,
+        order=90,
+        outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),
+        demo={"models": ["opd"], "donor": "base", "layers": "all", "modules": "qk,vo,attn,mlp,ctrl_qk"},
+        role_options=("models", "donor"),
+        summary=WeightpatchSummary,
+    )
+)
