@@ -155,10 +155,11 @@ def _chosen_checkpoints(spec: Any, options: dict[str, Any], models: dict[str, Pa
     from mechopd.probes.registry import resolve
 
     picked = {}
-    for opt in getattr(spec, "role_options", ()) if spec.checkpoint is not None else ():
+    rule = getattr(spec, "checkpoint", None)  # a registration without the field (an older plug-in) has no rule
+    for opt in getattr(spec, "role_options", ()) if rule is not None else ():
         name = options.get(opt)
         if name in models and name != "base" and (run / "train" / name).is_dir():
-            checkpoint, why = resolve(spec.checkpoint)(run / "train" / name)
+            checkpoint, why = resolve(rule)(run / "train" / name)
             write_json(run / f"{spec.name}_checkpoint.json", {"checkpoint": str(checkpoint), "why": why})
             picked[opt] = str(checkpoint)
     return picked
