@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.artifacts import FileSet
 from mechopd.cli.common import command, kv, named, text
+from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import add_flags, bind, flag_values
 from mechopd.core.runlock import hold
@@ -124,8 +124,8 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
-    from mechopd.evaluation.run import evaluate_plan, plan_eval
     from mechopd.evaluation.evaluate import EVAL_FACTS, EvalConfig
+    from mechopd.evaluation.run import evaluate_plan, plan_eval
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
         raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")

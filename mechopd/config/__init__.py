@@ -20,18 +20,48 @@ from typing import Any
 
 import yaml
 
+from mechopd.config.sections import (  # noqa: F401 (re-exported)
+    LOSS_HEADS,
+    LR_SCHEDULES,
+    SHARDINGS,
+    TEACHER_MODES,
+    LogOptions,
+    LoraOptions,
+    OptimOptions,
+    RenderOptions,
+    RolloutOptions,
+    RunOptions,
+    ScaleOptions,
+    TeacherOptions,
+)
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import CliValue, StrictLoader, check_saveable, flag_text, load_yaml  # noqa: F401
-from mechopd.core.config_parse import merge, parse_options, parse_overrides, scalar, text_value, typed_options  # noqa: F401
+from mechopd.core.config_parse import (  # noqa: F401
+    CliValue,
+    StrictLoader,
+    check_saveable,
+    flag_text,
+    load_yaml,
+    merge,
+    parse_options,
+    parse_overrides,
+    scalar,
+    text_value,
+    typed_options,
+)
 from mechopd.core.errors import ConfigError
-from mechopd.objectives.options import C_MODES, D_MODES, ESTIMATORS, TIE_BREAKS, EstimatorOptions  # noqa: F401
-from mechopd.objectives.options import FollowOptions, NCAOptions, SelectionOptions, SignalOptions  # noqa: F401
 from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
-from mechopd.config.sections import LOSS_HEADS, LR_SCHEDULES, SHARDINGS, TEACHER_MODES  # noqa: F401 (re-exported)
-from mechopd.config.sections import LogOptions, LoraOptions, OptimOptions, RenderOptions  # noqa: F401 (re-exported)
-from mechopd.config.sections import RolloutOptions, RunOptions, ScaleOptions, TeacherOptions  # noqa: F401 (re-exported)
-from mechopd.core.ranges import MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE  # noqa: F401
-from mechopd.core.ranges import check_seed, check_temperature  # noqa: F401
+from mechopd.core.ranges import MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE, check_seed, check_temperature  # noqa: F401
+from mechopd.objectives.options import (  # noqa: F401
+    C_MODES,
+    D_MODES,
+    ESTIMATORS,
+    TIE_BREAKS,
+    EstimatorOptions,
+    FollowOptions,
+    NCAOptions,
+    SelectionOptions,
+    SignalOptions,
+)
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is

@@ -21,10 +21,21 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.core.model_checks import INDEX, PICKLED, TOKENIZER_FILES, WEIGHTS  # noqa: F401 (re-exported)
-from mechopd.core.model_checks import check_checkpoint, check_finite, check_loading_info  # noqa: F401 (re-exported)
-from mechopd.core.model_checks import check_tokenizer, expected_tensors, inside, read_config  # noqa: F401 (re-exported)
-from mechopd.core.model_checks import read_header, weight_files  # noqa: F401 (re-exported)
+from mechopd.core.model_checks import (  # noqa: F401 (re-exported)
+    INDEX,
+    PICKLED,
+    TOKENIZER_FILES,
+    WEIGHTS,
+    check_checkpoint,
+    check_finite,
+    check_loading_info,
+    check_tokenizer,
+    expected_tensors,
+    inside,
+    read_config,
+    read_header,
+    weight_files,
+)
 
 LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # no separator, no leading dot: '.', '..', '.hidden' refused
 # File stems a label must not take: a checkpoint's own files and the compare table (a report is <label>.json/.csv).

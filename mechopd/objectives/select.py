@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import register_options
+from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
 from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
@@ -40,10 +42,6 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     _fp32,
     teachability_stats,
 )
-from mechopd.core.options import register_options
-from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats  # noqa: F401 (re-exported)
-from mechopd.objectives.normalize import quantile_norm, soft_or  # noqa: F401 (re-exported)
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The selector registry: a selector is one scoring function plus one `register_selector`

@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.core.ranges import check_seed
 from mechopd.core.errors import ConfigError, TrainingError
+from mechopd.core.ranges import check_seed
+from mechopd.core.runlock import hold
+from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
-from mechopd.core.runlock import hold
 from mechopd.tasks.base import Task, get_task
-from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"

@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.evaluation.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 from mechopd.plots._common import (
     RunInfo,
     eval_summaries,
@@ -39,7 +40,6 @@ from mechopd.plots._common import (
     styled,
 )
 from mechopd.plots.registry import register_figure
-from mechopd.evaluation.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 from mechopd.study import Study
 
 BARS_NAME = "removability"

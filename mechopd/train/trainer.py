@@ -34,12 +34,12 @@ from tqdm.auto import tqdm
 
 from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.core.errors import MechopdError, TrainingError
+from mechopd.core.views import assemble_two_views, render_prompt_ids
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed
 from mechopd.train import dist, gradstats, guard, otherbatch, rundir
 from mechopd.train.engine import sync_engine
 from mechopd.train.reporting import final_line
 from mechopd.train.rundir import RunDir
-from mechopd.core.views import assemble_two_views, render_prompt_ids
 from mechopd.train.trainer_saving import TrainerSaving
 from mechopd.train.trainer_setup import TrainerSetup
 
