@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.artifacts import FileSet
 from mechopd.cli.common import command, kv, named, text
+from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import add_flags, bind, flag_values
 from mechopd.core.runlock import hold
@@ -16,30 +16,81 @@ from mechopd.core.runlock import hold
 
 # --- eval ---------------------------------------------------------------------------------------------------------------
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir, hub id or organism:<task>; a "
-                   "checkpoint written by mechopd train renders as its final/training.json records")
-    p.add_argument("--run", default=None, metavar="RUN_DIR", help="a training run: its final/ with the run's task, "
-                   "task options and render (config.yaml), as the probes' --run")
-    p.add_argument("--compare", nargs="+", default=None, metavar="NAME=DIR", help="several models side by side on "
-                   "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name")
-    p.add_argument("--task", default=None, metavar="TASK", help="rules | frozenlake | sokoban | jsonl | a registered "
-                   "name (default: the task the run or checkpoint records)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="task option, repeatable (e.g. "
-                   "rule=shift:1, path=data.jsonl)")
-    p.add_argument("--no-context-system", default=None, metavar="TEXT", help="explicit system prompt of the "
-                   "no-context view (for chat templates that insert a default one; default: the run's)")
-    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE", help="chat template "
-                   "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
-                   "a value that differs from the run's record is refused)")
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="checkpoint dir, hub id or organism:<task>; a "
+        "checkpoint written by mechopd train renders as its final/training.json records",
+    )
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="RUN_DIR",
+        help="a training run: its final/ with the run's task, "
+        "task options and render (config.yaml), as the probes' --run",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="NAME=DIR",
+        help="several models side by side on "
+        "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name",
+    )
+    p.add_argument(
+        "--task",
+        default=None,
+        metavar="TASK",
+        help="rules | frozenlake | sokoban | jsonl | a registered "
+        "name (default: the task the run or checkpoint records)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task option, repeatable (e.g. rule=shift:1, path=data.jsonl)",
+    )
+    p.add_argument(
+        "--no-context-system",
+        default=None,
+        metavar="TEXT",
+        help="explicit system prompt of the "
+        "no-context view (for chat templates that insert a default one; default: the run's)",
+    )
+    p.add_argument(
+        "--chat-template-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="chat template "
+        "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
+        "a value that differs from the run's record is refused)",
+    )
+    _eval_output_args(p)
+
+
+def _eval_output_args(p: argparse.ArgumentParser) -> None:
+    """`mechopd eval`'s flags after the models and the render: EvalConfig's declared fields, --other-contexts, --out."""
     from mechopd.evaluation.evaluate import EVAL_FACTS
 
     add_flags(p, EVAL_FACTS, sets=False)  # --n, --seed, --samples, --temperature, ...: declared once, on EvalConfig
-    p.add_argument("--other-contexts", action="store_true", help="also answer every item under each of the task's "
-                   "other contexts: follow_other, stick; with --compare and a model named base: retention, "
-                   "context-deaf (docs/method.md)")
-    p.add_argument("--out", default=None, metavar="PATH", help="--model: report path ending in .json (a .csv of the "
-                   "records is written next to it) or an existing directory; --compare: a directory (one report per "
-                   "model + compare.md/.csv)")
+    p.add_argument(
+        "--other-contexts",
+        action="store_true",
+        help="also answer every item under each of the task's "
+        "other contexts: follow_other, stick; with --compare and a model named base: retention, "
+        "context-deaf (docs/method.md)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="--model: report path ending in .json (a .csv of the "
+        "records is written next to it) or an existing directory; --compare: a directory (one report per "
+        "model + compare.md/.csv)",
+    )
 
 
 def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
@@ -52,23 +103,29 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
         if out.is_dir():
             out = out / f"{a.task}.json"
         elif out.suffix != ".json":
-            raise ConfigError(f"--out {a.out}: pass a report path ending in .json (a .csv of the records is written "
-                              "next to it) or an existing directory")
+            raise ConfigError(
+                f"--out {a.out}: pass a report path ending in .json (a .csv of the records is written "
+                "next to it) or an existing directory"
+            )
         return {"model": check_report_target(out)}, None
     if a.out and Path(a.out).suffix in (".json", ".csv", ".md"):
-        raise ConfigError(f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
-                          "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask")
+        raise ConfigError(
+            f"--out {a.out} looks like a file, but --compare writes a directory (one report per model "
+            "+ compare.md/.csv); pass a directory, e.g. --out runs/compare/mytask"
+        )
     out_dir = check_out_dir(a.out or f"runs/compare/{a.task}")
     if any((out_dir / f).exists() for f in ("config.json", WEIGHTS, INDEX)):
-        raise ConfigError(f"--out {out_dir} is a checkpoint directory; --compare writes its reports into a directory "
-                          f"of their own, e.g. --out runs/compare/{a.task}")
+        raise ConfigError(
+            f"--out {out_dir} is a checkpoint directory; --compare writes its reports into a directory "
+            f"of their own, e.g. --out runs/compare/{a.task}"
+        )
     return {name: check_report_target(out_dir / f"{name}.json") for name in labels}, out_dir
 
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
-    from mechopd.evaluation.run import evaluate_plan, plan_eval
     from mechopd.evaluation.evaluate import EVAL_FACTS, EvalConfig
+    from mechopd.evaluation.run import evaluate_plan, plan_eval
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:
         raise ConfigError("pass exactly one of --model DIR, --run RUN_DIR or --compare NAME=DIR ...")
@@ -80,13 +137,15 @@ def _eval(a: argparse.Namespace) -> int:
     targets, out_dir = _eval_targets(a, list(models))
     ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwarg, "--chat-template-kwarg")
     with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
-        reports = evaluate_plan(plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs,
-                                other_contexts=a.other_contexts)
+        reports = evaluate_plan(
+            plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs, other_contexts=a.other_contexts
+        )
         return _write_reports(a, reports, targets, out_dir)
 
 
-def _write_reports(a: argparse.Namespace, reports: dict[str, Any], targets: dict[str, Path],
-                   out_dir: Path | None) -> int:
+def _write_reports(
+    a: argparse.Namespace, reports: dict[str, Any], targets: dict[str, Path], out_dir: Path | None
+) -> int:
     from mechopd.evaluation import following
     from mechopd.evaluation.evaluate import compare, format_summary, write_report
 

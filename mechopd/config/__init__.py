@@ -20,25 +20,64 @@ from typing import Any
 
 import yaml
 
+from mechopd.config.sections import (  # noqa: F401 (re-exported)
+    LOSS_HEADS,
+    LR_SCHEDULES,
+    SHARDINGS,
+    TEACHER_MODES,
+    LogOptions,
+    LoraOptions,
+    OptimOptions,
+    RenderOptions,
+    RolloutOptions,
+    RunOptions,
+    ScaleOptions,
+    TeacherOptions,
+)
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import (CliValue, StrictLoader, check_saveable, flag_text, load_yaml, merge,  # noqa: F401
-                                   parse_options, parse_overrides, scalar, text_value, typed_options)
+from mechopd.core.config_parse import (  # noqa: F401
+    CliValue,
+    StrictLoader,
+    check_saveable,
+    flag_text,
+    load_yaml,
+    merge,
+    parse_options,
+    parse_overrides,
+    scalar,
+    text_value,
+    typed_options,
+)
 from mechopd.core.errors import ConfigError
-from mechopd.objectives.options import (C_MODES, D_MODES, ESTIMATORS, TIE_BREAKS, EstimatorOptions,  # noqa: F401
-                                        FollowOptions, NCAOptions, SelectionOptions, SignalOptions)
 from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
-from mechopd.core.ranges import (MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE,  # noqa: F401
-                            check_seed, check_temperature)
+from mechopd.core.ranges import MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE, check_seed, check_temperature  # noqa: F401
+from mechopd.objectives.options import (  # noqa: F401
+    C_MODES,
+    D_MODES,
+    ESTIMATORS,
+    TIE_BREAKS,
+    EstimatorOptions,
+    FollowOptions,
+    NCAOptions,
+    SelectionOptions,
+    SignalOptions,
+)
 
-SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
-TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
-LOSS_HEADS = ("auto", "fused", "logits")  # `train.headstep`
-LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
 # logged or saved, and the process layout (`sharding` computes the same update; checkpoints resume under either)
-RESUME_MUTABLE = ("steps", "eval_every", "save_every", "eval_n", "log_tensorboard", "log_wandb", "wandb_project",
-                  "grad_stats_every", "sharding", "loss_head")
+RESUME_MUTABLE = (
+    "steps",
+    "eval_every",
+    "save_every",
+    "eval_n",
+    "log_tensorboard",
+    "log_wandb",
+    "wandb_project",
+    "grad_stats_every",
+    "sharding",
+    "loss_head",
+)
 METHOD_ALIASES = {
     # shorthand methods that name a selector: "ta_opd" = OPD with the teachability selector (docs/method.md §3)
     "ta_opd": ("opd", "ta_opd"),
@@ -54,120 +93,21 @@ def method_names() -> list[str]:
 
 
 @dataclass
-class RunOptions:
-    """Task, models and method."""
-
-    task: str = option("rules", short=True, help="task: rules | frozenlake | sokoban | jsonl | a registered name")
-    task_options: dict[str, Any] = option(default_factory=dict, help="keywords of the task's factory (--option "
-                                          "KEY=VALUE or --set task_options.KEY=VALUE)")
-    student: str = option("organism:rules", short=True, help="student checkpoint dir, hub id, or organism:<task> "
-                          "(pretrain / reuse the embedded organism)")
-    teacher: str | None = option(None, short=True, help="teacher checkpoint; null = the frozen initial student "
-                                 "(self-distillation), else cross-model")
-    method: str = option("opd", short=True, help="opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (a registered "
-                         "loss-term set; ta_opd / ta_opd_ent = opd + that selector); the follow term goes with any "
-                         "method: --set follow_weight=1")
-
-
-@dataclass
-class RolloutOptions:
-    """Rollouts: how responses are sampled and how many."""
-
-    temperature: float | None = option(None, range=Range(MIN_TEMPERATURE), help="sampling temperature; null = the "
-                                       "task's (1.0 QA, 0.7 games)")
-    max_new_tokens: int | None = option(None, range=GE1, help="response length cap; null = the task's")
-    batch_size: int = option(128, range=GE1, short=True, help="prompts (games) per optimizer step, global across "
-                             "processes")
-    pool_size: int = option(2048, range=GE1, help="training items the run cycles through in seeded epochs "
-                            "(independent of steps: a resumed run sees the same data)")
-    rollout_engine: str = option("lean", help="lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf (model(...) per "
-                                 "decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])")
-    vllm_options: dict[str, Any] = option(default_factory=dict, help="VllmEngine keywords: gpu_memory_utilization, "
-                                          "enforce_eager, max_model_len, max_num_seqs")
-    shared_prefix: str = option("auto", onoff=True, help="auto: a context-view prefix common to every row is "
-                                "computed once per batch (exact); off: every row in full")
-
-
-@dataclass
-class OptimOptions:
-    """The optimizer (AdamW) and its schedule."""
-
-    lr: float = option(5e-6, range=GT0, short=True, help="AdamW learning rate")
-    steps: int = option(100, range=GE1, short=True, help="optimizer steps")
-    warmup: int = option(0, range=GE0, help="linear warm-up steps")
-    lr_schedule: str = option("constant", choices=LR_SCHEDULES, help="constant (the papers') | linear | cosine "
-                              "(decay to 0 at the last step, `train.lr`)")
-    weight_decay: float = option(0.0, range=GE0, help="AdamW weight decay")
-    grad_clip: float = option(1.0, range=GT0, help="gradient-norm clip")
-    seed: int = option(0, range=Range(0, SEED_MAX), short=True, help="seed of data order, rollouts and selection")
-
-
-@dataclass
-class LogOptions:
-    """What is evaluated, saved and logged."""
-
-    eval_every: int = option(0, range=GE0, short=True, help="evaluate both views every N steps (0 = never)")
-    eval_n: int = option(200, range=GE0, help="held-out items per periodic evaluation (0 = off)")
-    save_every: int = option(0, range=GE0, help="checkpoint every N steps (0 = only the final one)")
-    log_tensorboard: bool = option(False, help="RUN/tensorboard (extra mechopd[tensorboard])")
-    log_wandb: bool = option(False, help="W&B under RUN/wandb, offline unless WANDB_MODE says otherwise (extra "
-                             "mechopd[wandb])")
-    wandb_project: str = option("mechopd", help="W&B project")
-    grad_stats_every: int = option(0, range=GE0, help="every N steps: per-term gradient norms, cosines, dominance "
-                                   "(0 = off; needs sharding: none)")
-
-
-@dataclass
-class RenderOptions:
-    """How the two views are rendered (`views.RenderSpec`)."""
-
-    no_context_system: str | None = option(None, help="system message of the no-context view (null = none)")
-    chat_template_kwargs: dict[str, Any] = option(default_factory=dict, help="chat-template variables "
-                                                  "(--set chat_template_kwargs.KEY=VALUE)")
-
-
-@dataclass
-class ScaleOptions:
-    """Hardware, processes and memory (docs/scaling.md)."""
-
-    dtype: str = option("float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype; bfloat16 / "
-                        "float16 also run the forwards under autocast (losses in float32)")
-    device: str = option("auto", help="auto | cpu | cuda | ...")
-    organism_dir: str = option("runs/organisms", help="where organisms are pretrained / reused")
-    sharding: str = option("none", choices=SHARDINGS, help="none: full replicas, gradients all-reduced; fsdp: FSDP2 "
-                           "per decoder layer (same update)")
-    micro_batch_size: int | None = option(None, range=GE1, help="rows per forward/backward inside one step "
-                                          "(gradients accumulated; null = all of this process's rows)")
-    logit_chunk: int | None = option(None, range=GE1, help="response positions per LM-head / loss chunk (null = the "
-                                     "whole response; needs sharding: none)")
-    gradient_checkpointing: bool = option(False, help="recompute the student's decoder layers in backward")
-    loss_head: str = option("auto", choices=LOSS_HEADS, help="fused: losses and their gradients from hidden states "
-                            "chunk by chunk, no logits kept (`objectives.head`); auto = fused for opd/nca at vocab "
-                            ">= 8192 (`train.headstep`); logits: the LM head's logits path")
-
-
-@dataclass
-class LoraOptions:
-    """LoRA (`mechopd.models.lora`): ΔW = (α / r) B A on lora_targets, the base weights frozen."""
-
-    lora_rank: int = option(0, range=GE0, help="0 = off (every weight trains); r > 0: a peft adapter of rank r")
-    lora_alpha: float = option(16.0, range=GT0, help="α of ΔW = (α / r) B A")
-    lora_dropout: float = option(0.0, range=GE0, help="adapter input dropout, < 1")
-    lora_targets: list[str] | None = option(None, help="module names; null = q/k/v/o/gate/up/down_proj")
-
-
-@dataclass
-class TeacherOptions:
-    """The teacher's weights (`train.teachers`)."""
-
-    teacher_mode: str = option("frozen", choices=TEACHER_MODES, help="frozen: the initial student or the "
-                               "cross-model teacher; live: the current student, no grad; ema: θ_T ← d·θ_T + (1−d)·θ")
-    ema_decay: float = option(0.99, range=UNIT, help="d of the EMA teacher")
-
-
-@dataclass
-class TrainConfig(TeacherOptions, LoraOptions, ScaleOptions, RenderOptions, LogOptions, OptimOptions, RolloutOptions,
-                  SignalOptions, SelectionOptions, EstimatorOptions, FollowOptions, NCAOptions, RunOptions):
+class TrainConfig(
+    TeacherOptions,
+    LoraOptions,
+    ScaleOptions,
+    RenderOptions,
+    LogOptions,
+    OptimOptions,
+    RolloutOptions,
+    SignalOptions,
+    SelectionOptions,
+    EstimatorOptions,
+    FollowOptions,
+    NCAOptions,
+    RunOptions,
+):
     """One training run: the sections' fields, flat (docs/config.md lists them; `field_facts(TrainConfig)`).
 
     plugins: the values of plug-in options (a loss term or selector registered with its own options dataclass,
@@ -192,26 +132,37 @@ class TrainConfig(TeacherOptions, LoraOptions, ScaleOptions, RenderOptions, LogO
             if self.selector == "full":
                 self.selector = sel
         _check_registered(self)
-        if self.follow_contexts is not None and (not isinstance(self.follow_contexts, (list, tuple)) or not
-                                                 self.follow_contexts or not all(isinstance(c, str) and c.strip()
-                                                                                 for c in self.follow_contexts)):
-            raise ConfigError(f"follow_contexts={self.follow_contexts!r} is invalid: give a non-empty list of "
-                              "other-context labels (e.g. [shift:2, reverse]) or null for all of them")
+        if self.follow_contexts is not None and (
+            not isinstance(self.follow_contexts, (list, tuple))
+            or not self.follow_contexts
+            or not all(isinstance(c, str) and c.strip() for c in self.follow_contexts)
+        ):
+            raise ConfigError(
+                f"follow_contexts={self.follow_contexts!r} is invalid: give a non-empty list of "
+                "other-context labels (e.g. [shift:2, reverse]) or null for all of them"
+            )
         if self.q_low >= self.q_high:
-            raise ConfigError(f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
-                              "(defaults 0.05, 0.95)")
+            raise ConfigError(
+                f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high (defaults 0.05, 0.95)"
+            )
         if self.renormalize and self.tail:
-            raise ConfigError("renormalize and tail are exclusive: a renormalised top-k distribution has no tail; "
-                              "set one of them to false")
+            raise ConfigError(
+                "renormalize and tail are exclusive: a renormalised top-k distribution has no tail; "
+                "set one of them to false"
+            )
         if self.grad_stats_every and self.sharding != "none":
-            raise ConfigError(f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
-                              "are taken on full replicas); set grad_stats_every=0 or sharding=none")
+            raise ConfigError(
+                f"grad_stats_every={self.grad_stats_every} needs sharding: none (per-term gradients "
+                "are taken on full replicas); set grad_stats_every=0 or sharding=none"
+            )
         if isinstance(self.shared_prefix, bool):  # YAML 1.1 reads a bare `off` / `on` as a boolean
             self.shared_prefix = "auto" if self.shared_prefix else "off"
         if self.logit_chunk is not None and self.sharding != "none":
-            raise ConfigError(f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
-                              "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
-                              "(micro_batch_size works under both)")
+            raise ConfigError(
+                f"logit_chunk={self.logit_chunk} needs sharding: none (an FSDP root holds the LM head, "
+                "so the head cannot run per chunk); set logit_chunk=null or sharding=none "
+                "(micro_batch_size works under both)"
+            )
         _check_lora_and_teacher(self)
         from mechopd.objectives.head import check_loss_head
 
@@ -255,12 +206,21 @@ def _check_registered(cfg: TrainConfig) -> None:
     from mechopd.objectives.select import SELECTORS
 
     if cfg.method not in METHODS:
-        follow = (" — the follow term is not a method: add it to any method with follow_weight (--set "
-                  "follow_weight=1, e.g. --method nca --set follow_weight=1)") if "follow" in str(cfg.method) else ""
+        follow = (
+            (
+                " — the follow term is not a method: add it to any method with follow_weight (--set "
+                "follow_weight=1, e.g. --method nca --set follow_weight=1)"
+            )
+            if "follow" in str(cfg.method)
+            else ""
+        )
         raise ConfigError(f"method={cfg.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
     shared = cfg.shared_prefix if not isinstance(cfg.shared_prefix, bool) else "auto"
-    for name, value, allowed in (("selector", cfg.selector, SELECTORS), ("rollout_engine", cfg.rollout_engine, DECODERS),
-                                 ("shared_prefix", shared, PREFIX_MODES)):
+    for name, value, allowed in (
+        ("selector", cfg.selector, SELECTORS),
+        ("rollout_engine", cfg.rollout_engine, DECODERS),
+        ("shared_prefix", shared, PREFIX_MODES),
+    ):
         _choice(name, value, allowed)
     check_options(cfg.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
     if cfg.rollout_engine == "vllm":
@@ -271,10 +231,16 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
     """LoRA and teacher-mode fields: values and the layouts they run under (one line each, naming the fix)."""
     _choice("teacher_mode", cfg.teacher_mode, TEACHER_MODES)
     t = cfg.lora_targets
-    if t is not None and (not isinstance(t, (list, tuple)) or not t or len(set(t)) != len(t)
-                          or not all(isinstance(x, str) and x.strip() for x in t)):
-        raise ConfigError(f"lora_targets={t!r} is invalid: give a non-empty list of distinct module names (e.g. "
-                          "[q_proj, v_proj]) or null for the attention and MLP projections")
+    if t is not None and (
+        not isinstance(t, (list, tuple))
+        or not t
+        or len(set(t)) != len(t)
+        or not all(isinstance(x, str) and x.strip() for x in t)
+    ):
+        raise ConfigError(
+            f"lora_targets={t!r} is invalid: give a non-empty list of distinct module names (e.g. "
+            "[q_proj, v_proj]) or null for the attention and MLP projections"
+        )
     if cfg.lora_dropout >= 1:
         raise ConfigError(f"lora_dropout={cfg.lora_dropout} is invalid: need 0 <= lora_dropout < 1")
     if cfg.lora_rank:
@@ -283,15 +249,21 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
         require_peft()
         for key, bad, fix in (("sharding", "fsdp", "sharding=none"), ("rollout_engine", "vllm", "rollout_engine=lean")):
             if getattr(cfg, key) == bad:
-                raise ConfigError(f"lora_rank={cfg.lora_rank} does not run with {key}: {bad} (untested there); set "
-                                  f"{fix} or lora_rank=0")
+                raise ConfigError(
+                    f"lora_rank={cfg.lora_rank} does not run with {key}: {bad} (untested there); set "
+                    f"{fix} or lora_rank=0"
+                )
     if cfg.teacher_mode != "frozen":
         if cfg.teacher is not None:
-            raise ConfigError(f"teacher_mode={cfg.teacher_mode} needs self-distillation (teacher: null); a cross-model "
-                              "teacher is frozen: set teacher_mode=frozen or drop teacher")
+            raise ConfigError(
+                f"teacher_mode={cfg.teacher_mode} needs self-distillation (teacher: null); a cross-model "
+                "teacher is frozen: set teacher_mode=frozen or drop teacher"
+            )
         if cfg.sharding != "none":
-            raise ConfigError(f"teacher_mode={cfg.teacher_mode} does not run with sharding: {cfg.sharding} (the "
-                              "teacher would share the student's shards); set sharding=none or teacher_mode=frozen")
+            raise ConfigError(
+                f"teacher_mode={cfg.teacher_mode} does not run with sharding: {cfg.sharding} (the "
+                "teacher would share the student's shards); set sharding=none or teacher_mode=frozen"
+            )
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -312,14 +284,19 @@ def build_config(cls: type, data: dict[str, Any], source: str = "config") -> Any
     return _opts.bind(cls, data, source=source)
 
 
-def bind_train(data: dict[str, Any], sets: dict[str, Any] | None = None, flags: dict[str, Any] | None = None,
-               source: str = "train config") -> TrainConfig:
+def bind_train(
+    data: dict[str, Any],
+    sets: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+    source: str = "train config",
+) -> TrainConfig:
     """`TrainConfig` from a file's keys, flags and ``--set`` (`mechopd.core.options.bind`); plug-in keys into ``plugins``."""
     merged = merge(merge(dict(data), flags or {}), sets or {})
     facts = {f.name: f for f in _opts.plugin_facts(TrainConfig)}
     plugins = {k: _opts.coerce(facts[k], merged.pop(k), source) for k in list(merged) if k in facts}
-    return _opts.bind(TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None,
-                      also=tuple(facts))
+    return _opts.bind(
+        TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None, also=tuple(facts)
+    )
 
 
 def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:

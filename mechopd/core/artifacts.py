@@ -30,6 +30,7 @@ from typing import Any, ClassVar, TypeVar
 
 from mechopd.core.checks import umask_mode
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.core.fileset import FileSet  # noqa: F401 (re-exported)
 
 S = TypeVar("S", bound="Summary")
 
@@ -61,7 +62,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], binary: 
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     os.chmod(tmp, umask_mode(directory=False))  # mkstemp's 0600 would outlive the rename
     try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="")) as fh:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="") as fh:
             write(fh)
         os.replace(tmp, target)
     except BaseException:
@@ -127,8 +128,9 @@ def read_float(value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise DataError(f"{value!r} is not a number; rewrite the artifact with the mechopd probe that owns it") \
-            from None
+        raise DataError(
+            f"{value!r} is not a number; rewrite the artifact with the mechopd probe that owns it"
+        ) from None
 
 
 def finite_or_none(value: Any, where: str) -> float | None:
@@ -137,8 +139,10 @@ def finite_or_none(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataError(f"{where}: {str(value)[:40]!r} is not a number (null for n/a); rewrite it with the mechopd "
-                        "command that writes it")
+        raise DataError(
+            f"{where}: {str(value)[:40]!r} is not a number (null for n/a); rewrite it with the mechopd "
+            "command that writes it"
+        )
     v = float(value)
     return v if math.isfinite(v) else None
 
@@ -152,8 +156,9 @@ def read_json(path: str | os.PathLike) -> Any:
     except FileNotFoundError:
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)") from None
     except IsADirectoryError:
-        raise DataError(f"{p} is a directory, not a JSON file; remove it and rerun the command that writes it") \
-            from None
+        raise DataError(
+            f"{p} is a directory, not a JSON file; remove it and rerun the command that writes it"
+        ) from None
     except UnicodeDecodeError as err:
         raise DataError(f"{p} is not UTF-8 text ({err.reason} at byte {err.start}); rewrite it with mechopd") from None
     except json.JSONDecodeError as err:
@@ -176,8 +181,10 @@ def metric_lines(path: str | os.PathLike) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, RecursionError):
             rec = None
         if not isinstance(rec, dict) or isinstance(rec.get("step"), (dict, list)):
-            raise DataError(f"{path} line {i}: not a metrics record; each line must be one JSON object such as "
-                            '{"step": 1, "loss": 0.5} (restore the file from the run or delete the line)')
+            raise DataError(
+                f"{path} line {i}: not a metrics record; each line must be one JSON object such as "
+                '{"step": 1, "loss": 0.5} (restore the file from the run or delete the line)'
+            )
         by_step[(rec.get("step"), "eval/acc_x" in rec)] = rec
     return [by_step[k] for k in sorted(by_step, key=lambda k: (_step_key(k[0], path), k[1]))]
 
@@ -194,8 +201,11 @@ def mean_kept_fraction(train_dir: str | os.PathLike) -> float | None:
     """Mean of ``kept_fraction`` over the steps of ``train_dir/metrics.jsonl`` (None if never logged): the share of
     response positions the selector actually trained on (non-finite values -> DataError)."""
     path = Path(train_dir) / "metrics.jsonl"
-    vals = [finite_or_none(m["kept_fraction"], f"{path} step {m.get('step')}: kept_fraction")
-            for m in metric_lines(path) if m.get("kept_fraction") is not None]
+    vals = [
+        finite_or_none(m["kept_fraction"], f"{path} step {m.get('step')}: kept_fraction")
+        for m in metric_lines(path)
+        if m.get("kept_fraction") is not None
+    ]
     vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -207,8 +217,10 @@ class Row(dict):
     source: str = ""
 
     def __missing__(self, key: str) -> str:
-        raise DataError(f"{self.source} has no column {key!r} (columns: {', '.join(self)}); rewrite it with the mechopd "
-                        "probe that owns it")
+        raise DataError(
+            f"{self.source} has no column {key!r} (columns: {', '.join(self)}); rewrite it with the mechopd "
+            "probe that owns it"
+        )
 
 
 def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -223,8 +235,10 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
             reader = csv.DictReader(fh)
             for rec in reader:
                 if None in rec or None in rec.values():
-                    raise DataError(f"{p} line {reader.line_num}: {'more' if None in rec else 'fewer'} cells than "
-                                    "its header; rewrite it with the mechopd probe that owns it")
+                    raise DataError(
+                        f"{p} line {reader.line_num}: {'more' if None in rec else 'fewer'} cells than "
+                        "its header; rewrite it with the mechopd probe that owns it"
+                    )
                 row = Row(rec)
                 row.source = str(p)
                 rows.append(row)
@@ -253,12 +267,17 @@ class Summary:
         if not isinstance(doc, Mapping):
             raise DataError(f"{where}: expected a JSON object written by mechopd probe")
         names = {f.name for f in dataclasses.fields(cls)}
-        required = [f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         absent = [k for k in required if k not in doc]
         if absent:
-            raise DataError(f"{where} lacks {absent[0]!r} (written by an older mechopd?); rerun "
-                            f"mechopd probe {cls.PROBE} --run RUN_DIR")
+            raise DataError(
+                f"{where} lacks {absent[0]!r} (written by an older mechopd?); rerun "
+                f"mechopd probe {cls.PROBE} --run RUN_DIR"
+            )
         values = {k: doc[k] for k in names if k in doc}
         values.update({k: read_float(values[k]) for k in cls.FLOATS if k in values})
         return cls(**values)
@@ -276,103 +295,3 @@ class Summary:
     def table(self, name: str) -> list[dict[str, str]]:
         """Rows of the CSV ``name`` next to the summary (the probe's tidy table; cells as text)."""
         return read_csv(Path(getattr(self, "probes_dir", ".")) / name)
-
-
-# ------------------------------------------------------------------------------------------------------- file sets
-class FileSet:
-    """Several files written as ONE artifact (an evaluation's ``r.json`` + ``r.csv``, a probe's tables and summary, a
-    comparison's reports + ``compare.md``): all of them or none, next to other artifacts in the same directory.
-
-        with FileSet(out_dir, "similarity") as stage:
-            write_csv(stage.dir / "similarity.csv", rows)        # any writer, into the staging directory
-            write_json(stage.dir / "similarity.json", summary)
-        FileSet.complete(out_dir, "similarity")                  # True once the set is in place
-
-    Why a manifest and not a renamed directory: the files of a set share their directory with other sets (every
-    probe writes into ``RUN/probes``; a report lands next to the user's files), so the set cannot be one directory
-    renamed into place. The files are written into ``DIR/.<name>.stage-<pid>-*`` (same file system), then committed:
-    the manifest (file -> size, sha256) is written into the stage, the old manifest ``DIR/.<name>.fileset`` is
-    removed, every file is renamed into ``DIR``, the new manifest last. Readers that must not take a partial set
-    (the demo's skip-if-done) require `complete`: the manifest exists and every file it lists has its size and hash.
-    A failure or kill while staging leaves the older set untouched (the stage is removed, or swept by the next
-    `FileSet` of that name); one during the renames leaves the set incomplete, never mixed-and-complete. The commit
-    needs no free space (renames only), so a full disk fails while staging, with the older set intact.
-    """
-
-    def __init__(self, directory: str | os.PathLike, name: str):
-        self.root, self.name = Path(directory), name
-        self.dir: Path = self.root  # the staging directory while the block runs
-
-    @staticmethod
-    def manifest_path(directory: str | os.PathLike, name: str) -> Path:
-        return Path(directory) / f".{name}.fileset"  # not *.json: readers glob the artifacts by suffix
-
-    def __enter__(self) -> FileSet:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._sweep()
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{self.name}.stage-{os.getpid()}-", dir=self.root))
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        import shutil
-
-        try:
-            if exc_type is None:
-                self._commit()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def relocate(self, lines: Iterable[str]) -> list[str]:
-        """Printed lines that name a staged file, naming its final place instead."""
-        return [str(line).replace(str(self.dir), str(self.root)) for line in lines]
-
-    def _sweep(self) -> None:
-        """Remove stages of this name left by dead processes (a killed run)."""
-        import shutil
-
-        for p in self.root.glob(f".{self.name}.stage-*"):
-            pid = p.name.split("stage-", 1)[1].split("-", 1)[0]
-            try:
-                os.kill(int(pid), 0)
-            except (ProcessLookupError, ValueError):
-                shutil.rmtree(p, ignore_errors=True)
-            except PermissionError:
-                pass
-
-    def _commit(self) -> None:
-        import hashlib
-
-        files = sorted(p for p in self.dir.iterdir() if p.is_file())
-        entries = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-                   for p in files}
-        staged_manifest = self.dir / ".manifest"
-        staged_manifest.write_text(json.dumps({"name": self.name, "files": entries}, indent=1))
-        final_manifest = self.manifest_path(self.root, self.name)
-        final_manifest.unlink(missing_ok=True)  # from here until the last rename the set reads as incomplete
-        for p in files:
-            os.replace(p, self.root / p.name)
-        os.replace(staged_manifest, final_manifest)
-
-    @classmethod
-    def complete(cls, directory: str | os.PathLike, name: str, required: Iterable[str] = (),
-                 verify: bool = False) -> bool:
-        """True when the set `name` in `directory` is whole: its manifest exists, lists every file of `required`, and
-        every file it lists is present (``verify``: also with the recorded size and sha256, i.e. unedited). A commit
-        removes the manifest before its first rename, so a set cut short reads as incomplete without ``verify``."""
-        import hashlib
-
-        try:
-            entries = json.loads(cls.manifest_path(directory, name).read_text())["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        if not isinstance(entries, dict) or not set(required) <= set(entries):
-            return False
-        for fname, meta in entries.items():
-            p = Path(directory) / fname
-            try:
-                if not p.is_file() or (verify and (p.stat().st_size != meta["size"]
-                                                   or hashlib.sha256(p.read_bytes()).hexdigest() != meta["sha256"])):
-                    return False
-            except (OSError, KeyError, TypeError):
-                return False
-        return True

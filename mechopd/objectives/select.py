@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import register_options
+from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
 from mechopd.objectives.options import TIE_BREAKS, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
@@ -40,81 +42,6 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     _fp32,
     teachability_stats,
 )
-from mechopd.core.options import register_options
-
-FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Normalised signals
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NormalizedStats:
-    """Batch-normalised signals in [0, 1] (``[batch, seq]``, 0 at invalid positions) and the TA-OPD decomposition.
-
-    DL = D̃·C̃ (learnable disagreement, the TA-OPD score); DI = D̃·(1 − C̃) (incompatible disagreement).
-    """
-
-    H: Tensor
-    D: Tensor
-    C: Tensor
-    DL: Tensor
-    DI: Tensor
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Normalisation and scores
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def quantile_norm(z: Tensor, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95) -> Tensor:
-    """``Norm(z) = clip((z − Q_low)/(Q_high − Q_low), 0, 1)``, quantiles over the valid positions of the whole batch.
-
-    Quantiles interpolate linearly between order statistics (numpy's default "linear" method). If
-    ``Q_high − Q_low < 1e-12`` (a flat signal, or fewer than two distinct values) the result is all zeros, as in the
-    released code. Invalid positions are 0. z: ``[batch, seq]``; mask: ``[batch, seq]`` bool. Non-finite values at
-    valid positions raise ``ValueError``.
-    """
-    if not 0.0 <= q_low < q_high <= 1.0:
-        raise ConfigError(f"quantiles q_low={q_low}, q_high={q_high} are invalid: need 0 <= q_low < q_high <= 1")
-    _check_mask(mask, z.shape)
-    z = _fp32(z)
-    values = z[mask]
-    out = torch.zeros_like(z)
-    if values.numel() == 0:
-        return out
-    if not torch.isfinite(values).all():
-        raise ValueError("quantile_norm: non-finite values at valid positions")
-    ordered = values.sort().values
-    lo, hi = _quantile(ordered, q_low), _quantile(ordered, q_high)
-    if hi - lo < FLAT_TOL:
-        return out
-    normed = ((z - lo) / (hi - lo)).clamp(0.0, 1.0)
-    return torch.where(mask, normed, out)
-
-
-def _quantile(ordered: Tensor, q: float) -> float:
-    """Linear-interpolation quantile of a sorted 1-D tensor (numpy ``method="linear"``)."""
-    pos = q * (ordered.numel() - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    a, b = float(ordered[lo]), float(ordered[hi])
-    return a + (b - a) * (pos - lo)
-
-
-def normalize_stats(
-    stats: TeachabilityStats, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95
-) -> NormalizedStats:
-    """Batch-normalise H, D, C and form the decomposition ``D^L = D̃·C̃``, ``D^I = D̃·(1 − C̃)`` (0 off-mask)."""
-    h, d, c = (quantile_norm(x, mask, q_low, q_high) for x in (stats.H, stats.D, stats.C))
-    return NormalizedStats(H=h, D=d, C=c, DL=d * c, DI=d * (1.0 - c))  # d = 0 off-mask, so both are 0 there
-
-
-def soft_or(a: Tensor, b: Tensor) -> Tensor:
-    """Soft OR of two [0, 1] scores: ``a + b − a·b``."""
-    return a + b - a * b
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The selector registry: a selector is one scoring function plus one `register_selector`
@@ -139,8 +66,9 @@ _SELECTORS: dict[str, SelectorSpec] = {}
 SELECTORS: tuple[str, ...] = ()  # the registered names, in registration order (kept current by register_selector)
 
 
-def register_selector(name: str, *, needs_stats: bool = True, replace: bool = False,
-                      options: type | None = None) -> Callable[[Score], Score]:
+def register_selector(
+    name: str, *, needs_stats: bool = True, replace: bool = False, options: type | None = None
+) -> Callable[[Score], Score]:
     """Decorator: register ``score(normed, mask, generator)`` as the selector ``name`` (`TrainConfig.selector`,
     ``--selector``, `make_selector`). A taken name raises unless ``replace``. ``options``: a dataclass of
     `mechopd.core.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``."""
@@ -202,8 +130,10 @@ def selector_score(name: str, normed: NormalizedStats) -> Tensor:
     """The ranking score ``[batch, seq]`` of a score-based selector (one that reads the signals)."""
     spec = selector_spec(name)
     if not spec.needs_stats:
-        raise ConfigError(f"selector={name!r} has no signal score: use one of "
-                          f"{', '.join(n for n, s in _SELECTORS.items() if s.needs_stats)}")
+        raise ConfigError(
+            f"selector={name!r} has no signal score: use one of "
+            f"{', '.join(n for n, s in _SELECTORS.items() if s.needs_stats)}"
+        )
     return spec.score(normed, torch.ones(normed.H.shape, dtype=torch.bool), None)
 
 
@@ -219,8 +149,11 @@ def pack_stats(mask: Tensor, stats: TeachabilityStats | None) -> Tensor:
 def unpack_stats(packed: Tensor) -> tuple[Tensor, TeachabilityStats | None]:
     """The inverse of `pack_stats` (on rows gathered from every process): (mask, stats or None)."""
     names = [f.name for f in fields(TeachabilityStats)]
-    stats = (TeachabilityStats(**{n: packed[..., 1 + i] for i, n in enumerate(names)})
-             if packed.shape[-1] == 1 + len(names) else None)
+    stats = (
+        TeachabilityStats(**{n: packed[..., 1 + i] for i, n in enumerate(names)})
+        if packed.shape[-1] == 1 + len(names)
+        else None
+    )
     return packed[..., 0] > 0.5, stats
 
 
@@ -368,9 +301,17 @@ def config_selector(cfg: Any) -> Selector:
     spec = selector_spec(cfg.selector)
     own = cfg.section(spec.options) if spec.options is not None else None
     signals = cfg.section(SignalOptions)  # the Selector's own fields (defaults where the selector reads none)
-    return Selector(cfg.selector, k=signals.k, c_mode=signals.c_mode, d_mode=signals.d_mode, tie_break=cfg.tie_break,
-                    min_one_per_response=cfg.min_one_per_response, q_low=signals.q_low, q_high=signals.q_high,
-                    options=own)
+    return Selector(
+        cfg.selector,
+        k=signals.k,
+        c_mode=signals.c_mode,
+        d_mode=signals.d_mode,
+        tie_break=cfg.tie_break,
+        min_one_per_response=cfg.min_one_per_response,
+        q_low=signals.q_low,
+        q_high=signals.q_high,
+        options=own,
+    )
 
 
 def select(

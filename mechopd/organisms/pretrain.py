@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.core.ranges import check_seed
 from mechopd.core.errors import ConfigError, TrainingError
+from mechopd.core.ranges import check_seed
+from mechopd.core.runlock import hold
+from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 from mechopd.models import atomic_save
 from mechopd.organisms.tokenizer import EOS, build_tokenizer
-from mechopd.core.runlock import hold
 from mechopd.tasks.base import Task, get_task
-from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 
 ORGANISM_TASKS = ("rules", "frozenlake", "sokoban")
 MARKER = "organism.json"
@@ -62,8 +62,14 @@ class OrganismConfig:
             raise ConfigError(f"unknown organism task {self.task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
         if self.arch not in ("qwen3", "llama"):
             raise ConfigError(f"organism arch {self.arch!r} is not supported; use qwen3 or llama")
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                     "max_position_embeddings"):  # checked before the divisibility below divides by them
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):  # checked before the divisibility below divides by them
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 flag = f" (pretrain --{name.replace('_', '-')})" if name in ("num_heads", "num_kv_heads") else ""
@@ -73,8 +79,10 @@ class OrganismConfig:
             raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
         for name in ("steps", "batch_size", "corpus_size", "warmup"):  # the schedule divides by each of them
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ConfigError(f"organism {name}={getattr(self, name)!r} is invalid: must be an integer >= 1"
-                                  + (" (e.g. pretrain --steps 100)" if name == "steps" else ""))
+                raise ConfigError(
+                    f"organism {name}={getattr(self, name)!r} is invalid: must be an integer >= 1"
+                    + (" (e.g. pretrain --steps 100)" if name == "steps" else "")
+                )
 
     def key(self) -> str:
         """Cache key: the config plus the organism vocabulary and corpus format (a changed task text retrains)."""
@@ -154,8 +162,10 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
         meta = read_marker(marker)
         if meta.get("key") == cfg.key():
             return out  # cached
-        raise TrainingError(f"{out} holds a different organism (key {meta.get('key')} != {cfg.key()}); "
-                            "choose another --out or delete it")
+        raise TrainingError(
+            f"{out} holds a different organism (key {meta.get('key')} != {cfg.key()}); "
+            "choose another --out or delete it"
+        )
     if out.exists() and any(out.iterdir()):
         raise TrainingError(f"{out} exists and is not an organism directory; choose another --out")
 
@@ -168,8 +178,27 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
     corpus = _encode_corpus(task, tokenizer, cfg.corpus_size, cfg.seed)
     longest = max(len(s) for s, _ in corpus)
     if longest > cfg.max_position_embeddings:
-        raise ConfigError(f"organism: a corpus sample has {longest} tokens > max_position_embeddings "
-                          f"{cfg.max_position_embeddings}; raise max_position_embeddings")
+        raise ConfigError(
+            f"organism: a corpus sample has {longest} tokens > max_position_embeddings "
+            f"{cfg.max_position_embeddings}; raise max_position_embeddings"
+        )
+    losses, seconds = _fit(cfg, model, corpus, tokenizer.pad_token_id, progress)
+    model.eval()
+    meta = {
+        "key": cfg.key(),
+        "config": dataclasses.asdict(cfg),
+        "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+        "seconds": seconds,
+        "threads": torch.get_num_threads(),
+    }  # float order: provenance
+    atomic_save(model, tokenizer, out, extra={MARKER: json.dumps(meta, indent=2)})
+    return out
+
+
+def _fit(
+    cfg: OrganismConfig, model: Any, corpus: list[tuple[list[int], int]], pad: int, progress: bool
+) -> tuple[list[float], float]:
+    """The pretraining loop (AdamW, warm-up then cosine, seeded epochs over the corpus): (per-step losses, seconds)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))
@@ -186,7 +215,7 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
             rng.shuffle(fresh)
             order += fresh
         idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        ids, mask, labels = _batch([corpus[i] for i in idx], tokenizer.pad_token_id)
+        ids, mask, labels = _batch([corpus[i] for i in idx], pad)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         if not torch.isfinite(loss):
             raise TrainingError(f"organism pretraining loss became {loss.item()} at step {step}; lower --lr")
@@ -198,11 +227,7 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
         losses.append(loss.item())
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}")
-    model.eval()
-    meta = {"key": cfg.key(), "config": dataclasses.asdict(cfg), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
-            "seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads()}  # float order: provenance
-    atomic_save(model, tokenizer, out, extra={MARKER: json.dumps(meta, indent=2)})
-    return out
+    return losses, round(time.time() - t0, 1)
 
 
 # Per-task organism defaults: sizes and schedules chosen to reach the accuracy targets of docs/organisms.md on 2 CPU
@@ -221,13 +246,16 @@ def read_marker(marker: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError):
         meta = None
     if not isinstance(meta, dict):
-        raise TrainingError(f"{marker} is not an organism record (garbled or edited); delete {marker.parent} to "
-                            "pretrain it again, or restore the file")
+        raise TrainingError(
+            f"{marker} is not an organism record (garbled or edited); delete {marker.parent} to "
+            "pretrain it again, or restore the file"
+        )
     return meta
 
 
-def default_config(task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None,
-                   layers: int | None = None) -> OrganismConfig:
+def default_config(
+    task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None, layers: int | None = None
+) -> OrganismConfig:
     """The organism for `task` with its defaults (`TASK_DEFAULTS`); `steps` overrides the schedule length, `layers` the depth
     (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""
     if task not in ORGANISM_TASKS:
@@ -246,6 +274,15 @@ def organism_dir_name(task: str, layers: int | None = None) -> str:
     """``<task>`` for the default organism, ``<task>-L<layers>`` for another depth (its own cache directory)."""
     return task if layers in (None, OrganismConfig.num_layers) else f"{task}-L{layers}"
 
+
 # `mechopd demo --fast` (the test suite): a smaller, quicker organism; not expected to reach the accuracy targets.
-FAST_ORGANISM: dict[str, Any] = dict(hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                                     steps=150, batch_size=32, corpus_size=4000)
+FAST_ORGANISM: dict[str, Any] = dict(
+    hidden_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=96,
+    steps=150,
+    batch_size=32,
+    corpus_size=4000,
+)

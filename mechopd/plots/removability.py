@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.evaluation.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 from mechopd.plots._common import (
     RunInfo,
     eval_summaries,
@@ -39,7 +40,6 @@ from mechopd.plots._common import (
     styled,
 )
 from mechopd.plots.registry import register_figure
-from mechopd.evaluation.removability import REGIME_NAMES, THRESHOLD_KEYS, RegimeThresholds
 from mechopd.study import Study
 
 BARS_NAME = "removability"
@@ -66,8 +66,15 @@ def _bars(ax: Axes, xs: np.ndarray, entries: list[dict[str, Any]], width: float,
     bars = [(x, iv) for x, e in zip(xs, entries) if (iv := _interval(e)) is not None]
     if bars:
         x, iv = zip(*bars)
-        ax.errorbar(x, [v for v, _, _ in iv], yerr=[[m for _, m, _ in iv], [p for _, _, p in iv]], fmt="none",
-                    ecolor="0.15", elinewidth=1, capsize=2)
+        ax.errorbar(
+            x,
+            [v for v, _, _ in iv],
+            yerr=[[m for _, m, _ in iv], [p for _, _, p in iv]],
+            fmt="none",
+            ecolor="0.15",
+            elinewidth=1,
+            capsize=2,
+        )
 
 
 def _ci_text(summaries: dict[str, dict[str, Any]]) -> str:
@@ -110,8 +117,7 @@ def figure_removability(run_dir: Path) -> Figure | None:
     right.set_ylabel("Δlen (% of the\nno-context length)")
     right.set_title("Δlen with c")
     n_items = sorted({s.get("n") for s in summaries.values()} - {None})
-    fig.suptitle(f"Context removability — {info.task} (n = {'/'.join(map(str, n_items))} items, "
-                 f"{_ci_text(summaries)})")
+    fig.suptitle(f"Context removability — {info.task} (n = {'/'.join(map(str, n_items))} items, {_ci_text(summaries)})")
     return fig
 
 
@@ -132,8 +138,7 @@ def thresholds_of(info: RunInfo, summaries: dict[str, dict[str, Any]]) -> Regime
     try:
         return RegimeThresholds(**{k: float(raw[k]) for k in THRESHOLD_KEYS if k in raw})
     except (TypeError, ValueError, ConfigError) as err:
-        raise DataError(f"{source}: regime thresholds {raw!r} are invalid ({err}); use proportions in [0, 1]") \
-            from None
+        raise DataError(f"{source}: regime thresholds {raw!r} are invalid ({err}); use proportions in [0, 1]") from None
 
 
 def _regions(ax: Axes, t: RegimeThresholds, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
@@ -141,16 +146,21 @@ def _regions(ax: Axes, t: RegimeThresholds, xlim: tuple[float, float], ylim: tup
     (x0, x1), (y0, y1) = xlim, ylim
     drop, harm, gain = 100 * t.drop_min, 100 * t.harm_high, 100 * t.gain_min
     cb = sns.color_palette("colorblind")
-    boxes = {"A": [(drop, y0, x1 - drop, y1 - y0), (x0, harm, drop - x0, y1 - harm)],
-             "B": [(x0, y0, -gain - x0, harm - y0)],
-             "C": [(-gain, y0, gain + drop, harm - y0)]}
+    boxes = {
+        "A": [(drop, y0, x1 - drop, y1 - y0), (x0, harm, drop - x0, y1 - harm)],
+        "B": [(x0, y0, -gain - x0, harm - y0)],
+        "C": [(-gain, y0, gain + drop, harm - y0)],
+    }
     tint = {"A": cb[3], "B": cb[0], "C": cb[2]}
     for regime, rects in boxes.items():
         for x, y, w, h in rects:
             ax.add_patch(Rectangle((x, y), w, h, facecolor=tint[regime], alpha=0.12, edgecolor="none", zorder=0))
     low = y0 + 0.04 * (y1 - y0)
-    anchors = {"A": (x1 - 0.02 * (x1 - x0), y1 - 0.04 * (y1 - y0), "right", "top"),
-               "B": ((x0 - gain) / 2, low, "center", "bottom"), "C": ((drop - gain) / 2, low, "center", "bottom")}
+    anchors = {
+        "A": (x1 - 0.02 * (x1 - x0), y1 - 0.04 * (y1 - y0), "right", "top"),
+        "B": ((x0 - gain) / 2, low, "center", "bottom"),
+        "C": ((drop - gain) / 2, low, "center", "bottom"),
+    }
     for regime, (x, y, ha, va) in anchors.items():  # the letter only (B and C can be narrow); the title names them
         ax.text(x, y, regime, ha=ha, va=va, fontsize="small", fontweight="bold", color="0.25", zorder=1)
 
@@ -172,8 +182,17 @@ def _points(run_dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[RunInf
             if acc_x is None or acc_xc is None or harm is None:
                 log.info("figure %s: %s of %s left out (Harm or accuracy undefined)", REGIME_NAME, name, info.root)
                 continue
-            points.append({"task": info.task, "model": name, "label": info.label(name), "x": percent(acc_x - acc_xc),
-                           "y": percent(harm), "interval": _interval(s["harm"]), "regime": s.get("regime")})
+            points.append(
+                {
+                    "task": info.task,
+                    "model": name,
+                    "label": info.label(name),
+                    "x": percent(acc_x - acc_xc),
+                    "y": percent(harm),
+                    "interval": _interval(s["harm"]),
+                    "regime": s.get("regime"),
+                }
+            )
     return points, infos, all_summaries
 
 
@@ -190,11 +209,7 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
         first = (run_dirs[0].root if isinstance(run_dirs[0], Study) else run_dirs[0]) if run_dirs else "."
         missing(REGIME_NAME, Path(first) / "eval" / "<model>.json (with a defined Harm)")
         return None
-    t = thresholds_of(infos[0], all_summaries[0])
-    for info, summaries in zip(infos[1:], all_summaries[1:]):
-        if thresholds_of(info, summaries) != t:
-            log.warning("figure %s: %s uses other regime thresholds than %s; regions drawn with the latter's",
-                        REGIME_NAME, info.root, infos[0].root)
+    t = _shared_thresholds(infos, all_summaries)
     names = list(dict.fromkeys(m for info in infos for m in info.models))
     colours = palette(names + [p["model"] for p in points])
     tasks = list(dict.fromkeys(p["task"] for p in points))
@@ -205,13 +220,7 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ytop = _limits([p["y"] + (p["interval"][2] if p["interval"] else 0) for p in points], [100 * t.harm_high])[1]
     ylim = (-0.02 * ytop, ytop)  # Harm is a proportion: nothing below 0
     _regions(ax, t, xlim, ylim)
-    for p in points:
-        if p["interval"] is not None:
-            _, minus, plus = p["interval"]
-            ax.errorbar([p["x"]], [p["y"]], yerr=[[minus], [plus]], fmt="none", ecolor=colours[p["model"]],
-                        elinewidth=1, alpha=0.7, zorder=2)
-        ax.scatter([p["x"]], [p["y"]], s=55, color=colours[p["model"]], marker=marker[p["task"]],
-                   edgecolor="black", linewidth=0.5, zorder=3)
+    _scatter(ax, points, colours, marker)
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.axvline(0.0, color="0.4", linewidth=0.7, linestyle=":")
@@ -219,15 +228,67 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     ax.set_ylabel("Harm = P(wrong with c | right without c) (%)")
     key = " · ".join(f"{r}: {REGIME_NAMES[r]}" for r in REGIME_NAMES)
     fig.suptitle(f"Removability regimes\n{key}", fontsize="medium")  # two lines: the key never outgrows the figure
-    ax.set_title(f"thresholds: drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g}",
-                 fontsize="small")
+    ax.set_title(
+        f"thresholds: drop_min {t.drop_min:g}, harm_high {t.harm_high:g}, gain_min {t.gain_min:g}", fontsize="small"
+    )
+    _legends(fig, points, colours, marker, tasks)
+    return fig
+
+
+def _shared_thresholds(infos: list[RunInfo], all_summaries: list[dict[str, dict]]) -> RegimeThresholds:
+    """The first run's regime thresholds (the regions drawn); another run's that differ are logged."""
+    t = thresholds_of(infos[0], all_summaries[0])
+    for info, summaries in zip(infos[1:], all_summaries[1:]):
+        if thresholds_of(info, summaries) != t:
+            log.warning(
+                "figure %s: %s uses other regime thresholds than %s; regions drawn with the latter's",
+                REGIME_NAME,
+                info.root,
+                infos[0].root,
+            )
+    return t
+
+
+def _scatter(ax: Axes, points: list[dict[str, Any]], colours: dict[str, Any], marker: dict[str, str]) -> None:
+    """One point per (task, model) with its Harm interval as a vertical bar."""
+    for p in points:
+        if p["interval"] is not None:
+            _, minus, plus = p["interval"]
+            ax.errorbar(
+                [p["x"]],
+                [p["y"]],
+                yerr=[[minus], [plus]],
+                fmt="none",
+                ecolor=colours[p["model"]],
+                elinewidth=1,
+                alpha=0.7,
+                zorder=2,
+            )
+        ax.scatter(
+            [p["x"]],
+            [p["y"]],
+            s=55,
+            color=colours[p["model"]],
+            marker=marker[p["task"]],
+            edgecolor="black",
+            linewidth=0.5,
+            zorder=3,
+        )
+
+
+def _legends(
+    fig: Figure, points: list[dict[str, Any]], colours: dict[str, Any], marker: dict[str, str], tasks: list[str]
+) -> None:
+    """The models' legend below the plot; the tasks' (markers) beside it when there are several."""
     labels = {p["model"]: p["label"] for p in points}
     handles = [Line2D([], [], linestyle="none", marker="o", color=colours[m], label=lab) for m, lab in labels.items()]
     fitted_legend(fig, 3, handles=handles, title="model", loc="outside lower center")  # below: the plot keeps the width
     if len(tasks) > 1:  # short names: beside the plot
-        fig.legend(handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task)
-                            for task in tasks], title="task", loc="outside right lower")
-    return fig
+        fig.legend(
+            handles=[Line2D([], [], linestyle="none", marker=marker[task], color="0.3", label=task) for task in tasks],
+            title="task",
+            loc="outside right lower",
+        )
 
 
 def plot_regime_map(run_dirs: Path | Sequence[Path], out_dir: Path) -> list[Path]:
@@ -236,13 +297,24 @@ def plot_regime_map(run_dirs: Path | Sequence[Path], out_dir: Path) -> list[Path
 
 
 # -- this module's figures (`mechopd.plots.registry`)
-register_figure("removability", "Context removability per model",
-                "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
-                "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "
-                "paired bootstrap intervals over items; none where a metric or its interval is undefined.",
-                plot_removability, group="run", order=30)
-register_figure("regime_map", "Removability regimes",
-                "Each point is one (task, model): accuracy drop with the context (Acc_x − Acc_xc) against Harm, "
-                "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
-                "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
-                "demo.json.", plot_regime_map, group="run", order=40)
+register_figure(
+    "removability",
+    "Context removability per model",
+    "Acc_x, Acc_xc, Harm = P(wrong with c | right without c) and BothCorrect per model (left, % of "
+    "held-out items) and the relative response-length change Δlen with the context (right). Error bars: "
+    "paired bootstrap intervals over items; none where a metric or its interval is undefined.",
+    plot_removability,
+    group="run",
+    order=30,
+)
+register_figure(
+    "regime_map",
+    "Removability regimes",
+    "Each point is one (task, model): accuracy drop with the context (Acc_x − Acc_xc) against Harm, "
+    "vertical bars the Harm interval. Shaded regions: A context hurts (drop ≥ drop_min or Harm ≥ "
+    "harm_high), B context still helps (gain ≥ gain_min), C views agree; thresholds from the run's "
+    "demo.json.",
+    plot_regime_map,
+    group="run",
+    order=40,
+)

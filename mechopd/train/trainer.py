@@ -23,7 +23,6 @@ position (a 2N-step run equals an N-step run resumed for N more).
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import shutil
 import time
@@ -33,144 +32,29 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.core.checks import check_task_vocab, read_config, resolve_device
-from mechopd.config import TrainConfig, adopt_pins, resolve_train_data
-from mechopd.core.errors import ConfigError, MechopdError, TrainingError
-from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-from mechopd.generate.prefix import PrefixStore
-from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
-from mechopd.generate.settings import known_vocab
-from mechopd.models import check_same_tokenizer, load_tokenizer
-from mechopd.objectives.follow import check_follow_contexts
-from mechopd.objectives.losses import AnchorGate, BetaSchedule, config_terms, terms_need
-from mechopd.objectives.select import config_selector
-from mechopd.tasks.base import get_task
-from mechopd.train import dist, gradstats, guard, otherbatch, rundir, teachers
-from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
-from mechopd.train.engine import resolve_student, rollout_engine, sync_engine
-from mechopd.train.lr import lr_multiplier
-from mechopd.train.reporting import Logger, config_block, config_line, eval_line, final_line
-from mechopd.train.rundir import RunDir
-from mechopd.train.sharding import make_sharding
-from mechopd.train.headstep import make_scorer
-from mechopd.train.step import StepOptions, enable_checkpointing
+from mechopd.config import TrainConfig, resolve_train_data
+from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.views import assemble_two_views, render_prompt_ids
-from mechopd.evaluation.pinning import train_render
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed
+from mechopd.train import dist, gradstats, guard, otherbatch, rundir
+from mechopd.train.engine import sync_engine
+from mechopd.train.reporting import final_line
+from mechopd.train.rundir import RunDir
+from mechopd.train.trainer_saving import TrainerSaving
+from mechopd.train.trainer_setup import TrainerSetup
 
 
-class Trainer:
+class Trainer(TrainerSetup, TrainerSaving):
     """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
-                 verbose: bool = False):
+    def __init__(
+        self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True, verbose: bool = False
+    ):
         self.rank, self.world = dist.init()
         self.verbose, self.last_eval = verbose, None
         self.run_dir = RunDir(Path(out_dir))
         self._lock = rundir.acquire(self.run_dir, self.rank == 0)  # one writer per run dir, until run() ends
         rundir.releasing_on_error(self._lock, self._setup, cfg, resume, progress)
-
-    def _setup(self, cfg: TrainConfig, resume: bool, progress: bool) -> None:
-        cfg, path_note = rundir.record_paths(cfg, self.run_dir, resume)  # absolute; a resume reads the run's
-        self.cfg, self.progress = cfg, progress
-        self.task = get_task(cfg.task, **cfg.task_options)  # validate cheap inputs before touching --out
-        adopt_pins(cfg, self.run_dir.config, resume)  # a resumed run keeps its pinned render
-        resume, note = rundir.prepare(self.run_dir, cfg, resume, self.rank == 0)
-        self._say(path_note)
-        dist.barrier()
-        self.device = resolve_device(cfg.device)  # a named device this machine lacks fails before any loading
-        dtype = getattr(torch, cfg.dtype)
-        student_path = resolve_student(cfg, self.device, progress=progress, main=self.rank == 0,
-                                       barrier=dist.barrier)  # organism:<task> pretrained on demand (vLLM, CPU: hd32)
-        self.tokenizer = load_tokenizer(student_path)
-        check_task_vocab(self.tokenizer, self.task)  # as evaluation does: no training on <unk> soup
-        rundir.check_items(self.task, cfg)  # pool_size / eval_n within the task's item space, before any model
-        self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
-        self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
-        self.spec, pinned = train_render(self.tokenizer, self.task, self.pool, cfg, self.max_new,
-                                         read_config(student_path))  # pinned and length-checked before any load
-        self._say("\n".join(t for t in (note, pinned) if t))
-        teacher_path = cfg.teacher or student_path
-        if cfg.teacher:
-            check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
-        self.resume_from = rundir.latest_checkpoint(self.run_dir.root) if resume else None
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        self.shard = make_sharding(cfg.sharding, self.device)
-        self.models = teachers.build(cfg, student_path, teacher_path, self.resume_from, dtype, self.shard, self.device)
-        self.student, self.teacher = self.models.student, self.models.teacher  # teacher_mode / LoRA: train.teachers
-        self.vocab = known_vocab(self.tokenizer, self.student, self.teacher)  # ids past the tokenizer / a head: out
-        self.T = cfg.temperature or self.task.temperature
-        self._build_objective(cfg)
-        named = [(n, p) for n, p in self.student.named_parameters() if p.requires_grad]
-        self.param_names, self.params = [self.models.param_name(n) for n, _ in named], [p for _, p in named]
-        self.trainable_share, line = self.models.share_line()
-        self._say(line)
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
-        self.engine = rollout_engine(cfg, self.student, self.shard, student_path, self.device, self.world)
-        self.sampling = SamplingSettings.for_model(  # the rollout's: only ids the teacher can score are drawn
-            self.tokenizer, self.student, others=(self.teacher,), max_new_tokens=self.max_new, temperature=self.T,
-            engine=self.engine or cfg.rollout_engine, shared_prefix=cfg.shared_prefix)
-        # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
-        self.teacher_store = PrefixStore() if cfg.sharding == "none" and self.models.frozen_teacher else None
-        self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
-        self._build_scoring(cfg, dtype)
-        self.max_len = getattr(self.student.config, "max_position_embeddings", None)
-        self._prompt_cache: dict[tuple, list[int]] = {}
-        self._restore_and_open_log(cfg)
-
-    def _restore_and_open_log(self, cfg: TrainConfig) -> None:
-        """Step, position, optimizer, scheduler and gate from the checkpoint being resumed; then the metrics log and
-        the resolved config (rank 0)."""
-        self.step, self.position = 0, 0
-        if self.resume_from is not None:
-            state = load_checkpoint(self.resume_from, None, self.sched)
-            self.shard.load_optimizer_state(self.student, self.opt, self.resume_from)
-            self.step, self.position = state["step"], state["position"]
-            if self.gate is not None:
-                self.gate.load(state.get("nca_gate"))
-        self.fresh = self.resume_from is None
-        if self.rank == 0 and self.fresh:
-            rundir.clear_unfinished(self.run_dir)
-        if self.rank == 0:
-            self.run_dir.root.mkdir(parents=True, exist_ok=True)
-            rundir.write_config(cfg, self.run_dir)
-            self._say(rundir.truncate_metrics(self.run_dir.metrics, self.step))
-        self.logger = Logger(self.run_dir.metrics, self.rank == 0, cfg.log_tensorboard, cfg.log_wandb, cfg.to_dict(),
-                             fresh=self.fresh, project=cfg.wandb_project)
-        self._say(config_block(cfg, self.resume_from) if self.verbose else
-                  config_line(cfg, self.run_dir.config, self.resume_from))
-
-    def _build_objective(self, cfg: TrainConfig) -> None:
-        """The method's loss terms (with the anchor schedule and its gate) and the token selector."""
-        gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
-        # the method's terms, then the added ones (follow_weight > 0: the follow term, on its own rollout under c′)
-        self.terms = config_terms(cfg, schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
-        self.other_terms = [t for t in self.terms if t.batch == "other"]  # scored on a rollout under c′ (otherbatch)
-        self.gate = gate if any(t.schedule is not None for t in self.terms) else None  # OPD: nothing to gate
-        self.needs = terms_need([t for t in self.terms if t.batch == "main"])
-        if self.other_terms or cfg.follow_contexts:  # unknown names refused whatever the weight
-            check_follow_contexts(self.task, self.pool, cfg.follow_contexts)
-        self.selector = config_selector(cfg)
-
-    def _build_scoring(self, cfg: TrainConfig, dtype: torch.dtype) -> None:
-        """The step's forwards/backwards (`train.step`): micro-batches, logit chunks, checkpointing, autocast."""
-        if cfg.gradient_checkpointing:
-            enable_checkpointing(self.student)
-        student_prefix = "off" if (cfg.sharding == "fsdp" or cfg.gradient_checkpointing) else None
-        opts = StepOptions(temperature=self.T, vocab=self.vocab, budget=cfg.budget, seed=cfg.seed,
-                           micro_batch_size=cfg.micro_batch_size, logit_chunk=cfg.logit_chunk,
-                           shared_prefix=cfg.shared_prefix, student_shared_prefix=student_prefix,
-                           autocast=dtype if dtype in (torch.bfloat16, torch.float16) else None)
-        self.scoring = make_scorer(cfg, self.student, self.teacher, [t for t in self.terms if t.batch == "main"],
-                                   self.selector, self.params, opts, self.teacher_store)  # loss_head: train.headstep
-        self._say(self.scoring.head_line)  # which head `loss_head` resolved to, and why
-        self.other_scoring = otherbatch.scorer(self, opts)  # the follow term's batch under c′ (None without it)
-        self.clock = self.scoring.clock  # seconds per stage (train.profile), shared by both scorers
-        if cfg.logit_chunk is not None and not all(self.scoring.split.values()):
-            raise ConfigError(f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
-                              "(not a plain linear head over the base model); set logit_chunk=null")
 
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
@@ -206,18 +90,33 @@ class Trainer:
         seeds = [stable_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
         if self.task.is_game:
             per_move = self.sampling.replace(shared_prefix="off") if dist.active() else self.sampling  # processes
-            eps, turns = play_games(model, self.tokenizer, self.task, mine, self._render, per_move,  # may differ in
-                                    with_context=False, seeds=seeds)  # moves: no collective per move
+            eps, turns = play_games(
+                model,
+                self.tokenizer,
+                self.task,
+                mine,
+                self._render,
+                per_move,  # may differ in
+                with_context=False,
+                seeds=seeds,
+            )  # moves: no collective per move
 
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
-        responses = sample_rows(model, ids, seeds, self.sampling.replace(batch_size=max(1, len(ids))),
-                                agree=self._agree)  # row seeds (seed, step, global row); the global prefix
-        stats = {"train_acc_x": float(sum(self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
-                                          for ex, r in zip(mine, responses)))}
+        responses = sample_rows(
+            model, ids, seeds, self.sampling.replace(batch_size=max(1, len(ids))), agree=self._agree
+        )  # row seeds (seed, step, global row); the global prefix
+        stats = {
+            "train_acc_x": float(
+                sum(
+                    self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
+                    for ex, r in zip(mine, responses)
+                )
+            )
+        }
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
     def train_step(self) -> dict[str, Any]:
@@ -232,9 +131,13 @@ class Trainer:
             other = otherbatch.rollout(self, examples, rows) if self.other_terms else None  # under c′ (follow)
         t_roll = time.perf_counter() - t0
         self.clock.add("rollout", t_roll)
-        batch = assemble_two_views([self._render(p, None) for p in prompts],
-                                   [self._render(p, c) for p, c in zip(prompts, contexts)], responses,
-                                   self.tokenizer.pad_token_id, max_length=self.max_len).to(self.device)
+        batch = assemble_two_views(
+            [self._render(p, None) for p in prompts],
+            [self._render(p, c) for p, c in zip(prompts, contexts)],
+            responses,
+            self.tokenizer.pad_token_id,
+            max_length=self.max_len,
+        ).to(self.device)
         mask = batch.response_mask
         self.opt.zero_grad(set_to_none=True)
         stats_step = bool(cfg.grad_stats_every) and (self.step + 1) % cfg.grad_stats_every == 0
@@ -257,16 +160,49 @@ class Trainer:
         self.step += 1
         self.position += cfg.batch_size
         n_samples = float(dist.all_sum(torch.tensor(float(len(prompts)))))
-        return {"step": self.step, "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
-                **logs, "kept_fraction": res.kept, "grad_norm": gnorm, "lr": self.sched.get_last_lr()[0],
-                "response_len": n_tok / max(1.0, n_samples), "samples": int(n_samples), "response_tokens": int(n_tok),
-                "tokens_per_s": n_tok / dt, "trainable_share": self.trainable_share, **self.clock.logs(n_tok),
-                "step_s": dt, "rollout_s": t_roll,
-                "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
-                "prefix/shared_rows": int(dist.all_sum(torch.tensor(  # teacher rows whose context ran shared
-                    float(self._prefix_paths.get("teacher:rows", 0))))),
-                **{k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
-                   for k, v in roll_stats.items()}}  # means over the global batch (prompts or games)
+        return self._step_record(res, logs, gnorm, n_tok, n_samples, dt, t_roll, roll_stats)
+
+    def _step_record(
+        self,
+        res: Any,
+        logs: dict[str, Any],
+        gnorm: float,
+        n_tok: float,
+        n_samples: float,
+        dt: float,
+        t_roll: float,
+        roll_stats: dict[str, float],
+    ) -> dict[str, Any]:
+        """The step's metrics record (global sums and means over every process: the collectives run here, in order)."""
+        cfg = self.cfg
+        return {
+            "step": self.step,
+            "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
+            **logs,
+            "kept_fraction": res.kept,
+            "grad_norm": gnorm,
+            "lr": self.sched.get_last_lr()[0],
+            "response_len": n_tok / max(1.0, n_samples),
+            "samples": int(n_samples),
+            "response_tokens": int(n_tok),
+            "tokens_per_s": n_tok / dt,
+            "trainable_share": self.trainable_share,
+            **self.clock.logs(n_tok),
+            "step_s": dt,
+            "rollout_s": t_roll,
+            "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
+            "prefix/shared_rows": int(
+                dist.all_sum(
+                    torch.tensor(  # teacher rows whose context ran shared
+                        float(self._prefix_paths.get("teacher:rows", 0))
+                    )
+                )
+            ),
+            **{
+                k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
+                for k, v in roll_stats.items()
+            },
+        }  # means over the global batch (prompts or games)
 
     def _apply_step(self, term_grads: Any) -> float:
         """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step; the terms'
@@ -289,58 +225,6 @@ class Trainer:
         guard.check_weights(self.params, self.step + 1)
         sync_engine(self.engine, self.student, self.shard)  # vLLM samples the next rollout from these weights
         return gnorm
-
-    def evaluate(self) -> dict[str, Any]:
-        """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
-        with self.shard.gathered(self.student):
-            rec = self._evaluate() if self.rank == 0 else {}
-            dist.barrier()
-        return rec
-
-    def _evaluate(self) -> dict[str, Any]:
-        cfg = self.cfg
-        ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine,
-                          shared_prefix=cfg.shared_prefix)
-        rep = evaluate_model(self.student, self.tokenizer, self.task, ecfg, self.spec,
-                             train_uids={ex.uid for ex in self.pool}, engine=self.engine)
-        s = rep["summary"]
-        self.last_eval = (self.step, s)
-        if self.progress:
-            tqdm.write(eval_line(self.step, cfg.steps, s))  # above the progress bar (rank 0 only evaluates)
-        else:
-            print(eval_line(self.step, cfg.steps, s), flush=True)
-        return {f"eval/{k}": s[k]["value"] for k in ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")}
-
-    def _gate_state(self) -> dict[str, Any]:
-        """What a checkpoint and training.json record of the anchor gate (nothing without one)."""
-        return {"nca_gate": self.gate.state()} if self.gate is not None else {}
-
-    def save(self, path: Path) -> None:
-        guard.check_weights(self.params, self.step, "before saving")
-        model = self.models.savable(self.shard.full_model(self.student), checkpoint=True)  # every process
-        optim = self.shard.optimizer_state(self.student, self.opt)  # takes part, rank 0 writes
-        if self.rank == 0:
-            save_checkpoint(path, model, self.tokenizer, optim, self.sched,
-                            {"step": self.step, "position": self.position, "config": self.cfg.to_dict(),
-                             **self._gate_state()})
-        dist.barrier()
-
-    def save_final(self) -> Path:
-        from mechopd.models import atomic_save
-
-        guard.check_weights(self.params, self.step, "before saving the final model")
-        model = self.models.savable(self.shard.full_model(self.student), checkpoint=False)  # LoRA: merged + adapter
-        if self.rank == 0:
-            info = {"step": self.step, "config": self.cfg.to_dict(), **self._gate_state()}
-            extra = {"training.json": json.dumps(info, indent=1)}
-            try:
-                atomic_save(model, self.tokenizer, self.run_dir.final, extra=extra,
-                            writer=rundir.keep_foreign(self.run_dir.final))
-            except OSError as e:
-                raise TrainingError(f"writing {self.run_dir.final} failed: {e.strerror or e}; the checkpoints are "
-                                    "kept — free disk space, then --resume") from None
-        dist.barrier()
-        return self.run_dir.final
 
     def run(self) -> Path:
         try:
@@ -366,8 +250,12 @@ class Trainer:
         cfg = self.cfg
         if self.step == 0 and cfg.eval_every:
             self.logger.log({"step": 0, **self.evaluate()})
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.method}/{cfg.selector}",
-                   disable=not self.progress or self.rank != 0)
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc=f"train {cfg.method}/{cfg.selector}",
+            disable=not self.progress or self.rank != 0,
+        )
         while self.step < cfg.steps:
             rec = self.train_step()
             if cfg.eval_every and self.step % cfg.eval_every == 0:
@@ -379,16 +267,19 @@ class Trainer:
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
         if self.gate is not None and self.gate.open_step is None:
-            self._say(f"warning: the anchor gate never opened (mean KL(q_x‖f) over {self.gate.window} steps stayed "
-                      f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
-                      "run trained as OPD; raise nca_gate or train longer")
+            self._say(
+                f"warning: the anchor gate never opened (mean KL(q_x‖f) over {self.gate.window} steps stayed "
+                f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
+                "run trained as OPD; raise nca_gate or train longer"
+            )
         final = self.save_final()
         self._say(final_line(self.step, cfg.steps, self.last_eval, self.run_dir.root))
         return final
 
 
-def train(config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True,
-          verbose: bool = False) -> Path:
+def train(
+    config: TrainConfig | dict, out_dir: str | Path, resume: bool = False, progress: bool = True, verbose: bool = False
+) -> Path:
     """Train one run into `out_dir` (see the module docstring); returns the final checkpoint directory. Prints the
     config as one line (``verbose``: the full resolved YAML), each periodic evaluation and the last one at the end
     (`mechopd.train.reporting`)."""
