@@ -20,6 +20,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Set
 from dataclasses import MISSING, dataclass
 from typing import Any, Union
 
@@ -100,7 +101,7 @@ def option(
 def field_facts(cls: type) -> list[Facts]:
     """Every field of ``cls`` declared with `option`, in field order; ``section``: the dataclass that declares it."""
     hints = typing.get_type_hints(cls)
-    owner = {}
+    owner: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         for name in getattr(base, "__annotations__", {}):
             owner.setdefault(name, base.__name__)
@@ -269,7 +270,7 @@ def plugin_facts(host: type) -> list[Facts]:
 
 
 def add_flags(
-    parser: argparse.ArgumentParser, facts: list[Facts], taken: set[str] = frozenset(), sets: bool = True
+    parser: argparse.ArgumentParser, facts: list[Facts], taken: Set[str] = frozenset(), sets: bool = True
 ) -> None:
     """One ``--kebab-name VALUE`` flag per field (mappings: ``--set NAME.KEY=VALUE`` instead), help from its facts;
     the value stays text here and is read once, by `coerce`, through `flag_values`. ``sets``: the verb also takes

@@ -166,8 +166,8 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
             eps, turns = play_games(
                 model, tokenizer, task, items, render, st, with_context=c, seeds=None if st.greedy else seeds
             )
-            lens = {g: [] for g in range(len(items))}
-            texts = {g: [] for g in range(len(items))}
+            lens: dict[int, list[int]] = {g: [] for g in range(len(items))}
+            texts: dict[int, list[str]] = {g: [] for g in range(len(items))}
             for t in turns:
                 r = strip_stop(t.response, st.stop)
                 lens[t.game].append(len(r))

@@ -154,9 +154,11 @@ def _chosen_checkpoints(spec: Any, options: dict[str, Any], models: dict[str, Pa
     -> the checkpoint the rule picks, recorded with its reason in ``RUN/<probe>_checkpoint.json``."""
     from mechopd.probes.registry import resolve
 
-    picked = {}
+    picked: dict[str, str] = {}
     rule = getattr(spec, "checkpoint", None)  # a registration without the field (an older plug-in) has no rule
-    for opt in getattr(spec, "role_options", ()) if rule is not None else ():
+    if rule is None:
+        return picked
+    for opt in getattr(spec, "role_options", ()):
         name = options.get(opt)
         if name in models and name != "base" and (run / "train" / name).is_dir():
             checkpoint, why = resolve(rule)(run / "train" / name)

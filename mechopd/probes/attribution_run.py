@@ -46,7 +46,8 @@ def table(label: str, pair: str, acc: dict[str, Any]) -> list[dict[str, Any]]:
     m0 = acc["m_clean"]
     rec = lambda v: -v / m0 if m0 > 0 else None  # noqa: E731  (recovered = −ΔM / M_clean)
     common = {"model": label, "pair": pair, "m_clean": m0, "n_items": acc["n_items"], "n_tokens": acc["n_tokens"]}
-    rows, totals = [], {}
+    rows: list[dict[str, Any]] = []
+    totals: dict[Any, float] = {}
     for (site, head, t), v in acc["attr"].items():
         key = (site, head)
         totals[key] = totals.get(key, 0.0) + v
@@ -173,7 +174,8 @@ def run_attribution(
             )
         picked = {**picked, **{c: setup.models.get(c, picked.get(c)) for c in cross}}
     run = ci.resolve(setup, picked, probe="attribution", out=out_dir, greedy=greedy, device=device)
-    rows, summary = [], {"pairs": {}}
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"pairs": {}}
     for label in picked:
         for recipient, name, pair in _pairs(run, label, cross):
             sites = sites_of(pair.recipient, layers, components)

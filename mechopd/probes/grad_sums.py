@@ -31,7 +31,8 @@ def _flatten_into(
 
 def _param_sums(flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], sizes: list[int]) -> list[tuple[float, ...]]:
     """Per parameter: ``(<g_a, g_b>, ‖g_a‖², ‖g_b‖²)`` in float64."""
-    out, offset = [], 0
+    out: list[tuple[float, ...]] = []
+    offset = 0
     for g_b, size in zip(grads_b, sizes):
         a = flat_a[offset : offset + size].double()
         b = torch.zeros_like(a) if g_b is None else g_b.reshape(-1).double()

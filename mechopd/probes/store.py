@@ -62,7 +62,8 @@ class StoreWriter:
         self._reset(0)
 
     def _reset(self, first: int) -> None:
-        self.first, self.rows, self.offsets, self.bytes = first, {}, [0], 0
+        self.rows: dict[tuple[str, str], list[torch.Tensor]] = {}
+        self.first, self.offsets, self.bytes = first, [0], 0
 
     def add(self, acts: dict[tuple[str, str], torch.Tensor]) -> None:
         """One item: ``{(site, view): [n + 1, d]}`` for every site and view."""
