@@ -73,7 +73,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 def _eval_output_args(p: argparse.ArgumentParser) -> None:
     """`mechopd eval`'s flags after the models and the render: EvalConfig's declared fields, --other-contexts, --out."""
-    from mechopd.evaluation.evaluate import EVAL_FACTS
+    from mechopd.evaluation.config import EVAL_FACTS
 
     add_flags(p, EVAL_FACTS, sets=False)  # --n, --seed, --samples, --temperature, ...: declared once, on EvalConfig
     p.add_argument(
@@ -124,7 +124,7 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
 @command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
 def _eval(a: argparse.Namespace) -> int:
-    from mechopd.evaluation.evaluate import EVAL_FACTS, EvalConfig
+    from mechopd.evaluation.config import EVAL_FACTS, EvalConfig
     from mechopd.evaluation.run import evaluate_plan, plan_eval
 
     if sum(bool(x) for x in (a.model, a.run, a.compare)) != 1:

@@ -15,72 +15,19 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mechopd.config import check_seed, check_temperature
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.core.options import GE0, GE1, GT0, Range, check_fields, field_facts, option
-from mechopd.core.ranges import SEED_MAX
 from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.evaluation.config import EVAL_FACTS, EvalConfig  # noqa: F401  (re-exported: the public names)
 from mechopd.evaluation.pinning import check_fits, pin_render
-from mechopd.evaluation.removability import RegimeThresholds, compare_table, summarize
-from mechopd.generate.lean import DECODERS
-from mechopd.generate.prefix import MODES as PREFIX_MODES
+from mechopd.evaluation.removability import compare_table, summarize
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
 from mechopd.tasks.base import Example, check_split
-
-
-@dataclass
-class EvalConfig:
-    """n held-out items (split "test"), seed, greedy unless samples > 1, batch_size prompts per generation call.
-    Each field's help, range and choices are declared once here (`mechopd.core.options.option`): `mechopd eval`'s
-    flags and their checks are generated from them (`EVAL_FACTS`)."""
-
-    n: int = option(200, help="held-out items", range=GE1)
-    seed: int = option(0, help="seed of item choice and sampling", range=Range(0, SEED_MAX))
-    samples: int = option(1, help="k sampled responses per item and view (1 = greedy unless --temperature)", range=GE1)
-    temperature: float | None = option(
-        None, help="sampling temperature (omit it: greedy with --samples 1, else the task's)", range=GT0
-    )
-    batch_size: int = option(256, help="prompts per generation call", range=GE1)
-    max_new_tokens: int | None = option(
-        None, help="response cap per prompt (per move for games; omit it for the task's)", range=GE1
-    )
-    n_boot: int = option(1000, help="bootstrap resamples of the intervals (0: none)", range=GE0)
-    engine: str = option(
-        "lean",
-        help="decoder: lean (Llama/Qwen2/Qwen3), hf (model(...) per step, any causal LM), vllm (the extra mechopd[vllm])",
-        choices=DECODERS,
-    )
-    shared_prefix: str = option(
-        "auto", help="a prompt prefix common to a batch is prefilled once (exact) | off", choices=PREFIX_MODES
-    )
-    thresholds: RegimeThresholds = field(default_factory=RegimeThresholds)
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise TaskError(f"the evaluation set is empty (n={self.n}); pass --n 1 or more")
-        if self.samples < 1:
-            raise TaskError(f"samples={self.samples} must be >= 1")
-        if self.engine not in DECODERS:
-            raise TaskError(f"engine={self.engine!r} is unknown; choose one of {', '.join(DECODERS)}")
-        if self.engine == "vllm":
-            from mechopd.generate.vllm_engine import require_vllm
-
-            require_vllm("engine")
-        check_seed(self.seed)  # before the evaluation, not after it (the bootstrap seeds numpy with it)
-        check_temperature(self.temperature)  # omit it for greedy decoding
-        if self.shared_prefix not in PREFIX_MODES:
-            raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
-        check_fields(self, EVAL_FACTS)  # every declared range and choice (max_new_tokens, batch_size, n_boot, ...)
-
-
-EVAL_FACTS = field_facts(EvalConfig)  # the declared fields: `mechopd eval`'s flags (cli/eval_cmd.py)
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:

@@ -17,7 +17,7 @@ selector's options add their own keys (`register_term(..., options=)`, `register
 EVAL_HEAD = """
 # Evaluation options
 
-`mechopd eval`'s flags (`--kebab-key VALUE`), generated from `mechopd.evaluation.evaluate.EvalConfig` (`EVAL_FACTS`);
+`mechopd eval`'s flags (`--kebab-key VALUE`), generated from `mechopd.evaluation.config.EvalConfig` (`EVAL_FACTS`);
 Python callers pass the same fields to `EvalConfig`.
 """
 
@@ -25,7 +25,7 @@ Python callers pass the same fields to `EvalConfig`.
 def render() -> str:
     from mechopd.config import TrainConfig
     from mechopd.core.options import docs_table, field_facts
-    from mechopd.evaluation.evaluate import EVAL_FACTS
+    from mechopd.evaluation.config import EVAL_FACTS
 
     return HEAD + "\n" + docs_table(field_facts(TrainConfig)) + EVAL_HEAD + "\n" + docs_table(EVAL_FACTS)
 
