@@ -20,6 +20,26 @@ from mechopd.train.reporting import eval_line
 class TrainerSaving:
     """`Trainer.evaluate`, `Trainer.save` and `Trainer.save_final` (see `mechopd.train.trainer`)."""
 
+    # the Trainer's state these methods read (built by `TrainerSetup._setup`; declared here for the type checker)
+    cfg: Any
+    run_dir: rundir.RunDir
+    rank: int
+    step: int
+    student: Any
+    tokenizer: Any
+    shard: Any
+    params: list
+    models: Any
+    task: Any
+    spec: Any
+    sched: Any
+    progress: bool
+    position: Any
+    pool: Any
+    opt: Any
+    gate: Any
+    engine: Any
+
     def evaluate(self) -> dict[str, Any]:
         """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
         with self.shard.gathered(self.student):

@@ -6,6 +6,7 @@ set the trainer's attributes), kept apart so the loop reads on its own."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -33,6 +34,13 @@ from mechopd.train.step import StepOptions, enable_checkpointing
 
 class TrainerSetup:
     """`Trainer._setup` and its parts: everything `Trainer.__init__` builds (see `mechopd.train.trainer`)."""
+
+    # set by Trainer.__init__ before `_setup` runs (declared here for the type checker)
+    run_dir: rundir.RunDir
+    rank: int
+    world: int
+    verbose: bool
+    _say: Callable[[str | None], None]
 
     def _setup(self, cfg: TrainConfig, resume: bool, progress: bool) -> None:
         cfg, path_note = rundir.record_paths(cfg, self.run_dir, resume)  # absolute; a resume reads the run's
