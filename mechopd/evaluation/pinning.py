@@ -21,7 +21,7 @@ from typing import Any
 
 from mechopd.config import DATE_PIN
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.core.views import RenderSpec, render_prompt_ids, render_prompt_text
+from mechopd.core.views import RenderSpec, render_prompt_ids, render_prompt_ids_batch, render_prompt_text
 
 DATE_FORMAT = "%d %b %Y"  # Llama-3's own format ("26 Jul 2024")
 AMBIENT = ("strftime_now",)  # template globals whose value depends on when the template renders
@@ -172,13 +172,19 @@ def check_fits(
     max_new_tokens: int,
     limit: int | None,
     others: Any = None,
+    rendered: dict[tuple[str, str | None], list[int]] | None = None,
 ) -> None:
     """The one length rule of every verb: the longest context view plus `max_new_tokens` fits the model's
     `limit` (max_position_embeddings); the context is never truncated silently. `others`: a task whose other
-    contexts (`Task.other_contexts`) of the examples reach the model too (following, the follow term)."""
+    contexts (`Task.other_contexts`) of the examples reach the model too (following, the follow term).
+    `rendered`: ids already rendered, ``{(prompt, context): ids}`` (`prerender`); the context views are read there."""
     if not limit:
         return
-    longest, what = max((len(render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)), "context") for ex in examples)
+    ids = rendered if rendered is not None else {}
+    longest, what = max(
+        (len(ids.get((ex.prompt, ex.context)) or render_prompt_ids(tokenizer, ex.prompt, ex.context, spec)), "context")
+        for ex in examples
+    )
     if others is not None:
         longest, what = max(
             [(longest, what)]
@@ -211,15 +217,43 @@ def _longest_views(examples: Sequence[Any], task: Any, per_context: int = 3) -> 
     ]
 
 
+PROMPT_CACHE = 65536  # prompts a trainer keeps rendered (`Trainer._render`); at most half are rendered ahead
+
+
+def prerender(
+    tokenizer: Any, examples: Sequence[Any], spec: RenderSpec, into: dict[tuple[str, str | None], list[int]]
+) -> None:
+    """Both views' prompt ids of every example into ``into`` (``{(prompt, context or None): ids}``), tokenized in
+    batches (`render_prompt_ids_batch`: the ids of `render_prompt_ids`); nothing when the two views of `examples`
+    exceed half of PROMPT_CACHE (a pool that large is rendered per step instead). A training run renders its pool once,
+    before the first step, instead of twice per step (the length check needs the context views anyway)."""
+    keys = list(dict.fromkeys(k for ex in examples for k in ((ex.prompt, None), (ex.prompt, ex.context))))
+    if len(keys) + len(into) > PROMPT_CACHE // 2:
+        return
+    todo = [k for k in keys if k not in into]
+    for i in range(0, len(todo), 1024):
+        part = todo[i : i + 1024]
+        into.update(zip(part, render_prompt_ids_batch(tokenizer, part, spec)))
+
+
 def train_render(
-    tokenizer: Any, task: Any, pool: Sequence[Any], cfg: Any, max_new_tokens: int, model_config: Any
+    tokenizer: Any,
+    task: Any,
+    pool: Sequence[Any],
+    cfg: Any,
+    max_new_tokens: int,
+    model_config: Any,
+    rendered: dict[tuple[str, str | None], list[int]] | None = None,
 ) -> tuple[RenderSpec, str | None]:
     """A training run's pinned spec (`pin_render` on its first item), recorded in ``cfg.chat_template_kwargs`` (so
     config.yaml and training.json hold it), and `check_fits` over its pool (single-turn tasks; a game's later moves
-    are checked per batch) — all before any model loads."""
+    are checked per batch) — all before any model loads. `rendered`: filled with both views' ids of the pool
+    (`prerender`; single-turn tasks), the trainer's prompt cache."""
     spec = RenderSpec(task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
     spec, note = pin_render(tokenizer, spec, pool[0].prompt, pool[0].context)
     cfg.chat_template_kwargs = dict(spec.chat_template_kwargs)
+    if not task.is_game and rendered is not None:
+        prerender(tokenizer, pool, spec, rendered)
     if not task.is_game:
         check_fits(
             tokenizer,
@@ -228,5 +262,6 @@ def train_render(
             max_new_tokens,
             getattr(model_config, "max_position_embeddings", None),
             task if getattr(cfg, "follow_weight", 0) else None,
+            rendered,
         )  # the follow term's rollouts under c′ too
     return spec, note

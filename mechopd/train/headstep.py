@@ -96,6 +96,7 @@ class FusedStepScorer(StepScorer):
     """`StepScorer` whose per-micro-batch loss is the fused head (module docstring)."""
 
     head = "fused"
+    shares_heads = False  # the fused head reads hidden states: the selection's logits are not kept for it
 
     def __init__(self, *args: Any, options: TermOptions, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -114,6 +115,7 @@ class FusedStepScorer(StepScorer):
         den: tuple,
         step: int,
         acc: Any,
+        memo: Any = None,  # always None here (`shares_heads` is False: this head never forms the logits)
     ) -> None:
         pos = mask.nonzero(as_tuple=True)  # the real response positions of this micro-batch: [n] rows, [n] columns
         terms = {t.name: t for t in self.terms}

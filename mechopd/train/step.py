@@ -9,7 +9,8 @@ one-shot gradient. For this process's B rows, split into ``micro_batch_size`` ro
      (d per position, not V);
   1. selection, only for a selector that reads signals (TA-OPD and the score baselines): per micro-batch the
      student's no-context trunk without grad (the grad pass of step 2 is reused when there is one micro-batch),
-     then per chunk head -> log-softmax -> `signals.teachability_stats` ``[b, c]``; the selector then decides ONCE
+     then per chunk head -> log-softmax -> `signals.teachability_stats` ``[b, c]`` (one micro-batch of one chunk:
+     the heads and log-probs are kept and the loss pass reads them, computed once); the selector then decides ONCE
      over all rows of all processes (⌈ρN⌉ over the whole batch; `Selector.from_stats`), before any loss pass;
   2. loss: per micro-batch the student's trunk(s) with grad; the outputs are detached into leaves; per chunk of
      ``logit_chunk`` positions: head -> log-softmax (or, for a term that reads only ``log q(y_t)``, a logsumexp and a
@@ -75,6 +76,9 @@ class StepOptions:
     autocast: torch.dtype | None = None
 
 
+_Memo = dict[str, tuple[Tensor, Tensor]] | None  # {role: (logits, log-probs)} of one chunk, shared by two passes
+
+
 class StepResult(NamedTuple):
     """This process's shares (summed over processes they give the global values): ``loss``, ``logs`` (``loss/<t>``,
     ``<t>/<stat>``, ``kl/teacher_student``); ``weights`` ``{term: w}``; ``kept`` the global kept fraction;
@@ -108,6 +112,7 @@ class StepScorer:
     """Scores, selects and back-propagates one two-view batch (module docstring). Build once per run."""
 
     head_line = "loss head: logits"  # `train.headstep.make_scorer` says which head and why
+    shares_heads = True  # the loss pass reads the selection's logits (a head that never forms them: False)
 
     def __init__(
         self,
@@ -182,20 +187,23 @@ class StepScorer:
         return [(slice(i * m, min((i + 1) * m, B)), True) if i * m < B else (slice(0, 1), False) for i in range(n)]
 
     def _inputs(
-        self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, c: slice, exact_kl: bool
+        self, leaves: dict[str, Tensor], th: Tensor, tokens: Tensor, c: slice, exact_kl: bool, memo: _Memo = None
     ) -> tuple[LossInputs, Tensor]:
-        """The terms' inputs on chunk `c` (student ones with grad through the leaves) and the per-position KL log."""
-        T, need = self.opts.temperature, self.needs
+        """The terms' inputs on chunk `c` (student ones with grad through the leaves) and the per-position KL log.
+        `memo`: {role: (logits, log-probs)} the selection already computed on this chunk (`_signals`)."""
+        T, need, memo = self.opts.temperature, self.needs, memo or {}
         vals: dict[str, Tensor | None] = {"tokens": tokens[:, c]}
         with torch.no_grad():
-            t_logits = self._head(self.teacher, th[:, c])
-            t_full = _logp(t_logits, T) if ("teacher" in need or exact_kl) else None
+            t_logits, t_full = memo.get("teacher") or (self._head(self.teacher, th[:, c]), None)
+            if t_full is None and ("teacher" in need or exact_kl):
+                t_full = _logp(t_logits, T)
             vals["teacher"] = t_full
             vals["teacher_token"] = _token(t_full, t_logits, vals["tokens"], T) if "teacher_token" in need else None
             del t_logits
         for role in leaves:  # the student's roles (with grad through their leaves)
-            logits = self._head(self.student, leaves[role][:, c])
-            full = _logp(logits, T) if (role in need or (exact_kl and role == "student_nctx")) else None
+            logits, full = memo.get(role) or (self._head(self.student, leaves[role][:, c]), None)
+            if full is None and (role in need or (exact_kl and role == "student_nctx")):
+                full = _logp(logits, T)
             vals[role] = full
             if f"{role}_token" in need:
                 vals[f"{role}_token"] = _token(full, logits, vals["tokens"], T)
@@ -209,10 +217,12 @@ class StepScorer:
 
     # -- phases ----------------------------------------------------------------------------------------------------
     def _select(
-        self, batch: TwoViewBatch, micro: list, teacher_h: list, cached: Tensor | None, step: int
+        self, batch: TwoViewBatch, micro: list, teacher_h: list, cached: Tensor | None, step: int, memo: _Memo = None
     ) -> tuple[Tensor | None, float]:
         """Keep-mask ``[B, R]`` for the selectable terms over the whole batch of all processes (None: no selectable
-        term) and the kept fraction."""
+        term) and the kept fraction. `cached`: the one micro-batch's no-context leaf; `memo` (one micro-batch of one
+        chunk): filled with the student's logits (with grad through `cached`) and the teacher's, and their log-probs,
+        for the loss pass to read instead of computing them again."""
         if not any(t.selectable for t in self.terms):
             return None, 1.0
         sel, mask, o = self.selector, batch.response_mask, self.opts
@@ -226,7 +236,7 @@ class StepScorer:
                     hx = cached if cached is not None else self._hidden("student_nctx", mb, {})
                     th = th if th is not None else self._hidden("teacher", mb, {})
                     if real:
-                        parts.append(self._signals(hx, th, mb.response_mask))
+                        parts.append(self._signals(hx, th, mb.response_mask, memo))
             stats = TeachabilityStats(*(torch.cat([p[i] for p in parts], 0) for i in range(4)))
         if not dist.active():
             out = sel.from_stats(stats, mask, o.budget, gen)
@@ -237,12 +247,17 @@ class StepScorer:
         B, R = mask.shape
         return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
 
-    def _signals(self, hx: Tensor, th: Tensor, mask: Tensor) -> list[Tensor]:
-        """TA-OPD signals ``[b, R]`` (C, D, H, kl_full), computed per chunk of positions."""
+    def _signals(self, hx: Tensor, th: Tensor, mask: Tensor, memo: _Memo = None) -> list[Tensor]:
+        """TA-OPD signals ``[b, R]`` (C, D, H, kl_full), computed per chunk of positions (`_select` on `memo`)."""
         sel, T, out = self.selector, self.opts.temperature, []
         for c in self._chunks(mask.shape[1]):
-            s = to_logp(self._head(self.student, hx[:, c].detach()), T)
-            t = to_logp(self._head(self.teacher, th[:, c]), T)
+            with torch.set_grad_enabled(memo is not None):  # kept for the loss: the student's head with grad
+                s_logits = self._head(self.student, hx[:, c] if memo is not None else hx[:, c].detach())
+                s = _logp(s_logits, T)
+            t_logits = self._head(self.teacher, th[:, c])
+            t = _logp(t_logits, T)
+            if memo is not None:
+                memo.update(student_nctx=(s_logits, s), teacher=(t_logits, t))
             st = teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode)
             out.append((st.C, st.D, st.H, st.kl_full))
         return [torch.cat([o[i] for o in out], 1) for i in range(4)]
@@ -257,11 +272,16 @@ class StepScorer:
         with torch.no_grad():
             if keep_teacher:
                 teacher_h = [self._hidden("teacher", rows(batch, sl), info) for sl, _ in micro]
-        cached = None
-        if len(micro) == 1:  # the grad pass serves the selection too
+        cached, first, memo = None, None, None
+        if len(micro) == 1:  # the grad pass serves the selection too (and, on one chunk, its heads: `_select`)
             cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.student_roles}
+            first = {r: h.detach().requires_grad_() for r, h in cached.items()}
+            one_chunk = len(self._chunks(mask.shape[1])) == 1
+            memo = {} if self.shares_heads and one_chunk and "student_nctx" in first else None
         with record_function("mechopd.select"), self.clock("loss"):
-            keep, kept = self._select(batch, micro, teacher_h, None if cached is None else cached["student_nctx"], step)
+            keep, kept = self._select(
+                batch, micro, teacher_h, None if first is None else first.get("student_nctx"), step, memo
+            )
         den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
         acc = _Acc(self.terms, self.params, self._head_params(), per_term)
         for i, (sl, real) in enumerate(micro):
@@ -271,10 +291,10 @@ class StepScorer:
             with torch.no_grad():
                 th = teacher_h[i] if teacher_h[i] is not None else self._hidden("teacher", mb, info)
             hs = cached or {r: self._hidden(r, mb, info) for r in self.student_roles}
-            cached = None
-            leaves = {r: h.detach().requires_grad_() for r, h in hs.items()}
+            leaves = first or {r: h.detach().requires_grad_() for r, h in hs.items()}
             with self.clock("loss"):
-                self._loss(leaves, th, mb.response_ids, mmask, mkeep, den, step, acc)
+                self._loss(leaves, th, mb.response_ids, mmask, mkeep, den, step, acc, memo)
+            cached, first, memo = None, None, None
             with self.clock("student_bwd"):
                 acc.trunk(hs, leaves)
         return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
@@ -289,10 +309,13 @@ class StepScorer:
         den: tuple,
         step: int,
         acc: _Acc,
+        memo: _Memo = None,
     ) -> None:
-        """One micro-batch's loss, per chunk of positions, into `acc` (backward into the leaves and the head)."""
+        """One micro-batch's loss, per chunk of positions, into `acc` (backward into the leaves and the head); `memo`:
+        the heads the selection computed on a single chunk (`_select`)."""
         for c in self._chunks(mask.shape[1]):
-            inputs, kl = self._inputs(leaves, th, tokens, c, self.exact_kl)
+            inputs, kl = self._inputs(leaves, th, tokens, c, self.exact_kl, memo)
+            memo = None
             res = total_loss(
                 self.terms, inputs, mask[:, c], None if keep is None else keep[:, c], step=step, denominators=den
             )

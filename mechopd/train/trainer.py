@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.views import assemble_two_views, render_prompt_ids
+from mechopd.evaluation.pinning import PROMPT_CACHE
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed
 from mechopd.train import dist, gradstats, guard, otherbatch, rundir
 from mechopd.train.engine import sync_engine
@@ -63,7 +64,7 @@ class Trainer(TrainerSetup, TrainerSaving):
     def _render(self, prompt: str, context: str | None) -> list[int]:
         key = (prompt, context)
         if key not in self._prompt_cache:
-            if len(self._prompt_cache) >= 65536:  # games: every move's prompt is new; keep the cache bounded
+            if len(self._prompt_cache) >= PROMPT_CACHE:  # games: every move's prompt is new; keep the cache bounded
                 self._prompt_cache.clear()
             self._prompt_cache[key] = render_prompt_ids(self.tokenizer, prompt, context, self.spec)
         return self._prompt_cache[key]

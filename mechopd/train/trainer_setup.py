@@ -60,9 +60,10 @@ class TrainerSetup:
         rundir.check_items(self.task, cfg)  # pool_size / eval_n within the task's item space, before any model
         self.pool = self.task.examples("train", cfg.pool_size, cfg.seed)
         self.max_new = cfg.max_new_tokens or self.task.max_new_tokens
+        self._prompt_cache: dict[tuple, list[int]] = {}  # (prompt, context or None) -> ids (`Trainer._render`)
         self.spec, pinned = train_render(
-            self.tokenizer, self.task, self.pool, cfg, self.max_new, read_config(student_path)
-        )  # pinned and length-checked before any load
+            self.tokenizer, self.task, self.pool, cfg, self.max_new, read_config(student_path), self._prompt_cache
+        )  # pinned and length-checked before any load; the pool's prompts rendered once, here
         self._say("\n".join(t for t in (note, pinned) if t))
         teacher_path = cfg.teacher or student_path
         if cfg.teacher:
@@ -99,7 +100,6 @@ class TrainerSetup:
         self._agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
         self._build_scoring(cfg, dtype)
         self.max_len = getattr(self.student.config, "max_position_embeddings", None)
-        self._prompt_cache: dict[tuple, list[int]] = {}
         self._restore_and_open_log(cfg)
 
     def _restore_and_open_log(self, cfg: TrainConfig) -> None:

@@ -115,3 +115,41 @@ def test_train_and_eval_with_the_context_as_a_user_turn_prefix(zoo, family, tmp_
     nocs = [] if NO_CONTEXT_SYSTEM[family] is None else ["--no-context-system", NO_CONTEXT_SYSTEM[family]]
     cli("eval", "--model", out / "final", "--task", "jsonl", *opts, "--n", "2", *nocs, "--out", tmp_path / "e.json")
     assert json.loads((tmp_path / "e.json").read_text())["settings"]["placement"] == "user"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("placement", ["system", "user"])
+def test_prerendered_pool_equals_rendering_each_prompt(zoo, family, placement):
+    """A trainer renders its pool once, batched (`pinning.prerender`); the ids must be those of `render_prompt_ids`
+    one prompt at a time, in both views, on every family's BPE tokenizer and chat template."""
+    from types import SimpleNamespace
+
+    from mechopd.core.views import render_prompt_ids
+    from mechopd.evaluation.pinning import prerender
+
+    tok = load_tokenizer(zoo.student(family))
+    spec = RenderSpec(placement, NO_CONTEXT_SYSTEM[family], TEMPLATE_KWARGS[family])
+    pool = [
+        SimpleNamespace(prompt=f"Question {i}: which drug treats {'x' * i}?", context=f"Rule {i % 3}.")
+        for i in range(7)
+    ]
+    pool.append(pool[0])  # a repeated item renders once
+    cache: dict = {}
+    prerender(tok, pool, spec, cache)
+    assert len(cache) == 2 * 7
+    for ex in pool:
+        for ctx in (None, ex.context):
+            assert cache[(ex.prompt, ctx)] == render_prompt_ids(tok, ex.prompt, ctx, spec)
+
+
+def test_prerender_skips_a_pool_past_the_cache_bound(monkeypatch):
+    """Past half the trainer's prompt cache nothing is rendered ahead (the per-step path renders those prompts)."""
+    from types import SimpleNamespace
+
+    from mechopd.evaluation import pinning
+
+    monkeypatch.setattr(pinning, "PROMPT_CACHE", 8)
+    pool = [SimpleNamespace(prompt=f"p{i}", context="c") for i in range(5)]  # 10 keys > 8 // 2
+    cache: dict = {}
+    pinning.prerender(object(), pool, RenderSpec("user"), cache)
+    assert cache == {}
