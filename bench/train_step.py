@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             print(v["trl"].settings())
         ok = report(times, lens)
         stage_table(v, args.warmup)
+        for f in v.values():  # release the trainers' run-dir locks (Trainer.close) before the temp dir goes
+            if hasattr(f, "trainer"):
+                f.trainer.close()
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

@@ -167,9 +167,10 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
         try:
             yield root
         finally:
-            _HELD[key] -= 1
-            if not _HELD[key]:
-                del _HELD[key]
+            if _HELD is not None:  # None: interpreter shutdown (see below)
+                _HELD[key] -= 1
+                if not _HELD[key]:
+                    del _HELD[key]
         return
     if not lockable(root):
         raise MechopdError(
@@ -210,8 +211,9 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
         failed = True
         raise
     finally:
-        del _HELD[key]
-        _release(fd, lock, root, created, parent_times, had_lock_file, before, failed)
+        if _HELD is not None:  # None: interpreter shutdown finalizing a lock never released (the OS drops it)
+            del _HELD[key]
+            _release(fd, lock, root, created, parent_times, had_lock_file, before, failed)
 
 
 def _release(fd, lock, root, created, parent_times, had_lock_file, before, failed) -> None:

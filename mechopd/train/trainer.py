@@ -235,8 +235,19 @@ class Trainer(TrainerSetup, TrainerSaving):
                 self._forget_refused_run()
             raise
         finally:
-            self.logger.close()
-            rundir.release(self._lock)
+            self.close()
+
+    def close(self) -> None:
+        """Close the metrics log and release the run directory's lock (`run` does both when it ends; a caller that
+        drives `train_step` itself calls this, or uses the trainer as a context manager)."""
+        self.logger.close()
+        rundir.release(self._lock)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _forget_refused_run(self) -> None:
         """A new run refused for bad input before its first checkpoint leaves no file behind."""

@@ -215,3 +215,34 @@ def test_anchor_gate_with_a_selector(tiny_rules_organism, tmp_path):
     recs = _records(tmp_path / "r")
     assert [r["beta_eff"] for r in recs] == [0.0, 0.5, 0.5] and all(r["kept_fraction"] < 0.5 for r in recs)
     assert recs[0]["nca_gate/kl_mean"] == recs[0]["kl/teacher_student"]
+
+
+def test_a_trainer_driven_step_by_step_releases_its_lock_on_close(tiny_rules_organism, tmp_path):
+    """`train_step` called by the user (as bench/train_step.py does): the run dir stays locked until `close` (or the
+    end of a ``with`` block); then the lock file is gone and the dir can be resumed."""
+    from mechopd.core.runlock import LOCK_NAME, held
+    from mechopd.train.trainer import Trainer
+
+    run = tmp_path / "r"
+    with Trainer(_cfg(tiny_rules_organism, save_every=1), run, progress=False) as trainer:
+        trainer.train_step()
+        assert held(run) and (run / LOCK_NAME).exists()
+    assert not held(run) and not (run / LOCK_NAME).exists()
+    Trainer(_cfg(tiny_rules_organism, save_every=1), run, resume=True, progress=False).close()
+    assert not held(run)
+
+
+def test_a_trainer_never_closed_exits_quietly(tiny_rules_organism, tmp_path):
+    """A script that drops a trainer without `close` exits 0 with no 'Exception ignored' from the lock's finalizer
+    (interpreter shutdown clears module globals before the generator holding the lock is finalized)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from mechopd.config import TrainConfig\nfrom mechopd.train.trainer import Trainer\n"
+        f"t = Trainer(TrainConfig(student={str(tiny_rules_organism)!r}, task='rules', batch_size=2, steps=1, "
+        f"max_new_tokens=4, pool_size=8), {str(tmp_path / 'r')!r}, progress=False)\nt.train_step()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
