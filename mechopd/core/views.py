@@ -24,10 +24,12 @@ Pinned renders (a chat template that reads the date, a template that drops the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from mechopd.core.errors import ConfigError, TaskError
@@ -188,24 +190,29 @@ def pad_id(tokenizer: Any) -> int:
 
 
 def _assemble(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad: int, layout: str):
-    """One view's tensors. Returns ids, mask, positions, response columns."""
+    """One view's tensors. Returns ids, mask, positions, response columns (each built from one flat list)."""
     B, R = len(prompts), max((len(r) for r in responses), default=0)
     P = max(len(p) for p in prompts)
     L = P + R
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    cols = torch.zeros((B, R), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        start = P - len(p) if layout == "left" else 0  # where the prompt begins
-        seq = list(p) + list(r)
-        ids[i, start : start + len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[i, start : start + len(seq)] = 1
-        resp0 = start + len(p)
-        cols[i] = resp0 + torch.arange(R)
-        if layout == "right":  # padded response slots point past the real tokens; keep them in range
-            cols[i] = cols[i].clamp(max=L - 1)
+    starts = [P - len(p) if layout == "left" else 0 for p in prompts]  # where each prompt begins
+    ns = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    flat = chain.from_iterable(
+        [pad] * s + [*p, *r] + [pad] * (L - s - n) for s, n, p, r in zip(starts, ns, prompts, responses)
+    )
+    ids = _long(flat, B * L).view(B, L)
+    at = torch.arange(L)
+    begin, end = torch.tensor(starts).view(B, 1), torch.tensor([s + n for s, n in zip(starts, ns)]).view(B, 1)
+    mask = ((at >= begin) & (at < end)).long()
+    cols = torch.tensor([s + len(p) for s, p in zip(starts, prompts)], dtype=torch.long).view(B, 1) + torch.arange(R)
+    if layout == "right":  # padded response slots point past the real tokens; keep them in range
+        cols = cols.clamp(max=L - 1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids, mask, positions, cols
+
+
+def _long(values: Iterable[int], count: int) -> torch.Tensor:
+    """A flat int64 tensor of `count` Python ints (through numpy: ~5x faster than ``torch.tensor`` of a list)."""
+    return torch.from_numpy(np.fromiter(values, dtype=np.int64, count=count))
 
 
 def build_two_view_batch(
@@ -254,11 +261,9 @@ def assemble_two_views(
     ids_x, m_x, pos_x, cols_x = _assemble(prompt_ids_x, responses, pad_id, layout)
     ids_c, m_c, pos_c, cols_c = _assemble(prompt_ids_c, responses, pad_id, layout)
     R = cols_x.shape[1]
-    resp = torch.full((len(responses), R), pad_id, dtype=torch.long)
-    rmask = torch.zeros((len(responses), R), dtype=torch.bool)
-    for i, r in enumerate(responses):
-        resp[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-        rmask[i, : len(r)] = True
+    B = len(responses)
+    resp = _long(chain.from_iterable([*r] + [pad_id] * (R - len(r)) for r in responses), B * R).view(B, R)
+    rmask = torch.arange(R) < torch.tensor([len(r) for r in responses], dtype=torch.long).view(B, 1)
     batch = TwoViewBatch(ids_x, m_x, pos_x, ids_c, m_c, pos_c, resp, rmask, cols_x, cols_c, layout)
     _assert_same_response(batch)
     return batch
