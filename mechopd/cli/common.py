@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {}  # name -> (help, handler)
 
 
 def command(name: str, help: str):

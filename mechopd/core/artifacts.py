@@ -93,7 +93,7 @@ def _cell(value: Any) -> Any:
 
 
 def _records(rows: Iterable[Any]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in rows]
+    return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) and not isinstance(r, type) else dict(r) for r in rows]
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[Any], columns: Sequence[str] | None = None) -> Path:
@@ -206,8 +206,8 @@ def mean_kept_fraction(train_dir: str | os.PathLike) -> float | None:
         for m in metric_lines(path)
         if m.get("kept_fraction") is not None
     ]
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
+    kept = [v for v in vals if v is not None]
+    return sum(kept) / len(kept) if kept else None
 
 
 class Row(dict):
@@ -229,7 +229,7 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)")
-    rows = []
+    rows: list[dict[str, str]] = []
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -289,8 +289,20 @@ class Summary:
         if not path.is_file():
             return None
         out = cls.from_dict(read_json(path), str(path))
-        out.probes_dir = Path(probes_dir)  # where its tables are (not a field: not written back)
+        out.located(probes_dir)
         return out
+
+    @classmethod
+    def require(cls: type[S], probes_dir: str | os.PathLike) -> S:
+        """`load` where the summary must be there (its probe has just written it): absent -> DataError."""
+        out = cls.load(probes_dir)
+        if out is None:
+            raise DataError(f"{Path(probes_dir) / cls.FILE} does not exist; run mechopd probe {cls.PROBE}")
+        return out
+
+    def located(self, probes_dir: str | os.PathLike) -> None:
+        """Remember ``probes_dir``, where the summary's tables are (not a field: not written back)."""
+        self.probes_dir = Path(probes_dir)
 
     def table(self, name: str) -> list[dict[str, str]]:
         """Rows of the CSV ``name`` next to the summary (the probe's tidy table; cells as text)."""

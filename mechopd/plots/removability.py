@@ -62,14 +62,13 @@ def _bars(ax: Axes, xs: np.ndarray, entries: list[dict[str, Any]], width: float,
     exists."""
     heights = [percent(e["value"]) for e in entries]
     ax.bar(xs, [0.0 if np.isnan(h) else h for h in heights], width, color=colour, label=label)
-    label_bars(ax, xs, heights)
+    label_bars(ax, list(xs), heights)
     bars = [(x, iv) for x, e in zip(xs, entries) if (iv := _interval(e)) is not None]
     if bars:
-        x, iv = zip(*bars)
         ax.errorbar(
-            x,
-            [v for v, _, _ in iv],
-            yerr=[[m for _, m, _ in iv], [p for _, _, p in iv]],
+            [x for x, _ in bars],
+            [v for _, (v, _, _) in bars],
+            yerr=[[m for _, (_, m, _) in bars], [p for _, (_, _, p) in bars]],
             fmt="none",
             ecolor="0.15",
             elinewidth=1,
@@ -116,7 +115,7 @@ def figure_removability(run_dir: Path) -> Figure | None:
     right.set_xlabel("model (colours and order\nas in the legend)")  # names the bars
     right.set_ylabel("Δlen (% of the\nno-context length)")
     right.set_title("Δlen with c")
-    n_items = sorted({s.get("n") for s in summaries.values()} - {None})
+    n_items = sorted({s["n"] for s in summaries.values() if s.get("n") is not None})
     fig.suptitle(f"Context removability — {info.task} (n = {'/'.join(map(str, n_items))} items, {_ci_text(summaries)})")
     return fig
 

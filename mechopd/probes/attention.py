@@ -65,12 +65,13 @@ def context_span(tokenizer: Any, prompt: str, context: str, spec: Any) -> tuple[
 @contextmanager
 def eager(model: nn.Module) -> Iterator[None]:
     """Eager attention while open (its attention blocks return the weights), the model's own afterwards."""
-    before = model.config._attn_implementation
-    model.set_attn_implementation("eager")
+    hf: Any = model  # a transformers PreTrainedModel: its config and set_attn_implementation are untyped on nn.Module
+    before = hf.config._attn_implementation
+    hf.set_attn_implementation("eager")
     try:
         yield
     finally:
-        model.set_attn_implementation(before)
+        hf.set_attn_implementation(before)
 
 
 class AttentionAccumulator:
@@ -78,7 +79,8 @@ class AttentionAccumulator:
 
     def __init__(self, model: nn.Module, detail: int = DETAIL_ITEMS) -> None:
         self.model, self.detail = model, detail
-        self.L, self.H = num_layers(model), model.config.num_attention_heads
+        cfg: Any = model.config  # a transformers config (nn.Module.__getattr__ is typed Tensor | Module)
+        self.L, self.H = num_layers(model), int(cfg.num_attention_heads)
         self.ctx = torch.zeros(self.L, self.H, dtype=torch.float64)
         self.other = torch.zeros(self.L, self.H, dtype=torch.float64)
         self.n = self.items = 0
@@ -90,7 +92,9 @@ class AttentionAccumulator:
         mask = batch.response_mask  # [B, R]
         keys = self._context_columns(batch, spans)  # [B, Lc] bool
         keep = max(0, min(batch.batch_size, self.detail - self.items))
-        detail = [{"item": self.items + j, "ctx_share": {}, "ctx_heads": {}, "ctx_keys": {}} for j in range(keep)]
+        detail: list[dict[str, Any]] = [
+            {"item": self.items + j, "ctx_share": {}, "ctx_heads": {}, "ctx_keys": {}} for j in range(keep)
+        ]
         sites = [component_site(i, "attn") for i in range(self.L)]
 
         def on_output(site: str, output: Any, cols: torch.Tensor) -> None:
@@ -204,7 +208,8 @@ def run_attention(
     item's ``context_span``) and attention.json (the most-changed heads per model pair)."""
     run = ci.resolve(setup, models, probe="attention", out=out_dir, greedy=greedy, device=device, dtype=dtype)
     spans = [context_span(run.tokenizer, ex.prompt, ex.context, run.items.spec) for ex in run.items.examples]
-    rows, tokens = [], []
+    rows: list[dict[str, Any]] = []
+    tokens: list[dict[str, Any]] = []
     for label, model in run.each_model():
         r, t = attention(model, run.items, spans, label=label, detail=detail)
         rows, tokens = rows + r, tokens + t

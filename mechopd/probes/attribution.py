@@ -166,7 +166,8 @@ def _grads(
 ) -> tuple[dict[Site, torch.Tensor], float, dict]:
     """∂M/∂a at every site's scored positions in ONE backward (a zero leaf ADDED to each site's value, so no path
     through a later site is cut), M, and the activations used (``values`` replace some sites' activations first)."""
-    store, leaves = {}, {}
+    store: dict[Site, torch.Tensor] = {}
+    leaves: dict[Site, torch.Tensor] = {}
     with (
         torch.enable_grad(),
         hooked(pair.recipient, sites, pair.start(batch), batch.response_ids.shape[1], store, values, leaves),
@@ -198,9 +199,14 @@ def attribute_batch(
 def _dot(site: Site, diff: torch.Tensor, grad: torch.Tensor, model: nn.Module) -> torch.Tensor:
     prod = diff.double() * grad.double()  # [B, R, d]
     if site.component == "head":
-        H = model.config.num_attention_heads
+        H = _n_heads(model)
         return prod.reshape(*prod.shape[:2], H, -1).sum(-1)  # [B, R, H]
     return prod.sum(-1)  # [B, R]
+
+
+def _n_heads(model: nn.Module) -> int:
+    cfg: Any = model.config  # a transformers config (nn.Module.__getattr__ is typed Tensor | Module)
+    return int(cfg.num_attention_heads)
 
 
 def exact_batch(
@@ -214,7 +220,7 @@ def exact_batch(
     for site in sites:
         patches: list[tuple[int | None, torch.Tensor]] = [(None, a_d[site])]
         if site.component == "head":
-            H = pair.recipient.config.num_attention_heads
+            H = _n_heads(pair.recipient)
             patches = []
             for h in range(H):
                 v = a_r[site].reshape(*a_r[site].shape[:2], H, -1).clone()
@@ -226,7 +232,7 @@ def exact_batch(
     return out
 
 
-def correlations(x: Sequence[float], y: Sequence[float]) -> dict[str, float | None]:
+def correlations(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> dict[str, float | None]:
     """Pearson and Spearman (Pearson of average ranks) of two equal-length sequences; None below 3 points or when
     either is constant."""
     a, b = np.asarray(x, float), np.asarray(y, float)

@@ -26,7 +26,7 @@ from mechopd.core.sites import sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.capture import Trace, site_module
+from mechopd.probes.capture import Trace, decoder_stack, site_module
 from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
@@ -53,11 +53,11 @@ def capture_items(model: nn.Module, batch: TwoViewBatch, sites: Sequence[str]) -
     last prompt token, then the response tokens' own states."""
     batch = batch.to(next(model.parameters()).device)
     n = batch.response_mask.sum(1).tolist()
-    per_view = {}
+    per_view: dict[str, Trace] = {}
     for which in VIEWS:
         tr = Trace(model, batch, which, capture=sites, positions="predict_stop", stop_after_last=True)
         with torch.inference_mode(), tr:
-            model.model(**batch.view(which), use_cache=False)
+            decoder_stack(model)(**batch.view(which), use_cache=False)
         per_view[which] = tr
     return [
         {(s, v): per_view[v][s][j, : n[j] + 1].clone() for s in sites for v in VIEWS} for j in range(batch.batch_size)
@@ -94,7 +94,8 @@ def run_cache(
         raise ConfigError(f"--shard-mb {shard_mb} must be > 0 (megabytes per shard, e.g. 256)")
     out = Path(out_dir)
     run = ci.resolve(setup, models, probe="cache", out=out, greedy=greedy, device=device, dtype=dtype)
-    records, picked = {}, None
+    records: dict[str, dict[str, Any]] = {}
+    picked: list[str] | None = None
     for label, model in run.each_model():
         model.eval()
         picked = picked or resolve_cache_sites(model, sites)
@@ -108,7 +109,9 @@ def run_cache(
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "shards": writer.close(),
         }
-    dtypes = {r["dtype"] for r in records.values()}
+    if picked is None:
+        raise ConfigError("the cache probe got no model to run; name at least one with --models")
+    dtypes = {str(r["dtype"]) for r in records.values()}
     return write_manifest(
         out,
         picked,

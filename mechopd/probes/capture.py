@@ -90,6 +90,14 @@ def site_module(model: nn.Module, site: str) -> nn.Module:
     )
 
 
+def decoder_stack(model: nn.Module) -> nn.Module:
+    """``model.model``: the decoder stack of a causal LM (the layers without the lm_head)."""
+    inner = model.model  # nn.Module.__getattr__ is typed Tensor | Module
+    if not isinstance(inner, nn.Module):
+        raise ModelError(f"{type(model).__name__}.model is not a module; mechopd needs a Llama/Qwen causal LM")
+    return inner
+
+
 def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:
     """A module's hidden-state output: the tensor itself (transformers 5) or the first tuple element (older)."""
     return output if isinstance(output, torch.Tensor) else output[0]
@@ -134,7 +142,8 @@ class Trace(dict):
             raise ValueError(f"view must be 'x' or 'c', got {which!r}")
         if positions not in POSITIONS:
             raise ConfigError(f"positions {positions!r} is unknown; use one of {', '.join(POSITIONS)}")
-        self.model, self.batch, self.which, self.copy = model, batch, which, copy
+        self.model, self.batch, self.which, self.copy_captures = model, batch, which, copy
+        self._logits: torch.Tensor | None = None  # set by `forward` (head=True)
         self.capture, self.edit = list(capture), dict(edit or {})
         cols = batch.cols_x if which == "x" else batch.cols_c
         self.cols = cols + POSITIONS[positions]  # [B, R]
@@ -160,13 +169,20 @@ class Trace(dict):
                 output = h if isinstance(output, torch.Tensor) else (h, *output[1:])
             if site in self.capture:
                 got = _gather(h, cols, self.batch.layout)
-                got = got.clone() if self.copy else got
+                got = got.clone() if self.copy_captures else got
                 self.on_capture(site, got) if self.on_capture is not None else self.__setitem__(site, got)
             if site == self.last:
                 raise _StopForward
             return output if site in self.edit else None
 
         return hook
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """``[B, R, V]`` logits of a `forward` with ``head=True``."""
+        if self._logits is None:
+            raise ModelError("this trace ran without the lm_head (forward(head=False)): it has no logits")
+        return self._logits
 
     def _write(self, h: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         if values.shape != (h.shape[0], cols.shape[1], h.shape[-1]):
@@ -204,19 +220,18 @@ def forward(model: nn.Module, batch: TwoViewBatch, which: str, *, head: bool = T
 
     head=True: the whole model runs and ``trace.logits`` is ``[B, R, V]`` at the predicting positions (the scorer's
     ``logits_to_keep`` slice; left layout) or at ``response_logits`` (right layout). head=False: the decoder stack only,
-    stopping after the last hooked site; ``trace.logits`` is None.
+    stopping after the last hooked site; reading ``trace.logits`` raises.
     """
     tr = Trace(model, batch, which, stop_after_last=not head, **trace)
-    tr.logits = None
     kw = {**batch.view(which), "use_cache": False}
     with torch.inference_mode(), tr:
         if not head:
-            model.model(**kw)
+            decoder_stack(model)(**kw)
         elif batch.layout == "left":
             R = batch.response_ids.shape[1]
-            tr.logits = model(**kw, logits_to_keep=R + 1).logits[:, :R]
+            tr._logits = model(**kw, logits_to_keep=R + 1).logits[:, :R]
         else:
-            tr.logits = batch.response_logits(model(**kw).logits, which)
+            tr._logits = batch.response_logits(model(**kw).logits, which)
     return tr
 
 
@@ -305,7 +320,7 @@ def _run_view(
             model, batch, which, mode=shared_prefix, length=length, stop_at=site_module(model, sites[-1])
         )
         with capture_hooks(model, view_batch, which, sites, on_capture, copy=copy, positions=positions):
-            model.model(**{**view_batch.view(which), "use_cache": False, **extra})
+            decoder_stack(model)(**{**view_batch.view(which), "use_cache": False, **extra})
 
 
 PairCapture = Callable[[str, torch.Tensor, torch.Tensor], None]  # (site, h_x [B, R, d], h_c [B, R, d]) -> None

@@ -28,9 +28,9 @@ class StreamingCKA:
         if self.n == 0:
             d = x.shape[1]
             self.mx, self.my = x.mean(0), y.mean(0)
-            kw = dict(dtype=torch.float64, device=x.device)
-            self.sxx, self.syy, self.sxy = (torch.zeros(d, d, **kw) for _ in range(3))
-            self.sx, self.sy = torch.zeros(d, **kw), torch.zeros(d, **kw)
+            f64, dev = torch.float64, x.device
+            self.sxx, self.syy, self.sxy = (torch.zeros(d, d, dtype=f64, device=dev) for _ in range(3))
+            self.sx, self.sy = torch.zeros(d, dtype=f64, device=dev), torch.zeros(d, dtype=f64, device=dev)
         xs, ys = x - self.mx, y - self.my  # [n, d]
         self.sxx += (xs.T @ xs).double()
         self.syy += (ys.T @ ys).double()

@@ -129,7 +129,7 @@ def run_cross(run: Any, out: Path, pair: tuple[str, str], sites: Sequence[int | 
         for e, t in zip(examples, greedy(recipient, tok, examples, spec, "c", task.max_new_tokens, **kw))
     ]
     base = torch.cat([answer_logp(recipient, None, bt, None, run.temperature) for bt in scored])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for site in resolve_sites(recipient, sites):
         patched = torch.cat([answer_logp(recipient, donor, bt, site, run.temperature) for bt in scored])
         texts = greedy(recipient, tok, examples, spec, "c", task.max_new_tokens, donor=donor, site=site, **kw)

@@ -55,12 +55,16 @@ def read_table(path: str | os.PathLike) -> list[DeltaRow]:
     try:
         return [
             DeltaRow(
-                **{
-                    **{k: str(rec[k]) for k in ("model", "vs", "site", "module", "param", "tied_to", "metric")},
-                    "layer": None if rec["layer"] in (None, "") else int(rec["layer"]),
-                    "numel": int(rec["numel"]),
-                    "value": read_float(rec["value"]),
-                }
+                model=str(rec["model"]),
+                vs=str(rec["vs"]),
+                site=str(rec["site"]),
+                layer=None if rec["layer"] in (None, "") else int(rec["layer"]),
+                module=str(rec["module"]),
+                param=str(rec["param"]),
+                numel=int(rec["numel"]),
+                tied_to=str(rec["tied_to"]),
+                metric=str(rec["metric"]),
+                value=read_float(rec["value"]),
             )
             for rec in records
         ]

@@ -26,6 +26,7 @@ from mechopd.probes.delta_rows import DeltaRow
 from mechopd.probes.setup import BASE
 from mechopd.probes.weights import (
     Checkpoint,
+    _AdapterReader,
     _config_tied,
     _Reader,
     check_same_layout,
@@ -80,7 +81,7 @@ def _accumulate(acc: torch.Tensor, views: list[torch.Tensor], pair: tuple[int, i
 
 
 def _stream_sums(
-    readers: list[_Reader],
+    readers: list[_Reader | _AdapterReader],
     names: list[str],
     shapes: Mapping,
     pair: tuple[int, int] | None,
@@ -108,10 +109,11 @@ def _stream_sums(
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="mechopd-deltas-read") as pool:
-            nxt = pool.submit(load, 0) if windows else None
+            pending = [pool.submit(load, 0)] if windows else []
             for i, (name, _, _) in enumerate(windows):
-                views = nxt.result()
-                nxt = pool.submit(load, i + 1) if i + 1 < len(windows) else None  # fills the other staging slot
+                views = pending.pop().result()
+                if i + 1 < len(windows):  # fills the other staging slot
+                    pending.append(pool.submit(load, i + 1))
                 _accumulate(acc[name], views, pair, buf)
                 bar.update(views[0].numel())
                 del views
@@ -222,6 +224,8 @@ def _tensor_rows(sums: dict[str, _Sums], base: Checkpoint) -> list[DeltaRow]:
     for name in sorted(sums, key=lambda n: _natural_key(site_of(n))):
         rows += _sum_rows(sums[name], site_of(name))
     if base.tied:
+        if base.embed is None:  # open_checkpoint marks a checkpoint tied only when it has the embedding
+            raise ModelError(f"{base.path} is marked tied but has no embed_tokens weight; re-save the checkpoint")
         rows += _sum_rows(sums[base.embed], Site("lm_head", None, "lm_head", "weight"), tied_to="embed_tokens")
     return rows
 

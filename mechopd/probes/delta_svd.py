@@ -205,8 +205,8 @@ def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.Pa
     return [write_csv(out / CSV, rows, COLUMNS), write_json(out / JSON, doc)]
 
 
-def load_svd(probes_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, float]]] | None:
-    """(summary per model, table rows with floats) of a probes dir; None when ``--svd`` did not run there."""
+def load_svd(probes_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, str | float]]] | None:
+    """(summary per model, table rows, numbers as floats) of a probes dir; None when ``--svd`` did not run there."""
     from mechopd.core.artifacts import read_json
 
     p = Path(probes_dir)

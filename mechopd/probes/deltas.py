@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mechopd.core.artifacts import Summary, read_float
+from mechopd.core.errors import ConfigError
 from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.models.lora import adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
@@ -148,15 +149,18 @@ def run_deltas(
     ``deltas_summary.json`` (`DeltaSummary`), with ``svd`` also ``deltas_svd.csv`` / ``.json`` (`delta_svd`)."""
     _, base_dir = setup.model(base, BASE)
     chosen = setup.pick(models, setup.trained)
-    pair = tuple(pair) if pair else (tuple(list(chosen)[:2]) if len(chosen) >= 2 else None)
-    rows = parameter_deltas(base_dir, chosen, pair=pair, progress=progress)
+    if pair and len(pair) != 2:  # the message of delta_sums._check_labels, which checks the rest
+        raise ConfigError(f"pair {tuple(pair)} must name two different model labels out of {', '.join(chosen)}")
+    labels = list(chosen)
+    two = (pair[0], pair[1]) if pair else ((labels[0], labels[1]) if len(labels) >= 2 else None)
+    rows = parameter_deltas(base_dir, chosen, pair=two, progress=progress)
     out = Path(out_dir)
     paths = write_table(rows, out / "deltas.csv")
     settings = {
         "probe": "deltas",
         "base": base_dir,
         "models": chosen,
-        "pair": list(pair) if pair else None,
+        "pair": list(two) if two else None,
         "adapters": {k: str(a) for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
         "model_paths": {"base": base_dir, **chosen},
     }  # weights only: no task, items or tokenizer to resolve
@@ -164,7 +168,7 @@ def run_deltas(
         from mechopd.probes.delta_svd import run_delta_svd
 
         paths += run_delta_svd(base_dir, chosen, out, svd_k)
-    return paths + [summarize_deltas(rows, pair, settings).save(out)]
+    return paths + [summarize_deltas(rows, two, settings).save(out)]
 
 
 def cli_run(

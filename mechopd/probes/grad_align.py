@@ -135,7 +135,7 @@ def aggregate(
     values: tuple[float, float],
 ) -> list[GradRow]:
     """Per-parameter sums -> rows for every scope (global, layer, module, layer_module), in a stable order."""
-    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    groups: dict[tuple[str, int | None, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for name, (dot, sq_a, sq_b), size in zip(names, sums, sizes):
         layer, module = param_layer(name), module_kind(name)
         keys = [("global", None, ""), ("module", None, module), ("layer_module", layer, module)]
@@ -148,7 +148,7 @@ def aggregate(
             acc[2] += sq_a
             acc[3] += sq_b
 
-    def order(key: tuple) -> tuple:
+    def order(key: tuple[str, int | None, str]) -> tuple[int, int, str]:
         scope, layer, module = key
         return (SCOPES.index(scope), -1 if layer is None else layer, module)
 

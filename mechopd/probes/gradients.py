@@ -259,7 +259,7 @@ def cli_run(
             raise
         raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
     run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
-    s = GradientSummary.load(out)
+    s = GradientSummary.require(out)
     return [
         f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; table: {out / CSV_NAME}"
     ]

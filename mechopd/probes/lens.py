@@ -49,7 +49,8 @@ PROMOTED = 8
 def lens_logits(model: nn.Module, site: str, h: torch.Tensor) -> torch.Tensor:
     """``[..., d]`` residual at `site` -> ``[..., V]`` logits: LM head of the final norm (the head only at final_norm).
     The modules' ``forward`` is called directly: no hook fires (this runs inside a traced forward)."""
-    head = model.get_output_embeddings()
+    get_head: Any = model.get_output_embeddings  # transformers' PreTrainedModel API (untyped on nn.Module)
+    head = get_head()
     return head.forward(h if site == "final_norm" else module_at(model, "final_norm").forward(h))
 
 

@@ -66,7 +66,8 @@ def _flips(logits: torch.Tensor, batch) -> torch.Tensor:
 def localize(model, batches, sites: Sequence[str], donor_model=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(clean flips [n], site -> patched flips [n]) over a stream of batches; donor_model None: the model's own
     no-context view is the donor, else ``donor_model``'s context view."""
-    clean, patched = [], {s: [] for s in sites}
+    clean: list[torch.Tensor] = []
+    patched: dict[str, list[torch.Tensor]] = {s: [] for s in sites}
     for batch in batches:
         batch = batch.to(next(model.parameters()).device)
         if donor_model is None:

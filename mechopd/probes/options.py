@@ -25,7 +25,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any
+from typing import Any, overload
 
 from mechopd.core import options as core
 from mechopd.core.errors import ConfigError
@@ -168,6 +168,12 @@ def site_list(text: str | None, flag: str) -> list[Any] | None:
     return [int(t) if t.lstrip("-").isdigit() else t for t in items]
 
 
+@overload
+def pair(text: str, flag: str) -> tuple[str, str]: ...
+@overload
+def pair(text: None, flag: str) -> None: ...
+@overload
+def pair(text: str | None, flag: str) -> tuple[str, str] | None: ...
 def pair(text: str | None, flag: str) -> tuple[str, str] | None:
     """``"opd,nca"`` -> ("opd", "nca"): two different items; None stays None."""
     if text is None:

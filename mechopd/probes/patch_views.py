@@ -129,7 +129,9 @@ class PatchAccumulator:
         kl0 = ci.kl_rows(lp["c"], lp["x"])  # [B, R]
         clean = float(kl0[mask].double().sum())
         keep = max(0, min(batch.batch_size, self.detail - self.items))
-        detail = [{"item": self.items + j, "kl": _round(kl0[j][mask[j]]), "kl_patched": {}} for j in range(keep)]
+        detail: list[dict[str, Any]] = [
+            {"item": self.items + j, "kl": _round(kl0[j][mask[j]]), "kl_patched": {}} for j in range(keep)
+        ]
         here = [*self.patches, *windows(self.patches, self.window, mask.shape[1])]
         for p in here:
             if p not in self.sums:  # a window first seen now: in earlier (shorter) batches it patched nothing

@@ -36,10 +36,13 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mechopd.core.errors import ConfigError
 from mechopd.probes.options import add_flags, check, defaults
+
+if TYPE_CHECKING:
+    from mechopd.core.artifacts import Summary
 
 Ref = Callable[..., Any] | str
 ENTRY_POINT_GROUP = "mechopd.probes"
@@ -103,7 +106,10 @@ class ProbeSpec:
 
     def load(self, probes_dir: str | Path) -> Any:
         """The probe's typed result in ``probes_dir`` (its ``summary`` class), None when it did not run there."""
-        return resolve(self.summary).load(Path(probes_dir)) if self.summary is not None else None
+        if self.summary is None:
+            return None
+        summary = cast("type[Summary]", resolve(self.summary))  # ``summary`` names a core.artifacts.Summary class
+        return summary.load(Path(probes_dir))
 
     def report_lines(self, probes_dir: str | Path) -> list[str]:
         if self.report is not None:

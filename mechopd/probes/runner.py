@@ -169,9 +169,9 @@ class ProbeContext:
         """Responses given as ids (one list per item) or a ``.jsonl`` of ``{"uid", "response_ids"}`` lines."""
         if isinstance(responses, (str, os.PathLike)):
             responses = read_responses(responses, self.examples)
-        responses = [list(map(int, r)) for r in responses]
-        check_response_ids(responses, self.tokenizer, "the given responses")  # ids of this tokenizer only
-        return self._attach(responses)
+        ids = [list(map(int, r)) for r in responses]
+        check_response_ids(ids, self.tokenizer, "the given responses")  # ids of this tokenizer only
+        return self._attach(ids)
 
     def _attach(self, responses: list[list[int]], max_length: int | None = None) -> ProbeItems:
         self.items = ProbeItems(
@@ -182,6 +182,8 @@ class ProbeContext:
 
     def save_items(self) -> Path:
         """``<probe>_items.jsonl``: the exact items scored (uid, prompt ids of both views, response ids)."""
+        if self.items is None:
+            raise RuntimeError("save_items before the responses were attached (sampled, answers or given)")
         exs = self.items.examples
         return write_items(
             items_path(self.out, self.probe),

@@ -287,7 +287,8 @@ def _from_demo(run: Path) -> ProbeSetup:
     if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
     cfg = _train_config(trained[0].train_dir)
-    organism = study.run(BASE).model if study.run(BASE) is not None and study.run(BASE).model else cfg.student
+    base_run = study.run(BASE)
+    organism = base_run.model if base_run is not None and base_run.model else cfg.student
     models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
     models.update({r.name: _final(r.train_dir) for r in trained})
     probe_n = study.config.get("probe_n")

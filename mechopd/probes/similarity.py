@@ -302,7 +302,7 @@ def cli_run(
 ) -> list[str]:
     """`mechopd probe similarity`: run, then the lines to print."""
     path = run_similarity(setup, out, models=models, layers=int_list(layers), cka=cka, greedy=greedy, cache=cache)
-    return [f"similarity table: {path}"] + SimilaritySummary.load(out).lines()
+    return [f"similarity table: {path}"] + SimilaritySummary.require(out).lines()
 
 
 register_probe(

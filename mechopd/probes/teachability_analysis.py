@@ -128,12 +128,12 @@ def standardized_regression(
     """OLS ``z(G) = b0 + Σ_j b_j z(X_j)`` (numpy lstsq): standardized coefficients, intercept, R², n."""
     zg = _z(_check_column(table, gain))
     zs = {p: _z(_check_column(table, p)) for p in predictors}
-    used = [p for p in predictors if zs[p] is not None]
+    used = {p: z for p, z in zs.items() if z is not None}  # predictors in order, the constant ones left out
     coef = {p: float("nan") for p in predictors}
     n = int(len(table[gain]))
     if zg is None:  # constant gain: nothing to explain
         return {"gain": gain, "coef": coef, "intercept": float("nan"), "r2": float("nan"), "n": n}
-    X = np.column_stack([np.ones(n)] + [zs[p] for p in used])
+    X = np.column_stack([np.ones(n), *used.values()])
     beta, *_ = np.linalg.lstsq(X, zg, rcond=None)
     resid = zg - X @ beta
     r2 = 1.0 - float(resid @ resid) / float(zg @ zg)  # zg has mean 0

@@ -105,7 +105,7 @@ def run_weightpatch(
     (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the CSV's path."""
     from mechopd.evaluation.evaluate import EvalConfig
 
-    modules = parse_modules(modules or WeightpatchOptions.modules)
+    module_list = parse_modules(modules or WeightpatchOptions.modules)
     if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
         parse_layers(layers, 1 << 30)
     draws = WeightpatchOptions.draws if draws is None else draws
@@ -122,7 +122,7 @@ def run_weightpatch(
     _check_items(run, cfg)
     src, table, outcomes = Donor(donor_dir), [], {}
     for label, model in run.each_model():
-        rows = plan_rows(model, parse_layers(layers, num_layers(model)), modules, draws, setup.seed)
+        rows = plan_rows(model, parse_layers(layers, num_layers(model)), module_list, draws, setup.seed)
         t, o = weightpatch_model(model, run, label, src, donor_label, rows, cfg, follow, progress)
         table += t
         outcomes[label] = o
@@ -137,7 +137,7 @@ def run_weightpatch(
     settings = run.settings(
         donor=donor_label,
         donor_path=donor_dir,
-        modules=modules,
+        modules=module_list,
         layers=layers,
         draws=draws,
         follow=follow,
@@ -186,8 +186,8 @@ def qk_control(rows: Sequence[Mapping[str, Any]], model: str, layer: str = ALL) 
 
 
 def _top(rows: Sequence[Mapping[str, Any]], model: str, key: str, k: int = 3) -> list[dict[str, Any]]:
-    mine = [r for r in rows if r["model"] == model and r["layer"] != NONE and _f(r[key]) is not None]
-    mine.sort(key=lambda r: -abs(_f(r[key])))
+    scored = [(x, r) for r in rows if r["model"] == model and r["layer"] != NONE and (x := _f(r[key])) is not None]
+    mine = [r for _, r in sorted(scored, key=lambda xr: -abs(xr[0]))]  # stable, as the sort of the rows was
     return [
         {
             "layer": r["layer"],

@@ -208,7 +208,7 @@ class Donor:
 def patched(model: nn.Module, donor: Donor, row: Row) -> Iterator[None]:
     """The row's tensors (or rows of them) replaced by the donor's in place; restored bitwise on exit."""
     params = dict(model.named_parameters())
-    saved = []
+    saved: list[tuple[nn.Parameter, torch.Tensor | None, torch.Tensor]] = []
     with torch.no_grad():
         for t in row.targets:
             p = params[t.name]
@@ -224,8 +224,8 @@ def patched(model: nn.Module, donor: Donor, row: Row) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for p, idx, old in saved:
-                if idx is None:
-                    p.copy_(old)
+            for param, at, old in saved:
+                if at is None:
+                    param.copy_(old)
                 else:
-                    p[idx] = old
+                    param[at] = old

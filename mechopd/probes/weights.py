@@ -11,11 +11,15 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from mechopd.core.errors import ModelError
+
+if TYPE_CHECKING:
+    from mechopd.models.lora import AdapterDeltas  # the run-time import stays lazy (in `reader_for`)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -121,17 +125,20 @@ class _Reader:
     def __init__(self, ckpt: Checkpoint, window_numel: int):  # staging pages are only touched as used
         self.ckpt, self.budget = ckpt, 4 * window_numel
         self._staging = [torch.empty(4 * window_numel, dtype=torch.uint8) for _ in range(2)]  # <= 4-byte dtypes
-        self._stack, self._file, self._handle, self._read = ExitStack(), None, None, 0
+        self._stack, self._read = ExitStack(), 0
+        self._file: Path | None = None  # the file mapped now, and its handle (both None when closed)
+        self._handle: safe_open | None = None
 
     def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
         """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d),
         in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into again."""
         file = self.ckpt.files[name]
-        if file != self._file:
+        if file != self._file or self._handle is None:
             self.close()
             self._handle, self._file = self._stack.enter_context(_open(file)), file
-        piece = self._handle.get_slice(name)
-        view = (piece[start:stop] if piece.get_shape() else self._handle.get_tensor(name)).reshape(-1)  # lazy
+        handle = self._handle
+        piece = handle.get_slice(name)
+        view = (piece[start:stop] if piece.get_shape() else handle.get_tensor(name)).reshape(-1)  # lazy
         nbytes, stage = view.numel() * view.element_size(), self._staging[slot]
         out = stage[:nbytes].view(view.dtype).copy_(view) if nbytes <= stage.numel() else view.clone()
         del view, piece
@@ -150,7 +157,7 @@ class _AdapterReader:
     covers, the base's window plus ΔW = (α / r) B A rows [start, stop) from the adapter (float64; the merged weights
     are not read, so the update is the adapter's exactly), every other tensor from the checkpoint itself."""
 
-    def __init__(self, ckpt: Checkpoint, base: Checkpoint, adapter: object, window_numel: int):
+    def __init__(self, ckpt: Checkpoint, base: Checkpoint, adapter: AdapterDeltas, window_numel: int):
         self.own, self.base, self.adapter = _Reader(ckpt, window_numel), _Reader(base, window_numel), adapter
 
     def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:

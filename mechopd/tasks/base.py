@@ -94,8 +94,9 @@ class Episode(Protocol):
     def prompt(self) -> str:
         """The user-turn text for the next move: the game log so far and the current board."""
 
-    def step(self, response_text: str) -> None:
-        """Parse the last bracketed action in `response_text`, play it (unparseable = invalid move, counts a step)."""
+    def step(self, response_text: str) -> str | None:
+        """Parse the last bracketed action in `response_text`, play it (unparseable = invalid move, counts a step);
+        returns the action played (None: an invalid move)."""
 
 
 @runtime_checkable
@@ -105,8 +106,11 @@ class Task(Protocol):
     name: str
     placement: str  # "system" | "user"
     is_game: bool
-    max_new_tokens: int  # response cap per prompt (per move for games)
     temperature: float  # rollout temperature (docs/method.md §1: 1.0 QA, 0.7 games)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Response cap per prompt (per move for games); read only (an attribute or a property)."""
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """`n` examples of `split` ("train" | "test"); deterministic for (split, n, seed); train/test disjoint."""
@@ -219,7 +223,7 @@ def check_disjoint(a: list[Example], b: list[Example]) -> None:
 def missing_members(obj: Any) -> list[str]:
     """The `Task` members `obj` lacks (attributes, or methods that are not callable)."""
     methods = [n for n, v in vars(Task).items() if inspect.isfunction(v) and not n.startswith("_")]
-    attrs = list(Task.__annotations__)
+    attrs = list(Task.__annotations__) + [n for n, v in vars(Task).items() if isinstance(v, property)]
     gaps = [n for n in attrs if not hasattr(obj, n)]
     return gaps + [n for n in methods if not callable(getattr(obj, n, None))]
 

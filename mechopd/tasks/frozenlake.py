@@ -163,9 +163,11 @@ def generate_board(
     )
 
 
-def greedy_action(state: GameState) -> str:
+def greedy_action(state: GameState[int]) -> str:
     """Step toward G by Manhattan distance, blind to holes (ties: up, down, left, right); the no-context naive move."""
-    board: FrozenLakeBoard = state.board  # type: ignore[assignment]
+    board = state.board
+    if not isinstance(board, FrozenLakeBoard):
+        raise TaskError(f"frozenlake: greedy_action got a {type(board).__name__}, not a FrozenLakeBoard")
     n, (gr, gc) = board.size, divmod(board.goal, board.size)
 
     def dist(a: str) -> int:
@@ -225,7 +227,7 @@ class FrozenLakeTask(GameTask):
     def board_from_meta(self, meta: dict[str, Any]) -> FrozenLakeBoard:
         return FrozenLakeBoard.from_meta(meta)
 
-    def greedy_action(self, state: GameState) -> str:
+    def greedy_action(self, state: GameState[Any]) -> str:
         return greedy_action(state)
 
     def size_params(self) -> dict[str, int]:

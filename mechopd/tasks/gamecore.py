@@ -20,7 +20,7 @@ import hashlib
 import random
 import re
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from mechopd.core.errors import ConfigError
 from mechopd.tasks.base import SPLITS  # noqa: F401  (the split names, used by the game tasks)
@@ -36,21 +36,25 @@ EMBEDDED = "embedded"
 ENGINES: dict[str, Callable[..., Any]] = {}  # engine name -> factory(game, **options); the embedded one is the game's
 
 
-class Board(Protocol):
-    """An immutable game board; `key` values hold the moving parts (see module docstring)."""
+K = TypeVar("K", bound=Hashable)  # a board's key type (FrozenLake: int; Sokoban: (player, boxes))
 
-    game: str
 
-    def initial_key(self) -> Hashable: ...
+class Board(Protocol[K]):
+    """An immutable game board; `key` values (type K) hold the moving parts (see module docstring)."""
 
-    def step(self, key: Hashable, action: str) -> tuple[Hashable, str]:
+    @property
+    def game(self) -> str: ...
+
+    def initial_key(self) -> K: ...
+
+    def step(self, key: K, action: str) -> tuple[K, str]:
         """Play `action` from `key`: (next key, outcome phrase from the game's fixed list)."""
 
-    def won(self, key: Hashable) -> bool: ...
+    def won(self, key: K) -> bool: ...
 
-    def lost(self, key: Hashable) -> bool: ...
+    def lost(self, key: K) -> bool: ...
 
-    def render(self, key: Hashable) -> str:
+    def render(self, key: K) -> str:
         """Cells separated by single spaces, one row per line."""
 
     def size_params(self) -> dict[str, int]: ...
@@ -58,9 +62,9 @@ class Board(Protocol):
     def to_meta(self) -> dict[str, Any]: ...
 
 
-class GameState(NamedTuple):
-    board: Board
-    key: Hashable
+class GameState(NamedTuple, Generic[K]):
+    board: Board[K]
+    key: K
 
 
 # ---------------------------------------------------------------- parsing, rendering, hashing
@@ -84,7 +88,7 @@ def render_cells(rows: list[list[str]]) -> str:
     return "\n".join(" ".join(row) for row in rows)
 
 
-def board_hash(board: Board) -> str:
+def board_hash(board: Board[Any]) -> str:
     """Stable across processes: sha1 of game name + size parameters + rendered initial board."""
     params = ",".join(f"{k}={v}" for k, v in sorted(board.size_params().items()))
     text = f"{board.game}|{params}\n{board.render(board.initial_key())}"
@@ -99,13 +103,13 @@ def split_of(uid: str) -> str:
 # ---------------------------------------------------------------- search
 
 
-def bfs_path(board: Board, key: Hashable, max_depth: int | None = None) -> list[str] | None:
+def bfs_path(board: Board[K], key: K, max_depth: int | None = None) -> list[str] | None:
     """Shortest action list from `key` to a win (first in action order among ties); None if none within max_depth."""
     if board.won(key):
         return []
     if board.lost(key):
         return None
-    parent: dict[Hashable, tuple[Hashable, str] | None] = {key: None}
+    parent: dict[K, tuple[K, str] | None] = {key: None}
     frontier, depth = [key], 0
     while frontier and (max_depth is None or depth < max_depth):
         depth += 1
@@ -124,21 +128,23 @@ def bfs_path(board: Board, key: Hashable, max_depth: int | None = None) -> list[
     return None
 
 
-def _backtrack(parent: dict, key: Hashable) -> list[str]:
+def _backtrack(parent: dict[K, tuple[K, str] | None], key: K) -> list[str]:
     path = []
-    while parent[key] is not None:
-        key, a = parent[key]
+    link = parent[key]
+    while link is not None:
+        key, a = link
         path.append(a)
+        link = parent[key]
     return path[::-1]
 
 
-def expert_action(state: GameState) -> str | None:
+def expert_action(state: GameState[Any]) -> str | None:
     """The first move of the BFS-optimal solution from `state`; None when won, lost or unsolvable."""
     path = bfs_path(state.board, state.key)
     return path[0] if path else None
 
 
-def optimal_actions(state: GameState) -> list[str]:
+def optimal_actions(state: GameState[Any]) -> list[str]:
     """Every action that starts some shortest solution from `state` (empty when won, lost or unsolvable)."""
     path = bfs_path(state.board, state.key)
     if not path:
@@ -163,15 +169,15 @@ def board_header(step: int, budget: int) -> str:
     return f"Board, move {step} of {budget}:"
 
 
-def readout_line(board: Board, key: Hashable) -> str:
+def readout_line(board: Board[K], key: K) -> str:
     """The read-out line under the board: the board's per-move `readout_entries` joined by commas."""
     return " , ".join(board.readout_entries(key))  # type: ignore[attr-defined]
 
 
-class GameEpisode:
+class GameEpisode(Generic[K]):
     """One game (implements `mechopd.tasks.base.Episode`). A move is spent per reply, valid or not."""
 
-    def __init__(self, board: Board, intro: str, step_budget: int, readout: bool = False):
+    def __init__(self, board: Board[K], intro: str, step_budget: int, readout: bool = False):
         self.board, self.intro, self.step_budget, self.readout = board, intro, step_budget, readout
         self.key = board.initial_key()
         self.steps = 0
@@ -181,7 +187,7 @@ class GameEpisode:
         self.won = False
 
     @property
-    def state(self) -> GameState:
+    def state(self) -> GameState[K]:
         return GameState(self.board, self.key)
 
     def prompt(self) -> str:
@@ -215,10 +221,10 @@ class GameEpisode:
         self.done = self.won or self.board.lost(self.key) or self.steps >= self.step_budget
 
 
-Policy = Callable[[GameEpisode, random.Random], str]  # (episode, rng) -> reply text
+Policy = Callable[[GameEpisode[Any], random.Random], str]  # (episode, rng) -> reply text
 
 
-def play(episode: GameEpisode, policy: Policy, rng: random.Random) -> GameEpisode:
+def play(episode: GameEpisode[K], policy: Policy, rng: random.Random) -> GameEpisode[K]:
     while not episode.done:
         episode.step(policy(episode, rng))
     return episode

@@ -86,15 +86,15 @@ class GameTask(BaseTask):
 
     # subclass hooks -------------------------------------------------------
     @abstractmethod
-    def generate_board(self, rng: random.Random) -> Board:
+    def generate_board(self, rng: random.Random) -> Board[Any]:
         """A random board for the task's options (solvable within the step budget)."""
 
     @abstractmethod
-    def board_from_meta(self, meta: dict[str, Any]) -> Board:
+    def board_from_meta(self, meta: dict[str, Any]) -> Board[Any]:
         """The board stored in an example's meta (`TaskError` if malformed)."""
 
     @abstractmethod
-    def greedy_action(self, state: GameState) -> str:
+    def greedy_action(self, state: GameState[Any]) -> str:
         """A naive move toward the goal that ignores what the experience items teach."""
 
     @abstractmethod
@@ -112,7 +112,7 @@ class GameTask(BaseTask):
         return bound if bound is not None and need > bound else None
 
     # boards and examples --------------------------------------------------
-    def board_stream(self, split: str, seed: int) -> Iterator[tuple[str, Board]]:
+    def board_stream(self, split: str, seed: int) -> Iterator[tuple[str, Board[Any]]]:
         """Unique (uid, board) of `split` in a fixed order for `seed`; ends when the board space looks exhausted."""
         if split not in SPLITS:
             raise TaskError(f"{self.name}: split must be 'train' or 'test', got {split!r}")
@@ -130,7 +130,7 @@ class GameTask(BaseTask):
             misses = 0
             yield uid, board
 
-    def example_for(self, uid: str, board: Board) -> Example:
+    def example_for(self, uid: str, board: Board[Any]) -> Example:
         path = bfs_path(board, board.initial_key())
         meta = {**board.to_meta(), "optimal_moves": len(path or []), "solution": path, "step_budget": self.step_budget}
         prompt = GameEpisode(board, self.intro, self.step_budget, self.readout).prompt()
@@ -155,7 +155,7 @@ class GameTask(BaseTask):
             f"(asked for {n}); ask for fewer, or use a larger board so that the hash split can hold boards out"
         )
 
-    def new_episode(self, example: Example) -> GameEpisode:
+    def new_episode(self, example: Example) -> GameEpisode[Any]:
         if example.meta.get("game") != self.name:
             raise TaskError(f"{self.name}: example {example.uid} holds a {example.meta.get('game')!r} board")
         return GameEpisode(self.board_from_meta(example.meta), self.intro, self.step_budget, self.readout)
@@ -174,13 +174,13 @@ class GameTask(BaseTask):
         return split_of(example.uid)
 
     # policies -------------------------------------------------------------
-    def weak_action(self, state: GameState, rng: random.Random) -> str:
+    def weak_action(self, state: GameState[Any], rng: random.Random) -> str:
         """The no-context policy of the organism: uniformly random, or greedy (ignores the experience items)."""
         if self.weak_policy_name == "greedy":
             return self.greedy_action(state)
         return rng.choice(ACTIONS)
 
-    def expert_reply(self, state: GameState, action: str) -> str:
+    def expert_reply(self, state: GameState[Any], action: str) -> str:
         """The organism's reply with the context when it plays `action`. Without the read-out: the bracketed action.
         With it: the read-out entries checked in order up to the chosen move, then the move, e.g.
         ``up H toward , down F far , left F toward [left]`` (a short worked check: the organism learns the strategy
@@ -234,7 +234,7 @@ class GameTask(BaseTask):
         return out[:n]
 
 
-def _cycle(stream: Iterator[tuple[str, Board]]) -> Iterator[tuple[str, Board]]:
+def _cycle(stream: Iterator[tuple[str, Board[Any]]]) -> Iterator[tuple[str, Board[Any]]]:
     """Yield the stream, then repeat what it yielded (small board spaces run out)."""
     seen = []
     for item in stream:

@@ -121,8 +121,8 @@ class RulesTask(BaseTask):
     def context(self) -> str:
         return rule_text(self.rule)
 
-    @property
-    def max_new_tokens(self) -> int:
+    @property  # BaseTask's is a plain attribute; here it follows from the rules (read only, as Task declares it)
+    def max_new_tokens(self) -> int:  # type: ignore[override]
         longest = max(len(apply_rule(r, [0] * self.max_len)) for r in (*self.family, self.rule))
         return 2 * longest + 2  # room to show a doubled rule application (Regime A), plus the end token
 

@@ -267,9 +267,11 @@ def generate_board(
     )
 
 
-def greedy_action(state: GameState) -> str:
+def greedy_action(state: GameState[Key]) -> str:
     """Move that most lowers (box-to-target distance, then player-to-box distance), blind to dead corners."""
-    board: SokobanBoard = state.board  # type: ignore[assignment]
+    board = state.board
+    if not isinstance(board, SokobanBoard):
+        raise TaskError(f"sokoban: greedy_action got a {type(board).__name__}, not a SokobanBoard")
     n = board.size
 
     def cost(a: str) -> tuple[int, int]:
@@ -321,7 +323,7 @@ class SokobanTask(GameTask):
     def board_from_meta(self, meta: dict[str, Any]) -> SokobanBoard:
         return SokobanBoard.from_meta(meta)
 
-    def greedy_action(self, state: GameState) -> str:
+    def greedy_action(self, state: GameState[Any]) -> str:
         return greedy_action(state)
 
     def size_params(self) -> dict[str, int]:
