@@ -21,10 +21,12 @@ SNAPSHOT = json.loads((Path(__file__).parent / "demo_study_snapshot.json").read_
 
 
 def _train_configs(cfg, monkeypatch) -> dict[str, dict]:
-    """Every demo run's resolved TrainConfig (the trainer replaced by a recorder)."""
+    """Every demo run's resolved TrainConfig, as its training jobs build it (the trainer replaced by a recorder)."""
+    from mechopd.pipeline import run as R
+
     seen: dict[str, dict] = {}
-    monkeypatch.setattr(D, "train_resumable", lambda name, out, config, what: seen.setdefault(name, asdict(config())))
-    D.train_methods(cfg, Path("STUDENT"), Path("RUN"), cfg.methods())
+    monkeypatch.setattr(R, "train_resumable", lambda name, out, config, what: seen.setdefault(name, asdict(config())))
+    R.train_runs(D.seed_run(cfg, "STUDENT"), Path("STUDENT"), Path("RUN"), cfg.methods())
     return seen
 
 
