@@ -13,9 +13,9 @@ its last checkpoint):
 
 What runs is the task's built-in study, ``mechopd/data/studies/<task>.yaml`` (`spec.builtin_study`; `mechopd run` runs
 a copy of it), through the study runner's jobs (`mechopd.pipeline.run`): per seed, `run.train_runs` then
-`run.finish_seed` on the demo's `SeedRun` (`seed_run`: `demo_study`'s spec with this config's schedule, every
-registered probe with a demo entry, and as data what the demo does beyond a study: figures on seed 0 only, the
-``--sweep`` budget curve, demo.json's runs and config). With ``seeds = N > 1`` (the rules default, its built-in study's
+`run.finish_seed` on the demo's `SeedRun` (`seed_run`: `demo_study`'s spec with this config's schedule, and as data
+what the demo does beyond a study: every registered probe with a demo entry, figures on seed 0 only, the ``--sweep``
+budget curve, demo.json's runs and config). With ``seeds = N > 1`` (the rules default, its built-in study's
 seeds) stages 2-6 run per seed k into ``RUN/seed-k/`` (one organism) as jobs on worker processes, one pinned thread
 each (`mechopd.pipeline.pool`); `mechopd.report.aggregate` writes the seed tables, bands and report into RUN. Seeds
 k >= 1 skip the per-seed figures and the study's ``first_seed_only`` probes (no claim reads them). ``--fast`` shrinks
@@ -232,11 +232,9 @@ def organism(cfg: DemoConfig) -> Path:
 
 def demo_study(cfg: DemoConfig, student: Path | str) -> StudySpec:
     """The built-in study (`builtin_study`) with this config's schedule, task options, eval and probe items, seed and
-    `DemoConfig.methods` as its runs, and every registered probe with a demo entry as its probes: what the seed run's
-    jobs train and finish (`seed_run`), for `mechopd run` and the demo alike through `StudySpec.train_config`. A run
-    saves at half its steps (TA-OPD: every tenth, the checkpoints teachability chooses from)."""
-    from mechopd.probes.registry import probes
-
+    `DemoConfig.methods` as its runs: what the seed run's jobs train and finish (`seed_run`), for `mechopd run` and
+    the demo alike through `StudySpec.train_config`. A run saves at half its steps (TA-OPD: every tenth, the
+    checkpoints teachability chooses from)."""
     spec, steps = builtin_study(cfg.task), cfg.count("steps")
     train = {**spec.train, **{k: getattr(cfg, k) for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}}
     runs = {
@@ -251,21 +249,22 @@ def demo_study(cfg: DemoConfig, student: Path | str) -> StudySpec:
         runs=runs,
         seeds=[cfg.seed],
         eval={**spec.eval, "n": cfg.eval_n},
-        probes={p.name: {} for p in probes() if p.demo is not None},
         probe_n=cfg.probe_n,
     )
 
 
 def seed_run(cfg: DemoConfig, student: Path | str) -> SeedRun:
     """One seed run of the demo (``cfg`` with one seed) as the study runner's `SeedRun`: `demo_study`'s spec, and
-    what the demo does beyond a study as data: figures and the first_seed_only probes where ``cfg.full_stages``, the
-    budget sweep with ``cfg.sweep``, demo.json's runs (`DemoConfig.methods`) and config (``cfg`` itself)."""
+    what the demo does beyond a study as data: every registered probe with a demo entry (a plug-in's joins, one whose
+    roles the study lacks says skipped), figures and the first_seed_only probes where ``cfg.full_stages``, the budget
+    sweep with ``cfg.sweep``, demo.json's runs (`DemoConfig.methods`) and config (``cfg`` itself)."""
     return SeedRun(
         demo_study(cfg, student),
         out=cfg.out,
         seed=cfg.seed,
         student=str(Path(student).resolve()),
         job_threads=cfg.job_threads,
+        all_probes=True,
         first_seed=cfg.full_stages,
         figures=cfg.full_stages,
         sweep=dict(cfg.train_overrides) if cfg.sweep else None,

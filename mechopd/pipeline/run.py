@@ -58,6 +58,7 @@ class SeedRun:
     student: str  # the resolved base checkpoint (a local dir, or a hub id)
     study_out: str = ""  # the study's OUT (the seed run's parent with several seeds)
     job_threads: int = 1
+    all_probes: bool = False  # every registered probe with a demo entry (the demo's), not only the study's listed ones
     first_seed: bool = True  # runs the study's first_seed_only probes (a study's first seed, the demo's seed 0)
     figures: bool = True  # draws the figures (a study: on every seed; the demo: on its first seed only)
     sweep: Mapping[str, Any] | None = None  # the budget sweep (`pipeline.sweep`): what each sweep run adds
@@ -118,7 +119,8 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     evaluate_seed(cfg, models)
     teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
     skip = () if cfg.first_seed else tuple(spec.first_seed_only)  # no claim reads them: the first seed only
-    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields(), skip=skip)
+    chosen = None if cfg.all_probes else spec.probe_plan()
+    run_probes(cfg, {**models, **teacher}, run, chosen=chosen, setup_fields=spec.render_fields(), skip=skip)
     if cfg.sweep is not None:
         from mechopd.pipeline.sweep import sweep
 
