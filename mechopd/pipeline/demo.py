@@ -11,13 +11,17 @@ its last checkpoint):
   5. figures    every figure from the saved artifacts                               RUN/figures/
   6. report     RUN/report.md: findings first, then the tables and the claims
 
-With ``seeds = N > 1`` (the rules default, its built-in study's seeds) stages 2-6 run per seed k into ``RUN/seed-k/`` (one
-organism) as jobs on worker processes, one pinned thread each (`mechopd.pipeline.pool`); `mechopd.report.aggregate` writes the
-seed tables, bands and report into RUN. Seeds k >= 1 skip the per-seed figures and the study's ``first_seed_only``
-probes (no claim reads them).
+What runs is the task's built-in study, ``mechopd/data/studies/<task>.yaml`` (`spec.builtin_study`; `mechopd run` runs
+a copy of it), through the study runner's jobs (`mechopd.pipeline.run`): per seed, `run.train_runs` then
+`run.finish_seed` on the demo's `SeedRun` (`seed_run`: `demo_study`'s spec with this config's schedule, and as data
+what the demo does beyond a study: every registered probe with a demo entry, figures on seed 0 only, the ``--sweep``
+budget curve, demo.json's runs and config). With ``seeds = N > 1`` (the rules default, its built-in study's
+seeds) stages 2-6 run per seed k into ``RUN/seed-k/`` (one organism) as jobs on worker processes, one pinned thread
+each (`mechopd.pipeline.pool`); `mechopd.report.aggregate` writes the seed tables, bands and report into RUN. Seeds
+k >= 1 skip the per-seed figures and the study's ``first_seed_only`` probes (no claim reads them). ``--fast`` shrinks
+the study by the values of ``mechopd/data/demo_fast.yaml`` (`fast_values`).
 
-What runs is the task's built-in study, ``mechopd/data/studies/<task>.yaml`` (`study_spec.builtin_study`; `mechopd
-run` runs a copy of it). The rules study was chosen by measurement so that its effects stand on every seed: the distilled
+The rules study was chosen by measurement so that its effects stand on every seed: the distilled
 context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
 on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
 gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
@@ -28,42 +32,44 @@ measured: docs/results.md, "Choosing the default study"; the schedule's reasons:
 
 from __future__ import annotations
 
-import re
-import sys
+import functools
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
+from mechopd.pipeline.run import SeedRun, finish_seed, train_runs, write_manifest
+from mechopd.pipeline.spec import StudySpec, builtin_study
 from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.study import MANIFEST_FILE
 
 __all__ = [
     "DemoConfig",
     "demo",
-    "demo_one",
+    "demo_study",
     "evaluate_all",
+    "fast_values",
     "labels_for",
     "method_label",
     "run_probes",
+    "seed_run",
     "train_resumable",
 ]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
 GRAD_STATS_EVERY = 10
+FAST_FILE = Path(__file__).parent.parent / "data" / "demo_fast.yaml"  # what `--fast` sets over the built-in study
 # The policy (schedule, runs, seeds, which probes run on the first seed only) is the task's built-in study,
-# mechopd/data/studies/<task>.yaml (`study_spec.builtin_study`); DemoConfig's None fields take its values.
+# mechopd/data/studies/<task>.yaml (`spec.builtin_study`); DemoConfig's None fields take its values.
 
 
 def task_defaults(task: str) -> dict[str, Any]:
     """DemoConfig's defaults read from the task's built-in study: its schedule, eval and probe items, task options,
     NCA's anchor start, TA-OPD's K and the follow term's contexts (each only where the study sets it)."""
-    from mechopd.pipeline.spec import builtin_study
-
     spec = builtin_study(task)
     out = {k: spec.train[k] for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}
     out.update(eval_n=spec.eval_n, probe_n=spec.probe_n)
@@ -78,21 +84,27 @@ def task_defaults(task: str) -> dict[str, Any]:
 
 def default_seeds(task: str) -> int:
     """The built-in study's number of training seeds (its seeds are 0..N-1)."""
-    from mechopd.pipeline.spec import builtin_study
-
     return len(builtin_study(task).seeds)
 
 
-def first_seed_only(task: str) -> tuple[str, ...]:
-    """Probes that run on seed 0 only in a several-seed demo (the built-in study's ``first_seed_only``)."""
-    from mechopd.pipeline.spec import builtin_study
+@functools.cache
+def fast_values() -> dict[str, Any]:
+    """``--fast``'s values over the built-in study (``mechopd/data/demo_fast.yaml``), each a `DemoConfig` field."""
+    from mechopd.config import load_yaml
 
-    return tuple(builtin_study(task).first_seed_only)
+    doc = load_yaml(FAST_FILE)
+    known = [f.name for f in fields(DemoConfig) if f.name not in ("task", "out", "fast")]
+    for key, value in doc.items():
+        if key not in known:
+            raise ConfigError(f"{FAST_FILE}: {key!r} is no DemoConfig field; use {', '.join(known)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{FAST_FILE}: {key}={value!r} must be a number >= 0")
+    return dict(doc)
 
 
 @dataclass
 class DemoConfig:
-    """The demo's knobs; `fast` shrinks everything for the test suite (a smaller organism, a few steps)."""
+    """The demo's knobs; `fast` shrinks everything for the test suite (a smaller organism, `fast_values`)."""
 
     task: str = "rules"
     out: str = "runs/demo"
@@ -138,12 +150,25 @@ class DemoConfig:
             from mechopd.pipeline.pool import default_workers
 
             self.workers = default_workers(self.job_threads if isinstance(self.job_threads, int) else 1)
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ConfigError(f"demo --workers {self.workers!r}: must be an integer >= 1 (omit it for one per thread)")
-        if isinstance(self.job_threads, bool) or not isinstance(self.job_threads, int) or self.job_threads < 1:
-            raise ConfigError(f"demo --job-threads {self.job_threads!r}: must be an integer >= 1 (default 1)")
-        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
-            raise ConfigError(f"demo --seeds {self.seeds!r}: must be an integer >= 1 (training seeds 0..N-1)")
+        self._check_counts()
+        given = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is not None}
+        for key, value in task_defaults(self.task).items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        if self.fast:  # over the study's values, not the caller's; a gated anchor (nca_start None) stays gated
+            for key, value in fast_values().items():
+                if key not in given and not (key == "nca_start" and self.nca_start is None):
+                    setattr(self, key, value)
+
+    def _check_counts(self) -> None:
+        for key, what in (
+            ("workers", "omit it for one per thread"),
+            ("job_threads", "default 1"),
+            ("seeds", "training seeds 0..N-1"),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"demo --{key.replace('_', '-')} {value!r}: must be an integer >= 1 ({what})")
         if self.layers is not None and (
             self.fast or isinstance(self.layers, bool) or not isinstance(self.layers, int) or not 1 <= self.layers <= 48
         ):
@@ -152,31 +177,22 @@ class DemoConfig:
                 "organism has its own 2 layers)"
             )
         for key in ("steps", "batch_size"):  # honoured as given, --fast or not
-            if getattr(self, key) is not None and (
-                isinstance(getattr(self, key), bool)
-                or not isinstance(getattr(self, key), int)
-                or getattr(self, key) < 1
-            ):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(
-                    f"demo --{key.replace('_', '-')} {getattr(self, key)!r}: pass an integer >= 1 (omit "
-                    "it for the recipe's)"
+                    f"demo --{key.replace('_', '-')} {value!r}: pass an integer >= 1 (omit it for the recipe's)"
                 )
-        given = {k: getattr(self, k) for k in ("steps", "batch_size") if getattr(self, k) is not None}
-        for key, value in task_defaults(self.task).items():
-            if getattr(self, key) is None:
-                setattr(self, key, value)
-        if self.fast:
-            self.steps, self.eval_every, self.eval_n, self.probe_n, self.batch_size = 6, 3, 24, 8, 8
-            self.__dict__.update(given)
-            # a tiny organism does not reach the teacher in 6 steps: a gate any KL passes, open from step 2
-            self.nca_gate, self.nca_gate_window, self.grad_stats_every = 1e6, 2, 3
-            self.nca_start = None if self.nca_start is None else 2
+
+    def count(self, key: str) -> int:
+        """A count `__post_init__` resolved (``steps``, ``seeds``, ``workers``): an integer from there on."""
+        value = getattr(self, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"DemoConfig.{key}={value!r}: must be an integer (set by DemoConfig(...) itself)")
+        return value
 
     def methods(self) -> dict[str, dict[str, Any]]:
         """The built-in study's runs with this config's anchor schedule, K, follow contexts and gradient-statistics
         period filled in (a fixed ``nca_start`` replaces the KL gate)."""
-        from mechopd.pipeline.spec import builtin_study
-
         return {name: self._run_fields(dict(run)) for name, run in builtin_study(self.task).runs.items()}
 
     def _run_fields(self, over: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +209,7 @@ class DemoConfig:
             over["follow_contexts"] = list(self.follow_contexts)
         if "grad_stats_every" in over:
             over["grad_stats_every"] = self.grad_stats_every
-        over.pop("save_every", None)  # the demo's: half the steps, a tenth for TA-OPD (`train_methods`)
+        over.pop("save_every", None)  # the demo's: half the steps, a tenth for TA-OPD (`demo_study`)
         return over
 
 
@@ -214,17 +230,16 @@ def organism(cfg: DemoConfig) -> Path:
     return pretrain(oc, out)
 
 
-def demo_study(cfg: DemoConfig, student: Path | str, methods: dict[str, dict[str, Any]]) -> Any:
-    """The built-in study (`builtin_study`) with this config's schedule, task options, seed and ``methods`` as its
-    runs: one `StudySpec.train_config` builds every training config, for `mechopd run` and the demo alike. A run
-    saves at half its steps (TA-OPD: every tenth, the checkpoints teachability chooses from)."""
-    from mechopd.pipeline.spec import builtin_study
-
-    spec = builtin_study(cfg.task)
+def demo_study(cfg: DemoConfig, student: Path | str) -> StudySpec:
+    """The built-in study (`builtin_study`) with this config's schedule, task options, eval and probe items, seed and
+    `DemoConfig.methods` as its runs: what the seed run's jobs train and finish (`seed_run`), for `mechopd run` and
+    the demo alike through `StudySpec.train_config`. A run saves at half its steps (TA-OPD: every tenth, the
+    checkpoints teachability chooses from)."""
+    spec, steps = builtin_study(cfg.task), cfg.count("steps")
     train = {**spec.train, **{k: getattr(cfg, k) for k in ("steps", "batch_size", "lr", "lr_schedule", "eval_every")}}
     runs = {
-        _role(name): {**over, "save_every": max(1, cfg.steps // (10 if name == "ta_opd" else 2)), **cfg.train_overrides}
-        for name, over in methods.items()
+        name: {**over, "save_every": max(1, steps // (10 if name == "ta_opd" else 2)), **cfg.train_overrides}
+        for name, over in cfg.methods().items()
     }
     return replace(
         spec,
@@ -233,23 +248,29 @@ def demo_study(cfg: DemoConfig, student: Path | str, methods: dict[str, dict[str
         train={**train, "eval_n": cfg.eval_n},
         runs=runs,
         seeds=[cfg.seed],
+        eval={**spec.eval, "n": cfg.eval_n},
+        probe_n=cfg.probe_n,
     )
 
 
-def train_methods(cfg: DemoConfig, student: Path, run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, Path]:
-    """Train (or resume, or skip) every run of ``methods`` for ``cfg.seed``, on `demo_study`'s configs."""
-    spec = demo_study(cfg, student, methods)
-    return {
-        name: train_resumable(
-            name, run / "train" / name, lambda name=name: spec.train_config(_role(name), cfg.seed), over
-        )
-        for name, over in methods.items()
-    }
-
-
-def _role(name: str) -> str:
-    """A run name as a study role (an identifier): the sweep's ``ta_opd-0.1`` -> ``ta_opd_0_1``."""
-    return re.sub(r"\W", "_", name)
+def seed_run(cfg: DemoConfig, student: Path | str) -> SeedRun:
+    """One seed run of the demo (``cfg`` with one seed) as the study runner's `SeedRun`: `demo_study`'s spec, and
+    what the demo does beyond a study as data: every registered probe with a demo entry (a plug-in's joins, one whose
+    roles the study lacks says skipped), figures and the first_seed_only probes where ``cfg.full_stages``, the budget
+    sweep with ``cfg.sweep``, demo.json's runs (`DemoConfig.methods`) and config (``cfg`` itself)."""
+    return SeedRun(
+        demo_study(cfg, student),
+        out=cfg.out,
+        seed=cfg.seed,
+        student=str(Path(student).resolve()),
+        job_threads=cfg.job_threads,
+        all_probes=True,
+        first_seed=cfg.full_stages,
+        figures=cfg.full_stages,
+        sweep=dict(cfg.train_overrides) if cfg.sweep else None,
+        manifest_runs=cfg.methods(),
+        manifest_config=asdict(cfg),
+    )
 
 
 def demo(cfg: DemoConfig) -> Path:
@@ -266,23 +287,23 @@ def demo(cfg: DemoConfig) -> Path:
 
 
 def _demo(cfg: DemoConfig) -> Path:
-    """Organism (ORGANISM_THREADS), the seed runs' jobs on `cfg.workers` processes (`demo_pool`), the aggregate."""
+    """Organism (ORGANISM_THREADS), the seed runs' jobs on `cfg.workers` processes (`pipeline.pool`), the aggregate."""
     from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads, run_seed_runs, seed_configs
 
-    t0 = time.time()
+    t0, workers, threads = time.time(), cfg.count("workers"), cfg.job_threads
     with job_threads(ORGANISM_THREADS):  # pinned, as every job's: the numbers do not depend on OMP_NUM_THREADS
         student = organism(cfg)
     t_organism = time.time() - t0
-    runs = seed_configs(cfg)
+    runs = [seed_run(r, student) for r in seed_configs(cfg)]
     for r in runs:  # every seed run's manifest before the first job: what it will save is checked first
-        write_manifest(r, Path(student))
+        write_manifest(r)
+    logs = "; job logs in <run>/logs/" if workers > 1 else ""
     _log(
-        f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {cfg.workers} worker"
-        f"{'s' if cfg.workers > 1 else ''} ({cfg.job_threads} intra-op thread{'s' if cfg.job_threads > 1 else ''} "
-        f"per job{'; job logs in <run>/logs/' if cfg.workers > 1 else ''})"
+        f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {workers} worker{'s' if workers > 1 else ''} "
+        f"({threads} intra-op thread{'s' if threads > 1 else ''} per job{logs})"
     )
-    run_seed_runs(runs, student, cfg.workers, _log, train_methods, demo_one)
-    if cfg.seeds > 1:
+    run_seed_runs(runs, student, workers, _log, train_runs, finish_seed)
+    if cfg.count("seeds") > 1:
         from mechopd.report.aggregate import aggregate
 
         aggregate([Path(r.out) for r in runs], cfg.out, report=False)
@@ -319,58 +340,6 @@ def _sweep_done(run: Path) -> bool:
     return target.is_file() and len(read_json(target).get("rows", [])) == len(SWEEP_SELECTORS) * len(SWEEP_BUDGETS)
 
 
-def demo_one(cfg: DemoConfig, student: Path | None = None) -> Path:
-    """Every stage for one training seed (trainings already finished are skipped); returns the report path."""
-    from mechopd.plots import draw_all
-    from mechopd.report import write_report_md
-
-    t0 = time.time()
-    run = Path(cfg.out)
-    run.mkdir(parents=True, exist_ok=True)
-    methods = cfg.methods()
-    student = organism(cfg) if student is None else student
-    manifest = write_manifest(cfg, Path(student))
-    finals = train_methods(cfg, student, run, methods)
-    manifest["labels"] = labels_for(run, methods)  # the kept fractions are measured now
-    write_json(run / "demo.json", manifest)
-    models = {"base": student, **finals}
-    evaluate_all(cfg, models, run)
-    run_probes(cfg, models, run, skip=() if cfg.full_stages else first_seed_only(cfg.task))
-    if cfg.sweep:
-        from mechopd.pipeline.sweep import sweep
-
-        sweep(cfg, student, run, train_methods)
-    if cfg.full_stages:
-        _log("figures")
-        draw_all(run)
-    write_json(run / "demo.json", manifest)
-    report = write_report_md(run)
-    _log(f"report: {report} (this stage {time.time() - t0:.0f} s)")
-    return report
-
-
-def write_manifest(cfg: DemoConfig, student: Path) -> dict[str, Any]:
-    """A seed run's demo.json (and study.yaml unless a user wrote one), before any step: a full disk fails first."""
-    from mechopd.evaluation.removability import RegimeThresholds
-
-    run, methods = Path(cfg.out), cfg.methods()
-    run.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "task": cfg.task,
-        "methods": list(methods),
-        "labels": labels_for(run, methods),
-        "runs": methods,
-        "organism": str(Path(student).resolve()),
-        "thresholds": asdict(RegimeThresholds()),
-        "config": asdict(cfg),
-        "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None,
-    }
-    write_json(run / MANIFEST_FILE, manifest)
-    if not (run / STUDY_FILE).is_file():  # the roles of the runs (a user may rename a run here)
-        Study.from_manifest(run).write()
-    return manifest
-
-
 def record_wall_time(cfg: DemoConfig, wall_s: float, organism_s: float) -> Path:
     """The whole invocation's wall time (organism included) into OUT/demo.json, and OUT's report rewritten."""
     from mechopd.report import write_aggregate_report, write_report_md
@@ -379,4 +348,4 @@ def record_wall_time(cfg: DemoConfig, wall_s: float, organism_s: float) -> Path:
     manifest = read_json(out / "demo.json")
     manifest.update(wall_s=round(wall_s, 1), organism_s=round(organism_s, 1), workers=cfg.workers)
     write_json(out / "demo.json", manifest)
-    return write_aggregate_report(out) if cfg.seeds > 1 else write_report_md(out)
+    return write_aggregate_report(out) if cfg.count("seeds") > 1 else write_report_md(out)

@@ -1,8 +1,8 @@
-"""The demo's stages as jobs on worker processes, every job computed on ONE intra-op thread (`mechopd demo`).
+"""A study's stages as jobs on worker processes, each computed on ONE intra-op thread (`mechopd run`, `mechopd demo`).
 
-Jobs, per seed run k (``RUN`` with one seed, ``RUN/seed-k`` with several): one job per training run (OPD, NCA, ...),
-then, once that seed's trainings are done, its finish job (evaluation, probes, figures, report: `demo.demo_one`, which
-finds its trainings done and skips them). Training jobs are queued longest first (`EXPECTED_COST`), finish jobs as
+Jobs, per seed run k (``RUN`` with one seed, ``RUN/seed-k`` with several): one job per training run (OPD, NCA, ...:
+`run.train_runs`), then, once that seed's trainings are done, its finish job (evaluation, probes, figures, report:
+`run.finish_seed`, which finds its trainings done and skips them). Training jobs are queued longest first (`EXPECTED_COST`), finish jobs as
 soon as their seed is ready; the aggregate over seeds runs in the parent at the end.
 
 Why processes with one thread each. The organisms are small enough that a step is bound by per-call overhead, not by
@@ -72,7 +72,7 @@ class Job:
     """One unit of work: ``kind`` "train" (``method`` of seed run ``cfg``) or "finish" (the rest of that seed run)."""
 
     kind: str
-    cfg: Any  # the seed run's DemoConfig (seeds = 1, out = the seed run's directory)
+    cfg: Any  # the seed run (`run.SeedRun`: out = the seed run's directory, methods(), job_threads)
     student: str
     fn: Callable[..., Any]  # train: fn(cfg, student, run, {method: overrides}); finish: fn(cfg, student=...)
     method: str = ""
@@ -261,7 +261,7 @@ def run_seed_runs(
 ) -> None:
     """Every seed run's trainings (`train`), then its finish job (`finish`), on `workers` processes (1: in this
     process, in order). At most `workers` jobs are in flight; a free worker takes a ready finish job before the next
-    training. The functions travel to the workers by name (module-level functions of `mechopd.pipeline.demo`)."""
+    training. The functions travel to the workers by name (module-level ones: `run.train_runs`, `run.finish_seed`)."""
     queue = training_jobs(seed_cfgs, student, train)
     left = {cfg.out: sum(j.cfg.out == cfg.out for j in queue) for cfg in seed_cfgs}
     for cfg in seed_cfgs:
@@ -311,7 +311,8 @@ def run_seed_runs(
 
 
 def seed_configs(cfg: Any) -> list[Any]:
-    """The seed runs of a demo config: itself with one seed, ``OUT/seed-k`` (seed k, seeds 1) with several."""
+    """The seed runs of a demo config: itself with one seed, ``OUT/seed-k`` (seed k, seeds 1) with several (each
+    becomes a `run.SeedRun`: `demo.seed_run`)."""
     if cfg.seeds <= 1:
         return [cfg]
     return [

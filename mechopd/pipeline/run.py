@@ -1,12 +1,18 @@
-"""`mechopd run STUDY.yaml`: a study file (`mechopd.pipeline.spec`) run as jobs on the demo's worker pool.
+"""`mechopd run STUDY.yaml`: a study file (`mechopd.pipeline.spec`) run as jobs on the worker pool; `mechopd demo`
+runs its built-in study through the same jobs.
 
-The demo's pipeline for any model: per training seed k (``OUT`` with one seed, ``OUT/seed-k`` with several), one
-training job per run of the study (a finished run skipped, a killed one resumed from its last checkpoint), then the
-seed's finish job: base and every run evaluated in both views (and under the task's other contexts), the listed
-probes, every figure the artifacts allow, ``report.md`` (`study_stages.evaluate_all`, `study_stages.run_probes`, `plots.draw_all`,
-`report.write_report_md`). With two or more seeds, the aggregate over seeds and its ``report.md`` with the claims table
-(`aggregate.aggregate`); a claim whose roles the study lacks reads "not measurable here". Jobs run on ``workers``
-processes, one pinned thread each, one log per job in ``<seed run>/logs/`` (`demo_pool`).
+The pipeline for any model: per training seed k (``OUT`` with one seed, ``OUT/seed-k`` with several), one training
+job per run of the study (`train_runs`: a finished run skipped, a killed one resumed from its last checkpoint), then
+the seed's finish job (`finish_seed`): base and every run evaluated in both views (and under the task's other
+contexts), the listed probes (the ``first_seed_only`` ones on the first seed only), every figure the artifacts allow,
+``report.md`` (`stages.evaluate_all`, `stages.run_probes`, `plots.draw_all`, `report.write_report_md`). With two or
+more seeds, the aggregate over seeds and its ``report.md`` with the claims table (`aggregate.aggregate`); a claim
+whose roles the study lacks reads "not measurable here". Jobs run on ``workers`` processes, one pinned thread each,
+one log per job in ``<seed run>/logs/`` (`pipeline.pool`).
+
+What a seed run does beyond that is data on its `SeedRun`, set by the runner that builds it: `seed_runs` here, and
+`demo.seed_run` for the demo (figures on its first seed only, the ``--sweep`` budget curve, its manifest's runs and
+config); there is one finish job for both.
 
 ``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
 with another study there is refused, naming the keys that differ (probes may be added: they run, the rest is
@@ -42,7 +48,9 @@ DONE_FILE = "study_done.json"
 
 @dataclass(frozen=True)
 class SeedRun:
-    """One training seed of a study, as the pool's jobs see it (`demo_pool.Job.cfg`)."""
+    """One training seed of a study, as the pool's jobs see it (`pool.Job.cfg`). The fields after ``job_threads``
+    say what its finish job does beyond evaluation, probes and report; `seed_runs` sets them for a study,
+    `demo.seed_run` for the demo."""
 
     spec: StudySpec
     out: str
@@ -50,7 +58,12 @@ class SeedRun:
     student: str  # the resolved base checkpoint (a local dir, or a hub id)
     study_out: str = ""  # the study's OUT (the seed run's parent with several seeds)
     job_threads: int = 1
-    full_stages: bool = True  # every seed of a study gets its figures and every listed probe
+    all_probes: bool = False  # every registered probe with a demo entry (the demo's), not only the study's listed ones
+    first_seed: bool = True  # runs the study's first_seed_only probes (a study's first seed, the demo's seed 0)
+    figures: bool = True  # draws the figures (a study: on every seed; the demo: on its first seed only)
+    sweep: Mapping[str, Any] | None = None  # the budget sweep (`pipeline.sweep`): what each sweep run adds
+    manifest_runs: Mapping[str, Mapping[str, Any]] | None = None  # demo.json's runs (None: `StudySpec.methods`)
+    manifest_config: Mapping[str, Any] | None = None  # demo.json's config (None: the study's, with its study file)
 
     @property
     def task(self) -> str:
@@ -69,7 +82,10 @@ class SeedRun:
         return self.spec.probe_n  # a probe's own entry (`probes: {similarity: {n: 16}}`) wins; None: its default
 
     def methods(self) -> dict[str, dict[str, Any]]:
-        return self.spec.methods()
+        """role -> the run's fields as demo.json records them (the jobs' names and the labels read them)."""
+        if self.manifest_runs is None:
+            return self.spec.methods()
+        return {role: dict(over) for role, over in self.manifest_runs.items()}
 
 
 def _log(msg: str) -> None:
@@ -88,8 +104,8 @@ def train_runs(cfg: SeedRun, student: Path, run: Path, methods: dict[str, dict[s
 
 
 def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
-    """The finish job of one seed: evaluation, the listed probes, figures, report (trainings done: skipped)."""
-    from mechopd.core.views import RenderSpec
+    """The finish job of one seed (a study's or the demo's): evaluation, the listed probes, the budget sweep and the
+    figures where ``cfg`` says so, report (its trainings found done: skipped)."""
     from mechopd.plots import draw_all
     from mechopd.report import write_report_md
 
@@ -100,24 +116,38 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     manifest["labels"] = labels_for(run, cfg.methods())  # the kept fractions are measured now
     write_json(run / MANIFEST_FILE, manifest)
     models = {"base": student, **finals}
+    evaluate_seed(cfg, models)
+    teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
+    skip = () if cfg.first_seed else tuple(spec.first_seed_only)  # no claim reads them: the first seed only
+    chosen = None if cfg.all_probes else spec.probe_plan()
+    run_probes(cfg, {**models, **teacher}, run, chosen=chosen, setup_fields=spec.render_fields(), skip=skip)
+    if cfg.sweep is not None:
+        from mechopd.pipeline.sweep import sweep
+
+        sweep(cfg, student, run)
+    if cfg.figures:
+        _log(f"{run}: figures")
+        draw_all(run)
+    report = write_report_md(run)
+    _log(f"{run}: report {report}")
+    return report
+
+
+def evaluate_seed(cfg: SeedRun, models: dict[str, Path]) -> None:
+    """Every model of the seed run in both views (and under the other contexts), rendered as the study says."""
+    from mechopd.core.views import RenderSpec
+
+    spec = cfg.spec
     render = spec.render_fields()
     placement = render.pop("placement", None) or spec_task_placement(spec)
     evaluate_all(
         cfg,
         models,
-        run,
+        Path(cfg.out),
         spec=RenderSpec(placement, **render),
         other_contexts=spec.other_contexts,
         eval_fields=spec.eval_fields(),
     )
-    teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
-    skip = () if cfg.seed == spec.seeds[0] else tuple(spec.first_seed_only)  # no claim reads them: the first seed
-    run_probes(cfg, {**models, **teacher}, run, chosen=spec.probe_plan(), setup_fields=spec.render_fields(), skip=skip)
-    _log(f"{run}: figures")
-    draw_all(run)
-    report = write_report_md(run)
-    _log(f"{run}: report {report}")
-    return report
 
 
 def spec_task_placement(spec: StudySpec) -> str:
@@ -128,13 +158,40 @@ def spec_task_placement(spec: StudySpec) -> str:
 
 def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     """A seed run's ``demo.json`` (what the study, report, claims and aggregate read) and ``study.yaml``, before any
-    step: a full disk fails first."""
+    step: a full disk fails first. Its runs and config are the seed run's ``manifest_*`` where set (the demo's)."""
     from mechopd.evaluation.removability import RegimeThresholds
 
     run, spec, methods = Path(cfg.out), cfg.spec, cfg.methods()
     run.mkdir(parents=True, exist_ok=True)
+    if cfg.manifest_config is not None:
+        recorded: dict[str, Any] = {"config": dict(cfg.manifest_config)}
+    else:
+        recorded = {
+            "config": study_config(cfg),
+            "study": str(Path(cfg.study_out) / SPEC_FILE),
+            "out_dir": cfg.study_out,
+        }
+    manifest = {
+        "task": spec.task,
+        "methods": list(methods),
+        "labels": labels_for(run, methods),
+        "runs": methods,
+        "organism": cfg.student,
+        "thresholds": asdict(RegimeThresholds()),
+        **recorded,
+        "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None,
+    }
+    write_json(run / MANIFEST_FILE, manifest)
+    if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name; a user may rename a run here)
+        Study.from_manifest(run).write()
+    return manifest
+
+
+def study_config(cfg: SeedRun) -> dict[str, Any]:
+    """demo.json's ``config`` of a study's seed run: its schedule (the first run's), eval items, task, models."""
+    spec = cfg.spec
     tc = spec.train_config(next(iter(spec.runs)), cfg.seed, cfg.student)
-    config = {
+    return {
         "seed": cfg.seed,
         "out": cfg.out,
         "steps": tc.steps,
@@ -147,22 +204,6 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
         "student": spec.student,
         "teacher": spec.teacher,
     }
-    manifest = {
-        "task": spec.task,
-        "methods": list(methods),
-        "labels": labels_for(run, methods),
-        "runs": methods,
-        "organism": cfg.student,
-        "thresholds": asdict(RegimeThresholds()),
-        "config": config,
-        "study": str(Path(cfg.study_out) / SPEC_FILE),
-        "out_dir": cfg.study_out,
-        "command": "mechopd " + " ".join(sys.argv[1:]) if sys.argv and "mechopd" in sys.argv[0] else None,
-    }
-    write_json(run / MANIFEST_FILE, manifest)
-    if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name)
-        Study.from_manifest(run).write()
-    return manifest
 
 
 # ------------------------------------------------------------------------------------------------------- the study
@@ -185,8 +226,11 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
 
 def seed_runs(spec: StudySpec, out: Path, student: str) -> list[SeedRun]:
     """One seed run per training seed: ``out`` itself with one seed, ``out/seed-k`` with several."""
-    one = len(spec.seeds) == 1
-    return [SeedRun(spec, str(out if one else out / f"seed-{k}"), k, student, study_out=str(out)) for k in spec.seeds]
+    one, first = len(spec.seeds) == 1, spec.seeds[0]
+    return [
+        SeedRun(spec, str(out if one else out / f"seed-{k}"), k, student, study_out=str(out), first_seed=k == first)
+        for k in spec.seeds
+    ]
 
 
 def _normal(doc: Any) -> Any:

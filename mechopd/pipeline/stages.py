@@ -1,7 +1,7 @@
-"""The stages `mechopd demo` and `mechopd run` share, per seed run: a training skipped when finished or resumed, every
-model evaluated in both views (and under the other contexts), the probes of the study, and the runs' display labels.
-``cfg`` is either runner's seed config (`demo.DemoConfig`, `study_run.SeedRun`): task, task_options, seed, eval_n,
-probe_n, full_stages."""
+"""The stages of a seed run's jobs (`run.train_runs`, `run.finish_seed`; `mechopd run` and `mechopd demo` alike): a
+training skipped when finished or resumed, every model evaluated in both views (and under the other contexts), the
+probes of the study, and the runs' display labels. ``cfg`` is a seed run (`run.SeedRun`) or anything with its
+task, task_options, seed, eval_n and probe_n (a `demo.DemoConfig`)."""
 
 from __future__ import annotations
 

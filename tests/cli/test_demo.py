@@ -144,16 +144,15 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
     from mechopd.pipeline.demo import DemoConfig
 
     seen: dict[str, int] = {}
+    (tmp_path / "org").mkdir()  # the seed runs' study checks that its student exists
     monkeypatch.setattr(
         demo_mod, "organism", lambda cfg: seen.setdefault("organism", torch.get_num_threads()) and tmp_path / "org"
     )
     monkeypatch.setattr(
-        demo_mod,
-        "train_methods",
-        lambda cfg, s, r, m: seen.setdefault(f"train-{next(iter(m))}", torch.get_num_threads()),
+        demo_mod, "train_runs", lambda cfg, s, r, m: seen.setdefault(f"train-{next(iter(m))}", torch.get_num_threads())
     )
     monkeypatch.setattr(
-        demo_mod, "demo_one", lambda cfg, student=None: seen.setdefault("finish", torch.get_num_threads())
+        demo_mod, "finish_seed", lambda cfg, student=None: seen.setdefault("finish", torch.get_num_threads())
     )
     monkeypatch.setattr(demo_mod, "record_wall_time", lambda *a: tmp_path / "report.md")
     before = torch.get_num_threads()

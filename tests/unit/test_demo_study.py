@@ -21,10 +21,12 @@ SNAPSHOT = json.loads((Path(__file__).parent / "demo_study_snapshot.json").read_
 
 
 def _train_configs(cfg, monkeypatch) -> dict[str, dict]:
-    """Every demo run's resolved TrainConfig (the trainer replaced by a recorder)."""
+    """Every demo run's resolved TrainConfig, as its training jobs build it (the trainer replaced by a recorder)."""
+    from mechopd.pipeline import run as R
+
     seen: dict[str, dict] = {}
-    monkeypatch.setattr(D, "train_resumable", lambda name, out, config, what: seen.setdefault(name, asdict(config())))
-    D.train_methods(cfg, Path("STUDENT"), Path("RUN"), cfg.methods())
+    monkeypatch.setattr(R, "train_resumable", lambda name, out, config, what: seen.setdefault(name, asdict(config())))
+    R.train_runs(D.seed_run(cfg, "STUDENT"), Path("STUDENT"), Path("RUN"), cfg.methods())
     return seen
 
 
@@ -101,3 +103,45 @@ def test_bad_probe_n_and_first_seed_only_are_refused(change, words):
 
 def test_an_empty_out_is_not_a_finished_demo(tmp_path):
     assert not D.demo_done(D.DemoConfig(fast=True, workers=1, out=str(tmp_path / "d")))
+
+
+def test_fast_takes_its_values_from_the_data_file_and_a_given_value_wins():
+    fast = D.fast_values()
+    cfg = D.DemoConfig(fast=True, workers=1, out="OUT")
+    assert {k: getattr(cfg, k) for k in fast} == fast  # rules: a fixed anchor start, so nca_start too
+    assert D.DemoConfig(task="sokoban", fast=True, workers=1, out="OUT").nca_start is None  # a gated anchor stays
+    given = D.DemoConfig(fast=True, workers=1, out="OUT", steps=4, eval_n=50, nca_start=1)
+    assert (given.steps, given.eval_n, given.nca_start, given.probe_n) == (4, 50, 1, fast["probe_n"])
+
+
+@pytest.mark.parametrize(
+    "text, words", [("stepz: 6\n", "'stepz' is no DemoConfig field"), ("steps: six\n", "steps='six'")]
+)
+def test_a_bad_fast_file_is_refused_naming_the_key(text, words, tmp_path, monkeypatch):
+    (tmp_path / "fast.yaml").write_text(text)
+    monkeypatch.setattr(D, "FAST_FILE", tmp_path / "fast.yaml")
+    D.fast_values.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=words):
+            D.fast_values()
+    finally:
+        D.fast_values.cache_clear()
+
+
+def test_the_demos_seed_runs_carry_what_it_does_beyond_a_study(tmp_path):
+    """One finish job for both runners: the demo's differences are data on its `SeedRun`."""
+    from mechopd.pipeline.pool import seed_configs
+    from mechopd.pipeline.run import seed_runs
+
+    cfg = D.DemoConfig(fast=True, seeds=2, sweep=True, workers=1, out=str(tmp_path / "d"))
+    runs = [D.seed_run(r, tmp_path) for r in seed_configs(cfg)]
+    assert [(r.seed, r.first_seed, r.figures) for r in runs] == [(0, True, True), (1, False, False)]
+    assert all(r.all_probes and r.sweep == {} and r.spec.seeds == [r.seed] for r in runs)
+    assert runs[1].manifest_config == asdict(seed_configs(cfg)[1]) and runs[1].methods() == cfg.methods()
+    assert (runs[0].spec.eval_n, runs[0].probe_n, runs[0].spec.train["steps"]) == (24, 8, 6)
+    study = seed_runs(builtin_study("rules"), tmp_path / "s", str(tmp_path))
+    assert [(r.first_seed, r.figures, r.all_probes, r.sweep) for r in study] == [
+        (True, True, False, None),
+        (False, True, False, None),
+        (False, True, False, None),
+    ]
