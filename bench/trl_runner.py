@@ -9,6 +9,45 @@ from pathlib import Path
 from typing import Any
 
 
+def sdft_config(out_root: Path, args) -> Any:
+    """The SDFTConfig of the comparison (bench/train_step.py's docstring): frozen base teacher, context before the
+    prompt, full-vocab reverse KL, one generation per prompt, fp32 on CPU, constant lr, clip 1.0, no logging or
+    saving; `max_steps` is set by `TRLRunner.run`."""
+    from trl.experimental.sdft import SDFTConfig
+
+    return SDFTConfig(
+        output_dir=str(out_root / "trl"),
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=1,
+        num_generations=1,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        distillation_mode="full_logits",
+        distillation_alpha=1.0,
+        teacher_model_kind="base",
+        teacher_prompt_template="{privileged_context}\n\n{prompt}",
+        generate_from_teacher=False,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        activation_checkpointing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        logging_strategy="no",
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        seed=args.seed,
+        max_steps=1,
+    )
+
+
 class TRLRunner:
     """SDFTTrainer on the same work. `run(n, between)` runs n+1 TRL steps in ONE `train()` call and calls
     `between(j)` from the `on_step_end` callback after TRL step j (the other variants' steps run there, so every
@@ -19,7 +58,7 @@ class TRLRunner:
         from datasets import Dataset
         from transformers import AutoTokenizer, TrainerCallback
         from transformers.trainer_callback import PrinterCallback
-        from trl.experimental.sdft import SDFTConfig, SDFTTrainer
+        from trl.experimental.sdft import SDFTTrainer
 
         from mechopd.tasks.base import get_task
 
@@ -43,37 +82,7 @@ class TRLRunner:
                 runner.between(state.global_step - 1)
                 runner.resumed = time.perf_counter()
 
-        self.config = SDFTConfig(
-            output_dir=str(out_root / "trl"),
-            per_device_train_batch_size=args.batch,
-            gradient_accumulation_steps=1,
-            num_generations=1,
-            max_completion_length=args.new_tokens,
-            temperature=1.0,
-            distillation_mode="full_logits",
-            distillation_alpha=1.0,
-            teacher_model_kind="base",
-            teacher_prompt_template="{privileged_context}\n\n{prompt}",
-            generate_from_teacher=False,
-            learning_rate=1e-5,
-            lr_scheduler_type="constant",
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            optim="adamw_torch",
-            activation_checkpointing=False,
-            bf16=False,
-            fp16=False,
-            use_cpu=True,
-            logging_strategy="no",
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            dataloader_pin_memory=False,
-            seed=args.seed,
-            max_steps=1,
-        )
+        self.config = sdft_config(out_root, args)
         tok = AutoTokenizer.from_pretrained(path)
         self.trainer = SDFTTrainer(
             model=str(path), args=self.config, train_dataset=data, processing_class=tok, callbacks=[Clock()]

@@ -2,7 +2,7 @@
 
 Each case is argv as a user types it, run in a fresh workspace that is also the cwd; it must exit 2 with exactly one
 ``error:`` line naming the problem (``needle``), no traceback, and leave every file in the workspace and the organism
-as it was (`tests.cli.test_reliability.snapshot`). Most refusals happen before any model loads, which the cases that
+as it was (`tests.cli.reliability_harness.snapshot`). Most refusals happen before any model loads, which the cases that
 set ``before_load`` assert (no "Loading weights" progress bar on stderr).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cli.test_reliability import Case, _run, snapshot  # noqa: F401  (the one harness)
+from tests.cli.reliability_harness import Case, _run, snapshot  # noqa: F401  (the one harness)
 
 
 @dataclass(frozen=True)

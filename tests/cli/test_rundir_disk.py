@@ -97,7 +97,7 @@ def test_eval(tiny_rules_organism, tmp_path, monkeypatch, capsys):
 def test_probe(tiny_rules_organism, tmp_path, monkeypatch, capsys):
     import shutil
 
-    from tests.cli.test_reliability import poison
+    from tests.cli.reliability_harness import poison
 
     trained = poison(Path(shutil.copytree(tiny_rules_organism, tmp_path / "t")), 0.5)
     argv = [

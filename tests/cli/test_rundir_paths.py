@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from mechopd.cli import main
-from tests.cli.test_reliability import poison
+from tests.cli.reliability_harness import poison
 
 TRAIN = ("--steps", "4", "--batch-size", "2", "--set", "save_every=2", "--no-progress")
 

@@ -19,7 +19,18 @@ MODULES = ("q_proj", "k_proj", "qk", "vo", "attn", "mlp", "norms")
 
 
 def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
+    """The four tables from one generator seeded with `seed`, drawn in this order (weightpatch, localization,
+    attribution, pmi); returns the rows written."""
     rng = np.random.default_rng(seed)
+    wp = _weightpatch(probes, rng)
+    loc = _localization(probes, rng)
+    attr = _attribution(probes, rng)
+    tokens = _pmi_tokens(probes, rng)
+    return {"weightpatch": wp, "localization": loc, "attribution": attr, "pmi": tokens}
+
+
+def _weightpatch(probes: Path, rng: np.random.Generator) -> list[dict]:
+    """weightpatch.csv / .json: every layer x module row, the whole-model rows and three control draws."""
     wp = []
     for layer, module, draw in (
         [("none", "none", "")]
@@ -48,12 +59,22 @@ def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
     write_json(
         probes / "weightpatch.json", {"probe": "weightpatch", "settings": {}, "summary": weightpatch.summarize(wp)}
     )
+    return wp
+
+
+def _localization(probes: Path, rng: np.random.Generator) -> list[dict]:
+    """localization.csv: the flip-share curve over the residual sites."""
     sites = residual_sites(LAYERS)
     right = rng.uniform(size=20) < 0.7
     clean = rng.uniform(size=20) < 0.5
     patched = {s: rng.uniform(size=20) < 0.5 * (1 - d / (LAYERS + 1)) for d, s in enumerate(sites)}
     loc = localization.curve_rows("opd", "x", right, clean, patched, LAYERS, 50, 0)
     write_csv(probes / "localization.csv", loc, localization.COLUMNS)
+    return loc
+
+
+def _attribution(probes: Path, rng: np.random.Generator) -> list[dict]:
+    """attribution.csv: per layer, component (and head) and token, through the probe's own `table`."""
     acc = {
         "attr": {
             (Site(i, c), h, t): float(rng.normal())
@@ -69,6 +90,11 @@ def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
     acc["patched"] = {(s, h): float(rng.uniform(0, 2)) for (s, h, _) in acc["attr"]}
     attr = table("opd", "c_to_x", acc)
     write_csv(probes / "attribution.csv", attr, ATTR_COLUMNS)
+    return attr
+
+
+def _pmi_tokens(probes: Path, rng: np.random.Generator) -> list[dict]:
+    """pmi_tokens.csv: 30 scored tokens of 6 items."""
     tokens = [
         {
             "uid": f"u{i // 5}",
@@ -89,4 +115,4 @@ def write_interventions(probes: Path, seed: int = 0) -> dict[str, list[dict]]:
     ]
     pmi.summarize(tokens)
     write_csv(probes / "pmi_tokens.csv", tokens, pmi.COLUMNS)
-    return {"weightpatch": wp, "localization": loc, "attribution": attr, "pmi": tokens}
+    return tokens

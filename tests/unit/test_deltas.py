@@ -1,120 +1,28 @@
-"""Parameter deltas (mechopd.probes.deltas): streamed values against explicit references from full state dicts."""
+"""Parameter deltas (mechopd.probes.deltas): streamed values against explicit references from full state dicts.
+
+Per tensor here (site names, values, tied embeddings, bad input); the aggregates and the table's CSV / JSON round trip
+are in test_deltas_aggregate.py; the tiny checkpoints and the reference in delta_checkpoints.py."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.probes.deltas import (
-    aggregate_deltas,
-    checkpoint_tensors,
-    parameter_deltas,
-    read_table,
-    site_of,
-    write_table,
-)
-
-DIMS = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    vocab_size=64,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
-
-
-def tiny(arch: str = "qwen3", tie: bool = True, seed: int = 0, **over) -> torch.nn.Module:
-    kw = {**DIMS, "tie_word_embeddings": tie, **over}
-    cfg = {
-        "qwen3": lambda: Qwen3Config(**{"head_dim": 8, **kw}),
-        "qwen2": lambda: Qwen2Config(**kw),
-        "llama": lambda: LlamaConfig(**kw),
-    }[arch]()
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # norms start at 1 and biases at 0: make every tensor generic
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
-    """A copy with every parameter moved by scale * (1 + tensor index) * N(0, 1)."""
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for i, p in enumerate(out.parameters()):
-            p.add_(scale * (1 + i) * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return out
-
-
-def save(model: torch.nn.Module, path: Path, **kw) -> Path:
-    model.save_pretrained(path, **kw)
-    return path
-
-
-def state(path: Path) -> dict[str, torch.Tensor]:
-    """The full state dict of a checkpoint dir (all shards), in float64."""
-    sd = {}
-    for f in sorted(path.glob("*.safetensors")):
-        sd.update({k: v.double() for k, v in load_file(f).items()})
-    return sd
-
-
-def by_key(rows) -> dict[tuple, float]:
-    return {(r.model, r.vs, r.site, r.param, r.metric): r.value for r in rows}
-
-
-def reference(base: Path, models: dict[str, Path], pair=None) -> dict[tuple, float]:
-    """Slow reference: every metric of every tensor from whole state dicts."""
-    w0 = state(base)
-    thetas = {k: state(v) for k, v in models.items()}
-    ref = {}
-    for name, w in w0.items():
-        s = site_of(name)
-        ref[("base", "", s.site, s.param, "w0_norm")] = w.norm().item()
-        for label, th in thetas.items():
-            d = (th[name] - w).norm().item()
-            ref[(label, "base", s.site, s.param, "delta_norm")] = d
-            ref[(label, "base", s.site, s.param, "rel_delta")] = d / w.norm().item()
-        if pair:
-            a, b = pair
-            da, db = (thetas[a][name] - w).flatten(), (thetas[b][name] - w).flatten()
-            d = (thetas[b][name] - thetas[a][name]).norm().item()
-            ref[(b, a, s.site, s.param, "delta_norm")] = d
-            ref[(b, a, s.site, s.param, "rel_delta")] = d / w.norm().item()
-            ref[(b, a, s.site, s.param, "cos")] = (da @ db / (da.norm() * db.norm())).item()
-    return ref
-
-
-def assert_close(got: dict, want: dict, rel: float = 1e-9, abs_: float = 1e-12) -> None:
-    assert got.keys() == want.keys()
-    for k, v in want.items():
-        assert got[k] == pytest.approx(v, rel=rel, abs=abs_, nan_ok=True), k
+from mechopd.probes.deltas import aggregate_deltas, checkpoint_tensors, parameter_deltas, site_of
+from tests.unit.delta_checkpoints import assert_close, by_key, make_trio, perturbed, reference, run, save, state, tiny
 
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory):
     """base / opd / nca Qwen3 checkpoints (tied), opd = base + u, nca = opd + v."""
-    root = tmp_path_factory.mktemp("trio")
-    base = tiny("qwen3", tie=True)
-    opd = perturbed(base, 1e-2, seed=1)
-    nca = perturbed(opd, 1e-2, seed=2)
-    return {k: save(m, root / k) for k, m in (("base", base), ("opd", opd), ("nca", nca))}
-
-
-def run(trio, pair=("opd", "nca"), **kw):
-    return parameter_deltas(trio["base"], {"opd": trio["opd"], "nca": trio["nca"]}, pair, progress=False, **kw)
+    return make_trio(tmp_path_factory.mktemp("trio"))
 
 
 # ------------------------------------------------------------------------------------------------------ site names
@@ -317,96 +225,3 @@ def test_missing_or_pickled_checkpoints_raise_model_error(tmp_path, trio):
 def test_bad_labels_raise_config_error(models, pair, trio):
     with pytest.raises(ConfigError):
         parameter_deltas(trio["base"], models, pair, progress=False)
-
-
-# ----------------------------------------------------------------------------------------------- aggregates and io
-def group_reference(trio, key) -> dict[tuple, float]:
-    """Aggregates from whole state dicts: squares and inner products summed over the tensors of each group."""
-    w0, a, b = (state(trio[k]) for k in ("base", "opd", "nca"))
-    sums: dict = {}
-    for name, w in w0.items():
-        g = sums.setdefault(key(site_of(name)), [0.0] * 6)
-        da, db = a[name] - w, b[name] - w
-        for i, v in enumerate(
-            ((w * w).sum(), (da * da).sum(), (db * db).sum(), (da * db).sum(), ((db - da) ** 2).sum(), w.numel())
-        ):
-            g[i] += float(v)
-    return {
-        k: (
-            math.sqrt(s[0]),
-            math.sqrt(s[1]),
-            math.sqrt(s[2]),
-            s[3] / math.sqrt(s[1] * s[2]),
-            math.sqrt(s[4]),
-            int(s[5]),
-        )
-        for k, s in sums.items()
-    }
-
-
-@pytest.mark.parametrize(
-    "by, key",
-    [
-        ("site", lambda s: s.site),
-        ("layer", lambda s: f"layers.{s.layer}" if s.layer is not None else s.site),
-        ("module", lambda s: "layers.*." + s.site.split(".", 2)[2] if s.layer is not None else s.site),
-        ("all", lambda s: "*"),
-    ],
-)
-def test_aggregates_sum_squares_over_tensors(trio, by, key):
-    rows = aggregate_deltas(run(trio), by)
-    want = group_reference(trio, key)
-    got = by_key(rows)
-    assert {r.site for r in rows} == set(want) and {r.param for r in rows} == {"*"}
-    for site, (w0, na, nb, cos, diff, numel) in want.items():
-        assert got[("base", "", site, "*", "w0_norm")] == pytest.approx(w0, rel=1e-9)
-        assert got[("opd", "base", site, "*", "delta_norm")] == pytest.approx(na, rel=1e-9)
-        assert got[("nca", "base", site, "*", "rel_delta")] == pytest.approx(nb / w0, rel=1e-9)
-        assert got[("nca", "opd", site, "*", "cos")] == pytest.approx(cos, abs=1e-9)
-        assert got[("nca", "opd", site, "*", "delta_norm")] == pytest.approx(diff, rel=1e-9)
-        assert {r.numel for r in rows if r.site == site} == {numel}
-
-
-def test_site_aggregate_is_a_layer_by_module_grid(trio):
-    rows = [r for r in aggregate_deltas(run(trio), "site") if r.model == "opd" and r.metric == "rel_delta"]
-    grid = {(r.layer, r.module) for r in rows if r.layer is not None}
-    modules = {
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "q_norm",
-        "k_norm",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-        "input_layernorm",
-        "post_attention_layernorm",
-    }
-    assert grid == {(i, m) for i in range(2) for m in modules} and len(rows) == len(grid) + 2  # + embed, final_norm
-
-
-def test_aggregate_rejects_aggregated_rows_and_unknown_levels(trio):
-    rows = run(trio)
-    with pytest.raises(ConfigError):
-        aggregate_deltas(aggregate_deltas(rows, "site"), "all")
-    with pytest.raises(ConfigError):
-        aggregate_deltas(rows, "head")
-
-
-def test_table_round_trips_through_csv_and_json(trio, tmp_path):
-    rows = run(trio, pair=("opd", "nca")) + aggregate_deltas(run(trio), "all")
-    rows += [dataclasses.replace(rows[0], metric="cos", value=math.nan), dataclasses.replace(rows[1], value=math.inf)]
-    csv_path, json_path = write_table(rows, tmp_path / "probes" / "deltas.csv")
-    assert (csv_path.name, json_path.name) == ("deltas.csv", "deltas.json")
-    assert csv_path.read_text().splitlines()[0] == "model,vs,site,layer,module,param,numel,tied_to,metric,value"
-    json.loads(json_path.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    for back, exact in ((read_table(csv_path), True), (read_table(json_path), False)):
-        assert len(back) == len(rows)
-        for r, s in zip(rows, back):
-            assert r.__dict__ | {"value": 0} == s.__dict__ | {"value": 0}
-            if math.isfinite(r.value) or exact:  # CSV keeps nan / inf; JSON writes every non-finite value as null
-                assert r.value == s.value or (math.isnan(r.value) and math.isnan(s.value))
-            else:
-                assert math.isnan(s.value)
-    assert json.loads(json_path.read_text())[-1]["value"] is None  # the inf row

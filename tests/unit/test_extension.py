@@ -96,8 +96,22 @@ def toys():
 
 
 def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rules_organism, capsys):
-    from mechopd.pipeline import demo
+    out = _train_with_the_toy_selector(tmp_path, tiny_rules_organism, capsys)
+    # probe: a CLI verb with its flags; the demo resolves its ROLE through the study (nca -> my_nca)
+    run = make_run(tmp_path / "study")
+    _run_the_toy_probe(run, out, tmp_path)
+    # figures and report: the toy figure and the toy probe's figure are drawn and shown, the summary line reported
+    names = [f.name for f in figure_index()]
+    assert {"toy", "eval_count"} <= set(names)
+    drawn = draw_all(run)
+    assert drawn["toy"] == [run / "figures" / "toy.png"] and (run / "figures" / "eval_count.png").read_text() == "4"
+    assert main(["figures", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "- **Toy probe** on my_nca: 4." in text and "### Evaluated models" in text and "### Toy probe figure" in text
 
+
+def _train_with_the_toy_selector(tmp_path: Path, organism, capsys) -> Path:
+    """The selector part of the test above; returns the trained run directory."""
     # selector: the config / CLI accept it, it selects what its score says, the trainer trains with it
     mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
     keep = make_selector("toy_last")(None, None, mask, 0.5).keep
@@ -108,7 +122,7 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
             [
                 "train",
                 "--student",
-                str(tiny_rules_organism),
+                str(organism),
                 "--selector",
                 "toy_last",
                 "--budget",
@@ -134,8 +148,14 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
         if "kept_fraction" in json.loads(x)
     ]
     assert kept and all(0 < k <= 0.5 + 1e-9 or math.isclose(k, 0.5) for k in kept)
-    # probe: a CLI verb with its flags; the demo resolves its ROLE through the study (nca -> my_nca)
-    run = make_run(tmp_path / "study")
+    return out
+
+
+def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
+    """The probe part of the test above: `mechopd probe toy` on the trained model, then the demo's probe stage on
+    the study `run` whose nca role is the run my_nca."""
+    from mechopd.pipeline import demo
+
     assert (
         main(
             [
@@ -178,14 +198,6 @@ def test_a_toy_probe_selector_and_figure_are_picked_up(toys, tmp_path, tiny_rule
     finally:
         registry._REGISTRY = saved
     assert probe_result("toy", Study.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
-    # figures and report: the toy figure and the toy probe's figure are drawn and shown, the summary line reported
-    names = [f.name for f in figure_index()]
-    assert {"toy", "eval_count"} <= set(names)
-    drawn = draw_all(run)
-    assert drawn["toy"] == [run / "figures" / "toy.png"] and (run / "figures" / "eval_count.png").read_text() == "4"
-    assert main(["figures", str(run)]) == 0
-    text = (run / "report.md").read_text()
-    assert "- **Toy probe** on my_nca: 4." in text and "### Evaluated models" in text and "### Toy probe figure" in text
 
 
 def test_the_selection_signals_travel_between_processes_by_field_name():

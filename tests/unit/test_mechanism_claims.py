@@ -87,7 +87,7 @@ def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
 def _items_run(root: Path, qk: float, vo: float, ctrl: float, harm_qk: float = 0.3) -> Study:
     """A seed whose weightpatch_items.jsonl holds per-item outcomes: OPD Acc_x 0.95, Harm 0.3; each group's
     reversion removes ``qk`` / ``vo`` / ``ctrl`` of Acc_x (and q+k leaves Harm ``harm_qk``)."""
-    from tests.unit.claim_runs import _write_weightpatch
+    from tests.unit.claim_probes import _write_weightpatch
 
     run = _run(root, None, None)
     _write_weightpatch(
@@ -140,7 +140,7 @@ def test_qk_claims_not_measurable(tmp_path):
 
 
 def _write_zero(run: Study) -> None:
-    from tests.unit.claim_runs import _write_weightpatch
+    from tests.unit.claim_probes import _write_weightpatch
 
     _write_weightpatch(
         run.probes_dir,
