@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
+from mechopd.core.errors import ConfigError
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     SampledKL,
     TopKKL,
@@ -162,6 +163,9 @@ def register_term(
     adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags."""
     from mechopd.core.options import register_options
 
+    if added and not weight:
+        raise ConfigError(f"loss term {name!r}: added=True needs weight= (the config field that switches it on)")
+
     def deco(build):
         if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
             register_options(options, f"loss term {name!r}")
@@ -270,7 +274,7 @@ def config_terms(cfg: Any, schedule: Callable[[int], float] | None = None) -> li
         raise ValueError(f"method {cfg.method!r} has no terms (methods: {', '.join(METHODS)})")
     est = cfg.section(TermOptions)
     names = list(METHODS[cfg.method])
-    names += [n for n, s in TERMS.items() if s.added and n not in names and getattr(cfg, s.weight) > 0]
+    names += [n for n, s in TERMS.items() if s.added and n not in names and s.weight and getattr(cfg, s.weight) > 0]
     terms = []
     for name in names:
         spec = TERMS[name]
@@ -294,16 +298,8 @@ def method_terms(
     """The loss terms of ``method`` from keyword options (tests, notebooks): `config_terms` on a view of them
     (added terms off). estimator picks L_OPD's form: "topk" (the student's top-``topk`` ids, optionally renormalised
     or with a tail bucket), "full" or "sampled"."""
-    values = dict(
-        method=method,
-        beta=beta,
-        estimator=estimator,
-        topk=topk,
-        renormalize=renormalize,
-        tail=tail,
-        nca_positions=nca_positions,
-    )
-    return config_terms(_Values(values), schedule)
+    values = dict(method=method, beta=beta, estimator=estimator, topk=topk, renormalize=renormalize, tail=tail)
+    return config_terms(_Values({**values, "nca_positions": nca_positions}), schedule)
 
 
 class _Values:
@@ -374,7 +370,7 @@ def total_loss(
         with torch.profiler.record_function(f"mechopd.term.{term.name}"):  # bench/memory.py's profile reads it
             out = term.fn(inputs)
         selected = term.selectable and keep is not None
-        term_mask = mask & keep if selected else mask
+        term_mask = mask & keep if keep is not None and selected else mask
         den = None if denominators is None else denominators[1 if selected else 0]
         value = _masked_share(out.per_pos, term_mask, count, den)
         w = weights[term.name] = term.weight_at(step)
@@ -384,7 +380,7 @@ def total_loss(
             logs[f"{term.name}/{key}"] = _masked_share(
                 stat.detach(), mask, count, None if denominators is None else denominators[0]
             )
-    loss = sum(weighted.values())
+    loss = cast(Tensor, sum(weighted.values()))  # a method has at least one term: a tensor, never the int 0
     return LossResult(loss, logs, weighted, weights)
 
 

@@ -134,7 +134,10 @@ def selector_score(name: str, normed: NormalizedStats) -> Tensor:
             f"selector={name!r} has no signal score: use one of "
             f"{', '.join(n for n, s in _SELECTORS.items() if s.needs_stats)}"
         )
-    return spec.score(normed, torch.ones(normed.H.shape, dtype=torch.bool), None)
+    score = spec.score(normed, torch.ones(normed.H.shape, dtype=torch.bool), None)
+    if score is None:  # a signal selector that keeps everything: no ranking to return
+        raise ConfigError(f"selector={name!r} returned no score (it keeps every position)")
+    return score
 
 
 # ---------------------------------------------------------------------------------------------------------------------

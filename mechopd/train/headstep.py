@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechopd.core.errors import ConfigError
+from mechopd.core.errors import ConfigError, ModelError
 from mechopd.generate.scorer import head_split
 from mechopd.objectives.head import FUSED_TERMS, fused_head_loss
 from mechopd.objectives.losses import LossResult, LossTerm, TermOptions
@@ -127,7 +127,10 @@ class FusedStepScorer(StepScorer):
         beta = nca.weight_at(step) if nca is not None else 0.0
         hc = leaves["student_ctx"][pos] if nca is not None else None
         vocab = self.opts.vocab
-        w, wt = head_split(self.student).weight[:vocab], head_split(self.teacher).weight[:vocab]
+        heads = head_split(self.student), head_split(self.teacher)
+        if heads[0] is None or heads[1] is None:  # `fused_blocker` refuses such a model before any step
+            raise ModelError("the fused loss head needs an LM head on both models (loss_head: logits)")
+        w, wt = heads[0].weight[:vocab], heads[1].weight[:vocab]
 
         def head(wo: Tensor, hc_: Tensor | None, beta_: float):
             return fused_head_loss(

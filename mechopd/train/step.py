@@ -56,7 +56,7 @@ from mechopd.objectives.divergences import _kl
 from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
 from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
 from mechopd.train import dist
-from mechopd.train.gradstats import TermGrads
+from mechopd.train.chunksums import ChunkSums
 from mechopd.train.profile import StageClock
 
 
@@ -96,7 +96,8 @@ class StepResult(NamedTuple):
 
 def rows(batch: TwoViewBatch, sl: slice) -> TwoViewBatch:
     """The rows `sl` of a batch (every tensor field is ``[batch, ...]``)."""
-    return dataclasses.replace(batch, **{k: v[sl] for k, v in vars(batch).items() if isinstance(v, Tensor)})
+    fields: dict[str, Any] = {k: v[sl] for k, v in vars(batch).items() if isinstance(v, Tensor)}
+    return dataclasses.replace(batch, **fields)
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -192,13 +193,14 @@ class StepScorer:
         """The terms' inputs on chunk `c` (student ones with grad through the leaves) and the per-position KL log.
         `memo`: {role: (logits, log-probs)} the selection already computed on this chunk (`_signals`)."""
         T, need, memo = self.opts.temperature, self.needs, memo or {}
-        vals: dict[str, Tensor | None] = {"tokens": tokens[:, c]}
+        tok = tokens[:, c]
+        vals: dict[str, Tensor | None] = {"tokens": tok}
         with torch.no_grad():
             t_logits, t_full = memo.get("teacher") or (self._head(self.teacher, th[:, c]), None)
             if t_full is None and ("teacher" in need or exact_kl):
                 t_full = _logp(t_logits, T)
             vals["teacher"] = t_full
-            vals["teacher_token"] = _token(t_full, t_logits, vals["tokens"], T) if "teacher_token" in need else None
+            vals["teacher_token"] = _token(t_full, t_logits, tok, T) if "teacher_token" in need else None
             del t_logits
         for role in leaves:  # the student's roles (with grad through their leaves)
             logits, full = memo.get(role) or (self._head(self.student, leaves[role][:, c]), None)
@@ -206,12 +208,15 @@ class StepScorer:
                 full = _logp(logits, T)
             vals[role] = full
             if f"{role}_token" in need:
-                vals[f"{role}_token"] = _token(full, logits, vals["tokens"], T)
+                vals[f"{role}_token"] = _token(full, logits, tok, T)
         with torch.no_grad(), record_function("mechopd.kl_log"):
-            if exact_kl:
-                kl = _kl(vals["student_nctx"].detach(), t_full)
-            else:
-                kl = (vals["student_nctx_token"] - vals["teacher_token"]).detach()
+            s_full, s_tok, t_tok = vals.get("student_nctx"), vals.get("student_nctx_token"), vals.get("teacher_token")
+            if exact_kl:  # both full log-probs exist then (`exact_kl`)
+                assert s_full is not None and t_full is not None
+                kl = _kl(s_full.detach(), t_full)
+            else:  # both token log-probs exist then
+                assert s_tok is not None and t_tok is not None
+                kl = (s_tok - t_tok).detach()
         vals["teacher"] = t_full if "teacher" in need else None
         return LossInputs(**{k: vals.get(k) for k in LossInputs.__dataclass_fields__}), kl
 
@@ -265,14 +270,16 @@ class StepScorer:
     def step(self, batch: TwoViewBatch, step: int, per_term: bool = False) -> StepResult:
         """Forward + backward of the whole batch (module docstring); gradients ADD to ``.grad`` (zero them first),
         or, with `per_term`, are returned per term and ``.grad`` is untouched."""
-        mask, info = batch.response_mask, {}
+        mask, info = batch.response_mask, dict[str, int]()
         micro = self._micro(batch.batch_size)
         keep_teacher = self.split[id(self.teacher)]  # [b, R, d] per micro-batch is cheap to keep
-        teacher_h = [None] * len(micro)
+        teacher_h: list[Tensor | None] = [None] * len(micro)
         with torch.no_grad():
             if keep_teacher:
                 teacher_h = [self._hidden("teacher", rows(batch, sl), info) for sl, _ in micro]
-        cached, first, memo = None, None, None
+        cached: dict[str, Tensor] | None = None
+        first: dict[str, Tensor] | None = None
+        memo: _Memo = None
         if len(micro) == 1:  # the grad pass serves the selection too (and, on one chunk, its heads: `_select`)
             cached = {r: self._hidden(r, rows(batch, micro[0][0]), info) for r in self.student_roles}
             first = {r: h.detach().requires_grad_() for r, h in cached.items()}
@@ -283,13 +290,14 @@ class StepScorer:
                 batch, micro, teacher_h, None if first is None else first.get("student_nctx"), step, memo
             )
         den = (dist.all_sum(mask.sum().float()), None if keep is None else dist.all_sum((mask & keep).sum().float()))
-        acc = _Acc(self.terms, self.params, self._head_params(), per_term)
+        acc = ChunkSums(self.terms, self.params, self._head_params(), per_term)
         for i, (sl, real) in enumerate(micro):
             mb = rows(batch, sl)
             mmask = mb.response_mask if real else torch.zeros_like(mb.response_mask)
             mkeep = None if keep is None else (keep[sl] if real else torch.zeros_like(mmask))
             with torch.no_grad():
-                th = teacher_h[i] if teacher_h[i] is not None else self._hidden("teacher", mb, info)
+                th = teacher_h[i]
+                th = th if th is not None else self._hidden("teacher", mb, info)
             hs = cached or {r: self._hidden(r, mb, info) for r in self.student_roles}
             leaves = first or {r: h.detach().requires_grad_() for r, h in hs.items()}
             with self.clock("loss"):
@@ -297,7 +305,9 @@ class StepScorer:
             cached, first, memo = None, None, None
             with self.clock("student_bwd"):
                 acc.trunk(hs, leaves)
-        return StepResult(acc.loss, acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep)
+        return StepResult(
+            torch.as_tensor(acc.loss), acc.logs, acc.weights, kept, acc.grads.result() if per_term else None, info, keep
+        )
 
     def _loss(
         self,
@@ -308,7 +318,7 @@ class StepScorer:
         keep: Tensor | None,
         den: tuple,
         step: int,
-        acc: _Acc,
+        acc: ChunkSums,
         memo: _Memo = None,
     ) -> None:
         """One micro-batch's loss, per chunk of positions, into `acc` (backward into the leaves and the head); `memo`:
@@ -337,58 +347,3 @@ def _token(full: Tensor | None, logits: Tensor, tokens: Tensor, T: float) -> Ten
     if full is not None:
         return full.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     return token_logp(logits, tokens, T)
-
-
-class _Acc:
-    """Sums the chunk shares (loss, logs) and routes their gradients: ``backward`` into ``.grad`` (and the leaves),
-    or per term into `TermGrads`."""
-
-    def __init__(self, terms: list[LossTerm], params: list, head_params: list, per_term: bool):
-        self.per_term, self.head_params = per_term, head_params
-        self.loss: Tensor | float = 0.0
-        self.logs: dict[str, Tensor] = {}
-        self.weights: dict[str, float] = {}
-        self.grads = TermGrads([t.name for t in terms], params)
-        self.leaf_grads: dict[str, dict[str, Tensor]] = {}
-
-    def chunk(self, res: Any, leaves: dict[str, Tensor], kl_share: Tensor) -> None:
-        self.loss = self.loss + res.loss.detach()
-        for k, v in list(res.logs.items()) + [("kl/teacher_student", kl_share)]:
-            self.logs[k] = self.logs.get(k, 0.0) + v.detach()
-        self.weights = res.weights
-        names, leaf_list = list(leaves), list(leaves.values())
-        if not self.per_term:
-            with record_function("mechopd.backward.chunk"):
-                res.loss.backward()  # leaves' .grad and the head's .grad accumulate
-            return
-        terms = list(res.weighted)
-        for j, t in enumerate(terms):
-            g = torch.autograd.grad(
-                res.weighted[t], leaf_list + self.head_params, retain_graph=j < len(terms) - 1, allow_unused=True
-            )
-            acc = self.leaf_grads.setdefault(t, {})
-            for n, gl in zip(names, g[: len(names)]):
-                if gl is not None:
-                    acc[n] = gl if n not in acc else acc[n] + gl
-            self.grads.add(t, self.head_params, g[len(names) :])
-
-    def trunk(self, hs: dict[str, Tensor], leaves: dict[str, Tensor]) -> None:
-        """One backward through the trunk(s) of this micro-batch (per term on a per-term step)."""
-        if not self.per_term:
-            pairs = [(hs[r], leaves[r].grad) for r in hs if leaves[r].grad is not None and hs[r].requires_grad]
-            if pairs:
-                with record_function("mechopd.backward.trunk"):
-                    torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
-            return
-        todo = [(t, [(hs[r], g) for r, g in lg.items() if hs[r].requires_grad]) for t, lg in self.leaf_grads.items()]
-        todo = [(t, p) for t, p in todo if p]
-        for j, (t, pairs) in enumerate(todo):
-            g = torch.autograd.grad(
-                [p[0] for p in pairs],
-                self.grads.params,
-                [p[1] for p in pairs],
-                retain_graph=j < len(todo) - 1,
-                allow_unused=True,
-            )
-            self.grads.add(t, self.grads.params, g)
-        self.leaf_grads = {}

@@ -26,6 +26,7 @@ import contextlib
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ class Trainer(TrainerSetup, TrainerSaving):
         self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True, verbose: bool = False
     ):
         self.rank, self.world = dist.init()
-        self.verbose, self.last_eval = verbose, None
+        self.verbose = verbose
+        self.last_eval = None
         self.run_dir = RunDir(Path(out_dir))
         self._lock = rundir.acquire(self.run_dir, self.rank == 0)  # one writer per run dir, until run() ends
         rundir.releasing_on_error(self._lock, self._setup, cfg, resume, progress)
@@ -147,11 +149,13 @@ class Trainer(TrainerSetup, TrainerSaving):
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
         guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
         logs.update(("beta_eff", res.weights[t.name]) for t in self.terms if t.schedule is not None)  # the last one
-        self._last_term_norms = None
+        self._last_term_norms: dict[str, float] | None = None
         if stats_step:  # one autograd.grad per term (train/gradstats.py); their sum is the step's gradient
-            gradstats.set_summed_grads(self.params, res.term_grads)
-            stats = gradstats.grad_stats(res.term_grads, self.param_names)
-            self._last_term_norms = {t: stats[f"grad/norm/{t}"] for t in res.term_grads}
+            grads = res.term_grads
+            assert grads is not None  # a per-term step returns them (`StepResult.term_grads`)
+            gradstats.set_summed_grads(self.params, grads)
+            stats = gradstats.grad_stats(grads, self.param_names)
+            self._last_term_norms = {t: float(stats[f"grad/norm/{t}"] or 0.0) for t in grads}  # a norm: never None
             logs.update(stats)
         with self.clock("optimizer"):
             gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
@@ -211,8 +215,10 @@ class Trainer(TrainerSetup, TrainerSaving):
         `term_grads()` re-scores it per term)."""
         self.shard.reduce_grads(self.params)
         gnorm = self.shard.clip_grads(self.params, self.cfg.grad_clip)
-        if self._last_term_norms is not None:
-            diagnose = lambda: self._last_term_norms  # noqa: E731
+        diagnose: Callable[[], dict[str, float]] | None
+        last = self._last_term_norms
+        if last is not None:
+            diagnose = lambda: last  # noqa: E731
         elif len(self.terms) == 1:
             diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
         elif self.cfg.sharding == "none":

@@ -39,6 +39,7 @@ class TrainerSaving:
     opt: Any
     gate: Any
     engine: Any
+    last_eval: tuple[int, Any] | None  # (step, scores) of the last in-training evaluation
 
     def evaluate(self) -> dict[str, Any]:
         """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
