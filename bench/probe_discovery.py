@@ -4,7 +4,7 @@ reference tree (e.g. main, where `probes/builtin.py` listed them without importi
     python bench/probe_discovery.py --ref /work/main [--repeat 7]
 
 Runs ``mechopd --help`` and ``mechopd probe similarity --help`` in fresh interpreters, alternating this tree and the
-reference (PYTHONPATH), and prints the minimum wall and CPU (user + system) time of each and the ratio this /
+reference (PYTHONPATH), after one untimed start of each that writes its bytecode, and prints the minimum wall and CPU (user + system) time of each and the ratio this /
 reference (below 1: faster). The minimum is the least noisy statistic on a shared machine; CPU time does not count
 the waits for a busy core.
 """
@@ -25,7 +25,8 @@ COMMANDS = {"mechopd --help": ["--help"], "mechopd probe similarity --help": ["p
 
 def once(tree: Path, args: list[str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds: user + system of the child) of one start."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # both trees start from bytecode
+    env.update(PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(
         [sys.executable, "-c", "import sys; from mechopd.cli import main; sys.exit(main())", *args],
@@ -44,6 +45,7 @@ def main() -> None:
     a = p.parse_args()
     for name, args in COMMANDS.items():
         times: dict[str, list[tuple[float, float]]] = {"this": [], "ref": []}
+        once(HERE, args), once(Path(a.ref), args)  # not timed: writes each tree's bytecode (no compile in a timed run)
         for _ in range(a.repeat):
             times["this"].append(once(HERE, args))
             times["ref"].append(once(Path(a.ref), args))

@@ -309,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             print(v["trl"].settings())
         ok = report(times, lens)
         stage_table(v, args.warmup)
-        for f in v.values():  # release the trainers' run-dir locks (Trainer.close) before the temp dir goes
-            if hasattr(f, "trainer"):
+        for f in v.values():  # release mechopd's run-dir locks (Trainer.close) before the temp dir goes
+            if hasattr(f, "records"):  # a `make_trainer_step` variant (TRL's runner has a .trainer too)
                 f.trainer.close()
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
