@@ -30,7 +30,6 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import Tensor
 
-from mechopd.core.errors import ConfigError
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     SampledKL,
     TopKKL,
@@ -164,7 +163,7 @@ def register_term(
     from mechopd.core.options import register_options
 
     if added and not weight:
-        raise ConfigError(f"loss term {name!r}: added=True needs weight= (the config field that switches it on)")
+        raise ValueError(f"loss term {name!r}: added=True needs weight= (the config field that switches it on)")
 
     def deco(build):
         if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)

@@ -94,14 +94,19 @@ def test_the_trainer_never_retokenises_responses(boundary_checkpoint, zoo, tmp_p
         lr=1e-3,
         pool_size=6,
     )
-    trainer = tr.Trainer(cfg, tmp_path / "run", progress=False)
-    real_call = type(trainer.tokenizer).__call__
+    tok_type = type(load_tokenizer(boundary_checkpoint))
+    real_call = tok_type.__call__
     monkeypatch.setattr(
-        type(trainer.tokenizer),
+        tok_type,
         "__call__",
-        lambda self, text, *a, **k: texts.append(text) or real_call(self, text, *a, **k),
+        lambda self, text, *a, **k: (
+            texts.extend([text] if isinstance(text, str) else text) or real_call(self, text, *a, **k)
+        ),
     )
+    trainer = tr.Trainer(cfg, tmp_path / "run", progress=False)  # renders the pool's prompts once (`prerender`)
+    at_setup = len(texts)
     trainer.train_step()
+    assert len(texts) == at_setup  # the step reads the prompts rendered at setup: it tokenises nothing
     batch, responses = scored[0], sampled[0]
     assert len(responses) == 3 and any(responses)
     for i, r in enumerate(responses):
