@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cli.reliability_harness import Case, _run, snapshot  # noqa: F401  (the one harness)
+from tests.cli.reliability_harness import Case, _run, snapshot, train  # noqa: F401  (the one harness)
 
 
 @dataclass(frozen=True)
@@ -65,22 +65,6 @@ def write(ws: Path, name: str, data: str | bytes) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data) if isinstance(data, bytes) else p.write_text(data, encoding="utf-8")
     return p
-
-
-def train(org: Path, ws: Path, *more: str) -> list[str]:
-    return [
-        "train",
-        "--student",
-        str(org),
-        "--out",
-        str(ws / "run"),
-        "--steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--no-progress",
-        *more,
-    ]
 
 
 def evaluate(org: Path, *more: str) -> list[str]:

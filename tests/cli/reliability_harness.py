@@ -115,11 +115,12 @@ def _eval(model: str, *more: str) -> list[str]:
     return ["eval", "--task", "rules", "--model", model, "--n", "2", *more]
 
 
-def _train(student: str, ws: Path, *more: str) -> list[str]:
+def train(student: str | Path, ws: Path, *more: str) -> list[str]:
+    """`mechopd train` of one step at batch 2 into ``ws/run`` (the reliability and hostile cases' common verb)."""
     return [
         "train",
         "--student",
-        student,
+        str(student),
         "--out",
         str(ws / "run"),
         "--steps",

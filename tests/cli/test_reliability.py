@@ -31,7 +31,6 @@ from tests.cli.reliability_harness import (
     _rm,
     _run,
     _sharded_missing,
-    _train,
     copy_org,
     edit_config,
     jsonl_task,
@@ -39,6 +38,7 @@ from tests.cli.reliability_harness import (
     pickle_only,
     poison,
     snapshot,
+    train,
     truncate,
 )
 
@@ -61,11 +61,11 @@ CASES = [
     Case(
         "corrupt",
         "truncated-train",
-        lambda o, w: _train(str(truncate(copy_org(o, w), 0.9)), w),
+        lambda o, w: train(str(truncate(copy_org(o, w), 0.9)), w),
         "truncated or not a safetensors",
     ),
     Case("corrupt", "nan-eval", lambda o, w: _eval(str(poison(copy_org(o, w), float("nan")))), "NaN/inf"),
-    Case("corrupt", "inf-train", lambda o, w: _train(str(poison(copy_org(o, w), float("inf"))), w), "NaN/inf"),
+    Case("corrupt", "inf-train", lambda o, w: train(str(poison(copy_org(o, w), float("inf"))), w), "NaN/inf"),
     Case(
         "corrupt",
         "nan-deltas",
@@ -103,7 +103,7 @@ CASES = [
     Case(
         "missing",
         "no-weights-train",
-        lambda o, w: _train(str(_rm(copy_org(o, w), "model.safetensors")), w),
+        lambda o, w: train(str(_rm(copy_org(o, w), "model.safetensors")), w),
         "holds no weights",
     ),
     Case("missing", "missing-shard", lambda o, w: _eval(str(_sharded_missing(copy_org(o, w)))), "is missing"),
@@ -111,7 +111,7 @@ CASES = [
     Case("missing", "no-dir", lambda o, w: _eval(str(w / "nope")), "does not exist"),
     # config.json shapes that do not match the weights
     Case("shape", "more-layers-eval", lambda o, w: _eval(str(more_layers(copy_org(o, w), 2))), "lacks"),
-    Case("shape", "more-layers-train", lambda o, w: _train(str(more_layers(copy_org(o, w), 1)), w), "lacks"),
+    Case("shape", "more-layers-train", lambda o, w: train(str(more_layers(copy_org(o, w), 1)), w), "lacks"),
     Case("shape", "fewer-layers", lambda o, w: _eval(str(more_layers(copy_org(o, w), -1))), "does not describe"),
     Case(
         "shape", "wider-mlp", lambda o, w: _eval(str(edit_config(copy_org(o, w), intermediate_size=128))), "has shape"
@@ -124,16 +124,16 @@ CASES = [
     ),
     # pickle: refused with the conversion, never unpickled (the trap would create a file)
     Case("pickle", "bin-only-eval", lambda o, w: _eval(str(pickle_only(o, w))), "never unpickles", subprocess=True),
-    Case("pickle", "bin-only-train", lambda o, w: _train(str(pickle_only(o, w)), w), "never unpickles"),
+    Case("pickle", "bin-only-train", lambda o, w: train(str(pickle_only(o, w)), w), "never unpickles"),
     # devices this machine lacks
     Case(
         "device",
         "cuda-missing" if not CUDA else "cuda-index",
-        lambda o, w: _train(str(o), w, "--set", "device=cuda" if not CUDA else "device=cuda:99"),
+        lambda o, w: train(str(o), w, "--set", "device=cuda" if not CUDA else "device=cuda:99"),
         "CUDA device",
         subprocess=True,
     ),
-    Case("device", "bogus-device", lambda o, w: _train(str(o), w, "--set", "device=gpu0"), "not a device name"),
+    Case("device", "bogus-device", lambda o, w: train(str(o), w, "--set", "device=gpu0"), "not a device name"),
     # output paths: --out a file, under a file, read-only, would clobber, a checkpoint
     Case(
         "out", "eval-out-under-file", lambda o, w: _eval(str(o), "--out", str(_file(w) / "r.json")), "cannot be created"
@@ -169,11 +169,11 @@ CASES = [
         lambda o, w: ["eval", "--task", "rules", "--compare", f"a={o}", "--out", str(copy_org(o, w))],
         "is a checkpoint directory",
     ),
-    Case("out", "train-out-file", lambda o, w: _train(str(o), w, "--out", str(_file(w))), "is a file"),
+    Case("out", "train-out-file", lambda o, w: train(str(o), w, "--out", str(_file(w))), "is a file"),
     Case(
         "out",
         "train-out-under-file",
-        lambda o, w: _train(str(o), w, "--out", str(_file(w) / "run")),
+        lambda o, w: train(str(o), w, "--out", str(_file(w) / "run")),
         "cannot be created",
     ),
     Case("out", "pretrain-out-file", lambda o, w: ["pretrain", "--task", "rules", "--out", str(_file(w))], "is a file"),
@@ -188,7 +188,7 @@ CASES = [
     Case(
         "out",
         "train-out-readonly",
-        lambda o, w: _train(str(o), w, "--out", str(_readonly(w) / "run")),
+        lambda o, w: train(str(o), w, "--out", str(_readonly(w) / "run")),
         "not writable",
         skip="root writes to read-only directories" if ROOT else None,
     ),
@@ -258,7 +258,7 @@ CASES = [
     Case(
         "vocab",
         "train-jsonl",
-        lambda o, w: _train(str(o), w, "--task", "jsonl", "--set", f"task_options.path={jsonl_task(w)}"),
+        lambda o, w: train(str(o), w, "--task", "jsonl", "--set", f"task_options.path={jsonl_task(w)}"),
         "lacks tokens",
     ),
 ]

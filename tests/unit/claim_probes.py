@@ -201,34 +201,31 @@ def _write_weightpatch(probes: Path, wp: dict) -> None:
     )
 
 
+def svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
+    """deltas_svd rows of OPD: one attention matrix (q_proj, ‖ΔW‖² 1) and one MLP matrix (down_proj, ‖ΔW‖² mlp_dsq)."""
+    fixed = {"model": "opd", "vs": "base", "layer": 0, "rows": 16, "cols": 16, "k": 4, "eff_rank": 3.0}
+    fixed.update({"topk_energy": 0.9, "frac_above_0.01": 1.0, "frac_above_0.1": 0.5, "frac_above_1": 0.0})
+    return [
+        {
+            **fixed,
+            "site": f"layers.0.{module}",
+            "module": module,
+            "energy90_frac": e90,
+            "overlap_k": overlap,
+            "overlap_random": 0.25,
+            "delta_sq": dsq,
+            "w0_sq": 10.0,
+        }
+        for module, dsq in (("q_proj", 1.0), ("down_proj", mlp_dsq))
+    ]
+
+
 def _write_svd(probes: Path, svd: dict) -> None:
     """deltas_svd.csv / .json of OPD (one attention and one MLP matrix) through the probe's summary."""
     from mechopd.core.artifacts import write_csv, write_json
     from mechopd.probes.delta_svd import COLUMNS, CSV, JSON, summarize_svd
 
-    rows = [
-        {
-            "model": "opd",
-            "vs": "base",
-            "site": f"layers.0.{module}",
-            "layer": 0,
-            "module": module,
-            "rows": 16,
-            "cols": 16,
-            "k": 4,
-            "eff_rank": 3.0,
-            "topk_energy": 0.9,
-            "frac_above_0.01": 1.0,
-            "frac_above_0.1": 0.5,
-            "frac_above_1": 0.0,
-            "energy90_frac": svd["e90"],
-            "overlap_k": svd["overlap"],
-            "overlap_random": 0.25,
-            "delta_sq": dsq,
-            "w0_sq": 10.0,
-        }
-        for module, dsq in (("q_proj", 1.0), ("down_proj", svd["mlp"]))
-    ]
+    rows = svd_rows(svd["mlp"], svd["e90"], svd["overlap"])
     write_csv(probes / CSV, rows, COLUMNS)
     write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(rows)})
 

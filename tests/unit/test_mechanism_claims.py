@@ -45,31 +45,9 @@ def _wp_rows(acc: float, qk: float, vo: float, ctrl: float, harm: float = 0.4, h
 
 
 def _svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
-    rows = []
-    for module, dsq in (("q_proj", 1.0), ("down_proj", mlp_dsq)):
-        rows.append(
-            {
-                "model": "opd",
-                "vs": "base",
-                "site": f"layers.0.{module}",
-                "layer": 0,
-                "module": module,
-                "rows": 16,
-                "cols": 16,
-                "k": 4,
-                "eff_rank": 3.0,
-                "topk_energy": 0.9,
-                "frac_above_0.01": 1.0,
-                "frac_above_0.1": 0.5,
-                "frac_above_1": 0.0,
-                "energy90_frac": e90,
-                "overlap_k": overlap,
-                "overlap_random": 0.25,
-                "delta_sq": dsq,
-                "w0_sq": 10.0,
-            }
-        )
-    return rows
+    from tests.unit.claim_probes import svd_rows
+
+    return svd_rows(mlp_dsq, e90, overlap)
 
 
 def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
