@@ -36,6 +36,7 @@ from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signal
     C_MODES,
     D_MODES,
     FLOOR,
+    OPTIONAL_SIGNALS,
     TeachabilityStats,
     _check_choice,
     _check_mask,
@@ -144,19 +145,26 @@ def selector_score(name: str, normed: NormalizedStats) -> Tensor:
 # Gathering the signals across processes (by field name, so a new signal travels too)
 # ---------------------------------------------------------------------------------------------------------------------
 def pack_stats(mask: Tensor, stats: TeachabilityStats | None) -> Tensor:
-    """``[batch, seq, 1 + n_fields]``: the mask, then every `TeachabilityStats` field (by name) when given."""
-    cols = [mask.float()] + ([getattr(stats, f.name) for f in fields(TeachabilityStats)] if stats else [])
-    return torch.stack(cols, -1)
+    """``[batch, seq, 1 + n_fields]``: the mask, then every `TeachabilityStats` field that is set, by name, in field
+    order (an optional field left None, e.g. ``kl_full`` in training, is not sent)."""
+    present = (
+        [] if stats is None else [v for f in fields(TeachabilityStats) if (v := getattr(stats, f.name)) is not None]
+    )
+    return torch.stack([mask.float(), *present], -1)
 
 
 def unpack_stats(packed: Tensor) -> tuple[Tensor, TeachabilityStats | None]:
-    """The inverse of `pack_stats` (on rows gathered from every process): (mask, stats or None)."""
+    """The inverse of `pack_stats` (on rows gathered from every process): (mask, stats or None). The column count
+    says which optional fields were sent (they are the last fields: `OPTIONAL_SIGNALS`)."""
     names = [f.name for f in fields(TeachabilityStats)]
-    stats = (
-        TeachabilityStats(**{n: packed[..., 1 + i] for i, n in enumerate(names)})
-        if packed.shape[-1] == 1 + len(names)
-        else None
-    )
+    n = packed.shape[-1] - 1
+    if n == 0:
+        return packed[..., 0] > 0.5, None
+    if not len(names) - len(OPTIONAL_SIGNALS) <= n <= len(names):
+        raise ValueError(
+            f"unpack_stats: {n} signal columns, expected {len(names) - len(OPTIONAL_SIGNALS)}..{len(names)}"
+        )
+    stats = TeachabilityStats(**{name: packed[..., 1 + i] for i, name in enumerate(names[:n])})
     return packed[..., 0] > 0.5, stats
 
 

@@ -28,17 +28,27 @@ class TeachabilityStats:
     """Raw per-position signals, all ``[batch, seq]`` float, detached, 0 at invalid positions.
 
     C: compatibility mass; D: divergence on the union support; H: entropy (nats) of the student's renormalised top-K;
-    kl_full: full-vocabulary ``KL(p_t ‖ p_s)`` (the "raw KL" the paper contrasts with the decomposition).
+    kl_full: full-vocabulary ``KL(p_t ‖ p_s)`` (the "raw KL" the paper contrasts with the decomposition), or None
+    when not asked for: no selector reads it (the trainer skips it; the teachability probe reports it).
     """
 
     C: Tensor
     D: Tensor
     H: Tensor
-    kl_full: Tensor
+    kl_full: Tensor | None = None
+
+
+OPTIONAL_SIGNALS = ("kl_full",)  # the TeachabilityStats fields that may be None (the last ones, in field order)
 
 
 def teachability_stats(
-    student_logp: Tensor, teacher_logp: Tensor, mask: Tensor, k: int = 16, c_mode: str = "exact", d_mode: str = "union"
+    student_logp: Tensor,
+    teacher_logp: Tensor,
+    mask: Tensor,
+    k: int = 16,
+    c_mode: str = "exact",
+    d_mode: str = "union",
+    kl_full: bool = True,
 ) -> TeachabilityStats:
     """Per-position TA-OPD signals (no gradient). ``K = min(k, vocab)``.
 
@@ -56,7 +66,9 @@ def teachability_stats(
                            by log K, a constant that Norm() removes)
         kl_full_t        = Σ_v p_t(v) (log p_t(v) − log p_s(v))
 
-    student_logp, teacher_logp: ``[batch, seq, vocab]``; mask: ``[batch, seq]`` bool.
+    student_logp, teacher_logp: ``[batch, seq, vocab]``; mask: ``[batch, seq]`` bool. ``kl_full=False`` leaves
+    ``kl_full`` None: the selectors never read it, and at a real vocabulary it is four passes over ``[batch, seq,
+    vocab]`` and three temporaries of that size per chunk (the trainer passes False).
     """
     _check_choice("k", k, None)
     _check_choice("c_mode", c_mode, C_MODES)
@@ -71,8 +83,9 @@ def teachability_stats(
             "C": _compat_mass(lt_all, ids_s, ids_t, c_mode),
             "D": (_union_kl if d_mode == "union" else _floored_kl)(ls_all, lt_all, ids_s, ids_t),
             "H": _topk_entropy(ls_all, ids_s),
-            "kl_full": (lt_all.exp() * (lt_all - ls_all)).sum(-1),
         }
+        if kl_full:
+            stats["kl_full"] = (lt_all.exp() * (lt_all - ls_all)).sum(-1)
         zero = torch.zeros((), dtype=ls_all.dtype, device=ls_all.device)
         return TeachabilityStats(**{name: torch.where(mask, v, zero) for name, v in stats.items()})
 

@@ -242,7 +242,7 @@ class StepScorer:
                     th = th if th is not None else self._hidden("teacher", mb, {})
                     if real:
                         parts.append(self._signals(hx, th, mb.response_mask, memo))
-            stats = TeachabilityStats(*(torch.cat([p[i] for p in parts], 0) for i in range(4)))
+            stats = TeachabilityStats(*(torch.cat([p[i] for p in parts], 0) for i in range(3)))
         if not dist.active():
             out = sel.from_stats(stats, mask, o.budget, gen)
             return out.keep, out.kept_fraction
@@ -253,7 +253,8 @@ class StepScorer:
         return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
 
     def _signals(self, hx: Tensor, th: Tensor, mask: Tensor, memo: _Memo = None) -> list[Tensor]:
-        """TA-OPD signals ``[b, R]`` (C, D, H, kl_full), computed per chunk of positions (`_select` on `memo`)."""
+        """TA-OPD signals ``[b, R]`` (C, D, H; no selector reads kl_full), per chunk of positions (`_select` on
+        `memo`)."""
         sel, T, out = self.selector, self.opts.temperature, []
         for c in self._chunks(mask.shape[1]):
             with torch.set_grad_enabled(memo is not None):  # kept for the loss: the student's head with grad
@@ -263,9 +264,9 @@ class StepScorer:
             t = _logp(t_logits, T)
             if memo is not None:
                 memo.update(student_nctx=(s_logits, s), teacher=(t_logits, t))
-            st = teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode)
-            out.append((st.C, st.D, st.H, st.kl_full))
-        return [torch.cat([o[i] for o in out], 1) for i in range(4)]
+            st = teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode, kl_full=False)
+            out.append((st.C, st.D, st.H))
+        return [torch.cat([o[i] for o in out], 1) for i in range(3)]
 
     def step(self, batch: TwoViewBatch, step: int, per_term: bool = False) -> StepResult:
         """Forward + backward of the whole batch (module docstring); gradients ADD to ``.grad`` (zero them first),

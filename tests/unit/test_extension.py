@@ -214,3 +214,8 @@ def test_the_selection_signals_travel_between_processes_by_field_name():
     for f in fields(TeachabilityStats):
         assert torch.equal(getattr(back, f.name), getattr(stats, f.name)), f.name
     assert unpack_stats(pack_stats(mask, None))[1] is None
+    partial = TeachabilityStats(C=stats.C, D=stats.D, H=stats.H)  # kl_full not asked for (the trainer's selection)
+    back = unpack_stats(pack_stats(mask, partial))[1]
+    assert back is not None and back.kl_full is None and torch.equal(back.D, stats.D)
+    with pytest.raises(ValueError, match="signal columns"):
+        unpack_stats(torch.zeros(2, 2, 3))
