@@ -252,9 +252,9 @@ def train_render(
     spec = RenderSpec(task.placement, cfg.no_context_system, dict(cfg.chat_template_kwargs))
     spec, note = pin_render(tokenizer, spec, pool[0].prompt, pool[0].context)
     cfg.chat_template_kwargs = dict(spec.chat_template_kwargs)
-    if not task.is_game and rendered is not None:
-        prerender(tokenizer, pool, spec, rendered)
     if not task.is_game:
+        if rendered is not None:
+            prerender(tokenizer, pool, spec, rendered)
         check_fits(
             tokenizer,
             pool,
