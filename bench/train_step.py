@@ -31,9 +31,10 @@ final-norm'd hidden state (dominated by that column) scores every special token 
 rest; every response is exactly --new-tokens long (the mean length of each variant is printed and checked).
 Context placement is "user" (c + "\\n\\n" + x in the user turn) for every variant so that mechopd's context view and
 TRL's `teacher_prompt_template="{privileged_context}\\n\\n{prompt}"` are the same token ids (checked at start-up).
-Variants run interleaved STEP BY STEP (bare opd nca ta_opd bare_nca trl, bare opd ...): TRL's `train()` runs once
-and the other variants' steps run inside its `on_step_end` callback, so every step of every variant sees the same
-machine load within about one cycle. The first --warmup steps of each variant are dropped. The verdict uses the paired
+Variants run interleaved STEP BY STEP (trl bare opd nca ta_opd bare_nca, trl opd nca ta_opd bare_nca bare, ...: the
+order after TRL rotates by one each cycle, so no variant always follows the same one): TRL's `train()` runs once and
+the other variants' steps run inside its `on_step_end` callback, so every step of every variant sees the same machine
+load within about one cycle. The first --warmup steps of each variant are dropped. The verdict uses the paired
 ratio: the median over cycles of (step time of A / step time of B in the same cycle), with a bootstrap 95% interval;
 the ratio of overall medians is printed next to it. mechopd and bare steps are timed around the call; a TRL step is
 timed from the callback's exit to the next callback's entry (data fetch, generation, loss, backward, clip, optimizer,
@@ -175,7 +176,9 @@ def stage_table(variants: dict[str, Any], warmup: int) -> None:
 
 
 def run_interleaved(variants: dict[str, Any], steps: int, warmup: int) -> tuple[dict, dict]:
-    """Step by step: trl, bare, opd, nca, ... , trl, bare, ...; the first `warmup` steps of each variant are dropped.
+    """Step by step: trl, then the other variants in an order rotated by one each cycle (trl, bare, opd, nca, ...,
+    trl, opd, nca, ..., bare, ...), so that no variant always runs after the same one (the step before leaves the
+    caches and the allocator in its own state); the first `warmup` steps of each variant are dropped.
 
     Returns times[name] (seconds per measured step, in order) and lens[name] (mean response length per step).
     """
@@ -184,7 +187,7 @@ def run_interleaved(variants: dict[str, Any], steps: int, warmup: int) -> tuple[
     local = [k for k, v in variants.items() if not isinstance(v, TRLRunner)]
 
     def cycle(j: int) -> None:
-        for name in local:
+        for name in local[j % len(local) :] + local[: j % len(local)]:  # rotated: no variant always follows another
             t, n = variants[name]()
             if j >= warmup:
                 times[name].append(t)
