@@ -36,9 +36,11 @@ order after TRL rotates by one each cycle, so no variant always follows the same
 the other variants' steps run inside its `on_step_end` callback, so every step of every variant sees the same machine
 load within about one cycle. The first --warmup steps of each variant are dropped. The verdict uses the paired
 ratio: the median over cycles of (step time of A / step time of B in the same cycle), with a bootstrap 95% interval;
-the ratio of overall medians is printed next to it. mechopd and bare steps are timed around the call; a TRL step is
-timed from the callback's exit to the next callback's entry (data fetch, generation, loss, backward, clip, optimizer,
-scheduler and the Trainer's own bookkeeping: one full loop iteration, nothing of the other variants).
+the ratio of overall medians is printed next to it. TA-OPD / OPD sits near 1.03 on this machine: at 200 steps its
+interval is about +-0.02 wide and may straddle 1.05; --steps 600 (+-0.013) decides it (docs/scaling.md). mechopd
+and bare steps are timed around the call; a TRL step is timed from the callback's exit to the next callback's entry
+(data fetch, generation, loss, backward, clip, optimizer, scheduler and the Trainer's own bookkeeping: one full loop
+iteration, nothing of the other variants).
 bare_nca (the bare loop plus NCA's extra student forward/backward on the context view and the anchor KL) is printed as
 the floor for the NCA target: what "one extra forward" costs on this model with no library around it.
 
