@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from mechopd.core.errors import MechopdError
 
@@ -214,6 +215,25 @@ def hold(directory: str | os.PathLike, verb: str, wait: bool = False) -> Iterato
         if _HELD is not None:  # None: interpreter shutdown finalizing a lock never released (the OS drops it)
             del _HELD[key]
             _release(fd, lock, root, created, parent_times, had_lock_file, before, failed)
+
+
+_HOLD_CODE = hold.__wrapped__.__code__  # type: ignore[attr-defined]  # the generator's frames (acquire, release)
+
+
+def busy(frame: FrameType | None) -> bool:
+    """True when the stack from ``frame`` (a signal handler's) is acquiring or releasing a lock: in `hold`'s own code,
+    in contextlib entering or leaving a `hold`, or in a helper here. An exception raised there (a stop signal's) could
+    leave the lock file behind, so `pipeline.pool` delays such a stop until the lock is held or released. The body
+    of a ``with hold(...)`` is not busy: its generator is suspended then, off the stack."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == __file__:
+            return True
+        if code.co_filename == contextlib.__file__ and code.co_name in ("__enter__", "__exit__"):
+            if getattr(getattr(frame.f_locals.get("self"), "gen", None), "gi_code", None) is _HOLD_CODE:
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _release(fd, lock, root, created, parent_times, had_lock_file, before, failed) -> None:

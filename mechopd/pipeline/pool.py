@@ -28,7 +28,9 @@ Signals and a dead parent. SIGTERM (what ``timeout`` and job schedulers send) is
 (`terminate_as_interrupt`): the running jobs are stopped and the demo exits. A worker stops by itself when its parent
 dies, even by ``kill -9`` (`_watch_parent`: a parent-death signal on Linux, and a thread that polls the parent pid
 every `PARENT_POLL_S` elsewhere or when the signal was missed): the running job unwinds (its run locks released, its
-lock files removed), then the process exits; it is killed outright `STOP_GRACE_S` later if unwinding hangs.
+lock files removed), then the process exits; it is killed outright `STOP_GRACE_S` later if unwinding hangs. A stop
+that lands while a run lock is being taken or released (`runlock.busy`) is delayed until that is done (at most
+`STOP_DEFER_MAX_S`), so that it never leaves a lock file behind.
 A job's error reaches the parent as a `MechopdError` (a full disk as `runcheck.disk_error`): one ``error:`` line.
 """
 
@@ -57,6 +59,8 @@ ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there,
 EXPECTED_COST = {"nca_follow": 2.5, "ta_opd": 1.8, "nca_const": 1.5, "nca": 1.3, "opd": 1.0}
 PARENT_POLL_S = 0.5  # a worker checks this often whether its parent is still alive
 STOP_GRACE_S = 5.0  # a stopped worker's job gets this long to unwind (locks released) before os._exit
+STOP_RETRY_S = 0.01  # a stop that lands inside a run lock's acquire or release is sent again this much later
+STOP_DEFER_MAX_S = 2.0  # ... for at most this long (a lock waited for, e.g. an organism's): then it stops there
 
 
 class Terminated(KeyboardInterrupt):
@@ -114,7 +118,8 @@ def terminate_as_interrupt() -> Iterator[None]:
         return
 
     def _raise(signum: int, frame: Any) -> None:
-        raise Terminated(f"signal {signum}")
+        if not _deferred(signum, frame):
+            raise Terminated(f"signal {signum}")
 
     before = signal.signal(signal.SIGTERM, _raise)
     try:
@@ -135,10 +140,33 @@ def hold_demo_out(out: Any) -> Iterator[None]:
 _IN_JOB = False  # a worker is inside `run_job` (stopping unwinds the job) or idle (stopping exits at once)
 
 
+_DEFERRED_SINCE: float | None = None  # when the stop now being delayed first landed inside a lock's acquire/release
+
+
+def _deferred(signum: int, frame: Any) -> bool:
+    """True (and the signal sent again in `STOP_RETRY_S`) when ``frame`` is acquiring or releasing a run lock
+    (`runlock.busy`): an exception raised in there could leave the lock file behind. Not past `STOP_DEFER_MAX_S`."""
+    global _DEFERRED_SINCE
+    from mechopd.core import runlock
+
+    now = time.monotonic()
+    if not runlock.busy(frame) or now - (_DEFERRED_SINCE or now) > STOP_DEFER_MAX_S:
+        _DEFERRED_SINCE = None
+        return False
+    _DEFERRED_SINCE = _DEFERRED_SINCE or now
+    again = threading.Timer(STOP_RETRY_S, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+    return True
+
+
 def _stop_worker(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM handler: unwind the running job (its locks released), or exit when idle."""
+    """A worker's SIGTERM handler: unwind the running job (its locks released), or exit when idle. A stop that lands
+    while a run lock is being taken or released waits until that is done (`_deferred`)."""
     if not _IN_JOB:
         os._exit(128 + signum)
+    if _deferred(signum, frame):
+        return
     hard = threading.Timer(STOP_GRACE_S, os._exit, (128 + signum,))
     hard.daemon = True
     hard.start()

@@ -161,3 +161,50 @@ def test_real_demo_killed_by_sigterm_and_kill9_leaves_nothing_and_resumes(tmp_pa
     rerun = _demo(tmp_path, "killed")
     assert rerun.wait(timeout=1800) == 0, rerun.stderr.read()[-3000:]
     assert _evals(run) == _evals(tmp_path / "ref") and len(_evals(run)) >= 5
+
+
+STOP_MIDWAY = """
+import os, signal, sys, time
+from pathlib import Path
+from mechopd.core import runlock
+from mechopd.pipeline import pool
+
+phase, out = sys.argv[1], Path(sys.argv[2])
+signal.signal(signal.SIGTERM, pool._stop_worker)  # as a demo worker, inside a job
+pool._IN_JOB = True
+name = "_open_locked" if phase == "acquire" else "_release"
+real = getattr(runlock, name)
+
+def midway(*args):
+    result = real(*args) if phase == "acquire" else None  # acquire: the lock file exists now; release: not yet removed
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the handler runs in here
+    return result if phase == "acquire" else real(*args)
+
+setattr(runlock, name, midway)
+try:
+    with runlock.hold(out, "train"):
+        time.sleep(0.5)
+    time.sleep(1.0)
+except pool.WorkerStopped:
+    print("stopped", "lock left" if (out / runlock.LOCK_NAME).exists() else "clean", flush=True)
+    os._exit(0)
+print("not stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("phase", ["acquire", "release"])
+def test_a_stop_inside_a_lock_acquire_or_release_waits_for_it(tmp_path, phase):
+    """The race behind a lock file left by a failed demo worker: the parent's SIGTERM landed while the worker's job
+    was taking or releasing its run lock. The stop now waits until the lock is held (the job unwinds and releases
+    it) or released, and then stops the job."""
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_MIDWAY, phase, str(tmp_path / "run")],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "stopped clean", (out.stdout, out.stderr)
+    assert not locks(tmp_path)
