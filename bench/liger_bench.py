@@ -59,7 +59,7 @@ def _mechopd(hs, w, ht, wt, chunk: int) -> float:
             t = to_logp((ht[i : i + chunk] @ wt.T)[None], 1.0)
         loss = reverse_kl_full(s, t).sum() / n
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     return total
 
 
