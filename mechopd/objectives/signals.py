@@ -6,7 +6,8 @@ concatenating the two top-K id lists and de-duplicating after a sort (``[.., 2K]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -39,6 +40,13 @@ class TeachabilityStats:
 
 
 OPTIONAL_SIGNALS = ("kl_full",)  # the TeachabilityStats fields that may be None (the last ones, in field order)
+
+
+def cat_stats(parts: Sequence[TeachabilityStats], dim: int) -> TeachabilityStats:
+    """Every field of ``parts`` concatenated along ``dim`` (1: chunks of positions, 0: micro-batches of rows), by
+    name; a field left None in the parts stays None."""
+    names = [f.name for f in fields(TeachabilityStats) if getattr(parts[0], f.name) is not None]
+    return TeachabilityStats(**{n: torch.cat([getattr(p, n) for p in parts], dim) for n in names})
 
 
 def teachability_stats(

@@ -149,11 +149,13 @@ def _deferred(signum: int, frame: Any) -> bool:
     global _DEFERRED_SINCE
     from mechopd.core import runlock
 
-    now = time.monotonic()
-    if not runlock.busy(frame) or now - (_DEFERRED_SINCE or now) > STOP_DEFER_MAX_S:
+    if not runlock.busy(frame):
         _DEFERRED_SINCE = None
         return False
-    _DEFERRED_SINCE = _DEFERRED_SINCE or now
+    _DEFERRED_SINCE = _DEFERRED_SINCE or time.monotonic()
+    if time.monotonic() - _DEFERRED_SINCE > STOP_DEFER_MAX_S:  # waited long enough (a lock waited for): stop now
+        _DEFERRED_SINCE = None
+        return False
     again = threading.Timer(STOP_RETRY_S, os.kill, (os.getpid(), signum))
     again.daemon = True
     again.start()

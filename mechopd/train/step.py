@@ -55,6 +55,7 @@ from mechopd.generate.scorer import (
 from mechopd.objectives.divergences import _kl
 from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
 from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
+from mechopd.objectives.signals import cat_stats
 from mechopd.train import dist
 from mechopd.train.chunksums import ChunkSums
 from mechopd.train.profile import StageClock
@@ -242,7 +243,7 @@ class StepScorer:
                     th = th if th is not None else self._hidden("teacher", mb, {})
                     if real:
                         parts.append(self._signals(hx, th, mb.response_mask, memo))
-            stats = TeachabilityStats(*(torch.cat([p[i] for p in parts], 0) for i in range(3)))
+            stats = cat_stats(parts, 0)
         if not dist.active():
             out = sel.from_stats(stats, mask, o.budget, gen)
             return out.keep, out.kept_fraction
@@ -252,7 +253,7 @@ class StepScorer:
         B, R = mask.shape
         return out.keep[start : start + B, :R].to(mask.device), out.kept_fraction
 
-    def _signals(self, hx: Tensor, th: Tensor, mask: Tensor, memo: _Memo = None) -> list[Tensor]:
+    def _signals(self, hx: Tensor, th: Tensor, mask: Tensor, memo: _Memo = None) -> TeachabilityStats:
         """TA-OPD signals ``[b, R]`` (C, D, H; no selector reads kl_full), per chunk of positions (`_select` on
         `memo`)."""
         sel, T, out = self.selector, self.opts.temperature, []
@@ -264,9 +265,8 @@ class StepScorer:
             t = _logp(t_logits, T)
             if memo is not None:
                 memo.update(student_nctx=(s_logits, s), teacher=(t_logits, t))
-            st = teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode, kl_full=False)
-            out.append((st.C, st.D, st.H))
-        return [torch.cat([o[i] for o in out], 1) for i in range(3)]
+            out.append(teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode, kl_full=False))
+        return cat_stats(out, 1)
 
     def step(self, batch: TwoViewBatch, step: int, per_term: bool = False) -> StepResult:
         """Forward + backward of the whole batch (module docstring); gradients ADD to ``.grad`` (zero them first),
