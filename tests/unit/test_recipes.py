@@ -107,8 +107,11 @@ def test_probe_recipe_keys_and_labels(path):
 
 
 @pytest.mark.parametrize("path", PROBE_RECIPES, ids=lambda p: p.name)
-def test_probe_recipe_builds_a_setup_and_valid_probe_options(path):
-    """With the probe setup and registry present, the recipe is a `ProbeSetup` and every probe accepts its options."""
+def test_probe_recipe_builds_a_setup_and_valid_probe_options(path, tmp_path, monkeypatch):
+    """With the probe setup and registry present, the recipe is a `ProbeSetup` and every probe accepts its options.
+    Run from an empty directory: `ProbeSetup` records a model path that exists as absolute, so the checkout's own
+    `runs/` (which `mechopd demo` writes) must not decide what the recipe's labels read."""
+    monkeypatch.chdir(tmp_path)
     setup_mod = pytest.importorskip("mechopd.probes.setup")
     registry = pytest.importorskip("mechopd.probes.registry")
     data = yaml.safe_load(path.read_text())
