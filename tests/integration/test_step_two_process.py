@@ -31,11 +31,11 @@ def one_shot(args, tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_processes_micro_batched_and_chunked_equal_one_shot(args, one_shot, tmp_path):
-    _run([*_torchrun(29541), *args, *MICRO, "--set", "logit_chunk=3", "--out", str(tmp_path / "two")], tmp_path)
+    _run([*_torchrun(), *args, *MICRO, "--set", "logit_chunk=3", "--out", str(tmp_path / "two")], tmp_path)
     _assert_same(one_shot, tmp_path / "two")
 
 
 @pytest.mark.slow
 def test_fsdp_uneven_micro_batches_equal_one_shot(args, one_shot, tmp_path):
-    _run([*_torchrun(29542), *args, *MICRO, "--set", "sharding=fsdp", "--out", str(tmp_path / "fsdp")], tmp_path)
+    _run([*_torchrun(), *args, *MICRO, "--set", "sharding=fsdp", "--out", str(tmp_path / "fsdp")], tmp_path)
     _assert_same(one_shot, tmp_path / "fsdp")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -49,7 +50,16 @@ def _run(cmd, cwd):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-def _torchrun(port: int) -> list[str]:
+def free_port() -> int:
+    """A TCP port nothing listens on now: the test files run in parallel (pytest-xdist), and so may other sessions on
+    the machine, so no port is fixed (torchrun binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(port: int | None = None) -> list[str]:
+    port = free_port() if port is None else port
     return [
         sys.executable,
         "-m",
@@ -123,16 +133,7 @@ def _assert_same(one_dir, other_dir):
 @pytest.mark.slow
 def test_two_processes_equal_one(tiny_rules_organism, one_process, tmp_path):
     _run(
-        [
-            *_torchrun(29533),
-            "train",
-            "--student",
-            str(tiny_rules_organism),
-            *ARGS,
-            *STEPS,
-            "--out",
-            str(tmp_path / "two"),
-        ],
+        [*_torchrun(), "train", "--student", str(tiny_rules_organism), *ARGS, *STEPS, "--out", str(tmp_path / "two")],
         tmp_path,
     )
     _assert_same(one_process, tmp_path / "two")
@@ -143,7 +144,7 @@ def test_fsdp_two_processes_equal_one_and_resume(tiny_rules_organism, one_proces
     from transformers import AutoModelForCausalLM
 
     base = ["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "save_every=2"]
-    fsdp = [*_torchrun(29534), *base, "--set", "sharding=fsdp"]
+    fsdp = [*_torchrun(), *base, "--set", "sharding=fsdp"]
     run = tmp_path / "fsdp"
     _run([*fsdp, "--set", "steps=2", "--out", str(run)], tmp_path)  # stops after the step-2 checkpoint
     shutil.copytree(run, tmp_path / "cross")
@@ -175,7 +176,7 @@ def test_grad_stats_are_summed_over_processes(tiny_rules_organism, tmp_path):
     gradients, where AdamW turns rounding differences of the two summation orders into visible weight changes)."""
     args = ["train", "--student", str(tiny_rules_organism), *ARGS, "--set", "steps=1", "--set", "grad_stats_every=1"]
     _run([sys.executable, "-m", "mechopd.cli", *args, "--out", str(tmp_path / "one")], tmp_path)
-    _run([*_torchrun(29535), *args, "--out", str(tmp_path / "two")], tmp_path)
+    _run([*_torchrun(), *args, "--out", str(tmp_path / "two")], tmp_path)
     one, two = (
         [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()][0] for d in ("one", "two")
     )
@@ -203,11 +204,11 @@ def test_shared_prefix_two_processes_equal_one(tiny_rules_organism, tmp_path):
     )
     keys, values = _metrics(one)
     assert float(values[:, keys.index("shared_prefix")].min()) > 0  # the shared path ran at every step
-    for port, layout in ((29535, "none"), (29536, "fsdp")):
+    for layout in ("none", "fsdp"):
         out = tmp_path / layout
         _run(
             [
-                *_torchrun(port),
+                *_torchrun(),
                 "train",
                 "--student",
                 str(tiny_rules_organism),
