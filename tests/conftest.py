@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,10 +105,22 @@ TINY_ORGANISM = dict(
 )
 
 
+def session_dir(tmp_path_factory, name: str) -> Path:
+    """A directory of this test session shared by its pytest-xdist workers (each worker's temp dir is a child of the
+    session's): what one worker builds there, the others reuse. Without workers, the session's own temp dir."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    out = base / "shared" / name
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_rules_organism(tmp_path_factory):
-    """A rules organism pretrained for a few steps (seconds): a real checkpoint written by `pretrain`."""
+    """A rules organism pretrained for a few steps (seconds): a real checkpoint written by `pretrain`, once per session
+    (`pretrain` holds a lock on the directory, so a second worker waits, then reuses the checkpoint by its key)."""
     from mechopd.organisms.pretrain import OrganismConfig, pretrain
 
-    out = tmp_path_factory.mktemp("organism") / "rules"
+    out = session_dir(tmp_path_factory, "organism") / "rules"
     return pretrain(OrganismConfig(task="rules", **TINY_ORGANISM), out, progress=False)
