@@ -2,8 +2,8 @@
 update sits, teachability. Criteria fixed here before any run (docs/method.md §8); each decided by the interval rule
 (`mechopd.report.verdicts.decide`) on a scale where the quantity is unbounded (`mechopd.core.stats.scaled_stat`):
 
-  * the two-view cosine and the lens KL are item-level: their rows use the hierarchical bootstrap over seeds and the
-    probe's items (`seed_items.table_stat`, from ``similarity_examples.csv`` / ``lens_examples.csv``), a statistic of
+  * the two-view cosine and the lens KL are item-level: their rows use the seeds × items interval (t over seeds, the
+    probe's items as the floor; ratios on the log scale) (`seed_items.table_stat`, from ``similarity_examples.csv`` / ``lens_examples.csv``), a statistic of
     per-token means recomputed on every resample; without those tables (an older run), the seed-level rule below;
   * positive quantities (KLs, norm ratios, the distances 1 − cos) on PAIRED per-seed LOG RATIOS: "NCA's lens KL is
     below OPD's" is ``KL_NCA / KL_OPD < 1`` with the t-interval of ``log(KL_NCA / KL_OPD)`` over seeds; a ratio that
@@ -86,7 +86,7 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
     ratio = lambda lo, hi: lambda m: (1 - m[:, hi].mean(-1)) / np.maximum(1 - m[:, lo].mean(-1), 1e-12)  # noqa: E731
     tables = _cos_tables(runs, roles)  # read once: every statistic below bootstraps the same items
     steps = {
-        f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)))
+        f"{hi}/{lo}": table_stat(tables, ratio(roles.index(lo), roles.index(hi)), "log")
         for lo, hi in (("base", "opd"), ("opd", "nca"))
     }
     cos = {m: table_stat(tables, _column_mean(k)) for k, m in enumerate(roles)}
@@ -160,7 +160,7 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
     )  # read once, every site's column
     stats = {}
     for k, i in enumerate(sites):  # per item where the tables exist, else seed-level log ratios
-        st = table_stat(tables, _site_ratio(k))
+        st = table_stat(tables, _site_ratio(k), "log")
         stats[i] = st if st["mean"] is not None else _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log")
     d = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
     measured = "NCA/OPD lens KL " + ", ".join(f"{names[i]} {fmt_stat(stats[i], 3)}" for i in sites)
