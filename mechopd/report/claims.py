@@ -25,6 +25,7 @@ Every value is read through the typed study (`mechopd.study.Study`) by ROLE, nev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -299,16 +300,46 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += [
         "",
-        "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
-        "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
-        "or two patched rows are compared), a "
-        "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
-        "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
-        f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
-        "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and `report/following_claims.py` before any run "
-        "(docs/method.md §8).",
+        "Measured values: mean over seed runs; intervals 95 %, made for few seeds (docs/method.md §8; coverage "
+        "measured by `bench/coverage.py`): for accuracies, Harm, following and weight-patching margins (paired item "
+        "by item where two models or two patched rows are compared) and the probes' per-item cosines and lens KLs, a "
+        "Student-t interval over the seeds' values with each seed's item-bootstrap variance as its floor (ratios on "
+        "the log scale); for seed-level probe values, a Student-t interval over seeds on a log ratio (positive "
+        "quantities) or on log(1 − cos) (cosines). Verdicts by the interval rule: a criterion holds (does not hold) "
+        "only when the whole interval is on the passing (failing) side of its bar, else "
+        f"**{NA_FRAGILE}**; with one seed, marked. "
+        "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and "
+        "`report/following_claims.py` before any run (docs/method.md §8).",
+        "",
+        multiplicity_note(claims),
     ]
     return "\n".join(lines) + "\n"
+
+
+ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.036)
+
+
+def chance_decisions(rows: int, alpha: float = ROW_ERROR, level: float = 0.05) -> tuple[float, int]:
+    """In a null world (every row's true value on its bar, rows independent, each decided by chance with probability
+    ≤ α): the expected number of chance decisions, rows·α, and the least k with P(Binomial(rows, α) ≥ k) ≤ level."""
+    tail, k = 1.0, 0
+    while tail > level:
+        tail -= math.comb(rows, k) * alpha**k * (1 - alpha) ** (rows - k)
+        k += 1
+    return rows * alpha, k
+
+
+def multiplicity_note(claims: Sequence[Claim]) -> str:
+    """The multiplicity policy under the table (docs/method.md §8): each row is its own test at 5 %, no correction;
+    the line says how many rows chance alone decides and how many this table decides."""
+    decided = sum(c.verdict in (HOLDS, FAILS) for c in claims)
+    expect, k = chance_decisions(len(claims))
+    return (
+        f"Multiplicity: {len(claims)} rows, each decided on its own 95 % interval (no correction: each row answers "
+        f"its own question about the papers). A null world — every true value on its bar — would decide about "
+        f"{expect:.2f} of them by chance ({k} or more with probability ≤ 5 %); this table decides {decided}. "
+        "A single decided row can still be one of the chance ones."
+    )
 
 
 def fragile_claims(claims: Sequence[Claim]) -> list[Claim]:
