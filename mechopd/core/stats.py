@@ -126,7 +126,7 @@ def scaled_stat(values: Sequence[float | None], scale: str = "linear", ci: float
 # ------------------------------------------------------------------ seeds × items: Student-t over seeds, item floor
 N_BOOT = 1000
 ItemFn = Callable[[tuple[np.ndarray, ...]], np.ndarray]  # per-item arrays [B, n] each -> one value per row [B]
-HIER_METHOD = "Student-t over seeds with an item-level variance floor (item bootstrap per seed)"
+HIER_METHOD = "hierarchical (seeds, items): Student-t over seeds, item-bootstrap variance floor"
 
 
 def floored_t(

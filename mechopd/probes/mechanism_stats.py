@@ -1,8 +1,8 @@
 """Item-level statistics of the intervention probes over training seeds (docs/method.md §8 and "Interventions and update
 geometry"): the per-item outcomes the probes save (``weightpatch_items.jsonl``: per model and row key
 ``layer/module[/draw]`` the pair [correct_x, correct_xc]; ``localization_items.jsonl``: ``right_x``, ``flips_clean``
-and per site ``flips``), and their mean over seeds with the hierarchical (seeds × items) bootstrap interval
-(`mechopd.core.stats.hier_bootstrap`), as every bounded quantity of the claims table.
+and per site ``flips``), and their mean over seeds with the seeds × items interval (Student-t over seeds, item-bootstrap floor;
+`mechopd.core.stats.hier_bootstrap`), as every bounded quantity of the claims table.
 
 Weight patching, one seed, the items i of its held-out set, row r (qk = q_proj+k_proj reverted in every layer; the
 controls vo and ctrl_qk, the latter with draws d = 1..D):
@@ -100,7 +100,7 @@ def _margin_fn(key: str):
 
 def qk_margin_stat(runs: Sequence[Study], role: str, control: str, key: str = "rule_removed") -> dict[str, Any]:
     """``key`` removed by q_proj+k_proj (every layer) minus that removed by ``control`` (mean over its draws), mean over
-    seeds with the hierarchical bootstrap over seeds and items (paired: one item resample for every row)."""
+    seeds with the hierarchical interval (t over seeds, item floor) over seeds and items (paired: one item resample for every row)."""
     return {**hier_bootstrap([qk_margin_arrays(r, role, control) for r in runs], _margin_fn(key)), "of": len(runs)}
 
 

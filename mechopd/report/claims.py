@@ -9,8 +9,8 @@ is undefined, the organism cannot answer the question, the base model does not u
 passing (failing) side of the bar. The statistics (docs/method.md §8):
 
   * bounded item-level quantities (Acc, Harm, follow_other and their paired differences): mean over seeds with a
-    hierarchical bootstrap interval over seeds and items (`mechopd.report.seed_items`), so no interval leaves [0, 1] and a
-    seed that disagrees widens it; two models of a seed compared item by item;
+    seeds × items interval (`mechopd.report.seed_items`: Student-t over seeds, each seed's item noise as its floor,
+    clipped to [0, 1]), calibrated for few seeds (bench/coverage.py); two models of a seed compared item by item;
   * "no worse than" claims as NON-INFERIORITY tests with a stated margin: the interval of the paired difference
     must lie above −margin; at the ceiling (both models right on every item) that is shown, never assumed;
   * positive probe quantities on paired log ratios, cosines on log(1 − c) (`mechopd.report.claims_probes`);
@@ -105,7 +105,7 @@ def _thresholds(runs: Sequence[Study]) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ removability rows
 def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
     """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm ≥ harm_high), each by the interval rule on the
-    hierarchical bootstrap, Kleene OR; returns (decision, harm stat, drop stat)."""
+    seeds × items interval, Kleene OR; returns (decision, harm stat, drop stat)."""
     th = _thresholds(runs)
     harm = metric_stat(runs, "opd", "harm")
     drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"))

@@ -5,7 +5,7 @@ Reads each role's evaluation report through the typed study (`mechopd.study.Stud
 per unit and context), the ``other_contexts`` list and the summary's ``context_deaf``. Following is a real test: the
 rows read the HELD-OUT contexts, those the NCA + follow run was not trained on (its ``follow_contexts``; the demo
 trains it on the shifts and holds out repeat:2, repeat:3 and reverse). Statistics: mean over seeds with a
-hierarchical bootstrap over seeds and units (`mechopd.report.seed_items`), two models compared unit by unit; every verdict
+seeds × units interval (`mechopd.report.seed_items`: t over seeds, unit floor), two models compared unit by unit; every verdict
 by the interval rule (`verdicts.decide`), claim 3 a three-valued AND (`verdicts.all_of`). Each claim returns
 ``{"measured", "verdict", "criterion", "headline"}``; `mechopd.report.claims` wraps it into its row.
 """
@@ -173,7 +173,7 @@ FOLLOWING_CLAIMS = (
 def following_table(runs: Sequence[Study]) -> list[str]:
     """The report's "Context following" section: per role follow_other on every other context and on the held-out
     ones, the reply classes (sticks, composes, other), retention and the word the replies support (follows, ignores,
-    mixes, breaks); mean over seeds with a hierarchical bootstrap interval (one run: over items). [] without results."""
+    mixes, breaks); mean over seeds with the seeds × items interval (one run: over items). [] without results."""
     if not runs:
         return []
     labels = {role: runs[0].label(role) for role in runs[0].roles}
@@ -207,7 +207,7 @@ def following_table(runs: Sequence[Study]) -> list[str]:
         + (
             "Intervals: 95 % bootstrap over items."
             if len(runs) == 1
-            else "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]."
+            else "Cells: mean over seeds [95 % over seeds and items: Student-t over seeds, item-bootstrap floor]."
         ),
         "",
     ]

@@ -8,7 +8,7 @@ quantile over seeds and keeps the item level as a floor; a proportion's is clipp
 are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together.
 
     from mechopd.report.seed_items import metric_stat, paired_stat
-    metric_stat(runs, "opd", "harm")                                   # mean over seeds [hierarchical interval]
+    metric_stat(runs, "opd", "harm")                                   # mean over seeds [t over seeds, item floor]
     paired_stat(runs, ("nca", "opd"), lambda a: harm(a[0:2]) - 0.5 * harm(a[2:4]))
 """
 
@@ -63,13 +63,13 @@ def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
 def paired_stat(
     runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = 0
 ) -> dict[str, Any]:
-    """Mean over seeds of ``fn`` on the roles' paired item arrays, hierarchical bootstrap interval; ``"of"``: the
+    """Mean over seeds of ``fn`` on the roles' paired item arrays, seeds × items interval; ``"of"``: the
     study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""
     return {**hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed), "of": len(runs)}
 
 
 def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
-    """One role's removability metric over seeds (hierarchical bootstrap over seeds and items)."""
+    """One role's removability metric over seeds (seeds × items interval)."""
     bounds = None if metric == "delta_len" else (0.0, 1.0)
     return {
         **hier_bootstrap([eval_arrays(r, (role,)) for r in runs], lambda a: metric_of(a, metric), bounds=bounds),
@@ -101,8 +101,8 @@ def other_matrix(
 def other_stat(
     runs: Sequence[Study], role: str, field: str = "follow", labels: Sequence[str] | None = None
 ) -> dict[str, Any]:
-    """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (hierarchical
-    bootstrap: seeds, then units)."""
+    """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (seeds × units
+    interval)."""
     seeds = [other_matrix(r, role, field, labels) for r in runs]
     return {
         **hier_bootstrap(
