@@ -32,13 +32,25 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.stats import fmt_stat
-from mechopd.evaluation.removability import RegimeThresholds
+from mechopd.evaluation.removability import COLLAPSED_MAX, RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
 from mechopd.report.seed_items import diff_stat, metric_of, metric_stat, paired_stat
-from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_CEILING, NA_FRAGILE, RULE, Decision, all_of, any_of, decide
+from mechopd.report.verdicts import (
+    CEILING,
+    FAILS,
+    HOLDS,
+    NA,
+    NA_CEILING,
+    NA_FRAGILE,
+    RULE,
+    Decision,
+    all_of,
+    any_of,
+    decide,
+)
 from mechopd.study import Study, studies
 
 __all__ = [
@@ -66,6 +78,7 @@ TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.0
 HARM_REDUCTION = 0.5  # NCA's harm ≤ half of OPD's
 FLOOR_GAIN = 0.2  # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
 NA_FLOOR = NA + " (floor: the base does not use the context)"
+NA_COLLAPSED = NA + " (NCA collapsed: a model that answers nothing harms nothing)"
 
 
 @dataclass
@@ -132,19 +145,27 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     half = diff_stat(runs, "nca", "opd", "harm", HARM_REDUCTION)
     lower = diff_stat(runs, "nca", "opd", "harm")
     crit = (
-        f"given OPD's degradation (the row above), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD "
-        f"Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}"
+        f"given OPD's degradation (the row above) and an NCA that answers (Acc_x > {COLLAPSED_MAX}: a collapsed model "
+        f"harms nothing), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD Harm ≤ 0 and NCA Harm − OPD "
+        f"Harm < 0; {RULE}"
     )
     measured = (
         f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
         f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}"
     )
+    acc = metric_stat(runs, "nca", "acc_x")
+    measured += f"; NCA Acc_x {fmt_stat(acc)} (collapsed at ≤ {COLLAPSED_MAX})"
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
+    alive = decide(acc, COLLAPSED_MAX, ">", "NCA Acc_x") if acc["mean"] is not None else Decision(NA)
+    if alive.verdict == FAILS:
+        return _row("nca_removes", measured, NA_COLLAPSED, crit)
     if half["mean"] is None or lower["mean"] is None or gate.verdict == NA:
         return _row("nca_removes", measured, NA, crit)
-    d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
+    d = all_of(
+        gate, alive, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD")
+    )
     return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
 
 
@@ -152,12 +173,17 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     """Non-inferiority, paired per seed and item: Acc_x(role) − Acc_x(OPD) ≥ −margin (interval rule)."""
     diff = diff_stat(runs, role, "opd", "acc_x")
     acc = metric_stat(runs, role, "acc_x")
-    both = all(r.value(role, "acc_x") == 1 and r.value("opd", "acc_x") == 1 for r in runs)  # every item, every seed
-    crit = f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}"
-    ceiling = " (both right on every item of every seed: no loss, and no room to show a gain)" if both else ""
-    measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}{ceiling}"
+    crit = (
+        f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}; "
+        f"{what} Acc_x ≥ {CEILING} (interval): ceiling, the comparison cannot fail"
+    )
+    measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}"
     if diff["mean"] is None:
         return _row(key, measured, NA, crit)
+    if acc["low"] is not None and acc["low"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
+        return _row(
+            key, measured + f" ({what} at the ceiling: no loss is possible, no gain can be shown)", NA_CEILING, crit
+        )
     return _row(key, measured, decide(diff, -margin, ">="), crit, f"{what} − OPD Acc_x {fmt_stat(diff, signed=True)}")
 
 
@@ -209,13 +235,13 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ),
     (
         "nca_cosine",
-        "NCA's two-view cosine ≥ 0.997 at every layer",
-        "NCA ≥ 0.997 at every layer",
+        "NCA closes the base's two-view distance as far as the paper's NCA (every layer, relative to this base)",
+        "NCA ≥ 0.997 at every layer, base ≈ 0.953 (Qwen3-4B): NCA leaves ≤ 6.4 % of the base's distance",
         _probe("nca_cosine", cp.claim_nca_cosine),
     ),
     (
         "nca_lens",
-        "NCA's removability holds at the level of representations (logit lens, every depth)",
+        "NCA's removability holds at the level of representations (logit lens, every depth where the base's views differ)",
         "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer",
         _probe("nca_lens", cp.claim_nca_lens),
     ),
@@ -227,13 +253,13 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ),
     (
         "shallow",
-        "updates concentrated in shallow layers",
+        "updates concentrated in shallow layers (≥ 1.5× the deep layers' relative update)",
         "shallow layers (36-layer Qwen3-4B; no number)",
         _probe("shallow", cp.claim_shallow),
     ),
     (
         "qk",
-        "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)",
+        "updates concentrated in q_proj / k_proj (≥ 1.5× the other projections'; correlational: ‖ΔW‖ / ‖W0‖ ratios)",
         "q_proj, k_proj (no number)",
         _probe("qk", cp.claim_qk),
     ),

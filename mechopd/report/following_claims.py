@@ -18,7 +18,7 @@ from typing import Any
 from mechopd.core.stats import fmt_stat
 from mechopd.evaluation.following import DEAF_LABEL, DEAF_RATIO, following_word
 from mechopd.report.seed_items import diff_stat, other_diff_stat, other_stat
-from mechopd.report.verdicts import CEILING, NA, NA_CEILING, RULE, Decision, all_of, decide
+from mechopd.report.verdicts import CEILING, NA, NA_CEILING, NA_FLOOR_BOTH, RULE, Decision, all_of, decide
 from mechopd.study import Study
 
 FOLLOW_RUN = "nca_follow"  # the demo's NCA + follow-term run
@@ -90,13 +90,15 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     both = [other_stat(runs, m, "follow", labels) for m in ("nca", "opd")]
     crit = (
         f"held-out other contexts ({_labels(labels)}), paired per seed and item: follow_other(NCA) − "
-        f"follow_other(OPD) > 0; {RULE}; both ≥ 0.995: ceiling"
+        f"follow_other(OPD) > 0; {RULE}; both ≥ {CEILING}: ceiling; both ≤ {1 - CEILING:.3f}: floor"
     )
     measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}; NCA: {_replies(runs, 'nca', labels)}"
     if diff["mean"] is None or not labels:
         return _na(measured, crit)
     if all(s["mean"] is not None and s["low"] is not None and s["low"] >= CEILING for s in both):
         return _na(measured, crit, NA_CEILING)
+    if all(s["mean"] is not None and s["high"] is not None and s["high"] <= 1 - CEILING for s in both):
+        return _na(measured, crit, NA_FLOOR_BOTH)  # the mirror of the ceiling: neither follows, nothing to compare
     return _decided(measured, decide(diff, 0.0, ">"), crit, f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
 NA_CEILING = "not measurable here (ceiling)"
 NA_FRAGILE = "not measurable here (fragile)"
+NA_FLOOR_BOTH = "not measurable here (floor: both at 0)"  # the ceiling's mirror: a comparison of two zeros
 CEILING = 0.995  # a proportion at or above this is at the ceiling: "≥" cannot fail there, so it cannot speak
 TOL = 1e-9
 RULE = "with ≥ 2 seeds the whole 95 % seed interval must clear the bar, else fragile"

@@ -16,7 +16,7 @@ from mechopd.core.stats import hier_bootstrap, scaled_stat
 from mechopd.report import claims
 from mechopd.report import mechanism_claims as mc
 from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
-from mechopd.report.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
+from mechopd.report.verdicts import NA_FLOOR_BOTH, ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 
 H, F, U, NA = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE, claims.NA
@@ -28,6 +28,8 @@ SHALLOW, DEEP = {"layers": 6, "shallow_factor": 2.0}, {"layers": 6, "shallow_fac
 BAD_QK = {"wp": {"qk": (0.93, 0.63, 0.3), "vo": (0.2, 0.2, 0.0), "ctrl": (0.2, 0.2, 0.0)}}
 NO_ITEMS = {"wp": {"items": False}}
 DENSE = {"svd": {"e90": 0.4}}
+CEIL_NCA = {"acc_x": {"nca": 1.0, "opd": 1.0}, "acc_xc": {"nca": 1.0}}  # right on every item: "≥ OPD − δ" cannot fail
+CEIL_TA = {"acc_x": {"ta_opd": 1.0}, "acc_xc": {"ta_opd": 1.0}, "harm": {"ta_opd": 0.0}}
 
 # row -> verdict -> per-seed changes to GOOD (one dict per seed). "na" verdicts are matched by their full text.
 CASES: dict[str, dict[str, list[dict]]] = {
@@ -36,10 +38,17 @@ CASES: dict[str, dict[str, list[dict]]] = {
         H: [{}],
         F: [{"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
         NA + " (OPD shows no degradation to remove)": [NO_DEGRADATION],
+        claims.NA_COLLAPSED: [{"acc_x": {"nca": 0.0}, "acc_xc": {"nca": 0.0}, "harm": {"nca": None}}],
         U: [{}, {"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
     },
-    "nca_keeps": {H: [{}], F: [BAD_NCA], NA: [{"acc_x": {"nca": None}}], U: [{}, BAD_NCA]},
-    "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], U: [{}, BAD_TA]},
+    "nca_keeps": {
+        H: [{}],
+        F: [BAD_NCA],
+        NA: [{"acc_x": {"nca": None}}],
+        claims.NA_CEILING: [CEIL_NCA],
+        U: [{}, BAD_NCA],
+    },
+    "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], claims.NA_CEILING: [CEIL_TA], U: [{}, BAD_TA]},
     "cosine_order": {
         H: [{}],
         F: [{"cos": {"opd": [0.85, 0.75, 0.65]}}],
@@ -48,9 +57,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
     },
     "nca_cosine": {
         H: [{}],
-        F: [{"cos": {"nca": [0.999, 0.998, 0.99]}}],
+        F: [{"cos": {"nca": [0.999, 0.998, 0.95]}}],  # layer 2 leaves 0.05 / 0.3 of the base's distance (> 0.064)
         NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}],
-        U: [{}, {"cos": {"nca": [0.999, 0.998, 0.99]}}],
+        U: [{}, {"cos": {"nca": [0.999, 0.998, 0.95]}}],
     },
     "nca_lens": {
         H: [{}],
@@ -99,6 +108,7 @@ CASES: dict[str, dict[str, list[dict]]] = {
         H: [{}],
         F: [{"follow": {"nca": (0.5, 0.5)}}],
         claims.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
+        NA_FLOOR_BOTH: [{"follow": {"nca": (0.0, 0.0), "opd": (0.0, 0.0)}}],
         U: [{}, {"follow": {"nca": (0.5, 0.5)}}],
     },
     "follow_term": {
@@ -162,9 +172,9 @@ def test_teachability_degeneracy_is_counted_per_seed(tmp_path: Path) -> None:
     assert row.verdict == H and "on 2 of 3 seeds" in row.measured and "degenerate on 1" in row.measured
 
 
-def test_non_inferiority_at_the_ceiling_holds_and_says_so(tmp_path: Path) -> None:
-    row = rows(tmp_path, [{"acc_x": {"nca": 1.0, "opd": 1.0}, "acc_xc": {"nca": 1.0}}])["nca_keeps"]
-    assert row.verdict == H and "both right on every item" in row.measured
+def test_non_inferiority_at_the_ceiling_cannot_speak_and_says_so(tmp_path: Path) -> None:
+    row = rows(tmp_path, [CEIL_NCA])["nca_keeps"]
+    assert row.verdict == claims.NA_CEILING and "no gain can be shown" in row.measured
 
 
 def test_findings_and_the_table_put_the_verdict_first(tmp_path: Path) -> None:
