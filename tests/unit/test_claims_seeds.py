@@ -71,3 +71,15 @@ def test_a_collapsed_nca_removes_nothing_it_could_show(tmp_path: Path) -> None:
     runs = seed_runs(tmp_path, *(merged(k, dead) for k in range(SEEDS)))
     got = {c.key: c for c in claims.evaluate_claims(runs)}
     assert got["nca_removes"].verdict == claims.NA_COLLAPSED and got["degradation"].verdict == claims.HOLDS
+
+
+def test_the_multiplicity_line_counts_what_chance_alone_decides() -> None:
+    """17 rows at ≤ 5 % each: 0.85 expected by chance; P(≥ 3) = 0.0503 > 5 %, P(≥ 4) = 0.0109: the line says 4."""
+    import math
+
+    expect, k = claims.chance_decisions(17)
+    tail = lambda j: sum(math.comb(17, i) * 0.05**i * 0.95 ** (17 - i) for i in range(j, 18))  # noqa: E731
+    assert expect == pytest.approx(0.85) and k == 4 and tail(3) > 0.05 >= tail(4)
+    rows = [claims.Claim("a", "x", "", "", claims.HOLDS, ""), claims.Claim("b", "y", "", "", claims.NA_FRAGILE, "")]
+    note = claims.claims_markdown(rows).splitlines()[-1]
+    assert note.startswith("Multiplicity: 2 rows") and "this table decides 1" in note
