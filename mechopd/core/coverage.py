@@ -50,9 +50,10 @@ RULES = (
     ("Harm_NCA − 0.5 Harm_OPD ≤ 0", "diff", "<=", 0.0),
     ("Harm_NCA − Harm_OPD < 0", "diff", "<", 0.0),
     ("KL_NCA / KL_OPD < 1 (lens, cosine order)", "ratio", "<", 1.0),
-    ("norm ratio > 1 (shallow, q/k)", "log", ">", 1.0),
+    ("norm ratio ≥ 1.5 (shallow, q/k: concentrated)", "log", ">=", 1.5),
     ("|cos(∇OPD, ∇NCA)| ≤ 0.1", "logit", "<=", 0.1),
-    ("NCA cosine ≥ 0.997", "log1m", ">=", 0.997),
+    ("NCA / base distance ≤ 0.064 (NCA's cosine)", "ratio", "<=", 0.064),
+    ("cosine ≥ 0.997 (log(1 − c) scale)", "log1m", ">=", 0.997),
     ("spread difference > 0 (teachability)", "linear", ">", 0.0),
 )
 

@@ -342,7 +342,7 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
     return "\n".join(lines) + "\n"
 
 
-ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.036)
+ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.034)
 
 
 def chance_decisions(rows: int, alpha: float = ROW_ERROR, level: float = 0.05) -> tuple[float, int]:
