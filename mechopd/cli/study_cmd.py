@@ -98,7 +98,8 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="N training seeds 0..N-1 into OUT/seed-k, "
-        "then aggregated (95%% t-interval over seeds; default 3 for rules, 1 for a game or --fast)",
+        "then aggregated (95%% intervals made for few seeds: Student-t over the seeds' values, "
+        "each seed's item noise as a floor, docs/method.md §8; default 6 for rules, 1 for a game or --fast)",
     )
     p.add_argument(
         "--workers",
@@ -199,7 +200,7 @@ def _aggregate_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("aggregate", "mean and 95% t-interval over seed runs: tables, bands, claims, report")
+@command("aggregate", "mean and 95% interval over seed runs (t over seeds, item floor): tables, bands, claims, report")
 def _aggregate(a: argparse.Namespace) -> int:
     from mechopd.report.aggregate import aggregate
 

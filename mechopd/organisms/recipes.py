@@ -9,10 +9,11 @@ half the steps and batch with the lr decaying and NCA gated (below). Method, β 
 they are the experiment.
 
 ``task_options: {rule: reverse}`` (rules): the distilled context is "reverse the items" (the organism is pretrained
-on the whole family, so any rule can be distilled). Reverse twice is the identity, so a student that internalises
-the rule and still reads the context gives the input back: OPD's context-induced degradation stands at the end of
-training on every seed measured (Harm 0.19–0.50 over 5 seeds at lr 2e-3), where shift:1, shift:3 and repeat:2 left it
-transient or seed-dependent (docs/results.md, "Choosing the default study").
+on the whole family, so any rule can be distilled). It was chosen for what it measured, not for a mechanism: OPD's
+context-induced degradation stands at the end of training on every seed measured (Harm 0.19–0.50 over 5 seeds at lr 2e-3), where shift:1, shift:3 and repeat:2 left it
+transient or seed-dependent (docs/results.md, "Choosing the default study"). The harmed replies are not the input
+("reverse twice is the identity" does not describe them: 0 of 193 harmed replies of the default run equal the input,
+an audit in #44); they are other wrong lists.
 
 ``nca_start: 30`` (rules): β = 0 for the first 30 steps, then 0.5. From step 0 the anchor's gradient is hundreds of
 times OPD's on this organism (its two views start maximally apart) and erases the context's effect before OPD moves

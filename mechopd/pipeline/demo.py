@@ -22,8 +22,7 @@ k >= 1 skip the per-seed figures and the study's ``first_seed_only`` probes (no 
 the study by the values of ``mechopd/data/demo_fast.yaml`` (`fast_values`).
 
 The rules study was chosen by measurement so that its effects stand on every seed: the distilled
-context is ``reverse`` (reverse twice is the identity: OPD's context-induced degradation stands at the end of training
-on every seed), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
+context is ``reverse`` (OPD's context-induced degradation stands at the end of training on every seed measured), lr 2e-3 decaying linearly to 0, NCA's anchor from step 30 (from step 0 it erases the context; a KL
 gate never opens on a seed where OPD plateaus), TA-OPD's K = 2 (K = 16 holds the whole 11-token answer vocabulary and
 collapses). The paper's constant β from step 0 is not a default run: it collapses on this organism (both views at 0,
 regime X); `mechopd train training/organisms/rules.yaml --method nca --set nca_start=0` trains it. What was tried and
@@ -278,6 +277,10 @@ def demo(cfg: DemoConfig) -> Path:
     from mechopd.core.runcheck import check_demo_out
     from mechopd.pipeline.pool import hold_demo_out
 
+    if cfg.fast:
+        from mechopd.report import SMOKE_NOTE
+
+        _log(SMOKE_NOTE)  # first: a newcomer must not read the collapsed models as broken
     check_demo_out(asdict(cfg))  # a demo of another seed / config there, or --out inside a run: refused
     if demo_done(cfg):
         _log(f"{cfg.out}: done, nothing to run (report {Path(cfg.out) / 'report.md'})")

@@ -115,7 +115,7 @@ def _unpatched_harm(runs: list[Path]) -> float:
 
 
 def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], list[float], list[float]] | None:
-    """Per site the mean over seeds and the 95 % hierarchical bootstrap interval over seeds and items of the
+    """Per site the mean over seeds and the 95 % hierarchical interval over seeds and items (`stats.hier_bootstrap`) of the
     teacher-forced Harm after patching (`mechanism_stats.site_harm_stat`, from ``localization_items.jsonl``, as the
     report's table); None when a seed's items file lacks the per-item flips."""
     from mechopd.probes.mechanism_stats import localization_arrays, site_harm_stat
@@ -131,7 +131,7 @@ def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], li
 @styled
 def figure_localization(run_dir: Path) -> Figure | None:
     """Teacher-forced Harm after patching, by depth: the mean over seeds (one run: its value) with the 95 %
-    hierarchical bootstrap interval over seeds and items (one run: over items) from the items files; without per-item
+    hierarchical interval over seeds and items (one run: over items) from the items files; without per-item
     flips, the tables' own values and no band. The unpatched Harm dashed."""
     from mechopd.plots.training import seed_runs
 
@@ -159,7 +159,7 @@ def figure_localization(run_dir: Path) -> Figure | None:
             lo,
             hi,
             alpha=0.25,
-            label="95 % hierarchical bootstrap (seeds, items)" if seeds > 1 else "95 % item bootstrap",
+            label="95 % hierarchical (t over seeds, item floor)" if seeds > 1 else "95 % item bootstrap",
         )
     clean = _unpatched_harm(seed_runs(info.root))
     ax.axhline(

@@ -1,8 +1,8 @@
 """Item-level statistics of the intervention probes over training seeds (docs/method.md §8 and "Interventions and update
 geometry"): the per-item outcomes the probes save (``weightpatch_items.jsonl``: per model and row key
 ``layer/module[/draw]`` the pair [correct_x, correct_xc]; ``localization_items.jsonl``: ``right_x``, ``flips_clean``
-and per site ``flips``), and their mean over seeds with the hierarchical (seeds × items) bootstrap interval
-(`mechopd.core.stats.hier_bootstrap`), as every bounded quantity of the claims table.
+and per site ``flips``), and their mean over seeds with the seeds × items interval (Student-t over seeds, item-bootstrap floor;
+`mechopd.core.stats.hier_bootstrap`), as every bounded quantity of the claims table.
 
 Weight patching, one seed, the items i of its held-out set, row r (qk = q_proj+k_proj reverted in every layer; the
 controls vo and ctrl_qk, the latter with draws d = 1..D):
@@ -100,7 +100,8 @@ def _margin_fn(key: str):
 
 def qk_margin_stat(runs: Sequence[Study], role: str, control: str, key: str = "rule_removed") -> dict[str, Any]:
     """``key`` removed by q_proj+k_proj (every layer) minus that removed by ``control`` (mean over its draws), mean over
-    seeds with the hierarchical bootstrap over seeds and items (paired: one item resample for every row)."""
+    seeds with the hierarchical interval over seeds and items (t over seeds, item floor; paired: one item resample
+    for every row)."""
     return {**hier_bootstrap([qk_margin_arrays(r, role, control) for r in runs], _margin_fn(key)), "of": len(runs)}
 
 
@@ -116,7 +117,9 @@ def group_stat(runs: Sequence[Study], role: str, group: str, metric: str) -> dic
     fn = METRIC[metric]
     return {
         **hier_bootstrap(
-            [arrays(r) for r in runs], lambda a: np.mean([fn(a[j], a[j + 1]) for j in range(0, len(a), 2)], axis=0)
+            [arrays(r) for r in runs],
+            lambda a: np.mean([fn(a[j], a[j + 1]) for j in range(0, len(a), 2)], axis=0),
+            bounds=(0.0, 1.0),
         ),
         "of": len(runs),
     }
@@ -169,7 +172,8 @@ def _site_arrays(runs: Sequence[Study | Path], site: str | None) -> list[Arrays 
 
 def site_harm_stat(runs: Sequence[Study | Path], site: str | None) -> dict[str, Any]:
     """Teacher-forced Harm after patching ``site`` (None: unpatched) over seeds and items."""
-    return {**hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2])), "of": len(runs)}
+    stat = hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2]), bounds=(0.0, 1.0))
+    return {**stat, "of": len(runs)}
 
 
 def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[str, Any]:

@@ -30,6 +30,18 @@ def _figure_lines(root: Path) -> list[str]:
     return out
 
 
+SMOKE_NOTE = (
+    "SMOKE RUN (mechopd demo --fast): the organism is too small and trains too briefly to learn the rule, so every "
+    "model is collapsed and every claim 'not measurable here'; this run checks that the pipeline works, not the "
+    "papers' effects. `mechopd demo` (without --fast) shows the effects."
+)
+
+
+def _smoke(cfg: dict[str, Any]) -> list[str]:
+    """The report's first line for a `--fast` run (`SMOKE_NOTE`), else nothing."""
+    return [f"> **{SMOKE_NOTE}**", ""] if cfg.get("fast") else []
+
+
 def _demo_flags(cfg: dict[str, Any]) -> str:
     """The `mechopd demo` flags that reproduce a run's organism, budget and float order (beyond --task, --out,
     --seed / --seeds): steps and batch size always (a default may change), job threads when not 1."""
@@ -194,7 +206,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     summaries = {s.label(k): rep.summary.to_dict() for k, rep in evals.items()}
     md_table, _ = compare_table(summaries) if summaries else ("(no evaluation found)", "")
     cfg = s.config
-    out = [f"# mechopd report — {s.task}", ""]
+    out = [*_smoke(cfg), f"# mechopd report — {s.task}", ""]
     out += [
         f"Organism: `{s.manifest.get('organism')}`. Every method trained from it with the same seed "
         f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
@@ -260,6 +272,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
     cfg = agg.config
     lines = [
+        *_smoke(cfg),
         f"# mechopd report — {agg.task}, {len(runs)} training seeds",
         "",
         f"Organism: `{agg.manifest.get('organism')}` (one organism; the training seed varies: "

@@ -2,8 +2,8 @@
 
 Each seed run is a complete demo run directory (``demo.json``, ``eval/*.json``, ``train/<method>/metrics.jsonl``,
 ``probes/``). A removability metric (Acc_x, Acc_xc, Harm, ...) is a statistic of per-item outcomes: its cell is the
-mean over seeds with a 95 % hierarchical bootstrap interval over seeds and items (`mechopd.report.seed_items`), which stays
-inside the metric's range. A scalar measured once per run (a kept fraction) gets a Student-t interval over the n seeds:
+mean over seeds with a 95 % seeds × items interval (`mechopd.report.seed_items`: Student-t over the seeds, each
+seed's item noise as its floor, clipped to the metric's range). A scalar measured once per run (a kept fraction) gets a Student-t interval over the n seeds:
 
     mean = (1/n) Σ_k v_k,   s = sqrt(Σ_k (v_k − mean)² / (n − 1)),   interval = mean ± t_{0.975, n−1} · s / sqrt(n)
 
@@ -69,7 +69,9 @@ def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None 
         reps = [s.eval(run.role) for s in seeds]
         if all(r is None for r in reps):
             continue
-        row: dict[str, Any] = {m: metric_stat(seeds, run.role, m) for m in METRICS}  # hierarchical: seeds, then items
+        row: dict[str, Any] = {
+            m: metric_stat(seeds, run.role, m) for m in METRICS
+        }  # seeds × items: t over seeds, item floor
         row["regimes"] = [r.summary.regime if r else None for r in reps]
         table[run.name] = row
     trained = [r for r in first if r.role != "base"]
@@ -79,7 +81,7 @@ def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None 
         "methods": first.methods,
         "models": table,
         "kept_fraction": {m: s for m, s in kept.items() if s["n"]},
-        "interval": "95 % hierarchical bootstrap over seeds and items",
+        "interval": "95 % hierarchical over seeds and items: Student-t over seeds, item-bootstrap floor",
         "runs": [str(s.root) for s in seeds],
     }
 

@@ -9,8 +9,8 @@ is undefined, the organism cannot answer the question, the base model does not u
 passing (failing) side of the bar. The statistics (docs/method.md §8):
 
   * bounded item-level quantities (Acc, Harm, follow_other and their paired differences): mean over seeds with a
-    hierarchical bootstrap interval over seeds and items (`mechopd.report.seed_items`), so no interval leaves [0, 1] and a
-    seed that disagrees widens it; two models of a seed compared item by item;
+    seeds × items interval (`mechopd.report.seed_items`: Student-t over seeds, each seed's item noise as its floor,
+    clipped to [0, 1]), calibrated for few seeds (bench/coverage.py); two models of a seed compared item by item;
   * "no worse than" claims as NON-INFERIORITY tests with a stated margin: the interval of the paired difference
     must lie above −margin; at the ceiling (both models right on every item) that is shown, never assumed;
   * positive probe quantities on paired log ratios, cosines on log(1 − c) (`mechopd.report.claims_probes`);
@@ -25,19 +25,32 @@ Every value is read through the typed study (`mechopd.study.Study`) by ROLE, nev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.core.stats import fmt_stat
-from mechopd.evaluation.removability import RegimeThresholds
+from mechopd.evaluation.removability import COLLAPSED_MAX, RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
 from mechopd.report.seed_items import diff_stat, metric_of, metric_stat, paired_stat
-from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_CEILING, NA_FRAGILE, RULE, Decision, all_of, any_of, decide
+from mechopd.report.verdicts import (
+    CEILING,
+    FAILS,
+    HOLDS,
+    NA,
+    NA_CEILING,
+    NA_FRAGILE,
+    RULE,
+    Decision,
+    all_of,
+    any_of,
+    decide,
+)
 from mechopd.study import Study, studies
 
 __all__ = [
@@ -65,6 +78,7 @@ TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.0
 HARM_REDUCTION = 0.5  # NCA's harm ≤ half of OPD's
 FLOOR_GAIN = 0.2  # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
 NA_FLOOR = NA + " (floor: the base does not use the context)"
+NA_COLLAPSED = NA + " (NCA collapsed: a model that answers nothing harms nothing)"
 
 
 @dataclass
@@ -104,7 +118,7 @@ def _thresholds(runs: Sequence[Study]) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ removability rows
 def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
     """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm ≥ harm_high), each by the interval rule on the
-    hierarchical bootstrap, Kleene OR; returns (decision, harm stat, drop stat)."""
+    seeds × items interval, Kleene OR; returns (decision, harm stat, drop stat)."""
     th = _thresholds(runs)
     harm = metric_stat(runs, "opd", "harm")
     drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"))
@@ -131,19 +145,27 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     half = diff_stat(runs, "nca", "opd", "harm", HARM_REDUCTION)
     lower = diff_stat(runs, "nca", "opd", "harm")
     crit = (
-        f"given OPD's degradation (the row above), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD "
-        f"Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}"
+        f"given OPD's degradation (the row above) and an NCA that answers (Acc_x > {COLLAPSED_MAX}: a collapsed model "
+        f"harms nothing), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD Harm ≤ 0 and NCA Harm − OPD "
+        f"Harm < 0; {RULE}"
     )
     measured = (
         f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
         f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}"
     )
+    acc = metric_stat(runs, "nca", "acc_x")
+    measured += f"; NCA Acc_x {fmt_stat(acc)} (collapsed at ≤ {COLLAPSED_MAX})"
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
+    alive = decide(acc, COLLAPSED_MAX, ">", "NCA Acc_x") if acc["mean"] is not None else Decision(NA)
+    if alive.verdict == FAILS:
+        return _row("nca_removes", measured, NA_COLLAPSED, crit)
     if half["mean"] is None or lower["mean"] is None or gate.verdict == NA:
         return _row("nca_removes", measured, NA, crit)
-    d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
+    d = all_of(
+        gate, alive, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD")
+    )
     return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
 
 
@@ -151,12 +173,17 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     """Non-inferiority, paired per seed and item: Acc_x(role) − Acc_x(OPD) ≥ −margin (interval rule)."""
     diff = diff_stat(runs, role, "opd", "acc_x")
     acc = metric_stat(runs, role, "acc_x")
-    both = all(r.value(role, "acc_x") == 1 and r.value("opd", "acc_x") == 1 for r in runs)  # every item, every seed
-    crit = f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}"
-    ceiling = " (both right on every item of every seed: no loss, and no room to show a gain)" if both else ""
-    measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}{ceiling}"
+    crit = (
+        f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}; "
+        f"{what} Acc_x ≥ {CEILING} (interval): ceiling, the comparison cannot fail"
+    )
+    measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}"
     if diff["mean"] is None:
         return _row(key, measured, NA, crit)
+    if acc["low"] is not None and acc["low"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
+        return _row(
+            key, measured + f" ({what} at the ceiling: no loss is possible, no gain can be shown)", NA_CEILING, crit
+        )
     return _row(key, measured, decide(diff, -margin, ">="), crit, f"{what} − OPD Acc_x {fmt_stat(diff, signed=True)}")
 
 
@@ -208,13 +235,13 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ),
     (
         "nca_cosine",
-        "NCA's two-view cosine ≥ 0.997 at every layer",
-        "NCA ≥ 0.997 at every layer",
+        "NCA closes the base's two-view distance as far as the paper's NCA (every layer, relative to this base)",
+        "NCA ≥ 0.997 at every layer, base ≈ 0.953 (Qwen3-4B): NCA leaves ≤ 6.4 % of the base's distance",
         _probe("nca_cosine", cp.claim_nca_cosine),
     ),
     (
         "nca_lens",
-        "NCA's removability holds at the level of representations (logit lens, every depth)",
+        "NCA's removability holds at the level of representations (logit lens, every depth where the base's views differ)",
         "removability “at the level of representations”: NCA ≥ 0.997 cosine at every layer",
         _probe("nca_lens", cp.claim_nca_lens),
     ),
@@ -226,13 +253,13 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
     ),
     (
         "shallow",
-        "updates concentrated in shallow layers",
+        "updates concentrated in shallow layers (≥ 1.5× the deep layers' relative update)",
         "shallow layers (36-layer Qwen3-4B; no number)",
         _probe("shallow", cp.claim_shallow),
     ),
     (
         "qk",
-        "updates concentrated in q_proj / k_proj (correlational: ‖ΔW‖ / ‖W0‖ ratios)",
+        "updates concentrated in q_proj / k_proj (≥ 1.5× the other projections'; correlational: ‖ΔW‖ / ‖W0‖ ratios)",
         "q_proj, k_proj (no number)",
         _probe("qk", cp.claim_qk),
     ),
@@ -299,16 +326,46 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += [
         "",
-        "Measured values: mean over seed runs; intervals 95 %: a hierarchical bootstrap over seeds and "
-        "items for accuracies, Harm, following and weight-patching margins (paired item by item where two models "
-        "or two patched rows are compared), a "
-        "Student-t interval over seeds on a log ratio (positive quantities) or on log(1 − cos) (cosines) for "
-        "probe values. Verdicts by the interval rule: a criterion holds (does not hold) only when the whole "
-        f"interval is on the passing (failing) side of its bar, else **{NA_FRAGILE}**; with one seed, marked. "
-        "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and `report/following_claims.py` before any run "
-        "(docs/method.md §8).",
+        "Measured values: mean over seed runs; intervals 95 %, made for few seeds (docs/method.md §8; coverage "
+        "measured by `bench/coverage.py`): for accuracies, Harm, following and weight-patching margins (paired item "
+        "by item where two models or two patched rows are compared) and the probes' per-item cosines and lens KLs, a "
+        "Student-t interval over the seeds' values with each seed's item-bootstrap variance as its floor (ratios on "
+        "the log scale); for seed-level probe values, a Student-t interval over seeds on a log ratio (positive "
+        "quantities) or on log(1 − cos) (cosines). Verdicts by the interval rule: a criterion holds (does not hold) "
+        "only when the whole interval is on the passing (failing) side of its bar, else "
+        f"**{NA_FRAGILE}**; with one seed, marked. "
+        "Criteria fixed in `mechopd/report/claims.py`, `report/claims_probes.py`, `report/mechanism_claims.py` and "
+        "`report/following_claims.py` before any run (docs/method.md §8).",
+        "",
+        multiplicity_note(claims),
     ]
     return "\n".join(lines) + "\n"
+
+
+ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.034)
+
+
+def chance_decisions(rows: int, alpha: float = ROW_ERROR, level: float = 0.05) -> tuple[float, int]:
+    """In a null world (every row's true value on its bar, rows independent, each decided by chance with probability
+    ≤ α): the expected number of chance decisions, rows·α, and the least k with P(Binomial(rows, α) ≥ k) ≤ level."""
+    tail, k = 1.0, 0
+    while tail > level:
+        tail -= math.comb(rows, k) * alpha**k * (1 - alpha) ** (rows - k)
+        k += 1
+    return rows * alpha, k
+
+
+def multiplicity_note(claims: Sequence[Claim]) -> str:
+    """The multiplicity policy under the table (docs/method.md §8): each row is its own test at 5 %, no correction;
+    the line says how many rows chance alone decides and how many this table decides."""
+    decided = sum(c.verdict in (HOLDS, FAILS) for c in claims)
+    expect, k = chance_decisions(len(claims))
+    return (
+        f"Multiplicity: {len(claims)} rows, each decided on its own 95 % interval (no correction: each row answers "
+        f"its own question about the papers). A null world — every true value on its bar — would decide about "
+        f"{expect:.2f} of them by chance ({k} or more with probability ≤ 5 %); this table decides {decided}. "
+        "A single decided row can still be one of the chance ones."
+    )
 
 
 def fragile_claims(claims: Sequence[Claim]) -> list[Claim]:

@@ -5,7 +5,7 @@ Reads each role's evaluation report through the typed study (`mechopd.study.Stud
 per unit and context), the ``other_contexts`` list and the summary's ``context_deaf``. Following is a real test: the
 rows read the HELD-OUT contexts, those the NCA + follow run was not trained on (its ``follow_contexts``; the demo
 trains it on the shifts and holds out repeat:2, repeat:3 and reverse). Statistics: mean over seeds with a
-hierarchical bootstrap over seeds and units (`mechopd.report.seed_items`), two models compared unit by unit; every verdict
+seeds × units interval (`mechopd.report.seed_items`: t over seeds, unit floor), two models compared unit by unit; every verdict
 by the interval rule (`verdicts.decide`), claim 3 a three-valued AND (`verdicts.all_of`). Each claim returns
 ``{"measured", "verdict", "criterion", "headline"}``; `mechopd.report.claims` wraps it into its row.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from mechopd.core.stats import fmt_stat
 from mechopd.evaluation.following import DEAF_LABEL, DEAF_RATIO, following_word
 from mechopd.report.seed_items import diff_stat, other_diff_stat, other_stat
-from mechopd.report.verdicts import CEILING, NA, NA_CEILING, RULE, Decision, all_of, decide
+from mechopd.report.verdicts import CEILING, NA, NA_CEILING, NA_FLOOR_BOTH, RULE, Decision, all_of, decide
 from mechopd.study import Study
 
 FOLLOW_RUN = "nca_follow"  # the demo's NCA + follow-term run
@@ -90,13 +90,15 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     both = [other_stat(runs, m, "follow", labels) for m in ("nca", "opd")]
     crit = (
         f"held-out other contexts ({_labels(labels)}), paired per seed and item: follow_other(NCA) − "
-        f"follow_other(OPD) > 0; {RULE}; both ≥ 0.995: ceiling"
+        f"follow_other(OPD) > 0; {RULE}; both ≥ {CEILING}: ceiling; both ≤ {1 - CEILING:.3f}: floor"
     )
     measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}; NCA: {_replies(runs, 'nca', labels)}"
     if diff["mean"] is None or not labels:
         return _na(measured, crit)
     if all(s["mean"] is not None and s["low"] is not None and s["low"] >= CEILING for s in both):
         return _na(measured, crit, NA_CEILING)
+    if all(s["mean"] is not None and s["high"] is not None and s["high"] <= 1 - CEILING for s in both):
+        return _na(measured, crit, NA_FLOOR_BOTH)  # the mirror of the ceiling: neither follows, nothing to compare
     return _decided(measured, decide(diff, 0.0, ">"), crit, f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}")
 
 
@@ -173,7 +175,7 @@ FOLLOWING_CLAIMS = (
 def following_table(runs: Sequence[Study]) -> list[str]:
     """The report's "Context following" section: per role follow_other on every other context and on the held-out
     ones, the reply classes (sticks, composes, other), retention and the word the replies support (follows, ignores,
-    mixes, breaks); mean over seeds with a hierarchical bootstrap interval (one run: over items). [] without results."""
+    mixes, breaks); mean over seeds with the seeds × items interval (one run: over items). [] without results."""
     if not runs:
         return []
     labels = {role: runs[0].label(role) for role in runs[0].roles}
@@ -207,7 +209,7 @@ def following_table(runs: Sequence[Study]) -> list[str]:
         + (
             "Intervals: 95 % bootstrap over items."
             if len(runs) == 1
-            else "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]."
+            else "Cells: mean over seeds [95 % over seeds and items: Student-t over seeds, item-bootstrap floor]."
         ),
         "",
     ]

@@ -2,7 +2,7 @@
 before the runs).
 
 The q/k rows are item level: the per-item outcomes of ``weightpatch_items.jsonl`` (`mechopd.probes.mechanism_stats`), the
-margin of q_proj+k_proj over each matched control with a hierarchical bootstrap over seeds and items, as every
+margin of q_proj+k_proj over each matched control with the seeds × items interval (`stats.hier_bootstrap`), as every
 bounded quantity of the claims table (docs/method.md §8). ``deltas --svd`` (`probes.delta_svd.load_svd`: pooled MLP
 share, entry concentration, subspace overlap) is a probe quantity: `stats.seed_stat` over the seed runs. Every verdict
 by the interval rule (`verdicts.decide`), compound criteria by `verdicts.all_of`. Each claim returns ``{"measured",
@@ -71,8 +71,8 @@ NA_NO_ITEMS = NA + " (weightpatch_items.jsonl holds no per-item outcomes: rerun 
 
 
 def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict[str, str]:
-    """Item level (`mechanism_stats.qk_margin_stat`): the margin of q+k over each matched control, hierarchical
-    bootstrap over seeds and items, each by the interval rule, Kleene AND."""
+    """Item level (`mechanism_stats.qk_margin_stat`): the margin of q+k over each matched control, the
+    hierarchical interval over seeds and items (t over seeds, item floor), each by the interval rule, Kleene AND."""
     margins = {c: ms.qk_margin_stat(runs, MODEL, c, key) for c in CONTROLS}
     base = ms.unpatched_stat(runs, MODEL, base_key)
     empty = NA_NO_RULE if base_key == "acc_x" else NA_NO_HARM
@@ -164,7 +164,7 @@ def localization_curve(study: Study) -> dict[str, float | None] | None:
 
 def localization_table(runs: Sequence[Study]) -> list[str]:
     """The report's "Where the harm lives" section: per site the teacher-forced Harm after patching and the removal
-    margin Harm_tf(s) − (1 − share) · Harm_tf(unpatched), each a mean over seeds with the hierarchical bootstrap over
+    margin Harm_tf(s) − (1 − share) · Harm_tf(unpatched), each a mean over seeds with the hierarchical interval (t over seeds, item floor) over
     seeds and items (`mechanism_stats`, from ``localization_items.jsonl``), and the shallowest site whose margin's
     whole interval is ≤ 0 (the interval rule); [] when no seed ran the probe."""
     results = [x for x in (probe_result("localization", r.probes_dir) for r in runs) if x is not None]
@@ -205,7 +205,7 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
         "",
         f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
         f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
-        "Cells: mean over seeds [95 % hierarchical bootstrap over seeds and items]"
+        "Cells: mean over seeds [95 % over seeds and items: Student-t over seeds, item-bootstrap floor]"
         + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."),
         "",
     ]
@@ -215,7 +215,7 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
 def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
     """The report's "Which weights carry the rule" section: per reverted group (``layer/module``; the random-row
     control pooled over its draws) ``role``'s Acc_x, Acc_xc and Harm, each a mean over seeds with the hierarchical
-    bootstrap over seeds and items (`mechanism_stats.group_stat`); [] without per-item weight-patching outcomes."""
+    interval over seeds and items (t over seeds, item floor; `mechanism_stats.group_stat`); [] without per-item weight-patching outcomes."""
     with_items = [r for r in runs if ms.weightpatch_outcomes(r, role) is not None]
     if not with_items:
         return []
@@ -241,8 +241,9 @@ def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
     seeds = len(with_items)
     out += [
         "",
-        f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % hierarchical bootstrap over seeds and "
-        "items]" + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
+        f"Cells: mean over {seeds} seed{'s' if seeds != 1 else ''} [95 % over seeds and items: Student-t over "
+        "seeds, item-bootstrap floor]"
+        + (f"; {len(runs) - seeds} seed(s) without the probe left out." if seeds < len(runs) else "."),
         "",
     ]
     return out

@@ -1,14 +1,14 @@
 """Item-level statistics over training seeds: the per-item outcomes of each seed's evaluation reports, read by ROLE
-through the typed study, and their mean over seeds with a hierarchical (seeds × items) bootstrap interval
-(`mechopd.core.stats.hier_bootstrap`, docs/method.md §8).
+through the typed study, and their mean over seeds with a seeds × items interval (`mechopd.core.stats.hier_bootstrap`:
+Student-t over the seeds' values, each seed's item-bootstrap variance as a floor; docs/method.md §8).
 
 Every bounded quantity the report and the claims show (Acc_x, Acc_xc, Harm, Help, BothCorrect, follow_other, ...) is
-a statistic of per-item outcomes, so its interval is made by resampling seeds and items, never by a Student-t
-interval on the seeds' point estimates (which leaves [0, 1] at 3 seeds: e.g. Acc_xc 0.945 [0.851, 1.039]). Two
-models of one seed are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together.
+a statistic of per-item outcomes, noisy within a seed as well as between seeds: its interval takes the small-sample t
+quantile over seeds and keeps the item level as a floor; a proportion's is clipped to [0, 1]. Two models of one seed
+are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together.
 
     from mechopd.report.seed_items import metric_stat, paired_stat
-    metric_stat(runs, "opd", "harm")                                   # mean over seeds [hierarchical interval]
+    metric_stat(runs, "opd", "harm")                                   # mean over seeds [t over seeds, item floor]
     paired_stat(runs, ("nca", "opd"), lambda a: harm(a[0:2]) - 0.5 * harm(a[2:4]))
 """
 
@@ -63,14 +63,18 @@ def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
 def paired_stat(
     runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = 0
 ) -> dict[str, Any]:
-    """Mean over seeds of ``fn`` on the roles' paired item arrays, hierarchical bootstrap interval; ``"of"``: the
+    """Mean over seeds of ``fn`` on the roles' paired item arrays, seeds × items interval; ``"of"``: the
     study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""
     return {**hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed), "of": len(runs)}
 
 
 def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
-    """One role's removability metric over seeds (hierarchical bootstrap over seeds and items)."""
-    return paired_stat(runs, (role,), lambda a: metric_of(a, metric))
+    """One role's removability metric over seeds (seeds × items interval)."""
+    bounds = None if metric == "delta_len" else (0.0, 1.0)
+    return {
+        **hier_bootstrap([eval_arrays(r, (role,)) for r in runs], lambda a: metric_of(a, metric), bounds=bounds),
+        "of": len(runs),
+    }
 
 
 def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float = 1.0) -> dict[str, Any]:
@@ -97,11 +101,13 @@ def other_matrix(
 def other_stat(
     runs: Sequence[Study], role: str, field: str = "follow", labels: Sequence[str] | None = None
 ) -> dict[str, Any]:
-    """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (hierarchical
-    bootstrap: seeds, then units)."""
+    """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (seeds × units
+    interval)."""
     seeds = [other_matrix(r, role, field, labels) for r in runs]
     return {
-        **hier_bootstrap([None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0])),
+        **hier_bootstrap(
+            [None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0]), bounds=(0.0, 1.0)
+        ),
         "of": len(runs),
     }
 
@@ -182,7 +188,10 @@ def probe_tables(
     return [probe_items(r, file, value, roles, sites_of(r), mean_column) for r in runs]
 
 
-def table_stat(tables: Sequence[Arrays | None], fn: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
-    """Mean over seeds of ``fn(per-token means [B, roles, sites])`` with the hierarchical bootstrap (seeds, then the
-    probe's items) on `probe_tables` output."""
-    return {**hier_bootstrap(list(tables), lambda a: fn(token_means(a))), "of": len(tables)}
+def table_stat(
+    tables: Sequence[Arrays | None], fn: Callable[[np.ndarray], np.ndarray], scale: str = "linear"
+) -> dict[str, Any]:
+    """Mean over seeds of ``fn(per-token means [B, roles, sites])`` with the seeds × items interval
+    (`stats.hier_bootstrap`: t over seeds, the probe's items as the floor) on `probe_tables` output; ``scale="log"``
+    for a ratio (geometric mean, interval on the log of the per-seed ratios)."""
+    return {**hier_bootstrap(list(tables), lambda a: fn(token_means(a)), scale=scale), "of": len(tables)}

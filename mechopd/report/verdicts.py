@@ -2,12 +2,12 @@
 claim applies (docs/method.md §8). A leaf: imports nothing from mechopd.
 
 The interval rule, for a criterion ``stat OP bar`` (OP one of ≥, >, ≤, <) on a seed statistic ``{"mean", "low",
-"high", "n"}`` (`mechopd.core.stats.seed_stat`, 95 % Student-t over seeds), with tolerance ``TOL = 1e-9``:
+"high", "n"}`` (`mechopd.core.stats.seed_stat` / `hier_bootstrap`, 95 % Student-t over seeds), with tolerance ``TOL = 1e-9``:
 
     ≥ 2 seeds:  holds           iff every v in [low, high] satisfies  v OP bar
                 does not hold   iff every v in [low, high] violates   v OP bar
                 otherwise       "not measurable here (fragile)"       (the interval holds the bar)
-    1 seed:     with an item-level interval (a one-seed hierarchical bootstrap is an item bootstrap) the same rule on
+    1 seed:     with an item-level interval (a one-seed `hier_bootstrap` is an item bootstrap) the same rule on
                 that interval, marked; without one the value itself decides, marked; but a statistic of a study of
                 several seeds (``stat["of"]`` ≥ 2, set by the claims) defined in only one of them is fragile
 
@@ -26,6 +26,7 @@ from typing import Any
 HOLDS, FAILS, NA = "holds", "does not hold", "not measurable here"
 NA_CEILING = "not measurable here (ceiling)"
 NA_FRAGILE = "not measurable here (fragile)"
+NA_FLOOR_BOTH = "not measurable here (floor: both at 0)"  # the ceiling's mirror: a comparison of two zeros
 CEILING = 0.995  # a proportion at or above this is at the ceiling: "≥" cannot fail there, so it cannot speak
 TOL = 1e-9
 RULE = "with ≥ 2 seeds the whole 95 % seed interval must clear the bar, else fragile"

@@ -18,7 +18,11 @@ def _digests(d):
 def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
+    said = capsys.readouterr().out
+    first = said.splitlines()[0]
+    assert "SMOKE RUN" in first and "too small" in first and "`mechopd demo` (without --fast)" in first
     run = tmp_path / "runs" / "demo"
+    assert (run / "report.md").read_text().startswith("> **SMOKE RUN (mechopd demo --fast)")
     assert not (run / "train" / "nca_const").exists()  # the paper's constant β collapses here: not a default run
     _check_the_method_runs(run)
     for f in ("similarity.csv", "gradients.csv", "deltas.csv", "teachability_summary.json"):
@@ -55,7 +59,7 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
     assert expected <= {n[:-4] for n in before}
     # a second demo skips every finished stage
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
-    assert "done, skipped" in capsys.readouterr().out
+    assert "done, skipped" in said + capsys.readouterr().out
     # redraw from artifacts only: identical files
     for p in (run / "figures").iterdir():
         p.unlink()
@@ -175,7 +179,7 @@ def test_every_demo_stage_runs_on_its_pinned_thread_count(tmp_path, monkeypatch)
 def test_a_chosen_seed_is_a_one_seed_demo_and_seed_with_seeds_is_refused(tmp_path, capsys):
     from mechopd.pipeline.demo import DemoConfig, default_seeds
 
-    assert DemoConfig().seeds == default_seeds("rules") == 3 and DemoConfig(seed=2).seeds == 1
+    assert DemoConfig().seeds == default_seeds("rules") == 6 and DemoConfig(seed=2).seeds == 1
     assert DemoConfig(fast=True).seeds == 1 and DemoConfig(task="sokoban").seeds == 1
     assert main(["demo", "--seed", "3", "--seeds", "2", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,6 +1,6 @@
 """Claims table (mechopd.report.claims): every row reaches every verdict it may give — holds, does not hold, each "not
 measurable" reason, fragile — from synthetic per-seed runs with per-item records (tests/unit/claim_runs.py); the
-statistics behind them (hierarchical bootstrap, scaled t-intervals, the interval rule)."""
+statistics behind them (the seeds × items interval, scaled t-intervals, the interval rule)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from mechopd.core.stats import hier_bootstrap, scaled_stat
 from mechopd.report import claims
 from mechopd.report import mechanism_claims as mc
 from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
-from mechopd.report.verdicts import ONE_SEED_NOTE, Decision, all_of, any_of, decide
+from mechopd.report.verdicts import NA_FLOOR_BOTH, ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 
 H, F, U, NA = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE, claims.NA
@@ -28,6 +28,8 @@ SHALLOW, DEEP = {"layers": 6, "shallow_factor": 2.0}, {"layers": 6, "shallow_fac
 BAD_QK = {"wp": {"qk": (0.93, 0.63, 0.3), "vo": (0.2, 0.2, 0.0), "ctrl": (0.2, 0.2, 0.0)}}
 NO_ITEMS = {"wp": {"items": False}}
 DENSE = {"svd": {"e90": 0.4}}
+CEIL_NCA = {"acc_x": {"nca": 1.0, "opd": 1.0}, "acc_xc": {"nca": 1.0}}  # right on every item: "≥ OPD − δ" cannot fail
+CEIL_TA = {"acc_x": {"ta_opd": 1.0}, "acc_xc": {"ta_opd": 1.0}, "harm": {"ta_opd": 0.0}}
 
 # row -> verdict -> per-seed changes to GOOD (one dict per seed). "na" verdicts are matched by their full text.
 CASES: dict[str, dict[str, list[dict]]] = {
@@ -36,10 +38,17 @@ CASES: dict[str, dict[str, list[dict]]] = {
         H: [{}],
         F: [{"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
         NA + " (OPD shows no degradation to remove)": [NO_DEGRADATION],
+        claims.NA_COLLAPSED: [{"acc_x": {"nca": 0.0}, "acc_xc": {"nca": 0.0}, "harm": {"nca": None}}],
         U: [{}, {"harm": {"nca": 0.3}, "acc_xc": {"nca": 0.67}}],
     },
-    "nca_keeps": {H: [{}], F: [BAD_NCA], NA: [{"acc_x": {"nca": None}}], U: [{}, BAD_NCA]},
-    "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], U: [{}, BAD_TA]},
+    "nca_keeps": {
+        H: [{}],
+        F: [BAD_NCA],
+        NA: [{"acc_x": {"nca": None}}],
+        claims.NA_CEILING: [CEIL_NCA],
+        U: [{}, BAD_NCA],
+    },
+    "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], claims.NA_CEILING: [CEIL_TA], U: [{}, BAD_TA]},
     "cosine_order": {
         H: [{}],
         F: [{"cos": {"opd": [0.85, 0.75, 0.65]}}],
@@ -48,9 +57,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
     },
     "nca_cosine": {
         H: [{}],
-        F: [{"cos": {"nca": [0.999, 0.998, 0.99]}}],
+        F: [{"cos": {"nca": [0.999, 0.998, 0.95]}}],  # layer 2 leaves 0.05 / 0.3 of the base's distance (> 0.064)
         NA: [{"cos_": {"base": [0.9], "opd": [0.95]}}],
-        U: [{}, {"cos": {"nca": [0.999, 0.998, 0.99]}}],
+        U: [{}, {"cos": {"nca": [0.999, 0.998, 0.95]}}],
     },
     "nca_lens": {
         H: [{}],
@@ -99,6 +108,7 @@ CASES: dict[str, dict[str, list[dict]]] = {
         H: [{}],
         F: [{"follow": {"nca": (0.5, 0.5)}}],
         claims.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
+        NA_FLOOR_BOTH: [{"follow": {"nca": (0.0, 0.0), "opd": (0.0, 0.0)}}],
         U: [{}, {"follow": {"nca": (0.5, 0.5)}}],
     },
     "follow_term": {
@@ -162,13 +172,13 @@ def test_teachability_degeneracy_is_counted_per_seed(tmp_path: Path) -> None:
     assert row.verdict == H and "on 2 of 3 seeds" in row.measured and "degenerate on 1" in row.measured
 
 
-def test_non_inferiority_at_the_ceiling_holds_and_says_so(tmp_path: Path) -> None:
-    row = rows(tmp_path, [{"acc_x": {"nca": 1.0, "opd": 1.0}, "acc_xc": {"nca": 1.0}}])["nca_keeps"]
-    assert row.verdict == H and "both right on every item" in row.measured
+def test_non_inferiority_at_the_ceiling_cannot_speak_and_says_so(tmp_path: Path) -> None:
+    row = rows(tmp_path, [CEIL_NCA])["nca_keeps"]
+    assert row.verdict == claims.NA_CEILING and "no gain can be shown" in row.measured
 
 
 def test_findings_and_the_table_put_the_verdict_first(tmp_path: Path) -> None:
-    got = list(rows(tmp_path, [{}, NO_DEGRADATION]).values())
+    got = list(rows(tmp_path, [{}, {}, {}, NO_DEGRADATION]).values())  # 3 seeds agree on NCA, one shows no degradation
     md = claims.claims_markdown(got)
     assert md.startswith("| claim | verdict |") and md.count("\n| ") == len(claims.CLAIMS)
     lines = claims.findings(got)
@@ -224,10 +234,10 @@ def test_hierarchical_bootstrap_stays_in_range_and_widens_with_seed_disagreement
     same = [(rng.random(200) < 0.95,) for _ in range(3)]
     split = [(rng.random(200) < p,) for p in (0.99, 0.98, 0.5)]
     fn = lambda a: a[0].mean(1)  # noqa: E731
-    a, b = hier_bootstrap(same, fn), hier_bootstrap(split, fn)
+    a, b = hier_bootstrap(same, fn, bounds=(0.0, 1.0)), hier_bootstrap(split, fn, bounds=(0.0, 1.0))
     assert 0 <= a["low"] <= a["mean"] <= a["high"] <= 1 and 0 <= b["low"] <= b["high"] <= 1
     assert b["high"] - b["low"] > 3 * (a["high"] - a["low"])
-    assert hier_bootstrap(same, fn) == a  # deterministic
+    assert hier_bootstrap(same, fn, bounds=(0.0, 1.0)) == a  # deterministic
     assert a["mean"] == pytest.approx(np.mean([x[0].mean() for x in same]))
     undefined = hier_bootstrap([(np.zeros(10, bool),)], lambda x: np.full(x[0].shape[0], np.nan))
     assert undefined["mean"] is None and undefined["low"] is None
@@ -331,7 +341,9 @@ def test_aggregate_tables_labels_and_report(tmp_path: Path) -> None:
     summary = summarise_runs(runs)
     harm = summary["models"]["opd"]["harm"]
     assert harm["mean"] == pytest.approx(0.3, abs=0.005) and harm["n"] == 3  # 190 items right without c: 38 / 57 / 76
-    assert 0.2 < harm["low"] < 0.3 < harm["high"] < 0.4 and "hierarchical" in summary["interval"]
+    half = t_quantile(0.975, 2) * 0.1 / math.sqrt(3)  # seeds 0.2, 0.3, 0.4: their spread beats the item floor
+    assert harm["low"] == pytest.approx(0.3 - half, abs=1e-6) and harm["high"] == pytest.approx(0.3 + half, abs=1e-6)
+    assert "Student-t over seeds" in summary["interval"]
     assert summary["models"]["base"]["harm"]["mean"] is None
     report = aggregate(runs, tmp_path / "agg").read_text()
     meta = json.loads((tmp_path / "agg" / "demo.json").read_text())

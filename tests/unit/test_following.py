@@ -172,6 +172,10 @@ def test_teachability_degeneracy_names_each_reason():
     kl0 = rng.random(500) + 0.1
     flat = degeneracy(_table(np.full(500, 0.9999), kl0, kl0 * rng.random(500)))
     assert not flat["measurable"] and "C carries no information" in flat["reasons"][0]
+    few = np.where(np.arange(500) < 10, 0.3, 0.9999)  # 10 tokens of 500 below 0.5 (2 %): the default run's case (#44)
+    assert "C carries no information" in degeneracy(_table(few, kl0, kl0 * rng.random(500)))["reasons"][0]
+    enough = np.where(np.arange(500) < 40, 0.3, 0.9999)  # 8 %: a third of a quartile can move
+    assert degeneracy(_table(enough, kl0, kl0 * rng.random(500)))["measurable"]
     conv = degeneracy(_table(rng.random(500), kl0, kl0 * 1e-3))
     assert not conv["measurable"] and "converged" in conv["reasons"][0]
     ok = degeneracy(_table(rng.random(500), kl0, kl0 * rng.random(500)))

@@ -106,4 +106,4 @@ def test_localization_band_over_seeds_is_the_hierarchical_bootstrap_of_the_items
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert min(band) == pytest.approx(min(w["low"] for w in want))
     assert max(band) == pytest.approx(max(w["high"] for w in want))
-    assert "hierarchical bootstrap" in [t.get_text() for t in ax.get_legend().get_texts()][1]
+    assert "hierarchical (t over seeds" in [t.get_text() for t in ax.get_legend().get_texts()][1]
