@@ -289,6 +289,7 @@ def run_study(
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
     from mechopd.pipeline.pool import default_workers
+    from mechopd.pipeline.preflight import check_study_models
 
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
@@ -297,6 +298,7 @@ def run_study(
     workers = default_workers(1) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
+    check_study_models(spec)  # every model the study names, before the first file or job
     check_out(spec, out)
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
