@@ -57,3 +57,17 @@ def _same_tokenizer(student: Any, teacher: Any) -> None:
     from mechopd.models import check_same_tokenizer
 
     check_same_tokenizer(student, teacher)
+
+
+def study_inputs(spec: StudySpec) -> dict[str, dict[str, str]]:
+    """What the study's runs are made from, by content (`core.provenance.input_record`): the student and teacher
+    directories and every file a task option or training field names (data, context files), by the key that names it.
+    `run.check_out` compares it with the record of a run already in ``--out``."""
+    from mechopd.core.provenance import input_record
+
+    named: dict[str, Any] = {"student": spec.student, "teacher": spec.teacher}
+    named.update({f"task_options.{k}": v for k, v in spec.task_options.items()})
+    named.update({f"train.{k}": v for k, v in spec.train.items()})
+    named.update({f"runs.{role}.{k}": v for role, over in spec.runs.items() for k, v in over.items()})
+    records = {key: input_record(value) for key, value in named.items()}
+    return {key: rec for key, rec in records.items() if rec is not None}

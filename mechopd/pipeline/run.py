@@ -44,6 +44,7 @@ from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 
 SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
+INPUTS_FILE = "study_inputs.json"  # what the runs were made from, by content (`preflight.study_inputs`)
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,10 @@ def _normal(doc: Any) -> Any:
     return json.loads(json.dumps(doc, sort_keys=True, default=str))
 
 
-def check_out(spec: StudySpec, out: Path) -> None:
-    """``out`` holds nothing, or a run of this same study; anything else is refused (nothing is changed)."""
+def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = None) -> None:
+    """``out`` holds nothing, or a run of this same study made from the same ``inputs`` (`preflight.study_inputs`:
+    the student's, teacher's, data's content); anything else is refused (nothing is changed)."""
+    from mechopd.core.provenance import changed_inputs
     from mechopd.core.runcheck import check_out_place
 
     check_out_place(out, "run")
@@ -251,7 +254,15 @@ def check_out(spec: StudySpec, out: Path) -> None:
             )
         return
     from mechopd.config import load_yaml
+    from mechopd.core.artifacts import read_json
 
+    made_from = out / INPUTS_FILE
+    changed = changed_inputs(read_json(made_from), inputs or {}) if made_from.is_file() else []
+    if changed:
+        raise ConfigError(
+            f"--out {out} holds a run made from other inputs ({'; '.join(changed)}): its finished stages "
+            "are another model's or data's results; pass another --out (nothing was changed)"
+        )
     old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -289,7 +300,7 @@ def run_study(
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
     from mechopd.pipeline.pool import default_workers
-    from mechopd.pipeline.preflight import check_study_models
+    from mechopd.pipeline.preflight import check_study_models, study_inputs
 
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
@@ -299,15 +310,16 @@ def run_study(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
     check_study_models(spec)  # every model the study names, before the first file or job
-    check_out(spec, out)
+    inputs = study_inputs(spec)  # what its runs are made from, by content
+    check_out(spec, out, inputs)
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
     with hold(out, "run"):
-        return _run(spec, out, workers)
+        return _run(spec, out, workers, inputs)
 
 
-def _run(spec: StudySpec, out: Path, workers: int) -> Path:
+def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) -> Path:
     from mechopd.pipeline.pool import run_seed_runs
 
     t0 = time.time()
@@ -317,6 +329,7 @@ def _run(spec: StudySpec, out: Path, workers: int) -> Path:
         f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
         + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True),
     )
+    write_json(out / INPUTS_FILE, dict(inputs))
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
     for r in runs:  # every seed run's manifest before the first job

@@ -84,3 +84,55 @@ CASES = [
 def test_a_bad_study_is_refused_before_any_file(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
     check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
     assert not (tmp_path / "ws" / "out").exists()
+
+
+def test_a_finished_study_rerun_on_another_model_of_the_same_name_is_refused(
+    tiny_rules_organism, tmp_path, monkeypatch, capsys
+):
+    """``student: ./base`` finished from one folder, rerun from another where ``./base`` is another model: the
+    finished run is not reused as this model's results (it compares content, not names); nothing changes."""
+    from tests.cli.hostile import Case, _run, snapshot
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    copy_org(Path(tiny_rules_organism), a, "base")
+    poison(copy_org(Path(tiny_rules_organism), b, "base"), 0.5)  # another model, finite, the same name
+    out = tmp_path / "out"
+    monkeypatch.chdir(a)
+    argv = [*study(a, "./base")[:2], "--out", str(out)]
+    assert _run(Case("stale", "first", lambda o, w: argv, ""), argv, a, capsys)[0] == 0
+    monkeypatch.chdir(b)
+    argv = [*study(b, "./base")[:2], "--out", str(out)]
+    before = snapshot(out, b)
+    code, err = _run(Case("stale", "second", lambda o, w: argv, ""), argv, b, capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[-1].startswith("error:") and "made from other inputs (student" in lines[-1], lines
+    assert snapshot(out, b) == before
+
+
+def test_eval_scores_a_distilled_student_on_the_rule_it_was_trained_with(tiny_rules_organism, tmp_path, capsys):
+    """`mechopd eval --task rules --compare base=ORG opd=RUN/final` where opd was distilled with ``rule: reverse``:
+    every model is scored on reverse (the record's options), not on the task's default rule; two models trained on
+    different rules are refused with one line (unless --option picks one)."""
+    import json
+
+    from mechopd.cli import main
+    from tests.cli.hostile import train
+
+    org = str(tiny_rules_organism)
+    for name, rule in (("rev", "reverse"), ("shift2", "shift:2")):
+        argv = train(org, tmp_path, "--task", "rules", "--option", f"rule={rule}")
+        argv[argv.index("--out") + 1] = str(tmp_path / name)
+        assert main(argv) == 0, capsys.readouterr().err
+    cmp = ["eval", "--task", "rules", "--n", "2", "--out", str(tmp_path / "cmp"), "--compare", f"base={org}"]
+    assert main([*cmp, f"opd={tmp_path / 'rev' / 'final'}"]) == 0, capsys.readouterr().err
+    for label in ("base", "opd"):
+        doc = json.loads((tmp_path / "cmp" / f"{label}.json").read_text())
+        assert doc["settings"]["task_options"] == {"rule": "reverse"}, (label, doc["settings"])
+    capsys.readouterr()
+    both = ["eval", "--task", "rules", "--n", "2", "--out", str(tmp_path / "c2"), "--compare"]
+    assert main([*both, f"a={tmp_path / 'rev'}/final", f"b={tmp_path / 'shift2'}/final"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "different rule" in lines[0], lines
+    assert not (tmp_path / "c2").exists()
