@@ -200,6 +200,8 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
         "lr": tc.lr,
         "lr_schedule": tc.lr_schedule,
         "eval_n": spec.eval_n,
+        "other_contexts": spec.other_contexts,
+        "eval": spec.eval_fields(),  # the other EvalConfig fields (n_boot, ...): the report's eval line sets them
         "task_options": dict(spec.task_options),
         "job_threads": cfg.job_threads,
         "student": spec.student,

@@ -136,3 +136,21 @@ def test_eval_scores_a_distilled_student_on_the_rule_it_was_trained_with(tiny_ru
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "different rule" in lines[0], lines
     assert not (tmp_path / "c2").exists()
+
+
+def test_the_report_says_how_the_study_ran_and_shows_paths_as_text(tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    """A study with ``other_contexts: false`` and ``n_boot: 50``, its student in a folder whose name holds a newline, a
+    heading and an ``<img onerror>``: report.md's eval line reproduces that evaluation (no --other-contexts, --n-boot
+    50), and the folder's name is text (no live element, no heading: every line outside code is escaped)."""
+    from mechopd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    evil = copy_org(Path(tiny_rules_organism), tmp_path, "org\n# Injected <img src=x onerror=alert(1)>")
+    argv = study(tmp_path, evil, eval={"n": 2, "other_contexts": False, "n_boot": 50})
+    assert main(argv) == 0, capsys.readouterr().err
+    report = (tmp_path / "out" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("mechopd eval "))
+    assert "--other-contexts" not in line and "--n-boot 50" in line, line
+    assert not [ln for ln in report.splitlines() if ln.startswith("# Injected")], report
+    outside = [ln for ln in report.split("```bash")[0].splitlines() if "<img" in ln]
+    assert all(ln.count("`") >= 2 and "\\n" in ln for ln in outside), outside  # inside a one-line code span
