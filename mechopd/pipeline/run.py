@@ -301,7 +301,7 @@ def run_study(
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
-    from mechopd.pipeline.pool import default_workers
+    from mechopd.pipeline.pool import default_workers, terminate_as_interrupt
     from mechopd.pipeline.preflight import check_study_models, study_inputs
 
     spec = StudySpec.load(study)
@@ -317,7 +317,7 @@ def run_study(
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
-    with hold(out, "run"):
+    with terminate_as_interrupt(), hold(out, "run"):  # SIGTERM as Ctrl-C, as the demo: the workers stop, locks freed
         return _run(spec, out, workers, inputs)
 
 
