@@ -282,6 +282,7 @@ def is_done(spec: StudySpec, out: Path) -> bool:
     """Every stage finished: the done record written last, every run's final checkpoint, every report."""
     from mechopd.core.artifacts import read_json
     from mechopd.pipeline.pool import finished
+    from mechopd.pipeline.stages import probes_whole
 
     if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
         return False
@@ -291,6 +292,8 @@ def is_done(spec: StudySpec, out: Path) -> bool:
         if not (Path(r.out) / "report.md").is_file() or not all(
             finished(Path(r.out) / "train" / role) for role in spec.runs
         ):
+            return False
+        if not probes_whole(Path(r.out)):  # a kill between a probe's two files: that probe runs again
             return False
     return True
 

@@ -154,3 +154,29 @@ def test_the_report_says_how_the_study_ran_and_shows_paths_as_text(tiny_rules_or
     assert not [ln for ln in report.splitlines() if ln.startswith("# Injected")], report
     outside = [ln for ln in report.split("```bash")[0].splitlines() if "<img" in ln]
     assert all(ln.count("`") >= 2 and "\\n" in ln for ln in outside), outside  # inside a one-line code span
+
+
+def test_a_rerun_after_a_kill_between_a_probes_two_files_runs_that_probe_again(
+    tiny_rules_organism, tmp_path, monkeypatch, capsys
+):
+    """A finished study whose similarity probe was cut between its files (a kill during a ``--force`` rerun's commit:
+    the manifest gone, one table renamed in, the other not): the rerun is not "done", it runs that probe again and
+    leaves its whole file set."""
+    from mechopd.cli import main
+    from mechopd.core.artifacts import FileSet
+
+    monkeypatch.chdir(tmp_path)
+    argv = study(
+        tmp_path,
+        copy_org(Path(tiny_rules_organism), tmp_path),
+        probes={"similarity": {"n": 2, "models": ["base", "opd"]}},
+    )
+    assert main(argv) == 0, capsys.readouterr().err
+    probes = tmp_path / "out" / "probes"
+    assert FileSet.complete(probes, "similarity", ("similarity.csv", "similarity.json"))
+    FileSet.manifest_path(probes, "similarity").unlink()
+    (probes / "similarity.json").unlink()
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "nothing to run" not in capsys.readouterr().out
+    assert FileSet.complete(probes, "similarity", ("similarity.csv", "similarity.json"), verify=True)
