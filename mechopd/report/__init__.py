@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import read_json
+from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.plots import figure_index
@@ -200,8 +201,8 @@ def _eval_reports(study: Study) -> dict[str, EvalReport]:
     """name -> report: the study's runs in order, then any other ``eval/*.json`` of the root."""
     out = {r.name: rep for r in study if (rep := study.eval(r.role)) is not None}
     for p in sorted((study.root / "eval").glob("*.json")):
-        if p.stem not in out and p.stem not in study.names:
-            out[p.stem] = EvalReport.load(p)
+        if p.stem not in out and p.stem not in study.names:  # a file's name, not a checked label: shown as text
+            out[p.stem if LABEL.match(p.stem) else md_code(p.stem)] = EvalReport.load(p)
     return out
 
 

@@ -180,3 +180,19 @@ def test_a_rerun_after_a_kill_between_a_probes_two_files_runs_that_probe_again(
     assert main(argv) == 0, capsys.readouterr().err
     assert "nothing to run" not in capsys.readouterr().out
     assert FileSet.complete(probes, "similarity", ("similarity.csv", "similarity.json"), verify=True)
+
+
+def test_an_eval_file_named_with_markup_is_text_in_the_report(tmp_path):
+    """``eval/x\\n# H <img onerror>.json`` beside a run's reports (a file's name, not a checked label): report.md
+    shows the name as one-line code, neither a heading nor an element."""
+    import shutil
+
+    from mechopd.report import write_report_md
+    from tests.unit.plotting_run import make_run
+
+    run = make_run(tmp_path / "run")
+    shutil.copy(run / "eval" / "opd.json", run / "eval" / "x\n# H <img src=x onerror=alert(1)>.json")
+    report = write_report_md(run).read_text()
+    assert not [ln for ln in report.splitlines() if ln.startswith("# H")], report
+    prose = report.split("```bash")[0].splitlines()
+    assert all(ln.count("`") >= 2 and "\\n" in ln for ln in prose if "<img" in ln), [ln for ln in prose if "<img" in ln]
