@@ -14,9 +14,11 @@ What a seed run does beyond that is data on its `SeedRun`, set by the runner tha
 `demo.seed_run` for the demo (figures on its first seed only, the ``--sweep`` budget curve, its manifest's runs and
 config); there is one finish job for both.
 
-``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
-with another study there is refused, naming the keys that differ (probes may be added: they run, the rest is
-reused). When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
+``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) and what its runs are made
+from by content (``study_inputs.json``: student, teacher, data and context files, `preflight.study_inputs`) before
+any job: a rerun with another study, or the same study over other inputs (``student: ./base`` run from another
+folder), is refused, naming the keys that differ (probes may be added: they run, the rest is reused). The models are
+checked before that (`preflight.check_study_models`); SIGTERM stops the run as Ctrl-C does. When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
 and returns at once.
 
     from mechopd.pipeline.run import run_study
