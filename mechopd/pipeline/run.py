@@ -295,7 +295,9 @@ def is_done(spec: StudySpec, out: Path) -> bool:
             finished(Path(r.out) / "train" / role) for role in spec.runs
         ):
             return False
-        if not probes_whole(Path(r.out)):  # a kill between a probe's two files: that probe runs again
+        if not probes_whole(
+            Path(r.out), set(spec.probes) - set([] if r.first_seed else spec.first_seed_only)
+        ):  # a kill between a probe's two files: that probe runs again
             return False
     return True
 
