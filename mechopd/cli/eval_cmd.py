@@ -88,7 +88,7 @@ def _eval_output_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="--model: report path ending in .json (a .csv of the "
-        "records is written next to it) or an existing directory; --compare: a directory (one report per "
+        "records is written next to it) or a directory (created when missing); --compare: a directory (one report per "
         "model + compare.md/.csv)",
     )
 
@@ -100,12 +100,12 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
 
     if a.model:
         out = Path(a.out) if a.out else default_eval_report(a.model, a.task)  # never inside the checkpoint
-        if out.is_dir():
-            out = out / f"{a.task}.json"
+        if out.is_dir() or (not out.suffix and not out.exists() and not out.is_symlink()):
+            out = out / f"{a.task}.json"  # a directory, created when missing (as every verb's --out)
         elif out.suffix != ".json":
             raise ConfigError(
                 f"--out {a.out}: pass a report path ending in .json (a .csv of the records is written "
-                "next to it) or an existing directory"
+                "next to it) or a directory"
             )
         return {"model": check_report_target(out)}, None
     if a.out and Path(a.out).suffix in (".json", ".csv", ".md"):

@@ -50,7 +50,7 @@ def _figures_args(p: argparse.ArgumentParser) -> None:
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
 def _figures(a: argparse.Namespace) -> int:
     from mechopd.core.checks import check_out_dir
-    from mechopd.plots import draw_all
+    from mechopd.plots import redraw
     from mechopd.report import write_report_md
     from mechopd.study import Study, study_root
     from mechopd.study.checks import check_study
@@ -63,7 +63,7 @@ def _figures(a: argparse.Namespace) -> int:
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     with hold(run, "figures"):  # not while a demo or another redraw writes into the run (then read the study)
         study = check_study(Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study))
-        drawn = draw_all(study)
+        drawn = redraw(study, run / "figures")  # all or none: a failure leaves the figures drawn before
         if sum(len(v) for v in drawn.values()):
             write_report_md(study)
     n = sum(len(v) for v in drawn.values())

@@ -29,6 +29,7 @@ from mechopd.core.model_checks import (  # noqa: F401 (re-exported)
     check_checkpoint,
     check_finite,
     check_loading_info,
+    check_saved_finite,
     check_tokenizer,
     expected_tensors,
     inside,

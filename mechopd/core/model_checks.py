@@ -232,3 +232,20 @@ def check_finite(model: torch.nn.Module, src: str, files: dict[str, Path] | None
                     f"{where}: tensor {name!r} holds {bad} NaN/inf value(s) of {t.numel()}; the weights "
                     "are corrupted (a diverged run or a damaged copy); use an earlier checkpoint"
                 )
+
+
+def check_saved_finite(files: dict[str, Path]) -> None:
+    """`check_finite` on the saved tensors themselves (``files``: `check_checkpoint`'s name -> file), read one at a
+    time without building the model: what a command runs before its first file is written (`mechopd run`)."""
+    from safetensors import safe_open
+
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                t = fh.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise ModelError(
+                        f"{file}: tensor {name!r} holds {int((~torch.isfinite(t)).sum())} NaN/inf value(s) of "
+                        f"{t.numel()}; the weights are corrupted (a diverged run or a damaged copy); use an "
+                        "earlier checkpoint"
+                    )

@@ -71,20 +71,33 @@ def recorded_render(
 def recorded_task(
     records: dict[str, tuple[dict[str, Any], Path] | None], task: str | None, options: dict[str, Any]
 ) -> tuple[str, dict[str, Any]]:
-    """The task to evaluate: ``--task`` (with ``--option``), else the one task every model's record names (its
-    options, ``--option`` on top); the record's options also apply under ``--task`` naming that same task."""
-    recs = [r for r in records.values() if r is not None]
-    named = {(r[0].get("task"), json.dumps(r[0].get("task_options") or {}, sort_keys=True)) for r in recs}
-    if len(named) == 1 and len(recs) == len(records):
-        rec_task, rec_options = next(iter(named))
-        if task in (None, rec_task):
-            return str(rec_task), {**json.loads(rec_options), **options}
+    """The task to evaluate: ``--task`` (with ``--option``), else the one task every model's record names. The
+    options every model that records that task was trained with apply (``--option`` on top), whichever models record
+    nothing (an organism, a base): a model distilled with ``rule: reverse`` is never scored against the default rule.
+    Models recording the same task with different options (a key ``--option`` does not set) are refused."""
+    recs = {label: r for label, r in records.items() if r is not None}
+    named = {(r[0].get("task"), json.dumps(r[0].get("task_options") or {}, sort_keys=True)) for r in recs.values()}
     if task is None:
-        raise ConfigError(
-            "--task is required: the model records no training task (or the models record different "
-            "ones); e.g. --task rules"
-        )
-    return task, options
+        if len(named) != 1 or len(recs) != len(records):
+            raise ConfigError(
+                "--task is required: the model records no training task (or the models record different "
+                "ones); e.g. --task rules"
+            )
+        task = str(next(iter(named))[0])
+    merged: dict[str, tuple[Any, Path]] = {}
+    for cfg, file in (r for r in recs.values() if r[0].get("task") == task):
+        recorded = cfg.get("task_options") or {}
+        for key, value in recorded.items() if isinstance(recorded, dict) else ():
+            if key in options:
+                continue
+            if key in merged and merged[key][0] != value:
+                raise ConfigError(
+                    f"the models were trained on {task} with different {key}: {merged[key][0]!r} "
+                    f"({merged[key][1]}) and {value!r} ({file}); evaluate them apart, or pass --option "
+                    f"{key}=VALUE to score every model on one"
+                )
+            merged.setdefault(key, (value, file))
+    return task, {**{k: v for k, (v, _) in merged.items()}, **options}
 
 
 def checked_renders(

@@ -319,6 +319,7 @@ def demo_done(cfg: DemoConfig) -> bool:
     """Every stage of this demo finished (its config checked by `runcheck.check_demo_out`): the wall time recorded
     last into OUT/demo.json, OUT's report, and per seed run its report, every training and every evaluation."""
     from mechopd.pipeline.pool import finished, seed_configs
+    from mechopd.pipeline.stages import probes_whole
 
     out = Path(cfg.out)
     if not all((out / f).is_file() for f in ("report.md", MANIFEST_FILE)) or "wall_s" not in read_json(
@@ -328,6 +329,8 @@ def demo_done(cfg: DemoConfig) -> bool:
     for r in seed_configs(cfg):
         run, methods = Path(r.out), r.methods()
         if not (run / "report.md").is_file() or not all(finished(run / "train" / m) for m in methods):
+            return False
+        if not probes_whole(run):  # a kill between a probe's two files: that probe runs again
             return False
         if not all((run / "eval" / f"{m}.json").is_file() for m in ("base", *methods)):
             return False

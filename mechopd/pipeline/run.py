@@ -14,9 +14,11 @@ What a seed run does beyond that is data on its `SeedRun`, set by the runner tha
 `demo.seed_run` for the demo (figures on its first seed only, the ``--sweep`` budget curve, its manifest's runs and
 config); there is one finish job for both.
 
-``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) before any job: a rerun
-with another study there is refused, naming the keys that differ (probes may be added: they run, the rest is
-reused). When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
+``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) and what its runs are made
+from by content (``study_inputs.json``: student, teacher, data and context files, `preflight.study_inputs`) before
+any job: a rerun with another study, or the same study over other inputs (``student: ./base`` run from another
+folder), is refused, naming the keys that differ (probes may be added: they run, the rest is reused). The models are
+checked before that (`preflight.check_study_models`); SIGTERM stops the run as Ctrl-C does. When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
 and returns at once.
 
     from mechopd.pipeline.run import run_study
@@ -44,6 +46,7 @@ from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 
 SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
+INPUTS_FILE = "study_inputs.json"  # what the runs were made from, by content (`preflight.study_inputs`)
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,8 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
         "lr": tc.lr,
         "lr_schedule": tc.lr_schedule,
         "eval_n": spec.eval_n,
+        "other_contexts": spec.other_contexts,
+        "eval": spec.eval_fields(),  # the other EvalConfig fields (n_boot, ...): the report's eval line sets them
         "task_options": dict(spec.task_options),
         "job_threads": cfg.job_threads,
         "student": spec.student,
@@ -237,8 +242,10 @@ def _normal(doc: Any) -> Any:
     return json.loads(json.dumps(doc, sort_keys=True, default=str))
 
 
-def check_out(spec: StudySpec, out: Path) -> None:
-    """``out`` holds nothing, or a run of this same study; anything else is refused (nothing is changed)."""
+def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = None) -> None:
+    """``out`` holds nothing, or a run of this same study made from the same ``inputs`` (`preflight.study_inputs`:
+    the student's, teacher's, data's content); anything else is refused (nothing is changed)."""
+    from mechopd.core.provenance import changed_inputs
     from mechopd.core.runcheck import check_out_place
 
     check_out_place(out, "run")
@@ -251,7 +258,15 @@ def check_out(spec: StudySpec, out: Path) -> None:
             )
         return
     from mechopd.config import load_yaml
+    from mechopd.core.artifacts import read_json
 
+    made_from = out / INPUTS_FILE
+    changed = changed_inputs(read_json(made_from), inputs or {}) if made_from.is_file() else []
+    if changed:
+        raise ConfigError(
+            f"--out {out} holds a run made from other inputs ({'; '.join(changed)}): its finished stages "
+            "are another model's or data's results; pass another --out (nothing was changed)"
+        )
     old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -269,6 +284,7 @@ def is_done(spec: StudySpec, out: Path) -> bool:
     """Every stage finished: the done record written last, every run's final checkpoint, every report."""
     from mechopd.core.artifacts import read_json
     from mechopd.pipeline.pool import finished
+    from mechopd.pipeline.stages import probes_whole
 
     if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
         return False
@@ -279,6 +295,10 @@ def is_done(spec: StudySpec, out: Path) -> bool:
             finished(Path(r.out) / "train" / role) for role in spec.runs
         ):
             return False
+        if not probes_whole(
+            Path(r.out), set(spec.probes) - set([] if r.first_seed else spec.first_seed_only)
+        ):  # a kill between a probe's two files: that probe runs again
+            return False
     return True
 
 
@@ -288,7 +308,8 @@ def run_study(
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
-    from mechopd.pipeline.pool import default_workers
+    from mechopd.pipeline.pool import default_workers, terminate_as_interrupt
+    from mechopd.pipeline.preflight import check_study_models, study_inputs
 
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
@@ -297,15 +318,17 @@ def run_study(
     workers = default_workers(1) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
-    check_out(spec, out)
+    check_study_models(spec)  # every model the study names, before the first file or job
+    inputs = study_inputs(spec)  # what its runs are made from, by content
+    check_out(spec, out, inputs)
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
-    with hold(out, "run"):
-        return _run(spec, out, workers)
+    with terminate_as_interrupt(), hold(out, "run"):  # SIGTERM as Ctrl-C, as the demo: the workers stop, locks freed
+        return _run(spec, out, workers, inputs)
 
 
-def _run(spec: StudySpec, out: Path, workers: int) -> Path:
+def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) -> Path:
     from mechopd.pipeline.pool import run_seed_runs
 
     t0 = time.time()
@@ -315,6 +338,7 @@ def _run(spec: StudySpec, out: Path, workers: int) -> Path:
         f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
         + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True),
     )
+    write_json(out / INPUTS_FILE, dict(inputs))
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
     for r in runs:  # every seed run's manifest before the first job

@@ -204,12 +204,14 @@ class StudySpec:
                 raise ConfigError(
                     f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
                 ) from None
-            if demo_options(_Demo({**(spec.demo or {}), **own}, spec.role_options), study) is None:
-                need = [str((spec.demo or {}).get(k)) for k in spec.role_options if k not in own]
+            wanted = {**(spec.demo or {}), **own}
+            if demo_options(_Demo(wanted, spec.role_options), study) is None:
+                need = [r for k in spec.role_options for r in _role_names(wanted.get(k)) if r not in roles]
                 raise ConfigError(
                     f"{self.source}: probes.{name} reads the role(s) {', '.join(need)}, which the study "
                     f"lacks ({', '.join(sorted(roles))}); add that run or give the probe's "
-                    f"{', '.join(spec.role_options)} option a role of the study"
+                    f"{', '.join(spec.role_options)} option a role of the study (a study's probes read its roles, "
+                    "not checkpoint dirs)"
                 )
 
     def _check_probe_extras(self) -> None:
@@ -301,6 +303,13 @@ class StudySpec:
                 f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}}}}}})"
             )
         return cls(**doc, source=where)
+
+
+def _role_names(value: Any) -> list[str]:
+    """A role option's value as the roles it names (a list, or comma-separated text; None: none)."""
+    if value is None:
+        return []
+    return [str(r).strip() for r in (value if isinstance(value, (list, tuple)) else str(value).split(","))]
 
 
 @dataclass(frozen=True)

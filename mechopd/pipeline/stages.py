@@ -165,3 +165,19 @@ def _chosen_checkpoints(spec: Any, options: dict[str, Any], models: dict[str, Pa
             write_json(run / f"{spec.name}_checkpoint.json", {"checkpoint": str(checkpoint), "why": why})
             picked[opt] = str(checkpoint)
     return picked
+
+
+def probes_whole(run: Path, names: Any = None) -> bool:
+    """No probe the run runs is half-written: each of ``names`` (None: every probe with a demo entry, the demo's) with
+    a file or a manifest in ``run/probes`` has its whole file set there (`FileSet.complete`). A run killed between a
+    probe's two files (a ``--force`` rerun's commit) is not done: the demo's and the study's rerun run it again."""
+    from mechopd.probes.registry import probes as registered
+
+    out = run / "probes"
+    for spec in registered():
+        if spec.demo is None if names is None else spec.name not in names:
+            continue  # a probe this run does not run: a rerun would not mend it
+        started = FileSet.manifest_path(out, spec.name).exists() or any((out / f).exists() for f in spec.outputs)
+        if started and not FileSet.complete(out, spec.name, spec.outputs):
+            return False
+    return True

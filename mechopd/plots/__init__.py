@@ -58,9 +58,31 @@ def draw_all(run_dir: str | Path | Study, out_dir: str | Path | None = None) -> 
     return {info.name: plot(src, out) for info, plot in _figures()}
 
 
+def redraw(study: Study, out_dir: str | Path) -> dict[str, list[Path]]:
+    """`draw_all` as one set (`mechopd figures`): every figure drawn into a hidden folder beside ``out_dir`` first,
+    then moved in; a figure that fails to draw (a bad artifact) leaves ``out_dir`` exactly as it was."""
+    import os
+    import shutil
+    import tempfile
+
+    out = Path(out_dir)
+    stage = Path(tempfile.mkdtemp(prefix=".figures-", dir=out.parent))
+    try:
+        drawn = draw_all(study, stage)
+        if any(drawn.values()):
+            out.mkdir(parents=True, exist_ok=True)
+        for files in drawn.values():
+            for f in files:
+                os.replace(f, out / f.relative_to(stage))
+        return {name: [out / f.relative_to(stage) for f in files] for name, files in drawn.items()}
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 __all__ = [
     "FigureInfo",
     "draw_all",
+    "redraw",
     "figure_index",
     "register_figure",
     "unregister_figure",

@@ -77,6 +77,9 @@ class CacheOptions:
     )
     greedy: bool = greedy_option()
 
+    def __post_init__(self) -> None:  # the list's syntax before any model loads
+        site_list(self.sites, "--sites")
+
 
 def run_cache(
     setup,

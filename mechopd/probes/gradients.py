@@ -155,6 +155,22 @@ class GradientsOptions:
     layers: str | None = option(None, "comma-separated decoder layers (default: every parameter)")
     estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
 
+    def __post_init__(self) -> None:  # the text options' syntax and the terms' names, before any model loads
+        for name in parse_terms(self.terms):
+            if name not in TERMS:
+                loss_term(name)  # the unknown term's one line
+        int_list(self.layers)
+
+
+def parse_terms(terms: str) -> tuple[str, str]:
+    """``--terms opd,nca`` -> ("opd", "nca"); anything but two different names refused with one line."""
+    try:
+        return pair(terms, "--terms")
+    except ConfigError as e:
+        if "twice" in str(e):
+            raise
+        raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
+
 
 def run_gradients(
     setup: ProbeSetup,
@@ -252,12 +268,7 @@ def cli_run(
     estimator: str,
 ) -> list[str]:
     """`mechopd probe gradients`: run, then the lines to print."""
-    try:
-        two = pair(terms, "--terms")
-    except ConfigError as e:
-        if "twice" in str(e):
-            raise
-        raise ConfigError(f"--terms {terms!r} must name two terms, e.g. --terms opd,nca") from None
+    two = parse_terms(terms)
     run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
     s = GradientSummary.require(out)
     return [

@@ -207,6 +207,9 @@ class LensOptions:
     detail: int = detail_option(DETAIL_ITEMS)
     cache: str | None = cache_option()
 
+    def __post_init__(self) -> None:  # the list's syntax before any model loads
+        site_list(self.layers, "--layers")
+
 
 def run_lens(
     setup: Any,

@@ -157,6 +157,9 @@ class LocalizationOptions:
     removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)", range=(0.0, 1.0))
     n_boot: int = option(1000, "item bootstrap resamples", range=(0, None))
 
+    def __post_init__(self) -> None:  # the list's syntax before any model loads
+        site_list(self.layers, "--layers")
+
 
 def run_localization(
     setup: Any,

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.errors import ConfigError
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
 from mechopd.probes.options import cross as two_models
@@ -76,6 +77,14 @@ class PatchingOptions:
     )
     greedy: bool = greedy_option()
     detail: int = detail_option(DETAIL_ITEMS)
+
+    def __post_init__(self) -> None:  # the lists' syntax and the components' names before any model loads
+        site_list(self.layers, "--layers")
+        site_list(self.cross_sites, "--cross-sites")
+        two_models(self.cross)
+        bad = [c for c in site_list(self.components, "--components") or [] if c not in COMPONENTS]
+        if bad:
+            raise ConfigError(f"--components {self.components!r}: {bad[0]!r} is unknown; use {', '.join(COMPONENTS)}")
 
 
 def run_patching(

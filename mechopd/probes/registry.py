@@ -93,6 +93,10 @@ class ProbeSpec:
             )
         out = {**known, **given}
         check(self.name, self.options, out)
+        if self.options is not None:
+            self.options(
+                **out
+            )  # its own checks (`__post_init__`: a list's syntax, a name's spelling), before any model
         return out
 
     def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:

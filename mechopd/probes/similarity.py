@@ -164,6 +164,9 @@ class SimilarityOptions:
     greedy: bool = greedy_option()
     cache: str | None = cache_option()
 
+    def __post_init__(self) -> None:  # the list's syntax before any model loads
+        int_list(self.layers)
+
 
 def run_similarity(
     setup: ProbeSetup,

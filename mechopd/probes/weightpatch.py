@@ -87,6 +87,11 @@ class WeightpatchOptions:
     )
     n_boot: int = option(1000, "paired bootstrap resamples", range=(0, None))
 
+    def __post_init__(self) -> None:  # the lists' syntax before any model loads (the layers' range once it is known)
+        parse_modules(self.modules)
+        if self.layers is not None:
+            parse_layers(self.layers, 1 << 30)
+
 
 def run_weightpatch(
     setup: Any,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import read_json
+from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.plots import figure_index
@@ -16,6 +17,7 @@ from mechopd.probes.registry import report_lines
 from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims
 from mechopd.report.following_claims import following_table
 from mechopd.report.items import items_lines, link_item_claims
+from mechopd.report.markup import md_code, sh_arg
 from mechopd.report.mechanism_claims import localization_table, weightpatch_table
 from mechopd.report.seeds import probe_lines
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
@@ -57,7 +59,25 @@ def _demo_flags(cfg: dict[str, Any]) -> str:
 def _study_line(manifest: dict[str, Any], root: Path) -> str | None:
     """`mechopd run STUDY --out DIR` for a run written by `mechopd run` (`mechopd.pipeline.run`), else None."""
     study = manifest.get("study")
-    return None if not study or study == "study" else f"mechopd run {study} --out {manifest.get('out_dir', root)}"
+    if not study or study == "study":
+        return None
+    return f"mechopd run {sh_arg(study)} --out {sh_arg(manifest.get('out_dir', root))}"
+
+
+def _eval_line(task: str, cfg: dict[str, Any], models: dict[str, Any]) -> str:
+    """The `mechopd eval --compare` that reproduces the evaluation as it ran: its items, seed, task options, the
+    study's other EvalConfig fields (``n_boot``, ...) and ``--other-contexts`` only where they were evaluated."""
+    from mechopd.evaluation.config import EVAL_FACTS
+
+    flags = {f.name: f.flag for f in EVAL_FACTS}
+    opts = "".join(f" --option {sh_arg(f'{k}={v}')}" for k, v in (cfg.get("task_options") or {}).items())
+    more = "".join(f" {flags[k]} {sh_arg(v)}" for k, v in (cfg.get("eval") or {}).items() if k in flags)
+    other = " --other-contexts" if cfg.get("other_contexts", True) else ""
+    names = " ".join(sh_arg(f"{k}={path}") for k, path in models.items())
+    return (
+        f"mechopd eval --task {task}{opts} --n {cfg.get('eval_n')} --seed {cfg.get('seed')}{more}{other} "
+        f"--compare {names}"
+    )
 
 
 def _lr_text(cfg: dict[str, Any]) -> str:
@@ -193,8 +213,8 @@ def _eval_reports(study: Study) -> dict[str, EvalReport]:
     """name -> report: the study's runs in order, then any other ``eval/*.json`` of the root."""
     out = {r.name: rep for r in study if (rep := study.eval(r.role)) is not None}
     for p in sorted((study.root / "eval").glob("*.json")):
-        if p.stem not in out and p.stem not in study.names:
-            out[p.stem] = EvalReport.load(p)
+        if p.stem not in out and p.stem not in study.names:  # a file's name, not a checked label: shown as text
+            out[p.stem if LABEL.match(p.stem) else md_code(p.stem)] = EvalReport.load(p)
     return out
 
 
@@ -208,7 +228,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     cfg = s.config
     out = [*_smoke(cfg), f"# mechopd report — {s.task}", ""]
     out += [
-        f"Organism: `{s.manifest.get('organism')}`. Every method trained from it with the same seed "
+        f"Organism: {md_code(s.manifest.get('organism'))}. Every method trained from it with the same seed "
         f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
         f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
         "(without the context, and with it re-inserted).",
@@ -230,21 +250,19 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     chosen = root / "teachability_checkpoint.json"  # which TA-OPD checkpoint teachability rescored, and why
     if chosen.is_file():
         chosen = read_json(chosen)
-        out += [f"- **Teachability checkpoint**: `{chosen['checkpoint']}` — {chosen['why']}."]
+        out += [f"- **Teachability checkpoint**: {md_code(chosen['checkpoint'])} — {chosen['why']}."]
     link_item_claims(rows, [s], root)  # the item claims link to explore.html (written by items_lines)
     out += [""] + _claims_lines(rows)
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg.get('seed', 0)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
-    study_flag = f" --study {study}" if study is not None else ""
-    out.append(_study_line(s.manifest, root) or f"mechopd demo --task {s.task} --out {root}{seed}{_demo_flags(cfg)}")
-    out.append(f"mechopd figures {root}{study_flag}                 # redraw every figure from the saved artifacts")
-    names = " ".join(f"{k}={rep.settings.get('model')}" for k, rep in evals.items())
-    opts = "".join(f" --option {k}={v}" for k, v in (cfg.get("task_options") or {}).items())
+    study_flag = f" --study {sh_arg(study)}" if study is not None else ""
+    demo = f"mechopd demo --task {s.task} --out {sh_arg(root)}{seed}{_demo_flags(cfg)}"
+    out.append(_study_line(s.manifest, root) or demo)
     out.append(
-        f"mechopd eval --task {s.task}{opts} --n {cfg.get('eval_n')} --seed {cfg.get('seed')} "
-        f"--other-contexts --compare {names}"
+        f"mechopd figures {sh_arg(root)}{study_flag}                 # redraw every figure from the saved artifacts"
     )
+    out.append(_eval_line(s.task, cfg, {k: rep.settings.get("model") for k, rep in evals.items()}))
     out += ["```", ""]
     path = root / "report.md"
     path.write_text("\n".join(out))
@@ -275,8 +293,8 @@ def write_aggregate_report(out: str | Path) -> Path:
         *_smoke(cfg),
         f"# mechopd report — {agg.task}, {len(runs)} training seeds",
         "",
-        f"Organism: `{agg.manifest.get('organism')}` (one organism; the training seed varies: "
-        f"{', '.join(r.root.name for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
+        f"Organism: {md_code(agg.manifest.get('organism'))} (one organism; the training seed varies: "
+        f"{', '.join(md_code(r.root.name) for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
         f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
         "(item-bootstrap intervals, probes) is in its directory.",
         "",
@@ -299,8 +317,8 @@ def write_aggregate_report(out: str | Path) -> Path:
         "",
         "```bash",
         _study_line(agg.manifest, out)
-        or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {out}{_demo_flags(cfg)}",
-        f"mechopd aggregate {' '.join(str(r.root) for r in runs)} --out {out}",
+        or f"mechopd demo --task {agg.task} --seeds {len(runs)} --out {sh_arg(out)}{_demo_flags(cfg)}",
+        f"mechopd aggregate {' '.join(sh_arg(r.root) for r in runs)} --out {sh_arg(out)}",
         "```",
         "",
     ]

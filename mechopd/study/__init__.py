@@ -91,7 +91,10 @@ class EvalSummary:
         if absent:
             raise DataError(f"{where} lacks {absent[0]!r}; rewrite it with mechopd eval")
         metrics = {m: Interval.from_dict(doc[m], f"{where}.{m}") for m in METRICS}
-        return cls(metrics, int(doc["n"]), str(doc["regime"]), str(doc.get("regime_reason", "")), dict(doc))
+        n = doc["n"]
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or n != int(n) or n < 0:
+            raise DataError(f"{where}.n = {str(n)[:40]!r} is not a count of items; rewrite it with mechopd eval")
+        return cls(metrics, int(n), str(doc["regime"]), str(doc.get("regime_reason", "")), dict(doc))
 
     def value(self, metric: str) -> float | None:
         """The point estimate of ``metric`` (None when undefined, e.g. Harm with no item right without c)."""
@@ -116,9 +119,13 @@ class EvalReport:
         if not isinstance(doc, Mapping):
             raise DataError(f"{where}: expected a JSON object written by mechopd eval")
         extra = {k: v for k, v in doc.items() if k not in ("summary", "records", "settings")}
+        records, others = doc.get("records") or [], doc.get("other_contexts") or []
+        lists = isinstance(records, list) and isinstance(others, list)
+        if not lists or not all(isinstance(x, Mapping) for x in [*records, *others, doc.get("settings") or {}]):
+            raise DataError(f"{where}: records, settings or other_contexts is not as mechopd eval writes it; rerun it")
         return cls(
             EvalSummary.from_dict(doc.get("summary"), f"{where}: summary"),
-            list(doc.get("records") or []),
+            list(records),
             dict(doc.get("settings") or {}),
             extra,
         )

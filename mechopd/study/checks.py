@@ -35,6 +35,9 @@ def check_study(study: Study) -> Study:
             f"{run.eval_path} exists (runs in {study.root / 'train'}: {', '.join(known) or 'none'}); "
             f"fix runs.{run.role}"
         )
+    for run in study:  # every evaluation report read whole now (typed), not half-way through drawing
+        if run.eval_path.is_file():
+            study.eval(run.role)
     tasks = _run_tasks(study)
     if len(tasks) == 1 and study.task == study.root.name and study.task not in tasks:  # no task given: the runs'
         study = replace(study, task=next(iter(tasks)))

@@ -208,3 +208,60 @@ def test_a_stop_inside_a_lock_acquire_or_release_waits_for_it(tmp_path, phase):
     )
     assert out.returncode == 0 and out.stdout.strip() == "stopped clean", (out.stdout, out.stderr)
     assert not locks(tmp_path)
+
+
+def _study_run(tmp_path: Path, student: Path, out: str) -> subprocess.Popen:
+    """`mechopd run` of a one-seed OPD study (40 steps, a checkpoint every 10) of ``student`` into ``tmp_path/out``."""
+    import yaml
+
+    doc = {
+        "task": "rules",
+        "student": str(student),
+        "seeds": [0],
+        "train": {"steps": 40, "batch_size": 2, "estimator": "full", "save_every": 10},
+        "runs": {"opd": {"method": "opd"}},
+        "eval": {"n": 4, "other_contexts": False},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    return subprocess.Popen(
+        [sys.executable, "-m", "mechopd.cli", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / out)],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _results(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "eval").glob("*.csv"))}
+
+
+@pytest.mark.slow
+def test_mechopd_run_handles_sigterm_as_the_demo_and_a_kill9_resumes_to_the_same_files(tiny_rules_organism, tmp_path):
+    """`mechopd run` stopped by SIGTERM while it trains: exit 130, "interrupted", no traceback, no process and no lock
+    left (today it died by the signal, -15); then kill -9 while it trains again; the rerun's evaluations are byte for
+    byte an uninterrupted run's."""
+    ref = _study_run(tmp_path, tiny_rules_organism, "ref")
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
+    out = tmp_path / "killed"
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = _study_run(tmp_path, tiny_rules_organism, "killed")
+        try:
+            training = lambda: (out / "train" / "opd" / LOCK_NAME).exists()  # noqa: E731
+            assert wait_until(lambda: training() or proc.poll() is not None, 300) and proc.poll() is None  # noqa: B023
+            time.sleep(1)
+            os.kill(proc.pid, sig)
+            code = proc.wait(timeout=60)
+            assert wait_until(lambda: not session_pids(proc.pid), 10), session_pids(proc.pid)  # noqa: B023
+        finally:
+            _kill_session(proc.pid)
+        err = proc.stderr.read()
+        assert "Traceback" not in err, err[-3000:]
+        if sig == signal.SIGTERM:
+            assert code == 130 and err.strip().splitlines()[-1] == "interrupted", (code, err[-2000:])
+            assert locks(out) == [], locks(out)
+    rerun = _study_run(tmp_path, tiny_rules_organism, "killed")
+    assert rerun.wait(timeout=600) == 0, rerun.stderr.read()[-3000:]
+    assert _results(out) == _results(tmp_path / "ref") and len(_results(out)) == 2

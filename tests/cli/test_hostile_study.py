@@ -179,6 +179,12 @@ AGGREGATE = [
     ),
     Hostile(
         "aggregate",
+        "summary-n-text",
+        lambda o, w: _seeds(w, lambda r: _edit_eval(r, "nca", lambda d: d["summary"].__setitem__("n", "many"))),
+        "summary.n = 'many' is not a count of items",
+    ),
+    Hostile(
+        "aggregate",
         "metrics-line-bare-number",
         lambda o, w: _seeds(w, lambda r: _metrics_line(r, "42")),
         "metrics.jsonl line 8: not a metrics record",

@@ -1,0 +1,73 @@
+"""What `mechopd run` checks of a study's models before its first file or job (`check_study_models`).
+
+`StudySpec` checks the study's keys, training fields and probe options when the file is read; this checks every model
+the study names, in the same pass: the student and the teacher (a probe's model options name roles of the study,
+checked by `StudySpec`). A local directory must hold safetensors weights that are exactly the
+tensors its config.json describes (pickles refused, never unpickled; `core.checks.check_checkpoint`), all finite (read
+tensor by tensor from the files, no model built: `core.checks.check_saved_finite`), with a usable tokenizer that maps
+text to the same ids as the student's (`models.check_same_tokenizer`). A hub id is checked as far as it can be
+without a download (its name); an ``organism:<task>`` is built by the study itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mechopd.core.errors import MechopdError
+from mechopd.pipeline.spec import StudySpec
+
+
+def check_study_models(spec: StudySpec) -> None:
+    """Every model of ``spec`` loadable as the study will load it (module docstring); the first failure raises its
+    `MechopdError`, prefixed with the study file and the key that names the model."""
+    from mechopd.organisms.recipes import organism_task
+
+    named = {"student": spec.student, **({"teacher": spec.teacher} if spec.teacher else {})}
+    tokenizers: dict[str, Any] = {}
+    for key, model in named.items():
+        if organism_task(model) is not None:
+            continue  # built by the study itself (`run.resolve_model`), then checked as it loads
+        try:
+            tok = _check_one(model)
+        except MechopdError as e:
+            raise type(e)(f"{spec.source}: {key} {model}: {e}") from None
+        if tok is not None:
+            tokenizers[key] = tok
+    if "student" in tokenizers and "teacher" in tokenizers:
+        try:
+            _same_tokenizer(tokenizers["student"], tokenizers["teacher"])
+        except MechopdError as e:
+            raise type(e)(f"{spec.source}: {e}") from None
+
+
+def _check_one(model: str) -> Any:
+    """One model: headers, values and tokenizer of a local directory (returns its tokenizer); a hub id: its name."""
+    from mechopd.core.checks import check_checkpoint, check_saved_finite
+    from mechopd.models import check_model, load_tokenizer
+
+    src = check_model(model)
+    if not Path(src).is_dir():
+        return None  # a hub id: downloaded and checked when it loads
+    check_saved_finite(check_checkpoint(src))
+    return load_tokenizer(src)
+
+
+def _same_tokenizer(student: Any, teacher: Any) -> None:
+    from mechopd.models import check_same_tokenizer
+
+    check_same_tokenizer(student, teacher)
+
+
+def study_inputs(spec: StudySpec) -> dict[str, dict[str, str]]:
+    """What the study's runs are made from, by content (`core.provenance.input_record`): the student and teacher
+    directories and every file a task option or training field names (data, context files), by the key that names it.
+    `run.check_out` compares it with the record of a run already in ``--out``."""
+    from mechopd.core.provenance import input_record
+
+    named: dict[str, Any] = {"student": spec.student, "teacher": spec.teacher}
+    named.update({f"task_options.{k}": v for k, v in spec.task_options.items()})
+    named.update({f"train.{k}": v for k, v in spec.train.items()})
+    named.update({f"runs.{role}.{k}": v for role, over in spec.runs.items() for k, v in over.items()})
+    records = {key: input_record(value) for key, value in named.items()}
+    return {key: rec for key, rec in records.items() if rec is not None}
