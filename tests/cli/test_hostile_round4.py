@@ -1,0 +1,47 @@
+"""Hostile inputs, round 4 (#41): layer arguments out of the model's depth, LoRA ranks and targets the model cannot
+hold. Each refusal: exit 2, one ``error:`` line naming the problem and its fix, no traceback, the disk unchanged
+(`tests.cli.hostile.check`). The store and adapter files: tests/integration/test_store_proofs.py,
+tests/unit/test_lora_adapters.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.hostile import Hostile, check_in_workspace, train
+
+
+def _attribution(o: Path, w: Path, layers: str) -> list[str]:
+    return [
+        "probe", "attribution", "--task", "rules", "--n", "2", "--max-new-tokens", "4",
+        "--models", f"base={o}", f"opd={o}", "--layers", layers, "--out", str(w / "attr"),
+    ]  # fmt: skip
+
+
+CASES = [
+    # the tiny organism has 2 decoder layers: 7 was read as 7 % 2 = layer 1 and written as such
+    Hostile("probe", "attribution-layer-past-depth", lambda o, w: _attribution(o, w, "7"), "--layers 7", False),
+    Hostile("probe", "attribution-layer-below-depth", lambda o, w: _attribution(o, w, "-3"), "--layers -3", False),
+    Hostile("probe", "attribution-layer-site-name", lambda o, w: _attribution(o, w, "final_norm"), "final_norm", False),
+    # LoRA: a rank past every projection's dimension (an allocation error before), lm_head on tied embeddings
+    Hostile(
+        "lora",
+        "lora-rank-2-to-the-40",
+        lambda o, w: train(o, w, "--set", f"lora_rank={2**40}"),
+        "lora_rank=1099511627776 is outside",
+        False,
+    ),
+    Hostile(
+        "lora",
+        "lora-lm-head-tied",
+        lambda o, w: train(o, w, "--set", "lora_rank=2", "--set", "lora_targets=[q_proj,lm_head]"),
+        "ties to embed_tokens",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_refused_in_one_line(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    check_in_workspace(case, tiny_rules_organism, tmp_path, monkeypatch, capsys)
