@@ -19,7 +19,38 @@ def _attribution(o: Path, w: Path, layers: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _checkpoints_linked_out(o: Path, w: Path) -> list[str]:
+    """An unfinished run (config.yaml, no checkpoint) whose ``checkpoints`` is a link to a user's directory."""
+    (w / "mine").mkdir()
+    (w / "mine" / "keep.txt").write_text("a user's file\n")
+    (w / "run").mkdir()
+    (w / "run" / "config.yaml").write_text("task: rules\n")
+    (w / "run" / "checkpoints").symlink_to(w / "mine")
+    return train(o, w)
+
+
+def _loop(w: Path) -> Path:
+    (w / "loop").symlink_to(w / "loop")
+    return w / "loop"
+
+
+def _study_into_loop(o: Path, w: Path) -> list[str]:
+    study = w / "s.yaml"
+    study.write_text(f"task: rules\nstudent: {o}\nruns:\n  opd: {{method: opd}}\n")
+    return ["run", str(study), "--out", str(_loop(w))]
+
+
 CASES = [
+    # links: nothing written or deleted through a link out of the run; a link loop is a path error, not a traceback
+    Hostile("links", "train-checkpoints-linked-out", _checkpoints_linked_out, "outside the run"),
+    Hostile("links", "train-out-link-loop", lambda o, w: train(o, w)[:4] + [str(_loop(w))], "symbolic link loop"),
+    Hostile("links", "study-out-link-loop", _study_into_loop, "symbolic link loop"),
+    Hostile(
+        "links",
+        "demo-out-link-loop",
+        lambda o, w: ["demo", "--out", str(_loop(w)), "--fast", "--steps", "1"],
+        "symbolic link loop",
+    ),
     # the tiny organism has 2 decoder layers: 7 was read as 7 % 2 = layer 1 and written as such
     Hostile("probe", "attribution-layer-past-depth", lambda o, w: _attribution(o, w, "7"), "--layers 7", False),
     Hostile("probe", "attribution-layer-below-depth", lambda o, w: _attribution(o, w, "-3"), "--layers -3", False),
