@@ -289,6 +289,7 @@ class Trainer(TrainerSetup, TrainerSaving):
                 f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
                 "run trained as OPD; raise nca_gate or train longer"
             )
+        self.logger.settle()  # a resume with no step left: its metrics end at the checkpoint too
         final = self.save_final()
         self._say(final_line(self.step, cfg.steps, self.last_eval, self.run_dir.root))
         return final
