@@ -253,6 +253,7 @@ def default_eval_report(model: str, task: str) -> Path:
     ckpt = Path(model.rstrip("/"))
     for run in ckpt.resolve().parents:
         if is_training_run(run):
+            check_no_escape(run, run / "eval", "--model")  # the run's eval/ is never a link out of it
             stem = task if ckpt.resolve() == run / "final" else f"{ckpt.name}-{task}"
             return Path(os.path.relpath(run, Path.cwd())) / "eval" / f"{stem}.json"
     return ckpt.with_name(f"{ckpt.name}-eval") / f"{task}.json"

@@ -5,6 +5,7 @@ tests/unit/test_lora_adapters.py."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,45 @@ def _study_into_loop(o: Path, w: Path) -> list[str]:
     return ["run", str(study), "--out", str(_loop(w))]
 
 
+def _linked_out(w: Path, run: Path, name: str) -> Path:
+    """``run/name`` made a link to the user's directory ``w/mine`` (holding keep.txt)."""
+    (w / "mine").mkdir(exist_ok=True)
+    (w / "mine" / "keep.txt").write_text("a user's file\n")
+    (run / name).symlink_to(w / "mine")
+    return run
+
+
+def _figures_linked_out(o: Path, w: Path) -> list[str]:
+    from tests.unit.plotting_run import make_run
+
+    run = make_run(w / "demo")
+    shutil.rmtree(run / "figures", ignore_errors=True)
+    return ["figures", str(_linked_out(w, run, "figures"))]
+
+
+def _training_run(o: Path, w: Path) -> Path:
+    """A finished training run of the organism: config.yaml, checkpoints/, final/ (a copy of the organism)."""
+    run = w / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(f"task: rules\nstudent: {o}\n")
+    shutil.copytree(o, run / "final")
+    return run
+
+
+def _probes_linked_out(o: Path, w: Path) -> list[str]:
+    run = _linked_out(w, _training_run(o, w), "probes")
+    return ["probe", "similarity", "--run", str(run), "--n", "2", "--max-new-tokens", "4"]
+
+
+def _eval_linked_out(o: Path, w: Path) -> list[str]:
+    run = _linked_out(w, _training_run(o, w), "eval")
+    return ["eval", "--task", "rules", "--model", str(run / "final"), "--n", "2"]
+
+
 CASES = [
+    Hostile("links", "figures-dir-linked-out", _figures_linked_out, "outside the run"),
+    Hostile("links", "probes-dir-linked-out", _probes_linked_out, "outside the run"),
+    Hostile("links", "eval-dir-linked-out", _eval_linked_out, "outside the run"),
     # links: nothing written or deleted through a link out of the run; a link loop is a path error, not a traceback
     Hostile("links", "train-checkpoints-linked-out", _checkpoints_linked_out, "outside the run"),
     Hostile("links", "train-out-link-loop", lambda o, w: train(o, w)[:4] + [str(_loop(w))], "symbolic link loop"),
