@@ -73,3 +73,20 @@ def test_a_link_loop_on_the_way_is_one_config_error(tmp_path, fake_train):
     (run / "train").symlink_to(run / "train")
     with pytest.raises(ConfigError, match="symbolic link loop"):
         stages.train_resumable("opd", run / "train" / "opd", _no_training, "x")
+
+
+def test_a_save_over_a_link_replaces_the_link_and_keeps_its_target(tmp_path):
+    from mechopd.models import atomic_save
+
+    class Model:
+        def save_pretrained(self, path, safe_serialization=True):
+            (path / "model.safetensors").write_bytes(b"new")
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("a user's file\n")
+    (tmp_path / "final").symlink_to(mine)
+    atomic_save(Model(), None, tmp_path / "final")
+    assert (mine / "keep.txt").read_text() == "a user's file\n" and not (mine / "model.safetensors").exists()
+    assert not (tmp_path / "final").is_symlink() and (tmp_path / "final" / "model.safetensors").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "mine"]  # no .final.old-* link left behind
