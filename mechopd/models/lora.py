@@ -21,6 +21,7 @@ Non-standard about this file:
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter, beside its merged weights
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+BASE_RECORD = "mechopd_base.json"  # the sha256 of the base's weight files the adapter was trained on
 DEFAULT_TARGETS = ATTN_MODULES + MLP_MODULES  # the attention and MLP projections
 NAME = "default"  # peft's adapter name
 
@@ -211,7 +213,41 @@ def save_adapter(model: nn.Module, opts: LoraOptions, out: Path, base: str | Non
     out.mkdir(parents=True, exist_ok=True)
     peft_config(opts, base).save_pretrained(str(out))
     save_file(adapter_state(model), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    if base is not None and Path(base).is_dir():  # what the adapter was trained on: checked where W0 is read again
+        (out / BASE_RECORD).write_text(json.dumps({"base": str(base), "sha256": dict(base_hashes(str(base)))}))
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def base_hashes(path: str) -> tuple[tuple[str, str], ...]:
+    """(file, sha256) of a checkpoint dir's weight files and config.json, streamed; computed once per process."""
+    import hashlib
+
+    out = []
+    for f in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
+        if f.is_file():
+            h = hashlib.sha256()
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 23):
+                    h.update(chunk)
+            out.append((f.name, h.hexdigest()))
+    return tuple(out)
+
+
+def check_base(adapter: Path, base: str | Path) -> None:
+    """The base a LoRA adapter is read over has the weight files it was trained on (its ``mechopd_base.json``, when
+    the base was a local directory at training time), else one `ModelError`."""
+    try:
+        recorded = json.loads((adapter / BASE_RECORD).read_text())
+    except FileNotFoundError:
+        return  # an adapter saved elsewhere (plain PEFT) records no base hashes
+    except (OSError, ValueError):
+        raise ModelError(f"{adapter / BASE_RECORD} is unreadable; re-save the adapter") from None
+    if not isinstance(recorded, dict) or dict(base_hashes(str(base))) != recorded.get("sha256"):
+        raise ModelError(
+            f"{adapter} was trained on other base weights ({recorded.get('base') if isinstance(recorded, dict) else '?'}"
+            f") than {base}; pass its own base (--base) to read its update"
+        )
 
 
 class AdapterDeltas:
@@ -248,6 +284,7 @@ class AdapterDeltas:
             "r": rank,
             "lora_alpha": alpha,
             "base_model_name_or_path": cfg.get("base_model_name_or_path"),
+            "base_sha256": _base_record(d),
         }
 
     def delta(self, name: str) -> torch.Tensor:
@@ -290,6 +327,13 @@ def _pairs(d: Path, tensors: dict[str, torch.Tensor], rank: int) -> dict[str, tu
             raise ModelError(f"{d}: {a_key} or its lora_B holds NaN or inf values; re-save the adapter")
         pairs[a_key[len("base_model.model.") : -len(".lora_A.weight")] + ".weight"] = (a, b)
     return pairs
+
+
+def _base_record(d: Path) -> Any:
+    try:
+        return json.loads((d / BASE_RECORD).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _sha256(path: Path) -> str:

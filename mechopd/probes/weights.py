@@ -177,12 +177,13 @@ def reader_for(
 ) -> _Reader | _AdapterReader:
     """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`. With ``shapes`` (the
     base's tensor shapes), every ΔW = B A must have its weight's shape (else one ModelError: shapes win)."""
-    from mechopd.models.lora import AdapterDeltas, adapter_dir
+    from mechopd.models.lora import AdapterDeltas, adapter_dir, check_base
 
     found = adapter_dir(ckpt.path)
     if found is None:
         return _Reader(ckpt, window_numel)
     adapter = AdapterDeltas(found)
+    check_base(found, base.path)  # the W0 it is added to is the one it was trained on
     known = shapes if shapes is not None else {}
     for name, (a, b) in adapter.pairs.items() if shapes is not None else ():
         if tuple(known.get(name, ())) != (b.shape[0], a.shape[1]):

@@ -5,6 +5,7 @@ embeddings are refused before anything is allocated; a resume refuses a NaN adap
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,3 +116,23 @@ def test_a_resume_refuses_a_nan_adapter(tmp_path):
     state = {k: (v[:2] if ".lora_A." in k else v) for k, v in lora.adapter_state(student).items()}
     with pytest.raises(ModelError, match="do not match"):  # another rank: a shape mismatch, not copy_'s RuntimeError
         lora.load_adapter_state(student, state, tmp_path)
+
+
+def test_an_adapter_read_over_another_base_is_refused(saved, tmp_path):
+    import shutil
+
+    from mechopd.probes.delta_sums import open_checkpoint
+    from mechopd.probes.weights import reader_for, tensor_shapes
+
+    rec = lora.AdapterDeltas(lora.adapter_dir(saved)).record
+    assert rec["base_sha256"] == dict(lora.base_hashes(str(saved.parent / "base")))
+    other = Path(shutil.copytree(saved.parent / "base", tmp_path / "other-base"))  # same shapes, other W0
+    tensors = load_file(str(other / "model.safetensors"))
+    key = next(k for k in sorted(tensors) if "q_proj" in k)
+    tensors[key] = tensors[key] + 1e-3
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    base = open_checkpoint(other)
+    with pytest.raises(ModelError, match="trained on other base weights"):
+        reader_for(open_checkpoint(saved), base, 1 << 16, tensor_shapes(base))
+    own = open_checkpoint(saved.parent / "base")
+    reader_for(open_checkpoint(saved), own, 1 << 16, tensor_shapes(own)).close()  # its own base reads
