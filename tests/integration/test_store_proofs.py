@@ -110,3 +110,33 @@ def test_the_store_records_each_shards_sha256(store):  # noqa: F811
         for sh in rec["shards"]:
             assert sh["sha256"] == hashlib.sha256((store / sh["file"]).read_bytes()).hexdigest()
     assert torch.is_tensor(load_file(str(store / rec["shards"][0]["file"]))["offsets"])
+
+
+def test_a_store_on_a_real_full_tmpfs_is_one_error_line(tiny_rules_organism, tmp_path):
+    """`probe cache` on a 64 KiB tmpfs (a private user + mount namespace): safetensors' ``SafetensorError … No space
+    left on device`` was a traceback; skipped where unprivileged namespaces are not allowed."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.cli.test_hostile_disk import ENV, _tmpfs_works
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if not _tmpfs_works(mnt):
+        pytest.skip("no unprivileged user + mount namespaces here (unshare -rm)")
+    argv = [sys.executable, "-m", "mechopd.cli", "probe", "cache", "--task", "rules", "--models"]
+    argv += [f"base={tiny_rules_organism}", "--n", "8", "--max-new-tokens", "8", "--shard-mb", "0.004"]
+    cli = " ".join(shlex.quote(a) for a in [*argv, "--out", str(mnt / "cache")])
+    res = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {shlex.quote(str(mnt))} && {cli}"],
+        capture_output=True,
+        text=True,
+        env={**ENV, **{k: v for k, v in os.environ.items() if k == "PATH"}},
+        cwd=tmp_path,
+        timeout=600,
+    )
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert lines[-1].startswith("error:") and "no space left" in lines[-1], lines[-1]
