@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {disk_error(e)}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # Python < 3.13's "Symlink loop from '...'" of Path.resolve, wherever a path resolves
+        if not str(e).startswith("Symlink loop"):
+            raise
+        where = str(e).removeprefix("Symlink loop from ")
+        print(f"error: {where} is a symbolic link loop; remove the link or pass another path", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -50,6 +50,7 @@ def _figures_args(p: argparse.ArgumentParser) -> None:
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
 def _figures(a: argparse.Namespace) -> int:
     from mechopd.core.checks import check_out_dir
+    from mechopd.core.runcheck import check_no_escape
     from mechopd.plots import redraw
     from mechopd.report import write_report_md
     from mechopd.study import Study, study_root
@@ -60,6 +61,7 @@ def _figures(a: argparse.Namespace) -> int:
     if a.run_dir is not None and not Path(a.run_dir).is_dir():
         raise ConfigError(f"run directory {a.run_dir} does not exist; run `mechopd demo --out {a.run_dir}` first")
     run = Path(a.run_dir) if a.run_dir is not None else study_root(a.study)
+    check_no_escape(run, run / "figures", "figures")  # never drawn through a link that leads out of the run
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     with hold(run, "figures"):  # not while a demo or another redraw writes into the run (then read the study)
         study = check_study(Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study))

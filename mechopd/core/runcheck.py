@@ -48,9 +48,40 @@ def is_training_run(d: Path) -> bool:
     return (d / "config.yaml").is_file() and any((d / m).exists() for m in RUN_MARKS)
 
 
+def real_path(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """``path`` resolved; a symbolic link loop on the way is a `ConfigError` naming it (not Python's RuntimeError)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as e:  # "Symlink loop from ..." (Python < 3.13: RuntimeError; later: OSError ELOOP)
+        where = getattr(e, "filename", None) or str(e).rsplit("from ", 1)[-1].strip("'")
+        raise ConfigError(
+            f"{flag} {path}: {where} is a symbolic link loop; remove the link or pass another path"
+        ) from None
+
+
+def check_no_escape(root: str | os.PathLike, target: str | os.PathLike, flag: str = "--out") -> None:
+    """Every existing step from ``root`` down to ``target`` (a path under it) that is a symbolic link resolves inside
+    ``root``: mechopd never writes, nor deletes, through a link that leads out of its run (a `ConfigError` otherwise;
+    a link loop too)."""
+    base = real_path(root, flag)
+    p = Path(root)
+    for part in Path(target).relative_to(root).parts:
+        p = p / part
+        if not p.is_symlink():
+            if not p.exists():
+                return
+            continue
+        real = real_path(p, flag)
+        if real != base and base not in real.parents:
+            raise ConfigError(
+                f"{flag} {root}: {p} is a symbolic link to {real}, outside the run; mechopd writes only inside its "
+                "run: remove the link (nothing was written or deleted) or pass another --out"
+            )
+
+
 def check_out_place(out: str | os.PathLike, verb: str, flag: str = "--out") -> None:
     """Refuse an output directory inside a checkpoint or inside another training run (or, for a demo, that is one)."""
-    p = Path(out).resolve()
+    p = real_path(out, flag)
     for anc in [p, *p.parents]:
         if is_checkpoint(anc) and not (verb == "pretrain" and anc == p):
             raise ConfigError(
@@ -222,6 +253,7 @@ def default_eval_report(model: str, task: str) -> Path:
     ckpt = Path(model.rstrip("/"))
     for run in ckpt.resolve().parents:
         if is_training_run(run):
+            check_no_escape(run, run / "eval", "--model")  # the run's eval/ is never a link out of it
             stem = task if ckpt.resolve() == run / "final" else f"{ckpt.name}-{task}"
             return Path(os.path.relpath(run, Path.cwd())) / "eval" / f"{stem}.json"
     return ckpt.with_name(f"{ckpt.name}-eval") / f"{task}.json"

@@ -174,7 +174,7 @@ def atomic_save(
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
             tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+            old.unlink() if old.is_symlink() else shutil.rmtree(old, ignore_errors=True)  # a link: never its target
         else:
             tmp.rename(out)
     finally:

@@ -21,6 +21,7 @@ Non-standard about this file:
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter, beside its merged weights
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+BASE_RECORD = "mechopd_base.json"  # the sha256 of the base's weight files the adapter was trained on
 DEFAULT_TARGETS = ATTN_MODULES + MLP_MODULES  # the attention and MLP projections
 NAME = "default"  # peft's adapter name
 
@@ -92,6 +94,7 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
         raise ConfigError(
             f"lora_targets {missing} match no linear module of this model; choose from {', '.join(linear)}"
         )
+    check_fits(model, opts)
     model.requires_grad_(False)
     peft.inject_adapter_in_model(peft_config(opts), model, adapter_name=NAME)
     for n, p in model.named_parameters():
@@ -99,6 +102,28 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
         if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
             p.data = p.data.float()  # the adapter trains in float32 over a bf16 / fp16 base (peft's autocast default)
     return model
+
+
+def check_fits(model: nn.Module, opts: LoraOptions) -> None:
+    """Refuse, before anything is allocated, a rank below 1 or above every targeted projection's smaller dimension
+    (``lora_rank=2**40``), and ``lm_head`` as a target when the head is tied to the embeddings (the merged checkpoint
+    would save an untied head)."""
+    targeted = [
+        m for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in opts.targets
+    ]
+    most = max((min(m.in_features, m.out_features) for m in targeted), default=0)
+    if not isinstance(opts.rank, int) or not 1 <= opts.rank <= most:
+        raise ConfigError(
+            f"lora_rank={opts.rank} is outside 1..{most} (the most any targeted projection's ΔW can use: a larger "
+            f"rank adds no capacity); choose a lora_rank from 1 to {most}"
+        )
+    none: Any = lambda: None  # noqa: E731  (a model without transformers' embedding accessors)
+    head, embed = getattr(model, "get_output_embeddings", none)(), getattr(model, "get_input_embeddings", none)()
+    if "lm_head" in opts.targets and head is not None and embed is not None and head.weight is embed.weight:
+        raise ConfigError(
+            "lora_targets names lm_head, which this model ties to embed_tokens: its merged checkpoint would save an "
+            "untied head; drop lm_head from lora_targets"
+        )
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
@@ -135,10 +160,16 @@ def load_adapter_state(model: nn.Module, tensors: dict[str, torch.Tensor], sourc
     """Copy adapter tensors in `adapter_state`'s layout into `model`'s adapter (a resume)."""
     params = dict(model.named_parameters())
     want = {"base_model.model." + n.replace(f".{NAME}.", "."): n for n in params if ".lora_" in n}
-    if set(want) != set(tensors):
+    shapes_differ = set(want) == set(tensors) and any(tensors[k].shape != params[n].shape for k, n in want.items())
+    if set(want) != set(tensors) or shapes_differ:
         raise ModelError(
             f"{source}: the adapter's tensors do not match this run's adapter (lora_rank / lora_targets "
             "changed?); resume with the run's own config"
+        )
+    if not all(bool(t.isfinite().all()) for t in tensors.values()):
+        raise ModelError(
+            f"{source}: the adapter holds NaN or inf values: checkpoint {source} is damaged; delete it to resume "
+            "from the previous one"
         )
     with torch.no_grad():
         for key, name in want.items():
@@ -182,12 +213,51 @@ def save_adapter(model: nn.Module, opts: LoraOptions, out: Path, base: str | Non
     out.mkdir(parents=True, exist_ok=True)
     peft_config(opts, base).save_pretrained(str(out))
     save_file(adapter_state(model), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    if base is not None and Path(base).is_dir():  # what the adapter was trained on: checked where W0 is read again
+        (out / BASE_RECORD).write_text(json.dumps({"base": str(base), "sha256": dict(base_hashes(str(base)))}))
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def base_hashes(path: str) -> tuple[tuple[str, str], ...]:
+    """(file, sha256) of a checkpoint dir's weight files and config.json, streamed; computed once per process."""
+    import hashlib
+
+    out = []
+    for f in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
+        if f.is_file():
+            h = hashlib.sha256()
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 23):
+                    h.update(chunk)
+            out.append((f.name, h.hexdigest()))
+    return tuple(out)
+
+
+def check_base(adapter: Path, base: str | Path) -> None:
+    """The base a LoRA adapter is read over has the weight files it was trained on (its ``mechopd_base.json``, when
+    the base was a local directory at training time), else one `ModelError`."""
+    try:
+        recorded = json.loads((adapter / BASE_RECORD).read_text())
+    except FileNotFoundError:
+        return  # an adapter saved elsewhere (plain PEFT) records no base hashes
+    except (OSError, ValueError):
+        raise ModelError(f"{adapter / BASE_RECORD} is unreadable; re-save the adapter") from None
+    if not isinstance(recorded, dict) or dict(base_hashes(str(base))) != recorded.get("sha256"):
+        raise ModelError(
+            f"{adapter} was trained on other base weights ({recorded.get('base') if isinstance(recorded, dict) else '?'}"
+            f") than {base}; pass its own base (--base) to read its update"
+        )
 
 
 class AdapterDeltas:
     """ΔW of a saved adapter (``<checkpoint>/adapter``), by the HF weight name it adapts
-    (``model.layers.0.self_attn.q_proj.weight``): ``delta(name)`` -> float64 ``[d_out, d_in]`` = (α / r) B A."""
+    (``model.layers.0.self_attn.q_proj.weight``): ``delta(name)`` -> float64 ``[d_out, d_in]`` = (α / r) B A.
+
+    The adapter proves what it holds before it is read (else one `ModelError`): every ``lora_A`` has its ``lora_B``,
+    A is ``[r, d_in]`` and B ``[d_out, r]`` with the one rank ``r`` its ``adapter_config.json`` states (r >= 1, α a
+    finite number, no per-module rank or α patterns), every value finite. ``record`` names it (path, sha256 of its
+    weights, r, α, the base it was trained from): the deltas probe's settings carry it."""
 
     def __init__(self, adapter_dir: str | Path):
         from safetensors.torch import load_file
@@ -196,20 +266,80 @@ class AdapterDeltas:
         try:
             cfg = json.loads((d / ADAPTER_CONFIG).read_text())
             tensors = load_file(str(d / ADAPTER_WEIGHTS))
-        except (OSError, ValueError) as e:
+        except Exception as e:  # OSError, a JSON error, safetensors' own error type for a damaged file
             raise ModelError(f"{d}: unreadable LoRA adapter ({type(e).__name__}); re-save it or delete {d}") from None
-        if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_rslora") or cfg.get("use_dora"):
+        if (
+            not isinstance(cfg, dict)
+            or cfg.get("peft_type", "LORA") != "LORA"
+            or cfg.get("use_rslora")
+            or cfg.get("use_dora")
+        ):
             raise ModelError(f"{d}: only plain LoRA adapters are read (peft_type LORA, no rsLoRA / DoRA)")
-        self.path, self.scale = d, float(cfg["lora_alpha"]) / float(cfg["r"])
-        self.pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for key, a in tensors.items():
-            if key.endswith(".lora_A.weight"):
-                module = key[len("base_model.model.") : -len(".lora_A.weight")]
-                self.pairs[module + ".weight"] = (a, tensors[key.replace(".lora_A.", ".lora_B.")])
+        rank, alpha = _rank_and_alpha(d, cfg)
+        self.path, self.scale, self.rank, self.alpha = d, alpha / rank, rank, alpha
+        self.pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = _pairs(d, tensors, rank)
+        self.record = {
+            "path": str(d.resolve()),
+            "sha256": _sha256(d / ADAPTER_WEIGHTS),
+            "r": rank,
+            "lora_alpha": alpha,
+            "base_model_name_or_path": cfg.get("base_model_name_or_path"),
+            "base_sha256": _base_record(d),
+        }
 
     def delta(self, name: str) -> torch.Tensor:
         a, b = self.pairs[name]
         return (b.double() @ a.double()) * self.scale
+
+
+def _rank_and_alpha(d: Path, cfg: dict[str, Any]) -> tuple[int, float]:
+    """``r`` (an integer >= 1) and ``lora_alpha`` (a finite number) of an adapter config; no per-module patterns."""
+    import math
+
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ModelError(f"{d}/{ADAPTER_CONFIG}: r {rank!r} is not a rank (an integer >= 1); re-save the adapter")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise ModelError(f"{d}/{ADAPTER_CONFIG}: lora_alpha {alpha!r} is not a finite number; re-save the adapter")
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise ModelError(f"{d}/{ADAPTER_CONFIG}: per-module rank_pattern / alpha_pattern are not read; use one rank")
+    return rank, float(alpha)
+
+
+def _pairs(d: Path, tensors: dict[str, torch.Tensor], rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{adapted weight name: (A [r, d_in], B [d_out, r])}``, every pair complete, of the config's rank, finite."""
+    pairs = {}
+    for key in tensors:
+        if not key.startswith("base_model.model.") or not key.endswith((".lora_A.weight", ".lora_B.weight")):
+            raise ModelError(f"{d}/{ADAPTER_WEIGHTS}: {key} is not a LoRA tensor of PEFT's layout; re-save the adapter")
+        a_key = key.replace(".lora_B.", ".lora_A.")
+        b_key = a_key.replace(".lora_A.", ".lora_B.")
+        if a_key not in tensors or b_key not in tensors:
+            missing = b_key if a_key in tensors else a_key
+            raise ModelError(f"{d}/{ADAPTER_WEIGHTS} lacks {missing} (half an adapter pair); re-save the adapter")
+        a, b = tensors[a_key], tensors[b_key]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] != rank:
+            raise ModelError(
+                f"{d}: {a_key[len('base_model.model.') : -len('.lora_A.weight')]} has lora_A {tuple(a.shape)} and "
+                f"lora_B {tuple(b.shape)}, not rank {rank} as {ADAPTER_CONFIG} says (r); re-save the adapter"
+            )
+        if not (a.isfinite().all() and b.isfinite().all()):
+            raise ModelError(f"{d}: {a_key} or its lora_B holds NaN or inf values; re-save the adapter")
+        pairs[a_key[len("base_model.model.") : -len(".lora_A.weight")] + ".weight"] = (a, b)
+    return pairs
+
+
+def _base_record(d: Path) -> Any:
+    try:
+        return json.loads((d / BASE_RECORD).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def adapter_dir(checkpoint: str | Path) -> Path | None:

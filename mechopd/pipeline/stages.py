@@ -5,7 +5,6 @@ task, task_options, seed, eval_n and probe_n (a `demo.DemoConfig`)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,21 +41,53 @@ def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
     }
 
 
-def train_resumable(name: str, out: Path, config: Any, what: Any) -> Path:
-    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh."""
+def train_resumable(name: str, out: Path, config: Any, what: Any, root: Path | None = None) -> Path:
+    """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh.
+    ``root``: the seed run's directory (default ``out``'s grandparent, ``RUN/train/<name>``): no link under it leads
+    out of it, and only the training's own files are deleted."""
     from mechopd.pipeline.pool import finished
     from mechopd.train.checkpoint import latest_checkpoint
     from mechopd.train.trainer import train
 
+    check_own_place(out, out.parent.parent if root is None else root)
     if finished(out):
         _log(f"train {name}: done, skipped")
         return out / "final"
     resume = latest_checkpoint(out) is not None
     if out.exists() and not resume:
-        shutil.rmtree(out)  # the demo's own partial output from a killed run without a checkpoint
+        clear_partial(out)  # the study's own partial output from a killed run without a checkpoint
     tc = config()
     _log(f"train {name}: {what} ({'resuming' if resume else 'new'})")
     return train(tc, out, resume=resume)
+
+
+def check_own_place(out: Path, root: Path) -> None:
+    """No link on the way from the seed run's directory ``root`` to ``out`` leads out of it (a link out, or a loop, is
+    one ConfigError before anything is written or deleted)."""
+    from mechopd.core.runcheck import check_no_escape
+
+    check_no_escape(root, out)
+
+
+def clear_partial(out: Path) -> None:
+    """Delete what a killed training left in ``out`` (its run files and temp dirs) and nothing else: a file the study
+    did not write is refused with its name, and nothing is deleted."""
+    from mechopd.core.errors import ConfigError
+    from mechopd.core.runlock import LOCK_NAME
+    from mechopd.train.rundir import RUN_FILES, remove_own
+
+    temp = (".tmp-", ".old-")
+    foreign = [
+        p.name for p in out.iterdir() if p.name not in (*RUN_FILES, LOCK_NAME) and not any(t in p.name for t in temp)
+    ]
+    if foreign:
+        raise ConfigError(
+            f"{out} holds {', '.join(sorted(foreign)[:3])}, which no mechopd run wrote; move it out of {out} and "
+            "rerun (nothing was deleted)"
+        )
+    for p in out.iterdir():
+        if p.name != LOCK_NAME:
+            remove_own(p)
 
 
 def evaluate_all(

@@ -60,4 +60,4 @@ def _train(cfg: Any, student: Path, out: Path, name: str, selector: dict[str, An
     train = {**cfg.spec.train, "eval_every": 0}
     over = {"method": "opd", **selector, "save_every": max(1, int(train["steps"]) // 2), **cfg.sweep}
     spec = replace(cfg.spec, train=train, runs={role: over}, probes={}, seeds=[cfg.seed])
-    return train_resumable(name, out, lambda: spec.train_config(role, cfg.seed, str(student)), over)
+    return train_resumable(name, out, lambda: spec.train_config(role, cfg.seed, str(student)), over, out.parents[2])

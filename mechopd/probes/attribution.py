@@ -70,7 +70,14 @@ def sites_of(model: nn.Module, layers: Sequence[int] | None, components: Sequenc
     if bad:
         raise ConfigError(f"attribution: component(s) {', '.join(bad)} unknown; choose from {', '.join(COMPONENTS)}")
     n = num_layers(model)
-    picked = range(n) if layers is None else [i % n for i in layers]
+    bad_layers = [i for i in layers or () if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n]
+    if bad_layers or (layers is not None and not layers):
+        raise ConfigError(
+            f"attribution: --layers {bad_layers[0] if bad_layers else 'names nothing'}"
+            f"{' is not a decoder layer' if bad_layers else ''}: the model has {n} decoder layers (0..{n - 1}, or "
+            f"-{n}..-1 from the end); pass --layers with indices in that range"
+        )
+    picked = range(n) if layers is None else dict.fromkeys(i % n for i in layers)  # -1: the last layer, once
     return [Site(i, c) for i in picked for c in components]
 
 

@@ -158,7 +158,9 @@ def parameter_deltas(
     shapes = tensor_shapes(base)
     for ckpt in ckpts:
         check_same_layout(base, ckpt, shapes, tensor_shapes(ckpt))
-    readers = [_Reader(base, window_numel)] + [reader_for(c, base, window_numel) for c in ckpts]  # LoRA: ΔW = BA
+    readers = [_Reader(base, window_numel)] + [
+        reader_for(c, base, window_numel, shapes) for c in ckpts
+    ]  # LoRA: ΔW = BA
     pair_rows = None if pair is None else (1 + labels.index(pair[0]), 1 + labels.index(pair[1]))
     names = sorted(base.files, key=lambda n: (str(base.files[n]), n))  # file by file
     numel = {n: math.prod(shapes[n]) for n in names}

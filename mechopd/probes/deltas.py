@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.errors import ConfigError
 from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
-from mechopd.models.lora import adapter_dir
+from mechopd.models.lora import AdapterDeltas, adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
 from mechopd.probes.delta_sums import AGGREGATE_BY, aggregate_deltas, open_checkpoint, parameter_deltas  # noqa: F401  (re-exported)
 from mechopd.probes.options import MODEL_HELP, Role, models_option, option
@@ -161,7 +161,7 @@ def run_deltas(
         "base": base_dir,
         "models": chosen,
         "pair": list(two) if two else None,
-        "adapters": {k: str(a) for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
+        "adapters": {k: AdapterDeltas(a).record for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
         "model_paths": {"base": base_dir, **chosen},
     }  # weights only: no task, items or tokenizer to resolve
     if svd:

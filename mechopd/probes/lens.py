@@ -232,6 +232,7 @@ def run_lens(
     out = Path(out_dir)
     if store is not None:
         store.check(list(run.models), [])
+        store.check_models(run.models)
         store.check_items(out / "lens_items.jsonl")
     results = {
         label: lens(

@@ -275,8 +275,12 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
 
     spec = get_probe(a.probe)
     options = {k: getattr(a, k) for k in defaults(spec.options)}
-    setup = setup_from_args(a)
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
+    if not a.out and a.run:  # the run's own probes/: never written through a link that leads out of the run
+        from mechopd.core.runcheck import check_no_escape
+
+        check_no_escape(a.run, out, "--run")
+    setup = setup_from_args(a)
     taken = [name for name in spec.outputs if (out / name).exists()]
     if taken and not getattr(a, "force", False):  # the run's report and figures read these files
         raise ConfigError(

@@ -194,6 +194,9 @@ def run_similarity(
     store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
     models = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
+    if store is not None:  # the store holds these labels, written from these very weights
+        store.check(labels, [])
+        store.check_models(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
     check_same_architecture(configs)
     sites = sites_for(configs[labels[0]].num_hidden_layers, layers)

@@ -3,7 +3,7 @@
 Layout of a store directory (written by ``mechopd probe cache``, read by ``similarity`` / ``lens`` ``--cache DIR``):
 
     cache_manifest.json         format, sites, dtype, positions, items file, per model: path, sha256 of its weight
-                                files, shards (file, first item, item count, bytes); the probe settings
+                                files, shards (file, first item, item count, bytes, sha256); the probe settings
     cache_items.jsonl           the items (uid, prompt_ids_x, prompt_ids_c, response_ids): the runner's items file
     <label>.shard-00000.safetensors   per site and view a tensor ``"<site>|<view>"`` ``[rows, d]`` (the model's
                                 dtype) and ``"offsets"`` ``[items + 1]`` int64: item j's rows are
@@ -15,16 +15,22 @@ and ``positions="predict"`` = rows 0..n-1 (the scorer's and the lens's positions
 all n + 1 (capture.py's: the predicting states, then the last token's own; the two-view cosine's); index t is the same
 token in both views (core/views.py). Padded slots are not stored.
 
-Memory: the writer holds at most one shard (``shard_bytes``, plus the item that closes it); the reader maps one shard
-at a time and hands out ``[items, R, d]`` padded copies of it, so a pass over the store peaks at about two shards,
+Memory: the writer holds at most one shard (``shard_bytes``, plus the item that closes it); the reader reads one shard
+at a time and hands out ``[items, R, d]`` padded copies of it, so a pass over the store peaks at about three shards,
 whatever the number of items.
+
+What a store proves before it is used (else one `DataError`): every shard is a plain file name of the store directory
+(no path, no link leading out of it); the shard counts add up to the items; a shard's bytes hash to the sha256 the
+manifest records, hold every site and view, and its offsets cut exactly its rows into its item count; and the models
+a probe reads it for (`check_models`) have the weight files whose sha256 the store recorded (seed 1's models never
+read seed 0's store).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +81,7 @@ class StoreWriter:
             self._flush()
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         count = len(self.offsets) - 1
         if not count:
@@ -83,8 +89,14 @@ class StoreWriter:
         name = f"{self.label}.shard-{len(self.shards):05d}.safetensors"  # flat: one directory, one file set
         tensors = {f"{s}|{v}": torch.cat(self.rows[(s, v)]).contiguous() for s in self.sites for v in VIEWS}
         tensors["offsets"] = torch.tensor(self.offsets, dtype=torch.int64)
-        save_file(tensors, str(self.dir / name))
-        self.shards.append({"file": name, "first": self.first, "count": count, "bytes": self.bytes})
+        data = save(tensors)  # bytes: hashed as written (a full disk is the OSError the CLI reports in one line)
+        try:
+            (self.dir / name).write_bytes(data)
+        except BaseException:
+            (self.dir / name).unlink(missing_ok=True)  # our own half-written shard
+            raise
+        digest = hashlib.sha256(data).hexdigest()
+        self.shards.append({"file": name, "first": self.first, "count": count, "bytes": self.bytes, "sha256": digest})
         self._reset(self.first + count)
 
     def close(self) -> list[dict[str, Any]]:
@@ -130,12 +142,58 @@ class ActivationStore:
                 f"--cache {self.root}: not an activation store ({type(e).__name__}: no readable "
                 f"{MANIFEST} / {ITEMS}); write one with mechopd probe cache --out DIR"
             ) from None
-        if self.manifest.get("format") != FORMAT:
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
             raise DataError(
-                f"--cache {self.root}: format {self.manifest.get('format')!r} is not {FORMAT!r}; "
-                "rewrite it with this version's mechopd probe cache"
+                f"--cache {self.root}: format {found!r} is not {FORMAT!r}; rewrite it with this version's mechopd "
+                "probe cache"
             )
+        self._check_layout()
         self.sites, self.labels = list(self.manifest["sites"]), list(self.manifest["models"])
+
+    def _bad(self, what: str) -> DataError:
+        return DataError(f"--cache {self.root}: {what}; rewrite the store with mechopd probe cache --out DIR")
+
+    def _check_layout(self) -> None:
+        """The manifest's sites, models and shards are well formed; every shard is a file of this directory (no path,
+        no link out of it) and each model's shard counts add up to the store's items."""
+        sites, models = self.manifest.get("sites"), self.manifest.get("models")
+        if not isinstance(sites, list) or not all(isinstance(s, str) for s in sites) or not isinstance(models, dict):
+            raise self._bad(f"{MANIFEST} lacks its sites list or models mapping")
+        if not all(isinstance(it, dict) for it in self.items):
+            raise self._bad(f"{ITEMS} holds a line that is not an item object")
+        here = self.root.resolve()
+        for label, rec in models.items():
+            shards = rec.get("shards") if isinstance(rec, dict) else None
+            if not isinstance(shards, list) or not all(isinstance(sh, dict) for sh in shards):
+                raise self._bad(f"{MANIFEST} gives model {label!r} no shard list")
+            for sh in shards:
+                name = sh.get("file")
+                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                    raise self._bad(f"model {label!r}'s shard {name!r} is not a file name inside the store")
+                if (self.root / name).resolve().parent != here:
+                    raise self._bad(f"model {label!r}'s shard {name} is a link that leads out of the store")
+                if not isinstance(sh.get("count"), int) or sh["count"] < 1:
+                    raise self._bad(f"model {label!r}'s shard {name} has no item count")
+            if sum(sh["count"] for sh in shards) != len(self.items):
+                raise self._bad(
+                    f"model {label!r}'s shards hold {sum(sh['count'] for sh in shards)} items, the store "
+                    f"{len(self.items)}"
+                )
+
+    def check_models(self, models: Mapping[str, str | Path]) -> None:
+        """Each label's model is the one the store was written from: its weight files' sha256 are the recorded ones
+        (else one DataError: another seed's or another run's store)."""
+        for label, path in models.items():
+            rec = self.manifest["models"].get(label)
+            if not isinstance(rec, dict):
+                continue  # `check` names a missing label
+            if weight_hashes(path) != rec.get("sha256"):
+                raise DataError(
+                    f"--cache {self.root} was written from other weights for {label!r} (it recorded "
+                    f"{rec.get('path')}, this run's is {path}: their weight files' sha256 differ); write a store "
+                    "of these models with mechopd probe cache, or drop --cache"
+                )
 
     @classmethod
     def open(cls, cache: str | Path | None, setup: Any) -> tuple[ActivationStore | None, Any]:
@@ -176,7 +234,7 @@ class ActivationStore:
         if [[r[k] for k in keys] for r in mine] != [[it[k] for k in keys] for it in self.items]:
             raise DataError(
                 f"--cache {self.root} holds other items than this probe's ({len(self.items)} vs "
-                f"{len(mine)}; written for {self.manifest['settings'].get('run')}); use the --run / --n / "
+                f"{len(mine)}; written for {(self.manifest.get('settings') or {}).get('run')}); use the --run / --n / "
                 "--seed / --split / render it was written with, or drop --cache"
             )
 
@@ -192,25 +250,55 @@ class ActivationStore:
         """Per shard of `label`: ``(mask [B, R] bool, {site: (h_x [B, R', d], h_c [B, R', d])})`` at `positions`
         (``response`` | ``predict``: R' = R; ``predict_stop``: R' = R + 1), items in store order, R = the shard's
         longest response, padding zero."""
-        from safetensors import safe_open
-
         self.check([label], sites)
         keep = POSITIONS[positions]
         for shard in self.manifest["models"][label]["shards"]:
-            with safe_open(str(self.root / shard["file"]), framework="pt") as f:
-                off = f.get_tensor("offsets").tolist()
-                n = [b - a - 1 for a, b in zip(off, off[1:])]  # response tokens per item
-                B, R = len(n), max(n)
-                mask = torch.arange(R)[None, :] < torch.tensor(n)[:, None]  # [B, R]
-                out = {}
-                for s in sites:
-                    pair = []
-                    for v in VIEWS:
-                        rows = f.get_tensor(f"{s}|{v}")  # [rows, d]
-                        h = rows.new_zeros(B, R + (positions == "predict_stop"), rows.shape[-1])
-                        for j in range(B):
-                            got = rows[off[j] : off[j + 1]][keep]
-                            h[j, : got.shape[0]] = got
-                        pair.append(h)
-                    out[s] = tuple(pair)
+            tensors, off = self._read_shard(shard, sites)
+            n = [b - a - 1 for a, b in zip(off, off[1:])]  # response tokens per item
+            B, R = len(n), max(n)
+            mask = torch.arange(R)[None, :] < torch.tensor(n)[:, None]  # [B, R]
+            out = {}
+            for s in sites:
+                pair = []
+                for v in VIEWS:
+                    rows = tensors[f"{s}|{v}"]  # [rows, d]
+                    h = rows.new_zeros(B, R + (positions == "predict_stop"), rows.shape[-1])
+                    for j in range(B):
+                        got = rows[off[j] : off[j + 1]][keep]
+                        h[j, : got.shape[0]] = got
+                    pair.append(h)
+                out[s] = tuple(pair)
             yield mask, out
+
+    def _read_shard(self, shard: dict[str, Any], sites: Sequence[str]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """One shard's tensors and offsets, once its bytes hash to the recorded sha256 and its offsets cut exactly its
+        rows into its item count (a truncated, corrupted or edited shard is one DataError)."""
+        from safetensors.torch import load
+
+        name = shard["file"]
+        try:
+            data = (self.root / name).read_bytes()
+        except OSError as e:
+            raise self._bad(f"shard {name} is unreadable ({e.strerror or type(e).__name__})") from None
+        if "sha256" in shard and hashlib.sha256(data).hexdigest() != shard["sha256"]:
+            raise self._bad(f"shard {name} is not the file it wrote (its sha256 differs: truncated or changed)")
+        try:
+            tensors = load(data)
+        except Exception as e:  # safetensors' own error type for a damaged header or data
+            raise self._bad(
+                f"shard {name} is not a readable safetensors file ({str(e).splitlines()[0][:80]})"
+            ) from None
+        off_t = tensors.get("offsets")
+        off = off_t.tolist() if off_t is not None and off_t.dim() == 1 else []
+        keys = [f"{s}|{v}" for s in sites for v in VIEWS]
+        sizes = {tensors[k].shape[0] for k in keys if k in tensors and tensors[k].dim() == 2}
+        ok = (
+            len(off) == shard["count"] + 1
+            and off[0] == 0
+            and all(b - a >= 1 for a, b in zip(off, off[1:]))
+            and all(k in tensors for k in keys)
+            and sizes == {off[-1]}
+        )
+        if not ok:
+            raise self._bad(f"shard {name}'s offsets and rows do not describe its {shard['count']} items")
+        return tensors, off

@@ -172,11 +172,24 @@ class _AdapterReader:
         self.base.close()
 
 
-def reader_for(ckpt: Checkpoint, base: Checkpoint, window_numel: int) -> _Reader | _AdapterReader:
-    """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`."""
-    from mechopd.models.lora import AdapterDeltas, adapter_dir
+def reader_for(
+    ckpt: Checkpoint, base: Checkpoint, window_numel: int, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> _Reader | _AdapterReader:
+    """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`. With ``shapes`` (the
+    base's tensor shapes), every ΔW = B A must have its weight's shape (else one ModelError: shapes win)."""
+    from mechopd.models.lora import AdapterDeltas, adapter_dir, check_base
 
     found = adapter_dir(ckpt.path)
     if found is None:
         return _Reader(ckpt, window_numel)
-    return _AdapterReader(ckpt, base, AdapterDeltas(found), window_numel)
+    adapter = AdapterDeltas(found)
+    check_base(found, base.path)  # the W0 it is added to is the one it was trained on
+    known = shapes if shapes is not None else {}
+    for name, (a, b) in adapter.pairs.items() if shapes is not None else ():
+        if tuple(known.get(name, ())) != (b.shape[0], a.shape[1]):
+            raise ModelError(
+                f"{found}: its ΔW for {name} is {b.shape[0]} x {a.shape[1]}, the weight is "
+                f"{'absent' if name not in known else ' x '.join(map(str, known[name]))}; this adapter belongs to "
+                "another model: pass its own checkpoint"
+            )
+    return _AdapterReader(ckpt, base, adapter, window_numel)

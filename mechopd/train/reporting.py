@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,12 @@ class Logger:
         config: dict[str, Any] | None = None,
         fresh: bool = True,
         project: str = "mechopd",
+        before_first: Callable[[], Any] | None = None,
     ) -> None:
+        """``before_first``: run once, just before the first line is written (a resume drops the lines past its
+        checkpoint there, so a resume that stops before its first step keeps every line)."""
         self.path, self.enabled, self.tb, self.wb = path, enabled, None, None
+        self.before_first = before_first
         if enabled and tensorboard:
             self.tb = _tensorboard(path.parent, config or {}, fresh)
         if enabled and wandb:
@@ -153,6 +158,7 @@ class Logger:
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        self.settle()
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         numbers = _numbers(record)
@@ -162,6 +168,12 @@ class Logger:
             self.tb.flush()
         if self.wb is not None and numbers:
             self.wb.log(numbers, step=int(record["step"]))
+
+    def settle(self) -> None:
+        """Run ``before_first`` now if no line ran it yet (once)."""
+        if self.enabled and self.before_first is not None:
+            pending, self.before_first = self.before_first, None
+            pending()
 
     def close(self) -> None:
         if self.tb is not None:

@@ -32,7 +32,7 @@ import yaml
 
 from mechopd.config import RESUME_MUTABLE, TrainConfig, config_diff
 from mechopd.core.errors import ConfigError, TrainingError
-from mechopd.core.runcheck import check_item_count, check_out_place
+from mechopd.core.runcheck import check_item_count, check_no_escape, check_out_place
 from mechopd.core.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
 from mechopd.train.reporting import Logger  # noqa: F401  (its home before mechopd.train.reporting)
@@ -70,7 +70,7 @@ def remove_stale_temps(root: Path) -> list[Path]:
                 p for p in parent.iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
             ]
     for p in stale:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
     return stale
 
 
@@ -95,6 +95,8 @@ def prepare(run: RunDir, cfg: TrainConfig, resume: bool, is_writer: bool) -> tup
     the new run has loaded its models (a run refused on the way loses nothing).
     """
     root = run.root
+    for name in (*RUN_FILES, "final"):  # nothing is written or deleted through a link out of the run
+        check_no_escape(root, root / name)
     if is_writer:
         remove_stale_temps(root)
     has_files = bool(_entries(root))
@@ -140,8 +142,15 @@ def clear_unfinished(run: RunDir) -> None:
     """Drop the files of a run that stopped before its first checkpoint (its config.yaml is rewritten next)."""
     if unfinished(run):
         for name in ("metrics.jsonl", "checkpoints", "tensorboard"):
-            p = run.root / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            remove_own(run.root / name)
+
+
+def remove_own(p: Path) -> None:
+    """Delete a file or directory the run wrote; a symbolic link goes, never what it points to."""
+    if p.is_symlink() or not p.is_dir():
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p)
 
 
 def check_same_config(run: RunDir, cfg: TrainConfig) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -259,8 +258,8 @@ class Trainer(TrainerSetup, TrainerSaving):
         """A new run refused for bad input before its first checkpoint leaves no file behind."""
         if self.rank == 0 and self.fresh and rundir.latest_checkpoint(self.run_dir.root) is None:
             for name in rundir.RUN_FILES:
-                p = self.run_dir.root / name
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    rundir.remove_own(self.run_dir.root / name)
             if self.run_dir.root.is_dir() and not any(self.run_dir.root.iterdir()):
                 self.run_dir.root.rmdir()
 
@@ -290,6 +289,7 @@ class Trainer(TrainerSetup, TrainerSaving):
                 f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
                 "run trained as OPD; raise nca_gate or train longer"
             )
+        self.logger.settle()  # a resume with no step left: its metrics end at the checkpoint too
         final = self.save_final()
         self._say(final_line(self.step, cfg.steps, self.last_eval, self.run_dir.root))
         return final

@@ -118,15 +118,17 @@ class TrainerSetup:
         if self.rank == 0:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)
             rundir.write_config(cfg, self.run_dir)
-            self._say(rundir.truncate_metrics(self.run_dir.metrics, self.step))
+            self._say(rundir.read_metrics(self.run_dir.metrics)[1])  # the lines past the checkpoint stay until
+        step, path = self.step, self.run_dir.metrics  # the first new line: a resume that stops before it loses none
         self.logger = Logger(
-            self.run_dir.metrics,
+            path,
             self.rank == 0,
             cfg.log_tensorboard,
             cfg.log_wandb,
             cfg.to_dict(),
             fresh=self.fresh,
             project=cfg.wandb_project,
+            before_first=(lambda: rundir.truncate_metrics(path, step)) if not self.fresh else None,
         )
         self._say(
             config_block(cfg, self.resume_from)

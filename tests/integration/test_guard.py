@@ -154,3 +154,43 @@ def test_resolved_config_is_printed_once_at_the_start(tiny_rules_organism, tmp_p
     assert "steps=1" in line and "  batch_size: 4\n" not in out  # one line, not the dump
     train(_cfg(tiny_rules_organism, steps=1), tmp_path / "v", progress=False, verbose=True)
     assert "  batch_size: 4\n" in capsys.readouterr().out  # --verbose: the full resolved config
+
+
+def _lora(student, steps: int) -> TrainConfig:
+    return _cfg(student, steps=steps, save_every=2, lora_rank=2, lr_schedule="constant")
+
+
+def _finished_lora_run(student, run) -> None:
+    train(_lora(student, 3), run, progress=False)
+    assert _steps(run) == [1, 2, 3] and checkpoint.latest_checkpoint(run).name == "step-2"
+
+
+def test_a_resume_stopped_by_a_nan_adapter_keeps_every_metrics_line(tiny_rules_organism, tmp_path):
+    from safetensors.torch import save_file
+
+    run = tmp_path / "r"
+    _finished_lora_run(tiny_rules_organism, run)
+    f = run / "checkpoints" / "step-2" / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(str(f))
+    key = next(k for k in sorted(tensors) if ".lora_B." in k)
+    tensors[key] = torch.full_like(tensors[key], float("nan"))
+    save_file(tensors, str(f))
+    with pytest.raises(MechopdError, match="NaN or inf"):
+        train(_lora(tiny_rules_organism, 4), run, resume=True, progress=False)
+    assert _steps(run) == [1, 2, 3]  # step 3 (the final model's) is not dropped by a resume that never stepped
+
+
+def test_a_resume_that_stops_before_its_first_step_keeps_every_metrics_line(tiny_rules_organism, tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    _finished_lora_run(tiny_rules_organism, run)
+
+    def stop(self):
+        raise TrainingError("stopped at the first step (injected)")
+
+    monkeypatch.setattr(Trainer, "train_step", stop)
+    with pytest.raises(TrainingError, match="injected"):
+        train(_lora(tiny_rules_organism, 4), run, resume=True, progress=False)
+    assert _steps(run) == [1, 2, 3]
+    monkeypatch.undo()
+    train(_lora(tiny_rules_organism, 4), run, resume=True, progress=False)
+    assert _steps(run) == [1, 2, 3, 4]  # the resume replaced step 3's line with its own, then stepped on

@@ -8,6 +8,7 @@ the adapter). The zoo's students are hidden-32: their embeddings are so small th
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
 
@@ -86,7 +87,11 @@ def test_nca_with_lora_rank_8_trains_and_its_checkpoint_opens_in_eval_and_deltas
     assert json.loads((tmp_path / "eval.json").read_text())["summary"]["n"] == 2
     cli("probe", "deltas", "--run", run, "--out", tmp_path / "probes")
     settings = json.loads((tmp_path / "probes" / "deltas_summary.json").read_text())["settings"]
-    assert settings["adapters"] == {"nca": str(adapter)}
+    assert settings["adapters"]["nca"]["path"] == str(adapter.resolve()) and settings["adapters"]["nca"]["r"] == 8
+    assert (
+        settings["adapters"]["nca"]["sha256"]
+        == hashlib.sha256((adapter / lora.ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    )
     rows = {
         r["site"]: float(r["value"])
         for r in csv.DictReader(open(tmp_path / "probes" / "deltas.csv"))
