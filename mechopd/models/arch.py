@@ -180,7 +180,8 @@ def views_of(raw: str, shape: tuple[int, ...], heads: Heads) -> list[ParamView]:
 
 def param_views(shapes: Mapping[str, tuple[int, ...]], config: Any) -> dict[str, ParamView]:
     """Canonical name -> view for every stored parameter (name -> shape), fused ones split."""
-    heads = heads_of(config)
+    fused = [n for n in shapes if n.split(".")[-2:-1] and n.split(".")[-2] in QKV_CONTIGUOUS + QKV_PER_HEAD]
+    heads = heads_of(config) if fused else Heads(1, 1, 1)  # only q/k/v splits read the head counts
     out: dict[str, ParamView] = {}
     for raw, shape in shapes.items():
         for v in views_of(raw, tuple(shape), heads):
