@@ -133,3 +133,20 @@ def test_unsupported_architectures_are_refused_with_the_reason(config, why):
     with pytest.raises(ModelError, match=why):
         check_supported(getattr(transformers, config)())
     check_supported(tiny_config("gemma3"))  # dense: no error
+
+
+def test_gpt_neox_checkpoint_passes_the_weight_check(models, tmp_path):
+    """GPT-NeoX stores its head as ``embed_out`` (transformers renames it ``lm_head`` on load): valid, and a
+    checkpoint without it is still refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from mechopd.core.model_checks import check_checkpoint
+
+    models["gpt_neox"].save_pretrained(tmp_path / "neox")
+    files = check_checkpoint(tmp_path / "neox")
+    assert "embed_out.weight" in files
+    state = load_file(tmp_path / "neox" / "model.safetensors")
+    del state["embed_out.weight"]
+    save_file(state, tmp_path / "neox" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="embed_out.weight"):
+        check_checkpoint(tmp_path / "neox")
