@@ -371,7 +371,9 @@ def build_zoo(root: str | os.PathLike | None = None) -> Zoo:
         for name in ALL_FAMILIES:
             _build_family(FAMILY[name], texts, tmp / name)
         (tmp / "zoo.json").write_text(
-            json.dumps({"key": zoo_key(), "families": list(ALL_FAMILIES), "context_tokens_qwen3_probe": n_ctx}, indent=1)
+            json.dumps(
+                {"key": zoo_key(), "families": list(ALL_FAMILIES), "context_tokens_qwen3_probe": n_ctx}, indent=1
+            )
         )
         (tmp / "DONE").write_text("ok\n")
         try:

@@ -121,10 +121,33 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
     from mechopd.generate.lean import LeanDecoder
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
-    with pytest.raises(ModelError, match="model_type 'gpt2'.*decoder='hf'"):
+    with pytest.raises(ModelError, match="model_type 'gpt2'.*train.rollout_engine .*eval.engine"):
         LeanDecoder(gpt2)
+    with pytest.raises(ModelError, match="train.rollout_engine"):  # asked for explicitly: refused, not replaced
+        sample(gpt2, [[1, 2]], SamplingSettings(max_new_tokens=2, stop=[0], pad_id=0, greedy=True, engine="lean"))
     with pytest.raises(ValueError, match="engine must be"):
         SamplingSettings(max_new_tokens=2, stop=[0], pad_id=0, engine="fast")
+
+
+def test_auto_engine_falls_back_to_hf_generation_and_says_so_once(caplog):
+    """The default engine ("auto") samples a model lean decoding cannot run through ``model(...)`` (the same ids as
+    engine="hf"), logging the reason once per process."""
+    import logging
+
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from mechopd.generate import lean
+
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).eval()
+    st = SamplingSettings(max_new_tokens=5, stop=[0], pad_id=0, greedy=True)
+    assert st.engine == "auto"
+    lean._told.clear()
+    with caplog.at_level(logging.WARNING, logger="mechopd"):
+        got = [sample(gpt2, [[3, 4, 5], [6, 7]], st).responses for _ in range(2)]
+    assert got[0] == got[1] == sample(gpt2, [[3, 4, 5], [6, 7]], st.replace(engine="hf")).responses
+    told = [r.getMessage() for r in caplog.records if "lean decoding cannot run" in r.getMessage()]
+    assert len(told) == 1 and "gpt2" in told[0]
 
 
 def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organism_tokenizer):
