@@ -230,6 +230,15 @@ def layers_path(model: torch.nn.Module) -> str:
     return min(found, key=len)
 
 
+def soft_cap(model: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """The model's final-logit soft-capping (Gemma-2: cap · tanh(logits / cap)), as its own forward applies after
+    the head; logits unchanged for a model without one. ``[..., V]`` -> ``[..., V]``."""
+    config = getattr(model, "config", None)
+    cfg = getattr(config, "text_config", None) or config
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
 def module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
     for name, mod in model.named_modules():
         if mod is module:
@@ -290,3 +299,40 @@ def _has(module: torch.nn.Module, path: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def lora_modules(model: torch.nn.Module, targets: tuple[str, ...] | list[str], every: bool = True) -> list[str]:
+    """Full paths of the linear / Conv1D modules that LoRA `targets` name, in Llama's words (``q_proj``, ...) or the
+    model's own (``c_attn``, ``qkv_proj``): GPT-2's ``q_proj`` is ``transformer.h.{i}.attn.c_attn``. A fused module
+    is adapted whole, so naming only some of its parts (``q_proj`` without ``k_proj`` / ``v_proj`` on Phi-3) is a
+    `ConfigError`, as is a target that names no module (the message lists the names that exist; ``every=False``, the
+    default targets: those the model has, e.g. GPT-2 has no gate_proj)."""
+    from transformers.pytorch_utils import Conv1D
+
+    from mechopd.core.errors import ConfigError
+
+    wanted, found, names = set(targets), {}, set()
+    for path, mod in model.named_modules():
+        if not isinstance(mod, (torch.nn.Linear, Conv1D)):
+            continue
+        own, canon = path.rsplit(".", 1)[-1], site_of(f"{path}.weight").module
+        parts = FUSED_PARTS.get(canon, (canon,))
+        names.update({own, canon, *parts})
+        hit = wanted & {own, canon, *parts}
+        if not hit:
+            continue
+        if len(parts) > 1 and not wanted & {own, canon} and set(parts) - wanted:
+            raise ConfigError(
+                f"lora_targets name {sorted(hit)} but this model stores {', '.join(parts)} in one module ({own}); "
+                f"target all of {', '.join(parts)} (or {canon})"
+            )
+        found[path] = hit
+    missing = sorted(wanted - {t for hit in found.values() for t in hit})
+    if missing and (every or not found):
+        raise ConfigError(
+            f"lora_targets {missing} match no linear module of this model; choose from {', '.join(sorted(names))}"
+        )
+    return sorted(found)

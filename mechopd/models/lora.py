@@ -61,13 +61,13 @@ def require_peft() -> Any:
     return peft
 
 
-def peft_config(opts: LoraOptions, base: str | None = None) -> Any:
+def peft_config(opts: LoraOptions, base: str | None = None, targets: list[str] | None = None) -> Any:
     peft = require_peft()
     return peft.LoraConfig(
         r=opts.rank,
         lora_alpha=opts.alpha,
         lora_dropout=opts.dropout,
-        target_modules=list(opts.targets),
+        target_modules=list(opts.targets) if targets is None else targets,
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base,
@@ -85,15 +85,12 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable, in float32 whatever the
     base's dtype (peft casts the input per layer). A target that matches no module raises `ConfigError` naming the
     model's linear module names."""
+    from mechopd.models.arch import lora_modules
+
     peft = require_peft()
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-    missing = [t for t in opts.targets if t not in linear]
-    if missing:
-        raise ConfigError(
-            f"lora_targets {missing} match no linear module of this model; choose from {', '.join(linear)}"
-        )
+    paths = lora_modules(model, opts.targets, every=opts.targets != DEFAULT_TARGETS)  # fused modules whole
     model.requires_grad_(False)
-    peft.inject_adapter_in_model(peft_config(opts), model, adapter_name=NAME)
+    peft.inject_adapter_in_model(peft_config(opts, targets=paths), model, adapter_name=NAME)
     for n, p in model.named_parameters():
         p.requires_grad_(".lora_A." in n or ".lora_B." in n)
         if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
@@ -154,6 +151,12 @@ def delta_weight(layer: LoraLayer) -> torch.Tensor:
     return (b @ a) * float(layer.scaling[NAME])
 
 
+def stored_delta(layer: LoraLayer) -> torch.Tensor:
+    """ΔW in the adapted weight's stored layout (a Conv1D's [d_in, d_out]: the transpose of `delta_weight`)."""
+    d = delta_weight(layer)
+    return d.T if getattr(layer, "fan_in_fan_out", False) else d
+
+
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full model's state dict with W0 + ΔW in every adapted projection, under the plain HF names, on CPU (tensors
     that are one tensor in the model, e.g. tied embeddings, stay one tensor)."""
@@ -166,7 +169,7 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
         owner = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
         name = key.replace(".base_layer.", ".")
         if owner in layers and key.endswith("base_layer.weight"):
-            out[name] = (t.detach().float().cpu() + delta_weight(layers[owner]).cpu()).to(t.dtype)
+            out[name] = (t.detach().float().cpu() + stored_delta(layers[owner]).cpu()).to(t.dtype)
             continue
         if id(t) not in seen:
             seen[id(t)] = t.detach().cpu()
