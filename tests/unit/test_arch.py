@@ -150,3 +150,20 @@ def test_gpt_neox_checkpoint_passes_the_weight_check(models, tmp_path):
     save_file(state, tmp_path / "neox" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelError, match="embed_out.weight"):
         check_checkpoint(tmp_path / "neox")
+
+
+def test_gradient_sums_are_per_part_of_a_fused_tensor(models):
+    """The gradients probe's per-parameter sums, split: Phi-3's qkv_proj gives q / k / v rows (hand slices)."""
+    from mechopd.probes.grad_sums import view_sums
+
+    m = models["phi3"]
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    p = dict(m.named_parameters())[name]
+    ga, gb = torch.randn(p.shape, dtype=torch.float64), torch.randn(p.shape, dtype=torch.float64)
+    views = [v for v in model_views(m).values() if v.raw == name]
+    names, sums, sizes = view_sums(ga.reshape(-1), [gb], [p], [views])
+    assert [site_of(n).module for n in names] == ["q_proj", "k_proj", "v_proj"] and sizes == [1024, 512, 512]
+    k = slice(H * HD, (H + K) * HD)
+    assert sums[1][0] == pytest.approx(float((ga[k] * gb[k]).sum())) and sums[1][1] == pytest.approx(
+        float(ga[k].square().sum())
+    )
