@@ -37,8 +37,14 @@ def tiny_config(
     if family == "mistral":
         return transformers.MistralConfig(head_dim=hidden // 4, sliding_window=None, **llama_like)
     if family == "gemma2":
+        # caps far below the default 30 / 50, so that a forward that skipped them would show (tiny random logits)
         return transformers.Gemma2Config(
-            head_dim=hidden // 4, sliding_window=4, query_pre_attn_scalar=hidden // 4, **llama_like
+            final_logit_softcapping=0.05,
+            attn_logit_softcapping=0.05,
+            head_dim=hidden // 4,
+            sliding_window=4,
+            query_pre_attn_scalar=hidden // 4,
+            **llama_like,
         )
     if family == "gemma3":
         return transformers.Gemma3TextConfig(
