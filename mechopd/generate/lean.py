@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from mechopd.core.errors import ModelError
 from mechopd.generate.prefix import cache_kwargs, output_cache
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # Mistral: Llama's arithmetic (without a sliding window)
 DECODERS = ("auto", "lean", "hf", "vllm")  # engine names (configs): lean where it can run else hf, this module,
 #                                              ``model(...)`` per step, vLLM (extra)
 ENGINE_KEYS = "train.rollout_engine (training) / eval.engine (evaluation)"
@@ -53,6 +53,8 @@ def lean_supported(model: Any) -> str | None:
     if layer_types is not None and any(t == "sliding_attention" for t in layer_types):
         return "sliding-window attention"
     if layer_types is None and getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None) is not None:
         return "sliding-window attention"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"

@@ -178,3 +178,21 @@ def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organi
         LeanDecoder(AutoModelForCausalLM.from_config(longrope))
     sliding = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(sliding))
+
+
+def test_lean_decoding_runs_mistral_without_a_sliding_window():
+    from transformers import AutoModelForCausalLM
+
+    from mechopd.generate.lean import lean_supported
+    from mechopd.testing.families import tiny_config, tiny_family_model
+
+    m = tiny_family_model("mistral")
+    st = SamplingSettings(max_new_tokens=6, stop=[2], pad_id=0, greedy=True)
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    assert lean_supported(m) is None
+    assert (
+        sample(m, prompts, st.replace(engine="lean")).responses == sample(m, prompts, st.replace(engine="hf")).responses
+    )
+    windowed = tiny_config("mistral")
+    windowed.sliding_window = 4
+    assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(windowed))
