@@ -336,3 +336,20 @@ def lora_modules(model: torch.nn.Module, targets: tuple[str, ...] | list[str], e
             f"lora_targets {missing} match no linear module of this model; choose from {', '.join(sorted(names))}"
         )
     return sorted(found)
+
+
+def check_lora_targets(model: str, targets: tuple[str, ...] | list[str] | None, where: str) -> None:
+    """Refuse, before any job, LoRA targets that `lora_modules` would refuse on checkpoint `model` (its module tree
+    built on the meta device from config.json: no weights read). None: the default targets (those it has)."""
+    from transformers import AutoModelForCausalLM
+
+    from mechopd.core.checks import read_config
+    from mechopd.core.errors import ConfigError
+    from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(read_config(model))
+    try:
+        lora_modules(skeleton, list(targets) if targets else list(ATTN_MODULES + MLP_MODULES), every=bool(targets))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None

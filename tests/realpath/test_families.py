@@ -95,3 +95,16 @@ def test_a_study_with_every_probe_runs_on_the_family(zoo, family, tmp_path):
         r["module"]: int(r["n_params"]) for r in read_csv(out / "probes" / "weightpatch.csv") if r["layer"] == "all"
     }
     assert patch["qk"] > 0 and patch["ctrl_qk"] >= patch["qk"]
+
+
+def test_lora_targets_are_checked_against_the_model_before_any_job(zoo, tmp_path, capsys):
+    """Phi-3 stores q, k and v in one module: a LoRA run naming only q_proj is refused before anything trains."""
+    doc = _study(zoo, "phi3")
+    doc["runs"]["lora"]["lora_targets"] = ["q_proj"]
+    doc["probes"] = {}
+    study = tmp_path / "phi3.yaml"
+    study.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["run", str(study), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "runs.lora.lora_targets" in err and "q_proj, k_proj, v_proj in one module" in err
+    assert not (tmp_path / "phi3" / "train").exists()
