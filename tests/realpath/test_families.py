@@ -78,6 +78,7 @@ def _study(zoo, family: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", STUDY_FAMILIES)
 def test_a_study_with_every_probe_runs_on_the_family(zoo, family, tmp_path):
     study = tmp_path / f"{family}.yaml"
