@@ -196,3 +196,24 @@ def test_lean_decoding_runs_mistral_without_a_sliding_window():
     windowed = tiny_config("mistral")
     windowed.sliding_window = 4
     assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(windowed))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_sliding_window_models_never_share_a_prefix(family):
+    """A sliding window counts cache columns: the shared-prefix layout (padding after the prefix) would shift it, so
+    such a model runs the unshared prefill, and its greedy ids equal one-by-one sampling and ``generate``."""
+    from mechopd.generate.prefix import sliding_window
+    from mechopd.testing.families import tiny_family_model
+
+    m = tiny_family_model(family)
+    assert sliding_window(m) and not sliding_window(tiny_family_model("olmo2"))
+    common = list(range(3, 20))
+    prompts = [common + [21, 22, 23], common + [30, 31], common + [40]]
+    st = SamplingSettings(max_new_tokens=8, stop=[2], pad_id=0, greedy=True)
+    auto = sample(m, prompts, st.replace(shared_prefix="auto")).responses
+    one = [sample(m, [p], st.replace(shared_prefix="off")).responses[0] for p in prompts]
+    gen = [
+        m.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=0)[0, len(p) :]
+        for p in prompts
+    ]
+    assert auto == one == [g[: g.tolist().index(2) + 1].tolist() if 2 in g else g.tolist() for g in gen]
