@@ -247,7 +247,7 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
         from mechopd.models.lora import require_peft
 
         require_peft()
-        for key, bad, fix in (("sharding", "fsdp", "sharding=none"), ("rollout_engine", "vllm", "rollout_engine=lean")):
+        for key, bad, fix in (("sharding", "fsdp", "sharding=none"), ("rollout_engine", "vllm", "rollout_engine=auto")):
             if getattr(cfg, key) == bad:
                 raise ConfigError(
                     f"lora_rank={cfg.lora_rank} does not run with {key}: {bad} (untested there); set "

@@ -61,9 +61,9 @@ class RolloutOptions:
         "(independent of steps: a resumed run sees the same data)",
     )
     rollout_engine: str = option(
-        "lean",
-        help="lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf (model(...) per "
-        "decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])",
+        "auto",
+        help="auto (lean where it can run, else hf) | lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf "
+        "(model(...) per decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])",
     )
     vllm_options: dict[str, Any] = option(
         default_factory=dict,

@@ -105,7 +105,23 @@ def expected_tensors(config: Any) -> tuple[dict[str, tuple[int, ...]], list[set[
     groups: dict[int, set[str]] = {}
     for name, t in state.items():
         groups.setdefault(id(t), set()).add(name)
-    return {n: tuple(t.shape) for n, t in state.items()}, [g for g in groups.values() if len(g) > 1]
+    saved = _saved_names(model, list(state))
+    shapes = {saved[n]: tuple(t.shape) for n, t in state.items()}
+    return shapes, [{saved[n] for n in g} for g in groups.values() if len(g) > 1]
+
+
+def _saved_names(model: Any, names: list[str]) -> dict[str, str]:
+    """State-dict name -> the name `save_pretrained` writes: transformers' own key renamings reversed (GPT-NeoX's
+    ``lm_head`` is stored as ``embed_out`` and renamed back on load)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:  # an older transformers renames nothing
+        return {n: n for n in names}
+    renamings: list[Any] = [
+        t.reverse_transform() for t in get_model_conversion_mapping(model) if type(t) is WeightRenaming
+    ]
+    return {n: rename_source_key(n, renamings, [], reverse=True)[0] if renamings else n for n in names}
 
 
 def check_checkpoint(path: str | os.PathLike, config: Any = None) -> dict[str, Path]:

@@ -26,10 +26,17 @@ from mechopd.core.errors import ConfigError
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-NORM_MODULES = ("input_layernorm", "post_attention_layernorm")
-QK_NORMS = ("q_norm", "k_norm")  # Qwen3 only
+NORM_MODULES = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",  # Gemma-2/3
+    "post_feedforward_layernorm",  # Gemma-2/3, OLMo-2
+)
+QK_NORMS = ("q_norm", "k_norm")  # Qwen3, Gemma-3, OLMo-2
+FUSED_MODULES = ("qkv_proj", "gate_up_proj")  # one stored tensor for q/k/v (gate/up): split by mechopd.models.arch
 MODULE_ORDER = (
     "input_layernorm",
+    "qkv_proj",
     "q_proj",
     "k_proj",
     "v_proj",
@@ -37,14 +44,35 @@ MODULE_ORDER = (
     "k_norm",
     "o_proj",
     "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "gate_up_proj",
     "gate_proj",
     "up_proj",
     "down_proj",
+    "post_feedforward_layernorm",
 )  # forward order, for tables/plots
 # site <-> HF module path, for the sites outside the decoder layers
 TOP_SITES = {"embed": "model.embed_tokens", "final_norm": "model.norm", "lm_head": "lm_head"}
 TOP_MODULES = {"embed_tokens": "embed", "norm": "final_norm", "lm_head": "lm_head"}  # last path part -> site
-WRAPPERS = ("model", "language_model", "base_model", "transformer")  # leading path parts dropped from param names
+WRAPPERS = ("model", "language_model", "base_model", "transformer", "gpt_neox")  # leading parts dropped from names
+LAYER_LISTS = ("layers", "h")  # the decoder layers' ModuleList, once the wrappers are dropped (GPT-2: ``h``)
+# The families that name things their own way, in Llama's words (path inside a decoder layer -> canonical path).
+# GPT-2's c_attn / c_proj / c_fc are Conv1D (stored [in, out]); c_attn and GPT-NeoX's query_key_value hold q, k, v
+# in one tensor (`mechopd.models.arch` splits them, as Phi-3's qkv_proj and gate_up_proj).
+LAYER_RENAMES = {
+    "attn.c_attn": "self_attn.qkv_proj",
+    "attn.c_proj": "self_attn.o_proj",
+    "mlp.c_fc": "mlp.up_proj",
+    "mlp.c_proj": "mlp.down_proj",
+    "ln_1": "input_layernorm",
+    "ln_2": "post_attention_layernorm",
+    "attention.query_key_value": "self_attn.qkv_proj",
+    "attention.dense": "self_attn.o_proj",
+    "mlp.dense_h_to_4h": "mlp.up_proj",
+    "mlp.dense_4h_to_h": "mlp.down_proj",
+}
+TOP_RENAMES = {"wte": "embed_tokens", "embed_in": "embed_tokens", "ln_f": "norm", "final_layer_norm": "norm"}
+TOP_RENAMES["embed_out"] = "lm_head"  # GPT-NeoX's head as stored (transformers renames it lm_head on load)
 RESID_RE = re.compile(r"^layers\.(-?\d+)\.resid_post$")
 
 
@@ -137,17 +165,21 @@ class Site(NamedTuple):
 def site_of(param_name: str) -> Site:
     """``model.layers.3.self_attn.q_proj.bias`` -> Site("layers.3.self_attn.q_proj", 3, "q_proj", "bias").
 
-    Leading wrappers (``model.``, ``language_model.``, ``base_model.``, ``transformer.``) are dropped; the last part is
+    Leading wrappers (``model.``, ``language_model.``, ``base_model.``, ``transformer.``, ``gpt_neox.``) are dropped; the last part is
     the parameter (``weight`` / ``bias``); ``embed_tokens`` / final ``norm`` / ``lm_head`` map to the sites ``embed`` /
-    ``final_norm`` / ``lm_head``. Other names keep their path as site, with layer None.
+    ``final_norm`` / ``lm_head``. Other names keep their path as site, with layer None. Families that name things
+    their own way are read in Llama's words (`LAYER_RENAMES`, `TOP_RENAMES`): ``transformer.h.0.attn.c_proj.weight``
+    -> Site("layers.0.self_attn.o_proj", 0, "o_proj", "weight"); a fused tensor keeps its fused name (``qkv_proj``).
     """
     parts = param_name.split(".")
     param = parts.pop() if len(parts) > 1 else ""
     while len(parts) > 1 and parts[0] in WRAPPERS:
         parts.pop(0)
-    path = ".".join(parts)
-    if len(parts) >= 3 and parts[0] == "layers" and parts[1].isdigit():
-        return Site(path, int(parts[1]), parts[-1], param)
+    if len(parts) >= 3 and parts[0] in LAYER_LISTS and parts[1].isdigit():
+        inner = ".".join(parts[2:])
+        path = f"layers.{parts[1]}.{LAYER_RENAMES.get(inner, inner)}"
+        return Site(path, int(parts[1]), path.rsplit(".", 1)[-1], param)
+    path = TOP_RENAMES.get(".".join(parts), ".".join(parts))
     if path in TOP_MODULES:
         return Site(TOP_MODULES[path], None, path, param)
     return Site(path, None, parts[-1], param)

@@ -24,6 +24,7 @@ Pinned renders (a chat template that reads the date, a template that drops the c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -77,6 +78,8 @@ def _messages(prompt: str, context: str | None, spec: RenderSpec) -> list[dict[s
 def render_prompt_text(tokenizer: Any, prompt: str, context: str | None, spec: RenderSpec) -> str:
     """The prompt string of one view (context=None: no-context view), ending where the response begins."""
     if getattr(tokenizer, "chat_template", None):
+        if spec.placement == "system" and spec.no_context_system is None and _refuses_system(tokenizer, spec):
+            spec = dataclasses.replace(spec, placement="user")  # Gemma-2: said once in the log
         text = tokenizer.apply_chat_template(
             _messages(prompt, context, spec), tokenize=False, add_generation_prompt=True, **spec.chat_template_kwargs
         )
@@ -87,6 +90,39 @@ def render_prompt_text(tokenizer: Any, prompt: str, context: str | None, spec: R
     if spec.no_context_system:
         body = spec.no_context_system + "\n\n" + body
     return body + "\n"
+
+
+_SYSTEM_REFUSED: dict[str, bool] = {}  # chat template -> it raises on a system message (and renders without one)
+
+
+def _refuses_system(tokenizer: Any, spec: RenderSpec) -> bool:
+    """Whether the tokenizer's chat template refuses a system role (Gemma-2 raises "System role not supported"); the
+    first time, a warning says that the context goes into the user turn instead (placement user)."""
+    template = str(tokenizer.chat_template)
+    if template not in _SYSTEM_REFUSED:
+        import jinja2
+
+        def renders(msgs: list[dict[str, str]]) -> bool:
+            try:
+                tokenizer.apply_chat_template(
+                    msgs, tokenize=False, add_generation_prompt=True, **spec.chat_template_kwargs
+                )
+            except jinja2.TemplateError:
+                return False
+            return True
+
+        user = [{"role": "user", "content": "q"}]
+        refused = renders(user) and not renders([{"role": "system", "content": "c"}, *user])
+        _SYSTEM_REFUSED[template] = refused
+        if refused:
+            import logging
+
+            logging.getLogger("mechopd").warning(
+                "placement system: the chat template of %s refuses a system role, so the context goes at the top of "
+                "the user turn (placement user) in every view; set placement: user to say so in the config",
+                getattr(tokenizer, "name_or_path", "") or "this tokenizer",
+            )
+    return _SYSTEM_REFUSED[template]
 
 
 def _refuse_default_system(text: str, prompt: str, tokenizer: Any) -> None:

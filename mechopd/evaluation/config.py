@@ -32,8 +32,8 @@ class EvalConfig:
     )
     n_boot: int = option(1000, help="bootstrap resamples of the intervals (0: none)", range=GE0)
     engine: str = option(
-        "lean",
-        help="decoder: lean (Llama/Qwen2/Qwen3), hf (model(...) per step, any causal LM), vllm (the extra mechopd[vllm])",
+        "auto",
+        help="decoder: auto (lean where it can run, else hf), lean (Llama/Qwen2/Qwen3), hf (model(...) per step, any causal LM), vllm (the extra mechopd[vllm])",
         choices=DECODERS,
     )
     shared_prefix: str = option(

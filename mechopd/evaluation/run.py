@@ -30,7 +30,7 @@ def evaluate_checkpoint(
     samples: int = 1,
     temperature: float | None = None,
     max_new_tokens: int | None = None,
-    engine: str = "lean",
+    engine: str = "auto",
     no_context_system: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     other_contexts: bool = False,

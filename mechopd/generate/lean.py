@@ -18,7 +18,8 @@ per token). This module runs the SAME arithmetic as the transformers modules, re
             logits = RMSNorm(h) W_lm_head^T.
 RMSNorm follows transformers' formula (float32 statistics, cast back, then the weight). Greedy ids equal
 ``model.generate`` and logits match ``model(...)`` within float tolerance on Llama, Qwen2 and Qwen3 (tests).
-Not supported (refused with `ModelError`, use ``decoder="hf"``): sliding-window attention, dynamic and longrope RoPE
+Not supported (``engine="auto"``, the default, then decodes through ``model(...)`` and says so once in the log;
+an explicit ``engine="lean"`` is refused with `ModelError` naming the keys): sliding-window attention, dynamic and longrope RoPE
 scaling, other architectures. RoPE cos/sin are tabulated once per call for every reachable position.
 A projection that is not a plain ``nn.Linear`` (a LoRA-adapted one) is called as a module (`_lin`).
 Differences from ``model(...)`` to know about: decode steps bypass module forward hooks (only the prefill runs through
@@ -36,8 +37,11 @@ import torch.nn.functional as F
 from mechopd.core.errors import ModelError
 from mechopd.generate.prefix import cache_kwargs, output_cache
 
-FAMILIES = ("llama", "qwen2", "qwen3")
-DECODERS = ("lean", "hf", "vllm")  # engine names (configs): this module, ``model(...)`` per step, vLLM (extra)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # Mistral: Llama's arithmetic (without a sliding window)
+DECODERS = ("auto", "lean", "hf", "vllm")  # engine names (configs): lean where it can run else hf, this module,
+#                                              ``model(...)`` per step, vLLM (extra)
+ENGINE_KEYS = "train.rollout_engine (training) / eval.engine (evaluation)"
+_told: set[str] = set()  # the fallback reasons already logged in this process
 
 
 def lean_supported(model: Any) -> str | None:
@@ -50,12 +54,32 @@ def lean_supported(model: Any) -> str | None:
         return "sliding-window attention"
     if layer_types is None and getattr(cfg, "use_sliding_window", False):
         return "sliding-window attention"
+    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None) is not None:
+        return "sliding-window attention"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     rope = str(getattr(getattr(getattr(model, "model", None), "rotary_emb", None), "rope_type", "default"))
     if "dynamic" in rope or "longrope" in rope:
         return f"rope_type {rope!r} (its frequencies depend on the longest position seen so far)"
     return None
+
+
+def resolve_engine(model: Any, engine: str) -> str:
+    """The built-in decoder that runs: "auto" is "lean" where `lean_supported`, else "hf" (said once per reason in the
+    log); "lean" and "hf" as given (an explicit "lean" on a model it cannot run fails in `LeanDecoder`)."""
+    if engine != "auto":
+        return engine
+    reason = lean_supported(model)
+    if reason is None:
+        return "lean"
+    if reason not in _told:
+        import logging
+
+        _told.add(reason)
+        logging.getLogger("mechopd").warning(
+            "lean decoding cannot run this model (%s): generating through transformers' model(...) instead", reason
+        )
+    return "hf"
 
 
 def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,7 +114,10 @@ class LeanDecoder:
     def __init__(self, model: Any):
         reason = lean_supported(model)
         if reason is not None:
-            raise ModelError(f"lean decoding cannot run this model: {reason}; pass decoder='hf'")
+            raise ModelError(
+                f"lean decoding cannot run this model: {reason}; set {ENGINE_KEYS} to 'hf' or 'auto' "
+                "(auto falls back to HF generation itself)"
+            )
         sharded = next(
             (
                 n

@@ -25,7 +25,8 @@ the batch-1 keys, so autograd sums the B rows' gradients into the one prefix gra
 Teacher: the batch-1 keys/values are computed under ``torch.inference_mode()`` and can be reused across calls through
 a `PrefixStore` (keyed by the prefix ids and the parameters' version counters: an in-place weight change recomputes).
 
-When it applies (``shared_prefix: auto``): the left layout, B >= 2, and a common token prefix of at least
+When it applies (``shared_prefix: auto``): a model without sliding-window layers (`sliding_window`), the left
+layout, B >= 2, and a common token prefix of at least
 `MIN_PREFIX_TOKENS` ids; the prefix is capped one token short of the shortest prompt so that every row keeps at least
 one prompt token (its logits predict the first response token). Otherwise the unshared forward runs (never a wrong
 answer: the plan is built from the token ids themselves). ``off`` always runs the unshared forward.
@@ -93,6 +94,20 @@ def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     while n < cap and all(r[n] == first[n] for r in rows):
         n += 1
     return max(n, 0)
+
+
+def sliding_window(model: Any) -> bool:
+    """Whether some layer attends through a sliding window (Gemma-2/3, Mistral with ``sliding_window``, Qwen2 with
+    ``use_sliding_window``). Such a model never shares a prefix: its window is counted in cache columns, and the
+    shared layout puts the rows' padding after the prefix, so the window would cover other tokens than unshared."""
+    config = getattr(model, "config", None)
+    cfg: Any = getattr(config, "text_config", None) or config
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        return any("sliding" in str(t) or "chunked" in str(t) for t in types)
+    if hasattr(cfg, "use_sliding_window"):
+        return bool(cfg.use_sliding_window)
+    return getattr(cfg, "sliding_window", None) is not None
 
 
 def decide(n_rows: int, prefix: Sequence[int], mode: str, agree: Agree | None = None) -> int:
@@ -253,6 +268,8 @@ def view_inputs(
     stop_at: see `prefix_kv` (not with a `store`: stored keys/values must cover every layer).
     length: the shared length decided by the caller (`view_groups`), instead of deciding it here."""
     kw = batch.view(which)
+    if sliding_window(model):
+        return batch, {}, 0
     if length is None:
         first = int(kw["attention_mask"][0].argmax())  # row 0's first real column
         n = view_prefix_len(batch, which) if mode == "auto" else 0

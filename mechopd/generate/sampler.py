@@ -20,8 +20,16 @@ import torch
 from mechopd.core.views import left_pad
 from mechopd.generate.engines import Generation, cut_at_stop
 from mechopd.generate.groups import Group, group_prompts
-from mechopd.generate.lean import LeanDecoder
-from mechopd.generate.prefix import cache_kwargs, common_prefix_len, decide, expanded_cache, output_cache, prefix_kv
+from mechopd.generate.lean import LeanDecoder, resolve_engine
+from mechopd.generate.prefix import (
+    cache_kwargs,
+    common_prefix_len,
+    decide,
+    expanded_cache,
+    output_cache,
+    prefix_kv,
+    sliding_window,
+)
 from mechopd.generate.settings import SamplingSettings, stop_ids
 
 __all__ = [
@@ -68,7 +76,7 @@ def sample(
     uniforms = None if greedy else _row_uniforms(row_seeds, B, st.max_new_tokens, device)  # [B, max_new_tokens]
     ids, mask, pos, cache, n = _prefill_inputs(model, prompt_ids, st.pad_id, st.shared_prefix, device)
     stop_t = torch.tensor(list(st.stop), device=device, dtype=torch.long)
-    lean = LeanDecoder(model) if st.engine == "lean" else None
+    lean = LeanDecoder(model) if resolve_engine(model, st.engine) == "lean" else None
     if lean is not None:
         logits = lean.prefill(ids, mask, pos, st.max_new_tokens, cache=cache)  # [B, V]
     else:
@@ -164,7 +172,7 @@ def _prefill_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, int]:
     """The prefill's ids/positions ``[B, S]``, mask ``[B, n + S]``, the shared prefix's cache (None) and length n."""
     B = len(prompt_ids)
-    n = shared_len(prompt_ids, shared_prefix)
+    n = 0 if sliding_window(model) else shared_len(prompt_ids, shared_prefix)
     ids, mask = left_pad([p[n:] for p in prompt_ids], pad_id)
     ids, mask = ids.to(device), mask.to(device)
     pos = n + (mask.cumsum(-1) - 1).clamp(min=0)  # the unshared layout's positions of every real token

@@ -20,7 +20,7 @@ from typing import Any
 
 from mechopd.core.views import pad_id
 
-BUILTIN_ENGINES = ("lean", "hf")  # run by the sampler itself; any other engine is a `RolloutEngine` object
+BUILTIN_ENGINES = ("auto", "lean", "hf")  # run by the sampler itself; any other engine is a `RolloutEngine` object
 
 
 def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -69,7 +69,8 @@ class SamplingSettings:
     max_new_tokens: the response cap. stop: ids that end a response (kept at its end). pad_id: the left-pad id.
     vocab: ids ``>= vocab`` are never drawn (None: the model's whole head; library callers use `for_model`).
     temperature: divides the logits (ignored when greedy). greedy: argmax (over ``[0, vocab)``).
-    engine: "lean" (`lean.LeanDecoder`: Llama, Qwen2, Qwen3), "hf" (``model(...)`` with transformers' cache every
+    engine: "auto" (lean where it can run, else hf, said once in the log), "lean" (`lean.LeanDecoder`: Llama, Qwen2,
+    Qwen3), "hf" (``model(...)`` with transformers' cache every
     step: any causal LM), or a `engines.RolloutEngine` object (`vllm_engine.VllmEngine`: its own seeds, so only
     greedy ids equal the others').
     shared_prefix: "auto" prefills a token prefix common to every prompt once at batch 1 (generate/prefix.py,
@@ -83,7 +84,7 @@ class SamplingSettings:
     vocab: int | None = None
     temperature: float = 1.0
     greedy: bool = False
-    engine: Any = "lean"
+    engine: Any = "auto"
     shared_prefix: str | int = "auto"
     batch_size: int = 256
 

@@ -1,4 +1,4 @@
-"""Load / save Hugging Face causal LMs and tokenizers; resolve module paths for the supported families.
+"""Load / save Hugging Face causal LMs and tokenizers; resolve module paths by structure (`mechopd.models.arch`).
 
 Probe sites are named in `mechopd.core.sites` (the one naming table); this file resolves them to modules of a loaded model
 (`module_at`, `layer_modules`).
@@ -27,9 +27,17 @@ from mechopd.core.checks import (
     umask_mode,
 )
 from mechopd.core.errors import ModelError
-from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, module_kind, module_path, param_layer  # noqa: F401  (parameter naming lives in mechopd.core.sites)
-
-SUPPORTED = ("llama", "qwen2", "qwen3")
+from mechopd.core.sites import (  # noqa: F401  (parameter naming lives in mechopd.core.sites)
+    ATTN_MODULES,
+    FUSED_MODULES,
+    MLP_MODULES,
+    NORM_MODULES,
+    QK_NORMS,
+    module_kind,
+    module_path,
+    param_layer,
+)
+from mechopd.models import arch
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -99,6 +107,8 @@ def check_model(path: str | os.PathLike) -> str:
     """`path` names a loadable checkpoint (a local dir passes `checks.check_checkpoint`; headers only, cheap) or a hub
     id; returns it as a string. Commands call it for every model before loading the first one."""
     src = _check_source(path)
+    if Path(src).is_dir():  # refused before any work: mixture-of-experts, encoder-decoder, state-space layers
+        arch.check_supported(read_config(src))
     check_checkpoint(src)
     return src
 
@@ -116,6 +126,7 @@ def load_model(
     src = _check_source(path)
     dev = resolve_device(device) if device is not None else None  # a missing device fails before any loading
     config = read_config(src)
+    arch.check_supported(config)
     files = check_checkpoint(src, config)
     try:
         with quiet_progress(Path(src).exists()):
@@ -184,17 +195,18 @@ def atomic_save(
 
 
 def model_type(model: nn.Module) -> str:
-    mt = getattr(getattr(model, "config", None), "model_type", None)
-    if mt not in SUPPORTED:
-        raise ModelError(f"architecture {mt!r} is not supported; mechopd resolves modules for {', '.join(SUPPORTED)}")
-    return mt
+    """The config's model_type, after `arch.check_supported` (mixture-of-experts, encoder-decoder and state-space
+    models are refused with the reason)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ModelError(f"{type(model).__name__} has no config; pass a transformers causal LM")
+    arch.check_supported(config)
+    return str(getattr(config, "model_type", "?"))
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama / Qwen2 / Qwen3 causal LM (``model.model.layers``)."""
-    model_type(model)
-    # the supported architectures (checked above) keep their decoder layers in a ModuleList at model.layers
-    return cast(nn.ModuleList, model.get_submodule("model.layers"))
+    """The decoder layers, found by structure (`arch.layers_path`: ``model.layers``, ``transformer.h``, ...)."""
+    return cast(nn.ModuleList, model.get_submodule(arch.layers_path(model)))
 
 
 def num_layers(model: nn.Module) -> int:
@@ -202,31 +214,26 @@ def num_layers(model: nn.Module) -> int:
 
 
 def layer_modules(model: nn.Module, i: int) -> dict[str, nn.Module]:
-    """Per layer: q/k/v/o projections, MLP gate/up/down, the two norms (and q_norm/k_norm on Qwen3)."""
+    """Per layer, in Llama's words: the attention and MLP projections the model has as modules (q/k/v/o_proj,
+    gate/up/down_proj; a fused model's ``qkv_proj`` / ``gate_up_proj``), the norms, q_norm / k_norm where present."""
     layers = decoder_layers(model)
     if not -len(layers) <= i < len(layers):
         raise ModelError(f"layer {i} is out of range; the model has {len(layers)} layers (0..{len(layers) - 1})")
-    layer = layers[i]
+    i %= len(layers)
     out: dict[str, nn.Module] = {}
-    for name in ATTN_MODULES + QK_NORMS:
-        mod = getattr(layer.self_attn, name, None)
-        if mod is not None:
-            out[name] = mod
-    for name in MLP_MODULES:
-        out[name] = getattr(layer.mlp, name)
-    for name in NORM_MODULES:
-        out[name] = getattr(layer, name)
+    for name in ATTN_MODULES + QK_NORMS + FUSED_MODULES + MLP_MODULES + NORM_MODULES:
+        block = "self_attn." if name in ATTN_MODULES + QK_NORMS or name == "qkv_proj" else ""
+        block = "mlp." if name in MLP_MODULES or name == "gate_up_proj" else block
+        with contextlib.suppress(ModelError):
+            out[name] = model.get_submodule(arch.site_path(model, f"layers.{i}.{block}{name}"))
     return out
 
 
 def module_at(model: nn.Module, site: str) -> nn.Module:
     """Resolve a site address (``layers.3.self_attn.q_proj``, ``layers.3.resid_post``, ``embed``, ``final_norm``,
-    ``lm_head``) through `mechopd.core.sites.module_path`."""
-    model_type(model)
-    try:
-        return model.get_submodule(module_path(site))
-    except AttributeError:
-        raise ModelError(f"no module at site {site!r}; sites look like 'layers.0.self_attn.q_proj', 'embed'") from None
+    ``lm_head``) on this model's own module tree (`arch.site_path`: GPT-2's ``transformer.h.3.attn.c_proj`` for
+    ``layers.3.self_attn.o_proj``)."""
+    return model.get_submodule(arch.site_path(model, site))
 
 
 def vocab_size(model: Any) -> int:  # a transformers causal LM (get_output_embeddings)

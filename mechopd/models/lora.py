@@ -63,13 +63,13 @@ def require_peft() -> Any:
     return peft
 
 
-def peft_config(opts: LoraOptions, base: str | None = None) -> Any:
+def peft_config(opts: LoraOptions, base: str | None = None, targets: list[str] | None = None) -> Any:
     peft = require_peft()
     return peft.LoraConfig(
         r=opts.rank,
         lora_alpha=opts.alpha,
         lora_dropout=opts.dropout,
-        target_modules=list(opts.targets),
+        target_modules=list(opts.targets) if targets is None else targets,
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base,
@@ -87,16 +87,13 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable, in float32 whatever the
     base's dtype (peft casts the input per layer). A target that matches no module raises `ConfigError` naming the
     model's linear module names."""
+    from mechopd.models.arch import lora_modules
+
     peft = require_peft()
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-    missing = [t for t in opts.targets if t not in linear]
-    if missing:
-        raise ConfigError(
-            f"lora_targets {missing} match no linear module of this model; choose from {', '.join(linear)}"
-        )
-    check_fits(model, opts)
+    paths = lora_modules(model, opts.targets, every=opts.targets != DEFAULT_TARGETS)  # fused modules whole
+    check_fits(model, opts, paths)
     model.requires_grad_(False)
-    peft.inject_adapter_in_model(peft_config(opts), model, adapter_name=NAME)
+    peft.inject_adapter_in_model(peft_config(opts, targets=paths), model, adapter_name=NAME)
     for n, p in model.named_parameters():
         p.requires_grad_(".lora_A." in n or ".lora_B." in n)
         if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
@@ -104,14 +101,12 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     return model
 
 
-def check_fits(model: nn.Module, opts: LoraOptions) -> None:
+def check_fits(model: nn.Module, opts: LoraOptions, paths: list[str]) -> None:
     """Refuse, before anything is allocated, a rank below 1 or above every targeted projection's smaller dimension
     (``lora_rank=2**40``), and ``lm_head`` as a target when the head is tied to the embeddings (the merged checkpoint
-    would save an untied head)."""
-    targeted = [
-        m for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in opts.targets
-    ]
-    most = max((min(m.in_features, m.out_features) for m in targeted), default=0)
+    would save an untied head). ``paths``: the targeted modules (`arch.lora_modules`; Linear or Conv1D, whose weight's
+    smaller dimension bounds the rank either way)."""
+    most = max((min(model.get_submodule(p).weight.shape) for p in paths), default=0)
     if not isinstance(opts.rank, int) or not 1 <= opts.rank <= most:
         raise ConfigError(
             f"lora_rank={opts.rank} is outside 1..{most} (the most any targeted projection's ΔW can use: a larger "
@@ -185,6 +180,12 @@ def delta_weight(layer: LoraLayer) -> torch.Tensor:
     return (b @ a) * float(layer.scaling[NAME])
 
 
+def stored_delta(layer: LoraLayer) -> torch.Tensor:
+    """ΔW in the adapted weight's stored layout (a Conv1D's [d_in, d_out]: the transpose of `delta_weight`)."""
+    d = delta_weight(layer)
+    return d.T if getattr(layer, "fan_in_fan_out", False) else d
+
+
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full model's state dict with W0 + ΔW in every adapted projection, under the plain HF names, on CPU (tensors
     that are one tensor in the model, e.g. tied embeddings, stay one tensor)."""
@@ -197,7 +198,7 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
         owner = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
         name = key.replace(".base_layer.", ".")
         if owner in layers and key.endswith("base_layer.weight"):
-            out[name] = (t.detach().float().cpu() + delta_weight(layers[owner]).cpu()).to(t.dtype)
+            out[name] = (t.detach().float().cpu() + stored_delta(layers[owner]).cpu()).to(t.dtype)
             continue
         if id(t) not in seen:
             seen[id(t)] = t.detach().cpu()

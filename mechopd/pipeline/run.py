@@ -212,6 +212,16 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------------- the study
+def check_lora_runs(spec: StudySpec, student: str) -> None:
+    """Every LoRA run's targets against the student's own modules, before any job (`arch.check_lora_targets`)."""
+    from mechopd.models.arch import check_lora_targets
+
+    for role in spec.runs:
+        tc = spec.train_config(role, 0, student)
+        if tc.lora_rank:
+            check_lora_targets(student, tc.lora_targets, f"{spec.source}: runs.{role}.lora_targets")
+
+
 def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
     """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads); a
     local dir -> absolute; anything else (a hub id) unchanged."""
@@ -341,6 +351,7 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) ->
     write_json(out / INPUTS_FILE, dict(inputs))
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
+    check_lora_runs(spec, student)
     for r in runs:  # every seed run's manifest before the first job
         write_manifest(r)
     _log(

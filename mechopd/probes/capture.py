@@ -91,11 +91,11 @@ def site_module(model: nn.Module, site: str) -> nn.Module:
 
 
 def decoder_stack(model: nn.Module) -> nn.Module:
-    """``model.model``: the decoder stack of a causal LM (the layers without the lm_head)."""
-    inner = model.model  # nn.Module.__getattr__ is typed Tensor | Module
-    if not isinstance(inner, nn.Module):
-        raise ModelError(f"{type(model).__name__}.model is not a module; mechopd needs a Llama/Qwen causal LM")
-    return inner
+    """The decoder stack of a causal LM without the lm_head (``model.model``, ``model.transformer``,
+    ``model.gpt_neox``: `mechopd.models.arch.base_model`)."""
+    from mechopd.models.arch import base_model
+
+    return base_model(model)
 
 
 def _hidden(output: torch.Tensor | tuple) -> torch.Tensor:

@@ -32,6 +32,7 @@ from mechopd.probes.weights import (
     check_same_layout,
     checkpoint_tensors,
     reader_for,
+    stored_shapes,
     tensor_shapes,
 )
 
@@ -40,15 +41,35 @@ AGGREGATE_BY = ("site", "layer", "module", "all")
 
 # ------------------------------------------------------------------------------------------------------ checkpoints
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Index a checkpoint dir and resolve tied embeddings (config.json ``tie_word_embeddings``, else no lm_head)."""
+    """Index a checkpoint dir as canonical views (`mechopd.models.arch.param_views`: fused projections split, every
+    family's names in Llama's words) and resolve tied embeddings (config.json ``tie_word_embeddings``, else no
+    lm_head)."""
+    from mechopd.core.checks import read_config
+    from mechopd.models.arch import param_views
+
     files = checkpoint_tensors(path)
-    embed = next((n for n in files if site_of(n)[1:] == (None, "embed_tokens", "weight")), None)
+    views = param_views(stored_shapes(files), LazyConfig(path, read_config))
+    embed = next((n for n in views if site_of(n)[1:] == (None, "embed_tokens", "weight")), None)
     tied = _config_tied(Path(path))
     if tied is None:
-        tied = not any(site_of(n).site == "lm_head" for n in files)
+        tied = not any(site_of(n).site == "lm_head" for n in views)
     if tied and embed is not None:  # a head stored next to tied embeddings duplicates them: transformers ties on load
-        files = {n: f for n, f in files.items() if site_of(n).site != "lm_head"}
-    return Checkpoint(Path(path), files, bool(tied and embed is not None), embed)
+        views = {n: v for n, v in views.items() if site_of(n).site != "lm_head"}
+    return Checkpoint(Path(path), files, bool(tied and embed is not None), embed, views)
+
+
+class LazyConfig:
+    """A checkpoint's config, read on first use (only fused projections need the head counts)."""
+
+    def __init__(self, path: str | os.PathLike, read) -> None:
+        self._path, self._read, self._config = path, read, None
+
+    def __getattr__(self, key: str):
+        if key.startswith("_"):
+            raise AttributeError(key)
+        if self._config is None:
+            self._config = self._read(self._path)
+        return getattr(self._config, key)
 
 
 # ------------------------------------------------------------------------------------------------------- streaming
@@ -162,7 +183,7 @@ def parameter_deltas(
         reader_for(c, base, window_numel, shapes) for c in ckpts
     ]  # LoRA: ΔW = BA
     pair_rows = None if pair is None else (1 + labels.index(pair[0]), 1 + labels.index(pair[1]))
-    names = sorted(base.files, key=lambda n: (str(base.files[n]), n))  # file by file
+    names = sorted(base.views, key=lambda n: (str(base.file_of(n)), n))  # file by file
     numel = {n: math.prod(shapes[n]) for n in names}
     bar = tqdm(total=sum(numel.values()), unit="param", unit_scale=True, desc="deltas", disable=not progress)
     try:
@@ -183,7 +204,7 @@ def _check_finite(acc: Mapping[str, torch.Tensor], ckpts: list[Checkpoint]) -> N
         if bad:
             ckpt = ckpts[bad[0]]
             raise ModelError(
-                f"{ckpt.files.get(name, ckpt.path)}: tensor {name!r} holds NaN/inf values; the weights "
+                f"{ckpt.file_of(name) if name in ckpt.views else ckpt.path}: tensor {name!r} holds NaN/inf values; the weights "
                 "are corrupted (a diverged run or a damaged copy); use an earlier checkpoint"
             )
 

@@ -30,6 +30,7 @@ import torch
 
 from mechopd.core.artifacts import read_csv, read_float, write_csv, write_json
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, site_of
+from mechopd.models.arch import ParamView
 
 THRESHOLDS = (0.01, 0.1, 1.0)
 SVD_K = 8
@@ -105,22 +106,24 @@ def geometry(w0: torch.Tensor, theta: torch.Tensor, k: int = SVD_K) -> dict[str,
     return out
 
 
-def _tensors(path: str | os.PathLike) -> dict[tuple[str, str], tuple[str, Path]]:
-    from mechopd.probes.weights import checkpoint_tensors
+def _tensors(path: str | os.PathLike) -> dict[tuple[str, str], tuple[ParamView, Path]]:
+    """The decoder weight matrices as canonical views (fused q/k/v and gate/up split, Conv1D transposed)."""
+    from mechopd.probes.delta_sums import open_checkpoint
 
+    ckpt = open_checkpoint(path)
     out = {}
-    for name, file in checkpoint_tensors(path).items():
+    for name, view in ckpt.views.items():
         s = site_of(name)
         if s.layer is not None and s.module in MATRICES and s.param == "weight":
-            out[(s.site, s.param)] = (name, file)
+            out[(s.site, s.param)] = (view, ckpt.files[view.raw])
     return out
 
 
-def _read(entry: tuple[str, Path]) -> torch.Tensor:
+def _read(entry: tuple[ParamView, Path]) -> torch.Tensor:
     from safetensors import safe_open
 
     with safe_open(str(entry[1]), framework="pt") as f:
-        return f.get_tensor(entry[0])
+        return entry[0].take(f.get_tensor(entry[0].raw))
 
 
 def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SVD_K) -> list[dict[str, Any]]:
@@ -132,11 +135,11 @@ def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SV
     rows = []
     for label, path in models.items():
         mine = _tensors(path)
-        for key in sorted(base, key=lambda kk: natural_key(site_of(base[kk][0]))):
+        for key in sorted(base, key=lambda kk: natural_key(site_of(base[kk][0].name))):
             if key not in mine:
-                raise ModelError(f"{path} has no tensor {base[key][0]}; compare checkpoints of one architecture")
+                raise ModelError(f"{path} has no tensor {base[key][0].name}; compare checkpoints of one architecture")
             w0, theta = _read(base[key]), _read(mine[key])
-            s = site_of(base[key][0])
+            s = site_of(base[key][0].name)
             rows.append(
                 {
                     "model": label,

@@ -20,9 +20,10 @@ from mechopd.core.views import TwoViewBatch
 from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
 from mechopd.models import module_kind, num_layers, param_layer
+from mechopd.models.arch import model_views
 from mechopd.objectives.losses import ESTIMATORS, LossInputs, LossTerm, TermOptions, make_term, terms_need, token_mean
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
-from mechopd.probes.grad_sums import _flatten_into, _grads, _param_sums
+from mechopd.probes.grad_sums import _flatten_into, _grads, _param_sums, view_sums
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)
@@ -195,7 +196,12 @@ def term_gradients(
         value_b = token_mean(loss_terms[1].fn(inputs).per_pos, mask)
         buf_dtype = torch.promote_types(params[0].dtype, torch.float32)
         flat_a = _flatten_into(_grads(value_a, params, retain=True), sizes, buf_dtype, params[0].device)
-        sums = _param_sums(flat_a, _grads(value_b, params, retain=False), sizes)
+        by_raw: dict[str, list] = defaultdict(list)
+        for view in model_views(student).values():  # fused q/k/v (gate/up) tensors: one row per part
+            by_raw[view.raw].append(view)
+        names, sums, sizes = view_sums(
+            flat_a, _grads(value_b, params, retain=False), params, [by_raw[n] for n in names]
+        )
     finally:
         for p, w in zip(params, was):
             p.requires_grad_(w)

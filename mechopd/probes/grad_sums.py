@@ -39,3 +39,24 @@ def _param_sums(flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], sizes:
         out.append((float(a @ b), float(a @ a), float(b @ b)))
         offset += size
     return out
+
+
+def view_sums(
+    flat_a: torch.Tensor, grads_b: list[torch.Tensor | None], params: list[nn.Parameter], views: list[list]
+) -> tuple[list[str], list[tuple[float, ...]], list[int]]:
+    """`_param_sums` per canonical view (`mechopd.models.arch.ParamView`; ``views[i]``: those of ``params[i]``): a
+    fused q/k/v (gate/up) tensor's parts get their own sums. Returns (view names, sums, sizes)."""
+    names: list[str] = []
+    out: list[tuple[float, ...]] = []
+    sizes: list[int] = []
+    offset = 0
+    for g_b, p, vs in zip(grads_b, params, views):
+        a = flat_a[offset : offset + p.numel()].view(p.shape).double()
+        b = torch.zeros_like(a) if g_b is None else g_b.double()
+        for v in vs:
+            va, vb = v.take(a).reshape(-1), v.take(b).reshape(-1)
+            names.append(v.name)
+            out.append((float(va @ vb), float(va @ va), float(vb @ vb)))
+            sizes.append(va.numel())
+        offset += p.numel()
+    return names, out, sizes

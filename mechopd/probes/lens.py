@@ -35,6 +35,7 @@ from torch import nn
 from mechopd.core.artifacts import write_csv, write_jsonl
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
+from mechopd.models.arch import soft_cap
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
 from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
@@ -51,7 +52,8 @@ def lens_logits(model: nn.Module, site: str, h: torch.Tensor) -> torch.Tensor:
     The modules' ``forward`` is called directly: no hook fires (this runs inside a traced forward)."""
     get_head: Any = model.get_output_embeddings  # transformers' PreTrainedModel API (untyped on nn.Module)
     head = get_head()
-    return head.forward(h if site == "final_norm" else module_at(model, "final_norm").forward(h))
+    logits = head.forward(h if site == "final_norm" else module_at(model, "final_norm").forward(h))
+    return soft_cap(model, logits)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS, site_of
+from mechopd.models.arch import ParamView, model_views
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "q_proj": ("q_proj",),
@@ -52,10 +53,13 @@ NONE = "none"
 
 @dataclass(frozen=True)
 class Target:
-    """One patched tensor: its parameter name and the rows replaced (None: the whole tensor)."""
+    """One patched tensor: its parameter name and the indices replaced along ``dim`` (None: the whole tensor; dim 1:
+    a Conv1D weight's output columns). A fused q/k/v (gate/up) projection is patched by its part's exact indices
+    (`mechopd.models.arch.ParamView`)."""
 
     name: str
     rows: tuple[int, ...] | None = None
+    dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Row:
         total = 0
         for t in self.targets:
             shape = shapes[t.name]
-            row = int(torch.Size(shape[1:]).numel()) if len(shape) > 1 else 1
+            row = shape.numel() // shape[t.dim] if len(shape) > 1 else 1
             total += shape.numel() if t.rows is None else len(t.rows) * row
         return total
 
@@ -112,39 +116,44 @@ def parse_layers(text: str | None, n_layers: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _layer_params(model: nn.Module, layer: str, modules: Sequence[str]) -> list[str]:
-    names = []
-    for name, _ in model.named_parameters():
+def _layer_views(model: nn.Module, layer: str, modules: Sequence[str]) -> list[ParamView]:
+    """The canonical views (fused projections split) of the group's modules in `layer` ("all": every layer)."""
+    out = []
+    for name, view in model_views(model).items():
         s = site_of(name)
         if s.layer is not None and s.module in modules and (layer == ALL or s.layer == int(layer)):
-            names.append(name)
-    return names
+            out.append(view)
+    return out
+
+
+def _target(view: ParamView) -> Target:
+    return Target(view.raw, None if view.spans is None else tuple(view.indices()), view.out_dim())
+
+
+def _layer_params(model: nn.Module, layer: str, modules: Sequence[str]) -> list[Target]:
+    return [_target(v) for v in _layer_views(model, layer, modules)]
 
 
 def control_targets(model: nn.Module, layer: str, count: int, seed: int) -> tuple[Target, ...]:
-    """Random rows of the layer(s)' v/o/gate/up/down weight matrices, in a seeded order, until ``count`` parameters."""
-    params = dict(model.named_parameters())
-    pool = [
-        (n, r)
-        for n in _layer_params(model, layer, CONTROL_POOL)
-        if params[n].dim() == 2
-        for r in range(params[n].shape[0])
-    ]
+    """Random rows of the layer(s)' v/o/gate/up/down weight matrices (rows of the projection: a Conv1D's columns, a
+    fused tensor's part), in a seeded order, until ``count`` parameters."""
+    views = [v for v in _layer_views(model, layer, CONTROL_POOL) if len(v.shape) == 2]
+    pool = [(v, raw) for v in views for raw in v.indices()]
     g = torch.Generator().manual_seed(seed)
-    chosen: dict[str, list[int]] = {}
+    chosen: dict[tuple[str, int], list[int]] = {}
     total = 0
     for k in torch.randperm(len(pool), generator=g).tolist():
         if total >= count:
             break
-        name, r = pool[k]
-        chosen.setdefault(name, []).append(r)
-        total += params[name].shape[1]
+        view, r = pool[k]
+        chosen.setdefault((view.raw, view.out_dim()), []).append(r)
+        total += view.shape[1]
     if total < count:
         raise ConfigError(
             f"weightpatch: layer {layer} has fewer other parameters than q_proj + k_proj ({count}); "
             f"drop {CONTROL} from --modules"
         )
-    return tuple(Target(n, tuple(sorted(rows))) for n, rows in chosen.items())
+    return tuple(Target(n, tuple(sorted(rows)), dim) for (n, dim), rows in chosen.items())
 
 
 def plan_rows(model: nn.Module, layers: Sequence[str], modules: Sequence[str], draws: int, seed: int) -> list[Row]:
@@ -155,15 +164,15 @@ def plan_rows(model: nn.Module, layers: Sequence[str], modules: Sequence[str], d
     for layer in layers:
         for module in modules:
             if module == CONTROL:
-                qk = Row(layer, "qk", tuple(Target(n) for n in _layer_params(model, layer, GROUPS["qk"])))
+                qk = Row(layer, "qk", tuple(_layer_params(model, layer, GROUPS["qk"])))
                 count = qk.n_params(shapes)
                 rows += [
                     Row(layer, CONTROL, control_targets(model, layer, count, seed * 1000 + j), j) for j in range(draws)
                 ]
                 continue
-            names = _layer_params(model, layer, GROUPS[module])
-            if names:
-                rows.append(Row(layer, module, tuple(Target(n) for n in names)))
+            targets = _layer_params(model, layer, GROUPS[module])
+            if targets:
+                rows.append(Row(layer, module, tuple(targets)))
     return rows
 
 
@@ -208,7 +217,7 @@ class Donor:
 def patched(model: nn.Module, donor: Donor, row: Row) -> Iterator[None]:
     """The row's tensors (or rows of them) replaced by the donor's in place; restored bitwise on exit."""
     params = dict(model.named_parameters())
-    saved: list[tuple[nn.Parameter, torch.Tensor | None, torch.Tensor]] = []
+    saved: list[tuple[nn.Parameter, tuple[int, torch.Tensor] | None, torch.Tensor]] = []
     with torch.no_grad():
         for t in row.targets:
             p = params[t.name]
@@ -218,14 +227,14 @@ def patched(model: nn.Module, donor: Donor, row: Row) -> Iterator[None]:
                 p.copy_(src)
             else:
                 idx = torch.tensor(t.rows, device=p.device)
-                saved.append((p, idx, p[idx].detach().clone()))
-                p[idx] = src[idx]
+                saved.append((p, (t.dim, idx), p.index_select(t.dim, idx).detach().clone()))
+                p.index_copy_(t.dim, idx, src.index_select(t.dim, idx))
     try:
         yield
     finally:
         with torch.no_grad():
-            for param, at, old in saved:
+            for param, at, old in reversed(saved):
                 if at is None:
                     param.copy_(old)
                 else:
-                    param[at] = old
+                    param.index_copy_(at[0], at[1], old)

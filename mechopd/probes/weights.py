@@ -1,6 +1,10 @@
 """Streamed safetensors reading for probes over weights (parameter deltas): a checkpoint's tensor index (single file
 or sharded ``model.safetensors.index.json``), its embedding tying, a layout check between checkpoints, and a reader
 that copies one window of rows at a time out of the file mapping (never a whole model in memory).
+
+Tensors are read as canonical views (`mechopd.models.arch.ParamView`): a fused ``qkv_proj`` / ``c_attn`` /
+``query_key_value`` / ``gate_up_proj`` is read as its q / k / v (gate / up) rows, a Conv1D weight as its transpose,
+every name in Llama's words (``model.layers.0.self_attn.q_proj.weight``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from mechopd.core.errors import ModelError
+from mechopd.models.arch import ParamView
 
 if TYPE_CHECKING:
     from mechopd.models.lora import AdapterDeltas  # the run-time import stays lazy (in `reader_for`)
@@ -68,12 +73,17 @@ def _sharded_index(index: Path) -> dict[str, Path]:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint's tensor index. ``files`` omits the head of a tied checkpoint (``embed`` names the shared one)."""
+    """A checkpoint's tensor index: ``files`` stored name -> file, ``views`` canonical name -> view (fused tensors
+    split; the head of a tied checkpoint omitted, ``embed`` names the shared view)."""
 
     path: Path
     files: dict[str, Path]
     tied: bool
     embed: str | None
+    views: dict[str, ParamView]
+
+    def file_of(self, name: str) -> Path:
+        return self.files[self.views[name].raw]
 
 
 def _config_tied(d: Path) -> bool | None:
@@ -86,13 +96,18 @@ def _config_tied(d: Path) -> bool | None:
     return bool(scopes[0]["tie_word_embeddings"]) if scopes else None
 
 
-def tensor_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
-    """Shapes from the safetensors headers only (no data read)."""
+def stored_shapes(files: Mapping[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Shapes of the stored tensors from the safetensors headers only (no data read)."""
     shapes = {}
-    for file in sorted(set(ckpt.files.values())):
+    for file in sorted(set(files.values())):
         with _open(file) as f:
-            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if ckpt.files.get(n) == file})
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if files.get(n) == file})
     return shapes
+
+
+def tensor_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
+    """Shapes of the canonical views (headers only)."""
+    return {name: v.shape for name, v in ckpt.views.items()}
 
 
 def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b: Mapping) -> None:
@@ -104,12 +119,12 @@ def check_same_layout(a: Checkpoint, b: Checkpoint, shapes_a: Mapping, shapes_b:
             f"compare checkpoints with the same tie_word_embeddings"
         )
     for x, y in ((a, b), (b, a)):
-        missing = sorted(set(x.files) - set(y.files))
+        missing = sorted(set(x.views) - set(y.views))
         if missing:
             raise ModelError(
                 f"tensor {missing[0]!r} is in {x.path} but not in {y.path}; compare checkpoints of one architecture"
             )
-    for name in sorted(a.files):
+    for name in sorted(a.views):
         if shapes_a[name] != shapes_b[name]:
             raise ModelError(
                 f"tensor {name!r} has shape {list(shapes_a[name])} in {a.path} but "
@@ -130,15 +145,22 @@ class _Reader:
         self._handle: safe_open | None = None
 
     def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
-        """Rows [start, stop) along dim 0 of tensor ``name``, flattened: [(stop - start) * row_numel] ([1] if 0-d),
-        in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into again."""
-        file = self.ckpt.files[name]
+        """Rows [start, stop) along dim 0 of view ``name`` (`Checkpoint.views`), flattened: [(stop - start) *
+        row_numel] ([1] if 0-d), in the stored dtype; valid until staging buffer ``slot`` (0 or 1) is read into
+        again."""
+        v = self.ckpt.views[name]
+        file = self.ckpt.files[v.raw]
         if file != self._file or self._handle is None:
             self.close()
             self._handle, self._file = self._stack.enter_context(_open(file)), file
         handle = self._handle
-        piece = handle.get_slice(name)
-        view = (piece[start:stop] if piece.get_shape() else handle.get_tensor(name)).reshape(-1)  # lazy
+        piece = handle.get_slice(v.raw)
+        if not piece.get_shape():
+            view = handle.get_tensor(v.raw).reshape(-1)
+        elif v.transposed:  # Conv1D [in, out]: the view's rows are columns
+            view = torch.cat([piece[:, a:b].T for a, b in v.window(start, stop)]).reshape(-1)
+        else:
+            view = torch.cat([piece[a:b] for a, b in v.window(start, stop)]).reshape(-1)  # lazy when one span
         nbytes, stage = view.numel() * view.element_size(), self._staging[slot]
         out = stage[:nbytes].view(view.dtype).copy_(view) if nbytes <= stage.numel() else view.clone()
         del view, piece
@@ -161,11 +183,13 @@ class _AdapterReader:
         self.own, self.base, self.adapter = _Reader(ckpt, window_numel), _Reader(base, window_numel), adapter
 
     def read(self, name: str, start: int, stop: int, slot: int) -> torch.Tensor:
-        if name not in self.adapter.pairs:
+        v = self.own.ckpt.views[name]
+        if v.raw not in self.adapter.pairs:
             return self.own.read(name, start, stop, slot)
-        a, b = self.adapter.pairs[name]
+        a, b = self.adapter.pairs[v.raw]  # B: [out, r] in the view's output order (Conv1D: peft's fan_in_fan_out)
+        rows = torch.cat([b[lo:hi] for lo, hi in v.window(start, stop)])
         w0 = self.base.read(name, start, stop, slot).double()
-        return w0 + (b[start:stop].double() @ a.double()).reshape(-1) * self.adapter.scale
+        return w0 + (rows.double() @ a.double()).reshape(-1) * self.adapter.scale
 
     def close(self) -> None:
         self.own.close()

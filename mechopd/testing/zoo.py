@@ -33,7 +33,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mechopd.testing.families import EXTRA_FAMILIES, TOKENIZER_SPECS, tiny_config
+
 FAMILIES = ("qwen3", "qwen2", "llama")
+ALL_FAMILIES = FAMILIES + EXTRA_FAMILIES  # the zoo also builds Mistral, Gemma-2/3, Phi-3, GPT-2, GPT-NeoX, OLMo-2
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 CONTEXT_TOKENS = 512  # target length of the shared context under the zoo's BPE
 VOCAB = 640  # BPE merges stop here (a small vocabulary keeps the models tiny and the context long in tokens)
@@ -115,6 +118,9 @@ FAMILY = {
         "llama", "LlamaConfig", tuple(LLAMA_SPECIALS), LLAMA3_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", None, True
     ),
 }
+
+
+FAMILY.update({name: Family(name, "", *TOKENIZER_SPECS[name]) for name in EXTRA_FAMILIES})
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,7 @@ def training_text(context: str, items: list[dict]) -> list[str]:
         lines += [f"{k.upper()}. {it[f'op{k}']}" for k in "abcd"]
         lines.append(f"<answer>{'ABCD'[it['cop']]}</answer>")
     lines += [
+        "[INST] [/INST] model: <start_of_turn> <end_of_turn> <|system|> <|user|> <|assistant|> <|end|>",
         "Think it through, then give the letter of the correct option inside <answer> and </answer>.",
         "system",
         "user",
@@ -276,12 +283,19 @@ def tiny_model(family: Family, tokenizer, vocab_size: int, seed: int, hidden: in
     import torch
     import transformers
 
-    cls = getattr(transformers, family.config_class)
     ids = {
         name: tokenizer.convert_tokens_to_ids(tok)
         for name, tok in (("bos_token_id", family.bos), ("eos_token_id", family.eos), ("pad_token_id", family.pad))
         if tok
     }
+    if family.name in EXTRA_FAMILIES:  # their own config classes and key names (`mechopd.testing.families`)
+        extra = {"bos_token_id": None, "pad_token_id": None, **ids}
+        torch.manual_seed(seed)
+        cfg = tiny_config(family.name, vocab_size, hidden, layers, tie=family.tie, **extra)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        model.generation_config.eos_token_id = ids["eos_token_id"]
+        return model
+    cls = getattr(transformers, family.config_class)
     cfg = cls(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -329,6 +343,7 @@ def zoo_key() -> str:
     import transformers
 
     h = hashlib.sha1(Path(__file__).read_bytes())
+    h.update(Path(__file__).with_name("families.py").read_bytes())
     h.update(f"{transformers.__version__}|{tokenizers.__version__}".encode())
     return h.hexdigest()[:16]
 
@@ -353,10 +368,12 @@ def build_zoo(root: str | os.PathLike | None = None) -> Zoo:
         (tmp / "data" / "medmcqa.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         (tmp / "data" / "context.txt").write_text(ctx + "\n")
         texts = training_text(ctx, items)
-        for name in FAMILIES:
+        for name in ALL_FAMILIES:
             _build_family(FAMILY[name], texts, tmp / name)
         (tmp / "zoo.json").write_text(
-            json.dumps({"key": zoo_key(), "families": list(FAMILIES), "context_tokens_qwen3_probe": n_ctx}, indent=1)
+            json.dumps(
+                {"key": zoo_key(), "families": list(ALL_FAMILIES), "context_tokens_qwen3_probe": n_ctx}, indent=1
+            )
         )
         (tmp / "DONE").write_text("ok\n")
         try:

@@ -121,10 +121,33 @@ def test_lean_decoder_refuses_what_it_cannot_run(organism_tokenizer):
     from mechopd.generate.lean import LeanDecoder
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
-    with pytest.raises(ModelError, match="model_type 'gpt2'.*decoder='hf'"):
+    with pytest.raises(ModelError, match="model_type 'gpt2'.*train.rollout_engine .*eval.engine"):
         LeanDecoder(gpt2)
+    with pytest.raises(ModelError, match="train.rollout_engine"):  # asked for explicitly: refused, not replaced
+        sample(gpt2, [[1, 2]], SamplingSettings(max_new_tokens=2, stop=[0], pad_id=0, greedy=True, engine="lean"))
     with pytest.raises(ValueError, match="engine must be"):
         SamplingSettings(max_new_tokens=2, stop=[0], pad_id=0, engine="fast")
+
+
+def test_auto_engine_falls_back_to_hf_generation_and_says_so_once(caplog):
+    """The default engine ("auto") samples a model lean decoding cannot run through ``model(...)`` (the same ids as
+    engine="hf"), logging the reason once per process."""
+    import logging
+
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from mechopd.generate import lean
+
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).eval()
+    st = SamplingSettings(max_new_tokens=5, stop=[0], pad_id=0, greedy=True)
+    assert st.engine == "auto"
+    lean._told.clear()
+    with caplog.at_level(logging.WARNING, logger="mechopd"):
+        got = [sample(gpt2, [[3, 4, 5], [6, 7]], st).responses for _ in range(2)]
+    assert got[0] == got[1] == sample(gpt2, [[3, 4, 5], [6, 7]], st.replace(engine="hf")).responses
+    told = [r.getMessage() for r in caplog.records if "lean decoding cannot run" in r.getMessage()]
+    assert len(told) == 1 and "gpt2" in told[0]
 
 
 def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organism_tokenizer):
@@ -155,3 +178,42 @@ def test_lean_decoder_refuses_position_dependent_rope_and_sliding_windows(organi
         LeanDecoder(AutoModelForCausalLM.from_config(longrope))
     sliding = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(sliding))
+
+
+def test_lean_decoding_runs_mistral_without_a_sliding_window():
+    from transformers import AutoModelForCausalLM
+
+    from mechopd.generate.lean import lean_supported
+    from mechopd.testing.families import tiny_config, tiny_family_model
+
+    m = tiny_family_model("mistral")
+    st = SamplingSettings(max_new_tokens=6, stop=[2], pad_id=0, greedy=True)
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    assert lean_supported(m) is None
+    assert (
+        sample(m, prompts, st.replace(engine="lean")).responses == sample(m, prompts, st.replace(engine="hf")).responses
+    )
+    windowed = tiny_config("mistral")
+    windowed.sliding_window = 4
+    assert "sliding" in lean_supported(AutoModelForCausalLM.from_config(windowed))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_sliding_window_models_never_share_a_prefix(family):
+    """A sliding window counts cache columns: the shared-prefix layout (padding after the prefix) would shift it, so
+    such a model runs the unshared prefill, and its greedy ids equal one-by-one sampling and ``generate``."""
+    from mechopd.generate.prefix import sliding_window
+    from mechopd.testing.families import tiny_family_model
+
+    m = tiny_family_model(family)
+    assert sliding_window(m) and not sliding_window(tiny_family_model("olmo2"))
+    common = list(range(3, 20))
+    prompts = [common + [21, 22, 23], common + [30, 31], common + [40]]
+    st = SamplingSettings(max_new_tokens=8, stop=[2], pad_id=0, greedy=True)
+    auto = sample(m, prompts, st.replace(shared_prefix="auto")).responses
+    one = [sample(m, [p], st.replace(shared_prefix="off")).responses[0] for p in prompts]
+    gen = [
+        m.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=0)[0, len(p) :]
+        for p in prompts
+    ]
+    assert auto == one == [g[: g.tolist().index(2) + 1].tolist() if 2 in g else g.tolist() for g in gen]

@@ -38,7 +38,7 @@ def test_method_alias_sets_selector():
         ({"estimator": "exact"}, "estimator"),
         ({"nca_positions": "x"}, "nca_pos"),
         ({"sharding": "zero3"}, "sharding='zero3' is unknown; choose one of none, fsdp"),
-        ({"rollout_engine": "sglang"}, "rollout_engine='sglang' is unknown; choose one of lean, hf, vllm"),
+        ({"rollout_engine": "sglang"}, "rollout_engine='sglang' is unknown; choose one of auto, lean, hf, vllm"),
     ],
 )
 def test_bad_values_name_the_field(over, needle):
