@@ -26,7 +26,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -106,7 +106,7 @@ def check_fits(model: nn.Module, opts: LoraOptions, paths: list[str]) -> None:
     (``lora_rank=2**40``), and ``lm_head`` as a target when the head is tied to the embeddings (the merged checkpoint
     would save an untied head). ``paths``: the targeted modules (`arch.lora_modules`; Linear or Conv1D, whose weight's
     smaller dimension bounds the rank either way)."""
-    most = max((min(model.get_submodule(p).weight.shape) for p in paths), default=0)
+    most = max((min(cast(torch.Tensor, model.get_submodule(p).weight).shape) for p in paths), default=0)
     if not isinstance(opts.rank, int) or not 1 <= opts.rank <= most:
         raise ConfigError(
             f"lora_rank={opts.rank} is outside 1..{most} (the most any targeted projection's ΔW can use: a larger "
