@@ -74,6 +74,12 @@ def _figures(a: argparse.Namespace) -> int:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
+    _demo_what_args(p)
+    _demo_size_args(p)
+
+
+def _demo_what_args(p: argparse.ArgumentParser) -> None:
+    """What the demo runs and where: --out, --task, --study, --fast, --sweep, --seed."""
     p.add_argument(
         "--out", default=None, metavar="DIR", help="demo directory (default runs/demo; with --study NAME: runs/NAME)"
     )
@@ -98,6 +104,10 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         metavar="INT",
         help="one training seed (a one-seed demo; the organism always uses seed 0)",
     )
+
+
+def _demo_size_args(p: argparse.ArgumentParser) -> None:
+    """How large and on how many processes: --steps, --seeds, --workers, --job-threads, --batch-size, --layers."""
     p.add_argument(
         "--steps",
         type=int,
