@@ -2,7 +2,8 @@
 `mechopd run` runs a study file (`mechopd.pipeline.run.run_study`), into ``runs/NAME`` by default.
 
 ``--fast`` makes it a smoke run: one seed (the study's first), and the schedule, evaluation and probe items of
-``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n); a run's fixed
+``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n), under a study's
+own ``mechopd/data/studies/fast/NAME.yaml`` where it has one (a real model's smoke run is smaller); a run's fixed
 anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, and a run's own
 ``save_every`` goes (a checkpoint at half the steps). ``steps`` / ``batch_size`` given by the caller win.
 """
@@ -36,6 +37,24 @@ def study_file(name: str) -> Path:
     return path
 
 
+def study_fast_values(name: str) -> dict[str, Any]:
+    """A study's own ``--fast`` values (``mechopd/data/studies/fast/NAME.yaml``; {} without one), each a key of
+    demo_fast.yaml and a number >= 0."""
+    from mechopd.config import load_yaml
+    from mechopd.pipeline.demo import fast_values
+
+    path = STUDIES_DIR / "fast" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    doc, known = load_yaml(path), set(fast_values())
+    for key, value in doc.items():
+        if key not in known:
+            raise ConfigError(f"{path}: {key!r} is no --fast value; use {', '.join(sorted(known))}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{path}: {key}={value!r} must be a number >= 0")
+    return dict(doc)
+
+
 def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
     """The study as a mapping, shrunk by ``--fast`` (module docstring) and by the caller's ``steps`` / ``batch_size``."""
     from mechopd.pipeline.demo import fast_values
@@ -43,7 +62,7 @@ def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: in
     doc = spec.to_mapping()
     train = dict(doc["train"])
     if fast:
-        values = fast_values()
+        values = {**fast_values(), **study_fast_values(Path(spec.source).stem)}
         train.update({k: values[k] for k in _FAST_TRAIN if k in values})
         doc["seeds"] = doc["seeds"][:1]
         doc["eval"] = {**doc["eval"], "n": min(int(values["eval_n"]), spec.eval_n)}

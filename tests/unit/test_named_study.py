@@ -34,7 +34,8 @@ def test_the_smollm2_study_is_a_valid_study_of_the_runs_it_promises():
 
 def test_fast_is_one_seed_at_the_fast_files_sizes_and_shipped_paths_are_absolute():
     spec = named.load_named(NAME)
-    doc, values = named.shrink(spec, fast=True), fast_values()
+    doc, values = named.shrink(spec, fast=True), {**fast_values(), **named.study_fast_values(NAME)}
+    assert named.study_fast_values(NAME)["steps"] < spec.train["steps"]  # the real model's smoke run is its own
     assert doc["seeds"] == spec.seeds[:1]
     assert {k: doc["train"][k] for k in ("steps", "batch_size", "eval_every")} == {
         k: values[k] for k in ("steps", "batch_size", "eval_every")
@@ -62,7 +63,7 @@ def test_demo_study_runs_the_named_file_through_run_study(monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--study", NAME, "--fast", "--workers", "1"]) == 0
     assert seen["out"] == Path("runs") / f"{NAME}-fast" and seen["workers"] == 1
-    assert seen["doc"]["train"]["steps"] == fast_values()["steps"]
+    assert seen["doc"]["train"]["steps"] == named.study_fast_values(NAME)["steps"]
     assert Path(seen["doc"]["task_options"]["context_file"]).is_file()  # the shipped data, from any directory
 
 
@@ -83,6 +84,18 @@ def test_bad_study_flags_are_one_error_line(argv, words, capsys, tmp_path, monke
     line = capsys.readouterr().err.strip()
     assert line.startswith("error:") and words in line and "\n" not in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_fast_file_is_refused(monkeypatch, tmp_path):
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "fast" / "x.yaml").write_text("stepz: 2\n")
+    monkeypatch.setattr(named, "STUDIES_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="'stepz' is no --fast value"):
+        named.study_fast_values("x")
+    (tmp_path / "fast" / "x.yaml").write_text("steps: -1\n")
+    with pytest.raises(ConfigError, match="steps=-1 must be a number >= 0"):
+        named.study_fast_values("x")
+    assert named.study_fast_values("none") == {}
 
 
 def test_every_built_in_study_is_named_by_its_file():
