@@ -76,9 +76,28 @@ def _figures(a: argparse.Namespace) -> int:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="demo directory (default runs/demo)")
-    p.add_argument("--task", default="rules", metavar="TASK", help="rules (default) | frozenlake | sokoban")
-    p.add_argument("--fast", action="store_true", help="tiny organism and a few steps (for tests; <= 2 min)")
+    _demo_what_args(p)
+    _demo_size_args(p)
+
+
+def _demo_what_args(p: argparse.ArgumentParser) -> None:
+    """What the demo runs and where: --out, --task, --study, --fast, --sweep, --seed."""
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="demo directory (default runs/demo; with --study NAME: runs/NAME)"
+    )
+    p.add_argument("--task", default=None, metavar="TASK", help="rules (default) | frozenlake | sokoban")
+    p.add_argument(
+        "--study",
+        default=None,
+        metavar="NAME",
+        help="run the built-in study mechopd/data/studies/NAME.yaml (e.g. smollm2-facts) as `mechopd run` does; "
+        "takes --out, --fast, --steps, --batch-size, --workers",
+    )
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="tiny organism and a few steps (for tests; <= 2 min); with --study: one seed, a few steps (a smoke run)",
+    )
     p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
     p.add_argument(
         "--seed",
@@ -87,6 +106,10 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         metavar="INT",
         help="one training seed (a one-seed demo; the organism always uses seed 0)",
     )
+
+
+def _demo_size_args(p: argparse.ArgumentParser) -> None:
+    """How large and on how many processes: --steps, --seeds, --workers, --job-threads, --batch-size, --layers."""
     p.add_argument(
         "--steps",
         type=int,
@@ -143,13 +166,16 @@ def _demo(a: argparse.Namespace) -> int:
 
     if a.steps is not None and a.steps < 1:
         raise ConfigError(f"--steps {a.steps} is invalid: pass 1 or more (omit --steps for the recipe's)")
+    if a.study is not None:
+        return _demo_study(a)
+    a.out = a.out or "runs/demo"
     check_out_dir(a.out)
     kw = {k: getattr(a, k) for k in ("steps", "batch_size") if getattr(a, k) is not None}  # 0 is refused, not dropped
     kw.update({"layers": a.layers} if a.layers is not None else {})
     seeds = 1 if a.seed is not None and a.seeds is None else a.seeds  # a chosen seed (0 too) is a one-seed demo
     demo(
         DemoConfig(
-            task=a.task,
+            task=a.task or "rules",
             out=a.out,
             fast=a.fast,
             sweep=a.sweep,
@@ -160,6 +186,25 @@ def _demo(a: argparse.Namespace) -> int:
             **kw,
         )
     )
+    return 0
+
+
+def _demo_study(a: argparse.Namespace) -> int:
+    """`mechopd demo --study NAME`: the flags that shape an organism demo are refused, one line each."""
+    from mechopd.core.checks import check_out_dir
+    from mechopd.pipeline.named import run_named_study, study_file
+
+    study_file(a.study)  # an unknown name first
+    for flag, value in (("--task", a.task), ("--seed", a.seed), ("--seeds", a.seeds), ("--layers", a.layers)):
+        if value is not None:
+            raise ConfigError(f"demo --study {a.study} takes no {flag}: the study file names it; drop {flag}")
+    if a.sweep or a.job_threads != 1:
+        flag = "--sweep" if a.sweep else "--job-threads"
+        raise ConfigError(f"demo --study {a.study} takes no {flag}; drop it (or `mechopd demo --task TASK {flag}`)")
+    if a.out is not None:
+        check_out_dir(a.out)
+    report = run_named_study(a.study, a.out, a.fast, a.workers, a.steps, a.batch_size)
+    print(f"report: {report}")
     return 0
 
 

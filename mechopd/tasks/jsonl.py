@@ -12,9 +12,11 @@ Each non-blank line is one JSON object in one of three layouts (extra fields are
 
 Any item may carry its own ``"context"`` (overrides the shared one from ``context=`` / ``context_file=``), and an
 ``"other_context"`` / ``"other_answer"`` pair for the context-following study (`mechopd.tasks.jsonl_other`).
-The context is the system message (``placement = "system"``); each prompt ends with an instruction to put the final
-answer inside ``<answer>...</answer>``. Scoring reads the LAST closed ``<answer>...</answer>`` span of the response
-(see `parse_answer`).
+The context is the system message (``placement = "system"``) or spliced before the question (``placement = "user"``).
+Scoring follows the option ``answer_format`` (`ScoringOptions`; docs/tasks.md): ``tag`` (default) asks for the final
+answer inside ``<answer>...</answer>`` and reads the LAST closed span (see `parse_answer`); ``exact``, ``first_line``
+and ``contains`` ask for a short reply and read the whole response, its first non-blank line, or the reference as
+whole words anywhere in it (`score_response`).
 
 Split: ``uid`` = sha1 of the item's normalised content; an item is in "test" iff ``int(uid[:15], 16) / 16**15 <
 test_fraction``. Train/test are disjoint, and appending lines never moves an existing item. Identical items (same uid)
@@ -34,11 +36,18 @@ from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
-from mechopd.tasks.jsonl_answer import choice_letter, normalize_text, parse_answer  # noqa: F401  (public here too)
-from mechopd.tasks.jsonl_items import (  # noqa: F401 (re-exported)
-    ACCEPTED_LAYOUTS,
+from mechopd.tasks.jsonl_answer import (  # noqa: F401  (public here too)
     FREE_INSTRUCTION,
     MC_INSTRUCTION,
+    ScoringOptions,
+    answer_region,
+    choice_letter,
+    normalize_text,
+    parse_answer,
+    score_response,
+)
+from mechopd.tasks.jsonl_items import (  # noqa: F401 (re-exported)
+    ACCEPTED_LAYOUTS,
     MEDMCQA_FIELDS,
     _dedupe,
     _Item,
@@ -73,12 +82,14 @@ class JsonlTask(BaseTask):
     max_new_tokens: int = 512
     temperature: float = 1.0
     shared_other_context: str | None = None  # the file-level other context (other_context= / other_context_file=)
+    answer_format: str = ScoringOptions.answer_format
     name: str = "jsonl"
     placement: str = "system"
     is_game: bool = False
     _splits: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        ScoringOptions(self.answer_format)  # one line naming the choices for an unknown format
         examples = [self._example(item) for item in self.items]
         self._splits = {
             "test": [e for e in examples if is_test_uid(e.uid, self.test_fraction)],
@@ -100,7 +111,9 @@ class JsonlTask(BaseTask):
         )
         if other is not None:
             meta["other"] = other
-        return Example(uid=item.uid, prompt=render_prompt(item), context=context, answer=item.answer, meta=meta)
+        return Example(
+            uid=item.uid, prompt=render_prompt(item, self.answer_format), context=context, answer=item.answer, meta=meta
+        )
 
     def split_sizes(self) -> dict[str, int]:
         return {name: len(pool) for name, pool in self._splits.items()}
@@ -131,19 +144,15 @@ class JsonlTask(BaseTask):
         return pool[:n]
 
     def score(self, example: Example, response_text: str) -> bool:
-        """Correct iff the last ``<answer>`` span names the reference: option letter (case-insensitive, ``B.``/``(B)``
-        or the option's text accepted) for multiple choice, `normalize_text`-equal string for free-form."""
-        span = parse_answer(response_text)
-        if span is None:
-            return False
-        options = example.meta.get("options")
-        if options:
-            return choice_letter(span, options) == str(example.answer).upper()
-        return normalize_text(span) == normalize_text(str(example.answer))
+        """Correct iff the response names the reference under `answer_format` (`score_response`): with ``tag``, the
+        last ``<answer>`` span gives the option letter (case-insensitive, ``B.``/``(B)`` or the option's text accepted)
+        for multiple choice, a `normalize_text`-equal string for free-form."""
+        return score_response(response_text, str(example.answer), example.meta.get("options"), self.answer_format)
 
     def parse_answer(self, response_text: str) -> str | None:
-        """The last closed ``<answer>`` span (module function `parse_answer`); None = unparseable."""
-        return parse_answer(response_text)
+        """The region `answer_format` reads (`answer_region`: the last ``<answer>`` span for ``tag``); None =
+        unparseable."""
+        return answer_region(response_text, self.answer_format)
 
     def other_contexts(self, example: Example) -> list[OtherContext]:
         """The item's ``other_context`` (or the file-level one) with its ``other_answer``; [] when it gives none."""
@@ -174,6 +183,7 @@ _OPTIONS = (
     "placement",
     "other_context",
     "other_context_file",
+    "answer_format",
 )
 
 
@@ -189,11 +199,13 @@ def make_jsonl_task(
     placement: str = "system",
     other_context: str | None = None,
     other_context_file: str | Path | None = None,
+    answer_format: str = ScoringOptions.answer_format,
     **unknown: Any,
 ) -> JsonlTask:
     """Build the ``jsonl`` task. `path` is required; `context` / `context_file` give the shared context (per-item
     ``"context"`` overrides it); `cop_base` is 0 for HF MedMCQA (cop 0-3), 1 for exports that count 1-4;
-    `placement` is "system" (the context as the system message) or "user" (spliced before the question)."""
+    `placement` is "system" (the context as the system message) or "user" (spliced before the question);
+    `answer_format` is `ScoringOptions.answer_format` (tag | exact | contains | first_line)."""
     if unknown:
         raise ConfigError(f"jsonl task: unknown option {sorted(unknown)[0]!r}; accepted: {', '.join(_OPTIONS)}")
     if path is None:
@@ -212,6 +224,7 @@ def make_jsonl_task(
         raise ConfigError(f"jsonl task: cop_base={cop_base!r} must be 0 (HF MedMCQA, cop 0-3) or 1 (cop 1-4)")
     if context is not None and not str(context).strip():
         raise ConfigError("jsonl task: context= is empty; give the shared context text or leave it out")
+    ScoringOptions(answer_format)  # before the file is read: an unknown format names the choices
     shared = str(context).strip() if context is not None else None
     if context_file is not None:
         shared = read_context_file(context_file)
@@ -227,6 +240,7 @@ def make_jsonl_task(
         int(max_new_tokens),
         float(temperature),
         shared_other(other_context, other_context_file),
+        answer_format,
     )
     task.placement = placement
     return task

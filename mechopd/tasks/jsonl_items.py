@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import DataError
-from mechopd.tasks.jsonl_answer import choice_letter
+from mechopd.tasks.jsonl_answer import choice_letter, instruction_for
 from mechopd.tasks.jsonl_other import raw_other
 
-MC_INSTRUCTION = "Think it through, then give the letter of the correct option inside <answer> and </answer>."
-FREE_INSTRUCTION = "Think it through, then give your final answer inside <answer> and </answer>."
 MEDMCQA_FIELDS = ("opa", "opb", "opc", "opd")
 ACCEPTED_LAYOUTS = (
     '{"prompt", "answer"}, {"question", "options", "answer"} or MedMCQA {"question", "opa".."opd", "cop"}'
@@ -142,12 +140,14 @@ def parse_item(obj: Any, path: Path, line: int, cop_base: int = 0) -> _Item:
     raise DataError(f"{_where(path, line)} missing field {field_name!r}; accepted layouts: {ACCEPTED_LAYOUTS}")
 
 
-def render_prompt(item: _Item) -> str:
-    """The user-turn text x: stem, the options as ``A. ...`` lines, then the ``<answer>`` instruction."""
+def render_prompt(item: _Item, answer_format: str = "tag") -> str:
+    """The user-turn text x: stem, the options as ``A. ...`` lines, then the instruction of `answer_format`
+    (`instruction_for`: the ``<answer>`` request for ``tag``, a short-reply request for the others)."""
+    instruction = instruction_for(answer_format, item.options is not None)
     if item.options is None:
-        return f"{item.stem}\n\n{FREE_INSTRUCTION}"
+        return f"{item.stem}\n\n{instruction}"
     block = "\n".join(f"{letter}. {text}" for letter, text in item.options.items())
-    return f"{item.stem}\n\n{block}\n\n{MC_INSTRUCTION}"
+    return f"{item.stem}\n\n{block}\n\n{instruction}"
 
 
 def read_items(path: str | Path, cop_base: int = 0) -> list[_Item]:

@@ -1,0 +1,130 @@
+"""`mechopd demo --study NAME`: a built-in study file chosen by name (``mechopd/data/studies/NAME.yaml``) and run as
+`mechopd run` runs a study file (`mechopd.pipeline.run.run_study`), into ``runs/NAME`` by default.
+
+``--fast`` makes it a smoke run: one seed (the study's first), and the schedule, evaluation and probe items of
+``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n), under a study's
+own ``mechopd/data/studies/fast/NAME.yaml`` where it has one (a real model's smoke run is smaller); a run's fixed
+anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, and a run's own
+``save_every`` goes (a checkpoint at half the steps). ``steps`` / ``batch_size`` given by the caller win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from mechopd.core.errors import ConfigError
+from mechopd.pipeline.spec import STUDIES_DIR, StudySpec
+
+_FAST_TRAIN = ("steps", "batch_size", "eval_every", "eval_n")
+_PACKAGE_ROOT = STUDIES_DIR.parents[2]  # a study's shipped data (mechopd/data/...) is named from here
+_FILE_OPTIONS = ("path", "context_file", "other_context_file")
+
+
+def study_names() -> list[str]:
+    """The built-in studies' names (the files' stems)."""
+    return sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))
+
+
+def study_file(name: str) -> Path:
+    """The built-in study file called `name`; an unknown name is one line listing the known ones."""
+    path = STUDIES_DIR / f"{name}.yaml"
+    if "/" in name or "\\" in name or not path.is_file():
+        raise ConfigError(
+            f"demo --study {name!r}: no built-in study of that name; choose one of {', '.join(study_names())}"
+        )
+    return path
+
+
+def study_fast_values(name: str) -> dict[str, Any]:
+    """A study's own ``--fast`` values (``mechopd/data/studies/fast/NAME.yaml``; {} without one), each a key of
+    demo_fast.yaml and a number >= 0."""
+    from mechopd.config import load_yaml
+    from mechopd.pipeline.demo import fast_values
+
+    path = STUDIES_DIR / "fast" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    doc, known = load_yaml(path), set(fast_values())
+    for key, value in doc.items():
+        if key not in known:
+            raise ConfigError(f"{path}: {key!r} is no --fast value; use {', '.join(sorted(known))}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{path}: {key}={value!r} must be a number >= 0")
+    return dict(doc)
+
+
+def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """The study as a mapping, shrunk by ``--fast`` (module docstring) and by the caller's ``steps`` / ``batch_size``."""
+    from mechopd.pipeline.demo import fast_values
+
+    doc = spec.to_mapping()
+    train = dict(doc["train"])
+    if fast:
+        values = {**fast_values(), **study_fast_values(Path(spec.source).stem)}
+        train.update({k: values[k] for k in _FAST_TRAIN if k in values})
+        doc["seeds"] = doc["seeds"][:1]
+        doc["eval"] = {**doc["eval"], "n": min(int(values["eval_n"]), spec.eval_n)}
+        train["eval_n"] = doc["eval"]["n"]
+        doc["probe_n"] = values["probe_n"]
+        doc["runs"] = {role: _fast_run(run, values) for role, run in doc["runs"].items()}
+        train.pop("save_every", None)
+    for key, value in (("steps", steps), ("batch_size", batch_size)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"demo --{key.replace('_', '-')} {value!r}: pass an integer >= 1")
+            train[key] = value
+    doc["train"] = train
+    return doc
+
+
+def load_named(name: str) -> StudySpec:
+    """The built-in study `name`, checked, with a task option naming a shipped file (``mechopd/data/...``) made
+    absolute: it runs from any directory."""
+    from mechopd.config import load_yaml
+
+    path = study_file(name)
+    doc = load_yaml(path)
+    if isinstance(doc, dict) and isinstance(doc.get("task_options"), dict):
+        doc["task_options"] = {k: _shipped(k, v) for k, v in doc["task_options"].items()}
+    known = [f.name for f in fields(StudySpec) if f.name != "source"]
+    unknown = sorted(set(doc) - set(known))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; a study has {', '.join(known)}")
+    return StudySpec(**doc, source=str(path))
+
+
+def _shipped(key: str, value: Any) -> Any:
+    """A task option naming a file shipped with mechopd (``mechopd/data/...``), made absolute."""
+    if key in _FILE_OPTIONS and isinstance(value, str) and not Path(value).is_absolute():
+        shipped = _PACKAGE_ROOT / value
+        if shipped.is_file():
+            return str(shipped)
+    return value
+
+
+def _fast_run(run: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    run = {k: v for k, v in run.items() if k != "save_every"}
+    if "nca_start" in run:
+        run["nca_start"] = values["nca_start"]
+    if "nca_gate" in run:
+        run.update(nca_gate=values["nca_gate"], nca_gate_window=values["nca_gate_window"])
+    return run
+
+
+def run_named_study(
+    name: str,
+    out: str | Path | None = None,
+    fast: bool = False,
+    workers: int | None = None,
+    steps: int | None = None,
+    batch_size: int | None = None,
+) -> Path:
+    """Run the built-in study `name` (``--fast``: its smoke run) into `out` (default ``runs/NAME``, ``-fast`` added
+    with ``fast``); returns the report path."""
+    from mechopd.pipeline.run import run_study
+
+    doc = shrink(load_named(name), fast, steps, batch_size)
+    target = Path(out) if out is not None else Path("runs") / (f"{name}-fast" if fast else name)
+    return run_study(doc, target, workers)
