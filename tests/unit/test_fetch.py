@@ -126,6 +126,12 @@ def test_model_name_resolves_under_mechopd_models(tmp_path, monkeypatch):
     assert resolve_organism("model:smollm2-135m") == str(here.resolve())
     assert recorded_model("model:smollm2-135m", "runs/organisms", tmp_path) == str(here.resolve())
     assert resolve_organism("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    from mechopd.pipeline.run import resolve_model
+    from mechopd.probes.setup import ProbeSetup
+
+    assert resolve_model("model:smollm2-135m", None) == str(here.resolve())  # type: ignore[arg-type]  (no spec needed)
+    assert ProbeSetup().model("model:smollm2-135m", "base") == ("smollm2-135m", str(here.resolve()))
+    assert ProbeSetup().pick(["base=model:smollm2-135m"], []) == {"base": str(here.resolve())}
     with pytest.raises(ModelError, match="known models are"):
         resolve_organism("model:nope")
     monkeypatch.delenv(F.MODELS_ENV)
