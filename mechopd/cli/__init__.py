@@ -8,6 +8,7 @@ import sys
 
 from mechopd.cli.common import COMMANDS
 from mechopd.cli.eval_cmd import _eval_args
+from mechopd.cli.fetch_cmd import _fetch_args
 from mechopd.cli.study_cmd import _aggregate_args, _demo_args, _explore_args, _figures_args, _probe_args, _run_args
 from mechopd.cli.train_cmd import _pretrain_args, _train_args, run_name  # noqa: F401 (run_name re-exported)
 from mechopd.core.errors import MechopdError
@@ -27,6 +28,7 @@ def make_parser() -> argparse.ArgumentParser:
         "demo": _demo_args,
         "aggregate": _aggregate_args,
         "explore": _explore_args,
+        "fetch": _fetch_args,
     }
     for name, add_args in registry.items():  # this order in `mechopd --help`
         help_text = COMMANDS[name][0]

@@ -20,7 +20,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         metavar="DIR",
-        help="checkpoint dir, hub id or organism:<task>; a "
+        help="checkpoint dir, hub id, organism:<task> or model:NAME; a "
         "checkpoint written by mechopd train renders as its final/training.json records",
     )
     p.add_argument(

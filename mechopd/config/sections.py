@@ -27,12 +27,14 @@ class RunOptions:
     student: str = option(
         "organism:rules",
         short=True,
-        help="student checkpoint dir, hub id, or organism:<task> (pretrain / reuse the embedded organism)",
+        help="student checkpoint dir, hub id, organism:<task> (pretrain / reuse the embedded organism) or model:NAME "
+        "(a fetched pretrained model: mechopd fetch)",
     )
     teacher: str | None = option(
         None,
         short=True,
-        help="teacher checkpoint; null = the frozen initial student (self-distillation), else cross-model",
+        help="teacher checkpoint (dir, hub id or model:NAME); null = the frozen initial student (self-distillation), "
+        "else cross-model",
     )
     method: str = option(
         "opd",

@@ -86,6 +86,13 @@ def organism_task(student: str) -> str | None:
     return student.split(":", 1)[1] if isinstance(student, str) and student.startswith("organism:") else None
 
 
+def is_named(spec: str) -> bool:
+    """``organism:<task>`` or ``model:NAME``: a model named by mechopd, resolved by `resolve_organism`."""
+    from mechopd.models.fetch import fetched_name
+
+    return organism_task(spec) is not None or fetched_name(spec) is not None
+
+
 def recipe_for(student: str) -> dict[str, Any]:
     """The recipe a student starts from (empty for a non-organism student or an unknown organism task)."""
     task = organism_task(student)
@@ -101,11 +108,17 @@ def resolve_organism(
     main: bool = True,
     barrier: Callable[[], None] = lambda: None,
 ) -> str:
-    """``organism:<task>`` -> ``<organism_dir>/<task>``; any other spec unchanged.
+    """``organism:<task>`` -> ``<organism_dir>/<task>``; ``model:NAME`` -> its fetched directory
+    (`mechopd.models.fetch.resolve_fetched`: fetched on first use); any other spec unchanged. Every command that
+    takes a model spec resolves it here.
 
     pretrain=True: pretrain the organism now unless it is cached (on the ``main`` process, then ``barrier()`` so
     every process waits for it); False: it must exist already (a probe or a figure never trains a model).
     """
+    from mechopd.models.fetch import fetched_name, resolve_fetched
+
+    if fetched_name(spec) is not None:
+        return resolve_fetched(spec, main=main, barrier=barrier)
     task = organism_task(spec)
     if task is None:
         return spec
@@ -141,8 +154,9 @@ def run_path(value: str, run_dir: str | Path, key: str = "organism_dir") -> str:
 
 def recorded_model(spec: str, organism_dir: str, run_dir: str | Path) -> str:
     """A model spec recorded in a run (``student``, ``teacher``): ``organism:<task>`` under the run's organism_dir,
+    ``model:NAME`` as `resolve_organism` reads it,
     an absolute or run-relative local checkpoint, else a hub id unchanged."""
-    if organism_task(spec) is not None:
+    if is_named(spec):
         return resolve_organism(spec, run_path(organism_dir, run_dir))
     p = Path(spec)
     if p.is_absolute() or (Path(run_dir) / p).exists():

@@ -223,10 +223,13 @@ def check_lora_runs(spec: StudySpec, student: str) -> None:
 
 
 def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
-    """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads); a
-    local dir -> absolute; anything else (a hub id) unchanged."""
-    from mechopd.organisms.recipes import organism_task, resolve_organism
+    """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads);
+    ``model:NAME`` -> its fetched directory (fetched on first use); a local dir -> absolute; anything else (a hub id)
+    unchanged."""
+    from mechopd.organisms.recipes import is_named, organism_task, resolve_organism
 
+    if is_named(model) and organism_task(model) is None:
+        return resolve_organism(model)
     if organism_task(model) is not None:
         from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
 

@@ -3,7 +3,7 @@
     task: jsonl                      # any registered task
     task_options: {path: mechopd/data/sample_qa.jsonl, context_file: mechopd/data/sample_context.txt}
     render: {placement: system, no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
-    student: Qwen/Qwen3-1.7B         # a checkpoint dir, a hub id, or organism:<task>
+    student: Qwen/Qwen3-1.7B         # a checkpoint dir, a hub id, organism:<task> or model:NAME
     teacher: null                    # null: self-distillation (the frozen initial student)
     seeds: [0, 1, 2]                 # training seeds; two or more: RUN/seed-k and the aggregate over seeds
     train: {steps: 100, batch_size: 32, lr: 1.0e-4}   # shared training fields (any TrainConfig field)
@@ -76,7 +76,7 @@ class StudySpec:
             value = getattr(self, key)
             if value and value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
                 raise ConfigError(
-                    f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id or organism:<task>"
+                    f"{w}: {key} {value} does not exist; pass a checkpoint dir, a hub id, organism:<task> or model:NAME"
                 )
         for key in ("task_options", "render", "train", "runs", "eval", "probes"):
             if getattr(self, key) is None:

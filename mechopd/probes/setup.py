@@ -28,7 +28,8 @@ from typing import Any
 from mechopd.config import check_seed, check_temperature, flag_text
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.views import PLACEMENTS, RenderSpec
-from mechopd.organisms.recipes import recorded_model, resolve_organism
+from mechopd.models.fetch import fetched_name
+from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
 from mechopd.probes.items import (  # noqa: F401
     ProbeItems,
     answer_responses,
@@ -152,14 +153,15 @@ class ProbeSetup:
         return [k for k in self.models if k not in (BASE, TEACHER)]
 
     def model(self, ref: str | None, role: str) -> tuple[str, str]:
-        """(label, checkpoint dir) of a model named by label or by dir; None = the role's default: ``base``;
+        """(label, checkpoint dir) of a model named by label, by dir, ``organism:<task>`` or ``model:NAME`` (label NAME;
+        fetched on first use); None = the role's default: ``base``;
         ``teacher`` (the teacher, else base); ``trained`` (the first trained model)."""
         if ref is None:
             ref = self._default(role)
         if ref in self.models:
             return ref, self.models[ref]
-        if ref.startswith("organism:") or os.sep in ref or Path(ref).exists():
-            return Path(ref).name or ref, resolve_organism(ref)
+        if is_named(ref) or os.sep in ref or Path(ref).exists():  # model:NAME labelled NAME
+            return fetched_name(ref) or Path(ref).name or ref, resolve_organism(ref)
         known = ", ".join(self.models) or "none"
         raise ConfigError(
             f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
@@ -176,7 +178,7 @@ class ProbeSetup:
         out: dict[str, str] = {}
         for ref in refs or default:
             name, sep, path = ref.partition("=")
-            label, path = (name, path) if sep and name and path else self.model(ref, "trained")
+            label, path = (name, resolve_organism(path)) if sep and name and path else self.model(ref, "trained")
             check_label(label, "--models")
             dup = next((k for k in out if k.lower() == label.lower()), None)
             if dup is not None:

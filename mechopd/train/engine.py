@@ -68,3 +68,13 @@ def resolve_student(
     return engine_organism(cfg, device, progress=progress, main=main, barrier=barrier) or resolve_organism(
         cfg.student, cfg.organism_dir, pretrain=True, progress=progress, main=main, barrier=barrier
     )
+
+
+def resolve_teacher(cfg: TrainConfig, student_path: str, *, main: bool, barrier: Callable[[], None]) -> str:
+    """The teacher's directory: the student's when there is no teacher (self-distillation), else its spec through
+    `recipes.resolve_organism` (``model:NAME`` fetched on first use, on the `main` process)."""
+    from mechopd.organisms.recipes import resolve_organism
+
+    if not cfg.teacher:
+        return student_path
+    return resolve_organism(cfg.teacher, cfg.organism_dir, main=main, barrier=barrier)

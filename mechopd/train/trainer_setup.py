@@ -24,7 +24,7 @@ from mechopd.objectives.select import config_selector
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, otherbatch, rundir, teachers
 from mechopd.train.checkpoint import load_checkpoint
-from mechopd.train.engine import resolve_student, rollout_engine
+from mechopd.train.engine import resolve_student, resolve_teacher, rollout_engine
 from mechopd.train.headstep import make_scorer
 from mechopd.train.lr import lr_multiplier
 from mechopd.train.reporting import Logger, config_block, config_line
@@ -65,7 +65,7 @@ class TrainerSetup:
             self.tokenizer, self.task, self.pool, cfg, self.max_new, read_config(student_path), self._prompt_cache
         )  # pinned and length-checked before any load; the pool's prompts rendered once, here
         self._say("\n".join(t for t in (note, pinned) if t))
-        teacher_path = cfg.teacher or student_path
+        teacher_path = resolve_teacher(cfg, student_path, main=self.rank == 0, barrier=dist.barrier)
         if cfg.teacher:
             check_same_tokenizer(self.tokenizer, load_tokenizer(teacher_path))
         self.resume_from = rundir.latest_checkpoint(self.run_dir.root) if resume else None

