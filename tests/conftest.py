@@ -126,18 +126,24 @@ def tiny_rules_organism(tmp_path_factory):
     return pretrain(OrganismConfig(task="rules", **TINY_ORGANISM), out, progress=False)
 
 
-# The files that cost most CPU (measured 2026-12-05 with --durations and per-test CPU time, 2 cores), scheduled
-# first: pytest-xdist hands out whole files (--dist loadfile), so a long file handed out last would leave the other
-# workers idle at the end. The rest follow in collection order, the many short unit files last as filler. An entry
-# that is stale only costs balance, never a test.
+# The files that cost most CPU, heaviest first (measured 2026-12-05, CPU seconds of the file's tests, children
+# included, on 2 cores: readme_commands and demo over 195 each, hostile_signals 136, two_process 108, claims 80,
+# teacher_modes 39, step_two_process 32, plot_layout 30, following 27, rundir_disk 26, hostile_study 23): pytest-xdist
+# hands out whole files (--dist loadfile), so a long file handed out last would leave the other workers idle at the
+# end. The rest follow in collection order, the many short unit files last as filler. A stale entry only costs
+# balance, never a test.
 HEAVY_FIRST = (
     "tests/cli/test_readme_commands.py",
     "tests/cli/test_demo.py",
+    "tests/cli/test_hostile_signals.py",
     "tests/integration/test_two_process.py",
     "tests/unit/test_claims.py",
     "tests/integration/test_teacher_modes.py",
     "tests/integration/test_step_two_process.py",
+    "tests/unit/test_plot_layout.py",
     "tests/integration/test_following.py",
+    "tests/cli/test_rundir_disk.py",
+    "tests/cli/test_hostile_study.py",
 )
 
 
