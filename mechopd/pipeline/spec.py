@@ -90,6 +90,7 @@ class StudySpec:
         self._check_eval(task)
         self._check_probes()
         self._check_probe_extras()
+        self._check_sizes(task)
 
     # -- checks ------------------------------------------------------------------------------------------------------
     def _check_seeds(self) -> None:
@@ -185,6 +186,24 @@ class StudySpec:
             EvalConfig(**self.eval_fields(), n=n)
         except (ConfigError, TypeError) as e:
             raise ConfigError(f"{self.source}: eval: {e}") from None
+
+    def _check_sizes(self, task: Any) -> None:
+        """Every run's ``pool_size`` within the task's training items and every probe's explicit ``n`` within its
+        split (held-out unless the probe sets ``split``), by `Task.max_items`, before any job: a study asking for 2048
+        training prompts of a 31-item file is refused here, not when its first run starts."""
+        from mechopd.core.errors import MechopdError
+        from mechopd.core.runcheck import check_item_count
+
+        asks = [(f"runs.{r}.pool_size", "train", self.train_config(r, self.seeds[0]).pool_size) for r in self.runs]
+        for name, (setup, _) in self.probe_plan().items():
+            n = setup.get("n", self.probe_n)
+            if isinstance(n, int) and not isinstance(n, bool):
+                asks.append((f"probes.{name}.n", setup.get("split") or "test", n))
+        for key, split, n in asks:
+            try:
+                check_item_count(task, split, n)
+            except MechopdError as e:
+                raise type(e)(f"{self.source}: {key}={n}: {e}") from None
 
     def _check_probes(self) -> None:
         from mechopd.probes.registry import demo_options, get_probe
