@@ -206,7 +206,7 @@ class StudySpec:
                 raise type(e)(f"{self.source}: {key}={n}: {e}") from None
 
     def _check_probes(self) -> None:
-        from mechopd.probes.registry import demo_options, get_probe
+        from mechopd.probes.registry import demo_options, get_probe, study_options
         from mechopd.probes.setup import ProbeSetup
 
         roles = {"base", *self.runs, *(["teacher"] if self.teacher else [])}
@@ -223,7 +223,7 @@ class StudySpec:
                 raise ConfigError(
                     f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
                 ) from None
-            wanted = {**(spec.demo or {}), **own}
+            wanted = study_options(spec, own)  # a role option left out with a None default: every run
             if demo_options(_Demo(wanted, spec.role_options), study) is None:
                 need = [r for k in spec.role_options for r in _role_names(wanted.get(k)) if r not in roles]
                 raise ConfigError(

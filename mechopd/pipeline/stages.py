@@ -144,7 +144,7 @@ def run_probes(
     (``study.yaml``; without one: the labels of ``models``); a probe whose file set is complete, or that needs a role
     the study lacks, is skipped (and says so). ``chosen``: a study's name -> (setup fields, options over the demo's);
     ``skip``: probes not run here (a study's ``first_seed_only`` on a later seed)."""
-    from mechopd.probes.registry import demo_options
+    from mechopd.probes.registry import demo_options, study_options
     from mechopd.probes.registry import probes as registered
     from mechopd.probes.setup import ProbeSetup
 
@@ -168,7 +168,8 @@ def run_probes(
         if spec.name in skip:
             continue
         roles = getattr(spec, "role_options", ())
-        options = demo_options(SimpleNamespace(demo={**(spec.demo or {}), **own}, role_options=roles), study)
+        wanted = {**(spec.demo or {}), **own} if chosen is None else study_options(spec, own)
+        options = demo_options(SimpleNamespace(demo=wanted, role_options=roles), study)
         if options is None:
             _log(
                 f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "

@@ -182,6 +182,18 @@ def get_probe(name: str) -> ProbeSpec:
     return _REGISTRY[name]
 
 
+def study_options(spec: Any, own: dict[str, Any]) -> dict[str, Any]:
+    """A study's options for a listed probe: its own over the registration's ``demo`` ones, except that ``models`` (the
+    models to compare, declared default None: "every model of the run") left out by the study is left out here too,
+    so ``similarity: {}`` reads every run of the study, as the flag's help says, not the demo's three roles. The
+    single-role options (``model: opd``, ``trained: ta_opd``, ``pair``, ``cross``, ``donor``) keep the demo's."""
+    demo = dict(spec.demo or {})
+    declared = defaults(spec.options) if getattr(spec, "options", None) is not None else {}
+    if "models" in getattr(spec, "role_options", ()) and "models" not in own and declared.get("models", 0) is None:
+        demo.pop("models", None)
+    return {**demo, **own}
+
+
 def demo_options(spec: Any, study: Any) -> dict[str, Any] | None:
     """A registration's ``demo`` options with every role in its ``role_options`` replaced by the study's run name;
     None when the probe is not in the demo or a role it needs is not in the study. (Any object with ``demo`` and,

@@ -272,3 +272,16 @@ def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatc
     (run / "probes" / "toy.json").write_text(json.dumps({"value": 1}))
     demo.run_probes(demo.DemoConfig(fast=True), models, run)  # its output exists: skipped
     assert read_json(run / "probes" / "toy.json") == {"value": 1}
+
+
+def test_a_study_probe_without_models_reads_every_run_of_the_study():
+    """``similarity: {}`` in a study: the demo's three roles are not imposed (the option's default, None, is every model
+    of the run, as its help says); a study's own ``models`` and a role option with a default of its own are kept."""
+    from mechopd.probes.registry import get_probe, study_options
+
+    sim, teach = get_probe("similarity"), get_probe("teachability")
+    assert sim.demo and "models" in sim.demo  # the demo names base, opd, nca
+    assert "models" not in study_options(sim, {})
+    assert study_options(sim, {"models": ["opd", "ta_opd"]})["models"] == ["opd", "ta_opd"]
+    kept = {k: v for k, v in (teach.demo or {}).items() if k in teach.role_options}
+    assert kept and all(study_options(teach, {})[k] == v for k, v in kept.items())
