@@ -24,6 +24,13 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def weight_hashes(path: str | os.PathLike) -> dict[str, str]:
+    """``{file name: sha256}`` of a checkpoint dir's weight files (``*.safetensors``) and its config.json: what an
+    activation store and a LoRA adapter record of the models they were made from (`probes.store`, `models.lora`)."""
+    files = sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]
+    return {f.name: sha256_file(f) for f in files if f.is_file()}
+
+
 def sha256_tree(path: str | os.PathLike) -> str:
     """One sha256 over every file under a directory: each file's path relative to it and its content's sha256, in
     sorted order (a renamed, added, removed or edited file changes it)."""

@@ -15,7 +15,6 @@ routes every model spec through it, as it routes ``organism:<task>``.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import importlib.util
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import ModelError
+from mechopd.core.provenance import sha256_file
 
 PREFIX = "model:"
 MODELS_ENV, CACHE_ENV = "MECHOPD_MODELS", "MECHOPD_CACHE"
@@ -131,14 +131,6 @@ def known(name: str) -> Known:
 def fetched_name(spec: Any) -> str | None:
     """``"model:smollm2-135m-instruct"`` -> ``"smollm2-135m-instruct"``; None for any other spec."""
     return spec[len(PREFIX) :] if isinstance(spec, str) and spec.startswith(PREFIX) else None
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -------------------------------------------------------------------------------------------------------- wheels

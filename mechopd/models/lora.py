@@ -221,18 +221,10 @@ def save_adapter(model: nn.Module, opts: LoraOptions, out: Path, base: str | Non
 
 @functools.lru_cache(maxsize=4)
 def base_hashes(path: str) -> tuple[tuple[str, str], ...]:
-    """(file, sha256) of a checkpoint dir's weight files and config.json, streamed; computed once per process."""
-    import hashlib
+    """`core.provenance.weight_hashes` of a checkpoint dir as (file, sha256) pairs; computed once per process."""
+    from mechopd.core.provenance import weight_hashes
 
-    out = []
-    for f in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
-        if f.is_file():
-            h = hashlib.sha256()
-            with f.open("rb") as fh:
-                while chunk := fh.read(1 << 23):
-                    h.update(chunk)
-            out.append((f.name, h.hexdigest()))
-    return tuple(out)
+    return tuple(weight_hashes(path).items())
 
 
 def check_base(adapter: Path, base: str | Path) -> None:

@@ -38,25 +38,13 @@ import torch
 
 from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
+from mechopd.core.provenance import weight_hashes
 
 FORMAT = "mechopd-activations/1"
 MANIFEST = "cache_manifest.json"
 ITEMS = "cache_items.jsonl"
 VIEWS = ("x", "c")
 POSITIONS = {"response": slice(1, None), "predict": slice(None, -1), "predict_stop": slice(None)}  # of the n + 1 rows
-
-
-def weight_hashes(path: str | Path) -> dict[str, str]:
-    """sha256 of every weight file (``*.safetensors``) and config.json of a checkpoint dir, streamed (8 MiB reads)."""
-    out = {}
-    for f in sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]:
-        if f.is_file():
-            h = hashlib.sha256()
-            with f.open("rb") as fh:
-                while chunk := fh.read(1 << 23):
-                    h.update(chunk)
-            out[f.name] = h.hexdigest()
-    return out
 
 
 class StoreWriter:
