@@ -196,6 +196,13 @@ class _AdapterReader:
         self.base.close()
 
 
+def _raw_shapes(base: Checkpoint) -> dict[str, tuple[int, ...]]:
+    """Stored parameter name -> its [out, in] shape (a Conv1D weight, stored [in, out], turned around): the shape a
+    LoRA ΔW = B A of that parameter must have, whole (a fused ``qkv_proj`` / ``gate_up_proj`` is adapted whole)."""
+    stored = stored_shapes(base.files)
+    return {v.raw: tuple(reversed(stored[v.raw])) if v.transposed else stored[v.raw] for v in base.views.values()}
+
+
 def reader_for(
     ckpt: Checkpoint, base: Checkpoint, window_numel: int, shapes: Mapping[str, tuple[int, ...]] | None = None
 ) -> _Reader | _AdapterReader:
@@ -208,7 +215,7 @@ def reader_for(
         return _Reader(ckpt, window_numel)
     adapter = AdapterDeltas(found)
     check_base(found, base.path)  # the W0 it is added to is the one it was trained on
-    known = shapes if shapes is not None else {}
+    known = _raw_shapes(base) if shapes is not None else {}  # the adapter names stored (fused, Conv1D) parameters
     for name, (a, b) in adapter.pairs.items() if shapes is not None else ():
         if tuple(known.get(name, ())) != (b.shape[0], a.shape[1]):
             raise ModelError(

@@ -91,12 +91,6 @@ CASES = [
     ),
     Hostile(
         "models",
-        "template-raises",
-        lambda o, w: evaluate(set_template(copy_org(o, w), RAISES)),
-        "System role not supported (use placement user",
-    ),
-    Hostile(
-        "models",
         "template-drops-system",
         lambda o, w: evaluate(set_template(copy_org(o, w), DROPS_SYSTEM)),
         "renders both views identically",

@@ -260,7 +260,8 @@ def test_mechopd_run_handles_sigterm_as_the_demo_and_a_kill9_resumes_to_the_same
         err = proc.stderr.read()
         assert "Traceback" not in err, err[-3000:]
         if sig == signal.SIGTERM:
-            assert code == 130 and err.strip().splitlines()[-1] == "interrupted", (code, err[-2000:])
+            said = [seg.strip() for seg in err.replace("\r", "\n").splitlines()[-4:]]  # a worker's bar may end last
+            assert code == 130 and any(seg.endswith("interrupted") for seg in said), (code, err[-2000:])
             assert locks(out) == [], locks(out)
     rerun = _study_run(tmp_path, tiny_rules_organism, "killed")
     assert rerun.wait(timeout=600) == 0, rerun.stderr.read()[-3000:]
