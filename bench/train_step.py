@@ -141,6 +141,7 @@ def make_trainer_step(path: Path, out_root: Path, name: str, args, **config: Any
         lr=1e-5,
         seed=args.seed,
         pool_size=args.pool,
+        no_context_system=args.no_context_system,
     )
     trainer = Trainer(TrainConfig(**{**base, **config}), out_dir=out_root / name, progress=False)
 
@@ -266,6 +267,24 @@ def _ratio_line(label: str, num: list[float], den: list[float]) -> tuple[tuple[f
     return (paired, lo, hi), line
 
 
+def _model_dir(ref: str) -> str:
+    """A checkpoint dir, or ``model:NAME`` resolved (and fetched on first use) by mechopd's model resolver."""
+    if ref.startswith("model:"):
+        from mechopd.models.fetch import resolve_model_ref
+
+        return str(resolve_model_ref(ref))
+    return ref
+
+
+def head_memory(vocab: int, rows: int, resp: int) -> None:
+    """The loss head's peak memory at vocabulary `vocab` (bench/loss_head.py's subprocess measurement, NCA top-k)."""
+    import loss_head  # bench/loss_head.py
+
+    a = argparse.Namespace(vocab=vocab, rows=rows, resp=resp, hidden=64, chunk=64)
+    print(f"\nloss head, V = {vocab}, N = {rows} x {resp} positions, nca:topk (peak in float32 [N, V] units):")
+    loss_head.memory(a, "nca:topk")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="measured steps per variant")
@@ -277,7 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="auto", help="torch threads: an integer or auto (2 if idle, else 1)")
     ap.add_argument("--variants", default="bare,opd,nca,ta_opd,trl,bare_nca")
     ap.add_argument("--quick", action="store_true", help="--steps 40 --warmup 5")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a real checkpoint dir (or model:NAME) instead of the random organism, e.g. model:smollm2-135m-instruct "
+        "with --batch 4 --steps 5 --warmup 1 (bench/real_model.py: stop ids' head rows zeroed in a copy)",
+    )
+    ap.add_argument(
+        "--head-vocabs",
+        default="",
+        help="comma-separated vocabularies (e.g. 49152,262144): after the steps, the loss head's peak memory per "
+        "variant at each (bench/loss_head.py, --batch rows x --new-tokens positions)",
+    )
     args = ap.parse_args(argv)
+    args.no_context_system = None
     quiet()
     if args.quick:
         args.steps, args.warmup = 40, 5
@@ -291,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="mechopd-bench-train-") as tmp:
         root = Path(tmp)
-        path = build_organism(root / "organism", args.seed)
+        if args.model:
+            from real_model import prepare_real  # bench/real_model.py
+
+            path, args.no_context_system = prepare_real(_model_dir(args.model), root / "real")
+        else:
+            path = build_organism(root / "organism", args.seed)
         v: dict[str, Any] = {}
         builders = {
             "bare": lambda: BareLoop(path, args.batch, args.new_tokens, 1e-5, args.seed, args.pool).step,
@@ -317,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in v.values():  # release mechopd's run-dir locks (Trainer.close) before the temp dir goes
             if hasattr(f, "records"):  # a `make_trainer_step` variant (TRL's runner has a .trainer too)
                 f.trainer.close()
+    for vocab in filter(None, args.head_vocabs.split(",")):
+        head_memory(int(vocab), args.batch, args.new_tokens)
     load = os.getloadavg()
     print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1

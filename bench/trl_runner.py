@@ -82,6 +82,7 @@ class TRLRunner:
                 runner.between(state.global_step - 1)
                 runner.resumed = time.perf_counter()
 
+        self.no_context_system = getattr(args, "no_context_system", None)  # a real template's default (real_model.py)
         self.config = sdft_config(out_root, args)
         tok = AutoTokenizer.from_pretrained(path)
         self.trainer = SDFTTrainer(
@@ -98,7 +99,8 @@ class TRLRunner:
         trl_ids = self.trainer._tokenize_prompts(
             [b._compose_teacher_prompt([{"role": "user", "content": ex.prompt}], ex.context) for ex in items]
         )
-        ours = [render_prompt_ids(tok, ex.prompt, ex.context, RenderSpec("user")) for ex in items]
+        spec = RenderSpec("user", no_context_system=getattr(self, "no_context_system", None))
+        ours = [render_prompt_ids(tok, ex.prompt, ex.context, spec) for ex in items]
         if [list(x) for x in trl_ids] != ours:
             raise SystemExit("TRL's teacher prompt ids differ from mechopd's context view; the comparison is off")
 
