@@ -270,9 +270,9 @@ def _ratio_line(label: str, num: list[float], den: list[float]) -> tuple[tuple[f
 def _model_dir(ref: str) -> str:
     """A checkpoint dir, or ``model:NAME`` resolved (and fetched on first use) by mechopd's model resolver."""
     if ref.startswith("model:"):
-        from mechopd.models.fetch import resolve_model_ref
+        from mechopd.models.fetch import resolve_fetched
 
-        return str(resolve_model_ref(ref))
+        return resolve_fetched(ref)
     return ref
 
 
