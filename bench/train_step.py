@@ -285,7 +285,7 @@ def head_memory(vocab: int, rows: int, resp: int) -> None:
     loss_head.memory(a, "nca:topk")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="measured steps per variant")
     ap.add_argument("--warmup", type=int, default=10, help="steps per variant run first and dropped")
@@ -308,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated vocabularies (e.g. 49152,262144): after the steps, the loss head's peak memory per "
         "variant at each (bench/loss_head.py, --batch rows x --new-tokens positions)",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.no_context_system = None
     quiet()
     if args.quick:
