@@ -2,7 +2,8 @@
 
 `StudySpec` checks the study's keys, training fields and probe options when the file is read; this checks every model
 the study names, in the same pass: the student and the teacher (a probe's model options name roles of the study,
-checked by `StudySpec`). A local directory must hold safetensors weights that are exactly the
+checked by `StudySpec`). A ``model:NAME`` is fetched now if it is not there yet (`models.fetch.resolve_fetched`), then
+checked as its directory. A local directory must hold safetensors weights that are exactly the
 tensors its config.json describes (pickles refused, never unpickled; `core.checks.check_checkpoint`), all finite (read
 tensor by tensor from the files, no model built: `core.checks.check_saved_finite`), with a usable tokenizer that maps
 text to the same ids as the student's (`models.check_same_tokenizer`). A hub id is checked as far as it can be
@@ -41,12 +42,19 @@ def check_study_models(spec: StudySpec) -> None:
             raise type(e)(f"{spec.source}: {e}") from None
 
 
+def _local(model: Any) -> Any:
+    """``model:NAME`` -> its fetched directory (fetched on first use); anything else unchanged."""
+    from mechopd.models.fetch import fetched_name, resolve_fetched
+
+    return resolve_fetched(model) if isinstance(model, str) and fetched_name(model) is not None else model
+
+
 def _check_one(model: str) -> Any:
     """One model: headers, values and tokenizer of a local directory (returns its tokenizer); a hub id: its name."""
     from mechopd.core.checks import check_checkpoint, check_saved_finite
     from mechopd.models import check_model, load_tokenizer
 
-    src = check_model(model)
+    src = check_model(_local(model))
     if not Path(src).is_dir():
         return None  # a hub id: downloaded and checked when it loads
     check_saved_finite(check_checkpoint(src))
@@ -65,7 +73,7 @@ def study_inputs(spec: StudySpec) -> dict[str, dict[str, str]]:
     `run.check_out` compares it with the record of a run already in ``--out``."""
     from mechopd.core.provenance import input_record
 
-    named: dict[str, Any] = {"student": spec.student, "teacher": spec.teacher}
+    named: dict[str, Any] = {"student": _local(spec.student), "teacher": _local(spec.teacher)}
     named.update({f"task_options.{k}": v for k, v in spec.task_options.items()})
     named.update({f"train.{k}": v for k, v in spec.train.items()})
     named.update({f"runs.{role}.{k}": v for role, over in spec.runs.items() for k, v in over.items()})

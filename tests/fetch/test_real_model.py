@@ -82,3 +82,15 @@ def test_train_eval_probe_on_model_name(smollm2, tmp_path):
     assert result.settings["model_paths"]["base"] == str(
         smollm2.resolve()
     )  # model:NAME read from the fetched directory
+
+
+def test_builtin_study_preflight_reads_model_name(smollm2):
+    """`mechopd demo --study smollm2-facts` names its student ``model:smollm2-135m-instruct``: the study's preflight
+    checks the fetched directory (it once refused the name as a missing path) and records its content."""
+    from mechopd.pipeline.preflight import check_study_models, study_inputs
+    from mechopd.pipeline.spec import STUDIES_DIR, StudySpec
+
+    spec = StudySpec.load(STUDIES_DIR / "smollm2-facts.yaml")
+    assert spec.student == "model:smollm2-135m-instruct"
+    check_study_models(spec)
+    assert study_inputs(spec)["student"]["path"] == str(smollm2.resolve())
