@@ -20,7 +20,8 @@ def dump(path: str) -> None:
     import os
 
     os.environ["COLUMNS"] = "120"  # argparse wraps the help at the terminal width
-    from mechopd.probes.registry import add_probe_parsers, probes
+    from mechopd.cli.probe_cmd import add_probe_parsers
+    from mechopd.probes.registry import probes
 
     parser = argparse.ArgumentParser(prog="mechopd probe")
     add_probe_parsers(parser)

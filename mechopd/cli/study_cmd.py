@@ -1,4 +1,4 @@
-"""`mechopd probe`, `figures`, `demo`, `run`, `aggregate` and `explore`: thin around the probes' registry, the
+"""`mechopd figures`, `demo`, `run`, `aggregate` and `explore`: thin around the probes' registry, the
 plots, the pipeline and the report. Registered in the command table of `mechopd.cli.common`; `mechopd.cli` builds the
 parser."""
 
@@ -10,22 +10,6 @@ from pathlib import Path
 from mechopd.cli.common import command
 from mechopd.core.errors import ConfigError
 from mechopd.core.runlock import hold
-
-
-# --- probe --------------------------------------------------------------------------------------------------------------
-def _probe_args(p: argparse.ArgumentParser) -> None:
-    from mechopd.probes.registry import add_probe_parsers
-
-    add_probe_parsers(p)  # one verb per registered probe (mechopd.probes.registry)
-
-
-@command("probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)")
-def _probe(a: argparse.Namespace) -> int:
-    from mechopd.probes.registry import run_from_args
-
-    for line in run_from_args(a):
-        print(line)
-    return 0
 
 
 # --- figures / demo -----------------------------------------------------------------------------------------------------

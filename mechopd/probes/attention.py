@@ -197,16 +197,17 @@ class AttentionOptions:
 def run_attention(
     setup: Any,
     out_dir: str | Path,
+    opts: AttentionOptions | None = None,
     *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    greedy: bool = False,
-    detail: int = DETAIL_ITEMS,
     device: str | None = None,
     dtype: torch.dtype | None = None,
-) -> Path:
+) -> list[str]:
     """Every model on the same items; writes attention.csv, attention_tokens.jsonl, attention_items.jsonl (with each
-    item's ``context_span``) and attention.json (the most-changed heads per model pair)."""
-    run = ci.resolve(setup, models, probe="attention", out=out_dir, greedy=greedy, device=device, dtype=dtype)
+    item's ``context_span``) and attention.json (the most-changed heads per model pair); returns the lines
+    `mechopd probe attention` prints."""
+    opts = opts or AttentionOptions()
+    greedy, detail = opts.greedy, opts.detail
+    run = ci.resolve(setup, opts.models, probe="attention", out=out_dir, greedy=greedy, device=device, dtype=dtype)
     spans = [context_span(run.tokenizer, ex.prompt, ex.context, run.items.spec) for ex in run.items.examples]
     rows: list[dict[str, Any]] = []
     tokens: list[dict[str, Any]] = []
@@ -245,7 +246,7 @@ def run_attention(
     ci.save(
         out, "attention", run, run.settings(greedy=greedy, detail_items=detail, attention="eager"), summary, records
     )
-    return out / "attention.csv"
+    return [f"attention table: {out / 'attention.csv'}"] + report(out)
 
 
 class AttentionSummary(ci.CausalSummary):
@@ -282,17 +283,11 @@ def report(probes_dir: Path) -> list[str]:
     return result.lines() if result is not None else []
 
 
-def cli_run(setup: Any, out: Path, *, models: list[str] | None, greedy: bool, detail: int) -> list[str]:
-    """`mechopd probe attention`: run, then the lines to print."""
-    path = run_attention(setup, out, models=models, greedy=greedy, detail=detail)
-    return [f"attention table: {path}"] + report(out)
-
-
 register_probe(
     ProbeSpec(
         "attention",
         "attention mass on the context span per layer x head (context view, eager attention)",
-        cli_run,
+        run_attention,
         options=AttentionOptions,
         order=70,
         outputs=("attention.csv", "attention.json", "attention_items.jsonl", "attention_tokens.jsonl"),

@@ -20,7 +20,7 @@ from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
-from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
+from mechopd.probes.options import Role, greedy_option, models_option, normalise, option, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.registry import ProbeSpec, register_probe
 
@@ -135,12 +135,12 @@ class AttributionOptions:
     models: list[Role] | None = models_option(
         "models whose c→x pair is attributed (default: every model of the run but the teacher)"
     )
-    cross: str | None = option(
+    cross: Sequence[str] | None = option(
         None, "also DONOR's context view into RECIPIENT's, e.g. nca,opd", metavar="DONOR,RECIPIENT"
     )
-    layers: str | None = option(None, "comma-separated decoder layers (default: all)")
-    components: str = option(
-        ",".join(COMPONENTS), "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
+    layers: Sequence[int | str] | None = option(None, "comma-separated decoder layers (default: all)")
+    components: Sequence[str] = option(
+        COMPONENTS, "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
     )
     ig_steps: int = option(
         0, "integrated-gradient steps per site (default 0: plain attribution patching)", range=(0, None)
@@ -148,24 +148,21 @@ class AttributionOptions:
     no_exact: bool = option(False, "skip exact patching (no faithfulness record)")
     greedy: bool = greedy_option()
 
+    def __post_init__(self) -> None:  # the lists' syntax before any model loads; "nca,opd" -> ("nca", "opd")
+        normalise(self, cross=two_models, layers=site_list, components=site_list)
+
 
 def run_attribution(
-    setup: Any,
-    out_dir: str | Path,
-    *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    cross: tuple[str, str] | None = None,
-    layers: Sequence[int] | None = None,
-    components: Sequence[str] = COMPONENTS,
-    ig_steps: int = 0,
-    exact: bool = True,
-    greedy: bool = False,
-    device: str | None = None,
-) -> Path:
-    """Every model's c → x pair (and ``cross``); writes attribution.csv / .json / _items.jsonl; returns the CSV."""
+    setup: Any, out_dir: str | Path, opts: AttributionOptions | None = None, *, device: str | None = None
+) -> list[str]:
+    """Every model's c → x pair (and ``opts.cross``); writes attribution.csv / .json / _items.jsonl; returns the
+    lines `mechopd probe attribution` prints (``opts.no_exact``: no exact patching, so no faithfulness record)."""
+    opts = opts or AttributionOptions()
+    cross = None if opts.cross is None else (opts.cross[0], opts.cross[1])
+    ig_steps, exact, components, greedy = opts.ig_steps, not opts.no_exact, opts.components, opts.greedy
     if ig_steps < 0:
         raise ConfigError(f"--ig-steps {ig_steps} must be >= 0 (0: plain attribution patching)")
-    picked = setup.pick(models, [k for k in setup.models if k != "teacher"])
+    picked = setup.pick(opts.models, [k for k in setup.models if k != "teacher"])
     if cross is not None:
         missing = [c for c in cross if c not in picked and c not in setup.models]
         if missing:
@@ -178,7 +175,7 @@ def run_attribution(
     summary: dict[str, Any] = {"pairs": {}}
     for label in picked:
         for recipient, name, pair in _pairs(run, label, cross):
-            sites = sites_of(pair.recipient, layers, components)
+            sites = sites_of(pair.recipient, opts.layers, components)
             acc = accumulate(pair, run.items, sites, run.temperature, ig_steps, exact)
             mine = table(recipient, name, acc)
             rows += mine
@@ -206,7 +203,7 @@ def run_attribution(
         ),
         summary,
     )
-    return out / "attribution.csv"
+    return [f"attribution table: {out / 'attribution.csv'}"] + AttributionSummary.load(out).lines()
 
 
 def _f(v: Any, spec: str = ".2f") -> str:
@@ -243,39 +240,12 @@ def _site(t: Mapping[str, Any]) -> str:
     return t["site"] + ("" if t["head"] in ("", None) else f" head {t['head']}")
 
 
-def cli_run(
-    setup: Any,
-    out: Path,
-    *,
-    models: list[str] | None,
-    cross: str | None,
-    layers: str | None,
-    components: str,
-    ig_steps: int,
-    no_exact: bool,
-    greedy: bool,
-) -> list[str]:
-    """`mechopd probe attribution`: run, then the lines to print."""
-    path = run_attribution(
-        setup,
-        out,
-        models=models,
-        cross=two_models(cross),
-        layers=site_list(layers, "--layers"),
-        components=site_list(components, "--components") or [],
-        ig_steps=ig_steps,
-        exact=not no_exact,
-        greedy=greedy,
-    )
-    return [f"attribution table: {path}"] + AttributionSummary.load(out).lines()
-
-
 register_probe(
     ProbeSpec(
         "attribution",
         "attribution patching (gradient x activation difference) per layer x component x head x position, "
         "with its faithfulness against exact patching",
-        cli_run,
+        run_attribution,
         options=AttributionOptions,
         order=110,
         outputs=("attribution.csv", "attribution.json", "attribution_items.jsonl"),

@@ -13,7 +13,7 @@ records the items, sites, dtype, every model's path and the sha256 of its weight
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, decoder_stack, site_module
-from mechopd.probes.options import Role, greedy_option, models_option, option, site_list
+from mechopd.probes.options import Role, greedy_option, models_option, normalise, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
 
@@ -69,7 +69,7 @@ class CacheOptions:
     """`mechopd probe cache`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    sites: str | None = option(
+    sites: Sequence[int | str] | None = option(
         None, "comma-separated site names of mechopd.core.sites or decoder layers (default: every residual site)"
     )
     shard_mb: float = option(
@@ -78,25 +78,24 @@ class CacheOptions:
     greedy: bool = greedy_option()
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads
-        site_list(self.sites, "--sites")
+        normalise(self, sites=site_list)
 
 
 def run_cache(
     setup,
     out_dir: str | Path,
+    opts: CacheOptions | None = None,
     *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    sites: Sequence[int | str] | None = None,
-    shard_mb: float = SHARD_MB,
-    greedy: bool = False,
     device: str | None = None,
     dtype: torch.dtype | None = None,
-) -> Path:
-    """Write the store into `out_dir` (see the module docstring); returns the manifest's path."""
+) -> list[str]:
+    """Write the store into `out_dir` (see the module docstring); returns the line `mechopd probe cache` prints."""
+    opts = opts or CacheOptions()
+    sites, shard_mb, greedy = opts.sites, opts.shard_mb, opts.greedy
     if not shard_mb > 0:
         raise ConfigError(f"--shard-mb {shard_mb} must be > 0 (megabytes per shard, e.g. 256)")
     out = Path(out_dir)
-    run = ci.resolve(setup, models, probe="cache", out=out, greedy=greedy, device=device, dtype=dtype)
+    run = ci.resolve(setup, opts.models, probe="cache", out=out, greedy=greedy, device=device, dtype=dtype)
     records: dict[str, dict[str, Any]] = {}
     picked: list[str] | None = None
     for label, model in run.each_model():
@@ -115,7 +114,7 @@ def run_cache(
     if picked is None:
         raise ConfigError("the cache probe got no model to run; name at least one with --models")
     dtypes = {str(r["dtype"]) for r in records.values()}
-    return write_manifest(
+    path = write_manifest(
         out,
         picked,
         ",".join(sorted(dtypes)),
@@ -123,13 +122,6 @@ def run_cache(
         len(run.items.examples),
         run.settings(sites=picked, shard_mb=shard_mb, greedy=greedy),
     )
-
-
-def cli_run(
-    setup: Any, out: Path, *, models: list[str] | None, sites: str | None, shard_mb: float, greedy: bool
-) -> list[str]:
-    """`mechopd probe cache`: run, then the lines to print."""
-    path = run_cache(setup, out, models=models, sites=site_list(sites, "--sites"), shard_mb=shard_mb, greedy=greedy)
     return [f"activation store: {path} (read it with: mechopd probe similarity|lens --cache {out})"]
 
 
@@ -137,7 +129,7 @@ register_probe(
     ProbeSpec(
         "cache",
         "activation store: both views' activations at the response positions, per model, in safetensors shards",
-        cli_run,
+        run_cache,
         options=CacheOptions,
         order=80,
         outputs=("cache_manifest.json", "cache_items.jsonl"),

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,7 +48,7 @@ from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the n
 from mechopd.models.lora import AdapterDeltas, adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
 from mechopd.probes.delta_sums import AGGREGATE_BY, aggregate_deltas, open_checkpoint, parameter_deltas  # noqa: F401  (re-exported)
-from mechopd.probes.options import MODEL_HELP, Role, models_option, option
+from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise, option
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.setup import BASE, ProbeSetup
@@ -123,7 +123,7 @@ class DeltasOptions:
 
     base: Role | None = option(None, f"W0: {MODEL_HELP} (default: the run's base)")
     models: list[Role] | None = models_option("trained models (default: every trained model of the run)")
-    pair: str | None = option(None, "two labels to compare, e.g. opd,nca (default: the first two)")
+    pair: Sequence[str] | None = option(None, "two labels to compare, e.g. opd,nca (default: the first two)")
     svd: bool = option(
         False,
         "also the update's geometry per layer x module (deltas_svd.csv: eff_rank, top-k energy, "
@@ -131,24 +131,22 @@ class DeltasOptions:
     )
     svd_k: int = option(8, "k of the top-k energy and overlap (default 8)", range=(1, None))
 
+    def __post_init__(self) -> None:  # "opd,nca" -> ("opd", "nca"), before any model loads
+        normalise(self, pair=two_items)
+
 
 def run_deltas(
-    setup: ProbeSetup,
-    out_dir: str | os.PathLike,
-    *,
-    base: str | None = None,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    pair: Sequence[str] | None = None,
-    progress: bool = True,
-    svd: bool = False,
-    svd_k: int = 8,
-) -> list[Path]:
-    """`mechopd probe deltas`: every model's update from ``base`` (a setup label or a dir; default the setup's base);
-    models: a mapping label -> dir, labels / dirs / ``NAME=DIR`` items, or None = the setup's trained models; pair:
-    two labels (default the first two models, when there are two). Writes ``deltas.csv``, ``deltas.json`` and
-    ``deltas_summary.json`` (`DeltaSummary`), with ``svd`` also ``deltas_svd.csv`` / ``.json`` (`delta_svd`)."""
-    _, base_dir = setup.model(base, BASE)
-    chosen = setup.pick(models, setup.trained)
+    setup: ProbeSetup, out_dir: str | os.PathLike, opts: DeltasOptions | None = None, *, progress: bool = True
+) -> list[str]:
+    """`mechopd probe deltas`: every model's update from ``opts.base`` (a setup label or a dir; default the setup's
+    base); opts.models: a mapping label -> dir, labels / dirs / ``NAME=DIR`` items, or None = the setup's trained
+    models; opts.pair: two labels (default the first two models, when there are two). Writes ``deltas.csv``,
+    ``deltas.json`` and ``deltas_summary.json`` (`DeltaSummary`), with ``opts.svd`` also ``deltas_svd.csv`` /
+    ``.json`` (`delta_svd`); returns the lines `mechopd probe deltas` prints."""
+    opts = opts or DeltasOptions()
+    pair = opts.pair
+    _, base_dir = setup.model(opts.base, BASE)
+    chosen = setup.pick(opts.models, setup.trained)
     if pair and len(pair) != 2:  # the message of delta_sums._check_labels, which checks the rest
         raise ConfigError(f"pair {tuple(pair)} must name two different model labels out of {', '.join(chosen)}")
     labels = list(chosen)
@@ -164,18 +162,11 @@ def run_deltas(
         "adapters": {k: AdapterDeltas(a).record for k, d in chosen.items() if (a := adapter_dir(d)) is not None},
         "model_paths": {"base": base_dir, **chosen},
     }  # weights only: no task, items or tokenizer to resolve
-    if svd:
+    if opts.svd:
         from mechopd.probes.delta_svd import run_delta_svd
 
-        paths += run_delta_svd(base_dir, chosen, out, svd_k)
-    return paths + [summarize_deltas(rows, two, settings).save(out)]
-
-
-def cli_run(
-    setup: ProbeSetup, out: Path, *, base: str | None, models: list[str] | None, pair: str | None, svd: bool, svd_k: int
-) -> list[str]:
-    """`mechopd probe deltas`: run, then the lines to print."""
-    paths = run_deltas(setup, out, base=base, models=models, pair=two_items(pair, "--pair"), svd=svd, svd_k=svd_k)
+        paths += run_delta_svd(base_dir, chosen, out, opts.svd_k)
+    paths.append(summarize_deltas(rows, two, settings).save(out))
     return [f"delta table: {', '.join(str(p) for p in paths)}"] + report(out)
 
 
@@ -191,7 +182,7 @@ register_probe(
     ProbeSpec(
         "deltas",
         "parameter-delta attribution per layer x module (streamed safetensors)",
-        cli_run,
+        run_deltas,
         options=DeltasOptions,
         order=30,
         outputs=("deltas.csv", "deltas.json", "deltas_summary.json"),

@@ -65,7 +65,7 @@ from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
     term_gradients,
 )
 from mechopd.probes.items import ProbeItems, sample_responses
-from mechopd.probes.options import MODEL_HELP, Role, int_list, option, pair
+from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, option, pair
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
@@ -151,15 +151,15 @@ class GradientsOptions:
 
     model: Role | None = option(None, f"model to differentiate: {MODEL_HELP} (default: first trained)")
     teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
-    terms: str = option("opd,nca", "two of opd,nca,dual,sym")
-    layers: str | None = option(None, "comma-separated decoder layers (default: every parameter)")
+    terms: Sequence[str] = option(("opd", "nca"), "two of opd,nca,dual,sym")
+    layers: Sequence[int] | None = option(None, "comma-separated decoder layers (default: every parameter)")
     estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
 
     def __post_init__(self) -> None:  # the text options' syntax and the terms' names, before any model loads
-        for name in parse_terms(self.terms):
+        normalise(self, terms=lambda text, flag: parse_terms(text), layers=int_list)
+        for name in self.terms:
             if name not in TERMS:
                 loss_term(name)  # the unknown term's one line
-        int_list(self.layers)
 
 
 def parse_terms(terms: str) -> tuple[str, str]:
@@ -175,30 +175,29 @@ def parse_terms(terms: str) -> tuple[str, str]:
 def run_gradients(
     setup: ProbeSetup,
     out_dir: str | os.PathLike,
+    opts: GradientsOptions | None = None,
     *,
-    model: str | None = None,
-    teacher: str | None = None,
-    terms: Sequence[str] = ("opd", "nca"),
-    estimator: str = GradientsOptions.estimator,
     topk: int = 256,
-    layers: Sequence[int] | None = None,
     include_non_layer: bool = False,
     device: str | None = None,
-) -> list[GradRow]:
+) -> list[str]:
     """Sample one response of the student per setup item (split default "train"), measure the alignment of
-    ``terms``, write ``gradients.csv``, ``gradients.json`` (`GradientSummary` + rows) and ``gradients_items.jsonl``.
+    ``opts.terms``, write ``gradients.csv``, ``gradients.json`` (`GradientSummary` + rows) and
+    ``gradients_items.jsonl``; returns the line `mechopd probe gradients` prints (the rows are in gradients.csv and gradients.json).
 
-    model / teacher: labels of the setup or checkpoint dirs; None = the first trained model / the setup's teacher
-    (else base). estimator: default the registration's (``--estimator``). The setup's temperature (None: the task's)
-    is used for sampling and for the terms. A teacher whose tokenizer differs from the student's raises ``ModelError``.
+    opts.model / opts.teacher: labels of the setup or checkpoint dirs; None = the first trained model / the setup's
+    teacher (else base). The setup's temperature (None: the task's) is used for sampling and for the terms. A teacher
+    whose tokenizer differs from the student's raises ``ModelError``.
     """
+    opts = opts or GradientsOptions()
+    terms, estimator, layers = opts.terms, opts.estimator, opts.layers
     for name in terms:
         loss_term(name, estimator, topk)  # validate before loading anything
     ctx = ProbeContext.prepare(
         setup,
         "gradients",
         out_dir,
-        {"model": (model, "trained"), "teacher": (teacher, TEACHER)},
+        {"model": (opts.model, "trained"), "teacher": (opts.teacher, TEACHER)},
         default_split="train",
         device=device,
     )
@@ -229,7 +228,11 @@ def run_gradients(
         null="cos of term a's gradient on the even vs the odd items",
     )
     write_gradients(rows, out_dir, settings, model=ctx.label("model"))
-    return rows
+    s = GradientSummary.require(out_dir)
+    return [
+        f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
+        f"table: {Path(out_dir) / CSV_NAME}"
+    ]
 
 
 def write_gradients(
@@ -257,30 +260,11 @@ def write_gradients(
     return out / CSV_NAME
 
 
-def cli_run(
-    setup: ProbeSetup,
-    out: Path,
-    *,
-    model: str | None,
-    teacher: str | None,
-    terms: str,
-    layers: str | None,
-    estimator: str,
-) -> list[str]:
-    """`mechopd probe gradients`: run, then the lines to print."""
-    two = parse_terms(terms)
-    run_gradients(setup, out, model=model, teacher=teacher, terms=two, estimator=estimator, layers=int_list(layers))
-    s = GradientSummary.require(out)
-    return [
-        f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; table: {out / CSV_NAME}"
-    ]
-
-
 register_probe(
     ProbeSpec(
         "gradients",
         "alignment of two loss terms' gradients (global, per layer, per module)",
-        cli_run,
+        run_gradients,
         options=GradientsOptions,
         order=20,
         outputs=("gradients.csv", "gradients.json"),

@@ -38,7 +38,16 @@ from mechopd.models import module_at, num_layers
 from mechopd.models.arch import soft_cap
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
-from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, option, site_list
+from mechopd.probes.options import (
+    Role,
+    cache_option,
+    detail_option,
+    greedy_option,
+    models_option,
+    normalise,
+    option,
+    site_list,
+)
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
@@ -204,33 +213,33 @@ class LensOptions:
     """`mechopd probe lens`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
+    layers: Sequence[int | str] | None = option(
+        None, "comma-separated decoder layers or site names (default: every residual site)"
+    )
     greedy: bool = greedy_option()
     detail: int = detail_option(DETAIL_ITEMS)
     cache: str | None = cache_option()
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads
-        site_list(self.layers, "--layers")
+        normalise(self, layers=site_list)
 
 
 def run_lens(
     setup: Any,
     out_dir: str | Path,
+    opts: LensOptions | None = None,
     *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    layers: Sequence[int | str] | None = None,
-    greedy: bool = False,
-    detail: int = DETAIL_ITEMS,
     device: str | None = None,
     dtype: torch.dtype | None = None,
-    cache: str | None = None,
-) -> Path:
-    """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json.
-    cache: an activation store (`mechopd probe cache`): its items, responses and residuals (the head still runs)."""
+) -> list[str]:
+    """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json;
+    returns the lines `mechopd probe lens` prints. opts.cache: an activation store (`mechopd probe cache`): its items,
+    responses and residuals (the head still runs)."""
     from mechopd.probes.store import ActivationStore
 
-    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
-    run = ci.resolve(setup, models, probe="lens", out=out_dir, greedy=greedy, device=device, dtype=dtype)
+    opts = opts or LensOptions()
+    store, setup = ActivationStore.open(opts.cache, setup)  # (None, setup) without a cache
+    run = ci.resolve(setup, opts.models, probe="lens", out=out_dir, greedy=opts.greedy, device=device, dtype=dtype)
     out = Path(out_dir)
     if store is not None:
         store.check(list(run.models), [])
@@ -238,7 +247,13 @@ def run_lens(
         store.check_items(out / "lens_items.jsonl")
     results = {
         label: lens(
-            model, run.items, temperature=run.temperature, sites=layers, label=label, detail=detail, store=store
+            model,
+            run.items,
+            temperature=run.temperature,
+            sites=opts.layers,
+            label=label,
+            detail=opts.detail,
+            store=store,
         )
         for label, model in run.each_model()
     }
@@ -261,10 +276,12 @@ def run_lens(
         out,
         "lens",
         run,
-        run.settings(sites=[r["site"] for r in next(iter(results.values())).rows], greedy=greedy, detail_items=detail),
+        run.settings(
+            sites=[r["site"] for r in next(iter(results.values())).rows], greedy=opts.greedy, detail_items=opts.detail
+        ),
         summary,
     )
-    return out / "lens.csv"
+    return [f"lens table: {out / 'lens.csv'}"] + report(out)
 
 
 def _token_records(results: Mapping[str, LensResult], run: Any) -> list[dict[str, Any]]:
@@ -314,21 +331,11 @@ def report(probes_dir: Path) -> list[str]:
     return result.lines() if result is not None else []
 
 
-def cli_run(
-    setup: Any, out: Path, *, models: list[str] | None, layers: str | None, greedy: bool, detail: int, cache: str | None
-) -> list[str]:
-    """`mechopd probe lens`: run, then the lines to print."""
-    path = run_lens(
-        setup, out, models=models, layers=site_list(layers, "--layers"), greedy=greedy, detail=detail, cache=cache
-    )
-    return [f"lens table: {path}"] + report(out)
-
-
 register_probe(
     ProbeSpec(
         "lens",
         "logit lens per view: KL between the views' decoded residual at every depth",
-        cli_run,
+        run_lens,
         options=LensOptions,
         order=50,
         outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),

@@ -37,7 +37,7 @@ from mechopd.evaluation.removability import resample_blocks
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
-from mechopd.probes.options import Role, option, site_list
+from mechopd.probes.options import Role, normalise, option, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 SELF = "x"
@@ -153,29 +153,25 @@ class LocalizationOptions:
         SELF,
         "x: the model's own no-context view (default), or a label / dir whose context view is the donor (e.g. nca)",
     )
-    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
+    layers: Sequence[int | str] | None = option(
+        None, "comma-separated decoder layers or site names (default: every residual site)"
+    )
     removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)", range=(0.0, 1.0))
     n_boot: int = option(1000, "item bootstrap resamples", range=(0, None))
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads
-        site_list(self.layers, "--layers")
+        normalise(self, layers=site_list)
 
 
 def run_localization(
-    setup: Any,
-    out_dir: str | Path,
-    *,
-    model: str | None = None,
-    donor: str = SELF,
-    layers: Sequence[int | str] | None = None,
-    removed_share: float = LocalizationOptions.removed_share,
-    n_boot: int = LocalizationOptions.n_boot,
-    device: str | None = None,
-) -> Path:
-    """`mechopd probe localization`: writes localization.csv / .json / _items.jsonl; returns the CSV's path."""
+    setup: Any, out_dir: str | Path, opts: LocalizationOptions | None = None, *, device: str | None = None
+) -> list[str]:
+    """`mechopd probe localization`: writes localization.csv / .json / _items.jsonl; returns the lines it prints."""
+    opts = opts or LocalizationOptions()
+    donor, removed_share, n_boot = opts.donor, opts.removed_share, opts.n_boot
     if not 0 < removed_share <= 1:
         raise ConfigError(f"--removed-share {removed_share} must lie in (0, 1]")
-    label, path = setup.model(model, "trained")
+    label, path = setup.model(opts.model, "trained")
     models = {label: path}
     if donor != SELF:
         models[donor] = setup.model(donor, "trained")[1]
@@ -183,7 +179,7 @@ def run_localization(
         setup.replace(responses_from=label), models, probe="localization", out=out_dir, greedy=True, device=device
     )
     recipient = run.load(label)
-    sites = resolve_sites(recipient, layers)
+    sites = resolve_sites(recipient, opts.layers)
     donor_model = None if donor == SELF else run.load(donor)
     clean, patched = localize(recipient, run.items, sites, donor_model)
     right = _right(run)
@@ -217,7 +213,7 @@ def run_localization(
         summary,
         records,
     )
-    return out / "localization.csv"
+    return [f"localization table: {out / 'localization.csv'}"] + LocalizationSummary.load(out).lines()
 
 
 def _float(v: Any) -> float | None:
@@ -250,27 +246,11 @@ class LocalizationSummary(ci.CausalSummary):
         ]
 
 
-def cli_run(
-    setup: Any, out: Path, *, model: str | None, donor: str, layers: str | None, removed_share: float, n_boot: int
-) -> list[str]:
-    """`mechopd probe localization`: run, then the lines to print."""
-    path = run_localization(
-        setup,
-        out,
-        model=model,
-        donor=donor,
-        layers=site_list(layers, "--layers"),
-        removed_share=removed_share,
-        n_boot=n_boot,
-    )
-    return [f"localization table: {path}"] + LocalizationSummary.load(out).lines()
-
-
 register_probe(
     ProbeSpec(
         "localization",
         "the depth at which a donor's residual removes the harm from the context view",
-        cli_run,
+        run_localization,
         options=LocalizationOptions,
         order=100,
         outputs=("localization.csv", "localization.json", "localization_items.jsonl"),

@@ -3,9 +3,12 @@
 checks them). This module's `option` keeps the probes' short call; the binder turns the dataclass into
 
   * the ``mechopd probe NAME`` flags (`add_flags`): ``--<name-with-dashes>`` (or ``flag=``), the field's name as
-    ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``;
-  * the defaults of the probe's Python function (``run_x(..., n_boot: int = XOptions.n_boot)``: a field's default is
-    its class attribute), and of `ProbeSpec.options` (`defaults`);
+    ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``,
+    ``Sequence[...]`` -> one comma-separated text value (``--layers 0,1,2``), which the dataclass's ``__post_init__``
+    turns into its typed value once (`normalise`), so a probe's run function reads ``opts.layers`` as a list; the
+    setup flags of every probe (`mechopd.probes.setup.ProbeSetup`) come from the same generator (`setup_kwargs`);
+  * the one value a probe's run function takes (``run_x(setup, out_dir, opts: XOptions)``; `ProbeSpec` builds it
+    from the defaults and the given values: `defaults`);
   * the checks (`check`: ``range`` = (lo, hi) inclusive, None = open, and ``choices``, through
     `mechopd.core.options.check_value`), one-line `ConfigError`s naming the probe and the flag;
   * the docs table (`docs_rows`, docs/probes.md, written by ``python -m mechopd.probes.docs``).
@@ -25,6 +28,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any, overload
 
 from mechopd.core import options as core
@@ -81,24 +85,36 @@ def _kind(hint: Any) -> Any:
     return list if typing.get_origin(hint) in (list, tuple) else hint
 
 
+def commas(hint: Any) -> bool:
+    """Whether a field is comma-separated text on the command line (``Sequence[...]``), typed once parsed."""
+    return typing.get_origin(_bare(hint)) is Sequence
+
+
 def type_name(hint: Any) -> str:
-    """The docs' name of a field's type: ``int``, ``Role``, ``list[Role]``, ``flag`` (a bool)."""
+    """The docs' name of a field's type: ``int``, ``Role``, ``list[Role]``, ``flag`` (a bool), ``str`` (a
+    comma-separated ``Sequence``, as typed)."""
     hint = _bare(hint)
     if hint is bool:
         return "flag"
+    if commas(hint):
+        return "str"
     if typing.get_origin(hint) in (list, tuple):
         return f"list[{', '.join(type_name(a) for a in typing.get_args(hint) if a is not Ellipsis)}]"
     return getattr(hint, "__name__", str(hint))
 
 
-def argparse_kwargs(f: Facts) -> dict[str, Any]:
-    """The ``add_argument`` keywords of one field (dest = the field's name)."""
+def argparse_kwargs(f: Facts, unset: bool = False) -> dict[str, Any]:
+    """The ``add_argument`` keywords of one field (dest = the field's name). ``unset``: the flag's default is None
+    (a mapping's: []), whatever the field's, so that a flag given is told from one left out (the setup flags, which
+    override what ``--run`` says); a mapping is a repeated ``KEY=VALUE`` flag."""
     kind = _kind(f.hint)
     kw: dict[str, Any] = {"dest": f.name}
     if kind is bool:
         return {**kw, "action": "store_true", "help": f.help}
-    kw["default"] = f.default
-    if kind is list:
+    kw["default"] = None if unset else f.default
+    if typing.get_origin(_bare(f.hint)) is dict:
+        kw.update(action="append", default=[])
+    elif kind is list:
         kw["nargs"] = "+"
     elif kind in (int, float):
         kw["type"] = kind
@@ -108,10 +124,30 @@ def argparse_kwargs(f: Facts) -> dict[str, Any]:
     return kw
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type | None) -> None:
-    """One flag per field of ``cls`` (none when ``cls`` is None)."""
-    for f in facts_of(cls):
-        parser.add_argument(f.flag, **argparse_kwargs(f))
+def add_flags(parser: argparse.ArgumentParser, cls: type | None, unset: bool = False) -> None:
+    """One flag per field of ``cls`` declared with `option` (none when ``cls`` is None); ``unset``: see
+    `argparse_kwargs` (the setup's fields: `ProbeSetup`, whose fields without facts, such as ``models``, take no
+    flag)."""
+    for f in field_facts(cls) if unset and cls is not None else facts_of(cls):
+        parser.add_argument(f.flag, **argparse_kwargs(f, unset))
+
+
+def flags(cls: type | None) -> list[str]:
+    """The command-line spellings of ``cls``'s fields (`add_flags`'s; none when ``cls`` is None)."""
+    return [] if cls is None else [f.flag for f in field_facts(cls)]
+
+
+def normalise(opts: Any, **parsers: Any) -> None:
+    """In an options dataclass's ``__post_init__``: each named field given as command-line text (a ``str``) becomes
+    ``parsers[name](text, flag)``, once (frozen dataclasses too); a value given already as a sequence (from Python:
+    ``layers=[0, 1]``) is read as its comma-joined text, so both pass the same checks and give the same value."""
+    flag = {f.name: f.flag for f in facts_of(type(opts))}
+    for name, parse in parsers.items():
+        value = getattr(opts, name)
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        if isinstance(value, str):
+            object.__setattr__(opts, name, parse(value, flag[name]))
 
 
 def defaults(cls: type | None) -> dict[str, Any]:
@@ -142,12 +178,13 @@ def docs_rows(cls: type | None) -> list[str]:
         if f.choices is not None:
             extra.append(" | ".join(map(str, f.choices)))
         help_text = (f.help + (f" ({'; '.join(extra)})" if extra else "")).replace("|", "\\|")
-        default = "" if _kind(f.hint) is bool else f"`{f.default!r}`".replace("|", "\\|")
+        shown = ",".join(map(str, f.default)) if commas(f.hint) and isinstance(f.default, tuple) else f.default
+        default = "" if _kind(f.hint) is bool else f"`{shown!r}`".replace("|", "\\|")
         rows.append(f"| `{f.flag}` | {type_name(f.hint)} | {default} | {help_text} |")
     return rows
 
 
-# -- value parsers shared by the probes' run adapters (the flags stay text, as typed on the command line) ------------
+# -- value parsers of the comma-separated fields (`normalise`; the flags stay text, as typed on the command line) -----
 def int_list(text: str | None, flag: str = "--layers") -> list[int] | None:
     """``"0,1,2"`` -> [0, 1, 2]; None stays None."""
     if text is None:
@@ -186,9 +223,9 @@ def pair(text: str | None, flag: str) -> tuple[str, str] | None:
     return (parts[0], parts[1])
 
 
-def cross(text: str | None) -> tuple[str, str] | None:
+def cross(text: str | None, flag: str = "--cross") -> tuple[str, str] | None:
     """``--cross DONOR,RECIPIENT``: two different model names."""
-    parts = site_list(text, "--cross")
+    parts = site_list(text, flag)
     if parts is not None and (len(parts) != 2 or not all(isinstance(p, str) for p in parts)):
         raise ConfigError(f"--cross {text!r} must name two models, donor then recipient, e.g. --cross nca,opd")
     if parts is not None and parts[0] == parts[1]:

@@ -30,7 +30,7 @@ batches: two float sums per row, and per-token patched KL for the first ``detail
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ import torch
 from mechopd.core.artifacts import write_csv, write_jsonl
 from mechopd.core.errors import ConfigError
 from mechopd.probes import causal_items as ci
-from mechopd.probes.options import Role, detail_option, greedy_option, models_option, option, site_list
+from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, option, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.patch_views import (  # noqa: F401  (re-exported)
     COLUMNS,
@@ -64,54 +64,51 @@ class PatchingOptions:
     """`mechopd probe patching`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    layers: str | None = option(None, "comma-separated decoder layers or site names (default: every residual site)")
-    components: str = option(",".join(COMPONENTS), "comma-separated of resid,attn,mlp")
+    layers: Sequence[int | str] | None = option(
+        None, "comma-separated decoder layers or site names (default: every residual site)"
+    )
+    components: Sequence[str] = option(COMPONENTS, "comma-separated of resid,attn,mlp")
     window: int | None = option(
         None, "also patch the residual one window of W scored positions at a time", metavar="W", range=(1, None)
     )
-    cross: str | None = option(
+    cross: Sequence[str] | None = option(
         None, "patch DONOR's context-view residual into RECIPIENT's, e.g. nca,opd", metavar="DONOR,RECIPIENT"
     )
-    cross_sites: str | None = option(
+    cross_sites: Sequence[int | str] | None = option(
         None, "sites of --cross: comma-separated decoder layers or site names (default: every residual site)"
     )
     greedy: bool = greedy_option()
     detail: int = detail_option(DETAIL_ITEMS)
 
     def __post_init__(self) -> None:  # the lists' syntax and the components' names before any model loads
-        site_list(self.layers, "--layers")
-        site_list(self.cross_sites, "--cross-sites")
-        two_models(self.cross)
-        bad = [c for c in site_list(self.components, "--components") or [] if c not in COMPONENTS]
+        text = self.components if isinstance(self.components, str) else ",".join(self.components)
+        normalise(self, layers=site_list, cross_sites=site_list, cross=two_models, components=site_list)
+        bad = [c for c in self.components if c not in COMPONENTS]
         if bad:
-            raise ConfigError(f"--components {self.components!r}: {bad[0]!r} is unknown; use {', '.join(COMPONENTS)}")
+            raise ConfigError(f"--components {text!r}: {bad[0]!r} is unknown; use {', '.join(COMPONENTS)}")
 
 
 def run_patching(
     setup: Any,
     out_dir: str | Path,
+    opts: PatchingOptions | None = None,
     *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    layers: Sequence[int | str] | None = None,
-    components: Sequence[str] = COMPONENTS,
-    window: int | None = None,
-    cross: tuple[str, str] | None = None,
-    cross_sites: Sequence[int | str] | None = None,
-    greedy: bool = False,
-    detail: int = DETAIL_ITEMS,
     device: str | None = None,
     dtype: torch.dtype | None = None,
-) -> Path:
+) -> list[str]:
     """Every model on the same items; writes patching.csv, patching_tokens.jsonl, patching_items.jsonl,
-    patching.json, and with ``cross=(donor, recipient)`` patching_cross.csv (`mechopd.probes.crosspatch`)."""
-    run = ci.resolve(setup, models, probe="patching", out=out_dir, greedy=greedy, device=device, dtype=dtype)
+    patching.json, and with ``opts.cross=(donor, recipient)`` patching_cross.csv (`mechopd.probes.crosspatch`);
+    returns the lines `mechopd probe patching` prints."""
+    opts = opts or PatchingOptions()
+    components, window, cross, greedy, detail = opts.components, opts.window, opts.cross, opts.greedy, opts.detail
+    run = ci.resolve(setup, opts.models, probe="patching", out=out_dir, greedy=greedy, device=device, dtype=dtype)
     out = Path(out_dir)
     results = {
         label: patching(
             model,
             run.items,
             temperature=run.temperature,
-            sites=layers,
+            sites=opts.layers,
             components=components,
             window=window,
             label=label,
@@ -129,7 +126,7 @@ def run_patching(
     if cross is not None:
         from mechopd.probes.crosspatch import run_cross
 
-        summary["cross"] = run_cross(run, out, cross, cross_sites)
+        summary["cross"] = run_cross(run, out, (cross[0], cross[1]), opts.cross_sites)
     settings = run.settings(
         components=list(components),
         window=window,
@@ -138,7 +135,7 @@ def run_patching(
         detail_items=detail,
     )
     ci.save(out, "patching", run, settings, summary)
-    return out / "patching.csv"
+    return [f"patching table: {out / 'patching.csv'}"] + report(out)
 
 
 def _best(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -216,40 +213,11 @@ def _f(v: float | None, spec: str = ".2f") -> str:
     return "n/a" if v is None or v != v else format(v, spec)
 
 
-def cli_run(
-    setup: Any,
-    out: Path,
-    *,
-    models: list[str] | None,
-    layers: str | None,
-    components: str,
-    window: int | None,
-    cross: str | None,
-    cross_sites: str | None,
-    greedy: bool,
-    detail: int,
-) -> list[str]:
-    """`mechopd probe patching`: run, then the lines to print."""
-    path = run_patching(
-        setup,
-        out,
-        models=models,
-        layers=site_list(layers, "--layers"),
-        components=site_list(components, "--components") or [],
-        window=window,
-        cross=two_models(cross),
-        cross_sites=site_list(cross_sites, "--cross-sites"),
-        greedy=greedy,
-        detail=detail,
-    )
-    return [f"patching table: {path}"] + report(out)
-
-
 register_probe(
     ProbeSpec(
         "patching",
         "activation patching between the views (sites x components) and between checkpoints",
-        cli_run,
+        run_patching,
         options=PatchingOptions,
         order=60,
         outputs=("patching.csv", "patching.json", "patching_items.jsonl", "patching_tokens.jsonl"),

@@ -137,18 +137,12 @@ class PmiOptions:
     sampled: bool = option(False, "sampled replies (the training temperature) instead of greedy ones")
 
 
-def run_pmi(
-    setup: Any,
-    out_dir: str | Path,
-    *,
-    student: str | None = None,
-    teacher: str | None = None,
-    sampled: bool = False,
-    device: str | None = None,
-) -> Path:
-    """`mechopd probe pmi`: writes pmi_tokens.csv / pmi.json / pmi_items.jsonl; returns the CSV's path."""
-    s_label, s_path = setup.model(student, "trained")
-    t_label, t_path = setup.model(teacher, "teacher")
+def run_pmi(setup: Any, out_dir: str | Path, opts: PmiOptions | None = None, *, device: str | None = None) -> list[str]:
+    """`mechopd probe pmi`: writes pmi_tokens.csv / pmi.json / pmi_items.jsonl; returns the lines it prints."""
+    opts = opts or PmiOptions()
+    sampled = opts.sampled
+    s_label, s_path = setup.model(opts.student, "trained")
+    t_label, t_path = setup.model(opts.teacher, "teacher")
     models: Mapping[str, str] = {s_label: s_path, **({} if t_label == s_label else {t_label: t_path})}
     run = ci.resolve(
         setup.replace(responses_from=s_label), models, probe="pmi", out=out_dir, greedy=not sampled, device=device
@@ -175,7 +169,7 @@ def run_pmi(
         run.settings(student=s_label, teacher=t_label, responses="sampled" if sampled else "greedy"),
         summary,
     )
-    return out / "pmi_tokens.csv"
+    return [f"pmi table: {out / 'pmi_tokens.csv'}"] + PmiSummary.load(out).lines()
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
@@ -209,18 +203,12 @@ class PmiSummary(ci.CausalSummary):
         ]
 
 
-def cli_run(setup: Any, out: Path, *, student: str | None, teacher: str | None, sampled: bool) -> list[str]:
-    """`mechopd probe pmi`: run, then the lines to print."""
-    path = run_pmi(setup, out, student=student, teacher=teacher, sampled=sampled)
-    return [f"pmi table: {path}"] + PmiSummary.load(out).lines()
-
-
 register_probe(
     ProbeSpec(
         "pmi",
         "the teacher's pointwise mutual information with the context per response token, against the OPD loss, "
         "D^L / C and the tokens that flip under Harm",
-        cli_run,
+        run_pmi,
         options=PmiOptions,
         order=120,
         outputs=("pmi_tokens.csv", "pmi.json", "pmi_items.jsonl"),

@@ -3,9 +3,11 @@
 A registration (`ProbeSpec`) says everything the rest of mechopd needs, and nothing else lists probes:
   * ``mechopd probe <name>``: the verb, its help, its own flags (``options``: a dataclass whose fields carry their
     help, flag, range and choices, `mechopd.probes.options`; the setup flags -- --run, --task, --option, --placement,
-    --no-context-system, --chat-template-kwarg, --n, ... -- are added to every verb);
-  * the run function ``run(setup: ProbeSetup, out_dir: Path, **options) -> list[str]`` (writes the artifacts, returns
-    the lines the CLI prints); ``options`` are the options dataclass's fields by name, defaults from it;
+    --no-context-system, --chat-template-kwarg, --n, ... -- are `ProbeSetup`'s fields, generated alike, on every verb;
+    the verb itself is `mechopd.cli.probe_cmd`);
+  * the run function ``run(setup: ProbeSetup, out_dir: Path, opts: XOptions) -> list[str]`` (writes the artifacts,
+    returns the lines the CLI prints); `ProbeSpec` builds ``opts`` from the dataclass's defaults and the given values
+    (`ProbeSpec.options_of`), so ``get_probe(name)(setup, out_dir, **values)`` is the keyword form of every probe;
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
     named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
     demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
@@ -31,7 +33,6 @@ it before calling mechopd).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mechopd.core.errors import ConfigError
-from mechopd.probes.options import add_flags, check, defaults
+from mechopd.probes.options import check, defaults, flags
 
 if TYPE_CHECKING:
     from mechopd.core.artifacts import Summary
@@ -75,15 +76,16 @@ class ProbeSpec:
     order: float = 1000.0
     checkpoint: Ref | None = None
 
-    def parser(self) -> argparse.ArgumentParser:
-        """A parser of this probe's own flags (for defaults; the CLI adds them to its subparser)."""
-        p = argparse.ArgumentParser(prog=f"mechopd probe {self.name}", add_help=False)
-        add_flags(p, self.options)
-        return p
-
     def values(self, **given: Any) -> dict[str, Any]:
-        """The probe's options: the dataclass's defaults, then ``given`` (unknown keys refused, naming the known ones;
-        ranges and choices checked)."""
+        """The probe's options by name, as given: the dataclass's defaults, then ``given`` (unknown keys refused, naming
+        the known ones; ranges, choices and the dataclass's own checks run: `options_of`)."""
+        self.options_of(**given)
+        return {**defaults(self.options), **given}
+
+    def options_of(self, **given: Any) -> Any:
+        """The options instance the run function takes: the dataclass's defaults, then ``given`` (unknown keys
+        refused, naming the known ones; ranges and choices checked, then the dataclass's own ``__post_init__``: a
+        list's syntax, a name's spelling, before any model loads). None for a probe without options."""
         known = defaults(self.options)
         unknown = sorted(set(given) - set(known))
         if unknown:
@@ -93,19 +95,17 @@ class ProbeSpec:
             )
         out = {**known, **given}
         check(self.name, self.options, out)
-        if self.options is not None:
-            self.options(
-                **out
-            )  # its own checks (`__post_init__`: a list's syntax, a name's spelling), before any model
-        return out
+        return None if self.options is None else self.options(**out)
 
     def __call__(self, setup: Any, out_dir: str | Path, **options: Any) -> list[str]:
-        """Run the probe on ``setup`` into ``out_dir``; returns the lines to print. Its files land as one set
-        (`artifacts.FileSet`, named after the probe): all of them or none."""
+        """Run the probe on ``setup`` into ``out_dir`` with the options ``options`` names (`options_of`): ``run(setup,
+        dir, opts)``; returns the lines to print. Its files land as one set (`artifacts.FileSet`, named after the
+        probe): all of them or none."""
         from mechopd.core.artifacts import FileSet
 
+        opts = self.options_of(**options)
         with FileSet(out_dir, self.name) as stage:
-            lines = list(resolve(self.run)(setup, stage.dir, **self.values(**options)))
+            lines = list(resolve(self.run)(setup, stage.dir, opts))
         return stage.relocate(lines)
 
     def load(self, probes_dir: str | Path) -> Any:
@@ -128,21 +128,27 @@ class ProbeSpec:
 
 _REGISTRY: dict[str, ProbeSpec] = {}
 _loaded = False
+VERB_FLAGS = ("-h", "--help", "--out", "--force")  # `mechopd probe NAME`'s own flags besides the setup's
+
+
+def _setup_class() -> type:
+    from mechopd.probes.setup import ProbeSetup  # (function-local: setup imports the probes' shared modules)
+
+    return ProbeSetup
 
 
 def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
     """Add a probe to `mechopd probe`, the demo, the figures and the report. A taken name raises unless ``replace``."""
     if not replace and spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
         raise ConfigError(f"probe {spec.name!r} is already registered; pick another name or pass replace=True")
-    clash = argparse.ArgumentParser(add_help=False)
-    add_setup_arguments(clash)
-    try:
-        add_flags(clash, spec.options)
-    except argparse.ArgumentError as err:
+    taken = set(VERB_FLAGS) | set(flags(_setup_class()))
+    own = flags(spec.options)
+    clash = next((f for i, f in enumerate(own) if f in taken or f in own[:i]), None)
+    if clash is not None:
         raise ConfigError(
-            f"probe {spec.name!r}: flag {err.argument_name} is a setup flag every probe has (or is "
+            f"probe {spec.name!r}: flag {clash} is a setup flag every probe has (or is "
             "given twice); read it from the setup instead, or rename it"
-        ) from None
+        )
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -224,82 +230,3 @@ def probe_result(name: str, probes_dir: str | Path) -> Any:
 def report_lines(probes_dir: str | Path) -> list[str]:
     """Every registered probe's report lines for the artifacts in ``probes_dir`` (probes that did not run: none)."""
     return [line for spec in probes() for line in spec.report_lines(probes_dir)]
-
-
-# -- the CLI: `mechopd probe <name>` for every registered probe ------------------------------------------------------
-def add_setup_arguments(p: argparse.ArgumentParser) -> None:
-    """The setup flags of every `mechopd probe` verb (all optional; they override what --run says)."""
-    p.add_argument(
-        "--run",
-        default=None,
-        metavar="RUN_DIR",
-        help="a training run or demo dir: task, options, render spec and models come from it",
-    )
-    p.add_argument("--task", default=None, help="task name (default: the run's; rules without --run)")
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task option, e.g. --option path=qa.jsonl --option rule=shift:2",
-    )
-    p.add_argument("--placement", default=None, help="system | user: where the context goes (default: the task's)")
-    p.add_argument("--no-context-system", default=None, help="explicit system prompt of the no-context view")
-    p.add_argument(
-        "--chat-template-kwarg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="chat-template variable, e.g. --chat-template-kwarg enable_thinking=false",
-    )
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's/task's)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the run's / task's)")
-    p.add_argument("--n", type=int, default=None, help="items (default 64, or the demo's)")
-    p.add_argument("--seed", type=int, default=None, help="item and sampling seed (default 0, or the run's)")
-    p.add_argument("--batch-size", type=int, default=None, help="items per forward (default 8)")
-    p.add_argument("--split", default=None, help="train | test: item split (default: the probe's)")
-    p.add_argument(
-        "--responses-from",
-        default=None,
-        help="model label, 'answers' or a responses .jsonl (probes that score given responses)",
-    )
-    p.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
-
-
-def add_probe_parsers(p: argparse.ArgumentParser) -> None:
-    """One subparser per registered probe: the setup flags plus the probe's own."""
-    sub = p.add_subparsers(dest="probe", required=True)
-    for spec in probes():
-        q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
-        add_setup_arguments(q)
-        add_flags(q, spec.options)
-        q.add_argument(
-            "--force",
-            action="store_true",
-            help="replace this probe's files in the output directory "
-            f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused",
-        )
-
-
-def run_from_args(a: argparse.Namespace) -> list[str]:
-    """`mechopd probe <name> ...`: the setup from the flags, the probe's options from its own flags; run it."""
-    from mechopd.probes.setup import setup_from_args
-
-    spec = get_probe(a.probe)
-    options = {k: getattr(a, k) for k in defaults(spec.options)}
-    out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
-    if not a.out and a.run:  # the run's own probes/: never written through a link that leads out of the run
-        from mechopd.core.runcheck import check_no_escape
-
-        check_no_escape(a.run, out, "--run")
-    setup = setup_from_args(a)
-    taken = [name for name in spec.outputs if (out / name).exists()]
-    if taken and not getattr(a, "force", False):  # the run's report and figures read these files
-        raise ConfigError(
-            f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
-            "pass --force to replace the probe's files, or --out DIR to write beside them"
-        )
-    from mechopd.core.runlock import hold
-
-    with hold(out, f"probe {spec.name}"):  # one writer per output directory
-        return spec(setup, out, **options)

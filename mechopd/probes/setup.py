@@ -4,7 +4,7 @@ Build it three ways; all give the same object:
 
     ProbeSetup(task="jsonl", task_options={"path": "qa.jsonl"}, n=32, models={"base": "runs/o", "opd": "runs/x/final"})
     ProbeSetup.from_run("runs/x")         # a training run dir (config.yaml, else final/training.json) or a demo dir
-    setup_from_args(namespace)            # the `mechopd probe` flags (--run, --task, --option, --placement, ...)
+    setup_from_args(namespace)            # the `mechopd probe` flags (--run, --task, ...): mechopd.cli.probe_cmd
 
 Models are named: ``base`` is the initial student (W0; the teacher too unless ``teacher`` is given), every other label
 is a trained model. A training run dir gives ``base`` (its ``student``; ``organism:<task>`` resolved to
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.config import check_seed, check_temperature, flag_text
+from mechopd.config import check_seed, check_temperature
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.options import GE0, GE1, option
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
 from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
@@ -40,6 +41,7 @@ from mechopd.probes.items import (  # noqa: F401
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64
+SPLITS = ("train", "test")
 DEMO_FILE = "demo.json"
 
 
@@ -59,27 +61,46 @@ class TaskView:
 
 @dataclass
 class ProbeSetup:
-    """What every probe reads. Fields = CLI flags = keys of a run's config (see the module docstring).
+    """What every probe reads. Fields = CLI flags = keys of a run's config (see the module docstring); each field's
+    help, flag and range are declared once, here, and `mechopd probe NAME`'s setup flags are generated from them
+    (`mechopd.probes.options.add_flags`, as every probe's own options; their defaults there are None: a flag left out
+    keeps what ``--run`` says).
 
     models: label -> checkpoint dir; responses_from: a model label, ``"answers"`` (the task's reference answers) or a
     ``.jsonl`` of response ids (probes that score given responses: similarity; the on-policy probes sample from the
     model their quantity is defined on). run: the run dir it was read from (outputs default to ``run/probes``).
     """
 
-    task: str = "rules"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    placement: str | None = None
-    no_context_system: str | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    temperature: float | None = None
-    max_new_tokens: int | None = None
-    n: int | None = None
-    seed: int = 0
-    batch_size: int = 8
-    split: str | None = None
-    responses_from: str | None = None
-    models: dict[str, str] = field(default_factory=dict)
-    run: str | None = None
+    run: str | None = option(
+        None, help="a training run or demo dir: task, options, render spec and models come from it", metavar="RUN_DIR"
+    )
+    task: str = option("rules", help="task name (default: the run's; rules without --run)")
+    task_options: dict[str, Any] = option(
+        help="task option, e.g. --option path=qa.jsonl --option rule=shift:2",
+        default_factory=dict,
+        flag="--option",
+        metavar="KEY=VALUE",
+    )
+    placement: str | None = option(
+        None, help="system | user: where the context goes (default: the task's)", choices=PLACEMENTS
+    )
+    no_context_system: str | None = option(None, help="explicit system prompt of the no-context view")
+    chat_template_kwargs: dict[str, Any] = option(
+        help="chat-template variable, e.g. --chat-template-kwarg enable_thinking=false",
+        default_factory=dict,
+        flag="--chat-template-kwarg",
+        metavar="KEY=VALUE",
+    )
+    temperature: float | None = option(None, help="sampling temperature (default: the run's/task's)")
+    max_new_tokens: int | None = option(None, help="response cap (default: the run's / task's)", range=GE1)
+    n: int | None = option(None, help=f"items (default {DEFAULT_N}, or the demo's)", range=GE1)
+    seed: int = option(0, help="item and sampling seed (default 0, or the run's)", range=GE0)
+    batch_size: int = option(8, help="items per forward (default 8)", range=GE1)
+    split: str | None = option(None, help="train | test: item split (default: the probe's)", choices=SPLITS)
+    responses_from: str | None = option(
+        None, help="model label, 'answers' or a responses .jsonl (probes that score given responses)"
+    )
+    models: dict[str, str] = field(default_factory=dict)  # no flag: --run, or the probe's own model options
 
     def __post_init__(self) -> None:
         if self.placement is not None and self.placement not in PLACEMENTS:
@@ -93,7 +114,7 @@ class ProbeSetup:
         check_seed(self.seed)
         if self.max_new_tokens is not None and not self.max_new_tokens >= 1:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
-        if self.split not in (None, "train", "test"):
+        if self.split not in (None, *SPLITS):
             raise ConfigError(f"split={self.split!r} is invalid: use train or test")
         self.models = {
             str(k): str(Path(v).resolve()) if Path(str(v)).exists() else str(v)  # recorded absolute
@@ -300,32 +321,3 @@ def _from_demo(run: Path) -> ProbeSetup:
             "(mechopd demo writes it)"
         )
     return _setup_of_config(cfg, models, run, **({"n": probe_n} if probe_n else {}))
-
-
-# -- CLI -----------------------------------------------------------------------------------------------------------
-def _kv(pairs: list[str], flag: str) -> dict[str, Any]:
-    from mechopd.config import parse_options
-
-    return parse_options(pairs, flag)  # the reading of --set task_options.K=V, in every verb
-
-
-def setup_from_args(a: Any) -> ProbeSetup:
-    """The setup the flags describe: ``--run`` first (if given), then every flag that is set on top of it."""
-    base = ProbeSetup.from_run(a.run) if a.run else ProbeSetup()
-    task_changed = a.task is not None and a.task != base.task
-    if task_changed:  # another task: the run's options belong to its own task
-        base = dataclasses.replace(base, task_options={})
-    return base.replace(
-        task=a.task,
-        task_options=_kv(a.option, "--option"),
-        placement=a.placement,
-        no_context_system=flag_text(a.no_context_system, "--no-context-system"),
-        chat_template_kwargs=_kv(a.chat_template_kwarg, "--chat-template-kwarg"),
-        temperature=a.temperature,
-        max_new_tokens=a.max_new_tokens,
-        n=a.n,
-        seed=a.seed,
-        batch_size=a.batch_size,
-        split=a.split,
-        responses_from=a.responses_from,
-    )

@@ -44,7 +44,7 @@ from mechopd.core.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.probes.capture import sites_for
 from mechopd.probes.cka import StreamingCKA  # noqa: F401  (re-exported: it used to live here)
-from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, option
+from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, normalise, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import (  # noqa: F401
@@ -159,28 +159,24 @@ class SimilarityOptions:
     """`mechopd probe similarity`'s options (`mechopd.probes.options`)."""
 
     models: list[Role] | None = models_option()
-    layers: str | None = option(None, "comma-separated decoder layers (default: all sites)")
+    layers: Sequence[int] | None = option(None, "comma-separated decoder layers (default: all sites)")
     cka: bool = option(False, "also linear CKA over tokens")
     greedy: bool = greedy_option()
     cache: str | None = cache_option()
 
-    def __post_init__(self) -> None:  # the list's syntax before any model loads
-        int_list(self.layers)
+    def __post_init__(self) -> None:  # the list's syntax before any model loads; "0,1" -> [0, 1]
+        normalise(self, layers=int_list)
 
 
 def run_similarity(
     setup: ProbeSetup,
     out_dir: str | os.PathLike,
+    opts: SimilarityOptions | None = None,
     *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    layers: Sequence[int | str] | None = None,
-    cka: bool = False,
-    greedy: bool = False,
     device: str | None = None,
     dtype: torch.dtype | None = None,
     progress: bool = True,
-    cache: str | None = None,
-) -> Path:
+) -> list[str]:
     """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
     models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
@@ -188,28 +184,30 @@ def run_similarity(
     ``"answers"``, a ``.jsonl`` of response ids), default the first trained model, else the first model. Writes
     ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
     ``similarity_responses.jsonl`` (the response ids used), ``similarity_items.jsonl`` (the runner's exact items) and
-    ``similarity.json`` (`SimilaritySummary`). Returns the path of ``similarity.csv``.
-    cache: an activation store (`mechopd probe cache`): its items and responses, its activations instead of forwards.
+    ``similarity.json`` (`SimilaritySummary`). Returns the lines `mechopd probe similarity` prints.
+    opts.cache: an activation store (`mechopd probe cache`): its items and responses, its activations instead of
+    forwards. A mapping of label -> dir may stand in ``opts.models`` (`ProbeSetup.pick`).
     """
-    store, setup = ActivationStore.open(cache, setup)  # (None, setup) without a cache
-    models = setup.pick(models, [k for k in setup.models if k != TEACHER])
+    opts = opts or SimilarityOptions()
+    store, setup = ActivationStore.open(opts.cache, setup)  # (None, setup) without a cache
+    models = setup.pick(opts.models, [k for k in setup.models if k != TEACHER])
     labels = list(models)
     if store is not None:  # the store holds these labels, written from these very weights
         store.check(labels, [])
         store.check_models(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
     check_same_architecture(configs)
-    sites = sites_for(configs[labels[0]].num_hidden_layers, layers)
+    sites = sites_for(configs[labels[0]].num_hidden_layers, opts.layers)
     ctx = ProbeContext.prepare(setup, "similarity", out_dir, dict(models), default_split="test", device=device)
     src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     loaded: dict[str, nn.Module] = {}
-    items = _items(ctx, src, loaded, greedy=greedy, dtype=dtype)
+    items = _items(ctx, src, loaded, greedy=opts.greedy, dtype=dtype)
     items.check_lengths(getattr(configs[labels[0]], "max_position_embeddings", None))
-    results = _measure(ctx, items, labels, configs, sites, loaded, store, cka=cka, dtype=dtype, progress=progress)
+    results = _measure(ctx, items, labels, configs, sites, loaded, store, cka=opts.cka, dtype=dtype, progress=progress)
     out = Path(out_dir)
     _write_tables(out, ctx, items, labels, results)
-    _summary(ctx, items, models, labels, results, sites, src, greedy=greedy, cka=cka, dtype=dtype).save(out)
-    return out / CSV_NAME
+    _summary(ctx, items, models, labels, results, sites, src, greedy=opts.greedy, cka=opts.cka, dtype=dtype).save(out)
+    return [f"similarity table: {out / CSV_NAME}"] + SimilaritySummary.require(out).lines()
 
 
 def _measure(
@@ -296,26 +294,11 @@ def _summary(
     return SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop)
 
 
-def cli_run(
-    setup: ProbeSetup,
-    out: Path,
-    *,
-    models: list[str] | None,
-    layers: str | None,
-    cka: bool,
-    greedy: bool,
-    cache: str | None,
-) -> list[str]:
-    """`mechopd probe similarity`: run, then the lines to print."""
-    path = run_similarity(setup, out, models=models, layers=int_list(layers), cka=cka, greedy=greedy, cache=cache)
-    return [f"similarity table: {path}"] + SimilaritySummary.require(out).lines()
-
-
 register_probe(
     ProbeSpec(
         "similarity",
         "layerwise two-view hidden-state cosine (several models, same items, same responses)",
-        cli_run,
+        run_similarity,
         options=SimilarityOptions,
         order=10,
         outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),

@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.probes.options import MODEL_HELP, Role, option
@@ -133,33 +133,31 @@ class TeachabilityOptions:
 def run_teachability(
     setup: ProbeSetup,
     out_dir: str | os.PathLike,
+    opts: TeachabilityOptions | None = None,
     *,
-    student: str | None = None,
-    trained: str | None = None,
-    teacher: str | None = None,
-    bank: Bank | str | os.PathLike | None = None,
     k: int = 16,
     d_mode: str = "union",
     c_mode: str = "exact",
-    n_boot: int = TeachabilityOptions.n_boot,
     device: str | None = None,
-) -> dict[str, Any]:
+) -> list[str]:
     """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table,
     ``teachability_items.jsonl`` (the runner's exact items) and ``teachability_summary.json`` (`TeachabilitySummary`)
-    into ``out_dir``; returns the summary dict.
+    into ``out_dir``; returns the lines `mechopd probe teachability` prints (the result: `TeachabilitySummary.load`).
 
-    student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the setup's
-    teacher (else base). bank: None = sample ``setup.n_for`` items (split default "train") with the setup's seed,
-    temperature, max_new_tokens and render spec; a path or a `Bank` = reuse it. Tokenizers differ -> ``ModelError``.
+    opts.student / trained / teacher: setup labels or checkpoint dirs; None = base / the first trained model / the
+    setup's teacher (else base). opts.bank: None = sample ``setup.n_for`` items (split default "train") with the
+    setup's seed, temperature, max_new_tokens and render spec; a path (or a `Bank`) = reuse it. Tokenizers differ ->
+    ``ModelError``.
     """
-    out = Path(out_dir)
+    opts = opts or TeachabilityOptions()
+    out, bank, n_boot = Path(out_dir), cast("Bank | str | None", opts.bank), opts.n_boot
     if isinstance(bank, (str, os.PathLike)):
         bank = load_bank(bank)  # a bad path fails before any model is loaded
     ctx = ProbeContext.prepare(
         setup,
         "teachability",
         out,
-        {"student": (student, BASE), "trained": (trained, "trained"), "teacher": (teacher, TEACHER)},
+        {"student": (opts.student, BASE), "trained": (opts.trained, "trained"), "teacher": (opts.teacher, TEACHER)},
         default_split="train",
         with_items=bank is None,
         device=device,
@@ -183,7 +181,8 @@ def run_teachability(
     summary = summarize(table, n_boot, setup.seed)
     summary["settings"] = _settings(ctx, setup, out, bank, k=k, d_mode=d_mode, c_mode=c_mode, n_boot=n_boot)
     TeachabilitySummary.from_dict(summary).save(out)
-    return summary
+    loaded = TeachabilitySummary.load(out)  # just written
+    return [f"teachability: {out / TeachabilitySummary.FILE}"] + (loaded.lines() if loaded is not None else [])
 
 
 def _bank_for(ctx: ProbeContext, setup: ProbeSetup, out: Path, student0: Any, bank: Bank | None) -> Bank:
@@ -238,27 +237,11 @@ def _settings(
     )
 
 
-def cli_run(
-    setup: ProbeSetup,
-    out: Path,
-    *,
-    student: str | None,
-    trained: str | None,
-    teacher: str | None,
-    bank: str | None,
-    n_boot: int,
-) -> list[str]:
-    """`mechopd probe teachability`: run, then the lines to print."""
-    run_teachability(setup, out, student=student, trained=trained, teacher=teacher, bank=bank, n_boot=n_boot)
-    summary = TeachabilitySummary.load(out)  # just written by run_teachability
-    return [f"teachability: {out / TeachabilitySummary.FILE}"] + (summary.lines() if summary is not None else [])
-
-
 register_probe(
     ProbeSpec(
         "teachability",
         "fixed-context token teachability diagnostic (TA-OPD)",
-        cli_run,
+        run_teachability,
         options=TeachabilityOptions,
         order=40,
         outputs=("teachability_summary.json", "teachability_tokens.csv", "bank.json"),

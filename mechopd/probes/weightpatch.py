@@ -33,7 +33,7 @@ from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.options import Role, models_option, option
+from mechopd.probes.options import Role, models_option, normalise, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.weightpatch_eval import DELTAS, _evaluate, _row, paired_deltas, weightpatch_model  # noqa: F401  (re-exported)
 from mechopd.probes.weightpatch_plan import ALL, CONTROL, MODULES, NONE, Donor, parse_layers, parse_modules, plan_rows
@@ -75,8 +75,8 @@ class WeightpatchOptions:
         "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir (default base: revert to W0)",
     )
     layers: str | None = option(None, "comma-separated decoder layers and/or 'all' (default: every layer, then all)")
-    modules: str = option(
-        ",".join(MODULES),
+    modules: Sequence[str] = option(
+        MODULES,
         "module groups: q_proj,k_proj,v_proj,o_proj, qk, vo, attn (all four), mlp "
         "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
         "count: the matched control)",
@@ -88,39 +88,28 @@ class WeightpatchOptions:
     n_boot: int = option(1000, "paired bootstrap resamples", range=(0, None))
 
     def __post_init__(self) -> None:  # the lists' syntax before any model loads (the layers' range once it is known)
-        parse_modules(self.modules)
+        normalise(self, modules=lambda text, flag: parse_modules(text))
         if self.layers is not None:
             parse_layers(self.layers, 1 << 30)
 
 
 def run_weightpatch(
-    setup: Any,
-    out_dir: str | Path,
-    *,
-    models: Sequence[str] | Mapping[str, str] | None = None,
-    donor: str | None = None,
-    layers: str | None = None,
-    modules: str | None = None,
-    draws: int | None = None,
-    follow: bool = False,
-    n_boot: int | None = None,
-    progress: bool = True,
-) -> Path:
-    """`mechopd probe weightpatch`: every model (default: the run's trained models) patched row by row from ``donor``
-    (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the CSV's path."""
+    setup: Any, out_dir: str | Path, opts: WeightpatchOptions | None = None, *, progress: bool = True
+) -> list[str]:
+    """`mechopd probe weightpatch`: every model (default: the run's trained models) patched row by row from
+    ``opts.donor`` (a label or dir, default ``base``); writes weightpatch.csv / .json / _items.jsonl; returns the
+    lines `mechopd probe weightpatch` prints. ``opts.layers`` is read against each model's depth (``all``, negative
+    indices); its syntax was checked when ``opts`` was built."""
     from mechopd.evaluation.evaluate import EvalConfig
 
-    module_list = parse_modules(modules or WeightpatchOptions.modules)
-    if layers is not None:  # the syntax now, before any model loads (the range once the model is known)
-        parse_layers(layers, 1 << 30)
-    draws = WeightpatchOptions.draws if draws is None else draws
-    n_boot = WeightpatchOptions.n_boot if n_boot is None else n_boot
+    opts = opts or WeightpatchOptions()
+    module_list, layers, draws, n_boot, follow = list(opts.modules), opts.layers, opts.draws, opts.n_boot, opts.follow
     if draws < 1 or n_boot < 0:
         raise ConfigError(f"weightpatch: --control-draws {draws} must be >= 1 and --n-boot {n_boot} >= 0")
     if setup.split not in (None, "test"):
         raise ConfigError("weightpatch evaluates held-out items: drop --split (or pass --split test)")
-    donor_label, donor_dir = setup.model(donor, "base")
-    picked = setup.pick(models, setup.trained or [k for k in setup.models if k != "teacher"])
+    donor_label, donor_dir = setup.model(opts.donor, "base")
+    picked = setup.pick(opts.models, setup.trained or [k for k in setup.models if k != "teacher"])
     setup = setup.replace(responses_from=next(iter(picked)))
     run = ci.resolve(setup, picked, probe="weightpatch", out=out_dir, greedy=True)
     cfg = EvalConfig(n=len(run.items.examples), seed=setup.seed, n_boot=n_boot)
@@ -150,7 +139,7 @@ def run_weightpatch(
         decoding="greedy, both views (evaluate.evaluate_model)",
     )
     ci.save(out, "weightpatch", run, settings, summarize(table), records)
-    return out / "weightpatch.csv"
+    return [f"weightpatch table: {out / 'weightpatch.csv'}"] + WeightpatchSummary.load(out).lines()
 
 
 def _check_items(run, cfg) -> None:
@@ -265,38 +254,11 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def cli_run(
-    setup: Any,
-    out: Path,
-    *,
-    models: list[str] | None,
-    donor: str,
-    layers: str | None,
-    modules: str,
-    draws: int,
-    follow: bool,
-    n_boot: int,
-) -> list[str]:
-    """`mechopd probe weightpatch`: run, then the lines to print."""
-    path = run_weightpatch(
-        setup,
-        out,
-        models=models,
-        donor=donor,
-        layers=layers,
-        modules=modules,
-        draws=draws,
-        follow=follow,
-        n_boot=n_boot,
-    )
-    return [f"weightpatch table: {path}"] + WeightpatchSummary.load(out).lines()
-
-
 register_probe(
     ProbeSpec(
         "weightpatch",
         "revert (or transplant) weights per layer x module group to a donor's, re-evaluate both views",
-        cli_run,
+        run_weightpatch,
         options=WeightpatchOptions,
         order=90,
         outputs=("weightpatch.csv", "weightpatch.json", "weightpatch_items.jsonl"),

@@ -47,10 +47,10 @@ def _setup(models: dict[str, str], **kw) -> ProbeSetup:
 
 @pytest.fixture(scope="module")
 def lens_dir(models, tmp_path_factory) -> Path:
-    from mechopd.probes.lens import run_lens
+    from mechopd.probes.lens import LensOptions, run_lens
 
     out = tmp_path_factory.mktemp("lens")
-    run_lens(_setup(models), out, detail=3)
+    run_lens(_setup(models), out, LensOptions(detail=3))
     return out
 
 
@@ -86,9 +86,9 @@ def test_lens_batched_equals_one_by_one(models, tmp_path):
 
 
 def test_patching_fixed_points_and_windows(models, tmp_path):
-    from mechopd.probes.patching import run_patching
+    from mechopd.probes.patching import PatchingOptions, run_patching
 
-    run_patching(_setup(models), tmp_path, models=["base", "opd"], window=2, detail=2)
+    run_patching(_setup(models), tmp_path, PatchingOptions(models=["base", "opd"], window=2, detail=2))
     rows = read_csv(tmp_path / "patching.csv")
 
     def pick(m, s, c, d, w="all"):
@@ -139,9 +139,9 @@ def test_trace_edit_with_own_values_is_identity_and_component_patch_reaches_outp
 
 @pytest.mark.parametrize("placement", ["system", "user"])
 def test_attention_shares_are_a_partition_per_head(models, tmp_path, placement):
-    from mechopd.probes.attention import run_attention
+    from mechopd.probes.attention import AttentionOptions, run_attention
 
-    run_attention(_setup(models, placement=placement), tmp_path, models=["base", "nca"])
+    run_attention(_setup(models, placement=placement), tmp_path, AttentionOptions(models=["base", "nca"]))
     rows = read_csv(tmp_path / "attention.csv")
     assert len(rows) == 2 * 2 * 4  # models x layers x heads
     for r in rows:

@@ -30,9 +30,9 @@ def _setup(models):
 
 
 def test_self_donor_fixed_points_and_an_independent_flip_count(models, tmp_path):
-    from mechopd.probes.localization import run_localization
+    from mechopd.probes.localization import LocalizationOptions, run_localization
 
-    run_localization(_setup(models), tmp_path, model="opd", n_boot=50)
+    run_localization(_setup(models), tmp_path, LocalizationOptions(model="opd", n_boot=50))
     rows = {r["site"]: r for r in read_csv(tmp_path / "localization.csv")}
     assert float(rows["final_norm"]["flip_all"]) == 0.0  # the context view's output := the no-context view's
     assert float(rows["embed"]["flip_all"]) == pytest.approx(_clean_flip_all(tmp_path))  # same tokens: no change

@@ -26,9 +26,9 @@ def _setup(models):
 
 
 def test_pmi_against_an_independent_forward(models, tmp_path):
-    from mechopd.probes.pmi import run_pmi
+    from mechopd.probes.pmi import PmiOptions, run_pmi
 
-    run_pmi(_setup(models), tmp_path, student="opd", teacher="base")
+    run_pmi(_setup(models), tmp_path, PmiOptions(student="opd", teacher="base"))
     rows = read_csv(tmp_path / "pmi_tokens.csv")
     items = [json.loads(line) for line in (tmp_path / "pmi_items.jsonl").read_text().splitlines()]
     teacher = load_model(models["base"])
@@ -51,10 +51,10 @@ def test_pmi_against_an_independent_forward(models, tmp_path):
 
 def test_student_equal_to_teacher_gives_share_one(models, tmp_path):
     from mechopd.plots.interventions import plot_pmi
-    from mechopd.probes.pmi import run_pmi
+    from mechopd.probes.pmi import PmiOptions, run_pmi
 
     out = tmp_path / "run" / "probes"
-    run_pmi(_setup(models), out, student="base", teacher="base")
+    run_pmi(_setup(models), out, PmiOptions(student="base", teacher="base"))
     s = json.loads((out / "pmi.json").read_text())["summary"]
     rows = read_csv(out / "pmi_tokens.csv")
     assert all(abs(float(r["kl_x"])) < 1e-9 for r in rows)  # q_x = f_x

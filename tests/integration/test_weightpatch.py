@@ -39,18 +39,16 @@ def models(tiny_rules_organism, tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def result(models, tmp_path_factory) -> Path:
-    from mechopd.probes.weightpatch import run_weightpatch
+    from mechopd.probes.weightpatch import WeightpatchOptions, run_weightpatch
 
     out = tmp_path_factory.mktemp("wp_out")
     setup = ProbeSetup(task="rules", n=12, batch_size=4, max_new_tokens=6, seed=1, models=models)
     run_weightpatch(
         setup,
         out,
-        models=["opd"],
-        layers="0,all",
-        modules="q_proj,qk,attn,mlp,ctrl_qk",
-        draws=2,
-        n_boot=50,
+        WeightpatchOptions(
+            models=["opd"], layers="0,all", modules="q_proj,qk,attn,mlp,ctrl_qk", draws=2, n_boot=50
+        ),
         progress=False,
     )
     return out

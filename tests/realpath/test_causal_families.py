@@ -33,14 +33,14 @@ def _setup(zoo, family: str, placement: str) -> ProbeSetup:
 @pytest.mark.parametrize("placement", ["system", "user"])
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_causal_probes_on_real_architectures(zoo, family, placement, tmp_path):
-    from mechopd.probes.attention import run_attention
-    from mechopd.probes.lens import run_lens
-    from mechopd.probes.patching import run_patching
+    from mechopd.probes.attention import AttentionOptions, run_attention
+    from mechopd.probes.lens import LensOptions, run_lens
+    from mechopd.probes.patching import PatchingOptions, run_patching
 
     setup = _setup(zoo, family, placement)
-    run_lens(setup, tmp_path, detail=1)
-    run_patching(setup, tmp_path, models=["base"], components=["resid", "attn"])
-    run_attention(setup, tmp_path, models=["base"])
+    run_lens(setup, tmp_path, LensOptions(detail=1))
+    run_patching(setup, tmp_path, PatchingOptions(models=["base"], components=["resid", "attn"]))
+    run_attention(setup, tmp_path, AttentionOptions(models=["base"]))
     records = ci.read_items(tmp_path / "lens_items.jsonl")
     settings = json.loads((tmp_path / "lens.json").read_text())["settings"]
     assert settings["spec"]["placement"] == placement and settings["models"]["other"] == str(zoo.teacher(family))

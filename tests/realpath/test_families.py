@@ -35,7 +35,7 @@ PROBE_OPTIONS = {
 @pytest.mark.parametrize("family", EXTRA_FAMILIES)
 def test_lens_and_patching_agree_with_a_plain_forward(zoo, family, tmp_path):
     from mechopd.probes.lens import run_lens
-    from mechopd.probes.patching import run_patching
+    from mechopd.probes.patching import PatchingOptions, run_patching
 
     setup = ProbeSetup(
         task="jsonl",
@@ -46,7 +46,7 @@ def test_lens_and_patching_agree_with_a_plain_forward(zoo, family, tmp_path):
         models={"base": str(zoo.student(family))},
     )
     run_lens(setup, tmp_path)
-    run_patching(setup, tmp_path, models=["base"], components=["resid"])
+    run_patching(setup, tmp_path, PatchingOptions(models=["base"], components=["resid"]))
     records = ci.read_items(tmp_path / "lens_items.jsonl")
     ref = output_kl(load_model(zoo.student(family)), records)  # model(...) on each view, nothing hooked
     lens = next(float(r["kl_c_x"]) for r in read_csv(tmp_path / "lens.csv") if r["site"] == "final_norm")

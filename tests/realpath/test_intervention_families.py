@@ -30,18 +30,14 @@ def _setup(zoo, family: str) -> ProbeSetup:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_weightpatch_and_localization_on_real_architectures(zoo, family, tmp_path):
-    from mechopd.probes.localization import run_localization
-    from mechopd.probes.weightpatch import run_weightpatch
+    from mechopd.probes.localization import LocalizationOptions, run_localization
+    from mechopd.probes.weightpatch import WeightpatchOptions, run_weightpatch
 
     setup = _setup(zoo, family)
     run_weightpatch(
         setup,
         tmp_path,
-        models=["other"],
-        layers="1,all",
-        modules="qk,attn,norms,ctrl_qk",
-        draws=1,
-        n_boot=20,
+        WeightpatchOptions(models=["other"], layers="1,all", modules="qk,attn,norms,ctrl_qk", draws=1, n_boot=20),
         progress=False,
     )
     rows = read_csv(tmp_path / "weightpatch.csv")
@@ -54,7 +50,7 @@ def test_weightpatch_and_localization_on_real_architectures(zoo, family, tmp_pat
     assert n_params[("1", "norms")] == norms
     items = [json.loads(line) for line in (tmp_path / "weightpatch_items.jsonl").read_text().splitlines()]
     assert len(items) == 3 and all(set(rec["outcomes"]["other"]) >= {"none/none", "all/attn"} for rec in items)
-    run_localization(setup, tmp_path, model="other", n_boot=20)
+    run_localization(setup, tmp_path, LocalizationOptions(model="other", n_boot=20))
     loc = {r["site"]: r for r in read_csv(tmp_path / "localization.csv")}
     assert float(loc["final_norm"]["flip_all"]) == 0.0
 
@@ -64,7 +60,7 @@ def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
     import torch
 
     from mechopd.models import load_model
-    from mechopd.probes.deltas import run_deltas
+    from mechopd.probes.deltas import DeltasOptions, run_deltas
 
     model = load_model(zoo.student(family))  # a trained copy: every weight moved a little
     g = torch.Generator().manual_seed(0)
@@ -72,7 +68,8 @@ def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
         for p in model.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=g))
     model.save_pretrained(tmp_path / "moved")
-    run_deltas(_setup(zoo, family), tmp_path, models={"moved": str(tmp_path / "moved")}, svd=True, progress=False)
+    opts = DeltasOptions(models={"moved": str(tmp_path / "moved")}, svd=True)  # a mapping: label -> dir
+    run_deltas(_setup(zoo, family), tmp_path, opts, progress=False)
     rows = read_csv(tmp_path / "deltas_svd.csv")
     assert len(rows) == 2 * 7 and all(
         1.0 <= float(r["eff_rank"]) <= min(int(r["rows"]), int(r["cols"])) + 1e-9 for r in rows
@@ -81,9 +78,9 @@ def test_deltas_svd_on_a_real_architecture(zoo, family, tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_attribution_on_gqa_architectures(zoo, family, tmp_path):
-    from mechopd.probes.attribution_run import run_attribution
+    from mechopd.probes.attribution_run import AttributionOptions, run_attribution
 
-    run_attribution(_setup(zoo, family), tmp_path, models=["base"], layers=[1])
+    run_attribution(_setup(zoo, family), tmp_path, AttributionOptions(models=["base"], layers=[1]))
     rows = read_csv(tmp_path / "attribution.csv")
     heads = {r["head"] for r in rows if r["component"] == "head"}
     assert heads == {"0", "1", "2", "3"}  # 4 query heads (2 key/value heads): o_proj's input has 4

@@ -37,9 +37,10 @@ class ToySummary(Summary):
         return [f"- **Toy probe** on {self.model}: {self.value:g}."]
 
 
-def run_toy(setup, out: Path, *, model: str | None, scale: float) -> list[str]:
-    label, _ = setup.model(model, "trained")
-    ToySummary(label, scale * len(setup.examples(setup.make_task()))).save(out)
+def run_toy(setup, out: Path, opts: ToyOptions) -> list[str]:
+    """A probe's run function: the setup, its output dir and its options instance (built by the registry)."""
+    label, _ = setup.model(opts.model, "trained")
+    ToySummary(label, opts.scale * len(setup.examples(setup.make_task()))).save(out)
     return [f"toy {label}"]
 
 

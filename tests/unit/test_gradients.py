@@ -13,7 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.organisms.tokenizer import build_tokenizer
-from mechopd.probes.gradients import GradRow, run_gradients, select_parameters, term_gradients
+from mechopd.probes.gradients import GradientsOptions, GradRow, run_gradients, select_parameters, term_gradients
 from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
 
@@ -203,16 +203,22 @@ def test_run_gradients_writes_tables(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     t = _save(tiny(1), TOK, tmp_path / "teacher")
     setup = ProbeSetup(task="rules", n=3, seed=0, models={"base": str(t), "student": str(s)})
-    rows = run_gradients(setup, tmp_path / "out", model="student", teacher="base", estimator="sampled")
+    opts = GradientsOptions(model="student", teacher="base", estimator="sampled")
+    lines = run_gradients(setup, tmp_path / "out", opts)
     with (tmp_path / "out" / "gradients.csv").open() as fh:
         recs = list(csv.DictReader(fh))
-    assert len(recs) == len(rows)
-    g = next(r for r in recs if r["scope"] == "global")
-    assert math.isclose(float(g["cos"]), next(r.cos for r in rows if r.scope == "global"), rel_tol=1e-9)
     doc = json.loads((tmp_path / "out" / "gradients.json").read_text())
+    assert len(recs) == len(doc["rows"]) > 1
+    g = next(r for r in recs if r["scope"] == "global")
+    assert lines == [
+        f"cos(grad opd, grad nca) = {float(g['cos']):.4f}, norm ratio {float(g['norm_ratio']):.4f}; "
+        f"table: {tmp_path / 'out' / 'gradients.csv'}"
+    ]
     assert doc["settings"]["terms"] == ["opd", "nca"] and doc["settings"]["response_tokens"] > 0
-    again = run_gradients(setup, tmp_path / "out2", model=str(s), teacher=str(t), estimator="sampled")
-    assert [r.dot for r in again] == [r.dot for r in rows]  # deterministic per seed
+    run_gradients(setup, tmp_path / "out2", GradientsOptions(model=str(s), teacher=str(t), estimator="sampled"))
+    with (tmp_path / "out2" / "gradients.csv").open() as fh:
+        again = list(csv.DictReader(fh))
+    assert [r["dot"] for r in again] == [r["dot"] for r in recs]  # deterministic per seed
 
 
 def test_teacher_with_other_tokenizer(tmp_path):
@@ -220,13 +226,14 @@ def test_teacher_with_other_tokenizer(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     t = _save(tiny(1, tok=other), other, tmp_path / "teacher")
     with pytest.raises(ModelError, match="tokenizers differ"):
-        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", model=str(s), teacher=str(t))
+        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", GradientsOptions(model=str(s), teacher=str(t)))
 
 
 def test_run_gradients_layers_out_of_range(tmp_path):
     s = _save(tiny(0), TOK, tmp_path / "student")
     with pytest.raises(ConfigError, match=r"2 decoder layers \(0..1\)"):
-        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", model=str(s), teacher=str(s), layers=[2])
+        opts = GradientsOptions(model=str(s), teacher=str(s), layers=[2])
+        run_gradients(ProbeSetup(task="rules", n=2), tmp_path / "out", opts)
     assert not (tmp_path / "out").exists()
 
 

@@ -33,9 +33,9 @@ class ToyOptions:
     loud: bool = option(False, "print more")
 
 
-def run_toy(setup, out, *, models, scale, mode, loud):
-    value = scale * len(setup.examples())
-    write_json(out / "toy.json", {"value": value, "mode": mode})
+def run_toy(setup, out, opts: ToyOptions):
+    value = opts.scale * len(setup.examples())
+    write_json(out / "toy.json", {"value": value, "mode": opts.mode})
     return [f"toy value {value}"]
 
 

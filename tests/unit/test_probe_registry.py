@@ -14,7 +14,8 @@ from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
 from mechopd.plots.registry import register_figure, unregister_figure
 from mechopd.probes.options import option
-from mechopd.probes.registry import ProbeSpec, add_probe_parsers, get_probe, probes, register_probe, unregister_probe
+from mechopd.cli.probe_cmd import add_probe_parsers
+from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = (
     "--run",
@@ -33,10 +34,12 @@ SETUP_FLAGS = (
 )
 
 
-def run_toy(setup, out: Path, *, scale: float, model: str | None) -> list[str]:
-    label, path = setup.model(model, "trained")
+def run_toy(setup, out: Path, opts: ToyOptions) -> list[str]:
+    """The toy probe's run function: it takes its options instance, as every probe's does."""
+    assert isinstance(opts, ToyOptions)
+    label, path = setup.model(opts.model, "trained")
     task = setup.make_task()
-    value = scale * len(setup.examples(task))
+    value = opts.scale * len(setup.examples(task))
     write_json(
         out / "toy.json",
         {
@@ -116,27 +119,40 @@ def test_builtin_probes_are_registered_with_figures_and_report():
     }  # their figures register in their plot modules
 
 
-PYTHON_API = {
-    "similarity": "mechopd.probes.similarity:run_similarity",
-    "gradients": "mechopd.probes.gradients:run_gradients",
-    "deltas": "mechopd.probes.deltas:run_deltas",
-    "teachability": "mechopd.probes.teachability:run_teachability",
-}
-
-
-def test_cli_and_python_defaults_agree():
-    """A default lives in the registration: the probe's Python function has the same one (e.g. --estimator)."""
+def test_every_probe_registers_its_run_function_taking_its_options():
+    """No adapter between the CLI and a probe: the registration's ``run`` is the probe's Python function
+    ``run_X(setup, out_dir, opts: XOptions)``, and no probe module defines a ``cli_run``."""
     import inspect
+    import typing
 
     from mechopd.probes.registry import resolve
 
-    for name, ref in PYTHON_API.items():
-        params = inspect.signature(resolve(ref)).parameters
-        for dest, cli in get_probe(name).values().items():
-            if dest in params and params[dest].default is not inspect.Parameter.empty:
-                py = params[dest].default
-                assert (",".join(py) if isinstance(py, tuple) else py) == cli, (name, dest)
-    assert inspect.signature(resolve(PYTHON_API["gradients"])).parameters["estimator"].default == "full"
+    for spec in probes():
+        run = resolve(spec.run)
+        assert run.__name__.startswith("run_") and run.__name__ != "cli_run", spec.name
+        params = list(inspect.signature(run).parameters.values())
+        assert params[2].name == "opts" and params[2].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, spec.name
+        hint = typing.get_type_hints(run)["opts"]
+        assert spec.options in typing.get_args(hint), (spec.name, hint)  # `XOptions | None`
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params), spec.name
+    package = Path(resolve("mechopd.probes.registry:probes").__code__.co_filename).parent
+    assert not [p.name for p in package.glob("*.py") if "def cli_run" in p.read_text()]
+
+
+def test_a_probe_gets_its_options_instance_parsed_once():
+    """`ProbeSpec` builds the options instance (defaults, given values, checks); its comma-separated text fields are
+    parsed there once, so the run function reads typed values; a Python list gives the same value as the text."""
+    spec = get_probe("patching")
+    opts = spec.options_of(layers="0,final_norm", cross="nca,opd", components="resid")
+    assert (opts.layers, opts.cross, opts.components) == ([0, "final_norm"], ("nca", "opd"), ["resid"])
+    assert spec.options_of(layers=[0, "final_norm"], cross=["nca", "opd"]) == spec.options_of(
+        layers="0,final_norm", cross="nca,opd"
+    )
+    assert get_probe("gradients").options_of().terms == ("opd", "nca")
+    with pytest.raises(ConfigError, match="--cross 'opd,opd' names one model twice"):
+        spec.options_of(cross="opd,opd")
+    with pytest.raises(ConfigError, match="--components 'resid,nope': 'nope' is unknown"):
+        spec.options_of(components="resid,nope")
 
 
 def test_every_verb_has_every_setup_flag(toy):
@@ -147,11 +163,36 @@ def test_every_verb_has_every_setup_flag(toy):
         assert set(SETUP_FLAGS) <= flags, spec.name
 
 
+def test_setup_flags_are_generated_from_the_probe_setup_fields(monkeypatch):
+    """The setup flags come from `ProbeSetup`'s declarations (the options' flag generator), not from a hand-written
+    list: a field added to the setup is a flag of every verb, with its help, unset (None) unless given, and it reaches
+    the setup the verb builds."""
+    from dataclasses import dataclass as dc
+
+    from mechopd.cli import probe_cmd
+    from mechopd.core.options import option as declare
+    from mechopd.probes import setup as setup_module
+
+    @dc
+    class Wider(setup_module.ProbeSetup):
+        knob: int = declare(3, help="a new setup knob")
+
+    monkeypatch.setattr(setup_module, "ProbeSetup", Wider)
+    verbs = _parser()._subparsers._group_actions[0].choices
+    for name in ("similarity", "lens"):
+        knob = next(a for a in verbs[name]._actions if "--knob" in a.option_strings)
+        assert (knob.help, knob.default, knob.type) == ("a new setup knob", None, int)
+        assert "--placement" in {s for a in verbs[name]._actions for s in a.option_strings}
+    a = _parser().parse_args(["similarity", "--knob", "5", "--task", "rules"])
+    assert probe_cmd.setup_from_args(a).knob == 5
+    assert probe_cmd.setup_from_args(_parser().parse_args(["similarity"])).knob == 3  # unset: the field's default
+
+
 def test_a_registered_probe_is_a_cli_verb_with_its_flags(toy, tmp_path, capsys):
     from mechopd.cli import main
 
     a = _parser().parse_args(["toy", "--scale", "3", "--option", "rule=reverse"])
-    assert (a.probe, a.scale, a.option) == ("toy", 3.0, ["rule=reverse"])
+    assert (a.probe, a.scale, a.task_options) == ("toy", 3.0, ["rule=reverse"])  # dest: the setup field
     opd = tmp_path / "o"
     code = main(
         [

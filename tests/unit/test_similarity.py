@@ -16,6 +16,7 @@ from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
 from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.similarity import (
+    SimilarityOptions,
     StreamingCKA,
     _Buffer,
     compare_models,
@@ -283,7 +284,9 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
         tok.save_pretrained(tmp_path / name)
     dirs = {"base": str(tmp_path / "base"), "opd": str(tmp_path / "opd")}
     setup = ProbeSetup(task="rules", n=4, seed=0, batch_size=3, responses_from="opd", models=dirs)
-    out = run_similarity(setup, tmp_path / "sim", cka=True, progress=False)
+    lines = run_similarity(setup, tmp_path / "sim", SimilarityOptions(cka=True), progress=False)
+    out = tmp_path / "sim" / "similarity.csv"
+    assert lines[0] == f"similarity table: {out}" and len(lines) > 1  # the table, then the summary's lines
     rows = list(csv.DictReader(out.open()))
     assert [(r["model"], r["site"]) for r in rows][:2] == [("base", "embed"), ("base", "layers.0.resid_post")]
     assert len(rows) == 2 * 4 and {"cos_mean", "cos_median", "cka", "depth", "layer", "n_tokens"} <= set(rows[0])
@@ -291,18 +294,18 @@ def test_run_similarity_writes_tables_and_reuses_its_responses(tmp_path, tok, mo
     assert len(examples) == 2 * 4 * 4
     settings = json.loads((tmp_path / "sim" / "similarity.json").read_text())
     assert settings["responses_from"] == "opd" and settings["sites"][-1] == "final_norm"
-    again = run_similarity(
+    run_similarity(
         setup.replace(responses_from=str(tmp_path / "sim" / "similarity_responses.jsonl"), batch_size=4),
         tmp_path / "sim2",
-        cka=True,
+        SimilarityOptions(cka=True),
         progress=False,
     )
-    rows2 = list(csv.DictReader(again.open()))
+    rows2 = list(csv.DictReader((tmp_path / "sim2" / "similarity.csv").open()))
     assert [float(r["cos_mean"]) for r in rows2] == pytest.approx([float(r["cos_mean"]) for r in rows], abs=ATOL)
     with pytest.raises(ConfigError, match="not a model label"):
         run_similarity(setup.replace(responses_from="nca"), tmp_path / "bad", progress=False)
     with pytest.raises(ConfigError, match="out of range"):
-        run_similarity(setup, tmp_path / "bad", layers=[9], progress=False)
+        run_similarity(setup, tmp_path / "bad", SimilarityOptions(layers=[9]), progress=False)
 
 
 def test_growing_buffer_keeps_every_value_in_order():

@@ -231,14 +231,16 @@ def _save(model, tok, path):
 def test_run_teachability_end_to_end(models, tmp_path):
     dirs = [_save(m, TOK, tmp_path / name) for m, name in zip(models, ("s0", "s1", "teacher"))]
     setup = ProbeSetup(task="rules", n=4, seed=0, models=dict(zip(("base", "ta_opd", "teacher"), map(str, dirs))))
-    summary = T.run_teachability(setup, tmp_path / "out", n_boot=20)
+    T.run_teachability(setup, tmp_path / "out", T.TeachabilityOptions(n_boot=20))
     out = tmp_path / "out"
+    summary = json.loads((out / T.SUMMARY_NAME).read_text())
     with (out / T.TOKENS_NAME).open() as fh:
         rows = list(csv.DictReader(fh))
     assert tuple(rows[0]) == T.COLUMNS and len(rows) == summary["n_tokens"] > 0
     saved = json.loads((out / T.SUMMARY_NAME).read_text())
     assert set(saved["buckets"]) == set(T.BUCKET_SIGNALS) and saved["gap"]["gain_abs"]["n_boot"] == 20
-    again = T.run_teachability(setup, tmp_path / "out2", bank=out / T.BANK_NAME, n_boot=20)
+    T.run_teachability(setup, tmp_path / "out2", T.TeachabilityOptions(bank=str(out / T.BANK_NAME), n_boot=20))
+    again = json.loads((tmp_path / "out2" / T.SUMMARY_NAME).read_text())
     assert again["means"] == summary["means"]  # the same bank rescored: identical numbers
 
 
@@ -248,5 +250,7 @@ def test_run_teachability_refuses_other_teacher_tokenizer(models, tmp_path):
     t = _save(tiny(1, tok=other), other, tmp_path / "t")
     with pytest.raises(ModelError, match="tokenizers differ"):
         T.run_teachability(
-            ProbeSetup(task="rules", n=2), tmp_path / "out", student=str(s0), trained=str(s0), teacher=str(t)
+            ProbeSetup(task="rules", n=2),
+            tmp_path / "out",
+            T.TeachabilityOptions(student=str(s0), trained=str(s0), teacher=str(t)),
         )

@@ -1,0 +1,84 @@
+"""`mechopd probe NAME`: one verb per registered probe (`mechopd.probes.registry`), its flags generated from two
+declarations: the setup's (`mechopd.probes.setup.ProbeSetup`: --run, --task, --option, ...) and the probe's options
+dataclass (`mechopd.probes.options.add_flags` for both), plus the verb's own --out and --force. Argument binding only:
+the setup from the flags, then the registration runs the probe (`ProbeSpec.__call__`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from mechopd.cli.common import command, kv, text
+from mechopd.core.errors import ConfigError
+
+
+def add_probe_parsers(p: argparse.ArgumentParser) -> None:
+    """One subparser per registered probe: the setup flags, --out, the probe's own flags, --force."""
+    from mechopd.probes.options import add_flags
+    from mechopd.probes.registry import probes
+    from mechopd.probes.setup import ProbeSetup
+
+    sub = p.add_subparsers(dest="probe", required=True)
+    for spec in probes():
+        q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
+        add_flags(q, ProbeSetup, unset=True)  # all optional: they override what --run says
+        q.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
+        add_flags(q, spec.options)
+        q.add_argument(
+            "--force",
+            action="store_true",
+            help="replace this probe's files in the output directory "
+            f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused",
+        )
+
+
+def setup_from_args(a: Any) -> Any:
+    """The `ProbeSetup` the flags describe: ``--run`` first (if given), then every flag that is set on top of it."""
+    from mechopd.core.options import field_facts
+    from mechopd.probes.setup import ProbeSetup
+
+    base = ProbeSetup.from_run(a.run) if a.run else ProbeSetup()
+    if a.task is not None and a.task != base.task:  # another task: the run's options belong to its own task
+        base = dataclasses.replace(base, task_options={})
+    given = {f.name: getattr(a, f.name) for f in field_facts(ProbeSetup) if f.name != "run"}  # the flagged fields
+    given["task_options"] = kv(a.task_options, "--option")
+    given["chat_template_kwargs"] = kv(a.chat_template_kwargs, "--chat-template-kwarg")
+    given["no_context_system"] = text(a.no_context_system, "--no-context-system")
+    return base.replace(**given)
+
+
+def run_from_args(a: argparse.Namespace) -> list[str]:
+    """`mechopd probe <name> ...`: the setup from the flags, the probe's options from its own flags; run it."""
+    from mechopd.core.runlock import hold
+    from mechopd.probes.options import defaults
+    from mechopd.probes.registry import get_probe
+
+    spec = get_probe(a.probe)
+    options = {k: getattr(a, k) for k in defaults(spec.options)}
+    out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
+    if not a.out and a.run:  # the run's own probes/: never written through a link that leads out of the run
+        from mechopd.core.runcheck import check_no_escape
+
+        check_no_escape(a.run, out, "--run")
+    setup = setup_from_args(a)
+    taken = [name for name in spec.outputs if (out / name).exists()]
+    if taken and not getattr(a, "force", False):  # the run's report and figures read these files
+        raise ConfigError(
+            f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
+            "pass --force to replace the probe's files, or --out DIR to write beside them"
+        )
+    with hold(out, f"probe {spec.name}"):  # one writer per output directory
+        return spec(setup, out, **options)
+
+
+def _probe_args(p: argparse.ArgumentParser) -> None:
+    add_probe_parsers(p)  # one verb per registered probe (mechopd.probes.registry)
+
+
+@command("probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)")
+def _probe(a: argparse.Namespace) -> int:
+    for line in run_from_args(a):
+        print(line)
+    return 0
