@@ -65,7 +65,7 @@ def run_attribution(model, batches, ctx):
 
     sites = sites_of(model, None, ("resid", "attn", "mlp", "head"))
     for b in batches:
-        attribute_batch(Pair(model, "x", model, "c"), b, sites, 1.0)
+        attribute_batch(Pair(model, "x", model, "c"), b, sites, 1.0, 0)
 
 
 def ref_attribution(model, batches, ctx):

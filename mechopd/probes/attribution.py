@@ -185,7 +185,7 @@ def _grads(
 
 
 def attribute_batch(
-    pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, ig_steps: int = 0
+    pair: Pair, batch: TwoViewBatch, sites: Sequence[Site], T: float, ig_steps: int
 ) -> tuple[dict[Site, torch.Tensor], float, dict, dict]:
     """Per site the ``[B, R]`` (heads ``[B, R, H]``) attribution, M_clean, and the donor / recipient activations.
     ig_steps K > 0: per site, K passes with that site at a_R + α_j (a_D − a_R) (heads: all of the layer's together)."""

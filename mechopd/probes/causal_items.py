@@ -168,7 +168,9 @@ def read_items(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def batches_of(records: Sequence[Mapping[str, Any]], pad: int, batch_size: int = 8) -> Iterator[TwoViewBatch]:
+def batches_of(
+    records: Sequence[Mapping[str, Any]], pad: int, batch_size: int = ProbeSetup.batch_size
+) -> Iterator[TwoViewBatch]:
     """The saved items as `TwoViewBatch`es (left layout), in file order: the exact ids the probe scored."""
     for i in range(0, len(records), batch_size):
         chunk = records[i : i + batch_size]

@@ -73,7 +73,7 @@ def greedy(
     *,
     donor: nn.Module | None = None,
     site: str | None = None,
-    batch_size: int = 8,
+    batch_size: int,
 ) -> list[str]:
     """Greedy responses of `recipient` in view `which` (the donor's context-view residual patched at `site` at every
     step when given): the module docstring's uncached loop."""

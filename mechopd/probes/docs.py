@@ -20,9 +20,14 @@ module; the flags from its options dataclass, `mechopd/probes/options.py`). Do n
 (`>= 0`) and choices (`a | b`) are written and checked as the training config's keys are (docs/config.md:
 `mechopd.core.options`, one checker).
 
+In Python a probe is its run function with its options instance, `run_<name>(setup, out_dir, XOptions(...))` (the flags
+below are the fields of `XOptions`; comma-separated ones are parsed when it is built), or
+`get_probe(name)(setup, out_dir, **values)`.
+
 Every verb also takes the setup flags (`--run`, `--task`, `--option`, `--placement`, `--no-context-system`,
 `--chat-template-kwarg`, `--temperature`, `--max-new-tokens`, `--n`, `--seed`, `--batch-size`, `--split`,
-`--responses-from`, `--out`) and `--force`; see `mechopd probe NAME --help`.
+`--responses-from`: the fields of `mechopd.probes.setup.ProbeSetup`, generated alike), `--out` and `--force`; see
+`mechopd probe NAME --help`.
 """
 
 

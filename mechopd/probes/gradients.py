@@ -228,10 +228,14 @@ def run_gradients(
         null="cos of term a's gradient on the even vs the odd items",
     )
     write_gradients(rows, out_dir, settings, model=ctx.label("model"))
-    s = GradientSummary.require(out_dir)
+    return _lines(Path(out_dir))
+
+
+def _lines(out: Path) -> list[str]:
+    """The line `mechopd probe gradients` prints: the global cosine and norm ratio, and the table's path."""
+    s = GradientSummary.require(out)
     return [
-        f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; "
-        f"table: {Path(out_dir) / CSV_NAME}"
+        f"cos(grad {s.term_a}, grad {s.term_b}) = {s.cos:.4f}, norm ratio {s.norm_ratio:.4f}; table: {out / CSV_NAME}"
     ]
 
 

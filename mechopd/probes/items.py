@@ -35,7 +35,7 @@ class ProbeItems:
     examples: list
     responses: list[list[int]]
     spec: RenderSpec
-    batch_size: int = 8
+    batch_size: int  # the setup's (`ProbeSetup.batch_size`)
     layout: str = "left"
     max_length: int | None = None
 

@@ -81,7 +81,7 @@ def _resampled_tokens(order: np.ndarray, starts: np.ndarray, lengths: np.ndarray
 
 
 def high_support_gap(
-    table: Table, n_boot: int = 1000, seed: int = 0, gain: str = "gain_abs", c_col: str = "C_exact", ci: float = 0.95
+    table: Table, n_boot: int, seed: int, gain: str = "gain_abs", c_col: str = "C_exact", ci: float = 0.95
 ) -> dict[str, Any]:
     """Q3 (low H, high D) high-C minus low-C tercile mean gain, with a sequence bootstrap CI (see module docstring)."""
     if n_boot < 0:
@@ -141,7 +141,7 @@ def standardized_regression(
     return {"gain": gain, "coef": coef, "intercept": float(beta[0]), "r2": r2, "n": n}
 
 
-def summarize(table: Table, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def summarize(table: Table, n_boot: int, seed: int) -> dict[str, Any]:
     """All analyses: quartile buckets per signal, the high-support gap and the regression, for both gains; and the
     degeneracy check (`teachability_limits.degeneracy`)."""
     return {

@@ -23,6 +23,7 @@ from mechopd.core.views import build_two_view_batch
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
+from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.teachability_analysis import Table
 from mechopd.probes.teachability_bank import Bank, _check_nonempty, tokenizer_fingerprint
 
@@ -103,7 +104,7 @@ def rescore(
     d_mode: str = "union",
     c_mode: str = "exact",
     temperature: float | None = None,
-    batch_size: int = 8,
+    batch_size: int = ProbeSetup.batch_size,
     q_low: float = 0.05,
     q_high: float = 0.95,
 ) -> Table:

@@ -49,7 +49,7 @@ def test_plain_attribution_is_gradient_times_difference(models, batch):
     model = load_model(models["opd"])
     pair = Pair(model, "x", model, "c")
     site = sites_of(model, [1], ["resid"])[0]
-    per, m0, a_d, a_r = attribute_batch(pair, batch, [site], 1.0)
+    per, m0, a_d, a_r = attribute_batch(pair, batch, [site], 1.0, ig_steps=0)
     R = batch.response_ids.shape[1]
     start = int(batch.cols_x[0, 0]) - 1
     with torch.no_grad():

@@ -46,9 +46,7 @@ def result(models, tmp_path_factory) -> Path:
     run_weightpatch(
         setup,
         out,
-        WeightpatchOptions(
-            models=["opd"], layers="0,all", modules="q_proj,qk,attn,mlp,ctrl_qk", draws=2, n_boot=50
-        ),
+        WeightpatchOptions(models=["opd"], layers="0,all", modules="q_proj,qk,attn,mlp,ctrl_qk", draws=2, n_boot=50),
         progress=False,
     )
     return out

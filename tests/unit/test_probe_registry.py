@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from mechopd.cli.probe_cmd import add_probe_parsers
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
 from mechopd.plots.registry import register_figure, unregister_figure
 from mechopd.probes.options import option
-from mechopd.cli.probe_cmd import add_probe_parsers
 from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = (
