@@ -138,7 +138,7 @@ class AttributionOptions:
     cross: Sequence[str] | None = option(
         None, "also DONOR's context view into RECIPIENT's, e.g. nca,opd", metavar="DONOR,RECIPIENT"
     )
-    layers: Sequence[int | str] | None = option(None, "comma-separated decoder layers (default: all)")
+    layers: Sequence[int] | None = option(None, "comma-separated decoder layers (default: all)")
     components: Sequence[str] = option(
         COMPONENTS, "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
     )

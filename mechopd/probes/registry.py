@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mechopd.core.errors import ConfigError
-from mechopd.probes.options import check, defaults, flags
+from mechopd.core.options import field_facts
+from mechopd.probes.options import check, defaults, facts_of, flags
 
 if TYPE_CHECKING:
     from mechopd.core.artifacts import Summary
@@ -141,8 +142,9 @@ def register_probe(spec: ProbeSpec, *, replace: bool = False) -> ProbeSpec:
     """Add a probe to `mechopd probe`, the demo, the figures and the report. A taken name raises unless ``replace``."""
     if not replace and spec.name in _REGISTRY and _REGISTRY[spec.name] != spec:
         raise ConfigError(f"probe {spec.name!r} is already registered; pick another name or pass replace=True")
-    taken = set(VERB_FLAGS) | set(flags(_setup_class()))
-    own = flags(spec.options)
+    setup = _setup_class()
+    taken = {*VERB_FLAGS, *flags(setup), *(f.name for f in field_facts(setup)), "out", "force", "probe"}  # + dests
+    own = [name for f in facts_of(spec.options) for name in (f.flag, f.name)]  # its flags and their dests
     clash = next((f for i, f in enumerate(own) if f in taken or f in own[:i]), None)
     if clash is not None:
         raise ConfigError(

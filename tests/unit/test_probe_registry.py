@@ -80,6 +80,11 @@ class ClashOptions:
     n: int = option(1, "clashes with the setup's --n")
 
 
+@dataclass(frozen=True)
+class DestClashOptions:
+    seed: int = option(1, "its own flag, but the setup's field name (the parsed value's dest)", flag="--probe-seed")
+
+
 TOY = ProbeSpec(
     "toy",
     "a toy probe",
@@ -232,6 +237,8 @@ def test_options_are_checked_against_the_registration(toy):
         register_probe(ProbeSpec("toy", "another", run_toy))
     with pytest.raises(ConfigError, match="--n is a setup flag"):
         register_probe(ProbeSpec("toy2", "clashes", run_toy, options=ClashOptions))
+    with pytest.raises(ConfigError, match="flag seed is a setup flag"):
+        register_probe(ProbeSpec("toy3", "clashes", run_toy, options=DestClashOptions))
     with pytest.raises(ConfigError, match="unknown probe"):
         get_probe("no-such-probe")
 
