@@ -31,7 +31,7 @@ from torch import Tensor
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import register_options
 from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
-from mechopd.objectives.options import TIE_BREAKS, SignalOptions
+from mechopd.objectives.options import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
@@ -180,7 +180,11 @@ def budget_size(rho: float, n_valid: int) -> int:
 
 
 def select_top_budget(
-    score: Tensor, mask: Tensor, rho: float, tie_break: str = "position", min_one_per_response: bool = False
+    score: Tensor,
+    mask: Tensor,
+    rho: float,
+    tie_break: str = SelectionOptions.tie_break,
+    min_one_per_response: bool = SelectionOptions.min_one_per_response,
 ) -> Tensor:
     """Keep one global top ``⌈ρ·N⌉`` of ``score`` over the batch's N valid positions; returns ``[batch, seq]`` bool.
 
@@ -235,19 +239,19 @@ class Selection:
 class Selector:
     """A named token selector with its options; call it on one rollout batch.
 
-    name: one of SELECTORS; k: TA-OPD top-K (default 16); c_mode: "exact" | "lower_bound"; d_mode: "union" |
+    name: one of SELECTORS; k: TA-OPD top-K; c_mode: "exact" | "lower_bound"; d_mode: "union" |
     "floored"; tie_break: "position" | "sequence"; min_one_per_response: the ≥1-kept-per-response rule;
     q_low / q_high: the normalisation quantiles.
     """
 
     name: str
-    k: int = 16
-    c_mode: str = "exact"
-    d_mode: str = "union"
-    tie_break: str = "position"
-    min_one_per_response: bool = False
-    q_low: float = 0.05
-    q_high: float = 0.95
+    k: int = SignalOptions.k  # every default read from its declaration (objectives/options.py)
+    c_mode: str = SignalOptions.c_mode
+    d_mode: str = SignalOptions.d_mode
+    tie_break: str = SelectionOptions.tie_break
+    min_one_per_response: bool = SelectionOptions.min_one_per_response
+    q_low: float = SignalOptions.q_low
+    q_high: float = SignalOptions.q_high
     options: Any = None  # a plug-in selector's options instance (handed to its score as ``options=``)
 
     def __post_init__(self) -> None:

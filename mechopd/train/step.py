@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from mechopd.config import TrainConfig
 from mechopd.core.views import TwoViewBatch
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import stable_seed
@@ -70,9 +71,9 @@ class StepOptions:
     vocab: int
     budget: float
     seed: int
-    micro_batch_size: int | None = None
-    logit_chunk: int | None = None
-    shared_prefix: str = "auto"
+    micro_batch_size: int | None = TrainConfig.micro_batch_size  # the defaults: read from their declarations
+    logit_chunk: int | None = TrainConfig.logit_chunk
+    shared_prefix: str = TrainConfig.shared_prefix
     student_shared_prefix: str | None = None
     autocast: torch.dtype | None = None
 

@@ -10,10 +10,14 @@ The scanner reads every .py file under ``mechopd/`` (AST, nothing imported but t
     - ``X.get("name", literal)`` and ``getattr(x, "name", literal)``;
     - a class-level field ``name: T = literal`` (or ``= field(default=literal)``) in a class that does not declare
       that option with ``option(...)``.
+  Only a declaration the file can read counts (its package at or above the declaring one, and not imported by it:
+  `tests/unit/test_layout.py`'s LAYERS and KNOWN_UPWARD): a parameter ``layers=None`` in ``core/`` is not a copy of
+  a probe's ``--layers``, which ``core/`` cannot import.
   The None rule: a literal None is a restatement only where the option's declared default is None too (it repeats
   the default); where the declared default is not None, a None parameter means "not given: read the declaration" and
-  is not counted. Every other literal counts, equal to the declared default or not (a different literal under the
-  option's name is a drifted copy). The fix is to read the declaration: ``TrainConfig.beta`` (a field's default is
+  is not counted. A literal counts when it equals a readable declaration's default (1 == 1.0, False != 0, a tuple ==
+  the list of its items): a different literal under the name is another quantity, not a copy. The fix is to read the
+  declaration: ``TrainConfig.beta`` (a field's default is
   its class attribute), ``XOptions.n``, or to pass the section object.
 
 The test fails listing each restatement as ``file:line name=value (declared in file)``.
@@ -25,14 +29,13 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mechopd
 from mechopd.core.options import field_facts
-from tests.unit.test_layout import LAYERS
+from tests.unit.test_layout import KNOWN_UPWARD, LAYERS
 
 ROOT = Path(mechopd.__file__).resolve().parent
 REPO = ROOT.parent
@@ -66,6 +69,23 @@ PENDING_PROBES = {
     "mechopd/probes/view_cosine.py",
     "mechopd/probes/weightpatch.py",
     "mechopd/probes/weightpatch_eval.py",
+}
+
+# (file, name): a parameter that shares an option's name but is another quantity; each with what it is. Only a name
+# that no declaration the file can read means: fix a restatement by reading the declaration instead of listing it.
+OTHER_MEANING = {
+    ("mechopd/core/stats.py", "seed"): "the bootstrap's seed of a statistics leaf (core/ reads no config)",
+    (
+        "mechopd/generate/vllm_engine.py",
+        "seed",
+    ): "vLLM's engine seed (generate/ cannot read config/: config imports it)",
+    ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
+    ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
+    ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
+    ("mechopd/pipeline/demo.py", "layers"): "the organism's decoder layers (DemoConfig), not a probe's --layers",
+    ("mechopd/pipeline/pretrain.py", "layers"): "the organism's decoder layers, not a probe's --layers",
+    ("mechopd/pipeline/run.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
+    ("mechopd/pipeline/spec.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
 }
 
 _NONE = object()  # "no literal here"
@@ -115,17 +135,25 @@ def _literal(node: ast.AST | None) -> Any:
         return _NONE
 
 
-def _layer(path: str) -> int:
-    """The file's place in the layering (`tests/unit/test_layout.py` LAYERS); outside every layer: the top."""
+def _package(path: str) -> str:
     parts = path.split("/")
-    return LAYERS.index(parts[1]) if len(parts) > 2 and parts[1] in LAYERS else len(LAYERS)
+    return parts[1] if len(parts) > 2 else ""
+
+
+def _readable(decl: str, path: str) -> bool:
+    """Whether the file at ``path`` may import the module at ``decl``: its package is at or above the declaring one
+    in the layering (`tests/unit/test_layout.py` LAYERS; outside every layer: the top), and the declaring package
+    does not import the file's (`KNOWN_UPWARD`: two packages never import each other)."""
+    below, above = _package(decl), _package(path)
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return rank.get(below, len(LAYERS)) <= rank.get(above, len(LAYERS)) and (below, above) not in KNOWN_UPWARD
 
 
 def restated(value: Any, path: str, decls: list[Declared]) -> list[Declared]:
-    """The declarations whose default ``value`` repeats, of those ``path`` can see (its layer or one below)."""
+    """The declarations whose default ``value`` repeats, of those the file at ``path`` can read (`_readable`)."""
     if value is _NONE:
         return []
-    return [d for d in decls if _layer(d.file) <= _layer(path) and _equal(value, d.default)]
+    return [d for d in decls if _readable(d.file, path) and _equal(value, d.default)]
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -178,7 +206,9 @@ def _lookups(node: ast.Call) -> tuple[str, Any] | None:
     return key.value, _literal(args[-1])
 
 
-def restatements(source: str, path: str, declared: dict[str, list[Declared]]) -> list[str]:
+def restatements(
+    source: str, path: str, declared: dict[str, list[Declared]], other: dict[tuple[str, str], str] = OTHER_MEANING
+) -> list[str]:
     """Every restatement in one file's source: ``path:line name=value (declared in file, ...)``."""
     out: list[tuple[int, str, Any, list[Declared]]] = []
     for node in ast.walk(ast.parse(source)):
@@ -193,7 +223,11 @@ def restatements(source: str, path: str, declared: dict[str, list[Declared]]) ->
                 for name, value, stmt in _class_fields(node)
                 if name in declared and f"{path}:{node.name}" not in {d.owner for d in declared[name]}
             ]
-        out += [(line, name, value, ds) for line, name, value in hits if (ds := restated(value, path, declared[name]))]
+        out += [
+            (line, name, value, ds)
+            for line, name, value in hits
+            if (path, name) not in other and (ds := restated(value, path, declared[name]))
+        ]
     return [
         f"{path}:{line} {name}={value!r} (declared in {', '.join(sorted({d.file for d in ds}))})"
         for line, name, value, ds in sorted(out, key=lambda r: r[0])
@@ -217,6 +251,14 @@ def test_no_option_default_is_restated() -> None:
 def test_pending_probes_lists_only_probe_files() -> None:
     for rel in PENDING_PROBES:
         assert rel.startswith("mechopd/probes/") and (REPO / rel).is_file(), rel
+
+
+def test_other_meanings_are_still_there() -> None:
+    """Every OTHER_MEANING entry names a parameter that the scan would report without it (no stale entries)."""
+    declared = declared_options()
+    for rel, name in OTHER_MEANING:
+        source = (REPO / rel).read_text(encoding="utf-8")
+        assert any(f" {name}=" in r for r in restatements(source, rel, declared, other={})), (rel, name)
 
 
 def test_the_scanner_finds_each_kind_of_restatement() -> None:
@@ -246,5 +288,7 @@ def test_the_scanner_finds_each_kind_of_restatement() -> None:
     ]
     assert found[0] == f"m.py:1 beta=0.5 (declared in {sections})"
     # below the probes' layer, a parameter named `model` cannot be restating a probe's option (it cannot import it)
-    below = [r.split(" (")[0] for r in restatements(source, "mechopd/generate/y.py", declared)]
+    below = [r.split(" (")[0] for r in restatements(source, "mechopd/evaluation/y.py", declared)]
     assert len(below) == 5 and not any("model=" in r for r in below)
+    # generate/ cannot read config/ (config imports generate: KNOWN_UPWARD), so nothing there copies config's beta
+    assert restatements(source, "mechopd/generate/y.py", declared) == []
