@@ -143,7 +143,8 @@ class TrainConfig(
             )
         if self.q_low >= self.q_high:
             raise ConfigError(
-                f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high (defaults 0.05, 0.95)"
+                f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
+                f"(defaults {TrainConfig.q_low}, {TrainConfig.q_high})"
             )
         if self.renormalize and self.tail:
             raise ConfigError(

@@ -166,7 +166,9 @@ def _fp32(x: Tensor) -> Tensor:
 def _check_choice(field: str, value, allowed: tuple[str, ...] | None) -> None:
     if allowed is None:  # an integer >= 1
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K=16)")
+            raise ConfigError(
+                f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K={SignalOptions.k})"
+            )
     elif value not in allowed:
         raise ConfigError(f"{field}={value!r} is unknown: use one of {', '.join(allowed)}")
 

@@ -177,7 +177,9 @@ class StudySpec:
             raise ConfigError(f"{self.source}: eval.other_contexts must be true or false")
         n = self.eval.get("n", EvalConfig.n)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. 200)")
+            raise ConfigError(
+                f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. {EvalConfig.n})"
+            )
         held_out = (task.split_sizes() if hasattr(task, "split_sizes") else {}).get("test")
         if held_out is not None and n > held_out:
             raise ConfigError(
