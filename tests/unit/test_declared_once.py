@@ -16,9 +16,10 @@ The scanner reads every .py file under ``mechopd/`` (AST, nothing imported but t
   The None rule: a literal None is a restatement only where the option's declared default is None too (it repeats
   the default); where the declared default is not None, a None parameter means "not given: read the declaration" and
   is not counted. A literal counts when it equals a readable declaration's default (1 == 1.0, False != 0, a tuple ==
-  the list of its items): a different literal under the name is another quantity, not a copy. The fix is to read the
-  declaration: ``TrainConfig.beta`` (a field's default is
-  its class attribute), ``XOptions.n``, or to pass the section object.
+  the list of its items): a different literal under the name is another quantity, not a copy.
+
+The fix is to read the declaration (``TrainConfig.beta``: a field's default is its class attribute; ``XOptions.n``)
+or to pass the section object (`Selector` takes `SignalOptions`, `models.lora` the config's `LoraOptions`).
 
 The test fails listing each restatement as ``file:line name=value (declared in file)``.
 """
@@ -71,14 +72,11 @@ PENDING_PROBES = {
     "mechopd/probes/weightpatch_eval.py",
 }
 
-# (file, name): a parameter that shares an option's name but is another quantity; each with what it is. Only a name
-# that no declaration the file can read means: fix a restatement by reading the declaration instead of listing it.
+# (file, name) -> what the parameter is: a parameter that shares an option's name but is another quantity. A copy of
+# an option's default never goes here: it reads the declaration instead.
 OTHER_MEANING = {
     ("mechopd/core/stats.py", "seed"): "the bootstrap's seed of a statistics leaf (core/ reads no config)",
-    (
-        "mechopd/generate/vllm_engine.py",
-        "seed",
-    ): "vLLM's engine seed (generate/ cannot read config/: config imports it)",
+    ("mechopd/generate/vllm_engine.py", "seed"): "vLLM's engine seed (generate/ cannot import config/)",
     ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
@@ -114,7 +112,7 @@ def declared_options() -> dict[str, list[Declared]]:
         for obj in vars(module).values():
             if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == info.name:
                 path = _rel(Path(module.__file__ or ""))
-                own = getattr(obj, "__annotations__", {})
+                own = obj.__dict__.get("__annotations__", {})  # the fields this class itself declares
                 for f in field_facts(obj):
                     if f.name in own:
                         found.setdefault(f.name, []).append(Declared(f.default, path, f"{path}:{obj.__name__}"))
