@@ -12,6 +12,7 @@ from mechopd.cli.common import command
 from mechopd.cli.common import kv_raw as _kv_raw
 from mechopd.core.errors import ConfigError
 from mechopd.core.runlock import hold, lockable
+from mechopd.evaluation.config import EvalConfig
 
 
 # --- pretrain -----------------------------------------------------------------------------------------------------------
@@ -42,9 +43,9 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n",
         type=int,
-        default=200,
+        default=EvalConfig.n,
         metavar="INT",
-        help="held-out items of the with/without-context accuracy check, >= 1 (default 200)",
+        help=f"held-out items of the with/without-context accuracy check, >= 1 (default {EvalConfig.n})",
     )
     p.add_argument(
         "--layers",

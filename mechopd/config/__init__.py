@@ -143,7 +143,8 @@ class TrainConfig(
             )
         if self.q_low >= self.q_high:
             raise ConfigError(
-                f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high (defaults 0.05, 0.95)"
+                f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
+                f"(defaults {TrainConfig.q_low}, {TrainConfig.q_high})"
             )
         if self.renormalize and self.tail:
             raise ConfigError(
@@ -244,7 +245,7 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
     if cfg.lora_dropout >= 1:
         raise ConfigError(f"lora_dropout={cfg.lora_dropout} is invalid: need 0 <= lora_dropout < 1")
     if cfg.lora_rank:
-        from mechopd.models.lora import require_peft
+        from mechopd.core.model_checks import require_peft
 
         require_peft()
         for key, bad, fix in (("sharding", "fsdp", "sharding=none"), ("rollout_engine", "vllm", "rollout_engine=auto")):

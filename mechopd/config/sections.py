@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option
-from mechopd.core.ranges import MIN_TEMPERATURE, SEED_MAX
+from mechopd.core.options import GE0, GE1, GT0, UNIT, option
+from mechopd.core.ranges import SEED_RANGE, TEMPERATURE_RANGE
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
@@ -50,7 +50,7 @@ class RolloutOptions:
     """Rollouts: how responses are sampled and how many."""
 
     temperature: float | None = option(
-        None, range=Range(MIN_TEMPERATURE), help="sampling temperature; null = the task's (1.0 QA, 0.7 games)"
+        None, range=TEMPERATURE_RANGE, help="sampling temperature; null = the task's (1.0 QA, 0.7 games)"
     )
     max_new_tokens: int | None = option(None, range=GE1, help="response length cap; null = the task's")
     batch_size: int = option(
@@ -93,7 +93,7 @@ class OptimOptions:
     )
     weight_decay: float = option(0.0, range=GE0, help="AdamW weight decay")
     grad_clip: float = option(1.0, range=GT0, help="gradient-norm clip")
-    seed: int = option(0, range=Range(0, SEED_MAX), short=True, help="seed of data order, rollouts and selection")
+    seed: int = option(0, range=SEED_RANGE, short=True, help="seed of data order, rollouts and selection")
 
 
 @dataclass

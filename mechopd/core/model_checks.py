@@ -20,11 +20,20 @@ from typing import Any
 
 import torch
 
-from mechopd.core.errors import ModelError
+from mechopd.core.errors import ConfigError, ModelError
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def require_peft() -> Any:
+    """The peft package (LoRA students, `mechopd.models.lora`), or one line saying how to install it."""
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("lora_rank > 0 needs peft (a core dependency of mechopd): pip install 'peft>=0.17'") from None
+    return peft
 
 
 # --------------------------------------------------------------------------------------------------------- weights

@@ -28,27 +28,9 @@ import yaml
 
 from mechopd.core.config_parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
 from mechopd.core.errors import ConfigError
+from mechopd.core.ranges import Range  # the one range language (re-exported: option(range=Range(...)))
 
 META = "mechopd"  # the metadata key under which `option` keeps a field's facts
-
-
-@dataclass(frozen=True)
-class Range:
-    """``lo`` (inclusive unless ``open_lo``) up to ``hi`` (inclusive); None = unbounded on that side."""
-
-    lo: float | None
-    hi: float | None = None
-    open_lo: bool = False
-
-    def text(self) -> str:
-        hi = f"{self.hi:g}" if isinstance(self.hi, float) else f"{self.hi}"  # 1.0 -> 1; an integer bound as written
-        if self.lo is None:
-            return f"<= {hi}"
-        return f"{'>' if self.open_lo else '>='} {self.lo:g}" + (f" and <= {hi}" if self.hi is not None else "")
-
-    def holds(self, value: float) -> bool:
-        low = self.lo is None or (value > self.lo if self.open_lo else value >= self.lo)
-        return low and (self.hi is None or value <= self.hi)
 
 
 GE0, GT0, GE1, UNIT = Range(0), Range(0, open_lo=True), Range(1), Range(0, 1)

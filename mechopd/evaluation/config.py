@@ -4,14 +4,32 @@ are generated from them. A light module (no task or tokenizer imports): the pars
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from mechopd.core.errors import TaskError
-from mechopd.core.options import GE0, GE1, GT0, Range, check_fields, field_facts, option
-from mechopd.core.ranges import SEED_MAX, check_seed, check_temperature
-from mechopd.evaluation.removability import RegimeThresholds
+from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import GE0, GE1, GT0, check_fields, field_facts, option
+from mechopd.core.ranges import SEED_RANGE, check_temperature
 from mechopd.generate.lean import DECODERS
 from mechopd.generate.prefix import MODES as PREFIX_MODES
+
+
+@dataclass(frozen=True)
+class RegimeThresholds:
+    """Decision thresholds for the removability regimes (proportions, 0..1).
+
+    drop_min:  A if Acc_x − Acc_xc ≥ drop_min (default 0.02: a 2-point accuracy drop with c).
+    harm_high: A if Harm ≥ harm_high (default 0.10: c flips ≥ 10 % of the items solved without it).
+    gain_min:  B if Acc_xc − Acc_x ≥ gain_min and not A (default 0.02).
+    """
+
+    drop_min: float = 0.02
+    harm_high: float = 0.10
+    gain_min: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
+                raise ConfigError(f"RegimeThresholds.{name}={value!r} must be a proportion in [0, 1]")
 
 
 @dataclass
@@ -21,7 +39,7 @@ class EvalConfig:
     flags and their checks are generated from them (`EVAL_FACTS`)."""
 
     n: int = option(200, help="held-out items", range=GE1)
-    seed: int = option(0, help="seed of item choice and sampling", range=Range(0, SEED_MAX))
+    seed: int = option(0, help="seed of item choice and sampling", range=SEED_RANGE)
     samples: int = option(1, help="k sampled responses per item and view (1 = greedy unless --temperature)", range=GE1)
     temperature: float | None = option(
         None, help="sampling temperature (omit it: greedy with --samples 1, else the task's)", range=GT0
@@ -52,11 +70,12 @@ class EvalConfig:
             from mechopd.generate.vllm_engine import require_vllm
 
             require_vllm("engine")
-        check_seed(self.seed)  # before the evaluation, not after it (the bootstrap seeds numpy with it)
         check_temperature(self.temperature)  # omit it for greedy decoding
         if self.shared_prefix not in PREFIX_MODES:
             raise TaskError(f"shared_prefix={self.shared_prefix!r} is unknown; choose auto or off")
-        check_fields(self, EVAL_FACTS)  # every declared range and choice (max_new_tokens, batch_size, n_boot, ...)
+        check_fields(
+            self, EVAL_FACTS
+        )  # before the evaluation: the seed (the bootstrap seeds numpy with it), every declared range and choice (max_new_tokens, batch_size, n_boot, ...)
 
 
 EVAL_FACTS = field_facts(EvalConfig)  # the declared fields: `mechopd eval`'s flags (cli/eval_cmd.py)

@@ -33,6 +33,7 @@ import numpy as np
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids
+from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.evaluate import sampling_settings
 from mechopd.evaluation.pinning import check_fits
 from mechopd.evaluation.removability import MIN_VALID_RESAMPLES, resample_blocks
@@ -136,7 +137,11 @@ def not_measurable(task: Any) -> str:
 
 
 def summarize_following(
-    records: list[dict], n_boot: int = 1000, seed: int = 0, ci: float = 0.95, note: str | None = None
+    records: list[dict],
+    n_boot: int = EvalConfig.n_boot,
+    seed: int = EvalConfig.seed,
+    ci: float = 0.95,
+    note: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(summary keys ``follow_other``, ``stick``, ``other_contexts_n``; per-context rows ``{label, n, follow, stick}``).
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from mechopd.config import DATE_PIN
+from mechopd.config import DATE_PIN, TrainConfig
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids, render_prompt_ids_batch, render_prompt_text
 
@@ -261,7 +261,7 @@ def train_render(
             spec,
             max_new_tokens,
             getattr(model_config, "max_position_embeddings", None),
-            task if getattr(cfg, "follow_weight", 0) else None,
+            task if getattr(cfg, "follow_weight", TrainConfig.follow_weight) else None,
             rendered,
         )  # the follow term's rollouts under c′ too
     return spec, note

@@ -36,12 +36,13 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.evaluation.config import EvalConfig, RegimeThresholds  # RegimeThresholds: declared with EvalConfig
 
 METRICS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")
 FIELDS = ("correct_x", "correct_xc", "len_x", "len_xc")
@@ -53,23 +54,7 @@ REGIME_NAMES = {"A": "context hurts", "B": "context still helps", "C": "views ag
 COLLAPSED_MAX = 0.05  # regime X: Acc_x and Acc_xc both at most this (a model right on almost nothing in either view)
 
 
-@dataclass(frozen=True)
-class RegimeThresholds:
-    """Decision thresholds for the removability regimes (proportions, 0..1).
-
-    drop_min:  A if Acc_x − Acc_xc ≥ drop_min (default 0.02: a 2-point accuracy drop with c).
-    harm_high: A if Harm ≥ harm_high (default 0.10: c flips ≥ 10 % of the items solved without it).
-    gain_min:  B if Acc_xc − Acc_x ≥ gain_min and not A (default 0.02).
-    """
-
-    drop_min: float = 0.02
-    harm_high: float = 0.10
-    gain_min: float = 0.02
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
-                raise ConfigError(f"RegimeThresholds.{name}={value!r} must be a proportion in [0, 1]")
+THRESHOLDS = RegimeThresholds()  # the defaults (frozen)
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
@@ -173,7 +158,7 @@ def _interval(values: np.ndarray, ci: float) -> tuple[float | None, float | None
 
 # ---------------------------------------------------------------------------------------------------- regimes
 def classify_regime(
-    acc_x: float, acc_xc: float, harm: float | None, thresholds: RegimeThresholds = RegimeThresholds()
+    acc_x: float, acc_xc: float, harm: float | None, thresholds: RegimeThresholds = THRESHOLDS
 ) -> tuple[str, str]:
     """(regime letter, human reason with the deciding numbers); rule in the module docstring."""
     t = thresholds
@@ -209,10 +194,10 @@ def classify_regime(
 # ---------------------------------------------------------------------------------------------------- summary
 def summarize(
     records: Sequence[Any],
-    n_boot: int = 1000,
-    seed: int = 0,
+    n_boot: int = EvalConfig.n_boot,
+    seed: int = EvalConfig.seed,
     ci: float = 0.95,
-    thresholds: RegimeThresholds = RegimeThresholds(),
+    thresholds: RegimeThresholds = THRESHOLDS,
 ) -> dict:
     """Removability summary of paired outcomes (JSON-serialisable).
 

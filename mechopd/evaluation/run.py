@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
 from mechopd.evaluation.evaluate import EvalConfig, evaluate, evaluate_model, write_report
 
@@ -25,13 +26,13 @@ def evaluate_checkpoint(
     model: Any,
     task: Any = None,
     *,
-    n: int = 200,
-    seed: int = 0,
-    samples: int = 1,
-    temperature: float | None = None,
-    max_new_tokens: int | None = None,
-    engine: str = "auto",
-    no_context_system: str | None = None,
+    n: int = EvalConfig.n,
+    seed: int = EvalConfig.seed,
+    samples: int = EvalConfig.samples,
+    temperature: float | None = EvalConfig.temperature,
+    max_new_tokens: int | None = EvalConfig.max_new_tokens,
+    engine: str = EvalConfig.engine,
+    no_context_system: str | None = TrainConfig.no_context_system,
     chat_template_kwargs: dict[str, Any] | None = None,
     other_contexts: bool = False,
     task_options: dict[str, Any] | None = None,
@@ -107,7 +108,7 @@ def evaluate_plan(
     plan: EvalPlan,
     cfg: EvalConfig,
     *,
-    no_context_system: str | None = None,
+    no_context_system: str | None = TrainConfig.no_context_system,
     chat_template_kwargs: dict[str, Any] | None = None,
     other_contexts: bool = False,
 ) -> dict[str, dict[str, Any]]:

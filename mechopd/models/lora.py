@@ -24,14 +24,15 @@ import copy
 import functools
 import itertools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
+from mechopd.config.sections import LoraOptions  # declared once, with the config (lora_rank, lora_alpha, ...)
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.model_checks import require_peft  # noqa: F401  (re-exported: the check lives below config/)
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
 
 if TYPE_CHECKING:
@@ -45,31 +46,18 @@ DEFAULT_TARGETS = ATTN_MODULES + MLP_MODULES  # the attention and MLP projection
 NAME = "default"  # peft's adapter name
 
 
-@dataclass(frozen=True)
-class LoraOptions:
-    """rank r (> 0), alpha α (scale α / r), dropout on the adapter's input, targets (module names, e.g. q_proj)."""
-
-    rank: int
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: tuple[str, ...] = DEFAULT_TARGETS
-
-
-def require_peft() -> Any:
-    try:
-        import peft
-    except ImportError:
-        raise ConfigError("lora_rank > 0 needs peft (a core dependency of mechopd): pip install 'peft>=0.17'") from None
-    return peft
+def targets_of(opts: LoraOptions) -> tuple[str, ...]:
+    """The adapted module names: ``lora_targets``, or (None) the attention and MLP projections."""
+    return tuple(opts.lora_targets) if opts.lora_targets else DEFAULT_TARGETS
 
 
 def peft_config(opts: LoraOptions, base: str | None = None, targets: list[str] | None = None) -> Any:
     peft = require_peft()
     return peft.LoraConfig(
-        r=opts.rank,
-        lora_alpha=opts.alpha,
-        lora_dropout=opts.dropout,
-        target_modules=list(opts.targets) if targets is None else targets,
+        r=opts.lora_rank,
+        lora_alpha=opts.lora_alpha,
+        lora_dropout=opts.lora_dropout,
+        target_modules=list(targets_of(opts)) if targets is None else targets,
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base,
@@ -90,7 +78,8 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     from mechopd.models.arch import lora_modules
 
     peft = require_peft()
-    paths = lora_modules(model, opts.targets, every=opts.targets != DEFAULT_TARGETS)  # fused modules whole
+    chosen = targets_of(opts)
+    paths = lora_modules(model, chosen, every=chosen != DEFAULT_TARGETS)  # fused modules whole
     check_fits(model, opts, paths)
     model.requires_grad_(False)
     peft.inject_adapter_in_model(peft_config(opts, targets=paths), model, adapter_name=NAME)
@@ -107,14 +96,14 @@ def check_fits(model: nn.Module, opts: LoraOptions, paths: list[str]) -> None:
     would save an untied head). ``paths``: the targeted modules (`arch.lora_modules`; Linear or Conv1D, whose weight's
     smaller dimension bounds the rank either way)."""
     most = max((min(cast(torch.Tensor, model.get_submodule(p).weight).shape) for p in paths), default=0)
-    if not isinstance(opts.rank, int) or not 1 <= opts.rank <= most:
+    if not isinstance(opts.lora_rank, int) or not 1 <= opts.lora_rank <= most:
         raise ConfigError(
-            f"lora_rank={opts.rank} is outside 1..{most} (the most any targeted projection's ΔW can use: a larger "
+            f"lora_rank={opts.lora_rank} is outside 1..{most} (the most any targeted projection's ΔW can use: a larger "
             f"rank adds no capacity); choose a lora_rank from 1 to {most}"
         )
     none: Any = lambda: None  # noqa: E731  (a model without transformers' embedding accessors)
     head, embed = getattr(model, "get_output_embeddings", none)(), getattr(model, "get_input_embeddings", none)()
-    if "lm_head" in opts.targets and head is not None and embed is not None and head.weight is embed.weight:
+    if "lm_head" in targets_of(opts) and head is not None and embed is not None and head.weight is embed.weight:
         raise ConfigError(
             "lora_targets names lm_head, which this model ties to embed_tokens: its merged checkpoint would save an "
             "untied head; drop lm_head from lora_targets"

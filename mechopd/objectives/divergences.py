@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from mechopd.objectives.options import EstimatorOptions
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Vocabulary alignment and reduction
 # ---------------------------------------------------------------------------------------------------------------------
@@ -71,7 +73,11 @@ class TopKKL(NamedTuple):
 
 
 def reverse_kl_topk(
-    student_logp: Tensor, teacher_logp: Tensor, k: int = 256, renormalize: bool = False, tail: bool = False
+    student_logp: Tensor,
+    teacher_logp: Tensor,
+    k: int = EstimatorOptions.topk,
+    renormalize: bool = EstimatorOptions.renormalize,
+    tail: bool = EstimatorOptions.tail,
 ) -> TopKKL:
     """OPD loss per position summed over the student's top-k ids ``S = TopK(q_x, k)`` (ids picked without gradient).
 

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from mechopd.core.errors import ConfigError
+from mechopd.objectives.options import SignalOptions
 from mechopd.objectives.signals import TeachabilityStats, _check_mask, _fp32
 
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)
@@ -43,7 +44,9 @@ class NormalizedStats:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def quantile_norm(z: Tensor, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95) -> Tensor:
+def quantile_norm(
+    z: Tensor, mask: Tensor, q_low: float = SignalOptions.q_low, q_high: float = SignalOptions.q_high
+) -> Tensor:
     """``Norm(z) = clip((z − Q_low)/(Q_high − Q_low), 0, 1)``, quantiles over the valid positions of the whole batch.
 
     Quantiles interpolate linearly between order statistics (numpy's default "linear" method). If
@@ -78,7 +81,7 @@ def _quantile(ordered: Tensor, q: float) -> float:
 
 
 def normalize_stats(
-    stats: TeachabilityStats, mask: Tensor, q_low: float = 0.05, q_high: float = 0.95
+    stats: TeachabilityStats, mask: Tensor, q_low: float = SignalOptions.q_low, q_high: float = SignalOptions.q_high
 ) -> NormalizedStats:
     """Batch-normalise H, D, C and form the decomposition ``D^L = D̃·C̃``, ``D^I = D̃·(1 − C̃)`` (0 off-mask)."""
     h, d, c = (quantile_norm(x, mask, q_low, q_high) for x in (stats.H, stats.D, stats.C))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from torch import Tensor
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import register_options
 from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
-from mechopd.objectives.options import TIE_BREAKS, SignalOptions
+from mechopd.objectives.options import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
@@ -180,7 +180,11 @@ def budget_size(rho: float, n_valid: int) -> int:
 
 
 def select_top_budget(
-    score: Tensor, mask: Tensor, rho: float, tie_break: str = "position", min_one_per_response: bool = False
+    score: Tensor,
+    mask: Tensor,
+    rho: float,
+    tie_break: str = SelectionOptions.tie_break,
+    min_one_per_response: bool = SelectionOptions.min_one_per_response,
 ) -> Tensor:
     """Keep one global top ``⌈ρ·N⌉`` of ``score`` over the batch's N valid positions; returns ``[batch, seq]`` bool.
 
@@ -233,31 +237,28 @@ class Selection:
 
 @dataclass(frozen=True)
 class Selector:
-    """A named token selector with its options; call it on one rollout batch.
+    """A named token selector with its option sections (declared once, `objectives/options.py`); call it on one
+    rollout batch.
 
-    name: one of SELECTORS; k: TA-OPD top-K (default 16); c_mode: "exact" | "lower_bound"; d_mode: "union" |
-    "floored"; tie_break: "position" | "sequence"; min_one_per_response: the ≥1-kept-per-response rule;
-    q_low / q_high: the normalisation quantiles.
+    name: one of SELECTORS; signals: `SignalOptions` (k, c_mode, d_mode, q_low, q_high: the teachability signals and
+    their normalisation); selection: `SelectionOptions` (tie_break, min_one_per_response; its budget is the ``rho``
+    of each call); options: a plug-in selector's options instance (handed to its score as ``options=``).
     """
 
     name: str
-    k: int = 16
-    c_mode: str = "exact"
-    d_mode: str = "union"
-    tie_break: str = "position"
-    min_one_per_response: bool = False
-    q_low: float = 0.05
-    q_high: float = 0.95
-    options: Any = None  # a plug-in selector's options instance (handed to its score as ``options=``)
+    signals: SignalOptions = field(default_factory=SignalOptions)
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
+    options: Any = None
 
     def __post_init__(self) -> None:
         _check_choice("selector", self.name, SELECTORS)  # the registered names (register_selector)
-        _check_choice("k", self.k, None)
-        _check_choice("c_mode", self.c_mode, C_MODES)
-        _check_choice("d_mode", self.d_mode, D_MODES)
-        _check_choice("tie_break", self.tie_break, TIE_BREAKS)
-        if not 0.0 <= self.q_low < self.q_high <= 1.0:
-            raise ConfigError(f"q_low={self.q_low}, q_high={self.q_high} are invalid: need 0 <= q_low < q_high <= 1")
+        s = self.signals
+        _check_choice("k", s.k, None)
+        _check_choice("c_mode", s.c_mode, C_MODES)
+        _check_choice("d_mode", s.d_mode, D_MODES)
+        _check_choice("tie_break", self.selection.tie_break, TIE_BREAKS)
+        if not 0.0 <= s.q_low < s.q_high <= 1.0:
+            raise ConfigError(f"q_low={s.q_low}, q_high={s.q_high} are invalid: need 0 <= q_low < q_high <= 1")
 
     @property
     def needs_stats(self) -> bool:
@@ -277,7 +278,8 @@ class Selector:
         if self.needs_stats:
             if student_logp is None or teacher_logp is None:
                 raise ValueError(f"selector {self.name!r} needs the student and teacher log-probs")
-            stats = teachability_stats(student_logp, teacher_logp, mask, self.k, self.c_mode, self.d_mode)
+            s = self.signals
+            stats = teachability_stats(student_logp, teacher_logp, mask, s.k, s.c_mode, s.d_mode)
         return self.from_stats(stats, mask, rho, generator)
 
     def from_stats(
@@ -290,7 +292,7 @@ class Selector:
         if spec.needs_stats:
             if stats is None:
                 raise ValueError(f"selector {self.name!r} needs TeachabilityStats")
-            normed = normalize_stats(stats, mask, self.q_low, self.q_high)
+            normed = normalize_stats(stats, mask, self.signals.q_low, self.signals.q_high)
         if spec.options not in (None, SignalOptions):  # a plug-in's own options
             own = self.options if self.options is not None else spec.options()
             score = spec.score(normed, mask, generator, options=own)
@@ -298,31 +300,29 @@ class Selector:
             score = spec.score(normed, mask, generator)
         if score is None:  # keeps every valid position
             return Selection(keep=mask.clone(), n_valid=n_valid, budget=n_valid)
-        keep = select_top_budget(score, mask, rho, self.tie_break, self.min_one_per_response)
+        keep = select_top_budget(score, mask, rho, self.selection.tie_break, self.selection.min_one_per_response)
         return Selection(keep, n_valid, budget, score=score, stats=stats, normed=normed)
 
 
-def make_selector(name: str, **options) -> Selector:
-    """The selector ``name`` (one of SELECTORS) with ``options`` (see :class:`Selector`); ConfigError if unknown."""
-    return Selector(name, **options)
+def make_selector(name: str, options: Any = None, **values: Any) -> Selector:
+    """The selector ``name`` (one of SELECTORS); ``values``: fields of `SignalOptions` (k, c_mode, ...) and of
+    `SelectionOptions` (tie_break, min_one_per_response), the rest at their declared defaults; ``options``: a plug-in
+    selector's options instance. ConfigError for an unknown name or value."""
+    signal_keys = {f.name for f in fields(SignalOptions)}
+    selection_keys = {f.name for f in fields(SelectionOptions)} - {"selector", "budget"}
+    unknown = sorted(set(values) - signal_keys - selection_keys)
+    if unknown:
+        raise TypeError(f"make_selector: unknown option(s) {', '.join(unknown)}")
+    signals = SignalOptions(**{k: v for k, v in values.items() if k in signal_keys})
+    selection = SelectionOptions(selector=name, **{k: v for k, v in values.items() if k in selection_keys})
+    return Selector(name, signals, selection, options)
 
 
 def config_selector(cfg: Any) -> Selector:
     """A config's selector: its name, the selection options and the options it registered (read from ``cfg``)."""
     spec = selector_spec(cfg.selector)
     own = cfg.section(spec.options) if spec.options is not None else None
-    signals = cfg.section(SignalOptions)  # the Selector's own fields (defaults where the selector reads none)
-    return Selector(
-        cfg.selector,
-        k=signals.k,
-        c_mode=signals.c_mode,
-        d_mode=signals.d_mode,
-        tie_break=cfg.tie_break,
-        min_one_per_response=cfg.min_one_per_response,
-        q_low=signals.q_low,
-        q_high=signals.q_high,
-        options=own,
-    )
+    return Selector(cfg.selector, cfg.section(SignalOptions), cfg.section(SelectionOptions), own)
 
 
 def select(

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.divergences import _check_mask
-from mechopd.objectives.options import C_MODES, D_MODES  # declared once, with the config fields
+from mechopd.objectives.options import C_MODES, D_MODES, SignalOptions  # declared once, with the config fields
 
 FLOOR = 1e-12  # the released code's probability floor (d_mode="floored")
 
@@ -53,9 +53,9 @@ def teachability_stats(
     student_logp: Tensor,
     teacher_logp: Tensor,
     mask: Tensor,
-    k: int = 16,
-    c_mode: str = "exact",
-    d_mode: str = "union",
+    k: int = SignalOptions.k,
+    c_mode: str = SignalOptions.c_mode,
+    d_mode: str = SignalOptions.d_mode,
     kl_full: bool = True,
 ) -> TeachabilityStats:
     """Per-position TA-OPD signals (no gradient). ``K = min(k, vocab)``.
@@ -166,7 +166,9 @@ def _fp32(x: Tensor) -> Tensor:
 def _check_choice(field: str, value, allowed: tuple[str, ...] | None) -> None:
     if allowed is None:  # an integer >= 1
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K=16)")
+            raise ConfigError(
+                f"{field}={value!r} is invalid: it must be an integer >= 1 (TA-OPD default K={SignalOptions.k})"
+            )
     elif value not in allowed:
         raise ConfigError(f"{field}={value!r} is unknown: use one of {', '.join(allowed)}")
 

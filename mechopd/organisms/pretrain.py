@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechopd.core.errors import ConfigError, TrainingError
+from mechopd.core.options import option
 from mechopd.core.ranges import check_seed
 from mechopd.core.runlock import hold
 from mechopd.core.views import RenderSpec, render_prompt_ids_batch
@@ -54,7 +55,7 @@ class OrganismConfig:
     lr: float = 3e-3
     warmup: int = 50
     corpus_size: int = 40000
-    seed: int = 0
+    seed: int = option(0, help="seed of the initialisation, the corpus and the batches")
     task_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -254,7 +255,12 @@ def read_marker(marker: Path) -> dict[str, Any]:
 
 
 def default_config(
-    task: str, *, seed: int = 0, arch: str = "qwen3", steps: int | None = None, layers: int | None = None
+    task: str,
+    *,
+    seed: int = OrganismConfig.seed,
+    arch: str = "qwen3",
+    steps: int | None = None,
+    layers: int | None = None,
 ) -> OrganismConfig:
     """The organism for `task` with its defaults (`TASK_DEFAULTS`); `steps` overrides the schedule length, `layers` the depth
     (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
 from mechopd.organisms.recipes import ORGANISM_RECIPES
@@ -105,12 +106,12 @@ def fast_values() -> dict[str, Any]:
 class DemoConfig:
     """The demo's knobs; `fast` shrinks everything for the test suite (a smaller organism, `fast_values`)."""
 
-    task: str = "rules"
+    task: str = TrainConfig.task  # the defaults that are training options: read from their declarations
     out: str = "runs/demo"
     fast: bool = False
     sweep: bool = False
     full_stages: bool = True  # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
-    seed: int = 0
+    seed: int = TrainConfig.seed
     seeds: int | None = None  # None: the built-in study's seeds (with --fast: 1)
     workers: int | None = None  # worker processes (None: torch.get_num_threads(); pipeline/pool.py)
     job_threads: int = 1  # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
@@ -127,9 +128,11 @@ class DemoConfig:
     nca_gate_window: int = NCA_GATE_WINDOW
     nca_start: int | None = None  # NCA's anchor from this step (None: the KL gate above); rules: 30
     ta_opd_k: int | None = None  # TA-OPD's support K (None: the paper's 16); rules: 2
-    follow_contexts: list[str] | None = None  # the follow term's contexts (None: every other one); the rest held out
+    follow_contexts: list[str] | None = (
+        TrainConfig.follow_contexts
+    )  # the follow term's contexts (None: every other one); the rest held out
     grad_stats_every: int = GRAD_STATS_EVERY
-    organism_dir: str = "runs/organisms"
+    organism_dir: str = TrainConfig.organism_dir
     task_options: dict[str, Any] | None = None  # None: the built-in study's (the distilled context)
     train_overrides: dict[str, Any] = field(default_factory=dict)
 

@@ -13,6 +13,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from mechopd.evaluation.config import EvalConfig
+from mechopd.organisms.pretrain import OrganismConfig
+
 ACCURACY_FILE = "accuracy.json"
 
 
@@ -20,10 +23,10 @@ def pretrain_organism(
     task: str,
     out: str | Path | None = None,
     *,
-    seed: int = 0,
+    seed: int = OrganismConfig.seed,
     arch: str = "qwen3",
     steps: int | None = None,
-    n: int = 200,
+    n: int = EvalConfig.n,
     layers: int | None = None,
     num_heads: int | None = None,
     num_kv_heads: int | None = None,

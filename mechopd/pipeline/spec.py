@@ -36,7 +36,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
+from mechopd.evaluation.config import EvalConfig
 
 RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
 STUDY_SET = ("task", "task_options", "student", "teacher", "seed", "no_context_system", "chat_template_kwargs")
@@ -53,7 +55,7 @@ class StudySpec:
     runs: dict[str, dict[str, Any]]
     task_options: dict[str, Any] = field(default_factory=dict)
     render: dict[str, Any] = field(default_factory=dict)
-    teacher: str | None = None
+    teacher: str | None = TrainConfig.teacher
     seeds: list[int] = field(default_factory=lambda: [0])
     train: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
@@ -173,9 +175,11 @@ class StudySpec:
             raise ConfigError(f"{self.source}: eval.{unknown[0]} is unknown; use {', '.join(known)}")
         if not isinstance(self.eval.get("other_contexts", True), bool):
             raise ConfigError(f"{self.source}: eval.other_contexts must be true or false")
-        n = self.eval.get("n", 200)
+        n = self.eval.get("n", EvalConfig.n)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. 200)")
+            raise ConfigError(
+                f"{self.source}: eval.n={n!r} must be an integer >= 1 (held-out items, e.g. {EvalConfig.n})"
+            )
         held_out = (task.split_sizes() if hasattr(task, "split_sizes") else {}).get("test")
         if held_out is not None and n > held_out:
             raise ConfigError(
@@ -275,7 +279,7 @@ class StudySpec:
 
     @property
     def eval_n(self) -> int:
-        return int(self.eval.get("n", 200))
+        return int(self.eval.get("n", EvalConfig.n))
 
     @property
     def other_contexts(self) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from mechopd.config import TrainConfig
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
@@ -22,14 +23,14 @@ def _log(msg: str) -> None:
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
     """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
     if over.get("method") == "nca":
-        start, gate = over.get("nca_start", 0), over.get("nca_gate")
+        start, gate = over.get("nca_start", TrainConfig.nca_start), over.get("nca_gate")
         when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
         follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
-        return f"NCA (β={over.get('beta', 0.5):g}, {when}){follow}"
-    if over.get("selector", "full") != "full":
+        return f"NCA (β={over.get('beta', TrainConfig.beta):g}, {when}){follow}"
+    if over.get("selector", TrainConfig.selector) != "full":
         kept_text = "n/a" if kept is None else f"{kept:.2f}"
         k = f", K={over['k']}" if over.get("k") is not None else ""
-        return f"TA-OPD (ρ={over.get('budget', 0.1):.2f}{k}, kept {kept_text})"
+        return f"TA-OPD (ρ={over.get('budget', TrainConfig.budget):.2f}{k}, kept {kept_text})"
     return "OPD" if name == "opd" else name
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig
 from mechopd.core.artifacts import read_json
 from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
@@ -157,7 +158,7 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
         return (
-            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', 5)} steps "
+            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', TrainConfig.nca_gate_window)} steps "
             f"is at most {over['nca_gate']:g} nats per token (the anchor gate; it opened after step "
             f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
             "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it"
@@ -174,7 +175,7 @@ def _kept_lines(study: Study) -> list[str]:
     out = []
     for run in study:
         over = run.settings
-        if over and over.get("selector", "full") != "full":
+        if over and over.get("selector", TrainConfig.selector) != "full":
             out.append(
                 f"- **{run.label}**: budget ρ = {over.get('budget')}, the share of response "
                 "positions it actually trained on is the kept fraction (mean of `kept_fraction` over its "
@@ -255,7 +256,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     out += [""] + _claims_lines(rows)
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
-    seed = f" --seed {cfg.get('seed', 0)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
+    seed = f" --seed {cfg.get('seed', TrainConfig.seed)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
     study_flag = f" --study {sh_arg(study)}" if study is not None else ""
     demo = f"mechopd demo --task {s.task} --out {sh_arg(root)}{seed}{_demo_flags(cfg)}"
     out.append(_study_line(s.manifest, root) or demo)

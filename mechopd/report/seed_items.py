@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.stats import hier_bootstrap
+from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.following import _matrices, _mean_over_contexts
 from mechopd.evaluation.removability import batched_metrics, paired_arrays
 from mechopd.study import Study
@@ -61,7 +62,7 @@ def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
 
 
 def paired_stat(
-    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = 0
+    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = EvalConfig.seed
 ) -> dict[str, Any]:
     """Mean over seeds of ``fn`` on the roles' paired item arrays, seeds × items interval; ``"of"``: the
     study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import DataError
-from mechopd.tasks.jsonl_answer import choice_letter, instruction_for
+from mechopd.tasks.jsonl_answer import ScoringOptions, choice_letter, instruction_for
 from mechopd.tasks.jsonl_other import raw_other
 
 MEDMCQA_FIELDS = ("opa", "opb", "opc", "opd")
@@ -140,7 +140,7 @@ def parse_item(obj: Any, path: Path, line: int, cop_base: int = 0) -> _Item:
     raise DataError(f"{_where(path, line)} missing field {field_name!r}; accepted layouts: {ACCEPTED_LAYOUTS}")
 
 
-def render_prompt(item: _Item, answer_format: str = "tag") -> str:
+def render_prompt(item: _Item, answer_format: str = ScoringOptions.answer_format) -> str:
     """The user-turn text x: stem, the options as ``A. ...`` lines, then the instruction of `answer_format`
     (`instruction_for`: the ``<answer>`` request for ``tag``, a short-reply request for the others)."""
     instruction = instruction_for(answer_format, item.options is not None)

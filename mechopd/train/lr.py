@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 
+from mechopd.config import TrainConfig
 
-def lr_multiplier(step: int, steps: int, warmup: int = 0, schedule: str = "constant") -> float:
+
+def lr_multiplier(step: int, steps: int, warmup: int = TrainConfig.warmup, schedule: str = "constant") -> float:
     """m(s) above; `schedule` is one of ``config.LR_SCHEDULES`` (validated by TrainConfig)."""
     if step < warmup:
         return (step + 1) / warmup

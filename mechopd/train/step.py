@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from mechopd.config import TrainConfig
 from mechopd.core.views import TwoViewBatch
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import stable_seed
@@ -70,9 +71,9 @@ class StepOptions:
     vocab: int
     budget: float
     seed: int
-    micro_batch_size: int | None = None
-    logit_chunk: int | None = None
-    shared_prefix: str = "auto"
+    micro_batch_size: int | None = TrainConfig.micro_batch_size  # the defaults: read from their declarations
+    logit_chunk: int | None = TrainConfig.logit_chunk
+    shared_prefix: str = TrainConfig.shared_prefix
     student_shared_prefix: str | None = None
     autocast: torch.dtype | None = None
 
@@ -256,7 +257,7 @@ class StepScorer:
     def _signals(self, hx: Tensor, th: Tensor, mask: Tensor, memo: _Memo = None) -> TeachabilityStats:
         """TA-OPD signals ``[b, R]`` (C, D, H; no selector reads kl_full), per chunk of positions (`_select` on
         `memo`)."""
-        sel, T, out = self.selector, self.opts.temperature, []
+        sg, T, out = self.selector.signals, self.opts.temperature, []
         for c in self._chunks(mask.shape[1]):
             with torch.set_grad_enabled(memo is not None):  # kept for the loss: the student's head with grad
                 s_logits = self._head(self.student, hx[:, c] if memo is not None else hx[:, c].detach())
@@ -265,7 +266,7 @@ class StepScorer:
             t = _logp(t_logits, T)
             if memo is not None:
                 memo.update(student_nctx=(s_logits, s), teacher=(t_logits, t))
-            out.append(teachability_stats(s, t, mask[:, c], sel.k, sel.c_mode, sel.d_mode, kl_full=False))
+            out.append(teachability_stats(s, t, mask[:, c], sg.k, sg.c_mode, sg.d_mode, kl_full=False))
         return cat_stats(out, 1)
 
     def step(self, batch: TwoViewBatch, step: int, per_term: bool = False) -> StepResult:

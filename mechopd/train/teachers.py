@@ -23,18 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.config import TrainConfig
+from mechopd.config import LoraOptions, TrainConfig
 from mechopd.core.errors import TrainingError
 from mechopd.models import load_model, lora
 
 EMA_FILE = "teacher_ema.safetensors"
 
 
-def lora_options(cfg: TrainConfig) -> lora.LoraOptions | None:
-    if not cfg.lora_rank:
-        return None
-    targets = tuple(cfg.lora_targets) if cfg.lora_targets else lora.DEFAULT_TARGETS
-    return lora.LoraOptions(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, targets)
+def lora_options(cfg: TrainConfig) -> LoraOptions | None:
+    """The config's LoRA section (a `TrainConfig` is one), or None for a full student (``lora_rank`` 0)."""
+    return cfg if cfg.lora_rank else None
 
 
 @dataclass
@@ -44,7 +42,7 @@ class Models:
 
     student: nn.Module
     teacher: nn.Module
-    lora: lora.LoraOptions | None
+    lora: LoraOptions | None
     ema: list[tuple[str, torch.Tensor, torch.Tensor]] | None
     decay: float
     base_path: str

@@ -19,7 +19,7 @@ from mechopd.objectives.select import make_selector
 from mechopd.train.step import StepOptions, StepScorer
 
 V, T = 61, 0.8
-OPTS = lora.LoraOptions(rank=4, alpha=8.0)
+OPTS = lora.LoraOptions(lora_rank=4, lora_alpha=8.0)
 
 
 def _llama(seed: int):
@@ -177,7 +177,7 @@ def test_the_lean_decoder_runs_the_adapter(batch):
 
 def test_unknown_lora_target_is_refused():
     with pytest.raises(ConfigError, match="lora_targets.*q_projx.*choose from"):
-        lora.add_adapter(_llama(0), lora.LoraOptions(rank=2, targets=("q_projx",)))
+        lora.add_adapter(_llama(0), lora.LoraOptions(lora_rank=2, lora_targets=["q_projx"]))
 
 
 @pytest.mark.parametrize(

@@ -263,7 +263,7 @@ def test_default_keeps_exactly_the_budget_as_the_paper_says():
     keep = S.select_top_budget(score, mask, rho=0.2)  # the paper's text: exactly ⌈0.2·8⌉ = 2, nothing added
     assert keep[0].tolist() == [True, True, False, False, False] and not keep[1:].any()
     sel = S.make_selector("ta_opd")
-    assert sel.min_one_per_response is False
+    assert sel.selection.min_one_per_response is False
     out = S.make_selector("random").from_stats(None, mask, 0.2, torch.Generator().manual_seed(0))
     assert int(out.keep.sum()) == 2 and out.kept_fraction == 2 / 8
 
