@@ -13,7 +13,6 @@ importing the submodule rebinds the name, which is why the functions are ``run_t
 
 from __future__ import annotations
 
-import importlib.abc as _importlib_abc
 import re as _re
 from pathlib import Path as _Path
 from typing import Any as _Any
@@ -83,87 +82,3 @@ _PUBLIC_MODULES = (
 def __dir__() -> list[str]:
     """The public API only: the entry points and the modules a caller imports (not typing names or helpers)."""
     return sorted(set(__all__) | set(_PUBLIC_MODULES))
-
-
-# --- moved modules (issue 30): the old top-level import paths, kept working
-_MOVED = {
-    "mechopd.errors": "mechopd.core.errors",
-    "mechopd.checks": "mechopd.core.checks",
-    "mechopd.artifacts": "mechopd.core.artifacts",
-    "mechopd.runcheck": "mechopd.core.runcheck",
-    "mechopd.runlock": "mechopd.core.runlock",
-    "mechopd.views": "mechopd.core.views",
-    "mechopd.sites": "mechopd.core.sites",
-    "mechopd.stats": "mechopd.core.stats",
-    "mechopd.config_parse": "mechopd.core.config_parse",
-    "mechopd.ranges": "mechopd.core.ranges",
-    "mechopd.options": "mechopd.core.options",
-    "mechopd.lora": "mechopd.models.lora",
-    "mechopd.evaluate": "mechopd.evaluation.evaluate",
-    "mechopd.removability": "mechopd.evaluation.removability",
-    "mechopd.following": "mechopd.evaluation.following",
-    "mechopd.records": "mechopd.evaluation.records",
-    "mechopd.pinning": "mechopd.evaluation.pinning",
-    "mechopd.eval_run": "mechopd.evaluation.run",
-    "mechopd.mechanism_stats": "mechopd.probes.mechanism_stats",
-    "mechopd.study_checks": "mechopd.study.checks",
-    "mechopd.report_seeds": "mechopd.report.seeds",
-    "mechopd.claims": "mechopd.report.claims",
-    "mechopd.claim_rules": "mechopd.report.claim_rules",
-    "mechopd.claims_probes": "mechopd.report.claims_probes",
-    "mechopd.following_claims": "mechopd.report.following_claims",
-    "mechopd.mechanism_claims": "mechopd.report.mechanism_claims",
-    "mechopd.verdicts": "mechopd.report.verdicts",
-    "mechopd.seed_items": "mechopd.report.seed_items",
-    "mechopd.report_items": "mechopd.report.items",
-    "mechopd.aggregate": "mechopd.report.aggregate",
-    "mechopd.explore": "mechopd.report.explore",
-    "mechopd.explore_load": "mechopd.report.explore_load",
-    "mechopd.study_spec": "mechopd.pipeline.spec",
-    "mechopd.study_run": "mechopd.pipeline.run",
-    "mechopd.demo": "mechopd.pipeline.demo",
-    "mechopd.demo_pool": "mechopd.pipeline.pool",
-    "mechopd.study_stages": "mechopd.pipeline.stages",
-    "mechopd.demo_sweep": "mechopd.pipeline.sweep",
-    "mechopd.cli_common": "mechopd.cli.common",
-    "mechopd.cli_eval": "mechopd.cli.eval_cmd",
-}
-
-
-class _MovedModuleFinder(_importlib_abc.Loader):
-    """``import mechopd.<old>`` imports the module at its new path (the same module object) with a
-    DeprecationWarning naming the new path."""
-
-    @classmethod
-    def find_spec(cls, fullname: str, path: _Any = None, target: _Any = None) -> _Any:
-        if fullname not in _MOVED:
-            return None
-        import importlib.util
-
-        return importlib.util.spec_from_loader(fullname, cls())
-
-    def create_module(self, spec: _Any) -> _Any:
-        import importlib
-        import warnings
-
-        new = _MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
-
-    def exec_module(self, module: _Any) -> None:
-        """The module ran at its new path; nothing to run."""
-
-
-def __getattr__(name: str) -> _Any:
-    """``mechopd.<old>`` as an attribute (before any import of it) goes through the finder too."""
-    if f"mechopd.{name}" in _MOVED:
-        import importlib
-
-        return importlib.import_module(f"mechopd.{name}")
-    raise AttributeError(f"module 'mechopd' has no attribute {name!r}")
-
-
-import sys as _sys  # noqa: E402
-
-if not any(isinstance(f, type) and f.__name__ == "_MovedModuleFinder" for f in _sys.meta_path):
-    _sys.meta_path.insert(0, _MovedModuleFinder)  # before any installed copy's finder

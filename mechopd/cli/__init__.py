@@ -11,7 +11,7 @@ from mechopd.cli.eval_cmd import _eval_args
 from mechopd.cli.fetch_cmd import _fetch_args
 from mechopd.cli.probe_cmd import _probe_args
 from mechopd.cli.study_cmd import _aggregate_args, _demo_args, _explore_args, _figures_args, _run_args
-from mechopd.cli.train_cmd import _pretrain_args, _train_args, run_name  # noqa: F401 (run_name re-exported)
+from mechopd.cli.train_cmd import _pretrain_args, _train_args
 from mechopd.core.errors import MechopdError
 
 

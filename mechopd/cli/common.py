@@ -26,7 +26,7 @@ def kv(pairs: list[str] | None, flag: str) -> dict[str, Any]:
 
 
 def kv_raw(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    from mechopd.config import parse_overrides
+    from mechopd.core.config_parse import parse_overrides
 
     return parse_overrides(pairs or [], flag)
 

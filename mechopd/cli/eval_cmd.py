@@ -95,7 +95,8 @@ def _eval_output_args(p: argparse.ArgumentParser) -> None:
 
 def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
     """Report path per label (and the --compare directory), checked writable and clobber-free before any load."""
-    from mechopd.core.checks import INDEX, WEIGHTS, check_out_dir, check_report_target
+    from mechopd.core.checks import check_out_dir, check_report_target
+    from mechopd.core.model_checks import INDEX, WEIGHTS
     from mechopd.core.runcheck import default_eval_report
 
     if a.model:

@@ -156,8 +156,9 @@ def _train(a: argparse.Namespace) -> int:
 
 
 def _train_locked(a: argparse.Namespace) -> int:
-    from mechopd.config import load_train_config, merge, parse_overrides, train_facts
+    from mechopd.config import load_train_config, merge, train_facts
     from mechopd.core.checks import check_out_dir
+    from mechopd.core.config_parse import parse_overrides
     from mechopd.core.options import flag_values
     from mechopd.train.trainer import train
 

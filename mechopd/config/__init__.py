@@ -20,10 +20,8 @@ from typing import Any
 
 import yaml
 
-from mechopd.config.sections import (  # noqa: F401 (re-exported)
-    LOSS_HEADS,
+from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py names `config.LR_SCHEDULES`)
     LR_SCHEDULES,
-    SHARDINGS,
     TEACHER_MODES,
     LogOptions,
     LoraOptions,
@@ -35,33 +33,10 @@ from mechopd.config.sections import (  # noqa: F401 (re-exported)
     TeacherOptions,
 )
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import (  # noqa: F401
-    CliValue,
-    StrictLoader,
-    check_saveable,
-    flag_text,
-    load_yaml,
-    merge,
-    parse_options,
-    parse_overrides,
-    scalar,
-    text_value,
-    typed_options,
-)
+from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: probes/setup.py imports them from here)
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option  # noqa: F401
-from mechopd.core.ranges import MIN_TEMPERATURE, SEED_MAX, SEED_RANGE, TEMPERATURE_RANGE, check_seed, check_temperature  # noqa: F401
-from mechopd.objectives.options import (  # noqa: F401
-    C_MODES,
-    D_MODES,
-    ESTIMATORS,
-    TIE_BREAKS,
-    EstimatorOptions,
-    FollowOptions,
-    NCAOptions,
-    SelectionOptions,
-    SignalOptions,
-)
+from mechopd.core.ranges import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
+from mechopd.objectives.options import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is

@@ -1,6 +1,6 @@
 """Checks that run before a command loads a model or writes a file; each failure is one `MechopdError` line.
 
-- Weights and model directories: `mechopd.core.model_checks` (re-exported here).
+- Weights and model directories: `mechopd.core.model_checks`.
 - Devices (`resolve_device`): ``cuda`` on a machine without one is an error, not a traceback from ``.to()``.
 - Outputs (`check_out_dir`, `check_report_target`, `parse_labels`): ``--out`` is a directory that exists and is
   writable or can be created; a report never overwrites a file it did not write; a user label that becomes a file name
@@ -21,22 +21,7 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.core.model_checks import (  # noqa: F401 (re-exported)
-    INDEX,
-    PICKLED,
-    TOKENIZER_FILES,
-    WEIGHTS,
-    check_checkpoint,
-    check_finite,
-    check_loading_info,
-    check_saved_finite,
-    check_tokenizer,
-    expected_tensors,
-    inside,
-    read_config,
-    read_header,
-    weight_files,
-)
+from mechopd.core.model_checks import read_config  # noqa: F401 (probes/delta_sums.py imports it from here)
 
 LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # no separator, no leading dot: '.', '..', '.hidden' refused
 # File stems a label must not take: a checkpoint's own files and the compare table (a report is <label>.json/.csv).

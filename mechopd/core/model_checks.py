@@ -1,5 +1,4 @@
-"""Checks of a model directory before and after it loads; each failure is one `ModelError` line (re-exported by
-`mechopd.core.checks`).
+"""Checks of a model directory before and after it loads; each failure is one `ModelError` line.
 
 - Weights (`check_checkpoint`, before `from_pretrained`; `check_finite`, after it): a local checkpoint directory holds
   safetensors weights that are readable (not empty, not truncated, a valid header), that are exactly the tensors its

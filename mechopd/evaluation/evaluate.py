@@ -23,7 +23,7 @@ import torch
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids
-from mechopd.evaluation.config import EVAL_FACTS, EvalConfig  # noqa: F401  (re-exported: the public names)
+from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import compare_table, summarize
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop

@@ -112,7 +112,8 @@ def checked_renders(
     """Every model's tokenizer and pinned render (the record's, else the flags'), checked before the first model
     loads: the task's vocabulary, the render (`pinning.pin_render`) and the first item's length. Prints what was
     pinned. Returns (tokenizers, specs) by label."""
-    from mechopd.core.checks import check_task_vocab, read_config
+    from mechopd.core.checks import check_task_vocab
+    from mechopd.core.model_checks import read_config
     from mechopd.evaluation.pinning import check_fits, pin_render
     from mechopd.models import load_tokenizer
 

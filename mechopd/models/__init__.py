@@ -17,24 +17,16 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from mechopd.core.checks import (
-    check_checkpoint,
-    check_finite,
-    check_loading_info,
-    check_tokenizer,
-    read_config,
-    resolve_device,
-    umask_mode,
-)
+from mechopd.core.checks import resolve_device, umask_mode
 from mechopd.core.errors import ModelError
-from mechopd.core.sites import (  # noqa: F401  (parameter naming lives in mechopd.core.sites)
+from mechopd.core.model_checks import check_checkpoint, check_finite, check_loading_info, check_tokenizer, read_config
+from mechopd.core.sites import (  # noqa: F401  (module_kind, param_layer: probes/grad_align.py imports them from here)
     ATTN_MODULES,
     FUSED_MODULES,
     MLP_MODULES,
     NORM_MODULES,
     QK_NORMS,
     module_kind,
-    module_path,
     param_layer,
 )
 from mechopd.models import arch

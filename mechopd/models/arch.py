@@ -343,8 +343,8 @@ def check_lora_targets(model: str, targets: tuple[str, ...] | list[str] | None, 
     built on the meta device from config.json: no weights read). None: the default targets (those it has)."""
     from transformers import AutoModelForCausalLM
 
-    from mechopd.core.checks import read_config
     from mechopd.core.errors import ConfigError
+    from mechopd.core.model_checks import read_config
     from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
 
     with torch.device("meta"):

@@ -31,8 +31,6 @@ import torch
 from torch import Tensor
 
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
-    SampledKL,
-    TopKKL,
     _check_mask,
     common_vocab,
     dual_opd_ctx,
@@ -44,9 +42,8 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     sym_kl,
     token_mean,
 )
-from mechopd.objectives.options import ESTIMATORS, FollowOptions, NCAOptions  # noqa: F401
+from mechopd.objectives.options import ESTIMATORS, NCAOptions  # noqa: F401 (ESTIMATORS: probes/gradients.py, grad_align.py import it from here)
 from mechopd.objectives.options import EstimatorOptions as TermOptions
-from mechopd.objectives.schedule import AnchorGate, BetaSchedule  # noqa: F401  (re-exported)
 
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})
 FULL_VIEWS = ("student_nctx", "student_ctx", "teacher")  # the [batch, seq, vocab] ones

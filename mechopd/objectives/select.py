@@ -30,12 +30,11 @@ from torch import Tensor
 
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import register_options
-from mechopd.objectives.normalize import FLAT_TOL, NormalizedStats, _quantile, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
+from mechopd.objectives.normalize import NormalizedStats, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
 from mechopd.objectives.options import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
-    FLOOR,
     OPTIONAL_SIGNALS,
     TeachabilityStats,
     _check_choice,

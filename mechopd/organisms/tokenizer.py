@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from mechopd.tasks.words import NEWLINE, pre_tokenizer, split_words  # noqa: F401  (split_words: public here too)
+from mechopd.tasks.words import NEWLINE, pre_tokenizer
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|im_end|>"
 IM_START = "<|im_start|>"

@@ -51,7 +51,7 @@ def _local(model: Any) -> Any:
 
 def _check_one(model: str) -> Any:
     """One model: headers, values and tokenizer of a local directory (returns its tokenizer); a hub id: its name."""
-    from mechopd.core.checks import check_checkpoint, check_saved_finite
+    from mechopd.core.model_checks import check_checkpoint, check_saved_finite
     from mechopd.models import check_model, load_tokenizer
 
     src = check_model(_local(model))

@@ -24,7 +24,7 @@ from typing import Any
 from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
 from mechopd.core.runcheck import check_seed_runs
-from mechopd.core.stats import CI, INTERVAL_NAME, fmt_stat, seed_stat, t_quantile  # noqa: F401  (the statistics leaf)
+from mechopd.core.stats import seed_stat
 from mechopd.report.seed_items import metric_stat
 from mechopd.study import MANIFEST_FILE, Study, studies
 from mechopd.study.checks import check_seeds

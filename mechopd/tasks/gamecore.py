@@ -23,7 +23,6 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from mechopd.core.errors import ConfigError
-from mechopd.tasks.base import SPLITS  # noqa: F401  (the split names, used by the game tasks)
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 DELTAS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.base import BaseTask, Corpus, Example, option_temperature
+from mechopd.tasks.base import SPLITS, BaseTask, Corpus, Example, option_temperature
 from mechopd.tasks.gamecore import (
     ACTIONS,
     ALIASES,
     INVALID,
     MAX_MISSES,
-    SPLITS,
     Board,
     GameEpisode,
     GameState,

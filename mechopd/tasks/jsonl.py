@@ -36,28 +36,8 @@ from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
-from mechopd.tasks.jsonl_answer import (  # noqa: F401  (public here too)
-    FREE_INSTRUCTION,
-    MC_INSTRUCTION,
-    ScoringOptions,
-    answer_region,
-    choice_letter,
-    normalize_text,
-    parse_answer,
-    score_response,
-)
-from mechopd.tasks.jsonl_items import (  # noqa: F401 (re-exported)
-    ACCEPTED_LAYOUTS,
-    MEDMCQA_FIELDS,
-    _dedupe,
-    _Item,
-    _where,
-    is_test_uid,
-    parse_item,
-    read_context_file,
-    read_items,
-    render_prompt,
-)
+from mechopd.tasks.jsonl_answer import ScoringOptions, answer_region, choice_letter, score_response
+from mechopd.tasks.jsonl_items import _dedupe, _Item, _where, is_test_uid, read_context_file, read_items, render_prompt
 from mechopd.tasks.jsonl_other import resolve_other, shared_other
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"

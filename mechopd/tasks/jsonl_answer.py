@@ -1,4 +1,4 @@
-"""Answer parsing of the ``jsonl`` task (split from `mechopd.tasks.jsonl`, which re-exports these names).
+"""Answer parsing of the ``jsonl`` task (`mechopd.tasks.jsonl`); import these names from here.
 
 The task option ``answer_format`` (`ScoringOptions`, declared once) says where the answer is read:
 

@@ -1,7 +1,6 @@
 """The ``jsonl`` task's items: one JSONL line -> a validated `_Item` (three layouts: free-form, multiple choice,
 MedMCQA; every problem one `DataError` naming line and field), the prompt it renders to, the file readers, and the
-content-hash split rule (`is_test_uid`). The layouts and the rules: `mechopd.tasks.jsonl`'s docstring, which re-exports
-these names.
+content-hash split rule (`is_test_uid`). The layouts and the rules: `mechopd.tasks.jsonl`'s docstring.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.tasks import frozenlake, sokoban
-from mechopd.tasks.base import BaseTask, Example
-from mechopd.tasks.gamecore import MAX_MISSES, SPLITS, board_hash, register_engine, split_of
+from mechopd.tasks.base import SPLITS, BaseTask, Example
+from mechopd.tasks.gamecore import MAX_MISSES, board_hash, register_engine, split_of
 
 INSTALL = "pip install mechopd[textarena]"
 SOKOBAN_CELLS = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P"}

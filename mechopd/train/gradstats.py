@@ -23,7 +23,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from mechopd.models import module_kind, param_layer
+from mechopd.core.sites import module_kind, param_layer
 from mechopd.train import dist
 
 

@@ -35,7 +35,6 @@ from mechopd.core.errors import ConfigError, TrainingError
 from mechopd.core.runcheck import check_item_count, check_no_escape, check_out_place
 from mechopd.core.runlock import LOCK_NAME, hold
 from mechopd.train.checkpoint import latest_checkpoint
-from mechopd.train.reporting import Logger  # noqa: F401  (its home before mechopd.train.reporting)
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard")
 

@@ -11,15 +11,17 @@ from collections.abc import Callable
 import torch
 
 from mechopd.config import TrainConfig, adopt_pins
-from mechopd.core.checks import check_task_vocab, read_config, resolve_device
+from mechopd.core.checks import check_task_vocab, resolve_device
 from mechopd.core.errors import ConfigError
+from mechopd.core.model_checks import read_config
 from mechopd.evaluation.pinning import train_render
 from mechopd.generate.prefix import PrefixStore
 from mechopd.generate.sampler import SamplingSettings
 from mechopd.generate.settings import known_vocab
 from mechopd.models import check_same_tokenizer, load_tokenizer
 from mechopd.objectives.follow import check_follow_contexts
-from mechopd.objectives.losses import AnchorGate, BetaSchedule, config_terms, terms_need
+from mechopd.objectives.losses import config_terms, terms_need
+from mechopd.objectives.schedule import AnchorGate, BetaSchedule
 from mechopd.objectives.select import config_selector
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, otherbatch, rundir, teachers

@@ -101,8 +101,9 @@ def _jsonl_models(root: Path, path: Path) -> list[str]:
     """Three tiny random models whose word-level vocabulary covers the JSONL task at ``path`` (DIR of a jsonl line)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from mechopd.organisms.tokenizer import build_tokenizer, split_words
+    from mechopd.organisms.tokenizer import build_tokenizer
     from mechopd.tasks.jsonl import make_jsonl_task
+    from mechopd.tasks.words import split_words
 
     task = make_jsonl_task(path=str(path))
     words = set(task.vocab())

@@ -105,7 +105,7 @@ def test_nca_with_lora_rank_8_trains_and_its_checkpoint_opens_in_eval_and_deltas
 
 
 def _trainer(zoo, tmp_path: Path, name: str, *extra: str) -> Trainer:
-    from mechopd.config import parse_overrides
+    from mechopd.core.config_parse import parse_overrides
 
     sets = _sets(zoo, *extra)[1::2]  # the KEY=VALUE of every --set
     cfg = load_train_config(

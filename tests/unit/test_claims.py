@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from mechopd.core.errors import DataError
-from mechopd.core.stats import hier_bootstrap, scaled_stat
+from mechopd.core.stats import fmt_stat, hier_bootstrap, scaled_stat, seed_stat, t_quantile
 from mechopd.report import claims
 from mechopd.report import mechanism_claims as mc
-from mechopd.report.aggregate import aggregate, fmt_stat, relabel_kept, seed_stat, summarise_runs, t_quantile
+from mechopd.report.aggregate import aggregate, relabel_kept, summarise_runs
 from mechopd.report.verdicts import NA_FLOOR_BOTH, ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.config import TrainConfig, load_train_config, parse_overrides
+from mechopd.config import TrainConfig, load_train_config
+from mechopd.core.config_parse import parse_overrides
 from mechopd.core.errors import ConfigError
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].glob("training/**/*.yaml"))

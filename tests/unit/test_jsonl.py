@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, choice_letter, make_jsonl_task, normalize_text, parse_answer
+from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, make_jsonl_task
+from mechopd.tasks.jsonl_answer import choice_letter, normalize_text, parse_answer
 
 MC = {"question": "Pick one", "options": ["red", "green", "blue"], "answer": "B"}
 FREE = {"prompt": "Capital of Freedonia?", "answer": "Fredville"}

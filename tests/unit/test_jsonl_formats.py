@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError
-from mechopd.tasks.jsonl import FREE_INSTRUCTION, MC_INSTRUCTION, make_jsonl_task
+from mechopd.tasks.jsonl import make_jsonl_task
 from mechopd.tasks.jsonl_answer import (
     ANSWER_FORMATS,
+    FREE_INSTRUCTION,
+    MC_INSTRUCTION,
     SHORT_FREE_INSTRUCTION,
     SHORT_MC_INSTRUCTION,
     ScoringOptions,

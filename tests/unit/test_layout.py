@@ -1,19 +1,15 @@
-"""The package layout shows the layers (issue 30): a short top level, imports only downward, old paths still import.
+"""The package layout shows the layers (issue 30): a short top level, imports only downward, no import of a gone path.
 
 mechopd/ has at most 16 modules at its top level (a package counts as one). Every import of every module (function-
 local ones and ``import_module("literal")`` included) goes to its own layer or a lower one of LAYERS, but the
-KNOWN_UPWARD arrows, each with its reason; the old top-level paths import the moved module with a DeprecationWarning.
+KNOWN_UPWARD arrows, each with its reason. The old top-level paths of issue 30 (`mechopd.errors`, ...) are gone
+(CHANGELOG.md lists them with their new homes); the library imports none of them.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
-import warnings
 from pathlib import Path
-
-import pytest
 
 import mechopd
 
@@ -116,11 +112,40 @@ def test_imports_go_down_the_layers():
     assert not fixed, f"a known upward arrow is gone: remove it from KNOWN_UPWARD: {sorted(fixed)}"
 
 
+def top_level_names(root: Path = ROOT) -> set[str]:
+    """The modules and packages at `root`'s top level, and the names `root/__init__.py` defines."""
+    names = {p.stem for p in root.glob("*.py") if p.name != "__init__.py"}
+    names |= {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    tree = ast.parse((root / "__init__.py").read_text())
+    names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def gone_paths(root: Path = ROOT) -> list[str]:
+    """'module -> import' for every import inside `root` of a `mechopd.X` whose X is no top-level name of `root`."""
+    known = top_level_names(root)
+    return [
+        f"{module_name(p, root)} -> {m}"
+        for p in sorted(root.rglob("*.py"))
+        for m in sorted(imports(p, root))
+        if layer(m) is not None and layer(m) not in known
+    ]
+
+
 def test_the_library_imports_no_old_path():
-    """Inside mechopd/ every `mechopd.X` import names a module or package that exists (no alias of a moved one)."""
-    moved = set(mechopd._MOVED)
-    uses = [f"{module_name(p)} -> {m}" for p in sorted(ROOT.rglob("*.py")) for m in sorted(imports(p)) if m in moved]
-    assert uses == []
+    """Inside mechopd/ every `mechopd.X` import names a top-level module or package that exists (no old path)."""
+    assert gone_paths() == []
+
+
+def test_the_old_path_check_sees_a_gone_path(tmp_path):
+    pkg = tmp_path / "mechopd"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0'\n")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from mechopd.errors import E\nfrom mechopd.core import b\nimport mechopd\n")
+    (pkg / "core" / "b.py").write_text("from mechopd import __version__\n")
+    assert gone_paths(pkg) == ["mechopd.core.a -> mechopd.errors", "mechopd.core.a -> mechopd.errors.E"]
 
 
 def test_the_checker_sees_literal_import_module_and_function_imports(tmp_path):
@@ -136,27 +161,3 @@ def test_the_checker_sees_literal_import_module_and_function_imports(tmp_path):
         ("core", "cli"): ["mechopd.core.a -> mechopd.cli.x"],
         ("core", "report"): ["mechopd.core.b -> mechopd.report", "mechopd.core.b -> mechopd.report.claims"],
     }
-
-
-@pytest.mark.parametrize("old", sorted(mechopd._MOVED))
-def test_an_old_path_imports_the_moved_module_with_a_warning(old):
-    new = importlib.import_module(mechopd._MOVED[old])
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is new and module.__name__ == mechopd._MOVED[old]
-    assert any(issubclass(w.category, DeprecationWarning) and mechopd._MOVED[old] in str(w.message) for w in caught)
-
-
-def test_from_old_import_and_attribute_access_give_the_same_objects():
-    from mechopd.core.errors import ConfigError
-    from mechopd.report.seeds import probe_lines
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from mechopd.errors import ConfigError as old_error  # noqa: I001
-        from mechopd.report_seeds import probe_lines as old_lines
-
-        assert old_error is ConfigError and old_lines is probe_lines
-        assert mechopd.evaluate is importlib.import_module("mechopd.evaluation.evaluate")

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechopd.objectives import losses as L
+from mechopd.objectives.schedule import BetaSchedule
 
 B, T, V = 2, 3, 7
 DT = torch.float64
@@ -267,7 +268,7 @@ def test_method_terms_build_from_the_registry():
     """Every method's terms are registered; anchors carry β and the schedule, nca_positions moves into the term."""
     assert set(L.METHODS) == {"opd", "nca", "dual_opd", "sym_kl"}
     assert all(name in L.TERMS for names in L.METHODS.values() for name in names)
-    sched = L.BetaSchedule(start=2, warmup=4)
+    sched = BetaSchedule(start=2, warmup=4)
     terms = L.method_terms("nca", beta=0.5, schedule=sched, nca_positions="selected")
     assert [t.selectable for t in terms] == [True, True]
     assert [terms[1].weight_at(s) for s in range(8)] == [0.0, 0.0, 0.125, 0.25, 0.375, 0.5, 0.5, 0.5]

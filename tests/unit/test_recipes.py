@@ -124,7 +124,7 @@ def test_probe_recipe_builds_a_setup_and_valid_probe_options(path, tmp_path, mon
 
 
 def test_runs_of_a_task_recipe_are_named_by_their_method():
-    from mechopd.cli import run_name
+    from mechopd.cli.train_cmd import run_name
 
     assert run_name("training/organisms/rules.yaml", "rules", "nca", "full") == "rules-nca-full"
     assert run_name("training/organisms/rules.yaml", "rules", "opd", "ta_opd") == "rules-opd-ta_opd"

@@ -1,4 +1,7 @@
-"""The size rules of CONTRIBUTING.md, checked: no .py file of the repository over 400 lines, no function over 60.
+"""The size rules of CONTRIBUTING.md, checked: no .py file of the repository over 600 lines, no function over 80.
+
+The caps are a backstop, not a design rule: a file is one concept and is split when it holds two, never to pass a line
+count (issue 43 loosened them from 400 / 60 for that reason).
 
 Both rules cover every .py file of the repository this test file lives in: the package (mechopd/), the benchmarks
 (bench/), the tests (tests/), the probe studies (probes/) and any other source folder or top-level script. Not entered:
@@ -17,8 +20,8 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_FILE_LINES = 400
-MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
 GENERATED_DIRS = frozenset({"runs", "build", "dist", "venv", "node_modules", "__pycache__"})
 
 
@@ -64,7 +67,7 @@ def test_the_checks_see_the_package_the_benchmarks_and_the_tests():
 def test_no_file_over_the_limit():
     found = long_files()
     assert found == [], (
-        f"files over {MAX_FILE_LINES} lines (CONTRIBUTING.md: split the file by responsibility): "
+        f"files over {MAX_FILE_LINES} lines (CONTRIBUTING.md: split the file where it holds two concepts): "
         + "; ".join(f"{p} has {n}" for p, n in found)
     )
 
@@ -78,34 +81,51 @@ def test_no_function_over_the_limit():
 
 
 def test_the_size_checks_see_long_files_and_functions(tmp_path):
+    """A function of MAX_FUNCTION_LINES + 1 lines and a file of MAX_FILE_LINES + 1 lines are found; at the caps, not."""
+    fn, file = MAX_FUNCTION_LINES, MAX_FILE_LINES
     pkg = tmp_path / "mechopd"
     (pkg / "sub").mkdir(parents=True)
-    body = "".join(f"    x{i} = {i}\n" for i in range(59))
-    (pkg / "ok.py").write_text(f"def f():\n{body}")  # 60 lines: at the limit
+    body = "".join(f"    x{i} = {i}\n" for i in range(fn - 1))
+    (pkg / "ok.py").write_text(f"def f():\n{body}")  # fn lines: at the limit
     method = body.replace("    ", "        ")
     (pkg / "sub" / "long.py").write_text(
         f"@decorator\ndef g():\n{body}\n\nclass C:\n    async def h(self):\n{method}"
         "        pass\n    def short(self):\n        pass\n"
     )
-    assert long_functions(tmp_path) == [("mechopd/sub/long.py:2 g", 61), ("mechopd/sub/long.py:65 h", 61)]
-    (pkg / "big.py").write_text("x = 1\n" * 401)
-    (pkg / "edge.py").write_text("x = 1\n" * 400)
-    assert long_files(tmp_path) == [("mechopd/big.py", 401)]
+    h_line = fn + 5  # decorator, def, body, two blank lines, class
+    assert long_functions(tmp_path) == [
+        ("mechopd/sub/long.py:2 g", fn + 1),
+        (f"mechopd/sub/long.py:{h_line} h", fn + 1),
+    ]
+    (pkg / "big.py").write_text("x = 1\n" * (file + 1))
+    (pkg / "edge.py").write_text("x = 1\n" * file)
+    assert long_files(tmp_path) == [("mechopd/big.py", file + 1)]
     # outside the package: benchmarks, tests, top-level scripts count; hidden and generated directories do not
-    long_def = f"def f():\n{body}    pass\n"  # 61 lines
+    long_def = f"def f():\n{body}    pass\n"  # fn + 1 lines
     for d in ("bench", "tests/unit", "", ".venv/lib", "runs/demo", "build", "mechopd.egg-info", "tests/__pycache__"):
         (tmp_path / d).mkdir(parents=True, exist_ok=True)
-        (tmp_path / d / "script.py").write_text(long_def + "x = 1\n" * 340)  # 401 lines
+        (tmp_path / d / "script.py").write_text(long_def + "x = 1\n" * (file - fn))  # file + 1 lines
     assert long_files(tmp_path) == [
-        ("bench/script.py", 401),
-        ("mechopd/big.py", 401),
-        ("script.py", 401),
-        ("tests/unit/script.py", 401),
+        ("bench/script.py", file + 1),
+        ("mechopd/big.py", file + 1),
+        ("script.py", file + 1),
+        ("tests/unit/script.py", file + 1),
     ]
     assert [f for f, _ in long_functions(tmp_path)] == [
         "bench/script.py:1 f",
         "mechopd/sub/long.py:2 g",
-        "mechopd/sub/long.py:65 h",
+        f"mechopd/sub/long.py:{h_line} h",
         "script.py:1 f",
         "tests/unit/script.py:1 f",
     ]
+
+
+def test_the_caps_are_600_lines_and_80_per_function(tmp_path):
+    """The caps themselves (issue 43): a 601-line file and an 81-line function fail, 600 and 80 pass."""
+    assert (MAX_FILE_LINES, MAX_FUNCTION_LINES) == (600, 80)
+    (tmp_path / "a.py").write_text("x = 1\n" * 601)
+    (tmp_path / "b.py").write_text("x = 1\n" * 600)
+    (tmp_path / "c.py").write_text("def f():\n" + "    x = 1\n" * 80)  # 81 lines
+    (tmp_path / "d.py").write_text("def g():\n" + "    x = 1\n" * 79)  # 80 lines
+    assert long_files(tmp_path) == [("a.py", 601)]
+    assert long_functions(tmp_path) == [("c.py:1 f", 81)]
