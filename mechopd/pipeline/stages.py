@@ -21,7 +21,14 @@ def _log(msg: str) -> None:
 
 
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
-    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction."""
+    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction; a LoRA
+    student (``lora_rank`` > 0) says so with its rank."""
+    lora = over.get("lora_rank", TrainConfig.lora_rank)
+    label = _method_text(name, over, kept)
+    return f"{label}, LoRA r={lora}" if lora else label
+
+
+def _method_text(name: str, over: dict[str, Any], kept: float | None) -> str:
     if over.get("method") == "nca":
         start, gate = over.get("nca_start", TrainConfig.nca_start), over.get("nca_gate")
         when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
@@ -35,11 +42,11 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl."""
-    return {
-        "base": "base",
-        **{m: method_label(m, over, mean_kept_fraction(run / "train" / m)) for m, over in methods.items()},
-    }
+    """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl. The
+    report keys its tables by label, so two runs whose settings read alike carry their role names: ``X [nca2]``."""
+    labels = {m: method_label(m, over, mean_kept_fraction(run / "train" / m)) for m, over in methods.items()}
+    shared = {text for text in labels.values() if list(labels.values()).count(text) > 1 or text == "base"}
+    return {"base": "base", **{m: f"{text} [{m}]" if text in shared else text for m, text in labels.items()}}
 
 
 def train_resumable(name: str, out: Path, config: Any, what: Any, root: Path | None = None) -> Path:

@@ -103,3 +103,14 @@ def test_every_built_in_study_is_named_by_its_file():
     assert named.study_names() == sorted(p.stem for p in STUDIES_DIR.glob("*.yaml"))
     with pytest.raises(ConfigError, match=NAME):
         named.study_file("missing")
+
+
+def test_the_smollm2_studys_models_have_distinct_labels_and_the_lora_student_says_so(tmp_path):
+    """The report keys its tables by label: nca and nca_lora once read alike and the LoRA row replaced NCA's."""
+    from mechopd.pipeline.stages import labels_for
+
+    labels = labels_for(tmp_path, named.load_named(NAME).runs)
+    assert len(set(labels.values())) == len(labels), labels
+    assert labels["nca_lora"].endswith("LoRA r=8") and "LoRA" not in labels["nca"]
+    twins = labels_for(tmp_path, {"a": {"method": "nca"}, "b": {"method": "nca"}})
+    assert twins["a"].endswith("[a]") and twins["b"].endswith("[b]") and twins["a"] != twins["b"]
