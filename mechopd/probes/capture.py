@@ -47,6 +47,7 @@ from torch import nn
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
 from mechopd.core.views import TwoViewBatch
+from mechopd.evaluation.config import EvalConfig
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
@@ -270,7 +271,7 @@ def run_view(
     on_capture: OnCapture,
     *,
     copy: bool = True,
-    shared_prefix: str = "auto",
+    shared_prefix: str = EvalConfig.shared_prefix,
     positions: str = "response",
 ) -> None:
     """One view through the decoder stack (no lm_head), stopping after the last requested site; captures at
@@ -345,7 +346,7 @@ def capture_views(
     layers: Sequence[int | str] | None = None,
     *,
     device: str | torch.device | None = "cpu",
-    shared_prefix: str = "auto",
+    shared_prefix: str = EvalConfig.shared_prefix,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Both views' residual streams at the response positions, for interactive work (shared_prefix: `run_view`).
 

@@ -59,7 +59,7 @@ class GradRow:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def loss_term(name: str, estimator: str = "topk", topk: int = 256) -> LossTerm:
+def loss_term(name: str, estimator: str = TermOptions.estimator, topk: int = TermOptions.topk) -> LossTerm:
     """The registered ``LossTerm`` called ``name`` (one of TERMS, `losses.register_term`), unweighted."""
     if name not in TERMS:
         raise ConfigError(f"gradient term {name!r} is unknown: use one of {', '.join(TERMS)} (e.g. --terms opd,nca)")
@@ -160,10 +160,10 @@ def term_gradients(
     student: nn.Module,
     teacher: nn.Module | None,
     batch: TwoViewBatch,
-    terms: Sequence[str] = ("opd", "nca"),
+    terms: Sequence[str],
     *,
-    estimator: str = "topk",
-    topk: int = 256,
+    estimator: str = TermOptions.estimator,
+    topk: int = TermOptions.topk,
     temperature: float = 1.0,
     layers: Sequence[int] | None = None,
     include_non_layer: bool = False,
@@ -215,8 +215,8 @@ def split_half_cos(
     batch: TwoViewBatch,
     term: str = "opd",
     *,
-    estimator: str = "topk",
-    topk: int = 256,
+    estimator: str = TermOptions.estimator,
+    topk: int = TermOptions.topk,
     temperature: float = 1.0,
     layers: Sequence[int] | None = None,
     include_non_layer: bool = False,

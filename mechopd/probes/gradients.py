@@ -52,6 +52,7 @@ from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import RenderSpec, TwoViewBatch
 from mechopd.objectives.losses import ESTIMATORS
+from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
     SCOPES,
     TERMS,
@@ -177,7 +178,7 @@ def run_gradients(
     out_dir: str | os.PathLike,
     opts: GradientsOptions | None = None,
     *,
-    topk: int = 256,
+    topk: int = TermOptions.topk,
     include_non_layer: bool = False,
     device: str | None = None,
 ) -> list[str]:

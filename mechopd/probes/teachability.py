@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from mechopd.core.artifacts import Summary, read_float
+from mechopd.objectives.options import SignalOptions
 from mechopd.probes.options import MODEL_HELP, Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext, items_path, write_items
@@ -135,9 +136,9 @@ def run_teachability(
     out_dir: str | os.PathLike,
     opts: TeachabilityOptions | None = None,
     *,
-    k: int = 16,
-    d_mode: str = "union",
-    c_mode: str = "exact",
+    k: int = SignalOptions.k,
+    d_mode: str = SignalOptions.d_mode,
+    c_mode: str = SignalOptions.c_mode,
     device: str | None = None,
 ) -> list[str]:
     """Build (or load) the bank from θ0, rescore, analyse; write ``bank.json`` (when built), the token table,

@@ -22,6 +22,7 @@ from mechopd.core.errors import ConfigError, DataError
 from mechopd.core.views import build_two_view_batch
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
+from mechopd.objectives.options import SignalOptions
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.teachability_analysis import Table
@@ -100,13 +101,13 @@ def rescore(
     teacher: nn.Module,
     tokenizer: Any,
     *,
-    k: int = 16,
-    d_mode: str = "union",
-    c_mode: str = "exact",
+    k: int = SignalOptions.k,
+    d_mode: str = SignalOptions.d_mode,
+    c_mode: str = SignalOptions.c_mode,
     temperature: float | None = None,
     batch_size: int = ProbeSetup.batch_size,
-    q_low: float = 0.05,
-    q_high: float = 0.95,
+    q_low: float = SignalOptions.q_low,
+    q_high: float = SignalOptions.q_high,
 ) -> Table:
     """Per-token table (COLUMNS, one entry per response token of the bank, sequence-major) — see the module docstring.
 

@@ -41,35 +41,32 @@ from tests.unit.test_layout import KNOWN_UPWARD, LAYERS
 ROOT = Path(mechopd.__file__).resolve().parent
 REPO = ROOT.parent
 
-# issue 43: the probe run functions are being rewritten to take their options instance; remove when merged
-PENDING_PROBES = {
-    "mechopd/probes/attention.py",
-    "mechopd/probes/attribution.py",
-    "mechopd/probes/attribution_run.py",
-    "mechopd/probes/cache.py",
-    "mechopd/probes/capture.py",
-    "mechopd/probes/causal_items.py",
-    "mechopd/probes/delta_sums.py",
-    "mechopd/probes/deltas.py",
-    "mechopd/probes/grad_align.py",
-    "mechopd/probes/gradients.py",
-    "mechopd/probes/interop.py",
-    "mechopd/probes/items.py",
-    "mechopd/probes/lens.py",
-    "mechopd/probes/localization.py",
-    "mechopd/probes/patch_views.py",
-    "mechopd/probes/patching.py",
-    "mechopd/probes/pmi.py",
-    "mechopd/probes/runner.py",
-    "mechopd/probes/setup.py",
-    "mechopd/probes/similarity.py",
-    "mechopd/probes/teachability.py",
-    "mechopd/probes/teachability_analysis.py",
-    "mechopd/probes/teachability_bank.py",
-    "mechopd/probes/teachability_rescore.py",
-    "mechopd/probes/view_cosine.py",
-    "mechopd/probes/weightpatch.py",
-    "mechopd/probes/weightpatch_eval.py",
+# (file, name) -> why: the "not given" sentinel (None / False) of a public library function that a researcher calls
+# directly (docs/probes.md, "From Python"): ``layers=None`` is every site, ``greedy=False`` samples, ``cka=False`` is
+# off. The probe's option passes its value explicitly; the library keeps a usable call without one. Only None / False
+# go here (the test below checks): a default that is a value reads its declaration.
+LIBRARY_SENTINELS = {
+    ("mechopd/probes/capture.py", "layers"): "resolve_sites / capture_views: None = every residual site",
+    ("mechopd/probes/causal_items.py", "models"): "resolve: None = the run's own models",
+    ("mechopd/probes/causal_items.py", "greedy"): "resolve: sampled responses unless asked",
+    ("mechopd/probes/delta_sums.py", "pair"): "parameter_deltas: None = no pair comparison",
+    ("mechopd/probes/deltas.py", "pair"): "DeltaSummary.pair: None when no pair was compared",
+    (
+        "mechopd/probes/grad_align.py",
+        "layers",
+    ): "select_parameters / term_gradients / split_half_cos: None = every layer",
+    ("mechopd/probes/interop.py", "layers"): "two_view_cosine_tl / _nnsight: None = every residual site",
+    ("mechopd/probes/items.py", "greedy"): "sample_responses / make_batches: sampled unless asked",
+    ("mechopd/probes/lens.py", "sites"): "lens(): None = every site",
+    ("mechopd/probes/patch_views.py", "window"): "Patch / patching(): None = every response position",
+    ("mechopd/probes/patch_views.py", "sites"): "patching(): None = every site",
+    ("mechopd/probes/runner.py", "greedy"): "ProbeContext.sample: sampled unless asked",
+    ("mechopd/probes/setup.py", "greedy"): "ProbeSetup.items: sampled unless asked",
+    ("mechopd/probes/teachability_bank.py", "temperature"): "build_bank: None = the model's sampling temperature 1",
+    ("mechopd/probes/teachability_rescore.py", "temperature"): "rescore: None = temperature 1",
+    ("mechopd/probes/view_cosine.py", "layers"): "two_view_cosine / compare_models: None = every residual site",
+    ("mechopd/probes/view_cosine.py", "cka"): "two_view_cosine / compare_models: CKA off unless asked",
+    ("mechopd/probes/weightpatch_eval.py", "follow"): "weightpatch_model: the other contexts off unless asked",
 }
 
 # (file, name) -> what the parameter is: a parameter that shares an option's name but is another quantity. A copy of
@@ -235,9 +232,9 @@ def restatements(
 def all_restatements(declared: dict[str, list[Declared]]) -> list[str]:
     found: list[str] = []
     for path in sorted(ROOT.rglob("*.py")):
-        rel = _rel(path)
-        if rel not in PENDING_PROBES:
-            found += restatements(path.read_text(encoding="utf-8"), rel, declared)
+        found += restatements(
+            path.read_text(encoding="utf-8"), _rel(path), declared, {**OTHER_MEANING, **LIBRARY_SENTINELS}
+        )
     return found
 
 
@@ -246,9 +243,14 @@ def test_no_option_default_is_restated() -> None:
     assert not found, f"{len(found)} restated option defaults; read the declaration instead:\n" + "\n".join(found)
 
 
-def test_pending_probes_lists_only_probe_files() -> None:
-    for rel in PENDING_PROBES:
-        assert rel.startswith("mechopd/probes/") and (REPO / rel).is_file(), rel
+def test_library_sentinels_are_none_or_false_and_still_there() -> None:
+    """Every LIBRARY_SENTINELS entry is reported without it (no stale entry), and only as a None / False default."""
+    declared = declared_options()
+    for rel, name in LIBRARY_SENTINELS:
+        source = (REPO / rel).read_text(encoding="utf-8")
+        found = [r for r in restatements(source, rel, declared, other={}) if f" {name}=" in r]
+        assert found, (rel, name)
+        assert all(f" {name}=None " in r or f" {name}=False " in r for r in found), found
 
 
 def test_other_meanings_are_still_there() -> None:
