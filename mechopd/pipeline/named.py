@@ -127,4 +127,12 @@ def run_named_study(
 
     doc = shrink(load_named(name), fast, steps, batch_size)
     target = Path(out) if out is not None else Path("runs") / (f"{name}-fast" if fast else name)
+    if fast:  # first: a newcomer must not read the undecided claims as a broken study
+        train = doc["train"]
+        print(
+            f"SMOKE RUN (mechopd demo --study {name} --fast): one seed, {train['steps']} steps x "
+            f"{train['batch_size']} prompts, {doc['eval']['n']} evaluation items: it checks that every stage runs; "
+            f"it is too small to decide a claim. `mechopd demo --study {name}` runs the study.",
+            flush=True,
+        )
     return run_study(doc, target, workers)

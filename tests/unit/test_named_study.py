@@ -52,7 +52,7 @@ def test_fast_is_one_seed_at_the_fast_files_sizes_and_shipped_paths_are_absolute
     assert full["train"]["batch_size"] == spec.train["batch_size"]
 
 
-def test_demo_study_runs_the_named_file_through_run_study(monkeypatch, tmp_path):
+def test_demo_study_runs_the_named_file_through_run_study(monkeypatch, tmp_path, capsys):
     seen = {}
 
     def fake_run_study(doc, out, workers):
@@ -65,6 +65,8 @@ def test_demo_study_runs_the_named_file_through_run_study(monkeypatch, tmp_path)
     assert seen["out"] == Path("runs") / f"{NAME}-fast" and seen["workers"] == 1
     assert seen["doc"]["train"]["steps"] == named.study_fast_values(NAME)["steps"]
     assert Path(seen["doc"]["task_options"]["context_file"]).is_file()  # the shipped data, from any directory
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"SMOKE RUN (mechopd demo --study {NAME} --fast)") and "too small to decide" in first
 
 
 @pytest.mark.parametrize(
