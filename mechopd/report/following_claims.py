@@ -120,6 +120,8 @@ def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
         f"NCA + follow held-out follow_other {fmt_stat(fo)}; Harm − NCA's {fmt_stat(d_harm, signed=True)}, "
         f"Acc_x − OPD's {fmt_stat(d_acc, signed=True)}"
     )
+    if follow is None:
+        return _na(measured, crit, NA + f" (no {FOLLOW_RUN} run: the study trains no NCA + follow term)")
     if not trained:
         return _na(measured, crit, NA + " (the follow term saw every other context: nothing held out)")
     if any(s["mean"] is None for s in (d_ret, d_harm, d_acc)) or not labels:

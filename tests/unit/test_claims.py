@@ -392,3 +392,20 @@ def test_orthogonality_leaves_out_a_seed_whose_opd_did_not_converge(tmp_path: Pa
     row = rows(tmp_path, [{}, {}, stuck])["orthogonal"]
     assert row.verdict == H and "1 of 3 seeds left out: OPD did not converge" in row.measured
     assert rows(tmp_path / "b", [{}, {}, {"gcos": (0.9, 0.95)}])["orthogonal"].verdict in (F, U)
+
+
+def test_the_follow_term_row_names_a_missing_follow_run(tmp_path: Path) -> None:
+    """A study without an NCA + follow run (smollm2-facts) once read 'the follow term saw every other context'."""
+    import json
+
+    from tests.unit.claim_runs import make_run, spec_with
+
+    runs = [make_run(tmp_path, spec_with(), f"seed-{k}") for k in range(2)]
+    for run in runs:
+        doc = json.loads((run / "demo.json").read_text())
+        doc["methods"] = [m for m in doc["methods"] if m != "nca_follow"]
+        doc["runs"].pop("nca_follow")
+        (run / "demo.json").write_text(json.dumps(doc))
+        (run / "eval" / "nca_follow.json").unlink()
+    row = {c.key: c for c in claims.evaluate_claims(runs)}["follow_term"]
+    assert row.verdict == NA + " (no nca_follow run: the study trains no NCA + follow term)", row.verdict
