@@ -166,11 +166,12 @@ def figure_localization(run_dir: Path) -> Figure | None:
         clean, linestyle="--", color="grey", label="unpatched" + (f" (mean of {seeds} seeds)" if seeds > 1 else "")
     )
     ax.set_xticks(x, [r["site"].replace(".resid_post", "") for r in rows], rotation=45, ha="right")
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.3)  # a band above Harm = 1 for the legend: the curve sits at 1 wherever nothing is removed
+    ax.set_yticks(np.linspace(0.0, 1.0, 6))
     ax.set_xlabel("site whose residual is patched (all response positions)")
     ax.set_ylabel("teacher-forced Harm after patching")
     ax.set_title(f"Where the harm lives — {info.task}" + (f", {seeds} seeds" if seeds > 1 else ""))
-    ax.legend()
+    ax.legend(loc="upper center", ncol=3, fontsize="small")
     return fig
 
 
