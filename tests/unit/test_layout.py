@@ -138,24 +138,39 @@ def test_the_library_imports_no_old_path():
     assert gone_paths() == []
 
 
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A synthetic ``mechopd`` package under ``root``: each ``relative path -> source`` written, folders made."""
+    pkg = root / "mechopd"
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    return pkg
+
+
 def test_the_old_path_check_sees_a_gone_path(tmp_path):
-    pkg = tmp_path / "mechopd"
-    (pkg / "core").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("__version__ = '0'\n")
-    (pkg / "core" / "__init__.py").write_text("")
-    (pkg / "core" / "a.py").write_text("from mechopd.errors import E\nfrom mechopd.core import b\nimport mechopd\n")
-    (pkg / "core" / "b.py").write_text("from mechopd import __version__\n")
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "__version__ = '0'\n",
+            "core/__init__.py": "",
+            "core/a.py": "from mechopd.errors import E\nfrom mechopd.core import b\nimport mechopd\n",
+            "core/b.py": "from mechopd import __version__\n",
+        },
+    )
     assert gone_paths(pkg) == ["mechopd.core.a -> mechopd.errors", "mechopd.core.a -> mechopd.errors.E"]
 
 
 def test_the_checker_sees_literal_import_module_and_function_imports(tmp_path):
-    pkg = tmp_path / "mechopd"
-    (pkg / "core").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "core" / "__init__.py").write_text("")
-    (pkg / "core" / "a.py").write_text("import importlib\ndef f():\n    importlib.import_module('mechopd.cli.x')\n")
-    (pkg / "core" / "b.py").write_text("def g():\n    from ..report import claims\n")
-    (pkg / "core" / "c.py").write_text("from importlib import import_module\nM = import_module('mechopd.core.a')\n")
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "core/__init__.py": "",
+            "core/a.py": "import importlib\ndef f():\n    importlib.import_module('mechopd.cli.x')\n",
+            "core/b.py": "def g():\n    from ..report import claims\n",
+            "core/c.py": "from importlib import import_module\nM = import_module('mechopd.core.a')\n",
+        },
+    )
     arrows = upward_arrows(pkg)
     assert arrows == {
         ("core", "cli"): ["mechopd.core.a -> mechopd.cli.x"],
