@@ -9,6 +9,7 @@ per-position signals of the whole rollout batch.
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -23,11 +24,19 @@ def init() -> tuple[int, int]:
         # gathered selection signals, metrics); NCCL alone refuses CPU tensors.
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
+        atexit.register(_shutdown)  # left to interpreter teardown, gloo's threads could abort the process (SIGABRT)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _shutdown() -> None:
+    """Destroy the process group at exit, before the interpreter tears down the C++ objects that hold its threads
+    (a torchrun rank once died with "terminate called without an active exception" after finishing its work)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def active() -> bool:
