@@ -126,6 +126,29 @@ def tiny_rules_organism(tmp_path_factory):
     return pretrain(OrganismConfig(task="rules", **TINY_ORGANISM), out, progress=False)
 
 
+@pytest.fixture(scope="session")
+def fast_demo_two_workers(tmp_path_factory) -> Path:
+    """``mechopd demo --fast --workers 2 --out runs/demo`` run once per session in a process of its own (one intra-op
+    thread outside the jobs, as `tests/cli/test_hostile_signals.py` starts a demo), shared by the pytest-xdist workers
+    under a file lock: the uninterrupted reference a killed demo is compared with, and the two-worker side of the
+    worker-count test. Read only: a test that changes a demo makes its own."""
+    import fcntl
+    import subprocess
+    import sys
+
+    root = session_dir(tmp_path_factory, "fast-demo-w2")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the run done
+        if not (root / ".done").exists():
+            cmd = [sys.executable, "-m", "mechopd.cli", "demo", "--fast", "--workers", "2", "--out", "runs/demo"]
+            done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+            assert done.returncode == 0, done.stderr[-3000:]
+            (root / ".done").touch()
+    return root / "runs" / "demo"
+
+
 # The files that cost most CPU, heaviest first (measured 2026-12-05, CPU seconds of the file's tests, children
 # included, on 2 cores: readme_commands and demo over 195 each, hostile_signals 136, two_process 108, claims 80,
 # teacher_modes 39, step_two_process 32, plot_layout 30, following 27, rundir_disk 26, hostile_study 23): pytest-xdist
