@@ -219,7 +219,7 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
         )
     if cfg.lora_dropout >= 1:
         raise ConfigError(f"lora_dropout={cfg.lora_dropout} is invalid: need 0 <= lora_dropout < 1")
-    if cfg.lora_rank:
+    if cfg.uses_lora:
         from mechopd.core.model_checks import require_peft
 
         require_peft()

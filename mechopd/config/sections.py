@@ -168,6 +168,11 @@ class LoraOptions:
     lora_dropout: float = option(0.0, range=GE0, help="adapter input dropout, < 1")
     lora_targets: list[str] | None = option(None, help="module names; null = q/k/v/o/gate/up/down_proj")
 
+    @property
+    def uses_lora(self) -> bool:
+        """A peft adapter trains (``lora_rank`` > 0), not every weight."""
+        return self.lora_rank > 0
+
 
 @dataclass
 class TeacherOptions:

@@ -218,7 +218,7 @@ def check_lora_runs(spec: StudySpec, student: str) -> None:
 
     for role in spec.runs:
         tc = spec.train_config(role, 0, student)
-        if tc.lora_rank:
+        if tc.uses_lora:
             check_lora_targets(student, tc.lora_targets, f"{spec.source}: runs.{role}.lora_targets")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from mechopd.config import check_seed, check_temperature
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.core.options import GE0, GE1, option
+from mechopd.core.options import GE0, GE1, check_fields, option
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
 from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
@@ -103,19 +103,9 @@ class ProbeSetup:
     models: dict[str, str] = field(default_factory=dict)  # no flag: --run, or the probe's own model options
 
     def __post_init__(self) -> None:
-        if self.placement is not None and self.placement not in PLACEMENTS:
-            raise ConfigError(f"placement={self.placement!r} is unknown; choose one of {', '.join(PLACEMENTS)}")
-        for name in ("n", "batch_size"):
-            if name == "n" and self.n is None:
-                continue
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
+        check_fields(self)  # every declared range and choice (n, batch_size, max_new_tokens, placement, split, ...)
         check_temperature(self.temperature)  # the rule of every verb
         check_seed(self.seed)
-        if self.max_new_tokens is not None and not self.max_new_tokens >= 1:
-            raise ConfigError(f"max_new_tokens={self.max_new_tokens} is invalid: must be >= 1")
-        if self.split not in (None, *SPLITS):
-            raise ConfigError(f"split={self.split!r} is invalid: use train or test")
         self.models = {
             str(k): str(Path(v).resolve()) if Path(str(v)).exists() else str(v)  # recorded absolute
             for k, v in self.models.items()

@@ -31,8 +31,8 @@ EMA_FILE = "teacher_ema.safetensors"
 
 
 def lora_options(cfg: TrainConfig) -> LoraOptions | None:
-    """The config's LoRA section (a `TrainConfig` is one), or None for a full student (``lora_rank`` 0)."""
-    return cfg if cfg.lora_rank else None
+    """The config's LoRA section (a `TrainConfig` is one), or None for a full student."""
+    return cfg if cfg.uses_lora else None
 
 
 @dataclass
