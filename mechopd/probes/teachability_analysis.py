@@ -134,11 +134,11 @@ def standardized_regression(
     if zg is None:  # constant gain: nothing to explain
         return {"gain": gain, "coef": coef, "intercept": float("nan"), "r2": float("nan"), "n": n}
     X = np.column_stack([np.ones(n), *used.values()])
-    beta, *_ = np.linalg.lstsq(X, zg, rcond=None)
-    resid = zg - X @ beta
+    fit, *_ = np.linalg.lstsq(X, zg, rcond=None)
+    resid = zg - X @ fit
     r2 = 1.0 - float(resid @ resid) / float(zg @ zg)  # zg has mean 0
-    coef.update({p: float(b) for p, b in zip(used, beta[1:])})
-    return {"gain": gain, "coef": coef, "intercept": float(beta[0]), "r2": r2, "n": n}
+    coef.update({p: float(b) for p, b in zip(used, fit[1:])})
+    return {"gain": gain, "coef": coef, "intercept": float(fit[0]), "r2": r2, "n": n}
 
 
 def summarize(table: Table, n_boot: int, seed: int) -> dict[str, Any]:
