@@ -292,3 +292,31 @@ def test_the_scanner_finds_each_kind_of_restatement() -> None:
     assert len(below) == 5 and not any("model=" in r for r in below)
     # generate/ cannot read config/ (config imports generate: KNOWN_UPWARD), so nothing there copies config's beta
     assert restatements(source, "mechopd/generate/y.py", declared) == []
+
+
+def files_naming(option: str) -> dict[str, int]:
+    """Files of ``mechopd/`` whose CODE names ``option`` (an attribute, keyword, parameter, variable or string
+    constant: docs and comments not counted), with the count: the walk of issue 43's acceptance."""
+    hits: dict[str, int] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        n = 0
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = {ast.Attribute: "attr", ast.keyword: "arg", ast.Name: "id", ast.arg: "arg", ast.Constant: "value"}
+            attr = names.get(type(node))
+            n += attr is not None and getattr(node, attr) == option
+        if n:
+            hits[_rel(path)] = n
+    return hits
+
+
+def test_a_walk_of_beta_lora_rank_and_a_probes_n_crosses_at_most_five_files() -> None:
+    """Issue 43: each declared once; ``beta`` and ``lora_rank`` named in code in <= 5 files (the declaration, the
+    code that uses the value, the label); a probe's ``n`` is ProbeSetup's one field (EvalConfig.n, the evaluation's
+    held-out items, is another option), and no probe declares an ``n`` of its own."""
+    declared = declared_options()
+    for name in ("beta", "lora_rank"):
+        assert len({d.file for d in declared[name]}) == 1, declared[name]
+        files = files_naming(name)
+        assert len(files) <= 5, (name, files)
+    owners = sorted({d.file for d in declared["n"]})
+    assert owners == ["mechopd/evaluation/config.py", "mechopd/probes/setup.py"], owners
