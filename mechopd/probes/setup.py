@@ -309,11 +309,11 @@ def _from_demo(run: Path) -> ProbeSetup:
     trained = [r for r in study.runs.values() if r.role != BASE]
     if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
-    cfg = _train_config(trained[0].train_dir)
+    cfg = _train_config(next((r for r in trained if r.model is None), trained[0]).train_dir)
     base_run = study.run(BASE)
     organism = base_run.model if base_run is not None and base_run.model else cfg.student
     models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
-    models.update({r.name: _final(r.train_dir) for r in trained})
+    models.update({r.name: r.model or _final(r.train_dir) for r in trained})  # a study's checkpoint run: its dir
     probe_n = study.config.get("probe_n")
     if probe_n is not None and (isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 1):
         raise ConfigError(
