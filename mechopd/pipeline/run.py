@@ -218,6 +218,7 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
         "job_threads": cfg.job_threads,
         "student": spec.student,
         "teacher": spec.teacher,
+        "render": {k: spec.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in spec.render},
     }
 
 

@@ -74,3 +74,7 @@ def test_a_study_of_checkpoints_only_trains_nothing(tiny_rules_organism, tmp_pat
     assert sorted(p.name for p in (out / "eval").glob("*.json")) == ["base.json", "opd.json"]
     opening = (out / "report.md").read_text().split("\n\n")[1]
     assert "OPD: given checkpoint, not trained here; evaluated greedily" in opening and "steps" not in opening, opening
+    # `mechopd probe NAME --run` takes the setup from the run dir: the checkpoint as opd, the student as base
+    assert main(["probe", "similarity", "--run", str(out), "--n", "2"]) == 0, capsys.readouterr().err
+    settings = json.loads((out / "probes" / "similarity.json").read_text())["settings"]
+    assert settings["models"] == {"base": str(org.resolve()), "opd": str(given.resolve())}, settings
