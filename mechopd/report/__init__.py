@@ -90,7 +90,7 @@ def _opening(s: Study, cfg: dict[str, Any]) -> str:
     """The report's first sentence: the organism, how its methods were trained (a study's checkpoint runs: given, not
     trained here), how they were evaluated."""
     given = [r.label for r in s if (r.settings or {}).get("checkpoint")]
-    trained = len(given) < len(s.methods)
+    trained = not given or len(given) < len(s.methods)  # no checkpoint run: the sentence as it always read
     how = (
         f"{'Every other' if given else 'Every'} method trained from it with the same seed ({cfg.get('seed')}), data "
         f"and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, {_lr_text(cfg)})"
