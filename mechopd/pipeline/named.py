@@ -10,7 +10,6 @@ anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -80,19 +79,15 @@ def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: in
 
 
 def load_named(name: str) -> StudySpec:
-    """The built-in study `name`, checked, with a task option naming a shipped file (``mechopd/data/...``) made
-    absolute: it runs from any directory."""
+    """The built-in study `name`, read and checked by `StudySpec.load`, with a task option naming a shipped file
+    (``mechopd/data/...``) made absolute: it runs from any directory."""
     from mechopd.config import load_yaml
 
     path = study_file(name)
     doc = load_yaml(path)
-    if isinstance(doc, dict) and isinstance(doc.get("task_options"), dict):
+    if isinstance(doc.get("task_options"), dict):
         doc["task_options"] = {k: _shipped(k, v) for k, v in doc["task_options"].items()}
-    known = [f.name for f in fields(StudySpec) if f.name != "source"]
-    unknown = sorted(set(doc) - set(known))
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; a study has {', '.join(known)}")
-    return StudySpec(**doc, source=str(path))
+    return StudySpec.load(doc, source=str(path))
 
 
 def _shipped(key: str, value: Any) -> Any:

@@ -1,8 +1,8 @@
 """What `mechopd run` checks of a study's models before its first file or job (`check_study_models`).
 
 `StudySpec` checks the study's keys, training fields and probe options when the file is read; this checks every model
-the study names, in the same pass: the student and the teacher (a probe's model options name roles of the study,
-checked by `StudySpec`). A ``model:NAME`` is fetched now if it is not there yet (`models.fetch.resolve_fetched`), then
+the study names, in the same pass: the student, the teacher and every checkpoint run's directory (a probe's model
+options name roles of the study, checked by `StudySpec`). A ``model:NAME`` is fetched now if it is not there yet (`models.fetch.resolve_fetched`), then
 checked as its directory. A local directory must hold safetensors weights that are exactly the
 tensors its config.json describes (pickles refused, never unpickled; `core.checks.check_checkpoint`), all finite (read
 tensor by tensor from the files, no model built: `core.checks.check_saved_finite`), with a usable tokenizer that maps
@@ -25,6 +25,7 @@ def check_study_models(spec: StudySpec) -> None:
     from mechopd.organisms.recipes import organism_task
 
     named = {"student": spec.student, **({"teacher": spec.teacher} if spec.teacher else {})}
+    named.update({f"runs.{role}.checkpoint": path for role, path in spec.checkpoints().items()})
     tokenizers: dict[str, Any] = {}
     for key, model in named.items():
         if organism_task(model) is not None:
@@ -35,11 +36,12 @@ def check_study_models(spec: StudySpec) -> None:
             raise type(e)(f"{spec.source}: {key} {model}: {e}") from None
         if tok is not None:
             tokenizers[key] = tok
-    if "student" in tokenizers and "teacher" in tokenizers:
-        try:
-            _same_tokenizer(tokenizers["student"], tokenizers["teacher"])
-        except MechopdError as e:
-            raise type(e)(f"{spec.source}: {e}") from None
+    for key, tok in tokenizers.items():  # the teacher's and every checkpoint run's: the student's tokenizer
+        if key != "student" and "student" in tokenizers:
+            try:
+                _same_tokenizer(tokenizers["student"], tok, key)
+            except MechopdError as e:
+                raise type(e)(f"{spec.source}: {e}") from None
 
 
 def _local(model: Any) -> Any:
@@ -61,10 +63,10 @@ def _check_one(model: str) -> Any:
     return load_tokenizer(src)
 
 
-def _same_tokenizer(student: Any, teacher: Any) -> None:
+def _same_tokenizer(student: Any, other: Any, name: str = "teacher") -> None:
     from mechopd.models import check_same_tokenizer
 
-    check_same_tokenizer(student, teacher)
+    check_same_tokenizer(student, other, name_b=name)
 
 
 def study_inputs(spec: StudySpec) -> dict[str, dict[str, str]]:

@@ -2,13 +2,14 @@
 runs its built-in study through the same jobs.
 
 The pipeline for any model: per training seed k (``OUT`` with one seed, ``OUT/seed-k`` with several), one training
-job per run of the study (`train_runs`: a finished run skipped, a killed one resumed from its last checkpoint), then
-the seed's finish job (`finish_seed`): base and every run evaluated in both views (and under the task's other
-contexts), the listed probes (the ``first_seed_only`` ones on the first seed only), every figure the artifacts allow,
-``report.md`` (`stages.evaluate_all`, `stages.run_probes`, `plots.draw_all`, `report.write_report_md`). With two or
-more seeds, the aggregate over seeds and its ``report.md`` with the claims table (`aggregate.aggregate`); a claim
-whose roles the study lacks reads "not measurable here". Jobs run on ``workers`` processes, one pinned thread each,
-one log per job in ``<seed run>/logs/`` (`pipeline.pool`).
+job per run of the study (`train_runs`: a finished run skipped, a killed one resumed from its last checkpoint; a
+checkpoint run, ``checkpoint: DIR``, has none: its directory is evaluated and probed as it is), then the seed's finish
+job (`finish_seed`): base and every run evaluated in both views (and under the task's other contexts), the listed
+probes (the ``first_seed_only`` ones on the first seed only), every figure the artifacts allow, ``report.md``
+(`stages.evaluate_all`, `stages.run_probes`, `plots.draw_all`, `report.write_report_md`). With two or more seeds, the
+aggregate over seeds and its ``report.md`` with the claims table (`aggregate.aggregate`); a claim whose roles the
+study lacks reads "not measurable here". Jobs run on ``workers`` processes, one pinned thread each, one log per job
+in ``<seed run>/logs/`` (`pipeline.pool`).
 
 What a seed run does beyond that is data on its `SeedRun`, set by the runner that builds it: `seed_runs` here, and
 `demo.seed_run` for the demo (figures on its first seed only, the ``--sweep`` budget curve, its manifest's runs and
@@ -40,7 +41,7 @@ import yaml
 
 from mechopd.core.artifacts import write_json, write_text
 from mechopd.core.errors import ConfigError
-from mechopd.pipeline.spec import StudySpec, default_out
+from mechopd.pipeline.spec import CHECKPOINT, StudySpec, default_out
 from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
 
@@ -84,11 +85,20 @@ class SeedRun:
     def probe_n(self) -> int | None:
         return self.spec.probe_n  # a probe's own entry (`probes: {similarity: {n: 16}}`) wins; None: its default
 
-    def methods(self) -> dict[str, dict[str, Any]]:
-        """role -> the run's fields as demo.json records them (the jobs' names and the labels read them)."""
+    def runs(self) -> dict[str, dict[str, Any]]:
+        """role -> every run's fields as demo.json records them (a checkpoint run's: ``{checkpoint: DIR}``; the
+        labels read them)."""
         if self.manifest_runs is None:
             return self.spec.methods()
         return {role: dict(over) for role, over in self.manifest_runs.items()}
+
+    def methods(self) -> dict[str, dict[str, Any]]:
+        """role -> fields of the runs this seed trains (the pool's training jobs): every run but the checkpoint runs."""
+        return {role: over for role, over in self.runs().items() if CHECKPOINT not in over}
+
+    def checkpoints(self) -> dict[str, Path]:
+        """role -> the directory of each checkpoint run (evaluated and probed, never trained)."""
+        return {role: Path(over[CHECKPOINT]) for role, over in self.runs().items() if CHECKPOINT in over}
 
 
 def _log(msg: str) -> None:
@@ -115,10 +125,10 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     spec, run = cfg.spec, Path(cfg.out)
     student = Path(cfg.student) if student is None else student
     manifest = write_manifest(cfg)
-    finals = train_runs(cfg, student, run, cfg.methods())
-    manifest["labels"] = labels_for(run, cfg.methods())  # the kept fractions are measured now
+    finals = {**train_runs(cfg, student, run, cfg.methods()), **cfg.checkpoints()}
+    manifest["labels"] = labels_for(run, cfg.runs())  # the kept fractions are measured now
     write_json(run / MANIFEST_FILE, manifest)
-    models = {"base": student, **finals}
+    models = {"base": student, **{role: finals[role] for role in cfg.runs()}}  # the study's order
     evaluate_seed(cfg, models)
     teacher = {"teacher": Path(resolve_model(spec.teacher, spec))} if spec.teacher else {}
     skip = () if cfg.first_seed else tuple(spec.first_seed_only)  # no claim reads them: the first seed only
@@ -164,7 +174,7 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     step: a full disk fails first. Its runs and config are the seed run's ``manifest_*`` where set (the demo's)."""
     from mechopd.evaluation.removability import RegimeThresholds
 
-    run, spec, methods = Path(cfg.out), cfg.spec, cfg.methods()
+    run, spec, methods = Path(cfg.out), cfg.spec, cfg.runs()
     run.mkdir(parents=True, exist_ok=True)
     if cfg.manifest_config is not None:
         recorded: dict[str, Any] = {"config": dict(cfg.manifest_config)}
@@ -186,14 +196,14 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     }
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name; a user may rename a run here)
-        Study.from_manifest(run).write()
+        Study.from_manifest(run).write()  # a checkpoint run with its directory (demo.json's runs.ROLE.checkpoint)
     return manifest
 
 
 def study_config(cfg: SeedRun) -> dict[str, Any]:
-    """demo.json's ``config`` of a study's seed run: its schedule (the first run's), eval items, task, models."""
+    """demo.json's ``config`` of a study's seed run: its schedule (the first trained run's), eval items, task, models."""
     spec = cfg.spec
-    tc = spec.train_config(next(iter(spec.runs)), cfg.seed, cfg.student)
+    tc = spec.first_config(cfg.seed, cfg.student)
     return {
         "seed": cfg.seed,
         "out": cfg.out,
@@ -208,6 +218,7 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
         "job_threads": cfg.job_threads,
         "student": spec.student,
         "teacher": spec.teacher,
+        "render": {k: spec.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in spec.render},
     }
 
 
@@ -216,7 +227,7 @@ def check_lora_runs(spec: StudySpec, student: str) -> None:
     """Every LoRA run's targets against the student's own modules, before any job (`arch.check_lora_targets`)."""
     from mechopd.models.arch import check_lora_targets
 
-    for role in spec.runs:
+    for role in spec.trained:
         tc = spec.train_config(role, 0, student)
         if tc.uses_lora:
             check_lora_targets(student, tc.lora_targets, f"{spec.source}: runs.{role}.lora_targets")
@@ -234,11 +245,7 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
         from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
 
         with job_threads(ORGANISM_THREADS):
-            return str(
-                Path(
-                    resolve_organism(model, spec.train_config(next(iter(spec.runs)), 0).organism_dir, pretrain=pretrain)
-                ).resolve()
-            )
+            return str(Path(resolve_organism(model, spec.first_config(0).organism_dir, pretrain=pretrain)).resolve())
     return str(Path(model).resolve()) if Path(model).exists() else model
 
 
@@ -305,7 +312,7 @@ def is_done(spec: StudySpec, out: Path) -> bool:
         return False
     for r in seed_runs(spec, out, spec.student):
         if not (Path(r.out) / "report.md").is_file() or not all(
-            finished(Path(r.out) / "train" / role) for role in spec.runs
+            finished(Path(r.out) / "train" / role) for role in spec.trained
         ):
             return False
         if not probes_whole(
@@ -357,8 +364,9 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) ->
     check_lora_runs(spec, student)
     for r in runs:  # every seed run's manifest before the first job
         write_manifest(r)
+    given = f"; {', '.join(spec.checkpoints())} from checkpoint(s), not trained" if spec.checkpoints() else ""
     _log(
-        f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}) on {workers} worker(s)"
+        f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}{given}) on {workers} worker(s)"
         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
     )
     run_seed_runs(runs, Path(student), workers, _log, train_runs, finish_seed)

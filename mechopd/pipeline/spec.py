@@ -10,6 +10,7 @@
     runs:                            # one entry per compared run, by ROLE (opd, nca, ta_opd, nca_follow, or yours)
       opd: {method: opd}
       nca: {method: nca, beta: 0.5}
+      old_opd: {checkpoint: runs/demo/train/opd/final}   # an already-trained model: evaluated and probed, not trained
     eval: {n: 200, other_contexts: true}             # n, other_contexts, and any other EvalConfig field but seed
     probes: {similarity: {n: 16}, deltas: {}}        # registered probes: setup fields (n, batch_size, split, ...)
                                                      # and the probe's own options (its `mechopd probe NAME` flags)
@@ -18,12 +19,19 @@
 
 The built-in studies of `mechopd demo` are such files (``mechopd/data/studies/<task>.yaml``, `builtin_study`).
 
-A run's training config is ``train``, then its ``runs`` entry, then the study's task, student, teacher, render and
-seed (`StudySpec.train_config`); an organism student takes its recipe (`organisms.recipes`) under what the file sets,
-as `mechopd train` does. A run writes a checkpoint at half its steps unless ``save_every`` is set, so a killed study
-resumes. Relative paths (task options, student) are read against the current directory, as in every training YAML.
+A run entry is training fields, or ``checkpoint: DIR`` alone: a model trained elsewhere from the study's student
+(``mechopd train``, or another run's ``RUN/train/<role>/final``), which `mechopd run` evaluates and probes as it does
+the runs it trains, and never trains. It gets no ``train/<role>/``: the run dir records the directory in ``demo.json``
+and ``study.yaml`` and its content in ``study_inputs.json`` (a rerun over a changed checkpoint is refused). The probe
+studies of ``probes/`` are such files, every run a checkpoint. A trained run's config is ``train``, then its ``runs``
+entry, then the study's task, student, teacher, render and seed (`StudySpec.train_config`); an organism student takes
+its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. A run writes a checkpoint at half
+its steps unless ``save_every`` is set, so a killed study resumes. Relative paths (task options, student, checkpoints)
+are read against the current directory, as in every training YAML.
 Every value is checked when the file is read: unknown keys, a role that is not an identifier, a training field of no
-`TrainConfig` (each run's config is built), an unknown probe or probe option, a probe whose roles the study lacks.
+`TrainConfig` (each run's config is built), a checkpoint run with a training field or a checkpoint directory that is
+not there, an unknown probe or probe option, a probe whose roles the study lacks. `StudySpec.load` is the one reader
+(the demo's built-in studies: `builtin_study`, `named.load_named`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
 STUDY_SET = ("task", "task_options", "student", "teacher", "seed", "no_context_system", "chat_template_kwargs")
 PROBE_SETUP_KEYS = ("n", "batch_size", "split", "temperature", "max_new_tokens", "responses_from")
 RESERVED_ROLES = ("base", "teacher")
+CHECKPOINT = "checkpoint"  # a run entry naming an already-trained model (no TrainConfig field has this name)
 
 
 @dataclass
@@ -159,12 +168,36 @@ class StudySpec:
                     f"{self.source}: runs.{role} must be a mapping of training fields, e.g. {{method: nca, beta: 0.5}}"
                 )
             self.runs[role] = dict(over or {})
+            if CHECKPOINT in self.runs[role]:
+                self._check_checkpoint(role)
+                continue
             bad = sorted(set(self.runs[role]) & set(STUDY_SET))
             if bad:
                 raise ConfigError(
                     f"{self.source}: runs.{role}.{bad[0]} is set by the study itself; use the top-level key"
                 )
             self.train_config(role, self.seeds[0])  # every field checked now, before any job
+        self.first_config(self.seeds[0])  # the shared fields, also when every run is a checkpoint
+
+    def _check_checkpoint(self, role: str) -> None:
+        """A checkpoint run: ``checkpoint`` alone (it is not trained), naming a directory that is there."""
+        w, entry = self.source, self.runs[role]
+        extra = sorted(set(entry) - {CHECKPOINT})
+        if extra:
+            raise ConfigError(
+                f"{w}: runs.{role} names a checkpoint and sets {extra[0]}; a checkpoint run is not trained: drop "
+                f"{', '.join(extra)}, or drop checkpoint to train the run"
+            )
+        value = entry[CHECKPOINT]
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(
+                f"{w}: runs.{role}.checkpoint must be the directory of a trained model, e.g. runs/demo/train/opd/final"
+            )
+        if not Path(value).expanduser().is_dir():
+            raise ConfigError(
+                f"{w}: runs.{role}.checkpoint {value} is not a directory; pass a trained model's directory (e.g. "
+                "RUN/train/opd/final, relative to the current directory), or train it (method: ...) instead"
+            )
 
     def _check_eval(self, task: Any) -> None:
         from mechopd.evaluation.evaluate import EvalConfig
@@ -198,7 +231,7 @@ class StudySpec:
         from mechopd.core.errors import MechopdError
         from mechopd.core.runcheck import check_item_count
 
-        asks = [(f"runs.{r}.pool_size", "train", self.train_config(r, self.seeds[0]).pool_size) for r in self.runs]
+        asks = [(f"runs.{r}.pool_size", "train", self.train_config(r, self.seeds[0]).pool_size) for r in self.trained]
         for name, (setup, _) in self.probe_plan().items():
             n = setup.get("n", self.probe_n)
             if isinstance(n, int) and not isinstance(n, bool):
@@ -250,12 +283,36 @@ class StudySpec:
 
     # -- what the runner reads -----------------------------------------------------------------------------------------
     def train_config(self, role: str, seed: int, student: str | None = None) -> Any:
-        """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint)."""
+        """The `TrainConfig` of run ``role`` for training seed ``seed`` (``student``: the resolved checkpoint); a
+        checkpoint run has none (`checkpoints`)."""
+        if role in self.checkpoints():
+            raise ConfigError(f"{self.source}: runs.{role} is a checkpoint run; it has no training config")
+        return self._config(role, seed, student)
+
+    def first_config(self, seed: int, student: str | None = None) -> Any:
+        """The first trained run's `TrainConfig` (the study's schedule, its organism's directory); with every run a
+        checkpoint, the shared ``train`` fields' alone."""
+        return self._config(self.trained[0] if self.trained else None, seed, student)
+
+    @property
+    def trained(self) -> list[str]:
+        """The roles `mechopd run` trains (every run but the checkpoint runs), in the file's order."""
+        return [role for role, over in self.runs.items() if CHECKPOINT not in over]
+
+    def checkpoints(self) -> dict[str, str]:
+        """role -> the checkpoint directory (absolute) of every checkpoint run: evaluated and probed, not trained."""
+        return {
+            role: str(Path(over[CHECKPOINT]).expanduser().resolve())
+            for role, over in self.runs.items()
+            if CHECKPOINT in over
+        }
+
+    def _config(self, role: str | None, seed: int, student: str | None) -> Any:
         from mechopd.config import TrainConfig, build_config, resolve_train_data
 
         data: dict[str, Any] = {
             **self.train,
-            **self.runs[role],
+            **(self.runs[role] if role is not None else {}),
             "task": self.task,
             "task_options": dict(self.task_options),
             "student": self.student,
@@ -267,15 +324,21 @@ class StudySpec:
         data.setdefault("save_every", max(1, int(data.get("steps", TrainConfig.steps)) // 2))  # resumable
         if student is not None:
             data["student"] = student
+        where = "train" if role is None else f"runs.{role}"
         try:
-            return build_config(TrainConfig, data, source=f"{self.source}: runs.{role}")
+            return build_config(TrainConfig, data, source=f"{self.source}: {where}")
         except ConfigError as e:
             msg = str(e)
-            raise ConfigError(msg if msg.startswith(self.source) else f"{self.source}: runs.{role}: {msg}") from None
+            raise ConfigError(msg if msg.startswith(self.source) else f"{self.source}: {where}: {msg}") from None
 
     def methods(self) -> dict[str, dict[str, Any]]:
-        """role -> the run's training fields (shared ``train`` under its own): the manifest's ``runs``."""
-        return {role: {**self.train, **over} for role, over in self.runs.items()}
+        """role -> the run's training fields (shared ``train`` under its own), a checkpoint run's ``{checkpoint:
+        DIR}`` (absolute): the manifest's ``runs``."""
+        given = self.checkpoints()
+        return {
+            role: {CHECKPOINT: given[role]} if role in given else {**self.train, **over}
+            for role, over in self.runs.items()
+        }
 
     @property
     def eval_n(self) -> int:
@@ -308,12 +371,13 @@ class StudySpec:
 
     # -- reading ---------------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, study: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
-        """A study file's path or its parsed mapping; unknown or missing keys refused, naming the known ones."""
+    def load(cls, study: str | os.PathLike | Mapping[str, Any], source: str | None = None) -> StudySpec:
+        """A study file's path or its parsed mapping (``source``: the file it was read from, for the messages);
+        unknown or missing keys refused, naming the known ones."""
         from mechopd.config import load_yaml
 
         if isinstance(study, Mapping):
-            doc, where = dict(study), "study"
+            doc, where = dict(study), source or "study"
         else:
             doc, where = load_yaml(os.fspath(study)), str(study)
         known = [f.name for f in fields(cls) if f.name != "source"]

@@ -260,6 +260,21 @@ def _train_config(run: Path):
     )
 
 
+def _checkpoint_study_config(run: Path, task: str, recorded: Mapping[str, Any]) -> Any:
+    """The setup's config of a `mechopd run` dir whose runs are all checkpoints (no training config to read):
+    demo.json's task, task options, seed, student and render fields."""
+    from mechopd.config import TrainConfig, build_config
+
+    data = {
+        "task": task,
+        "task_options": dict(recorded.get("task_options") or {}),
+        "seed": recorded.get("seed", TrainConfig.seed),
+        "student": recorded.get("student") or TrainConfig.student,
+        **dict(recorded.get("render") or {}),
+    }
+    return build_config(TrainConfig, data, source=f"{run / DEMO_FILE}: config")
+
+
 def _final(run: Path) -> str:
     if not (run / "final" / "config.json").is_file():
         raise ModelError(f"{run / 'final'} holds no checkpoint; finish the run (mechopd train ... --resume) first")
@@ -299,11 +314,12 @@ def _from_demo(run: Path) -> ProbeSetup:
     trained = [r for r in study.runs.values() if r.role != BASE]
     if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")
-    cfg = _train_config(trained[0].train_dir)
+    own = [r for r in trained if r.model is None]  # a study's checkpoint run has no train dir
+    cfg = _train_config(own[0].train_dir) if own else _checkpoint_study_config(run, study.task, study.config)
     base_run = study.run(BASE)
     organism = base_run.model if base_run is not None and base_run.model else cfg.student
     models = {BASE: recorded_model(str(organism), cfg.organism_dir, run)}
-    models.update({r.name: _final(r.train_dir) for r in trained})
+    models.update({r.name: r.model or _final(r.train_dir) for r in trained})  # a study's checkpoint run: its dir
     probe_n = study.config.get("probe_n")
     if probe_n is not None and (isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 1):
         raise ConfigError(

@@ -86,6 +86,24 @@ def _lr_text(cfg: dict[str, Any]) -> str:
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
 
 
+def _opening(s: Study, cfg: dict[str, Any]) -> str:
+    """The report's first sentence: the organism, how its methods were trained (a study's checkpoint runs: given, not
+    trained here), how they were evaluated."""
+    given = [r.label for r in s if (r.settings or {}).get("checkpoint")]
+    trained = not given or len(given) < len(s.methods)  # no checkpoint run: the sentence as it always read
+    how = (
+        f"{'Every other' if given else 'Every'} method trained from it with the same seed ({cfg.get('seed')}), data "
+        f"and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, {_lr_text(cfg)})"
+        if trained
+        else ""
+    )
+    ready = f"{', '.join(given)}: given checkpoint{'s' if len(given) > 1 else ''}, not trained here" if given else ""
+    return (
+        f"Organism: {md_code(s.manifest.get('organism'))}. {'; '.join(x for x in (ready, how) if x)}; evaluated "
+        f"greedily on {cfg.get('eval_n')} held-out items in both views (without the context, and with it re-inserted)."
+    )
+
+
 def _first_grad_line(study: Study, role: str) -> dict[str, Any] | None:
     for rec in study.metrics(role):
         if rec.get("grad/norm/opd") is not None and rec.get("grad/norm/nca") is not None:
@@ -228,13 +246,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     md_table, _ = compare_table(summaries) if summaries else ("(no evaluation found)", "")
     cfg = s.config
     out = [*_smoke(cfg), f"# mechopd report — {s.task}", ""]
-    out += [
-        f"Organism: {md_code(s.manifest.get('organism'))}. Every method trained from it with the same seed "
-        f"({cfg.get('seed')}), data and steps ({cfg.get('steps')} steps × {cfg.get('batch_size')} prompts, "
-        f"{_lr_text(cfg)}); evaluated greedily on {cfg.get('eval_n')} held-out items in both views "
-        "(without the context, and with it re-inserted).",
-        "",
-    ]
+    out += [_opening(s, cfg), ""]
     if s.manifest.get("wall_s"):
         out += [f"Wall time of the last `mechopd demo` invocation: {s.manifest['wall_s']:.0f} s.", ""]
     rows = evaluate_claims([s])  # once: the findings and the claims table read the same rows

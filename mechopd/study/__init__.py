@@ -5,6 +5,11 @@ A role says what a run IS in the comparison (``base``: the initial student; ``op
 (``train/<name>/``, ``eval/<name>.json``, the ``model`` column of the probe tables). The report, the claims and the
 figures ask the study for a role; they never spell a run's name. Renaming a run changes the study file only.
 
+This is the reading side of a run directory, not an input format: what a study RUNS is the study file of `mechopd run`
+(`mechopd.pipeline.spec.StudySpec`, the one schema of the demo's built-in studies, `mechopd run` and the probe
+studies), and the run directory's ``demo.json`` and ``study.yaml`` are written from it (a checkpoint run of the study
+keeps its directory as ``model``).
+
 A study is read from (`Study.load`):
 
   * a study YAML (``study.yaml``; `mechopd demo` writes one next to ``demo.json``)::
@@ -158,7 +163,8 @@ class Run:
     label: str
     train_dir: Path
     eval_path: Path
-    model: str | None = None  # checkpoint dir (base: the organism; else train_dir/final when None)
+    model: str | None = None  # checkpoint dir (base: the organism; a study's checkpoint run: its directory, demo.json's
+    # runs.NAME.checkpoint; else train_dir/final when None)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the demo's training overrides of this run
     label_given: bool = False  # the label comes from the study file or demo.json (not the default)
 
@@ -380,7 +386,8 @@ def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: s
     name = check_label(str(spec.get("name", role)), f"{where}: runs.{role}")
     labels = manifest.get("labels") or {}
     given = check_display_label(spec.get("label") or labels.get(name), f"{where}: runs.{role}.label")
-    model = spec.get("model") or (manifest.get("organism") if role == BASE else None)
+    settings = dict((manifest.get("runs") or {}).get(name) or {})
+    model = spec.get("model") or (manifest.get("organism") if role == BASE else settings.get("checkpoint"))
     return Run(
         role,
         name,
@@ -388,7 +395,7 @@ def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: s
         _path(root, spec.get("dir"), Path("train") / name),
         _path(root, spec.get("eval"), Path("eval") / f"{name}.json"),
         None if model is None else str(model),
-        dict((manifest.get("runs") or {}).get(name) or {}),
+        settings,
         given is not None,
     )
 

@@ -77,6 +77,24 @@ CASES = [
         lambda o, w: study(w, copy_org(o, w), teacher=str(_zoo_qwen3())),
         "tokenizers differ",
     ),
+    Hostile(
+        "model",
+        "checkpoint-nan-weights",
+        lambda o, w: study(w, copy_org(o, w), runs={"old": {"checkpoint": str(poison(copy_org(o, w, "c"), 1e400))}}),
+        "runs.old.checkpoint",
+    ),
+    Hostile(
+        "model",
+        "checkpoint-another-tokenizer",
+        lambda o, w: study(w, copy_org(o, w), runs={"old": {"checkpoint": str(_zoo_qwen3())}}),
+        "the student and runs.old.checkpoint tokenizers differ",
+    ),
+    Hostile(
+        "study",
+        "checkpoint-and-a-training-field",
+        lambda o, w: study(w, copy_org(o, w), runs={"old": {"checkpoint": str(copy_org(o, w, "c")), "beta": 0.5}}),
+        "runs.old names a checkpoint and sets beta",
+    ),
 ]
 
 

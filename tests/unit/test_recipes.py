@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -65,62 +66,56 @@ def test_recipe_leaves_the_papers_defaults_for_the_method(task):
 
 # ------------------------------------------------------------------------------------------------- probe recipes
 PROBE_RECIPES = sorted((ROOT / "probes").glob("*.yaml"))
-SETUP_KEYS = {
-    "task",
-    "task_options",
-    "placement",
-    "no_context_system",
-    "chat_template_kwargs",
-    "temperature",
-    "max_new_tokens",
-    "n",
-    "seed",
-    "batch_size",
-    "split",
-    "responses_from",
-    "models",
-    "run",
-}  # ProbeSetup
 STUDY_PROBES = {"similarity", "gradients", "deltas", "teachability"}
-
-
-def _labels(value) -> list[str]:
-    """Model labels an option names: a label, a list of labels, or ``a,b`` (the pair/terms syntax)."""
-    items = value if isinstance(value, list) else [value]
-    return [p for item in items for p in str(item).split(",")]
 
 
 def test_probe_recipes_exist_for_both_studies():
     assert {"sokoban-study", "rules-study"} <= {p.stem for p in PROBE_RECIPES}
 
 
-@pytest.mark.parametrize("path", PROBE_RECIPES, ids=lambda p: p.name)
-def test_probe_recipe_keys_and_labels(path):
-    data = yaml.safe_load(path.read_text())
-    assert set(data) - {"out", "probes"} <= SETUP_KEYS
-    assert data["task"] in ORGANISM_TASKS and "base" in data["models"]
-    assert set(data["probes"]) == STUDY_PROBES  # the papers' study: every probe
-    model_options = {"models", "model", "trained", "student", "base", "pair"}
-    for name, options in data["probes"].items():
-        for key in model_options & set(options):
-            assert set(_labels(options[key])) <= set(data["models"]), (name, key)
+def _checkpoints_made_here(path: Path) -> dict:
+    """The recipe's checkpoint directories made, empty, under the current directory (a test's ``tmp_path``): what
+    `StudySpec.load` checks is there. The checkout's own ``runs/`` (which `mechopd demo` writes) decides nothing."""
+    from mechopd.config import load_yaml
+
+    doc = load_yaml(path)
+    for entry in doc["runs"].values():
+        Path(entry["checkpoint"]).mkdir(parents=True)
+    return doc
 
 
 @pytest.mark.parametrize("path", PROBE_RECIPES, ids=lambda p: p.name)
-def test_probe_recipe_builds_a_setup_and_valid_probe_options(path, tmp_path, monkeypatch):
-    """With the probe setup and registry present, the recipe is a `ProbeSetup` and every probe accepts its options.
-    Run from an empty directory: `ProbeSetup` records a model path that exists as absolute, so the checkout's own
-    `runs/` (which `mechopd demo` writes) must not decide what the recipe's labels read."""
+def test_probe_recipe_is_a_study_of_checkpoints(path, tmp_path, monkeypatch):
+    """A probe recipe is a study file read by `StudySpec.load`: every run a checkpoint (nothing trained), every probe
+    of the papers' study with options its probe accepts and roles the study has (both checked by the reader)."""
+    from mechopd.pipeline.spec import StudySpec
+
     monkeypatch.chdir(tmp_path)
-    setup_mod = pytest.importorskip("mechopd.probes.setup")
-    registry = pytest.importorskip("mechopd.probes.registry")
-    data = yaml.safe_load(path.read_text())
-    probes = data.pop("probes")
-    data.pop("out")
-    setup = setup_mod.ProbeSetup(**data)
-    assert setup.task == data["task"] and setup.models == data["models"]
-    for name, options in probes.items():
-        registry.get_probe(name).options(**options)  # unknown options raise ConfigError
+    _checkpoints_made_here(path)
+    spec = StudySpec.load(path)
+    assert spec.task in ORGANISM_TASKS and spec.teacher is None
+    assert spec.trained == [] and set(spec.checkpoints()) == {"opd", "nca", "ta_opd"}
+    assert all(Path(d).is_relative_to(tmp_path.resolve()) for d in spec.checkpoints().values())
+    assert set(spec.probes) == STUDY_PROBES  # the papers' study: every probe
+
+
+@pytest.mark.parametrize("path", PROBE_RECIPES, ids=lambda p: p.name)
+def test_probe_recipe_is_refused_with_a_bad_option_a_missing_role_or_checkpoint(path, tmp_path, monkeypatch):
+    from mechopd.core.errors import ConfigError
+    from mechopd.pipeline.spec import StudySpec
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"runs\.\w+\.checkpoint .* is not a directory"):
+        StudySpec.load(path)  # in an empty directory: the models are not there
+    doc = _checkpoints_made_here(path)
+    bad = copy.deepcopy(doc)
+    bad["probes"]["similarity"]["colour"] = 1
+    with pytest.raises(ConfigError, match=r"probes\.similarity.*colour"):
+        StudySpec.load(bad, source=str(path))
+    bad = copy.deepcopy(doc)
+    bad["probes"]["gradients"]["model"] = "nca_follow"
+    with pytest.raises(ConfigError, match=r"probes\.gradients reads the role\(s\) nca_follow"):
+        StudySpec.load(bad, source=str(path))
 
 
 def test_runs_of_a_task_recipe_are_named_by_their_method():

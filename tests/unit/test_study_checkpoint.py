@@ -1,0 +1,85 @@
+"""A study's checkpoint run (`runs: {ROLE: {checkpoint: DIR}}`, `mechopd.pipeline.spec`): a model trained elsewhere,
+evaluated and probed, never trained; with a training field, or a directory that is not there, one line naming it."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from mechopd.config import TrainConfig
+from mechopd.core.errors import ConfigError
+from mechopd.pipeline.spec import CHECKPOINT, StudySpec
+
+
+def _doc(**runs) -> dict:
+    return {
+        "task": "rules",
+        "task_options": {"rule": "reverse"},
+        "student": "organism:rules",
+        "train": {"steps": 4, "batch_size": 2},
+        "runs": runs,
+        "eval": {"n": 8},
+    }
+
+
+def _refusal(doc: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        StudySpec.load(doc, source="s.yaml")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("s.yaml: "), msg
+    return msg
+
+
+def test_the_key_is_no_training_field():
+    assert CHECKPOINT not in {f.name for f in fields(TrainConfig)}
+
+
+def test_a_checkpoint_run_is_read_against_the_current_directory_and_not_trained(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old" / "final").mkdir(parents=True)
+    spec = StudySpec.load(
+        {
+            **_doc(opd={"method": "opd"}, old={CHECKPOINT: "old/final"}),
+            "probes": {"similarity": {"models": ["opd", "old"]}},
+        }
+    )
+    assert spec.trained == ["opd"]
+    assert spec.checkpoints() == {"old": str((tmp_path / "old" / "final").resolve())}
+    assert spec.methods()["old"] == {CHECKPOINT: str((tmp_path / "old" / "final").resolve())}
+    assert spec.methods()["opd"]["steps"] == 4  # a trained run: the shared fields under its own
+    assert spec.runs["old"] == {CHECKPOINT: "old/final"}  # as the file says (a rerun compares it)
+    with pytest.raises(ConfigError, match="runs.old is a checkpoint run"):
+        spec.train_config("old", 0)
+
+
+def test_a_study_of_checkpoints_only_has_the_shared_schedule(tmp_path):
+    (tmp_path / "a").mkdir()
+    spec = StudySpec.load(_doc(opd={CHECKPOINT: str(tmp_path / "a")}))
+    assert spec.trained == [] and list(spec.checkpoints()) == ["opd"]
+    assert spec.first_config(0).steps == 4  # what demo.json's config and the organism's directory read
+
+
+@pytest.mark.parametrize("field", ["method", "beta", "steps", "seed", "no_such_field"])
+def test_a_checkpoint_run_with_a_training_field_is_refused(tmp_path, field):
+    msg = _refusal(_doc(old={CHECKPOINT: str(tmp_path), field: 1}))
+    assert f"runs.old names a checkpoint and sets {field}" in msg and f"drop {field}" in msg, msg
+
+
+@pytest.mark.parametrize("value", ["no/such/dir", "afile"])
+def test_a_checkpoint_that_is_not_a_directory_is_refused_naming_it(tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("weights?\n")
+    msg = _refusal(_doc(opd={"method": "opd"}, old={CHECKPOINT: value}))
+    assert f"runs.old.checkpoint {value} is not a directory" in msg, msg
+
+
+@pytest.mark.parametrize("value", [None, "", 3, ["a"]])
+def test_a_checkpoint_that_is_no_path_is_refused(value):
+    assert "runs.old.checkpoint must be the directory of a trained model" in _refusal(_doc(old={CHECKPOINT: value}))
+
+
+def test_a_probe_reads_a_checkpoint_runs_role_and_no_other(tmp_path):
+    doc = {**_doc(old={CHECKPOINT: str(tmp_path)}), "probes": {"similarity": {"models": ["old", "nca"]}}}
+    assert "probes.similarity reads the role(s) nca, which the study lacks" in _refusal(doc)
