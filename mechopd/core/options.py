@@ -61,8 +61,8 @@ class Facts:
 
 def option(
     default: Any = MISSING,
+    help: str = "",
     *,
-    help: str,
     range: Range | None = None,
     choices: tuple[str, ...] | None = None,
     short: bool = False,
@@ -71,8 +71,11 @@ def option(
     flag: str = "",
     metavar: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default; ``flag`` /
-    ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name (probe options)."""
+    """A dataclass field carrying its facts (`Facts`): ``option(default, help, range=GE0, ...)`` (``help`` is
+    required; ``range`` a `Range`: ``GE0``, ``GE1``, ``GT0``, ``UNIT`` or ``Range(lo, hi)``); ``default_factory`` for a
+    mutable default; ``flag`` / ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name."""
+    if not help:
+        raise TypeError("option(...) needs its help: option(default, help, ...)")
     facts = {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}
     meta = {META: {**facts, **({"flag": flag} if flag else {}), **({"metavar": metavar} if metavar else {})}}
     if default_factory is not MISSING:

@@ -1,6 +1,6 @@
 """A probe's options, declared once: one dataclass per probe, each field's help, flag, range and choices held as
 `mechopd.core.options` facts (the one format every configurable field has: `field_facts` reads them, `check_value`
-checks them). This module's `option` keeps the probes' short call; the binder turns the dataclass into
+checks them; `option` is core's, re-exported). The binder turns the dataclass into
 
   * the ``mechopd probe NAME`` flags (`add_flags`): ``--<name-with-dashes>`` (or ``flag=``), the field's name as
     ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``,
@@ -9,14 +9,14 @@ checks them). This module's `option` keeps the probes' short call; the binder tu
     setup flags of every probe (`mechopd.probes.setup.ProbeSetup`) come from the same generator (`setup_kwargs`);
   * the one value a probe's run function takes (``run_x(setup, out_dir, opts: XOptions)``; `ProbeSpec` builds it
     from the defaults and the given values: `defaults`);
-  * the checks (`check`: ``range`` = (lo, hi) inclusive, None = open, and ``choices``, through
-    `mechopd.core.options.check_value`), one-line `ConfigError`s naming the probe and the flag;
+  * the checks (`check`: ``range`` = a `mechopd.core.ranges.Range`, ``GE0``, ``GE1``, ``UNIT``, ..., and
+    ``choices``, through `mechopd.core.options.check_value`), one-line `ConfigError`s naming the probe and the flag;
   * the docs table (`docs_rows`, docs/probes.md, written by ``python -m mechopd.probes.docs``).
 
     @dataclass(frozen=True)
     class ToyOptions:
         models: list[Role] | None = option(None, "models to compare", metavar="LABEL|NAME=DIR")
-        n_boot: int = option(1000, "bootstrap resamples", flag="--n-boot", range=(0, None))
+        n_boot: int = option(1000, "bootstrap resamples", flag="--n-boot", range=GE0)
 
 Role: a label of the study's runs (``base``, ``opd``, ``nca``, ...) or a checkpoint dir; the demo maps the roles in
 ``ProbeSpec.role_options`` to the study's run names.
@@ -31,28 +31,12 @@ import typing
 from collections.abc import Sequence
 from typing import Any, overload
 
-from mechopd.core import options as core
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import Facts, Range, check_value, field_facts
+from mechopd.core.options import GE0, Facts, check_value, field_facts, option  # noqa: F401  (option: re-exported)
 
 Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
 MODELS_METAVAR = "LABEL|NAME=DIR"
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    metavar: str | None = None,
-    range: tuple[float | None, float | None] | None = None,  # noqa: A002  (the metadata key)
-    choices: tuple[Any, ...] | None = None,
-) -> Any:
-    """A dataclass field with its facts (`mechopd.core.options.option`: help, `Range`, choices; ``flag``: the CLI
-    spelling when it is not ``--<name-with-dashes>``, ``metavar``: the value's name in ``--help``)."""
-    bounds = None if range is None or range == (None, None) else Range(range[0], range[1])
-    return core.option(default, help=help, range=bounds, choices=choices, flag=flag or "", metavar=metavar)
 
 
 def facts_of(cls: type | None) -> list[Facts]:
@@ -251,7 +235,7 @@ def detail_option(default: int = 16) -> Any:
         f"items whose per-token values are kept for `mechopd explore` (default {default})",
         flag="--detail-items",
         metavar="N",
-        range=(0, None),
+        range=GE0,
     )
 
 
