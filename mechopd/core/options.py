@@ -255,42 +255,67 @@ def plugin_facts(host: type) -> list[Facts]:
 
 
 def add_flags(
-    parser: argparse.ArgumentParser, facts: list[Facts], taken: Set[str] = frozenset(), sets: bool = True
+    parser: argparse.ArgumentParser,
+    facts: list[Facts],
+    *,
+    typed: bool = False,
+    taken: Set[str] = frozenset(),
+    sets: bool = True,
 ) -> None:
-    """One ``--kebab-name VALUE`` flag per field (mappings: ``--set NAME.KEY=VALUE`` instead), help from its facts;
-    the value stays text here and is read once, by `coerce`, through `flag_values`. ``sets``: the verb also takes
-    ``--set KEY=VALUE`` (its help says so)."""
+    """One flag per field: ``f.flag`` (``--kebab-name``), its help with default, range and choices (`flag_help`),
+    default None (a flag left out is told from one given), a bool's value optional (``--x`` = true, ``--x false``).
+    The one difference is when the value is read:
+
+    * text (``typed=False``: train, eval): the flag's value stays text (`CliValue`, dest ``opt_NAME``) and is read
+      once, with the file's keys and ``--set``, by `bind` (`flag_values` -> `coerce`); a mapping has no flag (``--set
+      NAME.KEY=VALUE``); ``sets``: the verb takes ``--set`` too (the help says so).
+    * typed (``typed=True``: ``mechopd probe``, no file or ``--set`` beneath the flags): the value is parsed here,
+      dest the field's name: ``int`` / ``float`` / ``bool`` typed, ``list[...]`` -> ``nargs="+"``, a mapping -> a
+      repeated ``KEY=VALUE`` flag, ``Sequence[...]`` one comma-separated text value (its dataclass parses it).
+
+    ``taken``: flags the verb already has (skipped)."""
     for f in facts:
         base, _ = _parts(f.hint)
-        if typing.get_origin(base) is dict or f.flag in taken:
+        mapping = typing.get_origin(base) is dict
+        if (mapping and not typed) or f.flag in taken:
             continue
-        metavar = f.metavar or (
-            "|".join(f.choices)
-            if f.choices and len(f.choices) <= 4
-            else getattr(base, "__name__", "VALUE").upper()
-            if base in (int, float, str, bool)
-            else "VALUE"
-        )
-        kw: dict[str, Any] = {"nargs": "?", "const": "true"} if base is bool else {}
-        parser.add_argument(
-            f.flag,
-            dest=f"opt_{f.name}",
-            default=None,
-            metavar=metavar,
-            type=CliValue,
-            help=f"{flag_help(f)}; same as --set {f.name}=..." if sets else flag_help(f),
-            **kw,
-        )
+        kw: dict[str, Any] = {
+            "default": None,
+            "metavar": f.metavar or ("BOOL" if base is bool else f.name.upper()),
+            "help": flag_help(f),
+        }
+        if base is bool:
+            kw.update(nargs="?", const=True if typed else CliValue("true"))
+        if not typed:
+            kw.update(dest=f"opt_{f.name}", type=CliValue)
+            kw["help"] += f"; same as --set {f.name}=..." if sets else ""
+        elif mapping:
+            kw.update(dest=f.name, action="append")
+        else:
+            kw.update(dest=f.name, type={int: int, float: float, bool: boolean}.get(base))
+            if typing.get_origin(base) in (list, tuple):
+                kw["nargs"] = "+"
+        parser.add_argument(f.flag, **kw)
+
+
+def boolean(text: str) -> bool:
+    """A typed flag's bool (``--x false``): true / false / 1 / 0 / yes / no, as `coerce` reads one."""
+    return bool(_typed(bool, bool, text))
+
+
+def limits(f: Facts) -> str:
+    """A field's range and choices in words (``>= 0``, ``a | b``): what ``--help`` and every docs table show."""
+    parts = [f.range.text()] if f.range is not None else []
+    if f.choices:
+        parts.append(" | ".join(map(str, f.choices)))
+    return "; ".join(parts)
 
 
 def flag_help(f: Facts) -> str:
-    """A field's help with its default and range or choices (what ``--help`` and docs/config.md show)."""
-    extra = [f"default {f.default!r}"]
-    if f.range is not None:
-        extra.append(f.range.text())
-    if f.choices is not None:
-        extra.append(" | ".join(f.choices))
-    return f"{f.help} ({'; '.join(extra)})".replace("%", "%%")
+    """A field's help with its default (unless the help words its own) and its `limits` (``--help``)."""
+    extra = [] if "default" in f.help else [f"default {f.default!r}"]
+    extra += [limits(f)] if limits(f) else []
+    return (f"{f.help} ({'; '.join(extra)})" if extra else f.help).replace("%", "%%")
 
 
 def flag_values(args: argparse.Namespace, facts: list[Facts]) -> dict[str, Any]:

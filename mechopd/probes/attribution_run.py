@@ -143,7 +143,7 @@ class AttributionOptions:
     components: Sequence[str] = option(
         COMPONENTS, "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
     )
-    ig_steps: int = option(0, "integrated-gradient steps per site (default 0: plain attribution patching)", range=GE0)
+    ig_steps: int = option(0, "integrated-gradient steps per site (0: plain attribution patching)", range=GE0)
     no_exact: bool = option(False, "skip exact patching (no faithfulness record)")
     greedy: bool = greedy_option()
 

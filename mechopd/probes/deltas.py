@@ -130,7 +130,7 @@ class DeltasOptions:
         "also the update's geometry per layer x module (deltas_svd.csv: eff_rank, top-k energy, "
         "sparsity, overlap with W0's subspace)",
     )
-    svd_k: int = option(8, "k of the top-k energy and overlap (default 8)", range=GE1)
+    svd_k: int = option(8, "k of the top-k energy and overlap", range=GE1)
 
     def __post_init__(self) -> None:  # "opd,nca" -> ("opd", "nca"), before any model loads
         normalise(self, pair=two_items)

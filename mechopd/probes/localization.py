@@ -157,7 +157,7 @@ class LocalizationOptions:
     layers: Sequence[int | str] | None = option(
         None, "comma-separated decoder layers or site names (default: every residual site)"
     )
-    removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)", range=UNIT)
+    removed_share: float = option(0.9, "share of the harm a site must remove to count", range=UNIT)
     n_boot: int = option(1000, "item bootstrap resamples", range=GE0)
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads

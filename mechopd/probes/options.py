@@ -24,7 +24,6 @@ Role: a label of the study's runs (``base``, ``opd``, ``nca``, ...) or a checkpo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import types
 import typing
@@ -85,35 +84,6 @@ def type_name(hint: Any) -> str:
     if typing.get_origin(hint) in (list, tuple):
         return f"list[{', '.join(type_name(a) for a in typing.get_args(hint) if a is not Ellipsis)}]"
     return getattr(hint, "__name__", str(hint))
-
-
-def argparse_kwargs(f: Facts, unset: bool = False) -> dict[str, Any]:
-    """The ``add_argument`` keywords of one field (dest = the field's name). ``unset``: the flag's default is None
-    (a mapping's: []), whatever the field's, so that a flag given is told from one left out (the setup flags, which
-    override what ``--run`` says); a mapping is a repeated ``KEY=VALUE`` flag."""
-    kind = _kind(f.hint)
-    kw: dict[str, Any] = {"dest": f.name}
-    if kind is bool:
-        return {**kw, "action": "store_true", "help": f.help}
-    kw["default"] = None if unset else f.default
-    if typing.get_origin(_bare(f.hint)) is dict:
-        kw.update(action="append", default=[])
-    elif kind is list:
-        kw["nargs"] = "+"
-    elif kind in (int, float):
-        kw["type"] = kind
-    if f.metavar is not None:
-        kw["metavar"] = f.metavar
-    kw["help"] = f.help
-    return kw
-
-
-def add_flags(parser: argparse.ArgumentParser, cls: type | None, unset: bool = False) -> None:
-    """One flag per field of ``cls`` declared with `option` (none when ``cls`` is None); ``unset``: see
-    `argparse_kwargs` (the setup's fields: `ProbeSetup`, whose fields without facts, such as ``models``, take no
-    flag)."""
-    for f in field_facts(cls) if unset and cls is not None else facts_of(cls):
-        parser.add_argument(f.flag, **argparse_kwargs(f, unset))
 
 
 def flags(cls: type | None) -> list[str]:
@@ -232,7 +202,7 @@ def greedy_option() -> Any:
 def detail_option(default: int = 16) -> Any:
     return option(
         default,
-        f"items whose per-token values are kept for `mechopd explore` (default {default})",
+        "items whose per-token values are kept for `mechopd explore`",
         flag="--detail-items",
         metavar="N",
         range=GE0,

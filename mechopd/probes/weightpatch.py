@@ -82,7 +82,7 @@ class WeightpatchOptions:
         "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
         "count: the matched control)",
     )
-    draws: int = option(3, "draws of ctrl_qk (default 3)", flag="--control-draws", range=GE1)
+    draws: int = option(3, "draws of ctrl_qk", flag="--control-draws", range=GE1)
     follow: bool = option(
         False, "also follow_other per row (the task's other contexts; one more generation per item and context)"
     )

@@ -187,7 +187,7 @@ def test_setup_flags_are_generated_from_the_probe_setup_fields(monkeypatch):
     verbs = _parser()._subparsers._group_actions[0].choices
     for name in ("similarity", "lens"):
         knob = next(a for a in verbs[name]._actions if "--knob" in a.option_strings)
-        assert (knob.help, knob.default, knob.type) == ("a new setup knob", None, int)
+        assert (knob.help, knob.default, knob.type) == ("a new setup knob (default 3)", None, int)
         assert "--placement" in {s for a in verbs[name]._actions for s in a.option_strings}
     a = _parser().parse_args(["similarity", "--knob", "5", "--task", "rules"])
     assert probe_cmd.setup_from_args(a).knob == 5
