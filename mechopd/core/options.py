@@ -1,16 +1,21 @@
 """Options declared once: a config field carries its help, range and choices as dataclass field metadata, and ONE
 binder reads YAML, ``--set KEY=VALUE`` and flags into those dataclasses, checks the values, generates the CLI flags
-and the docs table (TRL's ``field(metadata={"help": ...})``; `mechopd.config.TrainConfig` is built from them).
+and the docs tables (TRL's ``field(metadata={"help": ...})``; `mechopd.config.TrainConfig`, `EvalConfig`, a probe's
+options dataclass and `mechopd.probes.setup.ProbeSetup` are built from them).
 
-* ``option(default, help=..., range=..., choices=..., short=...)`` is a ``dataclasses.field`` whose metadata holds the
-  facts; `field_facts(cls)` reads them back.
+* ``option(default, help, range=..., choices=..., short=..., flag=..., metavar=...)`` is a ``dataclasses.field``
+  whose metadata holds the facts; `field_facts(cls)` reads them back. ``range`` is the one range language,
+  `mechopd.core.ranges.Range`, with ``GE0``, ``GT0``, ``GE1``, ``UNIT`` here.
 * `coerce` turns a YAML value or a command-line `CliValue` into the field's declared type, read from the type hint's
   structure (``typing.get_origin`` / ``get_args``), never from its text: text fields keep command-line text as typed,
   numbers and booleans are parsed once, mappings read ``KEY: VALUE`` pairs.
 * `check_value` refuses a value outside the field's range or choices with one line naming the field.
 * `bind(cls, data, sets, flags)`: a file's keys, then the flags, then ``--set`` (the last one wins), coerced and
-  checked, into ``cls``. `add_flags` adds one ``--kebab-name VALUE`` flag per field; `flag_values` reads them back
-  as `CliValue` (parsed once, here, by the field's type).
+  checked, into ``cls``.
+* `add_flags`, the one flag generator: one ``--kebab-name VALUE`` flag per field, help from `flag_help`; text mode
+  (train, eval: read back by `flag_values`, bound by `bind`) or ``typed`` (``mechopd probe``: parsed by argparse).
+* `docs_table` / `docs_row`, the one docs writer: docs/config.md's tables and docs/probes.md's, the range and choices
+  in `limits`' words (what ``--help`` shows too).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import MISSING, dataclass
 from typing import Any, Union
 
@@ -323,30 +328,50 @@ def flag_values(args: argparse.Namespace, facts: list[Facts]) -> dict[str, Any]:
     return {f.name: CliValue(v) for f in facts if (v := getattr(args, f"opt_{f.name}", None)) is not None}
 
 
-def docs_table(facts: list[Facts]) -> str:
-    """A Markdown table per section: key, type, default, range or choices, help (docs/config.md)."""
+DOCS_HEAD = "| key / flag | type | default | range / choices | help |\n|---|---|---|---|---|"
+
+
+def type_text(hint: Any) -> str:
+    """A field's type as the docs name it: ``int``, ``Role``, ``list[str]``, ``dict[str, Any]``; ``str`` for a
+    ``Sequence[...]`` (one comma-separated text value, parsed by its dataclass); `` or null`` where None is allowed."""
+    base, optional = _parts(hint)
+    return _type_name(base) + (" or null" if optional else "")
+
+
+def _type_name(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if origin is Sequence:
+        return "str"
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(t) if a is not Ellipsis)}]"
+    return getattr(t, "__name__", str(t))
+
+
+def docs_row(f: Facts, typed: bool = False) -> str:
+    """One Markdown row (`DOCS_HEAD`): key and flag, type, default, range or choices (`limits`, ``--help``'s words),
+    help. ``typed``: `add_flags`'s mode (a mapping is then a repeated ``--flag KEY=VALUE``, else ``--set``)."""
+    base, _ = _parts(f.hint)
+    if typing.get_origin(base) is dict and not typed:
+        flag = f"`--set {f.name}.KEY=VALUE`"
+    else:
+        flag = f"`{f.flag}`"
+    commas = typing.get_origin(base) is Sequence and isinstance(f.default, (list, tuple))
+    shown = ",".join(map(str, f.default)) if commas else f.default  # a comma-separated default as typed
+    cells = [f"`{f.name}` {flag}", type_text(f.hint), f"`{shown!r}`", limits(f), f.help]
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def docs_table(facts: list[Facts], typed: bool = False, sections: bool = True) -> str:
+    """The Markdown table of ``facts`` (`docs_row`), one per section (``## Section`` above it) unless not
+    ``sections``: docs/config.md (train, eval) and docs/probes.md (a probe's options, ``typed``)."""
     lines: list[str] = []
     section = None
     for f in facts:
-        if f.section != section:
+        if not lines or (sections and f.section != section):
             section = f.section
-            lines += [
-                "",
-                f"## {section}",
-                "",
-                "| key / flag | type | default | range / choices | help |",
-                "|---|---|---|---|---|",
-            ]
-        base, optional = _parts(f.hint)
-        kind = (
-            (typing.get_origin(base) or base).__name__
-            if hasattr(typing.get_origin(base) or base, "__name__")
-            else str(base)
-        )
-        kind += " or null" if optional else ""
-        limits = f.range.text() if f.range else " \\| ".join(f.choices) if f.choices else ""
-        flag = f"`--set {f.name}.KEY=VALUE`" if typing.get_origin(base) is dict else f"`{f.flag}`"
-        lines.append(
-            f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | {f.help.replace('|', chr(92) + '|')} |"
-        )
+            lines += ["", f"## {section}", ""] if sections else []
+            lines += DOCS_HEAD.split("\n")
+        lines.append(docs_row(f, typed))
     return "\n".join(lines).lstrip("\n") + "\n"
