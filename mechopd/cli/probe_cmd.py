@@ -1,7 +1,8 @@
 """`mechopd probe NAME`: one verb per registered probe (`mechopd.probes.registry`), its flags generated from two
 declarations: the setup's (`mechopd.probes.setup.ProbeSetup`: --run, --task, --option, ...) and the probe's options
-dataclass (`mechopd.probes.options.add_flags` for both), plus the verb's own --out and --force. Argument binding only:
-the setup from the flags, then the registration runs the probe (`ProbeSpec.__call__`)."""
+dataclass, by the one flag generator (`mechopd.core.options.add_flags`, typed: values parsed by argparse, None unless
+given), plus the verb's own --out and --force. Argument binding only: the setup from the flags, then the registration
+runs the probe (`ProbeSpec.__call__`) with the flags given (the rest: its options dataclass's defaults)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ from mechopd.core.errors import ConfigError
 
 def add_probe_parsers(p: argparse.ArgumentParser) -> None:
     """One subparser per registered probe: the setup flags, --out, the probe's own flags, --force."""
-    from mechopd.probes.options import add_flags
+    from mechopd.core.options import add_flags, field_facts
+    from mechopd.probes.options import facts_of
     from mechopd.probes.registry import probes
     from mechopd.probes.setup import ProbeSetup
 
     sub = p.add_subparsers(dest="probe", required=True)
     for spec in probes():
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
-        add_flags(q, ProbeSetup, unset=True)  # all optional: they override what --run says
+        add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
         q.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
-        add_flags(q, spec.options)
+        add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
         q.add_argument(
             "--force",
             action="store_true",
@@ -56,7 +58,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
     from mechopd.probes.registry import get_probe
 
     spec = get_probe(a.probe)
-    options = {k: getattr(a, k) for k in defaults(spec.options)}
+    options = {k: v for k in defaults(spec.options) if (v := getattr(a, k)) is not None}  # the flags given
     out = Path(a.out) if a.out else (Path(a.run) / "probes" if a.run else Path("runs/probes") / spec.name)
     if not a.out and a.run:  # the run's own probes/: never written through a link that leads out of the run
         from mechopd.core.runcheck import check_no_escape

@@ -1,16 +1,21 @@
 """Options declared once: a config field carries its help, range and choices as dataclass field metadata, and ONE
 binder reads YAML, ``--set KEY=VALUE`` and flags into those dataclasses, checks the values, generates the CLI flags
-and the docs table (TRL's ``field(metadata={"help": ...})``; `mechopd.config.TrainConfig` is built from them).
+and the docs tables (TRL's ``field(metadata={"help": ...})``; `mechopd.config.TrainConfig`, `EvalConfig`, a probe's
+options dataclass and `mechopd.probes.setup.ProbeSetup` are built from them).
 
-* ``option(default, help=..., range=..., choices=..., short=...)`` is a ``dataclasses.field`` whose metadata holds the
-  facts; `field_facts(cls)` reads them back.
+* ``option(default, help, range=..., choices=..., short=..., flag=..., metavar=...)`` is a ``dataclasses.field``
+  whose metadata holds the facts; `field_facts(cls)` reads them back. ``range`` is the one range language,
+  `mechopd.core.ranges.Range`, with ``GE0``, ``GT0``, ``GE1``, ``UNIT`` here.
 * `coerce` turns a YAML value or a command-line `CliValue` into the field's declared type, read from the type hint's
   structure (``typing.get_origin`` / ``get_args``), never from its text: text fields keep command-line text as typed,
   numbers and booleans are parsed once, mappings read ``KEY: VALUE`` pairs.
 * `check_value` refuses a value outside the field's range or choices with one line naming the field.
 * `bind(cls, data, sets, flags)`: a file's keys, then the flags, then ``--set`` (the last one wins), coerced and
-  checked, into ``cls``. `add_flags` adds one ``--kebab-name VALUE`` flag per field; `flag_values` reads them back
-  as `CliValue` (parsed once, here, by the field's type).
+  checked, into ``cls``.
+* `add_flags`, the one flag generator: one ``--kebab-name VALUE`` flag per field, help from `flag_help`; text mode
+  (train, eval: read back by `flag_values`, bound by `bind`) or ``typed`` (``mechopd probe``: parsed by argparse).
+* `docs_table` / `docs_row`, the one docs writer: docs/config.md's tables and docs/probes.md's, the range and choices
+  in `limits`' words (what ``--help`` shows too).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from dataclasses import MISSING, dataclass
 from typing import Any, Union
 
@@ -61,8 +66,8 @@ class Facts:
 
 def option(
     default: Any = MISSING,
+    help: str = "",
     *,
-    help: str,
     range: Range | None = None,
     choices: tuple[str, ...] | None = None,
     short: bool = False,
@@ -71,8 +76,11 @@ def option(
     flag: str = "",
     metavar: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its facts (`Facts`); ``default_factory`` for a mutable default; ``flag`` /
-    ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name (probe options)."""
+    """A dataclass field carrying its facts (`Facts`): ``option(default, help, range=GE0, ...)`` (``help`` is
+    required; ``range`` a `Range`: ``GE0``, ``GE1``, ``GT0``, ``UNIT`` or ``Range(lo, hi)``); ``default_factory`` for a
+    mutable default; ``flag`` / ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name."""
+    if not help:
+        raise TypeError("option(...) needs its help: option(default, help, ...)")
     facts = {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}
     meta = {META: {**facts, **({"flag": flag} if flag else {}), **({"metavar": metavar} if metavar else {})}}
     if default_factory is not MISSING:
@@ -252,42 +260,67 @@ def plugin_facts(host: type) -> list[Facts]:
 
 
 def add_flags(
-    parser: argparse.ArgumentParser, facts: list[Facts], taken: Set[str] = frozenset(), sets: bool = True
+    parser: argparse.ArgumentParser,
+    facts: list[Facts],
+    *,
+    typed: bool = False,
+    taken: Set[str] = frozenset(),
+    sets: bool = True,
 ) -> None:
-    """One ``--kebab-name VALUE`` flag per field (mappings: ``--set NAME.KEY=VALUE`` instead), help from its facts;
-    the value stays text here and is read once, by `coerce`, through `flag_values`. ``sets``: the verb also takes
-    ``--set KEY=VALUE`` (its help says so)."""
+    """One flag per field: ``f.flag`` (``--kebab-name``), its help with default, range and choices (`flag_help`),
+    default None (a flag left out is told from one given), a bool's value optional (``--x`` = true, ``--x false``).
+    The one difference is when the value is read:
+
+    * text (``typed=False``: train, eval): the flag's value stays text (`CliValue`, dest ``opt_NAME``) and is read
+      once, with the file's keys and ``--set``, by `bind` (`flag_values` -> `coerce`); a mapping has no flag (``--set
+      NAME.KEY=VALUE``); ``sets``: the verb takes ``--set`` too (the help says so).
+    * typed (``typed=True``: ``mechopd probe``, no file or ``--set`` beneath the flags): the value is parsed here,
+      dest the field's name: ``int`` / ``float`` / ``bool`` typed, ``list[...]`` -> ``nargs="+"``, a mapping -> a
+      repeated ``KEY=VALUE`` flag, ``Sequence[...]`` one comma-separated text value (its dataclass parses it).
+
+    ``taken``: flags the verb already has (skipped)."""
     for f in facts:
         base, _ = _parts(f.hint)
-        if typing.get_origin(base) is dict or f.flag in taken:
+        mapping = typing.get_origin(base) is dict
+        if (mapping and not typed) or f.flag in taken:
             continue
-        metavar = f.metavar or (
-            "|".join(f.choices)
-            if f.choices and len(f.choices) <= 4
-            else getattr(base, "__name__", "VALUE").upper()
-            if base in (int, float, str, bool)
-            else "VALUE"
-        )
-        kw: dict[str, Any] = {"nargs": "?", "const": "true"} if base is bool else {}
-        parser.add_argument(
-            f.flag,
-            dest=f"opt_{f.name}",
-            default=None,
-            metavar=metavar,
-            type=CliValue,
-            help=f"{flag_help(f)}; same as --set {f.name}=..." if sets else flag_help(f),
-            **kw,
-        )
+        kw: dict[str, Any] = {
+            "default": None,
+            "metavar": f.metavar or ("BOOL" if base is bool else f.name.upper()),
+            "help": flag_help(f),
+        }
+        if base is bool:
+            kw.update(nargs="?", const=True if typed else CliValue("true"))
+        if not typed:
+            kw.update(dest=f"opt_{f.name}", type=CliValue)
+            kw["help"] += f"; same as --set {f.name}=..." if sets else ""
+        elif mapping:
+            kw.update(dest=f.name, action="append")
+        else:
+            kw.update(dest=f.name, type={int: int, float: float, bool: boolean}.get(base))
+            if typing.get_origin(base) in (list, tuple):
+                kw["nargs"] = "+"
+        parser.add_argument(f.flag, **kw)
+
+
+def boolean(text: str) -> bool:
+    """A typed flag's bool (``--x false``): true / false / 1 / 0 / yes / no, as `coerce` reads one."""
+    return bool(_typed(bool, bool, text))
+
+
+def limits(f: Facts) -> str:
+    """A field's range and choices in words (``>= 0``, ``a | b``): what ``--help`` and every docs table show."""
+    parts = [f.range.text()] if f.range is not None else []
+    if f.choices:
+        parts.append(" | ".join(map(str, f.choices)))
+    return "; ".join(parts)
 
 
 def flag_help(f: Facts) -> str:
-    """A field's help with its default and range or choices (what ``--help`` and docs/config.md show)."""
-    extra = [f"default {f.default!r}"]
-    if f.range is not None:
-        extra.append(f.range.text())
-    if f.choices is not None:
-        extra.append(" | ".join(f.choices))
-    return f"{f.help} ({'; '.join(extra)})".replace("%", "%%")
+    """A field's help with its default (unless the help words its own) and its `limits` (``--help``)."""
+    extra = [] if "default" in f.help else [f"default {f.default!r}"]
+    extra += [limits(f)] if limits(f) else []
+    return (f"{f.help} ({'; '.join(extra)})" if extra else f.help).replace("%", "%%")
 
 
 def flag_values(args: argparse.Namespace, facts: list[Facts]) -> dict[str, Any]:
@@ -295,30 +328,50 @@ def flag_values(args: argparse.Namespace, facts: list[Facts]) -> dict[str, Any]:
     return {f.name: CliValue(v) for f in facts if (v := getattr(args, f"opt_{f.name}", None)) is not None}
 
 
-def docs_table(facts: list[Facts]) -> str:
-    """A Markdown table per section: key, type, default, range or choices, help (docs/config.md)."""
+DOCS_HEAD = "| key / flag | type | default | range / choices | help |\n|---|---|---|---|---|"
+
+
+def type_text(hint: Any) -> str:
+    """A field's type as the docs name it: ``int``, ``Role``, ``list[str]``, ``dict[str, Any]``; ``str`` for a
+    ``Sequence[...]`` (one comma-separated text value, parsed by its dataclass); `` or null`` where None is allowed."""
+    base, optional = _parts(hint)
+    return _type_name(base) + (" or null" if optional else "")
+
+
+def _type_name(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if origin is Sequence:
+        return "str"
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(t) if a is not Ellipsis)}]"
+    return getattr(t, "__name__", str(t))
+
+
+def docs_row(f: Facts, typed: bool = False) -> str:
+    """One Markdown row (`DOCS_HEAD`): key and flag, type, default, range or choices (`limits`, ``--help``'s words),
+    help. ``typed``: `add_flags`'s mode (a mapping is then a repeated ``--flag KEY=VALUE``, else ``--set``)."""
+    base, _ = _parts(f.hint)
+    if typing.get_origin(base) is dict and not typed:
+        flag = f"`--set {f.name}.KEY=VALUE`"
+    else:
+        flag = f"`{f.flag}`"
+    commas = typing.get_origin(base) is Sequence and isinstance(f.default, (list, tuple))
+    shown = ",".join(map(str, f.default)) if commas else f.default  # a comma-separated default as typed
+    cells = [f"`{f.name}` {flag}", type_text(f.hint), f"`{shown!r}`", limits(f), f.help]
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def docs_table(facts: list[Facts], typed: bool = False, sections: bool = True) -> str:
+    """The Markdown table of ``facts`` (`docs_row`), one per section (``## Section`` above it) unless not
+    ``sections``: docs/config.md (train, eval) and docs/probes.md (a probe's options, ``typed``)."""
     lines: list[str] = []
     section = None
     for f in facts:
-        if f.section != section:
+        if not lines or (sections and f.section != section):
             section = f.section
-            lines += [
-                "",
-                f"## {section}",
-                "",
-                "| key / flag | type | default | range / choices | help |",
-                "|---|---|---|---|---|",
-            ]
-        base, optional = _parts(f.hint)
-        kind = (
-            (typing.get_origin(base) or base).__name__
-            if hasattr(typing.get_origin(base) or base, "__name__")
-            else str(base)
-        )
-        kind += " or null" if optional else ""
-        limits = f.range.text() if f.range else " \\| ".join(f.choices) if f.choices else ""
-        flag = f"`--set {f.name}.KEY=VALUE`" if typing.get_origin(base) is dict else f"`{f.flag}`"
-        lines.append(
-            f"| `{f.name}` {flag} | {kind} | `{f.default!r}` | {limits} | {f.help.replace('|', chr(92) + '|')} |"
-        )
+            lines += ["", f"## {section}", ""] if sections else []
+            lines += DOCS_HEAD.split("\n")
+        lines.append(docs_row(f, typed))
     return "\n".join(lines).lstrip("\n") + "\n"

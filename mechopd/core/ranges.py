@@ -1,6 +1,7 @@
 """The one range language (a leaf: it imports only `mechopd.core.errors`): `Range`, which every option's ``range=``
-uses (`mechopd.core.options.option`, re-exported there; the probes' ``(lo, hi)`` pairs become one), and the seed and
-temperature rules every verb shares (train, eval, the probes, pretraining and task options; `config/` re-exports them).
+uses (`mechopd.core.options.option`, the probes' options too; re-exported there with the common ones: ``GE0``,
+``GE1``, ``GT0``, ``UNIT``), and the seed and temperature rules every verb shares (train, eval, the probes,
+pretraining and task options; `config/` re-exports them).
 """
 
 from __future__ import annotations

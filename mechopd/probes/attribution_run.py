@@ -18,6 +18,7 @@ from typing import Any
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE0
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
 from mechopd.probes.options import Role, greedy_option, models_option, normalise, option, site_list
@@ -142,9 +143,7 @@ class AttributionOptions:
     components: Sequence[str] = option(
         COMPONENTS, "comma-separated of resid,attn,mlp,head (head: o_proj's input, per query head)"
     )
-    ig_steps: int = option(
-        0, "integrated-gradient steps per site (default 0: plain attribution patching)", range=(0, None)
-    )
+    ig_steps: int = option(0, "integrated-gradient steps per site (0: plain attribution patching)", range=GE0)
     no_exact: bool = option(False, "skip exact patching (no faithfulness record)")
     greedy: bool = greedy_option()
 

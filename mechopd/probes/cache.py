@@ -72,9 +72,7 @@ class CacheOptions:
     sites: Sequence[int | str] | None = option(
         None, "comma-separated site names of mechopd.core.sites or decoder layers (default: every residual site)"
     )
-    shard_mb: float = option(
-        float(SHARD_MB), f"megabytes per shard (default {SHARD_MB}; memory is bounded by one shard)", metavar="MB"
-    )
+    shard_mb: float = option(float(SHARD_MB), "megabytes per shard (memory is bounded by one shard)", metavar="MB")
     greedy: bool = greedy_option()
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads

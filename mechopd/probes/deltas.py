@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE1
 from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.models.lora import AdapterDeltas, adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
@@ -129,7 +130,7 @@ class DeltasOptions:
         "also the update's geometry per layer x module (deltas_svd.csv: eff_rank, top-k energy, "
         "sparsity, overlap with W0's subspace)",
     )
-    svd_k: int = option(8, "k of the top-k energy and overlap (default 8)", range=(1, None))
+    svd_k: int = option(8, "k of the top-k energy and overlap", range=GE1)
 
     def __post_init__(self) -> None:  # "opd,nca" -> ("opd", "nca"), before any model loads
         normalise(self, pair=two_items)

@@ -33,6 +33,7 @@ import torch
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE0, UNIT
 from mechopd.evaluation.removability import resample_blocks
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
@@ -156,8 +157,8 @@ class LocalizationOptions:
     layers: Sequence[int | str] | None = option(
         None, "comma-separated decoder layers or site names (default: every residual site)"
     )
-    removed_share: float = option(0.9, "share of the harm a site must remove to count (default 0.9)", range=(0.0, 1.0))
-    n_boot: int = option(1000, "item bootstrap resamples", range=(0, None))
+    removed_share: float = option(0.9, "share of the harm a site must remove to count", range=UNIT)
+    n_boot: int = option(1000, "item bootstrap resamples", range=GE0)
 
     def __post_init__(self) -> None:  # the list's syntax before any model loads
         normalise(self, layers=site_list)

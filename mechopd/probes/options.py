@@ -1,58 +1,38 @@
-"""A probe's options, declared once: one dataclass per probe, each field's help, flag, range and choices held as
-`mechopd.core.options` facts (the one format every configurable field has: `field_facts` reads them, `check_value`
-checks them). This module's `option` keeps the probes' short call; the binder turns the dataclass into
+"""What is probe-specific about a probe's options; everything else is `mechopd.core.options`, the one format of
+every configurable field. A probe declares one frozen dataclass whose fields are `option(default, help, flag=,
+metavar=, range=, choices=)` (core's, re-exported here; ``range=`` a `Range`: ``GE0``, ``GE1``, ``UNIT``, ...). Core
+turns it into the ``mechopd probe NAME`` flags (`add_flags`, ``typed=True``; the setup flags of every probe,
+`mechopd.probes.setup.ProbeSetup`'s fields, alike), checks it (`check_value`) and writes its docs/probes.md table
+(`docs_table`, the rows of docs/config.md; ``python -m mechopd.probes.docs``). This module keeps
 
-  * the ``mechopd probe NAME`` flags (`add_flags`): ``--<name-with-dashes>`` (or ``flag=``), the field's name as
-    ``dest``; ``bool`` -> ``store_true``, ``int`` / ``float`` -> typed, ``list[...]`` -> ``nargs="+"``,
-    ``Sequence[...]`` -> one comma-separated text value (``--layers 0,1,2``), which the dataclass's ``__post_init__``
-    turns into its typed value once (`normalise`), so a probe's run function reads ``opts.layers`` as a list; the
-    setup flags of every probe (`mechopd.probes.setup.ProbeSetup`) come from the same generator (`setup_kwargs`);
-  * the one value a probe's run function takes (``run_x(setup, out_dir, opts: XOptions)``; `ProbeSpec` builds it
-    from the defaults and the given values: `defaults`);
-  * the checks (`check`: ``range`` = (lo, hi) inclusive, None = open, and ``choices``, through
-    `mechopd.core.options.check_value`), one-line `ConfigError`s naming the probe and the flag;
-  * the docs table (`docs_rows`, docs/probes.md, written by ``python -m mechopd.probes.docs``).
+  * `Role` (a label of the study's runs, ``base``, ``opd``, ``nca``, ..., or a checkpoint dir; the demo maps the
+    roles in ``ProbeSpec.role_options`` to the study's run names) and the fields several probes share
+    (`models_option`, `greedy_option`, `detail_option`, `cache_option`);
+  * `facts_of` (a field declared without `option` refused), `flags`, `defaults` (the values `ProbeSpec` starts from
+    to build the one value a run function takes, ``run_x(setup, out_dir, opts: XOptions)``) and `check` (ranges and
+    choices by core's checker, one line ``probe NAME: --flag VALUE ...``);
+  * the parsers of the comma-separated fields: a ``Sequence[...]`` field is one text value on the command line
+    (``--layers 0,1,2``) that the dataclass's ``__post_init__`` turns into its typed value once (`normalise` with
+    `int_list`, `site_list`, `pair`, `cross`), so a run function reads ``opts.layers`` as a list.
 
     @dataclass(frozen=True)
     class ToyOptions:
         models: list[Role] | None = option(None, "models to compare", metavar="LABEL|NAME=DIR")
-        n_boot: int = option(1000, "bootstrap resamples", flag="--n-boot", range=(0, None))
-
-Role: a label of the study's runs (``base``, ``opd``, ``nca``, ...) or a checkpoint dir; the demo maps the roles in
-``ProbeSpec.role_options`` to the study's run names.
+        n_boot: int = option(1000, "bootstrap resamples", flag="--n-boot", range=GE0)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import types
 import typing
-from collections.abc import Sequence
 from typing import Any, overload
 
-from mechopd.core import options as core
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import Facts, Range, check_value, field_facts
+from mechopd.core.options import GE0, Facts, check_value, field_facts, option  # noqa: F401  (option: re-exported)
 
 Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
 MODELS_METAVAR = "LABEL|NAME=DIR"
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    metavar: str | None = None,
-    range: tuple[float | None, float | None] | None = None,  # noqa: A002  (the metadata key)
-    choices: tuple[Any, ...] | None = None,
-) -> Any:
-    """A dataclass field with its facts (`mechopd.core.options.option`: help, `Range`, choices; ``flag``: the CLI
-    spelling when it is not ``--<name-with-dashes>``, ``metavar``: the value's name in ``--help``)."""
-    bounds = None if range is None or range == (None, None) else Range(range[0], range[1])
-    return core.option(default, help=help, range=bounds, choices=choices, flag=flag or "", metavar=metavar)
 
 
 def facts_of(cls: type | None) -> list[Facts]:
@@ -69,67 +49,6 @@ def facts_of(cls: type | None) -> list[Facts]:
             "mechopd.probes.options.option(default, help)"
         )
     return facts
-
-
-def _bare(hint: Any) -> Any:
-    """The hint without ``| None``."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
-        return args[0]
-    return hint
-
-
-def _kind(hint: Any) -> Any:
-    """``int``, ``float``, ``str``, ``bool``, ``Role`` or ``list`` (for ``list[...]``)."""
-    hint = _bare(hint)
-    return list if typing.get_origin(hint) in (list, tuple) else hint
-
-
-def commas(hint: Any) -> bool:
-    """Whether a field is comma-separated text on the command line (``Sequence[...]``), typed once parsed."""
-    return typing.get_origin(_bare(hint)) is Sequence
-
-
-def type_name(hint: Any) -> str:
-    """The docs' name of a field's type: ``int``, ``Role``, ``list[Role]``, ``flag`` (a bool), ``str`` (a
-    comma-separated ``Sequence``, as typed)."""
-    hint = _bare(hint)
-    if hint is bool:
-        return "flag"
-    if commas(hint):
-        return "str"
-    if typing.get_origin(hint) in (list, tuple):
-        return f"list[{', '.join(type_name(a) for a in typing.get_args(hint) if a is not Ellipsis)}]"
-    return getattr(hint, "__name__", str(hint))
-
-
-def argparse_kwargs(f: Facts, unset: bool = False) -> dict[str, Any]:
-    """The ``add_argument`` keywords of one field (dest = the field's name). ``unset``: the flag's default is None
-    (a mapping's: []), whatever the field's, so that a flag given is told from one left out (the setup flags, which
-    override what ``--run`` says); a mapping is a repeated ``KEY=VALUE`` flag."""
-    kind = _kind(f.hint)
-    kw: dict[str, Any] = {"dest": f.name}
-    if kind is bool:
-        return {**kw, "action": "store_true", "help": f.help}
-    kw["default"] = None if unset else f.default
-    if typing.get_origin(_bare(f.hint)) is dict:
-        kw.update(action="append", default=[])
-    elif kind is list:
-        kw["nargs"] = "+"
-    elif kind in (int, float):
-        kw["type"] = kind
-    if f.metavar is not None:
-        kw["metavar"] = f.metavar
-    kw["help"] = f.help
-    return kw
-
-
-def add_flags(parser: argparse.ArgumentParser, cls: type | None, unset: bool = False) -> None:
-    """One flag per field of ``cls`` declared with `option` (none when ``cls`` is None); ``unset``: see
-    `argparse_kwargs` (the setup's fields: `ProbeSetup`, whose fields without facts, such as ``models``, take no
-    flag)."""
-    for f in field_facts(cls) if unset and cls is not None else facts_of(cls):
-        parser.add_argument(f.flag, **argparse_kwargs(f, unset))
 
 
 def flags(cls: type | None) -> list[str]:
@@ -167,21 +86,6 @@ def check(probe: str, cls: type | None, values: dict[str, Any]) -> None:
         if f.range is not None or f.choices is not None:
             value = values.get(f.name)
             check_value(f, value, subject=f"probe {probe}: {f.flag} {value!r}")
-
-
-def docs_rows(cls: type | None) -> list[str]:
-    """Markdown rows ``| flag | type | default | help |`` of ``cls`` (docs/probes.md); the range and choices in
-    docs/config.md's words (``>= 0``, ``a | b``)."""
-    rows = []
-    for f in facts_of(cls):
-        extra = [f.range.text()] if f.range is not None else []
-        if f.choices is not None:
-            extra.append(" | ".join(map(str, f.choices)))
-        help_text = (f.help + (f" ({'; '.join(extra)})" if extra else "")).replace("|", "\\|")
-        shown = ",".join(map(str, f.default)) if commas(f.hint) and isinstance(f.default, tuple) else f.default
-        default = "" if _kind(f.hint) is bool else f"`{shown!r}`".replace("|", "\\|")
-        rows.append(f"| `{f.flag}` | {type_name(f.hint)} | {default} | {help_text} |")
-    return rows
 
 
 # -- value parsers of the comma-separated fields (`normalise`; the flags stay text, as typed on the command line) -----
@@ -248,10 +152,10 @@ def greedy_option() -> Any:
 def detail_option(default: int = 16) -> Any:
     return option(
         default,
-        f"items whose per-token values are kept for `mechopd explore` (default {default})",
+        "items whose per-token values are kept for `mechopd explore`",
         flag="--detail-items",
         metavar="N",
-        range=(0, None),
+        range=GE0,
     )
 
 

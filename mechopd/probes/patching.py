@@ -39,6 +39,7 @@ import torch
 
 from mechopd.core.artifacts import write_csv, write_jsonl
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE1
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, option, site_list
 from mechopd.probes.options import cross as two_models
@@ -69,7 +70,7 @@ class PatchingOptions:
     )
     components: Sequence[str] = option(COMPONENTS, "comma-separated of resid,attn,mlp")
     window: int | None = option(
-        None, "also patch the residual one window of W scored positions at a time", metavar="W", range=(1, None)
+        None, "also patch the residual one window of W scored positions at a time", metavar="W", range=GE1
     )
     cross: Sequence[str] | None = option(
         None, "patch DONOR's context-view residual into RECIPIENT's, e.g. nca,opd", metavar="DONOR,RECIPIENT"

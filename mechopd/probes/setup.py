@@ -63,8 +63,8 @@ class TaskView:
 class ProbeSetup:
     """What every probe reads. Fields = CLI flags = keys of a run's config (see the module docstring); each field's
     help, flag and range are declared once, here, and `mechopd probe NAME`'s setup flags are generated from them
-    (`mechopd.probes.options.add_flags`, as every probe's own options; their defaults there are None: a flag left out
-    keeps what ``--run`` says).
+    (`mechopd.core.options.add_flags`, typed, as every probe's own options; a flag's default there is None: a flag
+    left out keeps what ``--run`` says).
 
     models: label -> checkpoint dir; responses_from: a model label, ``"answers"`` (the task's reference answers) or a
     ``.jsonl`` of response ids (probes that score given responses: similarity; the on-policy probes sample from the
@@ -95,7 +95,7 @@ class ProbeSetup:
     max_new_tokens: int | None = option(None, help="response cap (default: the run's / task's)", range=GE1)
     n: int | None = option(None, help=f"items (default {DEFAULT_N}, or the demo's)", range=GE1)
     seed: int = option(0, help="item and sampling seed (default 0, or the run's)", range=GE0)
-    batch_size: int = option(8, help="items per forward (default 8)", range=GE1)
+    batch_size: int = option(8, help="items per forward", range=GE1)
     split: str | None = option(None, help="train | test: item split (default: the probe's)", choices=SPLITS)
     responses_from: str | None = option(
         None, help="model label, 'answers' or a responses .jsonl (probes that score given responses)"

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from mechopd.core.artifacts import Summary, read_float
+from mechopd.core.options import GE0
 from mechopd.objectives.options import SignalOptions
 from mechopd.probes.options import MODEL_HELP, Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
@@ -128,7 +129,7 @@ class TeachabilityOptions:
     trained: Role | None = option(None, f"the trained student θ1: {MODEL_HELP} (default: first trained)")
     teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
     bank: str | None = option(None, "an existing bank.json (default: sample one from θ0)")
-    n_boot: int = option(1000, "sequence-bootstrap resamples", range=(0, None))
+    n_boot: int = option(1000, "sequence-bootstrap resamples", range=GE0)
 
 
 def run_teachability(

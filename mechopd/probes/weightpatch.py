@@ -31,6 +31,7 @@ import numpy as np
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.core.options import GE0, GE1
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.options import Role, models_option, normalise, option
@@ -81,11 +82,11 @@ class WeightpatchOptions:
         "(gate/up/down), norms, ctrl_qk (random rows of v/o/gate/up/down with q+k's parameter "
         "count: the matched control)",
     )
-    draws: int = option(3, "draws of ctrl_qk (default 3)", flag="--control-draws", range=(1, None))
+    draws: int = option(3, "draws of ctrl_qk", flag="--control-draws", range=GE1)
     follow: bool = option(
         False, "also follow_other per row (the task's other contexts; one more generation per item and context)"
     )
-    n_boot: int = option(1000, "paired bootstrap resamples", range=(0, None))
+    n_boot: int = option(1000, "paired bootstrap resamples", range=GE0)
 
     def __post_init__(self) -> None:  # the lists' syntax before any model loads (the layers' range once it is known)
         normalise(self, modules=lambda text, flag: parse_modules(text))

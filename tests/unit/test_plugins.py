@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mechopd.core.artifacts import write_json
+from mechopd.core.options import Range
 from mechopd.probes.options import Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 
@@ -28,7 +29,7 @@ from mechopd.probes.registry import ProbeSpec, register_probe
 @dataclass(frozen=True)
 class ToyOptions:
     models: list[Role] | None = option(None, "models to read", metavar="LABEL")
-    scale: float = option(2.0, "a factor of the count", range=(0.0, 10.0))
+    scale: float = option(2.0, "a factor of the count", range=Range(0, 10))
     mode: str = option("sum", "how to combine", choices=("sum", "max"))
     loud: bool = option(False, "print more")
 

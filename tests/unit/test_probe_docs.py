@@ -16,4 +16,4 @@ def test_every_flag_of_every_probe_is_documented():
     for spec in probes():
         assert f"## `mechopd probe {spec.name}`" in text
         for flag in flags(spec.options):  # the flags the CLI adds, from the options dataclass
-            assert f"| `{flag}` |" in text, (spec.name, flag)
+            assert f" `{flag}` |" in text, (spec.name, flag)  # the row's key / flag cell

@@ -13,6 +13,7 @@ import pytest
 from mechopd.cli.probe_cmd import add_probe_parsers
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import GE0, GE1, UNIT
 from mechopd.plots.registry import register_figure, unregister_figure
 from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe, unregister_probe
@@ -71,7 +72,7 @@ def plot_toy(run_dir: Path, out_dir: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class ToyOptions:
-    scale: float = option(2.0, "a factor", range=(0.0, None))
+    scale: float = option(2.0, "a factor", range=GE0)
     model: str | None = option(None, "a model")
 
 
@@ -186,7 +187,7 @@ def test_setup_flags_are_generated_from_the_probe_setup_fields(monkeypatch):
     verbs = _parser()._subparsers._group_actions[0].choices
     for name in ("similarity", "lens"):
         knob = next(a for a in verbs[name]._actions if "--knob" in a.option_strings)
-        assert (knob.help, knob.default, knob.type) == ("a new setup knob", None, int)
+        assert (knob.help, knob.default, knob.type) == ("a new setup knob (default 3)", None, int)
         assert "--placement" in {s for a in verbs[name]._actions for s in a.option_strings}
     a = _parser().parse_args(["similarity", "--knob", "5", "--task", "rules"])
     assert probe_cmd.setup_from_args(a).knob == 5
@@ -245,9 +246,9 @@ def test_options_are_checked_against_the_registration(toy):
 
 @dataclass(frozen=True)
 class CheckedOptions:
-    share: float = option(0.5, "a share", flag="--kept-share", range=(0.0, 1.0))
+    share: float = option(0.5, "a share", flag="--kept-share", range=UNIT)
     how: str = option("sum", "how to combine", choices=("sum", "max"))
-    draws: int = option(3, "draws", range=(1, None))
+    draws: int = option(3, "draws", range=GE1)
 
 
 def test_probe_options_are_core_facts_checked_by_the_one_checker(monkeypatch):
