@@ -13,6 +13,7 @@ from typing import Any
 
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import FileSet, write_json
+from mechopd.core.errors import DataError
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
 
@@ -44,9 +45,31 @@ def _method_text(name: str, over: dict[str, Any], kept: float | None) -> str:
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Labels of every model of a run; selector runs carry the kept fraction read from their metrics.jsonl. The
     report keys its tables by label, so two runs whose settings read alike carry their role names: ``X [nca2]``."""
-    labels = {m: method_label(m, over, mean_kept_fraction(run / "train" / m)) for m, over in methods.items()}
+    labels = {m: method_label(m, *_trained_as(run, m, over)) for m, over in methods.items()}
     shared = {text for text in labels.values() if list(labels.values()).count(text) > 1 or text == "base"}
     return {"base": "base", **{m: f"{text} [{m}]" if text in shared else text for m, text in labels.items()}}
+
+
+def _trained_as(run: Path, name: str, over: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """A run's training fields and kept fraction: its own (``train/<name>``), or for a given checkpoint
+    (``{checkpoint: DIR}``) the config the checkpoint records (``DIR/training.json``, written by `mechopd train`) and
+    its training's metrics beside it; a checkpoint that records none is labelled by its role."""
+    import json
+
+    if "checkpoint" not in over:
+        return over, mean_kept_fraction(run / "train" / name)
+    given = Path(over["checkpoint"])
+    try:
+        recorded = json.loads((given / "training.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, None
+    if not isinstance(recorded, dict):
+        return {}, None
+    try:  # the metrics of a training made elsewhere: unreadable ones leave the label's kept fraction "n/a"
+        kept = mean_kept_fraction(given.parent)
+    except DataError:
+        kept = None
+    return recorded, kept
 
 
 def train_resumable(name: str, out: Path, config: Any, what: Any, root: Path | None = None) -> Path:

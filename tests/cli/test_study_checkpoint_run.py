@@ -78,3 +78,18 @@ def test_a_study_of_checkpoints_only_trains_nothing(tiny_rules_organism, tmp_pat
     assert main(["probe", "similarity", "--run", str(out), "--n", "2"]) == 0, capsys.readouterr().err
     settings = json.loads((out / "probes" / "similarity.json").read_text())["settings"]
     assert settings["models"] == {"base": str(org.resolve()), "opd": str(given.resolve())}, settings
+
+
+def test_a_checkpoint_run_is_labelled_by_the_config_it_records(tmp_path):
+    """A checkpoint `mechopd train` wrote records its config (``final/training.json``): the report labels it by that
+    method (not by its role); one that records none keeps its role as its label."""
+    from mechopd.pipeline.stages import labels_for
+
+    made = tmp_path / "elsewhere" / "final"
+    made.mkdir(parents=True)
+    (made / "training.json").write_text(json.dumps({"step": 8, "config": {"method": "nca", "beta": 0.25}}))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    runs = {"mine": {"checkpoint": str(made)}, "other": {"checkpoint": str(bare)}, "opd": {"method": "opd"}}
+    labels = labels_for(tmp_path / "run", runs)
+    assert labels == {"base": "base", "mine": "NCA (β=0.25, constant)", "other": "other", "opd": "OPD"}, labels
