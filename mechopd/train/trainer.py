@@ -18,6 +18,11 @@ differs between methods. One step:
 Processes hold full replicas or FSDP shards (`sharding` says how each layout sums gradients, generates and saves);
 checkpoints are atomic; ``resume`` continues from the latest one with the same weights, optimizer, RNG and data
 position (a 2N-step run equals an N-step run resumed for N more).
+
+The `Trainer` is composed, not inherited: `parts.build_parts` builds once what the loop reads (`TrainerParts`: task,
+pool, models, objective, optimizer, engine, scorers); `saving.RunSaver` restores and writes the run's state on disk,
+taking the step and data position per call; `evaluator.PeriodicEval` runs the periodic evaluation; the `Trainer`
+holds these with the loop's own state (``step``, ``position``) and runs the loop.
 """
 
 from __future__ import annotations
@@ -36,129 +41,243 @@ from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.views import assemble_two_views, render_prompt_ids
 from mechopd.evaluation.pinning import PROMPT_CACHE
-from mechopd.generate.sampler import play_games, sample_rows, stable_seed
-from mechopd.train import dist, gradstats, guard, otherbatch, rundir
+from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
+from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.engine import sync_engine
-from mechopd.train.reporting import final_line
+from mechopd.train.evaluator import PeriodicEval
+from mechopd.train.parts import TrainerParts, build_parts, open_log
+from mechopd.train.reporting import Logger, final_line
 from mechopd.train.rundir import RunDir
-from mechopd.train.trainer_saving import TrainerSaving
-from mechopd.train.trainer_setup import TrainerSetup
+from mechopd.train.saving import RunSaver
+from mechopd.train.step import StepResult
 
 
-class Trainer(TrainerSetup, TrainerSaving):
-    """Holds the models and state of one run; `run()` is the loop. Build with `Trainer(cfg, out_dir, resume)`."""
+class Trainer:
+    """One run: the parts built once (`parts`), the checkpoints in and out (`saver`), the periodic evaluation
+    (`evaluator`), the metrics log (`logger`), and the loop's own state, ``step`` and ``position`` (the data position,
+    in prompts). `run()` is the loop; `train_step()` one step. Build with `Trainer(cfg, out_dir, resume)`."""
+
+    parts: TrainerParts
+    saver: RunSaver
+    evaluator: PeriodicEval
+    logger: Logger
+    step: int  # optimizer steps taken
+    position: int  # prompts drawn from the training pool's epochs
 
     def __init__(
         self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool = True, verbose: bool = False
     ):
         self.rank, self.world = dist.init()
-        self.verbose = verbose
-        self.last_eval = None
+        self.progress, self.verbose = progress, verbose
         self.run_dir = RunDir(Path(out_dir))
         self._lock = rundir.acquire(self.run_dir, self.rank == 0)  # one writer per run dir, until run() ends
-        rundir.releasing_on_error(self._lock, self._setup, cfg, resume, progress)
+        self._order_epoch: int | None = None  # the epoch whose shuffled order `_order` holds (`_epoch_order`)
+        self._order: list[int] = []
+        self._prefix_paths: dict[str, int] = {}  # the last step's shared-prefix counts (`StepResult.prefix`)
+        self._last_term_norms: dict[str, float] | None = None  # the last step's per-term gradient norms, if measured
+        rundir.releasing_on_error(self._lock, self._assemble, cfg, resume)
+
+    def _assemble(self, cfg: TrainConfig, resume: bool) -> None:
+        """Build the parts, then the components that take them; restore a resumed run's state; open the log."""
+        p = self.parts = build_parts(cfg, self.run_dir, resume, self.progress, self.rank, self.world, self._say)
+        self.saver = RunSaver(
+            p.cfg, self.run_dir, self.rank, p.models, p.shard, p.tokenizer, p.params, p.opt, p.sched, p.objective.gate
+        )
+        self.evaluator = PeriodicEval(
+            cfg=p.cfg,
+            task=p.task,
+            tokenizer=p.tokenizer,
+            spec=p.spec,
+            train_uids={ex.uid for ex in p.pool},
+            student=p.models.student,
+            shard=p.shard,
+            engine=p.engine,
+            rank=self.rank,
+            progress=self.progress,
+        )
+        self.step, self.position = self.saver.restore(p.resume_from)
+        self.logger = open_log(p.cfg, self.run_dir, self.rank == 0, self.step, p.resume_from, self.verbose, self._say)
+
+    # The parts a caller reads (tests, benches, notebooks); the loop reads `self.parts`.
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.parts.cfg
+
+    @property
+    def task(self) -> Any:
+        return self.parts.task
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.parts.tokenizer
+
+    @property
+    def pool(self) -> list:
+        return self.parts.pool
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts.device
+
+    @property
+    def models(self) -> Any:
+        return self.parts.models
+
+    @property
+    def student(self) -> Any:
+        return self.parts.models.student
+
+    @property
+    def teacher(self) -> Any:
+        return self.parts.models.teacher
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return self.parts.params
+
+    @property
+    def opt(self) -> torch.optim.Optimizer:
+        return self.parts.opt
+
+    @property
+    def sched(self) -> Any:
+        return self.parts.sched
+
+    @property
+    def vocab(self) -> int:
+        return self.parts.vocab
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        return self.parts.sampling
+
+    @property
+    def engine(self) -> Any:
+        return self.parts.engine
+
+    @property
+    def scoring(self) -> Any:
+        return self.parts.scoring
+
+    @property
+    def teacher_store(self) -> Any:
+        return self.parts.teacher_store
+
+    @property
+    def last_eval(self) -> tuple[int, Any] | None:
+        """(step, summary) of the last in-training evaluation."""
+        return self.evaluator.last
+
+    def evaluate(self) -> dict[str, Any]:
+        """Periodic evaluation on rank 0 (every process must call it; the others wait and get {})."""
+        return self.evaluator.evaluate(self.step)
+
+    def save(self, path: Path) -> None:
+        """A checkpoint of this step at `path` (every process takes part, rank 0 writes)."""
+        self.saver.save(path, self.step, self.position)
+
+    def save_final(self) -> Path:
+        return self.saver.save_final(self.step)
 
     def _say(self, text: str | None) -> None:
         if text and self.rank == 0:
             print(text, flush=True)
 
     def _render(self, prompt: str, context: str | None) -> list[int]:
-        key = (prompt, context)
-        if key not in self._prompt_cache:
-            if len(self._prompt_cache) >= PROMPT_CACHE:  # games: every move's prompt is new; keep the cache bounded
-                self._prompt_cache.clear()
-            self._prompt_cache[key] = render_prompt_ids(self.tokenizer, prompt, context, self.spec)
-        return self._prompt_cache[key]
+        cache, key = self.parts.prompt_cache, (prompt, context)
+        if key not in cache:
+            if len(cache) >= PROMPT_CACHE:  # games: every move's prompt is new; keep the cache bounded
+                cache.clear()
+            cache[key] = render_prompt_ids(self.parts.tokenizer, prompt, context, self.parts.spec)
+        return cache[key]
 
     def _examples(self) -> list:
         """The global batch at the current data position (deterministic epochs over the training pool)."""
-        out = []
-        for i in range(self.position, self.position + self.cfg.batch_size):
-            epoch, offset = divmod(i, len(self.pool))
-            out.append(self.pool[self._epoch_order(epoch)[offset]])
+        pool, out = self.parts.pool, []
+        for i in range(self.position, self.position + self.parts.cfg.batch_size):
+            epoch, offset = divmod(i, len(pool))
+            out.append(pool[self._epoch_order(epoch)[offset]])
         return out
 
     def _epoch_order(self, epoch: int) -> list[int]:
-        if getattr(self, "_order_epoch", None) != epoch:
-            order = list(range(len(self.pool)))
-            random.Random(f"{self.cfg.seed}|epoch{epoch}").shuffle(order)
+        if self._order_epoch != epoch:
+            order = list(range(len(self.parts.pool)))
+            random.Random(f"{self.parts.cfg.seed}|epoch{epoch}").shuffle(order)
             self._order_epoch, self._order = epoch, order
         return self._order
 
     def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
         """This process's samples: (prompts, contexts, response ids) and rollout stats as SUMS over its rows."""
-        cfg, model = self.cfg, self.student
+        p = self.parts
+        cfg, model, task, tokenizer = p.cfg, p.models.student, p.task, p.tokenizer
         mine = [examples[i] for i in rows]
         seeds = [stable_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
-        if self.task.is_game:
-            per_move = self.sampling.replace(shared_prefix="off") if dist.active() else self.sampling  # processes
-            eps, turns = play_games(
-                model,
-                self.tokenizer,
-                self.task,
-                mine,
-                self._render,
-                per_move,  # may differ in
-                with_context=False,
-                seeds=seeds,
-            )  # moves: no collective per move
-
+        if task.is_game:
+            per_move = p.sampling.replace(shared_prefix="off") if dist.active() else p.sampling  # processes may
+            eps, turns = play_games(  # differ in moves: no collective per move
+                model, tokenizer, task, mine, self._render, per_move, with_context=False, seeds=seeds
+            )
             prompts = [t.prompt for t in turns]
             contexts = [mine[t.game].context for t in turns]
             responses = [t.response for t in turns]
             return prompts, contexts, responses, {"train_win_rate": float(sum(e.won for e in eps))}
         ids = [self._render(ex.prompt, None) for ex in mine]
         responses = sample_rows(
-            model, ids, seeds, self.sampling.replace(batch_size=max(1, len(ids))), agree=self._agree
+            model, ids, seeds, p.sampling.replace(batch_size=max(1, len(ids))), agree=p.agree
         )  # row seeds (seed, step, global row); the global prefix
-        stats = {
-            "train_acc_x": float(
-                sum(
-                    self.task.score(ex, self.tokenizer.decode(r, skip_special_tokens=True))
-                    for ex, r in zip(mine, responses)
-                )
-            )
-        }
+        decoded = (tokenizer.decode(r, skip_special_tokens=True) for r in responses)
+        stats = {"train_acc_x": float(sum(task.score(ex, text) for ex, text in zip(mine, decoded)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
+    def _score(self, batch: Any, other: Any, per_term: bool) -> StepResult:
+        """The step's forwards and backwards (`train.step`): the main batch, then the c′ batch's, whose gradients
+        add (`otherbatch`; `other` is None without a follow term)."""
+        main = self.parts.scoring.step(batch, self.step, per_term=per_term)
+        if other is None:
+            return main
+        assert self.parts.other is not None  # `other` is its rollout
+        return self.parts.other.add(main, other, self.step, per_term)
+
     def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
+        p = self.parts
+        cfg, clock, terms = p.cfg, p.scoring.clock, p.objective.terms
         t0 = time.perf_counter()
-        self.clock.reset()
+        clock.reset()
         examples = self._examples()
         rows = dist.shard(len(examples), self.rank, self.world)
-        gather = self.shard.gathered(self.student) if self.engine is None else contextlib.nullcontext()
+        gather = p.shard.gathered(p.models.student) if p.engine is None else contextlib.nullcontext()
         with gather, torch.profiler.record_function("mechopd.rollout"):  # FSDP: one all-gather per rollout, not
             prompts, contexts, responses, roll_stats = self.rollout(examples, rows)  # per decode step
-            other = otherbatch.rollout(self, examples, rows) if self.other_terms else None  # under c′ (follow)
+            other = p.other.rollout(examples, rows, self.step, self._render) if p.other else None  # c′ (follow)
         t_roll = time.perf_counter() - t0
-        self.clock.add("rollout", t_roll)
+        clock.add("rollout", t_roll)
         batch = assemble_two_views(
-            [self._render(p, None) for p in prompts],
-            [self._render(p, c) for p, c in zip(prompts, contexts)],
+            [self._render(q, None) for q in prompts],
+            [self._render(q, c) for q, c in zip(prompts, contexts)],
             responses,
-            self.tokenizer.pad_token_id,
-            max_length=self.max_len,
-        ).to(self.device)
+            p.tokenizer.pad_token_id,
+            max_length=p.max_len,
+        ).to(p.device)
         mask = batch.response_mask
-        self.opt.zero_grad(set_to_none=True)
+        p.opt.zero_grad(set_to_none=True)
         stats_step = bool(cfg.grad_stats_every) and (self.step + 1) % cfg.grad_stats_every == 0
-        res = otherbatch.step(self, batch, other, stats_step)  # forwards + backwards (train/step.py; + the c′ batch)
+        res = self._score(batch, other, stats_step)
         self._prefix_paths = res.prefix
         logs: dict[str, Any] = {k: float(dist.all_sum(v)) for k, v in res.logs.items()}  # shares -> global means
-        guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in self.terms}, self.step + 1)
-        logs.update(("beta_eff", res.weights[t.name]) for t in self.terms if t.schedule is not None)  # the last one
-        self._last_term_norms: dict[str, float] | None = None
+        guard.check_losses({t.name: logs[f"loss/{t.name}"] for t in terms}, self.step + 1)
+        logs.update(("beta_eff", res.weights[t.name]) for t in terms if t.schedule is not None)  # the last one
+        self._last_term_norms = None
         if stats_step:  # one autograd.grad per term (train/gradstats.py); their sum is the step's gradient
             grads = res.term_grads
             assert grads is not None  # a per-term step returns them (`StepResult.term_grads`)
-            gradstats.set_summed_grads(self.params, grads)
-            stats = gradstats.grad_stats(grads, self.param_names)
+            gradstats.set_summed_grads(p.params, grads)
+            stats = gradstats.grad_stats(grads, p.param_names)
             self._last_term_norms = {t: float(stats[f"grad/norm/{t}"] or 0.0) for t in grads}  # a norm: never None
             logs.update(stats)
-        with self.clock("optimizer"):
-            gnorm = self._apply_step(lambda: otherbatch.step(self, batch, other, True).term_grads)
-        logs.update(self.gate.observe(self.step, logs["kl/teacher_student"]) if self.gate else {})
+        with clock("optimizer"):
+            gnorm = self._apply_step(lambda: self._score(batch, other, True).term_grads)
+        gate = p.objective.gate
+        logs.update(gate.observe(self.step, logs["kl/teacher_student"]) if gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
         self.step += 1
@@ -178,32 +297,28 @@ class Trainer(TrainerSetup, TrainerSaving):
         roll_stats: dict[str, float],
     ) -> dict[str, Any]:
         """The step's metrics record (global sums and means over every process: the collectives run here, in order)."""
-        cfg = self.cfg
+        p = self.parts
         return {
             "step": self.step,
             "loss": float(dist.all_sum(torch.as_tensor(res.loss))),
             **logs,
             "kept_fraction": res.kept,
             "grad_norm": gnorm,
-            "lr": self.sched.get_last_lr()[0],
+            "lr": p.sched.get_last_lr()[0],
             "response_len": n_tok / max(1.0, n_samples),
             "samples": int(n_samples),
             "response_tokens": int(n_tok),
             "tokens_per_s": n_tok / dt,
-            "trainable_share": self.trainable_share,
-            **self.clock.logs(n_tok),
+            "trainable_share": p.trainable_share,
+            **p.scoring.clock.logs(n_tok),
             "step_s": dt,
             "rollout_s": t_roll,
             "shared_prefix": self._prefix_paths.get("teacher", 0),  # context tokens computed once (0: unshared)
-            "prefix/shared_rows": int(
-                dist.all_sum(
-                    torch.tensor(  # teacher rows whose context ran shared
-                        float(self._prefix_paths.get("teacher:rows", 0))
-                    )
-                )
+            "prefix/shared_rows": int(  # teacher rows whose context ran shared
+                dist.all_sum(torch.tensor(float(self._prefix_paths.get("teacher:rows", 0))))
             ),
             **{
-                k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / cfg.batch_size
+                k: float(dist.all_sum(torch.tensor(v, dtype=torch.float64))) / p.cfg.batch_size
                 for k, v in roll_stats.items()
             },
         }  # means over the global batch (prompts or games)
@@ -212,24 +327,26 @@ class Trainer(TrainerSetup, TrainerSaving):
         """Reduce, clip, guard, step. A non-finite gradient norm stops the run BEFORE the optimizer step; the terms'
         own gradient norms then name the culprit (from this step's stats, or by scoring the batch again: replicas;
         `term_grads()` re-scores it per term)."""
-        self.shard.reduce_grads(self.params)
-        gnorm = self.shard.clip_grads(self.params, self.cfg.grad_clip)
+        p = self.parts
+        terms = p.objective.terms
+        p.shard.reduce_grads(p.params)
+        gnorm = p.shard.clip_grads(p.params, p.cfg.grad_clip)
         diagnose: Callable[[], dict[str, float]] | None
         last = self._last_term_norms
         if last is not None:
             diagnose = lambda: last  # noqa: E731
-        elif len(self.terms) == 1:
-            diagnose = lambda: {self.terms[0].name: gnorm}  # noqa: E731
-        elif self.cfg.sharding == "none":
+        elif len(terms) == 1:
+            diagnose = lambda: {terms[0].name: gnorm}  # noqa: E731
+        elif p.cfg.sharding == "none":
             diagnose = lambda: gradstats.norms(term_grads())  # noqa: E731
         else:
             diagnose = None
         guard.check_grad_norm(gnorm, self.step + 1, diagnose)
-        self.opt.step()
-        self.models.after_step()  # teacher_mode: ema follows the student
-        self.sched.step()
-        guard.check_weights(self.params, self.step + 1)
-        sync_engine(self.engine, self.student, self.shard)  # vLLM samples the next rollout from these weights
+        p.opt.step()
+        p.models.after_step()  # teacher_mode: ema follows the student
+        p.sched.step()
+        guard.check_weights(p.params, self.step + 1)
+        sync_engine(p.engine, p.models.student, p.shard)  # vLLM samples the next rollout from these weights
         return gnorm
 
     def run(self) -> Path:
@@ -256,7 +373,8 @@ class Trainer(TrainerSetup, TrainerSaving):
 
     def _forget_refused_run(self) -> None:
         """A new run refused for bad input before its first checkpoint leaves no file behind."""
-        if self.rank == 0 and self.fresh and rundir.latest_checkpoint(self.run_dir.root) is None:
+        fresh = self.parts.resume_from is None
+        if self.rank == 0 and fresh and rundir.latest_checkpoint(self.run_dir.root) is None:
             for name in rundir.RUN_FILES:
                 with contextlib.suppress(OSError):
                     rundir.remove_own(self.run_dir.root / name)
@@ -264,7 +382,7 @@ class Trainer(TrainerSetup, TrainerSaving):
                 self.run_dir.root.rmdir()
 
     def _run(self) -> Path:
-        cfg = self.cfg
+        cfg, gate = self.parts.cfg, self.parts.objective.gate
         if self.step == 0 and cfg.eval_every:
             self.logger.log({"step": 0, **self.evaluate()})
         bar = tqdm(
@@ -283,10 +401,10 @@ class Trainer(TrainerSetup, TrainerSaving):
             if cfg.save_every and self.step % cfg.save_every == 0:
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
-        if self.gate is not None and self.gate.open_step is None:
+        if gate is not None and gate.open_step is None:
             self._say(
-                f"warning: the anchor gate never opened (mean KL(q_x‖f) over {self.gate.window} steps stayed "
-                f"above nca_gate={self.gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
+                f"warning: the anchor gate never opened (mean KL(q_x‖f) over {gate.window} steps stayed "
+                f"above nca_gate={gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
                 "run trained as OPD; raise nca_gate or train longer"
             )
         self.logger.settle()  # a resume with no step left: its metrics end at the checkpoint too
