@@ -13,7 +13,12 @@ included); ``--job-threads N`` passes ``mechopd demo --workers 1 --job-threads N
 other numbers (0 means the check could not perturb anything here: said, not passed) and which verdicts differ (PASS:
 none).
 
-    python bench/demo_budget.py [--threads 1 | --isa avx2 | --job-threads 2] [--keep DIR]
+Before and after a change (#43: "the demo's files are identical before and after, timings aside"): ``--against REV``
+runs the second demo on the code of git revision REV (a detached worktree of this repository, on PYTHONPATH) and
+compares the same numbers plus every probe table (``*.csv``) and figure (``*.png``) byte for byte, and the verdicts
+(PASS: nothing differs).
+
+    python bench/demo_budget.py [--threads 1 | --isa avx2 | --job-threads 2 | --against REV] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="also run under OMP_NUM_THREADS=N and compare")
     p.add_argument("--isa", choices=sorted(ISA_ENV), default=None, help="also run on these CPU kernels and compare")
     p.add_argument("--job-threads", type=int, default=None, help="also run --workers 1 --job-threads N and compare")
+    p.add_argument("--against", default=None, help="also run the demo of git revision REV and compare every file")
     p.add_argument("--keep", default=None, help="run in this (new) directory and keep it")
     a = p.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="mechopd-demo-"))
@@ -99,6 +105,8 @@ def main() -> int:
                 print("  " + line)
         if a.isa or a.job_threads:
             return other_float_order(root, env, a, wall)
+        if a.against:
+            return against_revision(root, env, a.against, wall)
         if a.threads is None:
             return 0 if wall <= BUDGET_S else 1
         wall2, _ = run_demo(root / f"omp{a.threads}", {**env, "OMP_NUM_THREADS": str(a.threads)})
@@ -113,6 +121,28 @@ def main() -> int:
     finally:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def against_revision(root: Path, env: dict[str, str], rev: str, wall: float) -> int:
+    """The second demo on revision ``rev``'s code; PASS when no number, table, figure or verdict differs."""
+    repo = Path(__file__).resolve().parents[1]
+    tree = root / f"src-{rev}"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(tree), rev], check=True)
+    try:
+        wall2, _ = run_demo(root / f"rev-{rev}", {**env, "PYTHONPATH": str(tree)})
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
+    a, b = root / "default", root / f"rev-{rev}"
+    diffs = same_numbers(a, b)
+    for pattern in ("runs/demo/**/*.csv", "runs/demo/**/*.png"):
+        diffs += [str(f.relative_to(a)) for f in sorted(a.glob(pattern)) if _digest(f) != _digest(b / f.relative_to(a))]
+    v1, v2 = verdicts(a), verdicts(b)
+    flips = [f"{c}: {y} -> {x}" for (c, x), (_, y) in zip(v1, v2) if x != y]
+    print(
+        f"revision {rev}: {wall2:.0f} s; files that differ (timings aside): {len(diffs)} {diffs[:5]}; verdicts "
+        f"that differ: {len(flips)} of {len(v1)} {flips}: {'PASS' if not diffs and not flips else 'FAIL'}"
+    )
+    return 0 if not diffs and not flips else 1
 
 
 def other_float_order(root: Path, env: dict[str, str], a: argparse.Namespace, wall: float) -> int:
