@@ -35,7 +35,7 @@ from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py n
 from mechopd.core import options as _opts
 from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: probes/setup.py imports them from here)
 from mechopd.core.errors import ConfigError
-from mechopd.core.ranges import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
+from mechopd.core.options import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
 from mechopd.objectives.options import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)

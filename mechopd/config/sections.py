@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mechopd.core.options import GE0, GE1, GT0, UNIT, option
-from mechopd.core.ranges import SEED_RANGE, TEMPERATURE_RANGE
+from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, TEMPERATURE_RANGE, UNIT, option
 
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`

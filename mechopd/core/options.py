@@ -5,7 +5,8 @@ options dataclass and `mechopd.probes.setup.ProbeSetup` are built from them).
 
 * ``option(default, help, range=..., choices=..., short=..., flag=..., metavar=...)`` is a ``dataclasses.field``
   whose metadata holds the facts; `field_facts(cls)` reads them back. ``range`` is the one range language,
-  `mechopd.core.ranges.Range`, with ``GE0``, ``GT0``, ``GE1``, ``UNIT`` here.
+  `Range` (below), with ``GE0``, ``GT0``, ``GE1``, ``UNIT``; the seed and temperature rules every verb shares
+  (`check_seed`, `check_temperature`: train, eval, the probes, pretraining and task options) read it too.
 * `coerce` turns a YAML value or a command-line `CliValue` into the field's declared type, read from the type hint's
   structure (``typing.get_origin`` / ``get_args``), never from its text: text fields keep command-line text as typed,
   numbers and booleans are parsed once, mappings read ``KEY: VALUE`` pairs.
@@ -33,7 +34,60 @@ import yaml
 
 from mechopd.core.config_parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
 from mechopd.core.errors import ConfigError
-from mechopd.core.ranges import Range  # the one range language (re-exported: option(range=Range(...)))
+
+
+# ------------------------------------------------------------------------- the one range language
+@dataclass(frozen=True)
+class Range:
+    """``lo`` (inclusive unless ``open_lo``) up to ``hi`` (inclusive); None = unbounded on that side."""
+
+    lo: float | None
+    hi: float | None = None
+    open_lo: bool = False
+
+    def text(self) -> str:
+        hi = f"{self.hi:g}" if isinstance(self.hi, float) else f"{self.hi}"  # 1.0 -> 1; an integer bound as written
+        if self.lo is None:
+            return f"<= {hi}"
+        return f"{'>' if self.open_lo else '>='} {self.lo:g}" + (f" and <= {hi}" if self.hi is not None else "")
+
+    def holds(self, value: float) -> bool:
+        low = self.lo is None or (value > self.lo if self.open_lo else value >= self.lo)
+        return low and (self.hi is None or value <= self.hi)
+
+
+SEED_MAX = 2**63 - 1  # every verb's seed: 0..SEED_MAX (torch, numpy and random all take it)
+# A sampling temperature below this is refused in every verb (train, eval, probes, task options): logits / T
+# overflows float32 long before T reaches 0; omit the temperature for greedy decoding (eval, probes) instead.
+MIN_TEMPERATURE = 1e-4
+SEED_RANGE = Range(0, SEED_MAX)
+TEMPERATURE_RANGE = Range(MIN_TEMPERATURE)
+
+
+def in_range(name: str, value: Any, rng: Range, integer: bool = False, optional: bool = False, who: str = "") -> None:
+    """Refuse a value outside ``rng`` (numbers: finite; ``integer``: an int), naming the field (``NAME=VALUE``, or
+    ``who`` when given) and the range: the one range check (`check_value` calls it)."""
+    if value is None and optional:
+        return
+    bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
+    if bad_type or not math.isfinite(value) or not rng.holds(value):
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(
+            f"{who or f'{name}={value!r}'} is invalid: it must be {kind} {rng.text()}{' (or null)' if optional else ''}"
+        )
+
+
+def check_seed(value: Any, flag: str = "seed") -> int:
+    """The one seed rule of every verb: an integer 0..SEED_MAX."""
+    in_range(flag, value, SEED_RANGE, integer=True)
+    return value
+
+
+def check_temperature(value: Any, flag: str = "temperature", optional: bool = True) -> Any:
+    """The one temperature rule of every verb: finite and >= MIN_TEMPERATURE (None = the default, where allowed)."""
+    in_range(flag, value, TEMPERATURE_RANGE, optional=optional)
+    return value
+
 
 META = "mechopd"  # the metadata key under which `option` keeps a field's facts
 
@@ -178,14 +232,8 @@ def check_value(facts: Facts, value: Any, subject: str = "") -> None:
         raise ConfigError(f"{who} is not a mapping; pass key: value pairs (--set {facts.name}.KEY=VALUE)")
     if facts.choices is not None and isinstance(value, str) and value not in facts.choices:
         raise ConfigError(f"{who} is unknown; choose one of {', '.join(facts.choices)}")
-    r = facts.range
-    if r is None:
-        return
-    integer = base is int
-    bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if bad or not math.isfinite(value) or not r.holds(value):
-        kind = "an integer" if integer else "a finite number"
-        raise ConfigError(f"{who} is invalid: it must be {kind} {r.text()}{' (or null)' if optional else ''}")
+    if facts.range is not None:
+        in_range(facts.name, value, facts.range, integer=base is int, optional=optional, who=who)
 
 
 def check_fields(obj: Any, facts: list[Facts] | None = None) -> None:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.core.options import GE0, GE1, GT0, check_fields, field_facts, option
-from mechopd.core.ranges import SEED_RANGE, check_temperature
+from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, check_fields, check_temperature, field_facts, option
 from mechopd.generate.lean import DECODERS
 from mechopd.generate.prefix import MODES as PREFIX_MODES
 

@@ -23,8 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechopd.core.errors import ConfigError, TrainingError
-from mechopd.core.options import option
-from mechopd.core.ranges import check_seed
+from mechopd.core.options import check_seed, option
 from mechopd.core.runlock import hold
 from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 from mechopd.models import atomic_save

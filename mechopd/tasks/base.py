@@ -302,7 +302,7 @@ def option_number(task: str, field: str, value: Any, *, integer: bool, lo: float
 
 def option_temperature(task: str, value: Any) -> float:
     """The one temperature rule (`config.check_temperature`), for a task option."""
-    from mechopd.core.ranges import check_temperature
+    from mechopd.core.options import check_temperature
 
     try:
         return float(check_temperature(value, optional=False))
