@@ -154,7 +154,7 @@ def test_gpt_neox_checkpoint_passes_the_weight_check(models, tmp_path):
 
 def test_gradient_sums_are_per_part_of_a_fused_tensor(models):
     """The gradients probe's per-parameter sums, split: Phi-3's qkv_proj gives q / k / v rows (hand slices)."""
-    from mechopd.probes.grad_sums import view_sums
+    from mechopd.probes.grad_align import view_sums
 
     m = models["phi3"]
     name = "model.layers.0.self_attn.qkv_proj.weight"
