@@ -66,7 +66,7 @@ LIBRARY_SENTINELS = {
     ("mechopd/probes/teachability_rescore.py", "temperature"): "rescore: None = temperature 1",
     ("mechopd/probes/view_cosine.py", "layers"): "two_view_cosine / compare_models: None = every residual site",
     ("mechopd/probes/view_cosine.py", "cka"): "two_view_cosine / compare_models: CKA off unless asked",
-    ("mechopd/probes/weightpatch_eval.py", "follow"): "weightpatch_model: the other contexts off unless asked",
+    ("mechopd/probes/weightpatch.py", "follow"): "weightpatch_model: the other contexts off unless asked",
 }
 
 # (file, name) -> what the parameter is: a parameter that shares an option's name but is another quantity. A copy of
