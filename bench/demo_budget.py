@@ -58,8 +58,14 @@ def _digest(p: Path) -> str:
     return hashlib.sha1(p.read_bytes()).hexdigest()
 
 
+def _timed(key: str) -> bool:
+    """A wall-clock field of metrics.jsonl: ``*_s``, ``tokens_per_s``, and the per-stage profile's ``time/STAGE`` and
+    ``tokens_per_s/STAGE`` (`train/profile.py`)."""
+    return key.endswith(TIMED) or key.startswith(("time/", "tokens_per_s/"))
+
+
 def _metrics(p: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.endswith(TIMED)} for line in p.open()]
+    return [{k: v for k, v in json.loads(line).items() if not _timed(k)} for line in p.open()]
 
 
 def same_numbers(a: Path, b: Path) -> list[str]:
