@@ -41,7 +41,7 @@ from mechopd.config import TrainConfig, resolve_train_data
 from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.views import assemble_two_views, render_prompt_ids
 from mechopd.evaluation.pinning import PROMPT_CACHE
-from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.engine import sync_engine
 from mechopd.train.evaluator import PeriodicEval
@@ -50,6 +50,28 @@ from mechopd.train.reporting import Logger, final_line
 from mechopd.train.rundir import RunDir
 from mechopd.train.saving import RunSaver
 from mechopd.train.step import StepResult
+
+
+class _Part:
+    """A read-only attribute of the `Trainer` that is one of its parts: ``trainer.opt`` is ``trainer.parts.opt``."""
+
+    def __init__(self, path: str = "") -> None:
+        self.path = path  # dotted, under `parts` (``models.student``); default: the attribute's own name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.path = self.path or name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.parts
+        for attr in self.path.split("."):
+            value = getattr(value, attr)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(f"Trainer.{self.name} is a part of the trainer (trainer.parts), read-only")
 
 
 class Trainer:
@@ -98,70 +120,23 @@ class Trainer:
         self.step, self.position = self.saver.restore(p.resume_from)
         self.logger = open_log(p.cfg, self.run_dir, self.rank == 0, self.step, p.resume_from, self.verbose, self._say)
 
-    # The parts a caller reads (tests, benches, notebooks); the loop reads `self.parts`.
-    @property
-    def cfg(self) -> TrainConfig:
-        return self.parts.cfg
-
-    @property
-    def task(self) -> Any:
-        return self.parts.task
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.parts.tokenizer
-
-    @property
-    def pool(self) -> list:
-        return self.parts.pool
-
-    @property
-    def device(self) -> torch.device:
-        return self.parts.device
-
-    @property
-    def models(self) -> Any:
-        return self.parts.models
-
-    @property
-    def student(self) -> Any:
-        return self.parts.models.student
-
-    @property
-    def teacher(self) -> Any:
-        return self.parts.models.teacher
-
-    @property
-    def params(self) -> list[torch.nn.Parameter]:
-        return self.parts.params
-
-    @property
-    def opt(self) -> torch.optim.Optimizer:
-        return self.parts.opt
-
-    @property
-    def sched(self) -> Any:
-        return self.parts.sched
-
-    @property
-    def vocab(self) -> int:
-        return self.parts.vocab
-
-    @property
-    def sampling(self) -> SamplingSettings:
-        return self.parts.sampling
-
-    @property
-    def engine(self) -> Any:
-        return self.parts.engine
-
-    @property
-    def scoring(self) -> Any:
-        return self.parts.scoring
-
-    @property
-    def teacher_store(self) -> Any:
-        return self.parts.teacher_store
+    # The parts a caller reads, read-only (tests, benches, notebooks: `TrainerParts`); the loop reads `self.parts`.
+    cfg = _Part()
+    task = _Part()
+    tokenizer = _Part()
+    pool = _Part()
+    device = _Part()
+    models = _Part()
+    student = _Part("models.student")
+    teacher = _Part("models.teacher")
+    params = _Part()
+    opt = _Part()
+    sched = _Part()
+    vocab = _Part()
+    sampling = _Part()
+    engine = _Part()
+    scoring = _Part()
+    teacher_store = _Part()
 
     @property
     def last_eval(self) -> tuple[int, Any] | None:
