@@ -28,6 +28,7 @@ holds these with the loop's own state (``step``, ``position``) and runs the loop
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 import time
 from collections.abc import Callable
@@ -60,15 +61,10 @@ class _Part:
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
-        self.path = self.path or name
+        self.get = operator.attrgetter(self.path or name)
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        value = obj.parts
-        for attr in self.path.split("."):
-            value = getattr(value, attr)
-        return value
+        return self if obj is None else self.get(obj.parts)
 
     def __set__(self, obj: Any, value: Any) -> None:
         raise AttributeError(f"Trainer.{self.name} is a part of the trainer (trainer.parts), read-only")
