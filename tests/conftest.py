@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning. The suite runs one pytest-xdist worker per core, and a worker's
+# two-thread stage (the organism's pretraining, a two-process run) would otherwise spin against the other worker's
+# threads: measured 2026-12-06, the worker-count demo test took 72 CPU-s beside a busy core and 53 with this (its
+# CPU time alone: 54). It changes no number: only how a thread waits. libgomp reads it once, when torch loads.
+assert "torch" not in sys.modules, "tests/conftest.py must set OMP_WAIT_POLICY before torch is imported"
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -126,27 +134,41 @@ def tiny_rules_organism(tmp_path_factory):
     return pretrain(OrganismConfig(task="rules", **TINY_ORGANISM), out, progress=False)
 
 
-@pytest.fixture(scope="session")
-def fast_demo_two_workers(tmp_path_factory) -> Path:
-    """``mechopd demo --fast --workers 2 --out runs/demo`` run once per session in a process of its own (one intra-op
-    thread outside the jobs, as `tests/cli/test_hostile_signals.py` starts a demo), shared by the pytest-xdist workers
-    under a file lock: the uninterrupted reference a killed demo is compared with, and the two-worker side of the
-    worker-count test. Read only: a test that changes a demo makes its own."""
+def shared_demo(tmp_path_factory, name: str, *args: str) -> Path:
+    """``mechopd demo --fast ARGS --out runs/demo`` run once per test session in a process of its own (one intra-op
+    thread outside the jobs, as `tests/cli/test_hostile_signals.py` starts a demo) in the session directory ``name``,
+    shared by the pytest-xdist workers under a file lock (a second worker waits, then finds the run done). Its
+    standard output is kept in ``demo.out`` beside ``runs/``. Read only: a test that changes a demo copies it first."""
     import fcntl
     import subprocess
     import sys
 
-    root = session_dir(tmp_path_factory, "fast-demo-w2")
+    root = session_dir(tmp_path_factory, name)
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the run done
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / ".done").exists():
-            cmd = [sys.executable, "-m", "mechopd.cli", "demo", "--fast", "--workers", "2", "--out", "runs/demo"]
+            cmd = [sys.executable, "-m", "mechopd.cli", "demo", "--fast", *args, "--out", "runs/demo"]
             done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
             assert done.returncode == 0, done.stderr[-3000:]
+            (root / "demo.out").write_text(done.stdout)
             (root / ".done").touch()
     return root / "runs" / "demo"
+
+
+@pytest.fixture(scope="session")
+def fast_demo_two_workers(tmp_path_factory) -> Path:
+    """``mechopd demo --fast --workers 2``, once per session (`shared_demo`): the uninterrupted reference a killed demo
+    is compared with, the two-worker side of the worker-count test, and the demo `test_demo_fast_then_figures` copies."""
+    return shared_demo(tmp_path_factory, "fast-demo-w2", "--workers", "2")
+
+
+@pytest.fixture(scope="session")
+def fast_demo_three_seeds(tmp_path_factory) -> Path:
+    """``mechopd demo --fast --seeds 3``, once per session (`shared_demo`): the README commands' world (a copy) and the
+    multi-seed demo test (read only)."""
+    return shared_demo(tmp_path_factory, "fast-demo-s3", "--seeds", "3")
 
 
 # The files that cost most CPU, heaviest first (measured 2026-12-05, CPU seconds of the file's tests, children

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 
@@ -15,10 +16,11 @@ def _digests(d):
 
 
 @pytest.mark.slow
-def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
+def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys, fast_demo_two_workers):
+    """The session's `mechopd demo --fast` (copied: this test redraws its figures), its output, files and report."""
+    shutil.copytree(fast_demo_two_workers.parent, tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
-    said = capsys.readouterr().out
+    said = (fast_demo_two_workers.parents[1] / "demo.out").read_text()
     first = said.splitlines()[0]
     assert "SMOKE RUN" in first and "too small" in first and "`mechopd demo` (without --fast)" in first
     run = tmp_path / "runs" / "demo"
@@ -57,9 +59,9 @@ def test_demo_fast_then_figures(tmp_path, monkeypatch, capsys):
         "context_following",
     }  # the regime map needs a defined Harm (an item right without the context)
     assert expected <= {n[:-4] for n in before}
-    # a second demo skips every finished stage
+    # a second demo (here: one worker, in this process) finds every stage done
     assert main(["demo", "--fast", "--out", "runs/demo"]) == 0
-    assert "done, skipped" in said + capsys.readouterr().out
+    assert "runs/demo: done, nothing to run" in capsys.readouterr().out
     # redraw from artifacts only: identical files
     for p in (run / "figures").iterdir():
         p.unlink()
@@ -94,28 +96,6 @@ def _check_the_method_runs(run):
             "repeat:2",
             "repeat:3",
         ]  # the distilled rule: reverse
-
-
-@pytest.mark.slow
-def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--fast", "--seeds", "2", "--out", "runs/study"]) == 0
-    run = tmp_path / "runs" / "study"
-    for k in (0, 1):
-        cfg = json.loads((run / f"seed-{k}" / "demo.json").read_text())["config"]
-        assert cfg["seed"] == k and cfg["organism_seed"] == 0
-    agg = json.loads((run / "aggregate.json").read_text())
-    assert agg["models"]["opd"]["acc_x"]["n"] == 2 and "hierarchical" in agg["interval"]
-    report = (run / "report.md").read_text()
-    assert "2 training seeds" in report and "## The papers' claims" in report
-    assert (run / "figures" / "training_curves.png").exists()
-    # seeds >= 1 skip what no claim reads (figures, the study's first_seed_only probes); seed 0 has everything
-    assert (run / "seed-0" / "figures" / "layer_cosine.png").exists() and not (run / "seed-1" / "figures").exists()
-    assert (run / "seed-0" / "probes" / "patching.csv").exists()
-    assert not (run / "seed-1" / "probes" / "patching.csv").exists()
-    assert (run / "seed-1" / "probes" / "similarity.csv").exists()  # the claims read it on every seed
-    for name in ("weightpatch.csv", "weightpatch_items.jsonl", "localization_items.jsonl", "deltas_svd.csv"):
-        assert (run / "seed-1" / "probes" / name).exists(), name  # the intervention claims read them on every seed
 
 
 @pytest.mark.slow
@@ -206,3 +186,25 @@ def test_a_failing_job_stops_the_pool_names_the_job_and_keeps_its_traceback(tmp_
     assert len(failed) == 1 and "train-" in failed[0] and "log " in failed[0]
     logs = list((tmp_path / "d" / "logs").glob("train-*.log"))
     assert logs and any("ConfigError: boom in" in p.read_text() for p in logs)
+
+
+@pytest.mark.slow
+def test_demo_seeds_writes_one_run_per_seed_and_the_aggregate(fast_demo_three_seeds):
+    """The session's `mechopd demo --fast --seeds 3` (read only; last in this file, so that the README test's worker
+    has built it by then)."""
+    run = fast_demo_three_seeds
+    for k in (0, 1, 2):
+        cfg = json.loads((run / f"seed-{k}" / "demo.json").read_text())["config"]
+        assert cfg["seed"] == k and cfg["organism_seed"] == 0
+    agg = json.loads((run / "aggregate.json").read_text())
+    assert agg["models"]["opd"]["acc_x"]["n"] == 3 and "hierarchical" in agg["interval"]
+    report = (run / "report.md").read_text()
+    assert "3 training seeds" in report and "## The papers' claims" in report
+    assert (run / "figures" / "training_curves.png").exists()
+    # seeds >= 1 skip what no claim reads (figures, the study's first_seed_only probes); seed 0 has everything
+    assert (run / "seed-0" / "figures" / "layer_cosine.png").exists() and not (run / "seed-1" / "figures").exists()
+    assert (run / "seed-0" / "probes" / "patching.csv").exists()
+    assert not (run / "seed-1" / "probes" / "patching.csv").exists()
+    assert (run / "seed-1" / "probes" / "similarity.csv").exists()  # the claims read it on every seed
+    for name in ("weightpatch.csv", "weightpatch_items.jsonl", "localization_items.jsonl", "deltas_svd.csv"):
+        assert (run / "seed-2" / "probes" / name).exists(), name  # the intervention claims read them on every seed

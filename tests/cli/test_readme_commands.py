@@ -2,10 +2,11 @@
 
 The commands are read from the README (a new line there is a new test here). They run in order, from a directory
 that holds what the README's lines presuppose: a demo (`mechopd demo --fast --seeds 3 --out runs/demo`: three seed
-runs with every probe, in about a minute), a rules organism at ``runs/organisms/rules`` (the fast demo's organism),
-a small ``CONFIG.yaml`` (2 steps) and a ``qa.jsonl`` (the shipped sample with each item's context). The one
-placeholder, ``DIR`` (a model directory), is filled in order with the organism, the demo's OPD and NCA checkpoints
-(on the JSONL line: three tiny random models whose word-level vocabulary covers the task).
+runs with every probe, about half a minute; a copy of the session's `fast_demo_three_seeds`), a rules organism at
+``runs/organisms/rules`` (the fast demo's organism), a small ``CONFIG.yaml`` (2 steps) and a ``qa.jsonl`` (the
+shipped sample with each item's context). The one placeholder, ``DIR`` (a model directory), is filled in order with
+the organism, the demo's OPD and NCA checkpoints (on the JSONL line: three tiny random models whose word-level
+vocabulary covers the task).
 `mechopd ...` lines run through `mechopd.cli.main` (the console script's function), the ``torchrun`` line as a
 process. A command too long for CI is in `NOT_RUN` with its reason; it must still parse, and `NOT_RUN` may name
 only commands the README holds.
@@ -81,10 +82,10 @@ def fill(argv: list[str], dirs: list[str]) -> list[str]:
     return out
 
 
-def _world(root: Path) -> list[str]:
-    """The demo, the organism, CONFIG.yaml and qa.jsonl under ``root``; returns the models that fill DIR."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert main(["demo", "--fast", "--seeds", "3", "--out", "runs/demo"]) == 0
+def _world(root: Path, demo: Path) -> list[str]:
+    """The demo (a copy of ``demo``, the session's three-seed fast demo, with its organism), the organism, CONFIG.yaml
+    and qa.jsonl under ``root``; returns the models that fill DIR."""
+    shutil.copytree(demo.parent, root / "runs")
     shutil.copytree(root / "runs" / "organisms" / "rules-fast", root / "runs" / "organisms" / "rules")
     (root / "CONFIG.yaml").write_text(
         "".join(f"{k}: {v}\n" for k, v in {**CONFIG, "student": "runs/organisms/rules"}.items())
@@ -157,13 +158,13 @@ def _run(cmd: str, dirs: list[str]) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
+def ran(tmp_path_factory, fast_demo_three_seeds) -> dict[str, tuple[int, str, float]]:
     """Every README command that is not in NOT_RUN, in the README's order: command -> (exit code, output, seconds)."""
     root = tmp_path_factory.mktemp("readme")
     results = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        dirs = _world(root)
+        dirs = _world(root, fast_demo_three_seeds)
         for cmd in readme_commands():
             if cmd in NOT_RUN:
                 continue
@@ -186,7 +187,7 @@ def test_readme_command_runs_as_written(cmd, ran):
     if cmd in NOT_RUN:
         pytest.skip(f"NOT_RUN: {NOT_RUN[cmd]}")
     rc, text, seconds = ran[cmd]
-    assert rc == 0, f"`{cmd}` exited {rc} after {seconds:.1f} s:\n{text[-3000:]}"
+    assert rc == 0, f"`{cmd}` exited {rc} after {seconds:.1f} s:\n{text[-8000:]}"
     print(f"{cmd}: {seconds:.1f} s", file=sys.stderr)
 
 

@@ -62,7 +62,7 @@ def test_train_eval_probe_on_model_name(smollm2, tmp_path):
     sets = [x for k, v in OPTIONS.items() for x in ("--set", f"task_options.{k}={v}")]
     run = tmp_path / "nca"
     train = ["train", *TASK, "--student", "model:smollm2-135m-instruct", "--method", "nca", "--steps", "2"]
-    train += ["--batch-size", "2", "--lr", "1e-5", "--no-progress", "--out", str(run), *sets]
+    train += ["--batch-size", "1", "--lr", "1e-5", "--no-progress", "--out", str(run), *sets]
     train += ["--set", "no_context_system=", "--set", "pool_size=8"]
     assert main(train) == 0
     steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]

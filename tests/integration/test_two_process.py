@@ -47,7 +47,7 @@ STEPS = ["--set", "steps=3"]
 def _run(cmd, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HF_HUB_OFFLINE="1")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-8000:]
 
 
 def free_port() -> int:
