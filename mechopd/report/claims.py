@@ -26,7 +26,7 @@ Every value is read through the typed study (`mechopd.study.Study`) by ROLE, nev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -286,14 +286,23 @@ def floor(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any]]:
     return (decide(gain, FLOOR_GAIN, ">=") if gain["mean"] is not None else Decision(NA)), gain
 
 
-def evaluate_claims(runs: Sequence[str | Path | Study], study: str | Path | None = None) -> list[Claim]:
+def evaluate_claims(
+    runs: Sequence[str | Path | Study], study: str | Path | None = None, only: Collection[str] | None = None
+) -> list[Claim]:
     """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, marked).
-    ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names).
+    ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names);
+    ``only``: the keys of the rows to evaluate (default: all; a key `CLAIMS` does not hold is a ValueError).
     When the base does not use the context (`floor`), every row is measured but none is decided."""
+    keys = [key for key, *_ in CLAIMS]
+    unknown = sorted(set(only or ()) - set(keys))
+    if unknown:
+        raise ValueError(f"evaluate_claims(only=...): no claim row {unknown}; the rows are {keys}")
     seeds = studies(runs, study)
     base_ok, gain = floor(seeds)
     out = []
     for key, claim, paper, fn in CLAIMS:
+        if only is not None and key not in only:
+            continue
         row = fn(seeds)
         row.key, row.claim, row.paper = key, claim, paper
         if base_ok.verdict != HOLDS and base_ok.verdict != NA:

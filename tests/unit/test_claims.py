@@ -120,16 +120,25 @@ CASES: dict[str, dict[str, list[dict]]] = {
 }
 
 
-def rows(root: Path, per_seed: list[dict]) -> dict[str, claims.Claim]:
-    return {c.key: c for c in claims.evaluate_claims(seed_runs(root, *per_seed))}
+def rows(root: Path, per_seed: list[dict], only: set[str] | None = None) -> dict[str, claims.Claim]:
+    return {c.key: c for c in claims.evaluate_claims(seed_runs(root, *per_seed), only=only)}
 
 
 @pytest.mark.parametrize(("key", "verdict"), [(k, v) for k, vs in CASES.items() for v in vs])
 def test_each_row_reaches_each_of_its_verdicts(tmp_path: Path, key: str, verdict: str) -> None:
-    row = rows(tmp_path, CASES[key][verdict])[key]
+    row = rows(tmp_path, CASES[key][verdict], only={key})[key]  # the other rows: test_aggregate_* evaluate them all
     assert row.verdict == verdict, (key, row.measured)
     assert ("fragile:" in row.measured) == (verdict == U)
     assert ("one seed" in row.measured) == (verdict in (H, F) and len(CASES[key][verdict]) == 1)
+
+
+def test_only_evaluates_the_named_rows_and_refuses_an_unknown_key(tmp_path: Path) -> None:
+    runs = seed_runs(tmp_path, {}, {})
+    assert [c.key for c in claims.evaluate_claims(runs, only={"qk", "degradation"})] == [
+        k for k, *_ in claims.CLAIMS if k in {"qk", "degradation"}
+    ]
+    with pytest.raises(ValueError, match="no claim row \\['nope'\\]"):
+        claims.evaluate_claims(runs, only={"nope"})
 
 
 def test_every_row_has_a_case_for_holds_fails_and_fragile() -> None:
@@ -154,8 +163,9 @@ def test_floor_rule_decides_nothing_when_the_base_does_not_use_the_context(tmp_p
 def test_item_level_rows_fall_back_to_the_seed_rule_without_per_item_tables(tmp_path: Path, key: str) -> None:
     for verdict, per_seed in CASES[key].items():
         if verdict in (H, F, U):
-            per_item = rows(tmp_path / f"i{len(verdict)}", per_seed)[key]
-            seed_level = rows(tmp_path / f"s{len(verdict)}", [{**c, "per_item": False} for c in per_seed])[key]
+            per_item = rows(tmp_path / f"i{len(verdict)}", per_seed, only={key})[key]
+            per_seed_off = [{**c, "per_item": False} for c in per_seed]
+            seed_level = rows(tmp_path / f"s{len(verdict)}", per_seed_off, only={key})[key]
             assert per_item.verdict == seed_level.verdict == verdict, (verdict, seed_level.measured)
 
 
