@@ -171,19 +171,22 @@ def fast_demo_three_seeds(tmp_path_factory) -> Path:
     return shared_demo(tmp_path_factory, "fast-demo-s3", "--seeds", "3")
 
 
-# The files that cost most CPU, heaviest first (measured 2026-12-05, CPU seconds of the file's tests, children
-# included, on 2 cores: readme_commands and demo over 195 each, hostile_signals 136, two_process 108, claims 80,
-# teacher_modes 39, step_two_process 32, plot_layout 30, following 27, rundir_disk 26, hostile_study 23): pytest-xdist
-# hands out whole files (--dist loadfile), so a long file handed out last would leave the other workers idle at the
-# end. The rest follow in collection order, the many short unit files last as filler. A stale entry only costs
-# balance, never a test.
+# The files that cost most CPU, heaviest first (measured 2026-12-06 with a per-test getrusage plugin, CPU seconds of
+# the file's tests, children included, on 2 cores: hostile_signals 108, two_process 105, readme_commands 58, demo 58,
+# fetch 57, families 46, claims 35, teacher_modes 37, step_two_process 30, plot_layout 24, following 24, rundir_disk 24,
+# hostile_study 20; the suite 983). readme_commands and demo come first: they build the session's shared demos
+# (`shared_demo`), which demo's last test and hostile_signals read. pytest-xdist hands out whole files (--dist
+# loadfile), so a long file handed out last would leave the other workers idle at the end. The rest follow in
+# collection order, the many short unit files last as filler. A stale entry only costs balance, never a test.
 HEAVY_FIRST = (
     "tests/cli/test_readme_commands.py",
     "tests/cli/test_demo.py",
     "tests/cli/test_hostile_signals.py",
     "tests/integration/test_two_process.py",
-    "tests/unit/test_claims.py",
+    "tests/fetch/test_real_model.py",
+    "tests/realpath/test_families.py",
     "tests/integration/test_teacher_modes.py",
+    "tests/unit/test_claims.py",
     "tests/integration/test_step_two_process.py",
     "tests/unit/test_plot_layout.py",
     "tests/integration/test_following.py",
