@@ -38,6 +38,15 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if "torch.distributed" in sys.modules:  # a torchrun rank ends here (`train.dist.exit_rank`); elsewhere a no-op
+        from mechopd.train.dist import exit_rank
+
+        exit_rank(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     a = make_parser().parse_args(argv)
     try:

@@ -10,7 +10,9 @@ per-position signals of the whole rollout batch.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -37,6 +39,23 @@ def _shutdown() -> None:
     (a torchrun rank once died with "terminate called without an active exception" after finishing its work)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> None:
+    """End this process now with ``code`` if it is a torchrun rank (a process group is initialised); else return.
+
+    The exit handlers run first (`_shutdown` destroys the process group; logs and streams are flushed), then the
+    process exits without the interpreter's teardown. Left to that teardown, a rank that had finished its work could
+    still die with "terminate called without an active exception" (SIGABRT) while C++ objects that hold gloo / c10d
+    threads were destroyed, and torchrun reported the whole run failed: measured 2026-12-06 on 2 cores at 3x
+    oversubscription, 1 of 10 FSDP resume runs, each after rank 0 had printed its final checkpoint."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    atexit._run_exitfuncs()  # CPython's own runner of the registered handlers (then nothing is left to run)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def active() -> bool:

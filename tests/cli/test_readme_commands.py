@@ -147,6 +147,7 @@ def _run(cmd: str, dirs: list[str]) -> tuple[int, str]:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "OMP_NUM_THREADS": "1",
         }
+        env.pop("OMP_WAIT_POLICY", None)  # one thread per rank: the suite's policy (conftest.py) has nothing to do
         words = shlex.split(cmd)
         prefix = words[: words.index("mechopd.cli") + 1]
         done = subprocess.run([*prefix, *argv], check=False, capture_output=True, text=True, env=env, timeout=300)

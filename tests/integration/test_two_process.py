@@ -45,7 +45,8 @@ STEPS = ["--set", "steps=3"]
 
 
 def _run(cmd, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", HF_HUB_OFFLINE="1", PYTHONFAULTHANDLER="1")
+    env.pop("OMP_WAIT_POLICY", None)  # one thread per rank: the suite's policy (tests/conftest.py) has nothing to do
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
     assert res.returncode == 0, res.stderr[-8000:]
 
