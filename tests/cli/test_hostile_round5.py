@@ -1,0 +1,200 @@
+"""Hostile inputs, round 5 (#57): ``--out`` holds only what the study made; a finished study edited (#54).
+
+A directory the study did not write is refused before any job (never replaced, never reused); a trained run whose
+config.yaml records another config than the study's is refused naming the field; a study record without its inputs
+record is "unknown inputs", not "done". A finished study whose evaluation or probe options change reuses every
+trained model and reruns only what depends on the change. Each refusal: exit 2, one ``error:`` line, nothing on disk
+changed (`tests.cli.hostile.check`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli.hostile import Hostile, check_in_workspace, copy_org, write
+from tests.cli.test_hostile_study_run import study
+
+
+def _users_killed_run(o: Path, w: Path) -> list[str]:
+    """The user's own killed `mechopd train` run at ``out/train/opd`` (config.yaml and metrics.jsonl)."""
+    write(w, "out/train/opd/config.yaml", "task: rules\nlr: 0.001\n")
+    write(w, "out/train/opd/metrics.jsonl", '{"step": 1, "loss": 0.5}\n')
+    return study(w, copy_org(o, w))
+
+
+def _users_files(o: Path, w: Path) -> list[str]:
+    write(w, "out/notes.txt", "my notes\n")
+    return study(w, copy_org(o, w))
+
+
+CASES = [
+    Hostile("out", "users-killed-train-run-inside-out", _users_killed_run, "no run of this study wrote it"),
+    Hostile("out", "users-files-in-out", _users_files, "holds notes.txt but no study_run.yaml"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_directory_the_study_did_not_write_is_refused(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_rules_organism, tmp_path_factory):
+    """A finished one-step study (OPD, eval n=2, the similarity probe on 2 items): its workspace; tests copy it."""
+    import contextlib
+    import io
+
+    from mechopd.cli import main
+
+    ws = tmp_path_factory.mktemp("finished")
+    argv = study(ws, copy_org(Path(tiny_rules_organism), ws), probes={"similarity": {"n": 2}})
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        assert main(argv) == 0, err.getvalue()[-2000:]
+    return ws
+
+
+def _copy(finished: Path, tmp_path: Path, monkeypatch) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(finished, ws, symlinks=True)
+    doc = yaml.safe_load((ws / "s.yaml").read_text())
+    doc["student"] = str(ws / "org")
+    (ws / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (ws / "out" / "study_run.yaml").write_text(  # the copy's student path, as if the study had run here
+        (ws / "out" / "study_run.yaml").read_text().replace(str(finished / "org"), str(ws / "org"))
+    )
+    monkeypatch.chdir(ws)
+    return ws
+
+
+def _refused(ws: Path, capsys, needle: str) -> str:
+    from mechopd.cli import main
+    from tests.cli.hostile import snapshot
+
+    before = snapshot(ws)
+    capsys.readouterr()
+    code = main(["run", str(ws / "s.yaml"), "--out", str(ws / "out")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+    assert snapshot(ws) == before
+    return lines[0]
+
+
+def test_a_reused_training_run_of_another_config_is_refused_naming_the_field(finished, tmp_path, monkeypatch, capsys):
+    """The study's train/opd/config.yaml says lr 1e-3 where the study asks another lr: not "done, skipped"."""
+    ws = _copy(finished, tmp_path, monkeypatch)
+    cfg = ws / "out" / "train" / "opd" / "config.yaml"
+    doc = yaml.safe_load(cfg.read_text())
+    doc["lr"] = 0.001
+    cfg.write_text(yaml.safe_dump(doc))
+    line = _refused(ws, capsys, "train/opd/config.yaml records another config than the study's runs.opd")
+    assert "lr: 0.001 ->" in line, line
+
+
+def test_a_missing_inputs_record_is_unknown_inputs_not_done(finished, tmp_path, monkeypatch, capsys):
+    """study_inputs.json deleted (and the student's weights changed): the rerun refuses, never 'nothing to run'."""
+    from tests.cli.reliability_harness import poison
+
+    ws = _copy(finished, tmp_path, monkeypatch)
+    (ws / "out" / "study_inputs.json").unlink()
+    poison(ws / "org", 0.5)
+    _refused(ws, capsys, "not its study_inputs.json: the models and data its results were made from are unknown")
+
+
+def test_a_probe_removed_from_a_finished_study_is_refused(finished, tmp_path, monkeypatch, capsys):
+    ws = _copy(finished, tmp_path, monkeypatch)
+    doc = yaml.safe_load((ws / "s.yaml").read_text())
+    del doc["probes"]
+    (ws / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    _refused(ws, capsys, "no longer lists probes.similarity")
+
+
+def _tree(d: Path) -> dict[str, int]:
+    return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _content(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("edit", ["eval-n", "probe-n"])
+def test_an_edited_finished_study_reuses_every_trained_model(edit, finished, tmp_path, monkeypatch, capsys):
+    """eval.n 2 -> 3: no training job, every evaluation rerun with 3 items, the probe reused; the similarity probe's n
+    2 -> 3: that probe rerun, the evaluations reused. Then a rerun of the edited study is done."""
+    import json
+
+    from mechopd.cli import main
+
+    ws = _copy(finished, tmp_path, monkeypatch)
+    doc = yaml.safe_load((ws / "s.yaml").read_text())
+    if edit == "eval-n":
+        doc["eval"]["n"] = 3
+    else:
+        doc["probes"]["similarity"]["n"] = 3
+    (ws / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = ws / "out"
+    trained, evals, probes = _tree(out / "train"), _content(out / "eval"), _tree(out / "probes")
+    capsys.readouterr()
+    argv = ["run", str(ws / "s.yaml"), "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    said = capsys.readouterr().out
+    assert "train opd: done, skipped" in said and "(new)" not in said and "(resuming)" not in said, said
+    assert _tree(out / "train") == trained  # every trained model reused, untouched
+    base = json.loads((out / "eval" / "base.json").read_text())
+    if edit == "eval-n":
+        assert base["summary"]["n"] == 3 and _tree(out / "probes") == probes
+    else:
+        assert _content(out / "eval") == evals and _tree(out / "probes") != probes
+        assert json.loads((out / "probes" / "similarity.json").read_text())["settings"]["n"] == 3
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "done, nothing to run" in capsys.readouterr().out
+
+
+def test_the_deltas_probe_of_an_unchanged_model_writes_no_update_and_the_study_finishes(
+    tiny_rules_organism, tmp_path, monkeypatch, capsys
+):
+    """A checkpoint run identical to the student (a zero update) under the deltas probe with ``svd``: its tables
+    written (zeros), the report says "no update", the study finishes; the rerun is done (it failed the same way)."""
+    from mechopd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    org = Path(tiny_rules_organism)
+    argv = study(
+        tmp_path,
+        copy_org(org, tmp_path),
+        runs={role: {"checkpoint": str(copy_org(org, tmp_path, role))} for role in ("opd", "nca")},
+        probes={"deltas": {"svd": True}},
+    )
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    out = tmp_path / "out"
+    assert (out / "probes" / "deltas_svd.csv").is_file() and (out / "probes" / "deltas.csv").is_file()
+    assert "opd (`probes/deltas_svd.csv`): no update" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0 and "done, nothing to run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["0", "false", "False", "1", "true"])
+def test_a_boolean_chat_template_kwarg_reads_as_a_boolean(value, tiny_rules_organism):
+    """``--chat-template-kwarg enable_thinking=0`` turns a Qwen3-style flag off: the template tests ``is false``,
+    which the number 0 never passes."""
+    from transformers import AutoTokenizer
+
+    from mechopd.core.config_parse import parse_options
+    from mechopd.core.views import RenderSpec, render_prompt_text
+
+    tok = AutoTokenizer.from_pretrained(tiny_rules_organism)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+        "{% if enable_thinking is defined and enable_thinking is false %}<no-think>{% endif %}"
+        "{% if enable_thinking is defined and enable_thinking is true %}<think>{% endif %}"
+    )
+    kwargs = parse_options([f"enable_thinking={value}"], "--chat-template-kwarg")
+    text = render_prompt_text(tok, "hi", None, RenderSpec("system", None, kwargs))
+    assert ("<no-think>" in text) == (value.lower() in ("0", "false")), text
+    assert ("<think>" in text) == (value.lower() in ("1", "true")), text
