@@ -198,3 +198,120 @@ def test_a_boolean_chat_template_kwarg_reads_as_a_boolean(value, tiny_rules_orga
     text = render_prompt_text(tok, "hi", None, RenderSpec("system", None, kwargs))
     assert ("<no-think>" in text) == (value.lower() in ("0", "false")), text
     assert ("<think>" in text) == (value.lower() in ("1", "true")), text
+
+
+# ------------------------------------------------------------------------------------- references that can be scored
+def _qa(w: Path, lines: list[dict], fmt: str, *more: str) -> list[str]:
+    """``mechopd eval`` of the organism on a jsonl file of ``lines`` under ``answer_format`` ``fmt``."""
+    import json
+
+    data = write(w, "qa.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    ctx = write(w, "ctx.txt", "The capital of Veldra is Oskar.\n")
+    return [
+        "eval", "--task", "jsonl", "--option", f"path={data}", "--option", f"context_file={ctx}",
+        "--option", f"answer_format={fmt}", *more, "--model", str(w / "org"), "--n", "1",
+    ]  # fmt: skip
+
+
+def _jsonl(lines: list[dict], fmt: str, *more: str):
+    def argv(o: Path, w: Path) -> list[str]:
+        copy_org(o, w)
+        return _qa(w, lines, fmt, *more)
+
+    return argv
+
+
+def _other_file(o: Path, w: Path) -> list[str]:
+    copy_org(o, w)
+    return _qa(w, [{"prompt": "Capital of Veldra?", "answer": "Oskar", "other_answer": "Brun"}], "exact") + [
+        "--option",
+        f"other_context_file={write(w, 'other.txt', 'The capital of Veldra is Oskar.')}",
+    ]
+
+
+Q = "What is the capital of Veldra?"
+MC = {"question": Q, "options": ["Oskar", "Brun"], "answer": "A"}
+JSONL_CASES = [
+    Hostile("score", "exact-answer-only-punctuation", _jsonl([{"prompt": Q, "answer": "?"}], "exact"), "nothing"),
+    Hostile(
+        "score", "answer-only-zero-width", _jsonl([{"prompt": Q, "answer": "\u200b\u200b"}], "tag"), "normalises to"
+    ),
+    Hostile(
+        "score", "first-line-two-line-answer", _jsonl([{"prompt": Q, "answer": "Oskar\nCity"}], "first_line"), "lines"
+    ),
+    Hostile(
+        "score",
+        "one-question-three-answers",
+        _jsonl([{"prompt": Q, "answer": a} for a in ("Oskar", "Brun", "Tal")], "exact"),
+        "line 2: repeats the question of line 1 with another answer",
+    ),
+    Hostile(
+        "score",
+        "options-equal-up-to-case",
+        _jsonl([{**MC, "options": ["Oskar", "OSKAR."]}], "tag"),
+        "options A and B are the same text up to case",
+    ),
+    Hostile(
+        "score",
+        "contains-options-nested",
+        _jsonl([{**MC, "options": ["black cat", "cat"]}], "contains"),
+        "option B ('cat') is inside option A",
+    ),
+    Hostile("score", "other-context-file-is-the-context", _other_file, "is the distilled context itself"),
+    Hostile(
+        "score",
+        "item-other-context-is-its-context",
+        _jsonl([{"prompt": Q, "answer": "Oskar", "context": "C.", "other_context": "C.", "other_answer": "B"}], "tag"),
+        "'other_context' is the item's own context",
+    ),
+    Hostile(
+        "score",
+        "contains-answer-in-its-question",
+        _jsonl([{"prompt": "Is Oskar the capital of Veldra?", "answer": "Oskar"}], "contains"),
+        "appears in the item's own question",
+    ),
+    Hostile(
+        "score",
+        "contains-right-option-in-its-question",
+        _jsonl([{**MC, "question": "Oskar or Brun: which is the capital?"}], "contains"),
+        "options[A] = 'Oskar' appears in the item's own question",
+    ),
+    Hostile("score", "contains-one-letter", _jsonl([{"prompt": Q, "answer": "a"}], "contains"), "too short"),
+    Hostile("score", "contains-stop-words", _jsonl([{"prompt": Q, "answer": "of the"}], "contains"), "only stop words"),
+]
+
+
+@pytest.mark.parametrize("case", JSONL_CASES, ids=lambda c: c.name)
+def test_a_reference_that_cannot_be_scored_is_refused_at_load(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("fmt", ["tag", "exact", "first_line", "contains"])
+def test_invisible_characters_are_stripped_from_both_sides_before_any_format(fmt):
+    """A leading right-to-left mark, a zero-width space inside the word, a BOM: "Paris" stays right, on either side."""
+    from mechopd.tasks.jsonl_answer import score_response
+
+    def reply(text: str) -> str:
+        return f"<answer>{text}</answer>" if fmt == "tag" else text
+
+    for said, ref in (("\u200fParis", "Paris"), ("Par\u200bis", "Paris"), ("Paris", "\ufeff\u200eParis")):
+        assert score_response(reply(said), ref, None, fmt), (fmt, said, ref)
+    assert not score_response(reply("\u200fLyon"), "Paris", None, fmt)
+    options = {"A": "\u200fOskar", "B": "Brun"}
+    assert score_response(reply("Oskar" if fmt != "tag" else "A"), "A", options, fmt)
+
+
+def test_the_shipped_data_files_load_under_their_studies_formats():
+    """The shipped files pass the load-time checks: the sample under every format but contains (its options "3" and
+    "4" are one character), the SmolLM2 facts under every format (its study's is contains)."""
+    from mechopd.tasks.base import get_task
+    from mechopd.tasks.jsonl import DATA_DIR
+
+    for fmt in ("tag", "exact", "first_line", "contains"):
+        facts = get_task("jsonl", path=DATA_DIR / "smollm2_facts.jsonl", context_file=DATA_DIR / "smollm2_handbook.txt",
+                         answer_format=fmt, other_context_file=DATA_DIR / "smollm2_handbook_other.txt")  # fmt: skip
+        assert sum(facts.split_sizes().values()) == 96
+        if fmt != "contains":
+            sample = get_task("jsonl", path=DATA_DIR / "sample_qa.jsonl", context_file=DATA_DIR / "sample_context.txt",
+                              answer_format=fmt)  # fmt: skip
+            assert sum(sample.split_sizes().values()) == 40
