@@ -315,3 +315,109 @@ def test_the_shipped_data_files_load_under_their_studies_formats():
             sample = get_task("jsonl", path=DATA_DIR / "sample_qa.jsonl", context_file=DATA_DIR / "sample_context.txt",
                               answer_format=fmt)  # fmt: skip
             assert sum(sample.split_sizes().values()) == 40
+
+
+# ---------------------------------------------------------------------------- checkpoints and families, before any job
+def _edited(o: Path, w: Path, **keys) -> Path:
+    """A copy of the organism whose config.json sets ``keys`` (as a user editing it would)."""
+    import json
+
+    d = copy_org(o, w, "edited")
+    doc = json.loads((d / "config.json").read_text())
+    doc.update(keys)
+    (d / "config.json").write_text(json.dumps(doc))
+    return d
+
+
+def _eval_edited(**keys):
+    def argv(o: Path, w: Path) -> list[str]:
+        return ["eval", "--task", "rules", "--model", str(_edited(o, w, **keys)), "--n", "2"]
+
+    return argv
+
+
+def _recurrent_gemma(o: Path, w: Path) -> list[str]:
+    from transformers import AutoConfig
+
+    d = w / "rg"
+    AutoConfig.for_model(
+        "recurrent_gemma", num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        lru_width=32, vocab_size=64,
+    ).save_pretrained(d)  # fmt: skip
+    return ["eval", "--task", "rules", "--model", str(d), "--n", "2"]
+
+
+def _tied_with_another_head(o: Path, w: Path) -> list[str]:
+    """The organism (tie_word_embeddings: true) whose file also holds an lm_head.weight that is not the embedding."""
+    from safetensors.torch import load_file, save_file
+
+    d = copy_org(o, w, "tied")
+    tensors = load_file(d / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1.0
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    return ["eval", "--task", "rules", "--model", str(d), "--n", "2"]
+
+
+def _resized(o: Path, w: Path, name: str, **keys) -> Path:
+    """A model of the organism's family and tokenizer with other sizes (``keys`` over its config), saved whole."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = copy_org(o, w, name)
+    config = AutoConfig.from_pretrained(d)
+    doc = {k: v for k, v in config.to_dict().items() if k != "layer_types"}  # rebuilt for the new depth
+    AutoModelForCausalLM.from_config(type(config)(**{**doc, **keys})).save_pretrained(d)
+    return d
+
+
+def _study_over(o: Path, w: Path, **keys) -> list[str]:
+    return study(w, copy_org(o, w), runs={"old": {"checkpoint": str(_resized(o, w, "c", **keys))}})
+
+
+FAMILY_CASES = [
+    Hostile(
+        "family", "hidden-act-swishy", _eval_edited(hidden_act="swishy"), "hidden_act='swishy' is not an activation"
+    ),
+    Hostile(
+        "family",
+        "kv-heads-do-not-divide",
+        _eval_edited(num_key_value_heads=3),
+        "num_attention_heads=4 is not a multiple of num_key_value_heads=3",
+    ),
+    Hostile(
+        "family",
+        "dbrx-experts-under-ffn-config",
+        _eval_edited(ffn_config={"moe_num_experts": 4, "moe_top_k": 1}),
+        "ffn_config.moe_num_experts=4: a mixture-of-experts model",
+    ),
+    Hostile("family", "recurrent-gemma-by-structure", _recurrent_gemma, "a recurrent or state-space family"),
+    Hostile(
+        "family",
+        "tied-config-another-head-in-file",
+        _tied_with_another_head,
+        "(tie_word_embeddings) but the files hold them with different values",
+    ),
+    Hostile(
+        "study",
+        "checkpoint-run-deeper-than-student",
+        lambda o, w: _study_over(o, w, num_hidden_layers=3),
+        "runs.old.checkpoint",
+    ),
+    Hostile(
+        "study",
+        "checkpoint-run-wider-than-student",
+        lambda o, w: _study_over(o, w, intermediate_size=48),
+        "intermediate_size 48 vs the student's",
+    ),
+    Hostile(
+        "study",
+        "probe-layer-past-the-depth",
+        lambda o, w: study(w, copy_org(o, w), probes={"attribution": {"layers": [99]}}),
+        "probes.attribution.layers: layer 99 is past the student's 2 decoder layers",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=lambda c: c.name)
+def test_a_checkpoint_or_family_is_refused_before_any_job(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
+    assert not (tmp_path / "ws" / "out").exists()
