@@ -44,14 +44,15 @@ class Stale:
         return ", ".join(parts)
 
 
-def check_foreign(out: Path, spec_file: str) -> None:
-    """``out`` is absent, empty (its lock aside) or holds ``spec_file``: anything else is a directory the study did not
-    write, refused with what it holds (nothing is changed)."""
+def check_foreign(out: Path, spec_file: str, own: tuple[str, ...] = ()) -> None:
+    """``out`` is absent, empty (its lock and the records ``own`` aside: a study killed before its ``spec_file``) or
+    holds ``spec_file``: anything else is a directory the study did not write, refused with what it holds (nothing is
+    changed)."""
     from mechopd.core.runlock import LOCK_NAME
 
     if not out.is_dir() or (out / spec_file).is_file():
         return
-    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    held = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, *own))
     if held:
         shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
         raise ConfigError(

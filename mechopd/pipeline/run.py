@@ -282,7 +282,7 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
                 f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
                 "another --out (nothing was changed)"
             )
-        check_foreign(out, SPEC_FILE)  # a directory the study did not write: never replaced nor reused
+        check_foreign(out, SPEC_FILE, (INPUTS_FILE,))  # what the study did not write: never replaced nor reused
         return Stale()
     from mechopd.config import load_yaml
     from mechopd.core.artifacts import read_json

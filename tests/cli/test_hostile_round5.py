@@ -421,3 +421,15 @@ FAMILY_CASES = [
 def test_a_checkpoint_or_family_is_refused_before_any_job(case, tiny_rules_organism, tmp_path, monkeypatch, capsys):
     check_in_workspace(case, Path(tiny_rules_organism), tmp_path, monkeypatch, capsys)
     assert not (tmp_path / "ws" / "out").exists()
+
+
+def test_a_study_killed_before_its_record_is_not_refused_as_foreign(tiny_rules_organism, tmp_path, monkeypatch, capsys):
+    """A kill between the inputs record and the study record leaves study_inputs.json (and the lock): the rerun runs."""
+    from mechopd.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = study(tmp_path, copy_org(Path(tiny_rules_organism), tmp_path))
+    write(tmp_path, "out/study_inputs.json", "{}")
+    write(tmp_path, "out/.mechopd.lock", "")
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    assert (tmp_path / "out" / "report.md").is_file()
