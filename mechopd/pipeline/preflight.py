@@ -45,7 +45,11 @@ def check_study_models(spec: StudySpec) -> None:
     student = _local(spec.student)
     if isinstance(student, str) and Path(student, "config.json").is_file():
         check_checkpoint_shapes(spec, student)
-        check_probe_layers(spec, student)
+        check_probe_layers(spec, _shape(student)["num_hidden_layers"])
+    elif organism_task(spec.student) is not None:  # built by the study itself: its recipe's depth
+        from mechopd.organisms.pretrain import default_config
+
+        check_probe_layers(spec, default_config(str(organism_task(spec.student)), seed=0).num_layers)
 
 
 SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -76,12 +80,11 @@ def check_checkpoint_shapes(spec: StudySpec, student: str) -> None:
             )
 
 
-def check_probe_layers(spec: StudySpec, student: str) -> None:
-    """Every layer index a study's probe option names (``layers``, ``layer``) lies within the student's depth
+def check_probe_layers(spec: StudySpec, depth: Any) -> None:
+    """Every layer index a study's probe option names (``layers``, ``layer``) lies within the student's ``depth``
     (``-n..n-1``), before any job."""
     from mechopd.core.errors import ConfigError
 
-    depth = _shape(student)["num_hidden_layers"]
     if not isinstance(depth, int):
         return
     for name in spec.probes:

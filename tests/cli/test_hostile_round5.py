@@ -414,6 +414,12 @@ FAMILY_CASES = [
         lambda o, w: study(w, copy_org(o, w), probes={"attribution": {"layers": [99]}}),
         "probes.attribution.layers: layer 99 is past the student's 2 decoder layers",
     ),
+    Hostile(  # round 4's leftover: refused after training, 37 files written
+        "study",
+        "probe-layer-past-the-organisms-depth",
+        lambda o, w: study(w, "organism:rules", probes={"weightpatch": {"layers": "0,99"}}),
+        "probes.weightpatch.layers: layer 99 is past the student's 3 decoder layers",
+    ),
 ]
 
 
