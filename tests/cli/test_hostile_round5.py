@@ -174,7 +174,9 @@ def test_the_deltas_probe_of_an_unchanged_model_writes_no_update_and_the_study_f
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     out = tmp_path / "out"
     assert (out / "probes" / "deltas_svd.csv").is_file() and (out / "probes" / "deltas.csv").is_file()
-    assert "opd (`probes/deltas_svd.csv`): no update" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "opd (`probes/deltas_svd.csv`): no update" in report
+    assert "opd 0 (no update), nca 0 (no update)" in report and "= undefined (a zero update)" in report
     capsys.readouterr()
     assert main(argv) == 0 and "done, nothing to run" in capsys.readouterr().out
 
