@@ -3,7 +3,8 @@ right, or is scored right for the wrong reason, is refused with its line and the
 
 Every format:
 - a reference that normalises to nothing ("?", "...", only invisible characters): no reply can equal it;
-- contradictory copies: one question (stem, options, context) given twice with different answers;
+- contradictory copies: one question (stem, options, context) given twice with different answers, or one ``id``
+  given to two items that differ (`check_ids`);
 - options equal up to case, spacing and end punctuation: the letter is the only thing that tells them apart;
 - an other context equal to the item's context: following would be measured against itself.
 ``first_line``: a reference on two lines (a first line never holds it). ``contains`` (the reference as whole words
@@ -145,3 +146,25 @@ def check_shared_other(shared_context: str | None, shared_other: str | None) -> 
             "jsonl task: the other context (other_context= / other_context_file=) is the distilled context itself: "
             "following would be measured against itself; pass a context that implies other answers"
         )
+
+
+def check_ids(path: Path, items: list[Any]) -> None:
+    """Items that carry an ``"id"`` field: one id names one item (a second copy that differs in its question, options,
+    context or answer is refused with both lines). Identical copies are the reader's (kept once, with a warning)."""
+    import json
+
+    lines = {item.line: item for item in items}
+    seen: dict[str, Any] = {}
+    for number, raw in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), start=1):
+        if number not in lines or not raw.strip():
+            continue
+        ident = json.loads(raw).get("id")
+        if ident is None or isinstance(ident, (dict, list)):
+            continue
+        item = lines[number]
+        first = seen.setdefault(str(ident), item)
+        if first is not item and first.uid != item.uid:
+            raise DataError(
+                f"{path}: line {number}: id {ident!r} is also line {first.line}'s, with another question or answer; "
+                "give each item its own id, or keep one copy"
+            )

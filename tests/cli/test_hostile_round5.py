@@ -249,6 +249,12 @@ JSONL_CASES = [
     ),
     Hostile(
         "score",
+        "one-id-two-questions",
+        _jsonl([{"id": 7, "prompt": Q, "answer": "Oskar"}, {"id": 7, "prompt": "Capital?", "answer": "Brun"}], "tag"),
+        "line 2: id 7 is also line 1's",
+    ),
+    Hostile(
+        "score",
         "options-equal-up-to-case",
         _jsonl([{**MC, "options": ["Oskar", "OSKAR."]}], "tag"),
         "options A and B are the same text up to case",
