@@ -5,8 +5,8 @@
 - a directory that holds anything but this study's record (``study_run.yaml``, and ``study_inputs.json`` written
   before it) is refused: a user's own ``mechopd train`` run at ``train/opd`` is never replaced or reused;
 - a study record whose inputs record is gone is "unknown inputs", refused, never "done";
-- every trained run already there (``<seed run>/train/<role>/config.yaml``) must record, field by field, the config
-  the study asks for (its paths are compared by content, in ``study_inputs.json``); the first fields that differ are
+- every trained run already there (``<seed run>/train/<role>/config.yaml``, never a link out of the run) must
+  record, field by field, the config the study asks for (its paths are compared by content, in ``study_inputs.json``); the first fields that differ are
   named;
 - the study's keys split in two: the TRAINING keys (task, task_options, student, teacher, render, seeds, train, runs:
   the inputs record, by content, holds only these) and the DOWNSTREAM keys (`DOWNSTREAM`: eval, probes, probe_n,
@@ -109,8 +109,11 @@ def check_trained_configs(spec: Any, seed_dirs: Mapping[int, Path]) -> None:
     """Every training run already in the seed runs (``train/<role>/config.yaml``) records the config the study asks
     for, field by field (paths aside: ``study_inputs.json`` compares them by content); else one line naming the
     fields that differ."""
+    from mechopd.core.runcheck import check_no_escape
+
     for seed, run in seed_dirs.items():
         for role in spec.trained:
+            check_no_escape(run, run / "train" / role)  # a link out of the run (a user's run linked in): refused now
             recorded = run / "train" / role / "config.yaml"
             if not recorded.is_file():
                 continue

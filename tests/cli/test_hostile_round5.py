@@ -96,6 +96,14 @@ def test_a_reused_training_run_of_another_config_is_refused_naming_the_field(fin
     assert "lr: 0.001 ->" in line, line
 
 
+def test_a_trained_run_linked_in_from_outside_is_refused_before_any_job(finished, tmp_path, monkeypatch, capsys):
+    """train/opd replaced by a link to the user's own finished run elsewhere (same config): refused, not reused."""
+    ws = _copy(finished, tmp_path, monkeypatch)
+    shutil.move(ws / "out" / "train" / "opd", ws / "mine")
+    (ws / "out" / "train" / "opd").symlink_to(ws / "mine")
+    _refused(ws, capsys, "outside the run")
+
+
 def test_a_missing_inputs_record_is_unknown_inputs_not_done(finished, tmp_path, monkeypatch, capsys):
     """study_inputs.json deleted (and the student's weights changed): the rerun refuses, never 'nothing to run'."""
     from tests.cli.reliability_harness import poison
