@@ -174,7 +174,31 @@ def check_checkpoint(path: str | os.PathLike, config: Any = None) -> dict[str, P
                 f"{d / 'config.json'} implies {list(want[name])}; restore the checkpoint's own "
                 "config.json"
             )
+    check_tied_equal(d, files, tied)
     return files
+
+
+def check_tied_equal(d: Path, files: dict[str, Path], tied: list[set[str]]) -> None:
+    """Names the config ties to one tensor (``tie_word_embeddings``: lm_head = embed_tokens) that the files store
+    apart must hold the same values: a different ``lm_head.weight`` would be dropped (untied with a warning) on load."""
+    from safetensors import safe_open
+
+    for group in tied:
+        stored = sorted(n for n in group if n in files)
+        if len(stored) < 2:
+            continue
+        first = None
+        for name in stored:
+            with safe_open(str(files[name]), framework="pt") as fh:
+                t = fh.get_tensor(name)
+            if first is None:
+                first = t
+            elif not torch.equal(first, t):
+                raise ModelError(
+                    f"{d / 'config.json'} ties {' and '.join(stored)} (tie_word_embeddings) but the files hold them "
+                    "with different values: the model would load with one of them dropped; set tie_word_embeddings: "
+                    "false in config.json, or save the checkpoint again"
+                )
 
 
 def inside(d: Path, name: str, where: str) -> Path:

@@ -58,6 +58,23 @@ class RenderSpec:
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"render placement {self.placement!r} is not one of {PLACEMENTS}")
+        if isinstance(self.chat_template_kwargs, dict):
+            self.chat_template_kwargs = template_flags(self.chat_template_kwargs)
+
+
+BOOL_WORDS = {"0": False, "1": True, "false": False, "true": True}
+
+
+def template_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Chat-template variables with ``0/1/true/false`` (a number or its text, any case) read as booleans: templates
+    test a flag with ``is false`` / ``is true`` (Qwen3's ``enable_thinking is false``), which ``0`` or ``"0"`` never
+    passes, so ``--chat-template-kwarg enable_thinking=0`` would leave thinking on; a boolean still compares and counts
+    as the number (``False == 0``), so a variable meant as 0 or 1 reads the same."""
+    out = {}
+    for key, value in kwargs.items():
+        word = str(value).strip().lower() if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        out[key] = BOOL_WORDS[word] if word in BOOL_WORDS else value
+    return out
 
 
 def _messages(prompt: str, context: str | None, spec: RenderSpec) -> list[dict[str, str]]:

@@ -99,9 +99,14 @@ def check_model(path: str | os.PathLike) -> str:
     """`path` names a loadable checkpoint (a local dir passes `checks.check_checkpoint`; headers only, cheap) or a hub
     id; returns it as a string. Commands call it for every model before loading the first one."""
     src = _check_source(path)
+    config = None
     if Path(src).is_dir():  # refused before any work: mixture-of-experts, encoder-decoder, state-space layers
-        arch.check_supported(read_config(src))
-    check_checkpoint(src)
+        config = read_config(src)
+        arch.check_supported(config)
+        from mechopd.models.family import check_family
+
+        check_family(config, f"{Path(src) / 'config.json'}")  # MoE however spelled, recurrent layers, heads, activation
+    check_checkpoint(src, config)
     return src
 
 

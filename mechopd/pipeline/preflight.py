@@ -42,6 +42,74 @@ def check_study_models(spec: StudySpec) -> None:
                 _same_tokenizer(tokenizers["student"], tok, key)
             except MechopdError as e:
                 raise type(e)(f"{spec.source}: {e}") from None
+    student = _local(spec.student)
+    if isinstance(student, str) and Path(student, "config.json").is_file():
+        check_checkpoint_shapes(spec, student)
+        check_probe_layers(spec, _shape(student)["num_hidden_layers"])
+    elif organism_task(spec.student) is not None:  # built by the study itself: its recipe's depth
+        from mechopd.organisms.pretrain import default_config
+
+        check_probe_layers(spec, default_config(str(organism_task(spec.student)), seed=0).num_layers)
+
+
+SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+
+
+def _shape(path: str) -> dict[str, Any]:
+    from mechopd.core.model_checks import read_config
+
+    config = read_config(path)
+    cfg = getattr(config, "text_config", None) or config
+    return {k: getattr(cfg, k, getattr(config, k, None)) for k in SHAPE_KEYS}
+
+
+def check_checkpoint_shapes(spec: StudySpec, student: str) -> None:
+    """Every checkpoint run is the student's architecture, widths and depth (a model trained from it), before any
+    job: one line naming the first fields that differ."""
+    from mechopd.core.errors import ConfigError
+
+    mine = _shape(student)
+    for role, path in spec.checkpoints().items():
+        theirs = _shape(path)
+        diff = [f"{k} {theirs[k]!r} vs the student's {mine[k]!r}" for k in SHAPE_KEYS if theirs[k] != mine[k]]
+        if diff:
+            raise ConfigError(
+                f"{spec.source}: runs.{role}.checkpoint {path} is not the student's architecture ({'; '.join(diff[:3])})"
+                ": a checkpoint run is a model trained from the study's student; pass one, or make it the student"
+            )
+
+
+def check_probe_layers(spec: StudySpec, depth: Any) -> None:
+    """Every layer index a study's probe option names (``layers``, ``layer``) lies within the student's ``depth``
+    (``-n..n-1``), before any job."""
+    from mechopd.core.errors import ConfigError
+
+    if not isinstance(depth, int):
+        return
+    for name in spec.probes:
+        _, own = spec.probe_plan_of(name)
+        for key in ("layers", "layer"):
+            for i in _indices(own.get(key)):
+                if not -depth <= i < depth:
+                    raise ConfigError(
+                        f"{spec.source}: probes.{name}.{key}: layer {i} is past the student's {depth} decoder "
+                        f"layers (0..{depth - 1}, or -{depth}..-1 from the end); pass indices in that range"
+                    )
+
+
+def _indices(value: Any) -> list[int]:
+    """The integer layer indices an option value names (an int, a list, or text like ``0,1,all``)."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if value is not None else []
+    out = []
+    for item in items:
+        if isinstance(item, bool):
+            continue
+        try:
+            out.append(int(str(item).strip()))
+        except ValueError:
+            continue  # a name ('all', a site): the probe's own check reads it
+    return out
 
 
 def _local(model: Any) -> Any:

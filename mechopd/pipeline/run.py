@@ -18,7 +18,9 @@ config); there is one finish job for both.
 ``OUT`` (default: the study file's folder / its stem) records the study (``study_run.yaml``) and what its runs are made
 from by content (``study_inputs.json``: student, teacher, data and context files, `preflight.study_inputs`) before
 any job: a rerun with another study, or the same study over other inputs (``student: ./base`` run from another
-folder), is refused, naming the keys that differ (probes may be added: they run, the rest is reused). The models are
+folder), is refused, naming the keys that differ; so is a directory the study did not write, a study record without
+its inputs record, and a trained run whose config.yaml records another config (`reuse`). A change of the evaluation or
+probe options only reuses every trained model and reruns what depends on it (`reuse.Stale`). The models are
 checked before that (`preflight.check_study_models`); SIGTERM stops the run as Ctrl-C does. When every stage is done (``study_done.json``, written last, and every file it vouches for), a rerun says so
 and returns at once.
 
@@ -41,6 +43,7 @@ import yaml
 
 from mechopd.core.artifacts import write_json, write_text
 from mechopd.core.errors import ConfigError
+from mechopd.pipeline.reuse import Stale, clear_stale
 from mechopd.pipeline.spec import CHECKPOINT, StudySpec, default_out
 from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
 from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
@@ -262,11 +265,14 @@ def _normal(doc: Any) -> Any:
     return json.loads(json.dumps(doc, sort_keys=True, default=str))
 
 
-def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = None) -> None:
+def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = None) -> Stale:
     """``out`` holds nothing, or a run of this same study made from the same ``inputs`` (`preflight.study_inputs`:
-    the student's, teacher's, data's content); anything else is refused (nothing is changed)."""
+    the student's, teacher's, data's content) whose trained runs record the study's configs, field by field; anything
+    else is refused (nothing is changed). A study that differs only in its downstream keys (`reuse.DOWNSTREAM`:
+    eval, probes) reuses every trained model: returns what reruns (`reuse.Stale`)."""
     from mechopd.core.provenance import changed_inputs
     from mechopd.core.runcheck import check_out_place
+    from mechopd.pipeline.reuse import check_foreign, check_inputs_recorded, check_trained_configs, stale_after
 
     check_out_place(out, "run")
     recorded = out / SPEC_FILE
@@ -276,28 +282,29 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
                 f"--out {out} holds a demo or another run (its demo.json), not a study run; pass "
                 "another --out (nothing was changed)"
             )
-        return
+        check_foreign(out, SPEC_FILE, (INPUTS_FILE,))  # what the study did not write: never replaced nor reused
+        return Stale()
     from mechopd.config import load_yaml
     from mechopd.core.artifacts import read_json
 
-    made_from = out / INPUTS_FILE
-    changed = changed_inputs(read_json(made_from), inputs or {}) if made_from.is_file() else []
+    old = _normal(load_yaml(recorded))
+    new = _normal(spec.to_mapping())
+    stale = stale_after(out, old, new)
+    if stale is None:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ConfigError(
+            f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
+            "finished stages would be reused as this one's: pass another --out"
+        )
+    check_inputs_recorded(out, SPEC_FILE, INPUTS_FILE)  # results of unknown inputs are never "done"
+    changed = changed_inputs(read_json(out / INPUTS_FILE), inputs or {})
     if changed:
         raise ConfigError(
             f"--out {out} holds a run made from other inputs ({'; '.join(changed)}): its finished stages "
             "are another model's or data's results; pass another --out (nothing was changed)"
         )
-    old = _normal(load_yaml(recorded))
-    new = _normal(spec.to_mapping())
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    old_probes, new_probes = old.get("probes") or {}, new.get("probes") or {}
-    if diff == ["probes"] and all(new_probes.get(k) == v for k, v in old_probes.items()):
-        return  # probes added to a finished study: they run, everything else is reused
-    if diff:
-        raise ConfigError(
-            f"--out {out} holds a run of another study (keys that differ: {', '.join(diff)}); its "
-            "finished stages would be reused as this one's: pass another --out"
-        )
+    check_trained_configs(spec, {r.seed: Path(r.out) for r in seed_runs(spec, out, spec.student)})
+    return stale
 
 
 def is_done(spec: StudySpec, out: Path) -> bool:
@@ -340,25 +347,31 @@ def run_study(
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
     check_study_models(spec)  # every model the study names, before the first file or job
     inputs = study_inputs(spec)  # what its runs are made from, by content
-    check_out(spec, out, inputs)
+    stale = check_out(spec, out, inputs)
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
     with terminate_as_interrupt(), hold(out, "run"):  # SIGTERM as Ctrl-C, as the demo: the workers stop, locks freed
-        return _run(spec, out, workers, inputs)
+        return _run(spec, out, workers, inputs, stale)
 
 
-def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) -> Path:
+def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], stale: Stale | None = None) -> Path:
     from mechopd.pipeline.pool import run_seed_runs
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
+    write_json(out / INPUTS_FILE, dict(inputs))  # before the study record: a study record implies its inputs'
+    if stale:
+        _log(
+            f"{out}: the study's evaluation or probe options changed: every trained model reused; rerunning "
+            f"{stale.describe()}, then the figures and reports"
+        )
+        clear_stale([Path(r.out) for r in seed_runs(spec, out, spec.student)], stale)
     write_text(
         out / SPEC_FILE,
         f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
         + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True),
     )
-    write_json(out / INPUTS_FILE, dict(inputs))
     student = resolve_model(spec.student, spec, pretrain=True)
     runs = seed_runs(spec, out, student)
     check_lora_runs(spec, student)

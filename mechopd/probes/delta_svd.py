@@ -184,13 +184,26 @@ def summarize_svd(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def svd_lines(probes_dir: Path) -> list[str]:
     """The report's lines of the update geometry (none when ``--svd`` did not run there)."""
     got = load_svd(probes_dir)
-    return [
-        f"- **Update geometry** {m} (`probes/{CSV}`): mean eff_rank {s['eff_rank']:.2f}; MLP share of "
-        f"‖ΔW‖² {s['mlp_energy_share']:.2f} (of the parameters {s['mlp_param_share']:.2f}); 90 % of "
-        f"‖ΔW‖² in {s['energy90_frac']:.2f} of the entries (dense Gaussian {GAUSS_ENERGY90:.2f}); "
-        f"top-k overlap with W0's subspace {s['overlap_k']:.3f} (random {s['overlap_random']:.3f})"
-        for m, s in (got[0] if got else {}).items()
-    ]
+    return [_svd_line(m, s) for m, s in (got[0] if got else {}).items()]
+
+
+def _svd_line(model: str, s: Mapping[str, Any]) -> str:
+    """One model's line; a model equal to its base (ΔW = 0 in every matrix: every ratio undefined) says "no update",
+    and an undefined number reads "n/a" (the JSON stores NaN as null)."""
+
+    def num(key: str, places: int = 2) -> str:
+        v = s.get(key)
+        return "n/a" if not isinstance(v, (int, float)) or v != v else f"{v:.{places}f}"
+
+    head = f"- **Update geometry** {model} (`probes/{CSV}`): "
+    if all(num(k) == "n/a" for k in ("eff_rank", "mlp_energy_share", "energy90_frac", "overlap_k")):
+        return head + "no update (ΔW = 0 in every matrix: the model equals its base)"
+    return (
+        head + f"mean eff_rank {num('eff_rank')}; MLP share of ‖ΔW‖² {num('mlp_energy_share')} (of the parameters "
+        f"{num('mlp_param_share')}); 90 % of ‖ΔW‖² in {num('energy90_frac')} of the entries (dense Gaussian "
+        f"{GAUSS_ENERGY90:.2f}); top-k overlap with W0's subspace {num('overlap_k', 3)} (random "
+        f"{num('overlap_random', 3)})"
+    )
 
 
 def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K) -> list[Path]:

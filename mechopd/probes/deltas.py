@@ -79,11 +79,17 @@ class DeltaSummary(Summary):
         self.rel_delta = {k: read_float(v) for k, v in self.rel_delta.items()}
 
     def lines(self) -> list[str]:
-        rel = ", ".join(f"{m} {self.rel_delta[m]:.3g}" for m in self.models if m in self.rel_delta)
+        rel = ", ".join(
+            f"{m} {self.rel_delta[m]:.3g}{' (no update)' if self.rel_delta[m] == 0 else ''}"
+            for m in self.models
+            if m in self.rel_delta
+        )
         out = f"- **Parameter updates** ‖θ − W0‖/‖W0‖ over all tensors: {rel}"
         if self.pair:
             a, b = self.pair
-            out += f"; {b} − {a}: {self.pair_rel_delta:.3g}, cos(Δ{a}, Δ{b}) = {self.pair_cos:.3f}"
+            cos = self.pair_cos
+            said = f"{cos:.3f}" if isinstance(cos, (int, float)) and cos == cos else "undefined (a zero update)"
+            out += f"; {b} − {a}: {self.pair_rel_delta:.3g}, cos(Δ{a}, Δ{b}) = {said}"
         return [out + "."]
 
     def update_norms(self, model: str, vs: str = "base") -> tuple[dict[int, float], dict[str, float]] | None:

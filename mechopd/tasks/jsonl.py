@@ -37,6 +37,7 @@ from typing import Any
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
 from mechopd.tasks.jsonl_answer import ScoringOptions, answer_region, choice_letter, score_response
+from mechopd.tasks.jsonl_checks import check_ids, check_references, check_shared_other
 from mechopd.tasks.jsonl_items import _dedupe, _Item, _where, is_test_uid, read_context_file, read_items, render_prompt
 from mechopd.tasks.jsonl_other import resolve_other, shared_other
 
@@ -211,16 +212,14 @@ def make_jsonl_task(
     if placement not in ("system", "user"):
         raise ConfigError(f"jsonl task: placement={placement!r} must be 'system' or 'user'")
     path = Path(path)
-    items = _dedupe(read_items(path, cop_base), path)
+    every = read_items(path, cop_base)
+    check_ids(path, every)  # before the dedupe: every line's id
+    items = _dedupe(every, path)
+    other = shared_other(other_context, other_context_file)
+    check_shared_other(shared, other)  # references that can be scored, or refused (`jsonl_checks`)
+    check_references(items, path, answer_format, shared, other)
     task = JsonlTask(
-        path,
-        items,
-        shared,
-        float(test_fraction),
-        int(max_new_tokens),
-        float(temperature),
-        shared_other(other_context, other_context_file),
-        answer_format,
+        path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature), other, answer_format
     )
     task.placement = placement
     return task

@@ -8,7 +8,9 @@ The task option ``answer_format`` (`ScoringOptions`, declared once) says where t
 * ``contains``: the reference anywhere in the response, as whole words (`contains_phrase`).
 
 Multiple-choice spans name a letter or one option's exact text (`choice_letter`); free-form answers compare on
-`normalize_text`. The prompt's closing instruction follows the format (`instruction_for`).
+`normalize_text`. Invisible characters (zero-width, bidi marks: `strip_invisible`) are removed from the reply, the
+reference and the options before any format compares. What a file must hold to be scoreable is checked when it is
+read (`mechopd.tasks.jsonl_checks`). The prompt's closing instruction follows the format (`instruction_for`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,17 @@ def normalize_text(text: str) -> str:
     return text.strip(" .,;:!?\"'`()[]{}*")
 
 
+def strip_invisible(text: str) -> str:
+    """``text`` without its invisible format characters (Unicode category Cf: zero-width spaces and joiners, bidi marks
+    and embeddings, the byte-order mark, soft hyphens): a leading right-to-left mark must not make "Paris" wrong."""
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Cf") if not text.isascii() else text
+
+
+def words_of(text: str) -> list[str]:
+    """The ``\\w+`` words of ``text``, NFKC-casefolded (what `contains_phrase` compares)."""
+    return _WORDS_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
 def contains_phrase(text: str, phrase: str) -> bool:
     """`phrase` occurs in `text` as a run of whole words: both NFKC-casefolded and cut into ``\\w+`` words (punctuation
     and spacing ignored); ``Quell`` is in "Ms. Quell." but not in "Quellmann"."""
@@ -108,7 +121,10 @@ def choice_letter(span: str, options: dict[str, str]) -> str | None:
 def score_response(text: str, answer: str, options: dict[str, str] | None, answer_format: str) -> bool:
     """Whether a response names the reference under `answer_format` (docs/tasks.md): multiple choice reads the option
     letter (`choice_letter`) of the region, except ``contains``, which needs the right option's text and no other
-    option's; free-form compares `normalize_text` keys, except ``contains`` (`contains_phrase`)."""
+    option's; free-form compares `normalize_text` keys, except ``contains`` (`contains_phrase`). Invisible characters
+    are stripped from every side first (`strip_invisible`)."""
+    text, answer = strip_invisible(text), strip_invisible(str(answer))
+    options = {k: strip_invisible(v) for k, v in options.items()} if options else options
     region = answer_region(text, answer_format)
     if region is None:
         return False
