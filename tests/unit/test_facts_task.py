@@ -116,3 +116,26 @@ def test_bad_options_and_seeds_are_refused(task):
         get_task("facts", kk=3)
     with pytest.raises(DataError, match="not found"):
         get_task("facts", pool="/nonexistent/pool.jsonl")
+
+
+def test_bench_rescore_prints_strict_beside_contains(task, tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "facts_rescore.py"
+    spec = importlib.util.spec_from_file_location("facts_rescore", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    a, b = task.examples("test", 2, 0)
+    records = [
+        {"uid": a.uid, "response_x": f"{a.answer} or {b.answer}", "response_xc": a.answer, "target": a.answer},
+        {"uid": b.uid, "response_x": "no idea", "response_xc": b.answer, "target": b.answer},
+    ]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "facts.json").write_text(json.dumps({"records": records}))
+    (tmp_path / "other.json").write_text(json.dumps({"records": [{"uid": "3"}]}))  # not a facts evaluation: skipped
+    assert module.main([str(tmp_path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "n=2  strict Acc_x 0.000 Acc_xc 1.000  contains Acc_x 0.500 Acc_xc 1.000" in line
+    assert module.main([str(tmp_path / "other.json")]) == 2
