@@ -30,9 +30,9 @@ from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
-from mechopd.tasks.facts_pool import POOL_PATH
 from mechopd.tasks.jsonl_answer import SHORT_FREE_INSTRUCTION, contains_phrase
 
+POOL_PATH = Path(__file__).resolve().parent.parent / "data" / "facts_pool.jsonl"  # the shipped pool (facts_pool.py)
 FACTS_FORMATS = ("strict", "contains")
 PARTS = ("evaluation", "validation")
 QUESTIONS = 12  # paraphrases per fact in the pool

@@ -247,7 +247,9 @@ class _Coiner:
 def build_pool() -> list[dict]:
     """The pool's facts, in order (ids f000..), deterministic (`POOL_SEED`)."""
     rng = random.Random(POOL_SEED)
-    coin, numbers, facts = _Coiner(rng), set(), []
+    coin = _Coiner(rng)
+    numbers: set[int] = set()
+    facts: list[dict] = []
     for relation, (statement, kind, questions) in RELATIONS.items():
         for _ in range(PER_RELATION):
             entity, answer, other = coin.word(3), coin.answer(kind, numbers), coin.answer(kind, numbers)

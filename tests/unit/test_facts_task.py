@@ -9,6 +9,7 @@ import re
 import pytest
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
+from mechopd.tasks import facts as F
 from mechopd.tasks import get_task
 from mechopd.tasks.base import check_disjoint, check_split
 from mechopd.tasks.facts import rescore, score_facts
@@ -22,6 +23,7 @@ def task():
 
 def test_committed_pool_is_the_generators_output():
     assert POOL_PATH.read_text(encoding="utf-8") == pool_text(build_pool())
+    assert F.POOL_PATH == POOL_PATH  # the task reads the file the generator writes
 
 
 def test_pool_size_questions_and_unique_answer_words():
