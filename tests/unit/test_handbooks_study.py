@@ -27,6 +27,7 @@ def test_the_anchor_waits_for_opd_and_the_deafness_arm_starts_it_early():
     assert "nca_start" not in spec.runs["nca"]
     assert spec.runs["nca_early"]["method"] == "nca" and spec.runs["nca_early"]["nca_start"] > 0
     assert "nca_gate" not in spec.runs["nca_early"]
+    assert set(spec.probes["drift"]["models"]) == {"opd", "nca", "nca_early"}  # which view moved, per arm
 
 
 def test_probes_read_at_least_32_items_per_seed_and_fast_is_a_smoke_run():
