@@ -38,3 +38,12 @@ def test_probes_read_at_least_32_items_per_seed_and_fast_is_a_smoke_run():
     values = {**fast_values(), **named.study_fast_values(NAME)}
     assert doc["seeds"] == spec.seeds[:1] and doc["train"]["steps"] == values["steps"] < spec.train["steps"]
     assert doc["runs"]["nca"]["nca_gate"] == values["nca_gate"]  # the smoke run's gate opens at once
+
+
+def test_interventions_select_the_items_opd_learned_or_was_harmed_on_except_in_the_smoke_run():
+    spec = named.load_named(NAME)
+    assert spec.probes["weightpatch"]["select"] == spec.probes["localization"]["select"] == "opd"
+    assert "select" not in spec.probes["similarity"]  # the similarity, lens and deltas probes: every held-out item
+    fast = named.shrink(spec, fast=True)
+    assert not any("select" in opts for opts in fast["probes"].values())  # a 2-step model learned nothing
+    assert named.shrink(spec, fast=False)["probes"]["weightpatch"]["select"] == "opd"
