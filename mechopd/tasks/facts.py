@@ -137,10 +137,10 @@ class FactsTask(BaseTask):
         return self.k * (self.held_out if split == "test" else QUESTIONS - self.held_out)
 
     def split_of(self, example: Example) -> str:
-        fact, j = example.uid.split(".q")
+        fact, _, j = example.uid.partition(".q")
         by_id = {f["id"]: f for f in self.facts}
-        if fact not in by_id:
-            return "none"
+        if fact not in by_id or not j.isdigit() or "seed" not in example.meta:
+            return "none"  # not an item of this part: in neither split (check_split names it)
         return "test" if int(j) in self.held_out_questions(by_id[fact], int(example.meta["seed"])) else "train"
 
     def score(self, example: Example, response_text: str) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.tasks import facts as F
 from mechopd.tasks import get_task
-from mechopd.tasks.base import check_disjoint, check_split
+from mechopd.tasks.base import Example, check_disjoint, check_split
 from mechopd.tasks.facts import rescore, score_facts
 from mechopd.tasks.facts_pool import POOL_PATH, build_pool, pool_text
 
@@ -79,6 +79,10 @@ def test_splits_disjoint_and_checked(task):
         check_split(task, test, "test")
         check_disjoint(train, test)
         assert {e.meta["fact"] for e in train} == {e.meta["fact"] for e in test}  # trained facts, other paraphrases
+    stranger = Example("not-a-fact", "q", "c", "a", {})
+    assert task.split_of(stranger) == "none"  # an item of no part is in neither split
+    val = get_task("facts", part="validation").examples("test", 4, 0)[0]
+    assert task.split_of(val) == "none"  # a validation item is no item of the evaluation part
 
 
 def test_handbook_holds_every_answer_and_the_other_one_changes_them(task):
