@@ -68,6 +68,9 @@ def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: in
         train["eval_n"] = doc["eval"]["n"]
         doc["probe_n"] = values["probe_n"]
         doc["runs"] = {role: _fast_run(run, values) for role, run in doc["runs"].items()}
+        doc["probes"] = {  # a smoke run's 2-step model has learned nothing to select (probes.informative): all items
+            name: {k: v for k, v in (opts or {}).items() if k != "select"} for name, opts in doc["probes"].items()
+        }
         train.pop("save_every", None)
     for key, value in (("steps", steps), ("batch_size", batch_size)):
         if value is not None:

@@ -50,7 +50,7 @@ from mechopd.evaluation.config import EvalConfig
 
 RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
 STUDY_SET = ("task", "task_options", "student", "teacher", "seed", "no_context_system", "chat_template_kwargs")
-PROBE_SETUP_KEYS = ("n", "batch_size", "split", "temperature", "max_new_tokens", "responses_from")
+PROBE_SETUP_KEYS = ("n", "batch_size", "split", "temperature", "max_new_tokens", "responses_from", "select")
 RESERVED_ROLES = ("base", "teacher")
 CHECKPOINT = "checkpoint"  # a run entry naming an already-trained model (no TrainConfig field has this name)
 

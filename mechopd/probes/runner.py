@@ -215,6 +215,9 @@ class ProbeContext:
             "device": self.device,
             "run": s.run,
         }
+        chosen = getattr(self.task, "chosen", None)  # a selected item set (`probes.informative`): which and why
+        if chosen is not None:
+            out["select"] = {k: chosen[k] for k in ("model", "eval_n", "learned", "harmed")}
         if self.items is not None:
             out["items_file"] = items_path(self.out, self.probe).name
         return {**out, **extra}

@@ -100,6 +100,11 @@ class ProbeSetup:
     responses_from: str | None = option(
         None, help="model label, 'answers' or a responses .jsonl (probes that score given responses)"
     )
+    select: str | None = option(
+        None,
+        help="a trained model's label: the held-out items it learned (right without the context, the base wrong) or "
+        "was harmed on (right without, wrong with it), from RUN/eval/ (mechopd.probes.informative)",
+    )
     models: dict[str, str] = field(default_factory=dict)  # no flag: --run, or the probe's own model options
 
     def __post_init__(self) -> None:
@@ -116,7 +121,14 @@ class ProbeSetup:
         """The task with its options, the setup's temperature and max_new_tokens."""
         from mechopd.tasks.base import get_task
 
-        return TaskView(get_task(self.task, **self.task_options), self.temperature, self.max_new_tokens)
+        view = TaskView(get_task(self.task, **self.task_options), self.temperature, self.max_new_tokens)
+        if self.select is None:
+            return view
+        from mechopd.probes.informative import SelectedTask, selection
+
+        if self.run is None:
+            raise ConfigError(f"probe setup select={self.select}: needs --run (the run's evaluation picks the items)")
+        return SelectedTask(view, selection(self.run, self.select))  # type: ignore[return-value]
 
     def spec(self, task: Any | None = None) -> RenderSpec:
         """The render spec: ``placement`` (default: the task's), ``no_context_system``, ``chat_template_kwargs``."""

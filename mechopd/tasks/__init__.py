@@ -1,6 +1,7 @@
 """Built-in tasks. Importing this package registers them (see `mechopd.tasks.base.register_task`)."""
 
 from mechopd.tasks import (  # noqa: F401,E402  (register the built-in tasks)
+    facts,
     frozenlake,
     jsonl,
     rules,

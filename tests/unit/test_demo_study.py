@@ -31,7 +31,10 @@ def _train_configs(cfg, monkeypatch) -> dict[str, dict]:
 
 
 def test_the_built_in_studies_are_valid_study_files():
-    named = {"smollm2-facts"}  # `mechopd demo --study NAME` (tests/unit/test_named_study.py); the rest: one per task
+    named = {
+        "smollm2-facts",
+        "smollm2-handbooks",
+    }  # `mechopd demo --study NAME` (tests/unit/test_named_study.py); the rest: one per task
     assert sorted(p.stem for p in STUDIES_DIR.glob("*.yaml")) == sorted({*TASKS, *named})
     for task in TASKS:
         spec = StudySpec.load(STUDIES_DIR / f"{task}.yaml")
