@@ -5,7 +5,8 @@
 ``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n), under a study's
 own ``mechopd/data/studies/fast/NAME.yaml`` where it has one (a real model's smoke run is smaller); a run's fixed
 anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, and a run's own
-``save_every`` goes (a checkpoint at half the steps). ``steps`` / ``batch_size`` given by the caller win.
+``save_every`` goes (one checkpoint at half the steps, removed once the run's final model is written). ``steps`` /
+``batch_size`` given by the caller win.
 """
 
 from __future__ import annotations

@@ -25,8 +25,10 @@ the runs it trains, and never trains. It gets no ``train/<role>/``: the run dir 
 and ``study.yaml`` and its content in ``study_inputs.json`` (a rerun over a changed checkpoint is refused). The probe
 studies of ``probes/`` are such files, every run a checkpoint. A trained run's config is ``train``, then its ``runs``
 entry, then the study's task, student, teacher, render and seed (`StudySpec.train_config`); an organism student takes
-its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. A run writes a checkpoint at half
-its steps unless ``save_every`` is set, so a killed study resumes. Relative paths (task options, student, checkpoints)
+its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. Unless ``save_every`` is set, a
+run writes one checkpoint at half its steps (rounded up), so a killed study resumes, and removes it once its final
+model is written (``keep_checkpoints: false``); with ``save_every`` set, the checkpoints are kept (only the latest with
+its optimizer state). Relative paths (task options, student, checkpoints)
 are read against the current directory, as in every training YAML.
 Every value is checked when the file is read: unknown keys, a role that is not an identifier, a training field of no
 `TrainConfig` (each run's config is built), a checkpoint run with a training field or a checkpoint directory that is
@@ -321,7 +323,9 @@ class StudySpec:
             **{k: self.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in self.render},
         }
         data = resolve_train_data(data)  # an organism student: its recipe under what the file sets
-        data.setdefault("save_every", max(1, int(data.get("steps", TrainConfig.steps)) // 2))  # resumable
+        if "save_every" not in data:  # resumable at half its steps; that checkpoint goes once final/ is written
+            data["save_every"] = -(-int(data.get("steps", TrainConfig.steps)) // 2)
+            data.setdefault("keep_checkpoints", False)
         if student is not None:
             data["student"] = student
         where = "train" if role is None else f"runs.{role}"
