@@ -5,7 +5,6 @@ task, task_options, seed, eval_n and probe_n (a `demo.DemoConfig`)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,11 +13,12 @@ from typing import Any
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.core.errors import DataError
+from mechopd.pipeline.logline import say
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
 
 def _log(msg: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    say(msg)  # [demo ...] / [run ...] (`logline`)
 
 
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
