@@ -28,8 +28,10 @@ entry, then the study's task, student, teacher, render and seed (`StudySpec.trai
 its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. Unless ``save_every`` is set, a
 run writes one checkpoint at half its steps (rounded up), so a killed study resumes, and removes it once its final
 model is written (``keep_checkpoints: false``); with ``save_every`` set, the checkpoints are kept (only the latest with
-its optimizer state). Relative paths (task options, student, checkpoints)
-are read against the current directory, as in every training YAML.
+its optimizer state). Relative paths in a study FILE (the task's file options
+``path`` / ``context_file`` / ``other_context_file``, a student or teacher directory, checkpoints) are read against the
+file's folder, whatever the current directory (`anchor_paths`; a student or teacher that is not a directory there stays
+a hub id); a study given as a mapping reads them against the current directory.
 Every value is checked when the file is read: unknown keys, a role that is not an identifier, a training field of no
 `TrainConfig` (each run's config is built), a checkpoint run with a training field or a checkpoint directory that is
 not there, an unknown probe or probe option, a probe whose roles the study lacks. `StudySpec.load` is the one reader
@@ -198,7 +200,7 @@ class StudySpec:
         if not Path(value).expanduser().is_dir():
             raise ConfigError(
                 f"{w}: runs.{role}.checkpoint {value} is not a directory; pass a trained model's directory (e.g. "
-                "RUN/train/opd/final, relative to the current directory), or train it (method: ...) instead"
+                "RUN/train/opd/final, relative to the study file's folder), or train it (method: ...) instead"
             )
 
     def _check_eval(self, task: Any) -> None:
@@ -384,6 +386,8 @@ class StudySpec:
             doc, where = dict(study), source or "study"
         else:
             doc, where = load_yaml(os.fspath(study)), str(study)
+            if isinstance(doc, dict):
+                doc = anchor_paths(doc, Path(study).absolute().parent)
         known = [f.name for f in fields(cls) if f.name != "source"]
         unknown = sorted(set(doc) - set(known))
         if unknown:
@@ -394,6 +398,35 @@ class StudySpec:
                 f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}}}}}})"
             )
         return cls(**doc, source=where)
+
+
+FILE_OPTIONS = ("path", "context_file", "other_context_file")  # task options that name a file
+
+
+def anchor_paths(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A study file's relative paths made absolute against its ``folder`` (module docstring); the rest unchanged."""
+
+    def here(value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip() or Path(value).expanduser().is_absolute():
+            return value
+        return os.path.normpath(folder / value) if not value.startswith("~") else value
+
+    doc = dict(doc)
+    if isinstance(doc.get("task_options"), Mapping):
+        doc["task_options"] = {k: here(v) if k in FILE_OPTIONS else v for k, v in doc["task_options"].items()}
+    for key in ("student", "teacher"):
+        value = doc.get(key)
+        local = isinstance(value, str) and (value.startswith(".") or (folder / value).exists())
+        if local and ":" not in value:  # organism:<task>, model:NAME and hub ids stay as written
+            doc[key] = here(value)
+    if isinstance(doc.get("runs"), Mapping):
+        doc["runs"] = {
+            role: {**entry, CHECKPOINT: here(entry[CHECKPOINT])}
+            if isinstance(entry, Mapping) and CHECKPOINT in entry
+            else entry
+            for role, entry in doc["runs"].items()
+        }
+    return doc
 
 
 def _role_names(value: Any) -> list[str]:
