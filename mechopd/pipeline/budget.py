@@ -173,10 +173,10 @@ class StudyClock:
         known = {k: sum(v) / len(v) for k, v in self.spent.items() if v}
         secs = sum(n * known[k] for k, n in left.items() if n > 0 and k in known) / max(1, self.workers)
         unmeasured = [f"{n} {_KIND[k]} job(s), not measured yet" for k, n in left.items() if n > 0 and k not in known]
-        text = (
-            f"left: {', '.join(f'{n} {_KIND[k]}' for k, n in left.items() if n > 0)} job(s); ETA about {_clock(secs)}"
-        )
-        return text + (f" + {'; '.join(unmeasured)}" if unmeasured else "")
+        text = f"left: {', '.join(f'{n} {_KIND[k]}' for k, n in left.items() if n > 0)} job(s)"
+        if secs <= 0:
+            return f"{text}; an ETA once one of each kind is done"
+        return f"{text}; ETA about {_clock(secs)}" + (f" + {'; '.join(unmeasured)}" if unmeasured else "")
 
 
 _KIND = {"train": "training", "finish": "evaluation/probes/report"}

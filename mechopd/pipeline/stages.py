@@ -5,6 +5,7 @@ task, task_options, seed, eval_n and probe_n (a `demo.DemoConfig`)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -143,6 +144,11 @@ def evaluate_all(
             out[name] = EvalReport.load(target)
             continue
         ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
+        _log(
+            f"evaluate {name} ({len(out) + 1} of {len(models)}): {ecfg.n} held-out items x {ecfg.samples} sample(s), "
+            f"both views{', then the other contexts' if other_contexts else ''} ..."
+        )
+        t0 = time.time()
         model, tok = load_model(path), load_tokenizer(path)
         raw = evaluate_model(model, tok, task, ecfg, spec)
         raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
@@ -152,6 +158,7 @@ def evaluate_all(
         rep.save(target)  # the JSON and the CSV as one file set
         out[name] = rep
         print(format_summary(name, rep.summary.to_dict()), flush=True)
+        _log(f"evaluate {name}: done ({time.time() - t0:.0f} s)")
     docs = {name: rep.to_dict() for name, rep in out.items()}
     following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
     for name, doc in docs.items():

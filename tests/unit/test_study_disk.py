@@ -100,6 +100,7 @@ def test_the_study_clock_gives_an_eta_from_the_measured_jobs():
         "evaluation/probes/report job(s), not measured yet"
     )
     clock("OUT: ta_opd done (90 s)")
+    assert said[-1].endswith("left: 1 evaluation/probes/report job(s); an ETA once one of each kind is done")
     clock("OUT: finish done (30 s)")
     assert said[-1].endswith("every job done")
 
