@@ -131,10 +131,10 @@ def svd_rows(
 ) -> list[dict[str, Any]]:
     """One row per (model, decoder weight matrix) in layer order (`COLUMNS`); ``progress``: a bar over the matrices
     (an SVD per matrix: minutes for a real model on a CPU)."""
+    from tqdm.auto import tqdm
+
     from mechopd.core.errors import ModelError
     from mechopd.core.sites import natural_key
-
-    from tqdm.auto import tqdm
 
     base = _tensors(base_dir)
     rows = []
