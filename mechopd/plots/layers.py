@@ -207,7 +207,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
             label=info.label(model),
         )
     positions = sorted(ticks)
-    shown = thinned(positions, 16)
+    shown = thinned(positions, 10)  # "embed" and "final norm" are wide: ~10 labels fit 7 inches
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
     ax.set_ylabel(f"cosine between views (unitless)\n{stat.replace('cos_', '')} over response tokens")

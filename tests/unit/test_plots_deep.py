@@ -27,8 +27,10 @@ def _labels(ax, axis: str) -> list[Bbox]:
     return [t.get_window_extent(r) for t in ticks if t.get_visible() and t.get_text()]
 
 
-def _overlapping(boxes: list[Bbox]) -> list[tuple[int, int]]:
-    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+def _overlapping(boxes: list[Bbox], gap: float = 4.0) -> list[tuple[int, int]]:
+    """Pairs of labels closer than ``gap`` pixels (touching labels read as one: "embed1")."""
+    wide = [b.padded(gap / 2) for b in boxes]
+    return [(i, j) for i in range(len(wide)) for j in range(i + 1, len(wide)) if wide[i].overlaps(wide[j])]
 
 
 def test_parameter_deltas_at_30_layers_is_a_readable_size(deep_run):
