@@ -1,8 +1,8 @@
 """The study file of `mechopd run STUDY.yaml`: one comparison on any model, declared once and checked before any job.
 
     task: jsonl                      # any registered task
-    task_options: {path: mechopd/data/sample_qa.jsonl, context_file: mechopd/data/sample_context.txt}
-    render: {placement: system, no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
+    task_options: {path: data.jsonl, context_file: context.txt, placement: system}   # files beside the study file
+    render: {no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
     student: Qwen/Qwen3-1.7B         # a checkpoint dir, a hub id, organism:<task> or model:NAME
     teacher: null                    # null: self-distillation (the frozen initial student)
     seeds: [0, 1, 2]                 # training seeds; two or more: RUN/seed-k and the aggregate over seeds
@@ -13,7 +13,8 @@
       old_opd: {checkpoint: runs/demo/train/opd/final}   # an already-trained model: evaluated and probed, not trained
     eval: {n: 200, other_contexts: true}             # n, other_contexts, and any other EvalConfig field but seed
     probes: {similarity: {n: 16}, deltas: {}}        # registered probes: setup fields (n, batch_size, split, ...)
-                                                     # and the probe's own options (its `mechopd probe NAME` flags)
+                                                     # and the probe's own options (its `mechopd probe NAME` flags;
+                                                     # left out: their defaults, e.g. deltas runs no SVD)
     probe_n: 64                      # optional: every probe's items unless its entry sets n (null: each probe's own)
     first_seed_only: [patching]      # optional: probes run on the first seed only (no claim reads them)
 
