@@ -193,7 +193,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
         log.info("figure %s skipped: %s has no rows", COSINE_NAME, path)
         return None
     models = _model_order(info, by_model)
-    colours = palette(models)
+    colours = palette([*info.models, *models])  # the run's order: a model keeps its colour in every figure
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
     for model in models:
