@@ -416,9 +416,8 @@ def anchor_paths(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
     if isinstance(doc.get("task_options"), Mapping):
         doc["task_options"] = {k: here(v) if k in FILE_OPTIONS else v for k, v in doc["task_options"].items()}
     for key in ("student", "teacher"):
-        value = doc.get(key)
-        local = isinstance(value, str) and (value.startswith(".") or (folder / value).exists())
-        if local and ":" not in value:  # organism:<task>, model:NAME and hub ids stay as written
+        value = doc.get(key)  # organism:<task>, model:NAME and hub ids stay as written
+        if isinstance(value, str) and ":" not in value and (value.startswith(".") or (folder / value).exists()):
             doc[key] = here(value)
     if isinstance(doc.get("runs"), Mapping):
         doc["runs"] = {
