@@ -194,15 +194,21 @@ def lens(
     label: str = "model",
     detail: int = DETAIL_ITEMS,
     store: Any = None,
+    progress: bool = False,
 ) -> LensResult:
     """The lens statistics of one model over a stream of batches (module docstring): a pure function of both.
-    store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards."""
+    store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards.
+    progress: a bar over the batches (``lens LABEL``; minutes for a real model on a CPU)."""
+    from tqdm.auto import tqdm
+
     model.eval()
     acc = LensAccumulator(model, resolve_sites(model, sites), temperature, detail)
     if store is not None:
-        for mask, pairs in store.batches(label, acc.sites, "predict"):
+        for mask, pairs in tqdm(
+            store.batches(label, acc.sites, "predict"), desc=f"lens {label}", disable=not progress, leave=False
+        ):
             acc.add_captured(mask, pairs)
-    for batch in batches if store is None else ():
+    for batch in tqdm(batches if store is None else (), desc=f"lens {label}", disable=not progress, leave=False):
         acc.add(batch)
     return acc.result(label, num_layers(model))
 
@@ -256,6 +262,7 @@ def run_lens(
             label=label,
             detail=opts.detail,
             store=store,
+            progress=True,
         )
         for label, model in run.each_model()
     }
