@@ -211,7 +211,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
     ax.set_ylabel(f"cosine between views (unitless)\n{stat.replace('cos_', '')} over response tokens")
-    ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
+    ax.set_title(f"Hidden-state similarity with vs without context\nper layer — {info.task}")  # clear of the legend
     fig.legend(loc="outside right upper", title="model")
     return fig
 

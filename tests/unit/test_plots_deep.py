@@ -47,3 +47,13 @@ def test_layer_cosine_at_30_layers_has_no_overlapping_ticks(deep_run):
     ax = fig.axes[0]
     assert not _overlapping(_labels(ax, "x"))
     assert layout_problems(fig) == []
+
+
+def test_layer_cosine_title_clears_the_legend(tmp_path, monkeypatch):
+    """The title stays clear of the figure legend (the demo's long NCA label pushed the legend over its end)."""
+    monkeypatch.setitem(plotting_run.LABELS, "nca", "NCA (β=0.5, from step 2)")
+    fig = figure_layer_cosine(plotting_run.make_run(tmp_path))
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    title = fig.axes[0].title.get_window_extent(r)
+    assert not any(title.padded(5).overlaps(leg.get_window_extent(r)) for leg in fig.legends)  # 5 px apart at least
