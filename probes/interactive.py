@@ -4,7 +4,10 @@
 # A notebook in "percent" format (`# %%` cells; `probes/interactive.ipynb` holds the same cells). It also runs as a
 # script: `python probes/interactive.py [CHECKPOINT_DIR]` (or `MECHOPD_CHECKPOINT=DIR`). Without a checkpoint it
 # builds a tiny random organism (Qwen3 from a config, the rules task's word-level tokenizer) so that it runs anywhere
-# in seconds; point it at `runs/<name>/final` to look at a trained student.
+# in seconds; point it at `runs/<name>/final` to look at a trained student. Task options as `mechopd eval` takes
+# them: `--option KEY=VALUE` (repeated) or `MECHOPD_TASK_OPTIONS` (JSON), e.g. a JSONL task on a real model:
+# `MECHOPD_TASK=jsonl python probes/interactive.py DIR --option path=qa.jsonl --option context_file=ctx.txt`
+# (in a notebook: set TASK and TASK_OPTIONS in the next cell).
 #
 # 1. render a few items of the task in both views (no context x, context c) with the same response ids y;
 # 2. cache the residual stream of both views at the response tokens (`capture_views`);
@@ -13,6 +16,7 @@
 #    between the views (`mechopd probe patching`), then one patch by hand with the capture/edit primitive (`Trace`).
 
 # %%
+import json
 import os
 import sys
 import tempfile
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from mechopd.config import parse_options
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes.capture import capture_views, forward
 from mechopd.probes.lens import lens
@@ -29,6 +34,8 @@ from mechopd.tasks.base import get_task
 
 torch.manual_seed(0)
 TASK = os.environ.get("MECHOPD_TASK", "rules")
+pairs = [v for flag, v in zip(sys.argv[1:], sys.argv[2:]) if flag == "--option"]
+TASK_OPTIONS = {**json.loads(os.environ.get("MECHOPD_TASK_OPTIONS") or "{}"), **parse_options(pairs, "--option")}
 args = [a for a in sys.argv[1:] if Path(a).is_dir()]  # a kernel's own argv (-f ...) is ignored
 CHECKPOINT = args[0] if args else os.environ.get("MECHOPD_CHECKPOINT")
 
@@ -39,7 +46,7 @@ def tiny_organism(out_dir: str) -> str:
 
     from mechopd.organisms.tokenizer import build_tokenizer
 
-    tok = build_tokenizer(get_task(TASK).vocab())
+    tok = build_tokenizer(get_task(TASK, **TASK_OPTIONS).vocab())  # an organism task's words (JSONL: pass a model)
     cfg = Qwen3Config(
         hidden_size=64,
         intermediate_size=128,
@@ -67,7 +74,7 @@ print("checkpoint:", CHECKPOINT)
 # Responses are sampled greedily from the checkpoint on the no-context view, as the student samples in OPD.
 
 # %%
-model, tok, task = load_model(CHECKPOINT), load_tokenizer(CHECKPOINT), get_task(TASK)
+model, tok, task = load_model(CHECKPOINT), load_tokenizer(CHECKPOINT), get_task(TASK, **TASK_OPTIONS)
 items = make_batches(tok, task, n=4, seed=0, batch_size=4, responses_from=model, greedy=True)
 batch = next(iter(items))
 for ex, resp in zip(items.examples, items.responses):

@@ -45,6 +45,7 @@ RESUME_MUTABLE = (
     "steps",
     "eval_every",
     "save_every",
+    "keep_checkpoints",
     "eval_n",
     "log_tensorboard",
     "log_wandb",

@@ -102,6 +102,11 @@ class LogOptions:
     eval_every: int = option(0, range=GE0, short=True, help="evaluate both views every N steps (0 = never)")
     eval_n: int = option(200, range=GE0, help="held-out items per periodic evaluation (0 = off)")
     save_every: int = option(0, range=GE0, help="checkpoint every N steps (0 = only the final one)")
+    keep_checkpoints: bool = option(
+        True,
+        help="keep the checkpoints once final/ is written (false: they only serve a resume and are removed then; "
+        "either way only the latest holds the optimizer state)",
+    )
     log_tensorboard: bool = option(False, help="RUN/tensorboard (extra mechopd[tensorboard])")
     log_wandb: bool = option(
         False, help="W&B under RUN/wandb, offline unless WANDB_MODE says otherwise (extra mechopd[wandb])"

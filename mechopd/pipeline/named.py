@@ -5,7 +5,8 @@
 ``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n), under a study's
 own ``mechopd/data/studies/fast/NAME.yaml`` where it has one (a real model's smoke run is smaller); a run's fixed
 anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, and a run's own
-``save_every`` goes (a checkpoint at half the steps). ``steps`` / ``batch_size`` given by the caller win.
+``save_every`` goes (one checkpoint at half the steps, removed once the run's final model is written). ``steps`` /
+``batch_size`` given by the caller win.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from mechopd.core.errors import ConfigError
 from mechopd.pipeline.spec import STUDIES_DIR, StudySpec
 
 _FAST_TRAIN = ("steps", "batch_size", "eval_every", "eval_n")
-_PACKAGE_ROOT = STUDIES_DIR.parents[2]  # a study's shipped data (mechopd/data/...) is named from here
-_FILE_OPTIONS = ("path", "context_file", "other_context_file")
 
 
 def study_names() -> list[str]:
@@ -82,24 +81,9 @@ def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: in
 
 
 def load_named(name: str) -> StudySpec:
-    """The built-in study `name`, read and checked by `StudySpec.load`, with a task option naming a shipped file
-    (``mechopd/data/...``) made absolute: it runs from any directory."""
-    from mechopd.config import load_yaml
-
-    path = study_file(name)
-    doc = load_yaml(path)
-    if isinstance(doc.get("task_options"), dict):
-        doc["task_options"] = {k: _shipped(k, v) for k, v in doc["task_options"].items()}
-    return StudySpec.load(doc, source=str(path))
-
-
-def _shipped(key: str, value: Any) -> Any:
-    """A task option naming a file shipped with mechopd (``mechopd/data/...``), made absolute."""
-    if key in _FILE_OPTIONS and isinstance(value, str) and not Path(value).is_absolute():
-        shipped = _PACKAGE_ROOT / value
-        if shipped.is_file():
-            return str(shipped)
-    return value
+    """The built-in study `name`, read and checked by `StudySpec.load`: its data files are named relative to the file
+    (``../smollm2_facts.jsonl``) and read against its folder, so it runs from any directory."""
+    return StudySpec.load(study_file(name))
 
 
 def _fast_run(run: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import TrainingError
+from mechopd.pipeline.logline import say
 
 JOB_THREADS = 1  # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
 ORGANISM_THREADS = 2  # the organism's pretraining (batch 64: threads pay there, 1.5x), pinned whatever OMP says
@@ -205,7 +206,7 @@ def _init_worker(argv: Sequence[str], threads: int, parent: int | None = None) -
 
 
 def _say(msg: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    say(msg)  # [demo ...] / [run ...] (`logline`)
 
 
 def run_job(job: Job, redirect: bool = True) -> float:

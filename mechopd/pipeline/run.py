@@ -335,6 +335,7 @@ def run_study(
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
+    from mechopd.pipeline.logline import as_run
     from mechopd.pipeline.pool import default_workers, terminate_as_interrupt
     from mechopd.pipeline.preflight import check_study_models, study_inputs
 
@@ -351,14 +352,19 @@ def run_study(
     if is_done(spec, out):
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
-    with terminate_as_interrupt(), hold(out, "run"):  # SIGTERM as Ctrl-C, as the demo: the workers stop, locks freed
+    with terminate_as_interrupt(), hold(out, "run"), as_run():  # SIGTERM as Ctrl-C: the workers stop, locks freed
         return _run(spec, out, workers, inputs, stale)
 
 
 def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], stale: Stale | None = None) -> Path:
+    from mechopd.pipeline.budget import StudyClock, check_budget
     from mechopd.pipeline.pool import run_seed_runs
 
     t0 = time.time()
+    student = resolve_model(spec.student, spec, pretrain=True)
+    runs = seed_runs(spec, out, student)
+    check_lora_runs(spec, student)
+    est = check_budget(runs, student, out, workers, _log)  # the disk and memory it takes; refused before any file
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / INPUTS_FILE, dict(inputs))  # before the study record: a study record implies its inputs'
     if stale:
@@ -372,9 +378,6 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], st
         f"# the study run here (from {spec.source}); `mechopd run` compares a rerun with it\n"
         + yaml.safe_dump(_normal(spec.to_mapping()), sort_keys=False, allow_unicode=True),
     )
-    student = resolve_model(spec.student, spec, pretrain=True)
-    runs = seed_runs(spec, out, student)
-    check_lora_runs(spec, student)
     for r in runs:  # every seed run's manifest before the first job
         write_manifest(r)
     given = f"; {', '.join(spec.checkpoints())} from checkpoint(s), not trained" if spec.checkpoints() else ""
@@ -382,7 +385,8 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], st
         f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}{given}) on {workers} worker(s)"
         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
     )
-    run_seed_runs(runs, Path(student), workers, _log, train_runs, finish_seed)
+    clock = StudyClock(_log, trainings=est.runs, finishes=len(runs), workers=workers)  # each job's end: an ETA
+    run_seed_runs(runs, Path(student), workers, clock, train_runs, finish_seed)
     report = out / "report.md"
     if len(runs) > 1:
         from mechopd.report.aggregate import aggregate

@@ -1,8 +1,8 @@
 """The study file of `mechopd run STUDY.yaml`: one comparison on any model, declared once and checked before any job.
 
     task: jsonl                      # any registered task
-    task_options: {path: mechopd/data/sample_qa.jsonl, context_file: mechopd/data/sample_context.txt}
-    render: {placement: system, no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
+    task_options: {path: data.jsonl, context_file: context.txt, placement: system}   # files beside the study file
+    render: {no_context_system: "", chat_template_kwargs: {enable_thinking: false}}
     student: Qwen/Qwen3-1.7B         # a checkpoint dir, a hub id, organism:<task> or model:NAME
     teacher: null                    # null: self-distillation (the frozen initial student)
     seeds: [0, 1, 2]                 # training seeds; two or more: RUN/seed-k and the aggregate over seeds
@@ -13,7 +13,8 @@
       old_opd: {checkpoint: runs/demo/train/opd/final}   # an already-trained model: evaluated and probed, not trained
     eval: {n: 200, other_contexts: true}             # n, other_contexts, and any other EvalConfig field but seed
     probes: {similarity: {n: 16}, deltas: {}}        # registered probes: setup fields (n, batch_size, split, ...)
-                                                     # and the probe's own options (its `mechopd probe NAME` flags)
+                                                     # and the probe's own options (its `mechopd probe NAME` flags;
+                                                     # left out: their defaults, e.g. deltas runs no SVD)
     probe_n: 64                      # optional: every probe's items unless its entry sets n (null: each probe's own)
     first_seed_only: [patching]      # optional: probes run on the first seed only (no claim reads them)
 
@@ -25,9 +26,13 @@ the runs it trains, and never trains. It gets no ``train/<role>/``: the run dir 
 and ``study.yaml`` and its content in ``study_inputs.json`` (a rerun over a changed checkpoint is refused). The probe
 studies of ``probes/`` are such files, every run a checkpoint. A trained run's config is ``train``, then its ``runs``
 entry, then the study's task, student, teacher, render and seed (`StudySpec.train_config`); an organism student takes
-its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. A run writes a checkpoint at half
-its steps unless ``save_every`` is set, so a killed study resumes. Relative paths (task options, student, checkpoints)
-are read against the current directory, as in every training YAML.
+its recipe (`organisms.recipes`) under what the file sets, as `mechopd train` does. Unless ``save_every`` is set, a
+run writes one checkpoint at half its steps (rounded up), so a killed study resumes, and removes it once its final
+model is written (``keep_checkpoints: false``); with ``save_every`` set, the checkpoints are kept (only the latest with
+its optimizer state). Relative paths in a study FILE (the task's file options
+``path`` / ``context_file`` / ``other_context_file``, a student or teacher directory, checkpoints) are read against the
+file's folder, whatever the current directory (`anchor_paths`; a student or teacher that is not a directory there stays
+a hub id); a study given as a mapping reads them against the current directory.
 Every value is checked when the file is read: unknown keys, a role that is not an identifier, a training field of no
 `TrainConfig` (each run's config is built), a checkpoint run with a training field or a checkpoint directory that is
 not there, an unknown probe or probe option, a probe whose roles the study lacks. `StudySpec.load` is the one reader
@@ -196,7 +201,7 @@ class StudySpec:
         if not Path(value).expanduser().is_dir():
             raise ConfigError(
                 f"{w}: runs.{role}.checkpoint {value} is not a directory; pass a trained model's directory (e.g. "
-                "RUN/train/opd/final, relative to the current directory), or train it (method: ...) instead"
+                "RUN/train/opd/final, relative to the study file's folder), or train it (method: ...) instead"
             )
 
     def _check_eval(self, task: Any) -> None:
@@ -321,7 +326,9 @@ class StudySpec:
             **{k: self.render[k] for k in ("no_context_system", "chat_template_kwargs") if k in self.render},
         }
         data = resolve_train_data(data)  # an organism student: its recipe under what the file sets
-        data.setdefault("save_every", max(1, int(data.get("steps", TrainConfig.steps)) // 2))  # resumable
+        if "save_every" not in data:  # resumable at half its steps; that checkpoint goes once final/ is written
+            data["save_every"] = -(-int(data.get("steps", TrainConfig.steps)) // 2)
+            data.setdefault("keep_checkpoints", False)
         if student is not None:
             data["student"] = student
         where = "train" if role is None else f"runs.{role}"
@@ -380,6 +387,8 @@ class StudySpec:
             doc, where = dict(study), source or "study"
         else:
             doc, where = load_yaml(os.fspath(study)), str(study)
+            if isinstance(doc, dict):
+                doc = anchor_paths(doc, Path(study).absolute().parent)
         known = [f.name for f in fields(cls) if f.name != "source"]
         unknown = sorted(set(doc) - set(known))
         if unknown:
@@ -390,6 +399,34 @@ class StudySpec:
                 f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}}}}}})"
             )
         return cls(**doc, source=where)
+
+
+FILE_OPTIONS = ("path", "context_file", "other_context_file")  # task options that name a file
+
+
+def anchor_paths(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A study file's relative paths made absolute against its ``folder`` (module docstring); the rest unchanged."""
+
+    def here(value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip() or Path(value).expanduser().is_absolute():
+            return value
+        return os.path.normpath(folder / value) if not value.startswith("~") else value
+
+    doc = dict(doc)
+    if isinstance(doc.get("task_options"), Mapping):
+        doc["task_options"] = {k: here(v) if k in FILE_OPTIONS else v for k, v in doc["task_options"].items()}
+    for key in ("student", "teacher"):
+        value = doc.get(key)  # organism:<task>, model:NAME and hub ids stay as written
+        if isinstance(value, str) and ":" not in value and (value.startswith(".") or (folder / value).exists()):
+            doc[key] = here(value)
+    if isinstance(doc.get("runs"), Mapping):
+        doc["runs"] = {
+            role: {**entry, CHECKPOINT: here(entry[CHECKPOINT])}
+            if isinstance(entry, Mapping) and CHECKPOINT in entry
+            else entry
+            for role, entry in doc["runs"].items()
+        }
+    return doc
 
 
 def _role_names(value: Any) -> list[str]:

@@ -14,11 +14,12 @@ from typing import Any
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.core.errors import DataError
+from mechopd.pipeline.logline import say
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
 
 def _log(msg: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    say(msg)  # [demo ...] / [run ...] (`logline`)
 
 
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
@@ -143,6 +144,11 @@ def evaluate_all(
             out[name] = EvalReport.load(target)
             continue
         ecfg = EvalConfig(n=cfg.eval_n, seed=cfg.seed, **(eval_fields or {}))
+        _log(
+            f"evaluate {name} ({len(out) + 1} of {len(models)}): {ecfg.n} held-out items x {ecfg.samples} sample(s), "
+            f"both views{', then the other contexts' if other_contexts else ''} ..."
+        )
+        t0 = time.time()
         model, tok = load_model(path), load_tokenizer(path)
         raw = evaluate_model(model, tok, task, ecfg, spec)
         raw["settings"]["model"] = str(Path(path).resolve()) if Path(path).exists() else str(path)  # not cwd-relative
@@ -152,6 +158,7 @@ def evaluate_all(
         rep.save(target)  # the JSON and the CSV as one file set
         out[name] = rep
         print(format_summary(name, rep.summary.to_dict()), flush=True)
+        _log(f"evaluate {name}: done ({time.time() - t0:.0f} s)")
     docs = {name: rep.to_dict() for name, rep in out.items()}
     following.apply_retention(docs)  # retention and context-deaf against base (idempotent on reused reports)
     for name, doc in docs.items():

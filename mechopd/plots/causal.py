@@ -55,7 +55,7 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
         return None
     n_layers = sum(1 for s in {r["site"] for r in rows} if s.startswith("layers."))
     models = _model_order(info, (r["model"] for r in rows))
-    colours = palette(models)
+    colours = palette([*info.models, *models])  # the run's order: a model keeps its colour in every figure
     fig = new_figure(7.0, 4.8)
     ax = fig.add_subplot()
     ticks: dict[float, str] = {}

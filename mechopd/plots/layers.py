@@ -75,6 +75,23 @@ def layer_grid(cells: dict[tuple[int, str], float]) -> tuple[list[int], list[str
     return layers, modules, grid
 
 
+MAX_LAYER_TICKS = 12  # layer labels per heatmap axis (a deeper model labels every k-th layer)
+DELTA_PANEL_MAX = 2.6  # inches of layers per parameter_deltas panel (30 layers: 0.09 in a row, not 0.3)
+
+
+def thinned(positions: list, most: int) -> list:
+    """At most about ``most`` of ``positions``, evenly spaced, the first and the last always (the last replaces its
+    neighbour when they would sit side by side: the final norm's label does not overlap the last layer's)."""
+    every = max(1, math.ceil(len(positions) / most))
+    shown = [p for i, p in enumerate(positions) if i % every == 0]
+    if positions and shown[-1] != positions[-1]:
+        if every > 1 and positions.index(shown[-1]) > len(positions) - 1 - every:
+            shown[-1] = positions[-1]
+        else:
+            shown.append(positions[-1])
+    return shown
+
+
 def heatmap_height(n_layers: int) -> float:
     """Figure height (inches) of a layer × module heatmap row: titles and rotated module names take about 2.4 in,
     each layer 0.3 in, and the panel at least 1.4 in so that its colour bar label fits (a 2-layer model too)."""
@@ -122,7 +139,8 @@ def heatmap(
                     color=_text_colour(cmap(norm(v))),
                 )
     ax.set_xticks(np.arange(len(modules)) + 0.5, modules, rotation=60, ha="right", rotation_mode="anchor")
-    ax.set_yticks(np.arange(len(layers)) + 0.5, [str(layer) for layer in layers])
+    shown = thinned(list(range(len(layers))), MAX_LAYER_TICKS)  # 30 layers: every 3rd label, none overlapping
+    ax.set_yticks(np.array(shown) + 0.5, [str(layers[i]) for i in shown])
     ax.set_xlim(0, len(modules))
     ax.set_ylim(len(layers), 0)
     ax.grid(False)
@@ -175,7 +193,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
         log.info("figure %s skipped: %s has no rows", COSINE_NAME, path)
         return None
     models = _model_order(info, by_model)
-    colours = palette(models)
+    colours = palette([*info.models, *models])  # the run's order: a model keeps its colour in every figure
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
     for model in models:
@@ -189,12 +207,11 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
             label=info.label(model),
         )
     positions = sorted(ticks)
-    every = max(1, math.ceil(len(positions) / 16))
-    shown = [d for i, d in enumerate(positions) if i % every == 0 or i == len(positions) - 1]
+    shown = thinned(positions, 10)  # "embed" and "final norm" are wide: ~10 labels fit 7 inches
     ax.set_xticks(shown, [ticks[d] for d in shown])
     ax.set_xlabel("site (embedding, decoder layer index, final norm)")
     ax.set_ylabel(f"cosine between views (unitless)\n{stat.replace('cos_', '')} over response tokens")
-    ax.set_title(f"Hidden-state similarity with vs without context, per layer — {info.task}")
+    ax.set_title(f"Hidden-state similarity with vs without context\nper layer — {info.task}")  # clear of the legend
     fig.legend(loc="outside right upper", title="model")
     return fig
 
@@ -309,7 +326,8 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     n_layers, n_mods = max(len(g[0]) for g in grids), max(len(g[1]) for g in grids)
     # one panel per row, so the figure keeps a README-readable width (~1000 px) whatever the number of panels
-    fig = new_figure(max(6.5, 1.8 + 0.5 * n_mods), 1.6 + len(panels) * (0.75 + max(0.7, 0.3 * n_layers)))
+    panel = 0.75 + min(DELTA_PANEL_MAX, max(0.7, 0.3 * n_layers))  # a 30-layer model stays ~1700 px tall, not 4600
+    fig = new_figure(max(6.5, 1.8 + 0.5 * n_mods), 1.6 + len(panels) * panel)
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for k, (ax, (model, vs, _), (layers, modules, grid)) in enumerate(zip(axes, panels, grids)):
         mesh = heatmap(ax, layers, modules, grid, cmap="viridis", vmin=0.0, vmax=vmax, label=None, fontsize=7)

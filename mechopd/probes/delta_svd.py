@@ -126,16 +126,25 @@ def _read(entry: tuple[ParamView, Path]) -> torch.Tensor:
         return entry[0].take(f.get_tensor(entry[0].raw))
 
 
-def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SVD_K) -> list[dict[str, Any]]:
-    """One row per (model, decoder weight matrix) in layer order (`COLUMNS`)."""
+def svd_rows(
+    base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SVD_K, progress: bool = True
+) -> list[dict[str, Any]]:
+    """One row per (model, decoder weight matrix) in layer order (`COLUMNS`); ``progress``: a bar over the matrices
+    (an SVD per matrix: minutes for a real model on a CPU)."""
+    from tqdm.auto import tqdm
+
     from mechopd.core.errors import ModelError
     from mechopd.core.sites import natural_key
 
     base = _tensors(base_dir)
     rows = []
+    order = sorted(base, key=lambda kk: natural_key(site_of(base[kk][0].name)))
+    bar = tqdm(total=len(order) * len(models), unit="matrix", desc="deltas svd", disable=not progress)
     for label, path in models.items():
         mine = _tensors(path)
-        for key in sorted(base, key=lambda kk: natural_key(site_of(base[kk][0].name))):
+        bar.set_postfix(model=label)
+        for key in order:
+            bar.update(1)
             if key not in mine:
                 raise ModelError(f"{path} has no tensor {base[key][0].name}; compare checkpoints of one architecture")
             w0, theta = _read(base[key]), _read(mine[key])
@@ -150,6 +159,7 @@ def svd_rows(base_dir: str | os.PathLike, models: Mapping[str, str], k: int = SV
                     **geometry(w0, theta, k),
                 }
             )
+    bar.close()
     return rows
 
 
@@ -206,13 +216,15 @@ def _svd_line(model: str, s: Mapping[str, Any]) -> str:
     )
 
 
-def run_delta_svd(base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K) -> list[Path]:
+def run_delta_svd(
+    base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K, progress: bool = True
+) -> list[Path]:
     """Write ``deltas_svd.csv`` (`COLUMNS`) and ``deltas_svd.json`` (settings + `summarize_svd`)."""
     from mechopd.core.errors import ConfigError
 
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"--svd-k {k!r} must be an integer >= 1")
-    rows = svd_rows(base_dir, models, k)
+    rows = svd_rows(base_dir, models, k, progress=progress)
     out = Path(out_dir)
     doc = {
         "settings": {"base": base_dir, "models": dict(models), "k": k, "thresholds": list(THRESHOLDS)},

@@ -172,7 +172,7 @@ def run_deltas(
     if opts.svd:
         from mechopd.probes.delta_svd import run_delta_svd
 
-        paths += run_delta_svd(base_dir, chosen, out, opts.svd_k)
+        paths += run_delta_svd(base_dir, chosen, out, opts.svd_k, progress=progress)
     paths.append(summarize_deltas(rows, two, settings).save(out))
     return [f"delta table: {', '.join(str(p) for p in paths)}"] + report(out)
 

@@ -12,7 +12,9 @@ and per site, over all scored positions of all items (token mean):
 
     kl_c_x(s)     = mean_t KL(p_c^s ‖ p_x^s) = mean_t Σ_w p_c^s(w) (log p_c^s(w) − log p_x^s(w))
     top1_agree(s) = mean_t [argmax p_c^s = argmax p_x^s]
-    gain_s(w)     = mean_t (log p_c^s(w) − log p_x^s(w))     the tokens the context promotes most (summary)
+    gain_s(w)     = mean_t (p_c^s(w) − p_x^s(w))     the tokens the context promotes most (summary): the probability
+                                                     mass moved to w, so only tokens either view makes likely rank
+                                                     (a mean log-ratio over the vocabulary is won by rare tokens)
 
 At ``final_norm`` the lens IS the model's output, so kl_c_x there is the output KL between the views.
 
@@ -70,13 +72,13 @@ class _Site:
     kl: float = 0.0
     agree: float = 0.0
     n: int = 0
-    gain: torch.Tensor | None = None  # [V] float64 sum of log p_c - log p_x
+    gain: torch.Tensor | None = None  # [V] float64 sum of p_c - p_x (probability mass moved by the context)
     per_item: list[tuple[float, int]] = field(default_factory=list)  # per item: (KL summed over its tokens, tokens)
 
 
 @dataclass
 class LensResult:
-    """``rows`` (one per site, `COLUMNS`), ``promoted`` {site: [(token id, mean gain)]}, ``tokens`` per detail item."""
+    """``rows`` (one per site, `COLUMNS`), ``promoted`` {site: [(token id, mean probability moved)]}, ``tokens`` per detail item."""
 
     rows: list[dict[str, Any]]
     promoted: dict[str, list[tuple[int, float]]]
@@ -142,7 +144,7 @@ class LensAccumulator:
         st.agree += float(agree[mask].sum())
         st.n += int(mask.sum())
         st.per_item += [(float(v), int(c)) for v, c in zip((kl * mask).double().sum(1), mask.sum(1))]
-        g = (lp_c - lp_x)[mask].double().sum(0)  # [V]
+        g = (lp_c.double().exp() - lp_x.double().exp())[mask].sum(0)  # [V]: mass moved, not a log-ratio
         st.gain = g if st.gain is None else st.gain + g
         for j, d in enumerate(detail):
             m = mask[j]
@@ -192,15 +194,21 @@ def lens(
     label: str = "model",
     detail: int = DETAIL_ITEMS,
     store: Any = None,
+    progress: bool = False,
 ) -> LensResult:
     """The lens statistics of one model over a stream of batches (module docstring): a pure function of both.
-    store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards."""
+    store: an activation store (`probes.store.ActivationStore`) holding `label`: its captures replace the forwards.
+    progress: a bar over the batches (``lens LABEL``; minutes for a real model on a CPU)."""
+    from tqdm.auto import tqdm
+
     model.eval()
     acc = LensAccumulator(model, resolve_sites(model, sites), temperature, detail)
     if store is not None:
-        for mask, pairs in store.batches(label, acc.sites, "predict"):
+        for mask, pairs in tqdm(
+            store.batches(label, acc.sites, "predict"), desc=f"lens {label}", disable=not progress, leave=False
+        ):
             acc.add_captured(mask, pairs)
-    for batch in batches if store is None else ():
+    for batch in tqdm(batches if store is None else (), desc=f"lens {label}", disable=not progress, leave=False):
         acc.add(batch)
     return acc.result(label, num_layers(model))
 
@@ -254,6 +262,7 @@ def run_lens(
             label=label,
             detail=opts.detail,
             store=store,
+            progress=True,
         )
         for label, model in run.each_model()
     }

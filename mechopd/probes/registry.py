@@ -191,13 +191,16 @@ def get_probe(name: str) -> ProbeSpec:
 
 
 def study_options(spec: Any, own: dict[str, Any]) -> dict[str, Any]:
-    """A study's options for a listed probe: its own over the registration's ``demo`` ones, except that ``models`` (the
-    models to compare, declared default None: "every model of the run") left out by the study is left out here too,
-    so ``similarity: {}`` reads every run of the study, as the flag's help says, not the demo's three roles. The
-    single-role options (``model: opd``, ``trained: ta_opd``, ``pair``, ``cross``, ``donor``) keep the demo's."""
-    demo = dict(spec.demo or {})
+    """A study's options for a listed probe: its own over the registration's ``demo`` role options, except that
+    ``models`` (the models to compare, declared default None: "every model of the run") left out by the study is left
+    out here too, so ``similarity: {}`` reads every run of the study, as the flag's help says, not the demo's three
+    roles. The single-role options (``model: opd``, ``trained: ta_opd``, ``pair``, ``cross``, ``donor``) keep the
+    demo's. Every other option the study leaves out takes its documented default (its `mechopd probe NAME` flag's):
+    ``deltas: {}`` runs no SVD (the demo's ``svd: true``), as ``mechopd probe deltas`` without ``--svd`` does."""
+    roles = getattr(spec, "role_options", ())
+    demo = {k: v for k, v in (spec.demo or {}).items() if k in roles}
     declared = defaults(spec.options) if getattr(spec, "options", None) is not None else {}
-    if "models" in getattr(spec, "role_options", ()) and "models" not in own and declared.get("models", 0) is None:
+    if "models" in roles and "models" not in own and declared.get("models", 0) is None:
         demo.pop("models", None)
     return {**demo, **own}
 

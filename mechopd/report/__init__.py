@@ -24,6 +24,12 @@ from mechopd.report.seeds import probe_lines
 from mechopd.study import STUDY_FILE, EvalReport, Study, studies
 
 
+def student_word(student: Any) -> str:
+    """What the report calls the base model: ``Organism`` for a model organism (its directory holds
+    ``organism.json``), ``Model`` for any other (a fetched model, a checkpoint, a hub id)."""
+    return "Organism" if student and (Path(str(student)) / "organism.json").is_file() else "Model"
+
+
 def _figure_lines(root: Path) -> list[str]:
     out = ["## Figures", ""]
     for name, title, caption in figure_index():
@@ -98,8 +104,9 @@ def _opening(s: Study, cfg: dict[str, Any]) -> str:
         else ""
     )
     ready = f"{', '.join(given)}: given checkpoint{'s' if len(given) > 1 else ''}, not trained here" if given else ""
+    base = s.manifest.get("organism")
     return (
-        f"Organism: {md_code(s.manifest.get('organism'))}. {'; '.join(x for x in (ready, how) if x)}; evaluated "
+        f"{student_word(base)}: {md_code(base)}. {'; '.join(x for x in (ready, how) if x)}; evaluated "
         f"greedily on {cfg.get('eval_n')} held-out items in both views (without the context, and with it re-inserted)."
     )
 
@@ -302,11 +309,13 @@ def write_aggregate_report(out: str | Path) -> Path:
     summary = read_json(out / "aggregate.json")
     runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
     cfg = agg.config
+    base = agg.manifest.get("organism")
+    word = student_word(base)
     lines = [
         *_smoke(cfg),
         f"# mechopd report — {agg.task}, {len(runs)} training seeds",
         "",
-        f"Organism: {md_code(agg.manifest.get('organism'))} (one organism; the training seed varies: "
+        f"{word}: {md_code(base)} (one {word.lower()}; the training seed varies: "
         f"{', '.join(md_code(r.root.name) for r in runs)}). Each seed: {cfg.get('steps')} steps × {cfg.get('batch_size')} "
         f"prompts, {_lr_text(cfg)}, {cfg.get('eval_n')} held-out items, greedy. Each seed's own report "
         "(item-bootstrap intervals, probes) is in its directory.",

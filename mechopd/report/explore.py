@@ -144,7 +144,28 @@ def collect(run_dir: str | Path) -> dict[str, Any]:
                 "probe": probe_items.get(uid),
             }
         )
-    return {"models": models, "summary": summaries, "sites": sites, "items": items, "tables": _tables(pdir)}
+    return {
+        "models": models,
+        "colours": colours_of(run, models),
+        "summary": summaries,
+        "sites": sites,
+        "items": items,
+        "tables": _tables(pdir),
+    }
+
+
+def colours_of(run: Path, models: list[str]) -> dict[str, str]:
+    """Each model's colour in the figures (`plots._common.palette` over the run's model order, then the page's), as
+    ``#rrggbb``: one colour per model on this page and in every figure."""
+    from mechopd.core.errors import MechopdError
+    from mechopd.plots._common import palette, run_info
+
+    try:
+        order = run_info(run).models
+    except MechopdError:  # a run without a study, demo.json or eval/: the page's own order
+        order = []
+    pal = palette([*order, *models])
+    return {m: "#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in pal[m][:3])) for m in models}
 
 
 def _probe_source(pdir: Path | None) -> str | None:

@@ -5,7 +5,9 @@ scheduler, the step, the data position and the Python RNG state to JSON, torch R
 The weights and the optimizer state are always FULL (a sharded run gathers them to rank 0 first), so a checkpoint is
 loadable by ``from_pretrained`` and resumable under either ``sharding`` layout. Each checkpoint is written to a temp
 dir and renamed into place (`models.atomic_save`), so a killed run never leaves a half checkpoint; the latest
-complete one is what ``--resume`` loads.
+complete one is what ``--resume`` loads. Only the latest checkpoint keeps what a resume needs: once a newer one is
+complete, an older one is pruned to a model (`prune_older`: its optimizer, RNG and EMA files go, ``WEIGHTS_ONLY``
+marks it), a third of its size, still loadable by ``from_pretrained`` and by the probes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from mechopd.models import atomic_save
 
 STATE = "trainer_state.json"
 OPTIM = "optimizer.safetensors"
+WEIGHTS_ONLY = "WEIGHTS_ONLY"  # a pruned checkpoint: a model, not a resume point
+RESUME_FILES = (OPTIM, "rng.safetensors", "teacher_ema.safetensors")  # what pruning removes (teachers.EMA_FILE)
 
 
 def _optimizer_tensors(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -165,6 +169,22 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     steps = [
         (int(m.group(1)), p)
         for p in root.iterdir()
-        if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / STATE).exists()
+        if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / STATE).exists() and not (p / WEIGHTS_ONLY).exists()
     ]
     return max(steps)[1] if steps else None
+
+
+def prune_older(latest: Path) -> list[Path]:
+    """Prune every complete checkpoint beside `latest` (in ``checkpoints/``) to its model: the resume state goes
+    (optimizer, RNG, EMA), ``WEIGHTS_ONLY`` is written first. Returns the pruned checkpoints."""
+    pruned = []
+    for p in latest.parent.iterdir():
+        if p == latest or p.is_symlink() or not re.fullmatch(r"step-\d+", p.name) or (p / WEIGHTS_ONLY).exists():
+            continue
+        if not (p / STATE).is_file():
+            continue
+        (p / WEIGHTS_ONLY).write_text(f"a model only: its resume state was removed once {latest.name} was complete\n")
+        for name in RESUME_FILES:
+            (p / name).unlink(missing_ok=True)
+        pruned.append(p)
+    return pruned

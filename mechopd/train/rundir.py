@@ -128,7 +128,7 @@ def _no_checkpoint(run: RunDir) -> str:
     if step is not None:
         return (
             f"--resume: {run.root} finished at step {step} (its model is {run.final}) and kept no checkpoint to "
-            "continue from (save_every was 0); to train further, start a new --out from that model (--set "
+            "continue from (save_every was 0, or keep_checkpoints false); to train further, start a new --out from that model (--set "
             f"student={run.final}), and set save_every (e.g. --set save_every=50) to make a run resumable"
         )
     return (

@@ -17,7 +17,7 @@ from mechopd.core.errors import TrainingError
 from mechopd.models import atomic_save
 from mechopd.objectives.schedule import AnchorGate
 from mechopd.train import dist, guard, rundir, teachers
-from mechopd.train.checkpoint import load_checkpoint, save_checkpoint
+from mechopd.train.checkpoint import load_checkpoint, prune_older, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class RunSaver:
                 self.sched,
                 {"step": step, "position": position, "config": self.cfg.to_dict(), **self.gate_state()},
             )
+            prune_older(path)  # only the latest checkpoint keeps the optimizer state (a resume reads no other)
         dist.barrier()
 
     def save_final(self, step: int) -> Path:
@@ -82,5 +83,7 @@ class RunSaver:
                     f"writing {final} failed: {e.strerror or e}; the checkpoints are kept — free disk space, "
                     "then --resume"
                 ) from None
+            if not self.cfg.keep_checkpoints:  # they served a resume only; the final model is complete
+                rundir.remove_own(self.run_dir.checkpoints)
         dist.barrier()
         return final

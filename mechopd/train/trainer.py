@@ -369,7 +369,7 @@ class Trainer:
             self.logger.log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl/teacher_student']:.4f}")
-            if cfg.save_every and self.step % cfg.save_every == 0:
+            if cfg.save_every and self.step % cfg.save_every == 0 and (cfg.keep_checkpoints or self.step < cfg.steps):
                 self.save(self.run_dir.checkpoints / f"step-{self.step}")
         bar.close()
         if gate is not None and gate.open_step is None:

@@ -194,3 +194,34 @@ def test_a_resume_that_stops_before_its_first_step_keeps_every_metrics_line(tiny
     monkeypatch.undo()
     train(_lora(tiny_rules_organism, 4), run, resume=True, progress=False)
     assert _steps(run) == [1, 2, 3, 4]  # the resume replaced step 3's line with its own, then stepped on
+
+
+def test_only_the_latest_checkpoint_keeps_the_optimizer_state_and_a_resume_reads_it(tiny_rules_organism, tmp_path):
+    """save_every=1 over 3 steps: step-1 and step-2 are pruned to models (marked, loadable), step-3 alone is
+    resumable, and resuming to 4 steps reads it (#54)."""
+    run = tmp_path / "r"
+    train(_cfg(tiny_rules_organism, save_every=1), run, progress=False)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["step-1", "step-2", "step-3"]
+    for old in ("step-1", "step-2"):
+        assert (ck / old / checkpoint.WEIGHTS_ONLY).is_file() and _finite(ck / old)
+        assert not any((ck / old / f).exists() for f in checkpoint.RESUME_FILES)
+    assert (ck / "step-3" / checkpoint.OPTIM).is_file() and checkpoint.latest_checkpoint(run).name == "step-3"
+    assert _finite(train(_cfg(tiny_rules_organism, save_every=1), run, resume=True, progress=False))
+
+
+def test_checkpoints_kept_only_to_resume_go_once_the_final_model_is_written(tiny_rules_organism, tmp_path, monkeypatch):
+    """keep_checkpoints false (what a study sets when it chose save_every itself): no checkpoint at the last step,
+    none left after final/ (#54)."""
+    from mechopd.train.saving import RunSaver
+
+    run, seen, real = tmp_path / "r", [], RunSaver.save_final
+
+    def spy(self, step):
+        seen.append(sorted(p.name for p in (run / "checkpoints").iterdir()))
+        return real(self, step)
+
+    monkeypatch.setattr(RunSaver, "save_final", spy)
+    train(_cfg(tiny_rules_organism, save_every=1, keep_checkpoints=False), run, progress=False)
+    assert seen == [["step-1", "step-2"]]  # step-3 not written: final/ follows it at once
+    assert not (run / "checkpoints").exists() and _finite(run / "final")

@@ -165,6 +165,30 @@ def percent_to_ipynb(text: str) -> dict:
     return {"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
 
 
+def test_notebook_takes_task_options(tmp_path):
+    """`--option KEY=VALUE` reaches the task (#54: a JSONL task failed with "option 'path' is required"); here the
+    rules task's distilled rule, which shows in every item's context."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    env.pop("MECHOPD_CHECKPOINT", None)
+    proc = subprocess.run(
+        [sys.executable, str(NOTEBOOK), "--option", "rule=reverse"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    contexts = re.findall(r"   c: '(.*)'", proc.stdout)
+    assert contexts and all("reverse the items" in c for c in contexts), contexts
+
+
 def test_ipynb_holds_the_same_cells_as_the_script():
     got = json.loads(NOTEBOOK.with_suffix(".ipynb").read_text())
     want = percent_to_ipynb(NOTEBOOK.read_text())

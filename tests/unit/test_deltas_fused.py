@@ -82,3 +82,13 @@ def test_svd_rows_are_per_projection(pairs, family):
     a, b = hand(w0[raw])[0], hand(w1[raw])[0]
     assert (q["rows"], q["cols"]) == tuple(a.shape)
     assert math.isclose(q["delta_sq"], float((b.double() - a.double()).square().sum()), rel_tol=1e-6)
+
+
+def test_the_svd_shows_its_progress_over_the_matrices(pairs, capsys):
+    """An SVD per matrix takes minutes on a real model: a bar counts them (#54); progress=False is silent."""
+    base, opd, _, _ = pairs[next(iter(QKV))]
+    rows = svd_rows(str(base), {"opd": str(opd)}, k=2)
+    err = capsys.readouterr().err
+    assert "deltas svd" in err and f"{len(rows)}/{len(rows)}" in err
+    svd_rows(str(base), {"opd": str(opd)}, k=2, progress=False)
+    assert "deltas svd" not in capsys.readouterr().err

@@ -37,3 +37,26 @@ def test_relative_links_resolve(page: Path):
         if not (page.parent / path).exists():
             dead.append(target)
     assert dead == []
+
+
+def test_the_readme_study_template_is_one_the_checker_accepts(tmp_path):
+    """The README's study file, as written (its placeholders filled, its data beside it as in a checkout), loads with
+    `StudySpec.load` (#54: it once put placement under render, which the checker refuses)."""
+    import yaml
+
+    from mechopd.pipeline.spec import StudySpec
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Your own model.*?```yaml\n(.*?)```", text, flags=re.DOTALL)
+    assert block, "README.md has no study template"
+    (tmp_path / "mechopd").symlink_to(ROOT / "mechopd")  # the file sits at a checkout's root
+    (tmp_path / "trained").mkdir()
+    doc = (
+        block.group(1)
+        .replace("PATH_OR_organism:NAME", "org/model")
+        .replace("{checkpoint: PATH}", "{checkpoint: trained}")
+    )
+    (tmp_path / "study.yaml").write_text(doc)
+    spec = StudySpec.load(tmp_path / "study.yaml")
+    assert yaml.safe_load(doc)["task_options"]["placement"] == spec.render.get("placement", "system")
+    assert spec.checkpoints() == {"mine": str(tmp_path / "trained")}

@@ -334,3 +334,14 @@ def test_a_study_probe_without_models_reads_every_run_of_the_study():
     assert study_options(sim, {"models": ["opd", "ta_opd"]})["models"] == ["opd", "ta_opd"]
     kept = {k: v for k, v in (teach.demo or {}).items() if k in teach.role_options}
     assert kept and all(study_options(teach, {})[k] == v for k, v in kept.items())
+
+
+def test_a_study_probe_takes_its_documented_defaults_not_the_demos():
+    """``deltas: {}`` in a study runs no SVD: the option left out takes the flag's default (False), not the demo's
+    ``svd: true`` (#54); asked for, it runs; the demo's role options stay."""
+    from mechopd.probes.registry import get_probe, study_options
+
+    deltas = get_probe("deltas")
+    assert deltas.demo["svd"] is True
+    assert "svd" not in study_options(deltas, {}) and study_options(deltas, {})["pair"] == deltas.demo["pair"]
+    assert study_options(deltas, {"svd": True})["svd"] is True

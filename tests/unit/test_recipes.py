@@ -73,29 +73,38 @@ def test_probe_recipes_exist_for_both_studies():
     assert {"sokoban-study", "rules-study"} <= {p.stem for p in PROBE_RECIPES}
 
 
-def _checkpoints_made_here(path: Path) -> dict:
-    """The recipe's checkpoint directories made, empty, under the current directory (a test's ``tmp_path``): what
-    `StudySpec.load` checks is there. The checkout's own ``runs/`` (which `mechopd demo` writes) decides nothing."""
+def _checkpoints_made_here(path: Path, where: Path) -> tuple[Path, dict]:
+    """The recipe copied to ``where/probes/`` (a test's ``tmp_path``) with its student and checkpoint directories made,
+    empty, beside it as the file names them (relative to its folder): what `StudySpec.load` checks is there. The
+    checkout's own ``runs/`` (which `mechopd demo` writes) decides nothing."""
     from mechopd.config import load_yaml
 
-    doc = load_yaml(path)
-    for entry in doc["runs"].values():
-        Path(entry["checkpoint"]).mkdir(parents=True)
-    return doc
+    copy_ = where / "probes" / path.name
+    copy_.parent.mkdir(parents=True, exist_ok=True)
+    copy_.write_text(path.read_text())
+    doc = load_yaml(copy_)
+    for d in [doc["student"], *(entry["checkpoint"] for entry in doc["runs"].values())]:
+        (copy_.parent / d).mkdir(parents=True, exist_ok=True)
+    return copy_, doc
 
 
 @pytest.mark.parametrize("path", PROBE_RECIPES, ids=lambda p: p.name)
 def test_probe_recipe_is_a_study_of_checkpoints(path, tmp_path, monkeypatch):
     """A probe recipe is a study file read by `StudySpec.load`: every run a checkpoint (nothing trained), every probe
-    of the papers' study with options its probe accepts and roles the study has (both checked by the reader)."""
+    of the papers' study with options its probe accepts and roles the study has (both checked by the reader). Its
+    paths are read against its own folder, from any current directory (#54)."""
     from mechopd.pipeline.spec import StudySpec
 
-    monkeypatch.chdir(tmp_path)
-    _checkpoints_made_here(path)
-    spec = StudySpec.load(path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    copied, _ = _checkpoints_made_here(path, tmp_path)
+    spec = StudySpec.load(copied)
     assert spec.task in ORGANISM_TASKS and spec.teacher is None
     assert spec.trained == [] and set(spec.checkpoints()) == {"opd", "nca", "ta_opd"}
-    assert all(Path(d).is_relative_to(tmp_path.resolve()) for d in spec.checkpoints().values())
+    runs = (tmp_path / "runs").resolve()
+    assert all(Path(d).is_relative_to(runs) for d in spec.checkpoints().values())
+    assert Path(spec.student).resolve().is_relative_to(runs)
     assert set(spec.probes) == STUDY_PROBES  # the papers' study: every probe
 
 
@@ -105,9 +114,14 @@ def test_probe_recipe_is_refused_with_a_bad_option_a_missing_role_or_checkpoint(
     from mechopd.pipeline.spec import StudySpec
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"runs\.\w+\.checkpoint .* is not a directory"):
-        StudySpec.load(path)  # in an empty directory: the models are not there
-    doc = _checkpoints_made_here(path)
+    lone = tmp_path / "lone" / path.name
+    lone.parent.mkdir()
+    lone.write_text(path.read_text())
+    with pytest.raises(ConfigError, match=rf"student {tmp_path}/runs/organisms/\S+ does not exist"):
+        StudySpec.load(lone)  # beside an empty folder: the models are not there; the error names where it looked
+    copied, doc = _checkpoints_made_here(path, tmp_path)
+    doc = {**doc, "student": str(copied.parent / doc["student"])}
+    doc["runs"] = {r: {"checkpoint": str(copied.parent / e["checkpoint"])} for r, e in doc["runs"].items()}
     bad = copy.deepcopy(doc)
     bad["probes"]["similarity"]["colour"] = 1
     with pytest.raises(ConfigError, match=r"probes\.similarity.*colour"):

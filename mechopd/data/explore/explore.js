@@ -27,7 +27,7 @@
   function fmt(v) { var x = Number(v); if (v === null || v === undefined || v === "" || !isFinite(x)) return "n/a"; return Math.abs(x) < 1e-3 && x !== 0 ? x.toExponential(2) : x.toFixed(3); }
   function mean(a) { if (!a || !a.length) return NaN; var s = 0; for (var i = 0; i < a.length; i++) s += a[i]; return s / a.length; }
   function short(site) { return String(site).replace(/^layers\.(\d+)\.resid_post$/, "L$1").replace(/^layers\.(\d+)\./, "L$1."); }
-  function colourOf(m) { return PALETTE[data.models.indexOf(m) % PALETTE.length]; }
+  function colourOf(m) { return (data.colours && data.colours[m]) || PALETTE[data.models.indexOf(m) % PALETTE.length]; }  // the figures' colour
   var hash = {};
   location.hash.replace(/^#/, "").split("&").forEach(function (kv) { var p = kv.split("="); if (p[0]) hash[p[0]] = decodeURIComponent(p[1] || ""); });
 
