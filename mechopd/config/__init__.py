@@ -7,8 +7,9 @@ reads YAML / ``--set`` / flags into it, and the CLI flags and docs/config.md are
 selector registers its options section (`losses.register_term(..., options=)`, `select.register_selector(...,
 options=)`); a plug-in's sections are bound the same way (`mechopd.core.options.register_options`), their keys kept in
 ``TrainConfig.plugins`` and read as attributes. Defaults are the papers' (docs/method.md). A student
-``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key, unless the key
-is set explicitly (`resolve_train_data`). Every value is validated once, here, in ``TrainConfig.__post_init__``.
+``organism:<task>`` starts from that organism's recipe instead, key by key, unless the key is set explicitly: the
+caller applies it (`mechopd.organisms.recipes.load_train_config` / `resolve_train_data`; config imports nothing above
+itself). Every value is validated once, here, in ``TrainConfig.__post_init__``.
 """
 
 from __future__ import annotations
@@ -273,21 +274,6 @@ def bind_train(
     return _opts.bind(
         TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None, also=tuple(facts)
     )
-
-
-def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
-    """Explicit keys over the student's organism recipe (``organism:<task>``; none for other students)."""
-    from mechopd.organisms.recipes import recipe_for
-
-    student = data.get("student", TrainConfig.student)
-    return merge(recipe_for(student), data)
-
-
-def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """YAML file, then overrides, then the organism recipe for every key neither sets (see the module docstring)."""
-    data = load_yaml(path) if path else {}
-    data = resolve_train_data(merge(data, overrides or {}))
-    return bind_train(data, source=str(path or "train config"))
 
 
 def adopt_pins(cfg: TrainConfig, run_config: Path, resume: bool = True) -> dict[str, Any]:

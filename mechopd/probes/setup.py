@@ -242,8 +242,9 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.config import TrainConfig, build_config, load_train_config
+    from mechopd.config import TrainConfig, build_config
     from mechopd.core.artifacts import read_json
+    from mechopd.organisms.recipes import load_train_config
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")

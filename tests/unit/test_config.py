@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.config import TrainConfig, load_train_config
+from mechopd.config import TrainConfig
 from mechopd.core.config_parse import parse_overrides
 from mechopd.core.errors import ConfigError
+from mechopd.organisms.recipes import load_train_config
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].glob("training/**/*.yaml"))
 RECIPES = [p for p in RECIPES if "launch" not in p.parts and "studies" not in p.parts]  # studies: `mechopd run`

@@ -36,7 +36,6 @@ TOP = {"testing"}  # test helpers (tiny models for tests and benches): may impor
 KNOWN_UPWARD = {
     ("config", "generate"): "TrainConfig.__post_init__ checks decoder/prefix/vLLM choices against generate's tables",
     ("config", "objectives"): "TrainConfig checks method/estimator/selector names against the objectives' registries",
-    ("config", "organisms"): "config.recipe resolves an organism's recipe (organisms.recipes.recipe_for)",
 }
 
 
