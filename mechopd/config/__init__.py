@@ -22,8 +22,11 @@ from typing import Any
 import yaml
 
 from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py names `config.LR_SCHEDULES`)
+    DECODERS,
     LR_SCHEDULES,
+    PREFIX_MODES,
     TEACHER_MODES,
+    VLLM_OPTIONS,
     LogOptions,
     LoraOptions,
     OptimOptions,
@@ -176,9 +179,7 @@ def _check_plugins(cfg: TrainConfig) -> None:
 
 def _check_registered(cfg: TrainConfig) -> None:
     """The fields whose choices are registries or engines: method, selector, rollout_engine, shared_prefix, vLLM."""
-    from mechopd.generate.lean import DECODERS
-    from mechopd.generate.prefix import MODES as PREFIX_MODES
-    from mechopd.generate.vllm_engine import check_options, require_vllm
+    from mechopd.core.model_checks import require_vllm
     from mechopd.objectives.losses import METHODS
     from mechopd.objectives.select import SELECTORS
 
@@ -199,7 +200,9 @@ def _check_registered(cfg: TrainConfig) -> None:
         ("shared_prefix", shared, PREFIX_MODES),
     ):
         _choice(name, value, allowed)
-    check_options(cfg.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
+    unknown = sorted(set(cfg.vllm_options) - set(VLLM_OPTIONS))  # refused whatever the engine (else ignored silently)
+    if unknown:
+        raise ConfigError(f"vllm_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(VLLM_OPTIONS)}")
     if cfg.rollout_engine == "vllm":
         require_vllm("rollout_engine")
 

@@ -13,6 +13,16 @@ SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
 LOSS_HEADS = ("auto", "fused", "logits")  # `train.headstep`
 LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
+DECODERS = ("auto", "lean", "hf", "vllm")  # engine names (rollout_engine, eval's engine): lean where it can run else
+#                                          hf (`generate.lean`), ``model(...)`` per step, vLLM (extra)
+PREFIX_MODES = ("auto", "off")  # `generate.prefix`
+VLLM_OPTIONS = (
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_memory_bytes",
+)  # rollout_engine=vllm's vllm_options: `generate.vllm_engine.VllmEngine`'s keywords
 
 
 @dataclass
