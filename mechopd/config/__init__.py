@@ -22,9 +22,8 @@ from typing import Any
 import yaml
 
 from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py names `config.LR_SCHEDULES`)
-    DECODERS,
+    FUSED_TERMS,
     LR_SCHEDULES,
-    PREFIX_MODES,
     TEACHER_MODES,
     VLLM_OPTIONS,
     LogOptions,
@@ -36,11 +35,11 @@ from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py n
     ScaleOptions,
     TeacherOptions,
 )
+from mechopd.config.terms import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 from mechopd.core import options as _opts
 from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: probes/setup.py imports them from here)
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
-from mechopd.objectives.options import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
@@ -65,10 +64,9 @@ METHOD_ALIASES = {
 
 
 def method_names() -> list[str]:
-    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
-    from mechopd.objectives.losses import METHODS
-
-    return [*METHODS, *METHOD_ALIASES]
+    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`): the live
+    names of the ``method`` registry (`mechopd.objectives.losses.method_registry`)."""
+    return list(_opts.registry_names("method"))
 
 
 @dataclass
@@ -110,7 +108,7 @@ class TrainConfig(
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
-        _check_registered(self)
+        _check_vllm(self)
         if self.follow_contexts is not None and (
             not isinstance(self.follow_contexts, (list, tuple))
             or not self.follow_contexts
@@ -144,8 +142,6 @@ class TrainConfig(
                 "(micro_batch_size works under both)"
             )
         _check_lora_and_teacher(self)
-        from mechopd.objectives.head import check_loss_head
-
         check_loss_head(self.loss_head, self.method, self.sharding)  # fused: opd / nca terms, sharding none
         check_saveable(self.to_dict(), "train config")
 
@@ -177,34 +173,34 @@ def _check_plugins(cfg: TrainConfig) -> None:
         _opts.check_value(facts[key], value)
 
 
-def _check_registered(cfg: TrainConfig) -> None:
-    """The fields whose choices are registries or engines: method, selector, rollout_engine, shared_prefix, vLLM."""
-    from mechopd.core.model_checks import require_vllm
-    from mechopd.objectives.losses import METHODS
-    from mechopd.objectives.select import SELECTORS
-
-    if cfg.method not in METHODS:
-        follow = (
-            (
-                " — the follow term is not a method: add it to any method with follow_weight (--set "
-                "follow_weight=1, e.g. --method nca --set follow_weight=1)"
-            )
-            if "follow" in str(cfg.method)
-            else ""
-        )
-        raise ConfigError(f"method={cfg.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
-    shared = cfg.shared_prefix if not isinstance(cfg.shared_prefix, bool) else "auto"
-    for name, value, allowed in (
-        ("selector", cfg.selector, SELECTORS),
-        ("rollout_engine", cfg.rollout_engine, DECODERS),
-        ("shared_prefix", shared, PREFIX_MODES),
-    ):
-        _choice(name, value, allowed)
-    unknown = sorted(set(cfg.vllm_options) - set(VLLM_OPTIONS))  # refused whatever the engine (else ignored silently)
+def _check_vllm(cfg: TrainConfig) -> None:
+    """vllm_options' keys (refused whatever the engine: else ignored silently) and, for rollout_engine=vllm, vLLM
+    itself. (method, selector, rollout_engine and shared_prefix are checked with every field: their choices.)"""
+    unknown = sorted(set(cfg.vllm_options) - set(VLLM_OPTIONS))
     if unknown:
         raise ConfigError(f"vllm_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(VLLM_OPTIONS)}")
     if cfg.rollout_engine == "vllm":
+        from mechopd.core.model_checks import require_vllm
+
         require_vllm("rollout_engine")
+
+
+def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
+    """Config-time refusal of ``loss_head: fused`` where the fused head (`objectives.head`) cannot run (one line
+    naming the fix): a method's terms, read from the ``method`` registry, all in `FUSED_TERMS`; sharding none."""
+    if loss_head != "fused":
+        return
+    other = [t for t in _opts.registry("method").get(method, ()) if t not in FUSED_TERMS]
+    if other:
+        raise ConfigError(
+            f"loss_head=fused computes the opd and nca terms only; method={method} needs "
+            f"{', '.join(other)}: set loss_head=logits (or auto)"
+        )
+    if sharding != "none":
+        raise ConfigError(
+            "loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
+            "loss_head=logits (or auto) or sharding=none"
+        )
 
 
 def _check_lora_and_teacher(cfg: TrainConfig) -> None:

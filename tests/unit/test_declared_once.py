@@ -74,6 +74,14 @@ LIBRARY_SENTINELS = {
 OTHER_MEANING = {
     ("mechopd/core/stats.py", "seed"): "the bootstrap's seed of a statistics leaf (core/ reads no config)",
     ("mechopd/generate/vllm_engine.py", "seed"): "vLLM's engine seed (the sampler passes each call's seed)",
+    (
+        "mechopd/objectives/losses.py",
+        "teacher",
+    ): "LossInputs.teacher: the teacher's log-probabilities, not its checkpoint",
+    (
+        "mechopd/objectives/schedule.py",
+        "warmup",
+    ): "AnchorSchedule.warmup: the anchor's β ramp (beta_warmup), not the lr's",
     ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",

@@ -33,9 +33,7 @@ LAYERS = (
 )
 TOP = {"testing"}  # test helpers (tiny models for tests and benches): may import any layer, nothing imports them
 # (from layer, to layer): an upward arrow allowed, with the reason. Fix one: drop it (the test fails while it is listed).
-KNOWN_UPWARD = {
-    ("config", "objectives"): "TrainConfig checks method/estimator/selector names against the objectives' registries",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}  # none (config read generate/, objectives/, organisms/ until issue 56)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
