@@ -21,9 +21,8 @@ from typing import Any
 
 import yaml
 
-from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py names `config.LR_SCHEDULES`)
+from mechopd.config.sections import (
     FUSED_TERMS,
-    LR_SCHEDULES,
     TEACHER_MODES,
     VLLM_OPTIONS,
     LogOptions,
@@ -37,9 +36,8 @@ from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py n
 )
 from mechopd.config.terms import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: probes/setup.py imports them from here)
+from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: cli/common.py imports them from here)
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is

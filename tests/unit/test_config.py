@@ -148,3 +148,10 @@ def test_every_numeric_field_declares_a_range():
     facts = field_facts(TrainConfig)
     numeric = {f.name for f in facts if any(t in (int, float) for t in typing.get_args(f.hint) or (f.hint,))}
     assert numeric == {f.name for f in facts if f.range is not None} and "beta" in numeric
+
+
+def test_the_config_relays_no_name_its_users_can_import_from_home():
+    import mechopd.config as config
+
+    # issue 56: probes/setup.py reads the seed and temperature rules from core.options, train/lr.py no table from here
+    assert not {"check_seed", "check_temperature", "LR_SCHEDULES"} & set(vars(config))
