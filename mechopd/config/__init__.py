@@ -23,7 +23,6 @@ import yaml
 
 from mechopd.config.sections import (
     FUSED_TERMS,
-    TEACHER_MODES,
     VLLM_OPTIONS,
     LogOptions,
     LoraOptions,
@@ -203,7 +202,6 @@ def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
 
 def _check_lora_and_teacher(cfg: TrainConfig) -> None:
     """LoRA and teacher-mode fields: values and the layouts they run under (one line each, naming the fix)."""
-    _choice("teacher_mode", cfg.teacher_mode, TEACHER_MODES)
     t = cfg.lora_targets
     if t is not None and (
         not isinstance(t, (list, tuple))
@@ -238,11 +236,6 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
                 f"teacher_mode={cfg.teacher_mode} does not run with sharding: {cfg.sharding} (the "
                 "teacher would share the student's shards); set sharding=none or teacher_mode=frozen"
             )
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ...] = RESUME_MUTABLE) -> list[str]:

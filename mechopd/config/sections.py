@@ -81,10 +81,7 @@ class RolloutOptions:
         help="auto (lean where it can run, else hf) | lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf "
         "(model(...) per decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])",
     )
-    vllm_options: dict[str, Any] = option(
-        default_factory=dict,
-        help="VllmEngine keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs",
-    )
+    vllm_options: dict[str, Any] = option(default_factory=dict, help=f"VllmEngine keywords: {', '.join(VLLM_OPTIONS)}")
     shared_prefix: str = option(
         "auto",
         choices=PREFIX_MODES,

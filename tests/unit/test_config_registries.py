@@ -70,3 +70,10 @@ def test_a_registry_nobody_filled_is_named():
     f = opts.Facts("x", str, "a", "help", registry="no_such")
     with pytest.raises(LookupError, match="no_such"):
         opts.check_value(f, "a")
+
+
+def test_the_vllm_options_help_names_every_key_the_check_accepts():
+    from mechopd.config.sections import VLLM_OPTIONS
+
+    facts = next(f for f in opts.field_facts(TrainConfig) if f.name == "vllm_options")
+    assert all(key in facts.help for key in VLLM_OPTIONS)  # kv_cache_memory_bytes was missing from --help and the docs
