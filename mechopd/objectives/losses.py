@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from mechopd.config import METHOD_ALIASES
-from mechopd.config.terms import ESTIMATORS, NCAOptions  # noqa: F401 (ESTIMATORS: probes/gradients.py, grad_align.py import it from here)
 from mechopd.config.terms import EstimatorOptions as TermOptions
+from mechopd.config.terms import NCAOptions
 from mechopd.core.options import register_registry
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     _check_mask,

@@ -155,3 +155,6 @@ def test_the_config_relays_no_name_its_users_can_import_from_home():
 
     # issue 56: probes/setup.py reads the seed and temperature rules from core.options, train/lr.py no table from here
     assert not {"check_seed", "check_temperature", "LR_SCHEDULES"} & set(vars(config))
+    from mechopd.objectives import losses
+
+    assert not hasattr(losses, "ESTIMATORS")  # the probes read it from its home, mechopd.config.terms
