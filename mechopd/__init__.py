@@ -17,7 +17,20 @@ import re as _re
 from pathlib import Path as _Path
 from typing import Any as _Any
 
+from mechopd.core import options as _options
+
 __version__ = "0.1.0"
+
+
+def _fill_registries() -> None:
+    """Import the packages that fill `mechopd.core.options`' registries (a config field's choices that a package above
+    the config extends): run on the first read of one, so ``import mechopd`` stays light (no torch) and a config built
+    from Python (``TrainConfig(method=...)``) is checked against the live names, as one read from the CLI."""
+    import mechopd.objectives.losses  # noqa: F401  (the ``method`` registry)
+    import mechopd.objectives.select  # noqa: F401  (the ``selector`` registry)
+
+
+_options.add_registry_loader(_fill_registries)
 
 # a Python caller's words for the CLI's in an error message (the library's errors name the command-line flags)
 _PYTHON_WORDS = (

@@ -156,10 +156,11 @@ def _train(a: argparse.Namespace) -> int:
 
 
 def _train_locked(a: argparse.Namespace) -> int:
-    from mechopd.config import load_train_config, merge, train_facts
+    from mechopd.config import merge, train_facts
     from mechopd.core.checks import check_out_dir
     from mechopd.core.config_parse import parse_overrides
     from mechopd.core.options import flag_values
+    from mechopd.organisms.recipes import load_train_config
     from mechopd.train.trainer import train
 
     flags = merge(flag_values(a, train_facts()), parse_overrides([f"task_options.{kv}" for kv in a.option], "--option"))

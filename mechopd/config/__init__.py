@@ -7,8 +7,9 @@ reads YAML / ``--set`` / flags into it, and the CLI flags and docs/config.md are
 selector registers its options section (`losses.register_term(..., options=)`, `select.register_selector(...,
 options=)`); a plug-in's sections are bound the same way (`mechopd.core.options.register_options`), their keys kept in
 ``TrainConfig.plugins`` and read as attributes. Defaults are the papers' (docs/method.md). A student
-``organism:<task>`` starts from that organism's recipe (`mechopd.organisms.recipes`) instead, key by key, unless the key
-is set explicitly (`resolve_train_data`). Every value is validated once, here, in ``TrainConfig.__post_init__``.
+``organism:<task>`` starts from that organism's recipe instead, key by key, unless the key is set explicitly: the
+caller applies it (`mechopd.organisms.recipes.load_train_config` / `resolve_train_data`; config imports nothing above
+itself). Every value is validated once, here, in ``TrainConfig.__post_init__``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py names `config.LR_SCHEDULES`)
-    LR_SCHEDULES,
-    TEACHER_MODES,
+from mechopd.config.sections import (
+    FUSED_TERMS,
+    VLLM_OPTIONS,
     LogOptions,
     LoraOptions,
     OptimOptions,
@@ -32,11 +33,10 @@ from mechopd.config.sections import (  # noqa: F401 (LR_SCHEDULES: train/lr.py n
     ScaleOptions,
     TeacherOptions,
 )
+from mechopd.config.terms import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (flag_text, parse_options: probes/setup.py imports them from here)
+from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (relays: cli/common.py imports flag_text, parse_options from here; pipeline/, study/ load_yaml)
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import check_seed, check_temperature  # noqa: F401 (probes/setup.py imports them from here)
-from mechopd.objectives.options import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)
 # keys `--resume` accepts changed (everything else must equal the run's config.yaml): the run's length and what is
@@ -62,10 +62,9 @@ METHOD_ALIASES = {
 
 
 def method_names() -> list[str]:
-    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`)."""
-    from mechopd.objectives.losses import METHODS
-
-    return [*METHODS, *METHOD_ALIASES]
+    """Every name ``method`` accepts: the registered loss-term sets, then the shorthands (`METHOD_ALIASES`): the live
+    names of the ``method`` registry (`mechopd.objectives.losses.method_registry`)."""
+    return list(_opts.registry_names("method"))
 
 
 @dataclass
@@ -107,7 +106,7 @@ class TrainConfig(
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
-        _check_registered(self)
+        _check_vllm(self)
         if self.follow_contexts is not None and (
             not isinstance(self.follow_contexts, (list, tuple))
             or not self.follow_contexts
@@ -141,8 +140,6 @@ class TrainConfig(
                 "(micro_batch_size works under both)"
             )
         _check_lora_and_teacher(self)
-        from mechopd.objectives.head import check_loss_head
-
         check_loss_head(self.loss_head, self.method, self.sharding)  # fused: opd / nca terms, sharding none
         check_saveable(self.to_dict(), "train config")
 
@@ -174,39 +171,38 @@ def _check_plugins(cfg: TrainConfig) -> None:
         _opts.check_value(facts[key], value)
 
 
-def _check_registered(cfg: TrainConfig) -> None:
-    """The fields whose choices are registries or engines: method, selector, rollout_engine, shared_prefix, vLLM."""
-    from mechopd.generate.lean import DECODERS
-    from mechopd.generate.prefix import MODES as PREFIX_MODES
-    from mechopd.generate.vllm_engine import check_options, require_vllm
-    from mechopd.objectives.losses import METHODS
-    from mechopd.objectives.select import SELECTORS
-
-    if cfg.method not in METHODS:
-        follow = (
-            (
-                " — the follow term is not a method: add it to any method with follow_weight (--set "
-                "follow_weight=1, e.g. --method nca --set follow_weight=1)"
-            )
-            if "follow" in str(cfg.method)
-            else ""
-        )
-        raise ConfigError(f"method={cfg.method!r} is unknown; choose one of {', '.join(method_names())}{follow}")
-    shared = cfg.shared_prefix if not isinstance(cfg.shared_prefix, bool) else "auto"
-    for name, value, allowed in (
-        ("selector", cfg.selector, SELECTORS),
-        ("rollout_engine", cfg.rollout_engine, DECODERS),
-        ("shared_prefix", shared, PREFIX_MODES),
-    ):
-        _choice(name, value, allowed)
-    check_options(cfg.vllm_options)  # a typo is refused whatever the engine (it would be ignored silently)
+def _check_vllm(cfg: TrainConfig) -> None:
+    """vllm_options' keys (refused whatever the engine: else ignored silently) and, for rollout_engine=vllm, vLLM
+    itself. (method, selector, rollout_engine and shared_prefix are checked with every field: their choices.)"""
+    unknown = sorted(set(cfg.vllm_options) - set(VLLM_OPTIONS))
+    if unknown:
+        raise ConfigError(f"vllm_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(VLLM_OPTIONS)}")
     if cfg.rollout_engine == "vllm":
+        from mechopd.core.model_checks import require_vllm
+
         require_vllm("rollout_engine")
+
+
+def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
+    """Config-time refusal of ``loss_head: fused`` where the fused head (`objectives.head`) cannot run (one line
+    naming the fix): a method's terms, read from the ``method`` registry, all in `FUSED_TERMS`; sharding none."""
+    if loss_head != "fused":
+        return
+    other = [t for t in _opts.registry("method").get(method, ()) if t not in FUSED_TERMS]
+    if other:
+        raise ConfigError(
+            f"loss_head=fused computes the opd and nca terms only; method={method} needs "
+            f"{', '.join(other)}: set loss_head=logits (or auto)"
+        )
+    if sharding != "none":
+        raise ConfigError(
+            "loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
+            "loss_head=logits (or auto) or sharding=none"
+        )
 
 
 def _check_lora_and_teacher(cfg: TrainConfig) -> None:
     """LoRA and teacher-mode fields: values and the layouts they run under (one line each, naming the fix)."""
-    _choice("teacher_mode", cfg.teacher_mode, TEACHER_MODES)
     t = cfg.lora_targets
     if t is not None and (
         not isinstance(t, (list, tuple))
@@ -243,11 +239,6 @@ def _check_lora_and_teacher(cfg: TrainConfig) -> None:
             )
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
-
-
 def config_diff(old: dict[str, Any], new: dict[str, Any], allowed: tuple[str, ...] = RESUME_MUTABLE) -> list[str]:
     """``"key: old -> new"`` for every key that differs between two config dicts, except the ``allowed`` ones."""
     keys = sorted((set(old) | set(new)) - set(allowed))
@@ -274,21 +265,6 @@ def bind_train(
     return _opts.bind(
         TrainConfig, merged, source=source, fixed={"plugins": plugins} if plugins else None, also=tuple(facts)
     )
-
-
-def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
-    """Explicit keys over the student's organism recipe (``organism:<task>``; none for other students)."""
-    from mechopd.organisms.recipes import recipe_for
-
-    student = data.get("student", TrainConfig.student)
-    return merge(recipe_for(student), data)
-
-
-def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """YAML file, then overrides, then the organism recipe for every key neither sets (see the module docstring)."""
-    data = load_yaml(path) if path else {}
-    data = resolve_train_data(merge(data, overrides or {}))
-    return bind_train(data, source=str(path or "train config"))
 
 
 def adopt_pins(cfg: TrainConfig, run_config: Path, resume: bool = True) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`TrainConfig`'s sections other than the loss terms' and selector's (those are `mechopd.objectives.options`): run,
+"""`TrainConfig`'s sections other than the loss terms' and selector's (those are `mechopd.config.terms`): run,
 rollout, optim, log, render, scale, LoRA, teacher. Each field declared once with `mechopd.core.options.option` (its
 default, help, range and choices); `mechopd.config.TrainConfig` inherits them all, flat."""
 
@@ -12,7 +12,20 @@ from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, TEMPERATURE_RANGE, U
 SHARDINGS = ("none", "fsdp")  # train.sharding implements them
 TEACHER_MODES = ("frozen", "live", "ema")  # `train.teachers`
 LOSS_HEADS = ("auto", "fused", "logits")  # `train.headstep`
+FUSED_TERMS = frozenset(
+    {"opd", "nca"}
+)  # the terms the fused head computes (`objectives.head`); others: the logits path
 LR_SCHEDULES = ("constant", "linear", "cosine")  # `train.lr.lr_multiplier`
+DECODERS = ("auto", "lean", "hf", "vllm")  # engine names (rollout_engine, eval's engine): lean where it can run else
+#                                          hf (`generate.lean`), ``model(...)`` per step, vLLM (extra)
+PREFIX_MODES = ("auto", "off")  # `generate.prefix`
+VLLM_OPTIONS = (
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_memory_bytes",
+)  # rollout_engine=vllm's vllm_options: `generate.vllm_engine.VllmEngine`'s keywords
 
 
 @dataclass
@@ -38,6 +51,7 @@ class RunOptions:
     method: str = option(
         "opd",
         short=True,
+        registry="method",
         help="opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (a registered "
         "loss-term set; ta_opd / ta_opd_ent = opd + that selector); the follow term goes with any "
         "method: --set follow_weight=1",
@@ -63,15 +77,14 @@ class RolloutOptions:
     )
     rollout_engine: str = option(
         "auto",
+        choices=DECODERS,
         help="auto (lean where it can run, else hf) | lean (`generate.lean`: Llama / Qwen2 / Qwen3) | hf "
         "(model(...) per decode step, any causal LM) | vllm (colocated vLLM, extra mechopd[vllm])",
     )
-    vllm_options: dict[str, Any] = option(
-        default_factory=dict,
-        help="VllmEngine keywords: gpu_memory_utilization, enforce_eager, max_model_len, max_num_seqs",
-    )
+    vllm_options: dict[str, Any] = option(default_factory=dict, help=f"VllmEngine keywords: {', '.join(VLLM_OPTIONS)}")
     shared_prefix: str = option(
         "auto",
+        choices=PREFIX_MODES,
         onoff=True,
         help="auto: a context-view prefix common to every row is "
         "computed once per batch (exact); off: every row in full",

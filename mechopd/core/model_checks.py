@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -33,6 +34,18 @@ def require_peft() -> Any:
     except ImportError:
         raise ConfigError("lora_rank > 0 needs peft (a core dependency of mechopd): pip install 'peft>=0.17'") from None
     return peft
+
+
+VLLM_INSTALL = "pip install mechopd[vllm]"
+
+
+def require_vllm(field: str = "rollout_engine") -> None:
+    """Raise a one-line `ConfigError` naming the install command if vLLM is not importable (the config's and the
+    engine's check: `mechopd.generate.vllm_engine`)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"{field}=vllm needs vLLM, which is not installed; install the extra: {VLLM_INSTALL} (or choose {field}=lean)"
+        )
 
 
 # --------------------------------------------------------------------------------------------------------- weights

@@ -17,6 +17,11 @@ options dataclass and `mechopd.probes.setup.ProbeSetup` are built from them).
   (train, eval: read back by `flag_values`, bound by `bind`) or ``typed`` (``mechopd probe``: parsed by argparse).
 * `docs_table` / `docs_row`, the one docs writer: docs/config.md's tables and docs/probes.md's, the range and choices
   in `limits`' words (what ``--help`` shows too).
+* Choices a package above the config extends (a loss-term set, a selector) come from a registry: ``option(...,
+  registry="selector")``. The registry lives here, a name -> live-names lookup (`register_registry`) that the package
+  owning it fills when it is imported; `check_value` and `limits` (``--help``, the docs) read its live names. The
+  loaders `mechopd/__init__.py` hands over (`add_registry_loader`) import those packages on the first read, so no
+  check runs against an unfilled registry and the config imports nothing above itself.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import MISSING, dataclass
 from typing import Any, Union
 
@@ -99,7 +104,8 @@ GE0, GT0, GE1, UNIT = Range(0), Range(0, open_lo=True), Range(1), Range(0, 1)
 class Facts:
     """One configurable field: its name (= YAML key = ``--set`` key), type hint, default, help, range, choices,
     ``short`` (listed in the short help), ``onoff`` (a text field that also takes YAML 1.1's bare on/off booleans),
-    ``flag`` (its command-line spelling; default ``--kebab-name``), ``metavar`` (its value's name in ``--help``)."""
+    ``flag`` (its command-line spelling; default ``--kebab-name``), ``metavar`` (its value's name in ``--help``),
+    ``registry`` (its choices: the live names of that registry, `registry_names`)."""
 
     name: str
     hint: Any
@@ -112,6 +118,7 @@ class Facts:
     section: str = ""
     flag: str = ""
     metavar: str | None = None
+    registry: str = ""
 
     def __post_init__(self) -> None:
         if not self.flag:
@@ -129,13 +136,16 @@ def option(
     default_factory: Any = MISSING,
     flag: str = "",
     metavar: str | None = None,
+    registry: str = "",
 ) -> Any:
     """A dataclass field carrying its facts (`Facts`): ``option(default, help, range=GE0, ...)`` (``help`` is
     required; ``range`` a `Range`: ``GE0``, ``GE1``, ``GT0``, ``UNIT`` or ``Range(lo, hi)``); ``default_factory`` for a
-    mutable default; ``flag`` / ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name."""
+    mutable default; ``flag`` / ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name;
+    ``registry``: the name of the registry whose live names are the choices (`register_registry`)."""
     if not help:
         raise TypeError("option(...) needs its help: option(default, help, ...)")
     facts = {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}
+    facts |= {"registry": registry} if registry else {}
     meta = {META: {**facts, **({"flag": flag} if flag else {}), **({"metavar": metavar} if metavar else {})}}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -230,8 +240,10 @@ def check_value(facts: Facts, value: Any, subject: str = "") -> None:
         raise ConfigError(f"{who} is invalid: use true or false")
     if typing.get_origin(base) is dict and not isinstance(value, dict):
         raise ConfigError(f"{who} is not a mapping; pass key: value pairs (--set {facts.name}.KEY=VALUE)")
-    if facts.choices is not None and isinstance(value, str) and value not in facts.choices:
-        raise ConfigError(f"{who} is unknown; choose one of {', '.join(facts.choices)}")
+    allowed = allowed_choices(facts)
+    if allowed is not None and isinstance(value, str) and value not in allowed:
+        note = _NOTES[facts.registry](value) if facts.registry in _NOTES else ""
+        raise ConfigError(f"{who} is unknown; choose one of {', '.join(allowed)}{note}")
     if facts.range is not None:
         in_range(facts.name, value, facts.range, integer=base is int, optional=optional, who=who)
 
@@ -275,6 +287,47 @@ def _all_facts(cls: type) -> list[Facts]:
         for f in dataclasses.fields(cls)
         if f.metadata.get("bound", True)
     ]
+
+
+# ------------------------------------------------------------------------- choices from registries
+_REGISTRIES: dict[str, Callable[[], Mapping[str, Any]]] = {}  # name -> its live lookup (name -> entry)
+_NOTES: dict[str, Callable[[str], str]] = {}  # name -> the words added to the refusal of an unknown name
+_LOADERS: list[Callable[[], None]] = []  # import the packages that fill the registries (`mechopd/__init__.py`)
+
+
+def register_registry(
+    name: str, lookup: Callable[[], Mapping[str, Any]], note: Callable[[str], str] | None = None
+) -> None:
+    """The package that owns the registry ``name`` hands over its live lookup (called at each read: a name
+    registered later is seen) and, optionally, ``note(value)``: words added to the refusal of an unknown value."""
+    _REGISTRIES[name] = lookup
+    if note is not None:
+        _NOTES[name] = note
+
+
+def add_registry_loader(load: Callable[[], None]) -> None:
+    """``load()`` imports the packages that fill the registries; run on the first read of one not yet filled."""
+    _LOADERS.append(load)
+
+
+def registry(name: str) -> Mapping[str, Any]:
+    """The live contents of the registry ``name`` (name -> entry), its packages imported first if need be."""
+    if name not in _REGISTRIES:
+        for load in _LOADERS:
+            load()
+    if name not in _REGISTRIES:
+        raise LookupError(f"no registry {name!r} is filled: import the package that registers it (register_registry)")
+    return _REGISTRIES[name]()
+
+
+def registry_names(name: str) -> tuple[str, ...]:
+    """The names the registry ``name`` holds now, in registration order."""
+    return tuple(registry(name))
+
+
+def allowed_choices(facts: Facts) -> tuple[str, ...] | None:
+    """A field's choices: its static ones, or its registry's live names (None: any value)."""
+    return facts.choices if facts.choices is not None or not facts.registry else registry_names(facts.registry)
 
 
 PLUGINS: dict[type, str] = {}  # plug-in options dataclasses, in registration order -> who registered them
@@ -359,8 +412,8 @@ def boolean(text: str) -> bool:
 def limits(f: Facts) -> str:
     """A field's range and choices in words (``>= 0``, ``a | b``): what ``--help`` and every docs table show."""
     parts = [f.range.text()] if f.range is not None else []
-    if f.choices:
-        parts.append(" | ".join(map(str, f.choices)))
+    if choices := allowed_choices(f):
+        parts.append(" | ".join(map(str, choices)))
     return "; ".join(parts)
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from mechopd.config.sections import DECODERS, PREFIX_MODES
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, check_fields, check_temperature, field_facts, option
-from mechopd.generate.lean import DECODERS
-from mechopd.generate.prefix import MODES as PREFIX_MODES
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class EvalConfig:
         if self.engine not in DECODERS:
             raise TaskError(f"engine={self.engine!r} is unknown; choose one of {', '.join(DECODERS)}")
         if self.engine == "vllm":
-            from mechopd.generate.vllm_engine import require_vllm
+            from mechopd.core.model_checks import require_vllm  # torch: kept off the CLI's start
 
             require_vllm("engine")
         check_temperature(self.temperature)  # omit it for greedy decoding

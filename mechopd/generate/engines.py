@@ -3,7 +3,7 @@
 A leaf of `mechopd.generate` (it imports nothing from mechopd): the sampler dispatches to an engine object it finds in
 its `SamplingSettings` (``settings.engine``), and an engine (e.g. `vllm_engine.VllmEngine`) implements this protocol
 and builds its `Generation` with `cut_at_stop`, so neither module imports the other and no module-global table maps
-models to engines. The built-in engines "auto", "lean" and "hf" are names the sampler runs itself (`lean.DECODERS`).
+models to engines. The built-in engines "auto", "lean" and "hf" are names the sampler runs itself (`config.sections.DECODERS`).
 """
 
 from __future__ import annotations

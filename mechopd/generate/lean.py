@@ -38,8 +38,6 @@ from mechopd.core.errors import ModelError
 from mechopd.generate.prefix import cache_kwargs, output_cache
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # Mistral: Llama's arithmetic (without a sliding window)
-DECODERS = ("auto", "lean", "hf", "vllm")  # engine names (configs): lean where it can run else hf, this module,
-#                                              ``model(...)`` per step, vLLM (extra)
 ENGINE_KEYS = "train.rollout_engine (training) / eval.engine (evaluation)"
 _told: set[str] = set()  # the fallback reasons already logged in this process
 

@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
+from mechopd.config.sections import PREFIX_MODES
 from mechopd.core.views import TwoViewBatch
 
-MODES = ("auto", "off")
 MIN_PREFIX_TOKENS = 8
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, Lp, head_dim]
@@ -79,8 +79,8 @@ def output_cache(out: Any) -> Any:
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"shared_prefix must be one of {MODES}, got {mode!r}")
+    if mode not in PREFIX_MODES:
+        raise ValueError(f"shared_prefix must be one of {PREFIX_MODES}, got {mode!r}")
     return mode
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.core.views import TwoViewBatch
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import Agree, PrefixStore, cache_kwargs, view_inputs
@@ -181,7 +182,7 @@ def score_views(
     temperature: float,
     vocab: int | None = None,
     grad: bool = True,
-    shared_prefix: str = "auto",
+    shared_prefix: str = RolloutOptions.shared_prefix,
     agree: Agree | None = None,
     store: PrefixStore | None = None,
     info: dict[str, int] | None = None,
@@ -211,7 +212,7 @@ def score_roles(
     *,
     temperature: float,
     vocab: int | None = None,
-    shared_prefix: str = "auto",
+    shared_prefix: str = RolloutOptions.shared_prefix,
     agree: Agree | None = None,
     teacher_store: PrefixStore | None = None,
     student_shared_prefix: str | None = None,

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.core.views import pad_id
 
 BUILTIN_ENGINES = ("auto", "lean", "hf")  # run by the sampler itself; any other engine is a `RolloutEngine` object
@@ -85,7 +86,7 @@ class SamplingSettings:
     temperature: float = 1.0
     greedy: bool = False
     engine: Any = "auto"
-    shared_prefix: str | int = "auto"
+    shared_prefix: str | int = RolloutOptions.shared_prefix
     batch_size: int = 256
 
     def __post_init__(self) -> None:

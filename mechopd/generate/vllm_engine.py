@@ -21,7 +21,6 @@ vLLM is an optional extra (``pip install mechopd[vllm]``); nothing imports it un
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,36 +28,16 @@ from typing import Any
 
 import torch
 
-from mechopd.core.errors import ConfigError, ModelError
+from mechopd.config.sections import ScaleOptions
+from mechopd.core.errors import ModelError
+from mechopd.core.model_checks import require_vllm
 from mechopd.generate.engines import Generation, cut_at_stop
 
-INSTALL = "pip install mechopd[vllm]"
 # head sizes vLLM 0.32's CPU attention accepts (vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def require_vllm(field: str = "rollout_engine") -> None:
-    """Raise a one-line `ConfigError` naming the install command if vLLM is not importable."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            f"{field}=vllm needs vLLM, which is not installed; install the extra: {INSTALL} (or choose {field}=lean)"
-        )
-
-
-OPTIONS = (
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "max_model_len",
-    "max_num_seqs",
-    "kv_cache_memory_bytes",
-)  # TrainConfig.vllm_options
 CPU_KV_CACHE_BYTES = 1 << 30  # the KV cache on a CPU unless gpu_memory_utilization / kv_cache_memory_bytes is set
-
-
-def check_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"vllm_options: unknown key(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
 
 
 def head_dim_of(config: Any) -> int:
@@ -90,7 +69,7 @@ class VllmEngine:
         self,
         model_dir: str | Path,
         *,
-        dtype: str = "float32",
+        dtype: str = ScaleOptions.dtype,
         seed: int = 0,
         device: str = "cpu",
         max_model_len: int | None = None,

@@ -25,14 +25,13 @@ import functools
 import itertools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
 
-from mechopd.config.sections import LoraOptions  # declared once, with the config (lora_rank, lora_alpha, ...)
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.core.model_checks import require_peft  # noqa: F401  (re-exported: the check lives below config/)
+from mechopd.core.model_checks import require_peft
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
 
 if TYPE_CHECKING:
@@ -46,12 +45,22 @@ DEFAULT_TARGETS = ATTN_MODULES + MLP_MODULES  # the attention and MLP projection
 NAME = "default"  # peft's adapter name
 
 
-def targets_of(opts: LoraOptions) -> tuple[str, ...]:
+class LoraSpec(Protocol):
+    """What an adapter is built from: the fields of `mechopd.config.sections.LoraOptions`, where they are declared
+    once (its section, or the whole `TrainConfig`, satisfies this); models/ reads them without importing the config."""
+
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_targets: list[str] | None
+
+
+def targets_of(opts: LoraSpec) -> tuple[str, ...]:
     """The adapted module names: ``lora_targets``, or (None) the attention and MLP projections."""
     return tuple(opts.lora_targets) if opts.lora_targets else DEFAULT_TARGETS
 
 
-def peft_config(opts: LoraOptions, base: str | None = None, targets: list[str] | None = None) -> Any:
+def peft_config(opts: LoraSpec, base: str | None = None, targets: list[str] | None = None) -> Any:
     peft = require_peft()
     return peft.LoraConfig(
         r=opts.lora_rank,
@@ -71,7 +80,7 @@ def shared_base(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
+def add_adapter(model: nn.Module, opts: LoraSpec) -> nn.Module:
     """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable, in float32 whatever the
     base's dtype (peft casts the input per layer). A target that matches no module raises `ConfigError` naming the
     model's linear module names."""
@@ -90,7 +99,7 @@ def add_adapter(model: nn.Module, opts: LoraOptions) -> nn.Module:
     return model
 
 
-def check_fits(model: nn.Module, opts: LoraOptions, paths: list[str]) -> None:
+def check_fits(model: nn.Module, opts: LoraSpec, paths: list[str]) -> None:
     """Refuse, before anything is allocated, a rank below 1 or above every targeted projection's smaller dimension
     (``lora_rank=2**40``), and ``lm_head`` as a target when the head is tied to the embeddings (the merged checkpoint
     would save an untied head). ``paths``: the targeted modules (`arch.lora_modules`; Linear or Conv1D, whose weight's
@@ -195,7 +204,7 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_adapter(model: nn.Module, opts: LoraOptions, out: Path, base: str | None) -> Path:
+def save_adapter(model: nn.Module, opts: LoraSpec, out: Path, base: str | None) -> Path:
     """``out/adapter_config.json`` + ``out/adapter_model.safetensors`` (PEFT's format; `base` recorded as
     ``base_model_name_or_path``)."""
     from safetensors.torch import save_file

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.objectives.options import EstimatorOptions
+from mechopd.config.terms import EstimatorOptions
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Vocabulary alignment and reduction

@@ -23,9 +23,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from mechopd.config.terms import FollowOptions
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.losses import TERMS, TermOptions, register_term
-from mechopd.objectives.options import FollowOptions
 from mechopd.tasks.base import OtherContext
 
 

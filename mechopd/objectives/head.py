@@ -32,10 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mechopd.core.errors import ConfigError
-from mechopd.objectives.losses import METHODS, TermOptions
-
-FUSED_TERMS = frozenset({"opd", "nca"})  # the terms this head computes; any other term: the logits path
+from mechopd.objectives.losses import TermOptions
 
 
 class ChunkOut(NamedTuple):
@@ -55,23 +52,6 @@ class ChunkOut(NamedTuple):
 ChunkKernel = Callable[
     [Tensor, Tensor | None, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, float, TermOptions], ChunkOut
 ]
-
-
-def check_loss_head(loss_head: str, method: str, sharding: str) -> None:
-    """Config-time refusal of ``loss_head: fused`` where this head cannot run (one line naming the fix)."""
-    if loss_head != "fused":
-        return
-    other = [t for t in METHODS.get(method, ()) if t not in FUSED_TERMS]
-    if other:
-        raise ConfigError(
-            f"loss_head=fused computes the opd and nca terms only; method={method} needs "
-            f"{', '.join(other)}: set loss_head=logits (or auto)"
-        )
-    if sharding != "none":
-        raise ConfigError(
-            "loss_head=fused needs sharding: none (an FSDP root holds the LM head); set "
-            "loss_head=logits (or auto) or sharding=none"
-        )
 
 
 def _logp_(z: Tensor, T: float) -> Tensor:

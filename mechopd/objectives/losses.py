@@ -30,6 +30,10 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import Tensor
 
+from mechopd.config import METHOD_ALIASES
+from mechopd.config.terms import EstimatorOptions as TermOptions
+from mechopd.config.terms import NCAOptions
+from mechopd.core.options import register_registry
 from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
     _check_mask,
     common_vocab,
@@ -42,8 +46,6 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     sym_kl,
     token_mean,
 )
-from mechopd.objectives.options import ESTIMATORS, NCAOptions  # noqa: F401 (ESTIMATORS: probes/gradients.py, grad_align.py import it from here)
-from mechopd.objectives.options import EstimatorOptions as TermOptions
 
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})
 FULL_VIEWS = ("student_nctx", "student_ctx", "teacher")  # the [batch, seq, vocab] ones
@@ -232,6 +234,24 @@ METHODS: dict[str, tuple[str, ...]] = {
     "dual_opd": ("opd", "dual"),
     "sym_kl": ("opd", "sym"),
 }
+
+
+def method_registry() -> dict[str, tuple[str, ...]]:
+    """The ``method`` registry (`mechopd.core.options.registry`): every loss-term set, then the config's shorthands
+    (`mechopd.config.METHOD_ALIASES`, each with its method's terms): the names ``method`` accepts."""
+    return {**METHODS, **{alias: METHODS[m] for alias, (m, _) in METHOD_ALIASES.items() if m in METHODS}}
+
+
+def _follow_note(value: str) -> str:
+    if "follow" not in str(value):
+        return ""
+    return (
+        " — the follow term is not a method: add it to any method with follow_weight (--set "
+        "follow_weight=1, e.g. --method nca --set follow_weight=1)"
+    )
+
+
+register_registry("method", method_registry, _follow_note)
 
 
 def make_term(

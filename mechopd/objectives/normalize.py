@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mechopd.config.terms import SignalOptions
 from mechopd.core.errors import ConfigError
-from mechopd.objectives.options import SignalOptions
 from mechopd.objectives.signals import TeachabilityStats, _check_mask, _fp32
 
 FLAT_TOL = 1e-12  # Norm(z) is all zeros when Q95 − Q05 < FLAT_TOL (the released code's tolerance)

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechopd.config.terms import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import register_options
+from mechopd.core.options import register_options, register_registry
 from mechopd.objectives.normalize import NormalizedStats, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
-from mechopd.objectives.options import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
     C_MODES,
     D_MODES,
@@ -64,6 +64,7 @@ class SelectorSpec:
 
 _SELECTORS: dict[str, SelectorSpec] = {}
 SELECTORS: tuple[str, ...] = ()  # the registered names, in registration order (kept current by register_selector)
+register_registry("selector", lambda: _SELECTORS)  # TrainConfig.selector's choices: the live names
 
 
 def register_selector(
@@ -236,7 +237,7 @@ class Selection:
 
 @dataclass(frozen=True)
 class Selector:
-    """A named token selector with its option sections (declared once, `objectives/options.py`); call it on one
+    """A named token selector with its option sections (declared once, `config/terms.py`); call it on one
     rollout batch.
 
     name: one of SELECTORS; signals: `SignalOptions` (k, c_mode, d_mode, q_low, q_high: the teachability signals and

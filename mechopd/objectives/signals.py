@@ -12,9 +12,9 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from mechopd.config.terms import C_MODES, D_MODES, SignalOptions  # declared once, with the config fields
 from mechopd.core.errors import ConfigError
 from mechopd.objectives.divergences import _check_mask
-from mechopd.objectives.options import C_MODES, D_MODES, SignalOptions  # declared once, with the config fields
 
 FLOOR = 1e-12  # the released code's probability floor (d_mode="floored")
 

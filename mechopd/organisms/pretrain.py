@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mechopd.config.sections import RunOptions
 from mechopd.core.errors import ConfigError, TrainingError
 from mechopd.core.options import check_seed, option
 from mechopd.core.runlock import hold
@@ -41,7 +42,7 @@ CORPUS_VERSION: dict[str, int] = {"rules": 1, "frozenlake": 3, "sokoban": 3}
 class OrganismConfig:
     """A model organism: architecture size and pretraining schedule (defaults: the organisms of docs/organisms.md)."""
 
-    task: str = "rules"
+    task: str = RunOptions.task
     arch: str = "qwen3"  # qwen3 | llama
     hidden_size: int = 96
     num_layers: int = 3

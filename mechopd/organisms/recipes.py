@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig, bind_train
+from mechopd.core.config_parse import load_yaml, merge
 from mechopd.core.errors import ModelError
 
 ORGANISM_DIR = "runs/organisms"  # where `organism:<task>` lives unless a config's organism_dir says otherwise
@@ -97,6 +99,20 @@ def recipe_for(student: str) -> dict[str, Any]:
     """The recipe a student starts from (empty for a non-organism student or an unknown organism task)."""
     task = organism_task(student)
     return dict(ORGANISM_RECIPES.get(task, {})) if task else {}
+
+
+def resolve_train_data(data: dict[str, Any]) -> dict[str, Any]:
+    """Explicit keys over the student's organism recipe (``organism:<task>``; none for other students)."""
+    student = data.get("student", TrainConfig.student)
+    return merge(recipe_for(student), data)
+
+
+def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """A `TrainConfig` from a YAML file, then overrides, then the organism recipe for every key neither sets (the
+    recipe is applied here, by the caller of `mechopd.config.bind_train`: config imports nothing above itself)."""
+    data = load_yaml(path) if path else {}
+    data = resolve_train_data(merge(data, overrides or {}))
+    return bind_train(data, source=str(path or "train config"))
 
 
 def resolve_organism(

@@ -313,7 +313,8 @@ class StudySpec:
         }
 
     def _config(self, role: str | None, seed: int, student: str | None) -> Any:
-        from mechopd.config import TrainConfig, build_config, resolve_train_data
+        from mechopd.config import TrainConfig, build_config
+        from mechopd.organisms.recipes import resolve_train_data
 
         data: dict[str, Any] = {
             **self.train,

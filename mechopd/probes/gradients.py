@@ -48,11 +48,11 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from mechopd.config.terms import ESTIMATORS
+from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import RenderSpec, TwoViewBatch
-from mechopd.objectives.losses import ESTIMATORS
-from mechopd.objectives.options import EstimatorOptions as TermOptions
 from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
     SCOPES,
     TERMS,

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechopd.config import check_seed, check_temperature
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.core.options import GE0, GE1, check_fields, option
+from mechopd.core.options import GE0, GE1, check_fields, check_seed, check_temperature, option
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
 from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
@@ -254,8 +253,9 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.config import TrainConfig, build_config, load_train_config
+    from mechopd.config import TrainConfig, build_config
     from mechopd.core.artifacts import read_json
+    from mechopd.organisms.recipes import load_train_config
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")

@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+from mechopd.config.terms import SignalOptions
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.options import GE0
-from mechopd.objectives.options import SignalOptions
 from mechopd.probes.options import MODEL_HELP, Role, option
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext, items_path, write_items

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from mechopd.config.terms import SignalOptions
 from mechopd.core.artifacts import write_csv
 from mechopd.core.checks import check_response_ids
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.core.views import build_two_view_batch
 from mechopd.generate.scorer import common_vocab_size, score_views
 from mechopd.objectives.losses import reverse_kl_full
-from mechopd.objectives.options import SignalOptions
 from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
 from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.teachability_analysis import Table

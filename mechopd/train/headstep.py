@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechopd.config.sections import FUSED_TERMS
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.generate.scorer import head_split
-from mechopd.objectives.head import FUSED_TERMS, fused_head_loss
+from mechopd.objectives.head import fused_head_loss
 from mechopd.objectives.losses import LossResult, LossTerm, TermOptions
 from mechopd.train.step import StepScorer
 

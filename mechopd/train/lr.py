@@ -18,7 +18,7 @@ from mechopd.config import TrainConfig
 
 
 def lr_multiplier(step: int, steps: int, warmup: int = TrainConfig.warmup, schedule: str = "constant") -> float:
-    """m(s) above; `schedule` is one of ``config.LR_SCHEDULES`` (validated by TrainConfig)."""
+    """m(s) above; `schedule` is one of ``config.sections.LR_SCHEDULES`` (validated by TrainConfig)."""
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":

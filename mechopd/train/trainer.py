@@ -38,11 +38,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechopd.config import TrainConfig, resolve_train_data
+from mechopd.config import TrainConfig
 from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.views import assemble_two_views, render_prompt_ids
 from mechopd.evaluation.pinning import PROMPT_CACHE
 from mechopd.generate.sampler import play_games, sample_rows, stable_seed
+from mechopd.organisms.recipes import resolve_train_data
 from mechopd.train import dist, gradstats, guard, rundir
 from mechopd.train.engine import sync_engine
 from mechopd.train.evaluator import PeriodicEval

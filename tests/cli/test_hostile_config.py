@@ -233,8 +233,8 @@ def test_text_stays_text_and_numbers_are_numbers(pairs, field, value):
 
     import yaml
 
-    from mechopd.config import load_train_config
     from mechopd.core.config_parse import parse_overrides
+    from mechopd.organisms.recipes import load_train_config
 
     cfg = load_train_config(None, parse_overrides(pairs))
     assert getattr(cfg, field) == value and type(getattr(cfg, field)) is type(value)
@@ -249,8 +249,8 @@ def test_the_same_words_in_every_verb(tiny_rules_organism):
     from mechopd.cli import make_parser
     from mechopd.cli.common import kv as _kv
     from mechopd.cli.common import text as _text
-    from mechopd.config import load_train_config
     from mechopd.core.config_parse import parse_overrides
+    from mechopd.organisms.recipes import load_train_config
 
     sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert all("--option" in {s for a in sub[v]._actions for s in a.option_strings} for v in ("train", "eval"))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechopd.config import load_train_config
 from mechopd.models import load_model, load_tokenizer, lora
+from mechopd.organisms.recipes import load_train_config
 from mechopd.testing.zoo import FAMILY, tiny_model
 from mechopd.train.trainer import Trainer
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.config import TrainConfig, load_train_config
+from mechopd.config import TrainConfig
 from mechopd.core.config_parse import parse_overrides
 from mechopd.core.errors import ConfigError
+from mechopd.organisms.recipes import load_train_config
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].glob("training/**/*.yaml"))
 RECIPES = [p for p in RECIPES if "launch" not in p.parts and "studies" not in p.parts]  # studies: `mechopd run`
@@ -147,3 +148,13 @@ def test_every_numeric_field_declares_a_range():
     facts = field_facts(TrainConfig)
     numeric = {f.name for f in facts if any(t in (int, float) for t in typing.get_args(f.hint) or (f.hint,))}
     assert numeric == {f.name for f in facts if f.range is not None} and "beta" in numeric
+
+
+def test_the_config_relays_no_name_its_users_can_import_from_home():
+    import mechopd.config as config
+
+    # issue 56: probes/setup.py reads the seed and temperature rules from core.options, train/lr.py no table from here
+    assert not {"check_seed", "check_temperature", "LR_SCHEDULES"} & set(vars(config))
+    from mechopd.objectives import losses
+
+    assert not hasattr(losses, "ESTIMATORS")  # the probes read it from its home, mechopd.config.terms

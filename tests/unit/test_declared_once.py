@@ -73,8 +73,17 @@ LIBRARY_SENTINELS = {
 # an option's default never goes here: it reads the declaration instead.
 OTHER_MEANING = {
     ("mechopd/core/stats.py", "seed"): "the bootstrap's seed of a statistics leaf (core/ reads no config)",
-    ("mechopd/generate/vllm_engine.py", "seed"): "vLLM's engine seed (generate/ cannot import config/)",
+    ("mechopd/generate/vllm_engine.py", "seed"): "vLLM's engine seed (the sampler passes each call's seed)",
+    (
+        "mechopd/objectives/losses.py",
+        "teacher",
+    ): "LossInputs.teacher: the teacher's log-probabilities, not its checkpoint",
+    (
+        "mechopd/objectives/schedule.py",
+        "warmup",
+    ): "AnchorSchedule.warmup: the anchor's β ramp (beta_warmup), not the lr's",
     ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
+    ("mechopd/tasks/facts.py", "k"): "facts per handbook, not TA-OPD's support size K",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
     ("mechopd/pipeline/demo.py", "layers"): "the organism's decoder layers (DemoConfig), not a probe's --layers",
@@ -290,8 +299,8 @@ def test_the_scanner_finds_each_kind_of_restatement() -> None:
     # below the probes' layer, a parameter named `model` cannot be restating a probe's option (it cannot import it)
     below = [r.split(" (")[0] for r in restatements(source, "mechopd/evaluation/y.py", declared)]
     assert len(below) == 5 and not any("model=" in r for r in below)
-    # generate/ cannot read config/ (config imports generate: KNOWN_UPWARD), so nothing there copies config's beta
-    assert restatements(source, "mechopd/generate/y.py", declared) == []
+    # core/ cannot read config/ (it lies below it), so nothing there copies config's beta
+    assert restatements(source, "mechopd/core/y.py", declared) == []
 
 
 def files_naming(option: str) -> dict[str, int]:

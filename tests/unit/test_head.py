@@ -160,8 +160,8 @@ def test_every_estimator_equals_the_logits_path(method, case, T, chunk, selected
 
 
 def test_sampled_needs_tokens_and_fused_refuses_other_terms():
+    from mechopd.config import check_loss_head
     from mechopd.core.errors import ConfigError
-    from mechopd.objectives.head import check_loss_head
     from mechopd.objectives.losses import TermOptions
 
     hx, _, ht, w, wt, mask = _inputs(3)

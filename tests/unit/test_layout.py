@@ -33,11 +33,7 @@ LAYERS = (
 )
 TOP = {"testing"}  # test helpers (tiny models for tests and benches): may import any layer, nothing imports them
 # (from layer, to layer): an upward arrow allowed, with the reason. Fix one: drop it (the test fails while it is listed).
-KNOWN_UPWARD = {
-    ("config", "generate"): "TrainConfig.__post_init__ checks decoder/prefix/vLLM choices against generate's tables",
-    ("config", "objectives"): "TrainConfig checks method/estimator/selector names against the objectives' registries",
-    ("config", "organisms"): "config.recipe resolves an organism's recipe (organisms.recipes.recipe_for)",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}  # none (config read generate/, objectives/, organisms/ until issue 56)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

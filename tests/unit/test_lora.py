@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mechopd.config import TrainConfig
+from mechopd.config.sections import LoraOptions
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import assemble_two_views
 from mechopd.models import lora
@@ -19,7 +20,7 @@ from mechopd.objectives.select import make_selector
 from mechopd.train.step import StepOptions, StepScorer
 
 V, T = 61, 0.8
-OPTS = lora.LoraOptions(lora_rank=4, lora_alpha=8.0)
+OPTS = LoraOptions(lora_rank=4, lora_alpha=8.0)
 
 
 def _llama(seed: int):
@@ -177,7 +178,7 @@ def test_the_lean_decoder_runs_the_adapter(batch):
 
 def test_unknown_lora_target_is_refused():
     with pytest.raises(ConfigError, match="lora_targets.*q_projx.*choose from"):
-        lora.add_adapter(_llama(0), lora.LoraOptions(lora_rank=2, lora_targets=["q_projx"]))
+        lora.add_adapter(_llama(0), LoraOptions(lora_rank=2, lora_targets=["q_projx"]))
 
 
 @pytest.mark.parametrize(
@@ -199,3 +200,14 @@ def test_unknown_lora_target_is_refused():
 def test_lora_and_teacher_fields_are_validated(kw, match):
     with pytest.raises(ConfigError, match=match):
         TrainConfig(**kw)
+
+
+def test_the_adapter_takes_its_options_without_importing_the_config():
+    from pathlib import Path
+
+    import mechopd.models.lora as lora
+    from tests.unit.test_layering import imported_modules
+
+    assert not [m for m in imported_modules(Path(lora.__file__)) if m.startswith("mechopd.config")]  # issue 56
+    opts = LoraOptions(lora_rank=2, lora_targets=["q_proj"])
+    assert lora.targets_of(opts) == ("q_proj",) and lora.targets_of(LoraOptions()) == lora.DEFAULT_TARGETS

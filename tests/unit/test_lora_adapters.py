@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from mechopd.config.sections import LoraOptions
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.models import lora
 from tests.unit.test_lora import OPTS, _adapted, _llama
@@ -96,14 +97,14 @@ def test_the_adapter_record_names_what_was_read(saved):
 def test_a_rank_outside_the_projections_is_refused_before_allocation(rank):
     model = _llama(0)  # hidden 32: no projection has a dimension above 32
     with pytest.raises(ConfigError, match=f"lora_rank={rank} is outside 1..32"):
-        lora.add_adapter(model, lora.LoraOptions(lora_rank=rank))
+        lora.add_adapter(model, LoraOptions(lora_rank=rank))
     assert not lora.lora_layers(model)
 
 
 def test_lm_head_on_tied_embeddings_is_refused():
     model = _llama(0)  # tie_word_embeddings=True
     with pytest.raises(ConfigError, match="ties to embed_tokens"):
-        lora.add_adapter(model, lora.LoraOptions(lora_rank=4, lora_targets=["q_proj", "lm_head"]))
+        lora.add_adapter(model, LoraOptions(lora_rank=4, lora_targets=["q_proj", "lm_head"]))
 
 
 def test_a_resume_refuses_a_nan_adapter(tmp_path):

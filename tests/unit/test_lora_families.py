@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechopd.config.sections import LoraOptions
 from mechopd.core.errors import ConfigError
 from mechopd.models import lora
 from mechopd.models.arch import lora_modules
@@ -29,12 +30,12 @@ def test_targets_resolve_to_the_models_own_modules():
     with pytest.raises(ConfigError, match="q_proj, k_proj, v_proj in one module"):
         lora_modules(phi3, ["q_proj", "v_proj"])
     with pytest.raises(ConfigError, match="q_proj, k_proj, v_proj in one module"):
-        lora.add_adapter(tiny_family_model("phi3"), lora.LoraOptions(lora_rank=2, lora_targets=["q_proj"]))
+        lora.add_adapter(tiny_family_model("phi3"), LoraOptions(lora_rank=2, lora_targets=["q_proj"]))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "phi3", "gpt_neox"])
 def test_merged_weights_equal_the_adapted_forward(family):
-    model = lora.add_adapter(tiny_family_model(family), lora.LoraOptions(lora_rank=2))
+    model = lora.add_adapter(tiny_family_model(family), LoraOptions(lora_rank=2))
     assert lora.lora_layers(model)
     torch.manual_seed(3)
     with torch.no_grad():

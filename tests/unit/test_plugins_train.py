@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from mechopd.cli import main, make_parser
-from mechopd.config import TrainConfig, load_train_config, train_facts
+from mechopd.config import TrainConfig, train_facts
 from mechopd.core.config_parse import CliValue
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import GE0, GE1, option, unregister_options
 from mechopd.objectives.losses import TERMS, LossInputs, TermOutput, config_terms, register_term
 from mechopd.objectives.select import config_selector, register_selector, unregister_selector
+from mechopd.organisms.recipes import load_train_config
 
 
 # -- the toy loss term: the no-context view's entropy, added to any method when toy_weight > 0 ---------------------------

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mechopd.config import TrainConfig, load_train_config
+from mechopd.config import TrainConfig
 from mechopd.organisms.pretrain import ORGANISM_TASKS
+from mechopd.organisms.recipes import load_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ORGANISMS = ROOT / "training" / "organisms"
@@ -139,3 +140,12 @@ def test_runs_of_a_task_recipe_are_named_by_their_method():
     assert run_name("training/organisms/rules.yaml", "rules", "opd", "ta_opd") == "rules-opd-ta_opd"
     assert run_name(None, "sokoban", "opd", "full") == "sokoban-opd-full"
     assert run_name("training/paper/qwen3-4b-sokoban-nca.yaml", "sokoban", "nca", "full") == "qwen3-4b-sokoban-nca"
+
+
+def test_the_recipe_is_applied_by_the_caller_not_by_config():
+    import mechopd.config as config
+    from mechopd.config import bind_train
+
+    assert not hasattr(config, "load_train_config") and not hasattr(config, "resolve_train_data")  # issue 56
+    assert bind_train({}).lr == TrainConfig.lr == 5e-6  # config alone: the papers' defaults
+    assert load_train_config(None, {}).lr == 2e-3  # the caller applies organism:rules' recipe

@@ -41,6 +41,6 @@ def test_unsupported_head_dim_names_the_constraint_and_the_sizes():
 
 def test_unknown_vllm_option_is_named():
     with pytest.raises(ConfigError, match="vllm_options: unknown key.*gpu_mem"):
-        vllm_engine.check_options({"gpu_mem": 0.5})
+        TrainConfig(vllm_options={"gpu_mem": 0.5})
     with pytest.raises(TaskError, match="engine='sglang' is unknown"):
         EvalConfig(engine="sglang")

@@ -1,6 +1,7 @@
-"""The built-in loss terms' and selectors' options, declared once (`mechopd.core.options.option`): a leaf (it imports
-only `mechopd.core.options`), so `mechopd.config` composes `TrainConfig` from these sections and `objectives.losses`,
-`objectives.follow` and `objectives.select` register them with their terms and selectors (no import cycle)."""
+"""The built-in loss terms' and selectors' options, declared once (`mechopd.core.options.option`), with the config (it
+imports only `mechopd.core.options`): `mechopd.config` composes `TrainConfig` from these sections and
+`objectives.losses`, `objectives.follow` and `objectives.select`, a layer above, register them with their terms and
+selectors (config imports nothing above itself)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class SelectionOptions:
     selector: str = option(
         "full",
         short=True,
+        registry="selector",
         help="token selector: full | random | entropy | divergence | tip | "
         "compat | ta_opd | ta_opd_ent | a registered name",
     )
