@@ -121,7 +121,7 @@ def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[s
     seeds × items interval, Kleene OR; returns (decision, harm stat, drop stat)."""
     th = _thresholds(runs)
     harm = metric_stat(runs, "opd", "harm")
-    drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"))
+    drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"), bounds=(-1.0, 1.0))
     if harm["mean"] is None and drop["mean"] is None:
         return Decision(NA), harm, drop
     d = any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), decide(harm, th["harm_high"], ">=", "Harm"))
@@ -175,12 +175,12 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     acc = metric_stat(runs, role, "acc_x")
     crit = (
         f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}; "
-        f"{what} Acc_x ≥ {CEILING} (interval): ceiling, the comparison cannot fail"
+        f"{what} Acc_x ≥ {CEILING} (mean over seeds): ceiling, the comparison cannot fail"
     )
     measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}"
     if diff["mean"] is None:
         return _row(key, measured, NA, crit)
-    if acc["low"] is not None and acc["low"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
+    if acc["mean"] is not None and acc["mean"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
         return _row(
             key, measured + f" ({what} at the ceiling: no loss is possible, no gain can be shown)", NA_CEILING, crit
         )
@@ -282,7 +282,7 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
 
 def floor(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any]]:
     """Does the base use the context? Acc_xc − Acc_x of the base ≥ `FLOOR_GAIN` (interval rule)."""
-    gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"))
+    gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"), bounds=(-1.0, 1.0))
     return (decide(gain, FLOOR_GAIN, ">=") if gain["mean"] is not None else Decision(NA)), gain
 
 
