@@ -15,6 +15,7 @@ from mechopd.core.errors import DataError
 from mechopd.core.stats import fmt_stat, hier_bootstrap, scaled_stat, seed_stat, t_quantile
 from mechopd.report import claims
 from mechopd.report import mechanism_claims as mc
+from mechopd.report import preconditions as pre
 from mechopd.report.aggregate import aggregate, relabel_kept, summarise_runs
 from mechopd.report.verdicts import NA_FLOOR_BOTH, ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
@@ -73,7 +74,7 @@ CASES: dict[str, dict[str, list[dict]]] = {
         NA + " (the OPD gradient cannot be told from noise here)": [{"gcos": (0.05, 0.01)}],
         U: [{"gcos": (0.05, 0.4)}, {"gcos": (0.2, 0.4)}],
     },
-    "shallow": {H: [SHALLOW], F: [DEEP], NA: [{}], U: [SHALLOW, DEEP]},
+    "shallow": {H: [SHALLOW], F: [DEEP], pre.NA_SHALLOW: [{}], U: [SHALLOW, DEEP]},
     "qk": {H: [{}], F: [{"qk_factor": 0.5}], U: [{}, {"qk_factor": 0.5}]},
     "qk_causal_rule": {
         H: [{}],
