@@ -369,6 +369,10 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any]) ->
         f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}{given}) on {workers} worker(s)"
         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
     )
+    from mechopd.report.design import design_lines
+
+    for line in design_lines(len(spec.seeds), spec.eval_n):  # before the first job: what it cannot decide (#54)
+        _log(line)
     run_seed_runs(runs, Path(student), workers, _log, train_runs, finish_seed)
     report = out / "report.md"
     if len(runs) > 1:

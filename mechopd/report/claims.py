@@ -25,7 +25,6 @@ Every value is read through the typed study (`mechopd.study.Study`) by ROLE, nev
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from mechopd.report import preconditions as pre
 from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
+from mechopd.report.multiplicity import CONFIRMATORY, chance_decisions, holm, multiplicity_note
 from mechopd.report.seed_items import diff_stat, eval_arrays, metric_of, metric_stat, paired_stat
 from mechopd.report.verdicts import (
     CEILING,
@@ -56,7 +56,10 @@ from mechopd.study import Study, studies
 
 __all__ = [
     "CLAIMS",
+    "CONFIRMATORY",
     "Claim",
+    "chance_decisions",
+    "multiplicity_note",
     "FAILS",
     "HOLDS",
     "NA",
@@ -68,6 +71,7 @@ __all__ = [
     "findings",
     "fragile_claims",
     "grad_steps",
+    "holm",
     "layer_cosines",
     "lens_kls",
     "quartile_spread",
@@ -94,13 +98,15 @@ class Claim:
     verdict: str
     criterion: str
     headline: str = ""
+    p: float | None = None  # the decision's one-sided p (Holm over the confirmatory rows)
+    family: str = ""  # "confirmatory" (Holm) or "exploratory" (`multiplicity.holm`)
 
 
 def _row(key: str, measured: str, d: Decision | str, crit: str, headline: str = "") -> Claim:
     """A decided row: a `Decision`'s note (fragile parts, or one seed) joins the measured cell."""
     if isinstance(d, str):
         return Claim(key, "", "", measured, d, crit, headline)
-    return Claim(key, "", "", measured + d.note, d.verdict, crit, headline)
+    return Claim(key, "", "", measured + d.note, d.verdict, crit, headline, d.p)
 
 
 def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
@@ -352,6 +358,7 @@ def evaluate_claims(
             row.verdict = NA_FLOOR if base_ok.verdict == FAILS else undecided(seeds)
             row.measured += f"; base Acc_xc − Acc_x {fmt_stat(gain, signed=True)} (floor {FLOOR_GAIN})"
         out.append(row)
+    holm(out)  # Holm over the confirmatory rows; the others labelled exploratory
     return out
 
 
@@ -374,7 +381,8 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
     """The claims table (markdown), verdict in the second column, with a line on how the intervals are made."""
     lines = ["| claim | verdict | measured here | paper | criterion |", "|---|:---:|---|---|---|"]
     for c in claims:
-        cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
+        tag = " *(confirmatory)*" if c.family == "confirmatory" else " *(exploratory)*" if c.family else ""
+        cells = [c.claim + tag, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += [
         "",
@@ -392,32 +400,6 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         multiplicity_note(claims),
     ]
     return "\n".join(lines) + "\n"
-
-
-ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.034)
-
-
-def chance_decisions(rows: int, alpha: float = ROW_ERROR, level: float = 0.05) -> tuple[float, int]:
-    """In a null world (every row's true value on its bar, rows independent, each decided by chance with probability
-    ≤ α): the expected number of chance decisions, rows·α, and the least k with P(Binomial(rows, α) ≥ k) ≤ level."""
-    tail, k = 1.0, 0
-    while tail > level:
-        tail -= math.comb(rows, k) * alpha**k * (1 - alpha) ** (rows - k)
-        k += 1
-    return rows * alpha, k
-
-
-def multiplicity_note(claims: Sequence[Claim]) -> str:
-    """The multiplicity policy under the table (docs/method.md §8): each row is its own test at 5 %, no correction;
-    the line says how many rows chance alone decides and how many this table decides."""
-    decided = sum(c.verdict in (HOLDS, FAILS) for c in claims)
-    expect, k = chance_decisions(len(claims))
-    return (
-        f"Multiplicity: {len(claims)} rows, each decided on its own 95 % interval (no correction: each row answers "
-        f"its own question about the papers). A null world — every true value on its bar — would decide about "
-        f"{expect:.2f} of them by chance ({k} or more with probability ≤ 5 %); this table decides {decided}. "
-        "A single decided row can still be one of the chance ones."
-    )
 
 
 def fragile_claims(claims: Sequence[Claim]) -> list[Claim]:
