@@ -196,10 +196,12 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
+    if half["mean"] is None or lower["mean"] is None:  # a role or its items missing: nothing to check
+        return _row("nca_removes", measured, NA, crit)
     for check in (pre.nca_alive(runs), pre.harm_units(runs, "nca")):
         if check:
             return _row("nca_removes", f"{measured}; {check[1]}", check[0], crit)
-    if half["mean"] is None or lower["mean"] is None or gate.verdict == NA:
+    if gate.verdict == NA:
         return _row("nca_removes", measured, NA, crit)
     d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
     return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
