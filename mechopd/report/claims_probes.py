@@ -29,6 +29,9 @@ from mechopd.report.claim_rules import (
     layer_cosines,
     lens_kls,
     mean_cos,
+    null_depth_ratio,
+    null_qk_ratio,
+    over_null,
     qk_ratio,
     quartile_spread,
     update_norms,
@@ -247,39 +250,67 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     )
 
 
+def _normed(runs: Sequence[Study], ratio: Callable, null: Callable) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per model: the raw ratio, its Adam null and ratio / null over seeds (log-ratio t-intervals)."""
+    out = {}
+    for m in ("opd", "nca"):
+        raw, nul = [ratio(r, m) for r in runs], [null(r, m) for r in runs]
+        out[m] = {
+            "raw": _stat(runs, raw, "log"),
+            "null": _stat(runs, nul, "log"),
+            "over": _stat(runs, [over_null(a, b) for a, b in zip(raw, nul)], "log"),
+        }
+    return out
+
+
+def _null_cells(stats: dict[str, dict[str, dict[str, Any]]], what: str) -> str:
+    return ", ".join(
+        f"{m} {what} {fmt_stat(s['raw'], 2)} (Adam null {fmt_stat(s['null'], 2)}; ÷ null {fmt_stat(s['over'], 2)})"
+        for m, s in stats.items()
+    )
+
+
 def claim_shallow(runs: Sequence[Study]) -> Row:
-    """Shallow/deep update ratio ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on each); needs ≥ 6 decoder layers."""
-    stats = {m: _stat(runs, [depth_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
+    """Shallow/deep update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on
+    each); needs ≥ 6 decoder layers."""
+    stats = _normed(runs, depth_ratio, null_depth_ratio)
     norms = update_norms(runs[0], "opd")
     depth = len(norms[0]) if norms else 0
     crit = (
-        f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third ≥ {CONCENTRATED} for OPD and NCA "
-        f"(concentrated: a stated convention; log-ratio interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} decoder layers"
+        f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third, divided by its optimiser null (the same "
+        f"ratio of 1/rms(W0): what Adam's ~lr-per-coordinate step gives any objective), ≥ {CONCENTRATED} for OPD and "
+        f"NCA (concentrated: a stated convention; log-ratio interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} "
+        f"decoder layers"
     )
-    measured = f"{depth} decoder layers; " + ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items())
+    measured = f"{depth} decoder layers; " + _null_cells(stats, "shallow/deep")
     if norms is not None and (shallow := pre.depth(depth)):
         return _row(measured, shallow[0], crit, "n/a")
-    if any(s["mean"] is None for s in stats.values()):
+    if any(s["over"]["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
     return _row(
         measured,
-        all_of(*(decide(s, CONCENTRATED, ">=", m) for m, s in stats.items())),
+        all_of(*(decide(s["over"], CONCENTRATED, ">=", f"{m} ÷ null") for m, s in stats.items())),
         crit,
-        ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items()),
+        ", ".join(f"{m} shallow/deep ÷ null {fmt_stat(s['over'], 2)}" for m, s in stats.items()),
     )
 
 
 def claim_qk(runs: Sequence[Study]) -> Row:
-    """q,k / other-projection update ratio ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on each)."""
-    stats = {m: _stat(runs, [qk_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
+    """q,k / other-projection update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio
+    interval on each)."""
+    stats = _normed(runs, qk_ratio, null_qk_ratio)
     crit = (
-        f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj ≥ {CONCENTRATED} for OPD and NCA "
-        f"(concentrated: a stated convention — every module moves; log-ratio interval); {RULE}"
+        f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj, divided by its optimiser null (the same "
+        f"ratio of 1/rms(W0)), ≥ {CONCENTRATED} for OPD and NCA (concentrated: a stated convention — every module "
+        f"moves; log-ratio interval); {RULE}"
     )
-    measured = ", ".join(f"{m} q,k / other {fmt_stat(s, 2)}" for m, s in stats.items())
-    if any(s["mean"] is None for s in stats.values()):
+    measured = _null_cells(stats, "q,k / other")
+    if any(s["over"]["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
-    return _row(measured, all_of(*(decide(s, CONCENTRATED, ">=", m) for m, s in stats.items())), crit, measured)
+    head = ", ".join(f"{m} q,k / other ÷ null {fmt_stat(s['over'], 2)}" for m, s in stats.items())
+    return _row(
+        measured, all_of(*(decide(s["over"], CONCENTRATED, ">=", f"{m} ÷ null") for m, s in stats.items())), crit, head
+    )
 
 
 def _degenerate(study: Study) -> list[str]:

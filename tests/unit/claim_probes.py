@@ -159,7 +159,7 @@ def _write_deltas(path: Path, spec: dict) -> None:
     rows = []
     for i in range(spec["layers"]):
         for mod in MODULES:
-            site, w0 = f"layers.{i}.{mod}", 2.0
+            site, w0 = f"layers.{i}.{mod}", spec.get("qk_w0", 2.0) if mod in ("q_proj", "k_proj") else 2.0
             rows.append(DeltaRow("base", "", site, i, mod, "weight", 4, "", "w0_norm", w0))
             for model, rel in spec["update"].items():
                 rel *= (spec["qk_factor"] if mod in ("q_proj", "k_proj") else 1.0) * spec["shallow_factor"] ** -i

@@ -95,3 +95,11 @@ def test_an_undecided_floor_says_undecided_not_floor(tmp_path: Path) -> None:
 def test_a_floor_decided_below_the_bar_is_still_the_floor(tmp_path: Path) -> None:
     flat = {"acc_x": {"base": 0.5}, "acc_xc": {"base": 0.5}}
     assert _rows(tmp_path, flat, only={"degradation"})["degradation"].verdict == claims.NA_FLOOR
+
+
+def test_a_qk_ratio_that_adam_alone_explains_is_not_concentration(tmp_path: Path) -> None:
+    """q/k's W0 half as large, every coordinate moved alike (Adam's ~lr step): ‖ΔW‖/‖W0‖ of q,k twice the others'
+    (it held at ≥ 1.5) but 1.0 × its optimiser null: does not hold, the null shown beside the ratio."""
+    adam = {"qk_w0": 1.0, "qk_factor": 2.0}
+    row = _rows(tmp_path, adam, {**adam}, {**adam}, only={"qk"})["qk"]
+    assert row.verdict == claims.FAILS and "q,k / other 2.00" in row.measured and "÷ null 1.00" in row.measured
