@@ -71,7 +71,7 @@ def replicate(cell: Cell, rng: np.random.Generator) -> tuple[list[tuple[np.ndarr
     """One study of the cell: per seed its 0/1 item outcomes, and (shared items) the truth for these items."""
     base = math.log(cell.p / (1 - cell.p))
     fixed = base + cell.tau * rng.standard_normal(cell.items) if cell.kind == "shared" else None
-    seeds = []
+    seeds: list[tuple[np.ndarray, ...]] = []
     for _ in range(cell.seeds):
         e = cell.spread * rng.standard_normal()
         if fixed is not None:

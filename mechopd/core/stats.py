@@ -275,6 +275,7 @@ def hier_bootstrap(
         if units >= 1 and abs(out["mean"]) <= ZERO_WIDTH:  # every item concordant: |d| ≤ the discordant share
             u = exact_bound(0, units, ci)[1]
             out.update(low=-u, high=u, exact=f"0 of {units} items differ")
+            exact_se(out, ci)
             return out
     if high - low <= ZERO_WIDTH * max(1.0, abs(out["mean"])):
         out["degenerate"] = f"every resample of every seed gives {out['mean']:.4g}: no item varies the statistic"
@@ -304,7 +305,14 @@ def _boundary(
     lo, hi = exact_bound(events, units, ci)  # on the share of units at the upper bound, mapped onto ``bounds``
     out["low"], out["high"] = bounds[0] + (bounds[1] - bounds[0]) * lo, bounds[0] + (bounds[1] - bounds[0]) * hi
     out["exact"] = f"{events} of {units}"
+    exact_se(out, ci)
     return True
+
+
+def exact_se(out: dict[str, Any], ci: float) -> None:
+    """An exact interval's se for the MDE: its width over 2 z_{(1+ci)/2} (normal df; no variance components, so no
+    design is proposed, and no p: `p_value` leaves an exact statistic to its interval)."""
+    out.update(se=(out["high"] - out["low"]) / (2 * _z(0.5 + ci / 2)), df=0, var_seed=None, var_item=None)
 
 
 def p_value(stat: dict[str, Any], bar: float, op: str) -> float | None:
@@ -312,7 +320,7 @@ def p_value(stat: dict[str, Any], bar: float, op: str) -> float | None:
     scale with its df (a normal tail with one seed's item bootstrap), P(T ≥ |t|) when the mean sits on the side the
     verdict took; None without an se (an exact or degenerate statistic: the interval alone decides it)."""
     se, df = stat.get("se"), stat.get("df")
-    if se is None or stat.get("mean") is None or se <= 0:
+    if se is None or stat.get("mean") is None or se <= 0 or stat.get("exact"):
         return None
     z_mean, z_bar = _to(stat["mean"], stat.get("scale", "linear")), _to(bar, stat.get("scale", "linear"))
     if z_mean is None or z_bar is None:
@@ -348,7 +356,7 @@ def design_for(stat: dict[str, Any], effect: float, ci: float = CI, power: float
     the run's variance components: Var(v̄) = (σ²_seed + c / n) / S with c = w̄ · n (item variance per item) and
     σ²_seed = max(s² − w̄, 0); the fewest seeds S (≤ 200) at the run's items n, else at 4 n. None without components
     or with no effect."""
-    if stat.get("var_item") is None or not effect or not stat.get("items"):
+    if stat.get("var_item") is None or stat.get("var_seed") is None or not effect or not stat.get("items"):
         return None
     n = max(int(round(stat["items"])), 1)
     c, s2 = float(stat["var_item"]) * n, max(float(stat.get("var_seed") or 0.0) - float(stat["var_item"]), 0.0)

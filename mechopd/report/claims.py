@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.stats import fmt_stat
+from mechopd.core.stats import CI, exact_se, fmt_stat
 from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report import preconditions as pre
@@ -149,6 +149,7 @@ def harm_excess(runs: Sequence[Study]) -> dict[str, Any]:
     if opd.get("exact") and (base["mean"] is None or base.get("exact")):
         st.pop("degenerate")
         st.update(low=opd["low"] - b_high, high=opd["high"] - b_low, exact=f"{opd['exact']} against the base's")
+        exact_se(st, CI)
     return st
 
 
@@ -196,11 +197,12 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
+    if dead := pre.nca_alive(runs):  # a collapsed NCA right on nothing has no Harm at all: checked first
+        return _row("nca_removes", f"{measured}; {dead[1]}", dead[0], crit)
     if half["mean"] is None or lower["mean"] is None:  # a role or its items missing: nothing to check
         return _row("nca_removes", measured, NA, crit)
-    for check in (pre.nca_alive(runs), pre.harm_units(runs, "nca")):
-        if check:
-            return _row("nca_removes", f"{measured}; {check[1]}", check[0], crit)
+    if few := pre.harm_units(runs, "nca"):
+        return _row("nca_removes", f"{measured}; {few[1]}", few[0], crit)
     if gate.verdict == NA:
         return _row("nca_removes", measured, NA, crit)
     d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
@@ -333,6 +335,26 @@ def undecided(runs: Sequence[Study]) -> str:
     holds its bar): ``not measurable here (undecided (N items): …)`` with the items summed over the seeds."""
     items = sum(len(a[0]) for a in (eval_arrays(r, ("base",)) for r in runs) if a is not None)
     return f"{NA} (undecided ({items} items): whether the base uses the context)"
+
+
+def target_line(runs: Sequence[Study]) -> str:
+    """What the intervals speak for (docs/method.md §8): the population of items when each seed draws its own, THESE
+    items when the seeds share them (the seeds then replicate training only)."""
+    keyed = [set(k) for k in (_keys(r) for r in runs) if k]
+    if len(keyed) < 2:
+        return "Target: one seed's items (an item-level interval; no seed replicates it)."
+    shared = set.intersection(*keyed)
+    if shared:
+        return (
+            f"Target: these items — {len(shared)} items are shared by every seed, so the seeds replicate training "
+            "only and the intervals speak for these items, not for the population they were drawn from."
+        )
+    return "Target: the population of items (each seed draws its own; the replication unit is the seed with its items)."
+
+
+def _keys(study: Study) -> set[str]:
+    rep = study.eval("base")
+    return {str(r.get("uid")) for r in rep.records} if rep is not None and rep.records else set()
 
 
 def evaluate_claims(

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mechopd.core.stats import hier_bootstrap
+from mechopd.core.stats import CI, exact_se, hier_bootstrap
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.following import _matrices, _mean_over_contexts
 from mechopd.evaluation.removability import batched_metrics, paired_arrays
@@ -112,6 +112,7 @@ def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float
             st.pop("degenerate")
             low, high = sa["low"] - scale_b * sb["high"], sa["high"] - scale_b * sb["low"]
             st.update(low=low, high=high, exact=f"{sa['exact']} against {sb['exact']}")
+            exact_se(st, CI)
     return st
 
 

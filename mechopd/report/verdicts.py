@@ -86,12 +86,11 @@ def mde_text(stat: dict[str, Any], bar: float, label: str = "") -> str:
     )
     seen = _distance(stat, bar)
     need = design_for(stat, seen) if seen else None
+    on = "" if scale == "linear" else f" ({scale})"
     if need is not None:
-        text += f" (to decide the observed distance {seen:.3g}: {need[0]} seeds × {need[1]} items)"
-    elif seen is not None:
-        text += (
-            f" (the observed distance {seen:.3g} needs more than 200 seeds × {4 * round(stat.get('items') or 0)} items)"
-        )
+        text += f" (to decide the observed distance {seen:.3g}{on}: {need[0]} seeds × {need[1]} items)"
+    elif seen and stat.get("var_item") is not None and stat.get("var_seed") is not None:
+        text += f" (the observed distance {seen:.3g}{on} needs more than 200 seeds × {4 * round(stat.get('items') or 0)} items)"
     return f"{label}: {text}" if label else text
 
 

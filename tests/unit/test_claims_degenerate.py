@@ -87,3 +87,11 @@ def test_no_row_of_a_study_prints_a_zero_width_interval(tmp_path: Path) -> None:
     text = claims.claims_markdown(claims.evaluate_claims(runs))
     pairs = re.findall(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]", text)
     assert pairs and all(a != b for a, b in pairs)
+
+
+def test_the_report_states_what_its_intervals_speak_for(tmp_path: Path) -> None:
+    """The synthetic seeds share their items (u000…): the intervals speak for these items, not the population."""
+    from mechopd.study import studies
+
+    line = claims.target_line(studies(seed_runs(tmp_path, {}, {})))
+    assert line.startswith("Target: these items — 200 items are shared by every seed")
