@@ -88,6 +88,16 @@ def fmt_stat(stat: dict[str, Any] | None, digits: int = 3, signed: bool = False)
     return text
 
 
+def never_a_point(
+    value: float | None, low: float | None, high: float | None, units: int, ci: float = CI
+) -> tuple[float | None, float | None]:
+    """An item-bootstrap interval of a proportion ``value`` over ``units`` informative units, with a zero-width one
+    at 0 or 1 replaced by the exact bound (`exact_bound`); ``(low, high)`` unchanged otherwise (no unit: None, None)."""
+    if value is None or low is None or high is None or high - low > ZERO_WIDTH or value not in (0.0, 1.0):
+        return low, high
+    return exact_bound(0 if value == 0.0 else units, units, ci) if units >= 1 else (None, None)
+
+
 def exact_bound(events: int, trials: int, ci: float = CI) -> tuple[float, float]:
     """The Clopper–Pearson interval of a proportion at a boundary count (0 or ``trials`` events of ``trials`` ≥ 1):
 

@@ -95,3 +95,20 @@ def test_the_report_states_what_its_intervals_speak_for(tmp_path: Path) -> None:
 
     line = claims.target_line(studies(seed_runs(tmp_path, {}, {})))
     assert line.startswith("Target: these items — 200 items are shared by every seed")
+
+
+def test_a_runs_own_tables_print_no_point_interval() -> None:
+    """The per-run removability summary (`removability.summarize`) and following entry: every item wrong, every
+    length equal: the exact bound on the proportions, no interval for Δlen."""
+    from mechopd.evaluation.following import _entry
+    from mechopd.evaluation.removability import summarize
+
+    recs = [
+        {"uid": f"u{i}", "sample": 0, "correct_x": False, "correct_xc": False, "len_x": 5, "len_xc": 5}
+        for i in range(24)
+    ]
+    s = summarize(recs, n_boot=50)
+    assert (s["acc_x"]["low"], s["acc_x"]["high"]) == pytest.approx(exact_bound(0, 24))
+    assert s["delta_len"]["low"] is None and s["harm"]["value"] is None
+    e = _entry(np.ones((24, 3)), 50, 0, 0.95)
+    assert e["high"] == 1.0 and e["low"] == pytest.approx(0.025 ** (1 / 24))
