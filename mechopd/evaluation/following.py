@@ -125,7 +125,8 @@ def _entry(m: np.ndarray, n_boot: int, seed: int, ci: float) -> dict[str, Any]:
     b = b[np.isfinite(b)]
     if len(b) < MIN_VALID_RESAMPLES:
         return {"value": value, "low": None, "high": None, "n_boot_valid": int(len(b))}
-    lo, hi = never_a_point(value, *(float(q) for q in np.quantile(b, [(1 - ci) / 2, 1 - (1 - ci) / 2])), len(m), ci)
+    q_lo, q_hi = (float(q) for q in np.quantile(b, [(1 - ci) / 2, 1 - (1 - ci) / 2]))
+    lo, hi = never_a_point(value, q_lo, q_hi, len(m), ci)  # never a zero-width interval (#53)
     return {"value": value, "low": lo, "high": hi, "n_boot_valid": int(len(b))}
 
 
