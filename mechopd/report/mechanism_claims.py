@@ -204,10 +204,12 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
         first = first or (site if verdict == HOLDS else None)
         out.append(f"| {site} | {fmt_stat(harm)} | {fmt_stat(margin, signed=True)} | {verdict} |")
     where = [x.summary.get("removed_at") or "none" for x in results]
+    few = pre.harmed_localized(runs)
+    shown = f"{few[0]}: {few[1]}" if few else (first or "none")  # too few harmed items: no site is named
     out += [
         "",
         f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
-        f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
+        f"{'s' if clean['n'] != 1 else ''}): **{shown}**; per seed (point values): {', '.join(where)}. "
         "Cells: mean over seeds [95 % over seeds and items: Student-t over seeds, item-bootstrap floor]"
         + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."),
         "",

@@ -3,7 +3,7 @@ precondition fails says "not measurable here (design: REASON)" with the numbers 
 
     informative units   Harm rows: ≥ K_HARM items right without the context (OPD's, pooled over seeds);
                         q/k revert rows: ≥ K_REVERT learned items (OPD right without c, unpatched) for the rule,
-                        ≥ K_REVERT harmed items (right without c, wrong with it) for the harm
+                        ≥ K_REVERT harmed items (right without c, wrong with it) for the harm, and for localization
     NCA alive           NCA's Acc_xc ≥ min(base's, OPD's) − VIEW_MARGIN (not collapsed) and its follow_other on the
                         other contexts ≥ base's − VIEW_MARGIN (not deaf), where measured
     student moved       OPD internalised ≥ MOVED_SHARE of the context's gain:
@@ -116,3 +116,15 @@ def revert_units(runs: Sequence[Study], key: str, role: str = "opd") -> Check:
 
 def _f(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
+
+
+def harmed_localized(runs: Sequence[Study]) -> Check:
+    """Localization reads ≥ `K_REVERT` harmed items (right without the context, flipped unpatched), pooled."""
+    total = 0
+    for r in runs:
+        got = ms.localization_arrays(r)
+        if got is not None:
+            total += int(np.sum(got[1][0] & got[1][1]))
+    if total >= K_REVERT:
+        return None
+    return na_design(f"localization needs ≥ {K_REVERT} harmed items"), f"{total} harmed items over the seeds"
