@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 CI = 0.95
+ZERO_WIDTH = 1e-12  # an interval narrower than this (relative) is a point: never printed as an interval
 INTERVAL_NAME = "95 % Student-t interval over seeds (mean ± t·s/√n)"
 
 
@@ -60,20 +61,54 @@ def seed_stat(values: Sequence[float | None], ci: float = CI) -> dict[str, Any]:
     out["mean"] = mean
     if len(vals) >= 2:
         sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        if sd <= ZERO_WIDTH * max(1.0, abs(mean)):  # identical seeds: no replication variance, no interval
+            out["degenerate"] = f"every seed gives {mean:.4g}: the seeds do not vary, so they make no interval"
+            return out
         half = t_quantile(0.5 + ci / 2, len(vals) - 1) * sd / math.sqrt(len(vals))
         out["low"], out["high"] = mean - half, mean + half
+        out.update(se=sd / math.sqrt(len(vals)), df=len(vals) - 1, var_seed=sd**2, var_item=0.0, items=0)
     return out
 
 
 def fmt_stat(stat: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
-    """``mean [low, high]`` (``n/a`` when undefined, the mean alone with one seed)."""
+    """``mean [low, high]`` (``n/a`` when undefined, the mean alone with one seed, ``mean (no interval: …)`` for a
+    statistic with no informative unit, ``mean [low, high] (k of N, exact)`` for a Clopper–Pearson bound)."""
     if not stat or stat.get("mean") is None:
         return "n/a"
     f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    if stat.get("low") is not None and digits < 6 and f.format(stat["low"]) == f.format(stat["high"]):
+        return fmt_stat(stat, digits + 1, signed)  # a narrow interval is printed with the digits that show its width
     text = f.format(stat["mean"])
     if stat.get("low") is not None:
         text += f" [{f.format(stat['low'])}, {f.format(stat['high'])}]"
+    if stat.get("exact"):
+        text += f" ({stat['exact']}, exact)"
+    elif stat.get("degenerate"):
+        text += " (no interval: no informative unit)"
     return text
+
+
+def never_a_point(
+    value: float | None, low: float | None, high: float | None, units: int, ci: float = CI
+) -> tuple[float | None, float | None]:
+    """An item-bootstrap interval of a proportion ``value`` over ``units`` informative units, with a zero-width one
+    at 0 or 1 replaced by the exact bound (`exact_bound`); ``(low, high)`` unchanged otherwise (no unit: None, None)."""
+    if value is None or low is None or high is None or high - low > ZERO_WIDTH or value not in (0.0, 1.0):
+        return low, high
+    return exact_bound(0 if value == 0.0 else units, units, ci) if units >= 1 else (None, None)
+
+
+def exact_bound(events: int, trials: int, ci: float = CI) -> tuple[float, float]:
+    """The Clopper–Pearson interval of a proportion at a boundary count (0 or ``trials`` events of ``trials`` ≥ 1):
+
+        0 of N:  [0, 1 − (α/2)^(1/N)],   N of N:  [(α/2)^(1/N), 1],   α = 1 − ci
+
+    (at 95 % the upper end is ≈ 3.7/N: the rule of three's two-sided form). Between the boundaries the claims use
+    the t-interval (`floored_t`), which is never zero-width there."""
+    if trials < 1 or events not in (0, trials):
+        raise ValueError(f"exact_bound is the boundary case: 0 or {trials} events of {trials} >= 1, got {events}")
+    edge = ((1 - ci) / 2) ** (1 / trials)
+    return (0.0, 1.0 - edge) if events == 0 else (edge, 1.0)
 
 
 # ------------------------------------------------------------------------------------- scales for bounded values
@@ -95,6 +130,11 @@ def _to(v: float, scale: str) -> float | None:
     if scale == "fisher":
         return math.atanh(v) if -1 < v < 1 else None
     return v
+
+
+def on_scale(v: float, scale: str) -> float | None:
+    """``v`` on ``scale`` (`SCALES`); None outside the scale's domain."""
+    return _to(v, scale)
 
 
 def _back(z: float, scale: str) -> float:
@@ -182,6 +222,7 @@ def hier_bootstrap(
     ci: float = CI,
     bounds: tuple[float, float] | None = None,
     scale: str = "linear",
+    trials: ItemFn | None = None,
 ) -> dict[str, Any]:
     """Mean over seeds of a per-seed statistic of item outcomes, with an interval honest at a handful of seeds.
 
@@ -195,7 +236,15 @@ def hier_bootstrap(
     the small-sample t quantile (a percentile bootstrap over 3 seed values has 10 distinct resampled means and covered
     77 % at the demo's spread), the item level is the floor that keeps a seed's own noise in. With S = 1: the central
     `ci` share of that seed's item resamples (an item-level interval; the verdict marks it one seed).
-    Deterministic for (data, n_boot, seed).
+
+    Never a point (`_boundary`): a proportion (``trials`` given: arrays -> the informative units of each row, its
+    denominator) at 0 or 1 in every seed gets the exact Clopper–Pearson bound on the pooled units (`exact_bound`,
+    ``"exact": "0 of N"``; a paired difference of two 0/1 outcomes in ``bounds`` (−1, 1) at ±1 likewise, mapped
+    affinely: every unit at +1 gives [2L − 1, 1] with L the exact lower bound of the share at +1; every unit at 0 —
+    no item differs — gives [−U, U] with U the exact upper bound of the discordant share at 0 of N); any other statistic whose interval would be zero-width has no informative unit —
+    ``low`` / ``high`` None and ``"degenerate"`` says why (`verdicts.decide`: not measurable). The result also carries
+    ``se`` / ``df`` (on ``scale``), ``var_seed`` (s²), ``var_item`` (w̄) and ``items`` (mean n_k) for the p-value and
+    the MDE (`p_value`, `mde`). Deterministic for (data, n_boot, seed).
     """
     have = [a for a in seeds if a is not None and len(a[0]) > 0]
     raw = np.array([float(fn(tuple(x[None, :] for x in a))[0]) for a in have], np.float64)
@@ -208,19 +257,122 @@ def hier_bootstrap(
         "n": int(ok.sum()),
         "values": [float(v) for v in raw[ok]],
         "method": HIER_METHOD,
+        "scale": scale,
+        "items": float(np.mean([len(a[0]) for a, g in zip(have, ok) if g])) if ok.any() else 0.0,
     }
     if not ok.any() or n_boot < 1:
         return out
+    kept = [a for a, good in zip(have, ok) if good]
+    if trials is not None and bounds is not None and _boundary(out, raw[ok], kept, trials, bounds, ci):
+        return out
     rng = np.random.default_rng(seed)
-    reps = [_to_array(_item_replicates(a, fn, n_boot, rng), scale) for a, good in zip(have, ok) if good]
+    reps = [_to_array(_item_replicates(a, fn, n_boot, rng), scale) for a in kept]
     if len(reps) == 1:
         one = reps[0][np.isfinite(reps[0])]
         if len(one) < 10:
             return out
         ends = [_back(float(v), scale) for v in np.quantile(one, [(1 - ci) / 2, 1 - (1 - ci) / 2])]
+        out.update(se=float(np.std(one, ddof=1)), df=0, var_seed=0.0, var_item=float(np.var(one, ddof=1)))
     else:
         w = np.array([float(np.var(r[np.isfinite(r)], ddof=1)) if np.isfinite(r).sum() >= 2 else 0.0 for r in reps])
         ends = [_back(float(v), scale) for v in floored_t(z[ok], w, ci)]
+        s2, wbar = float(np.var(z[ok], ddof=1)), float(w.mean())
+        out.update(se=math.sqrt(max(s2, wbar) / len(reps)), df=len(reps) - 1, var_seed=s2, var_item=wbar)
     low, high = min(ends), max(ends)
-    out["low"], out["high"] = (max(low, bounds[0]), min(high, bounds[1])) if bounds is not None else (low, high)
+    low, high = (max(low, bounds[0]), min(high, bounds[1])) if bounds is not None else (low, high)
+    if high - low <= ZERO_WIDTH * max(1.0, abs(out["mean"])) and trials is not None and bounds == (-1.0, 1.0):
+        units = int(round(sum(float(trials(tuple(x[None, :] for x in a))[0]) for a in kept)))
+        if units >= 1 and abs(out["mean"]) <= ZERO_WIDTH:  # every item concordant: |d| ≤ the discordant share
+            u = exact_bound(0, units, ci)[1]
+            out.update(low=-u, high=u, exact=f"0 of {units} items differ")
+            exact_se(out, ci)
+            return out
+    if high - low <= ZERO_WIDTH * max(1.0, abs(out["mean"])):
+        out["degenerate"] = f"every resample of every seed gives {out['mean']:.4g}: no item varies the statistic"
+        return out
+    out["low"], out["high"] = low, high
     return out
+
+
+def _boundary(
+    out: dict[str, Any],
+    values: np.ndarray,
+    seeds: Sequence[tuple[np.ndarray, ...]],
+    trials: ItemFn,
+    bounds: tuple[float, float],
+    ci: float,
+) -> bool:
+    """A proportion at the same bound (0 or 1) in every seed: the exact bound on the pooled informative units, set in
+    ``out`` (True); no unit at all: degenerate (True); else False (the t-interval applies)."""
+    at = [b for b in bounds if np.all(np.abs(values - b) <= ZERO_WIDTH)]
+    if not at:
+        return False
+    units = int(round(sum(float(trials(tuple(x[None, :] for x in a))[0]) for a in seeds)))
+    if units < 1:
+        out["degenerate"] = "no informative unit in any seed"
+        return True
+    events = 0 if at[0] == bounds[0] else units
+    lo, hi = exact_bound(events, units, ci)  # on the share of units at the upper bound, mapped onto ``bounds``
+    out["low"], out["high"] = bounds[0] + (bounds[1] - bounds[0]) * lo, bounds[0] + (bounds[1] - bounds[0]) * hi
+    out["exact"] = f"{events} of {units}"
+    exact_se(out, ci)
+    return True
+
+
+def exact_se(out: dict[str, Any], ci: float) -> None:
+    """An exact interval's se for the MDE: its width over 2 z_{(1+ci)/2} (normal df; no variance components, so no
+    design is proposed, and no p: `p_value` leaves an exact statistic to its interval)."""
+    out.update(se=(out["high"] - out["low"]) / (2 * _z(0.5 + ci / 2)), df=0, var_seed=None, var_item=None)
+
+
+def p_value(stat: dict[str, Any], bar: float, op: str) -> float | None:
+    """One-sided p of the verdict's direction for ``stat OP bar``: the t statistic (mean − bar)/se on the stat's
+    scale with its df (a normal tail with one seed's item bootstrap), P(T ≥ |t|) when the mean sits on the side the
+    verdict took; None without an se (an exact or degenerate statistic: the interval alone decides it)."""
+    se, df = stat.get("se"), stat.get("df")
+    if se is None or stat.get("mean") is None or se <= 0 or stat.get("exact"):
+        return None
+    z_mean, z_bar = _to(stat["mean"], stat.get("scale", "linear")), _to(bar, stat.get("scale", "linear"))
+    if z_mean is None or z_bar is None:
+        return None
+    t = abs(z_mean - z_bar) / se
+    tail = 0.5 * math.erfc(t / math.sqrt(2)) if not df else 1.0 - _t_cdf(t, int(df))
+    return max(float(tail), 0.0)
+
+
+POWER = 0.8
+
+
+def mde(stat: dict[str, Any], ci: float = CI, power: float = POWER) -> float | None:
+    """Minimum detectable effect at ``power`` of a statistic with the run's own se and df, on its scale:
+
+        MDE = (t_{(1+ci)/2, df} + t_{power, df}) · se
+
+    (the distance from the bar a true value needs for the interval to clear the bar with probability ``power``);
+    None without an se."""
+    se, df = stat.get("se"), stat.get("df")
+    if se is None:
+        return None
+    q = (lambda p: t_quantile(p, int(df))) if df else _z
+    return (q(0.5 + ci / 2) + q(power)) * float(se)
+
+
+def _z(p: float) -> float:
+    return t_quantile(p, 10_000)
+
+
+def design_for(stat: dict[str, Any], effect: float, ci: float = CI, power: float = POWER) -> tuple[int, int] | None:
+    """Seeds × items that would detect ``effect`` (a distance from the bar, on the stat's scale) at ``power``, from
+    the run's variance components: Var(v̄) = (σ²_seed + c / n) / S with c = w̄ · n (item variance per item) and
+    σ²_seed = max(s² − w̄, 0); the fewest seeds S (≤ 200) at the run's items n, else at 4 n. None without components
+    or with no effect."""
+    if stat.get("var_item") is None or stat.get("var_seed") is None or not effect or not stat.get("items"):
+        return None
+    n = max(int(round(stat["items"])), 1)
+    c, s2 = float(stat["var_item"]) * n, max(float(stat.get("var_seed") or 0.0) - float(stat["var_item"]), 0.0)
+    for items in (n, 4 * n):
+        for seeds in range(2, 201):
+            q = t_quantile(0.5 + ci / 2, seeds - 1) + t_quantile(power, seeds - 1)
+            if q * math.sqrt((s2 + c / items) / seeds) <= abs(effect):
+                return seeds, items
+    return None

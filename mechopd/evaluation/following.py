@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.stats import never_a_point
 from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.evaluate import sampling_settings
@@ -124,8 +125,9 @@ def _entry(m: np.ndarray, n_boot: int, seed: int, ci: float) -> dict[str, Any]:
     b = b[np.isfinite(b)]
     if len(b) < MIN_VALID_RESAMPLES:
         return {"value": value, "low": None, "high": None, "n_boot_valid": int(len(b))}
-    lo, hi = np.quantile(b, [(1 - ci) / 2, 1 - (1 - ci) / 2])
-    return {"value": value, "low": float(lo), "high": float(hi), "n_boot_valid": int(len(b))}
+    q_lo, q_hi = (float(q) for q in np.quantile(b, [(1 - ci) / 2, 1 - (1 - ci) / 2]))
+    lo, hi = never_a_point(value, q_lo, q_hi, len(m), ci)  # never a zero-width interval (#53)
+    return {"value": value, "low": lo, "high": hi, "n_boot_valid": int(len(b))}
 
 
 def not_measurable(task: Any) -> str:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.errors import ConfigError, DataError
+from mechopd.core.stats import never_a_point
 from mechopd.evaluation.config import EvalConfig, RegimeThresholds  # RegimeThresholds: declared with EvalConfig
 
 METRICS = ("acc_x", "acc_xc", "harm", "help", "both_correct", "delta_len")
@@ -218,6 +219,13 @@ def summarize(
         lo, hi, valid = _interval(boots[name], ci) if value is not None else (None, None, 0)
         out[name] = {"value": value, "low": lo, "high": hi, "n_boot_valid": valid}
     n_right = int(arrays[0].sum())
+    units = {"harm": n_right, "help": len(arrays[0]) - n_right}  # a proportion's informative units; else every item
+    for name in ("acc_x", "acc_xc", "harm", "help", "both_correct"):  # never a zero-width interval (#53)
+        e = out[name]
+        e["low"], e["high"] = never_a_point(e["value"], e["low"], e["high"], units.get(name, len(arrays[0])), ci)
+    d = out["delta_len"]  # no item changes its length between the views: no interval, not a point
+    if d["low"] is not None and d["high"] - d["low"] <= 1e-12:
+        d["low"] = d["high"] = None
     regime, reason = classify_regime(point["acc_x"], point["acc_xc"], out["harm"]["value"], thresholds)
     out.update(
         n=len(arrays[0]),

@@ -292,6 +292,15 @@ def demo(cfg: DemoConfig) -> Path:
         return _demo(cfg)
 
 
+def _warn_design(cfg: DemoConfig) -> None:
+    """Before the first job: which core claim rows seeds × items cannot decide (`report.design`, #54)."""
+    from mechopd.report.design import design_lines
+
+    items = cfg.eval_n if cfg.eval_n is not None else task_defaults(cfg.task).get("eval_n")
+    for line in design_lines(cfg.count("seeds"), int(items)) if items else []:
+        _log(line)
+
+
 def _demo(cfg: DemoConfig) -> Path:
     """Organism (ORGANISM_THREADS), the seed runs' jobs on `cfg.workers` processes (`pipeline.pool`), the aggregate."""
     from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads, run_seed_runs, seed_configs
@@ -308,6 +317,7 @@ def _demo(cfg: DemoConfig) -> Path:
         f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {workers} worker{'s' if workers > 1 else ''} "
         f"({threads} intra-op thread{'s' if threads > 1 else ''} per job{logs})"
     )
+    _warn_design(cfg)
     run_seed_runs(runs, student, workers, _log, train_runs, finish_seed)
     if cfg.count("seeds") > 1:
         from mechopd.report.aggregate import aggregate

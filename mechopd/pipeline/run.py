@@ -385,6 +385,10 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], st
         f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}{given}) on {workers} worker(s)"
         f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
     )
+    from mechopd.report.design import design_lines
+
+    for line in design_lines(len(spec.seeds), spec.eval_n):  # before the first job: what it cannot decide (#54)
+        _log(line)
     clock = StudyClock(_log, trainings=est.runs, finishes=len(runs), workers=workers)  # each job's end: an ETA
     run_seed_runs(runs, Path(student), workers, clock, train_runs, finish_seed)
     report = out / "report.md"

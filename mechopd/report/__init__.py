@@ -15,7 +15,7 @@ from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
-from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims
+from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims, target_line
 from mechopd.report.following_claims import following_table
 from mechopd.report.items import items_lines, link_item_claims
 from mechopd.report.markup import md_code, sh_arg
@@ -226,9 +226,9 @@ def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     ]
 
 
-def _claims_lines(rows: Sequence[Any]) -> list[str]:
-    """The claims table, and one line naming the rows the interval rule left fragile (none: nothing)."""
-    out = ["## The papers' claims", "", claims_markdown(rows)]
+def _claims_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+    """The claims table, what its intervals speak for, and one line naming the rows the interval rule left fragile."""
+    out = ["## The papers' claims", "", claims_markdown(rows), target_line(runs), ""]
     fragile = fragile_claims(rows)
     if fragile:
         out += ["**Fragile verdicts** (the interval holds the bar): " + "; ".join(c.claim for c in fragile) + ".", ""]
@@ -272,7 +272,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
         chosen = read_json(chosen)
         out += [f"- **Teachability checkpoint**: {md_code(chosen['checkpoint'])} — {chosen['why']}."]
     link_item_claims(rows, [s], root)  # the item claims link to explore.html (written by items_lines)
-    out += [""] + _claims_lines(rows)
+    out += [""] + _claims_lines(rows, [s])
     out += _figure_lines(root)
     out += ["## Reproduce", "", "```bash"]
     seed = f" --seed {cfg.get('seed', TrainConfig.seed)}"  # a chosen seed: a one-seed demo (not the task's default seed count)
@@ -333,7 +333,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     lines += ["", *following_table(runs), "", *probe_lines(runs)]
     link_item_claims(rows, runs, out)  # each seed's explore.html, filtered to the claim's items
     lines += [
-        *_claims_lines(rows),
+        *_claims_lines(rows, runs),
         *_figure_lines(out),
         "## Reproduce",
         "",

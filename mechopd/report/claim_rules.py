@@ -6,6 +6,11 @@ the ratios the rows compare with their bars:
     depth_ratio = mean ‖ΔW‖/‖W0‖ over the first third of the decoder layers / that over the last third
     qk_ratio    = pooled ‖ΔW‖/‖W0‖ of q_proj, k_proj / that of v, o, gate, up, down_proj
 
+and their OPTIMISER NULL (#53): after a few dozen Adam steps every coordinate moves by about the learning rate
+whatever its gradient, so ‖ΔW_t‖² ≈ c² · numel_t and a group's relative update is c · sqrt(Σ numel / Σ ‖W0‖²) =
+c / rms(W0): the same ratios computed on 1 / rms(W0) per group (`null_norms`) are what Adam gives ANY objective, and
+the rows decide on ratio / null (the ratio of rms(ΔW), the update per coordinate).
+
 Each returns None (or []) where the artifact is absent or the quantity undefined; the claims turn None into
 "not measurable here".
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mechopd.probes.registry import probe_result
 from mechopd.study import Study
@@ -59,6 +65,57 @@ def update_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict
     return None if result is None or name is None else result.update_norms(name, base or "base")
 
 
+def null_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
+    """Adam's null relative update of ``role``'s tensors (up to the common factor c), pooled per decoder layer and per
+    module as `update_norms` pools them: sqrt(Σ numel / Σ ‖W0‖²) over the group's tensors that ``role`` updated;
+    None without the deltas table or a numel column."""
+    from mechopd.probes.deltas import CSV_NAME, read_table
+
+    study = _as_study(study)
+    path, name = study.probes_dir / CSV_NAME, study.name(role)
+    if name is None or not path.is_file():
+        return None
+    rows = [r for r in read_table(path) if r.layer is not None]
+    moved = {r.site + "." + r.param for r in rows if r.model == name and r.metric == "delta_norm"}
+    w0 = [r for r in rows if r.metric == "w0_norm" and r.site + "." + r.param in moved and (r.numel or 0) > 0]
+    if not w0:
+        return None
+    out: tuple[dict[int, float], dict[str, float]] = ({}, {})
+    for key, table in ((lambda r: r.layer, out[0]), (lambda r: r.module, out[1])):
+        sums: dict[Any, list[float]] = {}
+        for r in w0:
+            acc = sums.setdefault(key(r), [0.0, 0.0])
+            acc[0] += float(r.numel)
+            acc[1] += float(r.value) ** 2
+        table.update({k: math.sqrt(n / sq) for k, (n, sq) in sums.items() if sq > 0})
+    return out
+
+
+def _third_ratio(per_layer: dict[int, float]) -> float | None:
+    vals = [per_layer[k] for k in sorted(per_layer)]
+    if len(vals) < MIN_LAYERS_FOR_DEPTH:
+        return None
+    third = len(vals) // 3
+    return (sum(vals[:third]) / third) / (sum(vals[-third:]) / third)
+
+
+def _qk_of(modules: dict[str, float]) -> float | None:
+    qk, other = _pooled(modules, QK), _pooled(modules, OTHER_PROJ)
+    return None if qk is None or not other else qk / other
+
+
+def null_depth_ratio(study: Study, role: str) -> float | None:
+    """`depth_ratio` under Adam's null (`null_norms`)."""
+    null = null_norms(study, role)
+    return None if null is None else _third_ratio(null[0])
+
+
+def null_qk_ratio(study: Study, role: str) -> float | None:
+    """`qk_ratio` under Adam's null (`null_norms`)."""
+    null = null_norms(study, role)
+    return None if null is None else _qk_of(null[1])
+
+
 def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
     vals = [norms[n] for n in names if n in norms and math.isfinite(norms[n])]
     return sum(vals) / len(vals) if vals else None
@@ -94,16 +151,14 @@ def orthogonality(study: Study, role: str = "nca") -> tuple[float | None, int, i
 
 def depth_ratio(study: Study, role: str) -> float | None:
     norms = update_norms(study, role)
-    if norms is None or len(norms[0]) < MIN_LAYERS_FOR_DEPTH:
-        return None
-    vals = list(norms[0].values())
-    third = len(vals) // 3
-    return (sum(vals[:third]) / third) / (sum(vals[-third:]) / third)
+    return None if norms is None else _third_ratio(norms[0])
 
 
 def qk_ratio(study: Study, role: str) -> float | None:
     norms = update_norms(study, role)
-    if norms is None:
-        return None
-    qk, other = _pooled(norms[1], QK), _pooled(norms[1], OTHER_PROJ)
-    return None if qk is None or not other else qk / other
+    return None if norms is None else _qk_of(norms[1])
+
+
+def over_null(ratio: float | None, null: float | None) -> float | None:
+    """ratio / its Adam null (None where either is undefined)."""
+    return None if ratio is None or null is None or null <= 0 else ratio / null

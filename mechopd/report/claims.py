@@ -25,19 +25,20 @@ Every value is read through the typed study (`mechopd.study.Study`) by ROLE, nev
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.stats import fmt_stat
-from mechopd.evaluation.removability import COLLAPSED_MAX, RegimeThresholds
+from mechopd.core.stats import CI, exact_se, fmt_stat
+from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
+from mechopd.report import preconditions as pre
 from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
-from mechopd.report.seed_items import diff_stat, metric_of, metric_stat, paired_stat
+from mechopd.report.multiplicity import CONFIRMATORY, chance_decisions, holm, multiplicity_note
+from mechopd.report.seed_items import diff_stat, eval_arrays, metric_of, metric_stat, paired_stat
 from mechopd.report.verdicts import (
     CEILING,
     FAILS,
@@ -55,7 +56,10 @@ from mechopd.study import Study, studies
 
 __all__ = [
     "CLAIMS",
+    "CONFIRMATORY",
     "Claim",
+    "chance_decisions",
+    "multiplicity_note",
     "FAILS",
     "HOLDS",
     "NA",
@@ -67,6 +71,7 @@ __all__ = [
     "findings",
     "fragile_claims",
     "grad_steps",
+    "holm",
     "layer_cosines",
     "lens_kls",
     "quartile_spread",
@@ -78,7 +83,7 @@ TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.0
 HARM_REDUCTION = 0.5  # NCA's harm ≤ half of OPD's
 FLOOR_GAIN = 0.2  # the base must use the context: Acc_xc − Acc_x ≥ 0.2 (interval rule)
 NA_FLOOR = NA + " (floor: the base does not use the context)"
-NA_COLLAPSED = NA + " (NCA collapsed: a model that answers nothing harms nothing)"
+NA_COLLAPSED = pre.NA_COLLAPSED
 
 
 @dataclass
@@ -93,13 +98,15 @@ class Claim:
     verdict: str
     criterion: str
     headline: str = ""
+    p: float | None = None  # the decision's one-sided p (Holm over the confirmatory rows)
+    family: str = ""  # "confirmatory" (Holm) or "exploratory" (`multiplicity.holm`)
 
 
 def _row(key: str, measured: str, d: Decision | str, crit: str, headline: str = "") -> Claim:
     """A decided row: a `Decision`'s note (fragile parts, or one seed) joins the measured cell."""
     if isinstance(d, str):
         return Claim(key, "", "", measured, d, crit, headline)
-    return Claim(key, "", "", measured + d.note, d.verdict, crit, headline)
+    return Claim(key, "", "", measured + d.note, d.verdict, crit, headline, d.p)
 
 
 def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
@@ -117,55 +124,88 @@ def _thresholds(runs: Sequence[Study]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ removability rows
 def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
-    """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm ≥ harm_high), each by the interval rule on the
-    seeds × items interval, Kleene OR; returns (decision, harm stat, drop stat)."""
+    """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm − the base's Harm ≥ harm_high, paired per seed and item;
+    a base right on no item has no Harm: 0), each by the interval rule on the seeds × items interval, Kleene OR; the
+    Harm part needs `pre.K_HARM` items right without the context (`pre.harm_units`); returns (decision, excess-Harm
+    stat, drop stat)."""
     th = _thresholds(runs)
-    harm = metric_stat(runs, "opd", "harm")
-    drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"))
-    if harm["mean"] is None and drop["mean"] is None:
-        return Decision(NA), harm, drop
-    d = any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), decide(harm, th["harm_high"], ">=", "Harm"))
-    return d, harm, drop
+    excess = harm_excess(runs)
+    drop = paired_stat(runs, ("opd",), lambda a: metric_of(a, "acc_x") - metric_of(a, "acc_xc"), bounds=(-1.0, 1.0))
+    if excess["mean"] is None and drop["mean"] is None:
+        return Decision(NA), excess, drop
+    few = pre.harm_units(runs)
+    harm = Decision(few[0]) if few else decide(excess, th["harm_high"], ">=", "Harm − base's")
+    return any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), harm), excess, drop
+
+
+def harm_excess(runs: Sequence[Study]) -> dict[str, Any]:
+    """OPD's Harm − the base's, paired per seed and item; where no item varies it (both at 0 or 1 in every seed), the
+    difference of the two exact bounds (the base's undefined Harm: 0)."""
+    st = paired_stat(runs, ("opd", "base"), _harm_excess)
+    if not st.get("degenerate"):
+        return st
+    opd, base = metric_stat(runs, "opd", "harm"), metric_stat(runs, "base", "harm")
+    b_low, b_high = (0.0, 0.0) if base["mean"] is None else (base["low"], base["high"])
+    if opd.get("exact") and (base["mean"] is None or base.get("exact")):
+        st.pop("degenerate")
+        st.update(low=opd["low"] - b_high, high=opd["high"] - b_low, exact=f"{opd['exact']} against the base's")
+        exact_se(st, CI)
+    return st
+
+
+def _harm_excess(a: tuple[Any, ...]) -> Any:
+    """OPD's Harm minus the base's on the same items (the base's undefined Harm — no item right — counts as 0)."""
+    import numpy as np
+
+    return metric_of(a, "harm", 0) - np.nan_to_num(metric_of(a, "harm", 1), nan=0.0)
 
 
 def claim_degradation(runs: Sequence[Study]) -> Claim:
     th = _thresholds(runs)
-    d, harm, drop = degradation(runs)
-    crit = f"OPD in regime A: Acc_x − Acc_xc ≥ {th['drop_min']} or Harm ≥ {th['harm_high']}; {RULE}"
-    measured = (
-        f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} ({_seeds(runs)})"
+    d, excess, drop = degradation(runs)
+    harm, base = metric_stat(runs, "opd", "harm"), metric_stat(runs, "base", "harm")
+    crit = (
+        f"OPD in regime A: Acc_x − Acc_xc ≥ {th['drop_min']} or Harm − the base's Harm ≥ {th['harm_high']} (paired "
+        f"per seed and item; Harm needs ≥ {pre.K_HARM} items right without the context); {RULE}"
     )
-    return _row("degradation", measured, d, crit, f"OPD's Harm {fmt_stat(harm)}")
+    measured = (
+        f"OPD Harm {fmt_stat(harm)}{_per_seed(harm)} on {pre.right_items(runs)} right items, base Harm "
+        f"{fmt_stat(base)}, OPD − base {fmt_stat(excess, signed=True)}, Acc_x − Acc_xc {fmt_stat(drop, signed=True)} "
+        f"({_seeds(runs)})"
+    )
+    few = pre.harm_units(runs)
+    return _row("degradation", measured + (f"; {few[1]}" if few else ""), d, crit, f"OPD's Harm {fmt_stat(harm)}")
 
 
 def claim_nca_removes(runs: Sequence[Study]) -> Claim:
-    """Given OPD's degradation: paired per seed and item, Harm_NCA − 0.5 · Harm_OPD ≤ 0 AND Harm_NCA − Harm_OPD < 0.
-    Without a degradation to remove: not measurable (nothing to remove)."""
+    """Given OPD's degradation and an NCA neither collapsed nor deaf (`pre.nca_alive`): paired per seed and item,
+    Harm_NCA − 0.5 · Harm_OPD ≤ 0 AND Harm_NCA − Harm_OPD < 0. Without a degradation to remove: not measurable."""
     nca = metric_stat(runs, "nca", "harm")
     half = diff_stat(runs, "nca", "opd", "harm", HARM_REDUCTION)
     lower = diff_stat(runs, "nca", "opd", "harm")
     crit = (
-        f"given OPD's degradation (the row above) and an NCA that answers (Acc_x > {COLLAPSED_MAX}: a collapsed model "
-        f"harms nothing), paired per seed and item: NCA Harm − {HARM_REDUCTION} × OPD Harm ≤ 0 and NCA Harm − OPD "
-        f"Harm < 0; {RULE}"
+        f"given OPD's degradation (the row above) and an NCA neither collapsed nor deaf (Acc_xc ≥ min(base's, OPD's) "
+        f"− {pre.VIEW_MARGIN:g}, follow_other ≥ base's − {pre.VIEW_MARGIN:g}: a deaf view harms nothing), paired per "
+        f"seed and item: NCA Harm − {HARM_REDUCTION} × OPD Harm ≤ 0 and NCA Harm − OPD Harm < 0; {RULE}"
     )
     measured = (
         f"Harm NCA {fmt_stat(nca)}{_per_seed(nca)}; NCA − {HARM_REDUCTION} × OPD "
         f"{fmt_stat(half, signed=True)}; NCA − OPD {fmt_stat(lower, signed=True)}"
     )
-    acc = metric_stat(runs, "nca", "acc_x")
-    measured += f"; NCA Acc_x {fmt_stat(acc)} (collapsed at ≤ {COLLAPSED_MAX})"
+    acc = metric_stat(runs, "nca", "acc_xc")
+    measured += f"; NCA Acc_xc {fmt_stat(acc)}"
     gate = degradation(runs)[0]
     if gate.verdict == FAILS:
         return _row("nca_removes", measured, NA + " (OPD shows no degradation to remove)", crit)
-    alive = decide(acc, COLLAPSED_MAX, ">", "NCA Acc_x") if acc["mean"] is not None else Decision(NA)
-    if alive.verdict == FAILS:
-        return _row("nca_removes", measured, NA_COLLAPSED, crit)
-    if half["mean"] is None or lower["mean"] is None or gate.verdict == NA:
+    if dead := pre.nca_alive(runs):  # a collapsed NCA right on nothing has no Harm at all: checked first
+        return _row("nca_removes", f"{measured}; {dead[1]}", dead[0], crit)
+    if half["mean"] is None or lower["mean"] is None:  # a role or its items missing: nothing to check
         return _row("nca_removes", measured, NA, crit)
-    d = all_of(
-        gate, alive, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD")
-    )
+    if few := pre.harm_units(runs, "nca"):
+        return _row("nca_removes", f"{measured}; {few[1]}", few[0], crit)
+    if gate.verdict == NA:
+        return _row("nca_removes", measured, NA, crit)
+    d = all_of(gate, decide(half, 0.0, "<=", f"NCA − {HARM_REDUCTION} × OPD"), decide(lower, 0.0, "<", "NCA − OPD"))
     return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
 
 
@@ -175,12 +215,16 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     acc = metric_stat(runs, role, "acc_x")
     crit = (
         f"non-inferiority, paired per seed and item: {what} Acc_x − OPD Acc_x ≥ −{margin} (margin {margin}); {RULE}; "
-        f"{what} Acc_x ≥ {CEILING} (interval): ceiling, the comparison cannot fail"
+        f"OPD must have internalised ≥ {pre.MOVED_SHARE:g} of the base's context gain; "
+        f"{what} Acc_x ≥ {CEILING} (mean over seeds): ceiling, the comparison cannot fail"
     )
     measured = f"{what} Acc_x {fmt_stat(acc)}{_per_seed(acc)}; {what} − OPD {fmt_stat(diff, signed=True)}"
     if diff["mean"] is None:
         return _row(key, measured, NA, crit)
-    if acc["low"] is not None and acc["low"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
+    unmoved = pre.student_moved(runs)  # 0 against 0 is no evidence of keeping anything
+    if unmoved:
+        return _row(key, f"{measured}; {unmoved[1]}", unmoved[0], crit)
+    if acc["mean"] is not None and acc["mean"] >= CEILING:  # right on (nearly) every item: "≥ OPD − δ" cannot fail
         return _row(
             key, measured + f" ({what} at the ceiling: no loss is possible, no gain can be shown)", NA_CEILING, crit
         )
@@ -282,8 +326,35 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
 
 def floor(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any]]:
     """Does the base use the context? Acc_xc − Acc_x of the base ≥ `FLOOR_GAIN` (interval rule)."""
-    gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"))
+    gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"), bounds=(-1.0, 1.0))
     return (decide(gain, FLOOR_GAIN, ">=") if gain["mean"] is not None else Decision(NA)), gain
+
+
+def undecided(runs: Sequence[Study]) -> str:
+    """The verdict of every row when the study cannot tell whether the base uses the context (the floor's interval
+    holds its bar): ``not measurable here (undecided (N items): …)`` with the items summed over the seeds."""
+    items = sum(len(a[0]) for a in (eval_arrays(r, ("base",)) for r in runs) if a is not None)
+    return f"{NA} (undecided ({items} items): whether the base uses the context)"
+
+
+def target_line(runs: Sequence[Study]) -> str:
+    """What the intervals speak for (docs/method.md §8): the population of items when each seed draws its own, THESE
+    items when the seeds share them (the seeds then replicate training only)."""
+    keyed = [set(k) for k in (_keys(r) for r in runs) if k]
+    if len(keyed) < 2:
+        return "Target: one seed's items (an item-level interval; no seed replicates it)."
+    shared = set.intersection(*keyed)
+    if shared:
+        return (
+            f"Target: these items — {len(shared)} items are shared by every seed, so the seeds replicate training "
+            "only and the intervals speak for these items, not for the population they were drawn from."
+        )
+    return "Target: the population of items (each seed draws its own; the replication unit is the seed with its items)."
+
+
+def _keys(study: Study) -> set[str]:
+    rep = study.eval("base")
+    return {str(r.get("uid")) for r in rep.records} if rep is not None and rep.records else set()
 
 
 def evaluate_claims(
@@ -292,7 +363,9 @@ def evaluate_claims(
     """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, marked).
     ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names);
     ``only``: the keys of the rows to evaluate (default: all; a key `CLAIMS` does not hold is a ValueError).
-    When the base does not use the context (`floor`), every row is measured but none is decided."""
+    When the base does not use the context (`floor` decided below its bar), every row is measured but none is
+    decided ("floor"); when the data cannot tell (the floor's interval holds the bar), none is either, labelled
+    "undecided (N items)" (`undecided`)."""
     keys = [key for key, *_ in CLAIMS]
     unknown = sorted(set(only or ()) - set(keys))
     if unknown:
@@ -305,10 +378,11 @@ def evaluate_claims(
             continue
         row = fn(seeds)
         row.key, row.claim, row.paper = key, claim, paper
-        if base_ok.verdict != HOLDS and base_ok.verdict != NA:
-            row.verdict = NA_FLOOR
+        if base_ok.verdict not in (HOLDS, NA):  # decided below the bar: floor; else the data cannot tell
+            row.verdict = NA_FLOOR if base_ok.verdict == FAILS else undecided(seeds)
             row.measured += f"; base Acc_xc − Acc_x {fmt_stat(gain, signed=True)} (floor {FLOOR_GAIN})"
         out.append(row)
+    holm(out)  # Holm over the confirmatory rows; the others labelled exploratory
     return out
 
 
@@ -331,7 +405,8 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
     """The claims table (markdown), verdict in the second column, with a line on how the intervals are made."""
     lines = ["| claim | verdict | measured here | paper | criterion |", "|---|:---:|---|---|---|"]
     for c in claims:
-        cells = [c.claim, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
+        tag = " *(confirmatory)*" if c.family == "confirmatory" else " *(exploratory)*" if c.family else ""
+        cells = [c.claim + tag, f"**{c.verdict}**", c.measured, c.paper, c.criterion]
         lines.append("| " + " | ".join(x.replace("|", "\\|").replace("\n", " ") for x in cells) + " |")
     lines += [
         "",
@@ -349,32 +424,6 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
         multiplicity_note(claims),
     ]
     return "\n".join(lines) + "\n"
-
-
-ROW_ERROR = 0.05  # each row's chance of a wrong decision with its true value on its bar (bench/coverage.py: ≤ 0.034)
-
-
-def chance_decisions(rows: int, alpha: float = ROW_ERROR, level: float = 0.05) -> tuple[float, int]:
-    """In a null world (every row's true value on its bar, rows independent, each decided by chance with probability
-    ≤ α): the expected number of chance decisions, rows·α, and the least k with P(Binomial(rows, α) ≥ k) ≤ level."""
-    tail, k = 1.0, 0
-    while tail > level:
-        tail -= math.comb(rows, k) * alpha**k * (1 - alpha) ** (rows - k)
-        k += 1
-    return rows * alpha, k
-
-
-def multiplicity_note(claims: Sequence[Claim]) -> str:
-    """The multiplicity policy under the table (docs/method.md §8): each row is its own test at 5 %, no correction;
-    the line says how many rows chance alone decides and how many this table decides."""
-    decided = sum(c.verdict in (HOLDS, FAILS) for c in claims)
-    expect, k = chance_decisions(len(claims))
-    return (
-        f"Multiplicity: {len(claims)} rows, each decided on its own 95 % interval (no correction: each row answers "
-        f"its own question about the papers). A null world — every true value on its bar — would decide about "
-        f"{expect:.2f} of them by chance ({k} or more with probability ≤ 5 %); this table decides {decided}. "
-        "A single decided row can still be one of the chance ones."
-    )
 
 
 def fragile_claims(claims: Sequence[Claim]) -> list[Claim]:

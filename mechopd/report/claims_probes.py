@@ -22,12 +22,16 @@ import numpy as np
 
 from mechopd.core.stats import fmt_stat, scaled_stat, seed_stat
 from mechopd.probes.registry import probe_result
+from mechopd.report import preconditions as pre
 from mechopd.report.claim_rules import (
     MIN_LAYERS_FOR_DEPTH,
     depth_ratio,
     layer_cosines,
     lens_kls,
     mean_cos,
+    null_depth_ratio,
+    null_qk_ratio,
+    over_null,
     qk_ratio,
     quartile_spread,
     update_norms,
@@ -106,6 +110,8 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
     measured = ", ".join(f"{m} {fmt_stat(s, 4)}" for m, s in cos.items())
     if any(s["mean"] is None for s in (*cos.values(), *steps.values())):
         return _row(measured, NA, crit, "n/a")
+    if deaf := pre.nca_alive(runs):  # a deaf context view closes the two-view distance by construction
+        return _row(f"{measured}; {deaf[1]}", deaf[0], crit, "n/a")
     measured += "; distance ratio " + ", ".join(f"{k} {fmt_stat(s, 3)}" for k, s in steps.items())
     d = all_of(*(decide(s, 1.0, "<", f"(1 − c) {k}") for k, s in steps.items()))
     return _row(
@@ -144,6 +150,8 @@ def claim_nca_cosine(runs: Sequence[Study]) -> Row:
     )
     if st["mean"] is None:
         return _row(measured, NA, crit, "n/a")
+    if deaf := pre.nca_alive(runs):
+        return _row(f"{measured}; {deaf[1]}", deaf[0], crit, "n/a")
     return _row(
         measured, decide(st, PAPER_DIST_RATIO, "<="), crit, f"NCA / base distance at its worst layer {fmt_stat(st, 4)}"
     )
@@ -186,15 +194,15 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
     for k, i in enumerate(sites):  # per item where the tables exist, else seed-level log ratios
         st = table_stat(tables, _site_ratio(k), "log")
         stats[i] = st if st["mean"] is not None else _stat(runs, [_ratio(n[i], o[i]) for _, o, n in per], "log")
-    d = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
+    d: Decision | str = all_of(*(decide(stats[i], 1.0, "<", names[i]) for i in sites))
+    if deaf := pre.nca_alive(runs):  # NCA's loss pushes the views together; a deaf view does it trivially
+        d = deaf[0]
     measured = (
         f"read {len(sites)} of {n_all} depths (the others: the base's views agree there); NCA/OPD lens KL "
         + ", ".join(f"{names[i]} {fmt_stat(stats[i], 3)}" for i in sites)
+        + (f"; {deaf[1]}" if deaf else "")
     )
     return _row(measured, d, crit, f"NCA/OPD lens KL at the output {fmt_stat(stats[sites[-1]], 3)}")
-
-
-CONVERGED_ACC = 0.95  # an OPD checkpoint is "converged" where its Acc_x (no context) is at least this
 
 
 def _grad(study: Study) -> tuple[float | None, float | None]:
@@ -206,8 +214,7 @@ def _grad(study: Study) -> tuple[float | None, float | None]:
 
 
 def _converged(study: Study) -> bool | None:
-    acc = study.value("opd", "acc_x")
-    return None if acc is None else acc >= CONVERGED_ACC
+    return pre.converged(study)
 
 
 def claim_orthogonal(runs: Sequence[Study]) -> Row:
@@ -219,7 +226,8 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     null = _stat(runs, [n for _, n in per], "fisher")  # a cosine in (−1, 1): its interval stays there
     gap = {**seed_stat([None if c is None or n is None else n - c for c, n in per]), "of": len(runs)}
     crit = (
-        f"at the OPD checkpoint (gradients probe) of the seeds where OPD converged (Acc_x ≥ {CONVERGED_ACC}): "
+        f"at the OPD checkpoint (gradients probe) of the seeds where OPD converged relative to its teacher (Acc_x ≥ "
+        f"{pre.CONVERGED_SHARE:g} × the base's Acc_xc): "
         f"|cos(∇OPD, ∇NCA)| ≤ {ORTHOGONAL_ABS_COS}; {RULE}; measurable where the OPD gradient is not noise: its "
         "split-half null cos(∇OPD[even], ∇OPD[odd]) exceeds |cos| (paired per seed)"
     )
@@ -227,6 +235,8 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     measured = f"|cos| {fmt_stat(cos)}; split-half null {fmt_stat(null)}; null − |cos| {fmt_stat(gap, signed=True)}" + (
         f"; {skipped} of {len(runs)} seeds left out: OPD did not converge there" if skipped else ""
     )
+    if not ok:
+        return _row(measured, pre.NA_UNCONVERGED, crit, "n/a")
     if cos["mean"] is None or gap["mean"] is None:
         return _row(measured, NA, crit, "n/a")
     signal = decide(gap, 0.0, ">", "null − |cos|")
@@ -240,37 +250,67 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     )
 
 
+def _normed(runs: Sequence[Study], ratio: Callable, null: Callable) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per model: the raw ratio, its Adam null and ratio / null over seeds (log-ratio t-intervals)."""
+    out = {}
+    for m in ("opd", "nca"):
+        raw, nul = [ratio(r, m) for r in runs], [null(r, m) for r in runs]
+        out[m] = {
+            "raw": _stat(runs, raw, "log"),
+            "null": _stat(runs, nul, "log"),
+            "over": _stat(runs, [over_null(a, b) for a, b in zip(raw, nul)], "log"),
+        }
+    return out
+
+
+def _null_cells(stats: dict[str, dict[str, dict[str, Any]]], what: str) -> str:
+    return ", ".join(
+        f"{m} {what} {fmt_stat(s['raw'], 2)} (Adam null {fmt_stat(s['null'], 2)}; ÷ null {fmt_stat(s['over'], 2)})"
+        for m, s in stats.items()
+    )
+
+
 def claim_shallow(runs: Sequence[Study]) -> Row:
-    """Shallow/deep update ratio ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on each); needs ≥ 6 decoder layers."""
-    stats = {m: _stat(runs, [depth_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
+    """Shallow/deep update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on
+    each); needs ≥ 6 decoder layers."""
+    stats = _normed(runs, depth_ratio, null_depth_ratio)
     norms = update_norms(runs[0], "opd")
     depth = len(norms[0]) if norms else 0
     crit = (
-        f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third ≥ {CONCENTRATED} for OPD and NCA "
-        f"(concentrated: a stated convention; log-ratio interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} decoder layers"
+        f"‖ΔW‖/‖W0‖ of the first third of the layers over the last third, divided by its optimiser null (the same "
+        f"ratio of 1/rms(W0): what Adam's ~lr-per-coordinate step gives any objective), ≥ {CONCENTRATED} for OPD and "
+        f"NCA (concentrated: a stated convention; log-ratio interval); {RULE}; needs ≥ {MIN_LAYERS_FOR_DEPTH} "
+        f"decoder layers"
     )
-    measured = f"{depth} decoder layers; " + ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items())
-    if any(s["mean"] is None for s in stats.values()):
+    measured = f"{depth} decoder layers; " + _null_cells(stats, "shallow/deep")
+    if norms is not None and (shallow := pre.depth(depth)):
+        return _row(measured, shallow[0], crit, "n/a")
+    if any(s["over"]["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
     return _row(
         measured,
-        all_of(*(decide(s, CONCENTRATED, ">=", m) for m, s in stats.items())),
+        all_of(*(decide(s["over"], CONCENTRATED, ">=", f"{m} ÷ null") for m, s in stats.items())),
         crit,
-        ", ".join(f"{m} shallow/deep {fmt_stat(s, 2)}" for m, s in stats.items()),
+        ", ".join(f"{m} shallow/deep ÷ null {fmt_stat(s['over'], 2)}" for m, s in stats.items()),
     )
 
 
 def claim_qk(runs: Sequence[Study]) -> Row:
-    """q,k / other-projection update ratio ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on each)."""
-    stats = {m: _stat(runs, [qk_ratio(r, m) for r in runs], "log") for m in ("opd", "nca")}
+    """q,k / other-projection update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio
+    interval on each)."""
+    stats = _normed(runs, qk_ratio, null_qk_ratio)
     crit = (
-        f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj ≥ {CONCENTRATED} for OPD and NCA "
-        f"(concentrated: a stated convention — every module moves; log-ratio interval); {RULE}"
+        f"mean ‖ΔW‖/‖W0‖ of q_proj, k_proj over that of v/o/gate/up/down_proj, divided by its optimiser null (the same "
+        f"ratio of 1/rms(W0)), ≥ {CONCENTRATED} for OPD and NCA (concentrated: a stated convention — every module "
+        f"moves; log-ratio interval); {RULE}"
     )
-    measured = ", ".join(f"{m} q,k / other {fmt_stat(s, 2)}" for m, s in stats.items())
-    if any(s["mean"] is None for s in stats.values()):
+    measured = _null_cells(stats, "q,k / other")
+    if any(s["over"]["mean"] is None for s in stats.values()):
         return _row(measured, NA, crit, "n/a")
-    return _row(measured, all_of(*(decide(s, CONCENTRATED, ">=", m) for m, s in stats.items())), crit, measured)
+    head = ", ".join(f"{m} q,k / other ÷ null {fmt_stat(s['over'], 2)}" for m, s in stats.items())
+    return _row(
+        measured, all_of(*(decide(s["over"], CONCENTRATED, ">=", f"{m} ÷ null") for m, s in stats.items())), crit, head
+    )
 
 
 def _degenerate(study: Study) -> list[str]:

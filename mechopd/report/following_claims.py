@@ -17,6 +17,7 @@ from typing import Any
 
 from mechopd.core.stats import fmt_stat
 from mechopd.evaluation.following import DEAF_LABEL, DEAF_RATIO, following_word
+from mechopd.report import preconditions as pre
 from mechopd.report.seed_items import diff_stat, other_diff_stat, other_stat
 from mechopd.report.verdicts import CEILING, NA, NA_CEILING, NA_FLOOR_BOTH, RULE, Decision, all_of, decide
 from mechopd.study import Study
@@ -73,11 +74,14 @@ def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
     fo, base = other_stat(runs, "opd", "follow", labels), other_stat(runs, "base", "follow", labels)
     crit = (
         f"held-out other contexts ({_labels(labels)}), paired per seed and item: OPD follow_other − {DEAF_RATIO} × "
-        f"base's > 0 (retention > {DEAF_RATIO}, not {DEAF_LABEL}); {RULE}"
+        f"base's > 0 (retention > {DEAF_RATIO}, not {DEAF_LABEL}); {RULE}; judged once OPD internalised ≥ "
+        f"{pre.MOVED_SHARE:g} of the base's context gain"
     )
     measured = f"OPD follow_other {fmt_stat(fo)} (base {fmt_stat(base)}); {_replies(runs, 'opd', labels)}"
     if d_ret["mean"] is None or not labels:
         return _na(measured, crit)
+    if unmoved := pre.student_moved(runs):  # the base keeps following by construction: a student must have moved
+        return _na(f"{measured}; {unmoved[1]}", crit, unmoved[0])
     return _decided(
         measured, decide(d_ret, 0.0, ">"), crit, f"OPD follow_other {fmt_stat(fo)} vs base {fmt_stat(base)}"
     )
@@ -95,9 +99,11 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     measured = f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}; NCA: {_replies(runs, 'nca', labels)}"
     if diff["mean"] is None or not labels:
         return _na(measured, crit)
-    if all(s["mean"] is not None and s["low"] is not None and s["low"] >= CEILING for s in both):
+    if unmoved := pre.student_moved(runs):
+        return _na(f"{measured}; {unmoved[1]}", crit, unmoved[0])
+    if all(s["mean"] is not None and s["mean"] >= CEILING for s in both):  # the mean: an exact bound never reaches 1
         return _na(measured, crit, NA_CEILING)
-    if all(s["mean"] is not None and s["high"] is not None and s["high"] <= 1 - CEILING for s in both):
+    if all(s["mean"] is not None and s["mean"] <= 1 - CEILING for s in both):
         return _na(measured, crit, NA_FLOOR_BOTH)  # the mirror of the ceiling: neither follows, nothing to compare
     return _decided(measured, decide(diff, 0.0, ">"), crit, f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}")
 
@@ -126,6 +132,8 @@ def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
         return _na(measured, crit, NA + " (the follow term saw every other context: nothing held out)")
     if any(s["mean"] is None for s in (d_ret, d_harm, d_acc)) or not labels:
         return _na(measured, crit)
+    if unmoved := pre.student_moved(runs):
+        return _na(f"{measured}; {unmoved[1]}", crit, unmoved[0])
     d = all_of(
         decide(d_ret, 0.0, ">", "held-out following"),
         decide(d_harm, HARM_MARGIN, "<=", "Harm − NCA's"),

@@ -20,6 +20,7 @@ from mechopd.core.stats import fmt_stat, seed_stat
 from mechopd.probes import mechanism_stats as ms
 from mechopd.probes.delta_svd import GAUSS_ENERGY90, load_svd
 from mechopd.probes.registry import probe_result
+from mechopd.report import preconditions as pre
 from mechopd.report.verdicts import HOLDS, NA, RULE, Decision, all_of, decide
 from mechopd.study import Study
 
@@ -80,7 +81,7 @@ def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict
         f"OPD, every layer reverted to W0: the {what} removed by q_proj+k_proj minus that removed by the same "
         f"number of other parameters > 0, against both controls (ctrl_qk: random rows of v/o/gate/up/down; vo: "
         f"v_proj+o_proj), paired per seed and item; {RULE}; not measurable when OPD's unpatched {base_key} is 0 "
-        f"in every seed"
+        f"in every seed, or rests on fewer than {pre.K_REVERT} learned (rule) or harmed (harm) items"
     )
     measured = (
         f"OPD {base_key} {fmt_stat(base)}; q+k − random rows {fmt_stat(margins['ctrl_qk'], signed=True)}, "
@@ -91,6 +92,8 @@ def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict
         return {"measured": measured, "verdict": NA_NO_ITEMS if legacy else NA, "criterion": crit}
     if all(v == 0 for v in base["values"]):
         return {"measured": measured, "verdict": empty, "criterion": crit}
+    if few := pre.revert_units(runs, key, MODEL):
+        return {"measured": f"{measured}; {few[1]}", "verdict": few[0], "criterion": crit}
     if any(m["mean"] is None for m in margins.values()):
         return {"measured": measured, "verdict": NA, "criterion": crit}
     return _decided(measured, all_of(*(decide(margins[c], 0.0, ">", f"q+k − {c}") for c in CONTROLS)), crit)
@@ -201,10 +204,12 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
         first = first or (site if verdict == HOLDS else None)
         out.append(f"| {site} | {fmt_stat(harm)} | {fmt_stat(margin, signed=True)} | {verdict} |")
     where = [x.summary.get("removed_at") or "none" for x in results]
+    few = pre.harmed_localized(runs)
+    shown = f"{few[0]}: {few[1]}" if few else (first or "none")  # too few harmed items: no site is named
     out += [
         "",
         f"Shallowest site that removes the harm (interval rule, {clean['n']} seed"
-        f"{'s' if clean['n'] != 1 else ''}): **{first or 'none'}**; per seed (point values): {', '.join(where)}. "
+        f"{'s' if clean['n'] != 1 else ''}): **{shown}**; per seed (point values): {', '.join(where)}. "
         "Cells: mean over seeds [95 % over seeds and items: Student-t over seeds, item-bootstrap floor]"
         + ("." if clean["n"] > 1 else "; one seed: an item bootstrap."),
         "",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mechopd.core.stats import hier_bootstrap
+from mechopd.core.stats import CI, exact_se, hier_bootstrap
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.following import _matrices, _mean_over_contexts
 from mechopd.evaluation.removability import batched_metrics, paired_arrays
@@ -62,25 +62,58 @@ def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
 
 
 def paired_stat(
-    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Arrays], np.ndarray], seed: int = EvalConfig.seed
+    runs: Sequence[Study],
+    roles: Sequence[str],
+    fn: Callable[[Arrays], np.ndarray],
+    seed: int = EvalConfig.seed,
+    bounds: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """Mean over seeds of ``fn`` on the roles' paired item arrays, seeds × items interval; ``"of"``: the
-    study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile)."""
-    return {**hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed), "of": len(runs)}
+    study's seed count (`verdicts.decide` calls a statistic defined in one of several seeds fragile). ``bounds``
+    (−1, 1): a per-item difference of two 0/1 outcomes, whose every item at ±1 in every seed gets the exact bound."""
+    units = None if bounds is None else (lambda a: np.full(a[0].shape[0], a[0].shape[1], np.float64))
+    return {
+        **hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed, bounds=bounds, trials=units),
+        "of": len(runs),
+    }
+
+
+def units_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
+    """The informative units (the denominator) of a proportion ``metric`` of role number ``role``, batched ``[B]``:
+    every item for Acc_x, Acc_xc, BothCorrect; the items right without the context for Harm; those wrong without it
+    for Help."""
+    cx = arrays[FIELDS * role]
+    n = np.full(cx.shape[0], cx.shape[1], np.float64)
+    return {"harm": cx.sum(1).astype(np.float64), "help": n - cx.sum(1)}.get(metric, n)
 
 
 def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
-    """One role's removability metric over seeds (seeds × items interval)."""
+    """One role's removability metric over seeds (seeds × items interval; a proportion at 0 or 1 in every seed gets
+    the exact bound on its pooled units, `units_of`)."""
     bounds = None if metric == "delta_len" else (0.0, 1.0)
+    units = None if metric == "delta_len" else (lambda a: units_of(a, metric))
     return {
-        **hier_bootstrap([eval_arrays(r, (role,)) for r in runs], lambda a: metric_of(a, metric), bounds=bounds),
+        **hier_bootstrap(
+            [eval_arrays(r, (role,)) for r in runs], lambda a: metric_of(a, metric), bounds=bounds, trials=units
+        ),
         "of": len(runs),
     }
 
 
 def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float = 1.0) -> dict[str, Any]:
-    """Paired per seed and item: metric(a) − scale_b · metric(b), on the items both evaluated."""
-    return paired_stat(runs, (a, b), lambda x: metric_of(x, metric, 0) - scale_b * metric_of(x, metric, 1))
+    """Paired per seed and item: metric(a) − scale_b · metric(b), on the items both evaluated (an accuracy difference
+    in (−1, 1), with its exact bound when every item moves the same way)."""
+    whole = metric in ("acc_x", "acc_xc", "both_correct") and scale_b == 1.0
+    fn = lambda x: metric_of(x, metric, 0) - scale_b * metric_of(x, metric, 1)  # noqa: E731
+    st = paired_stat(runs, (a, b), fn, bounds=(-1.0, 1.0) if whole else None)
+    if st.get("degenerate") and metric in ("harm", "help"):  # both at a bound in every seed: each side's exact bound
+        sa, sb = metric_stat(runs, a, metric), metric_stat(runs, b, metric)
+        if sa.get("exact") and sb.get("exact"):
+            st.pop("degenerate")
+            low, high = sa["low"] - scale_b * sb["high"], sa["high"] - scale_b * sb["low"]
+            st.update(low=low, high=high, exact=f"{sa['exact']} against {sb['exact']}")
+            exact_se(st, CI)
+    return st
 
 
 # ----------------------------------------------------------------------------------------------- other contexts
@@ -107,7 +140,12 @@ def other_stat(
     seeds = [other_matrix(r, role, field, labels) for r in runs]
     return {
         **hier_bootstrap(
-            [None if m is None else (m,) for m in seeds], lambda a: _mean_over_contexts(a[0]), bounds=(0.0, 1.0)
+            [None if m is None else (m,) for m in seeds],
+            lambda a: _mean_over_contexts(a[0]),
+            bounds=(0.0, 1.0),
+            trials=lambda a: (
+                np.isfinite(a[0]).any(-1).sum(-1).astype(np.float64)
+            ),  # units (replies of one are not independent)
         ),
         "of": len(runs),
     }
@@ -129,9 +167,13 @@ def other_diff_stat(
             return None
         return ma, mb
 
+    whole = scale_b == 1.0  # a difference of two 0/1 outcomes per unit and context: exact when no unit differs
     return {
         **hier_bootstrap(
-            [pair(r) for r in runs], lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1])
+            [pair(r) for r in runs],
+            lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1]),
+            bounds=(-1.0, 1.0) if whole else None,
+            trials=(lambda x: np.isfinite(x[0]).any(-1).sum(-1).astype(np.float64)) if whole else None,
         ),
         "of": len(runs),
     }

@@ -25,6 +25,12 @@ def records(acc_x: float, acc_xc: float, harm: float | None) -> list[dict]:
     return out
 
 
+def _seed(spec: dict) -> float:
+    """Seed k's factor on its seed-level probe values, 1 + 0.002 k (``spec["seed"]``, set by `claim_runs.seed_runs`):
+    seeds vary, as trained ones do (identical seeds make no interval)."""
+    return 1 + 0.002 * spec.get("seed", 0)
+
+
 def write_probes(run: Path, spec: dict) -> None:
     """Every probe artifact a claim row reads, under ``run/probes``."""
     probes = run / "probes"
@@ -34,7 +40,7 @@ def write_probes(run: Path, spec: dict) -> None:
     if spec["wp"] is not None:
         _write_weightpatch(probes, spec["wp"])
     if spec["svd"] is not None:
-        _write_svd(probes, spec["svd"])
+        _write_svd(probes, spec["svd"], spec)
     if spec["loc"] is not None:
         _write_localization(probes, spec["loc"])
     _write_teachability(probes, spec)
@@ -43,6 +49,7 @@ def write_probes(run: Path, spec: dict) -> None:
 def _write_gradients(probes: Path, spec: dict) -> None:
     """gradients.json at the OPD checkpoint: |cos(∇OPD, ∇NCA)| and its split-half null (``spec["gcos"]``)."""
     cos, null = spec["gcos"]
+    cos, null = cos * _seed(spec), null * _seed(spec)
     (probes / "gradients.json").write_text(
         json.dumps(
             {
@@ -65,17 +72,21 @@ def _write_similarity_and_lens(probes: Path, spec: dict) -> None:
     per-item tables (`_examples`)."""
     with (probes / "similarity.csv").open("w") as fh:
         fh.write("model,site,layer,cos_mean\n")
-        for model, vals in spec["cos"].items():
+        for j, (model, vals) in enumerate(spec["cos"].items()):  # seeds vary, not in lockstep across models
             fh.write(f"{model},embed,,1.0\n")
-            fh.writelines(f"{model},layers.{i}.resid_post,{i},{v}\n" for i, v in enumerate(vals))
+            fh.writelines(
+                f"{model},layers.{i}.resid_post,{i},{1 - (1 - v) * _seed(spec) ** (j + 1)}\n"
+                for i, v in enumerate(vals)
+            )
     _examples(probes, spec)
     (probes / "similarity.json").write_text(
         json.dumps({"models": list(spec["cos"]), "mean_cos": {}, "sites": [], "responses_from": "opd", "n_items": 1})
     )
     with (probes / "lens.csv").open("w") as fh:
         fh.write("model,site,depth,kl_c_x\n")
-        for model, vals in spec["lens"].items():
+        for j, (model, vals) in enumerate(spec["lens"].items()):
             sites = ["embed"] + [f"layers.{i}.resid_post" for i in range(len(vals) - 1)] + ["final_norm"]
+            vals = [v * _seed(spec) ** (j + 1) for v in vals]
             fh.writelines(f"{model},{s},{d},{v}\n" for d, (s, v) in enumerate(zip(sites, [0.0, *vals])))
     (probes / "lens.json").write_text(
         json.dumps(
@@ -91,7 +102,7 @@ def _write_similarity_and_lens(probes: Path, spec: dict) -> None:
 def _write_teachability(probes: Path, spec: dict) -> None:
     """teachability_summary.json: the gain buckets per signal (``spec["spread"]``) and the degeneracy reasons."""
     buckets = {
-        sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread}]
+        sig: [{"quartile": 1, "mean_gain_abs": 1.0}, {"quartile": 4, "mean_gain_abs": 1.0 + spread * _seed(spec)}]
         for sig, spread in spec["spread"].items()
     }
     (probes / "teachability_summary.json").write_text(
@@ -110,23 +121,35 @@ def _write_teachability(probes: Path, spec: dict) -> None:
 
 
 def _examples(probes: Path, spec: dict, items: int = 8) -> None:
-    """The per-item tables the cosine and lens rows bootstrap over (every item at the layer's value, 5 tokens each;
+    """The per-item tables the cosine and lens rows bootstrap over (items spread ±2 % around the layer's value, 5 tokens each;
     ``spec["per_item"] = False`` leaves them out: the rows fall back to the seed-level rule)."""
     if not spec.get("per_item", True):
         return
     with (probes / "similarity_examples.csv").open("w") as fh:
         fh.write("model,example,uid,site,depth,layer,n_tokens,cos_mean\n")
-        for model, vals in spec["cos"].items():
+        for j, (model, vals) in enumerate(spec["cos"].items()):
             fh.writelines(
-                f"{model},{k},u{k:03d},layers.{i}.resid_post,{i + 1},{i},5,{v}\n"
+                f"{model},{k},u{k:03d},layers.{i}.resid_post,{i + 1},{i},5,{1 - (1 - v) * _spread(k, items, j)}\n"
                 for k in range(items)
                 for i, v in enumerate(vals)
             )
     with (probes / "lens_examples.csv").open("w") as fh:
         fh.write("model,example,uid,site,n_tokens,kl_sum\n")
-        for model, vals in spec["lens"].items():
+        for j, (model, vals) in enumerate(spec["lens"].items()):
             sites = [f"layers.{i}.resid_post" for i in range(len(vals) - 1)] + ["final_norm"]
-            fh.writelines(f"{model},{k},u{k:03d},{s},5,{5 * v}\n" for k in range(items) for s, v in zip(sites, vals))
+            fh.writelines(
+                f"{model},{k},u{k:03d},{s},5,{5 * v * _spread(k, items, j)}\n"
+                for k in range(items)
+                for s, v in zip(sites, vals)
+            )
+
+
+def _spread(k: int, items: int, model: int, share: float = 0.02) -> float:
+    """Item k's factor on its layer's value for the model numbered ``model``: spread ±share around 1, mean 1 over the
+    items, in another item order per model (items vary, as measured ones do, and not in lockstep across models: a
+    table of identical items has no informative unit)."""
+    k = (k + 3 * model) % items
+    return 1 + share * (2 * k - (items - 1)) / (items - 1)
 
 
 def _write_deltas(path: Path, spec: dict) -> None:
@@ -136,10 +159,11 @@ def _write_deltas(path: Path, spec: dict) -> None:
     rows = []
     for i in range(spec["layers"]):
         for mod in MODULES:
-            site, w0 = f"layers.{i}.{mod}", 2.0
+            site, w0 = f"layers.{i}.{mod}", spec.get("qk_w0", 2.0) if mod in ("q_proj", "k_proj") else 2.0
             rows.append(DeltaRow("base", "", site, i, mod, "weight", 4, "", "w0_norm", w0))
             for model, rel in spec["update"].items():
                 rel *= (spec["qk_factor"] if mod in ("q_proj", "k_proj") else 1.0) * spec["shallow_factor"] ** -i
+                rel *= _seed(spec) if mod in ("q_proj", "k_proj") or i == 0 else 1.0  # the ratios vary by seed
                 rows.append(DeltaRow(model, "base", site, i, mod, "weight", 4, "", "delta_norm", rel * w0))
     write_table(rows, path)
     summarize_deltas(rows, None, {}).save(path.parent)
@@ -220,12 +244,12 @@ def svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
     ]
 
 
-def _write_svd(probes: Path, svd: dict) -> None:
+def _write_svd(probes: Path, svd: dict, spec: dict) -> None:
     """deltas_svd.csv / .json of OPD (one attention and one MLP matrix) through the probe's summary."""
     from mechopd.core.artifacts import write_csv, write_json
     from mechopd.probes.delta_svd import COLUMNS, CSV, JSON, summarize_svd
 
-    rows = svd_rows(svd["mlp"], svd["e90"], svd["overlap"])
+    rows = svd_rows(svd["mlp"] * _seed(spec), svd["e90"] * _seed(spec), svd["overlap"] * _seed(spec))
     write_csv(probes / CSV, rows, COLUMNS)
     write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(rows)})
 

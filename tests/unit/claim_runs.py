@@ -150,4 +150,4 @@ def make_run(root: Path, spec: dict, name: str = "run") -> Path:
 
 def seed_runs(root: Path, *per_seed: dict) -> list[Path]:
     """One run per seed, each GOOD with that seed's changes (`spec_with`)."""
-    return [make_run(root, spec_with(**changes), f"seed-{k}") for k, changes in enumerate(per_seed)]
+    return [make_run(root, spec_with(**{"seed": k, **changes}), f"seed-{k}") for k, changes in enumerate(per_seed)]

@@ -19,7 +19,7 @@ SEEDS = 3
 def jitter(k: int) -> dict:
     """Seed k's small moves of every quantity the rows read (k = 0, 1, 2)."""
     return {
-        "acc_x": {"opd": 0.95 + 0.005 * k, "nca": 0.96 - 0.005 * k},
+        "acc_x": {"opd": 0.95 + 0.005 * k, "nca": 0.96 - 0.0025 * k},  # NCA − OPD: 3 seeds clear Holm's 0.025 / 4
         "harm": {"opd": 0.3 + 0.02 * k},
         "follow": {"opd": (0.9 - 0.01 * k, 0.9 - 0.01 * k), "nca": (0.95 - 0.005 * k, 0.95 - 0.005 * k)},
         "cos": {"base": [0.9 - 0.01 * k, 0.8, 0.7], "opd": [0.99, 0.97 - 0.005 * k, 0.95]},
@@ -82,4 +82,16 @@ def test_the_multiplicity_line_counts_what_chance_alone_decides() -> None:
     assert expect == pytest.approx(0.85) and k == 4 and tail(3) > 0.05 >= tail(4)
     rows = [claims.Claim("a", "x", "", "", claims.HOLDS, ""), claims.Claim("b", "y", "", "", claims.NA_FRAGILE, "")]
     note = claims.claims_markdown(rows).splitlines()[-1]
-    assert note.startswith("Multiplicity: 2 rows") and "this table decides 1" in note
+    assert note.startswith("Multiplicity: 2 rows") and "This table decides 1" in note
+
+
+def test_holm_over_the_confirmatory_rows_leaves_the_exploratory_ones_alone() -> None:
+    """p 0.001, 0.004 pass Holm's steps 0.025/4, 0.025/3; 0.015 fails 0.025/2 and so does every later one; an
+    exploratory row decided at p 0.02 stays decided, labelled exploratory (#53)."""
+    ps = {"degradation": 0.004, "nca_removes": 0.015, "nca_keeps": 0.001, "ta_opd": 0.02, "cosine_order": 0.02}
+    rows = [claims.Claim(k, k, "", "m", claims.HOLDS, "", p=p) for k, p in ps.items()]
+    claims.holm(rows)
+    got = {r.key: r.verdict for r in rows}
+    assert got == {**{k: claims.HOLDS for k in ps}, "nca_removes": claims.NA_FRAGILE, "ta_opd": claims.NA_FRAGILE}
+    assert "p = 0.015 > 0.0125 at step 3" in rows[1].measured
+    assert [r.family for r in rows] == ["confirmatory"] * 4 + ["exploratory"]

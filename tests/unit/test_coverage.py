@@ -69,3 +69,21 @@ def test_the_boundary_centre_gives_the_clipped_mean_asked_for() -> None:
     )  # the nearer bound (0.8) pulls the mean down
     z = np.clip(0.1 + 0.3 * np.random.default_rng(2).standard_normal(400_000), 0, 1)
     assert clipped_mean(0.1, 0.3, 0.0, 1.0) == pytest.approx(float(z.mean()), abs=2e-3)
+
+
+def test_design_cells_cover_at_zero_counts_few_right_items_and_shared_items() -> None:
+    """The real studies' designs through hier_bootstrap (#53), a few replications each: the rare event's seeds at zero
+    counts get the exact bound (never a point), Harm on 5 items and shared items (target: these items) cover."""
+    import numpy as np
+
+    from mechopd.core.coverage_design import DESIGN_CELLS, cell_coverage
+
+    rng = np.random.default_rng(0)
+    cells = {c.name: c for c in DESIGN_CELLS}
+    for name in (
+        "rare event 0.02 on 10 items, 3 seeds",
+        "Harm on 5 right items, 6 seeds",
+        "shared 54 items (these items), 6 seeds",
+    ):
+        r = cell_coverage(cells[name], 80, rng)
+        assert r["coverage"] >= 0.9 and r["width"] > 0 and max(r["err_ge"], r["err_le"]) <= 0.06, (name, r)

@@ -136,7 +136,10 @@ def _write_zero(run: Study) -> None:
     ],
 )
 def test_sparse_update_verdicts(tmp_path, mlp, e90, overlap, verdict):
-    runs = [_run(tmp_path / f"s{i}", None, _svd_rows(mlp * (1 + 0.01 * i), e90 + 0.001 * i, overlap)) for i in range(3)]
+    runs = [
+        _run(tmp_path / f"s{i}", None, _svd_rows(mlp * (1 + 0.01 * i), e90 + 0.001 * i, overlap + 0.001 * i))
+        for i in range(3)
+    ]
     assert mc.claim_sparse_update(runs)["verdict"] == verdict
     assert mc.svd_value(runs[0], "opd", "mlp_energy_share") == pytest.approx(mlp / (1 + mlp))
 

@@ -80,9 +80,10 @@ def test_no_item_right_without_context():
 def test_all_items_right():
     s = summarize(cells(rr=12, rw=0, wr=0, ww=0), n_boot=200)
     assert s["help"]["value"] is None and s["help"]["low"] is None and s["n_wrong_x"] == 0
-    assert s["harm"]["value"] == 0.0 and (s["harm"]["low"], s["harm"]["high"]) == (0.0, 0.0)
+    edge = 0.025 ** (1 / 12)  # never a zero-width interval: the exact bound at 0 (12) events of 12 (#53)
+    assert s["harm"]["value"] == 0.0 and (s["harm"]["low"], s["harm"]["high"]) == pytest.approx((0.0, 1 - edge))
     for m in ("acc_x", "acc_xc", "both_correct"):
-        assert (s[m]["value"], s[m]["low"], s[m]["high"]) == (1.0, 1.0, 1.0)
+        assert (s[m]["value"], s[m]["low"], s[m]["high"]) == pytest.approx((1.0, edge, 1.0))
     assert s["regime"] == "C"
 
 
@@ -185,7 +186,8 @@ def test_one_resample_serves_every_metric():
     s = summarize(records, n_boot=300)
     bounds = {m: (s[m]["low"], s[m]["high"]) for m in ("acc_x", "acc_xc", "both_correct")}
     assert len(set(bounds.values())) == 1
-    assert (s["harm"]["low"], s["harm"]["high"]) == (0.0, 0.0)
+    right = s["n_right_x"]  # Harm 0 of the items right without c: the exact bound, never [0, 0] (#53)
+    assert (s["harm"]["low"], s["harm"]["high"]) == pytest.approx((0.0, 1 - 0.025 ** (1 / right)))
 
 
 # ----------------------------------------------------------------------------------------------------- regimes
