@@ -150,10 +150,10 @@ class DemoConfig:
             )
         from mechopd.pipeline.pool import default_workers, workers_why
 
-        given, per_job = self.workers is not None, self.job_threads if isinstance(self.job_threads, int) else 1
+        passed, per_job = self.workers is not None, self.job_threads if isinstance(self.job_threads, int) else 1
         if self.workers is None:
             self.workers = default_workers(per_job)
-        self.workers_why = workers_why(self.workers, per_job, given) if isinstance(self.workers, int) else ""
+        self.workers_why = workers_why(self.workers, per_job, passed) if isinstance(self.workers, int) else ""
         self._check_counts()
         given = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is not None}
         for key, value in task_defaults(self.task).items():
