@@ -72,17 +72,21 @@ class Floors:
     """Copy GB/s and GEMM GFLOP/s, measured again each time `take` is called; medians over every take."""
 
     def __init__(self, d: int):
-        self.d, self.copy, self.gemm = d, [], []
+        self.d, self.copy, self.gemm, self.since = d, [], [], 0
+
+    def mark(self) -> None:
+        """A stage starts: its floors are the medians of the takes from here on (the load of its own minutes)."""
+        self.since = len(self.copy)
 
     def take(self) -> None:
         self.copy.append(copy_gbs())
         self.gemm.append(gemm_gflops(self.d))
 
     def gbs(self) -> float:
-        return statistics.median(self.copy)
+        return statistics.median(self.copy[self.since :] or self.copy)
 
     def gflops(self) -> float:
-        return statistics.median(self.gemm)
+        return statistics.median(self.gemm[self.since :] or self.gemm)
 
     def line(self) -> str:
         return (
@@ -105,6 +109,7 @@ def decode_stage(model: Any, fl: Floors, batch: int, steps: int, reps: int) -> N
     ids = torch.randint(100, 1000, (batch, 48), generator=g)
     mask, pos = torch.ones_like(ids), torch.arange(48)[None].expand(batch, -1)
     times = []
+    fl.mark()
     with torch.inference_mode():
         for r in range(reps + 1):
             fl.take()
@@ -124,6 +129,7 @@ def optimizer_stage(model: Any, fl: Floors, reps: int) -> None:
     n = sum(p.numel() for p in params)
     for impl in ("default", "fused"):
         ps = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        fl.mark()
         opt = torch.optim.AdamW(ps, lr=1e-5, fused=True if impl == "fused" else None)
         times = []
         for r in range(reps + 1):
@@ -141,7 +147,9 @@ def optimizer_stage(model: Any, fl: Floors, reps: int) -> None:
 
 def step_stages(args: argparse.Namespace, path: Path, root: Path, fl: Floors, n: int, head: tuple) -> None:
     step = ts.make_trainer_step(path, root, "opd", args, method="opd", selector="full")
+    n = sum(p.numel() for p in step.trainer.student.parameters())  # type: ignore[attr-defined]  (head untied: more)
     recs = []
+    fl.mark()
     for r in range(args.steps + 1):
         fl.take()
         step()
@@ -195,10 +203,12 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
     times: dict[bool, list[float]] = {v: [] for v in variants}
     plans: dict[bool, list] = {}
     results: dict[bool, Any] = {}
-    for _ in range(args.eval_reps):
-        for charge in variants:
+    takes: dict[bool, list[tuple[float, float]]] = {v: [] for v in variants}
+    for rep in range(args.eval_reps):
+        for charge in variants if rep % 2 == 0 else variants[::-1]:  # neither plan always runs first
             mode["charge"] = charge
             fl.take()
+            takes[charge].append((fl.copy[-1], fl.gemm[-1]))
             calls.clear()
             t0 = time.perf_counter()
             res = mechopd.run_eval(
@@ -208,8 +218,9 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
             plans[charge] = list(calls)
             results.setdefault(charge, res)
     E.sample_rows = F.sample_rows = orig  # type: ignore[attr-defined]
-    gf, gb = fl.gflops() * 1e9, fl.gbs() * 1e9
     for charge in variants:
+        gb = statistics.median(c for c, _ in takes[charge]) * 1e9  # the floors taken before this variant's runs
+        gf = statistics.median(g for _, g in takes[charge]) * 1e9
         floor, n_calls = 0.0, 0
         for ids, st, c in plans[charge]:
             for g in group_prompts(ids, st.max_new_tokens if c else 0):
@@ -220,8 +231,10 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
                     floor += st.max_new_tokens * max(4 * n / gb, 2 * n * b / gf)
                     n_calls += 1
         label = "groups charged decode steps" if charge else "groups charged forward only"
-        row(f"mechopd eval, 54 items ({n_calls} decode calls; {label})", times[charge], floor)
+        row(f"eval, 54 items, {n_calls} decode calls ({label})", times[charge], floor)
     if args.eval_ab:
+        per = [x / y for x, y in zip(times[False], times[True])]
+        print(f"  eval charged forward only / charged decode steps, paired: {[round(x, 2) for x in per]}")
         a, b = results[True], results[False]
         same = [k for k in a if a[k] != b[k] and k not in ("timing", "wall_s")]
         print(f"  metrics and records identical between the two plans: {not same}{'' if not same else same}")
