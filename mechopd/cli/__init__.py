@@ -6,13 +6,17 @@ import argparse
 import os
 import sys
 
-from mechopd.cli.common import COMMANDS
-from mechopd.cli.eval_cmd import _eval_args
-from mechopd.cli.fetch_cmd import _fetch_args
-from mechopd.cli.probe_cmd import _probe_args
-from mechopd.cli.study_cmd import _aggregate_args, _demo_args, _explore_args, _figures_args, _run_args
-from mechopd.cli.train_cmd import _pretrain_args, _train_args
-from mechopd.core.errors import MechopdError
+from mechopd.core.threads import configure
+
+configure()  # OMP_WAIT_POLICY=PASSIVE unless set: before anything below imports torch (libgomp reads it at load)
+
+from mechopd.cli.common import COMMANDS  # noqa: E402
+from mechopd.cli.eval_cmd import _eval_args  # noqa: E402
+from mechopd.cli.fetch_cmd import _fetch_args  # noqa: E402
+from mechopd.cli.probe_cmd import _probe_args  # noqa: E402
+from mechopd.cli.study_cmd import _aggregate_args, _demo_args, _explore_args, _figures_args, _run_args  # noqa: E402
+from mechopd.cli.train_cmd import _pretrain_args, _train_args  # noqa: E402
+from mechopd.core.errors import MechopdError  # noqa: E402
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -71,7 +71,7 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
     jobs = [(i, j, ctx) for j in range(cfg.samples) for i in range(len(items)) for ctx in (False, True)]
     ids = [render(items[i].prompt, items[i].context if c else None) for i, _, c in jobs]
     seeds = None if st.greedy else [hash_seed(cfg.seed, items[i].uid, j, c) for i, j, c in jobs]
-    responses = sample_rows(model, ids, seeds, st)
+    responses = sample_rows(model, ids, seeds, st, charge_decode=True)  # groups charged their decode steps
     out = {key: strip_stop(resp, st.stop) for key, resp in zip(jobs, responses)}
     records = []
     for j in range(cfg.samples):

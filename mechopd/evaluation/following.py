@@ -59,7 +59,7 @@ def _generate(model, tokenizer, task, items, jobs, cfg, spec: RenderSpec, st: Sa
         if st.greedy
         else [stable_seed(cfg.seed, items[i].uid, j, f"other|{oc.label}") % (2**31) for i, oc, j in rows]
     )
-    return rows, [strip_stop(r, st.stop) for r in sample_rows(model, ids, seeds, st)]
+    return rows, [strip_stop(r, st.stop) for r in sample_rows(model, ids, seeds, st, charge_decode=True)]
 
 
 def other_context_records(

@@ -10,7 +10,12 @@ The plan is built from the token ids alone (never from the context strings), so 
      shared length = its smallest ``lcp`` capped one token short of its shortest prompt (every row keeps a prompt
      token), 0 when below `prefix.MIN_PREFIX_TOKENS` or for a single row; rows of unshared groups run together, once;
   3. keep the plan that saves the most token positions,
-     ``Σ_g (rows_g − 1) · length_g − GROUP_COST · (forwards − 1)`` (ties: the fewer forwards). ``GROUP_COST`` (a choice, docs/method.md) charges each extra forward call.
+     ``Σ_g (rows_g − 1) · length_g − GROUP_COST · (1 + decode_steps) · (groups − 1)`` (ties: the fewer groups).
+     ``GROUP_COST`` (a choice, docs/method.md) charges each extra forward call; a sampling call (`sampler.sample_rows`
+     with ``charge_decode``: the evaluation) decodes each group on its own, so each extra group also costs its
+     ``decode_steps`` (= max_new_tokens) decode calls. Measured (issue 58): `mechopd eval` of the smollm2 study split
+     its 54 no-context rows into 9 groups sharing 25-30 header tokens (12 decode calls in all) when only the prefill
+     call was charged; charged its decode steps, 3 calls.
 A batch with one context gives one group, the same decision and the same arithmetic as `prefix.decide`. Exact like
 the shared prefix itself: each row sees its own keys/values at its own positions; only float summation order differs.
 Several processes (`agree` given) keep the one common prefix of the global batch (`prefix.decide`): every process
@@ -46,7 +51,9 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _plan(prompts: Sequence[Sequence[int]], order: list[int], lcp: list[int], T: int) -> tuple[int, list[Group]]:
+def _plan(
+    prompts: Sequence[Sequence[int]], order: list[int], lcp: list[int], T: int, decode_steps: int = 0
+) -> tuple[int, list[Group]]:
     """(saved positions, groups) when neighbours with ``lcp >= T`` share (module docstring, step 2)."""
     runs, start = [], 0
     for k in range(len(order)):
@@ -65,11 +72,12 @@ def _plan(prompts: Sequence[Sequence[int]], order: list[int], lcp: list[int], T:
         else:
             alone += rows
     groups = shared + ([Group(tuple(sorted(alone)), 0)] if alone else [])
-    return saved - GROUP_COST * (len(groups) - 1), sorted(groups, key=lambda g: g.rows[0])
+    return saved - GROUP_COST * (1 + decode_steps) * (len(groups) - 1), sorted(groups, key=lambda g: g.rows[0])
 
 
-def group_prompts(prompts: Sequence[Sequence[int]]) -> list[Group]:
-    """The prefix groups of these prompts (token ids, no padding): a partition of ``range(len(prompts))``."""
+def group_prompts(prompts: Sequence[Sequence[int]], decode_steps: int = 0) -> list[Group]:
+    """The prefix groups of these prompts (token ids, no padding): a partition of ``range(len(prompts))``.
+    decode_steps: the decode calls each group makes after its prefill (0: a forward only; step 3 above)."""
     B = len(prompts)
     if B < 2:
         return [Group(tuple(range(B)), 0)]
@@ -77,7 +85,7 @@ def group_prompts(prompts: Sequence[Sequence[int]]) -> list[Group]:
     lcp = [_lcp(prompts[order[k]], prompts[order[k + 1]]) for k in range(B - 1)]
     best = (0, [Group(tuple(range(B)), 0)])
     for T in sorted(set(lcp)):
-        plan = _plan(prompts, order, lcp, T)
+        plan = _plan(prompts, order, lcp, T, decode_steps)
         if plan[0] > best[0] or (plan[0] == best[0] and len(plan[1]) < len(best[1])):
             best = plan
     return best[1]

@@ -191,6 +191,7 @@ def sample_rows(
     *,
     paths: list[int] | None = None,
     agree: Any = None,
+    charge_decode: bool = False,
 ) -> list[list[int]]:
     """One response per prompt, ``settings.batch_size`` prompts per `sample` call; row i samples with ``seeds[i]``.
 
@@ -202,6 +203,9 @@ def sample_rows(
     included, so the arithmetic a row sees does not depend on the batch size: "auto" in one process groups the rows by
     their leading block (`groups.group_prompts`: each group's prefix prefilled once, its rows in chunks); with
     `agree` (several processes, e.g. `train.dist.agree_prefix`) one prefix common to the global batch.
+    charge_decode: the grouping charges each group its decode steps too (`groups.group_prompts`; the evaluation
+    passes it: fewer, larger decode calls). Off by default: a training rollout's groups, hence its arithmetic, as
+    before.
     """
     greedy, size = settings.greedy, settings.batch_size
     if seeds is None and not greedy:
@@ -209,7 +213,8 @@ def sample_rows(
     if seeds is not None and len(seeds) != len(prompt_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
     if settings.shared_prefix == "auto" and agree is None and isinstance(settings.engine, str):
-        groups = group_prompts(prompt_ids)  # one process: a prefix per group of rows (generate/groups.py)
+        steps = settings.max_new_tokens if charge_decode else 0
+        groups = group_prompts(prompt_ids, steps)  # one process: a prefix per group of rows (generate/groups.py)
     else:
         groups = [Group(tuple(range(len(prompt_ids))), shared_len(prompt_ids, settings.shared_prefix, agree))]
     out: list[list[int]] = [[] for _ in prompt_ids]

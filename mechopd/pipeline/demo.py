@@ -148,10 +148,12 @@ class DemoConfig:
                 f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
                 "--seed, or pass --seeds 1 for that one seed"
             )
-        if self.workers is None:
-            from mechopd.pipeline.pool import default_workers
+        from mechopd.pipeline.pool import default_workers, workers_why
 
-            self.workers = default_workers(self.job_threads if isinstance(self.job_threads, int) else 1)
+        passed, per_job = self.workers is not None, self.job_threads if isinstance(self.job_threads, int) else 1
+        if self.workers is None:
+            self.workers = default_workers(per_job)
+        self.workers_why = workers_why(self.workers, per_job, passed) if isinstance(self.workers, int) else ""
         self._check_counts()
         given = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is not None}
         for key, value in task_defaults(self.task).items():
@@ -315,7 +317,7 @@ def _demo(cfg: DemoConfig) -> Path:
     logs = "; job logs in <run>/logs/" if workers > 1 else ""
     _log(
         f"{len(runs)} seed run{'s' if len(runs) > 1 else ''} on {workers} worker{'s' if workers > 1 else ''} "
-        f"({threads} intra-op thread{'s' if threads > 1 else ''} per job{logs})"
+        f"({threads} intra-op thread{'s' if threads > 1 else ''} per job{logs}; workers: {cfg.workers_why})"
     )
     _warn_design(cfg)
     run_seed_runs(runs, student, workers, _log, train_runs, finish_seed)

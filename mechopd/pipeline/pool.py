@@ -111,6 +111,22 @@ def default_workers(job_threads: int = JOB_THREADS) -> int:
     return max(1, torch.get_num_threads() // max(1, job_threads))
 
 
+def workers_why(workers: int, job_threads: int = JOB_THREADS, given: bool = False) -> str:
+    """Why `workers` processes (the demo's and `mechopd run`'s start line says it): given by --workers, or
+    `default_workers` and what its thread count follows (``OMP_NUM_THREADS`` when set, else torch's default, the
+    cores), next to the cores this process may use."""
+    from mechopd.core.threads import usable_cores
+
+    if given:
+        return f"--workers {workers}"
+    omp = os.environ.get("OMP_NUM_THREADS")
+    source = f"OMP_NUM_THREADS={omp}" if omp else "torch's default"
+    return (
+        f"default: {workers} = intra-op threads ({source}) / {job_threads} per job, {usable_cores()} core(s) usable; "
+        "--workers N to choose"
+    )
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """For the block, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, as SIGINT does."""
@@ -305,6 +321,9 @@ def run_seed_runs(
             log(f"{serial.cfg.out}: {serial.name} ...")
             log(f"{serial.cfg.out}: {serial.name} done ({run_job(serial, redirect=False):.0f} s)")
         return
+    from mechopd.core.threads import configure
+
+    configure()  # OMP_WAIT_POLICY=PASSIVE unless set: the workers inherit it (their torch loads after it)
     ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state
     with ProcessPoolExecutor(
         max_workers=workers,

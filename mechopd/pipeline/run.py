@@ -336,16 +336,17 @@ def run_study(
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
     from mechopd.core.runlock import hold
     from mechopd.pipeline.logline import as_run
-    from mechopd.pipeline.pool import default_workers, terminate_as_interrupt
+    from mechopd.pipeline.pool import default_workers, terminate_as_interrupt, workers_why
     from mechopd.pipeline.preflight import check_study_models, study_inputs
 
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
         raise ConfigError("run_study(mapping): pass out=DIR (a study file's run defaults to its folder / its stem)")
     out = Path(out) if out is not None else default_out(study)  # type: ignore[arg-type]
-    workers = default_workers(1) if workers is None else workers
+    given, workers = workers is not None, default_workers(1) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers {workers!r}: must be an integer >= 1 (omit it for one per thread)")
+    why = workers_why(workers, 1, given)
     check_study_models(spec)  # every model the study names, before the first file or job
     inputs = study_inputs(spec)  # what its runs are made from, by content
     stale = check_out(spec, out, inputs)
@@ -353,10 +354,12 @@ def run_study(
         _log(f"{out}: done, nothing to run (report {out / 'report.md'})")
         return out / "report.md"
     with terminate_as_interrupt(), hold(out, "run"), as_run():  # SIGTERM as Ctrl-C: the workers stop, locks freed
-        return _run(spec, out, workers, inputs, stale)
+        return _run(spec, out, workers, inputs, stale, why)
 
 
-def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], stale: Stale | None = None) -> Path:
+def _run(
+    spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], stale: Stale | None = None, why: str = ""
+) -> Path:
     from mechopd.pipeline.budget import StudyClock, check_budget
     from mechopd.pipeline.pool import run_seed_runs
 
@@ -383,7 +386,7 @@ def _run(spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], st
     given = f"; {', '.join(spec.checkpoints())} from checkpoint(s), not trained" if spec.checkpoints() else ""
     _log(
         f"{len(runs)} seed run(s) x {len(spec.runs)} run(s) ({', '.join(spec.runs)}{given}) on {workers} worker(s)"
-        f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}"
+        f"{'; job logs in <seed run>/logs/' if workers > 1 else ''}{f' (workers: {why})' if why else ''}"
     )
     from mechopd.report.design import design_lines
 

@@ -129,7 +129,8 @@ def build_parts(
     param_names, params = [models.param_name(n) for n, _ in named], [p for _, p in named]
     trainable_share, line = models.share_line()
     say(line)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    fused = True if cfg.adamw == "fused" else None  # None: torch's own choice (CPU: per tensor; CUDA: foreach)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
     engine = rollout_engine(cfg, student, shard, inp.student_path, device, world)
     sampling = SamplingSettings.for_model(  # the rollout's: only ids the teacher can score are drawn

@@ -288,6 +288,39 @@ def test_prefix_groups_in_sampling_equal_unshared_and_batch_size_invariant(organ
     assert sample_rows(model, ids, None, greedy) == sample_rows(model, ids, None, greedy.replace(shared_prefix="off"))
 
 
+def test_group_prompts_charged_decode_steps_merges_small_groups():
+    """A header of 25 tokens shared by all rows, then first words shared by pairs (12 more tokens): charged the forward
+    only, the pairs split into groups (saving 12 positions each beats 32 per call); charged their decode steps too
+    (`sample_rows(charge_decode=True)`, the evaluation), one group at the header (issue 58)."""
+    from mechopd.generate.groups import GROUP_COST, group_prompts
+
+    header = list(range(100, 125))
+    prompts = [header + [200 + i // 2] * 100 + [300 + i] for i in range(8)]  # pairs share 125 tokens, all 25
+    split = group_prompts(prompts)  # 4 x 125 - 3 x 32 saved beats 7 x 25
+    assert [(g.rows, g.length) for g in split] == [((2 * k, 2 * k + 1), 125) for k in range(4)]
+    merged = group_prompts(prompts, decode_steps=24)  # 3 x 32 x 25 more to pay: the header alone wins
+    assert [(g.rows, g.length) for g in merged] == [(tuple(range(8)), 25)] and GROUP_COST == 32
+
+
+def test_sampling_charged_decode_steps_same_ids(organism_tokenizer):
+    """Fewer groups (`charge_decode`) sample the same ids: greedy and seeded (exact like the groups themselves)."""
+    from mechopd.generate.groups import group_prompts
+    from mechopd.generate.sampler import sample_rows
+
+    tok = organism_tokenizer
+    model = tiny_model(tok, "qwen3", seed=5)
+    header = render_prompt_ids(tok, "apply the rule to :", None, RenderSpec("system"))  # the chat header, a question
+    words = [tok.convert_tokens_to_ids(w) for w in ("rule", "shift", "reverse", "list")]
+    ids = [header + [words[i // 2]] * 60 + [words[(i + 1) % 4]] for i in range(8)]  # pairs share 60 more tokens
+    assert len(group_prompts(ids, 6)) < len(group_prompts(ids))  # the charge changes the plan under test
+    st = SamplingSettings(max_new_tokens=6, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, temperature=1.0)
+    for s in (st, st.replace(greedy=True)):
+        seeds = None if s.greedy else list(range(8))
+        base = sample_rows(model, ids, seeds, s)
+        assert sample_rows(model, ids, seeds, s, charge_decode=True) == base
+        assert sample_rows(model, ids, seeds, s.replace(shared_prefix="off")) == base
+
+
 def test_prefix_groups_in_the_probe_capture_equal_unshared(organism_tokenizer):
     from mechopd.generate.groups import view_groups
     from mechopd.probes.capture import all_sites, run_view
