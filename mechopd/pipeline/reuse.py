@@ -142,15 +142,25 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 def config_fields_differ(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"field: old -> new"`` for each field of two training configs that differs; path fields (student, teacher,
-    organism_dir, a task option naming a file) are the inputs record's, compared by content, not here."""
+    organism_dir, a task option naming a file) are the inputs record's, compared by content, not here. The
+    chat-template variables compare after training's pins: a recorded ``date_string`` the wanted config does not set
+    is the date training pinned (`config.adopt_pins`), and flags read as `views.template_flags` reads them."""
+    from mechopd.config import DATE_PIN
+    from mechopd.core.views import template_flags
     from mechopd.train.rundir import DATA_OPTIONS, PATH_KEYS
 
     def norm(doc: Mapping[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in doc.items() if k not in PATH_KEYS}
+        if isinstance(out.get("chat_template_kwargs"), Mapping):
+            out["chat_template_kwargs"] = template_flags(dict(out["chat_template_kwargs"]))
         opts = out.get("task_options")
         if isinstance(opts, Mapping):
             out["task_options"] = {k: v for k, v in opts.items() if k not in DATA_OPTIONS}
         return json.loads(json.dumps(out, sort_keys=True, default=str))
 
+    old, new = dict(old), dict(new)
+    pins, wanted = old.get("chat_template_kwargs"), new.get("chat_template_kwargs")
+    if isinstance(pins, Mapping) and isinstance(wanted, Mapping) and DATE_PIN in pins and DATE_PIN not in wanted:
+        new["chat_template_kwargs"] = {**wanted, DATE_PIN: pins[DATE_PIN]}  # training's pin (`adopt_pins`, as resume)
     a, b = norm(old), norm(new)
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
