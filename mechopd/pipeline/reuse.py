@@ -11,7 +11,8 @@
 - the study's keys split in two: the TRAINING keys (task, task_options, student, teacher, render, seeds, train, runs:
   the inputs record, by content, holds only these) and the DOWNSTREAM keys (`DOWNSTREAM`: eval, probes, probe_n,
   first_seed_only). A rerun that changes only downstream keys reuses every trained model and reruns what depends on
-  the change (`Stale`): a changed ``eval`` every evaluation; a changed probe entry (or ``probe_n``, for the probes
+  the change (`Stale`): a changed ``eval`` every evaluation and every probe that picks its items from them
+  (``select``); a changed probe entry (or ``probe_n``, for the probes
   that take it) that probe; the figures, the report and the aggregate always. A probe removed from the study is
   refused (its tables would stay in the report).
 """
@@ -90,7 +91,10 @@ def stale_after(out: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> St
         if name in old_probes
         and (old_probes[name] != opts or (probe_n_changed and "n" not in (opts or {})))  # probe_n: its default n
     ]
-    return Stale(evaluations=old.get("eval") != new.get("eval"), probes=tuple(sorted(changed)))
+    evaluations = old.get("eval") != new.get("eval")
+    if evaluations:  # a probe whose items were picked from the evaluations (`select`) picks again
+        changed += [n for n, opts in new_probes.items() if isinstance(opts, Mapping) and opts.get("select")]
+    return Stale(evaluations=evaluations, probes=tuple(sorted(set(changed))))
 
 
 def clear_stale(seed_dirs: Iterable[Path], stale: Stale) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mechopd.pipeline.reuse import config_fields_differ
+from mechopd.pipeline.reuse import Stale, config_fields_differ, stale_after
 
 
 def _config(**kwargs):
@@ -20,3 +20,16 @@ def test_a_flag_the_render_read_as_a_boolean_is_not_a_changed_config():
     """``enable_thinking: "false"`` is recorded as ``False`` (the render's reading); the rerun compares the same."""
     assert config_fields_differ(_config(enable_thinking=False), _config(enable_thinking="false")) == []
     assert config_fields_differ(_config(enable_thinking=True), _config(enable_thinking="false"))
+
+
+def test_a_changed_evaluation_reruns_the_probes_that_select_from_it(tmp_path):
+    """``select: opd`` probes pick their items from the evaluation: a new evaluation reruns them, not the others."""
+    old = {
+        "eval": {"n": 32},
+        "probe_n": 32,
+        "probes": {"weightpatch": {"select": "opd"}, "localization": {"select": "opd"}, "similarity": {}},
+    }
+    stale = stale_after(tmp_path, old, {**old, "eval": {"n": 16}})
+    assert stale is not None and stale.evaluations
+    assert stale.probes == ("localization", "weightpatch")
+    assert stale_after(tmp_path, old, {**old, "probe_n": 32}) == Stale()
