@@ -401,7 +401,7 @@ class StudySpec:
         return cls(**doc, source=where)
 
 
-FILE_OPTIONS = ("path", "context_file", "other_context_file")  # task options that name a file
+FILE_OPTIONS = ("path", "context_file", "other_context_file", "pool")  # task options that name a file (facts: pool)
 
 
 def anchor_paths(doc: dict[str, Any], folder: Path) -> dict[str, Any]:
