@@ -3,6 +3,7 @@ evaluated and probed, never trained; with a training field, or a directory that 
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -83,3 +84,19 @@ def test_a_checkpoint_that_is_no_path_is_refused(value):
 def test_a_probe_reads_a_checkpoint_runs_role_and_no_other(tmp_path):
     doc = {**_doc(old={CHECKPOINT: str(tmp_path)}), "probes": {"similarity": {"models": ["old", "nca"]}}}
     assert "probes.similarity reads the role(s) nca, which the study lacks" in _refusal(doc)
+
+
+@pytest.mark.parametrize(
+    ("probe", "needle"),
+    [
+        ({"select": "opdd"}, "probes.localization.select='opdd' is not a run of the study; name one of opd, given"),
+        ({"select": "base"}, "select='base' is not a run of the study"),
+        ({"select": "teacher"}, "select='teacher' is not a run of the study"),
+        ({"select": "opd", "split": "train"}, r"select='opd' picks held-out \(test\) items.*drop split: train"),
+    ],
+)
+def test_a_probes_select_names_a_run_of_the_study_at_load(tmp_path, probe, needle):
+    """``select`` picks items from a run's evaluation: a typo, base or teacher, or the train split, refused at load."""
+    doc = _doc(opd={"method": "opd"}, given={CHECKPOINT: str(tmp_path)})
+    assert StudySpec.load({**doc, "probes": {"localization": {"select": "given"}}}, source="s.yaml")
+    assert re.search(needle, _refusal({**doc, "probes": {"localization": probe}}))
