@@ -209,4 +209,14 @@ def flag_text(value: str | None, flag: str) -> str | None:
 def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
     """``--option`` / ``--chat-template-kwarg`` pairs -> a nested dict, values read by `scalar` (the same words and
     the same reading as ``--set task_options.KEY=VALUE``)."""
-    return typed_options(parse_overrides(pairs or [], flag))
+    options = parse_overrides(pairs or [], flag)
+    return template_options(options) if flag == "--chat-template-kwarg" else typed_options(options)
+
+
+def template_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Chat-template variables typed at the command line: as `typed_options`, but a bare ``0``/``1`` stays its text,
+    which the render reads as a boolean (`views.template_flags`; ``true``/``false`` are booleans already): a command
+    line cannot tell a flag from a number, and templates test flags with ``is false``; a YAML number stays a number."""
+    return typed_options(
+        {k: str(v) if isinstance(v, CliValue) and v.strip() in ("0", "1") else v for k, v in options.items()}
+    )

@@ -37,7 +37,7 @@ from typing import Any, Union
 
 import yaml
 
-from mechopd.core.config_parse import CliValue, StrictLoader, merge, scalar, text_value, typed_options
+from mechopd.core.config_parse import CliValue, StrictLoader, merge, scalar, template_options, text_value, typed_options
 from mechopd.core.errors import ConfigError
 
 
@@ -192,6 +192,10 @@ def coerce(facts: Facts, value: Any, source: str) -> Any:
         return text_value(value, name, optional, source)
     if isinstance(value, CliValue) and origin is not dict:
         value = scalar(value)
+    if name == "chat_template_kwargs" and isinstance(value, dict):
+        value = template_options(
+            value
+        )  # --set chat_template_kwargs.enable_thinking=0: a flag, as on --chat-template-kwarg
     try:
         return _typed(base, origin, value)
     except (TypeError, ValueError, OverflowError, yaml.YAMLError, RecursionError):

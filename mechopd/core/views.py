@@ -66,13 +66,13 @@ BOOL_WORDS = {"0": False, "1": True, "false": False, "true": True}
 
 
 def template_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Chat-template variables with ``0/1/true/false`` (a number or its text, any case) read as booleans: templates
-    test a flag with ``is false`` / ``is true`` (Qwen3's ``enable_thinking is false``), which ``0`` or ``"0"`` never
-    passes, so ``--chat-template-kwarg enable_thinking=0`` would leave thinking on; a boolean still compares and counts
-    as the number (``False == 0``), so a variable meant as 0 or 1 reads the same."""
+    """Chat-template variables given as the text ``0/1/true/false`` (any case) read as booleans: templates test a
+    flag with ``is false`` / ``is true`` (Qwen3's ``enable_thinking is false``), which ``"0"`` never passes, so
+    ``--chat-template-kwarg enable_thinking=0`` (kept as text, `config_parse.template_options`) turns thinking off. A
+    number stays a number (``max_turns: 1`` renders "1", not "True")."""
     out = {}
     for key, value in kwargs.items():
-        word = str(value).strip().lower() if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        word = value.strip().lower() if isinstance(value, str) else None
         out[key] = BOOL_WORDS[word] if word in BOOL_WORDS else value
     return out
 

@@ -96,9 +96,14 @@ def _check_structure(config: Any, where: str) -> None:
     layers = model.get_submodule(layers_path(model))
     for i, layer in enumerate(layers):
         children = {name for name, _ in layer.named_children()}
-        if not children & set(ATTN_BLOCKS) or not children & set(MLP_BLOCKS):
+        missing = [
+            f"no {kind} block mechopd's module map knows ({' / '.join(names)})"
+            for kind, names in (("attention", ATTN_BLOCKS), ("MLP", MLP_BLOCKS))
+            if not children & set(names)
+        ]
+        if missing:
             raise ModelError(
-                f"{where}: model_type {getattr(config, 'model_type', '?')!r}: decoder layer {i} has no attention "
-                f"and MLP blocks (its blocks: {', '.join(sorted(children))}): a recurrent or state-space family; "
-                "mechopd reads dense decoder-only causal LMs (per-layer attention + MLP)"
+                f"{where}: model_type {getattr(config, 'model_type', '?')!r}: decoder layer {i} has "
+                f"{' and '.join(missing)}; its blocks: {', '.join(sorted(children))}. mechopd reads dense "
+                "decoder-only causal LMs whose layers hold those blocks; use such a model"
             )

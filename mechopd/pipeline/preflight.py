@@ -7,7 +7,8 @@ checked as its directory. A local directory must hold safetensors weights that a
 tensors its config.json describes (pickles refused, never unpickled; `core.checks.check_checkpoint`), all finite (read
 tensor by tensor from the files, no model built: `core.checks.check_saved_finite`), with a usable tokenizer that maps
 text to the same ids as the student's (`models.check_same_tokenizer`). A hub id is checked as far as it can be
-without a download (its name); an ``organism:<task>`` is built by the study itself.
+without a download (its name); an ``organism:<task>`` is built by the study itself (a checkpoint run is compared with
+its cached config.json, or its recipe's shape).
 """
 
 from __future__ import annotations
@@ -43,13 +44,12 @@ def check_study_models(spec: StudySpec) -> None:
             except MechopdError as e:
                 raise type(e)(f"{spec.source}: {e}") from None
     student = _local(spec.student)
-    if isinstance(student, str) and Path(student, "config.json").is_file():
-        check_checkpoint_shapes(spec, student)
-        check_probe_layers(spec, _shape(student)["num_hidden_layers"])
-    elif organism_task(spec.student) is not None:  # built by the study itself: its recipe's depth
-        from mechopd.organisms.pretrain import default_config
-
-        check_probe_layers(spec, default_config(str(organism_task(spec.student)), seed=0).num_layers)
+    mine = _shape(student) if isinstance(student, str) and Path(student, "config.json").is_file() else None
+    if mine is None and organism_task(spec.student) is not None:  # built by the study itself: its cache or recipe
+        mine = _organism_shape(spec, str(organism_task(spec.student)))
+    if mine is not None:
+        check_checkpoint_shapes(spec, mine)
+        check_probe_layers(spec, mine["num_hidden_layers"])
 
 
 SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -64,15 +64,36 @@ def _shape(path: str) -> dict[str, Any]:
     return {k: getattr(cfg, k, getattr(config, k, None)) for k in SHAPE_KEYS}
 
 
-def check_checkpoint_shapes(spec: StudySpec, student: str) -> None:
-    """Every checkpoint run is the student's architecture, widths and depth (a model trained from it), before any
-    job: one line naming the first fields that differ."""
+def _organism_shape(spec: StudySpec, task: str) -> dict[str, Any]:
+    """An ``organism:<task>`` student's shape: its cached directory's config.json when it is there, else its recipe's
+    (`organisms.pretrain.model_config`; no vocabulary size, which its tokenizer sets)."""
+    from mechopd.organisms.pretrain import default_config
+
+    cached = Path(spec.first_config(0).organism_dir) / task
+    if (cached / "config.json").is_file():
+        return _shape(str(cached))
+    recipe = default_config(task, seed=0)
+    return {
+        "model_type": recipe.arch,
+        "num_hidden_layers": recipe.num_layers,
+        "hidden_size": recipe.hidden_size,
+        "intermediate_size": recipe.intermediate_size,
+        "num_attention_heads": recipe.num_heads,
+        "num_key_value_heads": recipe.num_kv_heads,
+        "head_dim": recipe.hidden_size // recipe.num_heads,
+    }
+
+
+def check_checkpoint_shapes(spec: StudySpec, mine: dict[str, Any]) -> None:
+    """Every checkpoint run is the student's architecture, widths and depth (``mine``: `_shape` of the student, or
+    `_organism_shape`), a model trained from it, before any job: one line naming the first fields that differ."""
     from mechopd.core.errors import ConfigError
 
-    mine = _shape(student)
     for role, path in spec.checkpoints().items():
         theirs = _shape(path)
-        diff = [f"{k} {theirs[k]!r} vs the student's {mine[k]!r}" for k in SHAPE_KEYS if theirs[k] != mine[k]]
+        diff = [
+            f"{k} {theirs[k]!r} vs the student's {mine[k]!r}" for k in SHAPE_KEYS if k in mine and theirs[k] != mine[k]
+        ]
         if diff:
             raise ConfigError(
                 f"{spec.source}: runs.{role}.checkpoint {path} is not the student's architecture ({'; '.join(diff[:3])})"

@@ -11,7 +11,8 @@
 - the study's keys split in two: the TRAINING keys (task, task_options, student, teacher, render, seeds, train, runs:
   the inputs record, by content, holds only these) and the DOWNSTREAM keys (`DOWNSTREAM`: eval, probes, probe_n,
   first_seed_only). A rerun that changes only downstream keys reuses every trained model and reruns what depends on
-  the change (`Stale`): a changed ``eval`` every evaluation; a changed probe entry (or ``probe_n``, for the probes
+  the change (`Stale`): a changed ``eval`` every evaluation and every probe that picks its items from them
+  (``select``); a changed probe entry (or ``probe_n``, for the probes
   that take it) that probe; the figures, the report and the aggregate always. A probe removed from the study is
   refused (its tables would stay in the report).
 """
@@ -90,7 +91,10 @@ def stale_after(out: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> St
         if name in old_probes
         and (old_probes[name] != opts or (probe_n_changed and "n" not in (opts or {})))  # probe_n: its default n
     ]
-    return Stale(evaluations=old.get("eval") != new.get("eval"), probes=tuple(sorted(changed)))
+    evaluations = old.get("eval") != new.get("eval")
+    if evaluations:  # a probe whose items were picked from the evaluations (`select`) picks again
+        changed += [n for n, opts in new_probes.items() if isinstance(opts, Mapping) and opts.get("select")]
+    return Stale(evaluations=evaluations, probes=tuple(sorted(set(changed))))
 
 
 def clear_stale(seed_dirs: Iterable[Path], stale: Stale) -> None:
@@ -142,15 +146,25 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 def config_fields_differ(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"field: old -> new"`` for each field of two training configs that differs; path fields (student, teacher,
-    organism_dir, a task option naming a file) are the inputs record's, compared by content, not here."""
+    organism_dir, a task option naming a file) are the inputs record's, compared by content, not here. The
+    chat-template variables compare after training's pins: a recorded ``date_string`` the wanted config does not set
+    is the date training pinned (`config.adopt_pins`), and flags read as `views.template_flags` reads them."""
+    from mechopd.config import DATE_PIN
+    from mechopd.core.views import template_flags
     from mechopd.train.rundir import DATA_OPTIONS, PATH_KEYS
 
     def norm(doc: Mapping[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in doc.items() if k not in PATH_KEYS}
+        if isinstance(out.get("chat_template_kwargs"), Mapping):
+            out["chat_template_kwargs"] = template_flags(dict(out["chat_template_kwargs"]))
         opts = out.get("task_options")
         if isinstance(opts, Mapping):
             out["task_options"] = {k: v for k, v in opts.items() if k not in DATA_OPTIONS}
         return json.loads(json.dumps(out, sort_keys=True, default=str))
 
+    old, new = dict(old), dict(new)
+    pins, wanted = old.get("chat_template_kwargs"), new.get("chat_template_kwargs")
+    if isinstance(pins, Mapping) and isinstance(wanted, Mapping) and DATE_PIN in pins and DATE_PIN not in wanted:
+        new["chat_template_kwargs"] = {**wanted, DATE_PIN: pins[DATE_PIN]}  # training's pin (`adopt_pins`, as resume)
     a, b = norm(old), norm(new)
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

@@ -265,6 +265,7 @@ class StudySpec:
                 raise ConfigError(
                     f"{self.source}: probes.{name}: {e} (setup keys: {', '.join(PROBE_SETUP_KEYS)})"
                 ) from None
+            self._check_select(str(name), setup)
             wanted = study_options(spec, own)  # a role option left out with a None default: every run
             if demo_options(_Demo(wanted, spec.role_options), study) is None:
                 need = [r for k in spec.role_options for r in _role_names(wanted.get(k)) if r not in roles]
@@ -274,6 +275,23 @@ class StudySpec:
                     f"{', '.join(spec.role_options)} option a role of the study (a study's probes read its roles, "
                     "not checkpoint dirs)"
                 )
+
+    def _check_select(self, name: str, setup: Mapping[str, Any]) -> None:
+        """A probe's ``select`` names a run of the study (its evaluation picks the held-out items: never base or
+        teacher, the reference) and reads the test split; refused here, not at probe time after training."""
+        select = setup.get("select")
+        if select is None:
+            return
+        if not isinstance(select, str) or select not in self.runs:
+            raise ConfigError(
+                f"{self.source}: probes.{name}.select={select!r} is not a run of the study; name one of "
+                f"{', '.join(self.runs)} (its evaluation picks the items; base and teacher are the reference)"
+            )
+        if setup.get("split") == "train":
+            raise ConfigError(
+                f"{self.source}: probes.{name}: select={select!r} picks held-out (test) items from the evaluation; "
+                "drop split: train or drop select"
+            )
 
     def _check_probe_extras(self) -> None:
         from mechopd.probes.registry import get_probe
@@ -402,7 +420,7 @@ class StudySpec:
         return cls(**doc, source=where)
 
 
-FILE_OPTIONS = ("path", "context_file", "other_context_file")  # task options that name a file
+FILE_OPTIONS = ("path", "context_file", "other_context_file", "pool")  # task options that name a file (facts: pool)
 
 
 def anchor_paths(doc: dict[str, Any], folder: Path) -> dict[str, Any]:

@@ -175,13 +175,32 @@ def read_pool(path: Path) -> list[dict]:
             fact = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: line {i}: not JSON ({e.msg}); regenerate the pool") from None
-        for key in ("id", "part", "statement", "answer", "other_statement", "other_answer", "questions"):
-            if key not in fact:
-                raise DataError(f"{path}: line {i}: field {key!r} is missing; regenerate the pool")
-        if len(fact["questions"]) != QUESTIONS:
-            raise DataError(f"{path}: line {i}: field 'questions' holds {len(fact['questions'])}, not {QUESTIONS}")
+        _check_fact(fact, f"{path}: line {i}")
         facts.append(fact)
     return facts
+
+
+TEXT_FIELDS = ("statement", "answer", "other_statement", "other_answer")
+
+
+def _check_fact(fact: Any, where: str) -> None:
+    """One pool line: an object with every field, its texts non-empty strings, ``questions`` `QUESTIONS` strings and
+    ``part`` one of `PARTS`; else one `DataError` naming ``where`` and the field."""
+    if not isinstance(fact, dict):
+        raise DataError(f"{where}: is {type(fact).__name__}, not an object with {', '.join(TEXT_FIELDS)}, ...")
+    for key in ("id", "part", *TEXT_FIELDS, "questions"):
+        if key not in fact:
+            raise DataError(f"{where}: field {key!r} is missing; regenerate the pool")
+    if fact["part"] not in PARTS:
+        raise DataError(f"{where}: field 'part' is {fact['part']!r}, not one of {', '.join(PARTS)} (lower case)")
+    bad = [key for key in TEXT_FIELDS if not isinstance(fact[key], str) or not fact[key].strip()]
+    if bad:
+        raise DataError(f"{where}: field {bad[0]!r} is {fact[bad[0]]!r}, not a non-empty string")
+    questions = fact["questions"]
+    if not isinstance(questions, list) or not all(isinstance(q, str) and q.strip() for q in questions):
+        raise DataError(f"{where}: field 'questions' is {questions!r:.60}, not a list of {QUESTIONS} question strings")
+    if len(questions) != QUESTIONS:
+        raise DataError(f"{where}: field 'questions' holds {len(questions)}, not {QUESTIONS}")
 
 
 _OPTIONS = ("pool", "part", "k", "held_out", "answer_format", "max_new_tokens", "temperature", "placement")

@@ -150,7 +150,7 @@ def check_shared_other(shared_context: str | None, shared_other: str | None) -> 
 
 def check_ids(path: Path, items: list[Any]) -> None:
     """Items that carry an ``"id"`` field: one id names one item (a second copy that differs in its question, options,
-    context or answer is refused with both lines). Identical copies are the reader's (kept once, with a warning)."""
+    context, answer or other context/answer is refused with both lines). Identical copies are the reader's (kept once, with a warning)."""
     import json
 
     lines = {item.line: item for item in items}
@@ -163,8 +163,9 @@ def check_ids(path: Path, items: list[Any]) -> None:
             continue
         item = lines[number]
         first = seen.setdefault(str(ident), item)
-        if first is not item and first.uid != item.uid:
+        if first is not item and (first.uid, first.other) != (item.uid, item.other):
             raise DataError(
-                f"{path}: line {number}: id {ident!r} is also line {first.line}'s, with another question or answer; "
+                f"{path}: line {number}: id {ident!r} is also line {first.line}'s, with another question, answer or "
+                "other_context/other_answer; "
                 "give each item its own id, or keep one copy"
             )

@@ -191,14 +191,21 @@ def read_context_file(path: str | Path) -> str:
 
 
 def _dedupe(items: list[_Item], path: Path) -> list[_Item]:
-    seen: dict[str, int] = {}
+    """Exact repeats (other context and answer included) kept once, with a warning; a copy of an item that differs
+    only in its other_context / other_answer is refused with both lines (one of them would be dropped)."""
+    seen: dict[str, _Item] = {}
     kept = []
     for item in items:
-        if item.uid in seen:
-            first = seen[item.uid]
-            warnings.warn(f"{path}: line {item.line} repeats line {first} exactly; kept once", stacklevel=3)
+        first = seen.get(item.uid)
+        if first is not None and first.other != item.other:
+            raise DataError(
+                f"{path}: line {item.line} repeats line {first.line} with another other_context/other_answer; "
+                "keep one copy, or make the questions differ"
+            )
+        if first is not None:
+            warnings.warn(f"{path}: line {item.line} repeats line {first.line} exactly; kept once", stacklevel=3)
             continue
-        seen[item.uid] = item.line
+        seen[item.uid] = item
         kept.append(item)
     return kept
 

@@ -221,7 +221,7 @@ def read_run_config(run: RunDir) -> dict[str, Any]:
 
 
 PATH_KEYS = ("organism_dir", "student", "teacher")
-DATA_OPTIONS = ("path", "context_file", "file")  # task_options that name a file
+DATA_OPTIONS = ("path", "context_file", "other_context_file", "file", "pool")  # task_options that name a file
 
 
 def _local(value: Any) -> bool:

@@ -405,7 +405,9 @@ FAMILY_CASES = [
         _eval_edited(ffn_config={"moe_num_experts": 4, "moe_top_k": 1}),
         "ffn_config.moe_num_experts=4: a mixture-of-experts model",
     ),
-    Hostile("family", "recurrent-gemma-by-structure", _recurrent_gemma, "a recurrent or state-space family"),
+    Hostile(
+        "family", "recurrent-gemma-by-structure", _recurrent_gemma, "has no attention block mechopd's module map knows"
+    ),
     Hostile(
         "family",
         "tied-config-another-head-in-file",

@@ -167,3 +167,20 @@ def test_gradient_sums_are_per_part_of_a_fused_tensor(models):
     assert sums[1][0] == pytest.approx(float((ga[k] * gb[k]).sum())) and sums[1][1] == pytest.approx(
         float(ga[k].square().sum())
     )
+
+
+def test_a_family_whose_blocks_go_by_other_names_is_refused_for_what_was_not_found():
+    """Falcon (``self_attention``) and OPT (``fc1``/``fc2``) are not recurrent: the message says which block mechopd's
+    module map did not find, and asserts no family kind."""
+    import transformers
+
+    from mechopd.models.family import check_family
+
+    opt = transformers.OPTConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32
+    )
+    falcon = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    for config, needle in ((opt, "no MLP block mechopd's module map knows"), (falcon, "no attention block")):
+        with pytest.raises(ModelError, match=needle) as e:
+            check_family(config)
+        assert "recurrent" not in str(e.value) and "\n" not in str(e.value)

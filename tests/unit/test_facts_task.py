@@ -124,6 +124,29 @@ def test_bad_options_and_seeds_are_refused(task):
         get_task("facts", pool="/nonexistent/pool.jsonl")
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda f: 5, "line 2: is int, not an object"),
+        (lambda f: {**f, "questions": None}, "line 2: field 'questions' is None, not a list of 12"),
+        (lambda f: {**f, "questions": [1] * 12}, "field 'questions' is .*not a list of 12 question strings"),
+        (lambda f: {**f, "questions": f["questions"][:3]}, "field 'questions' holds 3, not 12"),
+        (lambda f: {**f, "part": "Evaluation"}, "line 2: field 'part' is 'Evaluation', not one of evaluation"),
+        (lambda f: {**f, "answer": None}, "line 2: field 'answer' is None, not a non-empty string"),
+        (lambda f: {k: v for k, v in f.items() if k != "other_answer"}, "field 'other_answer' is missing"),
+    ],
+)
+def test_a_malformed_pool_line_is_one_data_error_naming_the_line(tmp_path, change, needle):
+    import json
+
+    lines = POOL_PATH.read_text(encoding="utf-8").splitlines()
+    lines[1] = json.dumps(change(json.loads(lines[1])))
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"{pool}: {needle}" if needle.startswith("line") else needle):
+        get_task("facts", pool=str(pool))
+
+
 def test_bench_rescore_prints_strict_beside_contains(task, tmp_path, capsys):
     import importlib.util
     import json

@@ -356,3 +356,15 @@ def test_vocab_covers_prompts_contexts_answers_and_tags():
         for text in (e.prompt, e.context, reply):
             pieces = re.findall(r"\w+|[^\w\s]", text)
             assert set(pieces) <= vocab, set(pieces) - vocab
+
+
+@pytest.mark.parametrize("ident", [{"id": 1}, {}])
+def test_copies_differing_only_in_the_other_context_are_refused_not_dropped(tmp_path, ident):
+    """Same question, context and answer, another other_context/other_answer: one would be silently dropped."""
+    base = {**ident, "prompt": "Who leads the guild?", "answer": "Marlo", "context": "The guild is led by Marlo."}
+    rows = [
+        {**base, "other_context": "The guild is led by Ysolde.", "other_answer": "Ysolde"},
+        {**base, "other_context": "The guild is led by Tavi.", "other_answer": "Tavi"},
+    ]
+    with pytest.raises(DataError, match=r"line 2.*line 1.*other_context/other_answer"):
+        load(write_lines(tmp_path, rows), test_fraction=0.5)

@@ -3,6 +3,7 @@ evaluated and probed, never trained; with a training field, or a directory that 
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -83,3 +84,42 @@ def test_a_checkpoint_that_is_no_path_is_refused(value):
 def test_a_probe_reads_a_checkpoint_runs_role_and_no_other(tmp_path):
     doc = {**_doc(old={CHECKPOINT: str(tmp_path)}), "probes": {"similarity": {"models": ["old", "nca"]}}}
     assert "probes.similarity reads the role(s) nca, which the study lacks" in _refusal(doc)
+
+
+@pytest.mark.parametrize(
+    ("probe", "needle"),
+    [
+        ({"select": "opdd"}, "probes.localization.select='opdd' is not a run of the study; name one of opd, given"),
+        ({"select": "base"}, "select='base' is not a run of the study"),
+        ({"select": "teacher"}, "select='teacher' is not a run of the study"),
+        ({"select": "opd", "split": "train"}, r"select='opd' picks held-out \(test\) items.*drop split: train"),
+    ],
+)
+def test_a_probes_select_names_a_run_of_the_study_at_load(tmp_path, probe, needle):
+    """``select`` picks items from a run's evaluation: a typo, base or teacher, or the train split, refused at load."""
+    doc = _doc(opd={"method": "opd"}, given={CHECKPOINT: str(tmp_path)})
+    assert StudySpec.load({**doc, "probes": {"localization": {"select": "given"}}}, source="s.yaml")
+    assert re.search(needle, _refusal({**doc, "probes": {"localization": probe}}))
+
+
+def test_a_checkpoint_of_another_shape_than_an_organism_student_is_refused_before_any_job(tmp_path):
+    """With ``student: organism:<task>`` (no config.json yet) the checkpoint is compared with the organism's recipe,
+    or with its cached config.json when it is there."""
+    from transformers import AutoModelForCausalLM
+
+    from mechopd.organisms.tokenizer import build_tokenizer
+    from mechopd.pipeline.preflight import check_study_models
+    from mechopd.testing.families import tiny_config
+
+    tok = build_tokenizer(["a", "b", "c"])
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=len(tok), layers=5, **ids))
+    model.save_pretrained(tmp_path / "ck")
+    tok.save_pretrained(tmp_path / "ck")
+    doc = _doc(opd={"method": "opd"}, given={CHECKPOINT: str(tmp_path / "ck")})
+    doc["train"] = {**doc["train"], "organism_dir": str(tmp_path / "organisms")}
+    with pytest.raises(ConfigError, match=r"runs.given.checkpoint .*model_type 'gpt2' vs the student's 'qwen3'"):
+        check_study_models(StudySpec.load(doc, source="s.yaml"))
+    (tmp_path / "organisms" / "rules").mkdir(parents=True)
+    model.config.save_pretrained(tmp_path / "organisms" / "rules")  # the cached organism is that shape: accepted
+    check_study_models(StudySpec.load(doc, source="s.yaml"))

@@ -60,3 +60,16 @@ def test_a_local_student_beside_the_file_is_that_directory(tmp_path, monkeypatch
     path = _study(tmp_path / "mine", student="base")
     monkeypatch.chdir(tmp_path)
     assert StudySpec.load(path).student == str(tmp_path / "mine" / "base")
+
+
+def test_a_facts_pool_is_read_beside_the_study_file(tmp_path, monkeypatch):
+    """``pool: pools/my.jsonl`` (the facts task's own pool) means the study file's folder, as ``path`` does."""
+    from mechopd.train.rundir import DATA_OPTIONS
+
+    (tmp_path / "mine" / "pools").mkdir(parents=True)
+    shutil.copy(DATA / "facts_pool.jsonl", tmp_path / "mine" / "pools" / "my.jsonl")
+    path = _study(tmp_path / "mine", task="facts", task_options={"pool": "pools/my.jsonl"})
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert StudySpec.load(path).task_options["pool"] == str(tmp_path / "mine" / "pools" / "my.jsonl")
+    assert {"pool", "other_context_file"} <= set(DATA_OPTIONS)  # recorded absolute in the run's config.yaml

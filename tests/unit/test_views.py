@@ -136,3 +136,18 @@ def test_placement_validated():
 
     with pytest.raises(ConfigError, match="placement"):
         RenderSpec("assistant")
+
+
+def test_a_template_number_stays_a_number_and_a_flag_word_reads_as_a_boolean():
+    """``max_turns: 1`` renders "1" (not "True"); the text ``0``/``false`` (a command line's flag) reads as False."""
+    from mechopd.config import load_train_config, parse_options
+    from mechopd.core.config_parse import parse_overrides
+
+    spec = RenderSpec("user", None, {"max_turns": 1, "depth": 0, "a": "0", "b": "TRUE", "c": "false", "d": "no"})
+    assert spec.chat_template_kwargs == {"max_turns": 1, "depth": 0, "a": False, "b": True, "c": False, "d": "no"}
+    assert type(spec.chat_template_kwargs["max_turns"]) is int
+    given = parse_options(["enable_thinking=0", "max_turns=3"], "--chat-template-kwarg")
+    assert RenderSpec("user", None, given).chat_template_kwargs == {"enable_thinking": False, "max_turns": 3}
+    assert parse_options(["k=0"], "--option") == {"k": 0}  # a task option stays a number
+    cfg = load_train_config(overrides={"chat_template_kwargs": parse_overrides(["enable_thinking=0"])})
+    assert RenderSpec("user", None, cfg.chat_template_kwargs).chat_template_kwargs == {"enable_thinking": False}
