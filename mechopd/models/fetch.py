@@ -127,6 +127,7 @@ KNOWN: dict[str, Known] = {
         architecture="qwen2",
         gguf_size=491_400_064,
         upstream=_QWEN_UPSTREAM.format("0.5B", "0.5b"),
+        measured="5 min 28 s from an empty cache, 3.9 GB peak RSS on 2 shared cores (2026-12-06)",
     ),
     "qwen2.5-coder-1.5b-instruct": Known(
         name="qwen2.5-coder-1.5b-instruct",
@@ -136,6 +137,7 @@ KNOWN: dict[str, Known] = {
         architecture="qwen2",
         gguf_size=1_117_320_768,
         upstream=_QWEN_UPSTREAM.format("1.5B", "1.5b"),
+        measured="7 min 51 s from an empty cache, 9.1 GB peak RSS on 2 shared cores (2026-12-06)",
     ),
     "gemma3-270m": Known(
         name="gemma3-270m",
@@ -403,7 +405,7 @@ def _announce(entry: Known, quant: dict[str, Any], where: Path) -> None:
         )
     _say(
         f"{entry.name}: converting {quant['parameters'] / 1e6:.0f} M parameters ({quant['file_type']}) to float32: "
-        f"{weights / 1e9:.2f} GB on disk, peak memory about {2.2 * weights / 1e9:.1f} GB"
+        f"{weights / 1e9:.2f} GB on disk, peak memory about {1.6 * weights / 1e9:.1f} GB"
         + (f"; measured: {entry.measured}" if entry.measured else "")
     )
 
