@@ -407,7 +407,7 @@ def _announce(entry: Known, quant: dict[str, Any], where: Path) -> None:
         )
     _say(
         f"{entry.name}: converting {quant['parameters'] / 1e6:.0f} M parameters ({quant['file_type']}) to float32: "
-        f"{weights / 1e9:.2f} GB on disk, peak memory about {1.6 * weights / 1e9:.1f} GB"
+        f"{weights / 1e9:.2f} GB on disk, peak memory about {(1.6 * weights + 0.4e9) / 1e9:.1f} GB"
         + (f"; measured: {entry.measured}" if entry.measured else "")
     )
 
@@ -427,8 +427,8 @@ def fetch(name: str, out: str | os.PathLike | None = None, wheels: Sequence[str 
     if target.exists() or target.is_symlink():
         try:
             return Fetched(target, False, verify(entry, target))
-        except OldProvenance as e:
-            _say(f"{e}: converting again")
+        except OldProvenance:
+            _say(f"{target}: fetched by an older mechopd that hashed only its weights; converting it again")
     check_out_dir(target.parent, "--out", shown=target)
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"converting {name} needs the gguf package: pip install 'mechopd[fetch]'")
