@@ -34,13 +34,15 @@ def test_the_built_in_studies_are_valid_study_files():
     named = {
         "smollm2-facts",
         "smollm2-handbooks",
+        "qwen-coder-docs",
     }  # `mechopd demo --study NAME` (tests/unit/test_named_study.py); the rest: one per task
     assert sorted(p.stem for p in STUDIES_DIR.glob("*.yaml")) == sorted({*TASKS, *named})
     for task in TASKS:
         spec = StudySpec.load(STUDIES_DIR / f"{task}.yaml")
         assert spec.task == task and spec.student == f"organism:{task}"
         assert spec.seeds == list(range(len(spec.seeds)))  # the demo runs seeds 0..N-1
-        assert set(spec.runs) == {"opd", "nca", "ta_opd", "nca_follow"}
+        follow = {"nca_follow"} if task == "rules" else set()  # a game has no other contexts to follow
+        assert set(spec.runs) == {"opd", "nca", "ta_opd", *follow}
         assert spec.first_seed_only == ["patching", "attention"]
 
 
