@@ -46,7 +46,8 @@ class RunLockedError(MechopdError):
     """Another process is writing into this directory."""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one that exists but is another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,7 +86,7 @@ def _holder(fd: int, lock: Path) -> str:
         return "another process (it has not written its record yet)"
     pid, host = info["pid"], info.get("host")
     text = f"mechopd {info.get('verb', '?')} (pid {pid}, host {host}, since {info.get('since', '?')})"
-    if host == socket.gethostname() and not _alive(int(pid)):
+    if host == socket.gethostname() and not pid_alive(int(pid)):
         text += f"; pid {pid} is gone, so a process it started (a worker) still holds the lock: end that process"
     return text
 

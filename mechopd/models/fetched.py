@@ -27,6 +27,7 @@ from typing import Any
 
 from mechopd.core.errors import ModelError
 from mechopd.core.provenance import sha256_file
+from mechopd.core.runlock import pid_alive
 
 PROVENANCE = "provenance.json"
 FORMAT = 2  # 1: only the safetensors files hashed (before issue 57); 2: every file of the directory
@@ -183,15 +184,7 @@ def leftovers(target: Path) -> list[Path]:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)
 
 
 def size_of(paths: Sequence[Path]) -> int:
