@@ -172,8 +172,10 @@ def trl_config(out: Path, s: dict[str, Any], new_tokens: int, save_steps: int, s
     )
 
 
-def distill(study: StudySpec, out: Path, s: dict[str, Any], save_steps: int, seed: int) -> Path:
-    """The TRL run; returns its last checkpoint directory (``OUT/trl/checkpoint-N``)."""
+def make_trainer(
+    study: StudySpec, out: Path, s: dict[str, Any], save_steps: int, seed: int
+) -> ContextTeacherDistillationTrainer:
+    """The trainer on the study's items, its two prompts checked against mechopd's views."""
     from transformers import AutoTokenizer
 
     from mechopd.models.fetch import resolve_fetched
@@ -187,6 +189,12 @@ def distill(study: StudySpec, out: Path, s: dict[str, Any], save_steps: int, see
         model=student, teacher_model=teacher, args=args, train_dataset=data, processing_class=tok
     )
     check_views(trainer, data, study, spec)
+    return trainer
+
+
+def distill(study: StudySpec, out: Path, s: dict[str, Any], save_steps: int, seed: int) -> Path:
+    """The TRL run; returns its last checkpoint directory (``OUT/trl/checkpoint-N``)."""
+    trainer = make_trainer(study, out, s, save_steps, seed)
     trainer.train()
     last = out / "trl" / f"checkpoint-{trainer.state.global_step}"
     if not (last / "model.safetensors").is_file():
@@ -209,7 +217,10 @@ def write_study(study: StudySpec, source: Path, checkpoint: Path, out: Path, s: 
         "runs": {"opd": {"method": "opd"}, "trl": {"checkpoint": str(checkpoint.resolve())}},
         "eval": {**study.eval, "other_contexts": False},
         "probe_n": study.probe_n or 8,
-        "probes": {"similarity": {"models": ["base", "opd", "trl"]}, "deltas": {"models": ["opd", "trl"], "pair": "opd,trl"}},
+        "probes": {
+            "similarity": {"models": ["base", "opd", "trl"]},
+            "deltas": {"models": ["opd", "trl"], "pair": "opd,trl"},
+        },
     }
     path = out / "study.yaml"
     head = f"# Written by training/trl_distill.py from {source}: TRL's checkpoint beside mechopd's OPD.\n"

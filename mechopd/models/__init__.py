@@ -39,11 +39,27 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")) and not Path(parts[0]).is_dir()
 
 
+def _no_config(d: Path) -> str:
+    """Why ``d`` (no config.json) is no model; a Trainer's ``output_dir`` (TRL's too) names its checkpoint-N folders."""
+    steps = sorted(
+        int(c.name.split("-", 1)[1])
+        for c in (d.glob("checkpoint-*") if d.is_dir() else [])
+        if c.name.split("-", 1)[1].isdigit() and (c / "config.json").is_file()
+    )
+    if steps:
+        names = ", ".join(f"checkpoint-{n}" for n in steps)
+        return (
+            f"{d} has no config.json but holds Trainer checkpoints ({names}); pass one, e.g. the latest "
+            f"{d / f'checkpoint-{steps[-1]}'}, or call trainer.save_model() to write the model into {d}"
+        )
+    return f"{d} has no config.json; pass a directory written by save_pretrained (or a hub id)"
+
+
 def _check_source(path: str | os.PathLike) -> str:
     s = str(path)
     if Path(s).exists():
         if not Path(s, "config.json").exists():
-            raise ModelError(f"{s} has no config.json; pass a directory written by save_pretrained (or a hub id)")
+            raise ModelError(_no_config(Path(s)))
         return s
     if _looks_like_hub_id(s):
         return s

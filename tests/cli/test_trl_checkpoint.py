@@ -74,3 +74,45 @@ def test_a_bad_study_is_one_line_and_exit_2(tmp_path, capsys):
     assert _recipe().main(["--study", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --study") and err.count("\n") == 1, err
+
+
+def test_the_teacher_reads_the_context_and_the_student_does_not(tiny_rules_organism, tmp_path):
+    """One TRL step: the teacher's loss forward reads mechopd's context view + the completion, the student's the
+    no-context view + the same completion (pads stripped), row by row."""
+    import argparse
+
+    from mechopd.core.views import RenderSpec, render_prompt_ids
+    from mechopd.tasks.base import get_task
+
+    mod = _recipe()
+    org = copy_org(Path(tiny_rules_organism), tmp_path)
+    study, _ = mod.load_study(str(_source_study(tmp_path, org)))
+    s = mod.settings(study, argparse.Namespace(steps=1, batch_size=None, lr=None))
+    trainer = mod.make_trainer(study, tmp_path / "o", s, save_steps=1, seed=0)
+    seen: dict[str, list] = {"teacher": [], "student": []}
+
+    def hook(role):
+        def grab(module, args, kwargs):
+            if kwargs.get("use_cache") is False:  # the loss forward (generation runs with the cache)
+                rows = zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist(), strict=True)
+                seen[role].append([[t for t, m in zip(ids, mask, strict=True) if m] for ids, mask in rows])
+
+        return grab
+
+    trainer.teacher_model.base_model.register_forward_pre_hook(hook("teacher"), with_kwargs=True)
+    trainer.model.base_model.register_forward_pre_hook(hook("student"), with_kwargs=True)
+    trainer.train()
+    assert len(seen["teacher"]) == len(seen["student"]) == 1
+    task = get_task("rules")
+    spec = RenderSpec(placement=task.placement)
+    views = {
+        tuple(render_prompt_ids(trainer.processing_class, ex.prompt, None, spec)): render_prompt_ids(
+            trainer.processing_class, ex.prompt, ex.context, spec
+        )
+        for ex in task.examples("train", s["pool_size"], 0)
+    }
+    for student, teacher in zip(seen["student"][0], seen["teacher"][0], strict=True):
+        prompt = next(p for p in views if tuple(student[: len(p)]) == p)
+        completion = student[len(prompt) :]
+        assert completion and teacher == views[prompt] + completion
+        assert len(teacher) > len(student)  # the context is in the teacher's input only
