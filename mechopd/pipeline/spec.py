@@ -415,7 +415,7 @@ class StudySpec:
         missing = [k for k in ("task", "student", "runs") if k not in doc]
         if missing:
             raise ConfigError(
-                f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}}}}}})"
+                f"{where}: needs {missing[0]!r} (e.g. task: jsonl, student: PATH, runs: {{opd: {{method: opd}}}})"
             )
         return cls(**doc, source=where)
 

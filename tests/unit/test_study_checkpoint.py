@@ -123,3 +123,10 @@ def test_a_checkpoint_of_another_shape_than_an_organism_student_is_refused_befor
     (tmp_path / "organisms" / "rules").mkdir(parents=True)
     model.config.save_pretrained(tmp_path / "organisms" / "rules")  # the cached organism is that shape: accepted
     check_study_models(StudySpec.load(doc, source="s.yaml"))
+
+
+def test_a_study_without_runs_shows_a_balanced_example(tmp_path):
+    """The missing-key message's example is a study a user can paste (it once printed ``{method: opd}}}}``)."""
+    with pytest.raises(ConfigError) as e:
+        StudySpec.load({"task": "rules", "student": "organism:rules"}, source="s.yaml")
+    assert str(e.value).endswith("needs 'runs' (e.g. task: jsonl, student: PATH, runs: {opd: {method: opd}})"), e.value
