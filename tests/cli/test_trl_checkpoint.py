@@ -64,7 +64,11 @@ def test_a_trl_checkpoint_goes_through_mechopd_run(tiny_rules_organism, tmp_path
     summary = json.loads((done / "eval" / "trl.json").read_text())
     assert summary["settings"]["model"] == str(checkpoint.resolve())
     report = (done / "report.md").read_text()
-    assert "Harm" in report and "trl" in report, report[:800]
+    table = report.split("## Context removability", 1)[1].split("\n\n", 2)[1]
+    assert "| Acc_x | Acc_xc | Harm |" in table and any(r.startswith("| trl | 4 |") for r in table.splitlines()), table
+    probes = report.split("## Mechanistic probes", 1)[1]
+    assert "; trl 0." in probes.split("**Two-view hidden-state cosine**", 1)[1].split("\n")[0], probes[:600]
+    assert "trl − opd:" in probes.split("**Parameter updates**", 1)[1].split("\n")[0], probes[:600]
     assert any(line.startswith("trl,") for line in (done / "probes" / "similarity.csv").read_text().splitlines())
     deltas = [p for p in (done / "probes").glob("deltas*.csv")]
     assert deltas and any("trl" in p.read_text() for p in deltas), sorted(p.name for p in (done / "probes").iterdir())
