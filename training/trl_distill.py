@@ -198,7 +198,7 @@ def distill(study: StudySpec, out: Path, s: dict[str, Any], save_steps: int, see
     trainer.train()
     last = out / "trl" / f"checkpoint-{trainer.state.global_step}"
     if not (last / "model.safetensors").is_file():
-        raise SystemExit(f"error: TRL wrote no checkpoint at {last}; pass --save-steps dividing --steps")
+        raise ConfigError(f"TRL wrote no checkpoint at {last}; pass a --save-steps that divides --steps")
     return last
 
 
