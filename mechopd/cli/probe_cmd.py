@@ -26,7 +26,7 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
     for spec in probes():
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
         add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
-        q.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
+        q.add_argument("--out", help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
         add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
         q.add_argument(
             "--force",
@@ -75,11 +75,9 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
         return spec(setup, out, **options)
 
 
-def _probe_args(p: argparse.ArgumentParser) -> None:
-    add_probe_parsers(p)  # one verb per registered probe (mechopd.probes.registry)
-
-
-@command("probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)")
+@command(
+    "probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)", add_probe_parsers
+)
 def _probe(a: argparse.Namespace) -> int:
     for line in run_from_args(a):
         print(line)

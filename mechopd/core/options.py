@@ -152,6 +152,15 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def option_of(cls: type, name: str) -> Any:
+    """A field declared as ``cls``'s field ``name`` is (its default and facts: help, range, ...): the one declaration
+    shared by another dataclass (`DemoConfig.workers` is `PoolOptions.workers`)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if f.default_factory is not MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
 def field_facts(cls: type) -> list[Facts]:
     """Every field of ``cls`` declared with `option`, in field order; ``section``: the dataclass that declares it."""
     hints = typing.get_type_hints(cls)
