@@ -5,17 +5,49 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.cli.common import add_given, command, kv, named, setup_facts, text
 from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import add_flags, bind, flag_values
+from mechopd.core.options import add_flags, bind, field_facts, flag_values, option
 from mechopd.core.runlock import hold
 
 # --- eval ---------------------------------------------------------------------------------------------------------------
 EVAL_SETUP = ("run", "task", "task_options", "no_context_system", "chat_template_kwargs")  # as the probes' setup
+
+
+@dataclass
+class EvalArgs:
+    """`mechopd eval`'s own arguments: the models and where the reports go (the render and task flags: the probes'
+    setup's, `EVAL_SETUP`; the evaluation's: `EvalConfig`)."""
+
+    model: str | None = option(
+        None,
+        help="checkpoint dir, hub id, organism:<task> or model:NAME; a checkpoint written by mechopd train renders as "
+        "its final/training.json records",
+        metavar="DIR",
+    )
+    compare: list[str] | None = option(
+        None,
+        help="several models side by side on the same items; NAME is a plain label (letters, digits, _ - .) used as a "
+        "file name",
+        metavar="NAME=DIR",
+    )
+    other_contexts: bool = option(
+        False,
+        help="also answer every item under each of the task's other contexts: follow_other, stick; with --compare and "
+        "a model named base: retention, context-deaf (docs/method.md)",
+        switch=True,
+    )
+    out: str | None = option(
+        None,
+        help="--model: report path ending in .json (a .csv of the records is written next to it) or a directory "
+        "(created when missing); --compare: a directory (one report per model + compare.md/.csv)",
+        metavar="PATH",
+    )
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
@@ -23,41 +55,16 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     (`common.setup_facts`), EvalConfig's declared fields, --other-contexts and --out."""
     from mechopd.evaluation.config import EVAL_FACTS
 
-    p.add_argument(
-        "--model",
-        metavar="DIR",
-        help="checkpoint dir, hub id, organism:<task> or model:NAME; a "
-        "checkpoint written by mechopd train renders as its final/training.json records",
-    )
-    p.add_argument(
-        "--compare",
-        nargs="+",
-        metavar="NAME=DIR",
-        help="several models side by side on "
-        "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name",
-    )
     setup = [  # eval's task default is the one the models record (`evaluation.records.recorded_task`)
         dataclasses.replace(f, help="task name (default: the task the run or checkpoint records)")
         if f.name == "task"
         else f
         for f in setup_facts(*EVAL_SETUP)
     ]
-    add_given(p, setup)  # a chat-template variable that differs from the run's record is refused
+    own = {f.name: f for f in field_facts(EvalArgs)}
+    add_given(p, [own["model"], own["compare"], *setup])  # a chat-template variable unlike the run's is refused
     add_flags(p, EVAL_FACTS, sets=False)  # --n, --seed, --samples, --temperature, ...: declared once, on EvalConfig
-    p.add_argument(
-        "--other-contexts",
-        action="store_true",
-        help="also answer every item under each of the task's "
-        "other contexts: follow_other, stick; with --compare and a model named base: retention, "
-        "context-deaf (docs/method.md)",
-    )
-    p.add_argument(
-        "--out",
-        metavar="PATH",
-        help="--model: report path ending in .json (a .csv of the "
-        "records is written next to it) or a directory (created when missing); --compare: a directory (one report per "
-        "model + compare.md/.csv)",
-    )
+    add_given(p, [own["other_contexts"], own["out"]])
 
 
 def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
@@ -110,7 +117,7 @@ def _eval(a: argparse.Namespace) -> int:
     ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwargs, "--chat-template-kwarg")
     with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
         reports = evaluate_plan(
-            plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs, other_contexts=a.other_contexts
+            plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs, other_contexts=bool(a.other_contexts)
         )
         return _write_reports(a, reports, targets, out_dir)
 

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.cli.common import command, kv, text
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
+
+
+@dataclass
+class ProbeArgs:
+    """`mechopd probe NAME`'s own arguments (the rest: the setup's and the probe's options)."""
+
+    out: str | None = option(None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)", metavar="DIR")
+    force: bool = option(
+        False,
+        help="replace this probe's files in the output directory; without it an existing one is refused",
+        switch=True,
+    )
 
 
 def add_probe_parsers(p: argparse.ArgumentParser) -> None:
@@ -25,15 +39,14 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="probe", required=True)
     for spec in probes():
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
-        add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
-        q.add_argument("--out", help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
-        add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
-        q.add_argument(
-            "--force",
-            action="store_true",
-            help="replace this probe's files in the output directory "
-            f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused",
+        own = {f.name: f for f in field_facts(ProbeArgs)}
+        force = dataclasses.replace(
+            own["force"], help=f"{own['force'].help} ({', '.join(spec.outputs) or 'its tables'})"
         )
+        add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
+        add_flags(q, [own["out"]], typed=True)
+        add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
+        add_flags(q, [force], typed=True)
 
 
 def setup_from_args(a: Any) -> Any:

@@ -5,11 +5,13 @@ parser."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.cli.common import add_given, command, given
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import field_facts, option
 from mechopd.core.runlock import hold
 
 
@@ -22,15 +24,21 @@ def _run_facts() -> list[Any]:
     return [f for f in field_facts(PoolOptions) if f.name == "workers"]
 
 
-def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "study",
+@dataclass
+class RunArgs:
+    """`mechopd run`'s own arguments (--workers: `PoolOptions`)."""
+
+    study: str = option(
+        help="a study file: task, student, runs by role, seeds, eval, probes (README, `mechopd run`; "
+        "mechopd/pipeline/spec.py)",
+        flag="study",
         metavar="STUDY.yaml",
-        help="a study file: task, student, runs by role, seeds, eval, probes "
-        "(README, `mechopd run`; mechopd/pipeline/spec.py)",
     )
-    p.add_argument("--out", metavar="DIR", help="output directory (default: the study file's folder / its stem)")
-    add_given(p, _run_facts())  # as the demo's --workers
+    out: str | None = option(None, help="output directory (default: the study file's folder / its stem)", metavar="DIR")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(RunArgs) + _run_facts())  # --workers as the demo's
 
 
 @command(
@@ -44,22 +52,27 @@ def _run(a: argparse.Namespace) -> int:
 
 
 # --- figures / demo -----------------------------------------------------------------------------------------------------
-def _figures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run_dir",
+@dataclass
+class FiguresArgs:
+    """`mechopd figures`'s arguments."""
+
+    run_dir: str | None = option(
+        None,
+        help="a run directory written by `mechopd demo`; its figures/ and report.md are redrawn from its saved "
+        "artifacts",
+        flag="run_dir",
         metavar="RUN_DIR",
-        nargs="?",
-        default=None,
-        help="a run directory written by `mechopd "
-        "demo`; its figures/ and report.md are redrawn from its saved artifacts",
     )
-    p.add_argument(
-        "--study",
-        default=None,
+    study: str | None = option(
+        None,
+        help="a study YAML naming the runs by role (base, opd, nca, nca_const, ta_opd, ...; see "
+        "mechopd/study/__init__.py): applied to RUN_DIR, or on its own its root",
         metavar="FILE",
-        help="a study YAML naming the runs by role (base, opd, "
-        "nca, nca_const, ta_opd, ...; see mechopd/study/__init__.py): applied to RUN_DIR, or on its own its root",
     )
+
+
+def _figures_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(FiguresArgs))
 
 
 @command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)", _figures_args)
@@ -115,14 +128,20 @@ def _demo_facts() -> list[Any]:
     return [facts[name] for name in DEMO_FLAGS]
 
 
-def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--study",
-        metavar="NAME",
+@dataclass
+class DemoArgs:
+    """`mechopd demo`'s own argument (the rest: `DemoConfig`'s fields, `DEMO_FLAGS`)."""
+
+    study: str | None = option(
+        None,
         help="run the built-in study mechopd/data/studies/NAME.yaml (e.g. smollm2-facts) as `mechopd run` does, "
         "into --out (default runs/NAME); takes " + ", ".join("--" + k.replace("_", "-") for k in STUDY_FLAGS),
+        metavar="NAME",
     )
-    add_given(p, _demo_facts())  # declared once, on DemoConfig: help, range and default
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(DemoArgs) + _demo_facts())  # declared once, on DemoConfig: help, range and default
 
 
 @command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report", _demo_args)
@@ -159,16 +178,22 @@ def _demo_study(name: str, kw: dict[str, Any]) -> int:
     return 0
 
 
-def _aggregate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", help="demo run directories of one study (one per seed)")
-    p.add_argument("--out", required=True, help="directory for aggregate.json, the seed-band figures and report.md")
-    p.add_argument(
-        "--study",
-        default=None,
+@dataclass
+class AggregateArgs:
+    """`mechopd aggregate`'s arguments."""
+
+    run_dirs: list[str] = option(help="demo run directories of one study (one per seed)", flag="run_dirs")
+    out: str = option(help="directory for aggregate.json, the seed-band figures and report.md", metavar="OUT")
+    study: str | None = option(
+        None,
+        help="a study YAML naming the runs by role, applied to every run dir (default: each run's study.yaml / "
+        "demo.json)",
         metavar="FILE",
-        help="a study YAML naming the runs by role, applied to "
-        "every run dir (default: each run's study.yaml / demo.json)",
     )
+
+
+def _aggregate_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(AggregateArgs))
 
 
 @command(
@@ -184,14 +209,21 @@ def _aggregate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _explore_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run_dir",
+@dataclass
+class ExploreArgs:
+    """`mechopd explore`'s arguments."""
+
+    run_dir: str = option(
+        help="a run dir with eval/*.json and/or probes/ (lens, patching, attention), its probes/ dir, or a "
+        "`mechopd eval --compare` directory",
+        flag="run_dir",
         metavar="RUN_DIR",
-        help="a run dir with eval/*.json and/or probes/ (lens, patching, "
-        "attention), its probes/ dir, or a `mechopd eval --compare` directory",
     )
-    p.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default RUN_DIR/explore.html)")
+    out: str | None = option(None, help="the HTML file (default RUN_DIR/explore.html)", metavar="FILE")
+
+
+def _explore_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(ExploreArgs))
 
 
 @command(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.cli.common import add_given, command, given, setup_facts
 from mechopd.cli.common import kv_raw as _kv_raw
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import field_facts, option
 from mechopd.core.runlock import hold, lockable
 from mechopd.evaluation.config import EVAL_FACTS
 
@@ -27,14 +29,20 @@ def _pretrain_facts() -> list[Any]:
     return [facts[name] for name in PRETRAIN_FIELDS] + [f for f in EVAL_FACTS if f.name == "n"]
 
 
-def _pretrain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out",
+@dataclass
+class PretrainArgs:
+    """`mechopd pretrain`'s own argument (the rest: `_pretrain_facts`)."""
+
+    out: str | None = option(
+        None,
+        help="organism directory (default runs/organisms/<task>); an organism already there with the same config is "
+        "reused",
         metavar="DIR",
-        help="organism directory (default runs/organisms/<task>); "
-        "an organism already there with the same config is reused",
     )
-    add_given(p, _pretrain_facts())  # declared once, on OrganismConfig (and EvalConfig's n): checked by the library
+
+
+def _pretrain_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(PretrainArgs) + _pretrain_facts())  # OrganismConfig's (and EvalConfig's n): declared once
 
 
 @command(
@@ -61,33 +69,38 @@ def _pretrain(a: argparse.Namespace) -> int:
 
 
 # --- train --------------------------------------------------------------------------------------------------------------
-def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "config", nargs="?", metavar="CONFIG.yaml", help="YAML config (see training/*.yaml); flags override its keys"
+@dataclass
+class TrainArgs:
+    """`mechopd train`'s own arguments (the config's keys: `train_facts`; --option: the probes' setup's)."""
+
+    config: str | None = option(
+        None, help="YAML config (see training/*.yaml); flags override its keys", flag="config", metavar="CONFIG.yaml"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+    set: list[str] = option(
+        default_factory=list,
         help="override any config key, repeatable (e.g. --set lr=1e-4 --set task_options.rule=shift:2)",
+        repeat=True,
+        metavar="KEY=VALUE",
     )
-    p.add_argument(
-        "--out",
-        metavar="DIR",
+    out: str | None = option(
+        None,
         help="run directory, new or empty unless --resume (default runs/<config name or task-method-selector>)",
+        metavar="DIR",
     )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
+    resume: bool = option(False, help="continue the run in --out from its latest checkpoint", switch=True)
+    no_progress: bool = option(False, help="no progress bar (metrics.jsonl is written either way)", switch=True)
+    verbose: bool = option(
+        False,
         help="print the full resolved config (default: one line and the path of the run's config.yaml)",
+        switch=True,
     )
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
     from mechopd.config import train_facts
     from mechopd.core.options import add_flags
 
-    add_given(p, setup_facts("task_options"))  # --option KEY=VALUE: as eval's and probe's (`ProbeSetup`)
+    add_given(p, field_facts(TrainArgs) + setup_facts("task_options"))  # --option KEY=VALUE: as eval's and probe's
     add_flags(p, train_facts())  # one flag per config key (mechopd.config: help, range and choices declared once)
 
 
@@ -127,7 +140,7 @@ def _train_locked(a: argparse.Namespace) -> int:
             f"--out {out} is a model directory (config.json), not a training run; a run writes its own "
             "directory: choose another --out (the model is not touched)"
         )
-    final = train(cfg, out, resume=a.resume, progress=not a.no_progress, verbose=a.verbose)
+    final = train(cfg, out, resume=bool(a.resume), progress=not a.no_progress, verbose=bool(a.verbose))
     if os.environ.get("RANK", "0") == "0":  # torchrun: said once, by rank 0
         print(f"final checkpoint: {final}")
     return 0
