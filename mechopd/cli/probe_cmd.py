@@ -79,7 +79,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
         check_no_escape(a.run, out, "--run")
     setup = setup_from_args(a)
     taken = [name for name in spec.outputs if (out / name).exists()]
-    if taken and not getattr(a, "force", False):  # the run's report and figures read these files
+    if taken and not a.force:  # the run's report and figures read these files
         raise ConfigError(
             f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
             "pass --force to replace the probe's files, or --out DIR to write beside them"

@@ -87,13 +87,6 @@ class TrainArgs:
         help="run directory, new or empty unless --resume (default runs/<config name or task-method-selector>)",
         metavar="DIR",
     )
-    resume: bool = option(False, help="continue the run in --out from its latest checkpoint", switch=True)
-    no_progress: bool = option(False, help="no progress bar (metrics.jsonl is written either way)", switch=True)
-    verbose: bool = option(
-        False,
-        help="print the full resolved config (default: one line and the path of the run's config.yaml)",
-        switch=True,
-    )
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -101,6 +94,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     from mechopd.core.options import add_flags
 
     add_given(p, field_facts(TrainArgs) + setup_facts("task_options"))  # --option KEY=VALUE: as eval's and probe's
+    # the controls of `train.trainer.train(resume=, progress=, verbose=)`, whose signature holds their defaults
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
+    p.add_argument("--verbose", action="store_true", help="print the full resolved config (else one line and its path)")
     add_flags(p, train_facts())  # one flag per config key (mechopd.config: help, range and choices declared once)
 
 
@@ -140,7 +137,7 @@ def _train_locked(a: argparse.Namespace) -> int:
             f"--out {out} is a model directory (config.json), not a training run; a run writes its own "
             "directory: choose another --out (the model is not touched)"
         )
-    final = train(cfg, out, resume=bool(a.resume), progress=not a.no_progress, verbose=bool(a.verbose))
+    final = train(cfg, out, resume=a.resume, progress=not a.no_progress, verbose=a.verbose)
     if os.environ.get("RANK", "0") == "0":  # torchrun: said once, by rank 0
         print(f"final checkpoint: {final}")
     return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mechopd.config import METHOD_ALIASES
+from mechopd.config.sections import RunOptions
 from mechopd.config.terms import SelectionOptions
 from mechopd.core.options import bind
 
@@ -42,7 +43,7 @@ class RunSettings:
     @property
     def method(self) -> str:
         """The method's loss-term set (a shorthand such as ``ta_opd`` resolved to its method)."""
-        method = str(self.over.get("method", "opd"))
+        method = str(self.over.get("method", RunOptions.method))
         return METHOD_ALIASES[method][0] if method in METHOD_ALIASES else method
 
     @property
