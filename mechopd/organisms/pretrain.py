@@ -59,7 +59,7 @@ class OrganismConfig:
     )
     num_heads: int = option(
         4,
-        help="attention heads (4: head_dim 24; 3 gives head_dim 32, a size vLLM's CPU attention accepts)",
+        help="attention heads (head_dim = hidden_size / num_heads; 3 heads of 96 give 32, a size vLLM's CPU attention accepts)",
         range=GE1,
         metavar="INT",
     )
