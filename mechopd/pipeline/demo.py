@@ -40,7 +40,18 @@ from typing import Any
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, Range, check_fields, option, option_of
+from mechopd.core.options import (
+    GE0,
+    GE1,
+    GT0,
+    SEED_RANGE,
+    Range,
+    check_fields,
+    check_value,
+    field_facts,
+    option,
+    option_of,
+)
 from mechopd.organisms.pretrain import ORGANISM_TASKS
 from mechopd.organisms.recipes import ORGANISM_RECIPES
 from mechopd.pipeline.pool import PoolOptions
@@ -96,12 +107,11 @@ def fast_values() -> dict[str, Any]:
     from mechopd.config import load_yaml
 
     doc = load_yaml(FAST_FILE)
-    known = [f.name for f in fields(DemoConfig) if f.name not in ("task", "out", "fast")]
+    known = {f.name: f for f in field_facts(DemoConfig) if f.name not in ("task", "out", "fast")}
     for key, value in doc.items():
         if key not in known:
             raise ConfigError(f"{FAST_FILE}: {key!r} is no DemoConfig field; use {', '.join(known)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{FAST_FILE}: {key}={value!r} must be a number >= 0")
+        check_value(known[key], value, subject=f"{FAST_FILE}: {key}={value!r}")  # the field's declared range
     return dict(doc)
 
 
