@@ -180,19 +180,19 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     nca = runs[0].run("nca")
     if nca is None:
         return ""
-    over, label = RunSettings(nca.settings or {}).section(NCAOptions), nca.label  # the anchor's typed options
-    if over.nca_gate is not None:
+    anchor, label = RunSettings(nca.settings or {}).section(NCAOptions), nca.label  # the anchor's typed options
+    if anchor.nca_gate is not None:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
         return (
-            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.nca_gate_window} steps "
-            f"is at most {over.nca_gate:g} nats per token (the anchor gate; it opened after step "
+            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {anchor.nca_gate_window} steps "
+            f"is at most {anchor.nca_gate:g} nats per token (the anchor gate; it opened after step "
             f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
             "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it"
         )
-    if over.nca_start:
+    if anchor.nca_start:
         return (
-            f"; in {label} β = 0 for the first {over.nca_start} steps, so OPD moves the no-context view "
+            f"; in {label} β = 0 for the first {anchor.nca_start} steps, so OPD moves the no-context view "
             "before the anchor pulls the context view toward it"
         )
     return ""
