@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -11,33 +12,21 @@ from mechopd.core.threads import configure
 configure()  # OMP_WAIT_POLICY=PASSIVE unless set: before anything below imports torch (libgomp reads it at load)
 
 from mechopd.cli.common import COMMANDS  # noqa: E402
-from mechopd.cli.eval_cmd import _eval_args  # noqa: E402
-from mechopd.cli.fetch_cmd import _fetch_args  # noqa: E402
-from mechopd.cli.probe_cmd import _probe_args  # noqa: E402
-from mechopd.cli.study_cmd import _aggregate_args, _demo_args, _explore_args, _figures_args, _run_args  # noqa: E402
-from mechopd.cli.train_cmd import _pretrain_args, _train_args  # noqa: E402
 from mechopd.core.errors import MechopdError  # noqa: E402
+
+# The verb modules, imported in this order: each registers its verbs (`common.command`), and that order is
+# `mechopd --help`'s.
+for _module in ("train_cmd", "eval_cmd", "probe_cmd", "study_cmd", "fetch_cmd"):
+    importlib.import_module(f"mechopd.cli.{_module}")
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The `mechopd` parser: one subcommand per registered command."""
+    """The `mechopd` parser: one subcommand per verb of the command table (`mechopd.cli.common.COMMANDS`), in its
+    order (the modules' import order, then each module's)."""
     parser = argparse.ArgumentParser(prog="mechopd", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    registry = {
-        "run": _run_args,
-        "pretrain": _pretrain_args,
-        "train": _train_args,
-        "eval": _eval_args,
-        "probe": _probe_args,
-        "figures": _figures_args,
-        "demo": _demo_args,
-        "aggregate": _aggregate_args,
-        "explore": _explore_args,
-        "fetch": _fetch_args,
-    }
-    for name, add_args in registry.items():  # this order in `mechopd --help`
-        help_text = COMMANDS[name][0]
-        add_args(sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text))  # help is %-formatted
+    for name, verb in COMMANDS.items():
+        verb.args(sub.add_parser(name, help=verb.help.replace("%", "%%"), description=verb.help))  # help: %-formatted
     return parser
 
 
@@ -54,7 +43,7 @@ def _main(argv: list[str] | None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     a = make_parser().parse_args(argv)
     try:
-        return COMMANDS[a.cmd][1](a)
+        return COMMANDS[a.cmd].run(a)
     except MechopdError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

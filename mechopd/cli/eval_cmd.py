@@ -4,93 +4,67 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechopd.cli.common import command, kv, named, text
+from mechopd.cli.common import add_given, command, kv, named, setup_facts, text
 from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import add_flags, bind, flag_values
+from mechopd.core.options import add_flags, bind, field_facts, flag_values, option
 from mechopd.core.runlock import hold
 
-
 # --- eval ---------------------------------------------------------------------------------------------------------------
-def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=None,
+EVAL_SETUP = ("run", "task", "task_options", "no_context_system", "chat_template_kwargs")  # as the probes' setup
+
+
+@dataclass
+class EvalArgs:
+    """`mechopd eval`'s own arguments: the models and where the reports go (the render and task flags: the probes'
+    setup's, `EVAL_SETUP`; the evaluation's: `EvalConfig`)."""
+
+    model: str | None = option(
+        None,
+        help="checkpoint dir, hub id, organism:<task> or model:NAME; a checkpoint written by mechopd train renders as "
+        "its final/training.json records",
         metavar="DIR",
-        help="checkpoint dir, hub id, organism:<task> or model:NAME; a "
-        "checkpoint written by mechopd train renders as its final/training.json records",
     )
-    p.add_argument(
-        "--run",
-        default=None,
-        metavar="RUN_DIR",
-        help="a training run: its final/ with the run's task, "
-        "task options and render (config.yaml), as the probes' --run",
-    )
-    p.add_argument(
-        "--compare",
-        nargs="+",
-        default=None,
+    compare: list[str] | None = option(
+        None,
+        help="several models side by side on the same items; NAME is a plain label (letters, digits, _ - .) used as a "
+        "file name",
         metavar="NAME=DIR",
-        help="several models side by side on "
-        "the same items; NAME is a plain label (letters, digits, _ - .) used as a file name",
     )
-    p.add_argument(
-        "--task",
-        default=None,
-        metavar="TASK",
-        help="rules | frozenlake | sokoban | jsonl | a registered "
-        "name (default: the task the run or checkpoint records)",
+    other_contexts: bool = option(
+        False,
+        help="also answer every item under each of the task's other contexts: follow_other, stick; with --compare and "
+        "a model named base: retention, context-deaf (docs/method.md)",
+        switch=True,
     )
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task option, repeatable (e.g. rule=shift:1, path=data.jsonl)",
+    out: str | None = option(
+        None,
+        help="--model: report path ending in .json (a .csv of the records is written next to it) or a directory "
+        "(created when missing); --compare: a directory (one report per model + compare.md/.csv)",
+        metavar="PATH",
     )
-    p.add_argument(
-        "--no-context-system",
-        default=None,
-        metavar="TEXT",
-        help="explicit system prompt of the "
-        "no-context view (for chat templates that insert a default one; default: the run's)",
-    )
-    p.add_argument(
-        "--chat-template-kwarg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="chat template "
-        "variable, repeatable (e.g. date_string=26 Jul 2024, enable_thinking=false; default: the run's; "
-        "a value that differs from the run's record is refused)",
-    )
-    _eval_output_args(p)
 
 
-def _eval_output_args(p: argparse.ArgumentParser) -> None:
-    """`mechopd eval`'s flags after the models and the render: EvalConfig's declared fields, --other-contexts, --out."""
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    """The models (--model, --compare; --run from the setup flags), the render and task flags the probes share
+    (`common.setup_facts`), EvalConfig's declared fields, --other-contexts and --out."""
     from mechopd.evaluation.config import EVAL_FACTS
 
+    setup = [  # eval's task default is the one the models record (`evaluation.records.recorded_task`)
+        dataclasses.replace(f, help="task name (default: the task the run or checkpoint records)")
+        if f.name == "task"
+        else f
+        for f in setup_facts(*EVAL_SETUP)
+    ]
+    own = {f.name: f for f in field_facts(EvalArgs)}
+    add_given(p, [own["model"], own["compare"], *setup])  # a chat-template variable unlike the run's is refused
     add_flags(p, EVAL_FACTS, sets=False)  # --n, --seed, --samples, --temperature, ...: declared once, on EvalConfig
-    p.add_argument(
-        "--other-contexts",
-        action="store_true",
-        help="also answer every item under each of the task's "
-        "other contexts: follow_other, stick; with --compare and a model named base: retention, "
-        "context-deaf (docs/method.md)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="PATH",
-        help="--model: report path ending in .json (a .csv of the "
-        "records is written next to it) or a directory (created when missing); --compare: a directory (one report per "
-        "model + compare.md/.csv)",
-    )
+    add_given(p, [own["other_contexts"], own["out"]])
 
 
 def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, Path], Path | None]:
@@ -123,7 +97,11 @@ def _eval_targets(a: argparse.Namespace, labels: list[str]) -> tuple[dict[str, P
     return {name: check_report_target(out_dir / f"{name}.json") for name in labels}, out_dir
 
 
-@command("eval", "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime")
+@command(
+    "eval",
+    "context-removability evaluation: both views, paired outcomes, Harm/Help/BothCorrect/Δlen, regime",
+    _eval_args,
+)
 def _eval(a: argparse.Namespace) -> int:
     from mechopd.evaluation.config import EVAL_FACTS, EvalConfig
     from mechopd.evaluation.run import evaluate_plan, plan_eval
@@ -133,13 +111,13 @@ def _eval(a: argparse.Namespace) -> int:
     cfg = bind(EvalConfig, flags=flag_values(a, EVAL_FACTS), source="eval")
     models = {"model": a.model or str(Path(a.run or "", "final"))} if not a.compare else named(a.compare, "--compare")
     a.model = models.get("model")  # --run: its final/ (the default report path sits under it)
-    plan = plan_eval(models, a.task, kv(a.option, "--option"), run=a.run)
+    plan = plan_eval(models, a.task, kv(a.task_options, "--option"), run=a.run)
     a.task = plan.task_name
     targets, out_dir = _eval_targets(a, list(models))
-    ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwarg, "--chat-template-kwarg")
+    ncs, kwargs = text(a.no_context_system, "--no-context-system"), kv(a.chat_template_kwargs, "--chat-template-kwarg")
     with hold(out_dir or targets["model"].parent, "eval"):  # one writer per report directory
         reports = evaluate_plan(
-            plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs, other_contexts=a.other_contexts
+            plan, cfg, no_context_system=ncs, chat_template_kwargs=kwargs, other_contexts=bool(a.other_contexts)
         )
         return _write_reports(a, reports, targets, out_dir)
 

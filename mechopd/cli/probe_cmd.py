@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mechopd.cli.common import command, kv, text
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
+
+
+@dataclass
+class ProbeArgs:
+    """`mechopd probe NAME`'s own arguments (the rest: the setup's and the probe's options)."""
+
+    out: str | None = option(None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)", metavar="DIR")
+    force: bool = option(
+        False,
+        help="replace this probe's files in the output directory; without it an existing one is refused",
+        switch=True,
+    )
 
 
 def add_probe_parsers(p: argparse.ArgumentParser) -> None:
@@ -25,15 +39,14 @@ def add_probe_parsers(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="probe", required=True)
     for spec in probes():
         q = sub.add_parser(spec.name, help=spec.help, description=spec.help)
-        add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
-        q.add_argument("--out", default=None, help="output dir (default RUN_DIR/probes, else runs/probes/<probe>)")
-        add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
-        q.add_argument(
-            "--force",
-            action="store_true",
-            help="replace this probe's files in the output directory "
-            f"({', '.join(spec.outputs) or 'its tables'}); without it an existing one is refused",
+        own = {f.name: f for f in field_facts(ProbeArgs)}
+        force = dataclasses.replace(
+            own["force"], help=f"{own['force'].help} ({', '.join(spec.outputs) or 'its tables'})"
         )
+        add_flags(q, field_facts(ProbeSetup), typed=True)  # None unless given: they override what --run says
+        add_flags(q, [own["out"]], typed=True)
+        add_flags(q, facts_of(spec.options), typed=True)  # None unless given: the dataclass's default
+        add_flags(q, [force], typed=True)
 
 
 def setup_from_args(a: Any) -> Any:
@@ -66,7 +79,7 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
         check_no_escape(a.run, out, "--run")
     setup = setup_from_args(a)
     taken = [name for name in spec.outputs if (out / name).exists()]
-    if taken and not getattr(a, "force", False):  # the run's report and figures read these files
+    if taken and not a.force:  # the run's report and figures read these files
         raise ConfigError(
             f"probe {spec.name}: {out / taken[0]} already exists (a run's report and figures read it); "
             "pass --force to replace the probe's files, or --out DIR to write beside them"
@@ -75,11 +88,9 @@ def run_from_args(a: argparse.Namespace) -> list[str]:
         return spec(setup, out, **options)
 
 
-def _probe_args(p: argparse.ArgumentParser) -> None:
-    add_probe_parsers(p)  # one verb per registered probe (mechopd.probes.registry)
-
-
-@command("probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)")
+@command(
+    "probe", "mechanistic probes (mechopd probe NAME --run RUN_DIR; NAME: see mechopd probe --help)", add_probe_parsers
+)
 def _probe(a: argparse.Namespace) -> int:
     for line in run_from_args(a):
         print(line)

@@ -5,33 +5,77 @@ parser."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from mechopd.cli.common import command
+from mechopd.cli.common import add_given, command, given
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import field_facts, option
 from mechopd.core.runlock import hold
 
 
+# --- run ---------------------------------------------------------------------------------------------------------------
+def _run_facts() -> list[Any]:
+    """`mechopd run`'s declared flags: the pool's ``--workers`` (`PoolOptions`, as the demo's)."""
+    from mechopd.core.options import field_facts
+    from mechopd.pipeline.pool import PoolOptions
+
+    return [f for f in field_facts(PoolOptions) if f.name == "workers"]
+
+
+@dataclass
+class RunArgs:
+    """`mechopd run`'s own arguments (--workers: `PoolOptions`)."""
+
+    study: str = option(
+        help="a study file: task, student, runs by role, seeds, eval, probes (README, `mechopd run`; "
+        "mechopd/pipeline/spec.py)",
+        flag="study",
+        metavar="STUDY.yaml",
+    )
+    out: str | None = option(None, help="output directory (default: the study file's folder / its stem)", metavar="DIR")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(RunArgs) + _run_facts())  # --workers as the demo's
+
+
+@command(
+    "run", "run a study file: train every run per seed, evaluate, probe, draw, aggregate, report (resumable)", _run_args
+)
+def _run(a: argparse.Namespace) -> int:
+    from mechopd.pipeline.run import run_study
+
+    print(f"report: {run_study(a.study, a.out, **given(a, _run_facts(), 'run'))}")
+    return 0
+
+
 # --- figures / demo -----------------------------------------------------------------------------------------------------
-def _figures_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run_dir",
+@dataclass
+class FiguresArgs:
+    """`mechopd figures`'s arguments."""
+
+    run_dir: str | None = option(
+        None,
+        help="a run directory written by `mechopd demo`; its figures/ and report.md are redrawn from its saved "
+        "artifacts",
+        flag="run_dir",
         metavar="RUN_DIR",
-        nargs="?",
-        default=None,
-        help="a run directory written by `mechopd "
-        "demo`; its figures/ and report.md are redrawn from its saved artifacts",
     )
-    p.add_argument(
-        "--study",
-        default=None,
+    study: str | None = option(
+        None,
+        help="a study YAML naming the runs by role (base, opd, nca, nca_const, ta_opd, ...; see "
+        "mechopd/study/__init__.py): applied to RUN_DIR, or on its own its root",
         metavar="FILE",
-        help="a study YAML naming the runs by role (base, opd, "
-        "nca, nca_const, ta_opd, ...; see mechopd/study/__init__.py): applied to RUN_DIR, or on its own its root",
     )
 
 
-@command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)")
+def _figures_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(FiguresArgs))
+
+
+@command("figures", "redraw every figure of a run from its saved artifacts (no model is loaded)", _figures_args)
 def _figures(a: argparse.Namespace) -> int:
     from mechopd.core.checks import check_out_dir
     from mechopd.core.runcheck import check_no_escape
@@ -59,179 +103,104 @@ def _figures(a: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_args(p: argparse.ArgumentParser) -> None:
-    _demo_what_args(p)
-    _demo_size_args(p)
+DEMO_FLAGS = (
+    "out",
+    "task",
+    "fast",
+    "sweep",
+    "seed",
+    "steps",
+    "seeds",
+    "workers",
+    "job_threads",
+    "batch_size",
+    "layers",
+)
+STUDY_FLAGS = ("out", "fast", "steps", "batch_size", "workers")  # what `demo --study NAME` takes
 
 
-def _demo_what_args(p: argparse.ArgumentParser) -> None:
-    """What the demo runs and where: --out, --task, --study, --fast, --sweep, --seed."""
-    p.add_argument(
-        "--out", default=None, metavar="DIR", help="demo directory (default runs/demo; with --study NAME: runs/NAME)"
-    )
-    p.add_argument("--task", default=None, metavar="TASK", help="rules (default) | frozenlake | sokoban")
-    p.add_argument(
-        "--study",
-        default=None,
+def _demo_facts() -> list[Any]:
+    """`mechopd demo`'s declared flags: the `DemoConfig` fields it takes (`DEMO_FLAGS`)."""
+    from mechopd.core.options import field_facts
+    from mechopd.pipeline.demo import DemoConfig
+
+    facts = {f.name: f for f in field_facts(DemoConfig)}
+    return [facts[name] for name in DEMO_FLAGS]
+
+
+@dataclass
+class DemoArgs:
+    """`mechopd demo`'s own argument (the rest: `DemoConfig`'s fields, `DEMO_FLAGS`)."""
+
+    study: str | None = option(
+        None,
+        help="run the built-in study mechopd/data/studies/NAME.yaml (e.g. smollm2-facts) as `mechopd run` does, "
+        "into --out (default runs/NAME); takes " + ", ".join("--" + k.replace("_", "-") for k in STUDY_FLAGS),
         metavar="NAME",
-        help="run the built-in study mechopd/data/studies/NAME.yaml (e.g. smollm2-facts) as `mechopd run` does; "
-        "takes --out, --fast, --steps, --batch-size, --workers",
-    )
-    p.add_argument(
-        "--fast",
-        action="store_true",
-        help="tiny organism and a few steps (for tests; <= 2 min); with --study: one seed, a few steps (a smoke run)",
-    )
-    p.add_argument("--sweep", action="store_true", help="also the TA-OPD budget sweep (figure 8)")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="one training seed (a one-seed demo; the organism always uses seed 0)",
     )
 
 
-def _demo_size_args(p: argparse.ArgumentParser) -> None:
-    """How large and on how many processes: --steps, --seeds, --workers, --job-threads, --batch-size, --layers."""
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="training steps per method, >= 1 (default: the task's demo budget, rules 100)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=int,
-        default=None,
-        metavar="N",
-        help="N training seeds 0..N-1 into OUT/seed-k, "
-        "then aggregated (95%% intervals made for few seeds: Student-t over the seeds' values, "
-        "each seed's item noise as a floor, docs/method.md §8; default 6 for rules, 1 for a game or --fast)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="worker processes, each job on one thread "
-        "(default: the intra-op thread count; the numbers do not depend on it)",
-    )
-    p.add_argument(
-        "--job-threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="intra-op threads per job (default 1; "
-        "another count changes the float order, hence the numbers: a robustness check)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="prompts (games) per step (default: the task's demo budget)",
-    )
-    p.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="decoder layers of the organism (default 3; "
-        "e.g. 8 for the shallow-vs-deep claim; pretrained once into runs/organisms/<task>-L<n>)",
-    )
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(DemoArgs) + _demo_facts())  # declared once, on DemoConfig: help, range and default
 
 
-@command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report")
+@command("demo", "pretrain the organism, train OPD / NCA / TA-OPD, evaluate, probe, draw, report", _demo_args)
 def _demo(a: argparse.Namespace) -> int:
     from mechopd.core.checks import check_out_dir
     from mechopd.pipeline.demo import DemoConfig, demo
 
-    if a.steps is not None and a.steps < 1:
-        raise ConfigError(f"--steps {a.steps} is invalid: pass 1 or more (omit --steps for the recipe's)")
+    kw = given(a, _demo_facts(), "demo")  # each flag checked against its declaration, one line naming it
     if a.study is not None:
-        return _demo_study(a)
-    a.out = a.out or "runs/demo"
-    check_out_dir(a.out)
-    kw = {k: getattr(a, k) for k in ("steps", "batch_size") if getattr(a, k) is not None}  # 0 is refused, not dropped
-    kw.update({"layers": a.layers} if a.layers is not None else {})
-    seeds = 1 if a.seed is not None and a.seeds is None else a.seeds  # a chosen seed (0 too) is a one-seed demo
-    demo(
-        DemoConfig(
-            task=a.task or "rules",
-            out=a.out,
-            fast=a.fast,
-            sweep=a.sweep,
-            seed=a.seed or 0,
-            seeds=seeds,
-            workers=a.workers,
-            job_threads=a.job_threads,
-            **kw,
-        )
-    )
+        return _demo_study(a.study, kw)
+    check_out_dir(kw.get("out", DemoConfig.out))
+    if "seed" in kw and "seeds" not in kw:
+        kw["seeds"] = 1  # a chosen seed (0 too) is a one-seed demo
+    demo(DemoConfig(**kw))
     return 0
 
 
-def _demo_study(a: argparse.Namespace) -> int:
+def _demo_study(name: str, kw: dict[str, Any]) -> int:
     """`mechopd demo --study NAME`: the flags that shape an organism demo are refused, one line each."""
     from mechopd.core.checks import check_out_dir
+    from mechopd.pipeline.demo import DemoConfig
     from mechopd.pipeline.named import run_named_study, study_file
 
-    study_file(a.study)  # an unknown name first
-    for flag, value in (("--task", a.task), ("--seed", a.seed), ("--seeds", a.seeds), ("--layers", a.layers)):
-        if value is not None:
-            raise ConfigError(f"demo --study {a.study} takes no {flag}: the study file names it; drop {flag}")
-    if a.sweep or a.job_threads != 1:
-        flag = "--sweep" if a.sweep else "--job-threads"
-        raise ConfigError(f"demo --study {a.study} takes no {flag}; drop it (or `mechopd demo --task TASK {flag}`)")
-    if a.out is not None:
-        check_out_dir(a.out)
-    report = run_named_study(a.study, a.out, a.fast, a.workers, a.steps, a.batch_size)
+    study_file(name)  # an unknown name first
+    for key in (k for k in DEMO_FLAGS if k in kw and k not in STUDY_FLAGS):
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(f"demo --study {name} takes no {flag}: the study file names it; drop {flag}")
+    if "out" in kw:
+        check_out_dir(kw["out"])
+    report = run_named_study(
+        name, kw.get("out"), kw.get("fast", DemoConfig.fast), kw.get("workers"), kw.get("steps"), kw.get("batch_size")
+    )
     print(f"report: {report}")
     return 0
 
 
-def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "study",
-        metavar="STUDY.yaml",
-        help="a study file: task, student, runs by role, seeds, eval, probes "
-        "(README, `mechopd run`; mechopd/pipeline/spec.py)",
-    )
-    p.add_argument(
-        "--out", default=None, metavar="DIR", help="output directory (default: the study file's folder / its stem)"
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="worker processes, each job on one thread (default: the intra-op thread count)",
-    )
+@dataclass
+class AggregateArgs:
+    """`mechopd aggregate`'s arguments."""
 
-
-@command("run", "run a study file: train every run per seed, evaluate, probe, draw, aggregate, report (resumable)")
-def _run(a: argparse.Namespace) -> int:
-    from mechopd.pipeline.run import run_study
-
-    print(f"report: {run_study(a.study, a.out, a.workers)}")
-    return 0
+    run_dirs: list[str] = option(help="demo run directories of one study (one per seed)", flag="run_dirs")
+    out: str = option(help="directory for aggregate.json, the seed-band figures and report.md", metavar="OUT")
+    study: str | None = option(
+        None,
+        help="a study YAML naming the runs by role, applied to every run dir (default: each run's study.yaml / "
+        "demo.json)",
+        metavar="FILE",
+    )
 
 
 def _aggregate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", help="demo run directories of one study (one per seed)")
-    p.add_argument("--out", required=True, help="directory for aggregate.json, the seed-band figures and report.md")
-    p.add_argument(
-        "--study",
-        default=None,
-        metavar="FILE",
-        help="a study YAML naming the runs by role, applied to "
-        "every run dir (default: each run's study.yaml / demo.json)",
-    )
+    add_given(p, field_facts(AggregateArgs))
 
 
-@command("aggregate", "mean and 95% interval over seed runs (t over seeds, item floor): tables, bands, claims, report")
+@command(
+    "aggregate",
+    "mean and 95% interval over seed runs (t over seeds, item floor): tables, bands, claims, report",
+    _aggregate_args,
+)
 def _aggregate(a: argparse.Namespace) -> int:
     from mechopd.report.aggregate import aggregate
 
@@ -240,20 +209,28 @@ def _aggregate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _explore_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run_dir",
+@dataclass
+class ExploreArgs:
+    """`mechopd explore`'s arguments."""
+
+    run_dir: str = option(
+        help="a run dir with eval/*.json and/or probes/ (lens, patching, attention), its probes/ dir, or a "
+        "`mechopd eval --compare` directory",
+        flag="run_dir",
         metavar="RUN_DIR",
-        help="a run dir with eval/*.json and/or probes/ (lens, patching, "
-        "attention), its probes/ dir, or a `mechopd eval --compare` directory",
     )
-    p.add_argument("--out", default=None, metavar="FILE", help="the HTML file (default RUN_DIR/explore.html)")
+    out: str | None = option(None, help="the HTML file (default RUN_DIR/explore.html)", metavar="FILE")
+
+
+def _explore_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(ExploreArgs))
 
 
 @command(
     "explore",
     "one self-contained HTML page to read a run item by item: prompt, context, target, each model's "
     "answers in both views (Harm / Help), the probes' per-token views",
+    _explore_args,
 )
 def _explore(a: argparse.Namespace) -> int:
     from mechopd.report.explore import write_explorer

@@ -6,89 +6,61 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from mechopd.cli.common import command
+from mechopd.cli.common import add_given, command, given, setup_facts
 from mechopd.cli.common import kv_raw as _kv_raw
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import field_facts, option
 from mechopd.core.runlock import hold, lockable
-from mechopd.evaluation.config import EvalConfig
-
+from mechopd.evaluation.config import EVAL_FACTS
 
 # --- pretrain -----------------------------------------------------------------------------------------------------------
-def _pretrain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", required=True, metavar="TASK", help="organism task: rules | frozenlake | sokoban")
-    p.add_argument(
-        "--out",
-        default=None,
+PRETRAIN_FIELDS = ("task", "seed", "arch", "steps", "num_layers", "num_heads", "num_kv_heads")  # OrganismConfig's
+
+
+def _pretrain_facts() -> list[Any]:
+    """`mechopd pretrain`'s declared flags: the organism's fields it takes, then the held-out check's ``--n``."""
+    from mechopd.organisms.pretrain import organism_facts
+
+    facts = organism_facts()
+    return [facts[name] for name in PRETRAIN_FIELDS] + [f for f in EVAL_FACTS if f.name == "n"]
+
+
+@dataclass
+class PretrainArgs:
+    """`mechopd pretrain`'s own argument (the rest: `_pretrain_facts`)."""
+
+    out: str | None = option(
+        None,
+        help="organism directory (default runs/organisms/<task>); an organism already there with the same config is "
+        "reused",
         metavar="DIR",
-        help="organism directory (default runs/organisms/<task>); "
-        "an organism already there with the same config is reused",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        metavar="INT",
-        help="seed of the corpus, the initial weights and the held-out check (default 0)",
-    )
-    p.add_argument("--arch", default="qwen3", metavar="ARCH", help="decoder architecture: qwen3 (default) | llama")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="pretraining steps, >= 1 (default: the organism's measured schedule)",
-    )
-    p.add_argument(
-        "--n",
-        type=int,
-        default=EvalConfig.n,
-        metavar="INT",
-        help=f"held-out items of the with/without-context accuracy check, >= 1 (default {EvalConfig.n})",
-    )
-    p.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="decoder layers (default 3; e.g. 8 for layer studies; cached as runs/organisms/<task>-L<n>)",
-    )
-    p.add_argument(
-        "--num-heads",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="attention heads (default 4: head_dim 24; 3 gives head_dim 32, a size vLLM's CPU attention accepts)",
-    )
-    p.add_argument(
-        "--num-kv-heads",
-        type=int,
-        default=None,
-        metavar="INT",
-        help="key/value heads (default 2; must divide --num-heads)",
     )
 
 
-@command("pretrain", "pretrain (or reuse) an embedded model organism and report its accuracy with/without context")
+def _pretrain_args(p: argparse.ArgumentParser) -> None:
+    add_given(p, field_facts(PretrainArgs) + _pretrain_facts())  # OrganismConfig's (and EvalConfig's n): declared once
+
+
+@command(
+    "pretrain",
+    "pretrain (or reuse) an embedded model organism and report its accuracy with/without context",
+    _pretrain_args,
+)
 def _pretrain(a: argparse.Namespace) -> int:
     import time
 
+    from mechopd.organisms.pretrain import OrganismConfig
     from mechopd.pipeline.pretrain import pretrain_organism
 
+    kw = given(a, _pretrain_facts())  # checked by pretrain_organism, as a Python caller's are
+    task = kw.pop("task", OrganismConfig.task)
     t0 = time.time()
-    path, acc = pretrain_organism(
-        a.task,
-        a.out,
-        seed=a.seed,
-        arch=a.arch,
-        steps=a.steps,
-        n=a.n,
-        layers=a.layers,
-        num_heads=a.num_heads,
-        num_kv_heads=a.num_kv_heads,
-    )
-    print(f"organism {a.task}: {path} ({time.time() - t0:.0f} s)")
+    path, acc = pretrain_organism(task, a.out, **kw)
+    print(f"organism {task}: {path} ({time.time() - t0:.0f} s)")
     print(
         f"accuracy with context {acc['acc_xc']:.3f}, without context {acc['acc_x']:.3f} (n={acc['n']} held-out "
         "items, greedy)"
@@ -97,45 +69,35 @@ def _pretrain(a: argparse.Namespace) -> int:
 
 
 # --- train --------------------------------------------------------------------------------------------------------------
-def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "config",
-        nargs="?",
-        default=None,
-        metavar="CONFIG.yaml",
-        help="YAML config (see training/*.yaml); flags override its keys",
+@dataclass
+class TrainArgs:
+    """`mechopd train`'s own arguments (the config's keys: `train_facts`; --option: the probes' setup's)."""
+
+    config: str | None = option(
+        None, help="YAML config (see training/*.yaml); flags override its keys", flag="config", metavar="CONFIG.yaml"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
+    set: list[str] = option(
+        default_factory=list,
         help="override any config key, repeatable (e.g. --set lr=1e-4 --set task_options.rule=shift:2)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="run directory, new or empty unless --resume (default runs/<config name or task-method-selector>)",
-    )
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
+        repeat=True,
         metavar="KEY=VALUE",
-        help="task option, repeatable (e.g. "
-        "rule=shift:2); same as --set task_options.KEY=VALUE, and as eval's and probe's --option",
     )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="print the full resolved config (default: one line and the path of the run's config.yaml)",
+    out: str | None = option(
+        None,
+        help="run directory, new or empty unless --resume (default runs/<config name or task-method-selector>)",
+        metavar="DIR",
     )
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
     from mechopd.config import train_facts
     from mechopd.core.options import add_flags
 
+    add_given(p, field_facts(TrainArgs) + setup_facts("task_options"))  # --option KEY=VALUE: as eval's and probe's
+    # the controls of `train.trainer.train(resume=, progress=, verbose=)`, whose signature holds their defaults
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is written either way)")
+    p.add_argument("--verbose", action="store_true", help="print the full resolved config (else one line and its path)")
     add_flags(p, train_facts())  # one flag per config key (mechopd.config: help, range and choices declared once)
 
 
@@ -146,7 +108,7 @@ def run_name(config: str | None, task: str, method: str, selector: str) -> str:
     return stem if stem not in (None, task) else f"{task}-{method}-{selector}"
 
 
-@command("train", "train one OPD / NCA / TA-OPD / ablation run")
+@command("train", "train one OPD / NCA / TA-OPD / ablation run", _train_args)
 def _train(a: argparse.Namespace) -> int:
     if a.out and lockable(a.out) and os.environ.get("RANK", "0") == "0":  # lock first (torchrun: rank 0):
         # a second job on this --out refuses before torch loads
@@ -163,7 +125,10 @@ def _train_locked(a: argparse.Namespace) -> int:
     from mechopd.organisms.recipes import load_train_config
     from mechopd.train.trainer import train
 
-    flags = merge(flag_values(a, train_facts()), parse_overrides([f"task_options.{kv}" for kv in a.option], "--option"))
+    flags = merge(
+        flag_values(a, train_facts()),
+        parse_overrides([f"task_options.{kv}" for kv in a.task_options or []], "--option"),
+    )
     over = merge(flags, _kv_raw(a.set, "--set"))  # values still text: read once, by each field's type
     cfg = load_train_config(a.config, over)
     out = check_out_dir(a.out or f"runs/{run_name(a.config, cfg.task, cfg.method, cfg.selector)}")

@@ -105,7 +105,9 @@ class Facts:
     """One configurable field: its name (= YAML key = ``--set`` key), type hint, default, help, range, choices,
     ``short`` (listed in the short help), ``onoff`` (a text field that also takes YAML 1.1's bare on/off booleans),
     ``flag`` (its command-line spelling; default ``--kebab-name``), ``metavar`` (its value's name in ``--help``),
-    ``registry`` (its choices: the live names of that registry, `registry_names`)."""
+    ``registry`` (its choices: the live names of that registry, `registry_names`); a typed flag's shape: ``switch`` (a
+    bool flag that takes no value), ``repeat`` (a list flag given once per item); a ``flag`` without dashes is a
+    positional argument (a list: one or more values; a None default: optional)."""
 
     name: str
     hint: Any
@@ -119,6 +121,8 @@ class Facts:
     flag: str = ""
     metavar: str | None = None
     registry: str = ""
+    switch: bool = False
+    repeat: bool = False
 
     def __post_init__(self) -> None:
         if not self.flag:
@@ -137,19 +141,33 @@ def option(
     flag: str = "",
     metavar: str | None = None,
     registry: str = "",
+    switch: bool = False,
+    repeat: bool = False,
 ) -> Any:
     """A dataclass field carrying its facts (`Facts`): ``option(default, help, range=GE0, ...)`` (``help`` is
     required; ``range`` a `Range`: ``GE0``, ``GE1``, ``GT0``, ``UNIT`` or ``Range(lo, hi)``); ``default_factory`` for a
     mutable default; ``flag`` / ``metavar``: a command-line spelling other than ``--kebab-name`` and its value's name;
-    ``registry``: the name of the registry whose live names are the choices (`register_registry`)."""
+    ``registry``: the name of the registry whose live names are the choices (`register_registry`); ``switch`` /
+    ``repeat``: a typed flag's shape (`Facts`); no default: a required argument."""
     if not help:
         raise TypeError("option(...) needs its help: option(default, help, ...)")
     facts = {"help": help, "range": range, "choices": choices, "short": short, "onoff": onoff}
     facts |= {"registry": registry} if registry else {}
+    facts |= {"switch": switch} if switch else {}
+    facts |= {"repeat": repeat} if repeat else {}
     meta = {META: {**facts, **({"flag": flag} if flag else {}), **({"metavar": metavar} if metavar else {})}}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def option_of(cls: type, name: str) -> Any:
+    """A field declared as ``cls``'s field ``name`` is (its default and facts: help, range, ...): the one declaration
+    shared by another dataclass (`DemoConfig.workers` is `PoolOptions.workers`)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if f.default_factory is not MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+    return dataclasses.field(default=f.default, metadata=f.metadata)
 
 
 def field_facts(cls: type) -> list[Facts]:
@@ -394,6 +412,17 @@ def add_flags(
             "metavar": f.metavar or ("BOOL" if base is bool else f.name.upper()),
             "help": flag_help(f),
         }
+        listed = typing.get_origin(base) in (list, tuple)
+        if typed and not f.flag.startswith("-"):  # a positional argument, dest its name
+            kw.update(nargs="+" if listed else "?" if f.default is None else None)
+            parser.add_argument(f.flag, **{k: v for k, v in kw.items() if v is not None or k == "default"})
+            continue
+        if typed and f.switch:  # --x, no value
+            parser.add_argument(f.flag, dest=f.name, action="store_true", default=None, help=kw["help"])
+            continue
+        if typed and f.default is MISSING:  # no default: the flag is required
+            kw.pop("default")
+            kw["required"] = True
         if base is bool:
             kw.update(nargs="?", const=True if typed else CliValue("true"))
         if not typed:
@@ -403,8 +432,8 @@ def add_flags(
             kw.update(dest=f.name, action="append")
         else:
             kw.update(dest=f.name, type={int: int, float: float, bool: boolean}.get(base))
-            if typing.get_origin(base) in (list, tuple):
-                kw["nargs"] = "+"
+            if listed:
+                kw.update(action="append") if f.repeat else kw.update(nargs="+")
         parser.add_argument(f.flag, **kw)
 
 
@@ -423,7 +452,8 @@ def limits(f: Facts) -> str:
 
 def flag_help(f: Facts) -> str:
     """A field's help with its default (unless the help words its own) and its `limits` (``--help``)."""
-    extra = [] if "default" in f.help else [f"default {f.default!r}"]
+    quiet = "default" in f.help or f.switch or f.repeat or f.default is MISSING  # a flag's shape says it
+    extra = [] if quiet else [f"default {f.default!r}"]
     extra += [limits(f)] if limits(f) else []
     return (f"{f.help} ({'; '.join(extra)})" if extra else f.help).replace("%", "%%")
 

@@ -55,6 +55,11 @@ class LoraSpec(Protocol):
     lora_targets: list[str] | None
 
 
+def adapter_label(opts: LoraSpec) -> str:
+    """The adapter's words in a run's label: ``, LoRA r=8`` for a LoRA student, nothing when every weight trains."""
+    return f", LoRA r={opts.lora_rank}" if opts.lora_rank else ""
+
+
 def targets_of(opts: LoraSpec) -> tuple[str, ...]:
     """The adapted module names: ``lora_targets``, or (None) the attention and MLP projections."""
     return tuple(opts.lora_targets) if opts.lora_targets else DEFAULT_TARGETS

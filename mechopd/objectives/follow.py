@@ -29,7 +29,12 @@ from mechopd.objectives.losses import TERMS, TermOptions, register_term
 from mechopd.tasks.base import OtherContext
 
 
-@register_term("follow", batch="other", options=FollowOptions, weight="follow_weight", added=True)
+def _follow_label(run: Any) -> str:
+    """`` + follow (w=1)``: the follow term's weight, after the method's label."""
+    return f" + follow (w={run.section(FollowOptions).follow_weight:g})"
+
+
+@register_term("follow", batch="other", options=FollowOptions, weight="follow_weight", added=True, label=_follow_label)
 def _follow_term(o: TermOptions, own: FollowOptions | None = None):
     """L_follow = KL(q_θ(·|x,c′) ‖ f(·|x,c′)) in OPD's estimator form, read on the other-context batch."""
     return TERMS["opd"].build(o)

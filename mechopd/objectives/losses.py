@@ -132,7 +132,8 @@ class TermSpec:
     schedule; ``batch``: "main" or "other" (`LossTerm.batch`); ``options``: its options dataclass (config keys and
     flags; a built-in's is a `TrainConfig` section); ``weight``: the options field that is its weight (else 1);
     ``added``: the term joins ANY method when that weight is > 0 (as follow); ``selectable``: a bool or a function of
-    the options."""
+    the options; ``label``: how a run with this term is labelled (`mechopd.objectives.labels`; None: it adds
+    nothing to the label)."""
 
     name: str
     build: Callable[..., tuple[Callable[[LossInputs], TermOutput], frozenset[str]]]
@@ -142,6 +143,7 @@ class TermSpec:
     options: type | None = None
     weight: str | None = None
     added: bool = False
+    label: Callable[[Any], str] | None = None
 
 
 TERMS: dict[str, TermSpec] = {}
@@ -156,9 +158,11 @@ def register_term(
     options: type | None = None,
     weight: str | None = None,
     added: bool = False,
+    label: Callable[[Any], str] | None = None,
 ):
     """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
-    adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags."""
+    adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags;
+    ``label(run)``: the term's words in a run's label, read from the run's typed options (`objectives.labels`)."""
     from mechopd.core.options import register_options
 
     if added and not weight:
@@ -167,7 +171,7 @@ def register_term(
     def deco(build):
         if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
             register_options(options, f"loss term {name!r}")
-        TERMS[name] = TermSpec(name, build, anchor, selectable, batch, options, weight, added)
+        TERMS[name] = TermSpec(name, build, anchor, selectable, batch, options, weight, added, label)
         return build
 
     return deco
@@ -195,8 +199,21 @@ def _opd_term(o: TermOptions):
     return sampled, frozenset({"student_nctx_token", "teacher_token"})
 
 
+def _nca_label(run: Any) -> str:
+    """``NCA (β=0.5, from step 30)``: β and when the anchor starts (the KL gate's level, a step, or constant)."""
+    nca = run.section(NCAOptions)
+    start, gate = nca.nca_start, nca.nca_gate
+    when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
+    return f"NCA (β={nca.beta:g}, {when})"
+
+
 @register_term(
-    "nca", anchor=True, options=NCAOptions, weight="beta", selectable=lambda own: own.nca_positions == "selected"
+    "nca",
+    anchor=True,
+    options=NCAOptions,
+    weight="beta",
+    selectable=lambda own: own.nca_positions == "selected",
+    label=_nca_label,
 )
 def _nca_term(o: TermOptions, own: NCAOptions | None = None):
     """KL(sg[q_x] ‖ q_c)."""

@@ -60,6 +60,7 @@ class SelectorSpec:
     score: Score
     needs_stats: bool = True
     options: type | None = None
+    label: Callable[[Any], str] | None = None  # a run's label with this selector (`objectives.labels`)
 
 
 _SELECTORS: dict[str, SelectorSpec] = {}
@@ -68,11 +69,17 @@ register_registry("selector", lambda: _SELECTORS)  # TrainConfig.selector's choi
 
 
 def register_selector(
-    name: str, *, needs_stats: bool = True, replace: bool = False, options: type | None = None
+    name: str,
+    *,
+    needs_stats: bool = True,
+    replace: bool = False,
+    options: type | None = None,
+    label: Callable[[Any], str] | None = None,
 ) -> Callable[[Score], Score]:
     """Decorator: register ``score(normed, mask, generator)`` as the selector ``name`` (`TrainConfig.selector`,
     ``--selector``, `make_selector`). A taken name raises unless ``replace``. ``options``: a dataclass of
-    `mechopd.core.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``."""
+    `mechopd.core.options.option` fields: config keys and CLI flags; a plug-in's reach ``score(..., options=)``.
+    ``label(run)``: a run's label with this selector, read from its typed options (`objectives.labels`)."""
 
     def deco(fn: Score) -> Score:
         global SELECTORS
@@ -80,7 +87,7 @@ def register_selector(
             raise ConfigError(f"selector {name!r} is already registered; pick another name or pass replace=True")
         if options is not None:  # a TrainConfig section's keys are its fields already (`options.plugin_facts`)
             register_options(options, f"selector {name!r}")
-        _SELECTORS[name] = SelectorSpec(name, fn, needs_stats, options)
+        _SELECTORS[name] = SelectorSpec(name, fn, needs_stats, options, label)
         SELECTORS = tuple(_SELECTORS)
         return fn
 
@@ -93,10 +100,27 @@ def unregister_selector(name: str) -> None:
     SELECTORS = tuple(_SELECTORS)
 
 
+def selector_specs() -> dict[str, SelectorSpec]:
+    """Every registered selector by name (a copy)."""
+    return dict(_SELECTORS)
+
+
 def selector_spec(name: str) -> SelectorSpec:
     if name not in _SELECTORS:
         raise ConfigError(f"selector={name!r} is unknown: use one of {', '.join(_SELECTORS)}")
     return _SELECTORS[name]
+
+
+def budget_label(title: str) -> Callable[[Any], str]:
+    """A budgeted selector's label: ``TITLE (ρ=0.10, K=2, kept 0.12)``: the budget ρ, the signals' K where the run
+    sets it, and the kept fraction MEASURED over its steps ("n/a" when not measured)."""
+
+    def label(run: Any) -> str:
+        kept = "n/a" if run.kept is None else f"{run.kept:.2f}"
+        k = f", K={run.section(SignalOptions).k}" if run.given("k") else ""
+        return f"{title} (ρ={run.section(SelectionOptions).budget:.2f}{k}, kept {kept})"
+
+    return label
 
 
 @register_selector("full", needs_stats=False)
@@ -105,7 +129,7 @@ def _full(normed: NormalizedStats | None, mask: Tensor, generator: torch.Generat
     return None
 
 
-@register_selector("random", needs_stats=False)
+@register_selector("random", needs_stats=False, label=budget_label("random"))
 def _random(normed: NormalizedStats | None, mask: Tensor, generator: torch.Generator | None) -> Tensor:
     """Uniform random scores (the random baseline; seeded from the run seed)."""
     if generator is None:
@@ -114,7 +138,9 @@ def _random(normed: NormalizedStats | None, mask: Tensor, generator: torch.Gener
 
 
 def _signal(name: str, fn: Callable[[NormalizedStats], Tensor]) -> None:
-    register_selector(name, options=SignalOptions)(lambda normed, mask, generator: fn(normed))
+    register_selector(name, options=SignalOptions, label=budget_label("TA-OPD" if name == "ta_opd" else name))(
+        lambda normed, mask, generator: fn(normed)
+    )
 
 
 # entropy: H̃;  divergence: D̃;  tip: H̃ + D̃ − H̃·D̃;  compat: C̃;  ta_opd: s = D̃·C̃;  ta_opd_ent: soft-OR(H̃, s).

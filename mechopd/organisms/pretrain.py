@@ -15,7 +15,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from mechopd.config.sections import RunOptions
 from mechopd.core.errors import ConfigError, TrainingError
-from mechopd.core.options import check_seed, option
+from mechopd.core.options import GE1, GT0, SEED_RANGE, Facts, Range, check_fields, check_value, field_facts, option
 from mechopd.core.runlock import hold
 from mechopd.core.views import RenderSpec, render_prompt_ids_batch
 from mechopd.models import atomic_save
@@ -38,52 +38,56 @@ MARKER = "organism.json"
 CORPUS_VERSION: dict[str, int] = {"rules": 1, "frozenlake": 3, "sokoban": 3}
 
 
+ARCHS = ("qwen3", "llama")  # the decoder architectures an organism is built as (`model_config`)
+
+
 @dataclass
 class OrganismConfig:
-    """A model organism: architecture size and pretraining schedule (defaults: the organisms of docs/organisms.md)."""
+    """A model organism: architecture size and pretraining schedule (defaults: the organisms of docs/organisms.md).
+    Every field is an `option` (help, range, choices declared once): `mechopd pretrain`'s flags, docs/config.md's
+    organism table and the checks in ``__post_init__`` read them."""
 
-    task: str = RunOptions.task
-    arch: str = "qwen3"  # qwen3 | llama
-    hidden_size: int = 96
-    num_layers: int = 3
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 192
-    max_position_embeddings: int = 512
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup: int = 50
-    corpus_size: int = 40000
-    seed: int = option(0, help="seed of the initialisation, the corpus and the batches")
-    task_options: dict[str, Any] = field(default_factory=dict)
+    task: str = option(RunOptions.task, help="organism task", choices=ORGANISM_TASKS, metavar="TASK")
+    arch: str = option("qwen3", help="decoder architecture", choices=ARCHS, metavar="ARCH")
+    hidden_size: int = option(96, help="hidden size of the decoder", range=GE1)
+    num_layers: int = option(
+        3,
+        help="decoder layers (e.g. 8 for layer studies; cached as runs/organisms/<task>-L<n>)",
+        range=Range(1, 48),
+        flag="--layers",
+        metavar="INT",
+    )
+    num_heads: int = option(
+        4,
+        help="attention heads (head_dim = hidden_size / num_heads; 3 heads of 96 give 32, a size vLLM's CPU attention accepts)",
+        range=GE1,
+        metavar="INT",
+    )
+    num_kv_heads: int = option(2, help="key/value heads (must divide --num-heads)", range=GE1, metavar="INT")
+    intermediate_size: int = option(192, help="MLP intermediate size", range=GE1)
+    max_position_embeddings: int = option(512, help="longest sequence the organism takes, in tokens", range=GE1)
+    steps: int = option(
+        600,
+        help="pretraining steps (a task's measured schedule may set its own: TASK_DEFAULTS)",
+        range=GE1,
+        metavar="INT",
+    )
+    batch_size: int = option(64, help="corpus samples per pretraining step", range=GE1)
+    lr: float = option(3e-3, help="peak learning rate (AdamW; warm-up, then cosine to 0)", range=GT0)
+    warmup: int = option(50, help="warm-up steps of the learning rate", range=GE1)
+    corpus_size: int = option(40000, help="pretraining corpus samples (the task's `pretrain_corpus`)", range=GE1)
+    seed: int = option(
+        0,
+        help="seed of the initialisation, the corpus, the batches and the held-out check",
+        range=SEED_RANGE,
+        metavar="INT",
+    )
+    task_options: dict[str, Any] = option(default_factory=dict, help="the task's options (`get_task(task, **...)`)")
 
     def __post_init__(self) -> None:
-        if self.task not in ORGANISM_TASKS:
-            raise ConfigError(f"unknown organism task {self.task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
-        if self.arch not in ("qwen3", "llama"):
-            raise ConfigError(f"organism arch {self.arch!r} is not supported; use qwen3 or llama")
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):  # checked before the divisibility below divides by them
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                flag = f" (pretrain --{name.replace('_', '-')})" if name in ("num_heads", "num_kv_heads") else ""
-                raise ConfigError(f"organism {name}={value!r} is invalid: must be an integer >= 1{flag}")
-        check_seed(self.seed, "organism seed")
+        check_fields(self)  # every range and choice, one line naming the field (checked before the divisions below)
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ConfigError("organism: hidden_size must divide by num_heads and num_heads by num_kv_heads")
-        for name in ("steps", "batch_size", "corpus_size", "warmup"):  # the schedule divides by each of them
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ConfigError(
-                    f"organism {name}={getattr(self, name)!r} is invalid: must be an integer >= 1"
-                    + (" (e.g. pretrain --steps 100)" if name == "steps" else "")
-                )
 
     def key(self) -> str:
         """Cache key: the config plus the organism vocabulary and corpus format (a changed task text retrains)."""
@@ -258,22 +262,25 @@ def default_config(
     task: str,
     *,
     seed: int = OrganismConfig.seed,
-    arch: str = "qwen3",
+    arch: str = OrganismConfig.arch,
     steps: int | None = None,
     layers: int | None = None,
 ) -> OrganismConfig:
     """The organism for `task` with its defaults (`TASK_DEFAULTS`); `steps` overrides the schedule length, `layers` the depth
-    (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys)."""
-    if task not in ORGANISM_TASKS:
-        raise ConfigError(f"unknown organism task {task!r}; choose one of {', '.join(ORGANISM_TASKS)}")
+    (e.g. 8 for the "which layers, which modules" probes; the default organisms keep 3 layers and their cache keys).
+    Every value is checked by `OrganismConfig`'s declarations (the task first: its defaults are looked up by it)."""
+    check_value(organism_facts()["task"], task)
     kw = dict(TASK_DEFAULTS[task], task=task, seed=seed, arch=arch)
     if steps is not None:
         kw["steps"] = steps
     if layers is not None:
-        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 48:
-            raise ConfigError(f"organism: layers={layers!r}; pass an integer in 1..48 (default organisms: 3)")
         kw["num_layers"] = layers
     return OrganismConfig(**kw)
+
+
+def organism_facts() -> dict[str, Facts]:
+    """`OrganismConfig`'s declared fields by name (`mechopd pretrain`'s flags, the docs table)."""
+    return {f.name: f for f in field_facts(OrganismConfig)}
 
 
 def organism_dir_name(task: str, layers: int | None = None) -> str:

@@ -33,14 +33,28 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import (
+    GE0,
+    GE1,
+    GT0,
+    SEED_RANGE,
+    Range,
+    check_fields,
+    check_value,
+    field_facts,
+    option,
+    option_of,
+)
+from mechopd.organisms.pretrain import ORGANISM_TASKS
 from mechopd.organisms.recipes import ORGANISM_RECIPES
+from mechopd.pipeline.pool import PoolOptions
 from mechopd.pipeline.run import SeedRun, finish_seed, train_runs, write_manifest
 from mechopd.pipeline.spec import StudySpec, builtin_study
 from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
@@ -60,7 +74,7 @@ __all__ = [
 ]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
-NCA_GATE_WINDOW = 5  # steps averaged by the gate (TrainConfig's default)
+NCA_GATE_WINDOW = TrainConfig.nca_gate_window  # steps averaged by the gate
 GRAD_STATS_EVERY = 10
 FAST_FILE = Path(__file__).parent.parent / "data" / "demo_fast.yaml"  # what `--fast` sets over the built-in study
 # The policy (schedule, runs, seeds, which probes run on the first seed only) is the task's built-in study,
@@ -93,68 +107,101 @@ def fast_values() -> dict[str, Any]:
     from mechopd.config import load_yaml
 
     doc = load_yaml(FAST_FILE)
-    known = [f.name for f in fields(DemoConfig) if f.name not in ("task", "out", "fast")]
+    known = {f.name: f for f in field_facts(DemoConfig) if f.name not in ("task", "out", "fast")}
     for key, value in doc.items():
         if key not in known:
             raise ConfigError(f"{FAST_FILE}: {key!r} is no DemoConfig field; use {', '.join(known)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{FAST_FILE}: {key}={value!r} must be a number >= 0")
+        check_value(known[key], value, subject=f"{FAST_FILE}: {key}={value!r}")  # the field's declared range
     return dict(doc)
 
 
 @dataclass
 class DemoConfig:
-    """The demo's knobs; `fast` shrinks everything for the test suite (a smaller organism, `fast_values`)."""
+    """The demo's knobs; `fast` shrinks everything for the test suite (a smaller organism, `fast_values`). Every field
+    is an `option` (help, range, choices declared once): `mechopd demo`'s flags (`DEMO_FLAGS`), docs/config.md's demo
+    table and the checks in ``__post_init__`` read them. A None field takes the task's built-in study's value."""
 
-    task: str = TrainConfig.task  # the defaults that are training options: read from their declarations
-    out: str = "runs/demo"
-    fast: bool = False
-    sweep: bool = False
-    full_stages: bool = True  # False: a seed k >= 1 of a study (no figures, no first_seed_only probes)
-    seed: int = TrainConfig.seed
-    seeds: int | None = None  # None: the built-in study's seeds (with --fast: 1)
-    workers: int | None = None  # worker processes (None: torch.get_num_threads(); pipeline/pool.py)
-    job_threads: int = 1  # intra-op threads per job (demo_pool.JOB_THREADS; part of the numbers' identity)
-    organism_seed: int = 0
-    layers: int | None = None  # decoder layers of the organism (None: 3; e.g. 8 for the "which layers" claims)
-    steps: int | None = None  # None: the task's built-in study's (as for the five below, `task_defaults`)
-    batch_size: int | None = None
-    lr: float | None = None
-    lr_schedule: str | None = None
-    eval_every: int | None = None
-    eval_n: int | None = None
-    probe_n: int | None = None
-    nca_gate: float = NCA_GATE
-    nca_gate_window: int = NCA_GATE_WINDOW
-    nca_start: int | None = None  # NCA's anchor from this step (None: the KL gate above); rules: 30
-    ta_opd_k: int | None = None  # TA-OPD's support K (None: the paper's 16); rules: 2
-    follow_contexts: list[str] | None = (
-        TrainConfig.follow_contexts
-    )  # the follow term's contexts (None: every other one); the rest held out
-    grad_stats_every: int = GRAD_STATS_EVERY
-    organism_dir: str = TrainConfig.organism_dir
-    task_options: dict[str, Any] | None = None  # None: the built-in study's (the distilled context)
-    train_overrides: dict[str, Any] = field(default_factory=dict)
+    task: str = option(
+        TrainConfig.task, help="the organism task whose built-in study runs", choices=ORGANISM_TASKS, metavar="TASK"
+    )
+    out: str = option("runs/demo", help="demo directory", metavar="DIR")
+    fast: bool = option(
+        False, help="tiny organism and a few steps (for tests; <= 2 min); with --study: one seed, a few steps"
+    )
+    sweep: bool = option(False, help="also the TA-OPD budget sweep (figure 8)")
+    full_stages: bool = option(True, help="false: a seed k >= 1 of a study (no figures, no first_seed_only probes)")
+    seed: int = option(
+        TrainConfig.seed,
+        help="one training seed (a one-seed demo; the organism uses organism_seed)",
+        range=SEED_RANGE,
+        metavar="INT",
+    )
+    seeds: int | None = option(
+        None,
+        help="N training seeds 0..N-1 into OUT/seed-k, then aggregated (95% intervals made for few seeds: "
+        "Student-t over the seeds' values, each seed's item noise as a floor, docs/method.md §8; "
+        "default: the built-in study's seeds, 1 for --fast or a chosen --seed)",
+        range=GE1,
+        metavar="N",
+    )
+    workers: int | None = option_of(PoolOptions, "workers")
+    job_threads: int = option_of(PoolOptions, "job_threads")
+    organism_seed: int = option(0, help="seed of the organism's pretraining", range=SEED_RANGE)
+    layers: int | None = option(
+        None,
+        help="decoder layers of the organism (default: the organism's; e.g. 8 for the shallow-vs-deep claim; "
+        "pretrained once into runs/organisms/<task>-L<n>)",
+        range=Range(1, 48),
+        metavar="INT",
+    )
+    steps: int | None = option(
+        None, help="training steps per method (default: the task's built-in study's)", range=GE1, metavar="INT"
+    )
+    batch_size: int | None = option(
+        None, help="prompts (games) per step (default: the task's built-in study's)", range=GE1, metavar="INT"
+    )
+    lr: float | None = option(None, help="learning rate (default: the built-in study's)", range=GT0)
+    lr_schedule: str | None = option(None, help="learning-rate schedule (default: the built-in study's)")
+    eval_every: int | None = option(None, help="steps between evaluations (default: the built-in study's)", range=GE0)
+    eval_n: int | None = option(None, help="held-out evaluation items (default: the built-in study's)", range=GE1)
+    probe_n: int | None = option(None, help="probe items (default: the built-in study's)", range=GE1)
+    nca_gate: float = option(NCA_GATE, help="NCA's anchor gate, nats per token (the sokoban recipe's)", range=GE0)
+    nca_gate_window: int = option(NCA_GATE_WINDOW, help="steps averaged by the anchor gate", range=GE1)
+    nca_start: int | None = option(
+        None, help="NCA's anchor from this step (default: the built-in study's; none: the KL gate)", range=GE0
+    )
+    ta_opd_k: int | None = option(
+        None, help="TA-OPD's support K (default: the built-in study's, else the selector's)", range=GE1
+    )
+    follow_contexts: list[str] | None = option(
+        TrainConfig.follow_contexts, help="the follow term's contexts (none: every other one); the rest held out"
+    )
+    grad_stats_every: int = option(GRAD_STATS_EVERY, help="steps between gradient statistics", range=GE1)
+    organism_dir: str = option(TrainConfig.organism_dir, help="where the organisms are cached")
+    task_options: dict[str, Any] | None = option(
+        None, help="the task's options (default: the built-in study's, its distilled context)"
+    )
+    train_overrides: dict[str, Any] = option(default_factory=dict, help="training keys set on every run")
 
     def __post_init__(self) -> None:
-        from mechopd.organisms.pretrain import ORGANISM_TASKS
-
-        if self.task not in ORGANISM_TASKS:
-            raise ConfigError(f"demo --task {self.task!r}: choose one of {', '.join(ORGANISM_TASKS)}")
+        check_fields(self)  # every range and choice, one line naming the field (the CLI names the flag first)
+        if self.layers is not None and self.fast:
+            raise ConfigError(
+                f"demo --layers {self.layers!r}: drop it with --fast (whose organism has its own 2 layers)"
+            )
         if self.seeds is None:  # a chosen training seed means one seed run
             self.seeds = 1 if (self.fast or self.seed != 0) else default_seeds(self.task)
-        if isinstance(self.seeds, int) and self.seeds > 1 and self.seed != 0:
+        if self.seeds > 1 and self.seed != 0:
             raise ConfigError(
                 f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
                 "--seed, or pass --seeds 1 for that one seed"
             )
         from mechopd.pipeline.pool import default_workers, workers_why
 
-        passed, per_job = self.workers is not None, self.job_threads if isinstance(self.job_threads, int) else 1
+        passed = self.workers is not None
         if self.workers is None:
-            self.workers = default_workers(per_job)
-        self.workers_why = workers_why(self.workers, per_job, passed) if isinstance(self.workers, int) else ""
-        self._check_counts()
+            self.workers = default_workers(self.job_threads)
+        self.workers_why = workers_why(self.workers, self.job_threads, passed)
         given = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is not None}
         for key, value in task_defaults(self.task).items():
             if getattr(self, key) is None:
@@ -163,29 +210,6 @@ class DemoConfig:
             for key, value in fast_values().items():
                 if key not in given and not (key == "nca_start" and self.nca_start is None):
                     setattr(self, key, value)
-
-    def _check_counts(self) -> None:
-        for key, what in (
-            ("workers", "omit it for one per thread"),
-            ("job_threads", "default 1"),
-            ("seeds", "training seeds 0..N-1"),
-        ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"demo --{key.replace('_', '-')} {value!r}: must be an integer >= 1 ({what})")
-        if self.layers is not None and (
-            self.fast or isinstance(self.layers, bool) or not isinstance(self.layers, int) or not 1 <= self.layers <= 48
-        ):
-            raise ConfigError(
-                f"demo --layers {self.layers!r}: pass an integer in 1..48, without --fast (whose "
-                "organism has its own 2 layers)"
-            )
-        for key in ("steps", "batch_size"):  # honoured as given, --fast or not
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(
-                    f"demo --{key.replace('_', '-')} {value!r}: pass an integer >= 1 (omit it for the recipe's)"
-                )
 
     def count(self, key: str) -> int:
         """A count `__post_init__` resolved (``steps``, ``seeds``, ``workers``): an integer from there on."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import ConfigError
+from mechopd.pipeline.demo import DemoConfig
 from mechopd.pipeline.spec import STUDIES_DIR, StudySpec
 
 _FAST_TRAIN = ("steps", "batch_size", "eval_every", "eval_n")
@@ -53,7 +54,9 @@ def study_fast_values(name: str) -> dict[str, Any]:
     return dict(doc)
 
 
-def shrink(spec: StudySpec, fast: bool, steps: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+def shrink(
+    spec: StudySpec, fast: bool, steps: int | None = DemoConfig.steps, batch_size: int | None = DemoConfig.batch_size
+) -> dict[str, Any]:
     """The study as a mapping, shrunk by ``--fast`` (module docstring) and by the caller's ``steps`` / ``batch_size``."""
     from mechopd.pipeline.demo import fast_values
 
@@ -98,10 +101,10 @@ def _fast_run(run: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
 def run_named_study(
     name: str,
     out: str | Path | None = None,
-    fast: bool = False,
-    workers: int | None = None,
-    steps: int | None = None,
-    batch_size: int | None = None,
+    fast: bool = DemoConfig.fast,
+    workers: int | None = DemoConfig.workers,
+    steps: int | None = DemoConfig.steps,
+    batch_size: int | None = DemoConfig.batch_size,
 ) -> Path:
     """Run the built-in study `name` (``--fast``: its smoke run) into `out` (default ``runs/NAME``, ``-fast`` added
     with ``fast``); returns the report path."""

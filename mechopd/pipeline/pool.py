@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import TrainingError
+from mechopd.core.options import GE1, option
 from mechopd.pipeline.logline import say
 
 JOB_THREADS = 1  # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
@@ -102,6 +103,26 @@ def job_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How a study's jobs run on worker processes: declared once here (`mechopd run`'s and `mechopd demo`'s flags,
+    `DemoConfig`'s fields, `run.run_study`'s defaults)."""
+
+    workers: int | None = option(
+        None,
+        help="worker processes, each job on its own threads "
+        "(default: the intra-op thread count, `default_workers`; the numbers do not depend on it)",
+        range=GE1,
+        metavar="N",
+    )
+    job_threads: int = option(
+        JOB_THREADS,
+        help="intra-op threads per job (another count changes the float order, hence the numbers: a robustness check)",
+        range=GE1,
+        metavar="N",
+    )
 
 
 def default_workers(job_threads: int = JOB_THREADS) -> int:

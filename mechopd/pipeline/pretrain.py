@@ -20,35 +20,32 @@ ACCURACY_FILE = "accuracy.json"
 
 
 def pretrain_organism(
-    task: str,
-    out: str | Path | None = None,
-    *,
-    seed: int = OrganismConfig.seed,
-    arch: str = "qwen3",
-    steps: int | None = None,
-    n: int = EvalConfig.n,
-    layers: int | None = None,
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    progress: bool = True,
+    task: str, out: str | Path | None = None, *, n: int = EvalConfig.n, progress: bool = True, **organism: Any
 ) -> tuple[Path, dict[str, Any]]:
     """Pretrain (or reuse: same config) the ``task`` organism into ``out`` (default runs/organisms/<task>[-L<n>]),
-    evaluate it on ``n`` held-out items (seed ``seed``) and write ``accuracy.json``; returns (its path, the accuracy)."""
+    evaluate it on ``n`` held-out items and write ``accuracy.json``; returns (its path, the accuracy). ``organism``:
+    `OrganismConfig` fields over the task's defaults (`default_config`): ``steps``, ``layers`` (= ``num_layers``),
+    ``seed`` (also the held-out check's), ``arch``, ``num_heads``, ..."""
     from mechopd.core.artifacts import write_json
     from mechopd.core.checks import check_out_dir
+    from mechopd.core.errors import ConfigError
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
     from mechopd.models import load_model, load_tokenizer
     from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
     from mechopd.tasks.base import get_task
 
-    ecfg = EvalConfig(n=n, seed=seed, n_boot=0)  # every setting validated before any work
-    cfg = default_config(task, seed=seed, arch=arch, steps=steps, layers=layers)
-    target = check_out_dir(out or f"runs/organisms/{organism_dir_name(task, layers)}")
-    heads: dict[str, Any] = {
-        k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)) if v is not None
-    }
-    if heads:
-        cfg = dataclasses.replace(cfg, **heads)
+    if "num_layers" in organism:
+        organism["layers"] = organism.pop("num_layers")
+    ecfg = EvalConfig(n=n, seed=organism.get("seed", OrganismConfig.seed), n_boot=0)  # all checked before any work
+    cfg = default_config(task, **{k: organism.pop(k) for k in ("seed", "arch", "steps", "layers") if k in organism})
+    known = {f.name for f in dataclasses.fields(OrganismConfig)} - {"task", "num_layers"}
+    if set(organism) - known:
+        raise ConfigError(
+            f"pretrain_organism: unknown organism field(s) {', '.join(sorted(set(organism) - known))}; "
+            f"use {', '.join(sorted({*known, 'layers'}))}"
+        )
+    cfg = dataclasses.replace(cfg, **organism)
+    target = check_out_dir(out or f"runs/organisms/{organism_dir_name(task, cfg.num_layers)}")
     path = Path(pretrain(cfg, target, progress=progress))
     rep = evaluate_model(load_model(path), load_tokenizer(path), get_task(task, **cfg.task_options), ecfg)
     s = rep["summary"]

@@ -43,6 +43,7 @@ import yaml
 
 from mechopd.core.artifacts import write_json, write_text
 from mechopd.core.errors import ConfigError
+from mechopd.pipeline.pool import PoolOptions
 from mechopd.pipeline.reuse import Stale, clear_stale
 from mechopd.pipeline.spec import CHECKPOINT, StudySpec, default_out
 from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
@@ -64,7 +65,7 @@ class SeedRun:
     seed: int
     student: str  # the resolved base checkpoint (a local dir, or a hub id)
     study_out: str = ""  # the study's OUT (the seed run's parent with several seeds)
-    job_threads: int = 1
+    job_threads: int = PoolOptions.job_threads
     all_probes: bool = False  # every registered probe with a demo entry (the demo's), not only the study's listed ones
     first_seed: bool = True  # runs the study's first_seed_only probes (a study's first seed, the demo's seed 0)
     figures: bool = True  # draws the figures (a study: on every seed; the demo: on its first seed only)
@@ -330,7 +331,9 @@ def is_done(spec: StudySpec, out: Path) -> bool:
 
 
 def run_study(
-    study: str | os.PathLike | Mapping[str, Any], out: str | os.PathLike | None = None, workers: int | None = None
+    study: str | os.PathLike | Mapping[str, Any],
+    out: str | os.PathLike | None = None,
+    workers: int | None = PoolOptions.workers,
 ) -> Path:
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""

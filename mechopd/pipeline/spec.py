@@ -51,6 +51,7 @@ from typing import Any
 
 from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
 from mechopd.evaluation.config import EvalConfig
 
 RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
@@ -74,7 +75,7 @@ class StudySpec:
     train: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     probes: dict[str, Any] = field(default_factory=dict)
-    probe_n: int | None = None
+    probe_n: int | None = option(None, help="items of every probe unless its entry sets n (null: each probe's own)")
     first_seed_only: list[str] = field(default_factory=list)
     source: str = field(default="study", repr=False, compare=False)  # the file it came from (error messages)
 

@@ -11,9 +11,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from mechopd.config import TrainConfig
+from mechopd.config.sections import LoraOptions
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.core.errors import DataError
+from mechopd.models.lora import adapter_label
+from mechopd.objectives.labels import RunSettings, plugin_label
 from mechopd.pipeline.logline import say
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
@@ -23,24 +25,12 @@ def _log(msg: str) -> None:
 
 
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
-    """The display name of a demo run, with its anchor schedule or its budget and MEASURED kept fraction; a LoRA
-    student (``lora_rank`` > 0) says so with its rank."""
-    lora = over.get("lora_rank", TrainConfig.lora_rank)
-    label = _method_text(name, over, kept)
-    return f"{label}, LoRA r={lora}" if lora else label
-
-
-def _method_text(name: str, over: dict[str, Any], kept: float | None) -> str:
-    if over.get("method") == "nca":
-        start, gate = over.get("nca_start", TrainConfig.nca_start), over.get("nca_gate")
-        when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
-        follow = f" + follow (w={over['follow_weight']:g})" if over.get("follow_weight") else ""
-        return f"NCA (β={over.get('beta', TrainConfig.beta):g}, {when}){follow}"
-    if over.get("selector", TrainConfig.selector) != "full":
-        kept_text = "n/a" if kept is None else f"{kept:.2f}"
-        k = f", K={over['k']}" if over.get("k") is not None else ""
-        return f"TA-OPD (ρ={over.get('budget', TrainConfig.budget):.2f}{k}, kept {kept_text})"
-    return "OPD" if name == "opd" else name
+    """The display name of a run: what its plug-ins say of themselves (`objectives.labels`: the method's anchor
+    term with its schedule, else its selector with its budget and MEASURED kept fraction; then every added term
+    switched on), else ``OPD`` / the run's name; a LoRA student says so with its rank (`models.lora.adapter_label`)."""
+    run = RunSettings(over, kept)
+    head, tail = plugin_label(run)
+    return (head or ("OPD" if name == "opd" else name)) + tail + adapter_label(run.section(LoraOptions))
 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:

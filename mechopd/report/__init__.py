@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.config import TrainConfig
+from mechopd.config.terms import NCAOptions, SelectionOptions
 from mechopd.core.artifacts import read_json
 from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
+from mechopd.objectives.labels import RunSettings
 from mechopd.plots import figure_index
 from mechopd.probes.registry import report_lines
 from mechopd.report.claims import claims_markdown, evaluate_claims, findings, fragile_claims, target_line
@@ -178,19 +180,19 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     nca = runs[0].run("nca")
     if nca is None:
         return ""
-    over, label = nca.settings, nca.label
-    if over.get("nca_gate") is not None:
+    anchor, label = RunSettings(nca.settings or {}).section(NCAOptions), nca.label  # the anchor's typed options
+    if anchor.nca_gate is not None:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
         return (
-            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {over.get('nca_gate_window', TrainConfig.nca_gate_window)} steps "
-            f"is at most {over['nca_gate']:g} nats per token (the anchor gate; it opened after step "
+            f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {anchor.nca_gate_window} steps "
+            f"is at most {anchor.nca_gate:g} nats per token (the anchor gate; it opened after step "
             f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
             "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it"
         )
-    if over.get("nca_start"):
+    if anchor.nca_start:
         return (
-            f"; in {label} β = 0 for the first {over['nca_start']} steps, so OPD moves the no-context view "
+            f"; in {label} β = 0 for the first {anchor.nca_start} steps, so OPD moves the no-context view "
             "before the anchor pulls the context view toward it"
         )
     return ""
@@ -199,12 +201,12 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
 def _kept_lines(study: Study) -> list[str]:
     out = []
     for run in study:
-        over = run.settings
-        if over and over.get("selector", TrainConfig.selector) != "full":
+        sel = RunSettings(run.settings).section(SelectionOptions) if run.settings else None  # typed, as declared
+        if sel is not None and sel.selector != "full":
             out.append(
-                f"- **{run.label}**: budget ρ = {over.get('budget')}, the share of response "
+                f"- **{run.label}**: budget ρ = {sel.budget}, the share of response "
                 "positions it actually trained on is the kept fraction (mean of `kept_fraction` over its "
-                f"steps); extra token per response: {'yes' if over.get('min_one_per_response') else 'no'} "
+                f"steps); extra token per response: {'yes' if sel.min_one_per_response else 'no'} "
                 "(the paper's rule: none)."
             )
     return out

@@ -32,7 +32,7 @@ def _err(capsys, argv):
         (["train", "missing.yaml"], "config file missing.yaml does not exist"),
         (["eval", "--task", "rules", "--model", "/nonexistent/dir"], "does not exist"),
         (["eval", "--task", "nosuch", "--model", "x"], "unknown task"),
-        (["pretrain", "--task", "chess"], "unknown organism task 'chess'"),
+        (["pretrain", "--task", "chess"], "task='chess' is unknown"),
         (["probe", "gradients", "--model", "/nope", "--task", "rules", "--terms", "opd"], "must name two terms"),
         (["figures", "/nonexistent/run"], "does not exist"),
         (["eval", "--task", "rules", "--compare", "a=x", "b=y", "--out", "cmp.json"], "--compare writes a directory"),

@@ -22,12 +22,48 @@ Python callers pass the same fields to `EvalConfig`.
 """
 
 
+ORGANISM_HEAD = """
+# Organism options
+
+An embedded model organism's fields, generated from `mechopd.organisms.pretrain.OrganismConfig`; `mechopd pretrain`
+takes {flags} (and the held-out check's `--n`), Python callers any field (`pretrain_organism(task, **fields)`).
+"""
+DEMO_HEAD = """
+# Demo options
+
+The demo's fields, generated from `mechopd.pipeline.demo.DemoConfig` (a null field takes the task's built-in study's
+value); `mechopd demo` takes {flags}, Python callers any field (`DemoConfig(...)`).
+"""
+
+
+def _flags(facts, names) -> str:
+    return ", ".join(f"`{f.flag}`" for f in facts if f.name in names)
+
+
 def render() -> str:
+    from mechopd.cli.study_cmd import DEMO_FLAGS
+    from mechopd.cli.train_cmd import PRETRAIN_FIELDS
     from mechopd.config import TrainConfig
     from mechopd.core.options import docs_table, field_facts
     from mechopd.evaluation.config import EVAL_FACTS
+    from mechopd.organisms.pretrain import OrganismConfig
+    from mechopd.pipeline.demo import DemoConfig
 
-    return HEAD + "\n" + docs_table(field_facts(TrainConfig)) + EVAL_HEAD + "\n" + docs_table(EVAL_FACTS)
+    organism, demo = field_facts(OrganismConfig), field_facts(DemoConfig)
+    return (
+        HEAD
+        + "\n"
+        + docs_table(field_facts(TrainConfig))
+        + EVAL_HEAD
+        + "\n"
+        + docs_table(EVAL_FACTS)
+        + ORGANISM_HEAD.format(flags=_flags(organism, PRETRAIN_FIELDS))
+        + "\n"
+        + docs_table(organism, typed=True, sections=False)
+        + DEMO_HEAD.format(flags=_flags(demo, DEMO_FLAGS))
+        + "\n"
+        + docs_table(demo, typed=True, sections=False)
+    )
 
 
 def test_config_docs_are_up_to_date():
@@ -43,6 +79,20 @@ def test_every_key_is_documented_with_its_help_range_and_choices():
         assert f"| `{f.name}` `" in text and f.help.split()[0] in text
     assert "| `beta` `--beta` | float | `0.5` | >= 0 |" in text and "all \\| selected" in text
     assert "| `n_boot` `--n-boot` | int | `1000` | >= 0 |" in text and "lean \\| hf \\| vllm" in text
+
+
+def test_the_organism_and_demo_fields_are_documented_with_their_flags():
+    """pretrain's and demo's flags are generated from OrganismConfig / DemoConfig: the docs name them the same way."""
+    from mechopd.core.options import field_facts
+    from mechopd.organisms.pretrain import OrganismConfig
+    from mechopd.pipeline.demo import DemoConfig
+
+    text = render()
+    for f in field_facts(OrganismConfig) + field_facts(DemoConfig):
+        assert f"| `{f.name}` `" in text
+    assert "| `num_layers` `--layers` | int | `3` | >= 1 and <= 48 |" in text
+    assert "| `steps` `--steps` | int or null | `None` | >= 1 |" in text  # the demo's: null = the study's
+    assert "`mechopd pretrain`\ntakes `--task`, `--arch`, `--layers`" in text
 
 
 if __name__ == "__main__":

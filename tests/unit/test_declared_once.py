@@ -86,8 +86,6 @@ OTHER_MEANING = {
     ("mechopd/tasks/facts.py", "k"): "facts per handbook, not TA-OPD's support size K",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
-    ("mechopd/pipeline/demo.py", "layers"): "the organism's decoder layers (DemoConfig), not a probe's --layers",
-    ("mechopd/pipeline/pretrain.py", "layers"): "the organism's decoder layers, not a probe's --layers",
     ("mechopd/pipeline/run.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
     ("mechopd/pipeline/spec.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
 }
