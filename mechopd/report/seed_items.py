@@ -221,7 +221,7 @@ def other_diff_stat(
         return ma, mb
 
     whole = scale_b == 1.0  # a difference of two 0/1 outcomes per unit and context: exact when no unit differs
-    return {
+    st = {
         **hier_bootstrap(
             [pair(r) for r in runs],
             lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1]),
@@ -231,6 +231,17 @@ def other_diff_stat(
         ),
         "of": len(runs),
     }
+    if st.get("degenerate"):  # both at a bound on every unit (OPD follows 0 of N, the base N of N): each exact bound
+        sa, sb = other_stat(runs, a, field, labels), other_stat(runs, b, field, labels)
+        if sa.get("exact") and sb.get("exact"):
+            st.pop("degenerate")
+            st.update(
+                low=sa["low"] - scale_b * sb["high"],
+                high=sa["high"] - scale_b * sb["low"],
+                exact=f"{sa['exact']} against {sb['exact']}",
+            )
+            exact_se(st, CI)
+    return st
 
 
 # ---------------------------------------------------------------------------------------- probes' per-item tables

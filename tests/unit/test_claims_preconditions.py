@@ -149,3 +149,12 @@ def test_an_nca_whose_contexts_change_no_reply_is_deaf(tmp_path: Path) -> None:
             assert row.verdict == pre.NA_COLLAPSED and "changes NCA's reply on 0 items" in row.measured, row
         else:
             assert row.verdict == claims.HOLDS, row
+
+
+def test_a_student_that_follows_nothing_the_base_follows_does_not_keep_following(tmp_path: Path) -> None:
+    """OPD follows 0 of N other-context items, the base N of N: OPD − 0.5 × base is −0.5 on every item, a constant
+    at both exact bounds, not a statistic without informative units; the row says "does not hold" on the exact
+    bounds (it said "not measurable (design: … no item varies the statistic)")."""
+    case = {"follow": {"opd": (0.0, 0.0), "nca": (0.0, 0.0)}, "stick": {"opd": 0.9, "nca": 0.9}}
+    row = _rows(tmp_path, case, only={"keeps_following"})["keeps_following"]
+    assert row.verdict == claims.FAILS and "0 of" in row.measured, row
