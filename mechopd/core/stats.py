@@ -305,7 +305,7 @@ def hier_bootstrap(
         return out
     kept = [a for a, good in zip(have, ok) if good]
     kept_cl = [c for c, good in zip(have_cl, ok) if good]
-    if trials is not None and bounds is not None and _boundary(out, raw[ok], kept, trials, bounds, ci):
+    if trials is not None and bounds is not None and _boundary(out, raw[ok], kept, trials, bounds, ci, kept_cl):
         return out
     rng = np.random.default_rng(seed)
     reps = [_to_array(_item_replicates(a, fn, n_boot, rng, c), scale) for a, c in zip(kept, kept_cl)]
@@ -338,7 +338,7 @@ def hier_bootstrap(
     low, high = min(ends), max(ends)
     low, high = (max(low, bounds[0]), min(high, bounds[1])) if bounds is not None else (low, high)
     if high - low <= ZERO_WIDTH * max(1.0, abs(out["mean"])) and trials is not None and bounds == (-1.0, 1.0):
-        units = int(round(sum(float(trials(tuple(x[None, :] for x in a))[0]) for a in kept)))
+        units = _units(kept, trials, kept_cl)
         if units >= 1 and abs(out["mean"]) <= ZERO_WIDTH:  # every item concordant: |d| ≤ the discordant share
             u = exact_bound(0, units, ci)[1]
             out.update(low=-u, high=u, exact=f"0 of {units} items differ")
@@ -358,13 +358,14 @@ def _boundary(
     trials: ItemFn,
     bounds: tuple[float, float],
     ci: float,
+    clusters: Sequence[np.ndarray | None] | None = None,
 ) -> bool:
-    """A proportion at the same bound (0 or 1) in every seed: the exact bound on the pooled informative units, set in
-    ``out`` (True); no unit at all: degenerate (True); else False (the t-interval applies)."""
+    """A proportion at the same bound (0 or 1) in every seed: the exact bound on the pooled informative units
+    (`_units`), set in ``out`` (True); no unit at all: degenerate (True); else False (the t-interval applies)."""
     at = [b for b in bounds if np.all(np.abs(values - b) <= ZERO_WIDTH)]
     if not at:
         return False
-    units = int(round(sum(float(trials(tuple(x[None, :] for x in a))[0]) for a in seeds)))
+    units = _units(seeds, trials, clusters)
     if units < 1:
         out["degenerate"] = "no informative unit in any seed"
         return True
@@ -374,6 +375,20 @@ def _boundary(
     out["exact"] = f"{events} of {units}"
     exact_se(out, ci)
     return True
+
+
+def _units(
+    seeds: Sequence[tuple[np.ndarray, ...]], trials: ItemFn, clusters: Sequence[np.ndarray | None] | None = None
+) -> int:
+    """The informative units an exact bound counts, pooled over seeds. With a seed's items in C clusters of its n
+    items, its u informative items count as ceil(u · C / n) units: paraphrases of one fact are one unit (the
+    effective sample size when a fact's paraphrases agree), so "0 of N" is not N paraphrases of a few facts."""
+    total = 0.0
+    for k, a in enumerate(seeds):
+        u = float(trials(tuple(x[None, :] for x in a))[0])
+        c = None if clusters is None else clusters[k]
+        total += u if c is None else math.ceil(round(u * len(np.unique(c)) / len(a[0]), 9))
+    return int(round(total))
 
 
 def exact_se(out: dict[str, Any], ci: float) -> None:

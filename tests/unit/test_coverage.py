@@ -118,3 +118,14 @@ def test_one_seed_of_few_facts_covers_only_when_its_facts_are_resampled() -> Non
     cell = {c.name: c for c in DESIGN_CELLS}["fact clusters 6 × 8, tau 1.5, 1 seed"]
     r = cell_coverage(cell, 120, np.random.default_rng(3))
     assert r["coverage_items"] < 0.85 and r["coverage"] >= 0.9, r
+
+
+def test_an_exact_bound_counts_a_facts_paraphrases_as_one_unit() -> None:
+    """0 events on 48 items that are 6 facts × 8 paraphrases: the exact bound is "0 of 6" (upper 1 − 0.025^(1/6)),
+    not "0 of 48"; without clusters it stays "0 of 48"."""
+    seeds = [(np.zeros(48, bool),)]
+    kw = dict(bounds=(0.0, 1.0), trials=lambda a: np.full(a[0].shape[0], a[0].shape[1], np.float64))
+    plain = hier_bootstrap(seeds, lambda a: a[0].mean(1), **kw)
+    facts = hier_bootstrap(seeds, lambda a: a[0].mean(1), clusters=[np.repeat(np.arange(6), 8)], **kw)
+    assert plain["exact"] == "0 of 48" and facts["exact"] == "0 of 6"
+    assert facts["high"] == pytest.approx(1 - 0.025 ** (1 / 6))
