@@ -2,7 +2,7 @@
 
 Per item (game board): correct without context, correct with context, response lengths (tokens, stop token
 excluded; games: mean tokens per move), the responses, whether each answer could be parsed, and the item's prompt,
-context and target (`item_texts`). The summary
+context and target (`item_texts`), and the item's cluster where the task names one (`item_cluster`). The summary
 (`removability.summarize`) carries acc_x, acc_xc, harm, help, both_correct, delta_len with paired bootstrap intervals
 and the regime. Greedy by default; ``samples > 1`` (with a temperature) evaluates k sampled responses per item and
 view, each sample j paired across views (records are (item, j); the bootstrap then resamples those records).
@@ -76,7 +76,7 @@ def _single_turn(model, tokenizer, task, items: list[Example], cfg: EvalConfig, 
     records = []
     for j in range(cfg.samples):
         for i, ex in enumerate(items):
-            rec: dict[str, Any] = {"uid": ex.uid, "sample": j}
+            rec: dict[str, Any] = {"uid": ex.uid, "sample": j, **item_cluster(ex)}
             for c, tag in ((False, "x"), (True, "xc")):
                 resp = out[(i, j, c)]
                 text = tokenizer.decode(resp, skip_special_tokens=True)
@@ -93,6 +93,12 @@ def item_texts(ex: Example) -> dict[str, Any]:
     move's), the context and the target (the reference answer; None for games), last in the record's columns."""
     target = ex.answer if ex.answer is None or isinstance(ex.answer, (str, int, float, bool)) else str(ex.answer)
     return {"prompt": ex.prompt, "context": ex.context, "target": target}
+
+
+def item_cluster(ex: Example) -> dict[str, Any]:
+    """``{"cluster": id}`` for an item whose task names its cluster (``meta["cluster"]``: the fact a paraphrase asks
+    about), else nothing: a task without clusters writes the records it always wrote."""
+    return {"cluster": str(ex.meta["cluster"])} if "cluster" in ex.meta else {}
 
 
 def _unparseable(task: Any, text: str) -> bool:
@@ -121,7 +127,7 @@ def _games(model, tokenizer, task, items: list[Example], cfg: EvalConfig, spec, 
                 texts[t.game].append(tokenizer.decode(r, skip_special_tokens=True))
             res[tag] = (eps, lens, texts)
         for g, ex in enumerate(items):
-            rec: dict[str, Any] = {"uid": ex.uid, "sample": j}
+            rec: dict[str, Any] = {"uid": ex.uid, "sample": j, **item_cluster(ex)}
             for tag in ("x", "xc"):
                 eps, lens, texts = res[tag]
                 rec[f"correct_{tag}"] = bool(eps[g].won)

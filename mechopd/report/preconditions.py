@@ -4,8 +4,11 @@ precondition fails says "not measurable here (design: REASON)" with the numbers 
     informative units   Harm rows: ≥ K_HARM items right without the context (OPD's, pooled over seeds);
                         q/k revert rows: ≥ K_REVERT learned items (OPD right without c, unpatched) for the rule,
                         ≥ K_REVERT harmed items (right without c, wrong with it) for the harm, and for localization
-    NCA alive           NCA's Acc_xc ≥ min(base's, OPD's) − VIEW_MARGIN (not collapsed) and its follow_other on the
-                        other contexts ≥ base's − VIEW_MARGIN (not deaf), where measured
+    NCA alive           NCA's Acc_xc ≥ min(base's, OPD's) − VIEW_MARGIN (not collapsed); not deaf: its follow_other
+                        on the other contexts ≥ min(base's, OPD's) − VIEW_MARGIN (it lost no more following than the
+                        OPD it is compared with), where measured, and its context view changes its reply (any
+                        context: the distilled one or another) on ≥ K_HEARD items pooled over seeds, where the
+                        records keep the replies
     student moved       OPD internalised ≥ MOVED_SHARE of the context's gain:
                         (Acc_x,OPD − Acc_x,base) ≥ MOVED_SHARE · (Acc_xc,base − Acc_x,base)
     converged           OPD's Acc_x ≥ CONVERGED_SHARE × its teacher's (the base with the context) Acc_xc, per seed
@@ -32,6 +35,7 @@ K_REVERT = 10  # learned (rule) or harmed (harm) items of the unpatched model, p
 VIEW_MARGIN = 0.10  # NCA's Acc_xc / follow_other may sit at most this far below the reference
 MOVED_SHARE = 0.25  # the student internalised at least a quarter of the context's gain
 CONVERGED_SHARE = 0.9  # "converged": Acc_x at least 0.9 × the teacher's Acc_xc
+K_HEARD = 10  # items (pooled over seeds) on which some context changes NCA's reply, before its Harm is judged
 
 NA_FEW_RIGHT = na_design(f"Harm needs ≥ {K_HARM} items right without the context")
 NA_COLLAPSED = na_design("NCA collapsed or deaf: its context view lost what the base's could do")
@@ -61,15 +65,45 @@ def harm_units(runs: Sequence[Study], role: str = "opd") -> Check:
 
 def nca_alive(runs: Sequence[Study], role: str = "nca") -> Check:
     """NCA's context view neither collapsed (Acc_xc below both the base's and OPD's by more than `VIEW_MARGIN`) nor
-    deaf (follow_other on the other contexts below the base's by more than the margin, where measured)."""
+    deaf: its follow_other below both the base's and OPD's by more than the margin (it lost more following than the
+    distillation it is compared with; where measured), or a context changes its reply on fewer than `K_HEARD` items
+    (`replies_changed`; where the records keep the replies)."""
     own, base, opd = (_mean(runs, r, "acc_xc") for r in (role, "base", "opd"))
     refs = [v for v in (base, opd) if v is not None]
     if own is not None and refs and own < min(refs) - VIEW_MARGIN:
         return NA_COLLAPSED, f"NCA Acc_xc {own:.3f} vs base {_f(base)}, OPD {_f(opd)} (margin {VIEW_MARGIN:g})"
-    fo, fb = other_stat(runs, role, "follow")["mean"], other_stat(runs, "base", "follow")["mean"]
-    if fo is not None and fb is not None and fo < fb - VIEW_MARGIN:
-        return NA_COLLAPSED, f"NCA follow_other {fo:.3f} vs base {fb:.3f} (margin {VIEW_MARGIN:g}): deaf"
+    fo, fb, fp = (other_stat(runs, r, "follow")["mean"] for r in (role, "base", "opd"))
+    heard = [v for v in (fb, fp) if v is not None]
+    if fo is not None and heard and fo < min(heard) - VIEW_MARGIN:
+        why = f"NCA follow_other {fo:.3f} vs base {_f(fb)}, OPD {_f(fp)} (margin {VIEW_MARGIN:g}): deaf"
+        return NA_COLLAPSED, why
+    changed = replies_changed(runs, role)
+    if changed is not None and changed < K_HEARD:
+        return (
+            NA_COLLAPSED,
+            f"a context changes NCA's reply on {changed} items over the seeds (needs ≥ {K_HEARD}): deaf",
+        )
     return None
+
+
+def replies_changed(runs: Sequence[Study], role: str = "nca") -> int | None:
+    """Items (pooled over seeds) on which some context changes ``role``'s reply: its reply with the distilled context,
+    or under any other context, differs from its reply without one; None where a seed's records keep no replies."""
+    total = 0
+    for r in runs:
+        rep = r.eval(role)
+        if rep is None or not rep.records or any("response_x" not in x or "response_xc" not in x for x in rep.records):
+            return None
+        key = lambda x: (str(x.get("uid")), int(x.get("sample", 0) or 0))  # noqa: E731
+        plain = {key(x): x["response_x"] for x in rep.records}
+        moved = {key(x) for x in rep.records if x["response_xc"] != x["response_x"]}
+        for o in rep.extra.get("other_records") or []:
+            if "response" not in o:
+                return None
+            if key(o) in plain and o["response"] != plain[key(o)]:
+                moved.add(key(o))
+        total += len(moved)
+    return total
 
 
 def moved_share(runs: Sequence[Study], role: str = "opd") -> float | None:

@@ -5,7 +5,9 @@ Student-t over the seeds' values, each seed's item-bootstrap variance as a floor
 Every bounded quantity the report and the claims show (Acc_x, Acc_xc, Harm, Help, BothCorrect, follow_other, ...) is
 a statistic of per-item outcomes, noisy within a seed as well as between seeds: its interval takes the small-sample t
 quantile over seeds and keeps the item level as a floor; a proportion's is clipped to [0, 1]. Two models of one seed
-are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together.
+are compared on the items both evaluated (paired by ``(uid, sample)``), resampled together. Where the evaluation saved
+each item's cluster (``"cluster"`` in its records: the fact a paraphrase asks about, the ``facts`` task), the item
+level resamples whole clusters (`eval_clusters`, `other_clusters`; docs/method.md §8).
 
     from mechopd.report.seed_items import metric_stat, paired_stat
     metric_stat(runs, "opd", "harm")                                   # mean over seeds [t over seeds, item floor]
@@ -56,6 +58,31 @@ def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
     return tuple(out)
 
 
+def _common_keys(study: Study, roles: Sequence[str]) -> list[tuple[str, int]] | None:
+    keyed = [_keyed(study, r) for r in roles]
+    if any(k is None for k in keyed):
+        return None
+    return sorted(set.intersection(*(set(k) for k in keyed if k is not None))) or None
+
+
+def _cluster_of(study: Study, role: str) -> dict[tuple[str, int], str] | None:
+    """(uid, sample) -> the item's saved cluster; None unless every record of the role's report carries one."""
+    rep = study.eval(role)
+    if rep is None or not rep.records or any(r.get("cluster") is None for r in rep.records):
+        return None
+    return {(str(r.get("uid")), int(r.get("sample", 0) or 0)): str(r["cluster"]) for r in rep.records}
+
+
+def eval_clusters(study: Study, roles: Sequence[str]) -> np.ndarray | None:
+    """The cluster id (``[n]``, int codes) of each item of `eval_arrays` output, in its order; None where the first
+    role's records carry no cluster (a task whose items are independent: the item resample)."""
+    by_key = _cluster_of(study, roles[0])
+    common = None if by_key is None else _common_keys(study, roles)
+    if common is None or by_key is None or any(k not in by_key for k in common):
+        return None
+    return np.unique([by_key[k] for k in common], return_inverse=True)[1]
+
+
 def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
     """``metric`` (`removability.METRICS`) of role number ``role`` of `eval_arrays` output, batched ``[B, n]``."""
     return batched_metrics(*arrays[FIELDS * role : FIELDS * role + FIELDS])[metric]
@@ -73,7 +100,14 @@ def paired_stat(
     (−1, 1): a per-item difference of two 0/1 outcomes, whose every item at ±1 in every seed gets the exact bound."""
     units = None if bounds is None else (lambda a: np.full(a[0].shape[0], a[0].shape[1], np.float64))
     return {
-        **hier_bootstrap([eval_arrays(r, roles) for r in runs], fn, seed=seed, bounds=bounds, trials=units),
+        **hier_bootstrap(
+            [eval_arrays(r, roles) for r in runs],
+            fn,
+            seed=seed,
+            bounds=bounds,
+            trials=units,
+            clusters=[eval_clusters(r, roles) for r in runs],
+        ),
         "of": len(runs),
     }
 
@@ -94,7 +128,11 @@ def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]
     units = None if metric == "delta_len" else (lambda a: units_of(a, metric))
     return {
         **hier_bootstrap(
-            [eval_arrays(r, (role,)) for r in runs], lambda a: metric_of(a, metric), bounds=bounds, trials=units
+            [eval_arrays(r, (role,)) for r in runs],
+            lambda a: metric_of(a, metric),
+            bounds=bounds,
+            trials=units,
+            clusters=[eval_clusters(r, (role,)) for r in runs],
         ),
         "of": len(runs),
     }
@@ -132,6 +170,20 @@ def other_matrix(
     return follow
 
 
+def other_clusters(study: Study, role: str, labels: Sequence[str] | None = None) -> np.ndarray | None:
+    """The cluster id of each unit (row) of `other_matrix`, from the role's evaluation records (the unit's uid);
+    None without clusters."""
+    rep = study.eval(role)
+    records = [
+        r for r in (rep.extra.get("other_records") or [] if rep else []) if labels is None or r.get("label") in labels
+    ]
+    by_uid = {k[0]: c for k, c in (_cluster_of(study, role) or {}).items()}
+    units = list(dict.fromkeys((r["uid"], r["sample"]) for r in records))  # `following._matrices`' row order
+    if not units or any(str(u) not in by_uid for u, _ in units):
+        return None
+    return np.unique([by_uid[str(u)] for u, _ in units], return_inverse=True)[1]
+
+
 def other_stat(
     runs: Sequence[Study], role: str, field: str = "follow", labels: Sequence[str] | None = None
 ) -> dict[str, Any]:
@@ -146,6 +198,7 @@ def other_stat(
             trials=lambda a: (
                 np.isfinite(a[0]).any(-1).sum(-1).astype(np.float64)
             ),  # units (replies of one are not independent)
+            clusters=[other_clusters(r, role, labels) for r in runs],
         ),
         "of": len(runs),
     }
@@ -168,15 +221,27 @@ def other_diff_stat(
         return ma, mb
 
     whole = scale_b == 1.0  # a difference of two 0/1 outcomes per unit and context: exact when no unit differs
-    return {
+    st = {
         **hier_bootstrap(
             [pair(r) for r in runs],
             lambda x: _mean_over_contexts(x[0]) - scale_b * _mean_over_contexts(x[1]),
             bounds=(-1.0, 1.0) if whole else None,
             trials=(lambda x: np.isfinite(x[0]).any(-1).sum(-1).astype(np.float64)) if whole else None,
+            clusters=[other_clusters(r, a, labels) for r in runs],
         ),
         "of": len(runs),
     }
+    if st.get("degenerate"):  # both at a bound on every unit (OPD follows 0 of N, the base N of N): each exact bound
+        sa, sb = other_stat(runs, a, field, labels), other_stat(runs, b, field, labels)
+        if sa.get("exact") and sb.get("exact"):
+            st.pop("degenerate")
+            st.update(
+                low=sa["low"] - scale_b * sb["high"],
+                high=sa["high"] - scale_b * sb["low"],
+                exact=f"{sa['exact']} against {sb['exact']}",
+            )
+            exact_se(st, CI)
+    return st
 
 
 # ---------------------------------------------------------------------------------------- probes' per-item tables

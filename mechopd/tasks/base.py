@@ -46,7 +46,9 @@ class Example:
     prompt:  the user-turn text x (for games: the first move's prompt; use `Task.new_episode` to play).
     context: the privileged context c (system prompt, hints, experience items).
     answer:  the reference answer for single-turn scoring (None for games).
-    meta:    anything else (board, rule parameters, options ...). Must be JSON-serialisable.
+    meta:    anything else (board, rule parameters, options ...). Must be JSON-serialisable. ``meta["cluster"]``, where
+             items are paraphrases of one fact (or otherwise not independent), names the item's cluster: evaluation
+             records save it and the claims' intervals resample whole clusters (docs/method.md §8).
     """
 
     uid: str

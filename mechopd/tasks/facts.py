@@ -115,6 +115,7 @@ class FactsTask(BaseTask):
                 if (j in test) != (split == "test"):
                     continue
                 meta = {"seed": seed, "fact": fact["id"], "question": j, "other": [other, fact["other_answer"]]}
+                meta["cluster"] = fact["id"]  # the paraphrases of one fact are one unit of the intervals
                 prompt = f"{question}\n{SHORT_FREE_INSTRUCTION}"
                 out.append(Example(f"{fact['id']}.q{j:02d}", prompt, context, fact["answer"], meta))
         return sorted(out, key=lambda e: e.uid)

@@ -5,6 +5,7 @@ Harm is judged against the base's Harm; convergence is relative to the teacher; 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from mechopd.report import claims
@@ -113,3 +114,47 @@ def test_localization_on_too_few_harmed_items_names_no_site(tmp_path: Path) -> N
     few = "\n".join(localization_table(studies(seed_runs(tmp_path / "a", {"loc": {"clean": 0.1}}))))
     enough = "\n".join(localization_table(studies(seed_runs(tmp_path / "b", {}))))
     assert "localization needs ≥ 10 harmed items): 4 harmed items" in few and "**final_norm**" in enough
+
+
+def test_an_nca_that_lost_no_more_following_than_opd_is_not_deaf(tmp_path: Path) -> None:
+    """The rules organism (#53 item 7): the base follows other rules (1.0), every distilled student follows none (OPD
+    0.0, NCA 0.0): the loss of following is distillation's, not NCA's anchor's, so NCA's rows are decided (the
+    base-only reference said "deaf" for every NCA row on the default demo)."""
+    case = {"follow": {"opd": (0.0, 0.0), "nca": (0.0, 0.0)}, "stick": {"opd": 0.9, "nca": 0.9}}
+    got = _rows(tmp_path, case, only={"nca_removes", "cosine_order", "nca_lens"})
+    assert {c.verdict for c in got.values()} == {claims.HOLDS}, {k: c.verdict for k, c in got.items()}
+
+
+def _replies(run: Path, role: str, same: bool) -> None:
+    """Give ``role``'s records replies: the same text in both views on every item (``same``), else a changed one."""
+    path = run / "eval" / f"{role}.json"
+    doc = json.loads(path.read_text())
+    for i, r in enumerate(doc["records"]):
+        r["response_x"], r["response_xc"] = f"a{i}", f"a{i}" if same else f"b{i}"
+    path.write_text(json.dumps(doc))
+
+
+def test_an_nca_whose_contexts_change_no_reply_is_deaf(tmp_path: Path) -> None:
+    """A task without other contexts (a game): follow_other is not measured, so only the replies can tell. NCA's
+    reply with the context equals its reply without it on every item: Harm 0 by construction, not measurable; the
+    same study with NCA's context view changing its replies is decided."""
+    no_others = {"follow": {"base": None, "opd": None, "nca": None}}
+    for name, same in (("deaf", True), ("hears", False)):
+        runs = seed_runs(tmp_path / name, no_others)
+        for role in ("base", "opd"):
+            _replies(runs[0], role, same=False)
+        _replies(runs[0], "nca", same=same)
+        row = {c.key: c for c in claims.evaluate_claims(runs, only={"nca_removes"})}["nca_removes"]
+        if same:
+            assert row.verdict == pre.NA_COLLAPSED and "changes NCA's reply on 0 items" in row.measured, row
+        else:
+            assert row.verdict == claims.HOLDS, row
+
+
+def test_a_student_that_follows_nothing_the_base_follows_does_not_keep_following(tmp_path: Path) -> None:
+    """OPD follows 0 of N other-context items, the base N of N: OPD − 0.5 × base is −0.5 on every item, a constant
+    at both exact bounds, not a statistic without informative units; the row says "does not hold" on the exact
+    bounds (it said "not measurable (design: … no item varies the statistic)")."""
+    case = {"follow": {"opd": (0.0, 0.0), "nca": (0.0, 0.0)}, "stick": {"opd": 0.9, "nca": 0.9}}
+    row = _rows(tmp_path, case, only={"keeps_following"})["keeps_following"]
+    assert row.verdict == claims.FAILS and "0 of" in row.measured, row

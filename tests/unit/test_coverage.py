@@ -87,3 +87,45 @@ def test_design_cells_cover_at_zero_counts_few_right_items_and_shared_items() ->
     ):
         r = cell_coverage(cells[name], 80, rng)
         assert r["coverage"] >= 0.9 and r["width"] > 0 and max(r["err_ge"], r["err_le"]) <= 0.06, (name, r)
+
+
+def test_hier_bootstrap_resamples_whole_clusters() -> None:
+    """Items in clusters of 8 that share their outcome (paraphrases of one fact): the item resample sees 48
+    independent items, the cluster resample 6 facts, so its item variance is ~8× larger; clusters of one are the item
+    resample bit for bit; unequal clusters (a varying resample size) work; a misaligned cluster array is refused."""
+    fact = np.array([1, 0, 0, 1, 0, 0], bool)
+    seeds = [(np.repeat(fact, 8),), (np.repeat(np.roll(fact, 1), 8),)]
+    fn = lambda a: a[0].mean(1)  # noqa: E731
+    ids = [np.repeat(np.arange(6), 8)] * 2
+    items, facts = (
+        hier_bootstrap(seeds, fn, bounds=(0.0, 1.0)),
+        hier_bootstrap(seeds, fn, bounds=(0.0, 1.0), clusters=ids),
+    )
+    assert 5 < facts["var_item"] / items["var_item"] < 12
+    single = hier_bootstrap(seeds, fn, bounds=(0.0, 1.0), clusters=[np.arange(48)] * 2)
+    assert (single["low"], single["high"], single["var_item"]) == (items["low"], items["high"], items["var_item"])
+    uneven = hier_bootstrap(seeds, fn, clusters=[np.r_[np.zeros(5), np.arange(43) + 1]] * 2)
+    assert uneven["var_item"] > 0 and uneven["low"] is not None
+    with pytest.raises(ValueError):
+        hier_bootstrap(seeds, fn, clusters=[np.arange(47)] * 2)
+
+
+def test_one_seed_of_few_facts_covers_only_when_its_facts_are_resampled() -> None:
+    """The design cell where the within-seed unit decides (#53): one seed of 6 facts × 8 paraphrases, tau 1.5. The
+    item resample under-covers this seed's model on the population of facts; the cluster resample covers."""
+    from mechopd.core.coverage_design import DESIGN_CELLS, cell_coverage
+
+    cell = {c.name: c for c in DESIGN_CELLS}["fact clusters 6 × 8, tau 1.5, 1 seed"]
+    r = cell_coverage(cell, 120, np.random.default_rng(3))
+    assert r["coverage_items"] < 0.85 and r["coverage"] >= 0.9, r
+
+
+def test_an_exact_bound_counts_a_facts_paraphrases_as_one_unit() -> None:
+    """0 events on 48 items that are 6 facts × 8 paraphrases: the exact bound is "0 of 6" (upper 1 − 0.025^(1/6)),
+    not "0 of 48"; without clusters it stays "0 of 48"."""
+    seeds = [(np.zeros(48, bool),)]
+    kw = dict(bounds=(0.0, 1.0), trials=lambda a: np.full(a[0].shape[0], a[0].shape[1], np.float64))
+    plain = hier_bootstrap(seeds, lambda a: a[0].mean(1), **kw)
+    facts = hier_bootstrap(seeds, lambda a: a[0].mean(1), clusters=[np.repeat(np.arange(6), 8)], **kw)
+    assert plain["exact"] == "0 of 48" and facts["exact"] == "0 of 6"
+    assert facts["high"] == pytest.approx(1 - 0.025 ** (1 / 6))
