@@ -10,7 +10,7 @@ Measurement: each probe runs as the user types it (``python -m mechopd.cli probe
 ``--threads`` intra-op threads; its peak resident set is the child's ``ru_maxrss`` (``os.wait4``), its time the wall
 clock. The reference, measured in the same run: the same model loaded alone in a fresh subprocess
 (``mechopd.models.load_model``), the floor of any probe that holds the model. Printed per probe and model: peak GB,
-peak / load, peak / budget, wall seconds.
+peak / load, peak / budget, wall seconds, PASS or FAIL (exit code 1 on any FAIL).
 
 deltas reads a LoRA student's update from its adapter (ΔW = (α / r) B A per adapted module; `mechopd.probes.weights`):
 two synthetic LoRA students of the 0.5B (rank 8, α 16, q/k/v/o/gate/up/down, B ~ N(0, 0.01) with seeds 1 and 2, saved
@@ -97,13 +97,15 @@ def probe_cmd(probe: str, out: Path, args: argparse.Namespace, extra: list[str])
     return [sys.executable, "-m", "mechopd.cli", "probe", probe, *TASK_FLAGS, *items, "--out", str(out), *extra]
 
 
-def row(what: str, model: str, gb: float, load: float, secs: float, rc: int) -> None:
-    ok = "ok" if rc == 0 and gb <= BUDGET_GB else ("FAILED" if rc else "OVER")
+def row(what: str, model: str, gb: float, load: float, secs: float, rc: int) -> bool:
+    """One printed row; True when the command succeeded within the budget (PASS)."""
+    ok = "PASS" if rc == 0 and gb <= BUDGET_GB else ("FAIL (exit code)" if rc else "FAIL (over budget)")
     print(
         f"{what:<11} {model:<5} {gb:7.2f} GB  {gb / load:5.2f} x load  {gb / BUDGET_GB:5.2f} of {BUDGET_GB:.0f} GB  "
         f"{secs:7.1f} s  {ok}",
         flush=True,
     )
+    return ok == "PASS"
 
 
 def main() -> int:
@@ -115,32 +117,32 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     probes = args.probes.split(",")
-    work = Path(tempfile.mkdtemp(prefix="probe_memory_"))
+    work, passed = Path(tempfile.mkdtemp(prefix="probe_memory_")), []
     print(f"threads {args.threads}, {args.n} items, batch {args.batch_size}; budget {BUDGET_GB:.0f} GB per probe")
     print(f"{'probe':<11} {'model':<5} {'peak':>10}  {'vs load':>12}  {'vs budget':>15}  {'wall':>9}")
     try:
         for key in args.models.split(","):
             path = model_dir(MODELS[key])
             load, secs, rc = measured([sys.executable, "-c", LOAD, path], args.threads)
-            row("load (ref)", key, load, load, secs, rc)
+            passed.append(row("load (ref)", key, load, load, secs, rc))
             for probe in (p for p in probes if p in ("similarity", "lens")):
                 gb, secs, rc = measured(
                     probe_cmd(probe, work / f"{probe}-{key}", args, ["--models", f"{key}={path}"]), args.threads
                 )
-                row(probe, key, gb, load, secs, rc)
+                passed.append(row(probe, key, gb, load, secs, rc))
             if "deltas" in probes and key == "0.5b":  # the LoRA students are 0.5B; the 1.5B teacher is not trained
                 gb, secs, rc = measured([sys.executable, "-c", BUILD, path, str(work / "students")], args.threads)
-                row("build", key, gb, load, secs, rc)
+                passed.append(row("build", key, gb, load, secs, rc))
                 students = [f"{m}={work / 'students' / m}" for m in ("opd", "nca")]
                 extra = ["--base", path, "--models", *students, "--pair", "opd,nca"]
                 gb, secs, rc = measured(
                     [sys.executable, "-m", "mechopd.cli", "probe", "deltas", "--out", str(work / "deltas"), *extra],
                     args.threads,
                 )
-                row("deltas", key, gb, load, secs, rc)
+                passed.append(row("deltas", key, gb, load, secs, rc))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":
