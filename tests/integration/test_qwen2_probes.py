@@ -14,6 +14,7 @@ import copy
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from mechopd.config.sections import LoraOptions
 from mechopd.models import lora
 from mechopd.organisms.tokenizer import build_tokenizer
+from mechopd.plots.layers import figure_layer_cosine
 from mechopd.probes.deltas import DeltasOptions, run_deltas
 from mechopd.probes.lens import LensOptions, run_lens
 from mechopd.probes.setup import ProbeSetup
@@ -109,6 +111,10 @@ def test_similarity_reads_the_deeper_teacher_beside_the_student_with_its_numbers
         [float(r["cos_mean"]) for r in rows if r["model"] == "teacher"], abs=1e-6
     )
     assert not any(math.isclose(float(r["cos_mean"]), 1.0) for r in alone if r["site"] != "embed")  # views differ
+    shutil.copytree(tmp_path / "both", tmp_path / "run" / "probes")  # the figure: each model over its own depth
+    fig = figure_layer_cosine(tmp_path / "run")
+    xs = sorted((list(line.get_xdata()) for line in fig.axes[0].get_lines()), key=len)  # base, then the teacher
+    assert xs[0] == pytest.approx([0, 1 / 3, 2 / 3, 1]) and xs[1] == pytest.approx([0, 0.25, 0.5, 0.75, 1])
 
 
 def test_lens_reads_the_teacher_at_its_own_depth(pair, tmp_path):
