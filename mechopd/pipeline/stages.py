@@ -207,11 +207,11 @@ def run_probes(
             continue
         roles = getattr(spec, "role_options", ())
         wanted = {**(spec.demo or {}), **own} if chosen is None else study_options(spec, own)
-        options = demo_options(SimpleNamespace(demo=wanted, role_options=roles), _WithTeacher(study, models))
+        options = demo_options(SimpleNamespace(demo=wanted, role_options=roles), _WithTeacher(study, models, spec))
         if options is None:
             _log(
                 f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
-                f"{_WithTeacher(study, models).roles})"
+                f"{_WithTeacher(study, models, spec).roles})"
             )
             continue
         options.update(_chosen_checkpoints(spec, options, models, run))
@@ -220,11 +220,12 @@ def run_probes(
 
 
 class _WithTeacher:
-    """A study's roles as `demo_options` reads them, plus ``teacher`` when the seed run has one (a cross-model study's
-    teacher is no run of the study, but a study file may point a forward-only probe at it: similarity, lens)."""
+    """A study's roles as `demo_options` reads them, plus ``teacher`` when the seed run has one and the probe reads it
+    (`ProbeSpec.reads_teacher`: a cross-model study's teacher is no run of the study, but a study file may point a
+    forward-only probe at it: similarity, lens)."""
 
-    def __init__(self, study: Study, models: dict[str, Path]):
-        self.study, self.teacher = study, "teacher" in models
+    def __init__(self, study: Study, models: dict[str, Path], spec: Any):
+        self.study, self.teacher = study, "teacher" in models and bool(getattr(spec, "reads_teacher", False))
 
     def name(self, role: str) -> str | None:
         return "teacher" if role == "teacher" and self.teacher else self.study.name(role)

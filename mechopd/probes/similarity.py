@@ -310,6 +310,7 @@ register_probe(
         outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
         demo={"models": ["base", "opd", "nca"]},
         role_options=("models",),
+        reads_teacher=True,  # forward only: the study's teacher, of any depth and width, among the models
         summary=SimilaritySummary,
     )
 )

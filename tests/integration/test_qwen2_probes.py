@@ -22,8 +22,11 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from mechopd.config.sections import LoraOptions
+from mechopd.core.errors import ConfigError
 from mechopd.models import lora
 from mechopd.organisms.tokenizer import build_tokenizer
+from mechopd.pipeline import named
+from mechopd.pipeline.spec import StudySpec
 from mechopd.plots.layers import figure_layer_cosine
 from mechopd.probes.deltas import DeltasOptions, run_deltas
 from mechopd.probes.lens import LensOptions, run_lens
@@ -132,16 +135,25 @@ def test_a_study_probe_may_name_the_teacher_role_and_is_skipped_without_one(tmp_
     from types import SimpleNamespace
 
     from mechopd.pipeline.stages import _WithTeacher
-    from mechopd.probes.registry import demo_options
+    from mechopd.probes.registry import demo_options, get_probe
     from mechopd.study import Study
 
     study = Study.of_models(tmp_path, "rules", {"base": tmp_path / "b", "opd": tmp_path / "o"})
     wanted = SimpleNamespace(demo={"models": ["base", "teacher", "opd"]}, role_options=("models",))
     models = {"base": tmp_path / "b", "opd": tmp_path / "o"}
-    assert demo_options(wanted, _WithTeacher(study, {**models, "teacher": tmp_path / "t"})) == {
+    similarity, deltas = get_probe("similarity"), get_probe("deltas")
+    assert demo_options(wanted, _WithTeacher(study, {**models, "teacher": tmp_path / "t"}, similarity)) == {
         "models": ["base", "teacher", "opd"]
     }
-    assert demo_options(wanted, _WithTeacher(study, models)) is None  # no teacher in this run: the probe is skipped
+    assert demo_options(wanted, _WithTeacher(study, models, similarity)) is None  # no teacher in this run: skipped
+    assert demo_options(wanted, _WithTeacher(study, {**models, "teacher": tmp_path / "t"}, deltas)) is None
+
+
+def test_a_study_refuses_the_teacher_in_a_probe_that_does_not_read_it():
+    doc = named.load_named("qwen-coder-docs").to_mapping()
+    StudySpec.load(doc)  # similarity and lens name the teacher: accepted
+    with pytest.raises(ConfigError, match=r"probes.deltas cannot read the teacher \(only the forward-only probes "):
+        StudySpec.load({**doc, "probes": {**doc["probes"], "deltas": {"models": ["teacher", "opd"]}}})
 
 
 def _lora_student(base_dir: str, out: Path, seed: int) -> dict[str, torch.Tensor]:
