@@ -249,7 +249,7 @@ class StudySpec:
                 raise type(e)(f"{self.source}: {key}={n}: {e}") from None
 
     def _check_probes(self) -> None:
-        from mechopd.probes.registry import demo_options, get_probe, study_options
+        from mechopd.probes.registry import demo_options, get_probe, probes, study_options
         from mechopd.probes.setup import ProbeSetup
 
         roles = {"base", *self.runs, *(["teacher"] if self.teacher else [])}
@@ -268,6 +268,13 @@ class StudySpec:
                 ) from None
             self._check_select(str(name), setup)
             wanted = study_options(spec, own)  # a role option left out with a None default: every run
+            asked = {r for k in spec.role_options for r in _role_names(wanted.get(k))}
+            if "teacher" in asked and self.teacher and not getattr(spec, "reads_teacher", False):
+                readers = ", ".join(p.name for p in probes() if getattr(p, "reads_teacher", False))
+                raise ConfigError(
+                    f"{self.source}: probes.{name} cannot read the teacher (only the forward-only probes {readers} "
+                    "do); drop teacher from its options"
+                )
             if demo_options(_Demo(wanted, spec.role_options), study) is None:
                 need = [r for k in spec.role_options for r in _role_names(wanted.get(k)) if r not in roles]
                 raise ConfigError(

@@ -197,16 +197,32 @@ def run_probes(
             continue
         roles = getattr(spec, "role_options", ())
         wanted = {**(spec.demo or {}), **own} if chosen is None else study_options(spec, own)
-        options = demo_options(SimpleNamespace(demo=wanted, role_options=roles), study)
+        options = demo_options(SimpleNamespace(demo=wanted, role_options=roles), _WithTeacher(study, models, spec))
         if options is None:
             _log(
                 f"probe {spec.name}: skipped (its roles {getattr(spec, 'role_options', ())} name no run of the study "
-                f"{study.roles})"
+                f"{_WithTeacher(study, models, spec).roles})"
             )
             continue
         options.update(_chosen_checkpoints(spec, options, models, run))
         _log(f"probe {spec.name} ({', '.join(f'{k}={v}' for k, v in options.items())})")
         spec(replace(setup, **own_setup) if own_setup else setup, out, **options)
+
+
+class _WithTeacher:
+    """A study's roles as `demo_options` reads them, plus ``teacher`` when the seed run has one and the probe reads it
+    (`ProbeSpec.reads_teacher`: a cross-model study's teacher is no run of the study, but a study file may point a
+    forward-only probe at it: similarity, lens)."""
+
+    def __init__(self, study: Study, models: dict[str, Path], spec: Any):
+        self.study, self.teacher = study, "teacher" in models and bool(getattr(spec, "reads_teacher", False))
+
+    def name(self, role: str) -> str | None:
+        return "teacher" if role == "teacher" and self.teacher else self.study.name(role)
+
+    @property
+    def roles(self) -> list[str]:
+        return [*self.study.roles, *(["teacher"] if self.teacher else [])]
 
 
 def _chosen_checkpoints(spec: Any, options: dict[str, Any], models: dict[str, Path], run: Path) -> dict[str, str]:

@@ -28,7 +28,7 @@ from mechopd.plots._common import (
     styled,
     to_float,
 )
-from mechopd.plots.layers import _model_order, site_depth, site_label
+from mechopd.plots.layers import RELATIVE_TICKS, RELATIVE_XLABEL, _model_order, relative_depths, site_depth, site_label
 from mechopd.plots.registry import register_figure
 
 LENS, PATCHING, ATTENTION = "lens_kl", "patching", "attention_context"
@@ -58,13 +58,17 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
     colours = palette([*info.models, *models])  # the run's order: a model keeps its colour in every figure
     fig = new_figure(7.0, 4.8)
     ax = fig.add_subplot()
-    ticks: dict[float, str] = {}
+    ticks = {site_depth(r["site"], r["depth"], n_layers): site_label(r["site"]) for r in rows}
+    by_model = {
+        m: {site_depth(r["site"], r["depth"], n_layers): to_float(r["kl_c_x"]) for r in rows if r["model"] == m}
+        for m in models
+    }
+    relative = relative_depths(by_model)  # a deeper teacher beside its students: each over its own depth
+    if relative is not None:
+        by_model, ticks = relative, dict(RELATIVE_TICKS)
     values = []
     for m in models:
-        pts = sorted(
-            (site_depth(r["site"], r["depth"], n_layers), to_float(r["kl_c_x"])) for r in rows if r["model"] == m
-        )
-        ticks.update({d: site_label(r["site"]) for r in rows for d in [site_depth(r["site"], r["depth"], n_layers)]})
+        pts = sorted(by_model[m].items())
         ax.plot(
             [d for d, _ in pts], [v for _, v in pts], marker="o", markersize=3.5, color=colours[m], label=info.label(m)
         )
@@ -73,7 +77,7 @@ def figure_lens_kl(run_dir: Path) -> Figure | None:
     _kl_scale(ax, values, [to_float(r["kl_c_x"]) for r in rows])
     shown = sorted(ticks)[:: max(1, math.ceil(len(ticks) / 16))]
     ax.set_xticks(shown, [ticks[d] for d in shown])
-    ax.set_xlabel("site (embedding, decoder layer index, final norm)")
+    ax.set_xlabel(RELATIVE_XLABEL if relative is not None else "site (embedding, decoder layer index, final norm)")
     ax.set_title(f"Logit lens: where the context changes the prediction — {info.task}")
     fitted_legend(fig, 3, loc="outside lower center", title="model")  # below: a long label never meets the title
     return fig

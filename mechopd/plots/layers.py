@@ -165,6 +165,20 @@ def site_depth(site: str, depth_cell: str | None, n_layers: int) -> float:
     return float(layer + 1) if layer is not None else float(n_layers + 1)
 
 
+RELATIVE_TICKS = {0.0: "embed", 0.25: "25 %", 0.5: "50 %", 0.75: "75 %", 1.0: "final norm"}
+RELATIVE_XLABEL = "relative depth (each model's sites over its own depth: embedding 0, its deepest site 1)"
+
+
+def relative_depths(by_model: dict[str, dict[float, float]]) -> dict[str, dict[float, float]] | None:
+    """Models of several depths in one figure (a cross-model study's deeper teacher beside its students): each model's
+    depth over its own deepest site, so the final norms meet at 1 and a layer index never labels two sites; None when
+    every model has one depth (the layer-index axis stays)."""
+    tops = {m: max(pts) for m, pts in by_model.items() if pts}
+    if len(set(tops.values())) <= 1:
+        return None
+    return {m: {d / tops[m]: v for d, v in pts.items()} for m, pts in by_model.items() if pts}
+
+
 def site_label(site: str) -> str:
     layer = site_layer(site)
     return str(layer) if layer is not None else {"embed": "embed", "final_norm": "final norm"}.get(site, site)
@@ -193,6 +207,9 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
         log.info("figure %s skipped: %s has no rows", COSINE_NAME, path)
         return None
     models = _model_order(info, by_model)
+    relative = relative_depths(by_model)
+    if relative is not None:
+        by_model, ticks = relative, dict(RELATIVE_TICKS)
     colours = palette([*info.models, *models])  # the run's order: a model keeps its colour in every figure
     fig = new_figure(7.0, 4.2)
     ax = fig.add_subplot()
@@ -209,7 +226,7 @@ def figure_layer_cosine(run_dir: Path, stat: str = "cos_mean") -> Figure | None:
     positions = sorted(ticks)
     shown = thinned(positions, 10)  # "embed" and "final norm" are wide: ~10 labels fit 7 inches
     ax.set_xticks(shown, [ticks[d] for d in shown])
-    ax.set_xlabel("site (embedding, decoder layer index, final norm)")
+    ax.set_xlabel(RELATIVE_XLABEL if relative is not None else "site (embedding, decoder layer index, final norm)")
     ax.set_ylabel(f"cosine between views (unitless)\n{stat.replace('cos_', '')} over response tokens")
     ax.set_title(f"Hidden-state similarity with vs without context\nper layer — {info.task}")  # clear of the legend
     fig.legend(loc="outside right upper", title="model")

@@ -350,6 +350,7 @@ register_probe(
         outputs=("lens.csv", "lens.json", "lens_items.jsonl", "lens_tokens.jsonl", "lens_examples.csv"),
         demo={"models": ["base", "opd", "nca"]},
         role_options=("models",),
+        reads_teacher=True,  # forward only: the study's teacher, of any depth and width, among the models
         summary=LensSummary,
     )
 )

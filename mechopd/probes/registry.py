@@ -14,6 +14,8 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     first seed only is the study's ``first_seed_only``); ``checkpoint``: which saved step of a study run its role
     options read, ``checkpoint(train_dir) -> (checkpoint_dir, why)`` (None: the run's final checkpoint; the choice is
     recorded in ``RUN/<name>_checkpoint.json``);
+  * ``reads_teacher``: a forward-only probe whose role options may name the study's ``teacher`` (no run of the study;
+    a cross-model teacher of another depth or width too, of the student's tokenizer): similarity, lens;
   * ``order``: its place in the listings (CLI, report, figures); the built-ins 10, 20, ...; default after them;
   * its typed result ``summary``: a class with ``load(probes_dir) -> instance | None`` and ``lines() -> list[str]``
     (an `mechopd.core.artifacts.Summary` subclass, defined in the probe's module): `ProbeSpec.load` is what the report,
@@ -76,6 +78,7 @@ class ProbeSpec:
     role_options: tuple[str, ...] = ()
     order: float = 1000.0
     checkpoint: Ref | None = None
+    reads_teacher: bool = False
 
     def values(self, **given: Any) -> dict[str, Any]:
         """The probe's options by name, as given: the dataclass's defaults, then ``given`` (unknown keys refused, naming

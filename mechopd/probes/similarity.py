@@ -180,7 +180,9 @@ def run_similarity(
     """`mechopd probe similarity`: every compared model on the same items of the setup and the same responses.
 
     models: labels / dirs / ``NAME=DIR`` items or a mapping (`ProbeSetup.pick`; default every model of the setup but
-    the teacher), loaded one at a time. Responses: ``setup.responses_from`` (a compared label,
+    the teacher; ``teacher`` named is compared too, forward only), loaded one at a time. Models of one tokenizer
+    (`ProbeContext` checks it) but of other depths or widths (a cross-model study's 1.5B teacher beside its 0.5B
+    students) are each measured at their own sites (``settings.sites_by_model``). Responses: ``setup.responses_from`` (a compared label,
     ``"answers"``, a ``.jsonl`` of response ids), default the first trained model, else the first model. Writes
     ``similarity.csv`` (per model x site), ``similarity_examples.csv`` (per model x item x site),
     ``similarity_responses.jsonl`` (the response ids used), ``similarity_items.jsonl`` (the runner's exact items) and
@@ -196,8 +198,7 @@ def run_similarity(
         store.check(labels, [])
         store.check_models(models)
     configs = {label: _read_config(label, path) for label, path in models.items()}
-    check_same_architecture(configs)
-    sites = sites_for(configs[labels[0]].num_hidden_layers, opts.layers)
+    sites = {label: sites_for(cfg.num_hidden_layers, opts.layers) for label, cfg in configs.items()}  # own depth
     ctx = ProbeContext.prepare(setup, "similarity", out_dir, dict(models), default_split="test", device=device)
     src = setup.responses_from or next((k for k in labels if k in setup.trained), labels[0])
     loaded: dict[str, nn.Module] = {}
@@ -215,7 +216,7 @@ def _measure(
     items: ProbeItems,
     labels: list[str],
     configs: dict,
-    sites: list[str],
+    sites: dict[str, list[str]],
     loaded: dict[str, nn.Module],
     store: ActivationStore | None,
     *,
@@ -227,12 +228,14 @@ def _measure(
     results: dict[str, SimilarityResult] = {}
     for label in sorted(labels, key=lambda k: k not in loaded):  # the sampler first: one model resident at a time
         if store is not None:  # the store's rows instead of forwards (same numbers), shard by shard
-            acc = CosineAccumulator(sites, configs[label].num_hidden_layers, cka)
-            store.feed(label, sites, "predict_stop", acc.add, ctx.out / "similarity_items.jsonl")
+            acc = CosineAccumulator(sites[label], configs[label].num_hidden_layers, cka)
+            store.feed(label, sites[label], "predict_stop", acc.add, ctx.out / "similarity_items.jsonl")
             results[label] = SimilarityResult(acc.site_rows(label), acc.example_rows(label, items.uids))
             continue
         model = loaded.pop(label) if label in loaded else ctx.load(label, dtype)
-        results[label] = two_view_cosine(model, items, sites, cka, label=label, uids=items.uids, progress=progress)
+        results[label] = two_view_cosine(
+            model, items, sites[label], cka, label=label, uids=items.uids, progress=progress
+        )
         del model
     return results
 
@@ -259,7 +262,7 @@ def _summary(
     models: Mapping[str, str],
     labels: list[str],
     results: dict[str, SimilarityResult],
-    sites: list[str],
+    sites: dict[str, list[str]],
     src: str,
     *,
     greedy: bool,
@@ -291,7 +294,10 @@ def _summary(
         files=["similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity_items.jsonl"],
     )
     stop = {label: [read_float(r.get("cos_stop")) for r in rows] for label, rows in layer_rows.items()}
-    return SimilaritySummary(labels, mean_cos, sites, src, len(items.examples), settings, per_layer, apart, stop)
+    if len({tuple(v) for v in sites.values()}) > 1:  # a cross-model study (a deeper teacher): each model's own sites
+        settings["sites_by_model"] = {label: sites[label] for label in labels}
+    first = sites[labels[0]]
+    return SimilaritySummary(labels, mean_cos, first, src, len(items.examples), settings, per_layer, apart, stop)
 
 
 register_probe(
@@ -304,6 +310,7 @@ register_probe(
         outputs=("similarity.csv", "similarity_examples.csv", "similarity_responses.jsonl", "similarity.json"),
         demo={"models": ["base", "opd", "nca"]},
         role_options=("models",),
+        reads_teacher=True,  # forward only: the study's teacher, of any depth and width, among the models
         summary=SimilaritySummary,
     )
 )
