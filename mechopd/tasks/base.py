@@ -273,9 +273,7 @@ _REGISTRY: dict[str, TaskEntry] = {}
 
 
 def register_task(
-    name: str,
-    options: type | None = None,
-    variant: Variant | None = None,
+    name: str, options: type | None = None, variant: Variant | None = None
 ) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
     """Decorator: make a task factory (a function or a `BaseTask` subclass) available as ``--task NAME``. A task
     with options declares them as a `TaskOptions` dataclass of `option(...)` fields; the factory then receives the

@@ -25,7 +25,7 @@ from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.options import GE0, GE1, Range, option
 from mechopd.tasks.base import register_task
 from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
-from mechopd.tasks.gametask import GameOptions, GameTask, EngineVariant
+from mechopd.tasks.gametask import EngineVariant, GameOptions, GameTask
 
 REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right", "readout": False}
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
@@ -193,8 +193,10 @@ class FrozenLakeOptions(GameOptions):
     def check(self) -> None:
         super().check()
         if self.holes > self.size * self.size - 2:
-            raise ConfigError(f"holes={self.holes} leave no room on a {self.size}x{self.size} board; use at most "
-                              f"{self.size * self.size - 2}")
+            raise ConfigError(
+                f"holes={self.holes} leave no room on a {self.size}x{self.size} board; use at most "
+                f"{self.size * self.size - 2}"
+            )
         start = None if self.start == "random" else _cell(self.size, self.start, "start")
         goal = None if self.goal == "random" else _cell(self.size, self.goal, "goal")
         if start is not None and start == goal:

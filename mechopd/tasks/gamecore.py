@@ -22,7 +22,6 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from mechopd.core.errors import ConfigError
 from mechopd.core.options import register_registry
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")

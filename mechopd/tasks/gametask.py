@@ -53,7 +53,9 @@ class GameOptions(TaskOptions):
     max_new_tokens: int = option(24, "response cap per move", range=Range(4, 1024))
     temperature: float = option(0.7, "rollout temperature", range=TEMPERATURE_RANGE)
     readout: bool = option(True, "the per-move read-out line under the board")
-    engine: str = option(EMBEDDED, "the game's engine: the embedded organism or a registered one", registry="game_engine")
+    engine: str = option(
+        EMBEDDED, "the game's engine: the embedded organism or a registered one", registry="game_engine"
+    )
 
     def check(self) -> None:
         if self.context is not None and not self.context.strip():

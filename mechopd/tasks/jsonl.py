@@ -32,7 +32,6 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.core.options import GE1, TEMPERATURE_RANGE, UNIT, Range, option
@@ -167,7 +166,9 @@ class JsonlOptions(TaskOptions, ScoringOptions):
     temperature: float = option(1.0, "rollout temperature", range=TEMPERATURE_RANGE)
     cop_base: int = option(0, "0: HF MedMCQA's cop counts 0-3; 1: exports that count 1-4", range=Range(0, 1))
     placement: str = option(
-        "system", "where the context goes: the system message or spliced before the question", choices=("system", "user")
+        "system",
+        "where the context goes: the system message or spliced before the question",
+        choices=("system", "user"),
     )
     other_context: str | None = option(None, "the file-level other context (the context-following study)")
     other_context_file: str | None = option(None, "a file holding the other context", metavar="PATH")

@@ -26,7 +26,7 @@ from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.options import GE1, Range, option
 from mechopd.tasks.base import register_task
 from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
-from mechopd.tasks.gametask import GameOptions, GameTask, EngineVariant
+from mechopd.tasks.gametask import EngineVariant, GameOptions, GameTask
 
 Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
 MOVED, WALL, BLOCKED = "moved", "bumped into a wall", "could not push the box"
