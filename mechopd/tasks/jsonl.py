@@ -61,11 +61,11 @@ class JsonlTask(BaseTask):
     shared_context: str | None
     shared_other_context: str | None  # the file-level other context (other_context= / other_context_file=)
     answer_format: str
-    test_fraction: float  # these three: given by make_jsonl_task (BaseTask's class attributes are not the task's)
+    test_fraction: float  # these four: given by make_jsonl_task (BaseTask's class attributes are not the task's)
     max_new_tokens: int
     temperature: float
+    placement: str
     name: str = "jsonl"
-    placement: str = "system"
     is_game: bool = False
     _splits: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False)
 
@@ -197,7 +197,7 @@ def make_jsonl_task(o: JsonlOptions) -> JsonlTask:
     other = shared_other(o.other_context, o.other_context_file)
     check_shared_other(shared, other)  # references that can be scored, or refused (`jsonl_checks`)
     check_references(items, path, o.answer_format, shared, other)
-    task = JsonlTask(
+    return JsonlTask(
         path,
         items,
         shared,
@@ -206,6 +206,5 @@ def make_jsonl_task(o: JsonlOptions) -> JsonlTask:
         test_fraction=o.test_fraction,
         max_new_tokens=o.max_new_tokens,
         temperature=o.temperature,
+        placement=o.placement,
     )
-    task.placement = o.placement
-    return task

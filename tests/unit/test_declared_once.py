@@ -30,12 +30,14 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mechopd
 from mechopd.core.options import field_facts
+from mechopd.tasks.base import TaskOptions
 from tests.unit.test_layout import KNOWN_UPWARD, LAYERS
 
 ROOT = Path(mechopd.__file__).resolve().parent
@@ -83,7 +85,6 @@ OTHER_MEANING = {
         "warmup",
     ): "AnchorSchedule.warmup: the anchor's β ramp (beta_warmup), not the lr's",
     ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
-    ("mechopd/tasks/facts.py", "k"): "facts per handbook, not TA-OPD's support size K",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
     ("mechopd/pipeline/demo.py", "layers"): "the organism's decoder layers (DemoConfig), not a probe's --layers",
@@ -102,6 +103,7 @@ class Declared:
     default: Any
     file: str
     owner: str
+    scope: frozenset[str] | None = None  # the files it binds (a task's option: its own modules); None: every file
 
 
 def declared_options() -> dict[str, list[Declared]]:
@@ -119,10 +121,25 @@ def declared_options() -> dict[str, list[Declared]]:
             if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == info.name:
                 path = _rel(Path(module.__file__ or ""))
                 own = obj.__dict__.get("__annotations__", {})  # the fields this class itself declares
+                scope = _task_scope(obj)
                 for f in field_facts(obj):
                     if f.name in own:
-                        found.setdefault(f.name, []).append(Declared(f.default, path, f"{path}:{obj.__name__}"))
+                        decl = Declared(f.default, path, f"{path}:{obj.__name__}", scope)
+                        found.setdefault(f.name, []).append(decl)
     return found
+
+
+def _task_scope(cls: type) -> frozenset[str] | None:
+    """A task's options (`TaskOptions`) bind in their task's modules only (the declaring class's and its
+    subclasses'): ``temperature`` of the jsonl task is not the sampler's, ``path`` not every path."""
+    if not issubclass(cls, TaskOptions):
+        return None
+    classes, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        classes.append(c)
+        todo += c.__subclasses__()
+    return frozenset(_rel(Path(sys.modules[c.__module__].__file__ or "")) for c in classes)
 
 
 def _rel(path: Path) -> str:
@@ -157,7 +174,11 @@ def restated(value: Any, path: str, decls: list[Declared]) -> list[Declared]:
     """The declarations whose default ``value`` repeats, of those the file at ``path`` can read (`_readable`)."""
     if value is _NONE:
         return []
-    return [d for d in decls if _readable(d.file, path) and _equal(value, d.default)]
+    return [
+        d
+        for d in decls
+        if (d.scope is None or path in d.scope) and _readable(d.file, path) and _equal(value, d.default)
+    ]
 
 
 def _equal(a: Any, b: Any) -> bool:
