@@ -75,8 +75,7 @@ class SelectionOptions:
         "full",
         short=True,
         registry="selector",
-        help="token selector: full | random | entropy | divergence | tip | "
-        "compat | ta_opd | ta_opd_ent | a registered name",
+        help="token selector: a registered name",
     )
     budget: float = option(0.10, range=Range(0, 1, open_lo=True), short=True, help="TA-OPD token budget ρ")
     tie_break: str = option("position", choices=TIE_BREAKS, help="order among equal scores")

@@ -93,7 +93,7 @@ class ProbeSetup:
     temperature: float | None = option(None, help="sampling temperature (default: the run's/task's)")
     max_new_tokens: int | None = option(None, help="response cap (default: the run's / task's)", range=GE1)
     n: int | None = option(None, help=f"items (default {DEFAULT_N}, or the demo's)", range=GE1)
-    seed: int = option(0, help="item and sampling seed (default 0, or the run's)", range=GE0)
+    seed: int = option(0, help="item and sampling seed (with --run: the run's)", range=GE0)
     batch_size: int = option(8, help="items per forward", range=GE1)
     split: str | None = option(None, help="train | test: item split (default: the probe's)", choices=SPLITS)
     responses_from: str | None = option(

@@ -30,8 +30,9 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,25 @@ OTHER_MEANING = {
     ("mechopd/pipeline/pretrain.py", "layers"): "the organism's decoder layers, not a probe's --layers",
     ("mechopd/pipeline/run.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
     ("mechopd/pipeline/spec.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
+}
+
+# TEMPORARY, owned by the verbs branch (issue 56 items 3-4 rewrite these verbs' flags with add_flags): the widened
+# scan's hits in cli/ files as of this branch, allowed until that branch lands; empty this at the merge.
+VERBS_BRANCH = {
+    "mechopd/cli/eval_cmd.py:41",
+    "mechopd/cli/study_cmd.py:25",
+    "mechopd/cli/study_cmd.py:72",
+    "mechopd/cli/study_cmd.py:97",
+    "mechopd/cli/study_cmd.py:104",
+    "mechopd/cli/study_cmd.py:121",
+    "mechopd/cli/study_cmd.py:136",
+    "mechopd/cli/study_cmd.py:162",
+    "mechopd/cli/study_cmd.py:166",
+    "mechopd/cli/train_cmd.py:20",
+    "mechopd/cli/train_cmd.py:28",
+    "mechopd/cli/train_cmd.py:50",
+    "mechopd/cli/train_cmd.py:57",
+    "mechopd/cli/train_cmd.py:64",
 }
 
 _NONE = object()  # "no literal here"
@@ -231,46 +251,157 @@ def _lookups(node: ast.Call) -> tuple[str, Any] | None:
     return key.value, _literal(args[-1])
 
 
-def restatements(
-    source: str, path: str, declared: dict[str, list[Declared]], other: dict[tuple[str, str], str] = OTHER_MEANING
+def _help_text(node: ast.AST | None) -> str:
+    """A help text's literal parts (an f-string's constant pieces joined, its fields left out)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    return ""
+
+
+_DEFAULT = re.compile(r"\bdefault\b:?\s*([^;)]*)", re.IGNORECASE)
+_LITERAL_START = re.compile(r"""^(['"`]?[-+]?\.?\d|['"`]?(true|false|none|null)\b)""", re.IGNORECASE)
+
+
+def names_a_default(text: str, defaults: list[Any]) -> str | None:
+    """The words of a help text that state a default (``default 8``, ``(default: 'rules')``, or the option's own
+    declared default after the word "default"), else None: the docs and ``--help`` add the declared one."""
+    for m in _DEFAULT.finditer(text):
+        said = m.group(1).strip()
+        own = [str(d) for d in defaults if d is not None and not isinstance(d, bool) and str(d).strip()]
+        if _LITERAL_START.match(said) or any(re.search(rf"(?<![\w-]){re.escape(d)}(?![\w-])", said) for d in own):
+            return m.group(0).strip()
+    return None
+
+
+def lists_members(text: str, registries: Mapping[str, Sequence[str]]) -> str | None:
+    """Two or more of one registry's names written as a list in a help text (``opd, nca, ta_opd``, ``rules |
+    sokoban``), else None: the live names are read from the registry (`limits`), never copied."""
+    for name, members in registries.items():
+        alt = "|".join(re.escape(m) for m in sorted(members, key=len, reverse=True))
+        one = rf"(?<![\w-])(?:{alt})(?![\w-])"
+        for m in re.finditer(rf"{one}(?:\s*(?:,|\||/|\bor\b)\s*{one})+", text):
+            if not re.search(r"e\.g\.\s*(--\S+\s+)?$", text[: m.start()]):  # an example value, not the list
+                return f"{name}: {m.group(0)}"
+    return None
+
+
+def _call_name(node: ast.Call) -> str:
+    return getattr(node.func, "attr", getattr(node.func, "id", ""))
+
+
+def _flag_option(node: ast.Call, declared: dict[str, list[Declared]]) -> str | None:
+    """The declared option an ``add_argument("--kebab-name", ...)`` call names, else None."""
+    for a in node.args:
+        if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+            name = a.value[2:].replace("-", "_")
+            if name in declared:
+                return name
+    return None
+
+
+def _help_hits(
+    node: ast.Call, path: str, declared: dict[str, list[Declared]], registries: Mapping[str, Sequence[str]]
 ) -> list[str]:
-    """Every restatement in one file's source: ``path:line name=value (declared in file, ...)``."""
+    """A help text of ``add_argument(..., help=)`` / ``option(default, help, ...)`` that states a default or lists a
+    registry's names: ``path:line help ...``."""
+    kind = _call_name(node)
+    keyword = next((k.value for k in node.keywords if k.arg == "help"), None)
+    if kind == "option":
+        text = _help_text(keyword if keyword is not None else (node.args[1] if len(node.args) > 1 else None))
+        defaults = [_literal(node.args[0])] if node.args else []
+    elif kind == "add_argument":
+        text = _help_text(keyword)
+        flag = _flag_option(node, declared)
+        defaults = [d.default for d in declared.get(flag or "", [])]
+    else:
+        return []
+    out = []
+    if said := names_a_default(text, [d for d in defaults if d is not _NONE]):
+        out.append(f"{path}:{node.lineno} help states a default: {said!r}")
+    if listed := lists_members(text, registries):
+        out.append(f"{path}:{node.lineno} help lists a registry's names ({listed})")
+    return out
+
+
+def restatements(
+    source: str,
+    path: str,
+    declared: dict[str, list[Declared]],
+    other: dict[tuple[str, str], str] = OTHER_MEANING,
+    registries: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """Every restatement in one file's source: ``path:line name=value (declared in file, ...)``, and ``path:line
+    help ...`` for a help text that states a default or lists a registry's names (``registries``: name -> members)."""
     out: list[tuple[int, str, Any, list[Declared]]] = []
+    helps: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
         hits: list[tuple[int, str, Any]] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             hits = [(arg.lineno, arg.arg, _literal(d)) for arg, d in _parameters(node) if arg.arg in declared]
         elif isinstance(node, ast.Call) and (hit := _lookups(node)) and hit[0] in declared:
             hits = [(node.lineno, *hit)]
+        elif (
+            isinstance(node, ast.Call) and _call_name(node) == "add_argument" and (flag := _flag_option(node, declared))
+        ):
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            value = _literal(default)  # None: argparse's "not given" (the declaration then decides)
+            hits = [(node.lineno, flag, value)] if default is not None and value is not None else []
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            value = _literal(node.values[-1])
+            for x in node.values[:-1]:
+                name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else None
+                if name in declared:
+                    hits.append((node.lineno, name, value))
         elif isinstance(node, ast.ClassDef):
             hits = [
                 (stmt.lineno, name, _field_default(value))
                 for name, value, stmt in _class_fields(node)
                 if name in declared and f"{path}:{node.name}" not in {d.owner for d in declared[name]}
             ]
+        if isinstance(node, ast.Call):
+            helps += [(node.lineno, h) for h in _help_hits(node, path, declared, registries or {})]
         out += [
             (line, name, value, ds)
             for line, name, value in hits
             if (path, name) not in other and (ds := restated(value, path, declared[name]))
         ]
-    return [
-        f"{path}:{line} {name}={value!r} (declared in {', '.join(sorted({d.file for d in ds}))})"
-        for line, name, value, ds in sorted(out, key=lambda r: r[0])
+    found = [
+        (line, f"{path}:{line} {name}={value!r} (declared in {', '.join(sorted({d.file for d in ds}))})")
+        for line, name, value, ds in out
     ]
+    return [text for _, text in sorted(found + helps, key=lambda r: r[0])]
+
+
+def live_registries() -> dict[str, tuple[str, ...]]:
+    """Every registry's live names (`mechopd.core.options.registry_names`) and the task names."""
+    from mechopd.core import options
+    from mechopd.tasks import task_names
+
+    options.registry("method")  # fill the registries (their packages imported)
+    return {**{name: options.registry_names(name) for name in options._REGISTRIES}, "task": tuple(task_names())}
 
 
 def all_restatements(declared: dict[str, list[Declared]]) -> list[str]:
     found: list[str] = []
     for path in sorted(ROOT.rglob("*.py")):
         found += restatements(
-            path.read_text(encoding="utf-8"), _rel(path), declared, {**OTHER_MEANING, **LIBRARY_SENTINELS}
+            path.read_text(encoding="utf-8"),
+            _rel(path),
+            declared,
+            {**OTHER_MEANING, **LIBRARY_SENTINELS},
+            live_registries(),
         )
     return found
 
 
 def test_no_option_default_is_restated() -> None:
-    found = all_restatements(declared_options())
+    everything = all_restatements(declared_options())
+    found = [r for r in everything if r.split(" ")[0] not in VERBS_BRANCH]
     assert not found, f"{len(found)} restated option defaults; read the declaration instead:\n" + "\n".join(found)
+    stale = VERBS_BRANCH - {r.split(" ")[0] for r in everything}
+    assert not stale, f"VERBS_BRANCH entries no longer reported (remove them): {sorted(stale)}"
 
 
 def test_library_sentinels_are_none_or_false_and_still_there() -> None:
