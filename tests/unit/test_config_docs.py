@@ -20,6 +20,14 @@ EVAL_HEAD = """
 `mechopd eval`'s flags (`--kebab-key VALUE`), generated from `mechopd.evaluation.config.EvalConfig` (`EVAL_FACTS`);
 Python callers pass the same fields to `EvalConfig`.
 """
+TASK_HEAD = """
+# Task options
+
+Each task's options (`--option KEY=VALUE` on train, eval and probe; a study's `task_options:`; `--set
+task_options.KEY=VALUE`), generated from the task's options dataclass (`register_task(name, options=...)`,
+`mechopd.tasks.base.task_options_docs`); `--help` of those verbs lists the same. A game's `engine=textarena` takes
+the options of its own table instead.
+"""
 
 
 def render() -> str:
@@ -27,7 +35,10 @@ def render() -> str:
     from mechopd.core.options import docs_table, field_facts
     from mechopd.evaluation.config import EVAL_FACTS
 
-    return HEAD + "\n" + docs_table(field_facts(TrainConfig)) + EVAL_HEAD + "\n" + docs_table(EVAL_FACTS)
+    from mechopd.tasks.base import task_options_docs
+
+    train, evaluation = docs_table(field_facts(TrainConfig)), docs_table(EVAL_FACTS)
+    return HEAD + "\n" + train + EVAL_HEAD + "\n" + evaluation + TASK_HEAD + "\n" + task_options_docs()
 
 
 def test_config_docs_are_up_to_date():
@@ -43,6 +54,21 @@ def test_every_key_is_documented_with_its_help_range_and_choices():
         assert f"| `{f.name}` `" in text and f.help.split()[0] in text
     assert "| `beta` `--beta` | float | `0.5` | >= 0 |" in text and "all \\| selected" in text
     assert "| `n_boot` `--n-boot` | int | `1000` | >= 0 |" in text and "lean \\| hf \\| vllm" in text
+
+
+def test_every_task_option_is_documented() -> None:
+    """Each registered task's options (and a game engine's) have a table row with their range: issue 56 item 2."""
+    from mechopd.core.options import field_facts, limits
+    from mechopd.tasks.base import option_sets
+
+    text = render()
+    labels = [label for label, _ in option_sets()]
+    assert {"rules", "jsonl", "facts", "sokoban", "frozenlake", "sokoban engine=textarena"} <= set(labels)
+    for label, cls in option_sets():
+        assert f"## {label}\n" in text
+        for f in field_facts(cls):
+            assert f"| `{f.name}` `--option {f.name}=VALUE` |" in text and limits(f).replace("|", "\\|") in text
+    assert "| `min_len` `--option min_len=VALUE` | int | `3` | >= 1 and <= 64 |" in text
 
 
 if __name__ == "__main__":

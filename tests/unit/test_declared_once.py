@@ -481,3 +481,35 @@ def test_a_walk_of_beta_lora_rank_and_a_probes_n_crosses_at_most_five_files() ->
         assert len(files) <= 5, (name, files)
     owners = sorted({d.file for d in declared["n"]})
     assert owners == ["mechopd/evaluation/config.py", "mechopd/probes/setup.py"], owners
+
+
+def test_the_widened_scanner_finds_each_new_kind() -> None:
+    """Issue 56 item 5: ``add_argument(--flag, default=LITERAL)``, ``x or LITERAL`` and help texts that state a
+    default or list a registry's names are found, each as ``file:line``; a None argparse default, an ``e.g.``
+    example and another literal are not."""
+    sections = "mechopd/config/sections.py"
+    declared = {
+        "beta": [Declared(0.5, sections, f"{sections}:NCAOptions")],
+        "seed": [Declared(0, sections, f"{sections}:RunOptions")],
+    }
+    registries = {"method": ("opd", "nca", "ta_opd")}
+    source = (
+        "p.add_argument('--beta', default=0.5, help='the weight')\n"  # 1: a flag's default
+        "p.add_argument('--seed', default=None, help='seed')\n"  # 2: argparse's "not given": no hit
+        "x = cfg.beta or 0.5\n"  # 3: x or LITERAL
+        "y = seed or 0\n"  # 4
+        "z = seed or 7\n"  # 5: another literal: no hit
+        "p.add_argument('--seed', help='the seed (default 0)')\n"  # 6: help states a default
+        "a: int = option(3, 'how many (default: 3)')\n"  # 7: an option's help states its own default
+        "b: str = option('opd', help='opd | nca | ta_opd')\n"  # 8: a registry's names
+        "c: str = option(None, 'labels, e.g. opd,nca')\n"  # 9: an example: no hit
+    )
+    found = restatements(source, "m.py", declared, other={}, registries=registries)
+    assert [r.split(" (declared")[0] for r in found] == [
+        "m.py:1 beta=0.5",
+        "m.py:3 beta=0.5",
+        "m.py:4 seed=0",
+        "m.py:6 help states a default: 'default 0'",
+        "m.py:7 help states a default: 'default: 3'",
+        "m.py:8 help lists a registry's names (method: opd | nca | ta_opd)",
+    ]
