@@ -34,7 +34,6 @@ def render() -> str:
     from mechopd.config import TrainConfig
     from mechopd.core.options import docs_table, field_facts
     from mechopd.evaluation.config import EVAL_FACTS
-
     from mechopd.tasks.base import task_options_docs
 
     train, evaluation = docs_table(field_facts(TrainConfig)), docs_table(EVAL_FACTS)
