@@ -136,7 +136,7 @@ CASES = [
         "tasks",
         "max-new-tokens-text",
         lambda o, w: evaluate(o, "--task", "jsonl", "--option", f"path={_jsonl(w)}", "--option", "max_new_tokens=abc"),
-        "max_new_tokens='abc' is invalid",
+        "max_new_tokens='abc' is not a valid int",
     ),
     Hostile(
         "tasks", "rule-superscript", lambda o, w: evaluate(o, "--option", "rule=shift:²"), "rule 'shift:²' is not valid"
