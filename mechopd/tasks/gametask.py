@@ -98,6 +98,8 @@ class GameTask(BaseTask):
         return []
 
     def __init__(self, o: GameOptions):
+        if o.engine != EMBEDDED:  # another engine is its own task (`EngineVariant`), never this one silently
+            raise TaskError(f"{self.name}: engine={o.engine!r} is built by get_task({self.name!r}, engine=...)")
         self.step_budget = o.step_budget
         self.context = self.default_context if o.context is None else o.context
         self.weak_policy_name = o.weak_policy
