@@ -73,7 +73,7 @@ class ProbeSetup:
     run: str | None = option(
         None, help="a training run or demo dir: task, options, render spec and models come from it", metavar="RUN_DIR"
     )
-    task: str = option("rules", help="task name (default: the run's; rules without --run)")
+    task: str = option("rules", help="task name (with --run: the run's)")
     task_options: dict[str, Any] = option(
         help="task option, e.g. --option path=qa.jsonl --option rule=shift:2",
         default_factory=dict,

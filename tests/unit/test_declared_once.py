@@ -260,7 +260,7 @@ def _help_text(node: ast.AST | None) -> str:
     return ""
 
 
-_DEFAULT = re.compile(r"\bdefault\b:?\s*([^;)]*)", re.IGNORECASE)
+_DEFAULT = re.compile(r"\bdefault\b:?\s*([^)]*)", re.IGNORECASE)
 _LITERAL_START = re.compile(r"""^(['"`]?[-+]?\.?\d|['"`]?(true|false|none|null)\b)""", re.IGNORECASE)
 
 
