@@ -21,6 +21,12 @@ is a content hash of the uid (sha1, the first 60 bits read as a fraction, test i
 Other contexts (`Task.other_contexts`): contexts OTHER than the distilled one, each with a label and the target it
 implies (`OtherContext`), for the context-following study (`mechopd.evaluation.following`, docs/method.md "Context following").
 `BaseTask`'s default is none: context-following is then "not measurable" for the task.
+
+Options (`register_task(name, options=XOptions)`): a task's options are a `TaskOptions` dataclass of `option(...)`
+fields (`mechopd.core.options`: default, help and range declared once). `get_task` binds ``--option KEY=VALUE`` / a
+study's ``task_options:`` into it (`bind_task_options`: coerced, range-checked, cross-field rules, one line naming the
+task) and hands the object to the factory; ``--help`` (`task_options_help`) and docs/config.md (`task_options_docs`)
+are generated from the same classes. A ``variant`` (a game's ``engine=``) swaps in another factory and options class.
 """
 
 from __future__ import annotations
@@ -354,11 +360,6 @@ def get_task(name: str, **options: Any) -> Task:
 
 def task_names() -> list[str]:
     return sorted(_REGISTRY)
-
-
-def task_options_class(name: str) -> type | None:
-    """The options dataclass of the registered task ``name`` (None: it takes none)."""
-    return _REGISTRY[name].options
 
 
 def option_sets() -> list[tuple[str, type]]:
