@@ -27,7 +27,20 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, verb in COMMANDS.items():
         verb.args(sub.add_parser(name, help=verb.help.replace("%", "%%"), description=verb.help))  # help: %-formatted
+    _show_task_options(parser)
     return parser
+
+
+def _show_task_options(parser: argparse.ArgumentParser) -> None:
+    """Every verb that takes ``--option`` lists each task's options under its ``--help`` (from the registry)."""
+    from mechopd.tasks.base import task_options_help
+
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for verb in getattr(action, "choices", {}).values():
+            if "--option" in verb._option_string_actions:
+                verb.epilog = task_options_help().replace("%", "%%")
+                verb.formatter_class = argparse.RawDescriptionHelpFormatter
+            _show_task_options(verb)
 
 
 def main(argv: list[str] | None = None) -> int:

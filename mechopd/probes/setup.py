@@ -73,7 +73,7 @@ class ProbeSetup:
     run: str | None = option(
         None, help="a training run or demo dir: task, options, render spec and models come from it", metavar="RUN_DIR"
     )
-    task: str = option("rules", help="task name (default: the run's; rules without --run)")
+    task: str = option("rules", help="task name (with --run: the run's)")
     task_options: dict[str, Any] = option(
         help="task option, e.g. --option path=qa.jsonl --option rule=shift:2",
         default_factory=dict,
@@ -93,7 +93,7 @@ class ProbeSetup:
     temperature: float | None = option(None, help="sampling temperature (default: the run's/task's)")
     max_new_tokens: int | None = option(None, help="response cap (default: the run's / task's)", range=GE1)
     n: int | None = option(None, help=f"items (default {DEFAULT_N}, or the demo's)", range=GE1)
-    seed: int = option(0, help="item and sampling seed (default 0, or the run's)", range=GE0)
+    seed: int = option(0, help="item and sampling seed (with --run: the run's)", range=GE0)
     batch_size: int = option(8, help="items per forward", range=GE1)
     split: str | None = option(None, help="train | test: item split (default: the probe's)", choices=SPLITS)
     responses_from: str | None = option(

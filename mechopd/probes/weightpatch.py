@@ -85,8 +85,7 @@ class WeightpatchOptions:
 
     models: list[Role] | None = models_option("trained models to patch (default: every trained model of the run)")
     donor: Role = option(
-        "base",
-        "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir (default base: revert to W0)",
+        "base", "whose weights go in: a label of the run (base, nca, ...) or a checkpoint dir (base reverts to W0)"
     )
     layers: str | None = option(None, "comma-separated decoder layers and/or 'all' (default: every layer, then all)")
     modules: Sequence[str] = option(

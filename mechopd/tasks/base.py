@@ -21,18 +21,29 @@ is a content hash of the uid (sha1, the first 60 bits read as a fraction, test i
 Other contexts (`Task.other_contexts`): contexts OTHER than the distilled one, each with a label and the target it
 implies (`OtherContext`), for the context-following study (`mechopd.evaluation.following`, docs/method.md "Context following").
 `BaseTask`'s default is none: context-following is then "not measurable" for the task.
+
+Options (`register_task(name, options=XOptions)`): a task's options are a `TaskOptions` dataclass of `option(...)`
+fields (`mechopd.core.options`: default, help and range declared once). `get_task` binds ``--option KEY=VALUE`` / a
+study's ``task_options:`` into it (`bind_task_options`: coerced, range-checked, cross-field rules, one line naming the
+task) and hands the object to the factory; ``--help`` (`task_options_help`) and docs/config.md (`task_options_docs`)
+are generated from the same classes. A ``variant`` (a game's ``engine=``) swaps in another factory and options class.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
+import os
+import textwrap
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import check_fields, coerce, docs_table, field_facts, limits, type_text
 
 SPLITS = ("train", "test")
 Corpus = list[tuple[str | None, str, str]]  # (context or None, prompt, response) triples for organism pretraining
@@ -230,38 +241,116 @@ def missing_members(obj: Any) -> list[str]:
     return gaps + [n for n in methods if not callable(getattr(obj, n, None))]
 
 
-_REGISTRY: dict[str, Callable[..., Task]] = {}
+class TaskOptions:
+    """The base of a task's options dataclass (`register_task`'s ``options=``): every field an `option(...)` (its
+    default, help and range declared once: the one range language, `mechopd.core.options.Range`); construction
+    checks every field (`check_fields`) and then the cross-field rules (`check`). `get_task` binds ``--option
+    KEY=VALUE`` / a study's ``task_options:`` into it (`bind_task_options`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field rules (e.g. ``min_moves <= step_budget``), each refused with one line; none by default."""
 
 
-def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
-    """Decorator: make a task factory (a function or a `BaseTask` subclass) available as ``--task NAME``.
+class Variant(Protocol):
+    """Another factory and options class for some raw options (a game's ``engine=``): `register_task`'s
+    ``variant``."""
 
-    >>> @register_task("my_qa")
-    ... def make_my_qa(**options) -> Task: ...
+    def __call__(self, options: dict[str, Any]) -> tuple[TaskEntry, dict[str, Any]] | None:
+        """The entry that builds the task for these raw options, and the options it takes; None: the task's own."""
+
+    def labelled(self) -> dict[str, type]:
+        """Each variant's options dataclass by label (``engine=textarena``), for ``--help`` and the docs."""
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """A registered task: its factory (called with the bound options object, or with nothing when ``options`` is
+    None) and its options dataclass; ``variant(options)``: another entry for these raw options (a game's
+    ``engine=``: the engine's factory and options), with the options it takes, or None."""
+
+    factory: Callable[..., Task]
+    options: type | None = None
+    variant: Variant | None = None
+
+
+_REGISTRY: dict[str, TaskEntry] = {}
+
+
+def register_task(
+    name: str, options: type | None = None, variant: Variant | None = None
+) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
+    """Decorator: make a task factory (a function or a `BaseTask` subclass) available as ``--task NAME``. A task
+    with options declares them as a `TaskOptions` dataclass of `option(...)` fields; the factory then receives the
+    bound, checked options object (``--option KEY=VALUE``, a study's ``task_options:``); without ``options`` it is
+    called with none.
+
+    >>> @register_task("my_qa", options=MyQaOptions)
+    ... def make_my_qa(o: MyQaOptions) -> Task: ...
     """
+    if options is not None and not (dataclasses.is_dataclass(options) and issubclass(options, TaskOptions)):
+        raise TypeError(f"task {name!r}: options must be a TaskOptions dataclass, got {options!r}")
 
     def deco(factory: Callable[..., Task]) -> Callable[..., Task]:
-        _REGISTRY[name] = factory
+        _REGISTRY[name] = TaskEntry(factory, options, variant)
         return factory
 
     return deco
 
 
+def bind_task_options(name: str, cls: type, options: Mapping[str, Any]) -> Any:
+    """``options`` (already typed: YAML values, or ``--option`` values read by `config_parse.scalar`) as ``cls``:
+    unknown keys refused listing the task's keys; each value coerced (`coerce`: a path-like is text, a bool takes 0 /
+    1 too) and checked (`check_value`), then the cross-field rules; every refusal one line naming the task."""
+    facts = {f.name: f for f in field_facts(cls)}
+    unknown = sorted(set(options) - set(facts))
+    if unknown:
+        raise ConfigError(
+            f"{name} task: unknown option {', '.join(map(repr, unknown))}; the task's options are "
+            f"{', '.join(facts)} (mechopd train --help lists them)"
+        )
+    values = {}
+    for key, value in options.items():
+        f = facts[key]
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if _parts_of(f.hint) is bool and type(value) is int and value in (0, 1):
+            value = bool(value)
+        values[key] = coerce(f, value, f"{name} task")
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{name} task: {e}") from None
+
+
+def _parts_of(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
+
+
 def get_task(name: str, **options: Any) -> Task:
-    """Build a registered task by name; unknown names raise a `TaskError` listing the known ones, options the
-    factory does not take a `ConfigError`, and a result that does not satisfy `Task` a `TaskError` naming the gaps."""
+    """Build a registered task by name; unknown names raise a `TaskError` listing the known ones, options outside
+    the task's options dataclass a `ConfigError` (`bind_task_options`), and a result that does not satisfy `Task` a
+    `TaskError` naming the gaps."""
     # the built-in tasks are registered: importing this module imports the package mechopd.tasks first
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise TaskError(f"unknown task {name!r}; known tasks: {known} (register a custom one with @register_task)")
-    factory = _REGISTRY[name]
-    try:
-        inspect.signature(factory).bind(**options)
-    except ValueError:  # no signature to check (a builtin): the factory checks its options itself
-        pass
-    except TypeError as e:
-        raise ConfigError(f"task {name!r}: {e} (options given: {sorted(options)})") from None
-    task = factory(**options)
+    entry = _REGISTRY[name]
+    if entry.variant is not None and (alt := entry.variant(options)) is not None:
+        entry, options = alt
+    if entry.options is None:
+        if options:
+            raise ConfigError(
+                f"task {name!r} takes no options (given: {', '.join(sorted(options))}); declare them: "
+                f"register_task({name!r}, options=YourOptions)"
+            )
+        task = entry.factory()
+    else:
+        task = entry.factory(bind_task_options(name, entry.options, options))
     gaps = missing_members(task)
     if gaps:
         raise TaskError(
@@ -275,38 +364,35 @@ def task_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-# ------------------------------------------------------------------------------------------- option parsing (factories)
-def option_text(task: str, field: str, value: Any) -> str:
-    """A text task option (a number typed at the command line, ``rule=2``, is not text the task can read)."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{task} task: {field}={value!r} is not text; pass e.g. {field}=shift:2")
-    return value
+def option_sets() -> list[tuple[str, type]]:
+    """Every registered task's options dataclass and its variants', labelled (``rules``, ``sokoban engine=textarena``)."""
+    out: list[tuple[str, type]] = []
+    for name in task_names():
+        entry = _REGISTRY[name]
+        if entry.options is not None:
+            out.append((name, entry.options))
+        for label, cls in (entry.variant.labelled() if entry.variant is not None else {}).items():
+            out.append((f"{name} {label}", cls))
+    return out
 
 
-def option_number(task: str, field: str, value: Any, *, integer: bool, lo: float, hi: float | None = None) -> Any:
-    """A numeric task option in [lo, hi]: an int (or a finite float), never a bool, NaN or text (``max_new_tokens=abc``)."""
-    import math
-
-    kinds = (int,) if integer else (int, float)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, kinds)
-        or not math.isfinite(value)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
-        raise ConfigError(
-            f"{task} task: {field}={value!r} is invalid; pass {'an integer' if integer else 'a number'} {rng}"
-        )
-    return value if integer else float(value)
+def task_options_help(width: int = 100) -> str:
+    """The ``--help`` epilog of the verbs that take ``--option``: each task's options with type, range, choices and
+    default (`limits`: the words docs/config.md shows)."""
+    lines = ["task options (--option KEY=VALUE, a study's task_options:):"]
+    for label, cls in option_sets():
+        items = []
+        for f in field_facts(cls):
+            shown = ", ".join(x for x in (type_text(f.hint), limits(f), f"default {f.default!r}") if x)
+            items.append(f"{f.name} ({shown})")
+        lines += textwrap.wrap(f"{label}: " + "; ".join(items), width, initial_indent="  ", subsequent_indent="    ")
+    return "\n".join(lines)
 
 
-def option_temperature(task: str, value: Any) -> float:
-    """The one temperature rule (`config.check_temperature`), for a task option."""
-    from mechopd.core.options import check_temperature
-
-    try:
-        return float(check_temperature(value, optional=False))
-    except ConfigError as e:
-        raise ConfigError(f"{task} task: {e}") from None
+def task_options_docs() -> str:
+    """docs/config.md's task-option tables (`docs_table`, one per task and variant; the flag is ``--option``)."""
+    parts = []
+    for label, cls in option_sets():
+        facts = [dataclasses.replace(f, flag=f"--option {f.name}=VALUE") for f in field_facts(cls)]
+        parts.append(f"## {label}\n\n" + docs_table(facts, sections=False))
+    return "\n".join(parts)

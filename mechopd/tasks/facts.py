@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
+from mechopd.core.options import GE1, TEMPERATURE_RANGE, Range, option
+from mechopd.tasks.base import BaseTask, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.jsonl_answer import SHORT_FREE_INSTRUCTION, contains_phrase
 
 POOL_PATH = Path(__file__).resolve().parent.parent / "data" / "facts_pool.jsonl"  # the shipped pool (facts_pool.py)
 FACTS_FORMATS = ("strict", "contains")
 PARTS = ("evaluation", "validation")
 QUESTIONS = 12  # paraphrases per fact in the pool
+PLACEMENTS = ("system", "user")
 HEADER = "Handbook of the Northern Archipelago Registry."
 OTHER_LABEL = "changed-handbook"
 
@@ -55,13 +57,13 @@ class FactsTask(BaseTask):
     """The ``facts`` task (module docstring); build it with `make_facts_task` / ``get_task("facts", ...)``."""
 
     facts: list[dict]
-    k: int = 16
-    held_out: int = 4
-    answer_format: str = "strict"
-    max_new_tokens: int = 24
-    temperature: float = 1.0
-    placement: str = "user"
-    part: str = "evaluation"
+    k: int
+    held_out: int
+    answer_format: str
+    part: str
+    max_new_tokens: int  # these three: given by make_facts_task (BaseTask's class attributes are not the task's)
+    temperature: float
+    placement: str
     name: str = "facts"
     is_game: bool = False
     answers: frozenset[str] = field(default=frozenset(), repr=False)  # every answer of the WHOLE pool (strict)
@@ -204,50 +206,40 @@ def _check_fact(fact: Any, where: str) -> None:
         raise DataError(f"{where}: field 'questions' holds {len(questions)}, not {QUESTIONS}")
 
 
-_OPTIONS = ("pool", "part", "k", "held_out", "answer_format", "max_new_tokens", "temperature", "placement")
+@dataclass(frozen=True)
+class FactsOptions(TaskOptions):
+    """``--task facts`` options (``--option KEY=VALUE``, a study's ``task_options:``; module docstring)."""
+
+    pool: str | None = option(None, "the facts pool (a JSONL file); null: the shipped pool", metavar="PATH")
+    part: str = option("evaluation", "the pool's part the study reads (validation: pilots and tuning)", choices=PARTS)
+    k: int = option(16, "facts per handbook", range=GE1)
+    held_out: int = option(4, "held-out questions per fact", range=Range(1, QUESTIONS - 1))
+    answer_format: str = option(
+        "strict", "strict: the target and no other answer of the pool; contains: the target", choices=FACTS_FORMATS
+    )
+    max_new_tokens: int = option(24, "response cap", range=GE1)
+    temperature: float = option(1.0, "rollout temperature", range=TEMPERATURE_RANGE)
+    placement: str = option("user", "where the handbook goes: the user turn or the system message", choices=PLACEMENTS)
 
 
-@register_task("facts")
-def make_facts_task(
-    pool: str | Path | None = None,
-    part: str = "evaluation",
-    k: int = 16,
-    held_out: int = 4,
-    answer_format: str = "strict",
-    max_new_tokens: int = 24,
-    temperature: float = 1.0,
-    placement: str = "user",
-    **unknown: Any,
-) -> FactsTask:
-    """Build the ``facts`` task (module docstring): `pool` (default the shipped pool), its `part` (evaluation |
-    validation), `k` facts per handbook, `held_out` questions per fact, `answer_format` (strict | contains)."""
-    if unknown:
-        raise ConfigError(f"facts task: unknown option {sorted(unknown)[0]!r}; accepted: {', '.join(_OPTIONS)}")
-    if part not in PARTS:
-        raise ConfigError(f"facts task: part={part!r} must be one of {', '.join(PARTS)}")
-    if answer_format not in FACTS_FORMATS:
-        raise ConfigError(f"facts task: answer_format={answer_format!r} must be one of {', '.join(FACTS_FORMATS)}")
-    if placement not in ("system", "user"):
-        raise ConfigError(f"facts task: placement={placement!r} must be 'system' or 'user'")
-    k = option_number("facts", "k", k, integer=True, lo=1)
-    held_out = option_number("facts", "held_out", held_out, integer=True, lo=1, hi=QUESTIONS - 1)
-    max_new_tokens = option_number("facts", "max_new_tokens", max_new_tokens, integer=True, lo=1)
-    temperature = option_temperature("facts", temperature)
-    facts = read_pool(Path(pool) if pool is not None else POOL_PATH)
+@register_task("facts", options=FactsOptions)
+def make_facts_task(o: FactsOptions) -> FactsTask:
+    """Build the ``facts`` task (module docstring) from its options (`FactsOptions`)."""
+    facts = read_pool(Path(o.pool) if o.pool is not None else POOL_PATH)
     answers = frozenset(a for f in facts for a in (f["answer"], f["other_answer"]))
-    chosen = [f for f in facts if f["part"] == part]
-    if k > len(chosen):
+    chosen = [f for f in facts if f["part"] == o.part]
+    if o.k > len(chosen):
         raise ConfigError(
-            f"facts task: k={k} but the pool's {part} part holds {len(chosen)} facts; use k <= {len(chosen)}"
+            f"facts task: k={o.k} but the pool's {o.part} part holds {len(chosen)} facts; use k <= {len(chosen)}"
         )
     return FactsTask(
         chosen,
-        int(k),
-        int(held_out),
-        answer_format,
-        int(max_new_tokens),
-        float(temperature),
-        placement,
-        part,
+        k=o.k,
+        held_out=o.held_out,
+        answer_format=o.answer_format,
+        part=o.part,
+        max_new_tokens=o.max_new_tokens,
+        temperature=o.temperature,
+        placement=o.placement,
         answers=answers,
     )

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import GE0, GE1, Range, option
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
-from mechopd.tasks.gametask import GameTask, check_int, check_options
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gametask import EngineVariant, GameOptions, GameTask
 
 REFERENCE: dict[str, Any] = {"size": 3, "holes": 2, "start": "top-left", "goal": "bottom-right", "readout": False}
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
@@ -126,7 +127,7 @@ def _cell(n: int, spec: Any, field: str) -> int:
         return {"top-left": 0, "top-right": n - 1, "bottom-left": n * (n - 1), "bottom-right": n * n - 1}[spec]
     if isinstance(spec, (list, tuple)) and len(spec) == 2 and all(isinstance(x, int) and 0 <= x < n for x in spec):
         return spec[0] * n + spec[1]
-    raise ConfigError(f"frozenlake task: {field}={spec!r}; use 'random', one of {CORNERS} or [row, col] inside {n}x{n}")
+    raise ConfigError(f"{field}={spec!r} is invalid; use 'random', one of {CORNERS} or [row, col] inside {n}x{n}")
 
 
 def shortest_path_length(board: FrozenLakeBoard, max_depth: int | None = None) -> int | None:
@@ -178,6 +179,32 @@ def greedy_action(state: GameState[int]) -> str:
     return min(ACTIONS, key=dist)
 
 
+@dataclass(frozen=True)
+class FrozenLakeOptions(GameOptions):
+    """``--task frozenlake`` options (``--option KEY=VALUE``, a study's ``task_options:``): the board's and the
+    game's."""
+
+    size: int = option(4, "board side", range=Range(3, 6))
+    holes: int = option(3, "holes on the board (at most size*size-2)", range=GE0)
+    start: str | list[int] = option("random", f"the start cell: random, a corner ({', '.join(CORNERS)}) or [row, col]")
+    goal: str | list[int] = option("random", "the goal cell, as start")
+    min_path: int = option(3, "fewest moves on a board's shortest safe path (at most step_budget)", range=GE1)
+
+    def check(self) -> None:
+        super().check()
+        if self.holes > self.size * self.size - 2:
+            raise ConfigError(
+                f"holes={self.holes} leave no room on a {self.size}x{self.size} board; use at most "
+                f"{self.size * self.size - 2}"
+            )
+        start = None if self.start == "random" else _cell(self.size, self.start, "start")
+        goal = None if self.goal == "random" else _cell(self.size, self.goal, "goal")
+        if start is not None and start == goal:
+            raise ConfigError(f"start={self.start!r} equals goal={self.goal!r}; pick two different cells")
+        if self.min_path > self.step_budget:
+            raise ConfigError(f"min_path={self.min_path} exceeds step_budget={self.step_budget}; lower it")
+
+
 class FrozenLakeTask(GameTask):
     """FrozenLake boards as a `Task` (module docstring); one prompt per move, context spliced into the user turn."""
 
@@ -187,29 +214,11 @@ class FrozenLakeTask(GameTask):
     outcomes = (MOVED, EDGE, HOLE, GOAL)
     symbols = ("P", "F", "H", "G")
 
-    def __init__(
-        self,
-        size: int = 4,
-        holes: int = 3,
-        start: Any = "random",
-        goal: Any = "random",
-        min_path: int = 3,
-        step_budget: int = 5,
-        context: str | None = None,
-        weak_policy: str = "random",
-        max_new_tokens: int = 24,
-        temperature: float = 0.7,
-        readout: bool = True,
-    ):
-        super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
-        self.readout = bool(readout)  # the per-move read-out line under the board (module docstring)
-        self.size = check_int(self.name, "size", size, 3, 6)
-        self.holes = check_int(self.name, "holes", holes, 0, size * size - 2)
-        self.start = None if start == "random" else _cell(size, start, "start")
-        self.goal = None if goal == "random" else _cell(size, goal, "goal")
-        if self.start is not None and self.start == self.goal:
-            raise ConfigError(f"frozenlake task: start={start!r} equals goal={goal!r}; pick two different cells")
-        self.min_path = check_int(self.name, "min_path", min_path, 1, self.step_budget)
+    def __init__(self, o: FrozenLakeOptions):
+        super().__init__(o)
+        self.size, self.holes, self.min_path = o.size, o.holes, o.min_path
+        self.start = None if o.start == "random" else _cell(o.size, o.start, "start")
+        self.goal = None if o.goal == "random" else _cell(o.size, o.goal, "goal")
 
     def board_space(self) -> int:
         """Hole sets x start cells x goal cells (fixed start / goal: one choice each)."""
@@ -239,12 +248,8 @@ class FrozenLakeTask(GameTask):
         return ["up down left right F H G edge toward far ,"]
 
 
-@register_task("frozenlake")
-def make_frozenlake(**options: Any) -> FrozenLakeTask:
-    """``--task frozenlake``; options: size, holes, start, goal, min_path, step_budget, context, weak_policy, ...
-
-    Reference setting: ``make_frozenlake(**REFERENCE)``.
-    """
-    return with_engine(
-        "frozenlake", options, lambda o: FrozenLakeTask(**check_options("frozenlake", FrozenLakeTask, o))
-    )  # engine= too
+@register_task("frozenlake", options=FrozenLakeOptions, variant=EngineVariant("frozenlake"))
+def make_frozenlake(o: FrozenLakeOptions) -> FrozenLakeTask:
+    """``--task frozenlake`` (`FrozenLakeOptions`; ``engine=textarena``: TextArena's FrozenLake-v0). Reference
+    setting: ``get_task("frozenlake", **REFERENCE)``."""
+    return FrozenLakeTask(o)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from mechopd.core.errors import ConfigError
+from mechopd.core.options import register_registry
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 DELTAS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -32,7 +32,8 @@ TEST_BUCKETS = 10  # 1 board in TEST_BUCKETS is held out
 MAX_MISSES = 2000  # consecutive duplicate / other-split boards before a board space counts as exhausted
 INVALID = "invalid reply, no move"
 EMBEDDED = "embedded"
-ENGINES: dict[str, Callable[..., Any]] = {}  # engine name -> factory(game, **options); the embedded one is the game's
+# engine name -> (factory(game, options), its options dataclass); the embedded one is the game's own task
+ENGINES: dict[str, tuple[Callable[[str, Any], Any], type]] = {}
 
 
 K = TypeVar("K", bound=Hashable)  # a board's key type (FrozenLake: int; Sokoban: (player, boxes))
@@ -230,26 +231,15 @@ def play(episode: GameEpisode[K], policy: Policy, rng: random.Random) -> GameEpi
 
 
 # ------------------------------------------------------------------------------------------------------- engines
-def register_engine(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: ``factory(game, **options) -> Task`` plays ``--option engine=<name>`` for every game."""
+def register_engine(name: str, options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``factory(game, options) -> Task`` plays ``--option engine=<name>`` for every game; ``options``:
+    the engine's options dataclass (a `TaskOptions`), which then replaces the game's (`gametask.engine_variant`)."""
 
     def deco(factory: Callable[..., Any]) -> Callable[..., Any]:
-        ENGINES[name] = factory
+        ENGINES[name] = (factory, options)
         return factory
 
     return deco
 
 
-def with_engine(game: str, options: dict[str, Any], embedded: Callable[[dict[str, Any]], Any]) -> Any:
-    """The ONE engine dispatch of the games: ``engine`` (default "embedded") picks ``embedded(options)`` (the game's
-    own board) or a registered engine (`register_engine`, e.g. TextArena's); ``engine`` itself is not passed on."""
-    engine = options.get("engine", EMBEDDED)
-    rest = {k: v for k, v in options.items() if k != "engine"}
-    if engine == EMBEDDED:
-        return embedded(rest)
-    if engine not in ENGINES:
-        raise ConfigError(
-            f"{game} task: engine={engine!r} is unknown; use 'embedded' (default) or "
-            f"{' or '.join(repr(e) for e in ENGINES)}"
-        )
-    return ENGINES[engine](game, **rest)
+register_registry("game_engine", lambda: {EMBEDDED: None, **ENGINES})  # GameOptions.engine's choices

@@ -6,17 +6,21 @@ with its board generator and texts. Split rule: `gamecore.split_of` on the board
 
 from __future__ import annotations
 
-import inspect
+import functools
 import random
 from abc import abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.base import SPLITS, BaseTask, Corpus, Example, option_temperature
+from mechopd.core.options import TEMPERATURE_RANGE, Range, option
+from mechopd.tasks.base import SPLITS, BaseTask, Corpus, Example, TaskEntry, TaskOptions
 from mechopd.tasks.gamecore import (
     ACTIONS,
     ALIASES,
+    EMBEDDED,
+    ENGINES,
     INVALID,
     MAX_MISSES,
     Board,
@@ -39,19 +43,42 @@ from mechopd.tasks.words import split_words
 WEAK_POLICIES = ("random", "greedy")
 
 
-def check_options(name: str, cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """Reject unknown factory options with a `ConfigError` listing the known ones."""
-    known = [p for p in inspect.signature(cls).parameters]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(f"{name} task: unknown option(s) {unknown}; options are {', '.join(known)}")
-    return options
+@dataclass(frozen=True)
+class GameOptions(TaskOptions):
+    """The options every embedded game takes (a game's options dataclass adds its board's)."""
+
+    step_budget: int = option(5, "moves per episode", range=Range(1, 20))
+    context: str | None = option(None, "the experience items; null: the game's own")
+    weak_policy: str = option("random", "the organism's play without the context", choices=WEAK_POLICIES)
+    max_new_tokens: int = option(24, "response cap per move", range=Range(4, 1024))
+    temperature: float = option(0.7, "rollout temperature", range=TEMPERATURE_RANGE)
+    readout: bool = option(True, "the per-move read-out line under the board")
+    engine: str = option(
+        EMBEDDED, "the game's engine: the embedded organism or a registered one", registry="game_engine"
+    )
+
+    def check(self) -> None:
+        if self.context is not None and not self.context.strip():
+            raise ConfigError(f"context={self.context!r} must be non-empty text; omit it for the game's own")
 
 
-def check_int(name: str, field: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"{name} task: {field}={value!r} is out of range; pass an integer in {lo}..{hi}")
-    return value
+class EngineVariant:
+    """`register_task`'s ``variant`` for a game: ``engine=<registered engine>`` builds the task with that engine's
+    factory and options (`gamecore.register_engine`); the embedded engine is the game's own entry."""
+
+    def __init__(self, game: str):
+        self.game = game
+
+    def __call__(self, options: dict[str, Any]) -> tuple[TaskEntry, dict[str, Any]] | None:
+        engine = options.get("engine", EMBEDDED)
+        if engine == EMBEDDED or not isinstance(engine, str) or engine not in ENGINES:
+            return None  # the game's own options check the engine's name
+        factory, cls = ENGINES[engine]
+        rest = {k: v for k, v in options.items() if k != "engine"}
+        return TaskEntry(functools.partial(factory, self.game), cls), rest
+
+    def labelled(self) -> dict[str, type]:
+        return {f"engine={name}": cls for name, (_, cls) in ENGINES.items()}
 
 
 class GameTask(BaseTask):
@@ -70,18 +97,15 @@ class GameTask(BaseTask):
         """Texts the read-out line can contain (for the vocabulary); none when the task has no read-out."""
         return []
 
-    def __init__(
-        self, step_budget: int, context: str | None, weak_policy: str, max_new_tokens: int, temperature: float
-    ):
-        self.step_budget = check_int(self.name, "step_budget", step_budget, 1, 20)
-        if context is not None and (not isinstance(context, str) or not context.strip()):
-            raise ConfigError(f"{self.name} task: context={context!r} must be non-empty text; omit it for the default")
-        self.context = self.default_context if context is None else context
-        if weak_policy not in WEAK_POLICIES:
-            raise ConfigError(f"{self.name} task: weak_policy={weak_policy!r}; use one of {WEAK_POLICIES}")
-        self.weak_policy_name = weak_policy
-        self.max_new_tokens = check_int(self.name, "max_new_tokens", max_new_tokens, 4, 1024)
-        self.temperature = option_temperature(self.name, temperature)  # the one rule (games: 0.7)
+    def __init__(self, o: GameOptions):
+        if o.engine != EMBEDDED:  # another engine is its own task (`EngineVariant`), never this one silently
+            raise TaskError(f"{self.name}: engine={o.engine!r} is built by get_task({self.name!r}, engine=...)")
+        self.step_budget = o.step_budget
+        self.context = self.default_context if o.context is None else o.context
+        self.weak_policy_name = o.weak_policy
+        self.max_new_tokens = o.max_new_tokens
+        self.temperature = o.temperature
+        self.readout = o.readout
 
     # subclass hooks -------------------------------------------------------
     @abstractmethod

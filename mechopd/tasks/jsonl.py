@@ -32,10 +32,10 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.base import BaseTask, Example, OtherContext, option_number, option_temperature, register_task
+from mechopd.core.options import GE1, TEMPERATURE_RANGE, UNIT, Range, option
+from mechopd.tasks.base import BaseTask, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.jsonl_answer import ScoringOptions, answer_region, choice_letter, score_response
 from mechopd.tasks.jsonl_checks import check_ids, check_references, check_shared_other
 from mechopd.tasks.jsonl_items import _dedupe, _Item, _where, is_test_uid, read_context_file, read_items, render_prompt
@@ -59,13 +59,13 @@ class JsonlTask(BaseTask):
     path: Path
     items: list[_Item]
     shared_context: str | None
-    test_fraction: float = 0.2
-    max_new_tokens: int = 512
-    temperature: float = 1.0
-    shared_other_context: str | None = None  # the file-level other context (other_context= / other_context_file=)
-    answer_format: str = ScoringOptions.answer_format
+    shared_other_context: str | None  # the file-level other context (other_context= / other_context_file=)
+    answer_format: str
+    test_fraction: float  # these four: given by make_jsonl_task (BaseTask's class attributes are not the task's)
+    max_new_tokens: int
+    temperature: float
+    placement: str
     name: str = "jsonl"
-    placement: str = "system"
     is_game: bool = False
     _splits: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False)
 
@@ -153,73 +153,58 @@ class JsonlTask(BaseTask):
         return sorted(words)
 
 
-_OPTIONS = (
-    "path",
-    "context_file",
-    "context",
-    "test_fraction",
-    "max_new_tokens",
-    "temperature",
-    "cop_base",
-    "placement",
-    "other_context",
-    "other_context_file",
-    "answer_format",
-)
+@dataclass(frozen=True)
+class JsonlOptions(TaskOptions, ScoringOptions):
+    """``--task jsonl`` options (``--option KEY=VALUE``, a study's ``task_options:``; docs/tasks.md); ``answer_format``
+    is `ScoringOptions`'."""
+
+    path: str | None = option(None, "the JSONL items (required)", metavar="PATH")
+    context_file: str | None = option(None, "a file holding the shared context", metavar="PATH")
+    context: str | None = option(None, "the shared context text (an item's own context overrides it)")
+    test_fraction: float = option(0.2, "the share of items held out (by a hash of the item id)", range=UNIT)
+    max_new_tokens: int = option(512, "response cap", range=GE1)
+    temperature: float = option(1.0, "rollout temperature", range=TEMPERATURE_RANGE)
+    cop_base: int = option(0, "0: HF MedMCQA's cop counts 0-3; 1: exports that count 1-4", range=Range(0, 1))
+    placement: str = option(
+        "system",
+        "where the context goes: the system message or spliced before the question",
+        choices=("system", "user"),
+    )
+    other_context: str | None = option(None, "the file-level other context (the context-following study)")
+    other_context_file: str | None = option(None, "a file holding the other context", metavar="PATH")
+
+    def check(self) -> None:
+        if self.path is None:
+            raise ConfigError("option 'path' is required (path=data.jsonl)")
+        if self.context is not None and self.context_file is not None:
+            raise ConfigError("give either context= or context_file=, not both")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction={self.test_fraction!r} must lie strictly between 0 and 1")
+        if self.context is not None and not self.context.strip():
+            raise ConfigError("context= is empty; give the shared context text or leave it out")
 
 
-@register_task("jsonl")
-def make_jsonl_task(
-    path: str | Path | None = None,
-    context_file: str | Path | None = None,
-    context: str | None = None,
-    test_fraction: float = 0.2,
-    max_new_tokens: int = 512,
-    temperature: float = 1.0,
-    cop_base: int = 0,
-    placement: str = "system",
-    other_context: str | None = None,
-    other_context_file: str | Path | None = None,
-    answer_format: str = ScoringOptions.answer_format,
-    **unknown: Any,
-) -> JsonlTask:
-    """Build the ``jsonl`` task. `path` is required; `context` / `context_file` give the shared context (per-item
-    ``"context"`` overrides it); `cop_base` is 0 for HF MedMCQA (cop 0-3), 1 for exports that count 1-4;
-    `placement` is "system" (the context as the system message) or "user" (spliced before the question);
-    `answer_format` is `ScoringOptions.answer_format` (tag | exact | contains | first_line)."""
-    if unknown:
-        raise ConfigError(f"jsonl task: unknown option {sorted(unknown)[0]!r}; accepted: {', '.join(_OPTIONS)}")
-    if path is None:
-        raise ConfigError("jsonl task: option 'path' is required (path=data.jsonl)")
-    if context is not None and context_file is not None:
-        raise ConfigError("jsonl task: give either context= or context_file=, not both")
-    test_fraction = option_number("jsonl", "test_fraction", test_fraction, integer=False, lo=0, hi=1)
-    if not 0.0 < test_fraction < 1.0:
-        raise ConfigError(f"jsonl task: test_fraction={test_fraction!r} must lie strictly between 0 and 1")
-    max_new_tokens = option_number("jsonl", "max_new_tokens", max_new_tokens, integer=True, lo=1)
-    temperature = option_temperature("jsonl", temperature)
-    for name, value in (("path", path), ("context_file", context_file), ("context", context)):
-        if value is not None and not isinstance(value, (str, Path)):  # a number typed as --option path=3
-            raise ConfigError(f"jsonl task: {name}={value!r} is not text; pass a path or text")
-    if cop_base not in (0, 1):
-        raise ConfigError(f"jsonl task: cop_base={cop_base!r} must be 0 (HF MedMCQA, cop 0-3) or 1 (cop 1-4)")
-    if context is not None and not str(context).strip():
-        raise ConfigError("jsonl task: context= is empty; give the shared context text or leave it out")
-    ScoringOptions(answer_format)  # before the file is read: an unknown format names the choices
-    shared = str(context).strip() if context is not None else None
-    if context_file is not None:
-        shared = read_context_file(context_file)
-    if placement not in ("system", "user"):
-        raise ConfigError(f"jsonl task: placement={placement!r} must be 'system' or 'user'")
-    path = Path(path)
-    every = read_items(path, cop_base)
+@register_task("jsonl", options=JsonlOptions)
+def make_jsonl_task(o: JsonlOptions) -> JsonlTask:
+    """Build the ``jsonl`` task from its options (`JsonlOptions`): the file is read and its references checked."""
+    shared = o.context.strip() if o.context is not None else None
+    if o.context_file is not None:
+        shared = read_context_file(o.context_file)
+    path = Path(str(o.path))
+    every = read_items(path, o.cop_base)
     check_ids(path, every)  # before the dedupe: every line's id
     items = _dedupe(every, path)
-    other = shared_other(other_context, other_context_file)
+    other = shared_other(o.other_context, o.other_context_file)
     check_shared_other(shared, other)  # references that can be scored, or refused (`jsonl_checks`)
-    check_references(items, path, answer_format, shared, other)
-    task = JsonlTask(
-        path, items, shared, float(test_fraction), int(max_new_tokens), float(temperature), other, answer_format
+    check_references(items, path, o.answer_format, shared, other)
+    return JsonlTask(
+        path,
+        items,
+        shared,
+        shared_other_context=other,
+        answer_format=o.answer_format,
+        test_fraction=o.test_fraction,
+        max_new_tokens=o.max_new_tokens,
+        temperature=o.temperature,
+        placement=o.placement,
     )
-    task.placement = placement
-    return task

@@ -19,7 +19,8 @@ import random
 from dataclasses import dataclass
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, option_number, option_text, register_task
+from mechopd.core.options import UNIT, Range, option
+from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.words import split_words
 
 FAMILY = ["shift:1", "shift:2", "shift:3", "shift:4", "shift:5", "repeat:2", "repeat:3", "reverse"]
@@ -27,7 +28,6 @@ PROMPT = "apply the rule to : {items}"
 
 
 def parse_rule(spec: str) -> tuple[str, int]:
-    option_text("rules", "rule", spec)
     kind, _, arg = spec.partition(":")
     if kind == "reverse" and not arg:
         return kind, 0
@@ -91,31 +91,45 @@ def _count_test(min_len: int, max_len: int) -> int:
     )
 
 
-@dataclass
+LENGTHS = Range(1, 64)  # digits per item
+
+
+@dataclass(frozen=True)
+class RulesOptions(TaskOptions):
+    """``--task rules`` options (``--option KEY=VALUE``, a study's ``task_options:``)."""
+
+    rule: str = option("shift:1", "the distilled rule: shift:K, repeat:K (K >= 1) or reverse")
+    min_len: int = option(3, "fewest digits in an item", range=LENGTHS)
+    max_len: int = option(6, "most digits in an item", range=LENGTHS)
+    family: tuple[str, ...] = option(
+        tuple(FAMILY), "the rules the organism learns to follow (pretraining) and the other contexts, as a list"
+    )
+    context_prob: float = option(0.75, "pretraining: the share of samples that carry a context", range=UNIT)
+
+    def check(self) -> None:
+        parse_rule(self.rule)
+        if not isinstance(self.family, (tuple, list)) or not self.family:
+            raise ConfigError(f"family={self.family!r} must be a non-empty list of rules, e.g. {FAMILY}")
+        for r in self.family:
+            if not isinstance(r, str):
+                raise ConfigError(f"family entry {r!r} is not text; use rules such as {FAMILY}")
+            parse_rule(r)
+        if not self.min_len <= self.max_len:
+            raise ConfigError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+
+
 class RulesTask(BaseTask):
     """The system-prompt QA organism (see module docstring); `parse_answer` is `BaseTask`'s (the stripped reply)."""
 
-    rule: str = "shift:1"
-    min_len: int = 3
-    max_len: int = 6
-    family: tuple[str, ...] = tuple(FAMILY)
-    context_prob: float = 0.75  # pretraining: fraction of samples that carry a context
-    name: str = "rules"
-    placement: str = "system"
-    is_game: bool = False
-    temperature: float = 1.0
+    name = "rules"
+    placement = "system"
+    is_game = False
+    temperature = 1.0
 
-    def __post_init__(self) -> None:
-        parse_rule(self.rule)
-        if not isinstance(self.family, (tuple, list)) or not self.family:
-            raise ConfigError(f"rules task: family={self.family!r} must be a non-empty list of rules, e.g. {FAMILY}")
-        for r in self.family:
-            parse_rule(r)
-        for name in ("min_len", "max_len"):
-            option_number("rules", name, getattr(self, name), integer=True, lo=1, hi=64)
-        self.context_prob = option_number("rules", "context_prob", self.context_prob, integer=False, lo=0, hi=1)
-        if not 1 <= self.min_len <= self.max_len:
-            raise ConfigError(f"rules task: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+    def __init__(self, o: RulesOptions) -> None:
+        self.rule, self.min_len, self.max_len = o.rule, o.min_len, o.max_len
+        self.family: tuple[str, ...] = tuple(o.family)
+        self.context_prob = o.context_prob
 
     @property
     def context(self) -> str:
@@ -205,12 +219,7 @@ class RulesTask(BaseTask):
         return sorted(words)
 
 
-@register_task("rules")
-def make_rules(**options) -> RulesTask:
-    """``--task rules``; options: rule (default shift:1), min_len, max_len, family, context_prob."""
-    if "family" in options and isinstance(options["family"], list):
-        options["family"] = tuple(options["family"])
-    try:
-        return RulesTask(**options)
-    except TypeError as e:
-        raise ConfigError(f"rules task: {e}; options are rule, min_len, max_len, family, context_prob") from None
+@register_task("rules", options=RulesOptions)
+def make_rules(o: RulesOptions) -> RulesTask:
+    """``--task rules`` (`RulesOptions`)."""
+    return RulesTask(o)

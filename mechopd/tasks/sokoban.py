@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from mechopd.core.errors import TaskError
+from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import GE1, Range, option
 from mechopd.tasks.base import register_task
-from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells, with_engine
-from mechopd.tasks.gametask import GameTask, check_int, check_options
+from mechopd.tasks.gamecore import ACTIONS, DELTAS, GameState, bfs_path, render_cells
+from mechopd.tasks.gametask import EngineVariant, GameOptions, GameTask
 
 Key = tuple[int, tuple[int, ...]]  # (player cell, sorted box cells); cells are row * size + col
 MOVED, WALL, BLOCKED = "moved", "bumped into a wall", "could not push the box"
@@ -285,6 +286,20 @@ def greedy_action(state: GameState[Key]) -> str:
     return min(ACTIONS, key=cost)
 
 
+@dataclass(frozen=True)
+class SokobanOptions(GameOptions):
+    """``--task sokoban`` options (``--option KEY=VALUE``, a study's ``task_options:``): the board's and the game's."""
+
+    size: int = option(6, "board side, walls included", range=Range(5, 8))
+    boxes: int = option(1, "boxes (and targets) on the board", range=Range(1, 3))
+    min_moves: int = option(2, "fewest moves a board's solution takes (at most step_budget)", range=GE1)
+
+    def check(self) -> None:
+        super().check()
+        if self.min_moves > self.step_budget:
+            raise ConfigError(f"min_moves={self.min_moves} exceeds step_budget={self.step_budget}; lower it")
+
+
 class SokobanTask(GameTask):
     """Sokoban boards as a `Task` (module docstring); one prompt per move, context spliced into the user turn."""
 
@@ -294,23 +309,9 @@ class SokobanTask(GameTask):
     outcomes = (MOVED, WALL, BLOCKED, PUSHED, ON_TARGET)
     symbols = tuple(SYMBOL_OF.values())
 
-    def __init__(
-        self,
-        size: int = 6,
-        boxes: int = 1,
-        min_moves: int = 2,
-        step_budget: int = 5,
-        context: str | None = None,
-        weak_policy: str = "random",
-        max_new_tokens: int = 24,
-        temperature: float = 0.7,
-        readout: bool = True,
-    ):
-        super().__init__(step_budget, context, weak_policy, max_new_tokens, temperature)
-        self.readout = bool(readout)
-        self.size = check_int(self.name, "size", size, 5, 8)
-        self.boxes = check_int(self.name, "boxes", boxes, 1, 3)
-        self.min_moves = check_int(self.name, "min_moves", min_moves, 1, self.step_budget)
+    def __init__(self, o: SokobanOptions):
+        super().__init__(o)
+        self.size, self.boxes, self.min_moves = o.size, o.boxes, o.min_moves
 
     def board_space(self) -> int:
         """Floor subsets of the interior x target sets x box sets x player cells (walls ring the board)."""
@@ -333,10 +334,7 @@ class SokobanTask(GameTask):
         return [f"up down left right toward far , {' '.join(SYMBOL_OF.values())}"] if self.readout else []
 
 
-@register_task("sokoban")
-def make_sokoban(**options: Any) -> SokobanTask:
-    """``--task sokoban``; options: size (6), boxes (1), min_moves (2), step_budget (5), context, weak_policy,
-    max_new_tokens (24), temperature (0.7), readout (True)."""
-    return with_engine(
-        "sokoban", options, lambda o: SokobanTask(**check_options("sokoban", SokobanTask, o))
-    )  # engine= too
+@register_task("sokoban", options=SokobanOptions, variant=EngineVariant("sokoban"))
+def make_sokoban(o: SokobanOptions) -> SokobanTask:
+    """``--task sokoban`` (`SokobanOptions`; ``engine=textarena``: TextArena's Sokoban-v0)."""
+    return SokobanTask(o)

@@ -21,11 +21,13 @@ from __future__ import annotations
 import copy
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from mechopd.core.errors import ConfigError, TaskError
+from mechopd.core.options import GE0, GE1, GT0, Range, option
 from mechopd.tasks import frozenlake, sokoban
-from mechopd.tasks.base import SPLITS, BaseTask, Example
+from mechopd.tasks.base import SPLITS, BaseTask, Example, TaskOptions
 from mechopd.tasks.gamecore import MAX_MISSES, board_hash, register_engine, split_of
 
 INSTALL = "pip install mechopd[textarena]"
@@ -178,51 +180,41 @@ class TextArenaGameTask(BaseTask):
         return split_of(example.uid)  # boards split by hash, as the embedded games
 
 
-@register_engine("textarena")
-def make_textarena_task(
-    game: str,
-    *,
-    size: int | None = None,
-    holes: int = 3,
-    boxes: int = 1,
-    step_budget: int = 5,
-    context: str | None = None,
-    max_new_tokens: int = 1024,
-    temperature: float = 0.7,
-    readout: bool = False,
-    **unknown: Any,
-) -> TextArenaGameTask:
-    """The ``engine: textarena`` variant of ``frozenlake`` / ``sokoban``. Options: size (FrozenLake 4, Sokoban 6, as
-    FrozenLake-v0 / Sokoban-v0), holes (FrozenLake), boxes (Sokoban), step_budget, context, max_new_tokens,
-    temperature; ``readout: false`` is accepted (TextArena has no read-out line). The embedded-only options
-    (readout: true, start, goal, min_path, weak_policy ...) are refused."""
-    if readout:
-        raise ConfigError(
-            f"{game} task: readout=true is an embedded-organism option; TextArena's boards have no "
-            "read-out line (set readout: false or drop it with engine: textarena)"
-        )
-    if unknown:
-        raise ConfigError(
-            f"{game} task: option(s) {sorted(unknown)} do not apply to engine: textarena; its options "
-            "are size, holes (frozenlake), boxes (sokoban), step_budget, context, max_new_tokens, "
-            "temperature"
-        )
-    size = size if size is not None else (4 if game == "frozenlake" else 6)
+@dataclass(frozen=True)
+class TextArenaOptions(TaskOptions):
+    """``engine=textarena`` options of ``frozenlake`` / ``sokoban`` (they replace the game's own; the embedded-only
+    ones, start, goal, min_path, weak_policy, are refused)."""
+
+    size: int | None = option(None, "board side; null: FrozenLake-v0's 4, Sokoban-v0's 6", range=GE1)
+    holes: int = option(3, "FrozenLake's holes", range=GE0)
+    boxes: int = option(1, "Sokoban's boxes", range=GE1)
+    step_budget: int = option(5, "moves per episode", range=Range(1, 100))
+    context: str | None = option(None, "the experience items; null: the game's own")
+    max_new_tokens: int = option(1024, "response cap per move", range=Range(4, 4096))
+    temperature: float = option(0.7, "rollout temperature", range=GT0)
+    readout: bool = option(False, "TextArena's boards have no read-out line: false only")
+
+    def check(self) -> None:
+        if self.readout:
+            raise ConfigError(
+                "readout=true is an embedded-organism option; TextArena's boards have no "
+                "read-out line (set readout: false or drop it with engine: textarena)"
+            )
+        if self.context is not None and not self.context.strip():
+            raise ConfigError("context is empty; omit it for the game's own experience items")
+
+
+@register_engine("textarena", options=TextArenaOptions)
+def make_textarena_task(game: str, o: TextArenaOptions) -> TextArenaGameTask:
+    """The ``engine: textarena`` variant of ``frozenlake`` / ``sokoban`` (`TextArenaOptions`)."""
+    size = o.size if o.size is not None else (4 if game == "frozenlake" else 6)
     default_ctx = frozenlake.CONTEXT if game == "frozenlake" else sokoban.CONTEXT
-    if context is not None and not str(context).strip():
-        raise ConfigError(f"{game} task: context is empty; omit it for the default experience items")
-    if not (isinstance(step_budget, int) and 1 <= step_budget <= 100) or not 4 <= int(max_new_tokens) <= 4096:
-        raise ConfigError(
-            f"{game} task: step_budget={step_budget!r} must be 1..100 and max_new_tokens={max_new_tokens!r} 4..4096"
-        )
-    if not float(temperature) > 0:
-        raise ConfigError(f"{game} task: temperature={temperature!r} must be > 0")
     return TextArenaGameTask(
         game,
-        int(size),
-        int(holes if game == "frozenlake" else boxes),
-        step_budget,
-        context or default_ctx,
-        int(max_new_tokens),
-        float(temperature),
+        size,
+        o.holes if game == "frozenlake" else o.boxes,
+        o.step_budget,
+        o.context or default_ctx,
+        o.max_new_tokens,
+        o.temperature,
     )

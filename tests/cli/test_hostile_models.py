@@ -136,7 +136,7 @@ CASES = [
         "tasks",
         "max-new-tokens-text",
         lambda o, w: evaluate(o, "--task", "jsonl", "--option", f"path={_jsonl(w)}", "--option", "max_new_tokens=abc"),
-        "max_new_tokens='abc' is invalid",
+        "max_new_tokens='abc' is not a valid int",
     ),
     Hostile(
         "tasks", "rule-superscript", lambda o, w: evaluate(o, "--option", "rule=shift:²"), "rule 'shift:²' is not valid"
@@ -234,11 +234,12 @@ def test_a_json_line_holding_u2028_is_one_item(tmp_path):
 
 def test_a_one_item_file_names_the_empty_split_not_n_zero(tmp_path):
     from mechopd.core.errors import TaskError
-    from mechopd.tasks.jsonl import is_test_uid, make_jsonl_task
+    from mechopd.tasks.base import get_task
+    from mechopd.tasks.jsonl import is_test_uid
 
     for k in range(50):  # an item that the content hash puts in train: the test split is empty
         p = write(tmp_path, "one.jsonl", json.dumps({"prompt": f"q{k}", "answer": "a", "context": "c"}) + "\n")
-        task = make_jsonl_task(path=p)
+        task = get_task("jsonl", path=p)
         if not is_test_uid(task.examples("train", 1, 0)[0].uid, 0.2):
             break
     with pytest.raises(TaskError) as err:

@@ -34,10 +34,11 @@ def _jsonl_model(tmp: Path):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from mechopd.organisms.tokenizer import build_tokenizer
-    from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, make_jsonl_task
+    from mechopd.tasks.base import get_task
+    from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA
     from mechopd.tasks.words import split_words
 
-    task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
+    task = get_task("jsonl", path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
     words = set(task.vocab())
     for split, size in task.split_sizes().items():
         for e in task.examples(split, size, 0):

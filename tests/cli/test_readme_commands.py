@@ -103,10 +103,10 @@ def _jsonl_models(root: Path, path: Path) -> list[str]:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from mechopd.organisms.tokenizer import build_tokenizer
-    from mechopd.tasks.jsonl import make_jsonl_task
+    from mechopd.tasks.base import get_task
     from mechopd.tasks.words import split_words
 
-    task = make_jsonl_task(path=str(path))
+    task = get_task("jsonl", path=str(path))
     words = set(task.vocab())
     for split, size in task.split_sizes().items():
         for e in task.examples(split, size, 0):

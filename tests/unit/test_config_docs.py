@@ -20,6 +20,14 @@ EVAL_HEAD = """
 `mechopd eval`'s flags (`--kebab-key VALUE`), generated from `mechopd.evaluation.config.EvalConfig` (`EVAL_FACTS`);
 Python callers pass the same fields to `EvalConfig`.
 """
+TASK_HEAD = """
+# Task options
+
+Each task's options (`--option KEY=VALUE` on train, eval and probe; a study's `task_options:`; `--set
+task_options.KEY=VALUE`), generated from the task's options dataclass (`register_task(name, options=...)`,
+`mechopd.tasks.base.task_options_docs`); `--help` of those verbs lists the same. A game's `engine=textarena` takes
+the options of its own table instead.
+"""
 
 
 ORGANISM_HEAD = """
@@ -48,6 +56,7 @@ def render() -> str:
     from mechopd.evaluation.config import EVAL_FACTS
     from mechopd.organisms.pretrain import OrganismConfig
     from mechopd.pipeline.demo import DemoConfig
+    from mechopd.tasks.base import task_options_docs
 
     organism, demo = field_facts(OrganismConfig), field_facts(DemoConfig)
     return (
@@ -63,6 +72,9 @@ def render() -> str:
         + DEMO_HEAD.format(flags=_flags(demo, DEMO_FLAGS))
         + "\n"
         + docs_table(demo, typed=True, sections=False)
+        + TASK_HEAD
+        + "\n"
+        + task_options_docs()
     )
 
 
@@ -93,6 +105,21 @@ def test_the_organism_and_demo_fields_are_documented_with_their_flags():
     assert "| `num_layers` `--layers` | int | `3` | >= 1 and <= 48 |" in text
     assert "| `steps` `--steps` | int or null | `None` | >= 1 |" in text  # the demo's: null = the study's
     assert "`mechopd pretrain`\ntakes `--task`, `--arch`, `--layers`" in text
+
+
+def test_every_task_option_is_documented() -> None:
+    """Each registered task's options (and a game engine's) have a table row with their range: issue 56 item 2."""
+    from mechopd.core.options import field_facts, limits
+    from mechopd.tasks.base import option_sets
+
+    text = render()
+    labels = [label for label, _ in option_sets()]
+    assert {"rules", "jsonl", "facts", "sokoban", "frozenlake", "sokoban engine=textarena"} <= set(labels)
+    for label, cls in option_sets():
+        assert f"## {label}\n" in text
+        for f in field_facts(cls):
+            assert f"| `{f.name}` `--option {f.name}=VALUE` |" in text and limits(f).replace("|", "\\|") in text
+    assert "| `min_len` `--option min_len=VALUE` | int | `3` | >= 1 and <= 64 |" in text
 
 
 if __name__ == "__main__":

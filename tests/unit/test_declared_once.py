@@ -30,12 +30,15 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
-from collections.abc import Iterator
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import mechopd
 from mechopd.core.options import field_facts
+from mechopd.tasks.base import TaskOptions
 from tests.unit.test_layout import KNOWN_UPWARD, LAYERS
 
 ROOT = Path(mechopd.__file__).resolve().parent
@@ -83,12 +86,12 @@ OTHER_MEANING = {
         "warmup",
     ): "AnchorSchedule.warmup: the anchor's β ramp (beta_warmup), not the lr's",
     ("mechopd/tasks/gametask.py", "seed"): "the seed of a policy's test games, not a training or evaluation seed",
-    ("mechopd/tasks/facts.py", "k"): "facts per handbook, not TA-OPD's support size K",
     ("mechopd/testing/families.py", "seed"): "a test model's initialisation seed",
     ("mechopd/testing/zoo.py", "seed"): "the seed of generated test items",
     ("mechopd/pipeline/run.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
     ("mechopd/pipeline/spec.py", "student"): "a pretrained student checkpoint, not a probe's --student role",
 }
+
 
 _NONE = object()  # "no literal here"
 
@@ -100,6 +103,7 @@ class Declared:
     default: Any
     file: str
     owner: str
+    scope: frozenset[str] | None = None  # the files it binds (a task's option: its own modules); None: every file
 
 
 def declared_options() -> dict[str, list[Declared]]:
@@ -117,10 +121,25 @@ def declared_options() -> dict[str, list[Declared]]:
             if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == info.name:
                 path = _rel(Path(module.__file__ or ""))
                 own = obj.__dict__.get("__annotations__", {})  # the fields this class itself declares
+                scope = _task_scope(obj)
                 for f in field_facts(obj):
                     if f.name in own:
-                        found.setdefault(f.name, []).append(Declared(f.default, path, f"{path}:{obj.__name__}"))
+                        decl = Declared(f.default, path, f"{path}:{obj.__name__}", scope)
+                        found.setdefault(f.name, []).append(decl)
     return found
+
+
+def _task_scope(cls: type) -> frozenset[str] | None:
+    """A task's options (`TaskOptions`) bind in their task's modules only (the declaring class's and its
+    subclasses'): ``temperature`` of the jsonl task is not the sampler's, ``path`` not every path."""
+    if not issubclass(cls, TaskOptions):
+        return None
+    classes, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        classes.append(c)
+        todo += c.__subclasses__()
+    return frozenset(_rel(Path(sys.modules[c.__module__].__file__ or "")) for c in classes)
 
 
 def _rel(path: Path) -> str:
@@ -155,7 +174,11 @@ def restated(value: Any, path: str, decls: list[Declared]) -> list[Declared]:
     """The declarations whose default ``value`` repeats, of those the file at ``path`` can read (`_readable`)."""
     if value is _NONE:
         return []
-    return [d for d in decls if _readable(d.file, path) and _equal(value, d.default)]
+    return [
+        d
+        for d in decls
+        if (d.scope is None or path in d.scope) and _readable(d.file, path) and _equal(value, d.default)
+    ]
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -208,39 +231,147 @@ def _lookups(node: ast.Call) -> tuple[str, Any] | None:
     return key.value, _literal(args[-1])
 
 
-def restatements(
-    source: str, path: str, declared: dict[str, list[Declared]], other: dict[tuple[str, str], str] = OTHER_MEANING
+def _help_text(node: ast.AST | None) -> str:
+    """A help text's literal parts (an f-string's constant pieces joined, its fields left out)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    return ""
+
+
+_DEFAULT = re.compile(r"\bdefault\b:?\s*([^)]*)", re.IGNORECASE)
+_LITERAL_START = re.compile(r"""^(['"`]?[-+]?\.?\d|['"`]?(true|false|none|null)\b)""", re.IGNORECASE)
+
+
+def names_a_default(text: str, defaults: list[Any]) -> str | None:
+    """The words of a help text that state a default (``default 8``, ``(default: 'rules')``, or the option's own
+    declared default after the word "default"), else None: the docs and ``--help`` add the declared one."""
+    for m in _DEFAULT.finditer(text):
+        said = m.group(1).strip()
+        own = [str(d) for d in defaults if d is not None and not isinstance(d, bool) and str(d).strip()]
+        if _LITERAL_START.match(said) or any(re.search(rf"(?<![\w-]){re.escape(d)}(?![\w-])", said) for d in own):
+            return m.group(0).strip()
+    return None
+
+
+def lists_members(text: str, registries: Mapping[str, Sequence[str]]) -> str | None:
+    """Two or more of one registry's names written as a list in a help text (``opd, nca, ta_opd``, ``rules |
+    sokoban``), else None: the live names are read from the registry (`limits`), never copied."""
+    for name, members in registries.items():
+        alt = "|".join(re.escape(m) for m in sorted(members, key=len, reverse=True))
+        one = rf"(?<![\w-])(?:{alt})(?![\w-])"
+        for m in re.finditer(rf"{one}(?:\s*(?:,|\||/|\bor\b)\s*{one})+", text):
+            if not re.search(r"e\.g\.\s*(--\S+\s+)?$", text[: m.start()]):  # an example value, not the list
+                return f"{name}: {m.group(0)}"
+    return None
+
+
+def _call_name(node: ast.Call) -> str:
+    return getattr(node.func, "attr", getattr(node.func, "id", ""))
+
+
+def _flag_option(node: ast.Call, declared: dict[str, list[Declared]]) -> str | None:
+    """The declared option an ``add_argument("--kebab-name", ...)`` call names, else None."""
+    for a in node.args:
+        if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+            name = a.value[2:].replace("-", "_")
+            if name in declared:
+                return name
+    return None
+
+
+def _help_hits(
+    node: ast.Call, path: str, declared: dict[str, list[Declared]], registries: Mapping[str, Sequence[str]]
 ) -> list[str]:
-    """Every restatement in one file's source: ``path:line name=value (declared in file, ...)``."""
+    """A help text of ``add_argument(..., help=)`` / ``option(default, help, ...)`` that states a default or lists a
+    registry's names: ``path:line help ...``."""
+    kind = _call_name(node)
+    keyword = next((k.value for k in node.keywords if k.arg == "help"), None)
+    if kind == "option":
+        text = _help_text(keyword if keyword is not None else (node.args[1] if len(node.args) > 1 else None))
+        defaults = [_literal(node.args[0])] if node.args else []
+    elif kind == "add_argument":
+        text = _help_text(keyword)
+        flag = _flag_option(node, declared)
+        defaults = [d.default for d in declared.get(flag or "", [])]
+    else:
+        return []
+    out = []
+    if said := names_a_default(text, [d for d in defaults if d is not _NONE]):
+        out.append(f"{path}:{node.lineno} help states a default: {said!r}")
+    if listed := lists_members(text, registries):
+        out.append(f"{path}:{node.lineno} help lists a registry's names ({listed})")
+    return out
+
+
+def restatements(
+    source: str,
+    path: str,
+    declared: dict[str, list[Declared]],
+    other: dict[tuple[str, str], str] = OTHER_MEANING,
+    registries: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """Every restatement in one file's source: ``path:line name=value (declared in file, ...)``, and ``path:line
+    help ...`` for a help text that states a default or lists a registry's names (``registries``: name -> members)."""
     out: list[tuple[int, str, Any, list[Declared]]] = []
+    helps: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
         hits: list[tuple[int, str, Any]] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             hits = [(arg.lineno, arg.arg, _literal(d)) for arg, d in _parameters(node) if arg.arg in declared]
         elif isinstance(node, ast.Call) and (hit := _lookups(node)) and hit[0] in declared:
             hits = [(node.lineno, *hit)]
+        elif (
+            isinstance(node, ast.Call) and _call_name(node) == "add_argument" and (flag := _flag_option(node, declared))
+        ):
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            value = _literal(default)  # None: argparse's "not given" (the declaration then decides)
+            hits = [(node.lineno, flag, value)] if default is not None and value is not None else []
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            value = _literal(node.values[-1])
+            for x in node.values[:-1]:
+                name = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else None
+                if name in declared:
+                    hits.append((node.lineno, name, value))
         elif isinstance(node, ast.ClassDef):
             hits = [
                 (stmt.lineno, name, _field_default(value))
                 for name, value, stmt in _class_fields(node)
                 if name in declared and f"{path}:{node.name}" not in {d.owner for d in declared[name]}
             ]
+        if isinstance(node, ast.Call):
+            helps += [(node.lineno, h) for h in _help_hits(node, path, declared, registries or {})]
         out += [
             (line, name, value, ds)
             for line, name, value in hits
             if (path, name) not in other and (ds := restated(value, path, declared[name]))
         ]
-    return [
-        f"{path}:{line} {name}={value!r} (declared in {', '.join(sorted({d.file for d in ds}))})"
-        for line, name, value, ds in sorted(out, key=lambda r: r[0])
+    found = [
+        (line, f"{path}:{line} {name}={value!r} (declared in {', '.join(sorted({d.file for d in ds}))})")
+        for line, name, value, ds in out
     ]
+    return [text for _, text in sorted(found + helps, key=lambda r: r[0])]
+
+
+def live_registries() -> dict[str, tuple[str, ...]]:
+    """Every registry's live names (`mechopd.core.options.registry_names`) and the task names."""
+    from mechopd.core import options
+    from mechopd.tasks import task_names
+
+    options.registry("method")  # fill the registries (their packages imported)
+    return {**{name: options.registry_names(name) for name in options._REGISTRIES}, "task": tuple(task_names())}
 
 
 def all_restatements(declared: dict[str, list[Declared]]) -> list[str]:
     found: list[str] = []
     for path in sorted(ROOT.rglob("*.py")):
         found += restatements(
-            path.read_text(encoding="utf-8"), _rel(path), declared, {**OTHER_MEANING, **LIBRARY_SENTINELS}
+            path.read_text(encoding="utf-8"),
+            _rel(path),
+            declared,
+            {**OTHER_MEANING, **LIBRARY_SENTINELS},
+            live_registries(),
         )
     return found
 
@@ -327,3 +458,35 @@ def test_a_walk_of_beta_lora_rank_and_a_probes_n_crosses_at_most_five_files() ->
         assert len(files) <= 5, (name, files)
     owners = sorted({d.file for d in declared["n"]})
     assert owners == ["mechopd/evaluation/config.py", "mechopd/probes/setup.py"], owners
+
+
+def test_the_widened_scanner_finds_each_new_kind() -> None:
+    """Issue 56 item 5: ``add_argument(--flag, default=LITERAL)``, ``x or LITERAL`` and help texts that state a
+    default or list a registry's names are found, each as ``file:line``; a None argparse default, an ``e.g.``
+    example and another literal are not."""
+    sections = "mechopd/config/sections.py"
+    declared = {
+        "beta": [Declared(0.5, sections, f"{sections}:NCAOptions")],
+        "seed": [Declared(0, sections, f"{sections}:RunOptions")],
+    }
+    registries = {"method": ("opd", "nca", "ta_opd")}
+    source = (
+        "p.add_argument('--beta', default=0.5, help='the weight')\n"  # 1: a flag's default
+        "p.add_argument('--seed', default=None, help='seed')\n"  # 2: argparse's "not given": no hit
+        "x = cfg.beta or 0.5\n"  # 3: x or LITERAL
+        "y = seed or 0\n"  # 4
+        "z = seed or 7\n"  # 5: another literal: no hit
+        "p.add_argument('--seed', help='the seed (default 0)')\n"  # 6: help states a default
+        "a: int = option(3, 'how many (default: 3)')\n"  # 7: an option's help states its own default
+        "b: str = option('opd', help='opd | nca | ta_opd')\n"  # 8: a registry's names
+        "c: str = option(None, 'labels, e.g. opd,nca')\n"  # 9: an example: no hit
+    )
+    found = restatements(source, "m.py", declared, other={}, registries=registries)
+    assert [r.split(" (declared")[0] for r in found] == [
+        "m.py:1 beta=0.5",
+        "m.py:3 beta=0.5",
+        "m.py:4 seed=0",
+        "m.py:6 help states a default: 'default 0'",
+        "m.py:7 help states a default: 'default: 3'",
+        "m.py:8 help lists a registry's names (method: opd | nca | ta_opd)",
+    ]

@@ -3,6 +3,7 @@ pretraining corpus and the expert / weak policy win rates."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -32,6 +33,9 @@ from mechopd.tasks.gamecore import (
 )
 from mechopd.tasks.gametask import policy_win_rate
 from mechopd.tasks.words import split_words
+
+FROZENLAKE = functools.partial(get_task, "frozenlake")
+SOKOBAN = functools.partial(get_task, "sokoban")
 
 
 def brute_force(board, key, max_len: int) -> list[str] | None:
@@ -92,7 +96,7 @@ def test_frozenlake_dynamics():
     key, outcome = board.step(0, "right")
     assert (key, outcome) == (1, fl.HOLE) and board.lost(key)
     assert board.step(7, "right") == (8, fl.GOAL) and board.won(8)
-    ep = fl.FrozenLakeTask(size=3, holes=1).new_episode(Example("u", "", "", meta=board.to_meta()))
+    ep = get_task("frozenlake", size=3, holes=1).new_episode(Example("u", "", "", meta=board.to_meta()))
     ep.step("[right]")
     assert ep.done and not ep.won and ep.steps == 1
 
@@ -132,7 +136,7 @@ def test_sokoban_dynamics_and_rendering():
 def test_bfs_matches_brute_force_frozenlake():
     rng = random.Random(0)
     boards = [random_frozenlake(rng, n) for n in (3, 3, 4, 4, 4) for _ in range(8)]
-    reference = fl.make_frozenlake(**fl.REFERENCE)
+    reference = get_task("frozenlake", **fl.REFERENCE)
     boards += [b for split in ("train", "test") for _, b in reference.board_stream(split, 0)]
     found = 0
     for b in boards:
@@ -143,9 +147,9 @@ def test_bfs_matches_brute_force_frozenlake():
 
 
 def test_bfs_matches_brute_force_sokoban():
-    task = sk.make_sokoban(boxes=1)
+    task = get_task("sokoban", boxes=1)
     rng = random.Random(1)
-    for ex in task.examples("train", 12, 3) + sk.make_sokoban(boxes=2, size=5).examples("train", 6, 3):
+    for ex in task.examples("train", 12, 3) + get_task("sokoban", boxes=2, size=5).examples("train", 6, 3):
         board = sk.SokobanBoard.from_meta(ex.meta)
         floor = [c for c in range(board.size**2) if c not in board.walls and c not in board.boxes]
         for player in [board.player, rng.choice(floor)]:  # also start the player elsewhere
@@ -154,7 +158,7 @@ def test_bfs_matches_brute_force_sokoban():
 
 
 def test_expert_replays_bfs_and_optimal_actions_are_shortest():
-    for task in (fl.make_frozenlake(), sk.make_sokoban()):
+    for task in (get_task("frozenlake"), get_task("sokoban")):
         for ex in task.examples("test", 10, 0):
             ep = task.new_episode(ex)
             for a in ex.meta["solution"]:
@@ -174,7 +178,7 @@ def test_expert_replays_bfs_and_optimal_actions_are_shortest():
 # ------------------------------------------------------------------ generators, hashes, splits
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_generators_deterministic_and_prefix_stable(make):
     a = make().examples("train", 40, 5)
     b = make().examples("train", 40, 5)
@@ -185,12 +189,12 @@ def test_generators_deterministic_and_prefix_stable(make):
 
 
 def test_generated_boards_satisfy_their_options():
-    task = fl.make_frozenlake(size=5, holes=4, start=[0, 0], goal="bottom-right", min_path=8, step_budget=9)
+    task = get_task("frozenlake", size=5, holes=4, start=[0, 0], goal="bottom-right", min_path=8, step_budget=9)
     for ex in task.examples("train", 30, 0):
         b = fl.FrozenLakeBoard.from_meta(ex.meta)
         assert (b.start, b.goal, len(b.holes)) == (0, 24, 4) and 8 == ex.meta["optimal_moves"]
     for size, boxes in ((6, 1), (7, 2)):
-        for ex in sk.make_sokoban(size=size, boxes=boxes).examples("train", 30, 0):
+        for ex in get_task("sokoban", size=size, boxes=boxes).examples("train", 30, 0):
             b = sk.SokobanBoard.from_meta(ex.meta)
             assert len(b.boxes) == len(b.targets) == boxes and b.size == size
             sol = brute_force(b, b.initial_key(), 5)
@@ -205,18 +209,18 @@ def test_board_hash_is_sha1_of_params_and_render():
 
 def test_hashes_stable_across_processes():
     code = (
-        "from mechopd.tasks.sokoban import make_sokoban; from mechopd.tasks.frozenlake import make_frozenlake;"
-        "print(*[e.uid for t in (make_sokoban(), make_frozenlake()) for e in t.examples('test', 3, 9)])"
+        "from mechopd.tasks import get_task;"
+        "print(*[e.uid for t in (get_task('sokoban'), get_task('frozenlake')) for e in t.examples('test', 3, 9)])"
     )
     repo = str(Path(fl.__file__).resolve().parents[2])  # the directory holding mechopd/
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    here = [e.uid for t in (sk.make_sokoban(), fl.make_frozenlake()) for e in t.examples("test", 3, 9)]
+    here = [e.uid for t in (get_task("sokoban"), get_task("frozenlake")) for e in t.examples("test", 3, 9)]
     assert out.stdout.split() == here
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_splits_disjoint_by_construction(make):
     task = make()
     train, test = task.examples("train", 300, 0), task.examples("test", 30, 0)
@@ -232,7 +236,7 @@ def test_reference_frozenlake_has_19_boards_and_no_test_split():
         for h in itertools.combinations(range(1, 8), 2)
         if brute_force(fl.FrozenLakeBoard(3, frozenset(h), 0, 8), 0, 8) is not None
     ]
-    task = fl.make_frozenlake(**fl.REFERENCE)
+    task = get_task("frozenlake", **fl.REFERENCE)
     n_train, n_test = (len(list(task.board_stream(s, 0))) for s in ("train", "test"))
     assert len(valid) == 19 == n_train + n_test
     for split, count in (("train", n_train), ("test", n_test)):
@@ -242,22 +246,22 @@ def test_reference_frozenlake_has_19_boards_and_no_test_split():
 
 def test_options_validated():
     with pytest.raises(ConfigError, match="size"):
-        fl.make_frozenlake(size=9)
+        get_task("frozenlake", size=9)
     with pytest.raises(ConfigError, match="unknown"):
-        sk.make_sokoban(holes=3)
+        get_task("sokoban", holes=3)
     with pytest.raises(ConfigError, match="start"):
-        fl.make_frozenlake(start=[5, 0])
+        get_task("frozenlake", start=[5, 0])
     with pytest.raises(ConfigError, match="weak_policy"):
-        fl.make_frozenlake(weak_policy="clever")
+        get_task("frozenlake", weak_policy="clever")
     with pytest.raises(TaskError):
-        fl.make_frozenlake().examples("val", 3, 0)
+        get_task("frozenlake").examples("val", 3, 0)
     assert get_task("sokoban", boxes=2).boxes == 2 and get_task("frozenlake", size=5).size == 5
 
 
 # ------------------------------------------------------------------ episodes, scoring
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_episode_plays_solution_from_json_meta(make):
     task = make()
     ex = task.examples("test", 1, 2)[0]
@@ -273,7 +277,7 @@ def test_episode_plays_solution_from_json_meta(make):
 
 
 def test_invalid_moves_count_as_steps():
-    task = sk.make_sokoban()
+    task = get_task("sokoban")
     ex = task.examples("train", 1, 0)[0]
     ep = task.new_episode(ex)
     board_text = ex.prompt.split("\n")[-6:]
@@ -287,7 +291,7 @@ def test_invalid_moves_count_as_steps():
 
 
 def test_score_is_optimal_first_move():
-    task = fl.make_frozenlake()
+    task = get_task("frozenlake")
     for ex in task.examples("test", 10, 0):
         board = fl.FrozenLakeBoard.from_meta(ex.meta)
         opt = optimal_actions(GameState(board, board.start))
@@ -298,9 +302,9 @@ def test_score_is_optimal_first_move():
 # ------------------------------------------------------------------ vocabulary, corpus, policies
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_vocab_covers_all_texts(make):
-    task = make(context="Holes end games : avoid them , 2 times .") if make is fl.make_frozenlake else make()
+    task = make(context="Holes end games : avoid them , 2 times .") if make is FROZENLAKE else make()
     vocab = set(task.vocab())
     texts = [task.context, *(t for c, p, r in task.pretrain_corpus(400, 0) for t in (p, r))]
     rng = random.Random(0)
@@ -315,7 +319,7 @@ def test_vocab_covers_all_texts(make):
     assert not [t for t in default_texts if re.search(r"[^\w\s]{2,}", t)]  # never two punctuation marks in a row
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_pretrain_corpus(make):
     task = make()
     corpus = task.pretrain_corpus(600, 1)
@@ -335,7 +339,7 @@ def test_pretrain_corpus(make):
     assert 0.4 < sum(c is None for c, _, _ in corpus) / len(corpus) < 0.6
 
 
-@pytest.mark.parametrize("make", [fl.make_frozenlake, sk.make_sokoban])
+@pytest.mark.parametrize("make", [FROZENLAKE, SOKOBAN])
 def test_expert_wins_all_and_weak_policy_mostly_loses(make):
     task = make()
     test = task.examples("test", 100, 0)
@@ -353,11 +357,11 @@ def test_frozenlake_readout_entries_and_worked_reply():
     assert readout_line(board, 5) == "up H far , down F toward , left F far , right H toward"
     corner = fl.FrozenLakeBoard(4, frozenset(), start=0, goal=1)
     assert corner.readout_entries(0) == ["up edge", "down F far", "left edge", "right G toward"]
-    task = fl.make_frozenlake(readout=True)
+    task = get_task("frozenlake", readout=True)
     state = GameState(board, 5)
     assert task.expert_reply(state, "down") == "up H far , down F toward [down]"
     assert task.expert_reply(state, "up") == "up H far [up]"
-    assert fl.make_frozenlake(readout=False).expert_reply(state, "down") == "[down]"
+    assert get_task("frozenlake", readout=False).expert_reply(state, "down") == "[down]"
     prompt = task.new_episode(task.examples("test", 1, 0)[0]).prompt()
     assert prompt.split("\n")[-1].startswith("up ") and " , right " in prompt.split("\n")[-1]
 
@@ -372,7 +376,7 @@ def test_sokoban_readout_follows_the_push_spot_strategy():
     board = sk.parse_board([r.split() for r in rows])
     # box must go down: the push spot is above it, reached via up then left (walking around the box)
     assert board.readout_entries(board.initial_key()) == ["up _ toward", "down _ far", "left X far", "right _ far"]
-    task = sk.make_sokoban(readout=True)
+    task = get_task("sokoban", readout=True)
     test = task.examples("test", 100, 0)
 
     def first_toward(ep, rng):

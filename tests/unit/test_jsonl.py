@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA, make_jsonl_task
+from mechopd.tasks.base import get_task
+from mechopd.tasks.jsonl import SAMPLE_CONTEXT, SAMPLE_QA
 from mechopd.tasks.jsonl_answer import choice_letter, normalize_text, parse_answer
 
 MC = {"question": "Pick one", "options": ["red", "green", "blue"], "answer": "B"}
@@ -27,7 +28,7 @@ def write_lines(tmp_path: Path, lines: list, name: str = "data.jsonl") -> Path:
 
 def load(path: Path, **options):
     options.setdefault("context", "shared context")
-    return make_jsonl_task(path=path, **options)
+    return get_task("jsonl", path=path, **options)
 
 
 def all_examples(task, split: str):
@@ -41,7 +42,7 @@ def many_items(count: int, start: int = 0) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------ shipped sample
 def test_sample_file_loads_with_all_layouts_and_disjoint_splits():
-    task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
+    task = get_task("jsonl", path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
     train, test = all_examples(task, "train"), all_examples(task, "test")
     assert len(train) + len(test) == 40 and len(test) > 0 and len(train) > 0
     assert not {e.uid for e in train} & {e.uid for e in test}
@@ -55,7 +56,7 @@ def test_sample_file_loads_with_all_layouts_and_disjoint_splits():
 
 
 def test_every_sample_answer_is_scored_correct_when_restated():
-    task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
+    task = get_task("jsonl", path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
     for e in all_examples(task, "train") + all_examples(task, "test"):
         assert e.prompt.rstrip().endswith("</answer>.")
         assert task.score(e, f"Reasoning...\n<answer>{e.answer}</answer>")
@@ -133,16 +134,16 @@ def test_cop_4_with_zero_base_suggests_cop_base_1(tmp_path):
 def test_missing_context_file(tmp_path):
     path = write_lines(tmp_path, [FREE])
     with pytest.raises(DataError) as err:
-        make_jsonl_task(path=path, context_file=tmp_path / "ctx.txt")
+        get_task("jsonl", path=path, context_file=tmp_path / "ctx.txt")
     assert_one_line(err, "ctx.txt", "context file not found", "context_file=")
 
 
 def test_item_without_any_context_names_line_and_fix(tmp_path):
     path = write_lines(tmp_path, [{**FREE, "context": "own context"}, MC])
     with pytest.raises(DataError) as err:
-        make_jsonl_task(path=path)
+        get_task("jsonl", path=path)
     assert_one_line(err, "data.jsonl", "line 2", "context_file=", '"context"')
-    task = make_jsonl_task(path=write_lines(tmp_path, [{**FREE, "context": "own context"}], "ok.jsonl"))
+    task = get_task("jsonl", path=write_lines(tmp_path, [{**FREE, "context": "own context"}], "ok.jsonl"))
     assert {e.context for e in all_examples(task, "train") + all_examples(task, "test")} == {"own context"}
 
 
@@ -165,7 +166,7 @@ def test_bad_options_raise_config_error(tmp_path, options, needle):
 
 def test_path_is_required():
     with pytest.raises(ConfigError, match="'path' is required"):
-        make_jsonl_task(context="c")
+        get_task("jsonl", context="c")
 
 
 # --------------------------------------------------------------------------------------------- conversion, context
@@ -346,7 +347,7 @@ def test_new_episode_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------- vocab
 def test_vocab_covers_prompts_contexts_answers_and_tags():
-    task = make_jsonl_task(path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
+    task = get_task("jsonl", path=SAMPLE_QA, context_file=SAMPLE_CONTEXT)
     vocab = set(task.vocab())
     assert task.vocab() == sorted(vocab)
     assert {"<answer>", "</answer>", "<", "/", ">", "answer"} <= vocab

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mechopd.core.errors import ConfigError
-from mechopd.tasks.jsonl import make_jsonl_task
+from mechopd.tasks.base import get_task
 from mechopd.tasks.jsonl_answer import (
     ANSWER_FORMATS,
     FREE_INSTRUCTION,
@@ -28,7 +28,7 @@ MC = {"question": "Pick a colour", "options": ["red", "green", "blue"], "answer"
 def task_with(tmp_path: Path, answer_format: str, items: list[dict] | None = None):
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in (items or [FREE, MC])), encoding="utf-8")
-    task = make_jsonl_task(path=path, context="ctx", answer_format=answer_format, test_fraction=0.5)
+    task = get_task("jsonl", path=path, context="ctx", answer_format=answer_format, test_fraction=0.5)
     pool = task._splits["train"] + task._splits["test"]
     return task, {e.meta["kind"]: e for e in pool}
 
