@@ -32,8 +32,9 @@ def accuracy(model, tok, task, spec: RenderSpec, items: list, max_new: int, batc
         x = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
         with torch.inference_mode():
-            out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                 pad_token_id=pad)
+            out = model.generate(
+                input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False, pad_token_id=pad
+            )
         for e, row in zip(chunk, out[:, width:]):
             text = tok.decode(row, skip_special_tokens=True)
             hits.append(task.score(e, text))
