@@ -193,11 +193,15 @@ def get_probe(name: str) -> ProbeSpec:
     return _REGISTRY[name]
 
 
+COMPARE_OPTIONS = ("pair", "cross")  # role options naming two of the compared ``models`` (deltas, patching)
+
+
 def study_options(spec: Any, own: dict[str, Any]) -> dict[str, Any]:
     """A study's options for a listed probe: its own over the registration's ``demo`` role options, except that
     ``models`` (the models to compare, declared default None: "every model of the run") left out by the study is left
     out here too, so ``similarity: {}`` reads every run of the study, as the flag's help says, not the demo's three
-    roles. The single-role options (``model: opd``, ``trained: ta_opd``, ``pair``, ``cross``, ``donor``) keep the
+    roles; a study's own ``models`` drops the demo's ``pair`` / ``cross`` unless both of its models are listed
+    (``deltas: {models: [trl, opd]}`` compares the first two, not the demo's opd, nca). The single-role options (``model: opd``, ``trained: ta_opd``, ``pair``, ``cross``, ``donor``) keep the
     demo's. Every other option the study leaves out takes its documented default (its `mechopd probe NAME` flag's):
     ``deltas: {}`` runs no SVD (the demo's ``svd: true``), as ``mechopd probe deltas`` without ``--svd`` does."""
     roles = getattr(spec, "role_options", ())
@@ -205,6 +209,11 @@ def study_options(spec: Any, own: dict[str, Any]) -> dict[str, Any]:
     declared = defaults(spec.options) if getattr(spec, "options", None) is not None else {}
     if "models" in roles and "models" not in own and declared.get("models", 0) is None:
         demo.pop("models", None)
+    if own.get("models"):  # the demo's comparison of two of ITS models does not apply to the study's own list
+        for key in COMPARE_OPTIONS:
+            named = demo.get(key)
+            if isinstance(named, str) and not set(named.split(",")) <= set(own["models"]):
+                demo.pop(key)
     return {**demo, **own}
 
 

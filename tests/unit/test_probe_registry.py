@@ -345,3 +345,15 @@ def test_a_study_probe_takes_its_documented_defaults_not_the_demos():
     assert deltas.demo["svd"] is True
     assert "svd" not in study_options(deltas, {}) and study_options(deltas, {})["pair"] == deltas.demo["pair"]
     assert study_options(deltas, {"svd": True})["svd"] is True
+
+
+def test_a_study_s_own_models_drop_the_demo_s_pair_unless_it_lists_both():
+    """``deltas: {models: [trl, opd]}`` in a study without an nca run: the demo's ``pair: opd,nca`` named a run the
+    study does not have and refused the study; the study's own list takes the probe's default pair (its first two)."""
+    from mechopd.probes.registry import get_probe, study_options
+
+    deltas, patching = get_probe("deltas"), get_probe("patching")
+    assert "pair" not in study_options(deltas, {"models": ["trl", "opd"]})
+    assert study_options(deltas, {"models": ["opd", "nca", "trl"]})["pair"] == deltas.demo["pair"]
+    assert study_options(deltas, {"models": ["trl", "opd"], "pair": "opd,trl"})["pair"] == "opd,trl"
+    assert "cross" not in study_options(patching, {"models": ["base", "opd"]})
