@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mechopd.core.options import GE0, GE1, GT0, UNIT, Range, option
 
-ESTIMATORS = ("topk", "full", "sampled")  # L_OPD's forms (`objectives.losses`)
+ESTIMATORS = ("topk", "full", "sampled", "forward_full")  # L_OPD's forms (`objectives.losses`)
 C_MODES, D_MODES = ("exact", "lower_bound"), ("union", "floored")  # TA-OPD signals (`objectives.signals`)
 TIE_BREAKS = ("position", "sequence")  # `objectives.select`
 
@@ -60,7 +60,8 @@ class EstimatorOptions:
     estimator: str = option(
         "topk",
         choices=ESTIMATORS,
-        help="topk: sum over the student's top-k ids; full: the whole vocabulary; sampled: per-token advantage on y_t",
+        help="topk: sum over the student's top-k ids; full: the whole vocabulary; sampled: per-token advantage on y_t; "
+        "forward_full: KL(f ‖ q_x) on the student's rollouts (GKD's on-policy forward KL, an ablation, not the papers' OPD)",
     )
     topk: int = option(256, range=GE1, help="k of the student-top-k reverse KL")
     renormalize: bool = option(False, help="renormalise the top-k distributions (exclusive with tail)")

@@ -65,6 +65,21 @@ def reverse_kl_full(student_logp: Tensor, teacher_logp: Tensor) -> Tensor:
     return _kl(student_logp, teacher_logp.detach())
 
 
+def forward_kl_full(student_logp: Tensor, teacher_logp: Tensor) -> Tensor:
+    """Estimator ``forward_full``: GKD's on-policy FORWARD KL per position, over the full vocabulary (teacher
+    detached). An ablation: NOT the papers' OPD, which is the reverse KL (:func:`reverse_kl_full`).
+
+        KL(f ‖ q_x) = Σ_v f(v) (log f(v) − log q_x(v))          ∂/∂z_x(v) = q_x(v) − f(v)   (logits z_x, T = 1)
+
+    Still on-policy: the positions are the student's own sampled rollout ``y ~ q_x``; only the divergence per
+    position changes. The pull on a token's logit is ``f(v) − q_x(v)``, set by the TEACHER's probability, where the
+    reverse KL's is ``q_x(v)·(log q_x(v) − log f(v) − KL)``, set by the student's (docs/method.md §1).
+    student_logp, teacher_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``.
+    """
+    _check_pair(student_logp, teacher_logp)
+    return _kl(teacher_logp.detach(), student_logp)
+
+
 class TopKKL(NamedTuple):
     """Per-position top-k reverse KL ``kl [batch, seq]`` and the student's captured top-k mass ``mass`` (detached)."""
 
@@ -167,7 +182,7 @@ def nca_anchor(student_nctx_logp: Tensor, student_ctx_logp: Tensor) -> Tensor:
 def dual_opd_ctx(student_ctx_logp: Tensor, teacher_logp: Tensor) -> Tensor:
     """DualOPD ablation's extra term: also distil the with-context student to the teacher (teacher detached).
 
-        KL(q_c ‖ f) = Σ_v q_c(v) (log q_c(v) − log f(v))
+        KL(q_c ‖ f) = Σ_v q_c(v) (log q_c(v) − log f(v))     (estimator forward_full: KL(f ‖ q_c), `forward_kl_full`)
 
     student_ctx_logp, teacher_logp: ``[batch, seq, vocab]`` -> ``[batch, seq]``.
     """

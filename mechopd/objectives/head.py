@@ -12,6 +12,7 @@ Per position t (weights m_t = mask_t / global token count, per term: `train.head
       + tail: + m_q (log m_q − log m_f), m = mass off S    + (b + 1) q (1_{∉S} − m_q) / T,   b = log m_q − log m_f
       renormalize: KL(q̄ ‖ f̄) on S                         ∂/∂z_x = 1_S q̄ (ā − L_OPD) / T
     sampled:  L_OPD = r · log q_x(y),  r = sg[log q_x(y) − log f(y)]     ∂/∂z_x = r (e_y − q) / T
+    forward_full: L_OPD = KL(f ‖ q_x) (the ablation)      ∂/∂z_x = (q − f) / T
     NCA:      ∂/∂z_c = β m' (q_c − q_x) / T  (forward KL to the stop-gradient anchor; no gradient into q_x)
     ∂L/∂h_x = ∂L/∂z_x · W,   ∂L/∂h_c = ∂L/∂z_c · W,   ∂L/∂W = ∂L/∂z_x^T h_x + ∂L/∂z_c^T h_c
 
@@ -128,6 +129,13 @@ def chunk_kernel(
         q = lq.exp() if three else lq.exp_()
         g = lf.copy_(q).mul_(-r[:, None]).scatter_add_(-1, y[:, None], r[:, None])  # r (e_y − q)
         opd, kl, stat = r * lqy, r, r
+    elif o.estimator == "forward_full":
+        f = lf.exp()  # [c, V] f
+        d = lf.neg_().add_(lq)  # [c, V] log q_x − log f
+        q = lq.exp() if three else lq.exp_()
+        kl = _rowdot(q, d)  # [c] KL(q_x ‖ f), the logged KL
+        opd, stat = -_rowdot(f, d), torch.zeros_like(kl)  # [c] KL(f ‖ q_x)
+        g = f.neg_().add_(q)  # q − f
     else:
         parts = _topk_parts(lq, lf, o) if o.estimator == "topk" else None
         d = lf.neg_().add_(lq)  # [c, V] log q_x − log f

@@ -38,6 +38,7 @@ from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the pu
     _check_mask,
     common_vocab,
     dual_opd_ctx,
+    forward_kl_full,
     nca_anchor,
     reverse_kl_full,
     reverse_kl_topk,
@@ -179,7 +180,7 @@ def register_term(
 
 @register_term("opd", selectable=True)
 def _opd_term(o: TermOptions):
-    """L_OPD = KL(q_x ‖ f) in the chosen estimator's form."""
+    """L_OPD = KL(q_x ‖ f) in the chosen estimator's form; ``forward_full``: the ablation KL(f ‖ q_x) instead."""
     if o.estimator == "topk":
 
         def fn(x: LossInputs) -> TermOutput:
@@ -189,6 +190,10 @@ def _opd_term(o: TermOptions):
         return fn, frozenset({"student_nctx", "teacher"})
     if o.estimator == "full":
         return (lambda x: TermOutput(reverse_kl_full(x.get("student_nctx"), x.get("teacher")))), frozenset(
+            {"student_nctx", "teacher"}
+        )
+    if o.estimator == "forward_full":
+        return (lambda x: TermOutput(forward_kl_full(x.get("student_nctx"), x.get("teacher")))), frozenset(
             {"student_nctx", "teacher"}
         )
 
@@ -224,7 +229,8 @@ def _nca_term(o: TermOptions, own: NCAOptions | None = None):
 
 @register_term("dual")
 def _dual_term(o: TermOptions):
-    """KL(q_c ‖ f) with the OPD term's support; "sampled" uses the full sum (y was drawn from q_x, not q_c)."""
+    """KL(q_c ‖ f) with the OPD term's support; "sampled" uses the full sum (y was drawn from q_x, not q_c);
+    "forward_full" the OPD term's direction, KL(f ‖ q_c)."""
     if o.estimator == "topk":
 
         def fn(x: LossInputs) -> TermOutput:
@@ -232,6 +238,10 @@ def _dual_term(o: TermOptions):
             return TermOutput(kl, {"topk_mass": mass})
 
         return fn, frozenset({"student_ctx", "teacher"})
+    if o.estimator == "forward_full":
+        return (lambda x: TermOutput(forward_kl_full(x.get("student_ctx"), x.get("teacher")))), frozenset(
+            {"student_ctx", "teacher"}
+        )
     return (lambda x: TermOutput(dual_opd_ctx(x.get("student_ctx"), x.get("teacher")))), frozenset(
         {"student_ctx", "teacher"}
     )
@@ -330,7 +340,7 @@ def method_terms(
 ) -> list[LossTerm]:
     """The loss terms of ``method`` from keyword options (tests, notebooks): `config_terms` on a view of them
     (added terms off). estimator picks L_OPD's form: "topk" (the student's top-``topk`` ids, optionally renormalised
-    or with a tail bucket), "full" or "sampled"."""
+    or with a tail bucket), "full", "sampled" or the forward-KL ablation "forward_full"."""
     values = dict(method=method, beta=beta, estimator=estimator, topk=topk, renormalize=renormalize, tail=tail)
     return config_terms(_Values({**values, "nca_positions": nca_positions}), schedule)
 

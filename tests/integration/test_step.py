@@ -76,6 +76,7 @@ CASES = {  # name: (method, estimator options, selector)
     "nca-selected": ("nca", dict(estimator="full", nca_positions="selected"), "divergence"),
     "dual_opd": ("dual_opd", dict(estimator="topk", topk=5), "full"),
     "sym_kl": ("sym_kl", dict(estimator="full"), "full"),
+    "nca-forward_full-ta_opd": ("nca", dict(estimator="forward_full"), "ta_opd"),  # the forward-KL ablation
 }
 
 

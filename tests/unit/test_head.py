@@ -81,6 +81,7 @@ ESTIMATOR_CASES = {  # name: TermOptions fields
     "topk-renorm": dict(estimator="topk", topk=7, renormalize=True),
     "topk-k>=V": dict(estimator="topk", topk=V + 3, tail=True),
     "sampled": dict(estimator="sampled"),
+    "forward_full": dict(estimator="forward_full"),  # the ablation KL(f ‖ q_x); its logged KL stays KL(q_x ‖ f)
 }
 
 

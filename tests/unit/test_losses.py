@@ -96,6 +96,56 @@ def test_reverse_kl_full_matches_loop_reference_values_and_grads():
     assert gt is None  # the teacher is detached
 
 
+def test_forward_kl_full_matches_loop_reference_and_pulls_by_the_teachers_probability():
+    """Estimator forward_full: KL(f ‖ q_x) per position; autograd of the loop formula, and the closed form q_x − f."""
+    s, t = make_logits(0), make_logits(1)
+    fast, (gs, gt) = value_and_grads(L.forward_kl_full(logp(s), logp(t)), s, t)
+    ref, (rs,) = value_and_grads(ref_per_pos(lambda q, f: ref_kl_row(f, q), s, t.detach()), s)
+    assert_close(fast, ref)
+    assert_close(gs, rs)
+    assert_close(gs, weights()[..., None] * (logp(s).exp() - logp(t).exp()).detach())  # ∂/∂z_x = w (q_x − f)
+    assert gt is None  # the teacher is detached
+    assert not torch.allclose(fast, L.reverse_kl_full(logp(s), logp(t)).detach())  # a different divergence
+
+
+def test_forward_kl_is_zero_at_the_teacher_and_moves_a_rare_token_by_the_teachers_mass():
+    s = make_logits(3)
+    same, (g,) = value_and_grads(L.forward_kl_full(logp(s), logp(s).detach()), s)
+    assert_close(same, torch.zeros_like(same), atol=1e-12)
+    assert_close(g, torch.zeros_like(g), atol=1e-12)
+    # one position: the student gives token 0 probability 1e-4, the teacher 0.05 (pilot 2's medians, issue 52)
+    V_ = 50
+    q = torch.full((V_,), (1 - 1e-4) / (V_ - 1), dtype=DT)
+    q[0] = 1e-4
+    f = torch.full((V_,), 0.95 / (V_ - 1), dtype=DT)
+    f[0] = 0.05
+    z = q.log().reshape(1, 1, V_).requires_grad_(True)
+    lf = f.log().reshape(1, 1, V_)
+    (g_fwd,) = torch.autograd.grad(L.forward_kl_full(logp(z), lf).sum(), z)
+    (g_rev,) = torch.autograd.grad(L.reverse_kl_full(logp(z), lf).sum(), z)
+    assert_close(g_fwd[0, 0, 0], torch.tensor(1e-4 - 0.05, dtype=DT))  # descent raises z_0 by f − q_x
+    assert float(-g_fwd[0, 0, 0]) > 50 * abs(float(g_rev[0, 0, 0]))  # reverse KL: ~q_x, two orders smaller
+
+
+def test_forward_full_with_the_anchor_the_selector_and_the_dual_term():
+    """NCA's anchor does not read the OPD estimator (same value and q_c gradient as with full); a TA-OPD keep-mask
+    applies to the forward KL term; DualOPD's extra term takes the same direction, KL(f ‖ q_c)."""
+    inputs, x, c = _inputs()
+    keep = torch.tensor([[False, True, False], [True, False, False]])
+    nca_f, logs_f, *_ = L.total_loss(L.method_terms("nca", beta=0.5, estimator="forward_full"), inputs, MASK, keep)
+    nca_r, logs_r, *_ = L.total_loss(L.method_terms("nca", beta=0.5, estimator="full"), inputs, MASK, keep)
+    assert_close(logs_f["loss/nca"], logs_r["loss/nca"])
+    (gc_f,) = torch.autograd.grad(nca_f, c, retain_graph=True)
+    (gc_r,) = torch.autograd.grad(nca_r, c, retain_graph=True)
+    assert_close(gc_f, gc_r)
+    fwd = L.forward_kl_full(inputs.student_nctx, inputs.teacher)
+    assert_close(logs_f["loss/opd"], L.token_mean(fwd, MASK & keep).detach())
+    dual, logs_d, *_ = L.total_loss(L.method_terms("dual_opd", estimator="forward_full"), inputs, MASK)
+    assert_close(
+        logs_d["loss/dual"], L.token_mean(L.forward_kl_full(inputs.student_ctx, inputs.teacher), MASK).detach()
+    )
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("renormalize,tail", [(False, False), (True, False), (False, True)])
 def test_reverse_kl_topk_matches_loop_reference(k, renormalize, tail):
@@ -286,7 +336,7 @@ def _inputs(seed: int = 20, with_tokens: bool = True) -> tuple[L.LossInputs, tor
 MASK = torch.tensor([[True, True, True], [True, True, False]])
 
 
-@pytest.mark.parametrize("estimator", ["topk", "full", "sampled"])
+@pytest.mark.parametrize("estimator", ["topk", "full", "sampled", "forward_full"])
 def test_nca_with_beta_zero_equals_opd(estimator):
     inputs, x, c = _inputs()
     opd, *_ = L.total_loss(L.method_terms("opd", estimator=estimator, topk=3), inputs, MASK)
