@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from mechopd.config import METHOD_ALIASES
 from mechopd.config.sections import RunOptions
-from mechopd.config.terms import SelectionOptions
+from mechopd.config.terms import EstimatorOptions, SelectionOptions
 from mechopd.core.options import bind
 
 T = TypeVar("T")
@@ -80,3 +80,13 @@ def _term_text(name: str, run: RunSettings) -> str:
 
     spec = TERMS.get(name)
     return spec.label(run) if spec is not None and spec.label is not None else ""
+
+
+# Estimators that are not the papers' OPD divergence (reverse KL): a run trained with one says so in its label.
+ABLATION_ESTIMATORS = {"forward_full": " (forward KL)"}
+
+
+def estimator_label(run: RunSettings) -> str:
+    """``" (forward KL)"`` for a run whose OPD term is GKD's forward KL (`divergences.forward_kl_full`), an ablation
+    that must not read as the papers' OPD; ``""`` for every reverse-KL estimator (full, topk, sampled)."""
+    return ABLATION_ESTIMATORS.get(run.section(EstimatorOptions).estimator, "")

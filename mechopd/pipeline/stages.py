@@ -15,7 +15,7 @@ from mechopd.config.sections import LoraOptions
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.core.errors import DataError
 from mechopd.models.lora import adapter_label
-from mechopd.objectives.labels import RunSettings, plugin_label
+from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label
 from mechopd.pipeline.logline import say
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
@@ -30,7 +30,8 @@ def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> 
     switched on), else ``OPD`` / the run's name; a LoRA student says so with its rank (`models.lora.adapter_label`)."""
     run = RunSettings(over, kept)
     head, tail = plugin_label(run)
-    return (head or ("OPD" if name == "opd" else name)) + tail + adapter_label(run.section(LoraOptions))
+    head = head or ("OPD" if name == "opd" else name)
+    return head + estimator_label(run) + tail + adapter_label(run.section(LoraOptions))
 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -154,7 +154,7 @@ class GradientsOptions:
     teacher: Role | None = option(None, f"teacher: {MODEL_HELP} (default: the run's teacher, else base)")
     terms: Sequence[str] = option(("opd", "nca"), "two loss terms, e.g. opd,nca (dual and sym too)")
     layers: Sequence[int] | None = option(None, "comma-separated decoder layers (default: every parameter)")
-    estimator: str = option("full", "full | topk | sampled (the OPD term's estimator)", choices=ESTIMATORS)
+    estimator: str = option("full", "the OPD term's estimator", choices=ESTIMATORS)
 
     def __post_init__(self) -> None:  # the text options' syntax and the terms' names, before any model loads
         normalise(self, terms=lambda text, flag: parse_terms(text), layers=int_list)

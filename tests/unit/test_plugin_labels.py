@@ -109,3 +109,15 @@ def test_the_built_in_labels_read_as_before(name, over, kept, label):
 def test_labels_for_marks_twins_with_their_role(tmp_path):
     labels = labels_for(tmp_path, {"a": {"method": "nca"}, "b": {"method": "nca"}, "opd": {"method": "opd"}})
     assert labels == {"base": "base", "a": "NCA (β=0.5, constant) [a]", "b": "NCA (β=0.5, constant) [b]", "opd": "OPD"}
+
+
+def test_a_forward_kl_run_does_not_read_as_the_papers_opd():
+    """`estimator: forward_full` (GKD's forward KL, an ablation) says so in the label; the reverse-KL estimators add
+    nothing (their labels unchanged)."""
+    from mechopd.pipeline.stages import method_label
+
+    assert method_label("opd", {"method": "opd", "estimator": "forward_full"}) == "OPD (forward KL)"
+    for est in ("full", "topk", "sampled"):
+        assert method_label("opd", {"method": "opd", "estimator": est}) == "OPD"
+    assert method_label("nca", {"method": "nca", "estimator": "forward_full"}).startswith("NCA (")
+    assert "(forward KL)" in method_label("nca", {"method": "nca", "estimator": "forward_full"})
