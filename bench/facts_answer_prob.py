@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -24,13 +25,8 @@ from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks import get_task
 
-SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-def logp(model, prompt: list[int], reply: list[int]) -> torch.Tensor:
-    """Log-probabilities ``[len(reply), vocab]`` of each reply position given the prompt and the reply before it."""
-    out = model(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(out.float(), -1)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from facts_opd_support import SMOL_SYSTEM, logp  # noqa: E402  (one copy: the support diagnosis)
 
 
 def main(argv: list[str] | None = None) -> int:
