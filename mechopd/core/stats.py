@@ -280,12 +280,7 @@ def hier_bootstrap(
     se / (v (1 − v))) and mapped back (bench/coverage.py, one seed of 6 facts × 8 paraphrases: the percentile interval
     covered 0.88, the linear t 0.91 with 0.07 false "≤", this 0.97); None everywhere is the item resample, bit for bit.
     """
-    if clusters is not None and len(clusters) != len(seeds):
-        raise ValueError(f"hier_bootstrap: {len(clusters)} cluster arrays for {len(seeds)} seeds")
-    cl = list(clusters) if clusters is not None else [None] * len(seeds)
-    for a, c in zip(seeds, cl):
-        if a is not None and c is not None and len(c) != len(a[0]):
-            raise ValueError(f"hier_bootstrap: {len(c)} cluster ids for {len(a[0])} items")
+    cl = _checked_clusters(seeds, clusters)
     have_cl = [c for a, c in zip(seeds, cl) if a is not None and len(a[0]) > 0]
     have = [a for a in seeds if a is not None and len(a[0]) > 0]
     raw = np.array([float(fn(tuple(x[None, :] for x in a))[0]) for a in have], np.float64)
@@ -313,28 +308,29 @@ def hier_bootstrap(
         one = reps[0][np.isfinite(reps[0])]
         if len(one) < 10:
             return out
-        n_cl = len(np.unique(kept_cl[0])) if kept_cl[0] is not None else 0
-        if kept_cl[0] is not None and n_cl < 2:
-            out["degenerate"] = "one cluster: a seed of one fact has no within-seed replication"
+        got = _one_seed_ends(out, one, float(z[ok][0]), kept_cl[0], bounds, scale, ci)
+        if got is None:
             return out
-        if kept_cl[0] is not None:  # few clusters: t over C − 1 df on the bootstrap se, scaled by sqrt(C / (C − 1))
-            se1 = float(np.std(one, ddof=1)) * math.sqrt(n_cl / (n_cl - 1))
-            half1 = t_quantile(0.5 + ci / 2, n_cl - 1) * se1
-            m1 = float(z[ok][0])
-            if bounds == (0.0, 1.0) and scale == "linear" and 0.0 < m1 < 1.0:  # a proportion: the t-interval on logit
-                lg, sl = math.log(m1 / (1.0 - m1)), half1 / (m1 * (1.0 - m1))  # (delta method: se / (p (1 − p)))
-                ends = [1.0 / (1.0 + math.exp(-(lg + d))) for d in (-sl, sl)]
-            else:
-                ends = [_back(m1 + d, scale) for d in (-half1, half1)]
-            out.update(se=se1, df=n_cl - 1, var_seed=0.0, var_item=se1**2)
-        else:
-            ends = [_back(float(v), scale) for v in np.quantile(one, [(1 - ci) / 2, 1 - (1 - ci) / 2])]
-            out.update(se=float(np.std(one, ddof=1)), df=0, var_seed=0.0, var_item=float(np.var(one, ddof=1)))
+        ends = got
     else:
         w = np.array([float(np.var(r[np.isfinite(r)], ddof=1)) if np.isfinite(r).sum() >= 2 else 0.0 for r in reps])
         ends = [_back(float(v), scale) for v in floored_t(z[ok], w, ci)]
         s2, wbar = float(np.var(z[ok], ddof=1)), float(w.mean())
         out.update(se=math.sqrt(max(s2, wbar) / len(reps)), df=len(reps) - 1, var_seed=s2, var_item=wbar)
+    return _set_interval(out, ends, bounds, trials, kept, kept_cl, ci)
+
+
+def _set_interval(
+    out: dict[str, Any],
+    ends: list[float],
+    bounds: tuple[float, float] | None,
+    trials: ItemFn | None,
+    kept: list[tuple[np.ndarray, ...]],
+    kept_cl: list[np.ndarray | None],
+    ci: float,
+) -> dict[str, Any]:
+    """`hier_bootstrap`'s last step: ``ends`` clipped to ``bounds`` into ``out``; never a zero-width interval (a paired
+    difference with every item concordant takes the exact bound on its units; anything else is "degenerate")."""
     low, high = min(ends), max(ends)
     low, high = (max(low, bounds[0]), min(high, bounds[1])) if bounds is not None else (low, high)
     if high - low <= ZERO_WIDTH * max(1.0, abs(out["mean"])) and trials is not None and bounds == (-1.0, 1.0):
@@ -349,6 +345,48 @@ def hier_bootstrap(
         return out
     out["low"], out["high"] = low, high
     return out
+
+
+def _checked_clusters(
+    seeds: Sequence[tuple[np.ndarray, ...] | None], clusters: Sequence[np.ndarray | None] | None
+) -> list[np.ndarray | None]:
+    """`hier_bootstrap`'s ``clusters`` checked against ``seeds`` (one array per seed, one id per item); None: none."""
+    if clusters is not None and len(clusters) != len(seeds):
+        raise ValueError(f"hier_bootstrap: {len(clusters)} cluster arrays for {len(seeds)} seeds")
+    cl: list[np.ndarray | None] = list(clusters) if clusters is not None else [None] * len(seeds)
+    for a, c in zip(seeds, cl):
+        if a is not None and c is not None and len(c) != len(a[0]):
+            raise ValueError(f"hier_bootstrap: {len(c)} cluster ids for {len(a[0])} items")
+    return cl
+
+
+def _one_seed_ends(
+    out: dict[str, Any],
+    one: np.ndarray,
+    m1: float,
+    clusters: np.ndarray | None,
+    bounds: tuple[float, float] | None,
+    scale: str,
+    ci: float,
+) -> list[float] | None:
+    """One seed's interval ends (`hier_bootstrap`, S = 1) from its finite resamples ``one`` (on ``scale``) and its
+    value ``m1``; fills ``out``'s se / df / variances. With clusters: v ± t_{0.975, C−1} · se, se = sqrt(C / (C − 1))
+    · sd(resamples), on the logit for a proportion (delta method: se / (v (1 − v))); one cluster: None and
+    ``out["degenerate"]`` says why. Without: the central ``ci`` share of the resamples."""
+    n_cl = len(np.unique(clusters)) if clusters is not None else 0
+    if clusters is not None and n_cl < 2:
+        out["degenerate"] = "one cluster: a seed of one fact has no within-seed replication"
+        return None
+    if clusters is None:
+        out.update(se=float(np.std(one, ddof=1)), df=0, var_seed=0.0, var_item=float(np.var(one, ddof=1)))
+        return [_back(float(v), scale) for v in np.quantile(one, [(1 - ci) / 2, 1 - (1 - ci) / 2])]
+    se1 = float(np.std(one, ddof=1)) * math.sqrt(n_cl / (n_cl - 1))  # few clusters: t over C − 1 df
+    half1 = t_quantile(0.5 + ci / 2, n_cl - 1) * se1
+    out.update(se=se1, df=n_cl - 1, var_seed=0.0, var_item=se1**2)
+    if bounds == (0.0, 1.0) and scale == "linear" and 0.0 < m1 < 1.0:  # a proportion: the t-interval on the logit
+        lg, sl = math.log(m1 / (1.0 - m1)), half1 / (m1 * (1.0 - m1))
+        return [1.0 / (1.0 + math.exp(-(lg + d))) for d in (-sl, sl)]
+    return [_back(m1 + d, scale) for d in (-half1, half1)]
 
 
 def _boundary(
