@@ -67,6 +67,7 @@ SEED_MAX = 2**63 - 1  # every verb's seed: 0..SEED_MAX (torch, numpy and random 
 MIN_TEMPERATURE = 1e-4
 SEED_RANGE = Range(0, SEED_MAX)
 TEMPERATURE_RANGE = Range(MIN_TEMPERATURE)
+PLACEMENTS = ("system", "user")  # where a context goes: the system message or spliced before the user turn
 
 
 def in_range(name: str, value: Any, rng: Range, integer: bool = False, optional: bool = False, who: str = "") -> None:

@@ -34,8 +34,7 @@ import numpy as np
 import torch
 
 from mechopd.core.errors import ConfigError, TaskError
-
-PLACEMENTS = ("system", "user")
+from mechopd.core.options import PLACEMENTS
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.core.options import GE1, TEMPERATURE_RANGE, Range, option
+from mechopd.core.options import GE1, PLACEMENTS, TEMPERATURE_RANGE, Range, option
 from mechopd.tasks.base import BaseTask, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.jsonl_answer import SHORT_FREE_INSTRUCTION, contains_phrase
 
@@ -37,7 +37,6 @@ POOL_PATH = Path(__file__).resolve().parent.parent / "data" / "facts_pool.jsonl"
 FACTS_FORMATS = ("strict", "contains")
 PARTS = ("evaluation", "validation")
 QUESTIONS = 12  # paraphrases per fact in the pool
-PLACEMENTS = ("system", "user")
 HEADER = "Handbook of the Northern Archipelago Registry."
 OTHER_LABEL = "changed-handbook"
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.core.options import GE1, TEMPERATURE_RANGE, UNIT, Range, option
+from mechopd.core.options import GE1, PLACEMENTS, TEMPERATURE_RANGE, UNIT, Range, option
 from mechopd.tasks.base import BaseTask, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.jsonl_answer import ScoringOptions, answer_region, choice_letter, score_response
 from mechopd.tasks.jsonl_checks import check_ids, check_references, check_shared_other
@@ -166,9 +166,7 @@ class JsonlOptions(TaskOptions, ScoringOptions):
     temperature: float = option(1.0, "rollout temperature", range=TEMPERATURE_RANGE)
     cop_base: int = option(0, "0: HF MedMCQA's cop counts 0-3; 1: exports that count 1-4", range=Range(0, 1))
     placement: str = option(
-        "system",
-        "where the context goes: the system message or spliced before the question",
-        choices=("system", "user"),
+        "system", "where the context goes: the system message or spliced before the question", choices=PLACEMENTS
     )
     other_context: str | None = option(None, "the file-level other context (the context-following study)")
     other_context_file: str | None = option(None, "a file holding the other context", metavar="PATH")

@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 
 from mechopd.core.errors import ConfigError, TaskError
-from mechopd.core.options import UNIT, Range, option
+from mechopd.core.options import PLACEMENTS, UNIT, Range, option
 from mechopd.tasks.base import BaseTask, Corpus, Example, OtherContext, TaskOptions, register_task
 from mechopd.tasks.words import split_words
 
@@ -105,6 +105,7 @@ class RulesOptions(TaskOptions):
         tuple(FAMILY), "the rules the organism learns to follow (pretraining) and the other contexts, as a list"
     )
     context_prob: float = option(0.75, "pretraining: the share of samples that carry a context", range=UNIT)
+    placement: str = option("system", "where the rule goes: the system message or the user turn", choices=PLACEMENTS)
 
     def check(self) -> None:
         parse_rule(self.rule)
@@ -122,7 +123,6 @@ class RulesTask(BaseTask):
     """The system-prompt QA organism (see module docstring); `parse_answer` is `BaseTask`'s (the stripped reply)."""
 
     name = "rules"
-    placement = "system"
     is_game = False
     temperature = 1.0
 
@@ -130,6 +130,7 @@ class RulesTask(BaseTask):
         self.rule, self.min_len, self.max_len = o.rule, o.min_len, o.max_len
         self.family: tuple[str, ...] = tuple(o.family)
         self.context_prob = o.context_prob
+        self.placement = o.placement
 
     @property
     def context(self) -> str:
