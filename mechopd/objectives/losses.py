@@ -205,11 +205,13 @@ def _opd_term(o: TermOptions):
 
 
 def _nca_label(run: Any) -> str:
-    """``NCA (β=0.5, from step 30)``: β and when the anchor starts (the KL gate's level, a step, or constant)."""
+    """``NCA (β=0.5, from step 30)``: β and when the anchor starts (the KL gate's level, a step, or constant);
+    ``anchor only (…)`` for a method whose terms hold no OPD (``anchor_only``, the deafness control)."""
     nca = run.section(NCAOptions)
     start, gate = nca.nca_start, nca.nca_gate
     when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
-    return f"NCA (β={nca.beta:g}, {when})"
+    name = "NCA" if "opd" in METHODS.get(run.method, ("opd",)) else "anchor only"
+    return f"{name} (β={nca.beta:g}, {when})"
 
 
 @register_term(
@@ -260,6 +262,7 @@ METHODS: dict[str, tuple[str, ...]] = {
     "nca": ("opd", "nca"),
     "dual_opd": ("opd", "dual"),
     "sym_kl": ("opd", "sym"),
+    "anchor_only": ("nca",),  # the deafness control: NCA's anchor alone, no OPD (docs/method.md §2)
 }
 
 
@@ -311,6 +314,7 @@ def config_terms(cfg: Any, schedule: Callable[[int], float] | None = None) -> li
     nca:      L_OPD + β · KL(sg[q_x] ‖ q_c)
     dual_opd: L_OPD + KL(q_c ‖ f)
     sym_kl:   L_OPD + β · ½[KL(q_x ‖ q_c) + KL(q_c ‖ q_x)]
+    anchor_only: β · KL(sg[q_x] ‖ q_c)   (the control: what the anchor alone does to the context view)
     (+ follow_weight · L_follow, `objectives.follow`)
     """
     if cfg.method not in METHODS:

@@ -150,15 +150,16 @@ class FusedStepScorer(StepScorer):
                 stats_weights=w_all,
             )
 
-        wo = pick(terms["opd"])
-        if acc.per_term and nca is not None:  # one call per term: their gradients stay apart
+        opd = terms.get("opd")  # None: the anchor alone (``anchor_only``), every position's OPD weight 0
+        wo = pick(opd) if opd is not None else torch.zeros_like(w_all)
+        if acc.per_term and nca is not None and opd is not None:  # one call per term: their gradients stay apart
             a, b = head(wo, None, 0.0), head(torch.zeros_like(wo), hc, beta)
             loss, weighted, nca_value = a.loss + b.loss, {"opd": a.loss, "nca": b.loss}, b.nca
         else:
             a = head(wo, hc, beta)
             loss, nca_value = a.loss, a.nca
-            weighted = {"opd": a.loss if nca is None else a.opd, "nca": beta * a.nca}  # per term: differentiable
-        logs = {"loss/opd": a.opd}
+            weighted = {"opd": a.loss if nca is None else a.opd, "nca": a.loss if opd is None else beta * a.nca}
+        logs = {"loss/opd": a.opd} if opd is not None else {}
         stat = {"topk": "opd/topk_mass", "sampled": "opd/kl_estimate"}.get(self.options.estimator)
         if stat:
             logs[stat] = a.stat

@@ -69,6 +69,7 @@ CASES = {  # name: (method, estimator options, selector)
     "nca-topk": ("nca", dict(estimator="topk", topk=5), "full"),
     "nca-sampled-ta_opd": ("nca", dict(estimator="sampled"), "ta_opd"),
     "nca-selected": ("nca", dict(estimator="full", nca_positions="selected"), "divergence"),
+    "anchor_only-full": ("anchor_only", dict(estimator="full"), "full"),
 }
 
 
@@ -115,7 +116,7 @@ def test_fused_step_equals_the_logits_step(models, batch, case):
             _close_grad(g, r, where)
 
 
-@pytest.mark.parametrize("case", ["nca-topk", "opd-sampled"])
+@pytest.mark.parametrize("case", ["nca-topk", "opd-sampled", "anchor_only-full"])
 def test_fused_per_term_gradients_equal_the_logits_ones(models, batch, case):
     ref, _ = _run(_scorers(models, case, 2, 3)[0], batch, per_term=True)
     got, grads = _run(_scorers(models, case, 2, 3)[1], batch, per_term=True)

@@ -36,7 +36,7 @@ print(TrainConfig(method="ta_opd").selector)
 def test_a_config_built_from_python_refuses_unknown_names_with_the_same_message():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, env=env, check=True).stdout
-    methods = "opd, nca, dual_opd, sym_kl, ta_opd, ta_opd_ent"
+    methods = "opd, nca, dual_opd, sym_kl, anchor_only, ta_opd, ta_opd_ent"
     selectors = "full, random, entropy, divergence, tip, compat, ta_opd, ta_opd_ent"
     assert out.splitlines() == [
         f"ConfigError method='bogus' is unknown; choose one of {methods}",

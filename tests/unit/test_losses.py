@@ -299,24 +299,25 @@ def test_token_mean_raises_on_empty_mask():
         ("nca", ["opd", "nca"], [1.0, 0.3]),
         ("dual_opd", ["opd", "dual"], [1.0, 1.0]),
         ("sym_kl", ["opd", "sym"], [1.0, 0.3]),
+        ("anchor_only", ["nca"], [0.3]),
     ],
 )
 def test_method_terms_shape(method, names, weights_):
     terms = L.method_terms(method, beta=0.3)
     assert [t.name for t in terms] == names
     assert [t.weight for t in terms] == weights_
-    assert [t.selectable for t in terms] == [True] + [False] * (len(terms) - 1)
+    assert [t.selectable for t in terms] == [method != "anchor_only"] + [False] * (len(terms) - 1)
     needs_ctx = method != "opd"
     assert ("student_ctx" in L.terms_need(terms)) == needs_ctx
     sampled = L.terms_need(L.method_terms(method, estimator="sampled"))
-    assert {"student_nctx_token", "teacher_token"} <= sampled  # log q(y), log f(y): never the full tensors
+    assert method == "anchor_only" or {"student_nctx_token", "teacher_token"} <= sampled  # log q(y), log f(y): never the full tensors
     assert method != "opd" or not sampled & set(L.FULL_VIEWS)
     assert "tokens" not in L.terms_need(L.method_terms(method, estimator="full"))
 
 
 def test_method_terms_build_from_the_registry():
     """Every method's terms are registered; anchors carry β and the schedule, nca_positions moves into the term."""
-    assert set(L.METHODS) == {"opd", "nca", "dual_opd", "sym_kl"}
+    assert set(L.METHODS) == {"opd", "nca", "dual_opd", "sym_kl", "anchor_only"}
     assert all(name in L.TERMS for names in L.METHODS.values() for name in names)
     sched = BetaSchedule(start=2, warmup=4)
     terms = L.method_terms("nca", beta=0.5, schedule=sched, nca_positions="selected")
@@ -346,6 +347,21 @@ def test_nca_with_beta_zero_equals_opd(estimator):
     g_nca_x, g_nca_c = torch.autograd.grad(nca, (x, c), allow_unused=True)
     assert torch.equal(g_opd, g_nca_x)
     assert g_nca_c is None or not g_nca_c.any()
+
+
+def test_anchor_only_is_the_nca_term_alone_and_never_reads_the_teacher():
+    """The deafness control: β·KL(sg[q_x] ‖ q_c) with no OPD term; its gradient is NCA's context-view gradient, the
+    no-context view gets none (stop-gradient), and no teacher is needed."""
+    inputs, x, c = _inputs()
+    terms = L.method_terms("anchor_only", beta=0.5, estimator="full")
+    assert "teacher" not in L.terms_need(terms)
+    loss, logs, *_ = L.total_loss(terms, inputs, MASK)
+    g_x, g_c = torch.autograd.grad(loss, (x, c), allow_unused=True, retain_graph=True)
+    nca, *_ = L.total_loss(L.method_terms("nca", beta=0.5, estimator="full"), inputs, MASK)
+    (g_nca_c,) = torch.autograd.grad(nca, c)
+    assert g_x is None or not g_x.any()
+    assert_close(g_c, g_nca_c)
+    assert_close(loss, 0.5 * L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK))
 
 
 def test_nca_gradients_split_by_view():
