@@ -310,7 +310,9 @@ def test_method_terms_shape(method, names, weights_):
     needs_ctx = method != "opd"
     assert ("student_ctx" in L.terms_need(terms)) == needs_ctx
     sampled = L.terms_need(L.method_terms(method, estimator="sampled"))
-    assert method == "anchor_only" or {"student_nctx_token", "teacher_token"} <= sampled  # log q(y), log f(y): never the full tensors
+    assert (
+        method == "anchor_only" or {"student_nctx_token", "teacher_token"} <= sampled
+    )  # log q(y), log f(y): never the full tensors
     assert method != "opd" or not sampled & set(L.FULL_VIEWS)
     assert "tokens" not in L.terms_need(L.method_terms(method, estimator="full"))
 
