@@ -121,6 +121,14 @@ class TrainConfig(
                 f"q_low={self.q_low}, q_high={self.q_high} are invalid: need q_low < q_high "
                 f"(defaults {TrainConfig.q_low}, {TrainConfig.q_high})"
             )
+        if self.nca_gate is not None and self.nca_gate_acc is not None:
+            raise ConfigError(
+                "nca_gate (KL) and nca_gate_acc (accuracy) are exclusive: the anchor has one gate; set one"
+            )
+        if self.nca_gate_acc is not None and self.rollout_engine == "vllm":
+            raise ConfigError(
+                "nca_gate_acc decodes with the student itself, not vLLM; use nca_gate or rollout_engine=auto"
+            )
         if self.renormalize and self.tail:
             raise ConfigError(
                 "renormalize and tail are exclusive: a renormalised top-k distribution has no tail; "

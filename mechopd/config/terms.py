@@ -30,7 +30,17 @@ class NCAOptions:
         "earlier than the step after the mean KL(q_x ‖ f) of the last nca_gate_window "
         "steps falls to it (`objectives.schedule.AnchorGate`)",
     )
-    nca_gate_window: int = option(5, range=GE1, help="steps averaged by the gate")
+    nca_gate_window: int = option(
+        5, range=GE1, help="steps averaged by the KL gate; the accuracy gate checks every nca_gate_window steps"
+    )
+    nca_gate_acc: float | None = option(
+        None,
+        range=Range(0, 1, open_lo=True),
+        help="null = no accuracy gate; a share r: the anchor starts no earlier than the step after the no-context "
+        "view's greedy accuracy on nca_gate_n training items reaches r x the teacher's with the context on them "
+        "(`objectives.schedule.AccuracyGate`; exclusive with nca_gate)",
+    )
+    nca_gate_n: int = option(16, range=GE1, help="training items the accuracy gate decodes, greedy")
     nca_positions: str = option(
         "all",
         choices=("all", "selected"),

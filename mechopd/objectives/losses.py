@@ -208,8 +208,9 @@ def _nca_label(run: Any) -> str:
     """``NCA (β=0.5, from step 30)``: β and when the anchor starts (the KL gate's level, a step, or constant);
     ``anchor only (…)`` for a method whose terms hold no OPD (``anchor_only``, the deafness control)."""
     nca = run.section(NCAOptions)
-    start, gate = nca.nca_start, nca.nca_gate
+    start, gate, acc = nca.nca_start, nca.nca_gate, nca.nca_gate_acc
     when = f"KL gate {gate:g}" if gate is not None else f"from step {start}" if start else "constant"
+    when = f"accuracy gate {acc:g}" if acc is not None else when
     name = "NCA" if "opd" in METHODS.get(run.method, ("opd",)) else "anchor only"
     return f"{name} (β={nca.beta:g}, {when})"
 

@@ -10,6 +10,7 @@ step into the anchor's weight multiplier.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,14 +46,88 @@ class AnchorGate:
             logs["nca_gate/open_step"] = self.open_step
         return logs
 
+    def update(self, step: int, logs: dict[str, Any], measure: Callable[[], tuple[float, float]]) -> dict[str, Any]:
+        """The trainer's call after step ``step``: reads the step's logged KL (`measure` is the accuracy gate's)."""
+        return self.observe(step, logs["kl/teacher_student"])
+
+    def never_opened(self) -> str:
+        return f"mean KL(q_x‖f) over {self.window} steps stayed above nca_gate={self.level:g}"
+
     def state(self) -> dict[str, Any]:
         return {"level": self.level, "window": self.window, "history": list(self.history), "open_step": self.open_step}
 
     def load(self, state: dict[str, Any] | None) -> None:
         """Restore `state` (from a checkpoint); None (a checkpoint written without a gate) is refused."""
-        if state is None:
-            raise ValueError("the checkpoint holds no anchor-gate state")
+        if state is None or "level" not in state:
+            raise ValueError("the checkpoint holds no KL anchor-gate state")
         self.history, self.open_step = [float(v) for v in state["history"]], state["open_step"]
+
+
+@dataclass(eq=False)
+class AccuracyGate:
+    """Opens the anchor once OPD has brought the no-context view's ANSWERS to the teacher's, on training items:
+
+        open from step s + 1   at the first checked s with   acc_x(s) ≥ share · acc_f
+
+    acc_x(s): the student's greedy accuracy WITHOUT the context on ``n`` fixed training items after step s, checked
+    after every ``every``-th step; acc_f: the teacher's greedy accuracy WITH the context on the same items, measured
+    once at the first check (`measure` returns both; the trainer's `_gate_accuracy`). Why not the KL gate: the KL is
+    a mean over every response token, mostly the restated question, and on SmolLM2's handbooks it fell to its level
+    while no answer was learned and stayed above it after the answers were (docs/real_models.md, pilot 3). This gate
+    reads the task's labels of TRAINING items only, never a held-out one; it costs 2 greedy decodes of ``n`` items
+    at the first check and 1 per check after that.
+    """
+
+    share: float
+    every: int
+    history: list[float] = field(default_factory=list)  # acc_x at each check
+    reference: float | None = None  # acc_f
+    open_step: int | None = None
+
+    @property
+    def window(self) -> int:  # the KL gate's name for its step count (the report and the warning read it)
+        return self.every
+
+    def update(self, step: int, logs: dict[str, Any], measure: Callable[[], tuple[float, float]]) -> dict[str, Any]:
+        """After step ``step`` (0-based, just taken): on a check step, `measure` gives (acc_x, acc_f) and the
+        gate may open; returns what to log (``nca_gate/acc_x``, ``nca_gate/acc_teacher``, ``nca_gate/open_step``)."""
+        if self.open_step is not None or (step + 1) % self.every:
+            return {}
+        acc, ref = measure()
+        self.reference = ref if self.reference is None else self.reference
+        self.history.append(float(acc))
+        out: dict[str, Any] = {"nca_gate/acc_x": float(acc), "nca_gate/acc_teacher": self.reference}
+        if acc >= self.share * self.reference:
+            self.open_step = step + 1
+            out["nca_gate/open_step"] = self.open_step
+        return out
+
+    def never_opened(self) -> str:
+        ref = "n/a" if self.reference is None else f"{self.reference:.3f}"
+        best = max(self.history, default=float("nan"))
+        return (
+            f"the no-context view's greedy accuracy on training items (best {best:.3f}) stayed below "
+            f"nca_gate_acc={self.share:g} x the teacher's {ref}"
+        )
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "share": self.share,
+            "every": self.every,
+            "history": list(self.history),
+            "reference": self.reference,
+            "open_step": self.open_step,
+        }
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        """Restore `state` (from a checkpoint); a state of the other gate, or none, is refused."""
+        if state is None or "reference" not in state:
+            raise ValueError("the checkpoint holds no accuracy-gate state")
+        self.history, self.reference = [float(v) for v in state["history"]], state["reference"]
+        self.open_step = state["open_step"]
+
+
+Gate = AnchorGate | AccuracyGate
 
 
 @dataclass(frozen=True)
@@ -69,7 +144,7 @@ class BetaSchedule:
 
     start: int = 0
     warmup: int = 0
-    gate: AnchorGate | None = None
+    gate: Gate | None = None
 
     def __call__(self, step: int) -> float:
         start = self.start

@@ -181,6 +181,16 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     if nca is None:
         return ""
     anchor, label = RunSettings(nca.settings or {}).section(NCAOptions), nca.label  # the anchor's typed options
+    if anchor.nca_gate_acc is not None:
+        opened = [_gate_opened(r) for r in runs]
+        steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
+        return (
+            f"; in {label} β = 0 until the no-context view's greedy accuracy on {anchor.nca_gate_n} training items "
+            f"(checked every {anchor.nca_gate_window} steps) reaches {anchor.nca_gate_acc:g} × the teacher's with "
+            f"the context (the accuracy gate; it opened after step {steps}"
+            f"{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so the anchor "
+            "pulls the context view toward a no-context view that has learned the answers"
+        )
     if anchor.nca_gate is not None:
         opened = [_gate_opened(r) for r in runs]
         steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)

@@ -29,7 +29,7 @@ from mechopd.generate.settings import known_vocab
 from mechopd.models import check_same_tokenizer, load_tokenizer
 from mechopd.objectives.follow import check_follow_contexts
 from mechopd.objectives.losses import LossTerm, config_terms
-from mechopd.objectives.schedule import AnchorGate, BetaSchedule
+from mechopd.objectives.schedule import AccuracyGate, AnchorGate, BetaSchedule, Gate
 from mechopd.objectives.select import config_selector
 from mechopd.tasks.base import get_task
 from mechopd.train import dist, otherbatch, rundir, teachers
@@ -49,7 +49,7 @@ class Objective:
     scheduled (None for OPD: nothing to gate) and the token selector."""
 
     terms: list[LossTerm]
-    gate: AnchorGate | None
+    gate: Gate | None
     selector: Any
 
     @property
@@ -225,7 +225,13 @@ def _inputs(cfg: TrainConfig, run_dir: rundir.RunDir, resume: bool, progress: bo
 
 def build_objective(cfg: TrainConfig, task: Any, pool: list) -> Objective:
     """The method's loss terms (with the anchor schedule and its gate) and the token selector."""
-    gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window) if cfg.nca_gate is not None else None
+    gate: Gate | None = None
+    if cfg.nca_gate is not None:
+        gate = AnchorGate(cfg.nca_gate, cfg.nca_gate_window)
+    elif cfg.nca_gate_acc is not None:
+        if task.is_game:
+            raise ConfigError(f"nca_gate_acc scores single replies; task {task.name!r} is a game: use nca_gate (KL)")
+        gate = AccuracyGate(cfg.nca_gate_acc, cfg.nca_gate_window)
     # the method's terms, then the added ones (follow_weight > 0: the follow term, on its own rollout under c′)
     terms = config_terms(cfg, schedule=BetaSchedule(cfg.nca_start, cfg.beta_warmup, gate))
     gate = gate if any(t.schedule is not None for t in terms) else None  # OPD: nothing to gate

@@ -15,7 +15,7 @@ import torch
 from mechopd.config import TrainConfig
 from mechopd.core.errors import TrainingError
 from mechopd.models import atomic_save
-from mechopd.objectives.schedule import AnchorGate
+from mechopd.objectives.schedule import Gate
 from mechopd.train import dist, guard, rundir, teachers
 from mechopd.train.checkpoint import load_checkpoint, prune_older, save_checkpoint
 
@@ -33,7 +33,7 @@ class RunSaver:
     params: list[torch.nn.Parameter]  # checked finite before anything is written
     opt: torch.optim.Optimizer
     sched: Any
-    gate: AnchorGate | None
+    gate: Gate | None
 
     def restore(self, checkpoint: Path | None) -> tuple[int, int]:
         """(step, data position) of `checkpoint` with its optimizer, scheduler, RNG and gate states loaded;

@@ -201,6 +201,30 @@ class Trainer:
         stats = {"train_acc_x": float(sum(task.score(ex, text) for ex, text in zip(mine, decoded)))}
         return [ex.prompt for ex in mine], [ex.context for ex in mine], responses, stats
 
+    def _gate_accuracy(self) -> tuple[float, float]:
+        """The accuracy gate's measure (`objectives.schedule.AccuracyGate`): greedy accuracy of the student without
+        the context and of the teacher with it, on ``nca_gate_n`` training items spread evenly over the pool's fixed
+        order (never a held-out item); the teacher's only while the gate has no reference yet."""
+        p = self.parts
+        gate = p.objective.gate
+        n = min(p.cfg.nca_gate_n, len(p.pool))
+        items = [p.pool[i * len(p.pool) // n] for i in range(n)]
+        greedy = p.sampling.replace(greedy=True, batch_size=n)
+
+        def accuracy(model: Any, with_context: bool) -> float:
+            ids = [self._render(ex.prompt, ex.context if with_context else None) for ex in items]
+            was_training = model.training
+            model.eval()
+            gather = p.shard.gathered(model) if model is p.models.student else contextlib.nullcontext()
+            with gather, torch.no_grad():
+                out = sample_rows(model, ids, None, greedy, agree=p.agree)
+            model.train(was_training)
+            texts = (p.tokenizer.decode(r, skip_special_tokens=True) for r in out)
+            return sum(p.task.score(ex, text) for ex, text in zip(items, texts)) / n
+
+        ref = getattr(gate, "reference", None)  # measured once: the frozen teacher
+        return accuracy(p.models.student, False), ref if ref is not None else accuracy(p.models.teacher, True)
+
     def _score(self, batch: Any, other: Any, per_term: bool) -> StepResult:
         """The step's forwards and backwards (`train.step`): the main batch, then the c′ batch's, whose gradients
         add (`otherbatch`; `other` is None without a follow term)."""
@@ -249,7 +273,7 @@ class Trainer:
         with clock("optimizer"):
             gnorm = self._apply_step(lambda: self._score(batch, other, True).term_grads)
         gate = p.objective.gate
-        logs.update(gate.observe(self.step, logs["kl/teacher_student"]) if gate else {})
+        logs.update(gate.update(self.step, logs, self._gate_accuracy) if gate else {})
         n_tok = float(dist.all_sum(mask.sum().float()))
         dt = time.perf_counter() - t0
         self.step += 1
@@ -375,9 +399,8 @@ class Trainer:
         bar.close()
         if gate is not None and gate.open_step is None:
             self._say(
-                f"warning: the anchor gate never opened (mean KL(q_x‖f) over {gate.window} steps stayed "
-                f"above nca_gate={gate.level:g}): the anchor's weight was 0 at every step, so this {cfg.method} "
-                "run trained as OPD; raise nca_gate or train longer"
+                f"warning: the anchor gate never opened ({gate.never_opened()}): the anchor's weight was 0 at every "
+                f"step, so this {cfg.method} run trained as OPD; loosen the gate or train longer"
             )
         self.logger.settle()  # a resume with no step left: its metrics end at the checkpoint too
         final = self.save_final()

@@ -197,6 +197,70 @@ def test_anchor_gate_that_never_opens_warns_and_trains_as_opd(tiny_rules_organis
     assert all("nca_gate/kl_mean" not in r for r in _records(tmp_path / "opd"))
 
 
+def _hf_greedy_replies(tr, model, items, with_context):
+    """An independent decode: transformers' own greedy `generate`, one item at a time, cut after its stop id."""
+    p, out = tr.parts, []
+    for ex in items:
+        ids = torch.tensor([tr._render(ex.prompt, ex.context if with_context else None)])
+        gen = model.generate(
+            ids,
+            max_new_tokens=p.sampling.max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(p.sampling.stop),
+            pad_token_id=p.tokenizer.pad_token_id,
+        )[0, ids.shape[1] :].tolist()
+        out.append(next((gen[: k + 1] for k, t in enumerate(gen) if t in p.sampling.stop), gen))
+    return out
+
+
+def test_accuracy_gate_measures_training_items_against_generate_and_resumes(tiny_rules_organism, tmp_path):
+    """nca_gate_acc: on every nca_gate_window-th step the student's greedy no-context replies on nca_gate_n
+    training items (and once the teacher's with the context) are transformers' generate's, scored by the task;
+    β = 0 until the accuracy reaches the share; the state resumes."""
+    from mechopd.train.trainer import Trainer
+
+    cfg = dict(steps=4, method="nca", beta=0.5, nca_gate_acc=1.0, nca_gate_window=2, nca_gate_n=6, save_every=2)
+    tr = Trainer(_cfg(tiny_rules_organism, **cfg), tmp_path / "probe", progress=False)
+    pool, tok = tr.parts.pool, tr.parts.tokenizer
+    items = [pool[i * len(pool) // 6] for i in range(6)]
+    assert not {ex.uid for ex in items} & {ex.uid for ex in tr.parts.task.examples("test", 50, 1)}
+    student, teacher = tr.parts.models.student, tr.parts.models.teacher
+    with torch.no_grad():  # the tiny organism ends every reply at once: noise makes the replies differ
+        for j, m in enumerate((student, teacher)):
+            g = torch.Generator().manual_seed(j)
+            for w in m.parameters():
+                w.add_(torch.randn(w.shape, generator=g) * w.std().nan_to_num(1.0))
+            m.get_output_embeddings().weight[list(tr.parts.sampling.stop)] = 0.0  # no reply ends at once
+    decoded: list[list[int]] = []
+    real_decode = tok.decode
+    tok.decode = lambda ids, **kw: decoded.append(list(ids)) or real_decode(ids, **kw)
+    try:
+        acc_x, acc_f = tr._gate_accuracy()
+    finally:
+        tok.decode = real_decode
+    want = _hf_greedy_replies(tr, student, items, False) + _hf_greedy_replies(tr, teacher, items, True)
+    assert decoded == want and len({tuple(r) for r in want}) > 2  # the same 12 replies, not all alike
+    score = tr.parts.task.score
+    hits = [score(ex, real_decode(r, skip_special_tokens=True)) for ex, r in zip(items + items, want)]
+    assert (acc_x, acc_f) == (sum(hits[:6]) / 6, sum(hits[6:]) / 6)
+    tr.close()
+    with pytest.raises(Exception, match="exclusive"):
+        _cfg(tiny_rules_organism, **cfg, nca_gate=0.1)
+    full = train(_cfg(tiny_rules_organism, **cfg), tmp_path / "a", progress=False)
+    recs = _records(tmp_path / "a")
+    checks = [r["step"] for r in recs if "nca_gate/acc_x" in r]
+    opened = json.loads((full / "training.json").read_text())["nca_gate"]["open_step"]
+    assert checks == ([2, 4] if opened is None else [s for s in (2, 4) if s <= opened])
+    assert 0 <= recs[1]["nca_gate/acc_teacher"] <= 1
+    assert [r["beta_eff"] for r in recs] == [0.0 if opened is None or r["step"] <= opened else 0.5 for r in recs]
+    train(_cfg(tiny_rules_organism, **{**cfg, "steps": 2}), tmp_path / "b", progress=False)
+    resumed = train(_cfg(tiny_rules_organism, **cfg), tmp_path / "b", resume=True, progress=False)
+    assert [r["beta_eff"] for r in _records(tmp_path / "b")] == [r["beta_eff"] for r in recs]
+    wa, wb = _weights(full), _weights(resumed)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-6, rtol=1e-5)
+
+
 def test_anchor_gate_with_a_selector(tiny_rules_organism, tmp_path):
     """NCA + TA-OPD with the gate: the gate reads the all-token KL (not the selected tokens'), the anchor follows."""
     train(

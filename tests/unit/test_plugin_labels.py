@@ -84,6 +84,7 @@ def test_without_the_plugin_the_run_has_no_such_words():
             "NCA (β=0.5, KL gate 0.1)",
         ),
         ("nca_const", {"method": "nca", "beta": 0.5}, None, "NCA (β=0.5, constant)"),
+        ("nca", {"method": "nca", "nca_gate_acc": 0.6}, None, "NCA (β=0.5, accuracy gate 0.6)"),
         ("anchor", {"method": "anchor_only", "beta": 0.5, "nca_start": 2}, None, "anchor only (β=0.5, from step 2)"),
         (
             "f",

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mechopd.objectives.schedule import AnchorGate, BetaSchedule
+from mechopd.objectives.schedule import AccuracyGate, AnchorGate, BetaSchedule
 
 
 def test_fixed_start_and_ramp():
@@ -55,5 +55,38 @@ def test_gate_state_round_trips_and_a_missing_state_is_refused():
     other.observe(1, 0.1)
     gate.observe(1, 0.1)
     assert other.state() == gate.state() and other.open_step is None  # (3.0 + 0.1) / 2 > 0.2
-    with pytest.raises(ValueError, match="no anchor-gate state"):
+    with pytest.raises(ValueError, match="no KL anchor-gate state"):
         other.load(None)
+
+
+def test_accuracy_gate_checks_every_few_steps_measures_the_teacher_once_and_latches():
+    """acc_x ≥ share · acc_f on check steps only (every `every`); the teacher's accuracy is measured at the first
+    check and kept; the opening latches and is logged once."""
+    gate = AccuracyGate(share=0.6, every=2)
+    sched = BetaSchedule(gate=gate)
+    calls: list[int] = []
+    accs = iter([0.0, 0.25, 0.5, 0.0])  # acc_x at steps 1, 3, 5 (0.6 x 0.75 = 0.45: opens after step 5)
+
+    def measure() -> tuple[float, float]:
+        calls.append(1)
+        return next(accs), 0.75 if len(calls) == 1 else 0.0  # a later reference is ignored
+
+    logs = [gate.update(step, {}, measure) for step in range(8)]
+    assert len(calls) == 3 and [bool(x) for x in logs] == [False, True, False, True, False, True, False, False]
+    assert logs[1] == {"nca_gate/acc_x": 0.0, "nca_gate/acc_teacher": 0.75}
+    assert logs[5]["nca_gate/open_step"] == 6 and gate.open_step == 6 and gate.reference == 0.75
+    assert [sched(s) for s in range(8)] == [0, 0, 0, 0, 0, 0, 1.0, 1.0]
+
+
+def test_accuracy_gate_state_round_trips_and_the_other_gates_state_is_refused():
+    gate = AccuracyGate(share=0.5, every=1)
+    gate.update(0, {}, lambda: (0.1, 0.8))
+    other = AccuracyGate(share=0.5, every=1)
+    other.load(gate.state())
+    assert other.state() == gate.state() and other.reference == 0.8 and other.open_step is None
+    assert other.update(1, {}, lambda: (0.4, 0.0))["nca_gate/open_step"] == 2  # the restored reference, 0.8
+    with pytest.raises(ValueError, match="no accuracy-gate state"):
+        other.load(AnchorGate(level=0.2).state())
+    with pytest.raises(ValueError, match="no KL anchor-gate state"):
+        AnchorGate(level=0.2).load(gate.state())
+    assert "stayed below nca_gate_acc=0.5 x the teacher's 0.800" in AccuracyGate(0.5, 1, [0.1], 0.8).never_opened()
