@@ -85,6 +85,21 @@ def test_a_lora_student_copies_its_adapter_only(tiny_rules_organism, tmp_path):
     tr.close()
 
 
+def test_the_follow_terms_rollout_samples_from_the_copy_too(tiny_rules_organism, tmp_path, monkeypatch):
+    """The c′ batch (`train.otherbatch`) is a training rollout too: drawn by the copy, never the float32 student."""
+    import mechopd.train.otherbatch as O
+
+    drawn = []
+    real = O.sample_rows
+    monkeypatch.setattr(O, "sample_rows", lambda m, *a, **k: drawn.append(m) or real(m, *a, **k))
+    cfg = _cfg(Path(tiny_rules_organism), rollout_dtype="bfloat16", follow_weight=1.0, batch_size=4, steps=1)
+    with Trainer(cfg, tmp_path / "f", progress=False) as tr:
+        rec = tr.train_step()
+        copy = tr.parts.rollout_copy
+        assert copy is not None and drawn and all(m is copy.model for m in drawn)
+    assert rec["loss/follow"] >= 0.0
+
+
 REFUSED = [
     Hostile("config", "bf16-student", lambda o, w: train(o, w, "--set", "rollout_dtype=bfloat16", "--set",
             "dtype=bfloat16"), "rollout_dtype=bfloat16 needs dtype: float32"),
