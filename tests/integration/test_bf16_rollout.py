@@ -44,6 +44,7 @@ def test_bf16_rollouts_come_from_the_copy_which_follows_each_step(tiny_rules_org
     assert copy is not None and {p.dtype for p in copy.model.parameters()} == {torch.bfloat16}
     student = tr.parts.models.student
     assert {p.dtype for p in student.parameters()} == {torch.float32}  # the loss's model stays float32
+    assert tr.evaluator.student is student  # evaluation (greedy included) reads the float32 student, not the copy
     examples = tr._examples()
     ids = [tr._render(ex.prompt, None) for ex in examples]
     got = tr.rollout(examples, range(ROWS))[2]
