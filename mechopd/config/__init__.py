@@ -190,7 +190,7 @@ def _check_rollout_dtype(cfg: TrainConfig) -> None:
     if cfg.rollout_dtype == "same":
         return
     for key, ok, why in (
-        ("dtype", "float32", "the student's own rollouts are already in that precision"),
+        ("dtype", "float32", "the student already samples in reduced precision"),
         ("sharding", "none", "the copy would be a whole unsharded model on every process"),
     ):
         if getattr(cfg, key) != ok:
