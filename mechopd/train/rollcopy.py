@@ -22,9 +22,6 @@ import copy
 import torch
 from torch import nn
 
-ROLLOUT_DTYPES = {"bfloat16": torch.bfloat16}  # `config.sections.ROLLOUT_DTYPES` other than "same"
-
-
 class RolloutCopy:
     """``model``: the student's copy in ``dtype`` (same modules, same train/eval mode, no gradients); `refresh`
     re-casts the student's trainable parameters into it in place."""
@@ -45,7 +42,7 @@ class RolloutCopy:
 
 def make(rollout_dtype: str, student: nn.Module) -> RolloutCopy | None:
     """The copy for ``rollout_dtype`` (None for "same": the student samples its own rollouts)."""
-    return None if rollout_dtype == "same" else RolloutCopy(student, ROLLOUT_DTYPES[rollout_dtype])
+    return None if rollout_dtype == "same" else RolloutCopy(student, getattr(torch, rollout_dtype))
 
 
 def sampler(student: nn.Module, copied: RolloutCopy | None) -> nn.Module:
