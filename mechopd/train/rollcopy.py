@@ -22,6 +22,7 @@ import copy
 import torch
 from torch import nn
 
+
 class RolloutCopy:
     """``model``: the student's copy in ``dtype`` (same modules, same train/eval mode, no gradients); `refresh`
     re-casts the student's trainable parameters into it in place."""
