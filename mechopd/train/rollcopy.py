@@ -13,7 +13,7 @@ the student's, tied weights still tied) and follows the student: `refresh` after
 parameters the optimizer moves (all of them; a LoRA student's adapter A and B only, its frozen base cast once), each
 cast with round-to-nearest-even exactly as ``tensor.to(torch.bfloat16)``. A resumed run builds it from the resumed
 weights. Its cost: one read of the float32 weights and one write of half as many bytes per step (measured in the
-bench: ``refresh``)."""
+bench: ``refresh``; in a run its seconds count in the step's ``optimizer`` stage, `train.profile`)."""
 
 from __future__ import annotations
 
