@@ -106,6 +106,7 @@ class TrainConfig(
             self.method, sel = METHOD_ALIASES[self.method]
             if self.selector == "full":
                 self.selector = sel
+        _check_rollout_dtype(self)  # before vLLM's import check: its refusal names the real conflict
         _check_vllm(self)
         if self.follow_contexts is not None and (
             not isinstance(self.follow_contexts, (list, tuple))
@@ -189,6 +190,27 @@ def _check_vllm(cfg: TrainConfig) -> None:
         from mechopd.core.model_checks import require_vllm
 
         require_vllm("rollout_engine")
+
+
+def _check_rollout_dtype(cfg: TrainConfig) -> None:
+    """``rollout_dtype: bfloat16`` only where a bfloat16 copy means something and can follow the student
+    (`train.rollcopy`): a float32 student, the built-in decoder, full replicas. One line each, naming the fix."""
+    if cfg.rollout_dtype == "same":
+        return
+    for key, ok, why in (
+        ("dtype", "float32", "the student already samples in reduced precision"),
+        ("sharding", "none", "the copy would be a whole unsharded model on every process"),
+    ):
+        if getattr(cfg, key) != ok:
+            raise ConfigError(
+                f"rollout_dtype={cfg.rollout_dtype} needs {key}: {ok}, not {getattr(cfg, key)} ({why}); set "
+                f"rollout_dtype=same or {key}={ok}"
+            )
+    if cfg.rollout_engine == "vllm":
+        raise ConfigError(
+            f"rollout_dtype={cfg.rollout_dtype} samples from a copy with the built-in decoder; vLLM holds its own "
+            "weights: set rollout_engine=auto or rollout_dtype=same"
+        )
 
 
 def check_loss_head(loss_head: str, method: str, sharding: str) -> None:

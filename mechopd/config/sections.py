@@ -26,6 +26,7 @@ VLLM_OPTIONS = (
     "max_num_seqs",
     "kv_cache_memory_bytes",
 )  # rollout_engine=vllm's vllm_options: `generate.vllm_engine.VllmEngine`'s keywords
+ROLLOUT_DTYPES = ("same", "bfloat16")  # `train.rollcopy`: the student itself, or its bfloat16 copy, samples
 ADAMW_IMPLS = ("default", "fused")  # `train.parts`: torch.optim.AdamW as torch picks it, or fused=True
 
 
@@ -89,6 +90,14 @@ class RolloutOptions:
         onoff=True,
         help="auto: a context-view prefix common to every row is "
         "computed once per batch (exact); off: every row in full",
+    )
+    rollout_dtype: str = option(
+        "same",
+        choices=ROLLOUT_DTYPES,
+        help="same: the student samples its own rollouts (on-policy) | bfloat16: a bfloat16 copy of the student, "
+        "refreshed after every optimizer step, samples them (faster decoding, but OFF-policy by the cast: "
+        "docs/real_models.md; labelled 'bf16 rollouts'); the loss, the teacher and evaluation stay in dtype; "
+        "needs dtype: float32 and the built-in decoder",
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mechopd.config import METHOD_ALIASES
-from mechopd.config.sections import RunOptions
+from mechopd.config.sections import RolloutOptions, RunOptions
 from mechopd.config.terms import EstimatorOptions, SelectionOptions
 from mechopd.core.options import bind
 
@@ -90,3 +90,10 @@ def estimator_label(run: RunSettings) -> str:
     """``" (forward KL)"`` for a run whose OPD term is GKD's forward KL (`divergences.forward_kl_full`), an ablation
     that must not read as the papers' OPD; ``""`` for every reverse-KL estimator (full, topk, sampled)."""
     return ABLATION_ESTIMATORS.get(run.section(EstimatorOptions).estimator, "")
+
+
+def rollout_label(run: RunSettings) -> str:
+    """``" (bf16 rollouts)"`` for a run whose rollouts were sampled from a bfloat16 copy of the float32 student
+    (``rollout_dtype: bfloat16``, `train.rollcopy`): off-policy by the cast, so never labelled as on-policy OPD."""
+    dtype = run.section(RolloutOptions).rollout_dtype
+    return "" if dtype == RolloutOptions.rollout_dtype else " (bf16 rollouts)"

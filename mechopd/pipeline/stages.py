@@ -15,7 +15,7 @@ from mechopd.config.sections import LoraOptions
 from mechopd.core.artifacts import FileSet, write_json
 from mechopd.core.errors import DataError
 from mechopd.models.lora import adapter_label
-from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label
+from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label, rollout_label
 from mechopd.pipeline.logline import say
 from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
 
@@ -27,11 +27,12 @@ def _log(msg: str) -> None:
 def method_label(name: str, over: dict[str, Any], kept: float | None = None) -> str:
     """The display name of a run: what its plug-ins say of themselves (`objectives.labels`: the method's anchor
     term with its schedule, else its selector with its budget and MEASURED kept fraction; then every added term
-    switched on), else ``OPD`` / the run's name; a LoRA student says so with its rank (`models.lora.adapter_label`)."""
+    switched on), else ``OPD`` / the run's name; a LoRA student says so with its rank (`models.lora.adapter_label`), and
+    rollouts sampled from a bf16 copy with "(bf16 rollouts)" (`objectives.labels.rollout_label`)."""
     run = RunSettings(over, kept)
     head, tail = plugin_label(run)
     head = head or ("OPD" if name == "opd" else name)
-    return head + estimator_label(run) + tail + adapter_label(run.section(LoraOptions))
+    return head + estimator_label(run) + tail + adapter_label(run.section(LoraOptions)) + rollout_label(run)
 
 
 def labels_for(run: Path, methods: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -45,7 +45,7 @@ class OtherBatch:
 
     cfg: Any  # reads seed and follow_contexts
     task: Any
-    student: Any
+    sampler: Any  # the model the rollout samples from: the student, or its bf16 copy (`train.rollcopy`)
     sampling: SamplingSettings  # the main rollout's (engine, temperature, stops)
     agree: Callable | None  # prefix groups agreed across processes (`generate/groups.py`)
     scoring: StepScorer
@@ -77,7 +77,7 @@ class OtherBatch:
             )
         responses = (
             sample_rows(
-                self.student,
+                self.sampler,
                 ids,
                 [s for _, s in picked],
                 self.sampling.replace(batch_size=max(1, len(ids))),

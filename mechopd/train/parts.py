@@ -32,7 +32,7 @@ from mechopd.objectives.losses import LossTerm, config_terms
 from mechopd.objectives.schedule import AccuracyGate, AnchorGate, BetaSchedule, Gate
 from mechopd.objectives.select import config_selector
 from mechopd.tasks.base import get_task
-from mechopd.train import dist, otherbatch, rundir, teachers
+from mechopd.train import dist, otherbatch, rollcopy, rundir, teachers
 from mechopd.train.engine import resolve_student, resolve_teacher, rollout_engine
 from mechopd.train.headstep import make_scorer
 from mechopd.train.lr import lr_multiplier
@@ -85,6 +85,7 @@ class TrainerParts:
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LambdaLR
     engine: Any  # the vLLM rollout engine, or None
+    rollout_copy: rollcopy.RolloutCopy | None  # rollout_dtype: bfloat16: the student's copy the rollouts sample from
     sampling: SamplingSettings  # the rollout's
     teacher_store: PrefixStore | None  # the frozen teacher's context block, reused step after step
     agree: Callable | None  # several processes: prefix groups agreed across them (`generate/groups.py`)
@@ -133,6 +134,8 @@ def build_parts(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, cfg.steps, cfg.warmup, cfg.lr_schedule))
     engine = rollout_engine(cfg, student, shard, inp.student_path, device, world)
+    copied = rollcopy.make(cfg.rollout_dtype, student)  # None: the student samples its own rollouts
+    roller = rollcopy.sampler(student, copied)
     sampling = SamplingSettings.for_model(  # the rollout's: only ids the teacher can score are drawn
         tokenizer,
         student,
@@ -156,13 +159,9 @@ def build_parts(
         other_scoring = otherbatch.scorer(student, teacher, objective.other_terms, objective.selector, params, opts)
         other_scoring.clock = scoring.clock  # seconds per stage (train.profile), shared by both scorers
         other = otherbatch.OtherBatch(
-            cfg, task, student, sampling, agree, other_scoring, tokenizer.pad_token_id, max_len, device
+            cfg, task, roller, sampling, agree, other_scoring, tokenizer.pad_token_id, max_len, device
         )
-    if cfg.logit_chunk is not None and not all(scoring.split.values()):
-        raise ConfigError(
-            f"logit_chunk={cfg.logit_chunk}: this model's LM head cannot run apart from its trunk "
-            "(not a plain linear head over the base model); set logit_chunk=null"
-        )
+    check_split_head(cfg.logit_chunk, scoring)
     return TrainerParts(
         cfg=cfg,
         task=task,
@@ -182,6 +181,7 @@ def build_parts(
         opt=opt,
         sched=sched,
         engine=engine,
+        rollout_copy=copied,
         sampling=sampling,
         teacher_store=teacher_store,
         agree=agree,
@@ -189,6 +189,15 @@ def build_parts(
         other=other,
         max_len=max_len,
     )
+
+
+def check_split_head(logit_chunk: int | None, scoring: StepScorer) -> None:
+    """``logit_chunk`` needs an LM head that runs apart from its trunk (a plain linear head over the base model)."""
+    if logit_chunk is not None and not all(scoring.split.values()):
+        raise ConfigError(
+            f"logit_chunk={logit_chunk}: this model's LM head cannot run apart from its trunk "
+            "(not a plain linear head over the base model); set logit_chunk=null"
+        )
 
 
 def _inputs(cfg: TrainConfig, run_dir: rundir.RunDir, resume: bool, progress: bool, rank: int, say: Say) -> _Inputs:

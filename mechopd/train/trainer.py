@@ -49,6 +49,7 @@ from mechopd.train.engine import sync_engine
 from mechopd.train.evaluator import PeriodicEval
 from mechopd.train.parts import TrainerParts, build_parts, open_log
 from mechopd.train.reporting import Logger, final_line
+from mechopd.train.rollcopy import sampler
 from mechopd.train.rundir import RunDir
 from mechopd.train.saving import RunSaver
 from mechopd.train.step import StepResult
@@ -181,7 +182,8 @@ class Trainer:
     def rollout(self, examples: list, rows: range) -> tuple[list[str], list[str], list[list[int]], dict]:
         """This process's samples: (prompts, contexts, response ids) and rollout stats as SUMS over its rows."""
         p = self.parts
-        cfg, model, task, tokenizer = p.cfg, p.models.student, p.task, p.tokenizer
+        cfg, task, tokenizer = p.cfg, p.task, p.tokenizer
+        model = sampler(p.models.student, p.rollout_copy)  # rollout_dtype: bfloat16 -> its copy (`train.rollcopy`)
         mine = [examples[i] for i in rows]
         seeds = [stable_seed(cfg.seed, self.step, i) % (2**31) for i in rows]
         if task.is_game:
@@ -343,6 +345,8 @@ class Trainer:
         p.sched.step()
         guard.check_weights(p.params, self.step + 1)
         sync_engine(p.engine, p.models.student, p.shard)  # vLLM samples the next rollout from these weights
+        if p.rollout_copy is not None:
+            p.rollout_copy.refresh()  # so does the bf16 copy (rollout_dtype: bfloat16)
         return gnorm
 
     def run(self) -> Path:

@@ -123,3 +123,12 @@ def test_a_forward_kl_run_does_not_read_as_the_papers_opd():
         assert method_label("opd", {"method": "opd", "estimator": est}) == "OPD"
     assert method_label("nca", {"method": "nca", "estimator": "forward_full"}).startswith("NCA (")
     assert "(forward KL)" in method_label("nca", {"method": "nca", "estimator": "forward_full"})
+
+
+def test_a_bf16_rollout_run_does_not_read_as_on_policy_opd():
+    """`rollout_dtype: bfloat16` (rollouts from a bfloat16 copy, off-policy by the cast) says so in the label, after
+    the method's own words and a LoRA rank; the default adds nothing."""
+    assert method_label("opd", {"method": "opd", "rollout_dtype": "bfloat16"}) == "OPD (bf16 rollouts)"
+    assert method_label("opd", {"method": "opd", "rollout_dtype": "same"}) == "OPD"
+    nca = method_label("nca", {"method": "nca", "rollout_dtype": "bfloat16", "lora_rank": 8})
+    assert nca.startswith("NCA (β=0.5") and nca.endswith(" (bf16 rollouts)")
