@@ -4,7 +4,9 @@ The pool (`mechopd.tasks.facts_pool`, ``mechopd/data/facts_pool.jsonl``: 160 fac
 coined answers) is cut into two parts: ``validation`` (a fixed fifth; pilots and tuning) and ``evaluation`` (the study).
 A task reads one part (option ``part``). Seed s draws its own handbook and items from it:
 
-* the part's facts in a fixed seeded order are cut into ``B = n_facts // k`` blocks of ``k`` facts; seed s takes block
+* the part's facts in a fixed seeded block order (`block_order`: each block takes one fact from each of the k
+  relations with the most facts left, so no handbook holds two facts of one relation while k <= 10) are cut into
+  ``B = n_facts // k`` blocks of ``k`` facts; seed s takes block
   ``s mod B`` (the handbook: the k facts' statements, in an order drawn from s) in round ``r = s // B``;
 * each fact's 12 questions are in a fixed seeded order; round r holds out questions ``r·h .. r·h + h − 1``
   (h = ``held_out``) and trains on the other 12 − h. So seeds 0..B−1 have disjoint handbooks, later rounds reuse
@@ -41,6 +43,26 @@ HEADER = "Handbook of the Northern Archipelago Registry."
 OTHER_LABEL = "changed-handbook"
 
 
+def block_order(facts: list[dict], k: int, rng: random.Random) -> list[dict]:
+    """The part's facts in block order: each block of ``k`` takes one fact from each of the ``k`` relations with the
+    most facts left (ties in a seeded order; facts within a relation seeded), so no handbook holds two facts of one
+    relation while ``k`` relations have facts left. Why: two facts of one relation in one handbook interfere under
+    OPD (SmolLM2-135M answered both river facts, or both archivists, with one name: docs/real_models.md, pilot 3)."""
+    groups: dict[str, list[dict]] = {}
+    for f in facts:
+        groups.setdefault(f["relation"], []).append(f)
+    names = sorted(groups)
+    rng.shuffle(names)
+    for name in names:
+        rng.shuffle(groups[name])
+    order: list[dict] = []
+    while len(order) < len(facts):
+        live = sorted((n for n in names if groups[n]), key=lambda n: -len(groups[n]))  # stable: seeded ties
+        order += [groups[n].pop() for n in live[:k]]
+        names = names[1:] + names[:1]  # rotate the tie order: the same relations do not always lead
+    return order
+
+
 def score_facts(text: str, target: str, answers: frozenset[str], answer_format: str) -> bool:
     """``contains``: `target` occurs in `text` as whole words. ``strict``: that, and no other answer of `answers` (the
     pool's) occurs."""
@@ -69,8 +91,7 @@ class FactsTask(BaseTask):
     _order: list[dict] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._order = list(self.facts)
-        random.Random(f"facts-blocks:{self.part}").shuffle(self._order)
+        self._order = block_order(self.facts, self.k, random.Random(f"facts-blocks:{self.part}"))
 
     # ---- the seed's draw
     @property

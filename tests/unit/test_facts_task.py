@@ -50,6 +50,18 @@ def test_first_round_handbooks_are_disjoint(task):
     assert all(not (a & b) for a, b in itertools.combinations(books, 2))
 
 
+@pytest.mark.parametrize("part,k", [("evaluation", 8), ("evaluation", 10), ("validation", 4), ("validation", 8)])
+def test_no_handbook_holds_two_facts_of_one_relation(part, k):
+    """Blocks take one fact per relation (`block_order`) while k relations have facts left: pilot 3's interference."""
+    t = get_task("facts", part=part, k=k)
+    for s in range(t.blocks):
+        relations = [f["relation"] for f in t.handbook_facts(s)]
+        assert len(relations) == len(set(relations)) == k, (s, relations)
+    assert sorted(f["id"] for f in t._order) == sorted(f["id"] for f in t.facts)  # a permutation: no fact lost
+    wide = get_task("facts", part=part, k=16 if part == "evaluation" else 32)  # more than 10 relations' worth
+    assert all(len(wide.handbook_facts(s)) == wide.k for s in range(wide.blocks))
+
+
 def test_validation_facts_never_in_the_evaluation_part(task):
     validation = {f["id"] for f in build_pool() if f["part"] == "validation"}
     for seed in range(task.max_seed + 1):
