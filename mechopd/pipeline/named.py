@@ -4,7 +4,8 @@
 ``--fast`` makes it a smoke run: one seed (the study's first), and the schedule, evaluation and probe items of
 ``mechopd/data/demo_fast.yaml`` (`demo.fast_values`: steps, batch_size, eval_every, eval_n, probe_n), under a study's
 own ``mechopd/data/studies/fast/NAME.yaml`` where it has one (a real model's smoke run is smaller); a run's fixed
-anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, and a run's own
+anchor start becomes the file's ``nca_start``, a KL-gated anchor its ``nca_gate`` / ``nca_gate_window``, an
+accuracy-gated anchor checks every step on ``eval_n`` training items, and a run's own
 ``save_every`` goes (one checkpoint at half the steps, removed once the run's final model is written). ``steps`` /
 ``batch_size`` given by the caller win.
 """
@@ -95,6 +96,8 @@ def _fast_run(run: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
         run["nca_start"] = values["nca_start"]
     if "nca_gate" in run:
         run.update(nca_gate=values["nca_gate"], nca_gate_window=values["nca_gate_window"])
+    if "nca_gate_acc" in run:  # the accuracy gate checks every step, on the smoke run's evaluation items' count
+        run.update(nca_gate_window=1, nca_gate_n=values["eval_n"])
     return run
 
 

@@ -21,13 +21,14 @@ def test_the_study_draws_a_handbook_per_seed_from_the_evaluation_part():
     assert spec.train["pool_size"] == task.max_items("train")
 
 
-def test_the_anchor_waits_for_opd_and_the_deafness_arm_starts_it_early():
+def test_the_anchor_waits_for_opds_answers_and_the_deafness_arm_starts_it_early_beside_its_control():
     spec = named.load_named(NAME)
-    assert spec.runs["nca"]["method"] == "nca" and spec.runs["nca"]["nca_gate"] > 0
-    assert "nca_start" not in spec.runs["nca"]
+    assert spec.runs["nca"]["method"] == "nca" and 0 < spec.runs["nca"]["nca_gate_acc"] <= 1
+    assert "nca_start" not in spec.runs["nca"] and "nca_gate" not in spec.runs["nca"]
     assert spec.runs["nca_early"]["method"] == "nca" and spec.runs["nca_early"]["nca_start"] > 0
-    assert "nca_gate" not in spec.runs["nca_early"]
-    assert set(spec.probes["drift"]["models"]) == {"opd", "nca", "nca_early"}  # which view moved, per arm
+    assert "nca_gate" not in spec.runs["nca_early"] and "nca_gate_acc" not in spec.runs["nca_early"]
+    assert spec.runs["anchor_only"]["method"] == "anchor_only"  # the anchor alone: does it make the view deaf?
+    assert set(spec.probes["drift"]["models"]) == {"opd", "nca", "nca_early", "anchor_only"}  # which view moved
 
 
 def test_probes_read_at_least_32_items_per_seed_and_fast_is_a_smoke_run():
@@ -37,7 +38,8 @@ def test_probes_read_at_least_32_items_per_seed_and_fast_is_a_smoke_run():
     doc = named.shrink(spec, fast=True)
     values = {**fast_values(), **named.study_fast_values(NAME)}
     assert doc["seeds"] == spec.seeds[:1] and doc["train"]["steps"] == values["steps"] < spec.train["steps"]
-    assert doc["runs"]["nca"]["nca_gate"] == values["nca_gate"]  # the smoke run's gate opens at once
+    assert doc["runs"]["nca"]["nca_gate_window"] == 1  # the smoke run's gate checks every step, on eval_n items
+    assert doc["runs"]["nca"]["nca_gate_n"] == values["eval_n"]
 
 
 def test_interventions_select_the_items_opd_learned_or_was_harmed_on_except_in_the_smoke_run():
