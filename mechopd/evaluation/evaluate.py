@@ -27,6 +27,7 @@ from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import compare_table, summarize
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
+from mechopd.generate.settings import task_default
 from mechopd.tasks.base import Example, check_split
 
 
@@ -34,7 +35,7 @@ def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], c
     """`views.check_fits` (the rule training applies too): the longer view plus max_new_tokens within the model's
     maximum (games: the first move's prompt, a lower bound of the later ones)."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    check_fits(tokenizer, items, spec, cfg.max_new_tokens or task.max_new_tokens, limit)
+    check_fits(tokenizer, items, spec, task_default(cfg.rollout(), task, "max_new_tokens"), limit)
 
 
 def _renderer(tokenizer: Any, spec: RenderSpec):
@@ -54,15 +55,9 @@ def sampling_settings(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig, en
     `engines.RolloutEngine` object behind ``cfg.engine == "vllm"`` (e.g. the trainer's colocated vLLM)."""
     if cfg.engine == "vllm" and engine is None:
         raise ConfigError("engine=vllm: pass the vLLM engine to evaluate_model(..., engine=VllmEngine(model_dir))")
-    return SamplingSettings.for_model(
-        tokenizer,
-        model,
-        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
-        temperature=cfg.temperature or task.temperature,
-        greedy=cfg.samples == 1 and cfg.temperature is None,
-        engine=engine if engine is not None else cfg.engine,
-        shared_prefix=cfg.shared_prefix,
-        batch_size=cfg.batch_size,
+    greedy = cfg.samples == 1 and cfg.temperature is None
+    return SamplingSettings.from_section(
+        cfg.rollout(), task, tokenizer, model, engine=engine, greedy=greedy, batch_size=cfg.batch_size
     )
 
 

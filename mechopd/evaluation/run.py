@@ -122,13 +122,7 @@ def evaluate_plan(
 
     paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in plan.models.items()}
     toks, specs = checked_renders(
-        plan.task,
-        paths,
-        plan.records,
-        no_context_system,
-        dict(chat_template_kwargs or {}),
-        cfg.seed,
-        cfg.max_new_tokens,
+        plan.task, paths, plan.records, no_context_system, dict(chat_template_kwargs or {}), cfg.seed, cfg.rollout()
     )
     reports = {}
     for name, path in paths.items():

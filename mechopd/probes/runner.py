@@ -150,10 +150,9 @@ class ProbeContext:
         responses = sample_responses(
             model,
             self.tokenizer,
+            self.task,  # the setup's temperature and max_new_tokens (`setup.TaskView`)
             self.examples,
             self.spec,
-            max_new_tokens=self.task.max_new_tokens,
-            temperature=self.task.temperature,
             seed=self.setup.seed,
             batch_size=batch_size or self.setup.batch_size,
             greedy=greedy,
