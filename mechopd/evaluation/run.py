@@ -118,9 +118,10 @@ def evaluate_plan(
     from mechopd.evaluation.following import add_following, apply_retention
     from mechopd.evaluation.records import checked_renders
     from mechopd.models import check_model, load_model
-    from mechopd.organisms.recipes import resolve_organism
+    from mechopd.models.spec import resolve_spec
+    from mechopd.organisms.pretrain import pretrain_organism
 
-    paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in plan.models.items()}
+    paths = {name: check_model(resolve_spec(path, make=pretrain_organism)) for name, path in plan.models.items()}
     toks, specs = checked_renders(
         plan.task, paths, plan.records, no_context_system, dict(chat_template_kwargs or {}), cfg.seed, cfg.rollout()
     )

@@ -278,6 +278,12 @@ def default_config(
     return OrganismConfig(**kw)
 
 
+def pretrain_organism(task: str, path: Path, *, progress: bool = True) -> Path:
+    """``organism:<task>`` at `path`: its default organism (`default_config`, seed 0) pretrained unless cached there
+    (`pretrain`). The ``make`` a command passes to `models.spec.resolve_spec` when it may pretrain."""
+    return pretrain(default_config(task, seed=0), path, progress=progress)
+
+
 def organism_facts() -> dict[str, Facts]:
     """`OrganismConfig`'s declared fields by name (`mechopd pretrain`'s flags, the docs table)."""
     return {f.name: f for f in field_facts(OrganismConfig)}

@@ -23,7 +23,7 @@ from mechopd.pipeline.spec import StudySpec
 def check_study_models(spec: StudySpec) -> None:
     """Every model of ``spec`` loadable as the study will load it (module docstring); the first failure raises its
     `MechopdError`, prefixed with the study file and the key that names the model."""
-    from mechopd.organisms.recipes import organism_task
+    from mechopd.models.spec import organism_task
 
     named = {"student": spec.student, **({"teacher": spec.teacher} if spec.teacher else {})}
     named.update({f"runs.{role}.checkpoint": path for role, path in spec.checkpoints().items()})

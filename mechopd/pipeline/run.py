@@ -241,15 +241,17 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
     """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads);
     ``model:NAME`` -> its fetched directory (fetched on first use); a local dir -> absolute; anything else (a hub id)
     unchanged."""
-    from mechopd.organisms.recipes import is_named, organism_task, resolve_organism
+    from mechopd.models.spec import is_named, organism_task, resolve_spec
+    from mechopd.organisms.pretrain import pretrain_organism
 
     if is_named(model) and organism_task(model) is None:
-        return resolve_organism(model)
+        return resolve_spec(model)
     if organism_task(model) is not None:
         from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
 
+        make = pretrain_organism if pretrain else None
         with job_threads(ORGANISM_THREADS):
-            return str(Path(resolve_organism(model, spec.first_config(0).organism_dir, pretrain=pretrain)).resolve())
+            return str(Path(resolve_spec(model, spec.first_config(0).organism_dir, make=make)).resolve())
     return str(Path(model).resolve()) if Path(model).exists() else model
 
 

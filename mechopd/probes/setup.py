@@ -29,7 +29,7 @@ from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.options import GE0, GE1, check_fields, check_seed, check_temperature, option
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
-from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
+from mechopd.models.spec import is_named, recorded_model, resolve_spec
 from mechopd.probes.items import (  # noqa: F401
     ProbeItems,
     answer_responses,
@@ -183,7 +183,7 @@ class ProbeSetup:
         if ref in self.models:
             return ref, self.models[ref]
         if is_named(ref) or os.sep in ref or Path(ref).exists():  # model:NAME labelled NAME
-            return fetched_name(ref) or Path(ref).name or ref, resolve_organism(ref)
+            return fetched_name(ref) or Path(ref).name or ref, resolve_spec(ref)
         known = ", ".join(self.models) or "none"
         raise ConfigError(
             f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
@@ -200,7 +200,7 @@ class ProbeSetup:
         out: dict[str, str] = {}
         for ref in refs or default:
             name, sep, path = ref.partition("=")
-            label, path = (name, resolve_organism(path)) if sep and name and path else self.model(ref, "trained")
+            label, path = (name, resolve_spec(path)) if sep and name and path else self.model(ref, "trained")
             check_label(label, "--models")
             dup = next((k for k in out if k.lower() == label.lower()), None)
             if dup is not None:
