@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from mechopd.config import StrictLoader
 from mechopd.config.sections import RolloutOptions
+from mechopd.core.config_parse import StrictLoader
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import RenderSpec
 

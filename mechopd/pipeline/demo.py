@@ -104,7 +104,7 @@ def default_seeds(task: str) -> int:
 @functools.cache
 def fast_values() -> dict[str, Any]:
     """``--fast``'s values over the built-in study (``mechopd/data/demo_fast.yaml``), each a `DemoConfig` field."""
-    from mechopd.config import load_yaml
+    from mechopd.core.config_parse import load_yaml
 
     doc = load_yaml(FAST_FILE)
     known = {f.name: f for f in field_facts(DemoConfig) if f.name not in ("task", "out", "fast")}

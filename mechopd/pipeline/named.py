@@ -39,7 +39,7 @@ def study_file(name: str) -> Path:
 def study_fast_values(name: str) -> dict[str, Any]:
     """A study's own ``--fast`` values (``mechopd/data/studies/fast/NAME.yaml``; {} without one), each a key of
     demo_fast.yaml and a number >= 0."""
-    from mechopd.config import load_yaml
+    from mechopd.core.config_parse import load_yaml
     from mechopd.pipeline.demo import fast_values
 
     path = STUDIES_DIR / "fast" / f"{name}.yaml"

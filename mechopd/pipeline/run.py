@@ -287,8 +287,8 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
             )
         check_foreign(out, SPEC_FILE, (INPUTS_FILE,))  # what the study did not write: never replaced nor reused
         return Stale()
-    from mechopd.config import load_yaml
     from mechopd.core.artifacts import read_json
+    from mechopd.core.config_parse import load_yaml
 
     old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())

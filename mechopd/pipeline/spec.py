@@ -408,7 +408,7 @@ class StudySpec:
     def load(cls, study: str | os.PathLike | Mapping[str, Any], source: str | None = None) -> StudySpec:
         """A study file's path or its parsed mapping (``source``: the file it was read from, for the messages);
         unknown or missing keys refused, naming the known ones."""
-        from mechopd.config import load_yaml
+        from mechopd.core.config_parse import load_yaml
 
         if isinstance(study, Mapping):
             doc, where = dict(study), source or "study"

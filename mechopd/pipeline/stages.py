@@ -12,12 +12,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from mechopd.config.sections import LoraOptions
-from mechopd.core.artifacts import FileSet, write_json
+from mechopd.core.artifacts import FileSet, mean_kept_fraction, write_json
 from mechopd.core.errors import DataError
 from mechopd.models.lora import adapter_label
 from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label
 from mechopd.pipeline.logline import say
-from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
+from mechopd.study import STUDY_FILE, EvalReport, Study
 
 
 def _log(msg: str) -> None:

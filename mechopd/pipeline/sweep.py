@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.artifacts import read_json, write_json
+from mechopd.core.artifacts import mean_kept_fraction, read_json, write_json
 from mechopd.pipeline.stages import train_resumable
-from mechopd.study import EvalReport, mean_kept_fraction
+from mechopd.study import EvalReport
 
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)

@@ -28,7 +28,8 @@ from mechopd.core.artifacts import read_json, write_json, write_jsonl
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
 from mechopd.models import load_model
-from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup
+from mechopd.probes.items import ProbeItems
+from mechopd.probes.setup import TEACHER, ProbeSetup
 
 
 def kl_rows(logp_p: torch.Tensor, logp_q: torch.Tensor) -> torch.Tensor:

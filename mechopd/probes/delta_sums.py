@@ -44,7 +44,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Index a checkpoint dir as canonical views (`mechopd.models.arch.param_views`: fused projections split, every
     family's names in Llama's words) and resolve tied embeddings (config.json ``tie_word_embeddings``, else no
     lm_head)."""
-    from mechopd.core.checks import read_config
+    from mechopd.core.model_checks import read_config
     from mechopd.models.arch import param_views
 
     files = checkpoint_tensors(path)

@@ -30,13 +30,7 @@ from mechopd.core.options import GE0, GE1, check_fields, check_seed, check_tempe
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
 from mechopd.models.spec import is_named, recorded_model, resolve_spec
-from mechopd.probes.items import (  # noqa: F401
-    ProbeItems,
-    answer_responses,
-    make_batches,
-    read_responses,
-    sample_responses,  # (re-exported: they used to live here and in similarity)
-)
+from mechopd.probes.items import ProbeItems, make_batches
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64

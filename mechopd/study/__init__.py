@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from mechopd.core.artifacts import (  # noqa: F401
+from mechopd.core.artifacts import (
     FileSet,
     finite_or_none,
     mean_kept_fraction,
@@ -354,7 +354,7 @@ def studies(paths: Sequence[str | os.PathLike | Study], study: str | os.PathLike
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    from mechopd.config import load_yaml
+    from mechopd.core.config_parse import load_yaml
 
     if not path.is_file():
         raise ConfigError(f"study file {path} does not exist; pass a study.yaml (see mechopd/study/__init__.py)")

@@ -116,7 +116,7 @@ def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[Study], role: str
 
 def _run_tasks(study: Study) -> set[str]:
     """The task(s) the study's runs record: demo.json's ``task`` and each run's ``config.yaml``."""
-    from mechopd.config import load_yaml
+    from mechopd.core.config_parse import load_yaml
 
     tasks = {str(study.manifest["task"])} if study.manifest.get("task") else set()
     for run in study:

@@ -104,7 +104,7 @@ def test_evaluation_batch_one_equals_batch_n(tiny_rules_organism):
 
 
 def test_similarity_responses_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
-    from mechopd.probes.similarity import sample_responses
+    from mechopd.probes.items import sample_responses
 
     task = get_task("rules")
     ex = task.examples("test", 5, 0)

@@ -123,7 +123,7 @@ def test_probe_batches_hold_the_sampled_ids_and_compare_the_same_token(zoo, fami
     ids the model receives at the compared columns are the response ids, and the captured embedding-site state at
     index t is the embedding of response token t, in both views."""
     from mechopd.probes.capture import capture_views
-    from mechopd.probes.similarity import make_batches
+    from mechopd.probes.items import make_batches
 
     path = zoo.student(family)
     tok, model = load_tokenizer(path), load_model(path)

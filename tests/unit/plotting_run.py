@@ -11,10 +11,10 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
-from mechopd.core.artifacts import json_safe
+from mechopd.core.artifacts import json_safe, write_rows
 from mechopd.evaluation.following import summarize_following
 from mechopd.evaluation.removability import summarize
-from mechopd.probes import deltas, gradients, similarity, teachability
+from mechopd.probes import deltas, gradients, similarity, teachability, view_cosine
 from mechopd.probes.capture import sites_for
 
 from .causal_artifacts import write_causal
@@ -107,12 +107,12 @@ def _write_similarity(probes: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     sites, rows = sites_for(N_LAYERS), []
     for k, model in enumerate(("base", "opd", "nca")):
-        acc = similarity.CosineAccumulator(sites, N_LAYERS)
+        acc = view_cosine.CosineAccumulator(sites, N_LAYERS)
         for site in sites:
             hx = torch.randn(2, 5, 8, generator=gen)
             acc.add(site, hx, hx + (0.6 / (k + 1)) * torch.randn(2, 5, 8, generator=gen), torch.ones(2, 5, dtype=bool))
         rows += acc.site_rows(model)
-    similarity.write_rows(rows, probes / "similarity.csv")
+    write_rows(rows, probes / "similarity.csv")
     mean_cos = {m: float(np.mean([r["cos_mean"] for r in rows if r["model"] == m])) for m in ("base", "opd", "nca")}
     similarity.SimilaritySummary(["base", "opd", "nca"], mean_cos, sites, "opd", 2).save(probes)
 

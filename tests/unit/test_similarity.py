@@ -14,18 +14,11 @@ from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.views import RenderSpec, assemble_two_views, render_prompt_ids
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
+from mechopd.probes.cka import StreamingCKA
+from mechopd.probes.items import make_batches
 from mechopd.probes.setup import ProbeSetup
-from mechopd.probes.similarity import (
-    SimilarityOptions,
-    StreamingCKA,
-    _Buffer,
-    compare_models,
-    make_batches,
-    run_similarity,
-    token_cosine,
-    two_view_cosine,
-    write_rows,
-)
+from mechopd.probes.similarity import SimilarityOptions, run_similarity, write_rows
+from mechopd.probes.view_cosine import _Buffer, compare_models, token_cosine, two_view_cosine
 from mechopd.tasks.base import get_task
 
 ATOL = 2e-5
@@ -330,7 +323,7 @@ def test_write_rows_formats(tmp_path):
 def test_sampled_responses_do_not_depend_on_batch_size(organism_tokenizer, tiny_qwen3):
     from mechopd.config.sections import RolloutOptions
     from mechopd.core.views import RenderSpec
-    from mechopd.probes.similarity import sample_responses
+    from mechopd.probes.items import sample_responses
     from mechopd.tasks.base import get_task
 
     task = get_task("rules")
