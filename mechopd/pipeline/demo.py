@@ -58,7 +58,7 @@ from mechopd.pipeline.pool import PoolOptions
 from mechopd.pipeline.run import SeedRun, finish_seed, train_runs, write_manifest
 from mechopd.pipeline.spec import StudySpec, builtin_study
 from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
-from mechopd.study import MANIFEST_FILE
+from mechopd.runset import MANIFEST_FILE
 
 __all__ = [
     "DemoConfig",

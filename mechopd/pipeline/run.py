@@ -47,7 +47,7 @@ from mechopd.pipeline.pool import PoolOptions
 from mechopd.pipeline.reuse import Stale, clear_stale
 from mechopd.pipeline.spec import CHECKPOINT, StudySpec, default_out
 from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.runset import MANIFEST_FILE, STUDY_FILE, RunSet
 
 SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
@@ -200,7 +200,7 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     }
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name; a user may rename a run here)
-        Study.from_manifest(run).write()  # a checkpoint run with its directory (demo.json's runs.ROLE.checkpoint)
+        RunSet.from_manifest(run).write()  # a checkpoint run with its directory (demo.json's runs.ROLE.checkpoint)
     return manifest
 
 

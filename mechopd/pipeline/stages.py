@@ -17,7 +17,7 @@ from mechopd.core.errors import DataError
 from mechopd.models.lora import adapter_label
 from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label
 from mechopd.pipeline.logline import say
-from mechopd.study import STUDY_FILE, EvalReport, Study
+from mechopd.runset import STUDY_FILE, EvalReport, RunSet
 
 
 def _log(msg: str) -> None:
@@ -178,7 +178,7 @@ def run_probes(
     from mechopd.probes.setup import ProbeSetup
 
     out = run / "probes"
-    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
+    study = RunSet.load(run) if (run / STUDY_FILE).is_file() else RunSet.of_models(run, cfg.task, models)
     setup = ProbeSetup(
         task=cfg.task,
         task_options=dict(cfg.task_options or {}),
@@ -215,7 +215,7 @@ class _WithTeacher:
     (`ProbeSpec.reads_teacher`: a cross-model study's teacher is no run of the study, but a study file may point a
     forward-only probe at it: similarity, lens)."""
 
-    def __init__(self, study: Study, models: dict[str, Path], spec: Any):
+    def __init__(self, study: RunSet, models: dict[str, Path], spec: Any):
         self.study, self.teacher = study, "teacher" in models and bool(getattr(spec, "reads_teacher", False))
 
     def name(self, role: str) -> str | None:

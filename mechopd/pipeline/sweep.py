@@ -11,7 +11,7 @@ from typing import Any
 
 from mechopd.core.artifacts import mean_kept_fraction, read_json, write_json
 from mechopd.pipeline.stages import train_resumable
-from mechopd.study import EvalReport
+from mechopd.runset import EvalReport
 
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)

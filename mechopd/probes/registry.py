@@ -9,7 +9,7 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     returns the lines the CLI prints); `ProbeSpec` builds ``opts`` from the dataclass's defaults and the given values
     (`ProbeSpec.options_of`), so ``get_probe(name)(setup, out_dir, **values)`` is the keyword form of every probe;
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
-    named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
+    named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.runset`), which the
     demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
     first seed only is the study's ``first_seed_only``); ``checkpoint``: which saved step of a study run its role
     options read, ``checkpoint(train_dir) -> (checkpoint_dir, why)`` (None: the run's final checkpoint; the choice is

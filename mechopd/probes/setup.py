@@ -312,11 +312,11 @@ def _from_training(run: Path) -> ProbeSetup:
 
 
 def _from_demo(run: Path) -> ProbeSetup:
-    """A demo dir through its typed study (`mechopd.study`: ``study.yaml``, else ``demo.json``): one label per run
+    """A demo dir through its typed study (`mechopd.runset`: ``study.yaml``, else ``demo.json``): one label per run
     (its name), base = the organism."""
-    from mechopd.study import Study
+    from mechopd.runset import RunSet
 
-    study = Study.load(run)
+    study = RunSet.load(run)
     trained = [r for r in study.runs.values() if r.role != BASE]
     if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")

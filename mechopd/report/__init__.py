@@ -23,7 +23,7 @@ from mechopd.report.items import items_lines, link_item_claims
 from mechopd.report.markup import md_code, sh_arg
 from mechopd.report.mechanism_claims import localization_table, weightpatch_table
 from mechopd.report.seeds import probe_lines
-from mechopd.study import STUDY_FILE, EvalReport, Study, studies
+from mechopd.runset import STUDY_FILE, EvalReport, RunSet, runsets
 
 
 def student_word(student: Any) -> str:
@@ -94,7 +94,7 @@ def _lr_text(cfg: dict[str, Any]) -> str:
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
 
 
-def _opening(s: Study, cfg: dict[str, Any]) -> str:
+def _opening(s: RunSet, cfg: dict[str, Any]) -> str:
     """The report's first sentence: the organism, how its methods were trained (a study's checkpoint runs: given, not
     trained here), how they were evaluated."""
     given = [r.label for r in s if (r.settings or {}).get("checkpoint")]
@@ -113,26 +113,26 @@ def _opening(s: Study, cfg: dict[str, Any]) -> str:
     )
 
 
-def _first_grad_line(study: Study, role: str) -> dict[str, Any] | None:
+def _first_grad_line(study: RunSet, role: str) -> dict[str, Any] | None:
     for rec in study.metrics(role):
         if rec.get("grad/norm/opd") is not None and rec.get("grad/norm/nca") is not None:
             return rec
     return None
 
 
-def _first_eval_after_start(study: Study, role: str) -> dict[str, Any] | None:
+def _first_eval_after_start(study: RunSet, role: str) -> dict[str, Any] | None:
     evals = [r for r in study.metrics(role) if r.get("eval/acc_xc") is not None and r.get("step", 0) > 0]
     return evals[0] if evals else None
 
 
-def _log_path(study: Study, role: str) -> str:
+def _log_path(study: RunSet, role: str) -> str:
     run = study.run(role)
     assert run is not None  # the caller read this role's grad/norm rows from its metrics log
     path = run.train_dir / "metrics.jsonl"
     return str(path.relative_to(study.root)) if path.is_relative_to(study.root) else str(path)
 
 
-def _nca_lines(runs: Sequence[Study]) -> list[str]:
+def _nca_lines(runs: Sequence[RunSet]) -> list[str]:
     """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
     and interval with several runs)."""
     grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
@@ -167,7 +167,7 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
     return [text + _anchor_wait_text(runs) + "."]
 
 
-def _gate_opened(study: Study) -> int | None:
+def _gate_opened(study: RunSet) -> int | None:
     """The step count after which the NCA run's anchor gate opened (β = 0 before), None if it never did."""
     for rec in study.metrics("nca"):
         if rec.get("nca_gate/open_step") is not None:
@@ -175,7 +175,7 @@ def _gate_opened(study: Study) -> int | None:
     return None
 
 
-def _anchor_wait_text(runs: Sequence[Study]) -> str:
+def _anchor_wait_text(runs: Sequence[RunSet]) -> str:
     """How long the NCA run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
     nca = runs[0].run("nca")
     if nca is None:
@@ -198,7 +198,7 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     return ""
 
 
-def _kept_lines(study: Study) -> list[str]:
+def _kept_lines(study: RunSet) -> list[str]:
     out = []
     for run in study:
         sel = RunSettings(run.settings).section(SelectionOptions) if run.settings else None  # typed, as declared
@@ -212,7 +212,7 @@ def _kept_lines(study: Study) -> list[str]:
     return out
 
 
-def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+def _findings_lines(rows: Sequence[Any], runs: Sequence[RunSet]) -> list[str]:
     """The report's opening: each claim's verdict in one sentence with its number, and the decided count."""
     decided = sum(c.verdict in ("holds", "does not hold") for c in rows)
     seeds = f"{len(runs)} training seed{'s' if len(runs) != 1 else ''}"
@@ -228,7 +228,7 @@ def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     ]
 
 
-def _claims_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+def _claims_lines(rows: Sequence[Any], runs: Sequence[RunSet]) -> list[str]:
     """The claims table, what its intervals speak for, and one line naming the rows the interval rule left fragile."""
     out = ["## The papers' claims", "", claims_markdown(rows), target_line(runs), ""]
     fragile = fragile_claims(rows)
@@ -237,7 +237,7 @@ def _claims_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     return out
 
 
-def _eval_reports(study: Study) -> dict[str, EvalReport]:
+def _eval_reports(study: RunSet) -> dict[str, EvalReport]:
     """name -> report: the study's runs in order, then any other ``eval/*.json`` of the root."""
     out = {r.name: rep for r in study if (rep := study.eval(r.role)) is not None}
     for p in sorted((study.root / "eval").glob("*.json")):
@@ -246,9 +246,9 @@ def _eval_reports(study: Study) -> dict[str, EvalReport]:
     return out
 
 
-def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | None = None) -> Path:
-    """``report.md`` of a run (a run dir, a study YAML or a `Study`; ``study``: a YAML applied to the run dir)."""
-    s = run if isinstance(run, Study) else Study.load(run, study)
+def write_report_md(run: str | os.PathLike | RunSet, study: str | os.PathLike | None = None) -> Path:
+    """``report.md`` of a run (a run dir, a study YAML or a `RunSet`; ``study``: a YAML applied to the run dir)."""
+    s = run if isinstance(run, RunSet) else RunSet.load(run, study)
     root = s.root
     evals = _eval_reports(s)
     summaries = {s.label(k): rep.summary.to_dict() for k, rep in evals.items()}
@@ -291,7 +291,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     return path
 
 
-def _seed_table(summary: dict[str, Any], study: Study) -> list[str]:
+def _seed_table(summary: dict[str, Any], study: RunSet) -> list[str]:
     head = ["model", "seeds", *(LABELS[m] for m in METRICS), "regime per seed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|"]
     for name, row in summary["models"].items():
@@ -307,9 +307,9 @@ def write_aggregate_report(out: str | Path) -> Path:
     from mechopd.core.artifacts import read_json
 
     out = Path(out)
-    agg = Study.load(out)
+    agg = RunSet.load(out)
     summary = read_json(out / "aggregate.json")
-    runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
+    runs = runsets(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
     cfg = agg.config
     base = agg.manifest.get("organism")
     word = student_word(base)
@@ -351,7 +351,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     return path
 
 
-def _wall_lines(agg: Study) -> list[str]:
+def _wall_lines(agg: RunSet) -> list[str]:
     """The demo's wall time (organism included) and its workers, when the aggregate was written by `mechopd demo`."""
     m = agg.manifest
     if not m.get("wall_s"):
@@ -364,7 +364,7 @@ def _wall_lines(agg: Study) -> list[str]:
     ]
 
 
-def _relabelled(run: Any, agg: Study) -> Any:
+def _relabelled(run: Any, agg: RunSet) -> Any:
     from dataclasses import replace
 
     return replace(run, label=agg.labels.get(run.name, run.label))

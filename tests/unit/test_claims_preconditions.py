@@ -109,10 +109,10 @@ def test_a_qk_ratio_that_adam_alone_explains_is_not_concentration(tmp_path: Path
 def test_localization_on_too_few_harmed_items_names_no_site(tmp_path: Path) -> None:
     """4 of 40 items flip unpatched: the shallowest removing site is not named (it was, on 4 items)."""
     from mechopd.report.mechanism_claims import localization_table
-    from mechopd.study import studies
+    from mechopd.runset import runsets
 
-    few = "\n".join(localization_table(studies(seed_runs(tmp_path / "a", {"loc": {"clean": 0.1}}))))
-    enough = "\n".join(localization_table(studies(seed_runs(tmp_path / "b", {}))))
+    few = "\n".join(localization_table(runsets(seed_runs(tmp_path / "a", {"loc": {"clean": 0.1}}))))
+    enough = "\n".join(localization_table(runsets(seed_runs(tmp_path / "b", {}))))
     assert "localization needs ≥ 10 harmed items): 4 harmed items" in few and "**final_norm**" in enough
 
 

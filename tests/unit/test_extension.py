@@ -20,7 +20,7 @@ from mechopd.objectives.select import make_selector, register_selector, unregist
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
 from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, probe_result, register_probe, unregister_probe
-from mechopd.study import Study
+from mechopd.runset import RunSet
 from tests.unit.plotting_run import make_run
 
 
@@ -75,7 +75,7 @@ def toy_last(normed, mask: torch.Tensor, generator) -> torch.Tensor:
 
 # -- the toy figure: the number of evaluated models -----------------------------------------------------------------
 def plot_count(run_dir, out_dir: Path) -> list[Path]:
-    root = run_dir.root if isinstance(run_dir, Study) else Path(run_dir)
+    root = run_dir.root if isinstance(run_dir, RunSet) else Path(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval_count.png").write_bytes(str(len(list((root / "eval").glob("*.json")))).encode())
     return [out_dir / "eval_count.png"]
@@ -198,7 +198,7 @@ def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
         demo.run_probes(demo.DemoConfig(fast=True), models, run)
     finally:
         registry._REGISTRY = saved
-    assert probe_result("toy", Study.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
+    assert probe_result("toy", RunSet.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
 
 
 def test_the_selection_signals_travel_between_processes_by_field_name():
