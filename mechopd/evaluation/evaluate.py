@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from mechopd.core.artifacts import FileSet
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids
@@ -28,7 +29,8 @@ from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import compare_table, summarize
 from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
 from mechopd.generate.settings import task_default
-from mechopd.tasks.base import Example, check_split
+from mechopd.models import load_model, load_tokenizer
+from mechopd.tasks.base import Example, check_split, get_task
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
@@ -194,8 +196,6 @@ def evaluate_model(
 
 def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """JSON report (records + summary) at `out` (``.json``) and the records as CSV next to it."""
-    from mechopd.core.artifacts import FileSet
-
     out = Path(out)
     if out.suffix != ".json":
         out = out.with_suffix(".json")
@@ -253,9 +253,6 @@ def evaluate(
     """A loaded model (with `tokenizer`) or a checkpoint dir, `task` a name (with `task_options`) or a task object,
     in both views with the render ``spec`` as given (no training record read: `mechopd.run_eval` and `mechopd eval`
     read it, `mechopd.evaluation.run`). Writes the report to `out` when given."""
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
     if isinstance(model, (str, Path)):
         tokenizer = tokenizer or load_tokenizer(model)
         model = load_model(model)

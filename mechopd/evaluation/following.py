@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.stats import never_a_point
@@ -200,7 +201,6 @@ def add_following(
     )  # every other context fits the model's positions, as the main one (never truncated)
     was_training = model.training
     model.eval()
-    import torch
 
     with torch.inference_mode():
         records = other_context_records(model, tokenizer, task, items, cfg, spec, st)

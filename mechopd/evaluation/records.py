@@ -17,9 +17,14 @@ from typing import Any
 import yaml
 
 from mechopd.config.sections import RolloutOptions
+from mechopd.core.checks import check_task_vocab
 from mechopd.core.config_parse import StrictLoader
 from mechopd.core.errors import ConfigError
+from mechopd.core.model_checks import read_config
 from mechopd.core.views import RenderSpec
+from mechopd.evaluation.pinning import check_fits, pin_render
+from mechopd.generate.settings import task_default
+from mechopd.models import load_tokenizer
 
 
 def recorded_config(path: str | Path) -> tuple[dict[str, Any], Path] | None:
@@ -113,12 +118,6 @@ def checked_renders(
     """Every model's tokenizer and pinned render (the record's, else the flags'), checked before the first model
     loads: the task's vocabulary, the render (`pinning.pin_render`) and the first item's length. Prints what was
     pinned (`rollout`: the evaluation's section, its response cap). Returns (tokenizers, specs) by label."""
-    from mechopd.core.checks import check_task_vocab
-    from mechopd.core.model_checks import read_config
-    from mechopd.evaluation.pinning import check_fits, pin_render
-    from mechopd.generate.settings import task_default
-    from mechopd.models import load_tokenizer
-
     toks, specs = {}, {}
     for name, path in paths.items():
         toks[name] = load_tokenizer(path)

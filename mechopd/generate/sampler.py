@@ -10,6 +10,7 @@ instead of the loop here; the sampler knows it only through that protocol.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,8 +49,6 @@ __all__ = [
 
 def stable_seed(*parts: object) -> int:
     """A seed from `parts` that is the same in every process and Python run (sha1, not ``hash()``)."""
-    import hashlib
-
     return int(hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:12], 16)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from mechopd.config.sections import RunOptions
 from mechopd.core.errors import ConfigError, TrainingError
@@ -104,7 +105,6 @@ def organism_vocab() -> list[str]:
 
 
 def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
-    from transformers import LlamaConfig, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -160,7 +160,6 @@ def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True)
 
 
 def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
-    from transformers import AutoModelForCausalLM
 
     marker = out / MARKER
     if marker.exists():

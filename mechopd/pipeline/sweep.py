@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import mean_kept_fraction, read_json, write_json
+from mechopd.models import load_model, load_tokenizer
 from mechopd.pipeline.stages import train_resumable
 from mechopd.runset import EvalReport
 
@@ -21,7 +22,6 @@ def sweep(cfg: Any, student: Path, run: Path) -> None:
     """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction);
     ``cfg`` a `mechopd.pipeline.run.SeedRun` whose ``sweep`` holds the fields every sweep run adds."""
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
     target = run / "sweep" / "sweep.json"

@@ -15,6 +15,9 @@ figure whose artifacts exist; `figure_index` lists (name, title, caption) for ``
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from mechopd.plots.following import figure_context_following, plot_context_following
@@ -61,10 +64,6 @@ def draw_all(run_dir: str | Path | RunSet, out_dir: str | Path | None = None) ->
 def redraw(study: RunSet, out_dir: str | Path) -> dict[str, list[Path]]:
     """`draw_all` as one set (`mechopd figures`): every figure drawn into a hidden folder beside ``out_dir`` first,
     then moved in; a figure that fails to draw (a bad artifact) leaves ``out_dir`` exactly as it was."""
-    import os
-    import shutil
-    import tempfile
-
     out = Path(out_dir)
     stage = Path(tempfile.mkdtemp(prefix=".figures-", dir=out.parent))
     try:

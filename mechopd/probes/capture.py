@@ -51,6 +51,7 @@ from mechopd.evaluation.config import EvalConfig
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
+from mechopd.models.arch import base_model
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
@@ -94,8 +95,6 @@ def site_module(model: nn.Module, site: str) -> nn.Module:
 def decoder_stack(model: nn.Module) -> nn.Module:
     """The decoder stack of a causal LM without the lm_head (``model.model``, ``model.transformer``,
     ``model.gpt_neox``: `mechopd.models.arch.base_model`)."""
-    from mechopd.models.arch import base_model
-
     return base_model(model)
 
 

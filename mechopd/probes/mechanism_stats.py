@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.stats import hier_bootstrap
+from mechopd.probes.causal_items import read_items
 from mechopd.probes.weightpatch_plan import CONTROL, NONE
 from mechopd.runset import RunSet
 
@@ -42,7 +43,6 @@ def _items(study: RunSet | Path, probe: str) -> list[dict[str, Any]] | None:
     path = probes / f"{probe}_items.jsonl"
     if not path.is_file():
         return None
-    from mechopd.probes.causal_items import read_items
 
     return read_items(path)
 

@@ -36,11 +36,14 @@ it before calling mechopd).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import field_facts
 from mechopd.probes.options import check, defaults, facts_of, flags
@@ -105,8 +108,6 @@ class ProbeSpec:
         """Run the probe on ``setup`` into ``out_dir`` with the options ``options`` names (`options_of`): ``run(setup,
         dir, opts)``; returns the lines to print. Its files land as one set (`artifacts.FileSet`, named after the
         probe): all of them or none."""
-        from mechopd.core.artifacts import FileSet
-
         opts = self.options_of(**options)
         with FileSet(out_dir, self.name) as stage:
             lines = list(resolve(self.run)(setup, stage.dir, opts))
@@ -169,12 +170,10 @@ def _discover() -> None:
     if _loaded:
         return
     _loaded = True
-    import pkgutil
 
     package = __name__.rpartition(".")[0]  # mechopd.probes, by its directory (no import of the package here)
     for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
         importlib.import_module(f"{package}.{info.name}")
-    from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         ep.load()

@@ -13,6 +13,7 @@ from mechopd.config.terms import NCAOptions, SelectionOptions
 from mechopd.core.artifacts import read_json
 from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
+from mechopd.evaluation.config import EVAL_FACTS
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.objectives.labels import RunSettings
 from mechopd.plots import figure_index
@@ -76,8 +77,6 @@ def _study_line(manifest: dict[str, Any], root: Path) -> str | None:
 def _eval_line(task: str, cfg: dict[str, Any], models: dict[str, Any]) -> str:
     """The `mechopd eval --compare` that reproduces the evaluation as it ran: its items, seed, task options, the
     study's other EvalConfig fields (``n_boot``, ...) and ``--other-contexts`` only where they were evaluated."""
-    from mechopd.evaluation.config import EVAL_FACTS
-
     flags = {f.name: f.flag for f in EVAL_FACTS}
     opts = "".join(f" --option {sh_arg(f'{k}={v}')}" for k, v in (cfg.get("task_options") or {}).items())
     more = "".join(f" {flags[k]} {sh_arg(v)}" for k, v in (cfg.get("eval") or {}).items() if k in flags)
@@ -304,8 +303,6 @@ def _seed_table(summary: dict[str, Any], study: RunSet) -> list[str]:
 def write_aggregate_report(out: str | Path) -> Path:
     """``report.md`` of an aggregate directory (written by `mechopd.report.aggregate.aggregate`): seed tables, the claims
     table over the seed runs, the seed-band figures, and the commands."""
-    from mechopd.core.artifacts import read_json
-
     out = Path(out)
     agg = RunSet.load(out)
     summary = read_json(out / "aggregate.json")

@@ -25,6 +25,9 @@ from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
 from mechopd.core.runcheck import check_seed_runs
 from mechopd.core.stats import seed_stat
+from mechopd.evaluation.removability import METRICS
+from mechopd.plots import draw_all
+from mechopd.report import write_aggregate_report
 from mechopd.report.seed_items import metric_stat
 from mechopd.runset import MANIFEST_FILE, RunSet, runsets
 from mechopd.runset.checks import check_seeds
@@ -60,8 +63,6 @@ def check_runs(runs: Sequence[RunSet]) -> RunSet:
 def summarise_runs(runs: Sequence[str | Path | RunSet], study: str | Path | None = None) -> dict[str, Any]:
     """Per run (by role; keyed by the first seed's run name) and removability metric, the seed statistic of the runs'
     point estimates; per trained run the seed statistic of the kept fraction."""
-    from mechopd.evaluation.removability import METRICS
-
     seeds = seed_studies(runs, study)
     first = check_runs(seeds)
     table: dict[str, Any] = {}
@@ -92,9 +93,6 @@ def aggregate(
     """Write ``out/aggregate.json``, ``out/demo.json`` (``seed_runs`` lists the runs), ``out/study.yaml`` (the seed
     runs' roles), the seed-band figures and ``out/report.md``; returns the report path. ``study``: a study YAML
     applied to every run dir (roles -> run names)."""
-    from mechopd.plots import draw_all
-    from mechopd.report import write_aggregate_report
-
     out = Path(out)
     check_seed_runs([Path(r) for r in runs], out)  # distinct seeds of one study; out no input
     seeds = seed_studies([Path(r) for r in runs], study)

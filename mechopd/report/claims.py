@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mechopd.core.stats import CI, exact_se, fmt_stat
 from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
@@ -155,8 +157,6 @@ def harm_excess(runs: Sequence[RunSet]) -> dict[str, Any]:
 
 def _harm_excess(a: tuple[Any, ...]) -> Any:
     """OPD's Harm minus the base's on the same items (the base's undefined Harm — no item right — counts as 0)."""
-    import numpy as np
-
     return metric_of(a, "harm", 0) - np.nan_to_num(metric_of(a, "harm", 1), nan=0.0)
 
 

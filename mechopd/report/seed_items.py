@@ -16,6 +16,8 @@ level resamples whole clusters (`eval_clusters`, `other_clusters`; docs/method.m
 
 from __future__ import annotations
 
+import csv
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -252,9 +254,6 @@ def probe_items(
     ``cos_mean`` per item and site, ``mean_column=True``; ``lens_examples.csv``: ``kl_sum``), so that a per-token mean
     over any resample of the items is ``sums.sum(0) / counts.sum(0)``. Items every role has, in uid order; None when
     the table, a role or a site is missing (or a cell is not a finite number)."""
-    import csv
-    import math
-
     path = study.probes_dir / file
     if not path.is_file() or not sites:
         return None

@@ -54,7 +54,8 @@ from mechopd.core.artifacts import (
     write_json,
     write_text,
 )
-from mechopd.core.checks import inside_root
+from mechopd.core.checks import check_display_label, check_label, inside_root
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError, DataError
 
 BASE = "base"
@@ -357,7 +358,6 @@ def runsets(paths: Sequence[str | os.PathLike | RunSet], study: str | os.PathLik
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    from mechopd.core.config_parse import load_yaml
 
     if not path.is_file():
         raise ConfigError(f"study file {path} does not exist; pass a study.yaml (see mechopd/runset/__init__.py)")
@@ -375,7 +375,6 @@ def _manifest(root: Path) -> dict[str, Any]:
 
 
 def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: str) -> Run:
-    from mechopd.core.checks import check_display_label, check_label
 
     if isinstance(spec, str):
         spec = {"name": spec}

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.runset import BASE, RunSet
 
@@ -116,8 +117,6 @@ def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[RunSet], role: st
 
 def _run_tasks(study: RunSet) -> set[str]:
     """The task(s) the study's runs record: demo.json's ``task`` and each run's ``config.yaml``."""
-    from mechopd.core.config_parse import load_yaml
-
     tasks = {str(study.manifest["task"])} if study.manifest.get("task") else set()
     for run in study:
         cfg = run.train_dir / "config.yaml"

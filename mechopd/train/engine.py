@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from mechopd.config import TrainConfig
+from mechopd.generate.vllm_engine import VllmEngine
+from mechopd.models.spec import organism_task, resolve_spec
 
 
 def rollout_engine(
@@ -22,7 +24,6 @@ def rollout_engine(
     trainer puts it in its `SamplingSettings` (``engine=``): rollouts and the periodic evaluation sample with it."""
     if cfg.rollout_engine != "vllm":
         return None
-    from mechopd.generate.vllm_engine import VllmEngine
 
     engine = VllmEngine(path, dtype=cfg.dtype, seed=cfg.seed, device=device.type, world=world, **cfg.vllm_options)
     sync_engine(engine, student, shard)
@@ -43,7 +44,6 @@ def engine_organism(
     (``<organism_dir>/<task>-hd32``: 3 query heads of 32, 1 key/value head, the same hidden size; pretrained on demand,
     cached), since vLLM's CPU attention refuses the default organisms' head_dim 24 (`vllm_engine.CPU_HEAD_SIZES`).
     None otherwise (the student spec resolves as usual)."""
-    from mechopd.models.spec import organism_task
     from mechopd.organisms.pretrain import default_config, pretrain
 
     task = organism_task(cfg.student)
@@ -64,7 +64,6 @@ def resolve_student(
 ) -> str:
     """The student's directory: `engine_organism` where it applies, else `models.spec.resolve_spec` (an
     ``organism:<task>`` pretrained on demand on the `main` process; any other spec unchanged)."""
-    from mechopd.models.spec import resolve_spec
     from mechopd.organisms.pretrain import pretrain_organism
 
     make = functools.partial(pretrain_organism, progress=progress)
@@ -76,8 +75,6 @@ def resolve_student(
 def resolve_teacher(cfg: TrainConfig, student_path: str, *, main: bool, barrier: Callable[[], None]) -> str:
     """The teacher's directory: the student's when there is no teacher (self-distillation), else its spec through
     `models.spec.resolve_spec` (``model:NAME`` fetched on first use, on the `main` process)."""
-    from mechopd.models.spec import resolve_spec
-
     if not cfg.teacher:
         return student_path
     return resolve_spec(cfg.teacher, cfg.organism_dir, main=main, barrier=barrier)
