@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.sites import site_layer, sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.evaluation.config import EvalConfig
 from mechopd.generate.groups import take_rows, ungroup, view_groups

@@ -45,16 +45,14 @@ from typing import Any, ClassVar
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import GE1
-from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
 from mechopd.models.lora import AdapterDeltas, adapter_dir
-from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
-from mechopd.probes.delta_sums import AGGREGATE_BY, aggregate_deltas, open_checkpoint, parameter_deltas  # noqa: F401  (re-exported)
+from mechopd.probes.delta_rows import DeltaRow, read_table, write_table
+from mechopd.probes.delta_sums import aggregate_deltas, parameter_deltas
 from mechopd.probes.delta_svd import run_delta_svd, svd_lines
 from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise, option
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.setup import BASE, ProbeSetup
-from mechopd.probes.weights import checkpoint_tensors  # noqa: F401  (re-exported)
 
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")

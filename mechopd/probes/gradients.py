@@ -54,18 +54,7 @@ from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import RenderSpec, TwoViewBatch
-from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
-    SCOPES,
-    TERMS,
-    WARN_RATIO,
-    GradRow,
-    _score_inputs,
-    aggregate,
-    loss_term,
-    select_parameters,
-    split_half_cos,
-    term_gradients,
-)
+from mechopd.probes.grad_align import TERMS, GradRow, loss_term, select_parameters, split_half_cos, term_gradients
 from mechopd.probes.items import ProbeItems, sample_responses
 from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, option, pair
 from mechopd.probes.registry import ProbeSpec, register_probe

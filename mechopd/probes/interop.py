@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ModelError
+from mechopd.core.sites import site_layer, sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import load_tokenizer, quiet_progress
-from mechopd.probes.capture import site_layer, sites_for
 from mechopd.probes.view_cosine import CosineAccumulator, SimilarityResult
 
 

@@ -128,7 +128,7 @@ def sample_responses(
     rollout: RolloutOptions | None = None,
 ) -> list[list[int]]:
     """One response per example sampled from `model` on the NO-context view (as the student samples in OPD): the ONE
-    response sampler of the probes (the runner, `gradients.sample_batch` and `teachability.build_bank` call it).
+    response sampler of the probes (the runner, `gradients.sample_batch` and `teachability_bank.build_bank` call it).
     rollout: the sampling section (`SamplingSettings.from_section`; None = its defaults: `task`'s temperature and
     max_new_tokens, the probes' setup already in a `setup.TaskView`).
 

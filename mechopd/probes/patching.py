@@ -44,18 +44,7 @@ from mechopd.probes import causal_items as ci
 from mechopd.probes.crosspatch import run_cross
 from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, option, site_list
 from mechopd.probes.options import cross as two_models
-from mechopd.probes.patch_views import (  # noqa: F401  (re-exported)
-    COLUMNS,
-    COMPONENTS,
-    DETAIL_ITEMS,
-    DIRECTIONS,
-    Patch,
-    PatchAccumulator,
-    PatchResult,
-    patching,
-    plan,
-    windows,
-)
+from mechopd.probes.patch_views import COLUMNS, COMPONENTS, DETAIL_ITEMS, patching
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 # -------------------------------------------------------------------------------------- `mechopd probe patching`

@@ -125,7 +125,7 @@ def test_gradients_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
 
 
 def test_teachability_bank_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
-    from mechopd.probes.teachability import build_bank
+    from mechopd.probes.teachability_bank import build_bank
 
     task = get_task("rules")
     one = build_bank(tiny_qwen3, organism_tokenizer, task, 5, 0, temperature=1.0, batch_size=1)

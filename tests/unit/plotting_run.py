@@ -12,10 +12,20 @@ from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
 from mechopd.core.artifacts import json_safe, write_rows
+from mechopd.core.sites import sites_for
 from mechopd.evaluation.following import summarize_following
 from mechopd.evaluation.removability import summarize
-from mechopd.probes import deltas, gradients, similarity, teachability, view_cosine
-from mechopd.probes.capture import sites_for
+from mechopd.probes import (
+    delta_rows,
+    delta_sums,
+    deltas,
+    grad_align,
+    gradients,
+    similarity,
+    teachability,
+    teachability_rescore,
+    view_cosine,
+)
 
 from .causal_artifacts import write_causal
 from .intervention_artifacts import write_interventions
@@ -122,7 +132,7 @@ def _write_gradients(probes: Path, rng: np.random.Generator) -> None:
     sq_a, sq_b = rng.random(len(names)) + 0.1, rng.random(len(names)) + 0.1
     dots = (rng.random(len(names)) * 2 - 1) * np.sqrt(sq_a * sq_b)
     sums = [(float(d), float(a), float(b)) for d, a, b in zip(dots, sq_a, sq_b)]
-    rows = gradients.aggregate(names, sums, [16] * len(names), "opd", "nca", (0.5, 0.1))
+    rows = grad_align.aggregate(names, sums, [16] * len(names), "opd", "nca", (0.5, 0.1))
     gradients.write_gradients(rows, probes, {"synthetic": True})
 
 
@@ -144,16 +154,16 @@ def _checkpoints(root: Path) -> dict[str, Path]:
 
 
 def _write_deltas(probes: Path, ckpts: dict[str, Path]) -> None:
-    rows = deltas.parameter_deltas(
+    rows = delta_sums.parameter_deltas(
         ckpts["base"], {"opd": ckpts["opd"], "nca": ckpts["nca"]}, pair=("opd", "nca"), progress=False
     )
-    deltas.write_table(rows, probes / "deltas")
+    delta_rows.write_table(rows, probes / "deltas")
     deltas.summarize_deltas(rows, ("opd", "nca"), {"synthetic": True}).save(probes)
 
 
 def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
     n = 240
-    table = {c: rng.random(n) for c in teachability.COLUMNS}
+    table = {c: rng.random(n) for c in teachability_rescore.COLUMNS}
     table["seq"] = np.repeat(np.arange(12), 20)
     table["pos"] = np.tile(np.arange(20), 12)
     summary = teachability.summarize(table, n_boot=20, seed=0)
