@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mechopd.core.artifacts import FileSet
+from mechopd.core.artifacts import FileSet, atomic_write
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids
@@ -229,8 +229,6 @@ def format_summary(name: str, s: dict[str, Any]) -> str:
 def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[str, Path, Path]:
     """Side-by-side table of several models' summaries (same items): Markdown + CSV in `out_dir`."""
     md, csv_text = compare_table({k: r["summary"] for k, r in reports.items()})
-    from mechopd.core.artifacts import atomic_write
-
     out = Path(out_dir)
     atomic_write(out / "compare.md", lambda fh: fh.write(md))
     atomic_write(out / "compare.csv", lambda fh: fh.write(csv_text))

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mechopd.config import TrainConfig
+from mechopd.config import TrainConfig, build_config
 from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError, MechopdError
 from mechopd.core.options import option
@@ -337,7 +337,6 @@ class StudySpec:
         }
 
     def _config(self, role: str | None, seed: int, student: str | None) -> Any:
-        from mechopd.config import TrainConfig, build_config
         from mechopd.organisms.recipes import resolve_train_data
 
         data: dict[str, Any] = {

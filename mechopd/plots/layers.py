@@ -44,6 +44,7 @@ from mechopd.plots._common import (
     to_float,
 )
 from mechopd.plots.registry import register_figure
+from mechopd.probes.delta_rows import read_table
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
 
@@ -331,7 +332,6 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     if not path.is_file():
         missing(DELTAS_NAME, path)
         return None
-    from mechopd.probes.delta_rows import read_table
 
     sites, overall = site_and_overall(read_table(path))
     panels = delta_panels(sites, info)

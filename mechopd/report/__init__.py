@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +363,4 @@ def _wall_lines(agg: RunSet) -> list[str]:
 
 
 def _relabelled(run: Any, agg: RunSet) -> Any:
-    from dataclasses import replace
-
     return replace(run, label=agg.labels.get(run.name, run.label))

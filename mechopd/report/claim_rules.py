@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechopd.probes.delta_rows import read_table
 from mechopd.probes.registry import probe_result
 from mechopd.runset import RunSet
 
@@ -69,7 +70,6 @@ def null_norms(study: RunSet | Path, role: str) -> tuple[dict[int, float], dict[
     """Adam's null relative update of ``role``'s tensors (up to the common factor c), pooled per decoder layer and per
     module as `update_norms` pools them: sqrt(Σ numel / Σ ‖W0‖²) over the group's tensors that ``role`` updated;
     None without the deltas table or a numel column."""
-    from mechopd.probes.delta_rows import read_table
     from mechopd.probes.deltas import CSV_NAME
 
     study = _as_study(study)
