@@ -34,18 +34,15 @@ from mechopd.config import METHOD_ALIASES
 from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.config.terms import NCAOptions
 from mechopd.core.options import register_options, register_registry
-from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
+from mechopd.objectives.divergences import (
     _check_mask,
-    common_vocab,
     dual_opd_ctx,
     forward_kl_full,
     nca_anchor,
     reverse_kl_full,
     reverse_kl_topk,
-    sampled_token_kl,
     sampled_token_kl_on_tokens,
     sym_kl,
-    token_mean,
 )
 
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})

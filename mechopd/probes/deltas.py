@@ -44,12 +44,12 @@ from typing import Any, ClassVar
 
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE1
+from mechopd.core.options import GE1, option
 from mechopd.models.lora import AdapterDeltas, adapter_dir
 from mechopd.probes.delta_rows import DeltaRow, read_table, write_table
 from mechopd.probes.delta_sums import aggregate_deltas, parameter_deltas
 from mechopd.probes.delta_svd import run_delta_svd, svd_lines
-from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise, option
+from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.setup import BASE, ProbeSetup

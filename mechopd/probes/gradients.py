@@ -53,10 +53,11 @@ from mechopd.config.terms import ESTIMATORS
 from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
 from mechopd.core.views import RenderSpec, TwoViewBatch
 from mechopd.probes.grad_align import TERMS, GradRow, loss_term, select_parameters, split_half_cos, term_gradients
 from mechopd.probes.items import ProbeItems, sample_responses
-from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, option, pair
+from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, pair
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup

@@ -35,22 +35,14 @@ import torch
 from torch import nn
 
 from mechopd.core.artifacts import read_float, write_csv, write_jsonl
+from mechopd.core.options import option
 from mechopd.core.sites import site_depth, site_layer
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
 from mechopd.models.arch import soft_cap
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites
-from mechopd.probes.options import (
-    Role,
-    cache_option,
-    detail_option,
-    greedy_option,
-    models_option,
-    normalise,
-    option,
-    site_list,
-)
+from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, normalise, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import ActivationStore
 

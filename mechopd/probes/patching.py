@@ -39,10 +39,10 @@ import torch
 
 from mechopd.core.artifacts import read_float, write_csv, write_jsonl
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE1
+from mechopd.core.options import GE1, option
 from mechopd.probes import causal_items as ci
 from mechopd.probes.crosspatch import run_cross
-from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, option, site_list
+from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.patch_views import COLUMNS, COMPONENTS, DETAIL_ITEMS, patching
 from mechopd.probes.registry import ProbeSpec, register_probe

@@ -35,11 +35,12 @@ import numpy as np
 import torch
 
 from mechopd.core.artifacts import read_csv, write_csv
+from mechopd.core.options import option
 from mechopd.objectives.signals import teachability_stats
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
-from mechopd.probes.options import Role, option
+from mechopd.probes.options import Role
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("uid", "position", "token", "pmi", "opd", "kl_x", "ctx", "sampled", "C", "D", "DL", "right_x", "flip")

@@ -42,9 +42,10 @@ from torch import nn
 
 from mechopd.core.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.options import option
 from mechopd.core.sites import sites_for
 from mechopd.probes.items import ProbeItems
-from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, normalise, option
+from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, normalise
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup

@@ -13,7 +13,7 @@ temperature, distributions of θ0 unless said otherwise):
     kl0 = KL(p_T ‖ p_θ0),  kl1 = KL(p_T ‖ p_θ1)
     gain_abs = kl0 − kl1 (the paper's G_t),  gain_rel = (kl0 − kl1) / max(kl0, 1e-8) (the released code's)
 
-The signals come from ``select.teachability_stats`` (θ0 vs teacher) and ``select.normalize_stats``; nothing is
+The signals come from ``signals.teachability_stats`` (θ0 vs teacher) and ``normalize.normalize_stats``; nothing is
 recomputed here. Rescoring streams over the bank in batches: only per-token scalars are kept, never ``[N, R, V]``.
 
 Analyses (``summarize``):
@@ -41,8 +41,8 @@ from typing import Any, ClassVar, cast
 
 from mechopd.config.terms import SignalOptions
 from mechopd.core.artifacts import Summary, read_float
-from mechopd.core.options import GE0
-from mechopd.probes.options import MODEL_HELP, Role, option
+from mechopd.core.options import GE0, option
+from mechopd.probes.options import MODEL_HELP, Role
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext, items_path, write_items
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup

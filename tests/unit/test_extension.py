@@ -16,9 +16,9 @@ import yaml
 
 from mechopd.cli import main
 from mechopd.core.artifacts import Summary, read_json
+from mechopd.core.options import option
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
-from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, probe_result, register_probe, unregister_probe
 from mechopd.runset import RunSet
 from tests.unit.plotting_run import make_run
@@ -206,7 +206,8 @@ def test_the_selection_signals_travel_between_processes_by_field_name():
     matched by name, not a hand-kept column list."""
     from dataclasses import fields
 
-    from mechopd.objectives.select import TeachabilityStats, pack_stats, unpack_stats
+    from mechopd.objectives.select import pack_stats, unpack_stats
+    from mechopd.objectives.signals import TeachabilityStats
 
     mask = torch.tensor([[True, False], [True, True]])
     stats = TeachabilityStats(**{f.name: torch.rand(2, 2) + i for i, f in enumerate(fields(TeachabilityStats))})

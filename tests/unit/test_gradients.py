@@ -269,7 +269,8 @@ def test_split_half_null_is_one_on_duplicated_halves_and_matches_two_separate_gr
     for k in (0, 1):
         half = _batch_of([examples[k]], [responses[k]])
         student.zero_grad()
-        from mechopd.objectives.losses import terms_need, token_mean
+        from mechopd.objectives.divergences import token_mean
+        from mechopd.objectives.losses import terms_need
         from mechopd.probes.grad_align import _score_inputs
         from mechopd.probes.gradients import loss_term
 

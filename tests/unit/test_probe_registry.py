@@ -13,9 +13,8 @@ import pytest
 from mechopd.cli.probe_cmd import add_probe_parsers
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, GE1, UNIT
+from mechopd.core.options import GE0, GE1, UNIT, option
 from mechopd.plots.registry import register_figure, unregister_figure
-from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = (

@@ -13,7 +13,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from mechopd.core.errors import DataError, ModelError
 from mechopd.core.views import build_two_view_batch
 from mechopd.evaluation.removability import resample_blocks
-from mechopd.objectives.select import normalize_stats, teachability_stats
+from mechopd.objectives.normalize import normalize_stats
+from mechopd.objectives.signals import teachability_stats
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
 from mechopd.probes import teachability_analysis, teachability_bank, teachability_rescore
