@@ -27,8 +27,8 @@ from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import compare_table, summarize
-from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
-from mechopd.generate.settings import task_default
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, strip_stop
+from mechopd.generate.settings import SamplingSettings, task_default
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import Example, check_split, get_task
 

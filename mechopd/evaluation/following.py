@@ -39,7 +39,8 @@ from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.evaluate import sampling_settings
 from mechopd.evaluation.pinning import check_fits
 from mechopd.evaluation.removability import MIN_VALID_RESAMPLES, resample_blocks
-from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed, strip_stop
+from mechopd.generate.sampler import sample_rows, stable_seed, strip_stop
+from mechopd.generate.settings import SamplingSettings
 
 DEAF_RATIO = 0.5  # context-deaf: follow_other at most this share of the base model's
 DEAF_LABEL = "context-deaf"

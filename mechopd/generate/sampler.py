@@ -31,20 +31,9 @@ from mechopd.generate.prefix import (
     prefix_kv,
     sliding_window,
 )
-from mechopd.generate.settings import SamplingSettings, stop_ids
+from mechopd.generate.settings import SamplingSettings
 
-__all__ = [
-    "Generation",
-    "SamplingSettings",
-    "Turn",
-    "item_seed",
-    "play_games",
-    "sample",
-    "sample_rows",
-    "stable_seed",
-    "stop_ids",
-    "strip_stop",
-]
+__all__ = ["Turn", "item_seed", "play_games", "sample", "sample_rows", "stable_seed", "strip_stop"]
 
 
 def stable_seed(*parts: object) -> int:

@@ -76,22 +76,11 @@ from mechopd.pipeline.pool import (
 )
 from mechopd.pipeline.run import SeedRun, finish_seed, train_runs, write_manifest
 from mechopd.pipeline.spec import StudySpec, builtin_study
-from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, probes_whole, run_probes, train_resumable
+from mechopd.pipeline.stages import probes_whole
 from mechopd.pipeline.sweep import SWEEP_BUDGETS, SWEEP_SELECTORS
 from mechopd.runset import MANIFEST_FILE
 
-__all__ = [
-    "DemoConfig",
-    "demo",
-    "demo_study",
-    "evaluate_all",
-    "fast_values",
-    "labels_for",
-    "method_label",
-    "run_probes",
-    "seed_run",
-    "train_resumable",
-]
+__all__ = ["DemoConfig", "demo", "demo_study", "fast_values", "seed_run"]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = TrainConfig.nca_gate_window  # steps averaged by the gate

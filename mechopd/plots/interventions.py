@@ -79,7 +79,7 @@ def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_weightpatch(run_dir), out_dir, WEIGHTPATCH)
 
 
-__all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
+__all__ = ["figure_weightpatch", "plot_weightpatch"]
 
 
 LOCALIZATION = "localization"

@@ -27,7 +27,7 @@ from torch import nn
 
 from mechopd.core.artifacts import read_csv, read_json, write_json, write_jsonl
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
+from mechopd.core.views import TwoViewBatch, assemble_two_views, render_prompt_ids
 from mechopd.models import load_model
 from mechopd.probes.items import ProbeItems
 from mechopd.probes.runner import ProbeContext
@@ -216,7 +216,6 @@ __all__ = [
     "kl_rows",
     "load_summary",
     "logp",
-    "pad_id",
     "read_items",
     "resolve",
     "save",

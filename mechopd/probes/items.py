@@ -22,7 +22,8 @@ from mechopd.core.checks import check_response_ids, check_task_vocab
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.core.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
 from mechopd.evaluation.pinning import check_fits, pin_render
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
+from mechopd.generate.sampler import item_seed, sample_rows
+from mechopd.generate.settings import SamplingSettings
 
 
 @dataclass

@@ -30,7 +30,7 @@ import numpy as np
 
 from mechopd.core.stats import hier_bootstrap
 from mechopd.probes.causal_items import read_items
-from mechopd.probes.weightpatch_plan import CONTROL, NONE
+from mechopd.probes.weightpatch_plan import NONE
 from mechopd.runset import RunSet
 
 QK_KEY = "all/qk"
@@ -185,7 +185,6 @@ def removal_stat(runs: Sequence[RunSet | Path], site: str, share: float) -> dict
 
 
 __all__ = [
-    "CONTROL",
     "group_stat",
     "localization_arrays",
     "qk_margin_stat",

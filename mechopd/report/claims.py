@@ -36,10 +36,9 @@ from mechopd.core.stats import CI, exact_se, fmt_stat
 from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report import preconditions as pre
-from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
-from mechopd.report.multiplicity import CONFIRMATORY, chance_decisions, holm, multiplicity_note
+from mechopd.report.multiplicity import holm, multiplicity_note
 from mechopd.report.seed_items import diff_stat, eval_arrays, metric_of, metric_stat, paired_stat
 from mechopd.report.verdicts import (
     CEILING,
@@ -56,29 +55,7 @@ from mechopd.report.verdicts import (
 )
 from mechopd.runset import RunSet, runsets
 
-__all__ = [
-    "CLAIMS",
-    "CONFIRMATORY",
-    "Claim",
-    "chance_decisions",
-    "multiplicity_note",
-    "FAILS",
-    "HOLDS",
-    "NA",
-    "NA_CEILING",
-    "NA_FRAGILE",
-    "claims_json",
-    "claims_markdown",
-    "evaluate_claims",
-    "findings",
-    "fragile_claims",
-    "grad_steps",
-    "holm",
-    "layer_cosines",
-    "lens_kls",
-    "quartile_spread",
-    "update_norms",
-]  # the verdict words and the per-run readers are re-exported
+__all__ = ["CLAIMS", "Claim", "claims_json", "claims_markdown", "evaluate_claims", "findings", "fragile_claims"]
 
 NCA_MAX_ACC_LOSS = 0.05  # non-inferiority margin: NCA's Acc_x ≥ OPD's − 0.05
 TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.05

@@ -37,7 +37,7 @@ from mechopd.report.claim_rules import (
     update_norms,
 )
 from mechopd.report.seed_items import probe_tables, table_stat
-from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, RULE, Decision, all_of, decide
+from mechopd.report.verdicts import FAILS, NA, RULE, Decision, all_of, decide
 from mechopd.runset import RunSet
 
 NCA_COSINE_FLOOR = 0.997  # the paper: NCA ≥ 0.997 at every layer ...
@@ -354,8 +354,6 @@ __all__ = [
     "NCA_COSINE_FLOOR",
     "ORTHOGONAL_ABS_COS",
     "LENS_BASE_SHARE",
-    "HOLDS",
-    "NA_FRAGILE",
     "claim_cosine_order",
     "claim_nca_cosine",
     "claim_nca_lens",

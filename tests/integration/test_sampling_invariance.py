@@ -12,7 +12,8 @@ import torch
 from mechopd.config.sections import RolloutOptions
 from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-from mechopd.generate.sampler import SamplingSettings, sample, sample_rows, stop_ids
+from mechopd.generate.sampler import sample, sample_rows
+from mechopd.generate.settings import SamplingSettings, stop_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
-from mechopd.generate.sampler import SamplingSettings, sample
+from mechopd.generate.sampler import sample
 from mechopd.generate.scorer import response_logits
+from mechopd.generate.settings import SamplingSettings
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.testing.zoo import FAMILY, tiny_model, train_bpe, wrap_tokenizer

@@ -155,7 +155,7 @@ def _train_with_the_toy_selector(tmp_path: Path, organism, capsys) -> Path:
 def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
     """The probe part of the test above: `mechopd probe toy` on the trained model, then the demo's probe stage on
     the study `run` whose nca role is the run my_nca."""
-    from mechopd.pipeline import demo
+    from mechopd.pipeline import demo, stages
 
     assert (
         main(
@@ -195,7 +195,7 @@ def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
     only_toy = {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()}, "toy": TOY_PROBE}
     saved, registry._REGISTRY = registry._REGISTRY, only_toy  # the built-ins need real checkpoints
     try:
-        demo.run_probes(demo.DemoConfig(fast=True), models, run)
+        stages.run_probes(demo.DemoConfig(fast=True), models, run)
     finally:
         registry._REGISTRY = saved
     assert probe_result("toy", RunSet.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
