@@ -101,7 +101,7 @@ def _kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def hf(name: str, model, batches, spans) -> float:
     """The bare-HF reference of each probe (module docstring)."""
-    from mechopd.probes.patching import plan
+    from mechopd.probes.patch_views import plan
 
     total = 0.0
     with torch.inference_mode():

@@ -1,5 +1,5 @@
 """Coverage of every interval type the claims use, and the false-"holds" rate of every threshold and
-non-inferiority rule at its boundary, by simulating the demo's structure (issue #44; `mechopd.core.coverage`).
+non-inferiority rule at its boundary, by simulating the demo's structure (issue #44; `mechopd.testing.coverage`).
 
 Grid (defaults): seeds 2, 3, 5, 8; between-seed SD 0, 0.05, 0.15, 0.3; items 100 and 400; quantities: a proportion
 near 0 (0.05) and near 0.5, a paired difference, a ratio of per-token means (the item-level interval,
@@ -9,7 +9,7 @@ near 0 (0.05) and near 0.5, a paired difference, a ratio of per-token means (the
 
 Prints, per interval type, the coverage at nominal 95 % on every cell and its minimum; per rule, the boundary error
 rate on every cell and its maximum; then the real studies' design cells through `hier_bootstrap` itself
-(`mechopd.core.coverage_design`: Harm on 5–15 right items, a rare event with seeds at zero counts, fact clusters
+(`mechopd.testing.coverage_design`: Harm on 5–15 right items, a rare event with seeds at zero counts, fact clusters
 fresh per seed, one seed of few facts with many paraphrases (where the within-seed unit decides: the fact cluster is
 resampled, the item resample printed beside it), the same items shared across seeds with "these items" as the
 target); PASS when every coverage is
@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from mechopd.core.coverage import QUANTITIES, RULES, SCALED, Grid, clipped_mean, mc_error, run_grid
-from mechopd.core.coverage_design import DESIGN_CELLS, cell_coverage
 from mechopd.core.stats import hier_bootstrap
+from mechopd.testing.coverage import QUANTITIES, RULES, SCALED, Grid, clipped_mean, mc_error, run_grid
+from mechopd.testing.coverage_design import DESIGN_CELLS, cell_coverage
 
 COVER_MIN, ERROR_MAX = 0.93, 0.05
 DEMO = {"seeds": 3, "items": 200, "harm": 0.345, "sd": 0.155}

@@ -45,10 +45,10 @@ def time_probe(name: str, run: Path) -> float:
     the run's names) and the run's own setup, as the demo calls it (`ProbeSpec.__call__`)."""
     from mechopd.probes.registry import demo_options, probes
     from mechopd.probes.setup import ProbeSetup
-    from mechopd.study import Study
+    from mechopd.runset import RunSet
 
     spec = next(s for s in probes() if s.name == name)
-    opts = demo_options(spec, Study.load(run))
+    opts = demo_options(spec, RunSet.load(run))
     if opts is None:
         raise SystemExit(f"probe {name}: its demo roles name no run of {run}")
     setup = ProbeSetup.from_run(run)

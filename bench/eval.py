@@ -85,7 +85,7 @@ class GenerateLoop:
 
     def __init__(self, model: Any, tok: Any, task: Any, n: int, batch: int = 256):
         from mechopd.evaluation.evaluate import EvalConfig
-        from mechopd.generate.sampler import stop_ids
+        from mechopd.generate.settings import stop_ids
 
         self.model, self.tok, self.batch = model, tok, batch
         items = task.examples("test", n, EvalConfig(n=n).seed)

@@ -32,7 +32,7 @@ FIGURES = ROOT / "figures"
 RECORD = FIGURES / "gallery.json"
 
 # the code whose change can change a verdict line of a report (the claims, their statistics, the report's assembly)
-VERDICT_CODE = ("mechopd/report", "mechopd/core/stats.py", "mechopd/study")
+VERDICT_CODE = ("mechopd/report", "mechopd/core/stats.py", "mechopd/runset")
 
 # demo name -> (its `mechopd demo` arguments, {gallery file: file of the demo's output})
 GALLERY: dict[str, tuple[list[str], dict[str, str]]] = {

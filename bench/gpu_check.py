@@ -189,7 +189,8 @@ def check_paper_step(args, real: bool, out: Path) -> None:
 
 def check_lean_vs_generate(args) -> None:
     from mechopd.core.views import RenderSpec, render_prompt_ids
-    from mechopd.generate.sampler import SamplingSettings, sample
+    from mechopd.generate.sampler import sample
+    from mechopd.generate.settings import SamplingSettings
     from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 

@@ -134,7 +134,8 @@ def trl_runner(path: Path, root: Path, opts: dict, args) -> Any:
 
 def eval_step(path: Path, opts: dict, args, mode: str) -> Callable:
     from mechopd.core.views import RenderSpec, render_prompt_ids
-    from mechopd.generate.sampler import SamplingSettings, sample
+    from mechopd.generate.sampler import sample
+    from mechopd.generate.settings import SamplingSettings
     from mechopd.models import load_model, load_tokenizer
 
     model, tok = load_model(path), load_tokenizer(path)

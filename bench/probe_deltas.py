@@ -5,7 +5,7 @@ intermediate 3072, 16 heads, 8 kv heads, head_dim 128, vocab 151936, tied embedd
 each) to --dir without building a model in memory, then measures in fresh subprocesses:
 
   reference  read every tensor of the checkpoints compared (safe_open + get_tensor(...).clone(), tensor by tensor)
-  deltas     mechopd.probes.deltas.parameter_deltas on the same checkpoints
+  deltas     mechopd.probes.delta_sums.parameter_deltas on the same checkpoints
 
 for (a) one model against the base (two files) and (b) two models against the base with pair=("opd", "nca") (three
 files). Prints time ratios deltas / reference (target <= 1.5; best and median of alternating runs, and CPU time,
@@ -115,7 +115,7 @@ def child_read(dirs: list[str]) -> dict:
     """Reference: materialise every tensor of every checkpoint, one tensor at a time."""
     from safetensors import safe_open
 
-    from mechopd.probes.deltas import checkpoint_tensors
+    from mechopd.probes.weights import checkpoint_tensors
 
     files = sorted({f for d in dirs for f in checkpoint_tensors(d).values()})
     t0, c0 = time.perf_counter(), time.process_time()
@@ -135,7 +135,7 @@ def child_read(dirs: list[str]) -> dict:
 
 
 def child_deltas(base: str, models: list[str], pair: bool, dtype: str) -> dict:
-    from mechopd.probes.deltas import parameter_deltas
+    from mechopd.probes.delta_sums import parameter_deltas
 
     labelled = dict(m.split("=", 1) for m in models)
     start_gb = _vmhwm_gb()

@@ -6,7 +6,7 @@ tokenizer, saves it like a trainer checkpoint, and renders N rules items with ra
 both views. Every method computes the per-site per-token-mean two-view cosine over the same pre-built batches
 (rendering excluded), feeding the same accumulator:
 
-  mechopd    mechopd.probes.similarity.two_view_cosine (default: one forward per view): hooks gather the response
+  mechopd    mechopd.probes.view_cosine.two_view_cosine (default: one forward per view): hooks gather the response
              columns, no lm_head, stops early
   tl         TransformerBridge (compatibility names, no processing): run_with_cache(names_filter=sites), its
              most economical caching call (the bridge forces eager attention)
@@ -85,7 +85,7 @@ def build_checkpoint(out_dir: Path, size: str = "small") -> Path:
 def make_items(ckpt: Path, n: int, batch_size: int):
     """N rules items with random response ids (no specials), lengths 16..48: a re-iterable `ProbeItems`."""
     from mechopd.models import load_tokenizer
-    from mechopd.probes.similarity import make_batches
+    from mechopd.probes.items import make_batches
     from mechopd.tasks.base import get_task
 
     tok = load_tokenizer(ckpt)
@@ -99,7 +99,7 @@ def hf_cosine(model, batches):
     """The reference: bare decoder forward with output_hidden_states, the probe's columns (the predicting positions,
     the stop token apart) gathered afterwards."""
     from mechopd.probes.interop import predict_stop
-    from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
+    from mechopd.probes.view_cosine import CosineAccumulator, SimilarityResult
 
     n = len(model.model.layers)
     sites = ["embed"] + [f"layers.{i}.resid_post" for i in range(n - 1)] + ["final_norm"]  # what HF returns
@@ -118,7 +118,7 @@ def hf_cosine(model, batches):
 def timing(ckpt: Path, n: int, batch_size: int, repeats: int) -> dict:
     from mechopd.models import load_model
     from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl
-    from mechopd.probes.similarity import two_view_cosine
+    from mechopd.probes.view_cosine import two_view_cosine
 
     batches = list(make_items(ckpt, n, batch_size))  # rendered once, shared by every method
     model, bridge, lm = load_model(ckpt), to_transformer_lens(ckpt), to_nnsight(ckpt)
@@ -144,7 +144,7 @@ def timing(ckpt: Path, n: int, batch_size: int, repeats: int) -> dict:
 def memory_child(ckpt: Path, n: int, batch_size: int, method: str) -> None:
     """Run one probe over n items (batches built lazily); print the RSS before it and the peak RSS (VmHWM), MiB."""
     from mechopd.models import load_model
-    from mechopd.probes.similarity import two_view_cosine
+    from mechopd.probes.view_cosine import two_view_cosine
 
     model, items = load_model(ckpt), make_items(ckpt, n, batch_size)
     run = (lambda b: two_view_cosine(model, b)) if method == "mechopd" else (lambda b: hf_cosine(model, b))

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
-from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.sampler import sample
+from mechopd.generate.settings import SamplingSettings
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.organisms.pretrain import organism_vocab  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402

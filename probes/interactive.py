@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from mechopd.config import parse_options
+from mechopd.core.config_parse import parse_options
 from mechopd.models import load_model, load_tokenizer
 from mechopd.probes.capture import capture_views, forward
+from mechopd.probes.items import make_batches
 from mechopd.probes.lens import lens
 from mechopd.probes.patching import patching
-from mechopd.probes.similarity import make_batches, token_cosine, two_view_cosine
+from mechopd.probes.view_cosine import token_cosine, two_view_cosine
 from mechopd.tasks.base import get_task
 
 torch.manual_seed(0)

@@ -63,7 +63,7 @@ def given(a: argparse.Namespace, facts: list[Any], verb: str = "") -> dict[str, 
 
 def kv(pairs: list[str] | None, flag: str) -> dict[str, Any]:
     """``--option`` / ``--chat-template-kwarg`` pairs, read as ``--set task_options.K=V`` is (`config.parse_options`)."""
-    from mechopd.config import parse_options
+    from mechopd.core.config_parse import parse_options
 
     return parse_options(pairs, flag)
 
@@ -75,7 +75,7 @@ def kv_raw(pairs: list[str] | None, flag: str) -> dict[str, Any]:
 
 
 def text(value: str | None, flag: str) -> str | None:
-    from mechopd.config import flag_text
+    from mechopd.core.config_parse import flag_text
 
     return flag_text(value, flag)  # the rule --set applies to text fields
 

@@ -65,7 +65,7 @@ class FiguresArgs:
     )
     study: str | None = option(
         None,
-        help="a study YAML naming the runs by role (the roles: mechopd/study/__init__.py): applied to RUN_DIR, or on its "
+        help="a study YAML naming the runs by role (the roles: mechopd/runset/__init__.py): applied to RUN_DIR, or on its "
         "own its root",
         metavar="FILE",
     )
@@ -81,18 +81,18 @@ def _figures(a: argparse.Namespace) -> int:
     from mechopd.core.runcheck import check_no_escape
     from mechopd.plots import redraw
     from mechopd.report import write_report_md
-    from mechopd.study import Study, study_root
-    from mechopd.study.checks import check_study
+    from mechopd.runset import RunSet, runset_root
+    from mechopd.runset.checks import check_study
 
     if a.run_dir is None and a.study is None:
         raise ConfigError("mechopd figures needs RUN_DIR or --study FILE; e.g. mechopd figures runs/demo")
     if a.run_dir is not None and not Path(a.run_dir).is_dir():
         raise ConfigError(f"run directory {a.run_dir} does not exist; run `mechopd demo --out {a.run_dir}` first")
-    run = Path(a.run_dir) if a.run_dir is not None else study_root(a.study)
+    run = Path(a.run_dir) if a.run_dir is not None else runset_root(a.study)
     check_no_escape(run, run / "figures", "figures")  # never drawn through a link that leads out of the run
     check_out_dir(run / "figures", "figures")  # writable before anything is drawn
     with hold(run, "figures"):  # not while a demo or another redraw writes into the run (then read the study)
-        study = check_study(Study.load(a.run_dir, a.study) if a.run_dir is not None else Study.load(a.study))
+        study = check_study(RunSet.load(a.run_dir, a.study) if a.run_dir is not None else RunSet.load(a.study))
         drawn = redraw(study, run / "figures")  # all or none: a failure leaves the figures drawn before
         if sum(len(v) for v in drawn.values()):
             write_report_md(study)

@@ -118,9 +118,9 @@ def _train(a: argparse.Namespace) -> int:
 
 
 def _train_locked(a: argparse.Namespace) -> int:
-    from mechopd.config import merge, train_facts
+    from mechopd.config import train_facts
     from mechopd.core.checks import check_out_dir
-    from mechopd.core.config_parse import parse_overrides
+    from mechopd.core.config_parse import merge, parse_overrides
     from mechopd.core.options import flag_values
     from mechopd.organisms.recipes import load_train_config
     from mechopd.train.trainer import train

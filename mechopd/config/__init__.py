@@ -35,7 +35,7 @@ from mechopd.config.sections import (
 )
 from mechopd.config.terms import EstimatorOptions, FollowOptions, NCAOptions, SelectionOptions, SignalOptions
 from mechopd.core import options as _opts
-from mechopd.core.config_parse import StrictLoader, check_saveable, flag_text, load_yaml, merge, parse_options  # noqa: F401 (relays: cli/common.py imports flag_text, parse_options from here; pipeline/, study/ load_yaml)
+from mechopd.core.config_parse import StrictLoader, check_saveable, merge
 from mechopd.core.errors import ConfigError
 
 DATE_PIN = "date_string"  # the template variable that pins a date-reading chat template (`views.pin_render`)

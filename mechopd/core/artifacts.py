@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -157,7 +159,6 @@ class FileSet:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        import shutil
 
         try:
             if exc_type is None:
@@ -171,8 +172,6 @@ class FileSet:
 
     def _sweep(self) -> None:
         """Remove stages of this name left by dead processes (a killed run)."""
-        import shutil
-
         for p in self.root.glob(f".{self.name}.stage-*"):
             pid = p.name.split("stage-", 1)[1].split("-", 1)[0]
             try:
@@ -183,7 +182,6 @@ class FileSet:
                 pass
 
     def _commit(self) -> None:
-        import hashlib
 
         files = sorted(p for p in self.dir.iterdir() if p.is_file())
         entries = {
@@ -204,8 +202,6 @@ class FileSet:
         """True when the set `name` in `directory` is whole: its manifest exists, lists every file of `required`, and
         every file it lists is present (``verify``: also with the recorded size and sha256, i.e. unedited). A commit
         removes the manifest before its first rename, so a set cut short reads as incomplete without ``verify``."""
-        import hashlib
-
         try:
             entries = json.loads(cls.manifest_path(directory, name).read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError):

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ConfigError, DataError, TaskError
-from mechopd.core.model_checks import read_config  # noqa: F401 (probes/delta_sums.py imports it from here)
 
 LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # no separator, no leading dot: '.', '..', '.hidden' refused
 # File stems a label must not take: a checkpoint's own files and the compare table (a report is <label>.json/.csv).

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -116,8 +117,6 @@ def _open(lock: Path) -> int:
 
 def _open_locked(lock: Path, wait: bool) -> int:
     """An fd of `lock` holding the exclusive flock (retrying when the file was replaced under us)."""
-    import fcntl
-
     while True:
         fd = _open(lock)
         try:

@@ -25,6 +25,7 @@ Pinned renders (a chat template that reads the date, a template that drops the c
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -131,8 +132,6 @@ def _refuses_system(tokenizer: Any, spec: RenderSpec) -> bool:
         refused = renders(user) and not renders([{"role": "system", "content": "c"}, *user])
         _SYSTEM_REFUSED[template] = refused
         if refused:
-            import logging
-
             logging.getLogger("mechopd").warning(
                 "placement system: the chat template of %s refuses a system role, so the context goes at the top of "
                 "the user turn (placement user) in every view; set placement: user to say so in the config",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mechopd.config.sections import DECODERS, PREFIX_MODES
+from mechopd.config.sections import DECODERS, PREFIX_MODES, RolloutOptions
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.options import GE0, GE1, GT0, SEED_RANGE, check_fields, check_temperature, field_facts, option
 
@@ -74,6 +74,17 @@ class EvalConfig:
         check_fields(
             self, EVAL_FACTS
         )  # before the evaluation: the seed (the bootstrap seeds numpy with it), every declared range and choice (max_new_tokens, batch_size, n_boot, ...)
+
+    def rollout(self) -> RolloutOptions:
+        """The rollout section the evaluation samples under (`SamplingSettings.from_section`): its temperature,
+        max_new_tokens and shared_prefix, its `engine` as the section's ``rollout_engine``. (Its batch_size, prompts
+        per sampling call, is not the section's prompts per optimizer step: the caller passes it apart.)"""
+        return RolloutOptions(
+            temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens,
+            rollout_engine=self.engine,
+            shared_prefix=self.shared_prefix,
+        )
 
 
 EVAL_FACTS = field_facts(EvalConfig)  # the declared fields: `mechopd eval`'s flags (cli/eval_cmd.py)

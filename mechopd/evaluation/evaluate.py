@@ -20,21 +20,24 @@ from typing import Any
 
 import torch
 
+from mechopd.core.artifacts import FileSet, atomic_write
 from mechopd.core.checks import check_task_vocab as _check_vocab
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.pinning import check_fits, pin_render
 from mechopd.evaluation.removability import compare_table, summarize
-from mechopd.generate.sampler import SamplingSettings, play_games, sample_rows, stable_seed, strip_stop
-from mechopd.tasks.base import Example, check_split
+from mechopd.generate.sampler import play_games, sample_rows, stable_seed, strip_stop
+from mechopd.generate.settings import SamplingSettings, task_default
+from mechopd.models import load_model, load_tokenizer
+from mechopd.tasks.base import Example, check_split, get_task
 
 
 def _check_length(model: Any, tokenizer: Any, task: Any, items: list[Example], cfg: EvalConfig, spec) -> None:
     """`views.check_fits` (the rule training applies too): the longer view plus max_new_tokens within the model's
     maximum (games: the first move's prompt, a lower bound of the later ones)."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    check_fits(tokenizer, items, spec, cfg.max_new_tokens or task.max_new_tokens, limit)
+    check_fits(tokenizer, items, spec, task_default(cfg.rollout(), task, "max_new_tokens"), limit)
 
 
 def _renderer(tokenizer: Any, spec: RenderSpec):
@@ -54,15 +57,9 @@ def sampling_settings(model: Any, tokenizer: Any, task: Any, cfg: EvalConfig, en
     `engines.RolloutEngine` object behind ``cfg.engine == "vllm"`` (e.g. the trainer's colocated vLLM)."""
     if cfg.engine == "vllm" and engine is None:
         raise ConfigError("engine=vllm: pass the vLLM engine to evaluate_model(..., engine=VllmEngine(model_dir))")
-    return SamplingSettings.for_model(
-        tokenizer,
-        model,
-        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
-        temperature=cfg.temperature or task.temperature,
-        greedy=cfg.samples == 1 and cfg.temperature is None,
-        engine=engine if engine is not None else cfg.engine,
-        shared_prefix=cfg.shared_prefix,
-        batch_size=cfg.batch_size,
+    greedy = cfg.samples == 1 and cfg.temperature is None
+    return SamplingSettings.from_section(
+        cfg.rollout(), task, tokenizer, model, engine=engine, greedy=greedy, batch_size=cfg.batch_size
     )
 
 
@@ -199,8 +196,6 @@ def evaluate_model(
 
 def write_report(report: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """JSON report (records + summary) at `out` (``.json``) and the records as CSV next to it."""
-    from mechopd.core.artifacts import FileSet
-
     out = Path(out)
     if out.suffix != ".json":
         out = out.with_suffix(".json")
@@ -234,8 +229,6 @@ def format_summary(name: str, s: dict[str, Any]) -> str:
 def compare(reports: dict[str, dict[str, Any]], out_dir: str | Path) -> tuple[str, Path, Path]:
     """Side-by-side table of several models' summaries (same items): Markdown + CSV in `out_dir`."""
     md, csv_text = compare_table({k: r["summary"] for k, r in reports.items()})
-    from mechopd.core.artifacts import atomic_write
-
     out = Path(out_dir)
     atomic_write(out / "compare.md", lambda fh: fh.write(md))
     atomic_write(out / "compare.csv", lambda fh: fh.write(csv_text))
@@ -258,9 +251,6 @@ def evaluate(
     """A loaded model (with `tokenizer`) or a checkpoint dir, `task` a name (with `task_options`) or a task object,
     in both views with the render ``spec`` as given (no training record read: `mechopd.run_eval` and `mechopd eval`
     read it, `mechopd.evaluation.run`). Writes the report to `out` when given."""
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.tasks.base import get_task
-
     if isinstance(model, (str, Path)):
         tokenizer = tokenizer or load_tokenizer(model)
         model = load_model(model)

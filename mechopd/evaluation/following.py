@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from mechopd.core.errors import ConfigError, TaskError
 from mechopd.core.stats import never_a_point
@@ -38,7 +39,8 @@ from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.evaluate import sampling_settings
 from mechopd.evaluation.pinning import check_fits
 from mechopd.evaluation.removability import MIN_VALID_RESAMPLES, resample_blocks
-from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed, strip_stop
+from mechopd.generate.sampler import sample_rows, stable_seed, strip_stop
+from mechopd.generate.settings import SamplingSettings
 
 DEAF_RATIO = 0.5  # context-deaf: follow_other at most this share of the base model's
 DEAF_LABEL = "context-deaf"
@@ -200,7 +202,6 @@ def add_following(
     )  # every other context fits the model's positions, as the main one (never truncated)
     was_training = model.training
     model.eval()
-    import torch
 
     with torch.inference_mode():
         records = other_context_records(model, tokenizer, task, items, cfg, spec, st)

@@ -16,9 +16,15 @@ from typing import Any
 
 import yaml
 
-from mechopd.config import StrictLoader
+from mechopd.config.sections import RolloutOptions
+from mechopd.core.checks import check_task_vocab
+from mechopd.core.config_parse import StrictLoader
 from mechopd.core.errors import ConfigError
+from mechopd.core.model_checks import read_config
 from mechopd.core.views import RenderSpec
+from mechopd.evaluation.pinning import check_fits, pin_render
+from mechopd.generate.settings import task_default
+from mechopd.models import load_tokenizer
 
 
 def recorded_config(path: str | Path) -> tuple[dict[str, Any], Path] | None:
@@ -107,16 +113,11 @@ def checked_renders(
     no_context_system: str | None,
     chat_template_kwargs: dict[str, Any],
     seed: int,
-    max_new_tokens: int | None,
+    rollout: RolloutOptions,
 ):
     """Every model's tokenizer and pinned render (the record's, else the flags'), checked before the first model
     loads: the task's vocabulary, the render (`pinning.pin_render`) and the first item's length. Prints what was
-    pinned. Returns (tokenizers, specs) by label."""
-    from mechopd.core.checks import check_task_vocab
-    from mechopd.core.model_checks import read_config
-    from mechopd.evaluation.pinning import check_fits, pin_render
-    from mechopd.models import load_tokenizer
-
+    pinned (`rollout`: the evaluation's section, its response cap). Returns (tokenizers, specs) by label."""
     toks, specs = {}, {}
     for name, path in paths.items():
         toks[name] = load_tokenizer(path)
@@ -128,7 +129,7 @@ def checked_renders(
             toks[name],
             [first],
             specs[name],
-            max_new_tokens or task.max_new_tokens,  # every item: later
+            task_default(rollout, task, "max_new_tokens"),  # every item: later
             getattr(read_config(path), "max_position_embeddings", None),
         )
         if note:

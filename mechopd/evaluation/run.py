@@ -20,6 +20,12 @@ from typing import Any
 from mechopd.config import TrainConfig
 from mechopd.core.errors import ConfigError
 from mechopd.evaluation.evaluate import EvalConfig, evaluate, evaluate_model, write_report
+from mechopd.evaluation.following import add_following, apply_retention
+from mechopd.evaluation.records import checked_renders, recorded_config, recorded_task
+from mechopd.generate.vllm_engine import VllmEngine
+from mechopd.models import check_model, load_model
+from mechopd.models.spec import resolve_spec
+from mechopd.tasks.base import get_task
 
 
 def evaluate_checkpoint(
@@ -94,9 +100,6 @@ def plan_eval(
 ) -> EvalPlan:
     """The checked plan of an evaluation of ``models`` (label -> checkpoint dir, hub id or organism:<task>); ``run``:
     a training run whose record (config.yaml) stands for its final/ checkpoint."""
-    from mechopd.evaluation.records import recorded_config, recorded_task
-    from mechopd.tasks.base import get_task
-
     if run is not None and not Path(run, "final", "config.json").is_file():
         raise ConfigError(f"--run {run} holds no final checkpoint (final/); pass a finished training run")
     records = {name: recorded_config(run or path) for name, path in models.items()}
@@ -115,27 +118,16 @@ def evaluate_plan(
     """Every model of ``plan`` in both views (and under the task's other contexts: following, retention against a
     model named base): each checkpoint checked, each render pinned to its training record and checked against the
     task (`records.checked_renders`) before the first model loads. Returns the reports by label (not written)."""
-    from mechopd.evaluation.following import add_following, apply_retention
-    from mechopd.evaluation.records import checked_renders
-    from mechopd.models import check_model, load_model
-    from mechopd.organisms.recipes import resolve_organism
+    from mechopd.organisms.pretrain import pretrain_organism
 
-    paths = {name: check_model(resolve_organism(path, pretrain=True)) for name, path in plan.models.items()}
+    paths = {name: check_model(resolve_spec(path, make=pretrain_organism)) for name, path in plan.models.items()}
     toks, specs = checked_renders(
-        plan.task,
-        paths,
-        plan.records,
-        no_context_system,
-        dict(chat_template_kwargs or {}),
-        cfg.seed,
-        cfg.max_new_tokens,
+        plan.task, paths, plan.records, no_context_system, dict(chat_template_kwargs or {}), cfg.seed, cfg.rollout()
     )
     reports = {}
     for name, path in paths.items():
         model, engine = load_model(path), None
         if cfg.engine == "vllm":
-            from mechopd.generate.vllm_engine import VllmEngine
-
             engine = VllmEngine(path)
         reports[name] = evaluate_model(model, toks[name], plan.task, cfg, specs[name], engine=engine)
         reports[name]["settings"].update(

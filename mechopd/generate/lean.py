@@ -29,6 +29,7 @@ here is plain matmul + softmax, so logits can differ from sdpa's by one bf16 ste
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -71,8 +72,6 @@ def resolve_engine(model: Any, engine: str) -> str:
     if reason is None:
         return "lean"
     if reason not in _told:
-        import logging
-
         _told.add(reason)
         logging.getLogger("mechopd").warning(
             "lean decoding cannot run this model (%s): generating through transformers' model(...) instead", reason

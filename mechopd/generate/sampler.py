@@ -10,6 +10,7 @@ instead of the loop here; the sampler knows it only through that protocol.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,26 +31,13 @@ from mechopd.generate.prefix import (
     prefix_kv,
     sliding_window,
 )
-from mechopd.generate.settings import SamplingSettings, stop_ids
+from mechopd.generate.settings import SamplingSettings
 
-__all__ = [
-    "Generation",
-    "SamplingSettings",
-    "Turn",
-    "item_seed",
-    "play_games",
-    "sample",
-    "sample_rows",
-    "stable_seed",
-    "stop_ids",
-    "strip_stop",
-]
+__all__ = ["Turn", "item_seed", "play_games", "sample", "sample_rows", "stable_seed", "strip_stop"]
 
 
 def stable_seed(*parts: object) -> int:
     """A seed from `parts` that is the same in every process and Python run (sha1, not ``hash()``)."""
-    import hashlib
-
     return int(hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:12], 16)
 
 

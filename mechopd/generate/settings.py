@@ -9,6 +9,11 @@ next to the prompts (``item_seed`` / `stable_seed` of a row's identity).
 (docs/method.md, "Sampled ids"). `for_model` sets it to `known_vocab`: the ids the tokenizer knows, cut to the
 smallest LM head of the models involved (a student head larger than its teacher's samples only the common ids; head
 rows past the tokenizer — the padding of real checkpoints — are never drawn).
+
+`from_section` builds the settings from the rollout section (`config.sections.RolloutOptions`): every caller (the
+trainer, the evaluation, the probes) hands over its section rather than spelling its fields, and a field of the
+section that names a field here reaches the sampler by being declared there (`NOT_SAMPLING`: the section's fields
+that are not how a batch is sampled; a test keeps the two lists whole).
 """
 
 from __future__ import annotations
@@ -22,6 +27,19 @@ from mechopd.config.sections import RolloutOptions
 from mechopd.core.views import pad_id
 
 BUILTIN_ENGINES = ("auto", "lean", "hf")  # run by the sampler itself; any other engine is a `RolloutEngine` object
+# RolloutOptions' fields that `from_section` does not copy: the trainer's (batch_size: prompts per optimizer step, not
+# per sampling call; pool_size), the engine's (rollout_engine: `from_section` maps it to ``engine``; vllm_options:
+# the keywords `train.engine` builds the vLLM engine with), and the two it resolves against the task
+NOT_SAMPLING = frozenset({"batch_size", "pool_size", "rollout_engine", "vllm_options", "rollout_dtype"})  # dtype: WHICH
+# model samples (`train.rollcopy`), not how
+TASK_DEFAULTS = ("temperature", "max_new_tokens")  # None in the section: the task's
+
+
+def task_default(rollout: RolloutOptions, task: Any, name: str) -> Any:
+    """The rollout section's `name` (one of `TASK_DEFAULTS`), None = the task's (a length check before any model
+    loads reads the response cap here, as `SamplingSettings.from_section` does)."""
+    value = getattr(rollout, name)
+    return getattr(task, name) if value is None else value
 
 
 def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -132,3 +150,30 @@ class SamplingSettings:
             vocab=known_vocab(tokenizer, model, *others),
             **kw,
         )
+
+    @classmethod
+    def from_section(
+        cls,
+        rollout: RolloutOptions,
+        task: Any,
+        tokenizer: Any,
+        model: Any,
+        *,
+        others: Sequence[Any] = (),
+        engine: Any = None,
+        **kw: Any,
+    ) -> SamplingSettings:
+        """The settings of the rollout section `rollout` for sampling `task`'s responses from `model` (`for_model`:
+        stop ids, pad id, ``vocab`` over `model` and `others`). temperature / max_new_tokens: the section's, None =
+        the task's; engine: the section's ``rollout_engine``, or `engine` (the object built for it, e.g. vLLM);
+        every other field of the section that names a field here (shared_prefix, ...) as the section says. `kw`:
+        the caller's own fields (greedy, batch_size)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        carried = {
+            f.name: getattr(rollout, f.name)
+            for f in dataclasses.fields(rollout)
+            if f.name in names and f.name not in NOT_SAMPLING and f.name not in TASK_DEFAULTS
+        }
+        carried.update({name: task_default(rollout, task, name) for name in TASK_DEFAULTS})
+        carried["engine"] = rollout.rollout_engine if engine is None else engine
+        return cls.for_model(tokenizer, model, others=others, **{**carried, **kw})

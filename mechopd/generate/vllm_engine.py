@@ -21,6 +21,7 @@ vLLM is an optional extra (``pip install mechopd[vllm]``); nothing imports it un
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -172,8 +173,6 @@ class VllmEngine:
 
     def close(self) -> None:
         """Shut the engine down and free its memory (a second engine in the same process needs it; tests)."""
-        import gc
-
         self.llm.llm_engine.engine_core.shutdown()  # also tears down vLLM's (and torch's) process group
         del self.llm
         gc.collect()

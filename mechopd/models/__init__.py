@@ -20,15 +20,8 @@ from torch import nn
 from mechopd.core.checks import resolve_device, umask_mode
 from mechopd.core.errors import ModelError
 from mechopd.core.model_checks import check_checkpoint, check_finite, check_loading_info, check_tokenizer, read_config
-from mechopd.core.sites import (  # noqa: F401  (module_kind, param_layer: probes/grad_align.py imports them from here)
-    ATTN_MODULES,
-    FUSED_MODULES,
-    MLP_MODULES,
-    NORM_MODULES,
-    QK_NORMS,
-    module_kind,
-    param_layer,
-)
+from mechopd.core.runcheck import as_disk_error
+from mechopd.core.sites import ATTN_MODULES, FUSED_MODULES, MLP_MODULES, NORM_MODULES, QK_NORMS
 from mechopd.models import arch
 
 
@@ -185,8 +178,6 @@ def atomic_save(
             if writer is not None:
                 writer(tmp)
         except Exception as e:  # safetensors' own error type for a full disk: the OSError every verb reports
-            from mechopd.core.runcheck import as_disk_error
-
             full = as_disk_error(e)
             if full is e:
                 raise

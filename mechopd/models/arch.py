@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from mechopd.core.errors import ModelError
-from mechopd.core.sites import TOP_SITES, site_layer, site_of
+from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.model_checks import read_config
+from mechopd.core.sites import ATTN_MODULES, LAYER_RENAMES, MLP_MODULES, TOP_SITES, site_layer, site_of
 
 CONV1D = ("c_attn", "c_proj", "c_fc")  # GPT-2's Conv1D modules: weight stored [in, out]
 QKV_CONTIGUOUS = ("qkv_proj", "c_attn")  # [q; k; v] along the output dimension
@@ -275,8 +276,6 @@ def site_path(model: torch.nn.Module, site: str) -> str:
 
 def _layer_inner(model: torch.nn.Module, layers: str, parts: list[str], site: str) -> str:
     """Raw path inside a layer of the canonical ``parts[2:]`` (``self_attn.o_proj`` -> ``attn.c_proj``)."""
-    from mechopd.core.sites import LAYER_RENAMES
-
     want = ".".join(parts[2:])
     layer = model.get_submodule(f"{layers}.{parts[1]}")
     raw = {v: k for k, v in LAYER_RENAMES.items() if v == want and _has(layer, k)}
@@ -312,8 +311,6 @@ def lora_modules(model: torch.nn.Module, targets: tuple[str, ...] | list[str], e
     default targets: those the model has, e.g. GPT-2 has no gate_proj)."""
     from transformers.pytorch_utils import Conv1D
 
-    from mechopd.core.errors import ConfigError
-
     wanted, found, names = set(targets), {}, set()
     for path, mod in model.named_modules():
         if not isinstance(mod, (torch.nn.Linear, Conv1D)):
@@ -342,10 +339,6 @@ def check_lora_targets(model: str, targets: tuple[str, ...] | list[str] | None, 
     """Refuse, before any job, LoRA targets that `lora_modules` would refuse on checkpoint `model` (its module tree
     built on the meta device from config.json: no weights read). None: the default targets (those it has)."""
     from transformers import AutoModelForCausalLM
-
-    from mechopd.core.errors import ConfigError
-    from mechopd.core.model_checks import read_config
-    from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(read_config(model))

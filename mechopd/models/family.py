@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ModelError
+from mechopd.models.arch import ATTN_BLOCKS, MLP_BLOCKS, layers_path
 
 ACT_KEYS = ("hidden_act", "hidden_activation", "activation_function")
 
@@ -81,8 +82,6 @@ def _check_heads(cfg: Any, where: str) -> None:
 def _check_structure(config: Any, where: str) -> None:
     """Every decoder layer of the model built on the meta device holds an attention and an MLP block."""
     from transformers import AutoModelForCausalLM
-
-    from mechopd.models.arch import ATTN_BLOCKS, MLP_BLOCKS, layers_path
 
     try:
         with torch.device("meta"):

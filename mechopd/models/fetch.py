@@ -29,8 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mechopd.core.checks import check_out_dir
 from mechopd.core.errors import ModelError
 from mechopd.core.provenance import sha256_file
+from mechopd.models import atomic_save, quiet_progress
 from mechopd.models.fetched import (
     FORMAT,
     PROVENANCE,
@@ -292,10 +296,7 @@ def gguf_quant(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------- conversion
 def load_gguf(gguf: Path) -> tuple[Any, Any]:
     """(model, tokenizer) as transformers' own GGUF loader reads ``gguf``: float32, dequantised, in eval mode."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mechopd.models import quiet_progress
 
     try:
         with quiet_progress():
@@ -335,8 +336,6 @@ def convert(entry: Known, gguf: Path, out: Path, quant: dict[str, Any] | None = 
     The weights are transformers' float32 dequantisation (checked plain float32 after the load); the GGUF's
     quantisation config is dropped from config.json, so `mechopd.models.load_model` reads the directory as any
     checkpoint. Provenance hashes every file written."""
-    from mechopd.models import atomic_save
-
     quant = quant or gguf_quant(gguf)
     model, tok = load_gguf(gguf)
     for holder in (model.config, model):
@@ -420,8 +419,6 @@ def fetch(
     format 1) is converted again and replaced. Everything is staged in ``.NAME.fetch-<pid>/`` beside ``out`` (the
     joined GGUF, the converted directory) and the result renamed into place; a killed fetch's stage, found by the
     next, is removed."""
-    from mechopd.core.checks import check_out_dir
-
     entry = known(name)
     if entry.refused:
         raise ModelError(f"{name} cannot be fetched: {entry.refused}")

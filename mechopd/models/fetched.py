@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mechopd.core.errors import ModelError
 from mechopd.core.provenance import sha256_file
 from mechopd.core.runlock import pid_alive
@@ -73,8 +75,6 @@ def assert_plain_float32(model: Any, source: str) -> None:
     """Every parameter and buffer of ``model`` a plain, dense float32 ``torch.Tensor`` (no subclass, no quantised
     or packed storage): a GGUF load that kept weights packed is refused, never handed to the delta or
     weight-patching probes."""
-    import torch
-
     tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if b.is_floating_point())]
     bad = []
     for name, t in tensors:

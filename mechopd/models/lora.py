@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -32,7 +34,9 @@ from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.model_checks import require_peft
+from mechopd.core.provenance import weight_hashes
 from mechopd.core.sites import ATTN_MODULES, MLP_MODULES
+from mechopd.models.arch import lora_modules
 
 if TYPE_CHECKING:
     from peft.tuners.lora import LoraLayer
@@ -89,8 +93,6 @@ def add_adapter(model: nn.Module, opts: LoraSpec) -> nn.Module:
     """Inject a LoRA adapter into `model` in place; only the adapter's A and B stay trainable, in float32 whatever the
     base's dtype (peft casts the input per layer). A target that matches no module raises `ConfigError` naming the
     model's linear module names."""
-    from mechopd.models.arch import lora_modules
-
     peft = require_peft()
     chosen = targets_of(opts)
     paths = lora_modules(model, chosen, every=chosen != DEFAULT_TARGETS)  # fused modules whole
@@ -225,8 +227,6 @@ def save_adapter(model: nn.Module, opts: LoraSpec, out: Path, base: str | None) 
 @functools.lru_cache(maxsize=4)
 def base_hashes(path: str) -> tuple[tuple[str, str], ...]:
     """`core.provenance.weight_hashes` of a checkpoint dir as (file, sha256) pairs; computed once per process."""
-    from mechopd.core.provenance import weight_hashes
-
     return tuple(weight_hashes(path).items())
 
 
@@ -290,8 +290,6 @@ class AdapterDeltas:
 
 def _rank_and_alpha(d: Path, cfg: dict[str, Any]) -> tuple[int, float]:
     """``r`` (an integer >= 1) and ``lora_alpha`` (a finite number) of an adapter config; no per-module patterns."""
-    import math
-
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ModelError(f"{d}/{ADAPTER_CONFIG}: r {rank!r} is not a rank (an integer >= 1); re-save the adapter")
@@ -333,7 +331,6 @@ def _base_record(d: Path) -> Any:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -33,19 +33,16 @@ from torch import Tensor
 from mechopd.config import METHOD_ALIASES
 from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.config.terms import NCAOptions
-from mechopd.core.options import register_registry
-from mechopd.objectives.divergences import (  # noqa: F401  (re-exported: the public loss functions)
+from mechopd.core.options import register_options, register_registry
+from mechopd.objectives.divergences import (
     _check_mask,
-    common_vocab,
     dual_opd_ctx,
     forward_kl_full,
     nca_anchor,
     reverse_kl_full,
     reverse_kl_topk,
-    sampled_token_kl,
     sampled_token_kl_on_tokens,
     sym_kl,
-    token_mean,
 )
 
 VIEWS = frozenset({"student_nctx", "student_ctx", "teacher", "tokens", "student_nctx_token", "teacher_token"})
@@ -164,8 +161,6 @@ def register_term(
     """Register a term builder under ``name`` (one file + this decorator, and a ``METHODS`` entry or ``added=True``,
     adds a term); ``options`` (a dataclass of `mechopd.core.options.option` fields) become config keys and CLI flags;
     ``label(run)``: the term's words in a run's label, read from the run's typed options (`objectives.labels`)."""
-    from mechopd.core.options import register_options
-
     if added and not weight:
         raise ValueError(f"loss term {name!r}: added=True needs weight= (the config field that switches it on)")
 

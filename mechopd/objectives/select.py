@@ -31,8 +31,8 @@ from torch import Tensor
 from mechopd.config.terms import TIE_BREAKS, SelectionOptions, SignalOptions
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import register_options, register_registry
-from mechopd.objectives.normalize import NormalizedStats, normalize_stats, quantile_norm, soft_or  # noqa: F401 (re-exported)
-from mechopd.objectives.signals import (  # noqa: F401  (re-exported: the signals are part of the selector API)
+from mechopd.objectives.normalize import NormalizedStats, normalize_stats, soft_or
+from mechopd.objectives.signals import (
     C_MODES,
     D_MODES,
     OPTIONAL_SIGNALS,

@@ -177,6 +177,6 @@ def _check_inputs(student_logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> N
     if student_logp.dim() != 3 or student_logp.shape != teacher_logp.shape:
         raise ValueError(
             f"expected two [batch, seq, vocab] log-prob tensors of one shape, got {tuple(student_logp.shape)} and "
-            f"{tuple(teacher_logp.shape)} (different vocab sizes: apply losses.common_vocab to the logits first)"
+            f"{tuple(teacher_logp.shape)} (different vocab sizes: apply divergences.common_vocab to the logits first)"
         )
     _check_mask(mask, student_logp.shape[:-1])

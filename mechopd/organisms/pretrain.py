@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from mechopd.config.sections import RunOptions
 from mechopd.core.errors import ConfigError, TrainingError
@@ -104,7 +105,6 @@ def organism_vocab() -> list[str]:
 
 
 def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
-    from transformers import LlamaConfig, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -160,7 +160,6 @@ def pretrain(cfg: OrganismConfig, out_dir: str | Path, *, progress: bool = True)
 
 
 def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
-    from transformers import AutoModelForCausalLM
 
     marker = out / MARKER
     if marker.exists():
@@ -276,6 +275,12 @@ def default_config(
     if layers is not None:
         kw["num_layers"] = layers
     return OrganismConfig(**kw)
+
+
+def pretrain_organism(task: str, path: Path, *, progress: bool = True) -> Path:
+    """``organism:<task>`` at `path`: its default organism (`default_config`, seed 0) pretrained unless cached there
+    (`pretrain`). The ``make`` a command passes to `models.spec.resolve_spec` when it may pretrain."""
+    return pretrain(default_config(task, seed=0), path, progress=progress)
 
 
 def organism_facts() -> dict[str, Facts]:

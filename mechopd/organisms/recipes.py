@@ -38,15 +38,12 @@ has moved the no-context view. FrozenLake's recipe keeps the constant β and bot
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mechopd.config import TrainConfig, bind_train
 from mechopd.core.config_parse import load_yaml, merge
-from mechopd.core.errors import ModelError
-
-ORGANISM_DIR = "runs/organisms"  # where `organism:<task>` lives unless a config's organism_dir says otherwise
+from mechopd.models.spec import organism_task
 
 ORGANISM_RECIPES: dict[str, dict[str, Any]] = {
     "rules": {
@@ -83,18 +80,6 @@ ORGANISM_RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def organism_task(student: str) -> str | None:
-    """``"organism:rules"`` -> ``"rules"``; None for any other student spec."""
-    return student.split(":", 1)[1] if isinstance(student, str) and student.startswith("organism:") else None
-
-
-def is_named(spec: str) -> bool:
-    """``organism:<task>`` or ``model:NAME``: a model named by mechopd, resolved by `resolve_organism`."""
-    from mechopd.models.fetch import fetched_name
-
-    return organism_task(spec) is not None or fetched_name(spec) is not None
-
-
 def recipe_for(student: str) -> dict[str, Any]:
     """The recipe a student starts from (empty for a non-organism student or an unknown organism task)."""
     task = organism_task(student)
@@ -113,70 +98,3 @@ def load_train_config(path: str | Path | None = None, overrides: dict[str, Any] 
     data = load_yaml(path) if path else {}
     data = resolve_train_data(merge(data, overrides or {}))
     return bind_train(data, source=str(path or "train config"))
-
-
-def resolve_organism(
-    spec: str,
-    organism_dir: str = ORGANISM_DIR,
-    *,
-    pretrain: bool = False,
-    progress: bool = True,
-    main: bool = True,
-    barrier: Callable[[], None] = lambda: None,
-) -> str:
-    """``organism:<task>`` -> ``<organism_dir>/<task>``; ``model:NAME`` -> its fetched directory
-    (`mechopd.models.fetch.resolve_fetched`: fetched on first use); any other spec unchanged. Every command that
-    takes a model spec resolves it here.
-
-    pretrain=True: pretrain the organism now unless it is cached (on the ``main`` process, then ``barrier()`` so
-    every process waits for it); False: it must exist already (a probe or a figure never trains a model).
-    """
-    from mechopd.models.fetch import fetched_name, resolve_fetched
-
-    if fetched_name(spec) is not None:
-        return resolve_fetched(spec, main=main, barrier=barrier)
-    task = organism_task(spec)
-    if task is None:
-        return spec
-    path = Path(organism_dir) / task
-    if pretrain:
-        from mechopd.organisms.pretrain import default_config
-        from mechopd.organisms.pretrain import pretrain as run_pretraining
-
-        if main:
-            run_pretraining(default_config(task, seed=0), path, progress=progress)
-        barrier()
-    elif not (path / "config.json").is_file():
-        raise ModelError(f"{spec}: no pretrained organism at {path}; run `mechopd pretrain --task {task}` first")
-    return str(path)
-
-
-# -- paths a run records: absolute, or relative to the RUN directory (never to the current directory) ------------------
-def run_path(value: str, run_dir: str | Path, key: str = "organism_dir") -> str:
-    """A local directory a run recorded (``organism_dir``, demo.json's ``organism``): absolute as written; relative ->
-    against `run_dir`. A relative value that exists only against the current directory (a run written by an older
-    mechopd, which recorded paths as typed) is refused, not silently read from wherever the command runs."""
-    p = Path(value)
-    if p.is_absolute():
-        return str(p)
-    here = Path(run_dir) / p
-    if not here.exists() and p.exists():
-        raise ModelError(
-            f"{run_dir} records {key} {value!r} relative to the directory it was started from (an older "
-            f"mechopd); write the absolute path {p.resolve()} into the run's file, then rerun"
-        )
-    return str(here.resolve())
-
-
-def recorded_model(spec: str, organism_dir: str, run_dir: str | Path) -> str:
-    """A model spec recorded in a run (``student``, ``teacher``): ``organism:<task>`` under the run's organism_dir,
-    ``model:NAME`` as `resolve_organism` reads it,
-    an absolute or run-relative local checkpoint, else a hub id unchanged."""
-    if is_named(spec):
-        return resolve_organism(spec, run_path(organism_dir, run_dir))
-    p = Path(spec)
-    if p.is_absolute() or (Path(run_dir) / p).exists():
-        return run_path(spec, run_dir, "the model")
-    if p.exists():
-        return run_path(spec, run_dir, "the model")  # refused: a cwd-relative local path
-    return spec  # a hub id

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.errors import ConfigError
+from mechopd.pipeline.pool import finished
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq, float32, per trainable parameter
@@ -95,8 +96,6 @@ class Estimate:
 
 def estimate(seed_cfgs: list[Any], student: str, workers: int) -> Estimate:
     """The disk and memory the trainings still to run will take (module docstring)."""
-    from mechopd.pipeline.pool import finished
-
     params = parameter_count(student)
     est = Estimate()
     peaks = []

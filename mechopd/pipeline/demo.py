@@ -39,6 +39,7 @@ from typing import Any
 
 from mechopd.config import TrainConfig
 from mechopd.core.artifacts import read_json, write_json
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import (
     GE0,
@@ -52,26 +53,34 @@ from mechopd.core.options import (
     option,
     option_of,
 )
-from mechopd.organisms.pretrain import ORGANISM_TASKS
+from mechopd.core.runcheck import check_demo_out
+from mechopd.organisms.pretrain import (
+    FAST_ORGANISM,
+    ORGANISM_TASKS,
+    OrganismConfig,
+    default_config,
+    organism_dir_name,
+    pretrain,
+)
 from mechopd.organisms.recipes import ORGANISM_RECIPES
-from mechopd.pipeline.pool import PoolOptions
+from mechopd.pipeline.pool import (
+    ORGANISM_THREADS,
+    PoolOptions,
+    default_workers,
+    finished,
+    hold_demo_out,
+    job_threads,
+    run_seed_runs,
+    seed_configs,
+    workers_why,
+)
 from mechopd.pipeline.run import SeedRun, finish_seed, train_runs, write_manifest
 from mechopd.pipeline.spec import StudySpec, builtin_study
-from mechopd.pipeline.stages import evaluate_all, labels_for, method_label, run_probes, train_resumable
-from mechopd.study import MANIFEST_FILE
+from mechopd.pipeline.stages import probes_whole
+from mechopd.pipeline.sweep import SWEEP_BUDGETS, SWEEP_SELECTORS
+from mechopd.runset import MANIFEST_FILE
 
-__all__ = [
-    "DemoConfig",
-    "demo",
-    "demo_study",
-    "evaluate_all",
-    "fast_values",
-    "labels_for",
-    "method_label",
-    "run_probes",
-    "seed_run",
-    "train_resumable",
-]
+__all__ = ["DemoConfig", "demo", "demo_study", "fast_values", "seed_run"]
 
 NCA_GATE = ORGANISM_RECIPES["sokoban"]["nca_gate"]  # nats per token: a game's anchor waits for OPD (the recipe's)
 NCA_GATE_WINDOW = TrainConfig.nca_gate_window  # steps averaged by the gate
@@ -104,8 +113,6 @@ def default_seeds(task: str) -> int:
 @functools.cache
 def fast_values() -> dict[str, Any]:
     """``--fast``'s values over the built-in study (``mechopd/data/demo_fast.yaml``), each a `DemoConfig` field."""
-    from mechopd.config import load_yaml
-
     doc = load_yaml(FAST_FILE)
     known = {f.name: f for f in field_facts(DemoConfig) if f.name not in ("task", "out", "fast")}
     for key, value in doc.items():
@@ -196,7 +203,6 @@ class DemoConfig:
                 f"demo --seed {self.seed} with --seeds {self.seeds}: --seeds N runs seeds 0..N-1; drop "
                 "--seed, or pass --seeds 1 for that one seed"
             )
-        from mechopd.pipeline.pool import default_workers, workers_why
 
         passed = self.workers is not None
         if self.workers is None:
@@ -246,7 +252,6 @@ def _log(msg: str) -> None:
 
 
 def organism(cfg: DemoConfig) -> Path:
-    from mechopd.organisms.pretrain import FAST_ORGANISM, OrganismConfig, default_config, organism_dir_name, pretrain
 
     if cfg.fast:
         oc = OrganismConfig(task=cfg.task, seed=cfg.organism_seed, **FAST_ORGANISM)
@@ -303,9 +308,6 @@ def seed_run(cfg: DemoConfig, student: Path | str) -> SeedRun:
 
 def demo(cfg: DemoConfig) -> Path:
     """Run every stage (once per seed with ``cfg.seeds > 1``, then aggregate); returns the report path."""
-    from mechopd.core.runcheck import check_demo_out
-    from mechopd.pipeline.pool import hold_demo_out
-
     if cfg.fast:
         from mechopd.report import SMOKE_NOTE
 
@@ -329,8 +331,6 @@ def _warn_design(cfg: DemoConfig) -> None:
 
 def _demo(cfg: DemoConfig) -> Path:
     """Organism (ORGANISM_THREADS), the seed runs' jobs on `cfg.workers` processes (`pipeline.pool`), the aggregate."""
-    from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads, run_seed_runs, seed_configs
-
     t0, workers, threads = time.time(), cfg.count("workers"), cfg.job_threads
     with job_threads(ORGANISM_THREADS):  # pinned, as every job's: the numbers do not depend on OMP_NUM_THREADS
         student = organism(cfg)
@@ -357,9 +357,6 @@ def _demo(cfg: DemoConfig) -> Path:
 def demo_done(cfg: DemoConfig) -> bool:
     """Every stage of this demo finished (its config checked by `runcheck.check_demo_out`): the wall time recorded
     last into OUT/demo.json, OUT's report, and per seed run its report, every training and every evaluation."""
-    from mechopd.pipeline.pool import finished, seed_configs
-    from mechopd.pipeline.stages import probes_whole
-
     out = Path(cfg.out)
     if not all((out / f).is_file() for f in ("report.md", MANIFEST_FILE)) or "wall_s" not in read_json(
         out / MANIFEST_FILE
@@ -379,7 +376,6 @@ def demo_done(cfg: DemoConfig) -> bool:
 
 
 def _sweep_done(run: Path) -> bool:
-    from mechopd.pipeline.sweep import SWEEP_BUDGETS, SWEEP_SELECTORS
 
     target = run / "sweep" / "sweep.json"
     return target.is_file() and len(read_json(target).get("rows", [])) == len(SWEEP_SELECTORS) * len(SWEEP_BUDGETS)

@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError
-from mechopd.pipeline.demo import DemoConfig
+from mechopd.pipeline.demo import DemoConfig, fast_values
 from mechopd.pipeline.spec import STUDIES_DIR, StudySpec
 
 _FAST_TRAIN = ("steps", "batch_size", "eval_every", "eval_n")
@@ -40,9 +41,6 @@ def study_file(name: str) -> Path:
 def study_fast_values(name: str) -> dict[str, Any]:
     """A study's own ``--fast`` values (``mechopd/data/studies/fast/NAME.yaml``; {} without one), each a key of
     demo_fast.yaml and a number >= 0."""
-    from mechopd.config import load_yaml
-    from mechopd.pipeline.demo import fast_values
-
     path = STUDIES_DIR / "fast" / f"{name}.yaml"
     if not path.is_file():
         return {}
@@ -59,8 +57,6 @@ def shrink(
     spec: StudySpec, fast: bool, steps: int | None = DemoConfig.steps, batch_size: int | None = DemoConfig.batch_size
 ) -> dict[str, Any]:
     """The study as a mapping, shrunk by ``--fast`` (module docstring) and by the caller's ``steps`` / ``batch_size``."""
-    from mechopd.pipeline.demo import fast_values
-
     doc = spec.to_mapping()
     train = dict(doc["train"])
     if fast:

@@ -37,6 +37,7 @@ A job's error reaches the parent as a `MechopdError` (a full disk as `runcheck.d
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -51,8 +52,12 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.errors import TrainingError
+from mechopd.core import runlock
+from mechopd.core.errors import MechopdError, TrainingError
 from mechopd.core.options import GE1, option
+from mechopd.core.runcheck import disk_error
+from mechopd.core.runlock import hold
+from mechopd.core.threads import configure, usable_cores
 from mechopd.pipeline.logline import say
 
 JOB_THREADS = 1  # intra-op threads of every job (DemoConfig.job_threads; the robustness check sets 2)
@@ -136,8 +141,6 @@ def workers_why(workers: int, job_threads: int = JOB_THREADS, given: bool = Fals
     """Why `workers` processes (the demo's and `mechopd run`'s start line says it): given by --workers, or
     `default_workers` and what its thread count follows (``OMP_NUM_THREADS`` when set, else torch's default, the
     cores), next to the cores this process may use."""
-    from mechopd.core.threads import usable_cores
-
     if given:
         return f"--workers {workers}"
     omp = os.environ.get("OMP_NUM_THREADS")
@@ -169,8 +172,6 @@ def terminate_as_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def hold_demo_out(out: Any) -> Iterator[None]:
     """The demo's ``--out`` lock (`runlock.hold`) with SIGTERM handled as SIGINT, for the whole demo."""
-    from mechopd.core.runlock import hold
-
     with terminate_as_interrupt(), hold(out, "demo"):
         yield
 
@@ -185,7 +186,6 @@ def _deferred(signum: int, frame: Any) -> bool:
     """True (and the signal sent again in `STOP_RETRY_S`) when ``frame`` is acquiring or releasing a run lock
     (`runlock.busy`): an exception raised in there could leave the lock file behind. Not past `STOP_DEFER_MAX_S`."""
     global _DEFERRED_SINCE
-    from mechopd.core import runlock
 
     if not runlock.busy(frame):
         _DEFERRED_SINCE = None
@@ -219,8 +219,6 @@ def _watch_parent(parent: int) -> None:
     signal.signal(signal.SIGTERM, _stop_worker)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
 
     def poll() -> None:
@@ -268,9 +266,6 @@ def run_job(job: Job, redirect: bool = True) -> float:
 def _user_error(err: Exception, job: Job) -> Exception:
     """`err` as the parent should print it: a full disk (an OSError, or safetensors' / torch's own error types) as
     `runcheck.disk_error`, a MechopdError as is, anything else as is (a bug: the parent shows its traceback)."""
-    from mechopd.core.errors import MechopdError
-    from mechopd.core.runcheck import disk_error
-
     if isinstance(err, MechopdError):
         return err
     full = disk_error(err)
@@ -342,7 +337,6 @@ def run_seed_runs(
             log(f"{serial.cfg.out}: {serial.name} ...")
             log(f"{serial.cfg.out}: {serial.name} done ({run_job(serial, redirect=False):.0f} s)")
         return
-    from mechopd.core.threads import configure
 
     configure()  # OMP_WAIT_POLICY=PASSIVE unless set: the workers inherit it (their torch loads after it)
     ctx = get_context("spawn")  # a fresh interpreter per worker: no forked torch / tokenizer thread state

@@ -16,14 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.errors import MechopdError
+from mechopd.core.errors import ConfigError, MechopdError
+from mechopd.core.provenance import input_record
 from mechopd.pipeline.spec import StudySpec
 
 
 def check_study_models(spec: StudySpec) -> None:
     """Every model of ``spec`` loadable as the study will load it (module docstring); the first failure raises its
     `MechopdError`, prefixed with the study file and the key that names the model."""
-    from mechopd.organisms.recipes import organism_task
+    from mechopd.models.spec import organism_task
 
     named = {"student": spec.student, **({"teacher": spec.teacher} if spec.teacher else {})}
     named.update({f"runs.{role}.checkpoint": path for role, path in spec.checkpoints().items()})
@@ -87,8 +88,6 @@ def _organism_shape(spec: StudySpec, task: str) -> dict[str, Any]:
 def check_checkpoint_shapes(spec: StudySpec, mine: dict[str, Any]) -> None:
     """Every checkpoint run is the student's architecture, widths and depth (``mine``: `_shape` of the student, or
     `_organism_shape`), a model trained from it, before any job: one line naming the first fields that differ."""
-    from mechopd.core.errors import ConfigError
-
     for role, path in spec.checkpoints().items():
         theirs = _shape(path)
         diff = [
@@ -104,8 +103,6 @@ def check_checkpoint_shapes(spec: StudySpec, mine: dict[str, Any]) -> None:
 def check_probe_layers(spec: StudySpec, depth: Any) -> None:
     """Every layer index a study's probe option names (``layers``, ``layer``) lies within the student's ``depth``
     (``-n..n-1``), before any job."""
-    from mechopd.core.errors import ConfigError
-
     if not isinstance(depth, int):
         return
     for name in spec.probes:
@@ -162,8 +159,6 @@ def study_inputs(spec: StudySpec) -> dict[str, dict[str, str]]:
     """What the study's runs are made from, by content (`core.provenance.input_record`): the student and teacher
     directories and every file a task option or training field names (data, context files), by the key that names it.
     `run.check_out` compares it with the record of a run already in ``--out``."""
-    from mechopd.core.provenance import input_record
-
     named: dict[str, Any] = {"student": _local(spec.student), "teacher": _local(spec.teacher)}
     named.update({f"task_options.{k}": v for k, v in spec.task_options.items()})
     named.update({f"train.{k}": v for k, v in spec.train.items()})

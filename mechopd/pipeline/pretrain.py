@@ -13,8 +13,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from mechopd.core.artifacts import write_json
+from mechopd.core.checks import check_out_dir
+from mechopd.core.errors import ConfigError
 from mechopd.evaluation.config import EvalConfig
-from mechopd.organisms.pretrain import OrganismConfig
+from mechopd.evaluation.evaluate import evaluate_model
+from mechopd.models import load_model, load_tokenizer
+from mechopd.organisms.pretrain import OrganismConfig, default_config, organism_dir_name, pretrain
+from mechopd.tasks.base import get_task
 
 ACCURACY_FILE = "accuracy.json"
 
@@ -26,14 +32,6 @@ def pretrain_organism(
     evaluate it on ``n`` held-out items and write ``accuracy.json``; returns (its path, the accuracy). ``organism``:
     `OrganismConfig` fields over the task's defaults (`default_config`): ``steps``, ``layers`` (= ``num_layers``),
     ``seed`` (also the held-out check's), ``arch``, ``num_heads``, ..."""
-    from mechopd.core.artifacts import write_json
-    from mechopd.core.checks import check_out_dir
-    from mechopd.core.errors import ConfigError
-    from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
-    from mechopd.organisms.pretrain import default_config, organism_dir_name, pretrain
-    from mechopd.tasks.base import get_task
-
     if "num_layers" in organism:
         organism["layers"] = organism.pop("num_layers")
     ecfg = EvalConfig(n=n, seed=organism.get("seed", OrganismConfig.seed), n_boot=0)  # all checked before any work

@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mechopd.config import DATE_PIN
 from mechopd.core.errors import ConfigError
+from mechopd.core.runcheck import check_no_escape
+from mechopd.core.runlock import LOCK_NAME
 
 DOWNSTREAM = ("eval", "probes", "probe_n", "first_seed_only")  # keys whose change reuses every trained model
 
@@ -49,8 +54,6 @@ def check_foreign(out: Path, spec_file: str, own: tuple[str, ...] = ()) -> None:
     """``out`` is absent, empty (its lock and the records ``own`` aside: a study killed before its ``spec_file``) or
     holds ``spec_file``: anything else is a directory the study did not write, refused with what it holds (nothing is
     changed)."""
-    from mechopd.core.runlock import LOCK_NAME
-
     if not out.is_dir() or (out / spec_file).is_file():
         return
     held = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, *own))
@@ -113,8 +116,6 @@ def check_trained_configs(spec: Any, seed_dirs: Mapping[int, Path]) -> None:
     """Every training run already in the seed runs (``train/<role>/config.yaml``) records the config the study asks
     for, field by field (paths aside: ``study_inputs.json`` compares them by content); else one line naming the
     fields that differ."""
-    from mechopd.core.runcheck import check_no_escape
-
     for seed, run in seed_dirs.items():
         for role in spec.trained:
             check_no_escape(run, run / "train" / role)  # a link out of the run (a user's run linked in): refused now
@@ -131,7 +132,6 @@ def check_trained_configs(spec: Any, seed_dirs: Mapping[int, Path]) -> None:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    import yaml
 
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -149,7 +149,6 @@ def config_fields_differ(old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     organism_dir, a task option naming a file) are the inputs record's, compared by content, not here. The
     chat-template variables compare after training's pins: a recorded ``date_string`` the wanted config does not set
     is the date training pinned (`config.adopt_pins`), and flags read as `views.template_flags` reads them."""
-    from mechopd.config import DATE_PIN
     from mechopd.core.views import template_flags
     from mechopd.train.rundir import DATA_OPTIONS, PATH_KEYS
 

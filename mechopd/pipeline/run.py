@@ -41,13 +41,39 @@ from typing import Any
 
 import yaml
 
-from mechopd.core.artifacts import write_json, write_text
+from mechopd.core.artifacts import read_json, write_json, write_text
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError
-from mechopd.pipeline.pool import PoolOptions
-from mechopd.pipeline.reuse import Stale, clear_stale
+from mechopd.core.provenance import changed_inputs
+from mechopd.core.runcheck import check_out_place
+from mechopd.core.runlock import hold
+from mechopd.models.arch import check_lora_targets
+from mechopd.models.spec import is_named, organism_task, resolve_spec
+from mechopd.pipeline.budget import StudyClock, check_budget
+from mechopd.pipeline.logline import as_run
+from mechopd.pipeline.pool import (
+    ORGANISM_THREADS,
+    PoolOptions,
+    default_workers,
+    finished,
+    job_threads,
+    run_seed_runs,
+    terminate_as_interrupt,
+    workers_why,
+)
+from mechopd.pipeline.preflight import check_study_models, study_inputs
+from mechopd.pipeline.reuse import (
+    Stale,
+    check_foreign,
+    check_inputs_recorded,
+    check_trained_configs,
+    clear_stale,
+    stale_after,
+)
 from mechopd.pipeline.spec import CHECKPOINT, StudySpec, default_out
-from mechopd.pipeline.stages import evaluate_all, labels_for, run_probes, train_resumable
-from mechopd.study import MANIFEST_FILE, STUDY_FILE, Study
+from mechopd.pipeline.stages import evaluate_all, labels_for, probes_whole, run_probes, train_resumable
+from mechopd.pipeline.sweep import sweep
+from mechopd.runset import MANIFEST_FILE, STUDY_FILE, RunSet
 
 SPEC_FILE = "study_run.yaml"  # the study as run (a rerun compares it; the reports' command runs it again)
 DONE_FILE = "study_done.json"
@@ -139,8 +165,6 @@ def finish_seed(cfg: SeedRun, student: Path | None = None) -> Path:
     chosen = None if cfg.all_probes else spec.probe_plan()
     run_probes(cfg, {**models, **teacher}, run, chosen=chosen, setup_fields=spec.render_fields(), skip=skip)
     if cfg.sweep is not None:
-        from mechopd.pipeline.sweep import sweep
-
         sweep(cfg, student, run)
     if cfg.figures:
         _log(f"{run}: figures")
@@ -200,7 +224,7 @@ def write_manifest(cfg: SeedRun) -> dict[str, Any]:
     }
     write_json(run / MANIFEST_FILE, manifest)
     if not (run / STUDY_FILE).is_file():  # the roles of the runs (role = run name; a user may rename a run here)
-        Study.from_manifest(run).write()  # a checkpoint run with its directory (demo.json's runs.ROLE.checkpoint)
+        RunSet.from_manifest(run).write()  # a checkpoint run with its directory (demo.json's runs.ROLE.checkpoint)
     return manifest
 
 
@@ -229,8 +253,6 @@ def study_config(cfg: SeedRun) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------- the study
 def check_lora_runs(spec: StudySpec, student: str) -> None:
     """Every LoRA run's targets against the student's own modules, before any job (`arch.check_lora_targets`)."""
-    from mechopd.models.arch import check_lora_targets
-
     for role in spec.trained:
         tc = spec.train_config(role, 0, student)
         if tc.uses_lora:
@@ -241,15 +263,14 @@ def resolve_model(model: str, spec: StudySpec, pretrain: bool = False) -> str:
     """``organism:<task>`` -> its directory (pretrained now when ``pretrain``, on the organism's pinned threads);
     ``model:NAME`` -> its fetched directory (fetched on first use); a local dir -> absolute; anything else (a hub id)
     unchanged."""
-    from mechopd.organisms.recipes import is_named, organism_task, resolve_organism
+    from mechopd.organisms.pretrain import pretrain_organism
 
     if is_named(model) and organism_task(model) is None:
-        return resolve_organism(model)
+        return resolve_spec(model)
     if organism_task(model) is not None:
-        from mechopd.pipeline.pool import ORGANISM_THREADS, job_threads
-
+        make = pretrain_organism if pretrain else None
         with job_threads(ORGANISM_THREADS):
-            return str(Path(resolve_organism(model, spec.first_config(0).organism_dir, pretrain=pretrain)).resolve())
+            return str(Path(resolve_spec(model, spec.first_config(0).organism_dir, make=make)).resolve())
     return str(Path(model).resolve()) if Path(model).exists() else model
 
 
@@ -271,10 +292,6 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
     the student's, teacher's, data's content) whose trained runs record the study's configs, field by field; anything
     else is refused (nothing is changed). A study that differs only in its downstream keys (`reuse.DOWNSTREAM`:
     eval, probes) reuses every trained model: returns what reruns (`reuse.Stale`)."""
-    from mechopd.core.provenance import changed_inputs
-    from mechopd.core.runcheck import check_out_place
-    from mechopd.pipeline.reuse import check_foreign, check_inputs_recorded, check_trained_configs, stale_after
-
     check_out_place(out, "run")
     recorded = out / SPEC_FILE
     if not recorded.is_file():
@@ -285,8 +302,6 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
             )
         check_foreign(out, SPEC_FILE, (INPUTS_FILE,))  # what the study did not write: never replaced nor reused
         return Stale()
-    from mechopd.config import load_yaml
-    from mechopd.core.artifacts import read_json
 
     old = _normal(load_yaml(recorded))
     new = _normal(spec.to_mapping())
@@ -310,10 +325,6 @@ def check_out(spec: StudySpec, out: Path, inputs: Mapping[str, Any] | None = Non
 
 def is_done(spec: StudySpec, out: Path) -> bool:
     """Every stage finished: the done record written last, every run's final checkpoint, every report."""
-    from mechopd.core.artifacts import read_json
-    from mechopd.pipeline.pool import finished
-    from mechopd.pipeline.stages import probes_whole
-
     if not (out / DONE_FILE).is_file() or not (out / "report.md").is_file():
         return False
     if read_json(out / DONE_FILE).get("run") != _normal(spec.to_mapping()):  # e.g. a probe added since
@@ -337,11 +348,6 @@ def run_study(
 ) -> Path:
     """Run a study (a file's path or its mapping) into ``out`` on ``workers`` processes; returns the report path
     (the aggregate's with two or more seeds). A finished study returns at once, saying so."""
-    from mechopd.core.runlock import hold
-    from mechopd.pipeline.logline import as_run
-    from mechopd.pipeline.pool import default_workers, terminate_as_interrupt, workers_why
-    from mechopd.pipeline.preflight import check_study_models, study_inputs
-
     spec = StudySpec.load(study)
     if out is None and isinstance(study, Mapping):
         raise ConfigError("run_study(mapping): pass out=DIR (a study file's run defaults to its folder / its stem)")
@@ -363,8 +369,6 @@ def run_study(
 def _run(
     spec: StudySpec, out: Path, workers: int, inputs: Mapping[str, Any], stale: Stale | None = None, why: str = ""
 ) -> Path:
-    from mechopd.pipeline.budget import StudyClock, check_budget
-    from mechopd.pipeline.pool import run_seed_runs
 
     t0 = time.time()
     student = resolve_model(spec.student, spec, pretrain=True)

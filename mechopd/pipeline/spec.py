@@ -49,9 +49,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mechopd.config import TrainConfig
-from mechopd.core.errors import ConfigError
+from mechopd.config import TrainConfig, build_config
+from mechopd.core.config_parse import load_yaml
+from mechopd.core.errors import ConfigError, MechopdError
 from mechopd.core.options import option
+from mechopd.core.runcheck import check_item_count
 from mechopd.evaluation.config import EvalConfig
 
 RENDER_KEYS = ("placement", "no_context_system", "chat_template_kwargs")
@@ -124,7 +126,6 @@ class StudySpec:
             raise ConfigError(f"{self.source}: seeds={seeds!r} lists a seed twice; list each training seed once")
 
     def _check_task(self) -> Any:
-        from mechopd.core.errors import MechopdError
         from mechopd.tasks.base import get_task
 
         try:
@@ -234,9 +235,6 @@ class StudySpec:
         """Every run's ``pool_size`` within the task's training items and every probe's explicit ``n`` within its
         split (held-out unless the probe sets ``split``), by `Task.max_items`, before any job: a study asking for 2048
         training prompts of a 31-item file is refused here, not when its first run starts."""
-        from mechopd.core.errors import MechopdError
-        from mechopd.core.runcheck import check_item_count
-
         asks = [(f"runs.{r}.pool_size", "train", self.train_config(r, self.seeds[0]).pool_size) for r in self.trained]
         for name, (setup, _) in self.probe_plan().items():
             n = setup.get("n", self.probe_n)
@@ -339,7 +337,6 @@ class StudySpec:
         }
 
     def _config(self, role: str | None, seed: int, student: str | None) -> Any:
-        from mechopd.config import TrainConfig, build_config
         from mechopd.organisms.recipes import resolve_train_data
 
         data: dict[str, Any] = {
@@ -408,8 +405,6 @@ class StudySpec:
     def load(cls, study: str | os.PathLike | Mapping[str, Any], source: str | None = None) -> StudySpec:
         """A study file's path or its parsed mapping (``source``: the file it was read from, for the messages);
         unknown or missing keys refused, naming the known ones."""
-        from mechopd.config import load_yaml
-
         if isinstance(study, Mapping):
             doc, where = dict(study), source or "study"
         else:

@@ -5,6 +5,7 @@ task, task_options, seed, eval_n and probe_n (a `demo.DemoConfig`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,12 +13,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from mechopd.config.sections import LoraOptions
-from mechopd.core.artifacts import FileSet, write_json
-from mechopd.core.errors import DataError
+from mechopd.core.artifacts import FileSet, mean_kept_fraction, write_json
+from mechopd.core.errors import ConfigError, DataError
+from mechopd.core.runcheck import check_no_escape
+from mechopd.core.runlock import LOCK_NAME
+from mechopd.models import load_model, load_tokenizer
 from mechopd.models.lora import adapter_label
 from mechopd.objectives.labels import RunSettings, estimator_label, plugin_label, rollout_label
 from mechopd.pipeline.logline import say
-from mechopd.study import STUDY_FILE, EvalReport, Study, mean_kept_fraction
+from mechopd.pipeline.pool import finished
+from mechopd.runset import STUDY_FILE, EvalReport, RunSet
 
 
 def _log(msg: str) -> None:
@@ -47,8 +52,6 @@ def _trained_as(run: Path, name: str, over: dict[str, Any]) -> tuple[dict[str, A
     """A run's training fields and kept fraction: its own (``train/<name>``), or for a given checkpoint
     (``{checkpoint: DIR}``) the config the checkpoint records (``DIR/training.json``, written by `mechopd train`) and
     its training's metrics beside it; a checkpoint that records none is labelled by its role."""
-    import json
-
     if "checkpoint" not in over:
         return over, mean_kept_fraction(run / "train" / name)
     given = Path(over["checkpoint"])
@@ -69,7 +72,6 @@ def train_resumable(name: str, out: Path, config: Any, what: Any, root: Path | N
     """``out``'s training (``config()``: its TrainConfig) skipped when finished, else resumed or started afresh.
     ``root``: the seed run's directory (default ``out``'s grandparent, ``RUN/train/<name>``): no link under it leads
     out of it, and only the training's own files are deleted."""
-    from mechopd.pipeline.pool import finished
     from mechopd.train.checkpoint import latest_checkpoint
     from mechopd.train.trainer import train
 
@@ -88,16 +90,12 @@ def train_resumable(name: str, out: Path, config: Any, what: Any, root: Path | N
 def check_own_place(out: Path, root: Path) -> None:
     """No link on the way from the seed run's directory ``root`` to ``out`` leads out of it (a link out, or a loop, is
     one ConfigError before anything is written or deleted)."""
-    from mechopd.core.runcheck import check_no_escape
-
     check_no_escape(root, out)
 
 
 def clear_partial(out: Path) -> None:
     """Delete what a killed training left in ``out`` (its run files and temp dirs) and nothing else: a file the study
     did not write is refused with its name, and nothing is deleted."""
-    from mechopd.core.errors import ConfigError
-    from mechopd.core.runlock import LOCK_NAME
     from mechopd.train.rundir import RUN_FILES, remove_own
 
     temp = (".tmp-", ".old-")
@@ -125,7 +123,6 @@ def evaluate_all(
     """Both views (and the other contexts) of every model; ``spec``: render spec, ``eval_fields``: EvalConfig's."""
     from mechopd.evaluation import following
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model, format_summary
-    from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
     task = get_task(cfg.task, **(cfg.task_options or {}))
@@ -179,7 +176,7 @@ def run_probes(
     from mechopd.probes.setup import ProbeSetup
 
     out = run / "probes"
-    study = Study.load(run) if (run / STUDY_FILE).is_file() else Study.of_models(run, cfg.task, models)
+    study = RunSet.load(run) if (run / STUDY_FILE).is_file() else RunSet.of_models(run, cfg.task, models)
     setup = ProbeSetup(
         task=cfg.task,
         task_options=dict(cfg.task_options or {}),
@@ -216,7 +213,7 @@ class _WithTeacher:
     (`ProbeSpec.reads_teacher`: a cross-model study's teacher is no run of the study, but a study file may point a
     forward-only probe at it: similarity, lens)."""
 
-    def __init__(self, study: Study, models: dict[str, Path], spec: Any):
+    def __init__(self, study: RunSet, models: dict[str, Path], spec: Any):
         self.study, self.teacher = study, "teacher" in models and bool(getattr(spec, "reads_teacher", False))
 
     def name(self, role: str) -> str | None:

@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mechopd.core.artifacts import read_json, write_json
+from mechopd.core.artifacts import mean_kept_fraction, read_json, write_json
+from mechopd.models import load_model, load_tokenizer
 from mechopd.pipeline.stages import train_resumable
-from mechopd.study import EvalReport, mean_kept_fraction
+from mechopd.runset import EvalReport
 
 SWEEP_SELECTORS = ("ta_opd", "random", "entropy", "divergence")
 SWEEP_BUDGETS = (0.05, 0.10, 0.30, 0.50)
@@ -21,7 +22,6 @@ def sweep(cfg: Any, student: Path, run: Path) -> None:
     """TA-OPD budget curve: final no-context accuracy against ρ for each selector (with the measured kept fraction);
     ``cfg`` a `mechopd.pipeline.run.SeedRun` whose ``sweep`` holds the fields every sweep run adds."""
     from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-    from mechopd.models import load_model, load_tokenizer
     from mechopd.tasks.base import get_task
 
     target = run / "sweep" / "sweep.json"

@@ -15,6 +15,9 @@ figure whose artifacts exist; `figure_index` lists (name, title, caption) for ``
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from mechopd.plots.following import figure_context_following, plot_context_following
@@ -38,7 +41,7 @@ from mechopd.plots.training import (
     plot_gradient_training,
     plot_training_curves,
 )
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 
 def figure_index() -> list[FigureInfo]:
@@ -46,25 +49,21 @@ def figure_index() -> list[FigureInfo]:
     return [info for info, _ in _figures()]
 
 
-def draw_all(run_dir: str | Path | Study, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
+def draw_all(run_dir: str | Path | RunSet, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
     """Draw every figure whose artifacts exist into ``out_dir`` (default ``<study root>/figures``). ``run_dir``: a
-    run dir (its ``study.yaml`` / ``demo.json`` say the roles) or a `Study` (e.g. ``Study.load("my_study.yaml")``).
+    run dir (its ``study.yaml`` / ``demo.json`` say the roles) or a `RunSet` (e.g. ``RunSet.load("my_study.yaml")``).
 
     Returns figure name -> written files, for every figure of `figure_index` ([] where the artifact is absent).
     """
-    src = run_dir if isinstance(run_dir, Study) else Path(run_dir)
-    root = src.root if isinstance(src, Study) else src
+    src = run_dir if isinstance(run_dir, RunSet) else Path(run_dir)
+    root = src.root if isinstance(src, RunSet) else src
     out = Path(out_dir) if out_dir is not None else root / "figures"
     return {info.name: plot(src, out) for info, plot in _figures()}
 
 
-def redraw(study: Study, out_dir: str | Path) -> dict[str, list[Path]]:
+def redraw(study: RunSet, out_dir: str | Path) -> dict[str, list[Path]]:
     """`draw_all` as one set (`mechopd figures`): every figure drawn into a hidden folder beside ``out_dir`` first,
     then moved in; a figure that fails to draw (a bad artifact) leaves ``out_dir`` exactly as it was."""
-    import os
-    import shutil
-    import tempfile
-
     out = Path(out_dir)
     stage = Path(tempfile.mkdtemp(prefix=".figures-", dir=out.parent))
     try:

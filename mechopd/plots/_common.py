@@ -33,7 +33,7 @@ from mechopd.core.artifacts import atomic_write
 from mechopd.core.artifacts import read_csv as artifact_csv
 from mechopd.core.artifacts import read_json as artifact_json
 from mechopd.core.errors import DataError
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 log = logging.getLogger("mechopd.plots")
 
@@ -164,7 +164,7 @@ class RunInfo:
     methods: list[str]
     labels: dict[str, str] = field(default_factory=dict)
     thresholds: dict[str, float] | None = None
-    study: Study | None = None
+    study: RunSet | None = None
 
     def label(self, name: str) -> str:
         return self.labels.get(name, "Base" if name == BASE else name)
@@ -180,11 +180,11 @@ def read_json(path: Path) -> Any:
     return artifact_json(path)
 
 
-def run_info(run_dir: Path | Study) -> RunInfo:
-    """What the run's study says (`mechopd.study.Study.load`: ``study.yaml``, else ``demo.json``, else the
+def run_info(run_dir: Path | RunSet) -> RunInfo:
+    """What the run's study says (`mechopd.runset.RunSet.load`: ``study.yaml``, else ``demo.json``, else the
     ``train/*`` folders or ``eval/*.json`` names): the trained runs by name in role order, their labels, thresholds.
-    ``run_dir`` may be a `Study` (a user study YAML) in place of a directory."""
-    study = run_dir if isinstance(run_dir, Study) else Study.load(Path(run_dir))  # str or Path
+    ``run_dir`` may be a `RunSet` (a user study YAML) in place of a directory."""
+    study = run_dir if isinstance(run_dir, RunSet) else RunSet.load(Path(run_dir))  # str or Path
     return RunInfo(study.root, study.task, study.methods, study.given_labels, study.thresholds, study)
 
 

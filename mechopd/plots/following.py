@@ -28,12 +28,12 @@ from mechopd.plots._common import (
     styled,
 )
 from mechopd.plots.registry import register_figure
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 NAME = "context_following"
 
 
-def following_reports(run_dir: Path | Study) -> tuple[Any, dict[str, dict[str, Any]]]:
+def following_reports(run_dir: Path | RunSet) -> tuple[Any, dict[str, dict[str, Any]]]:
     """(RunInfo, model -> eval report) for the models whose report carries context-following results (the study's
     eval paths, as `_common.eval_summaries`)."""
     info = run_info(run_dir)
@@ -56,7 +56,7 @@ def _err(entry: dict[str, Any]) -> tuple[float, float, float]:
 
 
 @styled
-def figure_context_following(run_dir: Path | Study) -> Figure | None:
+def figure_context_following(run_dir: Path | RunSet) -> Figure | None:
     """Per-context following (left) and follow_other / stick (right) per model; None (logged) without results."""
     info, reps = following_reports(run_dir)
     if not reps:
@@ -106,7 +106,7 @@ def figure_context_following(run_dir: Path | Study) -> Figure | None:
     return fig
 
 
-def plot_context_following(run_dir: Path | Study, out_dir: Path) -> list[Path]:
+def plot_context_following(run_dir: Path | RunSet, out_dir: Path) -> list[Path]:
     """The figure to ``out_dir/context_following.{png,pdf}``; [] without context-following results."""
     return save(figure_context_following(run_dir), out_dir, NAME)
 

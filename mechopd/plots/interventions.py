@@ -21,6 +21,8 @@ from mechopd.plots._common import missing, new_figure, read_csv, run_info, save,
 from mechopd.plots.causal import _panel_row, _table
 from mechopd.plots.layers import _model_order
 from mechopd.plots.registry import register_figure
+from mechopd.plots.training import seed_runs
+from mechopd.probes.mechanism_stats import localization_arrays, site_harm_stat
 
 WEIGHTPATCH = "weightpatch"
 MODULE_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "qk", "vo", "attn", "mlp", "norms", "ctrl_qk")
@@ -77,7 +79,7 @@ def plot_weightpatch(run_dir: Path, out_dir: Path) -> list[Path]:
     return save(figure_weightpatch(run_dir), out_dir, WEIGHTPATCH)
 
 
-__all__ = ["figure_weightpatch", "new_figure", "plot_weightpatch"]
+__all__ = ["figure_weightpatch", "plot_weightpatch"]
 
 
 LOCALIZATION = "localization"
@@ -86,8 +88,6 @@ LOCALIZATION = "localization"
 def _localization_curves(run_dir: Path) -> tuple[list[dict[str, str]], list[list[float]]] | None:
     """The first seed run's rows (sites in depth order) and, per site, the harm of every seed run that has the table
     (an aggregate directory's ``seed_runs``; a run: itself)."""
-    from mechopd.plots.training import seed_runs
-
     tables = [p / "probes" / "localization.csv" for p in seed_runs(run_dir)]
     tables = [t for t in tables if t.is_file()]
     if not tables:
@@ -118,8 +118,6 @@ def _band(runs: list[Path], rows: list[dict[str, str]]) -> tuple[list[float], li
     """Per site the mean over seeds and the 95 % hierarchical interval over seeds and items (`stats.hier_bootstrap`) of the
     teacher-forced Harm after patching (`mechanism_stats.site_harm_stat`, from ``localization_items.jsonl``, as the
     report's table); None when a seed's items file lacks the per-item flips."""
-    from mechopd.probes.mechanism_stats import localization_arrays, site_harm_stat
-
     with_table = [r for r in runs if (r / "probes" / "localization.csv").is_file()]
     if any(localization_arrays(r) is None for r in with_table):
         return None
@@ -133,8 +131,6 @@ def figure_localization(run_dir: Path) -> Figure | None:
     """Teacher-forced Harm after patching, by depth: the mean over seeds (one run: its value) with the 95 %
     hierarchical interval over seeds and items (one run: over items) from the items files; without per-item
     flips, the tables' own values and no band. The unpatched Harm dashed."""
-    from mechopd.plots.training import seed_runs
-
     info = run_info(run_dir)
     got = _localization_curves(info.root)
     if got is None:

@@ -6,7 +6,7 @@ Artifacts read (the probe modules own the formats; nothing is recomputed here):
                                  cos_median. x = depth: embed (0), decoder layers 0..L-1, final norm (L + 1).
   ``RUN/probes/gradients.csv``   ``mechopd.probes.gradients.GradRow`` rows; the heatmap uses scope "layer_module",
                                  the title the "global" row. One panel per (term_a, term_b) pair in the file.
-  ``RUN/probes/deltas.csv``      ``mechopd.probes.deltas.write_table``'s tidy table. Per-tensor rows are combined per
+  ``RUN/probes/deltas.csv``      ``mechopd.probes.delta_rows.write_table``'s tidy table. Per-tensor rows are combined per
                                  site with ``aggregate_deltas`` (sums of squares: weight + bias of a module), which is
                                  the aggregation that module defines, not a recomputation from weights. Panels: each
                                  model's ‖Δ‖_F/‖W0‖_F (vs "base"), then each pair's ‖θ_b − θ_a‖_F/‖W0‖_F (vs a label),
@@ -44,11 +44,12 @@ from mechopd.plots._common import (
     to_float,
 )
 from mechopd.plots.registry import register_figure
+from mechopd.probes.delta_rows import read_table
 from mechopd.probes.gradients import CSV_NAME as GRADIENTS_CSV
 from mechopd.probes.gradients import GradRow
 
 if TYPE_CHECKING:
-    from mechopd.probes.deltas import DeltaRow
+    from mechopd.probes.delta_rows import DeltaRow
 
 COSINE_NAME = "layer_cosine"
 GRADIENT_NAME = "gradient_alignment"
@@ -301,7 +302,7 @@ def plot_gradient_alignment(run_dir: Path, out_dir: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------- fig. 6 parameter deltas
 def site_and_overall(rows: list[DeltaRow]) -> tuple[list[DeltaRow], list[DeltaRow]]:
     """(per-site rows, one-row-per-model overall rows) from a per-tensor or an already aggregated table."""
-    from mechopd.probes.deltas import aggregate_deltas
+    from mechopd.probes.delta_sums import aggregate_deltas
 
     if all(r.param != "*" for r in rows):
         return aggregate_deltas(rows, "site"), aggregate_deltas(rows, "all")
@@ -331,7 +332,6 @@ def figure_parameter_deltas(run_dir: Path) -> Figure | None:
     if not path.is_file():
         missing(DELTAS_NAME, path)
         return None
-    from mechopd.probes.deltas import read_table
 
     sites, overall = site_and_overall(read_table(path))
     panels = delta_panels(sites, info)

@@ -11,6 +11,7 @@ cycle arises. Third-party figures: call `register_figure` in your module and imp
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -72,7 +73,6 @@ def _discover() -> None:
     if _loaded:
         return
     _loaded = True
-    import pkgutil
 
     package = __name__.rpartition(".")[0]  # mechopd.plots, by its directory
     for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):

@@ -40,7 +40,7 @@ from mechopd.plots._common import (
     styled,
 )
 from mechopd.plots.registry import register_figure
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 BARS_NAME = "removability"
 REGIME_NAME = "regime_map"
@@ -202,10 +202,10 @@ def figure_regime_map(run_dirs: Path | Sequence[Path]) -> Figure | None:
     One scatter (PathCollection) per point; colour = model, marker = task. None (logged) when no run has a report
     with a defined Harm.
     """
-    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path, Study)) else list(run_dirs)
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path, RunSet)) else list(run_dirs)
     points, infos, all_summaries = _points(run_dirs)
     if not points:
-        first = (run_dirs[0].root if isinstance(run_dirs[0], Study) else run_dirs[0]) if run_dirs else "."
+        first = (run_dirs[0].root if isinstance(run_dirs[0], RunSet) else run_dirs[0]) if run_dirs else "."
         missing(REGIME_NAME, Path(first) / "eval" / "<model>.json (with a defined Harm)")
         return None
     t = _shared_thresholds(infos, all_summaries)

@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.plots._common import missing, new_figure, read_json, run_info, save, styled
 from mechopd.plots.registry import register_figure
-from mechopd.probes.teachability import BUCKET_SIGNALS, GAINS, TeachabilitySummary
+from mechopd.probes.teachability import TeachabilitySummary
+from mechopd.probes.teachability_analysis import BUCKET_SIGNALS, GAINS
 
 NAME = "teachability"
 SUMMARY_NAME = TeachabilitySummary.FILE  # the names the probe writes, read from the probe (one schema)

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.transforms import ScaledTranslation
 
 from mechopd.core.errors import DataError
+from mechopd.core.stats import seed_stat
 from mechopd.plots._common import (
     fitted_legend,
     log,
@@ -76,8 +78,6 @@ def seed_band(
     """Mean and 95 % t-interval over seeds at the steps every series has (one series: no band). The band is clipped
     to the quantity's range [lo, hi] (a t-interval of a proportion over 3 seeds can leave it); ``log_scale``: mean and
     interval of log10(value), i.e. the geometric mean (for positive ratios)."""
-    from mechopd.core.stats import seed_stat
-
     common = sorted(set.intersection(*(set(steps) for steps, _ in series))) if series else []
     maps = [dict(zip(steps, vals)) for steps, vals in series]
     f, inv = (math.log10, lambda v: 10.0**v) if log_scale else (float, float)
@@ -98,8 +98,6 @@ DODGE_PT = 2.0  # points between neighbouring methods' curves (display only: the
 def dodge(ax, k: int, n: int) -> Any:
     """``ax.transData`` shifted by (k − (n−1)/2) · DODGE_PT points right and up: curves with equal values (two methods
     both at 100 %) are drawn side by side instead of one over the other."""
-    from matplotlib.transforms import ScaledTranslation
-
     d = (k - (n - 1) / 2) * DODGE_PT / 72.0
     return ax.transData + ScaledTranslation(d, d, ax.figure.dpi_scale_trans)
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.artifacts import read_float, write_csv, write_jsonl
 from mechopd.core.errors import DataError, ModelError
 from mechopd.core.views import TwoViewBatch, render_prompt_ids, render_prompt_text
 from mechopd.models import num_layers
@@ -255,7 +255,6 @@ class AttentionSummary(ci.CausalSummary):
     PROBE = "attention"
 
     def share(self, model: str, layer: int, head: int) -> float | None:
-        from mechopd.core.artifacts import read_float
 
         row = next(
             (r for r in self.rows if (r["model"], int(r["layer"]), int(r["head"])) == (model, layer, head)), None

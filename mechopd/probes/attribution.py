@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mechopd.core.errors import ConfigError
 from mechopd.core.sites import resid_site
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
@@ -64,7 +65,6 @@ class Site:
 
 
 def sites_of(model: nn.Module, layers: Sequence[int] | None, components: Sequence[str]) -> list[Site]:
-    from mechopd.core.errors import ConfigError
 
     bad = [c for c in components if c not in COMPONENTS]
     if bad:

@@ -18,10 +18,10 @@ from typing import Any
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0
+from mechopd.core.options import GE0, option
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import COMPONENTS, Pair, accumulate, correlations, sites_of
-from mechopd.probes.options import Role, greedy_option, models_option, normalise, option, site_list
+from mechopd.probes.options import Role, greedy_option, models_option, normalise, site_list
 from mechopd.probes.options import cross as two_models
 from mechopd.probes.registry import ProbeSpec, register_probe
 

@@ -22,12 +22,13 @@ import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
 from mechopd.core.sites import sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import Trace, decoder_stack, site_module
-from mechopd.probes.options import Role, greedy_option, models_option, normalise, option, site_list
+from mechopd.probes.options import Role, greedy_option, models_option, normalise, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.store import VIEWS, StoreWriter, weight_hashes, write_manifest
 

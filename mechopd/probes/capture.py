@@ -45,12 +45,13 @@ import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.core.sites import site_depth, site_layer, sites_for  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.sites import site_layer, sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.evaluation.config import EvalConfig
 from mechopd.generate.groups import take_rows, ungroup, view_groups
 from mechopd.generate.prefix import view_inputs
 from mechopd.models import decoder_layers, module_at
+from mechopd.models.arch import base_model
 
 OnCapture = Callable[[str, torch.Tensor], None]  # (site, hidden [batch, R, d]) -> None
 OnOutput = Callable[[str, Any, torch.Tensor], None]  # (site, raw module output, cols [B, R] of this forward) -> None
@@ -94,8 +95,6 @@ def site_module(model: nn.Module, site: str) -> nn.Module:
 def decoder_stack(model: nn.Module) -> nn.Module:
     """The decoder stack of a causal LM without the lm_head (``model.model``, ``model.transformer``,
     ``model.gpt_neox``: `mechopd.models.arch.base_model`)."""
-    from mechopd.models.arch import base_model
-
     return base_model(model)
 
 

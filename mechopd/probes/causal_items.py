@@ -15,6 +15,7 @@ this module only feeds it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,11 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.core.artifacts import read_json, write_json, write_jsonl
+from mechopd.core.artifacts import read_csv, read_json, write_json, write_jsonl
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
+from mechopd.core.views import TwoViewBatch, assemble_two_views, render_prompt_ids
 from mechopd.models import load_model
-from mechopd.probes.setup import TEACHER, ProbeItems, ProbeSetup
+from mechopd.probes.items import ProbeItems
+from mechopd.probes.runner import ProbeContext
+from mechopd.probes.setup import TEACHER, ProbeSetup
 
 
 def kl_rows(logp_p: torch.Tensor, logp_q: torch.Tensor) -> torch.Tensor:
@@ -97,8 +100,6 @@ def resolve(
     """Models (default every model of the setup but the teacher), resolved by the one probe runner
     (`ProbeContext`: one tokenizer for all, task, render spec, items saved as ``<probe>_items.jsonl``), and the items
     with one response each."""
-    from mechopd.probes.runner import ProbeContext
-
     picked = setup.pick(models, [k for k in setup.models if k != TEACHER])
     labels = list(picked)
     ctx = ProbeContext.prepare(setup, probe, out, dict(picked), default_split="test", device=device)
@@ -152,8 +153,6 @@ def save(
 
 def read_items(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a ``<probe>_items.jsonl`` (DataError naming the file and line when malformed)."""
-    import json
-
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p} does not exist; run the probe that writes it (mechopd probe ...)")
@@ -202,8 +201,6 @@ class CausalSummary:
     @classmethod
     def load(cls, probes_dir: str | os.PathLike) -> Any:
         """The result in ``probes_dir``; None when the probe did not run there."""
-        from mechopd.core.artifacts import read_csv
-
         doc = load_summary(Path(probes_dir), cls.PROBE)
         return None if doc is None else cls(doc, read_csv(Path(probes_dir) / f"{cls.PROBE}.csv"))
 
@@ -219,7 +216,6 @@ __all__ = [
     "kl_rows",
     "load_summary",
     "logp",
-    "pad_id",
     "read_items",
     "resolve",
     "save",

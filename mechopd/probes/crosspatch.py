@@ -26,7 +26,7 @@ from torch import nn
 from mechopd.core.artifacts import write_csv
 from mechopd.core.errors import ConfigError
 from mechopd.core.views import TwoViewBatch, assemble_two_views, pad_id, render_prompt_ids
-from mechopd.generate.sampler import stop_ids
+from mechopd.generate.settings import stop_ids
 from mechopd.probes import causal_items as ci
 from mechopd.probes.capture import forward, resolve_sites
 

@@ -20,8 +20,10 @@ import torch
 from tqdm.auto import tqdm
 
 from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.model_checks import read_config
 from mechopd.core.sites import Site, site_of
 from mechopd.core.sites import natural_key as _natural_key
+from mechopd.models.arch import param_views
 from mechopd.probes.delta_rows import DeltaRow
 from mechopd.probes.setup import BASE
 from mechopd.probes.weights import (
@@ -44,9 +46,6 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Index a checkpoint dir as canonical views (`mechopd.models.arch.param_views`: fused projections split, every
     family's names in Llama's words) and resolve tied embeddings (config.json ``tie_word_embeddings``, else no
     lm_head)."""
-    from mechopd.core.checks import read_config
-    from mechopd.models.arch import param_views
-
     files = checkpoint_tensors(path)
     views = param_views(stored_shapes(files), LazyConfig(path, read_config))
     embed = next((n for n in views if site_of(n)[1:] == (None, "embed_tokens", "weight")), None)

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from mechopd.core.artifacts import read_csv, read_float, write_csv, write_json
-from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, site_of
+from mechopd.core.artifacts import read_csv, read_float, read_json, write_csv, write_json
+from mechopd.core.errors import ConfigError, ModelError
+from mechopd.core.sites import ATTN_MODULES, MLP_MODULES, natural_key, site_of
 from mechopd.models.arch import ParamView
 
 THRESHOLDS = (0.01, 0.1, 1.0)
@@ -133,9 +134,6 @@ def svd_rows(
     (an SVD per matrix: minutes for a real model on a CPU)."""
     from tqdm.auto import tqdm
 
-    from mechopd.core.errors import ModelError
-    from mechopd.core.sites import natural_key
-
     base = _tensors(base_dir)
     rows = []
     order = sorted(base, key=lambda kk: natural_key(site_of(base[kk][0].name)))
@@ -220,8 +218,6 @@ def run_delta_svd(
     base_dir: str, models: Mapping[str, str], out_dir: str | os.PathLike, k: int = SVD_K, progress: bool = True
 ) -> list[Path]:
     """Write ``deltas_svd.csv`` (`COLUMNS`) and ``deltas_svd.json`` (settings + `summarize_svd`)."""
-    from mechopd.core.errors import ConfigError
-
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"--svd-k {k!r} must be an integer >= 1")
     rows = svd_rows(base_dir, models, k, progress=progress)
@@ -235,8 +231,6 @@ def run_delta_svd(
 
 def load_svd(probes_dir: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, str | float]]] | None:
     """(summary per model, table rows, numbers as floats) of a probes dir; None when ``--svd`` did not run there."""
-    from mechopd.core.artifacts import read_json
-
     p = Path(probes_dir)
     if not (p / JSON).is_file():
         return None

@@ -44,16 +44,15 @@ from typing import Any, ClassVar
 
 from mechopd.core.artifacts import Summary, read_float
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE1
-from mechopd.core.sites import MODULE_ORDER, Site, site_of  # noqa: F401  (the naming table; re-exported here)
+from mechopd.core.options import GE1, option
 from mechopd.models.lora import AdapterDeltas, adapter_dir
-from mechopd.probes.delta_rows import DeltaRow, read_table, write_table  # noqa: F401  (re-exported)
-from mechopd.probes.delta_sums import AGGREGATE_BY, aggregate_deltas, open_checkpoint, parameter_deltas  # noqa: F401  (re-exported)
-from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise, option
+from mechopd.probes.delta_rows import DeltaRow, read_table, write_table
+from mechopd.probes.delta_sums import aggregate_deltas, parameter_deltas
+from mechopd.probes.delta_svd import run_delta_svd, svd_lines
+from mechopd.probes.options import MODEL_HELP, Role, models_option, normalise
 from mechopd.probes.options import pair as two_items
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.setup import BASE, ProbeSetup
-from mechopd.probes.weights import checkpoint_tensors  # noqa: F401  (re-exported)
 
 CSV_NAME = "deltas.csv"
 METRICS = ("w0_norm", "delta_norm", "rel_delta", "cos")
@@ -170,8 +169,6 @@ def run_deltas(
         "model_paths": {"base": base_dir, **chosen},
     }  # weights only: no task, items or tokenizer to resolve
     if opts.svd:
-        from mechopd.probes.delta_svd import run_delta_svd
-
         paths += run_delta_svd(base_dir, chosen, out, opts.svd_k, progress=progress)
     paths.append(summarize_deltas(rows, two, settings).save(out))
     return [f"delta table: {', '.join(str(p) for p in paths)}"] + report(out)
@@ -179,8 +176,6 @@ def run_deltas(
 
 def report(probes_dir: Path) -> list[str]:
     """The deltas probe's report lines: `DeltaSummary.lines()`, then the update geometry when ``--svd`` ran."""
-    from mechopd.probes.delta_svd import svd_lines
-
     result = DeltaSummary.load(probes_dir)
     return (result.lines() if result is not None else []) + svd_lines(probes_dir)
 

@@ -17,13 +17,15 @@ from torch import nn
 
 from mechopd.config.terms import ESTIMATORS
 from mechopd.core.errors import ConfigError
+from mechopd.core.sites import module_kind, param_layer
 from mechopd.core.views import TwoViewBatch
 from mechopd.generate.groups import take_rows
 from mechopd.generate.scorer import ROLES, score_roles
-from mechopd.models import module_kind, num_layers, param_layer
+from mechopd.models import num_layers
 from mechopd.models.arch import model_views
+from mechopd.objectives.divergences import token_mean
 from mechopd.objectives.losses import TERMS as TERM_REGISTRY
-from mechopd.objectives.losses import LossInputs, LossTerm, TermOptions, make_term, terms_need, token_mean
+from mechopd.objectives.losses import LossInputs, LossTerm, TermOptions, make_term, terms_need
 
 TERMS = tuple(TERM_REGISTRY)  # every registered loss term (losses.register_term)
 WARN_RATIO = 1e-3  # a row warns when one gradient norm is below WARN_RATIO x the other (its cosine is then noise)

@@ -48,25 +48,16 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.config.terms import ESTIMATORS
 from mechopd.config.terms import EstimatorOptions as TermOptions
 from mechopd.core.artifacts import Summary, write_csv
 from mechopd.core.errors import ConfigError
+from mechopd.core.options import option
 from mechopd.core.views import RenderSpec, TwoViewBatch
-from mechopd.probes.grad_align import (  # noqa: F401  (re-exported)
-    SCOPES,
-    TERMS,
-    WARN_RATIO,
-    GradRow,
-    _score_inputs,
-    aggregate,
-    loss_term,
-    select_parameters,
-    split_half_cos,
-    term_gradients,
-)
+from mechopd.probes.grad_align import TERMS, GradRow, loss_term, select_parameters, split_half_cos, term_gradients
 from mechopd.probes.items import ProbeItems, sample_responses
-from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, option, pair
+from mechopd.probes.options import MODEL_HELP, Role, int_list, normalise, pair
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
 from mechopd.probes.setup import TEACHER, ProbeSetup
@@ -115,25 +106,26 @@ class GradientSummary(Summary):
 def sample_batch(
     student: nn.Module,
     tokenizer: Any,
+    task: Any,
     examples: Sequence[Any],
     spec: RenderSpec,
     *,
-    temperature: float,
-    max_new_tokens: int,
+    rollout: RolloutOptions,
     seed: int,
     batch_size: int | None = None,
 ) -> TwoViewBatch:
     """Responses sampled from the student on the no-context view (the one sampler, `items.sample_responses`: a
-    response depends on (seed, example), not on `batch_size`), as ONE batch of both views on the student's device."""
+    response depends on (seed, example), not on `batch_size`; `rollout`: the sampling section, None fields `task`'s),
+    as ONE batch of both views on the student's device."""
     responses = sample_responses(
         student,
         tokenizer,
+        task,
         examples,
         spec,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
         seed=seed,
         batch_size=batch_size or max(1, len(examples)),
+        rollout=rollout,
     )
     items = ProbeItems(
         tokenizer,

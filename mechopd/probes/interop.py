@@ -14,7 +14,7 @@ Site mapping (models/ names -> backend addresses):
   ``layers.{i}.resid_post`` TL ``blocks.{i}.hook_resid_post``    nnsight ``model.layers[i].output``
   ``final_norm``            TL ``ln_final.hook_out``             nnsight ``model.norm.output``
 Both functions feed each view's full ``[batch, seq, d]`` activations (the backends cache whole sequences) through
-``TwoViewBatch.response_hidden`` into the accumulator `similarity.two_view_cosine` uses, so the tables are identical
+``TwoViewBatch.response_hidden`` into the accumulator `view_cosine.two_view_cosine` uses, so the tables are identical
 in form and, up to float rounding, in value.
 """
 
@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from mechopd.core.errors import ModelError
+from mechopd.core.sites import site_layer, sites_for
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import load_tokenizer, quiet_progress
-from mechopd.probes.capture import site_layer, sites_for
-from mechopd.probes.similarity import CosineAccumulator, SimilarityResult
+from mechopd.probes.view_cosine import CosineAccumulator, SimilarityResult
 
 
 def _checkpoint(path: str | os.PathLike) -> str:
@@ -119,7 +119,7 @@ def two_view_cosine_tl(
     label: str = "transformer_lens",
     uids: Sequence[str] | None = None,
 ) -> SimilarityResult:
-    """`similarity.two_view_cosine` (no CKA) through ``bridge.run_with_cache`` with the view's attention mask and
+    """`view_cosine.two_view_cosine` (no CKA) through ``bridge.run_with_cache`` with the view's attention mask and
     position ids."""
     n = int(bridge.cfg.n_layers)
     sites = sites_for(n, layers)
@@ -173,7 +173,7 @@ def two_view_cosine_nnsight(
     label: str = "nnsight",
     uids: Sequence[str] | None = None,
 ) -> SimilarityResult:
-    """`similarity.two_view_cosine` (no CKA) through ``lm.trace(...)``, saving each site's module output."""
+    """`view_cosine.two_view_cosine` (no CKA) through ``lm.trace(...)``, saving each site's module output."""
     n = len(lm.model.layers)
     sites = sites_for(n, layers)
     acc = CosineAccumulator(sites, n)

@@ -13,14 +13,17 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.core.checks import check_response_ids, check_task_vocab
 from mechopd.core.errors import ConfigError, DataError, TaskError
 from mechopd.core.views import RenderSpec, TwoViewBatch, build_two_view_batch, render_prompt_ids
 from mechopd.evaluation.pinning import check_fits, pin_render
-from mechopd.generate.sampler import SamplingSettings, item_seed, sample_rows
+from mechopd.generate.sampler import item_seed, sample_rows
+from mechopd.generate.settings import SamplingSettings
 
 
 @dataclass
@@ -116,25 +119,27 @@ def read_responses(path: str | os.PathLike, examples: Sequence) -> list[list[int
 def sample_responses(
     model: nn.Module,
     tokenizer,
+    task: Any,
     examples: Sequence,
     spec: RenderSpec,
     *,
-    max_new_tokens: int,
-    temperature: float,
     seed: int,
     batch_size: int,
     greedy: bool = False,
+    rollout: RolloutOptions | None = None,
 ) -> list[list[int]]:
     """One response per example sampled from `model` on the NO-context view (as the student samples in OPD): the ONE
-    response sampler of the probes (the runner, `gradients.sample_batch` and `teachability.build_bank` call it).
+    response sampler of the probes (the runner, `gradients.sample_batch` and `teachability_bank.build_bank` call it).
+    rollout: the sampling section (`SamplingSettings.from_section`; None = its defaults: `task`'s temperature and
+    max_new_tokens, the probes' setup already in a `setup.TaskView`).
 
     Per-example seeds (``generate.sampler.sample_rows``, ``item_seed(seed, uid)``): a response depends on
     (seed, example), not on batch_size.
     """
     prompts = [render_prompt_ids(tokenizer, e.prompt, None, spec) for e in examples]
     seeds = [item_seed(seed, e.uid) for e in examples]
-    settings = SamplingSettings.for_model(
-        tokenizer, model, max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, batch_size=batch_size
+    settings = SamplingSettings.from_section(
+        rollout or RolloutOptions(), task, tokenizer, model, greedy=greedy, batch_size=batch_size
     )
     return sample_rows(model, prompts, seeds, settings)
 
@@ -174,15 +179,7 @@ def make_batches(
             getattr(responses_from.config, "max_position_embeddings", None),
         )
         responses = sample_responses(
-            responses_from,
-            tokenizer,
-            examples,
-            spec,
-            max_new_tokens=task.max_new_tokens,
-            temperature=task.temperature,
-            seed=seed,
-            batch_size=batch_size,
-            greedy=greedy,
+            responses_from, tokenizer, task, examples, spec, seed=seed, batch_size=batch_size, greedy=greedy
         )
         max_length = getattr(responses_from.config, "max_position_embeddings", None)
     elif isinstance(responses_from, str):

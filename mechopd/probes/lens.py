@@ -34,23 +34,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.artifacts import read_float, write_csv, write_jsonl
+from mechopd.core.options import option
+from mechopd.core.sites import site_depth, site_layer
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import module_at, num_layers
 from mechopd.models.arch import soft_cap
 from mechopd.probes import causal_items as ci
-from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
-from mechopd.probes.options import (
-    Role,
-    cache_option,
-    detail_option,
-    greedy_option,
-    models_option,
-    normalise,
-    option,
-    site_list,
-)
+from mechopd.probes.capture import forward, resolve_sites
+from mechopd.probes.options import Role, cache_option, detail_option, greedy_option, models_option, normalise, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
+from mechopd.probes.store import ActivationStore
 
 COLUMNS = ("model", "site", "depth", "layer", "n_items", "n_tokens", "kl_c_x", "top1_agree")
 DETAIL_ITEMS = 16
@@ -243,8 +237,6 @@ def run_lens(
     """Every model on the same items and responses; writes lens.csv, lens_tokens.jsonl, lens_items.jsonl, lens.json;
     returns the lines `mechopd probe lens` prints. opts.cache: an activation store (`mechopd probe cache`): its items,
     responses and residuals (the head still runs)."""
-    from mechopd.probes.store import ActivationStore
-
     opts = opts or LensOptions()
     store, setup = ActivationStore.open(opts.cache, setup)  # (None, setup) without a cache
     run = ci.resolve(setup, opts.models, probe="lens", out=out_dir, greedy=opts.greedy, device=device, dtype=dtype)
@@ -319,8 +311,6 @@ class LensSummary(ci.CausalSummary):
 
     def kl_by_depth(self, model: str) -> list[float]:
         """kl_c_x after each decoder layer and at the output, in depth order (embed left out: 0 by construction)."""
-        from mechopd.core.artifacts import read_float
-
         rows = [r for r in self.rows if r["model"] == model and r["site"] != "embed"]
         return [read_float(r["kl_c_x"]) for r in sorted(rows, key=lambda r: int(r["depth"]))]
 

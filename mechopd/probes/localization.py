@@ -33,12 +33,13 @@ import torch
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, UNIT
+from mechopd.core.options import GE0, UNIT, option
+from mechopd.core.sites import site_depth, site_layer
 from mechopd.evaluation.removability import resample_blocks
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.capture import forward, resolve_sites, site_depth, site_layer
-from mechopd.probes.options import Role, normalise, option, site_list
+from mechopd.probes.capture import forward, resolve_sites
+from mechopd.probes.options import Role, normalise, site_list
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 SELF = "x"

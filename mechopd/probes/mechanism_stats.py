@@ -29,26 +29,26 @@ from typing import Any
 import numpy as np
 
 from mechopd.core.stats import hier_bootstrap
-from mechopd.probes.weightpatch_plan import CONTROL, NONE
-from mechopd.study import Study
+from mechopd.probes.causal_items import read_items
+from mechopd.probes.weightpatch_plan import NONE
+from mechopd.runset import RunSet
 
 QK_KEY = "all/qk"
 Arrays = tuple[np.ndarray, ...]
 
 
-def _items(study: Study | Path, probe: str) -> list[dict[str, Any]] | None:
-    """A probe's item records of a seed (a `Study`, or a run directory: the figures read no study)."""
-    probes = study.probes_dir if isinstance(study, Study) else Path(study) / "probes"
+def _items(study: RunSet | Path, probe: str) -> list[dict[str, Any]] | None:
+    """A probe's item records of a seed (a `RunSet`, or a run directory: the figures read no study)."""
+    probes = study.probes_dir if isinstance(study, RunSet) else Path(study) / "probes"
     path = probes / f"{probe}_items.jsonl"
     if not path.is_file():
         return None
-    from mechopd.probes.causal_items import read_items
 
     return read_items(path)
 
 
 # --------------------------------------------------------------------------------------------------- weight patching
-def weightpatch_outcomes(study: Study, role: str) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+def weightpatch_outcomes(study: RunSet, role: str) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """row key -> (correct_x, correct_xc), ``[n]`` bool each, of ``role``'s model in ``weightpatch_items.jsonl``;
     None without the file, the role, or per-item outcomes (an items file written before they were saved)."""
     recs, name = _items(study, "weightpatch"), study.name(role)
@@ -80,7 +80,7 @@ def _group(out: dict[str, tuple[np.ndarray, np.ndarray]], control: str) -> list[
     return [k for k in out if k == prefix or k.startswith(prefix + "/")]
 
 
-def qk_margin_arrays(study: Study, role: str, control: str) -> Arrays | None:
+def qk_margin_arrays(study: RunSet, role: str, control: str) -> Arrays | None:
     """(qk_x, qk_xc, ctrl1_x, ctrl1_xc, ...) of one seed (every draw of ``control``); None when a row is missing."""
     out = weightpatch_outcomes(study, role)
     if out is None or QK_KEY not in out or not _group(out, control):
@@ -98,18 +98,18 @@ def _margin_fn(key: str):
     return fn
 
 
-def qk_margin_stat(runs: Sequence[Study], role: str, control: str, key: str = "rule_removed") -> dict[str, Any]:
+def qk_margin_stat(runs: Sequence[RunSet], role: str, control: str, key: str = "rule_removed") -> dict[str, Any]:
     """``key`` removed by q_proj+k_proj (every layer) minus that removed by ``control`` (mean over its draws), mean over
     seeds with the hierarchical interval over seeds and items (t over seeds, item floor; paired: one item resample
     for every row)."""
     return {**hier_bootstrap([qk_margin_arrays(r, role, control) for r in runs], _margin_fn(key)), "of": len(runs)}
 
 
-def group_stat(runs: Sequence[Study], role: str, group: str, metric: str) -> dict[str, Any]:
+def group_stat(runs: Sequence[RunSet], role: str, group: str, metric: str) -> dict[str, Any]:
     """``metric`` (acc_x, acc_xc, harm) of ``role``'s model with the row group ``layer/module`` reverted (a drawn
     control: the mean over its draws), over seeds and items; ``none/none``: the unpatched model."""
 
-    def arrays(study: Study) -> Arrays | None:
+    def arrays(study: RunSet) -> Arrays | None:
         out = weightpatch_outcomes(study, role)
         keys = [] if out is None else [k for k in out if k == group or k.startswith(group + "/")]
         return tuple(a for k in keys for a in out[k]) if keys else None  # type: ignore[index]
@@ -125,19 +125,19 @@ def group_stat(runs: Sequence[Study], role: str, group: str, metric: str) -> dic
     }
 
 
-def unpatched_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
+def unpatched_stat(runs: Sequence[RunSet], role: str, metric: str) -> dict[str, Any]:
     """Acc_x / Harm of ``role``'s unpatched model (row ``none/none``) over seeds and items."""
     return group_stat(runs, role, f"{NONE}/{NONE}", metric)
 
 
-def row_groups(study: Study, role: str) -> list[str]:
+def row_groups(study: RunSet, role: str) -> list[str]:
     """The ``layer/module`` groups of ``role``'s rows in table order (draws of a control pooled)."""
     out = weightpatch_outcomes(study, role) or {}
     return list(dict.fromkeys("/".join(k.split("/")[:2]) for k in out))
 
 
 # ------------------------------------------------------------------------------------------------------ localization
-def localization_arrays(study: Study | Path) -> tuple[list[str], Arrays] | None:
+def localization_arrays(study: RunSet | Path) -> tuple[list[str], Arrays] | None:
     """(sites, (right, clean flips, flips of site 1, ...)) of one seed's ``localization_items.jsonl``; None without
     the file or its per-item fields."""
     recs = _items(study, "localization")
@@ -157,7 +157,7 @@ def _tf_harm(right: np.ndarray, flips: np.ndarray) -> np.ndarray:
         return np.where(n > 0, (right & flips).sum(1) / np.maximum(n, 1), np.nan)
 
 
-def _site_arrays(runs: Sequence[Study | Path], site: str | None) -> list[Arrays | None]:
+def _site_arrays(runs: Sequence[RunSet | Path], site: str | None) -> list[Arrays | None]:
     """Per seed (right, clean flips, the site's flips); site None: the unpatched flips twice."""
     out: list[Arrays | None] = []
     for r in runs:
@@ -170,13 +170,13 @@ def _site_arrays(runs: Sequence[Study | Path], site: str | None) -> list[Arrays 
     return out
 
 
-def site_harm_stat(runs: Sequence[Study | Path], site: str | None) -> dict[str, Any]:
+def site_harm_stat(runs: Sequence[RunSet | Path], site: str | None) -> dict[str, Any]:
     """Teacher-forced Harm after patching ``site`` (None: unpatched) over seeds and items."""
     stat = hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2]), bounds=(0.0, 1.0))
     return {**stat, "of": len(runs)}
 
 
-def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[str, Any]:
+def removal_stat(runs: Sequence[RunSet | Path], site: str, share: float) -> dict[str, Any]:
     """Paired per seed and item: Harm_tf(site) − (1 − share) · Harm_tf(unpatched); ≤ 0 removes ``share`` of it."""
     return {
         **hier_bootstrap(_site_arrays(runs, site), lambda a: _tf_harm(a[0], a[2]) - (1 - share) * _tf_harm(a[0], a[1])),
@@ -185,7 +185,6 @@ def removal_stat(runs: Sequence[Study | Path], site: str, share: float) -> dict[
 
 
 __all__ = [
-    "CONTROL",
     "group_stat",
     "localization_arrays",
     "qk_margin_stat",

@@ -1,6 +1,6 @@
 """What is probe-specific about a probe's options; everything else is `mechopd.core.options`, the one format of
 every configurable field. A probe declares one frozen dataclass whose fields are `option(default, help, flag=,
-metavar=, range=, choices=)` (core's, re-exported here; ``range=`` a `Range`: ``GE0``, ``GE1``, ``UNIT``, ...). Core
+metavar=, range=, choices=)` (`mechopd.core.options.option`; ``range=`` a `Range`: ``GE0``, ``GE1``, ``UNIT``, ...). Core
 turns it into the ``mechopd probe NAME`` flags (`add_flags`, ``typed=True``; the setup flags of every probe,
 `mechopd.probes.setup.ProbeSetup`'s fields, alike), checks it (`check_value`) and writes its docs/probes.md table
 (`docs_table`, the rows of docs/config.md; ``python -m mechopd.probes.docs``). This module keeps
@@ -28,7 +28,7 @@ import typing
 from typing import Any, overload
 
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, Facts, check_value, field_facts, option  # noqa: F401  (option: re-exported)
+from mechopd.core.options import GE0, Facts, check_value, field_facts, option
 
 Role = typing.NewType("Role", str)  # a label of the study's runs (base, opd, nca, ...) or a checkpoint dir
 MODEL_HELP = "a label of the run (base, teacher, opd, ...) or a checkpoint dir"
@@ -46,7 +46,7 @@ def facts_of(cls: type | None) -> list[Facts]:
     if bare:
         raise ConfigError(
             f"probe options {cls.__name__}: field(s) {', '.join(bare)} carry no help; declare each with "
-            "mechopd.probes.options.option(default, help)"
+            "mechopd.core.options.option(default, help)"
         )
     return facts
 

@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from mechopd.core.errors import ConfigError
+from mechopd.core.sites import site_depth, site_layer
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.capture import component_site, forward, resolve_sites, site_depth, site_layer
+from mechopd.probes.capture import component_site, forward, resolve_sites
 
 COMPONENTS = ("resid", "attn", "mlp")
 DIRECTIONS = ("c_to_x", "x_to_c")

@@ -37,24 +37,14 @@ from typing import Any
 
 import torch
 
-from mechopd.core.artifacts import write_csv, write_jsonl
+from mechopd.core.artifacts import read_float, write_csv, write_jsonl
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE1
+from mechopd.core.options import GE1, option
 from mechopd.probes import causal_items as ci
-from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, option, site_list
+from mechopd.probes.crosspatch import run_cross
+from mechopd.probes.options import Role, detail_option, greedy_option, models_option, normalise, site_list
 from mechopd.probes.options import cross as two_models
-from mechopd.probes.patch_views import (  # noqa: F401  (re-exported)
-    COLUMNS,
-    COMPONENTS,
-    DETAIL_ITEMS,
-    DIRECTIONS,
-    Patch,
-    PatchAccumulator,
-    PatchResult,
-    patching,
-    plan,
-    windows,
-)
+from mechopd.probes.patch_views import COLUMNS, COMPONENTS, DETAIL_ITEMS, patching
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 # -------------------------------------------------------------------------------------- `mechopd probe patching`
@@ -125,8 +115,6 @@ def run_patching(
     )
     summary: dict[str, Any] = {"models": list(results), "best": _best(rows)}
     if cross is not None:
-        from mechopd.probes.crosspatch import run_cross
-
         summary["cross"] = run_cross(run, out, (cross[0], cross[1]), opts.cross_sites)
     settings = run.settings(
         components=list(components),
@@ -173,7 +161,6 @@ class PatchingSummary(ci.CausalSummary):
     PROBE = "patching"
 
     def recovered(self, model: str, site: str, component: str = "resid", direction: str = "c_to_x") -> float | None:
-        from mechopd.core.artifacts import read_float
 
         row = next(
             (

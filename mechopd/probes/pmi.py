@@ -34,11 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mechopd.core.artifacts import write_csv
+from mechopd.core.artifacts import read_csv, write_csv
+from mechopd.core.options import option
+from mechopd.objectives.signals import teachability_stats
 from mechopd.probes import causal_items as ci
 from mechopd.probes.attribution import correlations
 from mechopd.probes.capture import forward
-from mechopd.probes.options import Role, option
+from mechopd.probes.options import Role
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 COLUMNS = ("uid", "position", "token", "pmi", "opd", "kl_x", "ctx", "sampled", "C", "D", "DL", "right_x", "flip")
@@ -51,8 +53,6 @@ def _tok_logp(lp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def token_rows(teacher, student, batch, T: float, right: Sequence[bool], uids: Sequence[str], tok) -> list[dict]:
     """One row per response token of the batch (module docstring; C, D raw; D^L filled in later)."""
-    from mechopd.objectives.signals import teachability_stats
-
     batch = batch.to(next(student.parameters()).device)
     y, mask = batch.response_ids, batch.response_mask
     f_c = ci.logp(forward(teacher, batch, "c", positions="predict").logits, T)
@@ -183,7 +183,6 @@ class PmiSummary(ci.CausalSummary):
 
     @classmethod
     def load(cls, probes_dir):
-        from mechopd.core.artifacts import read_csv
 
         doc = ci.load_summary(Path(probes_dir), cls.PROBE)
         return None if doc is None else cls(doc, read_csv(Path(probes_dir) / "pmi_tokens.csv"))

@@ -9,7 +9,7 @@ A registration (`ProbeSpec`) says everything the rest of mechopd needs, and noth
     returns the lines the CLI prints); `ProbeSpec` builds ``opts`` from the dataclass's defaults and the given values
     (`ProbeSpec.options_of`), so ``get_probe(name)(setup, out_dir, **values)`` is the keyword form of every probe;
   * its place in ``mechopd demo``: ``demo`` = the options it runs with there, None = not in the demo; the options
-    named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.study`), which the
+    named in ``role_options`` hold ROLES of the study (``base``, ``opd``, ``nca``, ...: `mechopd.runset`), which the
     demo turns into the study's run names; the demo skips it when ``outputs[0]`` exists (which probes run on the
     first seed only is the study's ``first_seed_only``); ``checkpoint``: which saved step of a study run its role
     options read, ``checkpoint(train_dir) -> (checkpoint_dir, why)`` (None: the run's final checkpoint; the choice is
@@ -36,11 +36,14 @@ it before calling mechopd).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from mechopd.core.artifacts import FileSet
 from mechopd.core.errors import ConfigError
 from mechopd.core.options import field_facts
 from mechopd.probes.options import check, defaults, facts_of, flags
@@ -105,8 +108,6 @@ class ProbeSpec:
         """Run the probe on ``setup`` into ``out_dir`` with the options ``options`` names (`options_of`): ``run(setup,
         dir, opts)``; returns the lines to print. Its files land as one set (`artifacts.FileSet`, named after the
         probe): all of them or none."""
-        from mechopd.core.artifacts import FileSet
-
         opts = self.options_of(**options)
         with FileSet(out_dir, self.name) as stage:
             lines = list(resolve(self.run)(setup, stage.dir, opts))
@@ -169,12 +170,10 @@ def _discover() -> None:
     if _loaded:
         return
     _loaded = True
-    import pkgutil
 
     package = __name__.rpartition(".")[0]  # mechopd.probes, by its directory (no import of the package here)
     for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
         importlib.import_module(f"{package}.{info.name}")
-    from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         ep.load()

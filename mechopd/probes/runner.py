@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mechopd.core.artifacts import write_jsonl
 from mechopd.core.checks import check_response_ids, check_task_vocab
 from mechopd.core.views import RenderSpec, render_prompt_ids
@@ -91,8 +93,6 @@ class ProbeContext:
     ) -> ProbeContext:
         """Resolve everything once. models: slot -> ``(ref, role)`` (a label / dir / None for the role's default,
         `ProbeSetup.model`) or a checkpoint dir already resolved (its label = the slot)."""
-        import torch
-
         resolved = {
             slot: (slot, str(ref)) if isinstance(ref, (str, os.PathLike)) else setup.model(*ref)
             for slot, ref in models.items()
@@ -150,10 +150,9 @@ class ProbeContext:
         responses = sample_responses(
             model,
             self.tokenizer,
+            self.task,  # the setup's temperature and max_new_tokens (`setup.TaskView`)
             self.examples,
             self.spec,
-            max_new_tokens=self.task.max_new_tokens,
-            temperature=self.task.temperature,
             seed=self.setup.seed,
             batch_size=batch_size or self.setup.batch_size,
             greedy=greedy,

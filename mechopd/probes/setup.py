@@ -25,18 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechopd.config import TrainConfig, build_config
+from mechopd.core.artifacts import read_json
+from mechopd.core.checks import check_label
 from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.options import GE0, GE1, check_fields, check_seed, check_temperature, option
 from mechopd.core.views import PLACEMENTS, RenderSpec
 from mechopd.models.fetch import fetched_name
-from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
-from mechopd.probes.items import (  # noqa: F401
-    ProbeItems,
-    answer_responses,
-    make_batches,
-    read_responses,
-    sample_responses,  # (re-exported: they used to live here and in similarity)
-)
+from mechopd.models.spec import is_named, recorded_model, resolve_spec
+from mechopd.organisms.recipes import load_train_config
+from mechopd.probes.items import ProbeItems, make_batches
+from mechopd.runset import RunSet
 
 BASE, TEACHER = "base", "teacher"
 DEFAULT_N = 64
@@ -183,7 +182,7 @@ class ProbeSetup:
         if ref in self.models:
             return ref, self.models[ref]
         if is_named(ref) or os.sep in ref or Path(ref).exists():  # model:NAME labelled NAME
-            return fetched_name(ref) or Path(ref).name or ref, resolve_organism(ref)
+            return fetched_name(ref) or Path(ref).name or ref, resolve_spec(ref)
         known = ", ".join(self.models) or "none"
         raise ConfigError(
             f"model {ref!r} is neither a label of this setup (labels: {known}) nor a checkpoint dir; "
@@ -195,12 +194,11 @@ class ProbeSetup:
         `model` (None or empty: the labels ``default``)."""
         if isinstance(refs, Mapping):
             return {str(k): str(v) for k, v in refs.items()}
-        from mechopd.core.checks import check_label
 
         out: dict[str, str] = {}
         for ref in refs or default:
             name, sep, path = ref.partition("=")
-            label, path = (name, resolve_organism(path)) if sep and name and path else self.model(ref, "trained")
+            label, path = (name, resolve_spec(path)) if sep and name and path else self.model(ref, "trained")
             check_label(label, "--models")
             dup = next((k for k in out if k.lower() == label.lower()), None)
             if dup is not None:
@@ -253,9 +251,6 @@ def method_label(cfg: Any) -> str:
 
 
 def _train_config(run: Path):
-    from mechopd.config import TrainConfig, build_config
-    from mechopd.core.artifacts import read_json
-    from mechopd.organisms.recipes import load_train_config
 
     if (run / "config.yaml").is_file():
         return load_train_config(run / "config.yaml")
@@ -275,8 +270,6 @@ def _train_config(run: Path):
 def _checkpoint_study_config(run: Path, task: str, recorded: Mapping[str, Any]) -> Any:
     """The setup's config of a `mechopd run` dir whose runs are all checkpoints (no training config to read):
     demo.json's task, task options, seed, student and render fields."""
-    from mechopd.config import TrainConfig, build_config
-
     data = {
         "task": task,
         "task_options": dict(recorded.get("task_options") or {}),
@@ -318,11 +311,9 @@ def _from_training(run: Path) -> ProbeSetup:
 
 
 def _from_demo(run: Path) -> ProbeSetup:
-    """A demo dir through its typed study (`mechopd.study`: ``study.yaml``, else ``demo.json``): one label per run
+    """A demo dir through its typed study (`mechopd.runset`: ``study.yaml``, else ``demo.json``): one label per run
     (its name), base = the organism."""
-    from mechopd.study import Study
-
-    study = Study.load(run)
+    study = RunSet.load(run)
     trained = [r for r in study.runs.values() if r.role != BASE]
     if not trained:
         raise ConfigError(f"{run / DEMO_FILE} names no methods and {run / 'train'} is empty; rerun mechopd demo")

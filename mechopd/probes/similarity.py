@@ -42,31 +42,15 @@ from torch import nn
 
 from mechopd.core.artifacts import Summary, read_float, write_jsonl, write_rows
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.probes.capture import sites_for
-from mechopd.probes.cka import StreamingCKA  # noqa: F401  (re-exported: it used to live here)
-from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, normalise, option
+from mechopd.core.options import option
+from mechopd.core.sites import sites_for
+from mechopd.probes.items import ProbeItems
+from mechopd.probes.options import Role, cache_option, greedy_option, int_list, models_option, normalise
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext
-from mechopd.probes.setup import (  # noqa: F401
-    TEACHER,
-    ProbeItems,
-    ProbeSetup,
-    make_batches,
-    read_responses,
-    sample_responses,  # (make_batches, sample_responses: re-exported, used to live here)
-)
+from mechopd.probes.setup import TEACHER, ProbeSetup
 from mechopd.probes.store import ActivationStore
-from mechopd.probes.view_cosine import (  # noqa: F401  (re-exported: they used to live here)
-    ARCH_FIELDS,
-    CosineAccumulator,
-    SimilarityResult,
-    _Buffer,
-    _SiteStats,
-    check_same_architecture,
-    compare_models,
-    token_cosine,
-    two_view_cosine,
-)
+from mechopd.probes.view_cosine import CosineAccumulator, SimilarityResult, two_view_cosine
 
 CSV_NAME = "similarity.csv"
 

@@ -28,6 +28,7 @@ read seed 0's store).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -186,8 +187,6 @@ class ActivationStore:
     @classmethod
     def open(cls, cache: str | Path | None, setup: Any) -> tuple[ActivationStore | None, Any]:
         """(the store, `setup` taking its responses) for ``--cache DIR``; (None, `setup`) without one."""
-        import dataclasses
-
         if cache is None:
             return None, setup
         store = cls(cache)

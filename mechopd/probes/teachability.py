@@ -13,7 +13,7 @@ temperature, distributions of θ0 unless said otherwise):
     kl0 = KL(p_T ‖ p_θ0),  kl1 = KL(p_T ‖ p_θ1)
     gain_abs = kl0 − kl1 (the paper's G_t),  gain_rel = (kl0 − kl1) / max(kl0, 1e-8) (the released code's)
 
-The signals come from ``select.teachability_stats`` (θ0 vs teacher) and ``select.normalize_stats``; nothing is
+The signals come from ``signals.teachability_stats`` (θ0 vs teacher) and ``normalize.normalize_stats``; nothing is
 recomputed here. Rescoring streams over the bank in batches: only per-token scalars are kept, never ``[N, R, V]``.
 
 Analyses (``summarize``):
@@ -41,33 +41,23 @@ from typing import Any, ClassVar, cast
 
 from mechopd.config.terms import SignalOptions
 from mechopd.core.artifacts import Summary, read_float
-from mechopd.core.options import GE0
-from mechopd.probes.options import MODEL_HELP, Role, option
+from mechopd.core.options import GE0, option
+from mechopd.probes.options import MODEL_HELP, Role
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.runner import ProbeContext, items_path, write_items
 from mechopd.probes.setup import BASE, TEACHER, ProbeSetup
-from mechopd.probes.teachability_analysis import (  # noqa: F401
-    BUCKET_SIGNALS,
-    GAINS,
-    Table,
-    high_support_gap,
-    quartile_buckets,
-    standardized_regression,
-    summarize,
-)
-from mechopd.probes.teachability_bank import (  # noqa: F401  (re-exported)
+from mechopd.probes.teachability_analysis import summarize
+from mechopd.probes.teachability_bank import (
     BANK_BATCH,
     BANK_NAME,
     Bank,
     _bank_of,
     _check_nonempty,
-    build_bank,
     load_bank,
     save_bank,
-    tokenizer_fingerprint,
 )
-from mechopd.probes.teachability_limits import degeneracy, informative_checkpoint  # noqa: F401  (re-exported)
-from mechopd.probes.teachability_rescore import COLUMNS, REL_EPS, rescore, write_table  # noqa: F401  (re-exported)
+from mechopd.probes.teachability_limits import informative_checkpoint
+from mechopd.probes.teachability_rescore import rescore, write_table
 
 TOKENS_NAME = "teachability_tokens.csv"
 SUMMARY_NAME = "teachability_summary.json"
@@ -76,7 +66,7 @@ SUMMARY_NAME = "teachability_summary.json"
 @dataclass
 class TeachabilitySummary(Summary):
     """Token teachability (``teachability_summary.json``): means, quartile buckets, the high-support gap per gain
-    (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability.high_support_gap`), the regression."""
+    (``estimate``, ``ci_low``, ``ci_high``, ``ci``, ...: `probes.teachability_analysis.high_support_gap`), the regression."""
 
     FILE: ClassVar[str] = SUMMARY_NAME
     PROBE: ClassVar[str] = "teachability"

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
 from mechopd.core.views import RenderSpec
@@ -69,15 +70,9 @@ def build_bank(
     spec = spec or RenderSpec(placement=task.placement)
     temp = float(task.temperature if temperature is None else temperature)
     examples = task.examples(split, n, seed)
+    rollout = RolloutOptions(temperature=temp)  # the response cap: the task's
     responses = sample_responses(
-        student,
-        tokenizer,
-        examples,
-        spec,
-        max_new_tokens=task.max_new_tokens,
-        temperature=temp,
-        seed=seed,
-        batch_size=batch_size,
+        student, tokenizer, task, examples, spec, seed=seed, batch_size=batch_size, rollout=rollout
     )
     return _bank_of(
         examples,

@@ -22,8 +22,9 @@ from mechopd.core.checks import check_response_ids
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.core.views import build_two_view_batch
 from mechopd.generate.scorer import common_vocab_size, score_views
-from mechopd.objectives.losses import reverse_kl_full
-from mechopd.objectives.select import TeachabilityStats, normalize_stats, teachability_stats
+from mechopd.objectives.divergences import reverse_kl_full
+from mechopd.objectives.normalize import normalize_stats
+from mechopd.objectives.signals import TeachabilityStats, teachability_stats
 from mechopd.probes.setup import ProbeSetup
 from mechopd.probes.teachability_analysis import Table
 from mechopd.probes.teachability_bank import Bank, _check_nonempty, tokenizer_fingerprint

@@ -16,9 +16,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mechopd.core.errors import ModelError
+from mechopd.core.sites import site_depth, site_layer
 from mechopd.core.views import TwoViewBatch
 from mechopd.models import num_layers
-from mechopd.probes.capture import resolve_sites, run_views, site_depth, site_layer
+from mechopd.probes.capture import resolve_sites, run_views
 from mechopd.probes.cka import StreamingCKA
 
 ARCH_FIELDS = (

@@ -31,11 +31,11 @@ import numpy as np
 
 from mechopd.core.artifacts import read_float, write_csv
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.core.options import GE0, GE1
+from mechopd.core.options import GE0, GE1, option
 from mechopd.evaluation.removability import batched_metrics, paired_arrays, resample_blocks
 from mechopd.models import num_layers
 from mechopd.probes import causal_items as ci
-from mechopd.probes.options import Role, models_option, normalise, option
+from mechopd.probes.options import Role, models_option, normalise
 from mechopd.probes.registry import ProbeSpec, register_probe
 from mechopd.probes.weightpatch_plan import (
     ALL,

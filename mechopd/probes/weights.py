@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from mechopd.core.errors import ModelError
 from mechopd.models.arch import ParamView
+from mechopd.models.lora import AdapterDeltas, adapter_dir, check_base
 
 if TYPE_CHECKING:
     from mechopd.models.lora import AdapterDeltas  # the run-time import stays lazy (in `reader_for`)
@@ -208,8 +209,6 @@ def reader_for(
 ) -> _Reader | _AdapterReader:
     """`_AdapterReader` for a checkpoint with a LoRA adapter beside its weights, else `_Reader`. With ``shapes`` (the
     base's tensor shapes), every ΔW = B A must have its weight's shape (else one ModelError: shapes win)."""
-    from mechopd.models.lora import AdapterDeltas, adapter_dir, check_base
-
     found = adapter_dir(ckpt.path)
     if found is None:
         return _Reader(ckpt, window_numel)

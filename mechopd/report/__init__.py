@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from mechopd.config.terms import NCAOptions, SelectionOptions
 from mechopd.core.artifacts import read_json
 from mechopd.core.checks import LABEL
 from mechopd.core.stats import fmt_stat, scaled_stat
+from mechopd.evaluation.config import EVAL_FACTS
 from mechopd.evaluation.removability import LABELS, METRICS, compare_table
 from mechopd.objectives.labels import RunSettings
 from mechopd.plots import figure_index
@@ -23,7 +25,7 @@ from mechopd.report.items import items_lines, link_item_claims
 from mechopd.report.markup import md_code, sh_arg
 from mechopd.report.mechanism_claims import localization_table, weightpatch_table
 from mechopd.report.seeds import probe_lines
-from mechopd.study import STUDY_FILE, EvalReport, Study, studies
+from mechopd.runset import STUDY_FILE, EvalReport, RunSet, runsets
 
 
 def student_word(student: Any) -> str:
@@ -76,8 +78,6 @@ def _study_line(manifest: dict[str, Any], root: Path) -> str | None:
 def _eval_line(task: str, cfg: dict[str, Any], models: dict[str, Any]) -> str:
     """The `mechopd eval --compare` that reproduces the evaluation as it ran: its items, seed, task options, the
     study's other EvalConfig fields (``n_boot``, ...) and ``--other-contexts`` only where they were evaluated."""
-    from mechopd.evaluation.config import EVAL_FACTS
-
     flags = {f.name: f.flag for f in EVAL_FACTS}
     opts = "".join(f" --option {sh_arg(f'{k}={v}')}" for k, v in (cfg.get("task_options") or {}).items())
     more = "".join(f" {flags[k]} {sh_arg(v)}" for k, v in (cfg.get("eval") or {}).items() if k in flags)
@@ -94,7 +94,7 @@ def _lr_text(cfg: dict[str, Any]) -> str:
     return f"lr {cfg.get('lr')}" + ("" if schedule == "constant" else f", {schedule} decay to 0")
 
 
-def _opening(s: Study, cfg: dict[str, Any]) -> str:
+def _opening(s: RunSet, cfg: dict[str, Any]) -> str:
     """The report's first sentence: the organism, how its methods were trained (a study's checkpoint runs: given, not
     trained here), how they were evaluated."""
     given = [r.label for r in s if (r.settings or {}).get("checkpoint")]
@@ -113,26 +113,26 @@ def _opening(s: Study, cfg: dict[str, Any]) -> str:
     )
 
 
-def _first_grad_line(study: Study, role: str) -> dict[str, Any] | None:
+def _first_grad_line(study: RunSet, role: str) -> dict[str, Any] | None:
     for rec in study.metrics(role):
         if rec.get("grad/norm/opd") is not None and rec.get("grad/norm/nca") is not None:
             return rec
     return None
 
 
-def _first_eval_after_start(study: Study, role: str) -> dict[str, Any] | None:
+def _first_eval_after_start(study: RunSet, role: str) -> dict[str, Any] | None:
     evals = [r for r in study.metrics(role) if r.get("eval/acc_xc") is not None and r.get("step", 0) > 0]
     return evals[0] if evals else None
 
 
-def _log_path(study: Study, role: str) -> str:
+def _log_path(study: RunSet, role: str) -> str:
     run = study.run(role)
     assert run is not None  # the caller read this role's grad/norm rows from its metrics log
     path = run.train_dir / "metrics.jsonl"
     return str(path.relative_to(study.root)) if path.is_relative_to(study.root) else str(path)
 
 
-def _nca_lines(runs: Sequence[Study]) -> list[str]:
+def _nca_lines(runs: Sequence[RunSet]) -> list[str]:
     """Why constant-β NCA and NCA with a late anchor differ, from the measured gradient norms of the logs (seed mean
     and interval with several runs)."""
     grads = [g for g in (_first_grad_line(r, "nca_const") for r in runs) if g is not None]
@@ -167,7 +167,7 @@ def _nca_lines(runs: Sequence[Study]) -> list[str]:
     return [text + _anchor_wait_text(runs) + "."]
 
 
-def _gate_opened(study: Study) -> int | None:
+def _gate_opened(study: RunSet) -> int | None:
     """The step count after which the NCA run's anchor gate opened (β = 0 before), None if it never did."""
     for rec in study.metrics("nca"):
         if rec.get("nca_gate/open_step") is not None:
@@ -175,7 +175,7 @@ def _gate_opened(study: Study) -> int | None:
     return None
 
 
-def _anchor_wait_text(runs: Sequence[Study]) -> str:
+def _anchor_wait_text(runs: Sequence[RunSet]) -> str:
     """How long the NCA run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
     nca = runs[0].run("nca")
     if nca is None:
@@ -208,7 +208,7 @@ def _anchor_wait_text(runs: Sequence[Study]) -> str:
     return ""
 
 
-def _kept_lines(study: Study) -> list[str]:
+def _kept_lines(study: RunSet) -> list[str]:
     out = []
     for run in study:
         sel = RunSettings(run.settings).section(SelectionOptions) if run.settings else None  # typed, as declared
@@ -222,7 +222,7 @@ def _kept_lines(study: Study) -> list[str]:
     return out
 
 
-def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+def _findings_lines(rows: Sequence[Any], runs: Sequence[RunSet]) -> list[str]:
     """The report's opening: each claim's verdict in one sentence with its number, and the decided count."""
     decided = sum(c.verdict in ("holds", "does not hold") for c in rows)
     seeds = f"{len(runs)} training seed{'s' if len(runs) != 1 else ''}"
@@ -238,7 +238,7 @@ def _findings_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     ]
 
 
-def _claims_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
+def _claims_lines(rows: Sequence[Any], runs: Sequence[RunSet]) -> list[str]:
     """The claims table, what its intervals speak for, and one line naming the rows the interval rule left fragile."""
     out = ["## The papers' claims", "", claims_markdown(rows), target_line(runs), ""]
     fragile = fragile_claims(rows)
@@ -247,7 +247,7 @@ def _claims_lines(rows: Sequence[Any], runs: Sequence[Study]) -> list[str]:
     return out
 
 
-def _eval_reports(study: Study) -> dict[str, EvalReport]:
+def _eval_reports(study: RunSet) -> dict[str, EvalReport]:
     """name -> report: the study's runs in order, then any other ``eval/*.json`` of the root."""
     out = {r.name: rep for r in study if (rep := study.eval(r.role)) is not None}
     for p in sorted((study.root / "eval").glob("*.json")):
@@ -256,9 +256,9 @@ def _eval_reports(study: Study) -> dict[str, EvalReport]:
     return out
 
 
-def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | None = None) -> Path:
-    """``report.md`` of a run (a run dir, a study YAML or a `Study`; ``study``: a YAML applied to the run dir)."""
-    s = run if isinstance(run, Study) else Study.load(run, study)
+def write_report_md(run: str | os.PathLike | RunSet, study: str | os.PathLike | None = None) -> Path:
+    """``report.md`` of a run (a run dir, a study YAML or a `RunSet`; ``study``: a YAML applied to the run dir)."""
+    s = run if isinstance(run, RunSet) else RunSet.load(run, study)
     root = s.root
     evals = _eval_reports(s)
     summaries = {s.label(k): rep.summary.to_dict() for k, rep in evals.items()}
@@ -301,7 +301,7 @@ def write_report_md(run: str | os.PathLike | Study, study: str | os.PathLike | N
     return path
 
 
-def _seed_table(summary: dict[str, Any], study: Study) -> list[str]:
+def _seed_table(summary: dict[str, Any], study: RunSet) -> list[str]:
     head = ["model", "seeds", *(LABELS[m] for m in METRICS), "regime per seed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|"]
     for name, row in summary["models"].items():
@@ -314,12 +314,10 @@ def _seed_table(summary: dict[str, Any], study: Study) -> list[str]:
 def write_aggregate_report(out: str | Path) -> Path:
     """``report.md`` of an aggregate directory (written by `mechopd.report.aggregate.aggregate`): seed tables, the claims
     table over the seed runs, the seed-band figures, and the commands."""
-    from mechopd.core.artifacts import read_json
-
     out = Path(out)
-    agg = Study.load(out)
+    agg = RunSet.load(out)
     summary = read_json(out / "aggregate.json")
-    runs = studies(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
+    runs = runsets(agg.seed_runs, out / STUDY_FILE if (out / STUDY_FILE).is_file() else None)
     cfg = agg.config
     base = agg.manifest.get("organism")
     word = student_word(base)
@@ -361,7 +359,7 @@ def write_aggregate_report(out: str | Path) -> Path:
     return path
 
 
-def _wall_lines(agg: Study) -> list[str]:
+def _wall_lines(agg: RunSet) -> list[str]:
     """The demo's wall time (organism included) and its workers, when the aggregate was written by `mechopd demo`."""
     m = agg.manifest
     if not m.get("wall_s"):
@@ -374,7 +372,5 @@ def _wall_lines(agg: Study) -> list[str]:
     ]
 
 
-def _relabelled(run: Any, agg: Study) -> Any:
-    from dataclasses import replace
-
+def _relabelled(run: Any, agg: RunSet) -> Any:
     return replace(run, label=agg.labels.get(run.name, run.label))

@@ -8,7 +8,7 @@ seed's item noise as its floor, clipped to the metric's range). A scalar measure
     mean = (1/n) Σ_k v_k,   s = sqrt(Σ_k (v_k − mean)² / (n − 1)),   interval = mean ± t_{0.975, n−1} · s / sqrt(n)
 
 The statistics are `mechopd.core.stats` (a leaf); this module is the orchestration: it reads the seed runs as typed studies
-(`mechopd.study`, roles -> run names), writes the aggregate directory, draws and reports. The item-bootstrap intervals of each run's own report stay in that run's ``report.md``; the tables here
+(`mechopd.runset`, roles -> run names), writes the aggregate directory, draws and reports. The item-bootstrap intervals of each run's own report stay in that run's ``report.md``; the tables here
 are over training runs only.
 
     from mechopd.report.aggregate import aggregate
@@ -25,25 +25,28 @@ from mechopd.core.artifacts import write_json
 from mechopd.core.errors import DataError
 from mechopd.core.runcheck import check_seed_runs
 from mechopd.core.stats import seed_stat
+from mechopd.evaluation.removability import METRICS
+from mechopd.plots import draw_all
+from mechopd.report import write_aggregate_report
 from mechopd.report.seed_items import metric_stat
-from mechopd.study import MANIFEST_FILE, Study, studies
-from mechopd.study.checks import check_seeds
+from mechopd.runset import MANIFEST_FILE, RunSet, runsets
+from mechopd.runset.checks import check_seeds
 
 AGGREGATE_NAME = "aggregate.json"
 
 
 # ------------------------------------------------------------------------------------------------- aggregation
-def seed_studies(runs: Sequence[str | Path | Study], study: str | Path | None = None) -> list[Study]:
+def seed_studies(runs: Sequence[str | Path | RunSet], study: str | Path | None = None) -> list[RunSet]:
     """The seed runs as studies; DataError naming a directory that is not a demo run (no demo.json)."""
     if not runs:
         raise DataError("aggregate: no run directories given; pass RUN_DIRS written by `mechopd demo`")
     for r in runs:
-        if not isinstance(r, Study) and not (Path(r) / MANIFEST_FILE).is_file():
+        if not isinstance(r, RunSet) and not (Path(r) / MANIFEST_FILE).is_file():
             raise DataError(f"{r} has no demo.json; pass run directories written by `mechopd demo`")
-    return check_seeds(studies(runs, study))  # roles, task, labels, every seed's blocks: before anything is written
+    return check_seeds(runsets(runs, study))  # roles, task, labels, every seed's blocks: before anything is written
 
 
-def check_runs(runs: Sequence[Study]) -> Study:
+def check_runs(runs: Sequence[RunSet]) -> RunSet:
     """The first of the seed studies, after checking that they agree (task, roles); DataError when they do not."""
     if not runs:
         raise DataError("aggregate: no run directories given; pass RUN_DIRS written by `mechopd demo`")
@@ -57,11 +60,9 @@ def check_runs(runs: Sequence[Study]) -> Study:
     return first
 
 
-def summarise_runs(runs: Sequence[str | Path | Study], study: str | Path | None = None) -> dict[str, Any]:
+def summarise_runs(runs: Sequence[str | Path | RunSet], study: str | Path | None = None) -> dict[str, Any]:
     """Per run (by role; keyed by the first seed's run name) and removability metric, the seed statistic of the runs'
     point estimates; per trained run the seed statistic of the kept fraction."""
-    from mechopd.evaluation.removability import METRICS
-
     seeds = seed_studies(runs, study)
     first = check_runs(seeds)
     table: dict[str, Any] = {}
@@ -92,9 +93,6 @@ def aggregate(
     """Write ``out/aggregate.json``, ``out/demo.json`` (``seed_runs`` lists the runs), ``out/study.yaml`` (the seed
     runs' roles), the seed-band figures and ``out/report.md``; returns the report path. ``study``: a study YAML
     applied to every run dir (roles -> run names)."""
-    from mechopd.plots import draw_all
-    from mechopd.report import write_aggregate_report
-
     out = Path(out)
     check_seed_runs([Path(r) for r in runs], out)  # distinct seeds of one study; out no input
     seeds = seed_studies([Path(r) for r in runs], study)
@@ -108,7 +106,7 @@ def aggregate(
     manifest.update({"labels": labels, "seed_runs": [str(s.root.resolve()) for s in seeds], "aggregate": True})
     write_json(out / AGGREGATE_NAME, summary)  # atomic, strict JSON (non-finite -> null)
     write_json(out / "demo.json", manifest)
-    Study(out, first.task, first.runs, manifest).write()
+    RunSet(out, first.task, first.runs, manifest).write()
     draw_all(out)
     return write_aggregate_report(out) if report else out / "report.md"  # the demo writes it once, with its wall time
 

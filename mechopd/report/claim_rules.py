@@ -1,4 +1,4 @@
-"""The per-seed values the claims table decides on (`mechopd.report.claims`), one run (`Study`) at a time, read by ROLE
+"""The per-seed values the claims table decides on (`mechopd.report.claims`), one run (`RunSet`) at a time, read by ROLE
 through the typed study: the similarity probe's per-layer two-view cosines, the training logs' gradient statistics,
 the deltas probe's pooled update norms, the teachability buckets' quartile spread, the lens probe's KL by depth, and
 the ratios the rows compare with their bars:
@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechopd.probes.delta_rows import read_table
 from mechopd.probes.registry import probe_result
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 NOISE_NORM_RATIO = 1e-3  # a gradient below 1e-3 of the other's norm is noise: that step is left out
 MIN_LAYERS_FOR_DEPTH = 6  # "shallow vs deep" needs at least two layers in each third of the depth
@@ -31,11 +32,11 @@ QK = ("q_proj", "k_proj")
 OTHER_PROJ = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _as_study(study: Study | str | Path) -> Study:
-    return study if isinstance(study, Study) else Study.load(study)
+def _as_study(study: RunSet | str | Path) -> RunSet:
+    return study if isinstance(study, RunSet) else RunSet.load(study)
 
 
-def layer_cosines(study: Study | Path, role: str) -> list[float]:
+def layer_cosines(study: RunSet | Path, role: str) -> list[float]:
     """Per-token mean two-view cosine of ``role`` after each decoder layer, in layer order (the similarity probe's
     typed result); [] when the probe did not run or the study lacks the role."""
     study = _as_study(study)
@@ -43,7 +44,7 @@ def layer_cosines(study: Study | Path, role: str) -> list[float]:
     return [] if result is None or name is None else result.layer_cosines(name)
 
 
-def grad_steps(study: Study | Path, role: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
+def grad_steps(study: RunSet | Path, role: str, a: str = "opd", b: str = "nca") -> list[tuple[int, float, float]]:
     """(step, cos(∇a, ∇b), ‖∇a‖/‖∇b‖) on every gradient-statistics step of the training log of ``role`` (steps
     where the cosine is undefined — a term with zero weight — are left out)."""
     study = _as_study(study)
@@ -57,7 +58,7 @@ def grad_steps(study: Study | Path, role: str, a: str = "opd", b: str = "nca") -
     return out
 
 
-def update_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
+def update_norms(study: RunSet | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
     """Relative update ‖ΔW‖/‖W0‖ of ``role`` vs the base, pooled per decoder layer and per module (the deltas
     probe's typed result, `DeltaSummary.update_norms`); None when the probe did not run."""
     study = _as_study(study)
@@ -65,11 +66,11 @@ def update_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict
     return None if result is None or name is None else result.update_norms(name, base or "base")
 
 
-def null_norms(study: Study | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
+def null_norms(study: RunSet | Path, role: str) -> tuple[dict[int, float], dict[str, float]] | None:
     """Adam's null relative update of ``role``'s tensors (up to the common factor c), pooled per decoder layer and per
     module as `update_norms` pools them: sqrt(Σ numel / Σ ‖W0‖²) over the group's tensors that ``role`` updated;
     None without the deltas table or a numel column."""
-    from mechopd.probes.deltas import CSV_NAME, read_table
+    from mechopd.probes.deltas import CSV_NAME
 
     study = _as_study(study)
     path, name = study.probes_dir / CSV_NAME, study.name(role)
@@ -104,13 +105,13 @@ def _qk_of(modules: dict[str, float]) -> float | None:
     return None if qk is None or not other else qk / other
 
 
-def null_depth_ratio(study: Study, role: str) -> float | None:
+def null_depth_ratio(study: RunSet, role: str) -> float | None:
     """`depth_ratio` under Adam's null (`null_norms`)."""
     null = null_norms(study, role)
     return None if null is None else _third_ratio(null[0])
 
 
-def null_qk_ratio(study: Study, role: str) -> float | None:
+def null_qk_ratio(study: RunSet, role: str) -> float | None:
     """`qk_ratio` under Adam's null (`null_norms`)."""
     null = null_norms(study, role)
     return None if null is None else _qk_of(null[1])
@@ -121,14 +122,14 @@ def _pooled(norms: dict[str, float], names: Sequence[str]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def quartile_spread(study: Study | Path, signal: str) -> float | None:
+def quartile_spread(study: RunSet | Path, signal: str) -> float | None:
     """Mean absolute gain in the top quartile of `signal` minus the bottom quartile (teachability buckets)."""
     study = _as_study(study)
     result = probe_result("teachability", study.probes_dir)
     return None if result is None else result.quartile_spread(signal)
 
 
-def lens_kls(study: Study | Path, role: str) -> list[float]:
+def lens_kls(study: RunSet | Path, role: str) -> list[float]:
     """Lens KL(p_c ‖ p_x) between the views of ``role`` after each decoder layer and at the output, in depth order
     (the lens probe's typed result; the embedding is left out: identical ids give 0 there); [] when the probe did not
     run or the study lacks the role."""
@@ -137,24 +138,24 @@ def lens_kls(study: Study | Path, role: str) -> list[float]:
     return [] if result is None or name is None else result.kl_by_depth(name)
 
 
-def mean_cos(study: Study, role: str) -> float | None:
+def mean_cos(study: RunSet, role: str) -> float | None:
     vals = layer_cosines(study, role)
     return sum(vals) / len(vals) if vals else None
 
 
-def orthogonality(study: Study, role: str = "nca") -> tuple[float | None, int, int]:
+def orthogonality(study: RunSet, role: str = "nca") -> tuple[float | None, int, int]:
     """Mean |cos(∇OPD, ∇NCA)| over the informative gradient-statistics steps of ``role``'s training run."""
     steps = grad_steps(study, role)
     kept = [abs(c) for _, c, ratio in steps if NOISE_NORM_RATIO <= ratio <= 1 / NOISE_NORM_RATIO]
     return (sum(kept) / len(kept) if kept else None), len(kept), len(steps)
 
 
-def depth_ratio(study: Study, role: str) -> float | None:
+def depth_ratio(study: RunSet, role: str) -> float | None:
     norms = update_norms(study, role)
     return None if norms is None else _third_ratio(norms[0])
 
 
-def qk_ratio(study: Study, role: str) -> float | None:
+def qk_ratio(study: RunSet, role: str) -> float | None:
     norms = update_norms(study, role)
     return None if norms is None else _qk_of(norms[1])
 

@@ -17,7 +17,7 @@ passing (failing) side of the bar. The statistics (docs/method.md §8):
   * the FLOOR rule, study-wide: when the base model does not use the context (its Acc_xc − Acc_x does not clear
     `FLOOR_GAIN`), no row is decided — there is no context effect to distil, remove or harm.
 
-Every value is read through the typed study (`mechopd.study.Study`) by ROLE, never by a run's name.
+Every value is read through the typed study (`mechopd.runset.RunSet`) by ROLE, never by a run's name.
 
     from mechopd.report.claims import evaluate_claims, claims_markdown
     print(claims_markdown(evaluate_claims(["runs/demo/seed-0", "runs/demo/seed-1"])))
@@ -30,14 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mechopd.core.stats import CI, exact_se, fmt_stat
 from mechopd.evaluation.removability import RegimeThresholds
 from mechopd.report import claims_probes as cp
 from mechopd.report import preconditions as pre
-from mechopd.report.claim_rules import grad_steps, layer_cosines, lens_kls, quartile_spread, update_norms
 from mechopd.report.following_claims import FOLLOWING_CLAIMS
 from mechopd.report.mechanism_claims import MECHANISM_CLAIMS
-from mechopd.report.multiplicity import CONFIRMATORY, chance_decisions, holm, multiplicity_note
+from mechopd.report.multiplicity import holm, multiplicity_note
 from mechopd.report.seed_items import diff_stat, eval_arrays, metric_of, metric_stat, paired_stat
 from mechopd.report.verdicts import (
     CEILING,
@@ -52,31 +53,9 @@ from mechopd.report.verdicts import (
     any_of,
     decide,
 )
-from mechopd.study import Study, studies
+from mechopd.runset import RunSet, runsets
 
-__all__ = [
-    "CLAIMS",
-    "CONFIRMATORY",
-    "Claim",
-    "chance_decisions",
-    "multiplicity_note",
-    "FAILS",
-    "HOLDS",
-    "NA",
-    "NA_CEILING",
-    "NA_FRAGILE",
-    "claims_json",
-    "claims_markdown",
-    "evaluate_claims",
-    "findings",
-    "fragile_claims",
-    "grad_steps",
-    "holm",
-    "layer_cosines",
-    "lens_kls",
-    "quartile_spread",
-    "update_norms",
-]  # the verdict words and the per-run readers are re-exported
+__all__ = ["CLAIMS", "Claim", "claims_json", "claims_markdown", "evaluate_claims", "findings", "fragile_claims"]
 
 NCA_MAX_ACC_LOSS = 0.05  # non-inferiority margin: NCA's Acc_x ≥ OPD's − 0.05
 TA_OPD_MARGIN = 0.05  # non-inferiority margin: TA-OPD's Acc_x ≥ OPD's − 0.05
@@ -114,16 +93,16 @@ def _per_seed(stat: dict[str, Any], digits: int = 3) -> str:
     return f" (per seed {', '.join(f'{v:.{digits}f}' for v in stat['values'])})" if stat["n"] >= 2 else ""
 
 
-def _seeds(runs: Sequence[Study]) -> str:
+def _seeds(runs: Sequence[RunSet]) -> str:
     return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
 
 
-def _thresholds(runs: Sequence[Study]) -> dict[str, float]:
+def _thresholds(runs: Sequence[RunSet]) -> dict[str, float]:
     return runs[0].thresholds or asdict(RegimeThresholds())
 
 
 # ------------------------------------------------------------------------------------------------ removability rows
-def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
+def degradation(runs: Sequence[RunSet]) -> tuple[Decision, dict[str, Any], dict[str, Any]]:
     """OPD in regime A: (Acc_x − Acc_xc ≥ drop_min) OR (Harm − the base's Harm ≥ harm_high, paired per seed and item;
     a base right on no item has no Harm: 0), each by the interval rule on the seeds × items interval, Kleene OR; the
     Harm part needs `pre.K_HARM` items right without the context (`pre.harm_units`); returns (decision, excess-Harm
@@ -138,7 +117,7 @@ def degradation(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any], dict[s
     return any_of(decide(drop, th["drop_min"], ">=", "Acc_x − Acc_xc"), harm), excess, drop
 
 
-def harm_excess(runs: Sequence[Study]) -> dict[str, Any]:
+def harm_excess(runs: Sequence[RunSet]) -> dict[str, Any]:
     """OPD's Harm − the base's, paired per seed and item; where no item varies it (both at 0 or 1 in every seed), the
     difference of the two exact bounds (the base's undefined Harm: 0)."""
     st = paired_stat(runs, ("opd", "base"), _harm_excess)
@@ -155,12 +134,10 @@ def harm_excess(runs: Sequence[Study]) -> dict[str, Any]:
 
 def _harm_excess(a: tuple[Any, ...]) -> Any:
     """OPD's Harm minus the base's on the same items (the base's undefined Harm — no item right — counts as 0)."""
-    import numpy as np
-
     return metric_of(a, "harm", 0) - np.nan_to_num(metric_of(a, "harm", 1), nan=0.0)
 
 
-def claim_degradation(runs: Sequence[Study]) -> Claim:
+def claim_degradation(runs: Sequence[RunSet]) -> Claim:
     th = _thresholds(runs)
     d, excess, drop = degradation(runs)
     harm, base = metric_stat(runs, "opd", "harm"), metric_stat(runs, "base", "harm")
@@ -177,7 +154,7 @@ def claim_degradation(runs: Sequence[Study]) -> Claim:
     return _row("degradation", measured + (f"; {few[1]}" if few else ""), d, crit, f"OPD's Harm {fmt_stat(harm)}")
 
 
-def claim_nca_removes(runs: Sequence[Study]) -> Claim:
+def claim_nca_removes(runs: Sequence[RunSet]) -> Claim:
     """Given OPD's degradation and an NCA neither collapsed nor deaf (`pre.nca_alive`): paired per seed and item,
     Harm_NCA − 0.5 · Harm_OPD ≤ 0 AND Harm_NCA − Harm_OPD < 0. Without a degradation to remove: not measurable."""
     nca = metric_stat(runs, "nca", "harm")
@@ -209,7 +186,7 @@ def claim_nca_removes(runs: Sequence[Study]) -> Claim:
     return _row("nca_removes", measured, d, crit, f"NCA's Harm {fmt_stat(nca)} against OPD's")
 
 
-def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what: str) -> Claim:
+def _noninferior(runs: Sequence[RunSet], key: str, role: str, margin: float, what: str) -> Claim:
     """Non-inferiority, paired per seed and item: Acc_x(role) − Acc_x(OPD) ≥ −margin (interval rule)."""
     diff = diff_stat(runs, role, "opd", "acc_x")
     acc = metric_stat(runs, role, "acc_x")
@@ -231,11 +208,11 @@ def _noninferior(runs: Sequence[Study], key: str, role: str, margin: float, what
     return _row(key, measured, decide(diff, -margin, ">="), crit, f"{what} − OPD Acc_x {fmt_stat(diff, signed=True)}")
 
 
-def claim_nca_keeps(runs: Sequence[Study]) -> Claim:
+def claim_nca_keeps(runs: Sequence[RunSet]) -> Claim:
     return _noninferior(runs, "nca_keeps", "nca", NCA_MAX_ACC_LOSS, "NCA")
 
 
-def claim_ta_opd(runs: Sequence[Study]) -> Claim:
+def claim_ta_opd(runs: Sequence[RunSet]) -> Claim:
     row = _noninferior(runs, "ta_opd", "ta_opd", TA_OPD_MARGIN, "TA-OPD")
     kept = [r.kept_fraction("ta_opd") for r in runs]
     if any(k is not None for k in kept):
@@ -243,8 +220,8 @@ def claim_ta_opd(runs: Sequence[Study]) -> Claim:
     return row
 
 
-def _probe(key: str, fn: Callable[[Sequence[Study]], dict[str, Any]]) -> Callable[[Sequence[Study]], Claim]:
-    def run(runs: Sequence[Study]) -> Claim:
+def _probe(key: str, fn: Callable[[Sequence[RunSet]], dict[str, Any]]) -> Callable[[Sequence[RunSet]], Claim]:
+    def run(runs: Sequence[RunSet]) -> Claim:
         r = fn(runs)
         return Claim(key, "", "", r["measured"], r["verdict"], r["criterion"], r.get("headline", ""))
 
@@ -252,7 +229,7 @@ def _probe(key: str, fn: Callable[[Sequence[Study]], dict[str, Any]]) -> Callabl
 
 
 # (key, claim, paper's figure, evaluator)
-CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
+CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[RunSet]], Claim]], ...] = (
     (
         "degradation",
         "OPD causes context-induced degradation",
@@ -324,20 +301,20 @@ CLAIMS: tuple[tuple[str, str, str, Callable[[Sequence[Study]], Claim]], ...] = (
 )
 
 
-def floor(runs: Sequence[Study]) -> tuple[Decision, dict[str, Any]]:
+def floor(runs: Sequence[RunSet]) -> tuple[Decision, dict[str, Any]]:
     """Does the base use the context? Acc_xc − Acc_x of the base ≥ `FLOOR_GAIN` (interval rule)."""
     gain = paired_stat(runs, ("base",), lambda a: metric_of(a, "acc_xc") - metric_of(a, "acc_x"), bounds=(-1.0, 1.0))
     return (decide(gain, FLOOR_GAIN, ">=") if gain["mean"] is not None else Decision(NA)), gain
 
 
-def undecided(runs: Sequence[Study]) -> str:
+def undecided(runs: Sequence[RunSet]) -> str:
     """The verdict of every row when the study cannot tell whether the base uses the context (the floor's interval
     holds its bar): ``not measurable here (undecided (N items): …)`` with the items summed over the seeds."""
     items = sum(len(a[0]) for a in (eval_arrays(r, ("base",)) for r in runs) if a is not None)
     return f"{NA} (undecided ({items} items): whether the base uses the context)"
 
 
-def target_line(runs: Sequence[Study]) -> str:
+def target_line(runs: Sequence[RunSet]) -> str:
     """What the intervals speak for (docs/method.md §8): the population of items when each seed draws its own, THESE
     items when the seeds share them (the seeds then replicate training only)."""
     keyed = [set(k) for k in (_keys(r) for r in runs) if k]
@@ -352,16 +329,16 @@ def target_line(runs: Sequence[Study]) -> str:
     return "Target: the population of items (each seed draws its own; the replication unit is the seed with its items)."
 
 
-def _keys(study: Study) -> set[str]:
+def _keys(study: RunSet) -> set[str]:
     rep = study.eval("base")
     return {str(r.get("uid")) for r in rep.records} if rep is not None and rep.records else set()
 
 
 def evaluate_claims(
-    runs: Sequence[str | Path | Study], study: str | Path | None = None, only: Collection[str] | None = None
+    runs: Sequence[str | Path | RunSet], study: str | Path | None = None, only: Collection[str] | None = None
 ) -> list[Claim]:
     """Every claim of `CLAIMS` on the given seed runs of one study (one run: single-seed values, marked).
-    ``runs``: run dirs or `Study` objects; ``study``: a study YAML applied to every run dir (roles -> run names);
+    ``runs``: run dirs or `RunSet` objects; ``study``: a study YAML applied to every run dir (roles -> run names);
     ``only``: the keys of the rows to evaluate (default: all; a key `CLAIMS` does not hold is a ValueError).
     When the base does not use the context (`floor` decided below its bar), every row is measured but none is
     decided ("floor"); when the data cannot tell (the floor's interval holds the bar), none is either, labelled
@@ -370,7 +347,7 @@ def evaluate_claims(
     unknown = sorted(set(only or ()) - set(keys))
     if unknown:
         raise ValueError(f"evaluate_claims(only=...): no claim row {unknown}; the rows are {keys}")
-    seeds = studies(runs, study)
+    seeds = runsets(runs, study)
     base_ok, gain = floor(seeds)
     out = []
     for key, claim, paper, fn in CLAIMS:

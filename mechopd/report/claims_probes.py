@@ -37,8 +37,8 @@ from mechopd.report.claim_rules import (
     update_norms,
 )
 from mechopd.report.seed_items import probe_tables, table_stat
-from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE, RULE, Decision, all_of, decide
-from mechopd.study import Study
+from mechopd.report.verdicts import FAILS, NA, RULE, Decision, all_of, decide
+from mechopd.runset import RunSet
 
 NCA_COSINE_FLOOR = 0.997  # the paper: NCA ≥ 0.997 at every layer ...
 PAPER_BASE_COSINE = 0.953  # ... of a model whose base sits at 0.953 (Qwen3-4B)
@@ -60,7 +60,7 @@ def _site_ratio(k: int) -> Callable[[np.ndarray], np.ndarray]:
     return lambda m: m[:, 1, k] / np.maximum(m[:, 0, k], 1e-300)
 
 
-def _stat(runs: Sequence[Study], values: Sequence[float | None], scale: str = "linear") -> dict[str, Any]:
+def _stat(runs: Sequence[RunSet], values: Sequence[float | None], scale: str = "linear") -> dict[str, Any]:
     return {**scaled_stat(values, scale), "of": len(runs)}
 
 
@@ -78,15 +78,15 @@ def _dist(c: float | None) -> float | None:
     return None if c is None else 1.0 - c
 
 
-def _layers(study: Study, role: str = "nca") -> list[str]:
+def _layers(study: RunSet, role: str = "nca") -> list[str]:
     return [f"layers.{i}.resid_post" for i in range(len(layer_cosines(study, role)))]
 
 
-def _cos_tables(runs: Sequence[Study], roles: Sequence[str]) -> list[Any]:
+def _cos_tables(runs: Sequence[RunSet], roles: Sequence[str]) -> list[Any]:
     return probe_tables(runs, "similarity_examples.csv", "cos_mean", roles, _layers, mean_column=True)
 
 
-def claim_cosine_order(runs: Sequence[Study]) -> Row:
+def claim_cosine_order(runs: Sequence[RunSet]) -> Row:
     """Distance 1 − c (c: the two-view cosine averaged over decoder layers at the predicting positions): paired per
     seed and item, (1 − c_OPD)/(1 − c_base) < 1 AND (1 − c_NCA)/(1 − c_OPD) < 1."""
     roles = ("base", "opd", "nca")
@@ -122,7 +122,7 @@ def claim_cosine_order(runs: Sequence[Study]) -> Row:
     )
 
 
-def _dist_ratios(study: Study) -> float | None:
+def _dist_ratios(study: RunSet) -> float | None:
     """Seed-level: max over decoder layers of (1 − c_NCA) / (1 − c_base)."""
     nca, base = layer_cosines(study, "nca"), layer_cosines(study, "base")
     if not nca or len(nca) != len(base) or any(b >= 1 for b in base):
@@ -130,7 +130,7 @@ def _dist_ratios(study: Study) -> float | None:
     return max((1 - n) / (1 - b) for n, b in zip(nca, base))
 
 
-def claim_nca_cosine(runs: Sequence[Study]) -> Row:
+def claim_nca_cosine(runs: Sequence[RunSet]) -> Row:
     """Relative to this model's own base (the paper's 0.997 is a 36-layer model's whose base sits at 0.953): at every
     decoder layer, (1 − c_NCA) / (1 − c_base) ≤ (1 − 0.997) / (1 − 0.953) — NCA closes at least the share of the
     base's two-view distance the paper's NCA closes. Per seed and item (the max over layers of the ratio, log scale);
@@ -157,7 +157,7 @@ def claim_nca_cosine(runs: Sequence[Study]) -> Row:
     )
 
 
-def lens_sites(study: Study) -> list[int]:
+def lens_sites(study: RunSet) -> list[int]:
     """Indices into `claim_rules.lens_kls` of the sites the lens claim reads: every decoder layer but the last (whose
     lens IS the output) and the output, where the BASE's two views differ materially (its KL there ≥
     `LENS_BASE_SHARE` × its output KL, which must be ≥ `LENS_BASE_OUTPUT`)."""
@@ -172,7 +172,7 @@ def _lens_site(i: int, n: int) -> str:
     return "final_norm" if i == n - 1 else f"layers.{i}.resid_post"
 
 
-def claim_nca_lens(runs: Sequence[Study]) -> Row:
+def claim_nca_lens(runs: Sequence[RunSet]) -> Row:
     """At every site where the base's views differ, paired per seed and item: KL_NCA / KL_OPD < 1."""
     crit = (
         f"logit-lens KL(p_c ‖ p_x) between views, paired per seed and item: NCA / OPD < 1 at every site where the "
@@ -205,7 +205,7 @@ def claim_nca_lens(runs: Sequence[Study]) -> Row:
     return _row(measured, d, crit, f"NCA/OPD lens KL at the output {fmt_stat(stats[sites[-1]], 3)}")
 
 
-def _grad(study: Study) -> tuple[float | None, float | None]:
+def _grad(study: RunSet) -> tuple[float | None, float | None]:
     """(|cos(∇OPD, ∇NCA)|, split-half null cos) of the gradients probe at the OPD checkpoint."""
     g = probe_result("gradients", study.probes_dir)
     if g is None or g.model != study.name("opd") or not math.isfinite(g.cos):
@@ -213,11 +213,11 @@ def _grad(study: Study) -> tuple[float | None, float | None]:
     return abs(g.cos), (g.null_cos if math.isfinite(getattr(g, "null_cos", math.nan)) else None)
 
 
-def _converged(study: Study) -> bool | None:
+def _converged(study: RunSet) -> bool | None:
     return pre.converged(study)
 
 
-def claim_orthogonal(runs: Sequence[Study]) -> Row:
+def claim_orthogonal(runs: Sequence[RunSet]) -> Row:
     """|cos(∇OPD, ∇NCA)| ≤ 0.1 at an OPD-CONVERGED checkpoint (the paper's reading; a seed whose OPD did not converge
     is counted apart, never a veto), measurable where OPD's own split-half null exceeds it."""
     ok = [r for r in runs if _converged(r) is not False]
@@ -250,7 +250,7 @@ def claim_orthogonal(runs: Sequence[Study]) -> Row:
     )
 
 
-def _normed(runs: Sequence[Study], ratio: Callable, null: Callable) -> dict[str, dict[str, dict[str, Any]]]:
+def _normed(runs: Sequence[RunSet], ratio: Callable, null: Callable) -> dict[str, dict[str, dict[str, Any]]]:
     """Per model: the raw ratio, its Adam null and ratio / null over seeds (log-ratio t-intervals)."""
     out = {}
     for m in ("opd", "nca"):
@@ -270,7 +270,7 @@ def _null_cells(stats: dict[str, dict[str, dict[str, Any]]], what: str) -> str:
     )
 
 
-def claim_shallow(runs: Sequence[Study]) -> Row:
+def claim_shallow(runs: Sequence[RunSet]) -> Row:
     """Shallow/deep update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio interval on
     each); needs ≥ 6 decoder layers."""
     stats = _normed(runs, depth_ratio, null_depth_ratio)
@@ -295,7 +295,7 @@ def claim_shallow(runs: Sequence[Study]) -> Row:
     )
 
 
-def claim_qk(runs: Sequence[Study]) -> Row:
+def claim_qk(runs: Sequence[RunSet]) -> Row:
     """q,k / other-projection update ratio over its Adam null ≥ `CONCENTRATED` for OPD AND for NCA (log-ratio
     interval on each)."""
     stats = _normed(runs, qk_ratio, null_qk_ratio)
@@ -313,12 +313,12 @@ def claim_qk(runs: Sequence[Study]) -> Row:
     )
 
 
-def _degenerate(study: Study) -> list[str]:
+def _degenerate(study: RunSet) -> list[str]:
     t = probe_result("teachability", study.probes_dir)
     return list((getattr(t, "degeneracy", None) or {}).get("reasons", [])) if t is not None else []
 
 
-def claim_teachability(runs: Sequence[Study]) -> Row:
+def claim_teachability(runs: Sequence[RunSet]) -> Row:
     """Paired per seed: quartile spread of D^L − that of raw KL > 0, over the seeds where the diagnostic can speak
     (degeneracy counted per seed, never a veto of the others)."""
     bad = {k: _degenerate(r) for k, r in enumerate(runs)}
@@ -354,8 +354,6 @@ __all__ = [
     "NCA_COSINE_FLOOR",
     "ORTHOGONAL_ABS_COS",
     "LENS_BASE_SHARE",
-    "HOLDS",
-    "NA_FRAGILE",
     "claim_cosine_order",
     "claim_nca_cosine",
     "claim_nca_lens",

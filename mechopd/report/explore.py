@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from mechopd.core.artifacts import atomic_write
-from mechopd.core.errors import ConfigError, DataError
+from mechopd.core.errors import ConfigError, DataError, MechopdError
+from mechopd.plots._common import palette, run_info
 from mechopd.report import explore_load as load
 
 PAGE = "explore.html"
@@ -157,9 +158,6 @@ def collect(run_dir: str | Path) -> dict[str, Any]:
 def colours_of(run: Path, models: list[str]) -> dict[str, str]:
     """Each model's colour in the figures (`plots._common.palette` over the run's model order, then the page's), as
     ``#rrggbb``: one colour per model on this page and in every figure."""
-    from mechopd.core.errors import MechopdError
-    from mechopd.plots._common import palette, run_info
-
     try:
         order = run_info(run).models
     except MechopdError:  # a run without a study, demo.json or eval/: the page's own order

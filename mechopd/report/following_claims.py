@@ -1,6 +1,6 @@
 """Context following in the report and the claims table (criteria: docs/method.md §7, fixed before the runs).
 
-Reads each role's evaluation report through the typed study (`mechopd.study.Study.eval`), written with
+Reads each role's evaluation report through the typed study (`mechopd.runset.RunSet.eval`), written with
 ``--other-contexts`` (`mechopd.evaluation.following`): the per-reply records ``other_records`` (follow / stick / compose / other
 per unit and context), the ``other_contexts`` list and the summary's ``context_deaf``. Following is a real test: the
 rows read the HELD-OUT contexts, those the NCA + follow run was not trained on (its ``follow_contexts``; the demo
@@ -20,20 +20,20 @@ from mechopd.evaluation.following import DEAF_LABEL, DEAF_RATIO, following_word
 from mechopd.report import preconditions as pre
 from mechopd.report.seed_items import diff_stat, other_diff_stat, other_stat
 from mechopd.report.verdicts import CEILING, NA, NA_CEILING, NA_FLOOR_BOTH, RULE, Decision, all_of, decide
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 FOLLOW_RUN = "nca_follow"  # the demo's NCA + follow-term run
 HARM_MARGIN = 0.05  # claim 3: the follow run's Harm ≤ NCA's + this
 ACC_MARGIN = 0.05  # claim 3: the follow run's Acc_x ≥ OPD's − this
 
 
-def _report(study: Study, role: str) -> dict[str, Any] | None:
+def _report(study: RunSet, role: str) -> dict[str, Any] | None:
     """The role's evaluation report as its on-disk dict (None when the study lacks the role or the report)."""
     rep = study.eval(role)
     return None if rep is None else rep.to_dict()
 
 
-def value(study: Study, role: str, key: str) -> float | None:
+def value(study: RunSet, role: str, key: str) -> float | None:
     """summary[key] (its ``value`` for an interval entry) of ``role``, None when absent or undefined."""
     rep = _report(study, role)
     if rep is None or key not in rep["summary"]:
@@ -42,7 +42,7 @@ def value(study: Study, role: str, key: str) -> float | None:
     return v.get("value") if isinstance(v, dict) else v
 
 
-def held_out(runs: Sequence[Study]) -> list[str] | None:
+def held_out(runs: Sequence[RunSet]) -> list[str] | None:
     """The other contexts the claims read: those the follow run was NOT trained on (its ``follow_contexts``), so
     that following is tested on contexts no run saw; every other context when no run names a subset. None when no
     report lists its other contexts."""
@@ -67,7 +67,7 @@ def _labels(labels: Sequence[str] | None) -> str:
     return "no context" if not labels else ", ".join(labels)
 
 
-def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
+def claim_keeps_following(runs: Sequence[RunSet]) -> dict[str, str]:
     """OPD's follow_other on the held-out contexts > 0.5 × the base's, paired per seed and item."""
     labels = held_out(runs)
     d_ret = other_diff_stat(runs, "opd", "base", "follow", labels, scale_b=DEAF_RATIO)
@@ -87,7 +87,7 @@ def claim_keeps_following(runs: Sequence[Study]) -> dict[str, str]:
     )
 
 
-def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
+def claim_nca_follows_better(runs: Sequence[RunSet]) -> dict[str, str]:
     """Paired per seed and item: follow_other(NCA) − follow_other(OPD) > 0 on the held-out contexts; ceiling first."""
     labels = held_out(runs)
     diff = other_diff_stat(runs, "nca", "opd", "follow", labels)
@@ -108,7 +108,7 @@ def claim_nca_follows_better(runs: Sequence[Study]) -> dict[str, str]:
     return _decided(measured, decide(diff, 0.0, ">"), crit, f"NCA − OPD follow_other {fmt_stat(diff, signed=True)}")
 
 
-def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
+def claim_follow_term(runs: Sequence[RunSet]) -> dict[str, str]:
     """On the NCA + follow run F, Kleene AND of: follow_other_F − 0.5 × base's > 0 on contexts F was NOT trained on;
     non-inferiority Harm_F − Harm_NCA ≤ 0.05 and Acc_x,F − Acc_x,OPD ≥ −0.05 (paired per seed and item)."""
     labels = held_out(runs)
@@ -142,7 +142,7 @@ def claim_follow_term(runs: Sequence[Study]) -> dict[str, str]:
     return _decided(measured, d, crit, f"held-out follow_other {fmt_stat(fo)}")
 
 
-def _word(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str:
+def _word(runs: Sequence[RunSet], role: str, labels: Sequence[str] | None) -> str:
     """The word the HELD-OUT replies support (seed means): follows, or for a deaf model (held-out follow_other ≤
     0.5 × the base's) ignores / mixes / breaks by its most common non-following reply (`following.following_word`)."""
     own, base = other_stat(runs, role, "follow", labels)["mean"], other_stat(runs, "base", "follow", labels)["mean"]
@@ -155,7 +155,7 @@ def _word(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str
     return following_word({"context_deaf": own <= DEAF_RATIO * base, **shares}) + " (held out)"
 
 
-def _replies(runs: Sequence[Study], role: str, labels: Sequence[str] | None) -> str:
+def _replies(runs: Sequence[RunSet], role: str, labels: Sequence[str] | None) -> str:
     """``replies: follows 0.02, sticks 0.60, composes 0.30, other 0.08`` (seed means; classes of `mechopd.evaluation.following`)."""
     parts = []
     for field, word in (("follow", "follows"), ("stick", "sticks"), ("compose", "composes"), ("other", "other")):
@@ -182,7 +182,7 @@ FOLLOWING_CLAIMS = (
 )
 
 
-def following_table(runs: Sequence[Study]) -> list[str]:
+def following_table(runs: Sequence[RunSet]) -> list[str]:
     """The report's "Context following" section: per role follow_other on every other context and on the held-out
     ones, the reply classes (sticks, composes, other), retention and the word the replies support (follows, ignores,
     mixes, breaks); mean over seeds with the seeds × items interval (one run: over items). [] without results."""

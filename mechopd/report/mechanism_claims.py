@@ -22,7 +22,7 @@ from mechopd.probes.delta_svd import GAUSS_ENERGY90, load_svd
 from mechopd.probes.registry import probe_result
 from mechopd.report import preconditions as pre
 from mechopd.report.verdicts import HOLDS, NA, RULE, Decision, all_of, decide
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 MODEL = "opd"
 CONTROLS = ("ctrl_qk", "vo")
@@ -30,7 +30,7 @@ SPARSE_SHARE = 0.5  # "sparse": 90 % of ‖ΔW‖² in fewer than half the entri
 
 
 # ------------------------------------------------------------------------------------ per-seed values (thin readers)
-def qk_margin(study: Study, role: str, control: str, key: str = "rule_removed") -> float | None:
+def qk_margin(study: RunSet, role: str, control: str, key: str = "rule_removed") -> float | None:
     """``key`` (rule_removed = −ΔAcc_x, harm_removed = −ΔHarm) of reverting q_proj+k_proj in every layer minus that
     of the matched ``control`` (ctrl_qk: random rows, mean over draws; vo: v_proj+o_proj), for ``role``'s run."""
     wp, name = probe_result("weightpatch", study.probes_dir), study.name(role)
@@ -41,13 +41,13 @@ def qk_margin(study: Study, role: str, control: str, key: str = "rule_removed") 
     return None if a is None or b is None else a - b
 
 
-def unpatched(study: Study, role: str, key: str) -> float | None:
+def unpatched(study: RunSet, role: str, key: str) -> float | None:
     """Acc_x / Harm of ``role``'s unpatched model in the weight-patching table."""
     wp, name = probe_result("weightpatch", study.probes_dir), study.name(role)
     return None if wp is None or name is None else wp.value(name, "none", "none", key)
 
 
-def svd_value(study: Study, role: str, key: str) -> float | None:
+def svd_value(study: RunSet, role: str, key: str) -> float | None:
     """A pooled update-geometry value of ``role`` (`delta_svd.summarize_svd`): mlp_energy_share, mlp_param_share,
     energy90_frac, overlap_k, overlap_random."""
     got, name = load_svd(study.probes_dir), study.name(role)
@@ -57,7 +57,7 @@ def svd_value(study: Study, role: str, key: str) -> float | None:
     return None if v is None or v != v else float(v)
 
 
-def _stat(runs: Sequence[Study], fn: Callable[[Study], float | None]) -> dict[str, Any]:
+def _stat(runs: Sequence[RunSet], fn: Callable[[RunSet], float | None]) -> dict[str, Any]:
     return {**seed_stat([fn(r) for r in runs]), "of": len(runs)}
 
 
@@ -71,7 +71,7 @@ NA_NO_HARM = NA + " (OPD shows no harm to remove: its unpatched Harm is 0)"
 NA_NO_ITEMS = NA + " (weightpatch_items.jsonl holds no per-item outcomes: rerun mechopd probe weightpatch)"
 
 
-def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict[str, str]:
+def _claim_qk(runs: Sequence[RunSet], key: str, what: str, base_key: str) -> dict[str, str]:
     """Item level (`mechanism_stats.qk_margin_stat`): the margin of q+k over each matched control, the
     hierarchical interval over seeds and items (t over seeds, item floor), each by the interval rule, Kleene AND."""
     margins = {c: ms.qk_margin_stat(runs, MODEL, c, key) for c in CONTROLS}
@@ -99,17 +99,17 @@ def _claim_qk(runs: Sequence[Study], key: str, what: str, base_key: str) -> dict
     return _decided(measured, all_of(*(decide(margins[c], 0.0, ">", f"q+k − {c}") for c in CONTROLS)), crit)
 
 
-def claim_qk_causal_rule(runs: Sequence[Study]) -> dict[str, str]:
+def claim_qk_causal_rule(runs: Sequence[RunSet]) -> dict[str, str]:
     """Reverting q/k removes more of the internalised rule (Acc_x) than the matched controls."""
     return _claim_qk(runs, "rule_removed", "internalised rule (drop in Acc_x)", "acc_x")
 
 
-def claim_qk_causal_harm(runs: Sequence[Study]) -> dict[str, str]:
+def claim_qk_causal_harm(runs: Sequence[RunSet]) -> dict[str, str]:
     """Reverting q/k removes more of the harm than the matched controls."""
     return _claim_qk(runs, "harm_removed", "harm (drop in Harm)", "harm")
 
 
-def claim_sparse_update(runs: Sequence[Study]) -> dict[str, str]:
+def claim_sparse_update(runs: Sequence[RunSet]) -> dict[str, str]:
     """arXiv 2606.13657 on OPD's update, Kleene AND of three parts, each by the interval rule: MLP concentration
     (MLP share of Σ‖ΔW‖² − MLP share of the parameters > 0), sparsity (energy90_frac < SPARSE_SHARE × a dense
     Gaussian's), away from W0's principal directions (overlap_k − overlap_random < 0)."""
@@ -159,13 +159,13 @@ MECHANISM_CLAIMS = (
 
 
 # ------------------------------------------------------------------------------------------- the report's section
-def localization_curve(study: Study) -> dict[str, float | None] | None:
+def localization_curve(study: RunSet) -> dict[str, float | None] | None:
     """site -> teacher-forced Harm after patching (`probes.localization`) of one seed run; None without the table."""
     loc = probe_result("localization", study.probes_dir)
     return None if loc is None else {site: harm for site, _, harm in loc.curve()}
 
 
-def localization_table(runs: Sequence[Study]) -> list[str]:
+def localization_table(runs: Sequence[RunSet]) -> list[str]:
     """The report's "Where the harm lives" section: per site the teacher-forced Harm after patching and the removal
     margin Harm_tf(s) − (1 − share) · Harm_tf(unpatched), each a mean over seeds with the hierarchical interval (t over seeds, item floor) over
     seeds and items (`mechanism_stats`, from ``localization_items.jsonl``), and the shallowest site whose margin's
@@ -217,7 +217,7 @@ def localization_table(runs: Sequence[Study]) -> list[str]:
     return out
 
 
-def weightpatch_table(runs: Sequence[Study], role: str = MODEL) -> list[str]:
+def weightpatch_table(runs: Sequence[RunSet], role: str = MODEL) -> list[str]:
     """The report's "Which weights carry the rule" section: per reverted group (``layer/module``; the random-row
     control pooled over its draws) ``role``'s Acc_x, Acc_xc and Harm, each a mean over seeds with the hierarchical
     interval over seeds and items (t over seeds, item floor; `mechanism_stats.group_stat`); [] without per-item weight-patching outcomes."""

@@ -28,7 +28,7 @@ from mechopd.probes import mechanism_stats as ms
 from mechopd.report.claim_rules import MIN_LAYERS_FOR_DEPTH
 from mechopd.report.seed_items import eval_arrays, metric_stat, other_stat
 from mechopd.report.verdicts import na_design
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 K_HARM = 10  # items right without the context, pooled over seeds, before Harm is judged
 K_REVERT = 10  # learned (rule) or harmed (harm) items of the unpatched model, pooled, before a revert is judged
@@ -47,23 +47,23 @@ NA_FEW_HARMED = na_design(f"a revert needs ≥ {K_REVERT} items OPD is harmed on
 Check = tuple[str, str] | None
 
 
-def _mean(runs: Sequence[Study], role: str, metric: str) -> float | None:
+def _mean(runs: Sequence[RunSet], role: str, metric: str) -> float | None:
     return metric_stat(runs, role, metric)["mean"]
 
 
-def right_items(runs: Sequence[Study], role: str = "opd") -> int:
+def right_items(runs: Sequence[RunSet], role: str = "opd") -> int:
     """Items ``role`` gets right without the context, summed over the seeds (Harm's denominator)."""
     got = [eval_arrays(r, (role,)) for r in runs]
     return int(sum(int(a[0].sum()) for a in got if a is not None))
 
 
-def harm_units(runs: Sequence[Study], role: str = "opd") -> Check:
+def harm_units(runs: Sequence[RunSet], role: str = "opd") -> Check:
     """Harm of ``role`` rests on ≥ `K_HARM` items right without the context."""
     k = right_items(runs, role)
     return None if k >= K_HARM else (NA_FEW_RIGHT, f"{role} right without the context on {k} items over the seeds")
 
 
-def nca_alive(runs: Sequence[Study], role: str = "nca") -> Check:
+def nca_alive(runs: Sequence[RunSet], role: str = "nca") -> Check:
     """NCA's context view neither collapsed (Acc_xc below both the base's and OPD's by more than `VIEW_MARGIN`) nor
     deaf: its follow_other below both the base's and OPD's by more than the margin (it lost more following than the
     distillation it is compared with; where measured), or a context changes its reply on fewer than `K_HEARD` items
@@ -86,7 +86,7 @@ def nca_alive(runs: Sequence[Study], role: str = "nca") -> Check:
     return None
 
 
-def replies_changed(runs: Sequence[Study], role: str = "nca") -> int | None:
+def replies_changed(runs: Sequence[RunSet], role: str = "nca") -> int | None:
     """Items (pooled over seeds) on which some context changes ``role``'s reply: its reply with the distilled context,
     or under any other context, differs from its reply without one; None where a seed's records keep no replies."""
     total = 0
@@ -106,7 +106,7 @@ def replies_changed(runs: Sequence[Study], role: str = "nca") -> int | None:
     return total
 
 
-def moved_share(runs: Sequence[Study], role: str = "opd") -> float | None:
+def moved_share(runs: Sequence[RunSet], role: str = "opd") -> float | None:
     """(Acc_x,role − Acc_x,base) / (Acc_xc,base − Acc_x,base): the share of the context's gain ``role`` internalised;
     None where undefined or the base gains nothing from the context."""
     own, bx, bxc = _mean(runs, role, "acc_x"), _mean(runs, "base", "acc_x"), _mean(runs, "base", "acc_xc")
@@ -115,7 +115,7 @@ def moved_share(runs: Sequence[Study], role: str = "opd") -> float | None:
     return (own - bx) / (bxc - bx)
 
 
-def student_moved(runs: Sequence[Study], role: str = "opd") -> Check:
+def student_moved(runs: Sequence[RunSet], role: str = "opd") -> Check:
     """``role`` internalised ≥ `MOVED_SHARE` of the context's gain (undefined share: not judged here)."""
     share = moved_share(runs, role)
     if share is None or share >= MOVED_SHARE:
@@ -123,7 +123,7 @@ def student_moved(runs: Sequence[Study], role: str = "opd") -> Check:
     return NA_UNMOVED, f"OPD internalised {share:.2f} of the base's context gain (needs ≥ {MOVED_SHARE:g})"
 
 
-def converged(study: Study) -> bool | None:
+def converged(study: RunSet) -> bool | None:
     """OPD's Acc_x ≥ `CONVERGED_SHARE` × the teacher's (the base with the context) Acc_xc in this seed."""
     acc, teacher = study.value("opd", "acc_x"), study.value("base", "acc_xc")
     return None if acc is None or teacher is None else acc >= CONVERGED_SHARE * teacher
@@ -133,7 +133,7 @@ def depth(layers: int) -> Check:
     return None if layers >= MIN_LAYERS_FOR_DEPTH else (NA_SHALLOW, f"{layers} decoder layers")
 
 
-def revert_units(runs: Sequence[Study], key: str, role: str = "opd") -> Check:
+def revert_units(runs: Sequence[RunSet], key: str, role: str = "opd") -> Check:
     """The unpatched ``role`` has ≥ `K_REVERT` learned items (rule) or harmed items (harm), pooled over seeds."""
     total = 0
     for r in runs:
@@ -152,7 +152,7 @@ def _f(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def harmed_localized(runs: Sequence[Study]) -> Check:
+def harmed_localized(runs: Sequence[RunSet]) -> Check:
     """Localization reads ≥ `K_REVERT` harmed items (right without the context, flipped unpatched), pooled."""
     total = 0
     for r in runs:

@@ -16,6 +16,8 @@ level resamples whole clusters (`eval_clusters`, `other_clusters`; docs/method.m
 
 from __future__ import annotations
 
+import csv
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,13 +27,13 @@ from mechopd.core.stats import CI, exact_se, hier_bootstrap
 from mechopd.evaluation.config import EvalConfig
 from mechopd.evaluation.following import _matrices, _mean_over_contexts
 from mechopd.evaluation.removability import batched_metrics, paired_arrays
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 Arrays = tuple[np.ndarray, ...]
 FIELDS = 4  # per role: correct_x, correct_xc, len_x, len_xc
 
 
-def _keyed(study: Study, role: str) -> dict[tuple[str, int], tuple[bool, bool, float, float]] | None:
+def _keyed(study: RunSet, role: str) -> dict[tuple[str, int], tuple[bool, bool, float, float]] | None:
     """(uid, sample) -> (correct_x, correct_xc, len_x, len_xc) of the role's evaluation report; None without one."""
     rep = study.eval(role)
     if rep is None or not rep.records:
@@ -41,7 +43,7 @@ def _keyed(study: Study, role: str) -> dict[tuple[str, int], tuple[bool, bool, f
     return {k: (bool(a), bool(b), float(c), float(d)) for k, a, b, c, d in zip(keys, cx, cxc, lx, lxc)}
 
 
-def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
+def eval_arrays(study: RunSet, roles: Sequence[str]) -> Arrays | None:
     """Per role in order, ``correct_x, correct_xc, len_x, len_xc`` (``[n]`` each) on the items every role evaluated
     (sorted by key, so pairs line up); None when a role lacks its report or no item is shared."""
     keyed = [_keyed(study, r) for r in roles]
@@ -58,14 +60,14 @@ def eval_arrays(study: Study, roles: Sequence[str]) -> Arrays | None:
     return tuple(out)
 
 
-def _common_keys(study: Study, roles: Sequence[str]) -> list[tuple[str, int]] | None:
+def _common_keys(study: RunSet, roles: Sequence[str]) -> list[tuple[str, int]] | None:
     keyed = [_keyed(study, r) for r in roles]
     if any(k is None for k in keyed):
         return None
     return sorted(set.intersection(*(set(k) for k in keyed if k is not None))) or None
 
 
-def _cluster_of(study: Study, role: str) -> dict[tuple[str, int], str] | None:
+def _cluster_of(study: RunSet, role: str) -> dict[tuple[str, int], str] | None:
     """(uid, sample) -> the item's saved cluster; None unless every record of the role's report carries one."""
     rep = study.eval(role)
     if rep is None or not rep.records or any(r.get("cluster") is None for r in rep.records):
@@ -73,7 +75,7 @@ def _cluster_of(study: Study, role: str) -> dict[tuple[str, int], str] | None:
     return {(str(r.get("uid")), int(r.get("sample", 0) or 0)): str(r["cluster"]) for r in rep.records}
 
 
-def eval_clusters(study: Study, roles: Sequence[str]) -> np.ndarray | None:
+def eval_clusters(study: RunSet, roles: Sequence[str]) -> np.ndarray | None:
     """The cluster id (``[n]``, int codes) of each item of `eval_arrays` output, in its order; None where the first
     role's records carry no cluster (a task whose items are independent: the item resample)."""
     by_key = _cluster_of(study, roles[0])
@@ -89,7 +91,7 @@ def metric_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
 
 
 def paired_stat(
-    runs: Sequence[Study],
+    runs: Sequence[RunSet],
     roles: Sequence[str],
     fn: Callable[[Arrays], np.ndarray],
     seed: int = EvalConfig.seed,
@@ -121,7 +123,7 @@ def units_of(arrays: Arrays, metric: str, role: int = 0) -> np.ndarray:
     return {"harm": cx.sum(1).astype(np.float64), "help": n - cx.sum(1)}.get(metric, n)
 
 
-def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]:
+def metric_stat(runs: Sequence[RunSet], role: str, metric: str) -> dict[str, Any]:
     """One role's removability metric over seeds (seeds × items interval; a proportion at 0 or 1 in every seed gets
     the exact bound on its pooled units, `units_of`)."""
     bounds = None if metric == "delta_len" else (0.0, 1.0)
@@ -138,7 +140,7 @@ def metric_stat(runs: Sequence[Study], role: str, metric: str) -> dict[str, Any]
     }
 
 
-def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float = 1.0) -> dict[str, Any]:
+def diff_stat(runs: Sequence[RunSet], a: str, b: str, metric: str, scale_b: float = 1.0) -> dict[str, Any]:
     """Paired per seed and item: metric(a) − scale_b · metric(b), on the items both evaluated (an accuracy difference
     in (−1, 1), with its exact bound when every item moves the same way)."""
     whole = metric in ("acc_x", "acc_xc", "both_correct") and scale_b == 1.0
@@ -156,7 +158,7 @@ def diff_stat(runs: Sequence[Study], a: str, b: str, metric: str, scale_b: float
 
 # ----------------------------------------------------------------------------------------------- other contexts
 def other_matrix(
-    study: Study, role: str, field: str = "follow", labels: Sequence[str] | None = None
+    study: RunSet, role: str, field: str = "follow", labels: Sequence[str] | None = None
 ) -> np.ndarray | None:
     """``[units, contexts]`` of the role's other-context records (``field``: follow, stick, compose, other as 0/1;
     NaN where a unit lacks a context), restricted to ``labels`` when given; None without records."""
@@ -170,7 +172,7 @@ def other_matrix(
     return follow
 
 
-def other_clusters(study: Study, role: str, labels: Sequence[str] | None = None) -> np.ndarray | None:
+def other_clusters(study: RunSet, role: str, labels: Sequence[str] | None = None) -> np.ndarray | None:
     """The cluster id of each unit (row) of `other_matrix`, from the role's evaluation records (the unit's uid);
     None without clusters."""
     rep = study.eval(role)
@@ -185,7 +187,7 @@ def other_clusters(study: Study, role: str, labels: Sequence[str] | None = None)
 
 
 def other_stat(
-    runs: Sequence[Study], role: str, field: str = "follow", labels: Sequence[str] | None = None
+    runs: Sequence[RunSet], role: str, field: str = "follow", labels: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """Mean over the other contexts (each context's mean over units) of ``field``, over seeds (seeds × units
     interval)."""
@@ -205,7 +207,7 @@ def other_stat(
 
 
 def other_diff_stat(
-    runs: Sequence[Study],
+    runs: Sequence[RunSet],
     a: str,
     b: str,
     field: str = "follow",
@@ -214,7 +216,7 @@ def other_diff_stat(
 ) -> dict[str, Any]:
     """Paired per seed and unit: mean over contexts of ``field`` for role a minus ``scale_b`` × that of role b."""
 
-    def pair(study: Study) -> Arrays | None:
+    def pair(study: RunSet) -> Arrays | None:
         ma, mb = other_matrix(study, a, field, labels), other_matrix(study, b, field, labels)
         if ma is None or mb is None or ma.shape != mb.shape:
             return None
@@ -246,15 +248,12 @@ def other_diff_stat(
 
 # ---------------------------------------------------------------------------------------- probes' per-item tables
 def probe_items(
-    study: Study, file: str, value: str, roles: Sequence[str], sites: Sequence[str], mean_column: bool = False
+    study: RunSet, file: str, value: str, roles: Sequence[str], sites: Sequence[str], mean_column: bool = False
 ) -> Arrays | None:
     """``(sums, counts)``, each ``[items, roles, sites]``, of a probe's per-item table (``similarity_examples.csv``:
     ``cos_mean`` per item and site, ``mean_column=True``; ``lens_examples.csv``: ``kl_sum``), so that a per-token mean
     over any resample of the items is ``sums.sum(0) / counts.sum(0)``. Items every role has, in uid order; None when
     the table, a role or a site is missing (or a cell is not a finite number)."""
-    import csv
-    import math
-
     path = study.probes_dir / file
     if not path.is_file() or not sites:
         return None
@@ -285,11 +284,11 @@ def token_means(arrays: Arrays) -> np.ndarray:
 
 
 def probe_tables(
-    runs: Sequence[Study],
+    runs: Sequence[RunSet],
     file: str,
     value: str,
     roles: Sequence[str],
-    sites_of: Callable[[Study], Sequence[str]],
+    sites_of: Callable[[RunSet], Sequence[str]],
     mean_column: bool = False,
 ) -> list[Arrays | None]:
     """Per seed, `probe_items` of one probe table (read once; every statistic of a row bootstraps these)."""

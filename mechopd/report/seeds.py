@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from mechopd.core.stats import fmt_stat, scaled_stat
 from mechopd.probes.registry import probe_result
 from mechopd.report.mechanism_claims import localization_table, weightpatch_table
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 COSINE_ROLES = ("base", "opd", "nca")
 
 
-def _cosines(study: Study) -> dict[str, tuple[list[float], dict[str, float]]]:
+def _cosines(study: RunSet) -> dict[str, tuple[list[float], dict[str, float]]]:
     """role -> (cosine after each decoder layer, the sites reported apart) of one seed run's similarity probe, read
     once; roles the probe did not cover are absent."""
     res = probe_result("similarity", study.probes_dir)
@@ -32,7 +32,7 @@ def _cosines(study: Study) -> dict[str, tuple[list[float], dict[str, float]]]:
     return out
 
 
-def cosine_table(runs: Sequence[Study]) -> list[str]:
+def cosine_table(runs: Sequence[RunSet]) -> list[str]:
     """Markdown rows: per model, the cosine after each decoder layer, their mean, and the sites reported apart."""
     per_seed = [_cosines(s) for s in runs]
     roles = [r for r in COSINE_ROLES if any(r in c for c in per_seed)]
@@ -59,7 +59,7 @@ def _mean(vals: Sequence[float | None]) -> float | None:
 
 
 def _over_seeds(
-    runs: Sequence[Study], roles: Sequence[str], fn: Callable[[Study, str], float | None], digits: int = 4
+    runs: Sequence[RunSet], roles: Sequence[str], fn: Callable[[RunSet, str], float | None], digits: int = 4
 ) -> str:
     return "; ".join(
         f"{runs[0].label(r)} {fmt_stat(scaled_stat([fn(s, r) for s in runs], 'log'), digits)}"
@@ -68,7 +68,7 @@ def _over_seeds(
     )
 
 
-def _lens_output(study: Study, role: str) -> float | None:
+def _lens_output(study: RunSet, role: str) -> float | None:
     res, name = probe_result("lens", study.probes_dir), study.name(role)
     if res is None or name is None:
         return None
@@ -76,7 +76,7 @@ def _lens_output(study: Study, role: str) -> float | None:
     return kls[-1] if kls else None
 
 
-def probe_lines(runs: Sequence[Study]) -> list[str]:
+def probe_lines(runs: Sequence[RunSet]) -> list[str]:
     """The aggregate report's "Mechanistic probes over seeds" section (empty when no seed run has probes)."""
     table = cosine_table(runs)
     lens = _over_seeds(runs, COSINE_ROLES, _lens_output)

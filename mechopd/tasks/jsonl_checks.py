@@ -20,6 +20,7 @@ anywhere in the reply):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +152,6 @@ def check_shared_other(shared_context: str | None, shared_other: str | None) -> 
 def check_ids(path: Path, items: list[Any]) -> None:
     """Items that carry an ``"id"`` field: one id names one item (a second copy that differs in its question, options,
     context, answer or other context/answer is refused with both lines). Identical copies are the reader's (kept once, with a warning)."""
-    import json
-
     lines = {item.line: item for item in items}
     seen: dict[str, Any] = {}
     for number, raw in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), start=1):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mechopd.core.errors import TrainingError
@@ -124,7 +125,6 @@ def read_state(ckpt: Path) -> dict[str, Any]:
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
 
     if not path.is_file():
         raise _damaged(path, "is missing")

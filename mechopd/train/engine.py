@@ -4,6 +4,7 @@ after every optimizer step (in place, no checkpoint round trip; FSDP: one gather
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import torch
 
 from mechopd.config import TrainConfig
+from mechopd.generate.vllm_engine import VllmEngine
+from mechopd.models.spec import organism_task, resolve_spec
 
 
 def rollout_engine(
@@ -21,7 +24,6 @@ def rollout_engine(
     trainer puts it in its `SamplingSettings` (``engine=``): rollouts and the periodic evaluation sample with it."""
     if cfg.rollout_engine != "vllm":
         return None
-    from mechopd.generate.vllm_engine import VllmEngine
 
     engine = VllmEngine(path, dtype=cfg.dtype, seed=cfg.seed, device=device.type, world=world, **cfg.vllm_options)
     sync_engine(engine, student, shard)
@@ -43,7 +45,6 @@ def engine_organism(
     cached), since vLLM's CPU attention refuses the default organisms' head_dim 24 (`vllm_engine.CPU_HEAD_SIZES`).
     None otherwise (the student spec resolves as usual)."""
     from mechopd.organisms.pretrain import default_config, pretrain
-    from mechopd.organisms.recipes import organism_task
 
     task = organism_task(cfg.student)
     if cfg.rollout_engine != "vllm" or device.type != "cpu" or task is None:
@@ -61,20 +62,19 @@ def engine_organism(
 def resolve_student(
     cfg: TrainConfig, device: torch.device, *, progress: bool, main: bool, barrier: Callable[[], None]
 ) -> str:
-    """The student's directory: `engine_organism` where it applies, else `recipes.resolve_organism` (an
+    """The student's directory: `engine_organism` where it applies, else `models.spec.resolve_spec` (an
     ``organism:<task>`` pretrained on demand on the `main` process; any other spec unchanged)."""
-    from mechopd.organisms.recipes import resolve_organism
+    from mechopd.organisms.pretrain import pretrain_organism
 
-    return engine_organism(cfg, device, progress=progress, main=main, barrier=barrier) or resolve_organism(
-        cfg.student, cfg.organism_dir, pretrain=True, progress=progress, main=main, barrier=barrier
+    make = functools.partial(pretrain_organism, progress=progress)
+    return engine_organism(cfg, device, progress=progress, main=main, barrier=barrier) or resolve_spec(
+        cfg.student, cfg.organism_dir, make=make, main=main, barrier=barrier
     )
 
 
 def resolve_teacher(cfg: TrainConfig, student_path: str, *, main: bool, barrier: Callable[[], None]) -> str:
     """The teacher's directory: the student's when there is no teacher (self-distillation), else its spec through
-    `recipes.resolve_organism` (``model:NAME`` fetched on first use, on the `main` process)."""
-    from mechopd.organisms.recipes import resolve_organism
-
+    `models.spec.resolve_spec` (``model:NAME`` fetched on first use, on the `main` process)."""
     if not cfg.teacher:
         return student_path
-    return resolve_organism(cfg.teacher, cfg.organism_dir, main=main, barrier=barrier)
+    return resolve_spec(cfg.teacher, cfg.organism_dir, main=main, barrier=barrier)

@@ -25,7 +25,8 @@ import torch
 
 from mechopd.core.errors import TrainingError
 from mechopd.core.views import assemble_two_views
-from mechopd.generate.sampler import SamplingSettings, sample_rows, stable_seed
+from mechopd.generate.sampler import sample_rows, stable_seed
+from mechopd.generate.settings import SamplingSettings
 from mechopd.objectives.follow import draw_other
 from mechopd.objectives.losses import LossTerm
 from mechopd.train import dist

@@ -24,8 +24,7 @@ from mechopd.core.errors import ConfigError
 from mechopd.core.model_checks import read_config
 from mechopd.evaluation.pinning import train_render
 from mechopd.generate.prefix import PrefixStore
-from mechopd.generate.sampler import SamplingSettings
-from mechopd.generate.settings import known_vocab
+from mechopd.generate.settings import SamplingSettings, known_vocab, task_default
 from mechopd.models import check_same_tokenizer, load_tokenizer
 from mechopd.objectives.follow import check_follow_contexts
 from mechopd.objectives.losses import LossTerm, config_terms
@@ -104,7 +103,6 @@ class _Inputs(NamedTuple):
     teacher_path: str
     tokenizer: Any
     pool: list
-    max_new: int
     spec: Any
     prompt_cache: dict[tuple, list[int]]
     resume_from: Path | None
@@ -124,7 +122,6 @@ def build_parts(
     models = teachers.build(cfg, inp.student_path, inp.teacher_path, inp.resume_from, dtype, shard, device)
     student, teacher = models.student, models.teacher  # teacher_mode / LoRA: train.teachers
     vocab = known_vocab(tokenizer, student, teacher)  # ids past the tokenizer / a head: out
-    temperature = cfg.temperature or task.temperature
     objective = build_objective(cfg, task, inp.pool)
     named = [(n, p) for n, p in student.named_parameters() if p.requires_grad]
     param_names, params = [models.param_name(n) for n, _ in named], [p for _, p in named]
@@ -136,22 +133,15 @@ def build_parts(
     engine = rollout_engine(cfg, student, shard, inp.student_path, device, world)
     copied = rollcopy.make(cfg.rollout_dtype, student)  # None: the student samples its own rollouts
     roller = rollcopy.sampler(student, copied)
-    sampling = SamplingSettings.for_model(  # the rollout's: only ids the teacher can score are drawn
-        tokenizer,
-        student,
-        others=(teacher,),
-        max_new_tokens=inp.max_new,
-        temperature=temperature,
-        engine=engine or cfg.rollout_engine,
-        shared_prefix=cfg.shared_prefix,
-    )
+    # the rollout's, from its section: only ids the teacher can score are drawn
+    sampling = SamplingSettings.from_section(cfg, task, tokenizer, student, others=(teacher,), engine=engine)
     # the frozen teacher's context block, reused step after step (FSDP: every process must run the same forwards)
     teacher_store = PrefixStore() if cfg.sharding == "none" and models.frozen_teacher else None
     agree = dist.agree_prefix if dist.active() else None  # one process: prefix groups (generate/groups.py)
     max_len = getattr(student.config, "max_position_embeddings", None)
     if cfg.gradient_checkpointing:
         enable_checkpointing(student)
-    opts = step_options(cfg, temperature, vocab, dtype)
+    opts = step_options(cfg, sampling.temperature, vocab, dtype)  # scored at the rollout's temperature
     scoring = make_scorer(cfg, student, teacher, objective.main_terms, objective.selector, params, opts, teacher_store)
     say(scoring.head_line)  # which head `loss_head` resolved to (train.headstep), and why
     other = None
@@ -217,7 +207,7 @@ def _inputs(cfg: TrainConfig, run_dir: rundir.RunDir, resume: bool, progress: bo
     check_task_vocab(tokenizer, task)  # as evaluation does: no training on <unk> soup
     rundir.check_items(task, cfg)  # pool_size / eval_n within the task's item space, before any model
     pool = task.examples("train", cfg.pool_size, cfg.seed)
-    max_new = cfg.max_new_tokens or task.max_new_tokens
+    max_new = task_default(cfg, task, "max_new_tokens")  # the rollout's response cap (SamplingSettings')
     prompt_cache: dict[tuple, list[int]] = {}
     spec, pinned = train_render(
         tokenizer, task, pool, cfg, max_new, read_config(student_path), prompt_cache
@@ -227,9 +217,7 @@ def _inputs(cfg: TrainConfig, run_dir: rundir.RunDir, resume: bool, progress: bo
     if cfg.teacher:
         check_same_tokenizer(tokenizer, load_tokenizer(teacher_path))
     resume_from = rundir.latest_checkpoint(run_dir.root) if resume else None
-    return _Inputs(
-        cfg, task, device, student_path, teacher_path, tokenizer, pool, max_new, spec, prompt_cache, resume_from
-    )
+    return _Inputs(cfg, task, device, student_path, teacher_path, tokenizer, pool, spec, prompt_cache, resume_from)
 
 
 def build_objective(cfg: TrainConfig, task: Any, pool: list) -> Objective:

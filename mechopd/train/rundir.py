@@ -20,6 +20,7 @@ A resume replaces ``final/`` but keeps every file in it that the save did not wr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -230,8 +231,6 @@ def _local(value: Any) -> bool:
 
 def record_paths(cfg: TrainConfig, run: RunDir, resume: bool) -> tuple[TrainConfig, str | None]:
     """`cfg` with its local paths absolute (see the module docstring); on resume, relative values read as the run's."""
-    import dataclasses
-
     changes: dict[str, Any] = {"organism_dir": str(Path(cfg.organism_dir).resolve())}
     changes.update({k: str(Path(getattr(cfg, k)).resolve()) for k in ("student", "teacher") if _local(getattr(cfg, k))})
     opts = dict(cfg.task_options)

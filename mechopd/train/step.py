@@ -55,8 +55,8 @@ from mechopd.generate.scorer import (
 )
 from mechopd.objectives.divergences import _kl
 from mechopd.objectives.losses import LossInputs, LossTerm, terms_need, total_loss
-from mechopd.objectives.select import Selector, TeachabilityStats, pack_stats, teachability_stats, unpack_stats
-from mechopd.objectives.signals import cat_stats
+from mechopd.objectives.select import Selector, pack_stats, unpack_stats
+from mechopd.objectives.signals import TeachabilityStats, cat_stats, teachability_stats
 from mechopd.train import dist
 from mechopd.train.chunksums import ChunkSums
 from mechopd.train.profile import StageClock

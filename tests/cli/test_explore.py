@@ -214,7 +214,7 @@ HELP_ITEMS = {"base": [0, 3], "opd": [], "nca": [0]}  # the reverse
 def _eval_run(root: Path) -> Path:
     """A run with eval/<model>.json + .csv of known outcomes (summaries by `removability.summarize`, as eval does)."""
     from mechopd.evaluation.removability import summarize
-    from mechopd.study import EvalReport
+    from mechopd.runset import EvalReport
 
     for m, (xs, xcs) in OUTCOMES.items():
         recs = [

@@ -1,4 +1,4 @@
-"""Hostile inputs, study files and the artifacts `figures` / `aggregate` read (`mechopd.study.checks`,
+"""Hostile inputs, study files and the artifacts `figures` / `aggregate` read (`mechopd.runset.checks`,
 `mechopd.core.checks.check_display_label` / `inside_root`, `mechopd.core.artifacts` readers).
 
 A study is checked whole before anything is written: a role naming no run, a ``root:`` outside the study file's
@@ -227,8 +227,8 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
     """The same fixtures unchanged (a safe unicode label, a root inside the folder, no task line): accepted; the task
     comes from the runs."""
     from mechopd.cli import main
-    from mechopd.study import Study
-    from mechopd.study.checks import check_study
+    from mechopd.runset import RunSet
+    from mechopd.runset.checks import check_study
 
     run = make_run(tmp_path / "run")
     spec = _study(
@@ -237,7 +237,7 @@ def test_a_good_study_still_draws_and_aggregates(tmp_path, monkeypatch, capsys):
         "run/study.yaml",
         root="rules",
     )
-    assert check_study(Study.load(spec)).task == "rules"
+    assert check_study(RunSet.load(spec)).task == "rules"
     assert main(["figures", "--study", spec]) == 0, capsys.readouterr().err
     assert "OPD (ρ=0.10, β=0.5; kept 50%)" in (run / "report.md").read_text()
     args = _seeds(tmp_path)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from mechopd.core.views import RenderSpec, render_prompt_ids
-from mechopd.generate.sampler import SamplingSettings, play_games
+from mechopd.generate.sampler import play_games
+from mechopd.generate.settings import SamplingSettings
 from mechopd.models import load_model, load_tokenizer
 from mechopd.organisms.pretrain import OrganismConfig, pretrain
 from mechopd.tasks.base import get_task

@@ -20,7 +20,8 @@ from mechopd.core.errors import ModelError  # noqa: E402
 from mechopd.models import atomic_save, load_model  # noqa: E402
 from mechopd.organisms.tokenizer import build_tokenizer  # noqa: E402
 from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl  # noqa: E402
-from mechopd.probes.similarity import make_batches, two_view_cosine  # noqa: E402
+from mechopd.probes.items import make_batches
+from mechopd.probes.view_cosine import two_view_cosine
 from mechopd.tasks.base import get_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -136,9 +136,9 @@ def test_a_study_probe_may_name_the_teacher_role_and_is_skipped_without_one(tmp_
 
     from mechopd.pipeline.stages import _WithTeacher
     from mechopd.probes.registry import demo_options, get_probe
-    from mechopd.study import Study
+    from mechopd.runset import RunSet
 
-    study = Study.of_models(tmp_path, "rules", {"base": tmp_path / "b", "opd": tmp_path / "o"})
+    study = RunSet.of_models(tmp_path, "rules", {"base": tmp_path / "b", "opd": tmp_path / "o"})
     wanted = SimpleNamespace(demo={"models": ["base", "teacher", "opd"]}, role_options=("models",))
     models = {"base": tmp_path / "b", "opd": tmp_path / "o"}
     similarity, deltas = get_probe("similarity"), get_probe("deltas")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
-from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
+from mechopd.generate.sampler import sample
+from mechopd.generate.settings import SamplingSettings, stop_ids
 from tests.conftest import tiny_model
 
 PROMPTS = ["apply the rule to : 3 1 4", "apply the rule to : 1 5 9 2 6", "apply the rule to : 7", "apply the rule to :"]

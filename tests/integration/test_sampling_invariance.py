@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechopd.config.sections import RolloutOptions
 from mechopd.core.views import RenderSpec, render_prompt_ids
 from mechopd.evaluation.evaluate import EvalConfig, evaluate_model
-from mechopd.generate.sampler import SamplingSettings, sample, sample_rows, stop_ids
+from mechopd.generate.sampler import sample, sample_rows
+from mechopd.generate.settings import SamplingSettings, stop_ids
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 
@@ -103,13 +105,13 @@ def test_evaluation_batch_one_equals_batch_n(tiny_rules_organism):
 
 
 def test_similarity_responses_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
-    from mechopd.probes.similarity import sample_responses
+    from mechopd.probes.items import sample_responses
 
     task = get_task("rules")
     ex = task.examples("test", 5, 0)
-    kw = dict(max_new_tokens=8, temperature=1.0, seed=3)
-    one = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=1, **kw)
-    assert one == sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **kw)
+    kw = dict(rollout=RolloutOptions(max_new_tokens=8, temperature=1.0), seed=3)
+    one = sample_responses(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=1, **kw)
+    assert one == sample_responses(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=5, **kw)
 
 
 def test_gradients_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
@@ -117,14 +119,14 @@ def test_gradients_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
 
     task = get_task("rules")
     ex = task.examples("train", 5, 0)
-    kw = dict(temperature=1.0, max_new_tokens=8, seed=4)
-    one = sample_batch(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=1, **kw)
-    many = sample_batch(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), **kw)
+    kw = dict(rollout=RolloutOptions(temperature=1.0, max_new_tokens=8), seed=4)
+    one = sample_batch(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=1, **kw)
+    many = sample_batch(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), **kw)
     assert torch.equal(one.response_ids, many.response_ids) and torch.equal(one.input_ids_c, many.input_ids_c)
 
 
 def test_teachability_bank_batch_one_equals_batch_n(organism_tokenizer, tiny_qwen3):
-    from mechopd.probes.teachability import build_bank
+    from mechopd.probes.teachability_bank import build_bank
 
     task = get_task("rules")
     one = build_bank(tiny_qwen3, organism_tokenizer, task, 5, 0, temperature=1.0, batch_size=1)

@@ -12,8 +12,9 @@ import torch
 
 from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
 from mechopd.generate.prefix import MIN_PREFIX_TOKENS, PrefixStore, view_inputs, view_prefix_len
-from mechopd.generate.sampler import SamplingSettings, sample, stop_ids
+from mechopd.generate.sampler import sample
 from mechopd.generate.scorer import score_views
+from mechopd.generate.settings import SamplingSettings, stop_ids
 from tests.conftest import tiny_model
 
 ATOL = 1e-5

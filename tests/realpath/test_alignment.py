@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
-from mechopd.generate.sampler import SamplingSettings, sample
+from mechopd.generate.sampler import sample
 from mechopd.generate.scorer import response_logits
+from mechopd.generate.settings import SamplingSettings
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 from mechopd.testing.zoo import FAMILY, tiny_model, train_bpe, wrap_tokenizer
@@ -123,7 +124,7 @@ def test_probe_batches_hold_the_sampled_ids_and_compare_the_same_token(zoo, fami
     ids the model receives at the compared columns are the response ids, and the captured embedding-site state at
     index t is the embedding of response token t, in both views."""
     from mechopd.probes.capture import capture_views
-    from mechopd.probes.similarity import make_batches
+    from mechopd.probes.items import make_batches
 
     path = zoo.student(family)
     tok, model = load_tokenizer(path), load_model(path)

@@ -231,7 +231,8 @@ def test_probe_cli_refuses_an_implicit_no_context_view(family, zoo, tmp_path, ca
 @pytest.mark.parametrize("family", FAMILIES)
 def test_transformer_lens_and_nnsight_agree_with_our_hooks(family, zoo):
     from mechopd.probes.interop import to_nnsight, to_transformer_lens, two_view_cosine_nnsight, two_view_cosine_tl
-    from mechopd.probes.similarity import make_batches, two_view_cosine
+    from mechopd.probes.items import make_batches
+    from mechopd.probes.view_cosine import two_view_cosine
 
     path = zoo.student(family)
     task = get_task("jsonl", **zoo.jsonl_options(max_new_tokens=5))

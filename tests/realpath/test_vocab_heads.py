@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mechopd.core.views import RenderSpec, build_two_view_batch, render_prompt_ids
-from mechopd.generate.sampler import SamplingSettings, sample
+from mechopd.generate.sampler import sample
 from mechopd.generate.scorer import score_views
-from mechopd.generate.settings import known_vocab
+from mechopd.generate.settings import SamplingSettings, known_vocab
 from mechopd.models import load_model, load_tokenizer
 from mechopd.tasks.base import get_task
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from mechopd.core.artifacts import write_csv
 from mechopd.core.sites import residual_sites, site_depth, site_layer
-from mechopd.probes import attention, lens, patching
+from mechopd.probes import attention, lens, patch_views
 
 MODELS = ("base", "opd", "nca")
 LAYERS, HEADS = 3, 4
@@ -36,7 +36,7 @@ def write_causal(probes: Path, rng: np.random.Generator) -> dict[str, list[dict]
         for s in sites:
             comps = ["resid"] + (["attn", "mlp"] if site_layer(s) is not None else [])
             for c in comps:
-                for direction in patching.DIRECTIONS:
+                for direction in patch_views.DIRECTIONS:
                     patch_rows.append(
                         {
                             "model": m,
@@ -70,6 +70,6 @@ def write_causal(probes: Path, rng: np.random.Generator) -> dict[str, list[dict]
         for c in [rng.uniform(0, 1)]
     ]
     write_csv(probes / "lens.csv", lens_rows, lens.COLUMNS)
-    write_csv(probes / "patching.csv", patch_rows, patching.COLUMNS)
+    write_csv(probes / "patching.csv", patch_rows, patch_views.COLUMNS)
     write_csv(probes / "attention.csv", attn_rows, attention.COLUMNS)
     return {"lens": lens_rows, "patching": patch_rows, "attention": attn_rows}

@@ -154,7 +154,8 @@ def _spread(k: int, items: int, model: int, share: float = 0.02) -> float:
 
 def _write_deltas(path: Path, spec: dict) -> None:
     """Per-tensor rows (weight only) through the probe's own writer, as `mechopd probe deltas` writes them."""
-    from mechopd.probes.deltas import DeltaRow, summarize_deltas, write_table
+    from mechopd.probes.delta_rows import DeltaRow, write_table
+    from mechopd.probes.deltas import summarize_deltas
 
     rows = []
     for i in range(spec["layers"]):

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from mechopd.probes.deltas import parameter_deltas, site_of
+from mechopd.core.sites import site_of
+from mechopd.probes.delta_sums import parameter_deltas
 
 DIMS = dict(
     hidden_size=32,

@@ -11,11 +11,21 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from safetensors.torch import save_file
 
-from mechopd.core.artifacts import json_safe
+from mechopd.core.artifacts import json_safe, write_rows
+from mechopd.core.sites import sites_for
 from mechopd.evaluation.following import summarize_following
 from mechopd.evaluation.removability import summarize
-from mechopd.probes import deltas, gradients, similarity, teachability
-from mechopd.probes.capture import sites_for
+from mechopd.probes import (
+    delta_rows,
+    delta_sums,
+    deltas,
+    grad_align,
+    gradients,
+    similarity,
+    teachability,
+    teachability_rescore,
+    view_cosine,
+)
 
 from .causal_artifacts import write_causal
 from .intervention_artifacts import write_interventions
@@ -107,12 +117,12 @@ def _write_similarity(probes: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     sites, rows = sites_for(N_LAYERS), []
     for k, model in enumerate(("base", "opd", "nca")):
-        acc = similarity.CosineAccumulator(sites, N_LAYERS)
+        acc = view_cosine.CosineAccumulator(sites, N_LAYERS)
         for site in sites:
             hx = torch.randn(2, 5, 8, generator=gen)
             acc.add(site, hx, hx + (0.6 / (k + 1)) * torch.randn(2, 5, 8, generator=gen), torch.ones(2, 5, dtype=bool))
         rows += acc.site_rows(model)
-    similarity.write_rows(rows, probes / "similarity.csv")
+    write_rows(rows, probes / "similarity.csv")
     mean_cos = {m: float(np.mean([r["cos_mean"] for r in rows if r["model"] == m])) for m in ("base", "opd", "nca")}
     similarity.SimilaritySummary(["base", "opd", "nca"], mean_cos, sites, "opd", 2).save(probes)
 
@@ -122,7 +132,7 @@ def _write_gradients(probes: Path, rng: np.random.Generator) -> None:
     sq_a, sq_b = rng.random(len(names)) + 0.1, rng.random(len(names)) + 0.1
     dots = (rng.random(len(names)) * 2 - 1) * np.sqrt(sq_a * sq_b)
     sums = [(float(d), float(a), float(b)) for d, a, b in zip(dots, sq_a, sq_b)]
-    rows = gradients.aggregate(names, sums, [16] * len(names), "opd", "nca", (0.5, 0.1))
+    rows = grad_align.aggregate(names, sums, [16] * len(names), "opd", "nca", (0.5, 0.1))
     gradients.write_gradients(rows, probes, {"synthetic": True})
 
 
@@ -144,16 +154,16 @@ def _checkpoints(root: Path) -> dict[str, Path]:
 
 
 def _write_deltas(probes: Path, ckpts: dict[str, Path]) -> None:
-    rows = deltas.parameter_deltas(
+    rows = delta_sums.parameter_deltas(
         ckpts["base"], {"opd": ckpts["opd"], "nca": ckpts["nca"]}, pair=("opd", "nca"), progress=False
     )
-    deltas.write_table(rows, probes / "deltas")
+    delta_rows.write_table(rows, probes / "deltas")
     deltas.summarize_deltas(rows, ("opd", "nca"), {"synthetic": True}).save(probes)
 
 
 def _write_teachability(probes: Path, rng: np.random.Generator) -> None:
     n = 240
-    table = {c: rng.random(n) for c in teachability.COLUMNS}
+    table = {c: rng.random(n) for c in teachability_rescore.COLUMNS}
     table["seq"] = np.repeat(np.arange(12), 20)
     table["pos"] = np.tile(np.arange(20), 12)
     summary = teachability.summarize(table, n_boot=20, seed=0)

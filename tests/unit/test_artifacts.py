@@ -65,18 +65,18 @@ def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
 
 
 def test_the_probe_writers_follow_the_policy(tmp_path):
-    from mechopd.probes import deltas, gradients, teachability
+    from mechopd.probes import delta_rows, gradients, teachability_rescore
 
     row = gradients.GradRow("opd", "nca", "global", None, "", 3, 0.0, 0.0, 1.0, math.nan, 0.0, 0.1, 0.2)
     gradients.write_gradients([row], tmp_path, {"response_tokens": 4})
     doc = _strict((tmp_path / "gradients.json").read_text())
     assert doc["cos"] is None and doc["rows"][0]["cos"] is None and doc["settings"]["response_tokens"] == 4
     assert "nan" in (tmp_path / "gradients.csv").read_text()
-    d = deltas.DeltaRow("opd", "base", "embed", None, "embed_tokens", "weight", 4, "", "rel_delta", math.inf)
-    csv_path, json_path = deltas.write_table([d], tmp_path / "deltas")
+    d = delta_rows.DeltaRow("opd", "base", "embed", None, "embed_tokens", "weight", 4, "", "rel_delta", math.inf)
+    csv_path, json_path = delta_rows.write_table([d], tmp_path / "deltas")
     assert _strict(json_path.read_text())[0]["value"] is None and csv_path.read_text().splitlines()[1].endswith("inf")
-    table = {c: np.array([math.nan, 1.0]) for c in teachability.COLUMNS}
-    assert teachability.write_table(table, tmp_path / "tok.csv").read_text().splitlines()[1].startswith("nan,")
+    table = {c: np.array([math.nan, 1.0]) for c in teachability_rescore.COLUMNS}
+    assert teachability_rescore.write_table(table, tmp_path / "tok.csv").read_text().splitlines()[1].startswith("nan,")
 
 
 def test_summaries_round_trip_with_nan_as_null(tmp_path):

@@ -13,14 +13,14 @@ import pytest
 
 from mechopd.core.errors import DataError
 from mechopd.core.stats import fmt_stat, hier_bootstrap, scaled_stat, seed_stat, t_quantile
-from mechopd.report import claims
+from mechopd.report import claim_rules, claims, verdicts
 from mechopd.report import mechanism_claims as mc
 from mechopd.report import preconditions as pre
 from mechopd.report.aggregate import aggregate, relabel_kept, summarise_runs
 from mechopd.report.verdicts import NA_FLOOR_BOTH, ONE_SEED_NOTE, Decision, all_of, any_of, decide
 from tests.unit.claim_runs import make_run, seed_runs, spec_with
 
-H, F, U, NA = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE, claims.NA
+H, F, U, NA = verdicts.HOLDS, verdicts.FAILS, verdicts.NA_FRAGILE, verdicts.NA
 NO_DEGRADATION = {"acc_xc": {"opd": 0.95}, "harm": {"opd": 0.0}}
 BAD_NCA = {"acc_x": {"nca": 0.7}, "acc_xc": {"nca": 0.7}}
 BAD_TA = {"acc_x": {"ta_opd": 0.7}, "acc_xc": {"ta_opd": 0.7}}
@@ -46,10 +46,16 @@ CASES: dict[str, dict[str, list[dict]]] = {
         H: [{}],
         F: [BAD_NCA],
         NA: [{"acc_x": {"nca": None}}],
-        claims.NA_CEILING: [CEIL_NCA],
+        verdicts.NA_CEILING: [CEIL_NCA],
         U: [{}, BAD_NCA],
     },
-    "ta_opd": {H: [{}], F: [BAD_TA], NA: [{"acc_x": {"ta_opd": None}}], claims.NA_CEILING: [CEIL_TA], U: [{}, BAD_TA]},
+    "ta_opd": {
+        H: [{}],
+        F: [BAD_TA],
+        NA: [{"acc_x": {"ta_opd": None}}],
+        verdicts.NA_CEILING: [CEIL_TA],
+        U: [{}, BAD_TA],
+    },
     "cosine_order": {
         H: [{}],
         F: [{"cos": {"opd": [0.85, 0.75, 0.65]}}],
@@ -108,7 +114,7 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "nca_follows": {
         H: [{}],
         F: [{"follow": {"nca": (0.5, 0.5)}}],
-        claims.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
+        verdicts.NA_CEILING: [{"follow": {"nca": (1.0, 1.0), "opd": (1.0, 1.0)}}],
         NA_FLOOR_BOTH: [{"follow": {"nca": (0.0, 0.0), "opd": (0.0, 0.0)}}],
         U: [{}, {"follow": {"nca": (0.5, 0.5)}}],
     },
@@ -185,7 +191,7 @@ def test_teachability_degeneracy_is_counted_per_seed(tmp_path: Path) -> None:
 
 def test_non_inferiority_at_the_ceiling_cannot_speak_and_says_so(tmp_path: Path) -> None:
     row = rows(tmp_path, [CEIL_NCA])["nca_keeps"]
-    assert row.verdict == claims.NA_CEILING and "no gain can be shown" in row.measured
+    assert row.verdict == verdicts.NA_CEILING and "no gain can be shown" in row.measured
 
 
 def test_findings_and_the_table_put_the_verdict_first(tmp_path: Path) -> None:
@@ -267,7 +273,7 @@ def _st(*values: float) -> dict:
 AT, ABOVE, BELOW, ACROSS = _st(0.1, 0.1, 0.1), _st(0.2, 0.25, 0.3), _st(0.0, 0.02, 0.05), _st(0.0, 0.1, 0.2)
 NA_AT = "not measurable here (design: x: every seed gives 0.1: the seeds do not vary, so they make no interval)"
 ENDS_AT_BAR = {"mean": 0.2, "low": 0.1, "high": 0.3, "n": 3}  # non-strict: holds at the end, strict: fragile there
-H, F, U = claims.HOLDS, claims.FAILS, claims.NA_FRAGILE
+H, F, U = verdicts.HOLDS, verdicts.FAILS, verdicts.NA_FRAGILE
 
 
 @pytest.mark.parametrize(
@@ -308,7 +314,7 @@ def test_decide_for_each_op_at_above_below_and_across_the_bar(stat: dict, op: st
 
 def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
     assert decide(_st(0.2), 0.1, ">").note == ONE_SEED_NOTE and decide(_st(0.05), 0.1, ">").verdict == F
-    assert decide(_st(), 0.1, ">").verdict == claims.NA and decide(_st(), 0.1, ">").note == ""
+    assert decide(_st(), 0.1, ">").verdict == verdicts.NA and decide(_st(), 0.1, ">").note == ""
     with pytest.raises(ValueError, match="op must be one of"):
         decide(_st(0.2), 0.1, "==")
 
@@ -325,9 +331,9 @@ def test_decide_on_one_seed_or_none_and_refuses_an_unknown_op() -> None:
         (F, U, F, U),
         (U, F, F, U),
         (U, U, U, U),
-        (claims.NA, U, claims.NA, claims.NA),
-        (claims.NA, F, F, claims.NA),
-        (claims.NA, H, claims.NA, H),
+        (verdicts.NA, U, verdicts.NA, verdicts.NA),
+        (verdicts.NA, F, F, verdicts.NA),
+        (verdicts.NA, H, verdicts.NA, H),
     ],
 )
 def test_all_of_and_any_of_are_kleene_and_or(a: str, b: str, and_: str, or_: str) -> None:
@@ -394,10 +400,10 @@ def test_claim_readers_follow_the_artifact_policy(tmp_path: Path) -> None:
     i = next(k for k, ln in enumerate(lines) if ln.startswith("nca,layers.0.resid_post"))
     lines[i] = "nca,layers.0.resid_post,0,"
     path.write_text("\n".join(lines) + "\n")
-    cos = claims.layer_cosines(run, "nca")
+    cos = claim_rules.layer_cosines(run, "nca")
     assert math.isnan(cos[0]) and all(math.isfinite(c) for c in cos[1:])
     (run / "probes" / "similarity.csv").unlink()
-    assert claims.layer_cosines(run, "nca") == []
+    assert claim_rules.layer_cosines(run, "nca") == []
 
 
 def test_orthogonality_leaves_out_a_seed_whose_opd_did_not_converge(tmp_path: Path) -> None:

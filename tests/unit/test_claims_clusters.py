@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mechopd.evaluation.evaluate import item_cluster
 from mechopd.report.seed_items import eval_clusters, metric_stat, other_clusters
-from mechopd.study import Study
+from mechopd.runset import RunSet
 from mechopd.tasks.base import Example
 from tests.unit.claim_runs import seed_runs
 
@@ -40,7 +40,7 @@ def test_clustered_records_widen_a_one_seed_interval_and_unclustered_ones_read_a
     their outcome) the interval is wider than the item resample's; without a cluster key nothing changes."""
     plain, clustered = (seed_runs(tmp_path / k, {"acc_x": {"opd": 0.55}})[0] for k in ("a", "b"))
     _cluster(clustered, 10)
-    sp, sc = Study.load(plain), Study.load(clustered)
+    sp, sc = RunSet.load(plain), RunSet.load(clustered)
     assert eval_clusters(sp, ("opd",)) is None and other_clusters(sp, "opd") is None
     ids = eval_clusters(sc, ("opd", "base"))
     assert ids is not None and len(set(ids.tolist())) == len(ids) // 10

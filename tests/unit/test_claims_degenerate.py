@@ -91,9 +91,9 @@ def test_no_row_of_a_study_prints_a_zero_width_interval(tmp_path: Path) -> None:
 
 def test_the_report_states_what_its_intervals_speak_for(tmp_path: Path) -> None:
     """The synthetic seeds share their items (u000…): the intervals speak for these items, not the population."""
-    from mechopd.study import studies
+    from mechopd.runset import runsets
 
-    line = claims.target_line(studies(seed_runs(tmp_path, {}, {})))
+    line = claims.target_line(runsets(seed_runs(tmp_path, {}, {})))
     assert line.startswith("Target: these items — 200 items are shared by every seed")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mechopd.report import claims
+from mechopd.report import claims, verdicts
 from mechopd.report import mechanism_claims as mc
 from mechopd.report import preconditions as pre
 from tests.unit.claim_runs import seed_runs
@@ -33,7 +33,7 @@ def test_harm_is_judged_against_the_base_harm(tmp_path: Path) -> None:
         "harm": {"base": 0.333, "opd": 0.35},
     }
     row = _rows(tmp_path, case, only={"degradation"})["degradation"]
-    assert row.verdict == claims.FAILS and "base Harm 0.333" in row.measured and "MDE" in row.measured
+    assert row.verdict == verdicts.FAILS and "base Harm 0.333" in row.measured and "MDE" in row.measured
 
 
 def test_a_deaf_nca_removes_nothing_it_could_show(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_a_collapsed_nca_is_judged_against_the_base_and_opd(tmp_path: Path) -> N
     """Acc_xc 0.2 against the base's 1.0 and OPD's 0.65: collapsed; Acc_xc 0.865 (Harm 0.1, above OPD's): alive."""
     dead = _rows(tmp_path / "a", {"acc_xc": {"nca": 0.2}, "harm": {"nca": 0.8}}, only={"nca_removes"})["nca_removes"]
     alive = _rows(tmp_path / "b", {"acc_xc": {"nca": 0.6}, "harm": {"nca": 0.1}}, only={"nca_removes"})
-    assert dead.verdict == pre.NA_COLLAPSED and alive["nca_removes"].verdict == claims.HOLDS
+    assert dead.verdict == pre.NA_COLLAPSED and alive["nca_removes"].verdict == verdicts.HOLDS
 
 
 def test_an_unmoved_student_keeps_nothing(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_convergence_is_relative_to_the_teacher(tmp_path: Path) -> None:
     """A teacher at Acc_xc 0.5: OPD at 0.47 converged (the absolute 0.95 left it out); at 0.3 it has not."""
     near = {"acc_x": {"opd": 0.47}, "acc_xc": {"base": 0.5, "opd": 0.4}, "harm": {"opd": 0.3}}
     far = {"acc_x": {"opd": 0.3}, "acc_xc": {"base": 0.5, "opd": 0.25}, "harm": {"opd": 0.3}}
-    assert _rows(tmp_path / "a", near, only={"orthogonal"})["orthogonal"].verdict == claims.HOLDS
+    assert _rows(tmp_path / "a", near, only={"orthogonal"})["orthogonal"].verdict == verdicts.HOLDS
     assert _rows(tmp_path / "b", far, only={"orthogonal"})["orthogonal"].verdict == pre.NA_UNCONVERGED
 
 
@@ -83,14 +83,14 @@ def test_a_revert_that_moves_no_item_is_not_measurable_not_does_not_hold(tmp_pat
     """No reverted group changes any item (the real model's probes): every margin 0 — it said 'does not hold'."""
     still = {"wp": {"qk": (0.95, 0.65, 0.3), "vo": (0.95, 0.65, 0.3), "ctrl": (0.95, 0.65, 0.3)}}
     row = _rows(tmp_path, still, {**still}, only={"qk_causal_rule"})["qk_causal_rule"]
-    assert row.verdict.startswith(claims.NA + " (design: ") and "no item varies" in row.verdict
+    assert row.verdict.startswith(verdicts.NA + " (design: ") and "no item varies" in row.verdict
 
 
 def test_an_undecided_floor_says_undecided_not_floor(tmp_path: Path) -> None:
     """The base's context gain 0.18 and 0.25 over two seeds: its interval holds the 0.2 bar: undecided, not floor."""
     runs = ({"acc_x": {"base": 0.5}, "acc_xc": {"base": g}} for g in (0.68, 0.75))
     row = _rows(tmp_path, *runs, only={"degradation"})["degradation"]
-    assert row.verdict == f"{claims.NA} (undecided (400 items): whether the base uses the context)"
+    assert row.verdict == f"{verdicts.NA} (undecided (400 items): whether the base uses the context)"
 
 
 def test_a_floor_decided_below_the_bar_is_still_the_floor(tmp_path: Path) -> None:
@@ -103,16 +103,16 @@ def test_a_qk_ratio_that_adam_alone_explains_is_not_concentration(tmp_path: Path
     (it held at ≥ 1.5) but 1.0 × its optimiser null: does not hold, the null shown beside the ratio."""
     adam = {"qk_w0": 1.0, "qk_factor": 2.0}
     row = _rows(tmp_path, adam, {**adam}, {**adam}, only={"qk"})["qk"]
-    assert row.verdict == claims.FAILS and "q,k / other 2.00" in row.measured and "÷ null 1.00" in row.measured
+    assert row.verdict == verdicts.FAILS and "q,k / other 2.00" in row.measured and "÷ null 1.00" in row.measured
 
 
 def test_localization_on_too_few_harmed_items_names_no_site(tmp_path: Path) -> None:
     """4 of 40 items flip unpatched: the shallowest removing site is not named (it was, on 4 items)."""
     from mechopd.report.mechanism_claims import localization_table
-    from mechopd.study import studies
+    from mechopd.runset import runsets
 
-    few = "\n".join(localization_table(studies(seed_runs(tmp_path / "a", {"loc": {"clean": 0.1}}))))
-    enough = "\n".join(localization_table(studies(seed_runs(tmp_path / "b", {}))))
+    few = "\n".join(localization_table(runsets(seed_runs(tmp_path / "a", {"loc": {"clean": 0.1}}))))
+    enough = "\n".join(localization_table(runsets(seed_runs(tmp_path / "b", {}))))
     assert "localization needs ≥ 10 harmed items): 4 harmed items" in few and "**final_norm**" in enough
 
 
@@ -122,7 +122,7 @@ def test_an_nca_that_lost_no_more_following_than_opd_is_not_deaf(tmp_path: Path)
     base-only reference said "deaf" for every NCA row on the default demo)."""
     case = {"follow": {"opd": (0.0, 0.0), "nca": (0.0, 0.0)}, "stick": {"opd": 0.9, "nca": 0.9}}
     got = _rows(tmp_path, case, only={"nca_removes", "cosine_order", "nca_lens"})
-    assert {c.verdict for c in got.values()} == {claims.HOLDS}, {k: c.verdict for k, c in got.items()}
+    assert {c.verdict for c in got.values()} == {verdicts.HOLDS}, {k: c.verdict for k, c in got.items()}
 
 
 def _replies(run: Path, role: str, same: bool) -> None:
@@ -148,7 +148,7 @@ def test_an_nca_whose_contexts_change_no_reply_is_deaf(tmp_path: Path) -> None:
         if same:
             assert row.verdict == pre.NA_COLLAPSED and "changes NCA's reply on 0 items" in row.measured, row
         else:
-            assert row.verdict == claims.HOLDS, row
+            assert row.verdict == verdicts.HOLDS, row
 
 
 def test_a_student_that_follows_nothing_the_base_follows_does_not_keep_following(tmp_path: Path) -> None:
@@ -157,4 +157,4 @@ def test_a_student_that_follows_nothing_the_base_follows_does_not_keep_following
     bounds (it said "not measurable (design: … no item varies the statistic)")."""
     case = {"follow": {"opd": (0.0, 0.0), "nca": (0.0, 0.0)}, "stick": {"opd": 0.9, "nca": 0.9}}
     row = _rows(tmp_path, case, only={"keeps_following"})["keeps_following"]
-    assert row.verdict == claims.FAILS and "0 of" in row.measured, row
+    assert row.verdict == verdicts.FAILS and "0 of" in row.measured, row

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mechopd.report import claims
+from mechopd.report import claims, multiplicity, verdicts
 from tests.unit.claim_runs import seed_runs
 from tests.unit.test_claims import CASES, F, H
 
@@ -58,7 +58,7 @@ def test_a_small_qk_excess_is_not_concentration(tmp_path: Path) -> None:
     """1.10–1.16× the other projections' relative update (the demo's 1.13×) is below the 1.5× bar: does not hold."""
     runs = seed_runs(tmp_path, *({"qk_factor": f} for f in (1.10, 1.13, 1.16)))
     row = {c.key: c for c in claims.evaluate_claims(runs, only={"qk"})}["qk"]
-    assert row.verdict == claims.FAILS and "≥ 1.5" in row.criterion
+    assert row.verdict == verdicts.FAILS and "≥ 1.5" in row.criterion
 
 
 def test_lens_row_says_which_depths_it_read(tmp_path: Path) -> None:
@@ -70,17 +70,17 @@ def test_a_collapsed_nca_removes_nothing_it_could_show(tmp_path: Path) -> None:
     dead = {"acc_x": {"nca": 0.0}, "acc_xc": {"nca": 0.0}, "harm": {"nca": None}}
     runs = seed_runs(tmp_path, *(merged(k, dead) for k in range(SEEDS)))
     got = {c.key: c for c in claims.evaluate_claims(runs)}
-    assert got["nca_removes"].verdict == claims.NA_COLLAPSED and got["degradation"].verdict == claims.HOLDS
+    assert got["nca_removes"].verdict == claims.NA_COLLAPSED and got["degradation"].verdict == verdicts.HOLDS
 
 
 def test_the_multiplicity_line_counts_what_chance_alone_decides() -> None:
     """17 rows at ≤ 5 % each: 0.85 expected by chance; P(≥ 3) = 0.0503 > 5 %, P(≥ 4) = 0.0109: the line says 4."""
     import math
 
-    expect, k = claims.chance_decisions(17)
+    expect, k = multiplicity.chance_decisions(17)
     tail = lambda j: sum(math.comb(17, i) * 0.05**i * 0.95 ** (17 - i) for i in range(j, 18))  # noqa: E731
     assert expect == pytest.approx(0.85) and k == 4 and tail(3) > 0.05 >= tail(4)
-    rows = [claims.Claim("a", "x", "", "", claims.HOLDS, ""), claims.Claim("b", "y", "", "", claims.NA_FRAGILE, "")]
+    rows = [claims.Claim("a", "x", "", "", verdicts.HOLDS, ""), claims.Claim("b", "y", "", "", verdicts.NA_FRAGILE, "")]
     note = claims.claims_markdown(rows).splitlines()[-1]
     assert note.startswith("Multiplicity: 2 rows") and "This table decides 1" in note
 
@@ -89,9 +89,9 @@ def test_holm_over_the_confirmatory_rows_leaves_the_exploratory_ones_alone() -> 
     """p 0.001, 0.004 pass Holm's steps 0.025/4, 0.025/3; 0.015 fails 0.025/2 and so does every later one; an
     exploratory row decided at p 0.02 stays decided, labelled exploratory (#53)."""
     ps = {"degradation": 0.004, "nca_removes": 0.015, "nca_keeps": 0.001, "ta_opd": 0.02, "cosine_order": 0.02}
-    rows = [claims.Claim(k, k, "", "m", claims.HOLDS, "", p=p) for k, p in ps.items()]
-    claims.holm(rows)
+    rows = [claims.Claim(k, k, "", "m", verdicts.HOLDS, "", p=p) for k, p in ps.items()]
+    multiplicity.holm(rows)
     got = {r.key: r.verdict for r in rows}
-    assert got == {**{k: claims.HOLDS for k in ps}, "nca_removes": claims.NA_FRAGILE, "ta_opd": claims.NA_FRAGILE}
+    assert got == {**{k: verdicts.HOLDS for k in ps}, "nca_removes": verdicts.NA_FRAGILE, "ta_opd": verdicts.NA_FRAGILE}
     assert "p = 0.015 > 0.0125 at step 3" in rows[1].measured
     assert [r.family for r in rows] == ["confirmatory"] * 4 + ["exploratory"]

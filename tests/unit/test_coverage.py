@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from mechopd.core.coverage import QUANTITIES, RULES, SCALED, Grid, centre_for, clipped_mean, mc_error, run_grid
 from mechopd.core.stats import floored_t, hier_bootstrap, t_quantile
+from mechopd.testing.coverage import QUANTITIES, RULES, SCALED, Grid, centre_for, clipped_mean, mc_error, run_grid
 
 SMALL = Grid(seeds=(3,), spreads=(0.0, 0.155), items=(200,), reps=1500)
 
@@ -76,7 +76,7 @@ def test_design_cells_cover_at_zero_counts_few_right_items_and_shared_items() ->
     counts get the exact bound (never a point), Harm on 5 items and shared items (target: these items) cover."""
     import numpy as np
 
-    from mechopd.core.coverage_design import DESIGN_CELLS, cell_coverage
+    from mechopd.testing.coverage_design import DESIGN_CELLS, cell_coverage
 
     rng = np.random.default_rng(0)
     cells = {c.name: c for c in DESIGN_CELLS}
@@ -113,7 +113,7 @@ def test_hier_bootstrap_resamples_whole_clusters() -> None:
 def test_one_seed_of_few_facts_covers_only_when_its_facts_are_resampled() -> None:
     """The design cell where the within-seed unit decides (#53): one seed of 6 facts × 8 paraphrases, tau 1.5. The
     item resample under-covers this seed's model on the population of facts; the cluster resample covers."""
-    from mechopd.core.coverage_design import DESIGN_CELLS, cell_coverage
+    from mechopd.testing.coverage_design import DESIGN_CELLS, cell_coverage
 
     cell = {c.name: c for c in DESIGN_CELLS}["fact clusters 6 × 8, tau 1.5, 1 seed"]
     r = cell_coverage(cell, 120, np.random.default_rng(3))

@@ -75,7 +75,6 @@ LIBRARY_SENTINELS = {
 # (file, name) -> what the parameter is: a parameter that shares an option's name but is another quantity. A copy of
 # an option's default never goes here: it reads the declaration instead.
 OTHER_MEANING = {
-    ("mechopd/core/stats.py", "seed"): "the bootstrap's seed of a statistics leaf (core/ reads no config)",
     ("mechopd/generate/vllm_engine.py", "seed"): "vLLM's engine seed (the sampler passes each call's seed)",
     (
         "mechopd/objectives/losses.py",

@@ -15,7 +15,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from mechopd.core.errors import ConfigError, ModelError
-from mechopd.probes.deltas import aggregate_deltas, checkpoint_tensors, parameter_deltas, site_of
+from mechopd.core.sites import site_of
+from mechopd.probes.delta_sums import aggregate_deltas, parameter_deltas
+from mechopd.probes.weights import checkpoint_tensors
 from tests.unit.delta_checkpoints import assert_close, by_key, make_trio, perturbed, reference, run, save, state, tiny
 
 

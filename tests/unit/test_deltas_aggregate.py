@@ -11,7 +11,9 @@ import math
 import pytest
 
 from mechopd.core.errors import ConfigError
-from mechopd.probes.deltas import aggregate_deltas, read_table, site_of, write_table
+from mechopd.core.sites import site_of
+from mechopd.probes.delta_rows import read_table, write_table
+from mechopd.probes.delta_sums import aggregate_deltas
 from tests.unit.delta_checkpoints import by_key, make_trio, run, state
 
 

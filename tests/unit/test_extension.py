@@ -16,11 +16,11 @@ import yaml
 
 from mechopd.cli import main
 from mechopd.core.artifacts import Summary, read_json
+from mechopd.core.options import option
 from mechopd.objectives.select import make_selector, register_selector, unregister_selector
 from mechopd.plots import draw_all, figure_index, register_figure, unregister_figure
-from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, probe_result, register_probe, unregister_probe
-from mechopd.study import Study
+from mechopd.runset import RunSet
 from tests.unit.plotting_run import make_run
 
 
@@ -75,7 +75,7 @@ def toy_last(normed, mask: torch.Tensor, generator) -> torch.Tensor:
 
 # -- the toy figure: the number of evaluated models -----------------------------------------------------------------
 def plot_count(run_dir, out_dir: Path) -> list[Path]:
-    root = run_dir.root if isinstance(run_dir, Study) else Path(run_dir)
+    root = run_dir.root if isinstance(run_dir, RunSet) else Path(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval_count.png").write_bytes(str(len(list((root / "eval").glob("*.json")))).encode())
     return [out_dir / "eval_count.png"]
@@ -155,7 +155,7 @@ def _train_with_the_toy_selector(tmp_path: Path, organism, capsys) -> Path:
 def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
     """The probe part of the test above: `mechopd probe toy` on the trained model, then the demo's probe stage on
     the study `run` whose nca role is the run my_nca."""
-    from mechopd.pipeline import demo
+    from mechopd.pipeline import demo, stages
 
     assert (
         main(
@@ -195,10 +195,10 @@ def _run_the_toy_probe(run: Path, out: Path, tmp_path: Path) -> None:
     only_toy = {**{k: replace(v, demo=None) for k, v in registry._REGISTRY.items()}, "toy": TOY_PROBE}
     saved, registry._REGISTRY = registry._REGISTRY, only_toy  # the built-ins need real checkpoints
     try:
-        demo.run_probes(demo.DemoConfig(fast=True), models, run)
+        stages.run_probes(demo.DemoConfig(fast=True), models, run)
     finally:
         registry._REGISTRY = saved
-    assert probe_result("toy", Study.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
+    assert probe_result("toy", RunSet.load(run).probes_dir) == ToySummary("my_nca", 0.5 * 8)  # as claims read it
 
 
 def test_the_selection_signals_travel_between_processes_by_field_name():
@@ -206,7 +206,8 @@ def test_the_selection_signals_travel_between_processes_by_field_name():
     matched by name, not a hand-kept column list."""
     from dataclasses import fields
 
-    from mechopd.objectives.select import TeachabilityStats, pack_stats, unpack_stats
+    from mechopd.objectives.select import pack_stats, unpack_stats
+    from mechopd.objectives.signals import TeachabilityStats
 
     mask = torch.tensor([[True, False], [True, True]])
     stats = TeachabilityStats(**{f.name: torch.rand(2, 2) + i for i, f in enumerate(fields(TeachabilityStats))})

@@ -14,7 +14,7 @@ import pytest
 from mechopd.cli import main
 from mechopd.core.errors import ModelError
 from mechopd.models import fetch as F
-from mechopd.organisms.recipes import is_named, recorded_model, resolve_organism
+from mechopd.models.spec import is_named, recorded_model, resolve_spec
 from tests.unit.fetch_fakes import fake_fetched as _fake_fetched
 
 SMOL = F.KNOWN["smollm2-135m-instruct"]
@@ -115,9 +115,9 @@ def test_model_name_resolves_under_mechopd_models(tmp_path, monkeypatch):
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("present: no download"))
     here = _fake_fetched(tmp_path / "models" / "smollm2-135m-instruct")
     assert is_named("model:smollm2-135m-instruct") and is_named("organism:rules") and not is_named("runs/x")
-    assert resolve_organism("model:smollm2-135m-instruct") == str(here.resolve())
+    assert resolve_spec("model:smollm2-135m-instruct") == str(here.resolve())
     assert recorded_model("model:smollm2-135m-instruct", "runs/organisms", tmp_path) == str(here.resolve())
-    assert resolve_organism("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    assert resolve_spec("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
     from mechopd.pipeline.run import resolve_model
     from mechopd.probes.setup import ProbeSetup
 
@@ -125,7 +125,7 @@ def test_model_name_resolves_under_mechopd_models(tmp_path, monkeypatch):
     assert ProbeSetup().model("model:smollm2-135m-instruct", "base") == ("smollm2-135m-instruct", str(here.resolve()))
     assert ProbeSetup().pick(["base=model:smollm2-135m-instruct"], []) == {"base": str(here.resolve())}
     with pytest.raises(ModelError, match="known models are"):
-        resolve_organism("model:nope")
+        resolve_spec("model:nope")
 
 
 def test_model_name_fetches_on_first_use_on_the_main_process_only(tmp_path, monkeypatch):

@@ -238,7 +238,7 @@ def test_run_gradients_layers_out_of_range(tmp_path):
 
 
 def test_rows_warn_when_one_norm_is_below_a_thousandth_of_the_other():
-    from mechopd.probes.gradients import aggregate
+    from mechopd.probes.grad_align import aggregate
 
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"]
     sums = [(1e-9, 1.0, 1e-8), (0.5, 1.0, 1.0)]  # q_proj: ‖g_b‖ = 1e-4 ≪ ‖g_a‖ = 1; up_proj: equal norms
@@ -269,8 +269,10 @@ def test_split_half_null_is_one_on_duplicated_halves_and_matches_two_separate_gr
     for k in (0, 1):
         half = _batch_of([examples[k]], [responses[k]])
         student.zero_grad()
-        from mechopd.objectives.losses import terms_need, token_mean
-        from mechopd.probes.gradients import _score_inputs, loss_term
+        from mechopd.objectives.divergences import token_mean
+        from mechopd.objectives.losses import terms_need
+        from mechopd.probes.grad_align import _score_inputs
+        from mechopd.probes.gradients import loss_term
 
         term = loss_term("opd", "full")
         value = token_mean(

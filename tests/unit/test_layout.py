@@ -24,7 +24,7 @@ LAYERS = (
     "objectives",
     "evaluation",
     "train",
-    "study",
+    "runset",
     "probes",
     "plots",
     "report",

@@ -26,8 +26,8 @@ def test_a_rare_token_with_a_large_log_ratio_does_not_outrank_a_likely_one():
 def test_the_lens_shows_its_progress_over_the_batches(tiny_rules_organism, capsys):
     """Minutes per model on a real model: a bar per model (#54); off by default for a library caller."""
     from mechopd.models import load_model, load_tokenizer
+    from mechopd.probes.items import make_batches
     from mechopd.probes.lens import lens
-    from mechopd.probes.similarity import make_batches
     from mechopd.tasks.base import get_task
 
     model, tok = load_model(tiny_rules_organism), load_tokenizer(tiny_rules_organism)

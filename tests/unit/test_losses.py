@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mechopd.objectives import divergences
 from mechopd.objectives import losses as L
 from mechopd.objectives.schedule import BetaSchedule
 
@@ -89,7 +90,7 @@ def assert_close(a, b, **kw):
 
 def test_reverse_kl_full_matches_loop_reference_values_and_grads():
     s, t = make_logits(0), make_logits(1)
-    fast, (gs, gt) = value_and_grads(L.reverse_kl_full(logp(s), logp(t)), s, t)
+    fast, (gs, gt) = value_and_grads(divergences.reverse_kl_full(logp(s), logp(t)), s, t)
     ref, (rs,) = value_and_grads(ref_per_pos(lambda q, f: ref_kl_row(q, f), s, t.detach()), s)
     assert_close(fast, ref)
     assert_close(gs, rs)
@@ -99,18 +100,18 @@ def test_reverse_kl_full_matches_loop_reference_values_and_grads():
 def test_forward_kl_full_matches_loop_reference_and_pulls_by_the_teachers_probability():
     """Estimator forward_full: KL(f ‖ q_x) per position; autograd of the loop formula, and the closed form q_x − f."""
     s, t = make_logits(0), make_logits(1)
-    fast, (gs, gt) = value_and_grads(L.forward_kl_full(logp(s), logp(t)), s, t)
+    fast, (gs, gt) = value_and_grads(divergences.forward_kl_full(logp(s), logp(t)), s, t)
     ref, (rs,) = value_and_grads(ref_per_pos(lambda q, f: ref_kl_row(f, q), s, t.detach()), s)
     assert_close(fast, ref)
     assert_close(gs, rs)
     assert_close(gs, weights()[..., None] * (logp(s).exp() - logp(t).exp()).detach())  # ∂/∂z_x = w (q_x − f)
     assert gt is None  # the teacher is detached
-    assert not torch.allclose(fast, L.reverse_kl_full(logp(s), logp(t)).detach())  # a different divergence
+    assert not torch.allclose(fast, divergences.reverse_kl_full(logp(s), logp(t)).detach())  # a different divergence
 
 
 def test_forward_kl_is_zero_at_the_teacher_and_moves_a_rare_token_by_the_teachers_mass():
     s = make_logits(3)
-    same, (g,) = value_and_grads(L.forward_kl_full(logp(s), logp(s).detach()), s)
+    same, (g,) = value_and_grads(divergences.forward_kl_full(logp(s), logp(s).detach()), s)
     assert_close(same, torch.zeros_like(same), atol=1e-12)
     assert_close(g, torch.zeros_like(g), atol=1e-12)
     # one position: the student gives token 0 probability 1e-4, the teacher 0.05 (pilot 2's medians, issue 52)
@@ -121,8 +122,8 @@ def test_forward_kl_is_zero_at_the_teacher_and_moves_a_rare_token_by_the_teacher
     f[0] = 0.05
     z = q.log().reshape(1, 1, V_).requires_grad_(True)
     lf = f.log().reshape(1, 1, V_)
-    (g_fwd,) = torch.autograd.grad(L.forward_kl_full(logp(z), lf).sum(), z)
-    (g_rev,) = torch.autograd.grad(L.reverse_kl_full(logp(z), lf).sum(), z)
+    (g_fwd,) = torch.autograd.grad(divergences.forward_kl_full(logp(z), lf).sum(), z)
+    (g_rev,) = torch.autograd.grad(divergences.reverse_kl_full(logp(z), lf).sum(), z)
     assert_close(g_fwd[0, 0, 0], torch.tensor(1e-4 - 0.05, dtype=DT))  # descent raises z_0 by f − q_x
     assert float(-g_fwd[0, 0, 0]) > 50 * abs(float(g_rev[0, 0, 0]))  # reverse KL: ~q_x, two orders smaller
 
@@ -138,11 +139,12 @@ def test_forward_full_with_the_anchor_the_selector_and_the_dual_term():
     (gc_f,) = torch.autograd.grad(nca_f, c, retain_graph=True)
     (gc_r,) = torch.autograd.grad(nca_r, c, retain_graph=True)
     assert_close(gc_f, gc_r)
-    fwd = L.forward_kl_full(inputs.student_nctx, inputs.teacher)
-    assert_close(logs_f["loss/opd"], L.token_mean(fwd, MASK & keep).detach())
+    fwd = divergences.forward_kl_full(inputs.student_nctx, inputs.teacher)
+    assert_close(logs_f["loss/opd"], divergences.token_mean(fwd, MASK & keep).detach())
     dual, logs_d, *_ = L.total_loss(L.method_terms("dual_opd", estimator="forward_full"), inputs, MASK)
     assert_close(
-        logs_d["loss/dual"], L.token_mean(L.forward_kl_full(inputs.student_ctx, inputs.teacher), MASK).detach()
+        logs_d["loss/dual"],
+        divergences.token_mean(divergences.forward_kl_full(inputs.student_ctx, inputs.teacher), MASK).detach(),
     )
 
 
@@ -150,7 +152,7 @@ def test_forward_full_with_the_anchor_the_selector_and_the_dual_term():
 @pytest.mark.parametrize("renormalize,tail", [(False, False), (True, False), (False, True)])
 def test_reverse_kl_topk_matches_loop_reference(k, renormalize, tail):
     s, t = make_logits(2), make_logits(3)
-    out = L.reverse_kl_topk(logp(s), logp(t), k=k, renormalize=renormalize, tail=tail)
+    out = divergences.reverse_kl_topk(logp(s), logp(t), k=k, renormalize=renormalize, tail=tail)
     fast, (gs, gt) = value_and_grads(out.kl, s, t)
     ref_kl = ref_per_pos(lambda q, f: ref_topk_row(q, f, k, renormalize, tail)[0], s, t.detach())
     ref, (rs,) = value_and_grads(ref_kl, s)
@@ -166,19 +168,19 @@ def test_reverse_kl_topk_matches_loop_reference(k, renormalize, tail):
 @pytest.mark.parametrize("renormalize,tail", [(False, False), (True, False), (False, True)])
 def test_topk_with_k_at_least_vocab_equals_full(k, renormalize, tail):
     s, t = make_logits(4), make_logits(5)
-    topk, (g_topk,) = value_and_grads(L.reverse_kl_topk(logp(s), logp(t), k, renormalize, tail).kl, s)
-    full, (g_full,) = value_and_grads(L.reverse_kl_full(logp(s), logp(t)), s)
+    topk, (g_topk,) = value_and_grads(divergences.reverse_kl_topk(logp(s), logp(t), k, renormalize, tail).kl, s)
+    full, (g_full,) = value_and_grads(divergences.reverse_kl_full(logp(s), logp(t)), s)
     assert_close(topk, full)
     assert_close(g_topk, g_full)
-    assert_close(L.reverse_kl_topk(logp(s), logp(t), k).mass, torch.ones(B, T, dtype=DT))
+    assert_close(divergences.reverse_kl_topk(logp(s), logp(t), k).mass, torch.ones(B, T, dtype=DT))
 
 
 def test_topk_without_tail_can_go_negative_and_tail_fixes_it():
     # Student puts half its mass on id 0 (its top-1) where the teacher puts 0.9: Σ_{S} q log(q/f) < 0.
     q = torch.tensor([0.5] + [0.5 / (V - 1)] * (V - 1), dtype=DT).log().expand(1, 1, V)
     f = torch.tensor([0.9] + [0.1 / (V - 1)] * (V - 1), dtype=DT).log().expand(1, 1, V)
-    assert float(L.reverse_kl_topk(q, f, k=1).kl) < 0
-    with_tail = float(L.reverse_kl_topk(q, f, k=1, tail=True).kl)
+    assert float(divergences.reverse_kl_topk(q, f, k=1).kl) < 0
+    with_tail = float(divergences.reverse_kl_topk(q, f, k=1, tail=True).kl)
     expected = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
     assert with_tail == pytest.approx(expected, rel=1e-12)
 
@@ -188,8 +190,8 @@ def test_topk_without_tail_can_go_negative_and_tail_fixes_it():
 def test_topk_with_tail_is_a_coarsened_kl_between_zero_and_full(seed, k):
     """Grouping the non-top-k ids into one bucket is a coarsening: 0 <= KL_tail <= KL_full (log-sum inequality)."""
     s, t = make_logits(seed, scale=3.0), make_logits(seed + 1, scale=3.0)
-    tail = L.reverse_kl_topk(logp(s), logp(t), k, tail=True).kl.detach()
-    full = L.reverse_kl_full(logp(s), logp(t)).detach()
+    tail = divergences.reverse_kl_topk(logp(s), logp(t), k, tail=True).kl.detach()
+    full = divergences.reverse_kl_full(logp(s), logp(t)).detach()
     assert (tail >= -1e-12).all()
     assert (tail <= full + 1e-12).all()
 
@@ -197,7 +199,7 @@ def test_topk_with_tail_is_a_coarsened_kl_between_zero_and_full(seed, k):
 def test_sampled_token_kl_matches_reference_and_is_not_a_kl_value():
     s, t = make_logits(6), make_logits(7)
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
-    out = L.sampled_token_kl(logp(s), logp(t), tokens)
+    out = divergences.sampled_token_kl(logp(s), logp(t), tokens)
     fast, (gs, gt) = value_and_grads(out.loss, s, t)
 
     def ref_row(b, tt):
@@ -226,15 +228,15 @@ def test_sampled_token_kl_gradient_is_unbiased_for_the_full_kl():
     expected = torch.zeros((), dtype=DT)
     for y in range(V):
         tokens = torch.full((B, T), y)
-        expected = expected + (q[..., y] * L.sampled_token_kl(ls, lt, tokens).loss).sum()
+        expected = expected + (q[..., y] * divergences.sampled_token_kl(ls, lt, tokens).loss).sum()
     (g_sampled,) = torch.autograd.grad(expected, s, retain_graph=True)
-    (g_full,) = torch.autograd.grad(L.reverse_kl_full(ls, lt).sum(), s)
+    (g_full,) = torch.autograd.grad(divergences.reverse_kl_full(ls, lt).sum(), s)
     assert_close(g_sampled, g_full)
 
 
 def test_nca_anchor_matches_reference_and_stops_gradient_into_no_context_view():
     x, c = make_logits(10), make_logits(11)
-    fast, (gx, gc) = value_and_grads(L.nca_anchor(logp(x), logp(c)), x, c)
+    fast, (gx, gc) = value_and_grads(divergences.nca_anchor(logp(x), logp(c)), x, c)
     ref, (rc,) = value_and_grads(ref_per_pos(lambda qx, qc: ref_kl_row(qx, qc), x.detach(), c), c)
     assert_close(fast, ref)
     assert_close(gc, rc)
@@ -243,7 +245,7 @@ def test_nca_anchor_matches_reference_and_stops_gradient_into_no_context_view():
 
 def test_dual_opd_ctx_matches_reference():
     c, t = make_logits(12), make_logits(13)
-    fast, (gc, gt) = value_and_grads(L.dual_opd_ctx(logp(c), logp(t)), c, t)
+    fast, (gc, gt) = value_and_grads(divergences.dual_opd_ctx(logp(c), logp(t)), c, t)
     ref, (rc,) = value_and_grads(ref_per_pos(lambda qc, f: ref_kl_row(qc, f), c, t.detach()), c)
     assert_close(fast, ref)
     assert_close(gc, rc)
@@ -252,7 +254,7 @@ def test_dual_opd_ctx_matches_reference():
 
 def test_sym_kl_matches_reference_and_moves_both_views():
     x, c = make_logits(14), make_logits(15)
-    fast, (gx, gc) = value_and_grads(L.sym_kl(logp(x), logp(c)), x, c)
+    fast, (gx, gc) = value_and_grads(divergences.sym_kl(logp(x), logp(c)), x, c)
     ref_fn = lambda qx, qc: 0.5 * (ref_kl_row(qx, qc) + ref_kl_row(qc, qx))  # noqa: E731
     ref, (rx, rc) = value_and_grads(ref_per_pos(ref_fn, x, c), x, c)
     assert_close(fast, ref)
@@ -264,12 +266,12 @@ def test_sym_kl_matches_reference_and_moves_both_views():
 def test_losses_reject_misaligned_vocab_and_common_vocab_fixes_it():
     student, teacher = make_logits(16, (B, T, V)), make_logits(17, (B, T, V + 3))
     with pytest.raises(ValueError, match="common_vocab"):
-        L.reverse_kl_full(logp(student), logp(teacher))
-    s2, t2 = L.common_vocab(student, teacher)
+        divergences.reverse_kl_full(logp(student), logp(teacher))
+    s2, t2 = divergences.common_vocab(student, teacher)
     assert s2.shape == t2.shape == (B, T, V)
     assert torch.equal(t2, teacher[..., :V])  # padding rows dropped BEFORE log_softmax
     assert torch.allclose(logp(t2).exp().sum(-1), torch.ones(B, T, dtype=DT))
-    assert L.reverse_kl_full(logp(s2), logp(t2)).shape == (B, T)
+    assert divergences.reverse_kl_full(logp(s2), logp(t2)).shape == (B, T)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -281,15 +283,15 @@ def test_token_mean_is_masked_mean_over_the_batch_and_ignores_padding_values():
     values = torch.arange(B * T, dtype=DT).view(B, T)
     mask = torch.tensor([[True, True, False], [True, False, False]])
     expected = (0 + 1 + 3) / 3
-    assert float(L.token_mean(values, mask)) == pytest.approx(expected)
+    assert float(divergences.token_mean(values, mask)) == pytest.approx(expected)
     poisoned = values.clone()
     poisoned[~mask] = float("nan")
-    assert float(L.token_mean(poisoned, mask)) == pytest.approx(expected)
+    assert float(divergences.token_mean(poisoned, mask)) == pytest.approx(expected)
 
 
 def test_token_mean_raises_on_empty_mask():
     with pytest.raises(ValueError, match="no response token"):
-        L.token_mean(torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool))
+        divergences.token_mean(torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool))
 
 
 @pytest.mark.parametrize(
@@ -363,7 +365,9 @@ def test_anchor_only_is_the_nca_term_alone_and_never_reads_the_teacher():
     (g_nca_c,) = torch.autograd.grad(nca, c)
     assert g_x is None or not g_x.any()
     assert_close(g_c, g_nca_c)
-    assert_close(loss, 0.5 * L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK))
+    assert_close(
+        loss, 0.5 * divergences.token_mean(divergences.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
+    )
 
 
 def test_nca_gradients_split_by_view():
@@ -375,7 +379,7 @@ def test_nca_gradients_split_by_view():
     assert g_opd_c is None  # the OPD term never touches the context view
     nca, logs, *_ = L.total_loss(L.method_terms("nca", beta=beta, estimator="full"), inputs, MASK)
     g_x, g_c = torch.autograd.grad(nca, (x, c), retain_graph=True)
-    anchor = L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
+    anchor = divergences.token_mean(divergences.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
     (g_anchor_c,) = torch.autograd.grad(beta * anchor, c)
     assert_close(g_x, g_opd_x)
     assert_close(g_c, g_anchor_c)
@@ -386,12 +390,12 @@ def test_total_loss_applies_keep_only_to_the_opd_term_and_logs_stats():
     inputs, _, _ = _inputs()
     keep = torch.tensor([[False, True, False], [True, False, False]])
     loss, logs, *_ = L.total_loss(L.method_terms("nca", beta=0.25, topk=3), inputs, MASK, keep=keep)
-    kl, mass = L.reverse_kl_topk(inputs.student_nctx, inputs.teacher, 3)
-    opd = L.token_mean(kl, MASK & keep)
-    anchor = L.token_mean(L.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
+    kl, mass = divergences.reverse_kl_topk(inputs.student_nctx, inputs.teacher, 3)
+    opd = divergences.token_mean(kl, MASK & keep)
+    anchor = divergences.token_mean(divergences.nca_anchor(inputs.student_nctx, inputs.student_ctx), MASK)
     assert_close(loss.detach(), (opd + 0.25 * anchor).detach())
     assert_close(logs["loss/opd"], opd.detach())
-    assert_close(logs["opd/topk_mass"], L.token_mean(mass, MASK))
+    assert_close(logs["opd/topk_mass"], divergences.token_mean(mass, MASK))
     sampled_logs = L.total_loss(L.method_terms("opd", estimator="sampled"), inputs, MASK)[1]
     assert "opd/kl_estimate" in sampled_logs
 
@@ -408,8 +412,8 @@ def test_sampled_estimator_on_token_log_probs_equals_the_full_form():
 
     x, t = make_logits(5), make_logits(6)
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
-    full = L.sampled_token_kl(torch.log_softmax(x / 0.7, -1), torch.log_softmax(t / 0.7, -1), tokens)
-    part = L.sampled_token_kl_on_tokens(token_logp(x, tokens, 0.7), token_logp(t, tokens, 0.7))
+    full = divergences.sampled_token_kl(torch.log_softmax(x / 0.7, -1), torch.log_softmax(t / 0.7, -1), tokens)
+    part = divergences.sampled_token_kl_on_tokens(token_logp(x, tokens, 0.7), token_logp(t, tokens, 0.7))
     f32 = dict(rtol=1e-5, atol=1e-5)  # token_logp computes in float32, as the scorer does
     torch.testing.assert_close(part.loss, full.loss.float(), **f32)
     torch.testing.assert_close(part.log_ratio, full.log_ratio.float(), **f32)

@@ -14,7 +14,7 @@ from mechopd.probes.delta_svd import CSV, JSON, summarize_svd
 from mechopd.probes.weightpatch import COLUMNS, summarize
 from mechopd.report import mechanism_claims as mc
 from mechopd.report.verdicts import FAILS, HOLDS, NA, NA_FRAGILE
-from mechopd.study import Study
+from mechopd.runset import RunSet
 
 
 def _wp_rows(acc: float, qk: float, vo: float, ctrl: float, harm: float = 0.4, harm_qk: float = 0.0) -> list[dict]:
@@ -50,7 +50,7 @@ def _svd_rows(mlp_dsq: float, e90: float, overlap: float) -> list[dict]:
     return svd_rows(mlp_dsq, e90, overlap)
 
 
-def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
+def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> RunSet:
     probes = root / "probes"
     probes.mkdir(parents=True)
     if wp is not None:
@@ -59,10 +59,10 @@ def _run(root: Path, wp: list[dict] | None, svd: list[dict] | None) -> Study:
     if svd is not None:
         write_csv(probes / CSV, svd, SVD_COLUMNS)
         write_json(probes / JSON, {"settings": {}, "summary": summarize_svd(svd)})
-    return Study.of_models(root, "rules", {"base": root / "b", "opd": root / "o"})
+    return RunSet.of_models(root, "rules", {"base": root / "b", "opd": root / "o"})
 
 
-def _items_run(root: Path, qk: float, vo: float, ctrl: float, harm_qk: float = 0.3) -> Study:
+def _items_run(root: Path, qk: float, vo: float, ctrl: float, harm_qk: float = 0.3) -> RunSet:
     """A seed whose weightpatch_items.jsonl holds per-item outcomes: OPD Acc_x 0.95, Harm 0.3; each group's
     reversion removes ``qk`` / ``vo`` / ``ctrl`` of Acc_x (and q+k leaves Harm ``harm_qk``)."""
     from tests.unit.claim_probes import _write_weightpatch
@@ -117,7 +117,7 @@ def test_qk_claims_not_measurable(tmp_path):
     assert out["verdict"] == HOLDS and "one seed" in out["measured"]
 
 
-def _write_zero(run: Study) -> None:
+def _write_zero(run: RunSet) -> None:
     from tests.unit.claim_probes import _write_weightpatch
 
     _write_weightpatch(
@@ -149,7 +149,7 @@ def test_claims_have_the_table_shape():
     assert all(callable(fn) and claim and paper for _, claim, paper, fn in mc.MECHANISM_CLAIMS)
 
 
-def _loc_run(root: Path, harms: dict[str, float], clean: float, n: int = 40) -> Study:
+def _loc_run(root: Path, harms: dict[str, float], clean: float, n: int = 40) -> RunSet:
     """A seed's localization.csv / .json and localization_items.jsonl: ``n`` items, all right without c, a share
     ``clean`` flipping unpatched and ``harms[site]`` flipping after patching ``site``."""
     from mechopd.core.artifacts import write_jsonl

@@ -1,6 +1,6 @@
 """Figure set (mechopd.plots): every figure from a synthetic run directory written by the REAL writers of each artifact
-(removability.summarize, similarity.CosineAccumulator + write_rows, gradients.aggregate + write_gradients,
-deltas.parameter_deltas + write_table on tiny safetensors checkpoints, teachability.summarize), so that a format change
+(removability.summarize, view_cosine.CosineAccumulator + artifacts.write_rows, grad_align.aggregate + write_gradients,
+delta_sums.parameter_deltas + delta_rows.write_table on tiny safetensors checkpoints, teachability.summarize), so that a format change
 in a writer breaks these tests. Drawn values are compared with the artifacts (or, for deltas, with norms computed
 directly from the weights); files are checked to be real PNG / PDF and byte-identical when redrawn."""
 

@@ -14,8 +14,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.container import ErrorbarContainer
 
 from mechopd import plots
+from mechopd.core import sites
 from mechopd.core.errors import DataError
-from mechopd.probes import deltas, gradients, teachability
+from mechopd.probes import delta_rows, delta_sums, deltas, gradients, teachability, teachability_analysis
 
 from .plotting_run import BUDGETS, LABELS, METHODS, MODULES, N_LAYERS, SELECTORS, bar_containers, make_run, panels
 
@@ -43,7 +44,7 @@ def test_gradient_heatmap_matches_layer_module_rows(run_dir: Path) -> None:
         (int(r["layer"]), r["module"]): float(r["cos"]) for r in rows if r["scope"] == "layer_module" and r["layer"]
     }
     modules = [t.get_text() for t in ax.get_xticklabels()]
-    assert modules == [m for m in deltas.MODULE_ORDER if m in MODULES]
+    assert modules == [m for m in sites.MODULE_ORDER if m in MODULES]
     expected = np.array([[cells[(i, m)] for m in modules] for i in range(N_LAYERS)])
     np.testing.assert_allclose(np.asarray(meshes[0].get_array()).reshape(expected.shape), expected)
     glob = next(float(r["cos"]) for r in rows if r["scope"] == "global")
@@ -91,7 +92,7 @@ def test_teachability_panels_show_buckets_gap_and_regression(run_dir: Path) -> N
     axes = panels(plots.figure_teachability(run_dir))
     assert len(axes) == 6 and all(len(bar_containers(ax)) == 1 for ax in axes)
     s = json.loads((run_dir / "probes" / teachability.SUMMARY_NAME).read_text())
-    for ax, signal in zip(axes, teachability.BUCKET_SIGNALS):
+    for ax, signal in zip(axes, teachability_analysis.BUCKET_SIGNALS):
         heights = [p.get_height() for p in bar_containers(ax)[0].patches]
         np.testing.assert_allclose(heights, [r["mean_gain_abs"] for r in s["buckets"][signal]])
     gap = s["gap"]["gain_abs"]
@@ -112,12 +113,12 @@ def test_budget_curve_one_line_per_selector(run_dir: Path) -> None:
 
 
 def test_parameter_deltas_from_an_already_aggregated_table(run_dir: Path, tmp_path: Path) -> None:
-    per_tensor = deltas.read_table(run_dir / "probes" / "deltas.csv")
+    per_tensor = delta_rows.read_table(run_dir / "probes" / "deltas.csv")
     run = tmp_path / "agg"
     (run / "probes").mkdir(parents=True)
     (run / "demo.json").write_text((run_dir / "demo.json").read_text())
-    deltas.write_table(
-        deltas.aggregate_deltas(per_tensor, "site") + deltas.aggregate_deltas(per_tensor, "all"),
+    delta_rows.write_table(
+        delta_sums.aggregate_deltas(per_tensor, "site") + delta_sums.aggregate_deltas(per_tensor, "all"),
         run / "probes" / "deltas",
     )
     grids = [
@@ -154,8 +155,8 @@ def test_column_names_kept_in_plots_match_the_probe_writers() -> None:
     assert plot_layers.GRAD_COLUMNS == tuple(f.name for f in fields(gradients.GradRow))
     assert (plot_teach.SUMMARY_NAME, plot_teach.BUCKET_SIGNALS, plot_teach.GAINS) == (
         teachability.SUMMARY_NAME,
-        teachability.BUCKET_SIGNALS,
-        teachability.GAINS,
+        teachability_analysis.BUCKET_SIGNALS,
+        teachability_analysis.GAINS,
     )
     assert plot_layers.BASE == deltas.BASE
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mechopd.core.artifacts import write_json
-from mechopd.core.options import Range
-from mechopd.probes.options import Role, option
+from mechopd.core.options import Range, option
+from mechopd.probes.options import Role
 from mechopd.probes.registry import ProbeSpec, register_probe
 
 

@@ -13,9 +13,8 @@ import pytest
 from mechopd.cli.probe_cmd import add_probe_parsers
 from mechopd.core.artifacts import read_json, write_json
 from mechopd.core.errors import ConfigError
-from mechopd.core.options import GE0, GE1, UNIT
+from mechopd.core.options import GE0, GE1, UNIT, option
 from mechopd.plots.registry import register_figure, unregister_figure
-from mechopd.probes.options import option
 from mechopd.probes.registry import ProbeSpec, get_probe, probes, register_probe, unregister_probe
 
 SETUP_FLAGS = (
@@ -295,11 +294,11 @@ def test_a_probe_field_without_option_is_refused():
 
 
 def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatch):
-    """demo.run_probes runs the toy with its demo options; draw_all draws its figure; report.md has its line."""
+    """stages.run_probes runs the toy with its demo options; draw_all draws its figure; report.md has its line."""
     from dataclasses import replace
 
     from mechopd import plots
-    from mechopd.pipeline import demo
+    from mechopd.pipeline import demo, stages
     from mechopd.probes import registry
     from mechopd.report import write_report_md
 
@@ -310,7 +309,7 @@ def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatc
     )
     run = tmp_path / "run"
     models = {"base": tmp_path / "base", "opd": tmp_path / "opd", "nca": tmp_path / "nca"}
-    demo.run_probes(demo.DemoConfig(fast=True), models, run)
+    stages.run_probes(demo.DemoConfig(fast=True), models, run)
     doc = read_json(run / "probes" / "toy.json")
     assert doc["model"] == "nca" and doc["value"] == 0.5 * 8  # demo options; DemoConfig(fast) has probe_n 8
     names = [f.name for f in plots.figure_index()]  # the run's figures, the probes', the tail: no count pinned
@@ -319,7 +318,7 @@ def test_the_demo_figures_and_report_read_the_registry(toy, tmp_path, monkeypatc
     text = write_report_md(run).read_text()
     assert "- **Toy probe**: 4." in text and "### Toy figure" in text
     (run / "probes" / "toy.json").write_text(json.dumps({"value": 1}))
-    demo.run_probes(demo.DemoConfig(fast=True), models, run)  # its output exists: skipped
+    stages.run_probes(demo.DemoConfig(fast=True), models, run)  # its output exists: skipped
     assert read_json(run / "probes" / "toy.json") == {"value": 1}
 
 

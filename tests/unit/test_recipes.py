@@ -78,7 +78,7 @@ def _checkpoints_made_here(path: Path, where: Path) -> tuple[Path, dict]:
     """The recipe copied to ``where/probes/`` (a test's ``tmp_path``) with its student and checkpoint directories made,
     empty, beside it as the file names them (relative to its folder): what `StudySpec.load` checks is there. The
     checkout's own ``runs/`` (which `mechopd demo` writes) decides nothing."""
-    from mechopd.config import load_yaml
+    from mechopd.core.config_parse import load_yaml
 
     copy_ = where / "probes" / path.name
     copy_.parent.mkdir(parents=True, exist_ok=True)

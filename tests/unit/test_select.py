@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechopd.core.errors import ConfigError
+from mechopd.objectives import normalize, signals
 from mechopd.objectives import select as S
 
 B, T, V = 3, 5, 11
@@ -105,9 +106,9 @@ def ref_select(score: np.ndarray, mask: np.ndarray, rho: float, tie_break: str, 
 def test_teachability_stats_match_loop_reference(k):
     student, teacher = make_logp(0), make_logp(1)
     ref = ref_stats(student, teacher, MASK, k)
-    for c_mode in S.C_MODES:
-        for d_mode in S.D_MODES:
-            stats = S.teachability_stats(student, teacher, MASK, k, c_mode, d_mode)
+    for c_mode in signals.C_MODES:
+        for d_mode in signals.D_MODES:
+            stats = signals.teachability_stats(student, teacher, MASK, k, c_mode, d_mode)
             np.testing.assert_allclose(stats.C.numpy(), ref[f"C_{c_mode}"], rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(stats.D.numpy(), ref[f"D_{d_mode}"], rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(stats.H.numpy(), ref["H"], rtol=1e-9, atol=1e-12)
@@ -118,8 +119,8 @@ def test_teachability_stats_match_loop_reference(k):
 @given(seed=st.integers(0, 10_000), k=st.integers(1, V))
 def test_compat_lower_bound_never_exceeds_exact_and_union_kl_is_nonnegative(seed, k):
     student, teacher = make_logp(seed, scale=3.0), make_logp(seed + 1, scale=3.0)
-    exact = S.teachability_stats(student, teacher, MASK, k, "exact")
-    lower = S.teachability_stats(student, teacher, MASK, k, "lower_bound")
+    exact = signals.teachability_stats(student, teacher, MASK, k, "exact")
+    lower = signals.teachability_stats(student, teacher, MASK, k, "lower_bound")
     assert (lower.C <= exact.C + 1e-12).all()
     assert ((exact.C >= 0) & (exact.C <= 1)).all()
     assert (exact.D >= -1e-12).all()
@@ -129,14 +130,14 @@ def test_compat_lower_bound_never_exceeds_exact_and_union_kl_is_nonnegative(seed
 
 def test_identical_models_have_zero_divergence_and_full_compatibility_at_full_k():
     student = make_logp(2)
-    stats = S.teachability_stats(student, student.clone(), MASK, k=V)
+    stats = signals.teachability_stats(student, student.clone(), MASK, k=V)
     assert stats.D.abs().max() < 1e-12 and stats.kl_full.abs().max() < 1e-12
     torch.testing.assert_close(stats.C, MASK.to(DT))
 
 
 def test_stats_are_zero_off_mask_and_carry_no_gradient():
     logits = torch.randn(B, T, V, dtype=DT, requires_grad=True)
-    stats = S.teachability_stats(torch.log_softmax(logits, -1), make_logp(3), MASK)
+    stats = signals.teachability_stats(torch.log_softmax(logits, -1), make_logp(3), MASK)
     for field in ("C", "D", "H", "kl_full"):
         value = getattr(stats, field)
         assert not value.requires_grad
@@ -146,7 +147,7 @@ def test_stats_are_zero_off_mask_and_carry_no_gradient():
 @pytest.mark.parametrize("bad", [{"k": 0}, {"c_mode": "upper"}, {"d_mode": "clipped"}])
 def test_stats_reject_bad_options(bad):
     with pytest.raises(ConfigError):
-        S.teachability_stats(make_logp(0), make_logp(1), MASK, **bad)
+        signals.teachability_stats(make_logp(0), make_logp(1), MASK, **bad)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -158,24 +159,24 @@ def test_stats_reject_bad_options(bad):
 @given(values=st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=B * T, max_size=B * T))
 def test_quantile_norm_matches_numpy(values):
     z = torch.tensor(values, dtype=DT).view(B, T)
-    out = S.quantile_norm(z, MASK).numpy()
+    out = normalize.quantile_norm(z, MASK).numpy()
     np.testing.assert_allclose(out, ref_norm(z.numpy(), MASK.numpy()), rtol=1e-5, atol=1e-6)
 
 
 def test_quantile_norm_ignores_invalid_positions_and_handles_flat_signals():
     z = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], [1e9, -1e9, 7.0, 7.0, 7.0]], dtype=DT)
     mask = torch.tensor([[True] * 5, [False, False, False, False, False]])
-    np.testing.assert_allclose(S.quantile_norm(z, mask)[0].numpy(), [0, 2 / 9, 1 / 2, 7 / 9, 1], atol=1e-12)
-    assert (S.quantile_norm(z, mask)[1] == 0).all()
-    assert (S.quantile_norm(torch.full((2, 5), 3.0), torch.ones(2, 5, dtype=torch.bool)) == 0).all()
-    assert (S.quantile_norm(z, torch.zeros(2, 5, dtype=torch.bool)) == 0).all()
+    np.testing.assert_allclose(normalize.quantile_norm(z, mask)[0].numpy(), [0, 2 / 9, 1 / 2, 7 / 9, 1], atol=1e-12)
+    assert (normalize.quantile_norm(z, mask)[1] == 0).all()
+    assert (normalize.quantile_norm(torch.full((2, 5), 3.0), torch.ones(2, 5, dtype=torch.bool)) == 0).all()
+    assert (normalize.quantile_norm(z, torch.zeros(2, 5, dtype=torch.bool)) == 0).all()
     with pytest.raises(ValueError, match="non-finite"):
-        S.quantile_norm(torch.tensor([[float("nan"), 1.0]]), torch.ones(1, 2, dtype=torch.bool))
+        normalize.quantile_norm(torch.tensor([[float("nan"), 1.0]]), torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_normalized_decomposition_and_selector_scores():
-    stats = S.teachability_stats(make_logp(4), make_logp(5), MASK)
-    n = S.normalize_stats(stats, MASK)
+    stats = signals.teachability_stats(make_logp(4), make_logp(5), MASK)
+    n = normalize.normalize_stats(stats, MASK)
     m = MASK.numpy()
     for field in ("H", "D", "C"):
         np.testing.assert_allclose(getattr(n, field).numpy(), ref_norm(getattr(stats, field).numpy(), m), atol=1e-9)
@@ -305,7 +306,7 @@ def test_rho_one_keeps_every_valid_position(name):
 
 
 @pytest.mark.parametrize("min_one", [False, True])
-@pytest.mark.parametrize("d_mode", S.D_MODES)
+@pytest.mark.parametrize("d_mode", signals.D_MODES)
 @pytest.mark.parametrize("name", ["entropy", "divergence", "tip", "compat", "ta_opd", "ta_opd_ent"])
 def test_score_selectors_end_to_end_match_reference(name, d_mode, min_one):
     student, teacher = make_logp(8, (4, 6, V)), make_logp(9, (4, 6, V))
@@ -366,5 +367,5 @@ def test_make_selector_validates_names_and_options():
 def test_selector_from_precomputed_stats_equals_direct_call():
     student, teacher = make_logp(10), make_logp(11)
     selector = S.make_selector("ta_opd_ent", k=4)
-    stats = S.teachability_stats(student, teacher, MASK, k=4)
+    stats = signals.teachability_stats(student, teacher, MASK, k=4)
     assert torch.equal(selector.from_stats(stats, MASK, 0.25).keep, selector(student, teacher, MASK, 0.25).keep)

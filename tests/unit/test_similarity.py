@@ -14,18 +14,11 @@ from mechopd.core.errors import ConfigError, ModelError
 from mechopd.core.views import RenderSpec, assemble_two_views, render_prompt_ids
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes.capture import capture_views, patch_response, resolve_sites, run_view
+from mechopd.probes.cka import StreamingCKA
+from mechopd.probes.items import make_batches
 from mechopd.probes.setup import ProbeSetup
-from mechopd.probes.similarity import (
-    SimilarityOptions,
-    StreamingCKA,
-    _Buffer,
-    compare_models,
-    make_batches,
-    run_similarity,
-    token_cosine,
-    two_view_cosine,
-    write_rows,
-)
+from mechopd.probes.similarity import SimilarityOptions, run_similarity, write_rows
+from mechopd.probes.view_cosine import _Buffer, compare_models, token_cosine, two_view_cosine
 from mechopd.tasks.base import get_task
 
 ATOL = 2e-5
@@ -328,13 +321,17 @@ def test_write_rows_formats(tmp_path):
 
 
 def test_sampled_responses_do_not_depend_on_batch_size(organism_tokenizer, tiny_qwen3):
+    from mechopd.config.sections import RolloutOptions
     from mechopd.core.views import RenderSpec
-    from mechopd.probes.similarity import sample_responses
+    from mechopd.probes.items import sample_responses
     from mechopd.tasks.base import get_task
 
-    ex = get_task("rules").examples("test", 5, 0)
-    kw = dict(max_new_tokens=6, temperature=1.0, seed=4)
-    a = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=2, **kw)
-    b = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **kw)
-    c = sample_responses(tiny_qwen3, organism_tokenizer, ex, RenderSpec("system"), batch_size=5, **{**kw, "seed": 5})
+    task = get_task("rules")
+    ex = task.examples("test", 5, 0)
+    kw = dict(rollout=RolloutOptions(max_new_tokens=6, temperature=1.0), seed=4)
+    a = sample_responses(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=2, **kw)
+    b = sample_responses(tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=5, **kw)
+    c = sample_responses(
+        tiny_qwen3, organism_tokenizer, task, ex, RenderSpec("system"), batch_size=5, **{**kw, "seed": 5}
+    )
     assert a == b and a != c

@@ -15,7 +15,7 @@ import yaml
 from mechopd.core.errors import ConfigError, DataError
 from mechopd.report import write_report_md
 from mechopd.report.claims import claims_json, evaluate_claims
-from mechopd.study import EvalReport, Study
+from mechopd.runset import EvalReport, RunSet
 from tests.unit.plotting_run import make_run
 
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -73,8 +73,8 @@ def test_renaming_a_run_through_the_study_changes_no_number(tmp_path):
         )
     )
     assert (
-        Study.load(other).name("nca") == "my_nca"
-        and Study.load(other).run("nca").train_dir == other / "train" / "my_nca"
+        RunSet.load(other).name("nca") == "my_nca"
+        and RunSet.load(other).run("nca").train_dir == other / "train" / "my_nca"
     )
     assert claims_json(evaluate_claims([other])) == before_claims
     after = write_report_md(other).read_text()
@@ -92,12 +92,12 @@ def test_a_study_file_applied_to_a_run_dir_and_a_study_yaml_on_its_own(tmp_path)
             sort_keys=False,
         )
     )
-    by_file = Study.load(spec)
-    applied = Study.load(other, spec)
+    by_file = RunSet.load(spec)
+    applied = RunSet.load(other, spec)
     assert by_file.root == other and applied.root == other
     assert by_file.roles == ["base", "opd", "nca"] and by_file.label("nca") == "anchored"
     assert [c.measured for c in evaluate_claims([by_file])] == [c.measured for c in evaluate_claims([applied])]
-    assert by_file.value("nca", "acc_x") == Study.load(run).value("nca", "acc_x")
+    assert by_file.value("nca", "acc_x") == RunSet.load(run).value("nca", "acc_x")
 
 
 @pytest.mark.parametrize(
@@ -113,12 +113,12 @@ def test_bad_study_files_are_refused(tmp_path, text, message):
     bad = tmp_path / "s.yaml"
     bad.write_text(text)
     with pytest.raises(ConfigError, match=message):
-        Study.load(bad)
+        RunSet.load(bad)
 
 
 def test_a_missing_study_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        Study.load(tmp_path, tmp_path / "missing.yaml")
+        RunSet.load(tmp_path, tmp_path / "missing.yaml")
 
 
 def test_eval_report_round_trips_the_on_disk_format(tmp_path):

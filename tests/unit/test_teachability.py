@@ -13,9 +13,11 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from mechopd.core.errors import DataError, ModelError
 from mechopd.core.views import build_two_view_batch
 from mechopd.evaluation.removability import resample_blocks
-from mechopd.objectives.select import normalize_stats, teachability_stats
+from mechopd.objectives.normalize import normalize_stats
+from mechopd.objectives.signals import teachability_stats
 from mechopd.organisms.tokenizer import build_tokenizer
 from mechopd.probes import teachability as T
+from mechopd.probes import teachability_analysis, teachability_bank, teachability_rescore
 from mechopd.probes.setup import ProbeSetup
 from mechopd.tasks.base import get_task
 
@@ -48,17 +50,17 @@ def models():
 
 @pytest.fixture(scope="module")
 def bank(models):
-    return T.build_bank(models[0], TOK, TASK, 5, 0, temperature=0.8, batch_size=2)
+    return teachability_bank.build_bank(models[0], TOK, TASK, 5, 0, temperature=0.8, batch_size=2)
 
 
 # ---------------------------------------------------------------------------------------------------- the bank
 def test_bank_roundtrip_and_determinism(bank, models, tmp_path):
     assert len(bank.responses) == 5 and bank.n_tokens > 0 and bank.meta["temperature"] == 0.8
-    path = T.save_bank(bank, tmp_path / "bank.json")
-    loaded = T.load_bank(path)
+    path = teachability_bank.save_bank(bank, tmp_path / "bank.json")
+    loaded = teachability_bank.load_bank(path)
     assert loaded.responses == bank.responses and loaded.prompts == bank.prompts
     assert loaded.contexts == bank.contexts and loaded.spec == bank.spec and loaded.tokenizer_sha == bank.tokenizer_sha
-    again = T.build_bank(models[0], TOK, TASK, 5, 0, temperature=0.8, batch_size=2)
+    again = teachability_bank.build_bank(models[0], TOK, TASK, 5, 0, temperature=0.8, batch_size=2)
     assert again.responses == bank.responses
 
 
@@ -66,21 +68,24 @@ def test_bank_roundtrip_and_determinism(bank, models, tmp_path):
 def test_empty_or_bad_bank_is_a_data_error(bank, tmp_path, content):
     path = tmp_path / "bank.json"
     if content == "EMPTY_ITEMS":
-        T.save_bank(T.Bank([], [], [], [], bank.tokenizer_sha), path)
+        teachability_bank.save_bank(teachability_bank.Bank([], [], [], [], bank.tokenizer_sha), path)
     elif content == "EMPTY_RESPONSES":
-        T.save_bank(
-            T.Bank(bank.prompts, bank.contexts, [[] for _ in bank.prompts], bank.uids, bank.tokenizer_sha), path
+        teachability_bank.save_bank(
+            teachability_bank.Bank(
+                bank.prompts, bank.contexts, [[] for _ in bank.prompts], bank.uids, bank.tokenizer_sha
+            ),
+            path,
         )
     elif content is not None:
         path.write_text(content)
     with pytest.raises(DataError, match="bank"):
-        T.load_bank(path)
+        teachability_bank.load_bank(path)
 
 
 def test_rescore_refuses_other_tokenizer(bank, models):
     other = build_tokenizer(TASK.vocab() + ["extra"])
     with pytest.raises(DataError, match="another tokenizer"):
-        T.rescore(bank, *models, other)
+        teachability_rescore.rescore(bank, *models, other)
 
 
 # ---------------------------------------------------------------------------------------------------- rescoring
@@ -101,7 +106,7 @@ def _direct(bank, student0, student1, teacher, temperature):
 
 
 def test_rescore_equals_direct_stats(bank, models):
-    table = T.rescore(bank, *models, TOK, batch_size=2)  # streamed in 3 batches, left layout
+    table = teachability_rescore.rescore(bank, *models, TOK, batch_size=2)  # streamed in 3 batches, left layout
     mask, exact, lower, normed, kl1 = _direct(bank, *models, 0.8)
     assert len(table["seq"]) == int(mask.sum()) == bank.n_tokens
     seq, pos = mask.nonzero(as_tuple=True)
@@ -131,7 +136,7 @@ def test_rescore_equals_direct_stats(bank, models):
 
 def test_gain_is_zero_when_trained_equals_initial(bank, models):
     student0, _, teacher = models
-    table = T.rescore(bank, student0, student0, teacher, TOK, batch_size=4)
+    table = teachability_rescore.rescore(bank, student0, student0, teacher, TOK, batch_size=4)
     assert (table["kl0"] > 0).all()
     np.testing.assert_array_equal(table["gain_abs"], 0.0)
     np.testing.assert_array_equal(table["gain_rel"], 0.0)
@@ -164,7 +169,7 @@ def test_quartile_buckets_vs_numpy(signal):
     x, g = t[signal], t["gain_abs"]
     q1, q2, q3 = np.percentile(x, [25, 50, 75])
     ref_masks = [x <= q1, (x > q1) & (x <= q2), (x > q2) & (x <= q3), x > q3]
-    got = T.quartile_buckets(t, signal)
+    got = teachability_analysis.quartile_buckets(t, signal)
     assert [b["quartile"] for b in got] == [1, 2, 3, 4]
     assert sum(b["n"] for b in got) == len(x)
     for b, m in zip(got, ref_masks):
@@ -187,7 +192,7 @@ def _slow_gap(H, D, C, G):
 
 def test_high_support_gap_vs_slow_reference_and_seeded():
     t = synthetic()
-    out = T.high_support_gap(t, n_boot=60, seed=3)
+    out = teachability_analysis.high_support_gap(t, n_boot=60, seed=3)
     assert out["estimate"] == pytest.approx(_slow_gap(t["H"], t["D"], t["C_exact"], t["gain_abs"]))
     assert out["estimate"] > 0  # gain grows with C by construction
     # bootstrap over WHOLE sequences: rebuild each replicate by hand from the same resampled sequence ids
@@ -200,8 +205,8 @@ def test_high_support_gap_vs_slow_reference_and_seeded():
     lo, hi = np.percentile(boots, [2.5, 97.5])
     assert out["n_boot_valid"] == 60
     assert (out["ci_low"], out["ci_high"]) == pytest.approx((lo, hi))
-    assert T.high_support_gap(t, n_boot=60, seed=3) == out
-    assert T.high_support_gap(t, n_boot=60, seed=4)["ci_low"] != out["ci_low"]
+    assert teachability_analysis.high_support_gap(t, n_boot=60, seed=3) == out
+    assert teachability_analysis.high_support_gap(t, n_boot=60, seed=4)["ci_low"] != out["ci_low"]
 
 
 def test_standardized_regression_recovers_coefficients():
@@ -209,14 +214,14 @@ def test_standardized_regression_recovers_coefficients():
     n = 500
     t = {"H": rng.normal(2, 3, n), "DL": rng.random(n), "DI": rng.gamma(2.0, size=n)}
     t["gain_abs"] = 0.7 * t["H"] - 4.0 * t["DL"] + 1.5 * t["DI"] + 0.2
-    out = T.standardized_regression(t)
+    out = teachability_analysis.standardized_regression(t)
     sd_g = t["gain_abs"].std()
     expected = {"H": 0.7 * t["H"].std() / sd_g, "DL": -4.0 * t["DL"].std() / sd_g, "DI": 1.5 * t["DI"].std() / sd_g}
     for name, value in expected.items():
         assert out["coef"][name] == pytest.approx(value, rel=1e-8)
     assert out["r2"] == pytest.approx(1.0) and out["intercept"] == pytest.approx(0.0, abs=1e-10)
     noisy = dict(t, gain_abs=t["gain_abs"] + rng.normal(0, 3, n), DI=np.zeros(n))
-    out = T.standardized_regression(noisy)
+    out = teachability_analysis.standardized_regression(noisy)
     assert np.isnan(out["coef"]["DI"]) and 0 < out["r2"] < 1
     assert out["coef"]["H"] > 0 > out["coef"]["DL"]
 
@@ -236,10 +241,14 @@ def test_run_teachability_end_to_end(models, tmp_path):
     summary = json.loads((out / T.SUMMARY_NAME).read_text())
     with (out / T.TOKENS_NAME).open() as fh:
         rows = list(csv.DictReader(fh))
-    assert tuple(rows[0]) == T.COLUMNS and len(rows) == summary["n_tokens"] > 0
+    assert tuple(rows[0]) == teachability_rescore.COLUMNS and len(rows) == summary["n_tokens"] > 0
     saved = json.loads((out / T.SUMMARY_NAME).read_text())
-    assert set(saved["buckets"]) == set(T.BUCKET_SIGNALS) and saved["gap"]["gain_abs"]["n_boot"] == 20
-    T.run_teachability(setup, tmp_path / "out2", T.TeachabilityOptions(bank=str(out / T.BANK_NAME), n_boot=20))
+    assert (
+        set(saved["buckets"]) == set(teachability_analysis.BUCKET_SIGNALS) and saved["gap"]["gain_abs"]["n_boot"] == 20
+    )
+    T.run_teachability(
+        setup, tmp_path / "out2", T.TeachabilityOptions(bank=str(out / teachability_bank.BANK_NAME), n_boot=20)
+    )
     again = json.loads((tmp_path / "out2" / T.SUMMARY_NAME).read_text())
     assert again["means"] == summary["means"]  # the same bank rescored: identical numbers
 

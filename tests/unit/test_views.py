@@ -140,8 +140,7 @@ def test_placement_validated():
 
 def test_a_template_number_stays_a_number_and_a_flag_word_reads_as_a_boolean():
     """``max_turns: 1`` renders "1" (not "True"); the text ``0``/``false`` (a command line's flag) reads as False."""
-    from mechopd.config import parse_options
-    from mechopd.core.config_parse import parse_overrides
+    from mechopd.core.config_parse import parse_options, parse_overrides
     from mechopd.organisms.recipes import load_train_config
 
     spec = RenderSpec("user", None, {"max_turns": 1, "depth": 0, "a": "0", "b": "TRUE", "c": "false", "d": "no"})

@@ -10,7 +10,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: p
 pytestmark = pytest.mark.vllm
 
 from mechopd.config import TrainConfig  # noqa: E402
-from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.sampler import sample  # noqa: E402
+from mechopd.generate.settings import SamplingSettings  # noqa: E402
 from mechopd.train.trainer import Trainer  # noqa: E402
 from tests.vllm.conftest import max_weight_diff  # noqa: E402
 

@@ -9,7 +9,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the optional extra: p
 pytestmark = pytest.mark.vllm
 
 from mechopd.core.views import RenderSpec, render_prompt_ids  # noqa: E402
-from mechopd.generate.sampler import SamplingSettings, sample  # noqa: E402
+from mechopd.generate.sampler import sample  # noqa: E402
+from mechopd.generate.settings import SamplingSettings  # noqa: E402
 from mechopd.generate.vllm_engine import VllmEngine  # noqa: E402
 from mechopd.tasks.base import get_task  # noqa: E402
 

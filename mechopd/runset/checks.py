@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError, DataError
-from mechopd.study import BASE, Study
+from mechopd.runset import BASE, RunSet
 
 RATES = ("acc_x", "acc_xc", "harm", "help", "both_correct")  # probabilities: in [0, 1]
 MAX_ABS = 1e6  # any other number of an evaluation summary (delta_len: tokens) is below this in magnitude
 BLOCKS = ("follow_other", "stick", "retention")  # the newer summary keys a seed may lack (written by `following`)
 
 
-def check_study(study: Study) -> Study:
+def check_study(study: RunSet) -> RunSet:
     """`study` after checking that its roles resolve to runs and its task is the runs' own; ConfigError otherwise."""
     for run in study:
         if run.role == BASE or run.train_dir.is_dir() or run.eval_path.is_file():
@@ -54,7 +55,7 @@ def check_study(study: Study) -> Study:
     return study
 
 
-def check_seeds(seeds: Sequence[Study]) -> list[Study]:
+def check_seeds(seeds: Sequence[RunSet]) -> list[RunSet]:
     """The seed studies of `aggregate` after `check_study` on each and the per-role evaluation checks (module
     docstring); DataError naming the seed, the file and the fix."""
     seeds = [check_study(s) for s in seeds]
@@ -100,7 +101,7 @@ def _checked_summary(doc: dict, path: Path) -> set[str]:
     return set(summary) | ({"other_contexts"} if doc.get("other_contexts") is not None else set())
 
 
-def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[Study], role: str) -> None:
+def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[RunSet], role: str) -> None:
     every = set().union(*reports.values()) if reports else set()
     for k, keys in reports.items():
         missing = sorted((every - keys) & (set(BLOCKS) | {"other_contexts"}))
@@ -114,10 +115,8 @@ def _same_blocks(reports: dict[int, set[str]], seeds: Sequence[Study], role: str
             )
 
 
-def _run_tasks(study: Study) -> set[str]:
+def _run_tasks(study: RunSet) -> set[str]:
     """The task(s) the study's runs record: demo.json's ``task`` and each run's ``config.yaml``."""
-    from mechopd.config import load_yaml
-
     tasks = {str(study.manifest["task"])} if study.manifest.get("task") else set()
     for run in study:
         cfg = run.train_dir / "config.yaml"

@@ -1,4 +1,7 @@
-"""A typed study: the runs of one comparison named by ROLE, and the typed evaluation reports they own.
+"""`RunSet`: a run directory read back: the runs of one study by ROLE, and the typed evaluation reports they own.
+
+(Not "study": the study is what a user writes and runs, `mechopd.pipeline.spec.StudySpec`; this package reads the
+run directory it produced, or any directory of runs, through a roles file.)
 
 A role says what a run IS in the comparison (``base``: the initial student; ``opd``, ``nca``, ``nca_const``,
 ``ta_opd``: the demo's methods; any other word a user adds); a run's NAME is where it lives on disk
@@ -10,7 +13,7 @@ This is the reading side of a run directory, not an input format: what a study R
 studies), and the run directory's ``demo.json`` and ``study.yaml`` are written from it (a checkpoint run of the study
 keeps its directory as ``model``).
 
-A study is read from (`Study.load`):
+A study is read from (`RunSet.load`):
 
   * a study YAML (``study.yaml``; `mechopd demo` writes one next to ``demo.json``)::
 
@@ -28,7 +31,7 @@ A study is read from (`Study.load`):
 
 ``demo.json`` (when present under the root) still supplies the config, labels, per-run training overrides,
 thresholds and ``seed_runs``; the study YAML overrides the roles. `EvalReport` is the typed ``eval/<name>.json``; a
-probe's typed result under ``Study.probes_dir`` is read through its registration (`probes.registry.probe_result`).
+probe's typed result under ``RunSet.probes_dir`` is read through its registration (`probes.registry.probe_result`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from mechopd.core.artifacts import (  # noqa: F401
+from mechopd.core.artifacts import (
     FileSet,
     finite_or_none,
     mean_kept_fraction,
@@ -51,7 +54,8 @@ from mechopd.core.artifacts import (  # noqa: F401
     write_json,
     write_text,
 )
-from mechopd.core.checks import inside_root
+from mechopd.core.checks import check_display_label, check_label, inside_root
+from mechopd.core.config_parse import load_yaml
 from mechopd.core.errors import ConfigError, DataError
 
 BASE = "base"
@@ -174,7 +178,7 @@ class Run:
 
 
 @dataclass
-class Study:
+class RunSet:
     """The runs of one comparison by role (module docstring). ``manifest``: ``demo.json`` as read ({} if absent)."""
 
     root: Path
@@ -265,7 +269,7 @@ class Study:
 
     # -- reading / writing ---------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike, study: str | os.PathLike | Mapping[str, Any] | None = None) -> Study:
+    def load(cls, path: str | os.PathLike, study: str | os.PathLike | Mapping[str, Any] | None = None) -> RunSet:
         """The study of a run dir or a study YAML (module docstring). ``study``: a YAML file (or its parsed
         mapping) applied to the run dir ``path`` (its ``root`` key is ignored then)."""
         p = Path(path)
@@ -283,12 +287,12 @@ class Study:
         return cls.from_manifest(p)
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> Study:
+    def from_yaml(cls, path: str | os.PathLike) -> RunSet:
         path = Path(path)
         return cls.from_mapping(_read_yaml(path), root=path.parent, where=str(path))
 
     @classmethod
-    def from_mapping(cls, doc: Mapping[str, Any], root: Path, where: str = "study", own_root: bool = True) -> Study:
+    def from_mapping(cls, doc: Mapping[str, Any], root: Path, where: str = "study", own_root: bool = True) -> RunSet:
         """A parsed study YAML; ``root``: the YAML's folder (its ``root`` key, relative to it, wins when
         ``own_root``) or the run dir it is applied to."""
         if not isinstance(doc.get("runs"), Mapping) or not doc["runs"]:
@@ -309,7 +313,7 @@ class Study:
         return cls(root, task, runs, manifest, where)
 
     @classmethod
-    def from_manifest(cls, root: Path) -> Study:
+    def from_manifest(cls, root: Path) -> RunSet:
         """A demo dir (``demo.json``: role = name of each method) or a plain dir (``train/*``, ``eval/*.json``)."""
         manifest = _manifest(root)
         if manifest:
@@ -322,7 +326,7 @@ class Study:
         return cls(root, str(manifest.get("task", root.name)), runs, manifest, str(root / MANIFEST_FILE))
 
     @classmethod
-    def of_models(cls, root: str | os.PathLike, task: str, models: Mapping[str, str | os.PathLike]) -> Study:
+    def of_models(cls, root: str | os.PathLike, task: str, models: Mapping[str, str | os.PathLike]) -> RunSet:
         """A study whose roles are the given model labels (``base`` first), each with its checkpoint dir."""
         root = Path(root)
         runs = {str(k): _run(str(k), {"name": str(k), "model": str(v)}, root, {}, "models") for k, v in models.items()}
@@ -342,22 +346,21 @@ class Study:
         return iter(self.runs.values())
 
 
-def study_root(path: str | os.PathLike) -> Path:
+def runset_root(path: str | os.PathLike) -> Path:
     """Where the study YAML ``path`` puts its runs (its ``root`` key, relative to its folder; else the folder),
     without reading any run."""
     return inside_root(Path(path).parent, _read_yaml(Path(path)).get("root"), str(path))
 
 
-def studies(paths: Sequence[str | os.PathLike | Study], study: str | os.PathLike | None = None) -> list[Study]:
+def runsets(paths: Sequence[str | os.PathLike | RunSet], study: str | os.PathLike | None = None) -> list[RunSet]:
     """Studies of several run dirs (one per seed), the same study file applied to each when given."""
-    return [p if isinstance(p, Study) else Study.load(p, study) for p in paths]
+    return [p if isinstance(p, RunSet) else RunSet.load(p, study) for p in paths]
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    from mechopd.config import load_yaml
 
     if not path.is_file():
-        raise ConfigError(f"study file {path} does not exist; pass a study.yaml (see mechopd/study/__init__.py)")
+        raise ConfigError(f"study file {path} does not exist; pass a study.yaml (see mechopd/runset/__init__.py)")
     return load_yaml(path)  # the one YAML reader: malformed or not a mapping -> ConfigError naming the file
 
 
@@ -372,7 +375,6 @@ def _manifest(root: Path) -> dict[str, Any]:
 
 
 def _run(role: str, spec: Any, root: Path, manifest: Mapping[str, Any], where: str) -> Run:
-    from mechopd.core.checks import check_display_label, check_label
 
     if isinstance(spec, str):
         spec = {"name": spec}

@@ -1,5 +1,5 @@
 """Coverage of the claims' item-level interval on the real studies' designs (#53), through `stats.hier_bootstrap`
-itself (item resamples, the exact bound at zero counts), not the grid's closed-form stand-in (`core.coverage`).
+itself (item resamples, the exact bound at zero counts), not the grid's closed-form stand-in (`testing.coverage`).
 
 Cells (`DESIGN_CELLS`), each a proportion over a seed's items with seed effects normal on the logit scale (SD
 ``spread``) around logit(p):
