@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from mechopd.config.sections import RunOptions
 from mechopd.core.errors import ConfigError, TrainingError
@@ -105,6 +104,7 @@ def organism_vocab() -> list[str]:
 
 
 def model_config(cfg: OrganismConfig, vocab_size: int, tokenizer: Any):
+    from transformers import LlamaConfig, Qwen3Config  # ~1 s (torch.distributed.tensor): not at every verb's start
 
     common = dict(
         vocab_size=vocab_size,
@@ -178,6 +178,8 @@ def _pretrain(cfg: OrganismConfig, out: Path, progress: bool) -> Path:
     task = get_task(cfg.task, **cfg.task_options)
     tokenizer = build_tokenizer(organism_vocab())
     mcfg = model_config(cfg, len(tokenizer), tokenizer)
+    from transformers import AutoModelForCausalLM  # as model_config's
+
     model = AutoModelForCausalLM.from_config(mcfg)
     corpus = _encode_corpus(task, tokenizer, cfg.corpus_size, cfg.seed)
     longest = max(len(s) for s, _ in corpus)

@@ -47,6 +47,9 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+STEPS = 400  # ~0.05 s each: the first run must outlive the second's start (8 did not; the refusal took 4-17 s loaded)
+
+
 def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
     """The second `train --out r` refuses at once (exit 2, one line naming pid, host and the fix); the first run
     finishes intact (metrics steps 1..N once each)."""
@@ -57,7 +60,7 @@ def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
         "--out",
         "r",
         "--steps",
-        "8",
+        str(STEPS),
         "--batch-size",
         "2",
         "--no-progress",
@@ -74,7 +77,7 @@ def test_two_train_processes_on_one_out(tiny_rules_organism, tmp_path):
     out1, err1 = first.communicate(timeout=300)
     assert first.returncode == 0, err1[-2000:]
     steps = [json.loads(ln)["step"] for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 9))
+    assert steps == list(range(1, STEPS + 1))
     assert (tmp_path / "r" / "final" / "config.json").is_file()
     assert not (tmp_path / "r" / LOCK_NAME).exists()  # released (and removed) by the holder
     print(f"second refused after {time.time() - t0:.1f} s (interpreter start included)")

@@ -64,6 +64,7 @@ def test_eval_report_and_compare_are_sets(tiny_rules_organism, tmp_path, monkeyp
 def test_demo_skips_only_complete_sets(tmp_path, monkeypatch):
     """A probe killed between its files (the first output present, the set not committed) is run again."""
     from mechopd.pipeline import demo as demo_mod
+    from mechopd.pipeline.stages import run_probes
 
     ran = []
 
@@ -79,12 +80,12 @@ def test_demo_skips_only_complete_sets(tmp_path, monkeypatch):
     cfg = demo_mod.DemoConfig(fast=True, out=str(tmp_path))
     (tmp_path / "probes").mkdir()
     (tmp_path / "probes" / "fake.csv").write_text("x")  # only the first file, as a kill leaves it
-    demo_mod.run_probes(cfg, {}, tmp_path)
+    run_probes(cfg, {}, tmp_path)
     assert len(ran) == 1
     with FileSet(tmp_path / "probes", "fake") as stage:
         for f in Spec.outputs:
             (stage.dir / f).write_text("done")
-    demo_mod.run_probes(cfg, {}, tmp_path)
+    run_probes(cfg, {}, tmp_path)
     assert len(ran) == 1  # complete: skipped
 
 
