@@ -48,4 +48,6 @@ def test_interventions_select_the_items_opd_learned_or_was_harmed_on_except_in_t
     assert "select" not in spec.probes["similarity"]  # the similarity, lens and deltas probes: every held-out item
     fast = named.shrink(spec, fast=True)
     assert not any("select" in opts for opts in fast["probes"].values())  # a 2-step model learned nothing
+    assert fast["probes"]["weightpatch"]["layers"] == "all" != spec.probes["weightpatch"]["layers"]  # 5 patched models
+    assert fast["probes"]["weightpatch"]["modules"] == spec.probes["weightpatch"]["modules"]  # every group exercised
     assert named.shrink(spec, fast=False)["probes"]["weightpatch"]["select"] == "opd"
