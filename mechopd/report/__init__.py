@@ -175,6 +175,12 @@ def _gate_opened(study: RunSet) -> int | None:
     return None
 
 
+def _openings(runs: Sequence[RunSet]) -> str:
+    """``"12, never (trained as OPD) in seeds 0, 1"``: the step after which each seed's anchor gate opened."""
+    steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in (_gate_opened(r) for r in runs))
+    return steps + (" in seeds " + ", ".join(str(k) for k in range(len(runs))) if len(runs) > 1 else "")
+
+
 def _anchor_wait_text(runs: Sequence[RunSet]) -> str:
     """How long the NCA run kept β = 0: the gate's level and the measured opening per seed, or a fixed start."""
     nca = runs[0].run("nca")
@@ -182,22 +188,17 @@ def _anchor_wait_text(runs: Sequence[RunSet]) -> str:
         return ""
     anchor, label = RunSettings(nca.settings or {}).section(NCAOptions), nca.label  # the anchor's typed options
     if anchor.nca_gate_acc is not None:
-        opened = [_gate_opened(r) for r in runs]
-        steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
         return (
             f"; in {label} β = 0 until the no-context view's greedy accuracy on {anchor.nca_gate_n} training items "
             f"(checked every {anchor.nca_gate_window} steps) reaches {anchor.nca_gate_acc:g} × the teacher's with "
-            f"the context (the accuracy gate; it opened after step {steps}"
-            f"{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so the anchor "
+            f"the context (the accuracy gate; it opened after step {_openings(runs)}), so the anchor "
             "pulls the context view toward a no-context view that has learned the answers"
         )
     if anchor.nca_gate is not None:
-        opened = [_gate_opened(r) for r in runs]
-        steps = ", ".join("never (trained as OPD)" if o is None else str(o) for o in opened)
         return (
             f"; in {label} β = 0 until the mean KL(q_x ‖ f) of the last {anchor.nca_gate_window} steps "
             f"is at most {anchor.nca_gate:g} nats per token (the anchor gate; it opened after step "
-            f"{steps}{' in seeds ' + ', '.join(str(k) for k in range(len(runs))) if len(runs) > 1 else ''}), so "
+            f"{_openings(runs)}), so "
             "OPD brings the no-context view onto the teacher before the anchor pulls the context view toward it"
         )
     if anchor.nca_start:
