@@ -6,7 +6,10 @@ Floors (measured in this process, next to every stage: the median of the measure
   GEMM GFLOP/s  float32 ``[1024, d] @ [d, 4d]`` (d = the model's hidden size: its MLP's shape) at the thread count used;
                 a stage of F floating-point operations cannot take less than F / GEMM GFLOP/s.
 Stages and their floors (N = parameters, 4N bytes in float32; T = tokens the stage computes):
-  decode step   `generate/lean.py` at batch B (greedy, the rollout path): max(4N / copy, 2 N B / GEMM)
+  decode step   `generate/lean.py` at batch B (greedy, the rollout path): max(4N / copy, 2 N B / GEMM); the large
+                projections on MKL (``F.linear``, before issue 58's layout) and on oneDNN laid out
+                (`generate/layout.py`, as now), interleaved; the layout's copy per sampling call apart and amortised
+                over the tokens; greedy ids of both and of ``model.generate`` compared.
   OPD step      `Trainer.train_step` (bench/train_step.py's `make_trainer_step`: the rules task, user placement, the
                 model's stop ids' head rows zeroed by bench/real_model.py so every response has --new-tokens): its
                 `train.profile` stages; rollout = new tokens x the decode floor + the prefill's 2 N T / GEMM;
@@ -16,17 +19,19 @@ Stages and their floors (N = parameters, 4N bytes in float32; T = tokens the sta
   eval          `mechopd.run_eval` on the smollm2 study's 54 held-out items (both views + other contexts, greedy, 24
                 tokens), its decode calls as planned (`groups.group_prompts`): Σ prefill 2 N T / GEMM + Σ per call
                 steps x max(4N / copy, 2 N rows / GEMM); with --eval-ab also the grouping charged its forward only
-                (the plan before issue 58), interleaved.
+                (the plan before issue 58), with --layout-ab also every projection on MKL (before the layout),
+                interleaved, each compared with the evaluation as it runs now (metrics and records identical?).
 With --trl, OPD and TRL 1.16 steps run interleaved through bench/train_step.py's `run_interleaved` / `TRLRunner`
 (the same configuration as ``bench/train_step.py --model``; nothing re-implemented here) and the paired ratio printed.
 
     python bench/floors.py [--model model:smollm2-135m-instruct] [--batch 4] [--new-tokens 24] [--steps 3]
-                           [--reps 3] [--threads 1] [--eval-ab] [--trl] [--skip-eval] [--skip-step]
+                           [--reps 3] [--threads 1] [--eval-ab] [--layout-ab] [--trl] [--skip-eval] [--skip-step]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -101,27 +106,98 @@ def row(stage: str, seconds: list[float], floor_s: float) -> None:
     print(f"  {stage:<40} {med:9.3f} s {spread:>17}   floor {floor_s:8.3f} s   x{med / floor_s:6.2f}")
 
 
+@contextlib.contextmanager
+def projections(kind: str) -> Any:
+    """The lean decoder's large projections as issue 58 found them ("mkl": ``F.linear`` for every weight) or as now
+    ("onednn": `generate/layout.py`, the weights' own layout; "laid out": inside a `layout.laid_out` block)."""
+    from mechopd.generate import layout
+
+    old = layout.MIN_ELEMENTS
+    layout.MIN_ELEMENTS = 1 << 62 if kind == "mkl" else old
+    try:
+        yield
+    finally:
+        layout.MIN_ELEMENTS = old
+
+
 def decode_stage(model: Any, fl: Floors, batch: int, steps: int, reps: int) -> None:
+    """Decode steps through `generate/lean.py`, the projections on MKL (before) and oneDNN laid out (now),
+    interleaved; the layout's one copy per sampling call printed apart (and amortised over `steps` tokens); greedy
+    ids and logits of the two compared, and the laid-out path's ids against ``model.generate``."""
+    from mechopd.generate import layout
     from mechopd.generate.lean import LeanDecoder
 
     n = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 1000, (batch, 48), generator=g)
     mask, pos = torch.ones_like(ids), torch.arange(48)[None].expand(batch, -1)
-    times = []
+    kinds = ("mkl", "laid out")
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    copies: list[float] = []
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     fl.mark()
     with torch.inference_mode():
         for r in range(reps + 1):
             fl.take()
-            dec = LeanDecoder(model)
-            tok = dec.prefill(ids, mask, pos, steps).argmax(-1)
-            t0 = time.perf_counter()
-            for s in range(steps):
-                tok = dec.step(tok, torch.full((batch, 1), 48 + s)).argmax(-1)
-            if r:
-                times.append((time.perf_counter() - t0) / steps)
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                with projections(kind), contextlib.ExitStack() as stack:
+                    t0 = time.perf_counter()
+                    if kind == "laid out":
+                        stack.enter_context(layout.laid_out(model))
+                        if r:
+                            copies.append(time.perf_counter() - t0)
+                    dec = LeanDecoder(model)
+                    logits = dec.prefill(ids, mask, pos, steps)
+                    toks, logs = [logits.argmax(-1)], []
+                    t0 = time.perf_counter()
+                    for s in range(steps):
+                        logits = dec.step(toks[-1], torch.full((batch, 1), 48 + s))
+                        toks.append(logits.argmax(-1))
+                        logs.append(logits)
+                    if r:
+                        times[kind].append((time.perf_counter() - t0) / steps)
+                    out[kind] = (torch.stack(toks, 1), torch.stack(logs, 1))
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps + 1, do_sample=False)[:, 48:]
+    stop = set(torch.as_tensor(model.generation_config.eos_token_id).view(-1).tolist())
+    cut = [next((i + 1 for i, t in enumerate(r) if t in stop), len(r)) for r in ref.tolist()]  # generate stops at EOS
     floor = max(4 * n / (fl.gbs() * 1e9), 2 * n * batch / (fl.gflops() * 1e9))
-    row(f"decode step, batch {batch}", times, floor)
+    row(f"decode step, batch {batch}, MKL (before)", times["mkl"], floor)
+    row(f"decode step, batch {batch}, oneDNN laid out", times["laid out"], floor)
+    amortised = [t + statistics.median(copies) / steps for t in times["laid out"]]
+    row(f"  + its copy / {steps} tokens", amortised, floor)
+    paired = [a / b for a, b in zip(times["mkl"], times["laid out"])]
+    (ta, la), (tb, lb) = out["mkl"], out["laid out"]
+    print(
+        f"  MKL / laid out, paired: {[round(x, 2) for x in paired]}; the copy {statistics.median(copies):.3f} s per "
+        f"sampling call; greedy ids: laid out = MKL {torch.equal(ta, tb)}, laid out = generate "
+        f"{all(tb[i, :c].tolist() == ref[i, :c].tolist() for i, c in enumerate(cut))}; max |logit difference| {float((la - lb).abs().max()):.2e}"
+    )
+
+
+def sampled_agreement(model: Any, rows: int = 32, tokens: int = 32) -> None:
+    """Training-style rollouts (T = 1, per-row seeds, `sample_rows` at batch 4) with the projections on MKL and laid
+    out on oneDNN: how many rows sample the same ids (the sums differ in order, so a uniform that falls between the
+    two paths' cumulative probabilities draws another token; greedy is compared in `decode_stage`)."""
+    from mechopd.generate.sampler import sample_rows
+    from mechopd.generate.settings import SamplingSettings
+
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(100, 1000, (rows, 40), generator=g).tolist()
+    stop = torch.as_tensor(model.generation_config.eos_token_id).view(-1).tolist()
+    st = SamplingSettings(max_new_tokens=tokens, stop=stop, pad_id=0, temperature=1.0, batch_size=4)
+    seeds = list(range(rows))
+    got = {}
+    for kind in ("mkl", "onednn"):
+        with projections(kind):
+            got[kind] = sample_rows(model, prompts, seeds, st)
+    same = sum(a == b for a, b in zip(got["mkl"], got["onednn"]))
+    toks = sum(len(a) for a in got["mkl"])
+    first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(got["mkl"], got["onednn"])]
+    where = sorted(i for i in first if i is not None)
+    print(
+        f"  sampled at T = 1, {rows} rows x {tokens} tokens ({toks} ids), MKL vs laid out: {same} of {rows} rows "
+        f"identical; the others first differ at token {where}"
+    )
 
 
 def optimizer_stage(model: Any, fl: Floors, reps: int) -> None:
@@ -199,30 +275,36 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
         max_new_tokens=24,
     )
     system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    variants = [True, False] if args.eval_ab else [True]
-    times: dict[bool, list[float]] = {v: [] for v in variants}
-    plans: dict[bool, list] = {}
-    results: dict[bool, Any] = {}
-    takes: dict[bool, list[tuple[float, float]]] = {v: [] for v in variants}
+    variants = {"groups charged decode steps, oneDNN": (True, "onednn")}  # the evaluation as it runs now
+    if args.eval_ab:
+        variants["groups charged forward only"] = (False, "onednn")  # the plan before issue 58
+    if args.layout_ab:
+        variants["projections on MKL"] = (True, "mkl")  # the projections before issue 58's layout
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    plans: dict[str, list] = {}
+    results: dict[str, Any] = {}
+    takes: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    names = list(variants)
     for rep in range(args.eval_reps):
-        for charge in variants if rep % 2 == 0 else variants[::-1]:  # neither plan always runs first
-            mode["charge"] = charge
+        for name in names if rep % 2 == 0 else names[::-1]:  # no variant always runs first
+            mode["charge"], kind = variants[name]
             fl.take()
-            takes[charge].append((fl.copy[-1], fl.gemm[-1]))
+            takes[name].append((fl.copy[-1], fl.gemm[-1]))
             calls.clear()
-            t0 = time.perf_counter()
-            res = mechopd.run_eval(
-                model_dir, "jsonl", n=54, other_contexts=True, task_options=opts, no_context_system=system
-            )
-            times[charge].append(time.perf_counter() - t0)
-            plans[charge] = list(calls)
-            results.setdefault(charge, res)
+            with projections(kind):
+                t0 = time.perf_counter()
+                res = mechopd.run_eval(
+                    model_dir, "jsonl", n=54, other_contexts=True, task_options=opts, no_context_system=system
+                )
+                times[name].append(time.perf_counter() - t0)
+            plans[name] = list(calls)
+            results.setdefault(name, res)
     E.sample_rows = F.sample_rows = orig  # type: ignore[attr-defined]
-    for charge in variants:
-        gb = statistics.median(c for c, _ in takes[charge]) * 1e9  # the floors taken before this variant's runs
-        gf = statistics.median(g for _, g in takes[charge]) * 1e9
+    for name in names:
+        gb = statistics.median(c for c, _ in takes[name]) * 1e9  # the floors taken before this variant's runs
+        gf = statistics.median(g for _, g in takes[name]) * 1e9
         floor, n_calls = 0.0, 0
-        for ids, st, c in plans[charge]:
+        for ids, st, c in plans[name]:
             for g in group_prompts(ids, st.max_new_tokens if c else 0):
                 rows = len(g.rows)
                 floor += 2 * n * (g.length + sum(len(ids[i]) - g.length for i in g.rows)) / gf  # prefill
@@ -230,14 +312,13 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
                     b = min(st.batch_size, rows - s)
                     floor += st.max_new_tokens * max(4 * n / gb, 2 * n * b / gf)
                     n_calls += 1
-        label = "groups charged decode steps" if charge else "groups charged forward only"
-        row(f"eval, 54 items, {n_calls} decode calls ({label})", times[charge], floor)
-    if args.eval_ab:
-        per = [x / y for x, y in zip(times[False], times[True])]
-        print(f"  eval charged forward only / charged decode steps, paired: {[round(x, 2) for x in per]}")
-        a, b = results[True], results[False]
+        row(f"eval, 54 items, {n_calls} decode calls ({name})", times[name], floor)
+    for name in names[1:]:
+        per = [x / y for x, y in zip(times[name], times[names[0]])]
+        print(f"  eval ({name}) / eval ({names[0]}), paired: {[round(x, 2) for x in per]}")
+        a, b = results[names[0]], results[name]
         same = [k for k in a if a[k] != b[k] and k not in ("timing", "wall_s")]
-        print(f"  metrics and records identical between the two plans: {not same}{'' if not same else same}")
+        print(f"  metrics and records identical: {not same}{'' if not same else same}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-ab", action="store_true", help="also the eval with the grouping charged forward only")
+    ap.add_argument("--layout-ab", action="store_true", help="also the eval with every projection on MKL (before)")
     ap.add_argument("--trl", action="store_true", help="OPD vs TRL 1.16 interleaved (bench/train_step.py's)")
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--skip-step", action="store_true")
@@ -273,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     print("stage                                  median   [min-max]             floor            off by")
     for b in (args.batch, 16):
         decode_stage(model, fl, b, args.new_tokens, args.reps)
+    sampled_agreement(model)
     optimizer_stage(model, fl, args.reps)
     if not args.skip_eval:
         eval_stage(args, model_dir, fl, n)

@@ -7,10 +7,13 @@ workers) sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user set one.
 
 Method. Each cell is a fresh subprocess (libgomp reads its policy once, at load) with ``OMP_WAIT_POLICY`` as named
 (``unset``: OpenMP's default) and ``torch.set_num_threads(n)``; it loads the model (fp32), prefills --batch rows,
-then times --steps lean decode steps (`generate/lean.py`, mechopd's rollout path) --reps times and prints the
+then times --steps lean decode steps (`generate/lean.py`, its projections laid out as in mechopd's rollouts:
+`generate/layout.py`) --reps times and prints the
 median per step. "busy" runs a Python spin loop on one core (a process started here, ended here) for the whole
 cell. Cells run interleaved, --rounds times; the table gives per cell the median over rounds and the range, and
-the ratio 2 threads / 1 thread of the same policy and condition, paired by round.
+the ratio 2 threads / 1 thread of the same policy and condition, paired by round. Each 2-thread cell also times its
+steps as mechopd's sampler runs them (`sampler.decode_threads`: one thread under PASSIVE), interleaved with the raw
+2-thread steps in the same process: the "mechopd" columns.
 
     python bench/threads.py [--model model:smollm2-135m-instruct] [--batch 4] [--steps 16] [--rounds 3]
 """
@@ -26,10 +29,11 @@ import sys
 import time
 
 CHILD = r"""
-import json, os, sys, time, statistics
+import contextlib, json, os, sys, time, statistics
 import torch
 from transformers import AutoModelForCausalLM
 from mechopd.generate.lean import LeanDecoder
+from mechopd.generate.layout import laid_out
 torch.set_num_threads(int(sys.argv[2]))
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
 B, steps, reps = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -37,24 +41,28 @@ g = torch.Generator().manual_seed(0)
 ids = torch.randint(100, 1000, (B, 48), generator=g)
 mask = torch.ones_like(ids)
 pos = torch.arange(48)[None].expand(B, -1)
-times = []
-with torch.inference_mode():
+from mechopd.generate.sampler import decode_threads
+times = {"step_s": [], "rule_s": []}
+with torch.inference_mode(), laid_out(model):  # the projections as the rollouts run them (generate/layout.py)
     for r in range(reps + 1):
-        dec = LeanDecoder(model)
-        logits = dec.prefill(ids, mask, pos, steps)
-        tok, p = logits.argmax(-1), torch.full((B, 1), 48)
-        t0 = time.perf_counter()
-        for s in range(steps):
-            tok = dec.step(tok, p + s).argmax(-1)
-        if r:
-            times.append((time.perf_counter() - t0) / steps)
-print(json.dumps({"step_s": statistics.median(times)}))
+        for key in ("step_s", "rule_s") if r % 2 else ("rule_s", "step_s"):
+            dec = LeanDecoder(model)
+            logits = dec.prefill(ids, mask, pos, steps)
+            tok, p = logits.argmax(-1), torch.full((B, 1), 48)
+            with decode_threads(ids.device) if key == "rule_s" else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                for s in range(steps):
+                    tok = dec.step(tok, p + s).argmax(-1)
+                dt = time.perf_counter() - t0
+            if r:
+                times[key].append(dt / steps)
+print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
 """
 
 SPIN = "while True: pass"
 
 
-def cell(model: str, policy: str, threads: int, busy: bool, a: argparse.Namespace) -> float:
+def cell(model: str, policy: str, threads: int, busy: bool, a: argparse.Namespace) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     if policy != "unset":
         env["OMP_WAIT_POLICY"] = policy
@@ -71,7 +79,7 @@ def cell(model: str, policy: str, threads: int, busy: bool, a: argparse.Namespac
         if spinner is not None:
             spinner.kill()
             spinner.wait()
-    return float(json.loads(out.strip().splitlines()[-1])["step_s"])
+    return {k: float(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,25 +98,35 @@ def main(argv: list[str] | None = None) -> int:
 
         model = resolve_fetched(model)
     cells = [(p, n, c) for c in a.conditions.split(",") for p in a.policies.split(",") for n in (1, 2)]
-    got: dict[tuple[str, int, str], list[float]] = {k: [] for k in cells}
+    got: dict[tuple[str, int, str], list[dict[str, float]]] = {k: [] for k in cells}
     print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
     t0 = time.time()
     for r in range(a.rounds):
         for k in cells:
             got[k].append(cell(model, k[0], k[1], k[2] == "busy", a))
         print(f"round {r + 1}: load {os.getloadavg()[0]:.2f}, {time.time() - t0:.0f} s", flush=True)
-    print(f"\ndecode step, batch {a.batch}, ms (median over {a.rounds} rounds [min-max]); 2t/1t paired by round")
-    print(f"{'condition':<9} {'policy':<8} {'1 thread':>20} {'2 threads':>20} {'2t / 1t':>16}")
+    print(
+        f"\ndecode step, batch {a.batch}, ms (median over {a.rounds} rounds [min-max]); 2t/1t paired by round; "
+        "'2 threads' as set, 'mechopd' its steps under `sampler.decode_threads` (one thread under PASSIVE)"
+    )
+    print(
+        f"{'condition':<9} {'policy':<8} {'1 thread':>16} {'2 threads':>16} {'2t / 1t':>16} {'mechopd':>16} {'/ 1t':>16}"
+    )
+
+    def fmt(v: list[float]) -> str:
+        return f"{statistics.median(v) * 1e3:.1f} [{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}]"
+
+    def ratio(x: list[float], y: list[float]) -> str:
+        r = [b / a for a, b in zip(x, y)]
+        return f"{statistics.median(r):.2f} [{min(r):.2f}-{max(r):.2f}]"
+
     for c in a.conditions.split(","):
         for p in a.policies.split(","):
-            one, two = got[(p, 1, c)], got[(p, 2, c)]
-            ratio = [b / x for x, b in zip(one, two)]
-
-            def fmt(v: list[float]) -> str:
-                return f"{statistics.median(v) * 1e3:.1f} [{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}]"
-
-            rr = f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]"
-            print(f"{c:<9} {p:<8} {fmt(one):>20} {fmt(two):>20} {rr:>16}")
+            one = [d["step_s"] for d in got[(p, 1, c)]]
+            two, rule = [d["step_s"] for d in got[(p, 2, c)]], [d["rule_s"] for d in got[(p, 2, c)]]
+            print(
+                f"{c:<9} {p:<8} {fmt(one):>16} {fmt(two):>16} {ratio(one, two):>16} {fmt(rule):>16} {ratio(one, rule):>16}"
+            )
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -10,15 +10,19 @@ instead of the loop here; the sampler knows it only through that protocol.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from mechopd.core.threads import POLICY, POLICY_ENV
 from mechopd.core.views import left_pad
+from mechopd.generate import layout
 from mechopd.generate.engines import Generation, cut_at_stop
 from mechopd.generate.groups import Group, group_prompts
 from mechopd.generate.lean import LeanDecoder, resolve_engine
@@ -75,31 +79,52 @@ def sample(
     next_pos = pos[:, -1:] + 1  # [B, 1]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks = []
-    for step in range(st.max_new_tokens):
-        u = None if uniforms is None else uniforms[:, step : step + 1]  # None exactly when greedy
-        tok = torch.where(
-            done,
-            torch.full_like(done, st.pad_id, dtype=torch.long),
-            _next_token(logits[:, : st.vocab], u, st.temperature),
-        )  # ids >= vocab: never drawn
-        toks.append(tok)
-        done = done | torch.isin(tok, stop_t)
-        if bool(done.all()) or step == st.max_new_tokens - 1:
-            break
-        if lean is not None:
-            logits = lean.step(tok, next_pos)
-        else:
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-            out = model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                use_cache=True,
-                **cache_kwargs(model, past),
-            )
-            past, logits = output_cache(out), out.logits[:, -1]
-        next_pos = next_pos + 1
+    with decode_threads(device):  # the small-row steps: one thread under PASSIVE (`decode_threads`)
+        for step in range(st.max_new_tokens):
+            u = None if uniforms is None else uniforms[:, step : step + 1]  # None exactly when greedy
+            tok = torch.where(
+                done,
+                torch.full_like(done, st.pad_id, dtype=torch.long),
+                _next_token(logits[:, : st.vocab], u, st.temperature),
+            )  # ids >= vocab: never drawn
+            toks.append(tok)
+            done = done | torch.isin(tok, stop_t)
+            if bool(done.all()) or step == st.max_new_tokens - 1:
+                break
+            if lean is not None:
+                logits = lean.step(tok, next_pos)
+            else:
+                mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+                out = model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                    use_cache=True,
+                    **cache_kwargs(model, past),
+                )
+                past, logits = output_cache(out), out.logits[:, -1]
+            next_pos = next_pos + 1
     return cut_at_stop(torch.stack(toks, 1).tolist() if toks else [[] for _ in range(B)], st.stop, n)
+
+
+@contextlib.contextmanager
+def decode_threads(device: torch.device) -> Iterator[int]:
+    """The decode steps on ONE intra-op thread under ``OMP_WAIT_POLICY=PASSIVE`` on the CPU (mechopd's default,
+    `core.threads`), then the caller's count again; yields the count the steps run on.
+
+    Why (issue 58 item 1): a decode step is ~200 small GEMMs of 1-16 rows; with PASSIVE a waiting thread sleeps, so
+    each parallel region pays a wake-up, and a second thread made SmolLM2's step slower, quiet (68 vs 56 ms) and with
+    a busy core (58 vs 50 ms) (`python bench/threads.py`). The prefill, many rows, keeps every thread. oneDNN's and
+    the lean decoder's results do not depend on the thread count at these row counts (tested), so no number moves."""
+    before = torch.get_num_threads()
+    one = device.type == "cpu" and os.environ.get(POLICY_ENV, "").upper() == POLICY and before > 1
+    if one:
+        torch.set_num_threads(1)
+    try:
+        yield 1 if one else before
+    finally:
+        if one:
+            torch.set_num_threads(before)
 
 
 BLOCK = 256  # ids per block of the two-level inverse CDF (`_inverse_cdf`)
@@ -206,16 +231,27 @@ def sample_rows(
     else:
         groups = [Group(tuple(range(len(prompt_ids))), shared_len(prompt_ids, settings.shared_prefix, agree))]
     out: list[list[int]] = [[] for _ in prompt_ids]
-    for g in groups:
-        chunk = settings.replace(shared_prefix=g.length)
-        for s in range(0, len(g.rows), size):
-            rows = g.rows[s : s + size]
-            gen = sample(model, [prompt_ids[i] for i in rows], chunk, None if greedy else [int(seeds[i]) for i in rows])  # type: ignore[index]
-            for i, resp in zip(rows, gen.responses):
-                out[i] = resp
-            if paths is not None:
-                paths.append(gen.shared_prefix)
+    with _layout(model, settings, sum(-(-len(g.rows) // size) for g in groups)):
+        for g in groups:
+            chunk = settings.replace(shared_prefix=g.length)
+            for s in range(0, len(g.rows), size):
+                rows = g.rows[s : s + size]
+                seeded = None if greedy else [int(seeds[i]) for i in rows]  # type: ignore[index]
+                gen = sample(model, [prompt_ids[i] for i in rows], chunk, seeded)
+                for i, resp in zip(rows, gen.responses):
+                    out[i] = resp
+                if paths is not None:
+                    paths.append(gen.shared_prefix)
     return out
+
+
+def _layout(model: Any, settings: SamplingSettings, calls: int) -> contextlib.AbstractContextManager:
+    """The weights laid out for small-row GEMMs over `calls` lean sampling calls, where that pays for its copy
+    (`layout.worth_laying_out`); the same bits either way (`generate/layout.py`). Nothing trains inside."""
+    lean = isinstance(settings.engine, str) and resolve_engine(model, settings.engine) == "lean"
+    if lean and layout.worth_laying_out(model, settings.max_new_tokens * calls):
+        return layout.laid_out(model)
+    return contextlib.nullcontext()
 
 
 def strip_stop(ids: Sequence[int], stop: Sequence[int]) -> list[int]:
