@@ -107,7 +107,7 @@ def row(stage: str, seconds: list[float], floor_s: float) -> None:
 
 
 @contextlib.contextmanager
-def projections(kind: str) -> Any:
+def on_kernels(kind: str) -> Any:
     """The lean decoder's large projections as issue 58 found them ("mkl": ``F.linear`` for every weight) or as now
     ("onednn": `generate/layout.py`, the weights' own layout; "laid out": inside a `layout.laid_out` block)."""
     from mechopd.generate import layout
@@ -125,7 +125,7 @@ def decode_stage(model: Any, fl: Floors, batch: int, steps: int, reps: int) -> N
     interleaved; the layout's one copy per sampling call printed apart (and amortised over `steps` tokens); greedy
     ids and logits of the two compared, and the laid-out path's ids against ``model.generate``."""
     from mechopd.generate import layout
-    from mechopd.generate.lean import LeanDecoder
+    from mechopd.generate.lean import LeanDecoder, projections
 
     n = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(0)
@@ -140,10 +140,10 @@ def decode_stage(model: Any, fl: Floors, batch: int, steps: int, reps: int) -> N
         for r in range(reps + 1):
             fl.take()
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                with projections(kind), contextlib.ExitStack() as stack:
+                with on_kernels(kind), contextlib.ExitStack() as stack:
                     t0 = time.perf_counter()
                     if kind == "laid out":
-                        stack.enter_context(layout.laid_out(model))
+                        stack.enter_context(layout.laid_out(projections(model)))
                         if r:
                             copies.append(time.perf_counter() - t0)
                     dec = LeanDecoder(model)
@@ -188,7 +188,7 @@ def sampled_agreement(model: Any, rows: int = 32, tokens: int = 32) -> None:
     seeds = list(range(rows))
     got = {}
     for kind in ("mkl", "onednn"):
-        with projections(kind):
+        with on_kernels(kind):
             got[kind] = sample_rows(model, prompts, seeds, st)
     same = sum(a == b for a, b in zip(got["mkl"], got["onednn"]))
     toks = sum(len(a) for a in got["mkl"])
@@ -291,7 +291,7 @@ def eval_stage(args: argparse.Namespace, model_dir: str, fl: Floors, n: int) -> 
             fl.take()
             takes[name].append((fl.copy[-1], fl.gemm[-1]))
             calls.clear()
-            with projections(kind):
+            with on_kernels(kind):
                 t0 = time.perf_counter()
                 res = mechopd.run_eval(
                     model_dir, "jsonl", n=54, other_contexts=True, task_options=opts, no_context_system=system

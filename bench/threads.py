@@ -32,7 +32,7 @@ CHILD = r"""
 import contextlib, json, os, sys, time, statistics
 import torch
 from transformers import AutoModelForCausalLM
-from mechopd.generate.lean import LeanDecoder
+from mechopd.generate.lean import LeanDecoder, projections
 from mechopd.generate.layout import laid_out
 torch.set_num_threads(int(sys.argv[2]))
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
@@ -43,7 +43,7 @@ mask = torch.ones_like(ids)
 pos = torch.arange(48)[None].expand(B, -1)
 from mechopd.generate.sampler import decode_threads
 times = {"step_s": [], "rule_s": []}
-with torch.inference_mode(), laid_out(model):  # the projections as the rollouts run them (generate/layout.py)
+with torch.inference_mode(), laid_out(projections(model)):  # the projections as the rollouts run them (generate/layout.py)
     for r in range(reps + 1):
         for key in ("step_s", "rule_s") if r % 2 else ("rule_s", "step_s"):
             dec = LeanDecoder(model)

@@ -21,6 +21,7 @@ from collections.abc import MutableMapping
 
 POLICY_ENV = "OMP_WAIT_POLICY"
 POLICY = "PASSIVE"  # a waiting OpenMP thread sleeps at once instead of spinning on a core another needs
+_SET_LATE: list[bool] = []  # `configure` set the policy after this process had loaded torch (libgomp never saw it)
 
 
 def configure(environ: MutableMapping[str, str] | None = None) -> str:
@@ -32,7 +33,15 @@ def configure(environ: MutableMapping[str, str] | None = None) -> str:
         return f"OpenMP wait policy {env[POLICY_ENV]} (set by {POLICY_ENV})"
     env[POLICY_ENV] = POLICY
     late = environ is None and "torch" in sys.modules
+    if late:
+        _SET_LATE.append(True)
     return f"OpenMP wait policy {POLICY} (default: idle threads sleep{'; from the next process on' if late else ''})"
+
+
+def passive() -> bool:
+    """Whether this process's OpenMP threads sleep when they wait: ``OMP_WAIT_POLICY=PASSIVE`` read when torch loaded
+    (a value `configure` set after that holds from the next process on, not here)."""
+    return os.environ.get(POLICY_ENV, "").upper() == POLICY and not _SET_LATE
 
 
 def usable_cores() -> int:

@@ -24,7 +24,7 @@ scaling, other architectures. RoPE cos/sin are tabulated once per call for every
 A projection that is not a plain ``nn.Linear`` (a LoRA-adapted one) is called as a module (`_lin`).
 Projections: a CPU float32 weight of at least `layout.MIN_ELEMENTS` elements (SmolLM2's, not the organisms') is
 multiplied by oneDNN, read from a copy laid out for small-row GEMMs inside `layout.laid_out` (`generate/layout.py`:
-1.6x faster decode steps on SmolLM2-135M; the same bits with or without the copy).
+1.5-1.7x faster decode steps on SmolLM2-135M; the same bits with or without the copy).
 Differences from ``model(...)`` to know about: decode steps bypass module forward hooks (only the prefill runs through
 ``model(...)``); the KV buffers hold the worst case (prompt + max_new_tokens) from the start; in bf16 the attention
 here is plain matmul + softmax, so logits can differ from sdpa's by one bf16 step (fp32: ~1e-7; bf16 eager: exact);
@@ -82,6 +82,16 @@ def resolve_engine(model: Any, engine: str) -> str:
             "lean decoding cannot run this model (%s): generating through transformers' model(...) instead", reason
         )
     return "hf"
+
+
+def projections(model: Any) -> list[Any]:
+    """The modules the decode step multiplies by (`_lin`), in order: per layer q, k, v, o, gate, up, down; the LM
+    head (`layout.laid_out` lays out the large plain ``nn.Linear`` among them)."""
+    mods = []
+    for layer in model.model.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        mods += [at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return [*mods, model.lm_head]
 
 
 def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,19 +13,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mechopd.core.threads import POLICY, POLICY_ENV
+from mechopd.core.threads import passive
 from mechopd.core.views import left_pad
 from mechopd.generate import layout
 from mechopd.generate.engines import Generation, cut_at_stop
 from mechopd.generate.groups import Group, group_prompts
-from mechopd.generate.lean import LeanDecoder, resolve_engine
+from mechopd.generate.lean import LeanDecoder, projections, resolve_engine
 from mechopd.generate.prefix import (
     cache_kwargs,
     common_prefix_len,
@@ -113,11 +112,12 @@ def decode_threads(device: torch.device) -> Iterator[int]:
     `core.threads`), then the caller's count again; yields the count the steps run on.
 
     Why (issue 58 item 1): a decode step is ~200 small GEMMs of 1-16 rows; with PASSIVE a waiting thread sleeps, so
-    each parallel region pays a wake-up, and a second thread made SmolLM2's step slower, quiet (68 vs 56 ms) and with
-    a busy core (58 vs 50 ms) (`python bench/threads.py`). The prefill, many rows, keeps every thread. oneDNN's and
-    the lean decoder's results do not depend on the thread count at these row counts (tested), so no number moves."""
+    each parallel region pays a wake-up, and a second thread made SmolLM2's step slower, quiet (62 vs 50 ms) and with
+    a busy core (57 vs 50 ms) (`python bench/threads.py`). The prefill, many rows, keeps every thread. oneDNN's and
+    the lean decoder's results do not depend on the thread count at these row counts (tested), so no number moves.
+    PASSIVE counts only where it holds (`core.threads.passive`: not when set after this process loaded torch)."""
     before = torch.get_num_threads()
-    one = device.type == "cpu" and os.environ.get(POLICY_ENV, "").upper() == POLICY and before > 1
+    one = device.type == "cpu" and passive() and before > 1
     if one:
         torch.set_num_threads(1)
     try:
@@ -231,7 +231,8 @@ def sample_rows(
     else:
         groups = [Group(tuple(range(len(prompt_ids))), shared_len(prompt_ids, settings.shared_prefix, agree))]
     out: list[list[int]] = [[] for _ in prompt_ids]
-    with _layout(model, settings, sum(-(-len(g.rows) // size) for g in groups)):
+    chunks = [min(size, len(g.rows) - s) for g in groups for s in range(0, len(g.rows), size)]
+    with _layout(model, settings, sum(rows > 1 for rows in chunks)):
         for g in groups:
             chunk = settings.replace(shared_prefix=g.length)
             for s in range(0, len(g.rows), size):
@@ -246,11 +247,14 @@ def sample_rows(
 
 
 def _layout(model: Any, settings: SamplingSettings, calls: int) -> contextlib.AbstractContextManager:
-    """The weights laid out for small-row GEMMs over `calls` lean sampling calls, where that pays for its copy
-    (`layout.worth_laying_out`); the same bits either way (`generate/layout.py`). Nothing trains inside."""
-    lean = isinstance(settings.engine, str) and resolve_engine(model, settings.engine) == "lean"
-    if lean and layout.worth_laying_out(model, settings.max_new_tokens * calls):
-        return layout.laid_out(model)
+    """The lean decoder's projections laid out for small-row GEMMs over `calls` sampling calls of 2 or more rows
+    (one-row calls never read the copy), where that pays for the copy (`layout.worth_laying_out`); the same bits
+    either way (`generate/layout.py`). Nothing trains inside."""
+    if not (isinstance(settings.engine, str) and resolve_engine(model, settings.engine) == "lean"):
+        return contextlib.nullcontext()
+    mods = projections(model)
+    if layout.worth_laying_out(mods, settings.max_new_tokens * calls):
+        return layout.laid_out(mods)
     return contextlib.nullcontext()
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
 from mechopd.generate import layout, sampler
-from mechopd.generate.lean import LeanDecoder
+from mechopd.generate.lean import LeanDecoder, projections
 from mechopd.generate.settings import SamplingSettings, stop_ids
 from tests.conftest import tiny_model
 
@@ -31,7 +31,7 @@ def test_the_laid_out_copy_gives_the_weights_own_bits(n_out, n_in, bias):
         x = torch.randn(rows, 1, n_in)
         with torch.inference_mode():
             plain = layout.linear(m.proj, x)
-            with layout.laid_out(m) as n:
+            with layout.laid_out([m.proj]) as n:
                 laid = layout.linear(m.proj, x)
             assert n == 1
         assert torch.equal(plain, laid), rows
@@ -82,7 +82,7 @@ def test_lean_decoding_through_onednn_is_the_same_with_and_without_the_layout(or
 
     with torch.inference_mode():
         plain = steps()
-        with layout.laid_out(model) as n:
+        with layout.laid_out(projections(model)) as n:
             laid = steps()
     assert n == sum(type(mod) is torch.nn.Linear for mod in model.modules())
     for a, b in zip(plain, laid):
@@ -106,9 +106,9 @@ def test_lean_decoding_through_onednn_is_the_same_with_and_without_the_layout(or
 def test_nested_blocks_read_the_outer_copies(organism_tokenizer, monkeypatch):
     monkeypatch.setattr(layout, "MIN_ELEMENTS", 0)
     model = tiny_model(organism_tokenizer, "llama", seed=1)
-    with layout.laid_out(model) as outer:
+    with layout.laid_out(projections(model)) as outer:
         copies = dict(layout._LAID)
-        with layout.laid_out(model) as inner:
+        with layout.laid_out(projections(model)) as inner:
             assert inner == 0
         assert outer > 0 and dict(layout._LAID) == copies
     assert len(layout._LAID) == 0
@@ -136,6 +136,8 @@ def test_sample_rows_lays_out_only_where_the_copy_pays(organism_tokenizer, monke
     assert opened == []
     before = sampler.sample_rows(model, _ids(tok), None, st)
     assert opened == [1] and len(layout._LAID) == 0
+    sampler.sample_rows(model, _ids(tok), None, st.replace(batch_size=1))  # one-row calls never read a copy
+    assert opened == [1]
     with torch.no_grad():
         torch.manual_seed(9)
         for mod in model.model.layers.modules():
@@ -166,7 +168,7 @@ def test_decode_steps_run_on_one_thread_under_passive_and_their_bits_do_not_move
         torch.manual_seed(0)
         m = _Proj(1536, 576, True).eval()
         x = torch.randn(16, 1, 576)
-        with torch.inference_mode(), layout.laid_out(m):
+        with torch.inference_mode(), layout.laid_out([m.proj]):
             got = {}
             for threads in (1, 2):
                 torch.set_num_threads(threads)
@@ -174,3 +176,42 @@ def test_decode_steps_run_on_one_thread_under_passive_and_their_bits_do_not_move
         assert all(torch.equal(a, b) for a, b in zip(got[1], got[2]))
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_interrupted_copy_leaves_nothing_and_a_changed_weight_is_refused(monkeypatch):
+    torch.manual_seed(0)
+    mods = [torch.nn.Linear(576, 1536) for _ in range(3)]
+    real, made = torch.ops.mkldnn._reorder_linear_weight, []
+
+    def failing(w, rows):
+        if len(made) == 1:
+            raise MemoryError("out of memory")
+        made.append(1)
+        return real(w, rows)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", failing)
+    with pytest.raises(MemoryError), layout.laid_out(mods):
+        pass
+    assert len(layout._LAID) == 0  # no copy survives to be read stale later
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", real)
+    x = torch.randn(4, 576)
+    with torch.inference_mode(), layout.laid_out(mods):
+        layout.linear(mods[0], x)
+        with torch.no_grad():
+            mods[0].weight.add_(1.0)
+        with pytest.raises(layout.StaleLayout, match="changed inside"):
+            layout.linear(mods[0], x)
+
+
+def test_autograd_and_a_disabled_onednn_get_f_linear():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(576, 1536)
+    x = torch.randn(4, 576, requires_grad=True)
+    y = layout.linear(m, x)  # grad mode, weights that require grad: F.linear, with its backward
+    assert torch.equal(y, F.linear(x, m.weight, m.bias))
+    y.sum().backward()
+    assert x.grad is not None and m.weight.grad is not None
+    with torch.inference_mode():
+        assert not torch.equal(layout.linear(m, x), F.linear(x, m.weight, m.bias))  # oneDNN: another sum order
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert torch.equal(layout.linear(m, x), F.linear(x, m.weight, m.bias))

@@ -58,3 +58,19 @@ def test_workers_why_names_the_choice():
     line = workers_why(2, 1)
     assert line.startswith("default: 2 = intra-op threads") and f"{usable_cores()} core(s) usable" in line
     assert "--workers N" in line
+
+
+def test_passive_counts_only_where_libgomp_saw_it(monkeypatch):
+    """`passive()`: the policy in the environment, unless `configure` set it after this process loaded torch."""
+    import torch  # noqa: F401  (loaded: a policy set now is not this process's)
+
+    from mechopd.core import threads
+
+    monkeypatch.setattr(threads, "_SET_LATE", [])
+    monkeypatch.setenv(POLICY_ENV, "PASSIVE")
+    assert threads.passive()
+    monkeypatch.setenv(POLICY_ENV, "ACTIVE")
+    assert not threads.passive()
+    monkeypatch.delenv(POLICY_ENV)
+    assert "from the next process on" in configure()
+    assert os.environ[POLICY_ENV] == POLICY and not threads.passive()
