@@ -288,22 +288,24 @@ def play_games(
     """Play one game per example, all games batched move by move (one prompt per move: log so far + board).
 
     render(prompt_text, context_or_None) -> prompt ids. seeds: one per game; move m of game g samples with row seed
-    ``seeds[g] * 1000 + m`` (batch invariant); all active games of a move go through one `sample_rows` call.
+    ``seeds[g] * 1000 + m`` (batch invariant); all active games of a move go through one `sample_rows` call. The
+    lean decoder's weights are laid out once for all moves (`generate/layout.py`; each move's call nests in it).
     Returns the finished episodes and every (turn prompt, response).
     """
     episodes = [task.new_episode(ex) for ex in examples]
     turns: list[Turn] = []
     move = 0
-    while True:
-        active = [g for g, ep in enumerate(episodes) if not ep.done]
-        if not active:
-            break
-        texts = [episodes[g].prompt() for g in active]
-        ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
-        row_seeds = None if (settings.greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
-        responses = sample_rows(model, ids, row_seeds, settings.replace(batch_size=len(ids)))  # prefix groups
-        for g, text, resp in zip(active, texts, responses):
-            turns.append(Turn(g, move, text, resp))
-            episodes[g].step(tokenizer.decode(strip_stop(resp, settings.stop), skip_special_tokens=True))
-        move += 1
+    with _layout(model, settings, int(len(examples) > 1)):  # laid out once for every move (nothing trains inside)
+        while True:
+            active = [g for g, ep in enumerate(episodes) if not ep.done]
+            if not active:
+                break
+            texts = [episodes[g].prompt() for g in active]
+            ids = [render(t, examples[g].context if with_context else None) for g, t in zip(active, texts)]
+            row_seeds = None if (settings.greedy or seeds is None) else [int(seeds[g]) * 1000 + move for g in active]
+            responses = sample_rows(model, ids, row_seeds, settings.replace(batch_size=len(ids)))  # prefix groups
+            for g, text, resp in zip(active, texts, responses):
+                turns.append(Turn(g, move, text, resp))
+                episodes[g].step(tokenizer.decode(strip_stop(resp, settings.stop), skip_special_tokens=True))
+            move += 1
     return episodes, turns

@@ -41,8 +41,13 @@ class PeriodicEval:
 
     def _evaluate(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
-        ecfg = EvalConfig(
-            n=cfg.eval_n, seed=cfg.seed, n_boot=200, engine=cfg.rollout_engine, shared_prefix=cfg.shared_prefix
+        ecfg = EvalConfig(  # the rollout's decoder, prefix mode and response cap (null: the task's)
+            n=cfg.eval_n,
+            seed=cfg.seed,
+            n_boot=200,
+            engine=cfg.rollout_engine,
+            shared_prefix=cfg.shared_prefix,
+            max_new_tokens=cfg.max_new_tokens,
         )
         rep = evaluate_model(
             self.student, self.tokenizer, self.task, ecfg, self.spec, train_uids=self.train_uids, engine=self.engine

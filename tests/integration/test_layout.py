@@ -215,3 +215,27 @@ def test_autograd_and_a_disabled_onednn_get_f_linear():
         assert not torch.equal(layout.linear(m, x), F.linear(x, m.weight, m.bias))  # oneDNN: another sum order
         with torch.backends.mkldnn.flags(enabled=False):
             assert torch.equal(layout.linear(m, x), F.linear(x, m.weight, m.bias))
+
+
+def test_games_lay_the_weights_out_once_for_every_move(organism_tokenizer, monkeypatch):
+    from mechopd.tasks.base import get_task
+
+    monkeypatch.setattr(layout, "MIN_ELEMENTS", 0)
+    tok = organism_tokenizer
+    model = tiny_model(tok, "llama", seed=4)
+    real, copies = torch.ops.mkldnn._reorder_linear_weight, []
+
+    def counted(w, rows):
+        copies.append(1)
+        return real(w, rows)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", counted)
+    task = get_task("frozenlake")
+    items = task.examples("test", 3, 0)
+    spec = RenderSpec(placement=task.placement)
+    st = SamplingSettings(max_new_tokens=16, stop=stop_ids(tok, model), pad_id=tok.pad_token_id, greedy=True)
+    _, turns = sampler.play_games(
+        model, tok, task, items, lambda p, c: render_prompt_ids(tok, p, c, spec), st, with_context=False
+    )
+    assert max(t.move for t in turns) >= 1  # several moves...
+    assert len(copies) == len(layout.targets(projections(model)))  # ...one copy of each weight
