@@ -95,6 +95,39 @@ def tiny_model(tokenizer, arch: str = "qwen3", layers: int = 2, seed: int = 0):
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
+RULE_PROMPTS = [
+    "apply the rule to : 3 1 4",
+    "apply the rule to : 1 5 9 2 6",
+    "apply the rule to : 7",
+    "apply the rule to :",
+]
+
+
+def rule_prompt_ids(tokenizer) -> list[list[int]]:
+    """The rules prompts of the decoding tests, rendered without a context (system placement)."""
+    from mechopd.core.views import RenderSpec, render_prompt_ids
+
+    return [render_prompt_ids(tokenizer, p, None, RenderSpec("system")) for p in RULE_PROMPTS]
+
+
+def generate_reference(model, tokenizer, ids, stop, max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate`` over the left-padded prompts, each row cut after its first stop id: what
+    mechopd's sampler must return for the same prompts (greedy)."""
+    from mechopd.core.views import left_pad
+
+    x, m = left_pad(ids, tokenizer.pad_token_id)
+    out = model.generate(
+        input_ids=x,
+        attention_mask=m,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stop,
+        pad_token_id=tokenizer.pad_token_id,
+    )[:, x.shape[1] :].tolist()
+    cuts = [next((i + 1 for i, t in enumerate(row) if t in stop), len(row)) for row in out]
+    return [row[:c] for row, c in zip(out, cuts)]
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3(organism_tokenizer):
     return tiny_model(organism_tokenizer)

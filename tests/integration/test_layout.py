@@ -11,9 +11,7 @@ from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
 from mechopd.generate import layout, sampler
 from mechopd.generate.lean import LeanDecoder, projections
 from mechopd.generate.settings import SamplingSettings, stop_ids
-from tests.conftest import tiny_model
-
-PROMPTS = ["apply the rule to : 3 1 4", "apply the rule to : 1 5 9 2 6", "apply the rule to : 7", "apply the rule to :"]
+from tests.conftest import generate_reference, rule_prompt_ids, tiny_model
 
 
 class _Proj(torch.nn.Module):
@@ -55,7 +53,7 @@ def test_small_weights_and_the_organisms_stay_on_f_linear():
 
 
 def _ids(tok):
-    return [render_prompt_ids(tok, p, None, RenderSpec("system")) for p in PROMPTS]
+    return rule_prompt_ids(tok)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
@@ -89,18 +87,7 @@ def test_lean_decoding_through_onednn_is_the_same_with_and_without_the_layout(or
         assert torch.equal(a, b)
     stop = stop_ids(tok, model)
     st = SamplingSettings(max_new_tokens=20, stop=stop, pad_id=tok.pad_token_id, greedy=True)
-    ours = sampler.sample_rows(model, _ids(tok), None, st)
-    ref = model.generate(
-        input_ids=x,
-        attention_mask=m,
-        max_new_tokens=20,
-        do_sample=False,
-        eos_token_id=stop,
-        pad_token_id=tok.pad_token_id,
-    )[:, x.shape[1] :].tolist()
-    for got, want in zip(ours, ref):
-        cut = next((i for i, t in enumerate(want) if t in stop), None)
-        assert got == (want[: cut + 1] if cut is not None else want)
+    assert sampler.sample_rows(model, _ids(tok), None, st) == generate_reference(model, tok, _ids(tok), stop, 20)
 
 
 def test_nested_blocks_read_the_outer_copies(organism_tokenizer, monkeypatch):

@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechopd.core.views import RenderSpec, left_pad, render_prompt_ids
+from mechopd.core.views import left_pad
 from mechopd.generate.sampler import sample
 from mechopd.generate.settings import SamplingSettings, stop_ids
-from tests.conftest import tiny_model
-
-PROMPTS = ["apply the rule to : 3 1 4", "apply the rule to : 1 5 9 2 6", "apply the rule to : 7", "apply the rule to :"]
+from tests.conftest import generate_reference, rule_prompt_ids, tiny_model
 
 
 def _ids(tok):
-    return [render_prompt_ids(tok, p, None, RenderSpec("system")) for p in PROMPTS]
+    return rule_prompt_ids(tok)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
@@ -24,19 +22,7 @@ def test_greedy_matches_generate(organism_tokenizer, arch):
     ids = _ids(tok)
     stop = stop_ids(tok, model)
     ours = sample(model, ids, SamplingSettings(max_new_tokens=10, stop=stop, pad_id=tok.pad_token_id, greedy=True))
-    x, m = left_pad(ids, tok.pad_token_id)
-    ref = model.generate(
-        input_ids=x,
-        attention_mask=m,
-        max_new_tokens=10,
-        do_sample=False,
-        eos_token_id=stop,
-        pad_token_id=tok.pad_token_id,
-    )[:, x.shape[1] :].tolist()
-    for got, want in zip(ours.responses, ref):
-        cut = next((i for i, t in enumerate(want) if t in stop), None)
-        want = want[: cut + 1] if cut is not None else want
-        assert got == want
+    assert ours.responses == generate_reference(model, tok, ids, stop, 10)
 
 
 def test_row_seeds_make_sampling_batch_invariant(organism_tokenizer, tiny_qwen3):
